@@ -1,0 +1,41 @@
+# One entry point for users and CI. `make test` is exactly what .ci/run runs.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PYSPARK_PYTHON := $(abspath $(BIN)/python)
+export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
+
+.PHONY: venv test test-fast lint demo bench clean system-deps
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test,spark,postgres,zookeeper]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# System packages the tests need (PostgreSQL, ZooKeeper); installed only when missing.
+system-deps:
+	@bash scripts/system-deps.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: $(STAMP) system-deps lint
+	$(BIN)/pytest -q
+
+test-fast: $(STAMP) lint
+	$(BIN)/pytest -q -m "not slow"
+
+demo: $(STAMP)
+	$(BIN)/python -m metaq.demo
+
+bench: $(STAMP)
+	$(BIN)/metaq bench produce --json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Install the Debian packages the test suite needs, only if they are missing.
+set -euo pipefail
+need=()
+command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
+if ((${#need[@]})); then
+  if [ "$(id -u)" != 0 ]; then
+    echo "missing system packages: ${need[*]} (run as root or install them)" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+fi

@@ -1,0 +1,246 @@
+"""Every error metaq raises.
+
+One table of wire error codes shared by broker and clients: a code travels in a response, the client
+turns it back into the same class with :func:`error_for_code`. An unknown code becomes
+:class:`UnknownServerError`, never a ``KeyError``. Local misuse (:class:`ConfigError`,
+:class:`InvalidArgument`) and remote misbehaviour (:class:`ProtocolError`) are separate classes,
+because the caller fixes them in different places.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class MetaqError(Exception):
+    """Root of every metaq error."""
+
+
+class ProtocolError(MetaqError):
+    """Bytes that do not follow the wire or record format (a peer bug, garbage, or a corrupt file).
+
+    The only exception the decoders raise on bad input.
+    """
+
+
+class CorruptRecordError(ProtocolError):
+    """A record batch whose checksum or structure is wrong."""
+
+
+class ConfigError(MetaqError):
+    """A configuration file, option or flag is wrong. The message names the file, line and key."""
+
+
+class InvalidArgument(MetaqError, ValueError):
+    """A caller passed a value the API refuses (local misuse, found before anything is sent)."""
+
+
+class StorageError(MetaqError):
+    """The log on disk cannot do what was asked (closed, out of space, I/O error)."""
+
+
+class ConnectionClosedError(MetaqError):
+    """The connection to a broker closed or failed; in-flight requests may or may not have been applied."""
+
+    retriable = True
+
+
+class RequestTimeoutError(MetaqError):
+    """No reply came within the request timeout; the request may still be applied by the broker."""
+
+    retriable = True
+
+
+class BrokerError(MetaqError):
+    """An error reported by a broker with a wire code. Subclasses are registered in one table."""
+
+    code: ClassVar[int] = -1
+    name: ClassVar[str] = "UNKNOWN_SERVER_ERROR"
+    retriable: ClassVar[bool] = False
+    refresh_metadata: ClassVar[bool] = False
+    hint: ClassVar[str] = ""
+
+    def __init__(self, message: str = "") -> None:
+        self.message = message or self.hint or self.name
+        super().__init__(f"[{self.name}] {self.message}")
+
+
+_BY_CODE: dict[int, type[BrokerError]] = {}
+
+
+def _register(cls: type[BrokerError]) -> type[BrokerError]:
+    if cls.code in _BY_CODE:
+        raise AssertionError(f"error code {cls.code} registered twice")
+    _BY_CODE[cls.code] = cls
+    return cls
+
+
+@_register
+class UnknownServerError(BrokerError):
+    code = -1
+    name = "UNKNOWN_SERVER_ERROR"
+    hint = "the broker failed in an unexpected way; see its log"
+
+
+@_register
+class CorruptMessageError(BrokerError):
+    code = 2
+    name = "CORRUPT_MESSAGE"
+    hint = "the record batch checksum or layout is wrong; the batch was not stored"
+
+
+@_register
+class UnknownTopicError(BrokerError):
+    code = 3
+    name = "UNKNOWN_TOPIC"
+    refresh_metadata = True
+    hint = "no such topic on this broker; create it or enable dynamic topics"
+
+
+@_register
+class UnknownPartitionError(BrokerError):
+    code = 4
+    name = "UNKNOWN_PARTITION"
+    refresh_metadata = True
+    hint = "no such partition for this topic on this broker"
+
+
+@_register
+class OffsetOutOfRangeError(BrokerError):
+    code = 1
+    name = "OFFSET_OUT_OF_RANGE"
+    hint = "the offset is outside the partition's [earliest, latest] range"
+
+
+@_register
+class MessageTooLargeError(BrokerError):
+    code = 10
+    name = "MESSAGE_TOO_LARGE"
+    hint = "a message or batch is larger than the broker accepts (maxMessageSize / maxBatchSize)"
+
+
+@_register
+class InvalidTopicError(BrokerError):
+    code = 17
+    name = "INVALID_TOPIC"
+    hint = "topic names are 1-249 characters of letters, digits, '-', '_' and '.', and not '.' or '..'"
+
+
+@_register
+class InvalidRequestError(BrokerError):
+    code = 42
+    name = "INVALID_REQUEST"
+    hint = "the request's fields are not valid"
+
+
+@_register
+class UnsupportedVersionError(BrokerError):
+    code = 35
+    name = "UNSUPPORTED_VERSION"
+    hint = "the broker does not support this API version; upgrade the client or broker"
+
+
+@_register
+class TopicExistsError(BrokerError):
+    code = 36
+    name = "TOPIC_ALREADY_EXISTS"
+
+
+@_register
+class PartitionClosedError(BrokerError):
+    """MetaQ's 403 Forbidden: the partition (or topic) is closed for publishing or subscribing."""
+
+    code = 403
+    name = "PARTITION_CLOSED"
+    refresh_metadata = True
+    hint = "the partition is closed (metaq topic open, or acceptPublish/acceptSubscribe)"
+
+
+@_register
+class BrokerStoppingError(BrokerError):
+    code = 503
+    name = "BROKER_STOPPING"
+    retriable = True
+    refresh_metadata = True
+    hint = "the broker is shutting down; retry against another broker or after restart"
+
+
+@_register
+class TooManyRequestsError(BrokerError):
+    code = 429
+    name = "TOO_MANY_REQUESTS"
+    retriable = True
+    hint = "a broker limit (waiting fetches, in-flight requests) was hit; back off and retry"
+
+
+@_register
+class StorageFailureError(BrokerError):
+    code = 56
+    name = "KAFKA_STORAGE_ERROR"
+    retriable = True
+    hint = "the broker could not write or read its log"
+
+
+@_register
+class UnknownGroupError(BrokerError):
+    code = 69
+    name = "UNKNOWN_GROUP"
+
+
+@_register
+class UnknownMemberError(BrokerError):
+    code = 25
+    name = "UNKNOWN_MEMBER_ID"
+    retriable = True
+    hint = "the member's session expired or it was removed; join again"
+
+
+@_register
+class RebalanceInProgressError(BrokerError):
+    code = 27
+    name = "REBALANCE_IN_PROGRESS"
+    retriable = True
+    hint = "the group is rebalancing; join again to get the new assignment"
+
+
+@_register
+class IllegalGenerationError(BrokerError):
+    code = 22
+    name = "ILLEGAL_GENERATION"
+    retriable = True
+    hint = "the group moved to a newer generation; join again"
+
+
+@_register
+class NotCoordinatorError(BrokerError):
+    code = 16
+    name = "NOT_COORDINATOR"
+    retriable = True
+    refresh_metadata = True
+
+
+@_register
+class MessageNotFoundError(BrokerError):
+    code = 404
+    name = "MESSAGE_NOT_FOUND"
+    hint = "no message with this id on this broker (expired by retention, or another broker's id)"
+
+
+def error_for_code(code: int, message: str = "") -> BrokerError:
+    """The exception instance for a wire code; unknown codes become UnknownServerError."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        return UnknownServerError(f"code {code}: {message}")
+    return cls(message)
+
+
+def error_class(code: int) -> type[BrokerError]:
+    return _BY_CODE.get(code, UnknownServerError)
+
+
+def all_error_classes() -> list[type[BrokerError]]:
+    return sorted(_BY_CODE.values(), key=lambda c: c.code)
+
+
+NONE = 0
+"""The wire code for success."""
