@@ -1,0 +1,255 @@
+"""Sans-IO connections: bytes in, events out; requests in, bytes out.
+
+Frames on the wire::
+
+    u32 size                       bytes after this field (<= max_frame_bytes)
+    request:  i16 api_key | i16 api_version | i32 correlation_id | string client_id | body
+    response: i32 correlation_id | body
+
+:class:`ClientConnection` and :class:`ServerConnection` hold no sockets (h11's shape):
+``receive_data(bytes)`` buffers, ``next_event()`` returns one event or :data:`NEED_DATA`.
+The asyncio broker, the asyncio client, the blocking client used by Spark executors and the fuzzer
+all drive these same classes.
+
+Correlation is strict: responses come back in request order, and a response whose correlation id is
+not the oldest in flight is a ProtocolError (the connection must be closed).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Final
+
+from metaq.errors import InvalidArgument, ProtocolError, TooManyRequestsError, UnsupportedVersionError
+from metaq.protocol import schema
+from metaq.protocol.messages import APIS, spec_for
+
+DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
+DEFAULT_MAX_IN_FLIGHT: Final = 1024
+
+_SIZE = struct.Struct(">I")
+_REQ_HEAD = struct.Struct(">hhi")
+_RESP_HEAD = struct.Struct(">i")
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+
+
+class _NeedData:
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA: Final = _NeedData()
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str
+
+
+@dataclass(slots=True)
+class RequestEvent:
+    header: RequestHeader
+    request: Any
+
+
+@dataclass(slots=True)
+class BadRequest:
+    """A well-framed request the server cannot decode; answer it with an error and keep serving."""
+
+    header: RequestHeader
+    error: Exception
+    error_code: int
+
+
+@dataclass(slots=True)
+class ResponseEvent:
+    correlation_id: int
+    response: Any
+    request: Any
+    """The request this answers (kept by the connection, so callers need no map of their own)."""
+
+
+class FrameBuffer:
+    """Accumulates bytes and yields whole frame bodies; refuses a frame over ``max_frame_bytes``."""
+
+    __slots__ = ("_buf", "_pos", "max_frame_bytes")
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+        self.max_frame_bytes = max_frame_bytes
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._pos and self._pos >= len(self._buf) // 2:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buf) - self._pos
+
+    def next_frame(self) -> bytes | None:
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < 4:
+            return None
+        (size,) = _SIZE.unpack_from(buf, pos)
+        if size > self.max_frame_bytes:
+            raise ProtocolError(f"frame of {size} bytes is larger than the limit of {self.max_frame_bytes}")
+        end = pos + 4 + size
+        if len(buf) < end:
+            return None
+        frame = bytes(buf[pos + 4:end])
+        self._pos = end
+        if end == len(buf):
+            buf.clear()
+            self._pos = 0
+        return frame
+
+
+def _frame(parts: list[bytes], max_frame_bytes: int) -> bytes:
+    body = b"".join(parts)
+    if len(body) > max_frame_bytes:
+        raise InvalidArgument(f"frame of {len(body)} bytes is larger than the limit of {max_frame_bytes}")
+    return _SIZE.pack(len(body)) + body
+
+
+def encode_request_header(header: RequestHeader) -> list[bytes]:
+    raw = header.client_id.encode()
+    return [_REQ_HEAD.pack(header.api_key, header.api_version, header.correlation_id), _I16.pack(len(raw)), raw]
+
+
+class ServerConnection:
+    """The broker side of one connection."""
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self._frames = FrameBuffer(max_frame_bytes)
+        self.max_frame_bytes = max_frame_bytes
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        self._frames.feed(data)
+
+    def next_event(self) -> RequestEvent | BadRequest | _NeedData:
+        """The next request; raises ProtocolError when the framing itself is broken (close then)."""
+        frame = self._frames.next_frame()
+        if frame is None:
+            return NEED_DATA
+        if len(frame) < _REQ_HEAD.size + 2:
+            raise ProtocolError(f"request frame of {len(frame)} bytes is shorter than a request header")
+        api_key, version, correlation_id = _REQ_HEAD.unpack_from(frame, 0)
+        try:
+            client_id, pos = schema.STRING.decode(frame, _REQ_HEAD.size)
+        except ProtocolError as exc:
+            raise ProtocolError(f"request header: {exc}") from None
+        header = RequestHeader(api_key, version, correlation_id, client_id)
+        spec = APIS.get(api_key)
+        if spec is None:
+            return BadRequest(header, ProtocolError(f"unknown api key {api_key}"), 42)
+        if not spec.min_version <= version <= spec.max_version:
+            err = UnsupportedVersionError(
+                f"{spec.name} v{version} is not supported (v{spec.min_version}..v{spec.max_version})")
+            return BadRequest(header, err, UnsupportedVersionError.code)
+        try:
+            request = schema.decode(spec.request, version, frame, pos)
+        except ProtocolError as exc:
+            return BadRequest(header, exc, 42)
+        return RequestEvent(header, request)
+
+    def encode_response(self, header: RequestHeader, response: Any) -> bytes:
+        parts = [_RESP_HEAD.pack(header.correlation_id)]
+        schema.encode(response, header.api_version, parts)
+        return _frame(parts, self.max_frame_bytes)
+
+    def encode_response_head(self, header: RequestHeader, response: Any, records_bytes: int) -> bytes:
+        """Every byte of the response frame except its trailing RECORDS payload.
+
+        The caller sends exactly ``records_bytes`` bytes after this (e.g. with ``sendfile``); the
+        response's own ``records`` attribute is ignored.
+        """
+        parts = [_RESP_HEAD.pack(header.correlation_id)]
+        fields = type(response).FIELDS
+        assert fields[-1].type is schema.RECORDS, type(response)
+        for f in fields[:-1]:
+            if f.since <= header.api_version:
+                f.type.encode(getattr(response, f.name), parts)
+        parts.append(_I32.pack(records_bytes))
+        head = b"".join(parts)
+        size = len(head) + records_bytes
+        if size > self.max_frame_bytes:
+            raise InvalidArgument(f"response of {size} bytes is larger than the frame limit {self.max_frame_bytes}")
+        return _SIZE.pack(size) + head
+
+
+class ClientConnection:
+    """The client side of one connection: numbers requests and matches responses in order."""
+
+    def __init__(self, client_id: str = "metaq-python", max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> None:
+        self.client_id = client_id
+        self.max_frame_bytes = max_frame_bytes
+        self.max_in_flight = max_in_flight
+        self._frames = FrameBuffer(max_frame_bytes)
+        self._next_correlation_id = 1
+        self._in_flight: deque[tuple[int, int, Any]] = deque()
+        self._client_id_raw = client_id.encode()
+        self._versions: dict[int, int] = {}
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def set_versions(self, versions: dict[int, int]) -> None:
+        """Highest version per api key both sides support (from the ApiVersions handshake)."""
+        self._versions = dict(versions)
+
+    def version_for(self, api_key: int) -> int:
+        return self._versions.get(api_key, APIS[api_key].max_version)
+
+    def send(self, request: Any, *, expect_response: bool = True) -> tuple[int, bytes]:
+        """(correlation_id, frame bytes) for ``request``; the caller writes the bytes."""
+        if len(self._in_flight) >= self.max_in_flight:
+            raise TooManyRequestsError(f"{self.max_in_flight} requests already in flight on this connection")
+        spec = spec_for(request)
+        version = self.version_for(spec.key)
+        correlation_id = self._next_correlation_id
+        self._next_correlation_id = (correlation_id + 1) & 0x7FFFFFFF or 1
+        parts = [_REQ_HEAD.pack(spec.key, version, correlation_id), _I16.pack(len(self._client_id_raw)),
+                 self._client_id_raw]
+        schema.encode(request, version, parts)
+        data = _frame(parts, self.max_frame_bytes)
+        if expect_response:
+            self._in_flight.append((correlation_id, version, request))
+        return correlation_id, data
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        self._frames.feed(data)
+
+    def next_event(self) -> ResponseEvent | _NeedData:
+        frame = self._frames.next_frame()
+        if frame is None:
+            return NEED_DATA
+        if len(frame) < 4:
+            raise ProtocolError("response frame shorter than its header")
+        (correlation_id,) = _RESP_HEAD.unpack_from(frame, 0)
+        if not self._in_flight:
+            raise ProtocolError(f"response {correlation_id} arrived with no request in flight")
+        expected, version, request = self._in_flight[0]
+        if correlation_id != expected:
+            raise ProtocolError(f"response correlation id {correlation_id}, expected {expected}")
+        self._in_flight.popleft()
+        response = schema.decode(spec_for(request).response, version, frame, 4)
+        return ResponseEvent(correlation_id, response, request)
+
+    def pending_requests(self) -> list[tuple[int, Any]]:
+        """Requests still waiting for a reply, oldest first (to fail them when the connection drops)."""
+        return [(cid, req) for cid, _v, req in self._in_flight]
+
+    def clear(self) -> None:
+        self._in_flight.clear()
+        self._frames = FrameBuffer(self.max_frame_bytes)

@@ -1,0 +1,523 @@
+"""Every request and response metaq speaks, declared once (see schema.py for the types).
+
+Each API is a (request, response) pair registered under an api key. Every response starts with
+``error_code`` (i16, 0 = none) and ``error_message`` so any failure, including a request the broker
+could not decode, can be answered with the API's own response type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from metaq.protocol.schema import (
+    BOOL,
+    BYTES,
+    INT16,
+    INT32,
+    INT64,
+    NULLABLE_STRING,
+    RECORDS,
+    STRING,
+    UINT128,
+    Array,
+    Field,
+    Struct,
+    check_schema,
+)
+
+# Sentinels shared by clients and brokers.
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+ANY_PARTITION = -1
+"""Produce to partition -1: the broker picks an open partition at random (MetaQ's behaviour)."""
+NO_GENERATION = -1
+
+
+@dataclass(frozen=True)
+class ApiSpec:
+    key: int
+    name: str
+    request: type
+    response: type
+    min_version: int = 0
+    max_version: int = 0
+
+
+APIS: dict[int, ApiSpec] = {}
+
+
+def _api(key: int, name: str, request: type, response: type, max_version: int = 0) -> None:
+    assert key not in APIS, key
+    for cls in (request, response):
+        cls.API_KEY = key  # type: ignore[attr-defined]
+        cls.API_NAME = name  # type: ignore[attr-defined]
+        check_schema(cls)
+    assert response.FIELDS[0].name == "error_code" and response.FIELDS[1].name == "error_message", name  # type: ignore[attr-defined]
+    APIS[key] = ApiSpec(key, name, request, response, 0, max_version)
+
+
+_ERR = (Field("error_code", INT16), Field("error_message", NULLABLE_STRING))
+
+
+class _Base:
+    API_KEY: ClassVar[int]
+    API_NAME: ClassVar[str]
+    FIELDS: ClassVar[tuple[Field, ...]]
+
+
+# -- nested structs -----------------------------------------------------------------------------
+
+@dataclass
+class ApiVersionRange:
+    api_key: int = 0
+    min_version: int = 0
+    max_version: int = 0
+    FIELDS: ClassVar = (Field("api_key", INT16), Field("min_version", INT16), Field("max_version", INT16))
+
+
+@dataclass
+class BrokerInfo:
+    broker_id: int = 0
+    host: str = ""
+    port: int = 0
+    FIELDS: ClassVar = (Field("broker_id", INT32), Field("host", STRING), Field("port", INT32))
+
+
+@dataclass
+class PartitionInfo:
+    partition: int = 0
+    broker_id: int = 0
+    error_code: int = 0
+    accept_publish: bool = True
+    accept_subscribe: bool = True
+    FIELDS: ClassVar = (Field("partition", INT32), Field("broker_id", INT32), Field("error_code", INT16),
+                        Field("accept_publish", BOOL), Field("accept_subscribe", BOOL))
+
+
+@dataclass
+class TopicInfo:
+    name: str = ""
+    error_code: int = 0
+    partitions: list[PartitionInfo] = field(default_factory=list)
+    FIELDS: ClassVar = (Field("name", STRING), Field("error_code", INT16),
+                        Field("partitions", Array(Struct(PartitionInfo))))
+
+
+@dataclass
+class ConfigEntry:
+    key: str = ""
+    value: str = ""
+    FIELDS: ClassVar = (Field("key", STRING), Field("value", STRING))
+
+
+@dataclass
+class TopicAssignment:
+    topic: str = ""
+    partitions: list[int] = field(default_factory=list)
+    FIELDS: ClassVar = (Field("topic", STRING), Field("partitions", Array(INT32)))
+
+
+@dataclass
+class GroupMember:
+    member_id: str = ""
+    client_id: str = ""
+    host: str = ""
+    assignment: list[TopicAssignment] = field(default_factory=list)
+    FIELDS: ClassVar = (Field("member_id", STRING), Field("client_id", STRING), Field("host", STRING),
+                        Field("assignment", Array(Struct(TopicAssignment))))
+
+
+@dataclass
+class OffsetEntry:
+    topic: str = ""
+    partition: int = 0
+    offset: int = -1
+    metadata: str | None = None
+    error_code: int = 0
+    FIELDS: ClassVar = (Field("topic", STRING), Field("partition", INT32), Field("offset", INT64),
+                        Field("metadata", NULLABLE_STRING), Field("error_code", INT16))
+
+
+@dataclass
+class TopicPartitionRef:
+    topic: str = ""
+    partition: int = 0
+    FIELDS: ClassVar = (Field("topic", STRING), Field("partition", INT32))
+
+
+# -- 0 ApiVersions (handshake) -------------------------------------------------------------------
+
+@dataclass
+class ApiVersionsRequest(_Base):
+    client_software: str = "metaq-python"
+    FIELDS: ClassVar = (Field("client_software", STRING),)
+
+
+@dataclass
+class ApiVersionsResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    broker_id: int = -1
+    server_version: str = ""
+    apis: list[ApiVersionRange] = field(default_factory=list)
+    FIELDS: ClassVar = (*_ERR, Field("broker_id", INT32), Field("server_version", STRING),
+                        Field("apis", Array(Struct(ApiVersionRange))))
+
+
+# -- 1 Metadata ---------------------------------------------------------------------------------
+
+@dataclass
+class MetadataRequest(_Base):
+    topics: list[str] | None = None
+    """None = every topic."""
+    FIELDS: ClassVar = (Field("topics", Array(STRING, nullable=True)),)
+
+
+@dataclass
+class MetadataResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    brokers: list[BrokerInfo] = field(default_factory=list)
+    topics: list[TopicInfo] = field(default_factory=list)
+    FIELDS: ClassVar = (*_ERR, Field("brokers", Array(Struct(BrokerInfo))),
+                        Field("topics", Array(Struct(TopicInfo))))
+
+
+# -- 2 CreateTopic / 3 DeleteTopic -----------------------------------------------------------
+
+@dataclass
+class CreateTopicRequest(_Base):
+    topic: str = ""
+    num_partitions: int = -1
+    """-1 = the broker's numPartitions."""
+    configs: list[ConfigEntry] = field(default_factory=list)
+    FIELDS: ClassVar = (Field("topic", STRING), Field("num_partitions", INT32),
+                        Field("configs", Array(Struct(ConfigEntry))))
+
+
+@dataclass
+class CreateTopicResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    num_partitions: int = 0
+    FIELDS: ClassVar = (*_ERR, Field("num_partitions", INT32))
+
+
+@dataclass
+class DeleteTopicRequest(_Base):
+    topic: str = ""
+    FIELDS: ClassVar = (Field("topic", STRING),)
+
+
+@dataclass
+class DeleteTopicResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    FIELDS: ClassVar = _ERR
+
+
+# -- 4 Produce ----------------------------------------------------------------------------------
+
+@dataclass
+class ProduceRequest(_Base):
+    topic: str = ""
+    partition: int = ANY_PARTITION
+    acks: int = 1
+    """1 = answer after the flush policy allows; 0 = one-way, the broker sends no response."""
+    timeout_ms: int = 30000
+    records: bytes | memoryview = b""
+    """Exactly one record batch."""
+    FIELDS: ClassVar = (Field("topic", STRING), Field("partition", INT32), Field("acks", INT16),
+                        Field("timeout_ms", INT32), Field("records", RECORDS))
+
+
+@dataclass
+class ProduceResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    partition: int = -1
+    base_offset: int = -1
+    base_message_id: int = -1
+    """Message i of the batch has id base_message_id + i and offset base_offset + i."""
+    append_time_ms: int = -1
+    FIELDS: ClassVar = (*_ERR, Field("partition", INT32), Field("base_offset", INT64),
+                        Field("base_message_id", UINT128), Field("append_time_ms", INT64))
+
+
+# -- 5 Fetch ------------------------------------------------------------------------------------
+
+@dataclass
+class FetchRequest(_Base):
+    topic: str = ""
+    partition: int = 0
+    offset: int = 0
+    max_bytes: int = 1024 * 1024
+    max_wait_ms: int = 0
+    """Long polling: hold the request up to this long while nothing is at ``offset``."""
+    group: str = ""
+    """The consumer group, for a server-side filter configured on the broker ('' = none)."""
+    FIELDS: ClassVar = (Field("topic", STRING), Field("partition", INT32), Field("offset", INT64),
+                        Field("max_bytes", INT32), Field("max_wait_ms", INT32), Field("group", STRING))
+
+
+@dataclass
+class FetchResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    log_start_offset: int = -1
+    log_end_offset: int = -1
+    reset_offset: int = -1
+    """>= 0 when the asked offset was out of range and the broker (updateConsumerOffsets=true)
+    served from this offset instead."""
+    records: bytes | memoryview = b""
+    """Whole stored batches starting at the one holding the asked offset; the last may be cut off."""
+    FIELDS: ClassVar = (*_ERR, Field("log_start_offset", INT64), Field("log_end_offset", INT64),
+                        Field("reset_offset", INT64), Field("records", RECORDS))
+
+
+# -- 6 ListOffsets ------------------------------------------------------------------------------
+
+@dataclass
+class ListOffsetsRequest(_Base):
+    topic: str = ""
+    partition: int = 0
+    timestamp_ms: int = LATEST_TIMESTAMP
+    """-2 earliest, -1 latest (the next offset to be written), else the first offset at or after."""
+    FIELDS: ClassVar = (Field("topic", STRING), Field("partition", INT32), Field("timestamp_ms", INT64))
+
+
+@dataclass
+class ListOffsetsResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    offset: int = -1
+    log_start_offset: int = -1
+    log_end_offset: int = -1
+    FIELDS: ClassVar = (*_ERR, Field("offset", INT64), Field("log_start_offset", INT64),
+                        Field("log_end_offset", INT64))
+
+
+# -- 7 JoinGroup / 8 Heartbeat / 9 LeaveGroup ------------------------------------------------
+
+@dataclass
+class JoinGroupRequest(_Base):
+    group: str = ""
+    member_id: str = ""
+    """'' on first join: the coordinator assigns one."""
+    client_id: str = ""
+    session_timeout_ms: int = 10000
+    rebalance_timeout_ms: int = 30000
+    topics: list[str] = field(default_factory=list)
+    strategy: str = "range"
+    """'range' (MetaQ's sorted range split) or 'consistent_hash'."""
+    FIELDS: ClassVar = (Field("group", STRING), Field("member_id", STRING), Field("client_id", STRING),
+                        Field("session_timeout_ms", INT32), Field("rebalance_timeout_ms", INT32),
+                        Field("topics", Array(STRING)), Field("strategy", STRING))
+
+
+@dataclass
+class JoinGroupResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    generation: int = NO_GENERATION
+    member_id: str = ""
+    members: list[str] = field(default_factory=list)
+    assignment: list[TopicAssignment] = field(default_factory=list)
+    FIELDS: ClassVar = (*_ERR, Field("generation", INT32), Field("member_id", STRING),
+                        Field("members", Array(STRING)), Field("assignment", Array(Struct(TopicAssignment))))
+
+
+@dataclass
+class HeartbeatRequest(_Base):
+    group: str = ""
+    generation: int = NO_GENERATION
+    member_id: str = ""
+    FIELDS: ClassVar = (Field("group", STRING), Field("generation", INT32), Field("member_id", STRING))
+
+
+@dataclass
+class HeartbeatResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    FIELDS: ClassVar = _ERR
+
+
+@dataclass
+class LeaveGroupRequest(_Base):
+    group: str = ""
+    member_id: str = ""
+    FIELDS: ClassVar = (Field("group", STRING), Field("member_id", STRING))
+
+
+@dataclass
+class LeaveGroupResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    FIELDS: ClassVar = _ERR
+
+
+# -- 10 OffsetCommit / 11 OffsetFetch --------------------------------------------------------
+
+@dataclass
+class OffsetCommitRequest(_Base):
+    group: str = ""
+    generation: int = NO_GENERATION
+    """NO_GENERATION: a commit outside group membership (broadcast members, admin resets)."""
+    member_id: str = ""
+    offsets: list[OffsetEntry] = field(default_factory=list)
+    FIELDS: ClassVar = (Field("group", STRING), Field("generation", INT32), Field("member_id", STRING),
+                        Field("offsets", Array(Struct(OffsetEntry))))
+
+
+@dataclass
+class OffsetCommitResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    results: list[OffsetEntry] = field(default_factory=list)
+    FIELDS: ClassVar = (*_ERR, Field("results", Array(Struct(OffsetEntry))))
+
+
+@dataclass
+class OffsetFetchRequest(_Base):
+    group: str = ""
+    partitions: list[TopicPartitionRef] | None = None
+    """None = every partition the group has committed."""
+    FIELDS: ClassVar = (Field("group", STRING), Field("partitions", Array(Struct(TopicPartitionRef), nullable=True)))
+
+
+@dataclass
+class OffsetFetchResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    offsets: list[OffsetEntry] = field(default_factory=list)
+    FIELDS: ClassVar = (*_ERR, Field("offsets", Array(Struct(OffsetEntry))))
+
+
+# -- 12 Stats -----------------------------------------------------------------------------------
+
+@dataclass
+class StatsRequest(_Base):
+    topic: str | None = None
+    FIELDS: ClassVar = (Field("topic", NULLABLE_STRING),)
+
+
+@dataclass
+class StatsResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    stats_json: bytes = b"{}"
+    """UTF-8 JSON: broker uptime and, per topic and partition, put/get counts, bytes, TPS."""
+    FIELDS: ClassVar = (*_ERR, Field("stats_json", BYTES))
+
+
+# -- 13 ListGroups / 14 DescribeGroup ------------------------------------------------------------
+
+@dataclass
+class ListGroupsRequest(_Base):
+    FIELDS: ClassVar = ()
+
+
+@dataclass
+class ListGroupsResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    groups: list[str] = field(default_factory=list)
+    FIELDS: ClassVar = (*_ERR, Field("groups", Array(STRING)))
+
+
+@dataclass
+class DescribeGroupRequest(_Base):
+    group: str = ""
+    FIELDS: ClassVar = (Field("group", STRING),)
+
+
+@dataclass
+class DescribeGroupResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    state: str = ""
+    generation: int = NO_GENERATION
+    strategy: str = ""
+    members: list[GroupMember] = field(default_factory=list)
+    FIELDS: ClassVar = (*_ERR, Field("state", STRING), Field("generation", INT32), Field("strategy", STRING),
+                        Field("members", Array(Struct(GroupMember))))
+
+
+# -- 15 PartitionState (metaq topic close|open) / 16 Reload --------------------------------------
+
+@dataclass
+class PartitionStateRequest(_Base):
+    topic: str = ""
+    partition: int = -1
+    """-1 = every partition of the topic."""
+    open: bool = True
+    FIELDS: ClassVar = (Field("topic", STRING), Field("partition", INT32), Field("open", BOOL))
+
+
+@dataclass
+class PartitionStateResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    FIELDS: ClassVar = _ERR
+
+
+@dataclass
+class ReloadRequest(_Base):
+    FIELDS: ClassVar = ()
+
+
+@dataclass
+class ReloadResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    changed_topics: list[str] = field(default_factory=list)
+    FIELDS: ClassVar = (*_ERR, Field("changed_topics", Array(STRING)))
+
+
+# -- 17 LookupMessage ---------------------------------------------------------------------------
+
+@dataclass
+class LookupMessageRequest(_Base):
+    message_id: int = 0
+    FIELDS: ClassVar = (Field("message_id", UINT128),)
+
+
+@dataclass
+class LookupMessageResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    topic: str = ""
+    partition: int = -1
+    offset: int = -1
+    FIELDS: ClassVar = (*_ERR, Field("topic", STRING), Field("partition", INT32), Field("offset", INT64))
+
+
+_api(0, "ApiVersions", ApiVersionsRequest, ApiVersionsResponse)
+_api(1, "Metadata", MetadataRequest, MetadataResponse)
+_api(2, "CreateTopic", CreateTopicRequest, CreateTopicResponse)
+_api(3, "DeleteTopic", DeleteTopicRequest, DeleteTopicResponse)
+_api(4, "Produce", ProduceRequest, ProduceResponse)
+_api(5, "Fetch", FetchRequest, FetchResponse)
+_api(6, "ListOffsets", ListOffsetsRequest, ListOffsetsResponse)
+_api(7, "JoinGroup", JoinGroupRequest, JoinGroupResponse)
+_api(8, "Heartbeat", HeartbeatRequest, HeartbeatResponse)
+_api(9, "LeaveGroup", LeaveGroupRequest, LeaveGroupResponse)
+_api(10, "OffsetCommit", OffsetCommitRequest, OffsetCommitResponse)
+_api(11, "OffsetFetch", OffsetFetchRequest, OffsetFetchResponse)
+_api(12, "Stats", StatsRequest, StatsResponse)
+_api(13, "ListGroups", ListGroupsRequest, ListGroupsResponse)
+_api(14, "DescribeGroup", DescribeGroupRequest, DescribeGroupResponse)
+_api(15, "PartitionState", PartitionStateRequest, PartitionStateResponse)
+_api(16, "Reload", ReloadRequest, ReloadResponse)
+_api(17, "LookupMessage", LookupMessageRequest, LookupMessageResponse)
+
+
+def spec_for(obj_or_cls: Any) -> ApiSpec:
+    cls: Any = obj_or_cls if isinstance(obj_or_cls, type) else type(obj_or_cls)
+    return APIS[cls.API_KEY]
+
+
+def error_response(api_key: int, error_code: int, message: str) -> Any:
+    """The API's own response type carrying only an error (for requests that failed early)."""
+    return APIS[api_key].response(error_code=error_code, error_message=message)
