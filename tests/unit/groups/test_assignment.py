@@ -1,0 +1,112 @@
+"""The assignment functions every coordinator shares: complete, exclusive, deterministic, MetaQ's split."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from metaq.cluster.assignment import (
+    assign,
+    assign_topics,
+    check_assignment,
+    consistent_hash_assign,
+    range_assign,
+)
+
+member_ids = st.lists(st.text(alphabet="abcdefghij0123456789-", min_size=1, max_size=12), max_size=20, unique=True)
+partition_sets = st.lists(st.tuples(st.integers(0, 5), st.integers(0, 63)), max_size=80, unique=True)
+strategies = st.sampled_from(["range", "consistent_hash"])
+
+
+@given(strategies, member_ids, partition_sets)
+def test_every_partition_has_exactly_one_owner(strategy: str, members: list[str],
+                                               partitions: list[tuple[int, int]]) -> None:
+    result = assign(strategy, members, partitions)
+    assert set(result) == set(members)
+    check_assignment(result, members, partitions)
+    owned = [p for ps in result.values() for p in ps]
+    assert len(owned) == (len(set(partitions)) if members else 0)
+
+
+@given(strategies, member_ids, partition_sets)
+def test_deterministic_whatever_the_input_order(strategy: str, members: list[str],
+                                                partitions: list[tuple[int, int]]) -> None:
+    a = assign(strategy, members, partitions)
+    b = assign(strategy, list(reversed(members)), list(reversed(partitions)))
+    assert a == b
+
+
+@given(member_ids, partition_sets)
+def test_range_split_is_metaqs(members: list[str], partitions: list[tuple[int, int]]) -> None:
+    result = range_assign(members, partitions)
+    if not members:
+        assert result == {}
+        return
+    n, m = len(partitions), len(members)
+    ordered_members = sorted(members)
+    ordered_parts = sorted(partitions)
+    flattened = [p for member in ordered_members for p in result[member]]
+    assert flattened == ordered_parts  # contiguous ranges, in member order
+    for i, member in enumerate(ordered_members):
+        assert len(result[member]) == n // m + (1 if i < n % m else 0)
+    # spare members (beyond the partition count) idle
+    assert all(result[member] == [] for member in ordered_members[n:])
+
+
+def test_range_example_from_metaq() -> None:
+    parts = [(0, p) for p in range(5)] + [(1, p) for p in range(2)]
+    got = range_assign(["c2", "c1", "c3"], parts)
+    assert got == {"c1": [(0, 0), (0, 1), (0, 2)], "c2": [(0, 3), (0, 4)], "c3": [(1, 0), (1, 1)]}
+
+
+@settings(max_examples=200)
+@given(st.lists(st.text(alphabet="abcdef0123456789", min_size=1, max_size=8), min_size=1, max_size=12,
+                unique=True),
+       st.text(alphabet="xyz0123456789", min_size=1, max_size=8),
+       st.integers(1, 120))
+def test_consistent_hash_moves_only_to_the_joiner(members: list[str], joiner: str, n_partitions: int) -> None:
+    partitions = [(0, p) for p in range(n_partitions)]
+    before = consistent_hash_assign(members, partitions)
+    after = consistent_hash_assign([*members, joiner], partitions)
+    owner_before = {p: m for m, ps in before.items() for p in ps}
+    owner_after = {p: m for m, ps in after.items() for p in ps}
+    moved = [p for p in partitions if owner_before[p] != owner_after[p]]
+    if joiner in members:
+        assert moved == []
+    else:
+        assert all(owner_after[p] == joiner for p in moved)
+
+
+def test_consistent_hash_moves_few_partitions_on_average() -> None:
+    partitions = [(b, p) for b in range(4) for p in range(64)]  # 256 partitions
+    members = [f"consumer-{i}" for i in range(7)]
+    before = consistent_hash_assign(members, partitions)
+    after = consistent_hash_assign([*members, "consumer-7"], partitions)
+    moved = len(after["consumer-7"])
+    # the ideal is 256/8 = 32; range would move far more (most ranges shift)
+    assert 8 <= moved <= 64
+    range_before = range_assign(members, partitions)
+    range_after = range_assign([*members, "consumer-7"], partitions)
+    range_owner = {p: m for m, ps in range_before.items() for p in ps}
+    range_moved = sum(1 for m, ps in range_after.items() for p in ps if range_owner.get(p) != m)
+    assert moved < range_moved
+    assert before != {}  # sanity
+
+
+def test_assign_topics_balances_each_topic_among_its_subscribers() -> None:
+    parts = {"a": [(0, p) for p in range(4)], "b": [(0, p) for p in range(2)]}
+    got = assign_topics("range", {"m1": ["a", "b"], "m2": ["a"]}, lambda t: parts[t])
+    assert got == {"m1": {"a": [(0, 0), (0, 1)], "b": [(0, 0), (0, 1)]}, "m2": {"a": [(0, 2), (0, 3)]}}
+
+
+def test_unknown_strategy_names_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match="consistent_hash, range"):
+        assign("roundrobin", ["a"], [(0, 0)])
+
+
+def test_check_assignment_catches_double_ownership_and_holes() -> None:
+    with pytest.raises(AssertionError, match="owned by both"):
+        check_assignment({"a": [(0, 0)], "b": [(0, 0)]}, ["a", "b"], [(0, 0)])
+    with pytest.raises(AssertionError, match="no owner"):
+        check_assignment({"a": [(0, 0)], "b": []}, ["a", "b"], [(0, 0), (0, 1)])
