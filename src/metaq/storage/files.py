@@ -1,0 +1,144 @@
+"""A bounded pool of open file descriptors, so one process can hold tens of thousands of segments.
+
+Every segment and index file is opened through a FileCache when it is used and stays open while it
+is used again soon. Past ``max_open_files`` the least recently used descriptor that nobody holds is
+closed; a pinned descriptor (a reader's slice being sent, a write in progress) is never closed under
+its holder. If every descriptor is pinned the pool goes over its budget rather than blocking or
+failing a reader: the budget is a soft limit, and ``overshoot_count`` says how often it was passed.
+Descriptors unused for a while are closed by ``close_idle`` (the flusher thread calls it).
+
+The pool is keyed by path. A path can be ``discard``-ed (segment deleted, log closed): the descriptor
+is closed at once when nobody holds it, or when its last holder releases it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+_OPEN_FLAGS = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
+
+
+class FileHandle:
+    """One open descriptor and how many holders it has. Use ``fd`` only between acquire and release."""
+
+    __slots__ = ("doomed", "fd", "last_used", "on_close", "path", "refs")
+
+    def __init__(self, path: str, fd: int, on_close: Callable[[], None] | None) -> None:
+        self.path = path
+        self.fd = fd
+        self.refs = 0
+        self.last_used = 0.0
+        self.on_close = on_close
+        self.doomed = False
+
+
+class FileCache:
+    """LRU of open descriptors with a soft budget. Thread-safe."""
+
+    def __init__(self, max_open_files: int = 1024, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if max_open_files < 1:
+            raise ValueError(f"max_open_files must be >= 1, not {max_open_files}")
+        self.max_open_files = max_open_files
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._open: OrderedDict[str, FileHandle] = OrderedDict()
+        self.open_calls = 0
+        self.overshoot_count = 0
+
+    @property
+    def open_count(self) -> int:
+        """Descriptors open now (those discarded but still held are not counted)."""
+        return len(self._open)
+
+    def acquire(self, path: str, *, create: bool = False,
+                on_close: Callable[[], None] | None = None) -> FileHandle:
+        """Pin and return the descriptor for ``path``, opening it (read-write) if needed.
+
+        ``on_close`` is remembered from the first open and called (under the pool lock, so it must be
+        trivial) when the descriptor is closed, letting the owner drop state tied to it.
+        FileNotFoundError if the file is missing and ``create`` is false.
+        """
+        with self._lock:
+            handle = self._open.get(path)
+            if handle is None:
+                flags = _OPEN_FLAGS | os.O_CREAT if create else _OPEN_FLAGS
+                fd = os.open(path, flags, 0o644)
+                self.open_calls += 1
+                handle = FileHandle(path, fd, on_close)
+                handle.refs = 1  # pinned before eviction runs, so it never evicts itself
+                self._open[path] = handle
+                if len(self._open) > self.max_open_files:
+                    self._evict_locked()
+                return handle
+            self._open.move_to_end(path)
+            handle.refs += 1
+            return handle
+
+    def release(self, handle: FileHandle) -> None:
+        with self._lock:
+            assert handle.refs > 0, f"release of {handle.path} that is not held"
+            handle.refs -= 1
+            handle.last_used = self._clock()
+            if handle.refs == 0 and handle.doomed:
+                self._close_locked(handle)
+
+    def discard(self, path: str) -> None:
+        """Forget ``path``: close it now, or when its last holder releases it."""
+        with self._lock:
+            handle = self._open.pop(path, None)
+            if handle is None:
+                return
+            if handle.refs == 0:
+                self._close_locked(handle)
+            else:
+                handle.doomed = True
+
+    def close_idle(self, idle_seconds: float) -> int:
+        """Close descriptors nobody held for ``idle_seconds``; returns how many were closed."""
+        cutoff = self._clock() - idle_seconds
+        closed = 0
+        with self._lock:
+            for path in [p for p, h in self._open.items() if h.refs == 0 and h.last_used <= cutoff]:
+                self._close_locked(self._open.pop(path))
+                closed += 1
+        return closed
+
+    def close_all(self) -> None:
+        """Close every descriptor nobody holds; held ones close on release."""
+        with self._lock:
+            for handle in list(self._open.values()):
+                if handle.refs == 0:
+                    self._close_locked(handle)
+                else:
+                    handle.doomed = True
+            self._open.clear()
+
+    def _evict_locked(self) -> None:
+        excess = len(self._open) - self.max_open_files
+        victims = []
+        for path, handle in self._open.items():
+            if excess <= 0:
+                break
+            if handle.refs == 0:
+                victims.append(path)
+                excess -= 1
+        for path in victims:
+            self._close_locked(self._open.pop(path))
+        if excess > 0:
+            self.overshoot_count += 1
+
+    @staticmethod
+    def _close_locked(handle: FileHandle) -> None:
+        if handle.fd < 0:
+            return
+        fd, handle.fd = handle.fd, -1
+        try:
+            os.close(fd)
+        finally:
+            if handle.on_close is not None:
+                handle.on_close()

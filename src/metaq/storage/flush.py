@@ -1,0 +1,233 @@
+"""The flusher: one background thread that makes appended batches durable, per MetaQ's flush knobs.
+
+=====================  =========================================================================
+unflush_threshold       what the flusher does
+=====================  =========================================================================
+1                       every append queues its own job; each job is one fdatasync; acks wait
+<= 0 (group commit)     appends mark their log pending; one round fdatasyncs every pending log
+                        once and resolves every ack waiting on it; appends arriving during a round
+                        join the next round, which is where the coalescing comes from
+N > 1                   acks do not wait; a log is synced when it has N unflushed messages or its
+                        oldest unflushed append is ``unflush_interval_ms`` old, whichever is first
+=====================  =========================================================================
+
+The flusher only schedules: the log does the syncing (``flush_pending``) and resolves its durable
+futures. A failing sync fails those futures and never stops the thread. The thread also closes file
+descriptors left idle (``idle_hook``). Threads, never asyncio: storage knows nothing of event loops;
+the broker awaits the durable futures with ``asyncio.wrap_future``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
+from typing import Any, Protocol
+
+from metaq.errors import StorageError
+
+log = logging.getLogger(__name__)
+
+_IDLE_TICK_SECONDS = 1.0
+
+
+class SyncTarget(Protocol):
+    """What the flusher drives: a PartitionLog."""
+
+    def flush_pending(self, forced_segment: Any = None, future: Future[None] | None = None) -> None: ...
+
+
+class Flusher:
+    """Background sync scheduler shared by all logs of a LogManager."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time,
+                 idle_hook: Callable[[], None] | None = None, idle_interval_seconds: float = 10.0,
+                 name: str = "metaq-flusher") -> None:
+        self._clock = clock
+        self._idle_hook = idle_hook
+        self._idle_interval_seconds = idle_interval_seconds
+        self._name = name
+        self._cond = threading.Condition(threading.Lock())
+        self._singles: deque[tuple[SyncTarget, Any, Future[None]]] = deque()
+        self._soon: dict[SyncTarget, None] = {}
+        self._deadlines: list[tuple[int, int, SyncTarget]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._stopped = False
+        self._busy = False
+        self.rounds = 0
+        self.sync_calls = 0
+        self.errors = 0
+
+    # ------------------------------------------------------------------ control
+
+    def start(self) -> None:
+        with self._cond:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Finish every queued job, then end the thread. Later submissions raise StorageError."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        with self._cond:
+            self._stopped = True
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and not self._stopping
+
+    def wake(self) -> None:
+        """Re-evaluate deadlines now (a test that moved its fake clock calls this)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Wait until nothing is queued or in progress (deadlines in the future do not count)."""
+        end = time.monotonic() + timeout
+        with self._cond:
+            while self._singles or self._soon or self._busy:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    # ------------------------------------------------------------------ submissions (any thread)
+
+    def sync_append(self, target: SyncTarget, segment: Any, future: Future[None]) -> None:
+        """unflush_threshold == 1: one fdatasync of ``segment`` for this one append."""
+        with self._cond:
+            self._check_open()
+            self._singles.append((target, segment, future))
+            self._cond.notify()
+
+    def flush_soon(self, target: SyncTarget) -> None:
+        """Group commit, a threshold reached, a roll: sync ``target`` in the next round."""
+        with self._cond:
+            self._check_open()
+            if target not in self._soon:
+                self._soon[target] = None
+                self._cond.notify()
+
+    def flush_at(self, target: SyncTarget, deadline_ms: int) -> None:
+        """Sync ``target`` at ``deadline_ms`` (the injected clock, in ms) unless synced before."""
+        with self._cond:
+            self._check_open()
+            heapq.heappush(self._deadlines, (deadline_ms, next(self._seq), target))
+            if self._deadlines[0][2] is target:
+                self._cond.notify()
+
+    def _check_open(self) -> None:
+        if self._stopping:
+            raise StorageError("the flusher is stopped; the log manager is closing")
+
+    # ------------------------------------------------------------------ the thread
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _run(self) -> None:
+        last_idle = time.monotonic()
+        while True:
+            with self._cond:
+                while True:
+                    due = self._pop_due_locked()
+                    if self._singles or self._soon or due or self._stopping:
+                        break
+                    timeout = _IDLE_TICK_SECONDS
+                    if self._deadlines:
+                        timeout = min(timeout, max(0.0, (self._deadlines[0][0] - self._now_ms()) / 1000))
+                    self._cond.wait(timeout)
+                    if time.monotonic() - last_idle >= self._idle_interval_seconds:
+                        break
+                singles = self._singles
+                self._singles = deque()
+                targets = list(self._soon)
+                self._soon = {}
+                for target in due:
+                    if target not in targets:
+                        targets.append(target)
+                finished = self._stopping and not singles and not targets
+                self._busy = bool(singles or targets)
+            if finished:
+                self._run_idle_hook()
+                with self._cond:
+                    self._cond.notify_all()
+                return
+            if singles or targets:
+                self.rounds += 1
+            for target, segment, future in singles:
+                self._sync(target, segment, future)
+            for target in targets:
+                self._sync(target, None, None)
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+            if time.monotonic() - last_idle >= self._idle_interval_seconds:
+                last_idle = time.monotonic()
+                self._run_idle_hook()
+
+    def _pop_due_locked(self) -> list[SyncTarget]:
+        due: list[SyncTarget] = []
+        if not self._deadlines:
+            return due
+        now = self._now_ms()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            due.append(heapq.heappop(self._deadlines)[2])
+        return due
+
+    def _sync(self, target: SyncTarget, segment: Any, future: Future[None] | None) -> None:
+        self.sync_calls += 1
+        try:
+            target.flush_pending(segment, future)
+        except Exception:  # the log already failed its futures; the thread must go on
+            self.errors += 1
+            log.exception("flush of %r failed", target)
+
+    def _run_idle_hook(self) -> None:
+        if self._idle_hook is None:
+            return
+        try:
+            self._idle_hook()
+        except Exception:
+            log.exception("idle hook failed")
+
+
+def new_durable_future() -> Future[None]:
+    """A future nobody can cancel: acks of many appends may share it, and asyncio.wrap_future would
+    otherwise cancel it for every waiter when one waiting coroutine is cancelled."""
+    future: Future[None] = Future()
+    future.set_running_or_notify_cancel()
+    return future
+
+
+def resolve(future: Future[None] | None, error: BaseException | None = None) -> None:
+    """Complete a durable future once; a second completion (close racing the flusher) is ignored."""
+    if future is None or future.done():
+        return
+    try:
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+    except InvalidStateError:
+        pass
+
+
+def done_future() -> Future[None]:
+    future = new_durable_future()
+    future.set_result(None)
+    return future

@@ -1,0 +1,653 @@
+"""PartitionLog: one partition's append-only log of record batches, split into segments.
+
+Threads: one writer appends (the caller guarantees it); any thread may read, flush, run retention
+or close. ``_lock`` guards the segment list and the writer's state and is held only for short,
+non-blocking work (the append's single ``pwritev`` to the page cache included). ``_sync_lock``
+serialises the blocking syncs, which run without ``_lock`` so appends go on during an fdatasync.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from bisect import bisect_right
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import NamedTuple
+
+from metaq.errors import InvalidArgument, StorageError
+from metaq.protocol.records import STAMPED_BYTES, BatchHeader, decode_batch, stamp_prefix, validate_batch
+from metaq.storage.checkpoint import (
+    CLEAN_SHUTDOWN_FILE,
+    CleanState,
+    fsync_directory,
+    read_partition_clean_state,
+    write_partition_clean_state,
+)
+from metaq.storage.config import LogConfig
+from metaq.storage.errors import LogClosedError, OffsetOutOfRange
+from metaq.storage.files import FileCache, FileHandle
+from metaq.storage.fileslice import FileSlice
+from metaq.storage.flush import Flusher, new_durable_future, resolve
+from metaq.storage.recovery import RecoveryReport, load_segments
+from metaq.storage.retention import dispose_segment
+from metaq.storage.scan import iter_headers, pread_exact
+from metaq.storage.segment import Segment
+from metaq.types import BROKER_ID_MAX, make_message_id, partition_tag, validate_partition, validate_topic
+
+log = logging.getLogger(__name__)
+
+_OFFSET_MAX = (1 << 63) - 1
+_STANDALONE_MAX_OPEN_FILES = 64
+
+
+class AppendResult(NamedTuple):
+    """What an append assigned, and how to wait for it to be on disk.
+
+    ``durable`` resolves (with None, or StorageError) once the batch is fsynced; it cannot be cancelled.
+    ``wait_for_durable`` says whether the flush policy wants the ack to wait for it.
+    """
+
+    base_offset: int
+    last_offset: int
+    base_message_id: int
+    append_time_ms: int
+    record_count: int
+    durable: Future[None]
+    wait_for_durable: bool
+
+
+class PartitionLog:
+    """The log of one partition. Create with :meth:`open`."""
+
+    def __init__(self, directory: Path, topic: str, partition: int, config: LogConfig, broker_id: int, *,
+                 clock: Callable[[], float], flusher: Flusher | None, files: FileCache, own_files: bool,
+                 sync: Callable[[int], None], segments: list[Segment], recovery: RecoveryReport,
+                 marker_present: bool, parent_unsynced: bool) -> None:
+        self.directory = directory
+        self._topic = topic
+        self._partition = partition
+        self._tag = partition_tag(topic, partition)
+        self._id_base = make_message_id(broker_id, self._tag, 0)
+        self._config = config
+        self._clock = clock
+        self._flusher = flusher
+        self._files = files
+        self._own_files = own_files
+        self._sync = sync
+        self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+        self._segments = segments
+        self._bases = [s.base_offset for s in segments]
+        self._active = segments[-1]
+        self._end_offset = self._active.next_offset
+        self._size_bytes = sum(s.size_bytes for s in segments)
+        self._unsynced_sealed: list[Segment] = []
+        self._pending_future: Future[None] | None = None
+        self._unflushed_messages = 0
+        self._first_unflushed_ms = -1
+        self._flush_requested = False
+        self._closed = False
+        self._abandoned = False
+        self._failure: StorageError | None = None
+        self._appending = False
+        self._marker_present = marker_present
+        self._parent_unsynced = parent_unsynced
+        self.recovery = recovery
+
+    @classmethod
+    def open(cls, directory: Path, topic: str, partition: int, config: LogConfig, broker_id: int, *,
+             clock: Callable[[], float] = time.time, flusher: Flusher | None = None,
+             files: FileCache | None = None, sync: Callable[[int], None] = os.fdatasync,
+             clean_state: CleanState | None = None) -> PartitionLog:
+        """Open (creating if needed) the partition whose own directory is ``directory``, recovering it.
+
+        ``directory`` is the partition's directory (``<data_dir>/<topic>-<partition>``), not the data
+        dir. Without a ``flusher``, appends that must be durable are fsynced inline. ``files`` shares a
+        descriptor budget between logs (a private pool of 64 otherwise). ``sync`` is the fdatasync to
+        use (inject to count or fail). ``clean_state`` comes from the LogManager's checkpoint; without
+        it the partition's own clean-shutdown file, if any, is used.
+        """
+        validate_topic(topic)
+        validate_partition(partition)
+        if not isinstance(broker_id, int) or not 0 <= broker_id <= BROKER_ID_MAX:
+            raise InvalidArgument(f"broker id {broker_id!r} is outside 0..{BROKER_ID_MAX}")
+        directory = Path(directory)
+        created = not directory.is_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        own_files = files is None
+        if files is None:
+            files = FileCache(_STANDALONE_MAX_OPEN_FILES)
+        marker_state = read_partition_clean_state(directory)
+        tag = partition_tag(topic, partition)
+        segments, report = load_segments(str(directory), files, config.index_interval_bytes, tag,
+                                          clean_state or marker_state, sync)
+        return cls(directory, topic, partition, config, broker_id, clock=clock, flusher=flusher,
+                   files=files, own_files=own_files, sync=sync, segments=segments, recovery=report,
+                   marker_present=marker_state is not None, parent_unsynced=created)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    @property
+    def partition(self) -> int:
+        return self._partition
+
+    @property
+    def tag(self) -> int:
+        """The 48-bit partition tag inside this partition's message ids."""
+        return self._tag
+
+    @property
+    def config(self) -> LogConfig:
+        return self._config
+
+    @property
+    def log_start_offset(self) -> int:
+        """The earliest offset still stored."""
+        return self._segments[0].base_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        """The next offset to assign; reading here returns nothing. Cheap: poll it for long polling."""
+        return self._end_offset
+
+    @property
+    def size_bytes(self) -> int:
+        return self._size_bytes
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    @property
+    def segment_base_offsets(self) -> list[int]:
+        with self._lock:
+            return list(self._bases)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        return f"PartitionLog({self._topic}-{self._partition})"
+
+    # ------------------------------------------------------------------ append
+
+    def append(self, batch: bytes | memoryview, header: BatchHeader | None = None, *,
+               now_ms: int | None = None) -> AppendResult:
+        """Store one record batch with one write, stamping base offset, base message id and append time.
+
+        ``header`` is what ``records.validate_batch`` returned for this batch; without it the batch is
+        validated here (InvalidArgument / CorruptRecordError). Raises StorageError if the log cannot
+        write; a failed write leaves no partial batch behind.
+        """
+        assert not self._appending, "concurrent appends to one partition"
+        self._appending = True
+        try:
+            config = self._config
+            if header is None:
+                header = validate_batch(batch, config.max_message_bytes, config.max_batch_bytes)
+            view = memoryview(batch)
+            total = header.total_bytes
+            if view.nbytes != total:
+                raise InvalidArgument(f"batch has {view.nbytes} bytes but its header says {total}")
+            if now_ms is None:
+                now_ms = int(self._clock() * 1000)
+            if self._marker_present:
+                self._invalidate_marker()
+            forced: Segment | None = None
+            with self._lock:
+                self._check_writable()
+                segment = self._active
+                rolled = False
+                if segment.size_bytes and segment.size_bytes + total > config.segment_bytes_max:
+                    segment = self._roll_locked()
+                    rolled = True
+                base_offset = self._end_offset
+                next_offset = base_offset + header.record_count
+                assert next_offset <= _OFFSET_MAX, "offset space exhausted"
+                message_id = self._id_base | base_offset
+                position = segment.size_bytes
+                self._write_locked(segment, (stamp_prefix(header, base_offset, message_id, now_ms),
+                                             view[STAMPED_BYTES:]), position, total)
+                segment.note_batch(position, header._replace(base_offset=base_offset))
+                self._size_bytes += total
+                self._end_offset = next_offset
+                threshold = config.unflush_threshold
+                request = rolled and not self._flush_requested
+                if threshold == 1:
+                    future = new_durable_future()
+                    forced = segment
+                    wait = True
+                else:
+                    if self._pending_future is None:
+                        self._pending_future = new_durable_future()
+                    future = self._pending_future
+                    wait = threshold <= 0
+                    if wait:
+                        request = request or not self._flush_requested
+                    else:
+                        self._unflushed_messages += header.record_count
+                        if self._unflushed_messages >= threshold and not self._flush_requested:
+                            request = True
+                        if self._first_unflushed_ms < 0:
+                            self._first_unflushed_ms = int(self._clock() * 1000)
+                            if self._flusher is not None:
+                                self._flusher.flush_at(self, self._first_unflushed_ms + config.unflush_interval_ms)
+                if request:
+                    self._flush_requested = True
+                first_unflushed_ms = self._first_unflushed_ms
+            flusher = self._flusher
+            if flusher is not None:
+                if forced is not None:
+                    flusher.sync_append(self, forced, future)
+                elif request:
+                    flusher.flush_soon(self)
+            elif forced is not None or wait or request or (
+                    first_unflushed_ms >= 0
+                    and int(self._clock() * 1000) - first_unflushed_ms >= config.unflush_interval_ms):
+                self.flush_pending(forced, future if forced is not None else None)
+            return AppendResult(base_offset, next_offset - 1, message_id, now_ms, header.record_count,
+                                future, wait)
+        finally:
+            self._appending = False
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise LogClosedError(f"{self} is closed")
+        if self._failure is not None:
+            raise StorageError(f"{self} is offline after an I/O error ({self._failure}); "
+                               "restart the broker to recover it")
+
+    def _invalidate_marker(self) -> None:
+        """The first append after a clean open makes the clean-shutdown file a lie: remove it."""
+        self._marker_present = False
+        try:
+            os.unlink(self.directory / CLEAN_SHUTDOWN_FILE)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("cannot remove %s: %s", self.directory / CLEAN_SHUTDOWN_FILE, exc)
+
+    def _write_locked(self, segment: Segment, parts: tuple[bytes, memoryview], position: int,
+                      total: int) -> None:
+        try:
+            handle = self._files.acquire(segment.log_path, create=True, on_close=segment.on_log_fd_closed)
+        except OSError as exc:
+            raise StorageError(f"cannot open {segment.log_path}: {exc}") from exc
+        try:
+            written = os.pwritev(handle.fd, parts, position)
+            if written != total:
+                rest = (parts[0] + bytes(parts[1]))[written:]
+                while rest:
+                    n = os.pwrite(handle.fd, rest, position + written)
+                    if n <= 0:
+                        raise OSError(f"pwrite wrote {n} bytes")
+                    written += n
+                    rest = rest[n:]
+        except OSError as exc:
+            # Leave no partial batch: cut the file back to the last whole batch.
+            try:
+                os.ftruncate(handle.fd, position)
+            except OSError as cut_exc:
+                self._failure = StorageError(f"cannot cut a partial write in {segment.log_path}: {cut_exc}")
+            raise StorageError(f"cannot append to {segment.log_path}: {exc}") from exc
+        finally:
+            self._files.release(handle)
+
+    def _roll_locked(self) -> Segment:
+        """Seal the active segment and start a new one at the log end; the old one is synced soon."""
+        old = self._active
+        old.seal()
+        self._unsynced_sealed.append(old)
+        segment = Segment(str(self.directory), self._end_offset, self._files, self._config.index_interval_bytes)
+        segment.start_empty_indexes()
+        segment.dir_synced = False
+        handle = self._files.acquire(segment.log_path, create=True, on_close=segment.on_log_fd_closed)
+        self._files.release(handle)
+        self._segments.append(segment)
+        self._bases.append(segment.base_offset)
+        self._active = segment
+        return segment
+
+    # ------------------------------------------------------------------ flush
+
+    def flush(self) -> None:
+        """fdatasync everything appended so far (blocking; never call it on an event loop)."""
+        self.flush_pending()
+
+    def flush_pending(self, forced_segment: Segment | None = None, future: Future[None] | None = None) -> None:
+        """Sync whatever is unsynced, then resolve the durable futures it covers.
+
+        ``forced_segment`` gets an fdatasync even when another sync already covered it (the
+        one-sync-per-append rule of unflush_threshold=1); ``future`` is resolved with the rest.
+        Raises StorageError (after failing the futures) when a sync fails; the log goes offline.
+        """
+        with self._sync_lock:
+            with self._lock:
+                if self._closed:
+                    resolve(future, LogClosedError(f"{self} was abandoned before the flush")
+                            if self._abandoned else None)
+                    return
+                active = self._active
+                target_bytes = active.size_bytes
+                pending = self._pending_future
+                self._pending_future = None
+                self._unflushed_messages = 0
+                self._first_unflushed_ms = -1
+                self._flush_requested = False
+                sealed = [(s, *s.take_pending_index_bytes()) for s in self._unsynced_sealed]
+                active_index = active.take_pending_index_bytes()
+                pinned = [s for s, _, _ in sealed] + [active]
+                if forced_segment is not None and forced_segment not in pinned:
+                    pinned.append(forced_segment)
+                for segment in pinned:
+                    segment.pins += 1
+                failure = self._failure
+            error: StorageError | None = failure
+            try:
+                if error is None:
+                    self._sync_segments(sealed, active, target_bytes, active_index, forced_segment)
+            except OSError as exc:
+                error = StorageError(f"cannot flush {self}: {exc}; the log is offline until restart")
+            finally:
+                with self._lock:
+                    for segment in pinned:
+                        segment.pins -= 1
+                    if error is None:
+                        done = {id(s) for s, _, _ in sealed}
+                        self._unsynced_sealed = [s for s in self._unsynced_sealed if id(s) not in done]
+                    elif self._failure is None:
+                        self._failure = error
+            resolve(pending, error)
+            resolve(future, error)
+            if error is not None:
+                raise error
+
+    def _sync_segments(self, sealed: list[tuple[Segment, bytes, bytes]], active: Segment, target_bytes: int,
+                       active_index: tuple[bytes, bytes], forced: Segment | None) -> None:
+        if self._parent_unsynced:
+            fsync_directory(self.directory.parent, self._sync)
+            self._parent_unsynced = False
+        dir_unsynced = not active.dir_synced or any(not s.dir_synced for s, _, _ in sealed)
+        for segment, index_bytes, timeindex_bytes in sealed:
+            if segment.synced_bytes < segment.size_bytes or segment is forced:
+                self._fdatasync(segment)
+                segment.synced_bytes = segment.size_bytes
+            segment.write_index_bytes(index_bytes, timeindex_bytes)
+            segment.sync_index_files(self._sync)
+        if forced is not None and forced is not active and all(forced is not s for s, _, _ in sealed):
+            self._fdatasync(forced)
+        if active.synced_bytes < target_bytes or forced is active:
+            self._fdatasync(active)
+            if target_bytes > active.synced_bytes:
+                active.synced_bytes = target_bytes
+        if dir_unsynced:
+            fsync_directory(self.directory, self._sync)
+            for segment, _, _ in sealed:
+                segment.dir_synced = True
+            active.dir_synced = True
+        # Index entries only go to disk after the bytes they point at are synced (see recovery.py).
+        active.write_index_bytes(*active_index)
+
+    def _fdatasync(self, segment: Segment) -> None:
+        handle = self._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
+        try:
+            self._sync(handle.fd)
+        finally:
+            self._files.release(handle)
+
+    # ------------------------------------------------------------------ read
+
+    def read(self, offset: int, max_bytes: int) -> FileSlice:
+        """Whole batches from the one holding ``offset``, up to ``max_bytes`` (for sendfile).
+
+        The first batch is returned whole even if it alone exceeds ``max_bytes``, so a consumer
+        never stalls on a batch larger than its limit. A read stops at the end of a segment (the
+        next fetch continues in the next one). ``offset == log_end_offset`` gives an empty slice;
+        an offset outside ``[log_start_offset, log_end_offset]`` raises OffsetOutOfRange.
+        Release the slice (or use ``with``): it pins its segment and descriptor.
+        """
+        if max_bytes < 0:
+            raise InvalidArgument(f"max_bytes must be >= 0, not {max_bytes}")
+        segment, size_limit, next_limit = self._pin_segment_for(offset)
+        if segment is None:
+            return FileSlice.empty(offset)
+        handle: FileHandle | None = None
+        try:
+            handle = self._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
+            position, header = segment.find_batch(handle.fd, offset, size_limit)
+            size, next_offset = segment.extent(handle.fd, position, header, max_bytes, size_limit, next_limit)
+        except BaseException:
+            if handle is not None:
+                self._files.release(handle)
+            self._unpin(segment)
+            raise
+        pinned_handle = handle
+
+        def release() -> None:
+            self._files.release(pinned_handle)
+            self._unpin(segment)
+
+        return FileSlice(pinned_handle.fd, position, size, header.base_offset, next_offset, release)
+
+    def read_bytes(self, offset: int, max_bytes: int) -> bytes:
+        """``read`` then copy the bytes out (convenience for tests, tools and replication)."""
+        with self.read(offset, max_bytes) as piece:
+            return piece.read_bytes()
+
+    def locate(self, offset: int) -> tuple[int, int]:
+        """(segment base offset, byte position) of the batch holding ``offset``."""
+        segment, size_limit, _ = self._pin_segment_for(offset)
+        if segment is None:
+            active = self._active
+            return active.base_offset, active.size_bytes
+        try:
+            handle = self._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
+            try:
+                position, _ = segment.find_batch(handle.fd, offset, size_limit)
+            finally:
+                self._files.release(handle)
+        finally:
+            self._unpin(segment)
+        return segment.base_offset, position
+
+    def _pin_segment_for(self, offset: int) -> tuple[Segment | None, int, int]:
+        with self._lock:
+            if self._closed:
+                raise LogClosedError(f"{self} is closed")
+            end = self._end_offset
+            if offset == end:
+                return None, 0, end
+            start = self._segments[0].base_offset
+            if not start <= offset < end:
+                raise OffsetOutOfRange(offset, start, end, f"{self._topic}-{self._partition}")
+            segment = self._segments[bisect_right(self._bases, offset) - 1]
+            segment.pins += 1
+            return segment, segment.size_bytes, segment.next_offset
+
+    def _unpin(self, segment: Segment) -> None:
+        with self._lock:
+            segment.pins -= 1
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        """The first offset whose record timestamp is >= ``timestamp_ms``; the log end when none is."""
+        with self._lock:
+            if self._closed:
+                raise LogClosedError(f"{self} is closed")
+            candidates = list(self._segments)
+        for segment in candidates:
+            with self._lock:
+                if segment.base_offset < self._segments[0].base_offset or self._closed:
+                    continue  # removed by retention meanwhile
+                segment.pins += 1
+                size_limit = segment.size_bytes
+            try:
+                if segment.max_timestamp() < timestamp_ms:
+                    continue
+                found = self._search_timestamp(segment, timestamp_ms, size_limit)
+                if found is not None:
+                    return found
+            finally:
+                self._unpin(segment)
+        return self._end_offset
+
+    def _search_timestamp(self, segment: Segment, timestamp_ms: int, size_limit: int) -> int | None:
+        _, time_index = segment.loaded_indexes()
+        relative = time_index.start_before(timestamp_ms)
+        handle = self._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
+        try:
+            position = 0
+            if relative:
+                position, _ = segment.find_batch(handle.fd, segment.base_offset + relative, size_limit)
+            for at, header in iter_headers(handle.fd, position, size_limit):
+                if header.max_timestamp_ms < timestamp_ms:
+                    continue
+                data = pread_exact(handle.fd, header.total_bytes, at)
+                for message in decode_batch(data, header=header, verify=False):
+                    if message.timestamp_ms >= timestamp_ms:
+                        return message.offset
+        finally:
+            self._files.release(handle)
+        return None
+
+    # ------------------------------------------------------------------ retention
+
+    def apply_retention(self, now_ms: int | None = None) -> list[int]:
+        """Remove (or archive) the oldest segments past the topic's deletePolicy age.
+
+        Never the active segment, never one pinned by a reader or a sync, never one not yet synced,
+        and only a prefix of the log, so offsets stay contiguous. Returns the removed base offsets.
+        """
+        policy = self._config.retention
+        if now_ms is None:
+            now_ms = int(self._clock() * 1000)
+        victims: list[Segment] = []
+        with self._lock:
+            if self._closed:
+                return []
+            unsynced = {id(s) for s in self._unsynced_sealed}
+            for segment in self._segments[:-1]:
+                if segment.pins or id(segment) in unsynced:
+                    break
+                try:
+                    last_write_ms = segment.mtime_ms()
+                except OSError:
+                    break
+                if not policy.expired(last_write_ms, now_ms):
+                    break
+                victims.append(segment)
+            if not victims:
+                return []
+            del self._segments[:len(victims)]
+            del self._bases[:len(victims)]
+            self._size_bytes -= sum(s.size_bytes for s in victims)
+            for segment in victims:
+                for path in (segment.log_path, segment.index_path, segment.timeindex_path):
+                    self._files.discard(path)
+        errors = []
+        for segment in victims:
+            try:
+                dispose_segment(segment.log_path, (segment.index_path, segment.timeindex_path), policy)
+            except OSError as exc:
+                errors.append(f"{segment.log_path}: {exc}")
+        if errors:
+            raise StorageError(f"retention of {self} could not remove: {'; '.join(errors)}")
+        return [s.base_offset for s in victims]
+
+    # ------------------------------------------------------------------ configuration and lifecycle
+
+    def set_config(self, config: LogConfig) -> None:
+        """Apply a new topic configuration to a live log (flush policy, retention, limits)."""
+        with self._lock:
+            self._config = config
+            for segment in self._segments:
+                segment.index_interval_bytes = config.index_interval_bytes
+            pending = self._pending_future is not None or self._unsynced_sealed
+        if pending and self._flusher is not None and self._flusher.running:
+            self._flusher.flush_soon(self)
+
+    def close(self, *, write_marker: bool = True) -> CleanState | None:
+        """Flush, sync the indexes, and record a clean shutdown; returns the clean state (None if the
+        log had failed). ``write_marker=False`` leaves the recording to the caller (the LogManager
+        writes one checkpoint for all partitions)."""
+        if self._closed:
+            return None
+        error: StorageError | None = None
+        try:
+            self.flush_pending()
+        except StorageError as exc:
+            error = exc
+        state: CleanState | None = None
+        with self._sync_lock:
+            with self._lock:
+                if self._closed:
+                    return None
+                self._closed = True
+                active = self._active
+                segments = list(self._segments)
+            try:
+                if error is None:
+                    active.write_index_bytes(*active.take_pending_index_bytes())
+                    active.sync_index_files(self._sync)
+                    state = CleanState(active.base_offset, active.size_bytes, self._end_offset)
+                    if write_marker:
+                        write_partition_clean_state(self.directory, state, sync=self._sync)
+            except OSError as exc:
+                error = StorageError(f"cannot close {self} cleanly: {exc}")
+                state = None
+            finally:
+                self._release_files(segments)
+        if error is not None:
+            raise error
+        return state
+
+    def abandon(self) -> None:
+        """Drop the log as a crash would: no flush, no clean-shutdown record; pending acks fail.
+
+        For tests and fault injection; the files are left as the page cache has them.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._abandoned = True
+            pending, self._pending_future = self._pending_future, None
+            segments = list(self._segments)
+        resolve(pending, LogClosedError(f"{self} was abandoned before the flush"))
+        self._release_files(segments)
+
+    def delete(self) -> None:
+        """Close the log (without a clean-shutdown record) and remove its directory."""
+        if not self._closed:
+            try:
+                self.close(write_marker=False)
+            except StorageError as exc:
+                log.warning("deleting %s after a failed close: %s", self, exc)
+        doomed = self.directory.with_name(self.directory.name + ".deleting")
+        try:
+            os.replace(self.directory, doomed)
+        except FileNotFoundError:
+            return
+        except OSError:
+            doomed = self.directory
+        shutil.rmtree(doomed, ignore_errors=True)
+        try:
+            fsync_directory(self.directory.parent)
+        except OSError:
+            pass
+
+    def _release_files(self, segments: list[Segment]) -> None:
+        for segment in segments:
+            for path in (segment.log_path, segment.index_path, segment.timeindex_path):
+                self._files.discard(path)
+        if self._own_files:
+            self._files.close_all()

@@ -1,0 +1,330 @@
+"""LogManager: every partition log of one broker under one data directory.
+
+It owns what the logs share: the descriptor budget (FileCache), the flusher thread, per-topic
+configuration, the partition-tag table that turns a message id back into (topic, partition, offset),
+and the clean-shutdown checkpoint written once for all partitions at close.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+
+from metaq.errors import InvalidArgument, StorageError
+from metaq.storage.checkpoint import CleanState, fsync_directory, read_json, remove_file, write_json
+from metaq.storage.config import LogConfig
+from metaq.storage.errors import LogClosedError, MessageNotFound
+from metaq.storage.files import FileCache
+from metaq.storage.flush import Flusher
+from metaq.storage.log import PartitionLog
+from metaq.types import (
+    BROKER_ID_MAX,
+    MessageId,
+    partition_tag,
+    split_message_id,
+    validate_partition,
+    validate_topic,
+)
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "clean-shutdown.json"
+LOCK_FILE = ".lock"
+_DELETING_SUFFIX = ".deleting"
+
+
+def parse_partition_dir_name(name: str) -> tuple[str, int] | None:
+    """``my-topic-3`` -> (``my-topic``, 3): topics may contain '-', so split on the last one."""
+    topic, sep, number = name.rpartition("-")
+    if not sep or not number.isdigit() or not number.isascii():
+        return None
+    try:
+        validate_topic(topic)
+    except InvalidArgument:
+        return None
+    return topic, int(number)
+
+
+class LogManager:
+    """Opens, creates, finds, flushes, expires and closes the partition logs of one broker."""
+
+    def __init__(self, data_dir: Path, broker_id: int, default_config: LogConfig,
+                 topic_configs: dict[str, LogConfig] | None = None, *, load_in_parallel: bool = False,
+                 max_open_files: int = 1024, clock: Callable[[], float] = time.time,
+                 sync: Callable[[int], None] = os.fdatasync, idle_close_seconds: float = 60.0,
+                 load_workers: int = 8) -> None:
+        if not isinstance(broker_id, int) or not 0 <= broker_id <= BROKER_ID_MAX:
+            raise InvalidArgument(f"broker id {broker_id!r} is outside 0..{BROKER_ID_MAX}")
+        self.data_dir = Path(data_dir)
+        self.broker_id = broker_id
+        self.default_config = default_config
+        self._topic_configs = dict(topic_configs or {})
+        self._load_in_parallel = load_in_parallel
+        self._load_workers = load_workers
+        self._clock = clock
+        self._sync = sync
+        self._idle_close_seconds = idle_close_seconds
+        self.files = FileCache(max_open_files)
+        self.flusher = Flusher(clock=clock, idle_hook=self._close_idle_files,
+                               idle_interval_seconds=min(10.0, idle_close_seconds))
+        self._lock = threading.Lock()
+        self._logs: dict[tuple[str, int], PartitionLog] = {}
+        self._by_tag: dict[int, PartitionLog] = {}
+        self._lock_fd = -1
+        self._opened = False
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self) -> LogManager:
+        """Lock the data directory, load and recover every partition found there, start the flusher."""
+        if self._opened:
+            return self
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_data_dir()
+        try:
+            checkpoint_path = self.data_dir / CHECKPOINT_FILE
+            document = read_json(checkpoint_path) or {}
+            raw_states = document.get("partitions", {})
+            states = {name: CleanState.from_json(value) for name, value in raw_states.items()} \
+                if isinstance(raw_states, dict) else {}
+            # From here on a crash must look unclean: the checkpoint goes before the first append.
+            remove_file(checkpoint_path, sync_dir=True, sync=self._sync)
+            found: list[tuple[str, int, Path]] = []
+            for entry in sorted(os.listdir(self.data_dir)):
+                path = self.data_dir / entry
+                if not path.is_dir():
+                    continue
+                if entry.endswith(_DELETING_SUFFIX):
+                    shutil.rmtree(path, ignore_errors=True)
+                    continue
+                parsed = parse_partition_dir_name(entry)
+                if parsed is None:
+                    log.warning("ignoring %s: not a <topic>-<partition> directory", path)
+                    continue
+                found.append((parsed[0], parsed[1], path))
+            logs = self._open_logs(found, states)
+            for partition_log in logs:
+                self._register(partition_log)
+            self.flusher.start()
+            self._opened = True
+        except BaseException:
+            for partition_log in list(self._logs.values()):
+                partition_log.abandon()
+            self._logs.clear()
+            self._by_tag.clear()
+            self._unlock_data_dir()
+            raise
+        return self
+
+    start = open
+
+    def _open_logs(self, found: list[tuple[str, int, Path]],
+                   states: dict[str, CleanState | None]) -> list[PartitionLog]:
+        def open_one(item: tuple[str, int, Path]) -> PartitionLog:
+            topic, partition, path = item
+            try:
+                return PartitionLog.open(path, topic, partition, self.config_for(topic), self.broker_id,
+                                         clock=self._clock, flusher=self.flusher, files=self.files,
+                                         sync=self._sync, clean_state=states.get(path.name))
+            except (OSError, StorageError) as exc:
+                raise StorageError(f"cannot open partition {topic}-{partition} in {path}: {exc}") from exc
+
+        if self._load_in_parallel and len(found) > 1:
+            with ThreadPoolExecutor(max_workers=self._load_workers, thread_name_prefix="metaq-load") as pool:
+                return list(pool.map(open_one, found))
+        return [open_one(item) for item in found]
+
+    def _register(self, partition_log: PartitionLog) -> None:
+        other = self._by_tag.get(partition_log.tag)
+        if other is not None:
+            raise StorageError(
+                f"partitions {other.topic}-{other.partition} and {partition_log.topic}-"
+                f"{partition_log.partition} share message id tag {partition_log.tag:012x}; "
+                "their message ids would be ambiguous")
+        self._logs[(partition_log.topic, partition_log.partition)] = partition_log
+        self._by_tag[partition_log.tag] = partition_log
+
+    def close(self) -> None:
+        """Flush and close every log, record the clean shutdown in one checkpoint, stop the flusher."""
+        if self._closed or not self._opened:
+            self._closed = True
+            return
+        self._closed = True
+        states: dict[str, dict[str, int]] = {}
+        errors: list[str] = []
+        with self._lock:
+            logs = list(self._logs.values())
+        for partition_log in logs:
+            try:
+                state = partition_log.close(write_marker=False)
+            except StorageError as exc:
+                errors.append(str(exc))
+                continue
+            if state is not None:
+                states[partition_log.directory.name] = state.to_json()
+        self.flusher.stop()
+        try:
+            write_json(self.data_dir / CHECKPOINT_FILE, {"broker_id": self.broker_id, "partitions": states},
+                       sync=self._sync)
+        except OSError as exc:
+            errors.append(f"cannot write the clean-shutdown checkpoint: {exc}")
+        self.files.close_all()
+        self._unlock_data_dir()
+        if errors:
+            raise StorageError("closing the logs failed: " + "; ".join(errors))
+
+    def __enter__(self) -> LogManager:
+        return self.open()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _lock_data_dir(self) -> None:
+        fd = os.open(self.data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise StorageError(f"data directory {self.data_dir} is in use by another process") from None
+        self._lock_fd = fd
+
+    def _unlock_data_dir(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def _close_idle_files(self) -> None:
+        self.files.close_idle(self._idle_close_seconds)
+
+    def _check_open(self) -> None:
+        if not self._opened:
+            raise StorageError("the log manager is not open; call open() first")
+        if self._closed:
+            raise LogClosedError("the log manager is closed")
+
+    # ------------------------------------------------------------------ partitions
+
+    def config_for(self, topic: str) -> LogConfig:
+        return self._topic_configs.get(topic, self.default_config)
+
+    def get(self, topic: str, partition: int) -> PartitionLog | None:
+        return self._logs.get((topic, partition))
+
+    def get_or_create(self, topic: str, partition: int) -> PartitionLog:
+        """The partition's log, created (empty) if missing. Refuses a tag already in use."""
+        existing = self._logs.get((topic, partition))
+        if existing is not None:
+            return existing
+        validate_topic(topic)
+        validate_partition(partition)
+        with self._lock:
+            self._check_open()
+            existing = self._logs.get((topic, partition))
+            if existing is not None:
+                return existing
+            tag = partition_tag(topic, partition)
+            other = self._by_tag.get(tag)
+            if other is not None:
+                raise StorageError(
+                    f"cannot create {topic}-{partition}: its message id tag {tag:012x} is taken by "
+                    f"{other.topic}-{other.partition}; use another topic name or partition")
+            partition_log = PartitionLog.open(self.data_dir / f"{topic}-{partition}", topic, partition,
+                                              self.config_for(topic), self.broker_id, clock=self._clock,
+                                              flusher=self.flusher, files=self.files, sync=self._sync)
+            self._register(partition_log)
+            return partition_log
+
+    def partitions(self, topic: str) -> list[int]:
+        return sorted(p for (t, p) in list(self._logs) if t == topic)
+
+    def topics(self) -> dict[str, list[int]]:
+        result: dict[str, list[int]] = {}
+        for topic, partition in sorted(self._logs):
+            result.setdefault(topic, []).append(partition)
+        return result
+
+    def logs(self) -> list[PartitionLog]:
+        return list(self._logs.values())
+
+    def delete_topic(self, topic: str) -> list[int]:
+        """Close and remove every partition of ``topic``; returns the partitions removed."""
+        with self._lock:
+            victims = [log_ for (t, _), log_ in self._logs.items() if t == topic]
+            for partition_log in victims:
+                del self._logs[(partition_log.topic, partition_log.partition)]
+                self._by_tag.pop(partition_log.tag, None)
+            self._topic_configs.pop(topic, None)
+        for partition_log in victims:
+            partition_log.delete()
+        if victims:
+            fsync_directory(self.data_dir, self._sync)
+        return sorted(p.partition for p in victims)
+
+    def set_topic_config(self, topic: str, config: LogConfig) -> None:
+        """Change a topic's configuration live: flush policy, retention and limits apply at once."""
+        validate_topic(topic)
+        with self._lock:
+            self._topic_configs[topic] = config
+            logs = [log_ for (t, _), log_ in self._logs.items() if t == topic]
+        for partition_log in logs:
+            partition_log.set_config(config)
+
+    def resolve_message_id(self, message_id: MessageId) -> tuple[str, int, int]:
+        """(topic, partition, offset) of a message id, without a scan; MessageNotFound otherwise."""
+        parts = split_message_id(message_id)
+        if parts.broker_id != self.broker_id:
+            raise MessageNotFound(message_id, f"it was assigned by broker {parts.broker_id}, "
+                                              f"this is broker {self.broker_id}")
+        partition_log = self._by_tag.get(parts.tag)
+        if partition_log is None:
+            raise MessageNotFound(message_id, f"no partition here has tag {parts.tag:012x}")
+        start, end = partition_log.log_start_offset, partition_log.log_end_offset
+        if not start <= parts.offset < end:
+            raise MessageNotFound(message_id, f"offset {parts.offset} of {partition_log.topic}-"
+                                              f"{partition_log.partition} is outside [{start}, {end})")
+        return partition_log.topic, partition_log.partition, parts.offset
+
+    # ------------------------------------------------------------------ maintenance
+
+    def run_retention(self, now_ms: int | None = None) -> dict[tuple[str, int], list[int]]:
+        """Apply every topic's deletePolicy; returns the removed segment base offsets per partition.
+
+        Blocking file work (zip archives included): run it off the event loop.
+        """
+        removed: dict[tuple[str, int], list[int]] = {}
+        errors = []
+        for partition_log in self._iter_open_logs():
+            try:
+                bases = partition_log.apply_retention(now_ms)
+            except StorageError as exc:
+                errors.append(str(exc))
+                continue
+            if bases:
+                removed[(partition_log.topic, partition_log.partition)] = bases
+        if errors:
+            log.error("retention errors: %s", "; ".join(errors))
+        return removed
+
+    def flush_all(self) -> None:
+        """fdatasync every log (blocking). Raises StorageError naming the logs that failed."""
+        errors = []
+        for partition_log in self._iter_open_logs():
+            try:
+                partition_log.flush()
+            except StorageError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise StorageError("flush failed: " + "; ".join(errors))
+
+    def _iter_open_logs(self) -> Iterable[PartitionLog]:
+        return [log_ for log_ in list(self._logs.values()) if not log_.closed]

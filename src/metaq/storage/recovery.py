@@ -1,0 +1,196 @@
+"""Opening a partition directory: find the segments, and cut a torn or corrupt tail.
+
+After a clean close (the clean-shutdown state matches the newest segment) the files are trusted and
+only the newest segment's tail, from its last index entry, is checked. Otherwise the newest segment
+is checked batch by batch from its start, its indexes are rebuilt on the way, and the file is cut at
+the first bad batch. Then the segments before it are tail-checked, newest first, until one ends
+exactly where its successor begins: a segment rolled just before a crash may have lost its own tail
+while its successor's first bytes reached the disk. A cut there drops every later segment, so offsets
+stay contiguous; no acked batch can be dropped that way because the flusher syncs a rolled segment
+before (or with) its successor.
+
+The on-disk index of a segment only ever points at bytes that were fsynced before the entry was
+written, so the batches after the last index entry are exactly the ones a crash may have torn.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from metaq.storage.checkpoint import CleanState, fsync_directory
+from metaq.storage.files import FileCache
+from metaq.storage.index import IndexCorrupt, OffsetIndex, TimeIndex
+from metaq.storage.scan import CheckResult, check_batches
+from metaq.storage.segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIMEINDEX_SUFFIX,
+    Segment,
+    parse_segment_file_name,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """What opening a partition found and did (for logs and tests)."""
+
+    clean: bool = False
+    truncated_bytes: int = 0
+    removed_segments: list[int] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def load_segments(directory: str, files: FileCache, index_interval_bytes: int, tag: int,
+                  clean_state: CleanState | None, sync: Callable[[int], None]) -> tuple[list[Segment],
+                                                                                     RecoveryReport]:
+    """The segments of a partition directory, recovered; creates segment 0 in an empty directory."""
+    report = RecoveryReport()
+    names = os.listdir(directory)
+    bases = sorted(b for n in names if (b := parse_segment_file_name(n, LOG_SUFFIX)) is not None)
+    _remove_strays(directory, names, set(bases))
+    if not bases:
+        segment = Segment(directory, 0, files, index_interval_bytes)
+        os.close(os.open(segment.log_path, os.O_WRONLY | os.O_CREAT, 0o644))
+        segment.start_empty_indexes()
+        segment.dir_synced = False
+        report.clean = True
+        return [segment], report
+    segments = []
+    for i, base in enumerate(bases):
+        following = bases[i + 1] if i + 1 < len(bases) else None
+        segment = Segment(directory, base, files, index_interval_bytes,
+                          size_bytes=os.stat(os.path.join(directory, f"{base:020d}{LOG_SUFFIX}")).st_size,
+                          next_offset=following, sealed=following is not None)
+        segments.append(segment)
+    newest = segments[-1]
+    if clean_state is not None and clean_state.segment_base_offset == newest.base_offset \
+            and clean_state.size_bytes == newest.size_bytes:
+        result = _check_segment(newest, tag, from_start=False)
+        if result.problem is None and result.next_offset == clean_state.log_end_offset:
+            report.clean = True
+            if _index_files_stale(newest):
+                newest.rewrite_index_files()
+            return segments, report
+        report.problems.append(f"clean shutdown state did not hold: {result.problem}")
+    result = _check_segment(newest, tag, from_start=True)
+    _cut(newest, result, report, sync)
+    newest.rewrite_index_files()
+    i = len(segments) - 2
+    while i >= 0:
+        segment, following_segment = segments[i], segments[i + 1]
+        result = _check_segment(segment, tag, from_start=False)
+        if result.problem is None and result.next_offset == following_segment.base_offset:
+            segment.seal()
+            if _index_files_stale(segment):
+                segment.rewrite_index_files()
+                segment.sync_index_files(sync)
+            break
+        if result.problem is None:
+            result.problem = (f"segment ends at offset {result.next_offset} but the next segment starts "
+                              f"at {following_segment.base_offset}")
+        for dropped in segments[i + 1:]:
+            _remove_segment_files(dropped)
+            report.removed_segments.append(dropped.base_offset)
+            report.truncated_bytes += dropped.size_bytes
+        del segments[i + 1:]
+        segment.sealed = False
+        _cut(segment, result, report, sync)
+        segment.rewrite_index_files()
+        fsync_directory(directory, sync)
+        i -= 1
+    for problem in report.problems:
+        log.warning("recovered %s: %s", directory, problem)
+    return segments, report
+
+
+def _check_segment(segment: Segment, tag: int, *, from_start: bool) -> CheckResult:
+    """Check a segment's batches (all, or from its last index entry) and rebuild its in-memory state."""
+    file_size = segment.size_bytes
+    index, time_index = OffsetIndex(), TimeIndex()
+    if not from_start:
+        try:
+            index = OffsetIndex.parse(_read(segment.index_path), file_size, None)
+            time_index = TimeIndex.parse(_read(segment.timeindex_path), None)
+            segment.index_file_bytes = 8 * len(index)
+            segment.timeindex_file_bytes = 12 * len(time_index)
+        except (OSError, IndexCorrupt):
+            index, time_index = OffsetIndex(), TimeIndex()
+    relative, position = index.last()
+    # Time entries past the last offset entry (a seal entry) are recomputed by the walk below.
+    while len(time_index) and time_index.relative_offsets[-1] > relative:
+        time_index.timestamps.pop()
+        time_index.relative_offsets.pop()
+    index.take_pending()
+    time_index.take_pending()
+    segment.index, segment.time_index = index, time_index
+    segment.size_bytes = position
+    segment.next_offset = segment.base_offset + relative
+    segment.max_timestamp_ms = time_index.max_timestamp_ms
+    segment.last_batch_base_offset = -1
+    handle = segment.files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
+    try:
+        result = check_batches(handle.fd, position, file_size, segment.next_offset, tag, segment.note_batch)
+    finally:
+        segment.files.release(handle)
+    if result.problem is not None and position > 0 and result.valid_end_position == position:
+        # The index pointed at something that is not a batch: trust nothing, walk from the start.
+        segment.index_file_bytes = segment.timeindex_file_bytes = -1
+        return _check_segment(segment, tag, from_start=True)
+    segment.size_bytes = result.valid_end_position
+    segment.synced_bytes = segment.size_bytes
+    return result
+
+
+def _cut(segment: Segment, result: CheckResult, report: RecoveryReport, sync: Callable[[int], None]) -> None:
+    if result.problem is None:
+        return
+    file_size = os.stat(segment.log_path).st_size
+    cut = file_size - result.valid_end_position
+    report.problems.append(f"segment {segment.base_offset}: cut {cut} bytes at position "
+                           f"{result.valid_end_position}: {result.problem}")
+    report.truncated_bytes += cut
+    handle = segment.files.acquire(segment.log_path)
+    try:
+        os.ftruncate(handle.fd, result.valid_end_position)
+        sync(handle.fd)
+    finally:
+        segment.files.release(handle)
+
+
+def _index_files_stale(segment: Segment) -> bool:
+    assert segment.index is not None and segment.time_index is not None
+    return segment.index_file_bytes != 8 * len(segment.index) or \
+        segment.timeindex_file_bytes != 12 * len(segment.time_index)
+
+
+def _remove_segment_files(segment: Segment) -> None:
+    for path in (segment.log_path, segment.index_path, segment.timeindex_path):
+        segment.files.discard(path)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _remove_strays(directory: str, names: list[str], bases: set[int]) -> None:
+    """Half-written temp files, and indexes whose log is gone (retention stopped midway)."""
+    for name in names:
+        base = parse_segment_file_name(name, INDEX_SUFFIX)
+        if base is None:
+            base = parse_segment_file_name(name, TIMEINDEX_SUFFIX)
+        stray = name.endswith(".tmp") or (base is not None and base not in bases)
+        if stray:
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()

@@ -1,0 +1,316 @@
+"""One segment: a ``<base>.log`` file of whole record batches and its two sparse indexes.
+
+A segment knows its files, sizes and indexes; it does not lock (its PartitionLog does) and it does not
+decide when to roll or flush. Only the newest segment of a log is written; older ones are sealed.
+Sealed segments load their indexes lazily and drop them again when their log descriptor is closed
+by the FileCache, so thousands of idle segments cost a few hundred bytes each.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+from metaq.errors import CorruptRecordError, StorageError
+from metaq.protocol.records import BatchHeader
+from metaq.storage.files import FileCache
+from metaq.storage.index import IndexCorrupt, OffsetIndex, TimeIndex
+from metaq.storage.scan import iter_headers, pread_exact
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIMEINDEX_SUFFIX = ".timeindex"
+OFFSET_DIGITS = 20
+_LOOKUP_CHUNK_BYTES = 16 * 1024
+_EXTENT_CHUNK_BYTES = 8 * 1024
+
+
+def segment_file_name(base_offset: int, suffix: str = LOG_SUFFIX) -> str:
+    return f"{base_offset:0{OFFSET_DIGITS}d}{suffix}"
+
+
+def parse_segment_file_name(name: str, suffix: str = LOG_SUFFIX) -> int | None:
+    """The base offset of ``00000000000000000123.log``; None for anything else (archives, temp files)."""
+    if not name.endswith(suffix):
+        return None
+    stem = name[: -len(suffix)]
+    if len(stem) != OFFSET_DIGITS or not stem.isdigit():
+        return None
+    return int(stem)
+
+
+class Segment:
+    """State of one segment. Fields are changed by the log's writer under the log's lock."""
+
+    __slots__ = (
+        "_load_lock", "base_offset", "dir_synced", "directory", "files", "index", "index_file_bytes",
+        "index_interval_bytes", "index_path", "last_batch_base_offset", "log_path", "max_timestamp_ms",
+        "next_offset", "pins", "sealed", "size_bytes", "synced_bytes", "time_index", "timeindex_file_bytes",
+        "timeindex_path",
+    )
+
+    def __init__(self, directory: str, base_offset: int, files: FileCache, index_interval_bytes: int, *,
+                 size_bytes: int = 0, next_offset: int | None = None, sealed: bool = False) -> None:
+        assert base_offset >= 0
+        self.directory = directory
+        self.base_offset = base_offset
+        self.files = files
+        self.index_interval_bytes = index_interval_bytes
+        self.log_path = os.path.join(directory, segment_file_name(base_offset))
+        self.index_path = os.path.join(directory, segment_file_name(base_offset, INDEX_SUFFIX))
+        self.timeindex_path = os.path.join(directory, segment_file_name(base_offset, TIMEINDEX_SUFFIX))
+        self.size_bytes = size_bytes
+        self.synced_bytes = size_bytes
+        self.next_offset = base_offset if next_offset is None else next_offset
+        self.sealed = sealed
+        self.index: OffsetIndex | None = None
+        self.time_index: TimeIndex | None = None
+        self.index_file_bytes = 0
+        self.timeindex_file_bytes = 0
+        self.max_timestamp_ms = -1
+        self.last_batch_base_offset = -1
+        self.pins = 0
+        self.dir_synced = True
+        self._load_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        state = "sealed" if self.sealed else "active"
+        return f"Segment({self.base_offset}, {self.size_bytes} bytes, next {self.next_offset}, {state})"
+
+    # ------------------------------------------------------------------ writer side (under the log lock)
+
+    def start_empty_indexes(self) -> None:
+        self.index = OffsetIndex()
+        self.time_index = TimeIndex()
+
+    def note_batch(self, position: int, header: BatchHeader) -> None:
+        """Account for a batch just written (or found by recovery) at ``position``: sizes and indexes."""
+        index, time_index = self.index, self.time_index
+        assert index is not None and time_index is not None, "indexes of a written segment are loaded"
+        assert header.base_offset == self.next_offset, "offsets must be contiguous"
+        self.max_timestamp_ms = index_batch(index, time_index, self.index_interval_bytes, self.base_offset,
+                                            position, header, self.max_timestamp_ms)
+        self.last_batch_base_offset = header.base_offset
+        self.size_bytes = position + header.total_bytes
+        self.next_offset = header.base_offset + header.last_offset_delta + 1
+
+    def seal(self) -> None:
+        """No more writes: record the segment's largest timestamp as the last time index entry."""
+        if self.time_index is not None and self.last_batch_base_offset >= 0:
+            self.time_index.maybe_append(self.max_timestamp_ms, self.last_batch_base_offset - self.base_offset)
+        self.sealed = True
+
+    def take_pending_index_bytes(self) -> tuple[bytes, bytes]:
+        if self.index is None or self.time_index is None:
+            return b"", b""
+        return self.index.take_pending(), self.time_index.take_pending()
+
+    def write_index_bytes(self, index_bytes: bytes, timeindex_bytes: bytes) -> None:
+        """Append encoded entries to the index files (serialised by the log's sync lock)."""
+        if index_bytes:
+            self.index_file_bytes += _pwrite_file(self.files, self.index_path, index_bytes,
+                                                  self.index_file_bytes)
+        if timeindex_bytes:
+            self.timeindex_file_bytes += _pwrite_file(self.files, self.timeindex_path, timeindex_bytes,
+                                                      self.timeindex_file_bytes)
+
+    def rewrite_index_files(self) -> None:
+        """Replace both index files with the in-memory indexes (after recovery or a rebuild)."""
+        assert self.index is not None and self.time_index is not None
+        self.index.take_pending()
+        self.time_index.take_pending()
+        for path, data in ((self.index_path, self.index.to_bytes()),
+                           (self.timeindex_path, self.time_index.to_bytes())):
+            self.files.discard(path)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                _write_all(fd, data, 0)
+            finally:
+                os.close(fd)
+        self.index_file_bytes = 8 * len(self.index)
+        self.timeindex_file_bytes = 12 * len(self.time_index)
+
+    def sync_index_files(self, sync: Callable[[int], None]) -> None:
+        """fsync both index files (at seal and clean close, so a clean reopen can trust them)."""
+        for path, size in ((self.index_path, self.index_file_bytes),
+                           (self.timeindex_path, self.timeindex_file_bytes)):
+            handle = self.files.acquire(path, create=True)
+            try:
+                if os.fstat(handle.fd).st_size != size:
+                    os.ftruncate(handle.fd, size)
+                sync(handle.fd)
+            finally:
+                self.files.release(handle)
+
+    # ------------------------------------------------------------------ reader side
+
+    def on_log_fd_closed(self) -> None:
+        """FileCache callback: a sealed segment with complete index files forgets its loaded indexes."""
+        if self.sealed and self.index is not None and self.index_file_bytes == 8 * len(self.index) \
+                and self.time_index is not None and self.timeindex_file_bytes == 12 * len(self.time_index):
+            self.index = None
+            self.time_index = None
+
+    def loaded_indexes(self) -> tuple[OffsetIndex, TimeIndex]:
+        """The indexes, loaded from their files (and rebuilt from the log when bad) if needed."""
+        index, time_index = self.index, self.time_index
+        if index is not None and time_index is not None:
+            return index, time_index
+        with self._load_lock:
+            index, time_index = self.index, self.time_index
+            if index is None or time_index is None:
+                index, time_index = self._load_or_rebuild()
+                self.index, self.time_index = index, time_index
+            return index, time_index
+
+    def _load_or_rebuild(self) -> tuple[OffsetIndex, TimeIndex]:
+        span = self.next_offset - self.base_offset
+        try:
+            index = OffsetIndex.parse(_read_file(self.index_path), self.size_bytes, span)
+            time_index = TimeIndex.parse(_read_file(self.timeindex_path), span)
+            if self.sealed and self.size_bytes and not len(time_index):
+                raise IndexCorrupt("sealed segment has an empty time index")
+            self.index_file_bytes = 8 * len(index)
+            self.timeindex_file_bytes = 12 * len(time_index)
+            return index, time_index
+        except (OSError, IndexCorrupt):
+            return self._rebuild_indexes()
+
+    def _rebuild_indexes(self) -> tuple[OffsetIndex, TimeIndex]:
+        """Walk the log's headers to rebuild both indexes, then rewrite their files.
+
+        Works on local objects only: readers may be using this segment's fields concurrently.
+        """
+        index, time_index = OffsetIndex(), TimeIndex()
+        expected = self.base_offset
+        max_ts = -1
+        last_base = -1
+        handle = self.files.acquire(self.log_path, on_close=self.on_log_fd_closed)
+        try:
+            for position, header in iter_headers(handle.fd, 0, self.size_bytes):
+                if header.base_offset != expected:
+                    break
+                max_ts = index_batch(index, time_index, self.index_interval_bytes, self.base_offset,
+                                     position, header, max_ts)
+                last_base = header.base_offset
+                expected = header.next_offset
+        except CorruptRecordError:
+            pass
+        finally:
+            self.files.release(handle)
+        if last_base >= 0:
+            time_index.maybe_append(max_ts, last_base - self.base_offset)
+        self.index, self.time_index = index, time_index
+        try:
+            self.rewrite_index_files()
+        except OSError:
+            pass  # the rebuilt indexes serve from memory; the files are rebuilt again next time
+        return index, time_index
+
+    def find_batch(self, fd: int, offset: int, size_limit: int) -> tuple[int, BatchHeader]:
+        """Position and header of the batch holding ``offset`` (which must be in this segment)."""
+        for attempt in (0, 1):
+            index, _ = self.loaded_indexes()
+            entry_relative, position = index.floor(offset - self.base_offset, size_limit)
+            expected = self.base_offset + entry_relative
+            try:
+                for at, header in iter_headers(fd, position, size_limit, _LOOKUP_CHUNK_BYTES):
+                    if at == position and header.base_offset != expected:
+                        raise IndexCorrupt(f"index says offset {expected} is at {position}, "
+                                           f"the log has offset {header.base_offset} there")
+                    if header.base_offset + header.last_offset_delta >= offset:
+                        return at, header
+            except (IndexCorrupt, CorruptRecordError) as exc:
+                if attempt or not self.sealed:
+                    raise StorageError(f"segment {self.log_path} is damaged near offset {offset}: {exc}") \
+                        from None
+                with self._load_lock:
+                    self.index, self.time_index = self._rebuild_indexes()
+                continue
+            break
+        raise StorageError(f"offset {offset} is not in segment {self.log_path} "
+                           f"[{self.base_offset}, {self.next_offset})")
+
+    def extent(self, fd: int, position: int, header: BatchHeader, max_bytes: int, size_limit: int,
+               next_offset_at_limit: int) -> tuple[int, int]:
+        """(bytes, next offset) of the whole batches from ``position`` that fit in ``max_bytes``.
+
+        The first batch is always included, even when it alone is larger than ``max_bytes``: a
+        consumer whose limit is below one batch must still progress (MetaQ's maxTransferSize stall).
+        """
+        end = position + header.total_bytes
+        limit = min(size_limit, position + max_bytes)
+        if end >= limit:
+            return header.total_bytes, header.next_offset
+        index, _ = self.loaded_indexes()
+        start = max(end, index.floor_position(limit))
+        next_offset = header.next_offset if start == end else -1
+        end = start
+        for at, h in iter_headers(fd, start, size_limit, _EXTENT_CHUNK_BYTES):
+            if at + h.total_bytes > limit:
+                next_offset = h.base_offset
+                break
+            end = at + h.total_bytes
+            next_offset = h.next_offset
+        else:
+            if end == size_limit:
+                next_offset = next_offset_at_limit
+        if next_offset < 0:
+            next_offset = _peek_base_offset(fd, end, size_limit, next_offset_at_limit)
+        return end - position, next_offset
+
+    def max_timestamp(self) -> int:
+        """The largest batch timestamp in the segment (-1 when empty)."""
+        if not self.sealed:
+            return self.max_timestamp_ms
+        _, time_index = self.loaded_indexes()
+        return time_index.max_timestamp_ms
+
+    def mtime_ms(self) -> int:
+        return os.stat(self.log_path).st_mtime_ns // 1_000_000
+
+
+def index_batch(index: OffsetIndex, time_index: TimeIndex, interval_bytes: int, segment_base_offset: int,
+                position: int, header: BatchHeader, running_max_ms: int) -> int:
+    """Add the index entries due for a batch at ``position``; returns the new running max timestamp.
+
+    One rule for appends, recovery and rebuilds, so a rebuilt index equals the one written live.
+    """
+    max_ts = header.max_timestamp_ms if header.max_timestamp_ms > running_max_ms else running_max_ms
+    if position and position - index.last()[1] >= max(interval_bytes, 1):
+        relative = header.base_offset - segment_base_offset
+        index.append(relative, position)
+        time_index.maybe_append(max_ts, relative)
+    return max_ts
+
+
+def _peek_base_offset(fd: int, position: int, size_limit: int, default: int) -> int:
+    if position >= size_limit:
+        return default
+    head = pread_exact(fd, 8, position)
+    return int.from_bytes(head, "big", signed=True) if len(head) == 8 else default
+
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _write_all(fd: int, data: bytes, position: int) -> int:
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        n = os.pwrite(fd, view[done:], position + done)
+        if n <= 0:
+            raise OSError(f"pwrite wrote {n} bytes")
+        done += n
+    return done
+
+
+def _pwrite_file(files: FileCache, path: str, data: bytes, position: int) -> int:
+    handle = files.acquire(path, create=True)
+    try:
+        return _write_all(handle.fd, data, position)
+    finally:
+        files.release(handle)
