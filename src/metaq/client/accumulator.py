@@ -1,0 +1,193 @@
+"""Per-partition batching: records wait here until their batch is full or its linger time is up.
+
+Pure logic, no event loop: time comes from the ``clock`` given, and the producer asks
+:meth:`Accumulator.expired` when the earliest deadline passes. Each open batch belongs to one
+(topic, partition, broker, acks) key and becomes exactly one produce frame.
+
+A batch is sealed (taken out to be sent)
+
+* as soon as it reaches ``batch_bytes``, or when the next record would take it past that;
+* when its deadline passes -- the producer gives a new batch a deadline of *now* when the partition
+  has nothing in flight (send at the end of this event-loop step) and of *now + linger* otherwise;
+* when the producer seals it explicitly (flush, close, or the partition's previous batch completing).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from metaq.errors import InvalidArgument
+from metaq.protocol.records import HEADER_BYTES, RECORD_PREFIX_BYTES, Compression, assemble_batch, encode_record
+from metaq.types import Message
+
+BatchKey = tuple[str, int, int, int]
+"""(topic, partition or -1 for any, broker id, acks)."""
+
+
+def record_size(message: Message) -> int:
+    """Bytes the message takes inside a batch (what the broker compares with maxMessageSize)."""
+    size = RECORD_PREFIX_BYTES + len(message.data)
+    if message.key is not None:
+        size += len(message.key)
+    if message.attribute is not None:
+        size += len(message.attribute.encode())
+    if message.headers:
+        for name, value in message.headers:
+            size += 6 + len(name.encode()) + len(value)
+    return size
+
+
+class ProducerBatch:
+    """Records for one partition that will travel in one produce frame.
+
+    ``waiters[i]`` is what learns the result of record ``i``: an asyncio future, or None (one-way).
+    A batch from ``send_batch`` has ``payload`` built up front and a single ``batch_waiter`` instead.
+    """
+
+    __slots__ = (
+        "acks",
+        "attempts",
+        "batch_waiter",
+        "broker_id",
+        "count",
+        "created_s",
+        "deadline_s",
+        "first_ts",
+        "key",
+        "max_ts",
+        "partition",
+        "parts",
+        "payload",
+        "size_bytes",
+        "topic",
+        "waiters",
+    )
+
+    def __init__(self, key: BatchKey, created_s: float, deadline_s: float) -> None:
+        self.key = key
+        self.topic, self.partition, self.broker_id, self.acks = key
+        self.created_s = created_s
+        self.deadline_s = deadline_s
+        self.parts: list[bytes] = []
+        self.waiters: list[Any] = []
+        self.count = 0
+        self.size_bytes = HEADER_BYTES
+        self.first_ts = 0
+        self.max_ts = 0
+        self.payload: bytes | None = None
+        self.batch_waiter: Any = None
+        self.attempts = 0
+
+    @classmethod
+    def prebuilt(cls, key: BatchKey, payload: bytes, count: int, waiter: Any, now_s: float) -> ProducerBatch:
+        batch = cls(key, now_s, now_s)
+        batch.payload = payload
+        batch.count = count
+        batch.size_bytes = len(payload)
+        batch.batch_waiter = waiter
+        return batch
+
+    def build(self, compression: Compression) -> bytes:
+        if self.payload is None:
+            self.payload = assemble_batch(b"".join(self.parts), self.count, self.first_ts, self.max_ts,
+                                          compression)
+            self.parts = []
+        return self.payload
+
+    def __repr__(self) -> str:
+        return (f"<ProducerBatch {self.topic}-{self.partition}@{self.broker_id} {self.count} records "
+                f"{self.size_bytes} bytes>")
+
+
+_NONE: tuple[ProducerBatch, ...] = ()
+
+
+class Accumulator:
+    def __init__(self, *, batch_bytes: int, max_message_bytes: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.batch_bytes = batch_bytes
+        self.max_message_bytes = max_message_bytes
+        self._clock = clock
+        self._open: dict[BatchKey, ProducerBatch] = {}
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def open_batch(self, key: BatchKey) -> ProducerBatch | None:
+        return self._open.get(key)
+
+    def append(self, key: BatchKey, timestamp_ms: int, value: bytes, msg_key: bytes | None,
+               attribute: str | None, headers: Sequence[tuple[str, bytes]] | None, waiter: Any,
+               linger_s: float) -> Sequence[ProducerBatch]:
+        """Add one record; return the batches this sealed (usually none).
+
+        ``linger_s`` is the deadline, from now, of a batch this append opens (0 = send as soon as
+        the producer next looks). Raises InvalidArgument for a record over max_message_bytes.
+        """
+        batch = self._open.get(key)
+        if batch is None:
+            return self._start(key, timestamp_ms, value, msg_key, attribute, headers, waiter, linger_s)
+        rec = encode_record(batch.count, timestamp_ms, value, msg_key, attribute, headers)
+        if len(rec) > self.max_message_bytes:
+            raise InvalidArgument(self._too_large(len(rec), value))
+        if batch.size_bytes + len(rec) > self.batch_bytes:
+            del self._open[key]
+            more = self._start(key, timestamp_ms, value, msg_key, attribute, headers, waiter, linger_s)
+            return (batch, *more)
+        batch.parts.append(rec)
+        batch.waiters.append(waiter)
+        batch.count += 1
+        batch.size_bytes += len(rec)
+        if timestamp_ms < batch.first_ts:
+            batch.first_ts = timestamp_ms
+        elif timestamp_ms > batch.max_ts:
+            batch.max_ts = timestamp_ms
+        if batch.size_bytes >= self.batch_bytes:
+            del self._open[key]
+            return (batch,)
+        return _NONE
+
+    def _start(self, key: BatchKey, timestamp_ms: int, value: bytes, msg_key: bytes | None,
+               attribute: str | None, headers: Sequence[tuple[str, bytes]] | None, waiter: Any,
+               linger_s: float) -> Sequence[ProducerBatch]:
+        rec = encode_record(0, timestamp_ms, value, msg_key, attribute, headers)
+        if len(rec) > self.max_message_bytes:
+            raise InvalidArgument(self._too_large(len(rec), value))
+        now = self._clock()
+        batch = ProducerBatch(key, now, now + linger_s)
+        batch.parts.append(rec)
+        batch.waiters.append(waiter)
+        batch.count = 1
+        batch.size_bytes += len(rec)
+        batch.first_ts = batch.max_ts = timestamp_ms
+        if batch.size_bytes >= self.batch_bytes:
+            return (batch,)
+        self._open[key] = batch
+        return _NONE
+
+    def _too_large(self, size: int, value: bytes) -> str:
+        return (f"message is {size} bytes encoded (payload {len(value)} bytes); max_message_bytes is "
+                f"{self.max_message_bytes}. Split it, or raise max_message_bytes together with the broker's "
+                f"maxMessageSize")
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of an open batch, or None when nothing is open."""
+        if not self._open:
+            return None
+        return min(b.deadline_s for b in self._open.values())
+
+    def expired(self, now_s: float | None = None) -> list[ProducerBatch]:
+        """Seal and return every open batch whose deadline is at or before ``now_s``."""
+        now = self._clock() if now_s is None else now_s
+        due = [k for k, b in self._open.items() if b.deadline_s <= now]
+        return [self._open.pop(k) for k in due]
+
+    def seal(self, key: BatchKey) -> ProducerBatch | None:
+        return self._open.pop(key, None)
+
+    def seal_all(self) -> list[ProducerBatch]:
+        batches = list(self._open.values())
+        self._open.clear()
+        return batches

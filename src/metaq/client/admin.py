@@ -1,0 +1,158 @@
+"""Administration: topics, partition open/close, stats, reload, message lookup.
+
+Every call raises the broker's error (a BrokerError subclass with the wire code) when it fails.
+Calls that concern one broker take ``broker_id`` (None = the session's default broker); calls about a
+topic's partitions go to the brokers that hold them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from metaq.client.consumer import offsets_of
+from metaq.client.core import ClientCore
+from metaq.client.metadata import Partition
+from metaq.errors import InvalidArgument, ProtocolError
+from metaq.protocol.messages import (
+    ConfigEntry,
+    CreateTopicRequest,
+    CreateTopicResponse,
+    DeleteTopicRequest,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    LookupMessageRequest,
+    LookupMessageResponse,
+    PartitionStateRequest,
+    ReloadRequest,
+    ReloadResponse,
+    StatsRequest,
+    StatsResponse,
+)
+from metaq.types import MessageId, parse_message_id, split_message_id, validate_topic
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionDescription:
+    partition: Partition
+    earliest: int
+    latest: int
+    """The next offset to be written; ``latest - earliest`` messages are stored."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    topic: str
+    partitions: list[PartitionDescription]
+
+
+@dataclass(frozen=True, slots=True)
+class MessageLocation:
+    topic: str
+    partition: int
+    offset: int
+
+
+class Admin:
+    """Create it with ``MessageSessionFactory.admin()``."""
+
+    def __init__(self, core: ClientCore) -> None:
+        self._core = core
+
+    async def create_topic(self, topic: str, num_partitions: int = -1, configs: dict[str, str] | None = None, *,
+                           broker_id: int | None = None) -> int:
+        """Create a topic (-1 partitions: the broker's numPartitions); returns its partition count.
+
+        ``configs`` are MetaQ topic options (e.g. ``{"deletePolicy": "delete,24h"}``).
+        TopicExistsError if it exists.
+        """
+        validate_topic(topic)
+        if num_partitions == 0 or num_partitions < -1:
+            raise InvalidArgument(f"num_partitions must be >= 1, or -1 for the broker's default; not {num_partitions}")
+        entries = [ConfigEntry(str(k), str(v)) for k, v in (configs or {}).items()]
+        resp: CreateTopicResponse = await self._core.request(CreateTopicRequest(topic, num_partitions, entries),
+                                                             broker_id)
+        self._core.metadata.cache.invalidate(topic)
+        return resp.num_partitions
+
+    async def delete_topic(self, topic: str, *, broker_id: int | None = None) -> None:
+        """Delete a topic and its data on a broker. UnknownTopicError if there is no such topic."""
+        validate_topic(topic)
+        try:
+            await self._core.request(DeleteTopicRequest(topic), broker_id)
+        finally:
+            self._core.metadata.cache.invalidate(topic)
+
+    async def list_topics(self) -> dict[str, list[Partition]]:
+        """Every topic the brokers know, with its partitions in (broker id, partition) order."""
+        got = await self._core.metadata.refresh_all()
+        return {name: list(tm.partitions) for name, tm in sorted(got.items()) if tm.error is None}
+
+    async def describe_topic(self, topic: str) -> TopicDescription:
+        """The topic's partitions with their earliest and latest offsets (UnknownTopicError if none)."""
+        validate_topic(topic)
+        tm = await self._core.metadata.refresh_topic(topic)
+        if tm.error is not None and not tm.partitions:
+            raise type(tm.error)(tm.error.message)
+        out = []
+        for p in tm.partitions:
+            earliest, latest = await offsets_of(self._core, topic, p)
+            out.append(PartitionDescription(p, earliest, latest))
+        return TopicDescription(topic, out)
+
+    async def close_partition(self, topic: str, partition: int = -1, *, broker_id: int | None = None) -> None:
+        """Stop accepting publishes (MetaQ's ``topic close``); -1 = every partition. Reads still work."""
+        await self._set_state(topic, partition, False, broker_id)
+
+    async def open_partition(self, topic: str, partition: int = -1, *, broker_id: int | None = None) -> None:
+        """Accept publishes again."""
+        await self._set_state(topic, partition, True, broker_id)
+
+    async def _set_state(self, topic: str, partition: int, open_: bool, broker_id: int | None) -> None:
+        validate_topic(topic)
+        if broker_id is None and partition >= 0:
+            broker_id = (await self._core.partition(topic, partition)).broker_id
+        try:
+            await self._core.request(PartitionStateRequest(topic, partition, open_), broker_id)
+        finally:
+            self._core.metadata.cache.invalidate(topic)
+
+    async def stats(self, topic: str | None = None, *, broker_id: int | None = None) -> dict[str, Any]:
+        """The broker's statistics (uptime, per topic and partition counts, bytes, offsets) as a dict."""
+        resp: StatsResponse = await self._core.request(StatsRequest(topic), broker_id)
+        try:
+            data = json.loads(resp.stats_json)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ProtocolError(f"broker stats are not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ProtocolError(f"broker stats are a JSON {type(data).__name__}, not an object")
+        return data
+
+    async def reload(self, *, broker_id: int | None = None) -> list[str]:
+        """Make the broker re-read its server.ini; returns the topics whose settings changed."""
+        resp: ReloadResponse = await self._core.request(ReloadRequest(), broker_id)
+        for topic in resp.changed_topics:
+            self._core.metadata.cache.invalidate(topic)
+        return list(resp.changed_topics)
+
+    async def lookup_message(self, message_id: MessageId | str) -> MessageLocation:
+        """Where a message id points: (topic, partition, offset), asked of the broker the id names."""
+        mid = parse_message_id(message_id) if isinstance(message_id, str) else message_id
+        broker_id = split_message_id(mid).broker_id
+        if self._core.metadata.cache.address(broker_id) is None and broker_id != self._core.default_broker_id:
+            await self._core.metadata.refresh_all()
+        resp: LookupMessageResponse = await self._core.request(LookupMessageRequest(mid), broker_id)
+        return MessageLocation(resp.topic, resp.partition, resp.offset)
+
+    async def list_offsets(self, topic: str, partition: int | Partition, timestamp_ms: int = -1) -> int:
+        """-2: the earliest offset; -1: the latest (next to be written); else the first offset at or after
+        the timestamp."""
+        validate_topic(topic)
+        p = await self._core.partition(topic, partition)
+        resp: ListOffsetsResponse = await self._core.request(ListOffsetsRequest(topic, p.partition, timestamp_ms),
+                                                             p.broker_id)
+        return resp.offset
+
+
+__all__ = ["Admin", "MessageLocation", "PartitionDescription", "TopicDescription"]

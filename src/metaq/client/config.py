@@ -1,0 +1,114 @@
+"""Client and producer settings, with their defaults in one place (docs/client.md lists them)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from metaq.errors import ConfigError
+from metaq.protocol.records import Compression
+from metaq.types import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_MESSAGE_BYTES
+
+KiB = 1024
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """Settings of a session: connections, timeouts, metadata."""
+
+    client_id: str = "metaq-python"
+    connect_timeout_s: float = 10.0
+    request_timeout_s: float = 30.0
+    """How long a request may wait for its reply. A timeout closes the connection: replies come back
+    in request order, so everything sent after the late request is stuck behind it."""
+    max_in_flight: int = 64
+    """Requests sent and not yet answered, per connection; more wait for a slot."""
+    reconnect_attempts: int = 3
+    """Connection attempts (with exponential backoff and jitter) before a request fails."""
+    reconnect_backoff_s: float = 0.05
+    reconnect_backoff_max_s: float = 2.0
+    metadata_max_age_s: float = 30.0
+    """Topic metadata older than this is refreshed in the background on next use."""
+    metadata_min_interval_s: float = 0.05
+    """Refreshes of one topic triggered by errors are at least this far apart."""
+    write_buffer_high_bytes: int = 1 * MiB
+    """Bytes buffered in a connection's transport before writers wait for it to drain."""
+    max_frame_bytes: int = 64 * MiB
+
+    def __post_init__(self) -> None:
+        _positive(self, "connect_timeout_s", "request_timeout_s", "max_in_flight", "write_buffer_high_bytes",
+                  "max_frame_bytes", "metadata_max_age_s")
+        _non_negative(self, "reconnect_backoff_s", "reconnect_backoff_max_s", "metadata_min_interval_s")
+        if self.reconnect_attempts < 1:
+            raise ConfigError(f"reconnect_attempts must be >= 1, not {self.reconnect_attempts}")
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerConfig:
+    """Settings of one producer."""
+
+    batch_bytes: int = 64 * KiB
+    """Target size of one partition's batch (one produce frame); a full batch is sent at once."""
+    linger_ms: float = 5.0
+    """Longest a message waits for its batch to fill while the partition has a batch in flight.
+    An idle partition's batch is sent at the end of the current event-loop step instead."""
+    compression: Compression = Compression.NONE
+    max_buffered_bytes: int = 32 * MiB
+    """Bytes of messages accepted and not yet acknowledged; ``send`` waits when this is reached."""
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    """Largest encoded message (payload + key + attribute + headers + 28 bytes) accepted locally."""
+    acks: int = 1
+    """1: the broker answers after its flush policy; 0: one-way for every send (MetaQ's async producer)."""
+    request_timeout_s: float | None = None
+    """None: the session's request_timeout_s."""
+    retries: int = 0
+    """Resends of a batch after a retriable failure. 0 as MetaQ: a retry after a timeout or a lost
+    connection can store the batch twice (see docs/client.md)."""
+    retry_backoff_ms: float = 100.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compression", Compression.parse(self.compression))
+        _positive(self, "batch_bytes", "max_buffered_bytes", "max_message_bytes")
+        _non_negative(self, "linger_ms", "retries", "retry_backoff_ms")
+        if self.acks not in (0, 1):
+            raise ConfigError(f"acks must be 0 (one-way) or 1, not {self.acks!r}")
+        if self.request_timeout_s is not None and self.request_timeout_s <= 0:
+            raise ConfigError(f"request_timeout_s must be > 0, not {self.request_timeout_s!r}")
+        if self.batch_bytes > DEFAULT_MAX_BATCH_BYTES:
+            raise ConfigError(f"batch_bytes {self.batch_bytes} is over the broker's batch limit "
+                              f"{DEFAULT_MAX_BATCH_BYTES}")
+        if self.max_buffered_bytes < self.batch_bytes:
+            raise ConfigError(f"max_buffered_bytes ({self.max_buffered_bytes}) must be at least "
+                              f"batch_bytes ({self.batch_bytes})")
+
+
+_C = TypeVar("_C")
+
+
+def build_config(cls: type[_C], options: dict[str, Any]) -> _C:
+    """``cls(**options)``, with an unknown option named in a ConfigError instead of a TypeError."""
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} option(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(sorted(known))}")
+    try:
+        return cls(**options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{cls.__name__}: {exc}") from None
+
+
+def _positive(obj: object, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"{name} must be a number > 0, not {value!r}")
+
+
+def _non_negative(obj: object, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"{name} must be a number >= 0, not {value!r}")

@@ -1,0 +1,336 @@
+"""One TCP connection to a broker: pipelined requests, replies matched in order, bounded in-flight.
+
+The sans-IO :class:`~metaq.protocol.codec.ClientConnection` numbers requests and matches replies;
+this class only moves its bytes. It is the hot path of the producer, so:
+
+* frames written in one event-loop step leave in one ``writelines`` call (one syscall), and the
+  writer waits only when the transport's buffer is over its high-water mark;
+* the reader is the protocol's ``data_received`` callback: no task, no stream copies;
+* a reply resolves a plain future; no per-request timer: one watchdog per connection checks
+  deadlines every ``_WATCHDOG_TICK_S`` while anything is in flight.
+
+Replies come back in request order, so a request that times out means everything after it is stuck
+too: the connection is closed, the late request fails with RequestTimeoutError and every other one
+with ConnectionClosedError (either may still have been applied by the broker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final
+
+from metaq.errors import (
+    ConnectionClosedError,
+    ProtocolError,
+    RequestTimeoutError,
+    error_for_code,
+)
+from metaq.protocol.codec import NEED_DATA, ClientConnection
+from metaq.protocol.messages import APIS, ApiVersionsRequest, ApiVersionsResponse
+
+_WATCHDOG_TICK_S: Final = 0.05
+_FLUSH_NOW_BYTES: Final = 256 * 1024
+"""Frames queued in one loop step are written at once past this size (a tight producer loop)."""
+
+
+class _Pending:
+    __slots__ = ("deadline", "future")
+
+    def __init__(self, future: asyncio.Future[Any], deadline: float) -> None:
+        self.future = future
+        self.deadline = deadline
+
+
+class _Wire(asyncio.Protocol):
+    """Forwards transport callbacks to its BrokerConnection (kept apart so they are not public API)."""
+
+    def __init__(self, conn: BrokerConnection) -> None:
+        self.conn = conn
+
+    def data_received(self, data: bytes) -> None:
+        self.conn._on_data(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conn._on_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.conn._paused = True
+
+    def resume_writing(self) -> None:
+        self.conn._paused = False
+        self.conn._wake_writers()
+
+
+def raise_for_error(response: Any) -> Any:
+    """Return ``response``, or raise its error (with ``exc.response`` set) when error_code != 0."""
+    code = response.error_code
+    if code:
+        exc = error_for_code(code, response.error_message or "")
+        exc.response = response  # type: ignore[attr-defined]
+        raise exc
+    return response
+
+
+class BrokerConnection:
+    """A handshaken connection to one broker. Create it with :meth:`open`."""
+
+    def __init__(self, host: str, port: int, *, client_id: str, request_timeout_s: float, max_in_flight: int,
+                 max_frame_bytes: int, write_buffer_high_bytes: int) -> None:
+        self.host = host
+        self.port = port
+        self.request_timeout_s = request_timeout_s
+        self.max_in_flight = max_in_flight
+        self.broker_id = -1
+        """The broker's id, from the handshake."""
+        self.server_version = ""
+        self._codec = ClientConnection(client_id, max_frame_bytes, max_in_flight)
+        self._pending: deque[_Pending] = deque()
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._wbuf: list[bytes] = []
+        self._wbuf_bytes = 0
+        self._paused = False
+        self._closed_exc: BaseException | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._write_high = write_buffer_high_bytes
+        self._close_callbacks: list[Callable[[BrokerConnection], None]] = []
+
+    # -- opening and closing ------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, host: str, port: int, *, client_id: str = "metaq-python", connect_timeout_s: float = 10.0,
+                   request_timeout_s: float = 30.0, max_in_flight: int = 64, max_frame_bytes: int = 64 * 1024 * 1024,
+                   write_buffer_high_bytes: int = 1024 * 1024) -> BrokerConnection:
+        """Connect, set TCP_NODELAY, and agree API versions with the broker (ApiVersions handshake).
+
+        Raises ConnectionClosedError when the broker cannot be reached in ``connect_timeout_s``.
+        """
+        conn = cls(host, port, client_id=client_id, request_timeout_s=request_timeout_s,
+                   max_in_flight=max_in_flight, max_frame_bytes=max_frame_bytes,
+                   write_buffer_high_bytes=write_buffer_high_bytes)
+        loop = conn._loop
+        try:
+            async with asyncio.timeout(connect_timeout_s):
+                transport, _ = await loop.create_connection(lambda: _Wire(conn), host, port)
+        except (OSError, TimeoutError) as exc:
+            raise ConnectionClosedError(
+                f"cannot connect to broker {host}:{port}: {exc or 'timed out'}"
+                f" (is it running? check the address)") from exc
+        assert isinstance(transport, asyncio.Transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport.set_write_buffer_limits(high=write_buffer_high_bytes)
+        conn._transport = transport
+        try:
+            await conn._handshake(connect_timeout_s)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    async def _handshake(self, timeout_s: float) -> None:
+        resp: ApiVersionsResponse = await self.request(ApiVersionsRequest(), timeout_s=timeout_s)
+        theirs = {r.api_key: r for r in resp.apis}
+        versions: dict[int, int] = {}
+        for key, spec in APIS.items():
+            r = theirs.get(key)
+            if r is None:
+                continue
+            v = min(spec.max_version, r.max_version)
+            if v >= max(spec.min_version, r.min_version):
+                versions[key] = v
+        self._codec.set_versions(versions)
+        self.broker_id = resp.broker_id
+        self.server_version = resp.server_version
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed_exc is not None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def on_close(self, callback: Callable[[BrokerConnection], None]) -> None:
+        """Call ``callback(self)`` once the connection is closed (or now, if it already is)."""
+        if self._closed_exc is not None:
+            callback(self)
+        else:
+            self._close_callbacks.append(callback)
+
+    def close(self) -> None:
+        """Close now; requests still in flight fail with ConnectionClosedError."""
+        self._fail(ConnectionClosedError(f"connection to broker {self.address} was closed by the client"))
+
+    # -- sending ------------------------------------------------------------------------------
+
+    @property
+    def writable(self) -> bool:
+        """A request can be sent now without going over max_in_flight or the write buffer limit."""
+        return len(self._pending) < self.max_in_flight and not self._paused and self._closed_exc is None
+
+    async def wait_writable(self) -> None:
+        """Wait for an in-flight slot and a drained transport; ConnectionClosedError if it closes."""
+        while not self.writable:
+            if self._closed_exc is not None:
+                raise self._closed_exc
+            waiter: asyncio.Future[None] = self._loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if not waiter.done():
+                    waiter.cancel()
+
+    def submit(self, request: Any, timeout_s: float | None = None) -> asyncio.Future[Any]:
+        """Send ``request`` now and return a future of its raw response (error codes are NOT raised).
+
+        The caller makes sure the connection is :attr:`writable` (this does not wait); if it is not,
+        the request is still sent. Raises ConnectionClosedError, without sending anything, when the
+        connection is already closed -- so such a request is always safe to send again elsewhere.
+        """
+        if self._closed_exc is not None:
+            raise self._closed_exc
+        _, frame = self._codec.send(request)
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        deadline = time.monotonic() + (self.request_timeout_s if timeout_s is None else timeout_s)
+        self._pending.append(_Pending(fut, deadline))
+        self._write(frame)
+        if self._watchdog is None:
+            self._watchdog = self._loop.call_later(_WATCHDOG_TICK_S, self._check_deadlines)
+        return fut
+
+    def send_oneway(self, request: Any) -> None:
+        """Send a request the broker does not answer (a produce with acks=0)."""
+        if self._closed_exc is not None:
+            raise self._closed_exc
+        _, frame = self._codec.send(request, expect_response=False)
+        self._write(frame)
+
+    async def request(self, request: Any, timeout_s: float | None = None) -> Any:
+        """Send and wait for the response; raise the broker's error when error_code != 0.
+
+        The raised BrokerError carries the response as ``exc.response`` (a FetchResponse's range,
+        for instance).
+        """
+        if not self.writable:
+            await self.wait_writable()
+        return raise_for_error(await self.submit(request, timeout_s))
+
+    def _write(self, frame: bytes) -> None:
+        wbuf = self._wbuf
+        wbuf.append(frame)
+        self._wbuf_bytes += len(frame)
+        if len(wbuf) == 1:
+            self._loop.call_soon(self._flush)
+        elif self._wbuf_bytes >= _FLUSH_NOW_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._wbuf:
+            return
+        frames, self._wbuf, self._wbuf_bytes = self._wbuf, [], 0
+        transport = self._transport
+        if transport is None or self._closed_exc is not None:
+            return
+        if len(frames) == 1:
+            transport.write(frames[0])
+        else:
+            transport.writelines(frames)
+
+    # -- receiving ----------------------------------------------------------------------------
+
+    def _on_data(self, data: bytes) -> None:
+        codec = self._codec
+        codec.receive_data(data)
+        pending = self._pending
+        try:
+            while True:
+                event = codec.next_event()
+                if event is NEED_DATA:
+                    break
+                entry = pending.popleft()
+                fut = entry.future
+                if not fut.done():
+                    fut.set_result(event.response)  # type: ignore[union-attr]
+        except ProtocolError as exc:
+            self._fail(ConnectionClosedError(
+                f"broker {self.address} sent a malformed or unexpected reply ({exc}); connection closed"), exc)
+            return
+        if self._waiters and len(pending) < self.max_in_flight:
+            self._wake_writers()
+
+    def _wake_writers(self) -> None:
+        waiters = self._waiters
+        while waiters and self.writable:
+            w = waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        reason = f": {exc}" if exc else ""
+        self._fail(ConnectionClosedError(
+            f"connection to broker {self.address} was lost{reason}; requests in flight may or may not "
+            f"have been applied"), exc)
+
+    def _check_deadlines(self) -> None:
+        self._watchdog = None
+        if self._closed_exc is not None or not self._pending:
+            return
+        now = time.monotonic()
+        late = [p for p in self._pending if p.deadline <= now and not p.future.done()]
+        if late:
+            for p in late:
+                p.future.set_exception(RequestTimeoutError(
+                    f"no reply from broker {self.address} within the request timeout; the request may "
+                    f"still be applied. The connection was closed because later replies queue behind it"))
+            self._fail(ConnectionClosedError(
+                f"connection to broker {self.address} closed after a request timed out; requests in flight "
+                f"may or may not have been applied"))
+            return
+        self._watchdog = self._loop.call_later(_WATCHDOG_TICK_S, self._check_deadlines)
+
+    def _fail(self, exc: ConnectionClosedError, cause: BaseException | None = None) -> None:
+        if self._closed_exc is not None:
+            return
+        if cause is not None:
+            exc.__cause__ = cause
+        self._closed_exc = exc
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        self._wbuf.clear()
+        pending, self._pending = self._pending, deque()
+        self._codec.clear()
+        for p in pending:
+            if not p.future.done():
+                p.future.set_exception(exc)
+                # A caller that gave up (cancelled) never retrieves it: silence the "never retrieved" log.
+                p.future.exception()
+        waiters, self._waiters = self._waiters, deque()
+        for w in waiters:
+            if not w.done():
+                w.set_exception(exc)
+                w.exception()
+        if self._transport is not None:
+            self._transport.abort()
+        callbacks, self._close_callbacks = self._close_callbacks, []
+        for cb in callbacks:
+            cb(self)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self._pending)} in flight"
+        return f"<BrokerConnection {self.address} broker_id={self.broker_id} {state}>"
+

@@ -1,0 +1,192 @@
+"""What the client knows about brokers and topic partitions, from MetadataRequest.
+
+A topic's partitions are kept ordered by (broker id, partition), as MetaQ's producer orders them
+before it walks them round robin. The cache is refreshed on demand (first use of a topic, an entry
+older than ``metadata_max_age_s``) and after any broker error whose class says ``refresh_metadata``.
+Concurrent refreshes of one topic share a single request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+from metaq.errors import BrokerError, UnknownTopicError, error_for_code
+from metaq.protocol.messages import MetadataRequest, MetadataResponse
+
+Address = tuple[str, int]
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Partition:
+    """A partition as a producer sees it: which broker, which number. Orders by (broker id, partition).
+
+    The publish/subscribe flags are the broker's (``metaq topic close|open``); they take no part in
+    equality or ordering.
+    """
+
+    broker_id: int
+    partition: int
+    accept_publish: bool = field(default=True, compare=False)
+    accept_subscribe: bool = field(default=True, compare=False)
+
+    def __str__(self) -> str:
+        return f"{self.broker_id}-{self.partition}"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicMetadata:
+    topic: str
+    partitions: tuple[Partition, ...]
+    """Sorted by (broker id, partition); empty when the topic is unknown."""
+    error: BrokerError | None
+    fetched_at: float
+
+    @property
+    def publishable(self) -> tuple[Partition, ...]:
+        return tuple(p for p in self.partitions if p.accept_publish)
+
+    def find(self, partition: int) -> Partition | None:
+        for p in self.partitions:
+            if p.partition == partition:
+                return p
+        return None
+
+
+class MetadataCache:
+    """The pure part: applies MetadataResponses, answers lookups. No I/O."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.brokers: dict[int, Address] = {}
+        """broker id -> advertised (host, port)."""
+        self.known_addresses: dict[int, Address] = {}
+        """broker id -> the address this client actually reached it at (wins over the advertised one,
+        which may be a wildcard or a name only resolvable elsewhere)."""
+        self.topics: dict[str, TopicMetadata] = {}
+
+    def update(self, response: MetadataResponse, asked: Iterable[str] | None = None) -> dict[str, TopicMetadata]:
+        now = self._clock()
+        for b in response.brokers:
+            self.brokers[b.broker_id] = (b.host, b.port)
+        got: dict[str, TopicMetadata] = {}
+        for t in response.topics:
+            error = error_for_code(t.error_code, f"topic {t.name!r}") if t.error_code else None
+            parts = tuple(sorted(Partition(p.broker_id, p.partition, p.accept_publish, p.accept_subscribe)
+                                 for p in t.partitions if p.error_code == 0))
+            got[t.name] = TopicMetadata(t.name, parts, error, now)
+        for name in asked or ():
+            if name not in got:
+                got[name] = TopicMetadata(name, (), UnknownTopicError(f"topic {name!r} is not on any broker"), now)
+        if asked is None:
+            # A full listing: topics it no longer names are gone.
+            self.topics = got
+        else:
+            self.topics.update(got)
+        return got
+
+    def get(self, topic: str) -> TopicMetadata | None:
+        return self.topics.get(topic)
+
+    def is_fresh(self, topic: str, max_age_s: float) -> bool:
+        tm = self.topics.get(topic)
+        return tm is not None and self._clock() - tm.fetched_at < max_age_s
+
+    def invalidate(self, topic: str) -> None:
+        self.topics.pop(topic, None)
+
+    def address(self, broker_id: int) -> Address | None:
+        return self.known_addresses.get(broker_id) or self.brokers.get(broker_id)
+
+
+class Metadata:
+    """The cache plus refreshing it through ``fetch`` (one MetadataRequest -> MetadataResponse)."""
+
+    def __init__(self, fetch: Callable[[MetadataRequest], Awaitable[MetadataResponse]], *, max_age_s: float,
+                 min_interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cache = MetadataCache(clock)
+        self._fetch = fetch
+        self._clock = clock
+        self.max_age_s = max_age_s
+        self.min_interval_s = min_interval_s
+        self._inflight: dict[str, asyncio.Task[TopicMetadata]] = {}
+        self._last_refresh: dict[str, float] = {}
+        self._background: set[asyncio.Task[object]] = set()
+        self._delayed: dict[str, asyncio.TimerHandle] = {}
+
+    async def topic(self, topic: str) -> TopicMetadata:
+        """The topic's metadata, fetched if unknown or older than max_age_s."""
+        tm = self.cache.get(topic)
+        if tm is not None and self._clock() - tm.fetched_at < self.max_age_s:
+            return tm
+        return await self.refresh_topic(topic)
+
+    def cached(self, topic: str) -> TopicMetadata | None:
+        """The cached entry (maybe stale: then a background refresh starts); None if never fetched."""
+        tm = self.cache.get(topic)
+        if tm is not None and self._clock() - tm.fetched_at >= self.max_age_s:
+            self.refresh_soon(topic)
+        return tm
+
+    async def refresh_topic(self, topic: str) -> TopicMetadata:
+        task = self._inflight.get(topic)
+        if task is None:
+            self._last_refresh[topic] = self._clock()
+            task = asyncio.ensure_future(self._refresh(topic))
+            self._inflight[topic] = task
+            task.add_done_callback(lambda t: self._refreshed(topic, t))
+        # Shielded: a caller that gives up does not cancel the request others are waiting on.
+        return await asyncio.shield(task)
+
+    async def _refresh(self, topic: str) -> TopicMetadata:
+        resp = await self._fetch(MetadataRequest([topic]))
+        return self.cache.update(resp, [topic])[topic]
+
+    def _refreshed(self, topic: str, task: asyncio.Task[TopicMetadata]) -> None:
+        if self._inflight.get(topic) is task:
+            del self._inflight[topic]
+        if not task.cancelled():
+            task.exception()  # retrieved here so an unawaited failure is not logged as lost
+
+    def refresh_soon(self, topic: str) -> None:
+        """Refresh in the background (after an error that asks for it, or a topic's first send).
+
+        At most one refresh per topic every ``min_interval_s``: a call inside that window schedules
+        one refresh at its end instead of being dropped.
+        """
+        if topic in self._inflight or topic in self._delayed:
+            return
+        last = self._last_refresh.get(topic)
+        wait = 0.0 if last is None else self.min_interval_s - (self._clock() - last)
+        loop = asyncio.get_running_loop()
+        if wait > 0:
+            self._delayed[topic] = loop.call_later(wait, self._start_background, topic)
+        else:
+            self._start_background(topic)
+
+    def _start_background(self, topic: str) -> None:
+        self._delayed.pop(topic, None)
+        if topic in self._inflight:
+            return
+        task: asyncio.Task[object] = asyncio.ensure_future(self._quiet_refresh(topic))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _quiet_refresh(self, topic: str) -> object:
+        try:
+            return await self.refresh_topic(topic)
+        except Exception:
+            return None  # the next user of the topic sees the failure itself
+
+    async def refresh_all(self) -> dict[str, TopicMetadata]:
+        resp = await self._fetch(MetadataRequest(None))
+        return self.cache.update(resp)
+
+    def close(self) -> None:
+        for handle in self._delayed.values():
+            handle.cancel()
+        self._delayed.clear()
+        for task in self._background:
+            task.cancel()

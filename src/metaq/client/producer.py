@@ -1,0 +1,664 @@
+"""The producer: selector -> per-partition batch -> one produce frame -> SendResult per message.
+
+How a message travels::
+
+    send / send_async / send_oneway
+      -> partition chosen by the selector over the topic's partitions (metadata)
+      -> appended to that partition's open batch (Accumulator)
+      -> batch sealed: full, or its deadline passed, or the partition's previous batch came back
+      -> queued for its broker; the broker's sender task writes it when the connection has an
+         in-flight slot and its write buffer is under the high-water mark
+      -> the reply (base offset, base id) resolves every message's SendResult: id base+i, offset base+i
+
+Failures are results, not exceptions (as MetaQ's SendResult): a broker error, a lost connection or a
+timeout gives ``SendResult(success=False, error=...)``. Only local misuse raises (InvalidArgument for
+a bad topic or an oversized message, ClientClosedError after close).
+
+Memory is bounded by ``max_buffered_bytes`` (messages accepted and not yet acknowledged): ``send`` and
+``send_batch`` wait for room; ``send_async`` and ``send_oneway`` never wait and report
+BufferFullError instead.
+
+Topics with no known partitions (a topic the broker will create on first use) are sent to partition
+-1 on the default broker, which picks a partition (MetaQ's behaviour); after the first success the
+topic's metadata is fetched again so later messages go through the selector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, overload
+
+from metaq.client.accumulator import Accumulator, BatchKey, ProducerBatch, record_size
+from metaq.client.config import ProducerConfig
+from metaq.client.core import ClientCore
+from metaq.client.exceptions import BufferFullError, ClientClosedError
+from metaq.client.metadata import Partition, TopicMetadata
+from metaq.client.selectors import PartitionSelector, RoundRobinSelector
+from metaq.errors import (
+    BrokerError,
+    ConnectionClosedError,
+    InvalidArgument,
+    MetaqError,
+    RequestTimeoutError,
+    error_for_code,
+)
+from metaq.protocol.messages import ANY_PARTITION, ProduceRequest, ProduceResponse
+from metaq.protocol.records import HEADER_BYTES, encode_messages, encode_values
+from metaq.types import Message, SendResult, validate_topic
+
+log = logging.getLogger(__name__)
+
+SendCallback = Callable[[SendResult], object]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchChunk:
+    """One produce frame of a ``send_batch``: ``count`` messages stored contiguously (or not at all)."""
+
+    partition: int
+    base_offset: int
+    base_message_id: int
+    count: int
+    error: BaseException | None = None
+
+    @property
+    def success(self) -> bool:
+        return self.error is None
+
+
+class BatchSendResult(Sequence[SendResult]):
+    """The result of :meth:`Producer.send_batch`: a sequence of SendResult, built only when read.
+
+    ``chunks`` holds one entry per produce frame; message ``i`` of a chunk has offset
+    ``base_offset + i`` and id ``base_message_id + i``. One-way results carry -1 for both.
+    """
+
+    __slots__ = ("_starts", "chunks", "topic")
+
+    def __init__(self, topic: str, chunks: list[BatchChunk]) -> None:
+        self.topic = topic
+        self.chunks = chunks
+        starts, n = [], 0
+        for c in chunks:
+            starts.append(n)
+            n += c.count
+        starts.append(n)
+        self._starts = starts
+
+    @property
+    def success(self) -> bool:
+        return all(c.error is None for c in self.chunks)
+
+    @property
+    def errors(self) -> list[BaseException]:
+        return [c.error for c in self.chunks if c.error is not None]
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def _result(self, chunk: BatchChunk, i: int) -> SendResult:
+        if chunk.error is not None:
+            return SendResult(False, -1, chunk.partition, -1, chunk.error, self.topic)
+        base_id = chunk.base_message_id
+        return SendResult(True, base_id + i if base_id >= 0 else -1, chunk.partition,
+                          chunk.base_offset + i if chunk.base_offset >= 0 else -1, None, self.topic)
+
+    @overload
+    def __getitem__(self, index: int) -> SendResult: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[SendResult]: ...
+
+    def __getitem__(self, index: int | slice) -> SendResult | list[SendResult]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(index)
+        k = bisect.bisect_right(self._starts, index) - 1
+        return self._result(self.chunks[k], index - self._starts[k])
+
+    def __iter__(self) -> Iterator[SendResult]:
+        for chunk in self.chunks:
+            for i in range(chunk.count):
+                yield self._result(chunk, i)
+
+    def message_ids(self) -> list[int]:
+        out: list[int] = []
+        for c in self.chunks:
+            if c.error is None and c.base_message_id >= 0:
+                out.extend(range(c.base_message_id, c.base_message_id + c.count))
+            else:
+                out.extend([-1] * c.count)
+        return out
+
+    def __repr__(self) -> str:
+        return f"<BatchSendResult {self.topic} {len(self)} messages, {len(self.chunks)} chunks, success={self.success}>"
+
+
+class Producer:
+    """Sends messages to a session's brokers. Create it with ``MessageSessionFactory.create_producer``."""
+
+    def __init__(self, core: ClientCore, config: ProducerConfig, selector: PartitionSelector | None = None) -> None:
+        self._core = core
+        self.config = config
+        self.selector: PartitionSelector = selector if selector is not None else RoundRobinSelector()
+        self._loop = asyncio.get_running_loop()
+        self._acc = Accumulator(batch_bytes=config.batch_bytes, max_message_bytes=config.max_message_bytes,
+                                clock=self._loop.time)
+        self._linger_s = config.linger_ms / 1000.0
+        self._timeout_s = config.request_timeout_s or core.config.request_timeout_s
+        self._timeout_ms = int(self._timeout_s * 1000)
+        self._buffered = 0
+        self._room_waiters: deque[asyncio.Future[None]] = deque()
+        self._busy: dict[BatchKey, int] = {}
+        self._queues: dict[int, deque[ProducerBatch]] = {}
+        self._senders: dict[int, asyncio.Task[None]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_when = 0.0
+        self._cold: dict[str, list[tuple[Message, Any, int, int]]] = {}
+        self._cold_tasks: set[asyncio.Task[None]] = set()
+        self._outstanding: dict[ProducerBatch, list[asyncio.Future[None]] | None] = {}
+        self._valid_topics: set[str] = set()
+        self._closed = False
+        self._closing = False
+
+    # -- public API ---------------------------------------------------------------------------
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of messages accepted and not yet acknowledged (or written, for one-way sends)."""
+        return self._buffered
+
+    async def send(self, message: Message, timeout_s: float | None = None) -> SendResult:
+        """Send one message and wait for its result; waits for buffer room first.
+
+        Never raises for broker or network failures: check ``result.success`` and ``result.error``.
+        ``timeout_s`` bounds the whole wait; when it passes the result is a failure with
+        RequestTimeoutError, though the message may still be stored later.
+        """
+        acks = self.config.acks
+        size = self._check(message)
+        if self._buffered + size > self.config.max_buffered_bytes and self._buffered:
+            try:
+                await self._wait_room(size, timeout_s)
+            except TimeoutError:
+                return SendResult(False, error=self._full(), topic=message.topic)
+        if acks == 0:
+            return self._enqueue(message, None, size, 0)
+        fut: asyncio.Future[SendResult] = self._loop.create_future()
+        self._enqueue(message, fut, size, acks)
+        if timeout_s is None:
+            return await fut
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(fut)
+        except TimeoutError:
+            return SendResult(False, error=RequestTimeoutError(
+                f"no result within {timeout_s} s; the message may still be stored"), topic=message.topic)
+
+    def send_async(self, message: Message, callback: SendCallback | None = None) -> asyncio.Future[SendResult]:
+        """Queue one message; the future (and ``callback(result)``, on the event loop) gets its SendResult.
+
+        Does not wait: with the buffer full the result is an immediate failure with BufferFullError.
+        """
+        size = self._check(message)
+        fut: asyncio.Future[SendResult] = self._loop.create_future()
+        if callback is not None:
+            fut.add_done_callback(lambda f: None if f.cancelled() else callback(f.result()))
+        if self._buffered + size > self.config.max_buffered_bytes and self._buffered:
+            fut.set_result(SendResult(False, error=self._full(), topic=message.topic))
+            return fut
+        if self.config.acks == 0:
+            fut.set_result(self._enqueue(message, None, size, 0))
+        else:
+            self._enqueue(message, fut, size, self.config.acks)
+        return fut
+
+    def send_oneway(self, message: Message) -> SendResult:
+        """Send without waiting for or getting an acknowledgement (acks=0, MetaQ's async producer).
+
+        The result's partition, offset and message id are -1. ``success`` is False only when the
+        message was not even accepted (buffer full); a later failure is counted, never reported.
+        """
+        size = self._check(message)
+        if self._buffered + size > self.config.max_buffered_bytes and self._buffered:
+            return SendResult(False, error=self._full(), topic=message.topic)
+        return self._enqueue(message, None, size, 0)
+
+    async def send_batch(self, topic: str, items: Iterable[bytes | bytearray | Message], *,
+                         partition: int | Partition | None = None, timeout_s: float | None = None
+                         ) -> BatchSendResult:
+        """Send many messages of one topic as few frames as possible; the fast path for bulk data.
+
+        Plain bytes payloads are encoded with one shared timestamp and no key (the fastest path);
+        Message items keep their key, attribute and headers and must all have ``topic``. Items are
+        cut into chunks of at most ``batch_bytes``; each chunk is one frame and goes to ``partition``
+        if given, else to the partition the selector picks for the chunk's first message. Order is
+        kept within a partition. Waits for buffer room chunk by chunk.
+        """
+        self._check_open()
+        self._check_topic(topic)
+        values = items if isinstance(items, (list, tuple)) else list(items)
+        if not values:
+            return BatchSendResult(topic, [])
+        chunks = self._chunk(topic, values)
+        target: Partition | None = None
+        if partition is not None:
+            target = await self._core.partition(topic, partition)
+        acks = self.config.acks
+        futures: list[asyncio.Future[BatchChunk]] = []
+        compression = self.config.compression
+        for chunk, size in chunks:
+            if self._buffered + size > self.config.max_buffered_bytes and self._buffered:
+                try:
+                    await self._wait_room(size, timeout_s)
+                except TimeoutError:
+                    done_full: asyncio.Future[BatchChunk] = self._loop.create_future()
+                    done_full.set_result(BatchChunk(-1, -1, -1, len(chunk), self._full()))
+                    futures.append(done_full)
+                    continue
+            first = chunk[0]
+            first_msg = first if isinstance(first, Message) else Message(topic, bytes(first))
+            try:
+                key = await self._batch_key(topic, first_msg, target, acks)
+            except InvalidArgument:
+                raise
+            except MetaqError as exc:
+                done: asyncio.Future[BatchChunk] = self._loop.create_future()
+                done.set_result(BatchChunk(target.partition if target else -1, -1, -1, len(chunk), exc))
+                futures.append(done)
+                continue
+            now_ms = int(time.time() * 1000)
+            if isinstance(first, Message):
+                payload = encode_messages(chunk, compression, now_ms)
+            else:
+                payload = encode_values(chunk, now_ms, compression)
+            fut: asyncio.Future[BatchChunk] = self._loop.create_future()
+            batch = ProducerBatch.prebuilt(key, payload, len(chunk), fut, self._loop.time())
+            batch.size_bytes = size
+            # Keep this producer's order within the partition: what is already waiting goes first.
+            earlier = self._acc.seal(key)
+            if earlier is not None:
+                self._dispatch(earlier)
+            self._buffered += size
+            self._dispatch(batch)
+            futures.append(fut)
+        if timeout_s is None:
+            done_chunks = await asyncio.gather(*futures)
+        else:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    done_chunks = await asyncio.gather(*(asyncio.shield(f) for f in futures))
+            except TimeoutError:
+                err = RequestTimeoutError(f"send_batch got no result within {timeout_s} s; messages may "
+                                          f"still be stored")
+                done_chunks = [f.result() if f.done() else BatchChunk(-1, -1, -1, len(c), err)
+                               for f, (c, _s) in zip(futures, chunks, strict=True)]
+        return BatchSendResult(topic, list(done_chunks))
+
+    async def flush(self) -> None:
+        """Send everything buffered now and wait until each batch is acknowledged or has failed."""
+        while self._cold_tasks:
+            await asyncio.gather(*list(self._cold_tasks), return_exceptions=True)
+        for batch in self._acc.seal_all():
+            self._dispatch(batch)
+        waiters: list[asyncio.Future[None]] = []
+        for batch, lst in self._outstanding.items():
+            w: asyncio.Future[None] = self._loop.create_future()
+            if lst is None:
+                self._outstanding[batch] = [w]
+            else:
+                lst.append(w)
+            waiters.append(w)
+        if waiters:
+            await asyncio.gather(*waiters)
+
+    async def close(self) -> None:
+        """Flush, then refuse further sends. Idempotent."""
+        if self._closed:
+            return
+        self._closing = True
+        try:
+            await self.flush()
+        finally:
+            self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+    async def __aenter__(self) -> Producer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- accepting messages -------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed or self._closing:
+            raise ClientClosedError("the producer is closed")
+
+    def _check_topic(self, topic: str) -> None:
+        if topic not in self._valid_topics:
+            validate_topic(topic)
+            self._valid_topics.add(topic)
+
+    def _check(self, message: Message) -> int:
+        """Misuse raises here, before anything is queued; returns the message's size in a batch."""
+        if self._closed or self._closing:
+            raise ClientClosedError("the producer is closed")
+        if not isinstance(message, Message):
+            raise InvalidArgument(f"send takes a metaq Message, not {type(message).__name__}")
+        topic = message.topic
+        if topic not in self._valid_topics:
+            validate_topic(topic)
+            self._valid_topics.add(topic)
+        size = record_size(message)
+        if size > self.config.max_message_bytes:
+            raise InvalidArgument(
+                f"message is {size} bytes encoded (payload {len(message.data)} bytes); max_message_bytes is "
+                f"{self.config.max_message_bytes}. Split it, or raise max_message_bytes together with the "
+                f"broker's maxMessageSize")
+        return size
+
+    def _full(self) -> BufferFullError:
+        return BufferFullError(
+            f"the producer holds {self._buffered} bytes, max_buffered_bytes is {self.config.max_buffered_bytes}; "
+            f"await send() (which waits for room) or flush(), or raise max_buffered_bytes")
+
+    async def _wait_room(self, size: int, timeout_s: float | None) -> None:
+        limit = self.config.max_buffered_bytes
+        async with asyncio.timeout(timeout_s):
+            while self._buffered + size > limit and self._buffered:
+                w: asyncio.Future[None] = self._loop.create_future()
+                self._room_waiters.append(w)
+                await w
+
+    def _enqueue(self, message: Message, waiter: Any, size: int, acks: int) -> SendResult:
+        topic = message.topic
+        if topic in self._cold:
+            self._cold[topic].append((message, waiter, size, acks))
+            self._buffered += size
+            return SendResult(True, topic=topic)
+        tm = self._core.metadata.cached(topic)
+        if tm is None:
+            self._cold[topic] = [(message, waiter, size, acks)]
+            self._buffered += size
+            task = asyncio.ensure_future(self._warm(topic))
+            self._cold_tasks.add(task)
+            task.add_done_callback(self._cold_tasks.discard)
+            return SendResult(True, topic=topic)
+        self._route(message, tm, waiter, size, acks)
+        return SendResult(True, topic=topic)
+
+    async def _warm(self, topic: str) -> None:
+        """First messages of a topic wait here, in order, for its metadata."""
+        try:
+            tm: TopicMetadata | None = await self._core.metadata.topic(topic)
+            error: BaseException | None = None
+        except Exception as exc:
+            tm, error = None, exc
+        pending = self._cold.pop(topic, [])
+        for message, waiter, size, acks in pending:
+            self._buffered -= size
+            if tm is None:
+                assert error is not None
+                self._resolve(waiter, SendResult(False, error=error, topic=topic))
+                continue
+            try:
+                self._route(message, tm, waiter, size, acks)
+            except Exception as exc:
+                self._resolve(waiter, SendResult(False, error=exc, topic=topic))
+        self._release_room()
+
+    def _route(self, message: Message, tm: TopicMetadata, waiter: Any, size: int, acks: int) -> None:
+        topic = message.topic
+        partitions = tm.partitions
+        if partitions:
+            try:
+                p = self.selector(topic, partitions, message)
+            except InvalidArgument:
+                raise
+            except MetaqError as exc:
+                self._resolve(waiter, SendResult(False, error=exc, topic=topic))
+                return
+            key: BatchKey = (topic, p.partition, p.broker_id, acks)
+        else:
+            key = (topic, ANY_PARTITION, self._core.default_broker_id, acks)
+        ts = message.timestamp_ms
+        if ts < 0:
+            ts = int(time.time() * 1000)
+        acc = self._acc
+        sealed = acc.append(key, ts, message.data, message.key, message.attribute, message.headers, waiter,
+                            self._linger_s if self._busy.get(key) else 0.0)
+        self._buffered += size
+        for batch in sealed:
+            self._dispatch(batch)
+        opened = acc.open_batch(key)
+        if opened is not None and (self._timer is None or opened.deadline_s < self._timer_when):
+            self._arm(opened.deadline_s)
+
+    async def _batch_key(self, topic: str, message: Message, target: Partition | None, acks: int) -> BatchKey:
+        if target is not None:
+            return (topic, target.partition, target.broker_id, acks)
+        tm = await self._core.metadata.topic(topic)
+        if not tm.partitions:
+            return (topic, ANY_PARTITION, self._core.default_broker_id, acks)
+        p = self.selector(topic, tm.partitions, message)
+        return (topic, p.partition, p.broker_id, acks)
+
+    def _chunk(self, topic: str, values: Sequence[bytes | bytearray | Message]
+               ) -> list[tuple[Sequence[Any], int]]:
+        """Cut items into (chunk, bytes) of at most batch_bytes each; checks every item first."""
+        limit = self.config.batch_bytes
+        max_msg = self.config.max_message_bytes
+        plain = not isinstance(values[0], Message)
+        out: list[tuple[Sequence[Any], int]] = []
+        start = 0
+        acc = 0
+        for i, item in enumerate(values):
+            if plain:
+                if not isinstance(item, (bytes, bytearray, memoryview)):
+                    raise InvalidArgument(f"send_batch items must be all bytes or all Message; item {i} is "
+                                          f"{type(item).__name__}")
+                size = 28 + len(item)
+            else:
+                if not isinstance(item, Message):
+                    raise InvalidArgument("send_batch items must be all bytes or all Message, not a mix")
+                if item.topic != topic:
+                    raise InvalidArgument(f"send_batch to {topic!r} got a message for topic {item.topic!r}")
+                size = record_size(item)
+            if size > max_msg:
+                raise InvalidArgument(f"item {i} is {size} bytes encoded; max_message_bytes is {max_msg}")
+            if acc and acc + size > limit:
+                out.append((values[start:i], acc))
+                start, acc = i, 0
+            acc += size
+        out.append((values[start:], acc))
+        return out
+
+    # -- timers and dispatch -------------------------------------------------------------------
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_when = when
+        self._timer = self._loop.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        # A little slack: a timer may fire a hair before its time, and re-arming for 0.1 ms is waste.
+        for batch in self._acc.expired(self._loop.time() + 0.0005):
+            self._dispatch(batch)
+        nxt = self._acc.next_deadline()
+        if nxt is not None:
+            self._arm(nxt)
+
+    def _dispatch(self, batch: ProducerBatch) -> None:
+        key = batch.key
+        self._busy[key] = self._busy.get(key, 0) + 1
+        self._outstanding[batch] = None
+        broker_id = batch.broker_id
+        queue = self._queues.get(broker_id)
+        if queue is None:
+            queue = self._queues[broker_id] = deque()
+        queue.append(batch)
+        if broker_id not in self._senders:
+            self._senders[broker_id] = asyncio.ensure_future(self._send_loop(broker_id, queue))
+
+    async def _send_loop(self, broker_id: int, queue: deque[ProducerBatch]) -> None:
+        """Write the broker's queued batches in order, as fast as the connection takes them."""
+        core = self._core
+        compression = self.config.compression
+        timeout_s = self._timeout_s
+        closed_in_a_row = 0
+        try:
+            while queue:
+                try:
+                    # The pool reconnects with bounded, backed-off attempts; past those, give up.
+                    conn = await core.connection(broker_id, "produce")
+                except MetaqError as exc:
+                    self._fail_all(queue, exc)
+                    return
+                if not conn.writable:
+                    try:
+                        await conn.wait_writable()
+                    except ConnectionClosedError as exc:
+                        closed_in_a_row += 1
+                        if closed_in_a_row > core.config.reconnect_attempts:
+                            self._fail_all(queue, exc)
+                            return
+                        continue
+                batch = queue.popleft()
+                try:
+                    request = ProduceRequest(batch.topic, batch.partition, batch.acks, self._timeout_ms,
+                                             batch.build(compression))
+                    if batch.acks == 0:
+                        conn.send_oneway(request)
+                        self._complete_ok(batch, None)
+                    else:
+                        conn.submit(request, timeout_s).add_done_callback(partial(self._on_reply, batch))
+                    closed_in_a_row = 0
+                except ConnectionClosedError as exc:
+                    queue.appendleft(batch)  # never written: safe to send again on a new connection
+                    closed_in_a_row += 1
+                    if closed_in_a_row > core.config.reconnect_attempts:
+                        self._fail_all(queue, exc)
+                        return
+                except Exception as exc:
+                    self._complete_error(batch, exc)
+        finally:
+            del self._senders[broker_id]
+
+    def _fail_all(self, queue: deque[ProducerBatch], exc: BaseException) -> None:
+        while queue:
+            self._complete_error(queue.popleft(), exc)
+
+    # -- results ------------------------------------------------------------------------------
+
+    def _on_reply(self, batch: ProducerBatch, fut: asyncio.Future[ProduceResponse]) -> None:
+        if fut.cancelled():
+            exc: BaseException = ConnectionClosedError("the produce request was cancelled")
+        else:
+            err = fut.exception()
+            if err is None:
+                resp = fut.result()
+                if not resp.error_code:
+                    self._complete_ok(batch, resp)
+                    return
+                exc = error_for_code(resp.error_code, resp.error_message or "")
+            else:
+                exc = err
+        if isinstance(exc, BrokerError) and exc.refresh_metadata:
+            self._core.metadata.refresh_soon(batch.topic)
+        if batch.attempts < self.config.retries and getattr(exc, "retriable", False) and not self._closed:
+            batch.attempts += 1
+            log.debug("retrying %r after %s (attempt %d)", batch, exc, batch.attempts)
+            self._loop.call_later(self.config.retry_backoff_ms / 1000.0, self._retry, batch)
+            return
+        self._complete_error(batch, exc)
+
+    def _retry(self, batch: ProducerBatch) -> None:
+        queue = self._queues.setdefault(batch.broker_id, deque())
+        queue.appendleft(batch)
+        if batch.broker_id not in self._senders:
+            self._senders[batch.broker_id] = asyncio.ensure_future(self._send_loop(batch.broker_id, queue))
+
+    def _complete_ok(self, batch: ProducerBatch, resp: ProduceResponse | None) -> None:
+        topic = batch.topic
+        if resp is None:  # one-way
+            partition, base_offset, base_id = batch.partition, -1, -1
+        else:
+            partition = resp.partition if resp.partition >= 0 else batch.partition
+            base_offset, base_id = resp.base_offset, resp.base_message_id
+        if batch.batch_waiter is not None:
+            w = batch.batch_waiter
+            if not w.done():
+                w.set_result(BatchChunk(partition, base_offset, base_id, batch.count))
+        elif resp is not None:
+            has_id = base_id >= 0
+            for i, w in enumerate(batch.waiters):
+                if w is not None and not w.done():
+                    w.set_result(SendResult(True, base_id + i if has_id else -1, partition, base_offset + i,
+                                            None, topic))
+        if batch.partition == ANY_PARTITION:
+            tm = self._core.metadata.cache.get(topic)
+            if tm is None or not tm.partitions:
+                self._core.metadata.refresh_soon(topic)  # the broker just created it: learn its partitions
+        self._finish(batch)
+
+    def _complete_error(self, batch: ProducerBatch, exc: BaseException) -> None:
+        topic = batch.topic
+        if batch.batch_waiter is not None:
+            w = batch.batch_waiter
+            if not w.done():
+                w.set_result(BatchChunk(batch.partition, -1, -1, batch.count, exc))
+        else:
+            if batch.acks == 0:
+                log.warning("one-way batch of %d messages to %s-%d was dropped: %s", batch.count, topic,
+                            batch.partition, exc)
+            for w in batch.waiters:
+                if w is not None and not w.done():
+                    w.set_result(SendResult(False, -1, batch.partition, -1, exc, topic))
+        self._finish(batch)
+
+    def _resolve(self, waiter: Any, result: SendResult) -> None:
+        if waiter is not None and not waiter.done():
+            waiter.set_result(result)
+
+    def _finish(self, batch: ProducerBatch) -> None:
+        key = batch.key
+        n = self._busy[key] - 1
+        if n:
+            self._busy[key] = n
+        else:
+            del self._busy[key]
+        self._buffered -= batch.size_bytes if batch.batch_waiter is not None else batch.size_bytes - HEADER_BYTES
+        flush_waiters = self._outstanding.pop(batch, None)
+        if flush_waiters:
+            for w in flush_waiters:
+                if not w.done():
+                    w.set_result(None)
+        if self._room_waiters:
+            self._release_room()
+        if not n:
+            # The partition went idle: what accumulated meanwhile leaves now instead of lingering.
+            waiting = self._acc.seal(key)
+            if waiting is not None:
+                self._dispatch(waiting)
+
+    def _release_room(self) -> None:
+        waiters, self._room_waiters = self._room_waiters, deque()
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)

@@ -1,0 +1,111 @@
+"""Partition selectors: which partition of a topic a message goes to (MetaQ's PartitionSelector).
+
+A selector is any callable ``(topic, partitions, message) -> Partition``. ``partitions`` is every
+partition of the topic the client knows, ordered by (broker id, partition), closed ones included
+(``Partition.accept_publish`` says which are open). The producer calls it once per message on the
+sending task, so it must be fast and must not block.
+
+* :class:`RoundRobinSelector` (the default): the open partitions in order, from the start again after
+  the last, as MetaQ's producer walks its sorted partition list.
+* :class:`RandomSelector`: an open partition at random.
+* :class:`KeyHashSelector`: ``crc32(message.key) % len(partitions)`` over *all* partitions, for
+  ordered messages. Closed partitions are not skipped: skipping would send a key somewhere else and
+  break its order, so a send to a closed partition fails (PARTITION_CLOSED) instead. Stable across
+  processes and restarts (zlib.crc32, not Python's salted ``hash()``), as long as the partition
+  list does not change.
+
+A selector raises InvalidArgument for misuse (a message without a key under KeyHashSelector) and
+PartitionClosedError when no partition is open; the producer reports the latter in the SendResult.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from metaq.client.metadata import Partition
+from metaq.errors import InvalidArgument, PartitionClosedError
+from metaq.types import Message
+
+
+class PartitionSelector(Protocol):
+    def __call__(self, topic: str, partitions: Sequence[Partition], message: Message) -> Partition: ...
+
+
+def _open(topic: str, partitions: Sequence[Partition]) -> Sequence[Partition]:
+    for p in partitions:
+        if not p.accept_publish:
+            break
+    else:
+        if partitions:
+            return partitions  # the common case: nothing closed, no copy
+    open_ = [p for p in partitions if p.accept_publish]
+    if not open_:
+        if partitions:
+            raise PartitionClosedError(f"every partition of topic {topic!r} is closed for publishing "
+                                       f"(metaq topic open {topic} reopens them)")
+        raise InvalidArgument(f"topic {topic!r} has no partitions to choose from")
+    return open_
+
+
+class RoundRobinSelector:
+    """Open partitions in (broker id, partition) order, one after the other; a counter per topic."""
+
+    __slots__ = ("_counters",)
+
+    def __init__(self) -> None:
+        self._counters: dict[str, int] = {}
+
+    def __call__(self, topic: str, partitions: Sequence[Partition], message: Message) -> Partition:
+        candidates = _open(topic, partitions)
+        n = self._counters.get(topic, 0)
+        self._counters[topic] = n + 1
+        return candidates[n % len(candidates)]
+
+
+class RandomSelector:
+    """An open partition chosen at random (``rng`` injectable for tests)."""
+
+    __slots__ = ("_rng",)
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self._rng = rng or random.Random()
+
+    def __call__(self, topic: str, partitions: Sequence[Partition], message: Message) -> Partition:
+        candidates = _open(topic, partitions)
+        return candidates[self._rng.randrange(len(candidates))]
+
+
+def key_hash(key: bytes) -> int:
+    """The stable 32-bit hash KeyHashSelector uses (CRC-32 of the key bytes)."""
+    return zlib.crc32(key)
+
+
+class KeyHashSelector:
+    """``partitions[crc32(key) % len(partitions)]``: every message with one key lands in one partition.
+
+    A message without a key is refused with InvalidArgument, unless ``fallback`` (another selector,
+    e.g. RoundRobinSelector()) is given for them: silently spreading key-less messages would hide a
+    bug in code that expects ordering.
+    """
+
+    __slots__ = ("_fallback",)
+
+    def __init__(self, fallback: PartitionSelector | None = None) -> None:
+        self._fallback = fallback
+
+    def __call__(self, topic: str, partitions: Sequence[Partition], message: Message) -> Partition:
+        key = message.key
+        if key is None:
+            if self._fallback is not None:
+                return self._fallback(topic, partitions, message)
+            raise InvalidArgument(f"KeyHashSelector needs message.key (topic {topic!r}); set a key, or "
+                                  f"pass KeyHashSelector(fallback=RoundRobinSelector())")
+        if not partitions:
+            raise InvalidArgument(f"topic {topic!r} has no partitions to choose from")
+        return partitions[zlib.crc32(key) % len(partitions)]
+
+
+SelectorLike = PartitionSelector | Callable[[str, Sequence[Partition], Message], Partition]
