@@ -1,0 +1,53 @@
+"""Helpers shared by the storage tests (imported by name: pytest puts this directory on sys.path)."""
+
+from __future__ import annotations
+
+import itertools
+
+from metaq.protocol.records import decode_fetched, encode_messages, encode_values
+from metaq.storage import PartitionLog
+from metaq.types import Message
+
+
+def no_sync(fd: int) -> None:
+    """An fdatasync that does nothing: for tests about layout, not durability."""
+
+
+class FakeClock:
+    """A settable clock in seconds, as time.time."""
+
+    def __init__(self, start_s: float = 1_700_000_000.0) -> None:
+        self.now_s = start_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def advance_ms(self, ms: int) -> None:
+        self.now_s += ms / 1000
+
+
+_counter = itertools.count()
+
+
+def make_batch(count: int = 3, size: int = 20, timestamp_ms: int = 1000) -> tuple[bytes, list[bytes]]:
+    """A batch of ``count`` distinct payloads, and the payloads."""
+    n = next(_counter)
+    values = [f"{n}:{i}:".encode().ljust(size, b"x") for i in range(count)]
+    return encode_values(values, timestamp_ms), values
+
+
+def batch_with_timestamps(timestamps: list[int]) -> bytes:
+    return encode_messages([Message("t", f"v{ts}".encode(), timestamp_ms=ts) for ts in timestamps])
+
+
+def read_all(log: PartitionLog, start: int | None = None, max_bytes: int = 1 << 20) -> list[Message]:
+    offset = log.log_start_offset if start is None else start
+    out: list[Message] = []
+    while offset < log.log_end_offset:
+        data = log.read_bytes(offset, max_bytes)
+        messages, offset = decode_fetched(data, log.topic, log.partition, offset)
+        assert messages, "a read below the log end must make progress"
+        out.extend(messages)
+    return out
+
+
