@@ -1,0 +1,3 @@
+from metaq.broker.main import main
+
+main()

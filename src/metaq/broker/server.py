@@ -1,0 +1,634 @@
+"""The broker: an asyncio server that owns the partition logs and answers the wire protocol.
+
+One connection = one :class:`BrokerProtocol`. Requests on a connection are handled concurrently
+(a produce waiting for its group-commit fsync does not hold up the next produce: that is what lets one
+fsync cover many batches) but answered strictly in request order, as the protocol requires.
+A fetch reply sends the stored batches straight from the segment file with ``loop.sendfile``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import asyncio.selector_events
+import contextlib
+import functools
+import json
+import logging
+import os
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from metaq import __version__
+from metaq.broker.config import BrokerConfig, TopicSettings, diff_topics, load_config, parse_config
+from metaq.broker.stats import BrokerStats
+from metaq.broker.waiters import FetchWaiters
+from metaq.errors import (
+    BrokerError,
+    BrokerStoppingError,
+    CorruptMessageError,
+    InvalidArgument,
+    InvalidRequestError,
+    InvalidTopicError,
+    MessageNotFoundError,
+    MessageTooLargeError,
+    OffsetOutOfRangeError,
+    PartitionClosedError,
+    ProtocolError,
+    StorageError,
+    StorageFailureError,
+    TopicExistsError,
+    UnknownPartitionError,
+    UnknownServerError,
+    UnknownTopicError,
+)
+from metaq.protocol import messages as m
+from metaq.protocol.codec import NEED_DATA, BadRequest, RequestEvent, RequestHeader, ServerConnection
+from metaq.protocol.records import validate_batch
+from metaq.storage import LogConfig, LogManager, OffsetOutOfRange, PartitionLog
+from metaq.types import validate_topic
+
+log = logging.getLogger("metaq.broker")
+
+SENDFILE_MIN_BYTES = 16 * 1024
+"""Smaller fetch replies are read into memory and written in one go: cheaper than a sendfile round."""
+MAX_PIPELINED_REQUESTS = 1024
+"""Per connection; past it the broker stops reading the socket until replies drain (backpressure)."""
+
+
+@dataclass
+class TopicState:
+    settings: TopicSettings
+    num_partitions: int
+    closed: set[int] = field(default_factory=set)
+    """Partitions closed for publishing (MetaQ's `metaq topic close`): produce gets 403."""
+
+
+class _Reply:
+    """One answer slot; replies leave the connection in slot order."""
+
+    __slots__ = ("data", "done", "file_slice", "header")
+
+    def __init__(self, header: RequestHeader | None) -> None:
+        self.header = header
+        self.done = False
+        self.data: bytes = b""
+        self.file_slice: Any = None
+
+
+class _SliceFile:
+    """What ``loop.sendfile`` needs from a file: the fd, plus seek/readinto for its copying fallback.
+
+    Reads use pread with our own position, so the log's shared fd offset is never moved.
+    """
+
+    def __init__(self, fd: int, position: int) -> None:
+        self._fd = fd
+        self._pos = position
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def seek(self, position: int, whence: int = 0) -> int:
+        self._pos = position
+        return position
+
+    def readinto(self, buf: Any) -> int:
+        data = os.pread(self._fd, len(buf), self._pos)
+        n = len(data)
+        buf[:n] = data
+        self._pos += n
+        return n
+
+
+class Broker:
+    """Topics, partitions and the request handlers. Network-free: :class:`BrokerProtocol` feeds it."""
+
+    def __init__(self, config: BrokerConfig, *, config_path: str | None = None) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.stats = BrokerStats()
+        self.waiters = FetchWaiters(config.max_waiting_fetches)
+        self.logs = LogManager(config.data_path, config.broker_id, self._log_config(None),
+                               load_in_parallel=config.load_message_stores_in_parallel)
+        self.topics: dict[str, TopicState] = {}
+        self.stopping = False
+        self.in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._handlers: dict[int, Callable[[Any], Any]] = {
+            0: self.handle_api_versions, 1: self.handle_metadata, 2: self.handle_create_topic,
+            3: self.handle_delete_topic, 4: self.handle_produce, 5: self.handle_fetch,
+            6: self.handle_list_offsets, 12: self.handle_stats, 15: self.handle_partition_state,
+            16: self.handle_reload, 17: self.handle_lookup_message,
+        }
+        self.port = 0
+        self.host = config.host_name
+
+    # -- configuration ------------------------------------------------------------------------
+
+    def _log_config(self, topic: str | None) -> LogConfig:
+        c = self.config
+        s = c.topic_settings(topic) if topic else None
+        return LogConfig(
+            segment_bytes_max=c.max_segment_bytes,
+            unflush_threshold=s.unflush_threshold if s else c.unflush_threshold,
+            unflush_interval_ms=s.unflush_interval_ms if s else c.unflush_interval_ms,
+            delete_policy=s.delete_policy if s else c.delete_policy,
+            max_message_bytes=c.max_message_bytes,
+            max_batch_bytes=c.max_batch_bytes,
+        )
+
+    def open(self) -> None:
+        """Load existing partitions and the configured topics (blocking: call before serving)."""
+        self.logs.open()
+        for topic, partitions in self.logs.topics().items():
+            self.logs.set_topic_config(topic, self._log_config(topic))
+            self._topic_state(topic, max(partitions) + 1)
+        for topic in self.config.topics:
+            self._ensure_topic(topic, None)
+
+    def _topic_state(self, topic: str, num_partitions: int) -> TopicState:
+        state = self.topics.get(topic)
+        settings = self.config.topic_settings(topic)
+        if state is None:
+            state = self.topics[topic] = TopicState(settings, max(num_partitions, settings.num_partitions))
+        else:
+            state.settings = settings
+            state.num_partitions = max(state.num_partitions, num_partitions, settings.num_partitions)
+        return state
+
+    def _ensure_topic(self, topic: str, num_partitions: int | None) -> TopicState:
+        settings = self.config.topic_settings(topic)
+        n = num_partitions if num_partitions and num_partitions > 0 else settings.num_partitions
+        self.logs.set_topic_config(topic, self._log_config(topic))
+        state = self._topic_state(topic, n)
+        for p in range(state.num_partitions):
+            self.logs.get_or_create(topic, p)
+        return state
+
+    def reload(self, new_config: BrokerConfig) -> list[str]:
+        """Apply `[topic=…]` changes live (SIGHUP / metaq admin reload); [system] needs a restart."""
+        diff = diff_topics(self.config, new_config)
+        self.config = new_config
+        affected = set(self.topics) | set(new_config.topics) if diff.defaults_changed else set(diff.topics)
+        for topic in sorted(affected):
+            if topic in self.topics or topic in new_config.topics:
+                self._ensure_topic(topic, None)
+        return sorted(affected)
+
+    # -- request plumbing ---------------------------------------------------------------------
+
+    def dispatch(self, event: RequestEvent) -> Any:
+        """The response, or an awaitable of it. Errors become the API's own error response."""
+        handler = self._handlers.get(event.header.api_key)
+        if handler is None:
+            name = m.APIS[event.header.api_key].name
+            return m.error_response(event.header.api_key, InvalidRequestError.code,
+                                    f"{name} is not served by this broker version (consumer groups come later)")
+        if self.stopping and event.header.api_key in (4, 5):
+            return m.error_response(event.header.api_key, BrokerStoppingError.code, BrokerStoppingError.hint)
+        try:
+            return handler(event.request)
+        except Exception as exc:
+            return self.error_reply(event.header.api_key, exc)
+
+    def error_reply(self, api_key: int, exc: BaseException) -> Any:
+        if isinstance(exc, BrokerError):
+            code, msg = exc.code, exc.message
+        elif isinstance(exc, OffsetOutOfRange):
+            code, msg = OffsetOutOfRangeError.code, str(exc)
+        elif isinstance(exc, InvalidArgument):
+            code, msg = InvalidRequestError.code, str(exc)
+        elif isinstance(exc, ProtocolError):
+            code, msg = CorruptMessageError.code, str(exc)
+        elif isinstance(exc, StorageError):
+            code, msg = StorageFailureError.code, str(exc)
+        else:
+            log.exception("unexpected error handling %s", m.APIS[api_key].name)
+            code, msg = UnknownServerError.code, f"{type(exc).__name__}: {exc}"
+        return m.error_response(api_key, code, msg)
+
+    # -- topics and partitions ----------------------------------------------------------------
+
+    def _check_topic_name(self, topic: str) -> None:
+        try:
+            validate_topic(topic)
+        except InvalidArgument as exc:
+            raise InvalidTopicError(str(exc)) from None
+
+    def _partition_log(self, topic: str, partition: int, *, create: bool = False) -> tuple[TopicState, PartitionLog]:
+        self._check_topic_name(topic)
+        state = self.topics.get(topic)
+        if state is None:
+            if not (create and self.config.auto_create_topics):
+                raise UnknownTopicError(f"topic {topic!r} does not exist on broker {self.config.broker_id}")
+            state = self._ensure_topic(topic, None)
+        if not 0 <= partition < state.num_partitions:
+            raise UnknownPartitionError(
+                f"topic {topic!r} has partitions 0..{state.num_partitions - 1} on this broker; got {partition}")
+        plog = self.logs.get(topic, partition) or self.logs.get_or_create(topic, partition)
+        return state, plog
+
+    # -- handlers -----------------------------------------------------------------------------
+
+    def handle_api_versions(self, req: m.ApiVersionsRequest) -> m.ApiVersionsResponse:
+        apis = [m.ApiVersionRange(k, s.min_version, s.max_version) for k, s in sorted(m.APIS.items())
+                if k in self._handlers]
+        return m.ApiVersionsResponse(broker_id=self.config.broker_id, server_version=__version__, apis=apis)
+
+    def handle_metadata(self, req: m.MetadataRequest) -> m.MetadataResponse:
+        brokers = [m.BrokerInfo(self.config.broker_id, self.host, self.port)]
+        names = sorted(self.topics) if req.topics is None else req.topics
+        out = []
+        for name in names:
+            state = self.topics.get(name)
+            if state is None:
+                out.append(m.TopicInfo(name, UnknownTopicError.code, []))
+                continue
+            s = state.settings
+            parts = [m.PartitionInfo(p, self.config.broker_id, 0, s.accept_publish and p not in state.closed,
+                                     s.accept_subscribe) for p in range(state.num_partitions)]
+            out.append(m.TopicInfo(name, 0, parts))
+        return m.MetadataResponse(brokers=brokers, topics=out)
+
+    def handle_create_topic(self, req: m.CreateTopicRequest) -> m.CreateTopicResponse:
+        self._check_topic_name(req.topic)
+        if req.topic in self.topics:
+            raise TopicExistsError(f"topic {req.topic!r} already exists with "
+                                   f"{self.topics[req.topic].num_partitions} partitions")
+        if req.num_partitions == 0 or req.num_partitions > 10_000:
+            raise InvalidRequestError(
+                f"num_partitions must be 1..10000 or -1 (broker default); got {req.num_partitions}")
+        state = self._ensure_topic(req.topic, req.num_partitions)
+        return m.CreateTopicResponse(num_partitions=state.num_partitions)
+
+    def handle_delete_topic(self, req: m.DeleteTopicRequest) -> m.DeleteTopicResponse:
+        self._check_topic_name(req.topic)
+        if req.topic not in self.topics:
+            raise UnknownTopicError(f"topic {req.topic!r} does not exist")
+        del self.topics[req.topic]
+        self.logs.delete_topic(req.topic)
+        self.stats.forget_topic(req.topic)
+        self.waiters.notify_all()
+        return m.DeleteTopicResponse()
+
+    def handle_produce(self, req: m.ProduceRequest) -> Any:
+        topic, partition = req.topic, req.partition
+        self._check_topic_name(topic)
+        state = self.topics.get(topic)
+        if state is None:
+            if not self.config.auto_create_topics:
+                raise UnknownTopicError(f"topic {topic!r} does not exist and autoCreateTopics=false")
+            state = self._ensure_topic(topic, None)
+        if not state.settings.accept_publish:
+            raise PartitionClosedError(f"topic {topic!r} does not accept publishing (acceptPublish=false)")
+        if partition == m.ANY_PARTITION:
+            open_parts = [p for p in range(state.num_partitions) if p not in state.closed]
+            if not open_parts:
+                raise PartitionClosedError(f"every partition of topic {topic!r} is closed")
+            partition = random.choice(open_parts)
+        elif partition in state.closed:
+            raise PartitionClosedError(f"partition {topic}-{partition} is closed for publishing")
+        _state, plog = self._partition_log(topic, partition)
+        counters = self.stats.partition(topic, partition)
+        try:
+            header = validate_batch(req.records, self.config.max_message_bytes, self.config.max_batch_bytes)
+        except InvalidArgument as exc:
+            counters.put_failures += 1
+            raise MessageTooLargeError(str(exc)) from None
+        except ProtocolError as exc:
+            counters.put_failures += 1
+            raise CorruptMessageError(str(exc)) from None
+        result = plog.append(req.records, header)
+        counters.put_requests += 1
+        counters.put_messages += header.record_count
+        counters.put_bytes += header.total_bytes
+        self.waiters.notify(topic, partition)
+        response = m.ProduceResponse(partition=partition, base_offset=result.base_offset,
+                                     base_message_id=result.base_message_id, append_time_ms=result.append_time_ms)
+        if result.wait_for_durable and not result.durable.done():
+            return self._await_durable(result.durable, response)
+        return response
+
+    async def _await_durable(self, durable: Any, response: m.ProduceResponse) -> m.ProduceResponse:
+        try:
+            await asyncio.wrap_future(durable)
+        except Exception as exc:
+            return m.ProduceResponse(error_code=StorageFailureError.code,
+                                     error_message=f"the batch was written but not made durable: {exc}")
+        return response
+
+    def _resolve_fetch_offset(self, plog: PartitionLog, offset: int) -> tuple[int, int]:
+        """(offset to read, reset_offset) applying updateConsumerOffsets to an out-of-range offset."""
+        start, end = plog.log_start_offset, plog.log_end_offset
+        if start <= offset <= end:
+            return offset, -1
+        if not self.config.update_consumer_offsets:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is out of range for {plog.topic}-{plog.partition}: valid offsets are "
+                f"{start}..{end} (earliest..latest)")
+        nearest = start if offset < start else end
+        return nearest, nearest
+
+    def handle_fetch(self, req: m.FetchRequest) -> Any:
+        state, plog = self._partition_log(req.topic, req.partition)
+        if not state.settings.accept_subscribe:
+            raise PartitionClosedError(f"topic {req.topic!r} does not accept subscribing (acceptSubscribe=false)")
+        if req.max_bytes <= 0:
+            raise InvalidRequestError(f"max_bytes must be > 0; got {req.max_bytes}")
+        if req.offset < 0:
+            raise OffsetOutOfRangeError(f"offset must be >= 0; got {req.offset}")
+        offset, reset = self._resolve_fetch_offset(plog, req.offset)
+        if offset >= plog.log_end_offset and req.max_wait_ms > 0:
+            return self._long_poll(req, plog, offset, reset)
+        return self._fetch_now(req, plog, offset, reset)
+
+    async def _long_poll(self, req: m.FetchRequest, plog: PartitionLog, offset: int, reset: int) -> Any:
+        deadline = time.monotonic() + min(req.max_wait_ms, 600_000) / 1000
+        while offset >= plog.log_end_offset and not self.stopping:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            await self.waiters.wait(req.topic, req.partition, remaining)
+            if self.logs.get(req.topic, req.partition) is not plog:
+                raise UnknownTopicError(f"topic {req.topic!r} was deleted while the fetch waited")
+        return self._fetch_now(req, plog, offset, reset)
+
+    def _fetch_now(self, req: m.FetchRequest, plog: PartitionLog, offset: int, reset: int) -> Any:
+        max_bytes = min(req.max_bytes, self.config.max_transfer_bytes)
+        counters = self.stats.partition(req.topic, req.partition)
+        counters.get_requests += 1
+        try:
+            fslice = plog.read(offset, max_bytes)
+        except OffsetOutOfRange:
+            offset, reset = self._resolve_fetch_offset(plog, offset)
+            fslice = plog.read(offset, max_bytes)
+        response = m.FetchResponse(log_start_offset=plog.log_start_offset, log_end_offset=plog.log_end_offset,
+                                   reset_offset=reset)
+        if fslice.size == 0:
+            fslice.release()
+            counters.get_misses += 1
+            return response
+        counters.get_bytes += fslice.size
+        if fslice.size < SENDFILE_MIN_BYTES:
+            try:
+                response.records = fslice.read_bytes()
+            finally:
+                fslice.release()
+            return response
+        return _FileReply(response, fslice)
+
+    def handle_list_offsets(self, req: m.ListOffsetsRequest) -> m.ListOffsetsResponse:
+        _state, plog = self._partition_log(req.topic, req.partition)
+        if req.timestamp_ms == m.EARLIEST_TIMESTAMP:
+            offset = plog.log_start_offset
+        elif req.timestamp_ms == m.LATEST_TIMESTAMP:
+            offset = plog.log_end_offset
+        elif req.timestamp_ms < 0:
+            raise InvalidRequestError(f"timestamp must be -2 (earliest), -1 (latest) or >= 0; got {req.timestamp_ms}")
+        else:
+            offset = plog.offset_for_timestamp(req.timestamp_ms)
+        return m.ListOffsetsResponse(offset=offset, log_start_offset=plog.log_start_offset,
+                                     log_end_offset=plog.log_end_offset)
+
+    def handle_stats(self, req: m.StatsRequest) -> m.StatsResponse:
+        snap = self.stats.snapshot(req.topic)
+        snap["broker_id"] = self.config.broker_id
+        snap["version"] = __version__
+        for tname, tstats in snap["topics"].items():
+            for pname, pstats in tstats["partitions"].items():
+                plog = self.logs.get(tname, int(pname))
+                if plog is not None:
+                    pstats["log_start_offset"] = plog.log_start_offset
+                    pstats["log_end_offset"] = plog.log_end_offset
+        return m.StatsResponse(stats_json=json.dumps(snap).encode())
+
+    def handle_partition_state(self, req: m.PartitionStateRequest) -> m.PartitionStateResponse:
+        self._check_topic_name(req.topic)
+        state = self.topics.get(req.topic)
+        if state is None:
+            raise UnknownTopicError(f"topic {req.topic!r} does not exist")
+        if req.partition == -1:
+            targets = list(range(state.num_partitions))
+        elif 0 <= req.partition < state.num_partitions:
+            targets = [req.partition]
+        else:
+            raise UnknownPartitionError(f"topic {req.topic!r} has no partition {req.partition}")
+        for p in targets:
+            if req.open:
+                state.closed.discard(p)
+            else:
+                state.closed.add(p)
+        return m.PartitionStateResponse()
+
+    def handle_reload(self, req: m.ReloadRequest) -> m.ReloadResponse:
+        if not self.config_path:
+            raise InvalidRequestError("the broker was started without -f server.ini: nothing to reload")
+        changed = self.reload(load_broker_config(self.config_path, self.cli_overrides))
+        return m.ReloadResponse(changed_topics=changed)
+
+    cli_overrides: dict[str, str] = {}
+
+    def handle_lookup_message(self, req: m.LookupMessageRequest) -> m.LookupMessageResponse:
+        try:
+            topic, partition, offset = self.logs.resolve_message_id(req.message_id)
+        except StorageError as exc:
+            raise MessageNotFoundError(str(exc)) from None
+        plog = self.logs.get(topic, partition)
+        if plog is None or not plog.log_start_offset <= offset < plog.log_end_offset:
+            raise MessageNotFoundError(f"message {req.message_id:032x} is no longer stored (retention)")
+        return m.LookupMessageResponse(topic=topic, partition=partition, offset=offset)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def request_started(self) -> None:
+        self.in_flight += 1
+        self._idle.clear()
+
+    def request_finished(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait until in-flight requests have been answered (bounded)."""
+        self.stopping = True
+        self.waiters.notify_all()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+
+    def close(self) -> None:
+        self.logs.close()
+
+
+@dataclass(slots=True)
+class _FileReply:
+    response: m.FetchResponse
+    file_slice: Any
+
+
+def load_broker_config(path: str | None, overrides: dict[str, str]) -> BrokerConfig:
+    """server.ini (or the defaults) with command-line flags applied on top."""
+    base = load_config(path) if path else parse_config("", "<defaults>")
+    return base.with_overrides(overrides) if overrides else base
+
+
+class BrokerProtocol(asyncio.Protocol):
+    """One client connection: decode frames, dispatch, reply in order, stream fetches with sendfile."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.codec = ServerConnection(broker.config.max_frame_bytes)
+        self.transport: asyncio.Transport | None = None
+        self.replies: deque[_Reply] = deque()
+        self.sending = False
+        self.paused = False
+        self.closed = False
+        self.loop = asyncio.get_event_loop()
+        # uvloop has no loop.sendfile (not even its copying fallback): there, file replies are pread
+        # and written; asyncio's selector loop sends them with the sendfile(2) system call.
+        self.native_sendfile = isinstance(self.loop, asyncio.selector_events.BaseSelectorEventLoop)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                import socket
+
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.broker.stats.connections += 1
+        self.broker.stats.connections_total += 1
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.broker.stats.connections -= 1
+        for reply in self.replies:
+            if reply.file_slice is not None:
+                reply.file_slice.release()
+                reply.file_slice = None
+        self.replies.clear()
+
+    def data_received(self, data: bytes) -> None:
+        self.codec.receive_data(data)
+        while True:
+            try:
+                event = self.codec.next_event()
+            except ProtocolError as exc:
+                log.warning("closing connection from %s: %s", self._peer(), exc)
+                self._abort()
+                return
+            if event is NEED_DATA:
+                break
+            if isinstance(event, BadRequest):
+                reply = _Reply(event.header)
+                self.replies.append(reply)
+                self._complete(reply, m.error_response(event.header.api_key, event.error_code, str(event.error)))
+                continue
+            assert isinstance(event, RequestEvent)
+            self._handle(event)
+        if len(self.replies) > MAX_PIPELINED_REQUESTS and not self.paused and self.transport:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def _handle(self, event: RequestEvent) -> None:
+        oneway = event.header.api_key == 4 and event.request.acks == 0
+        reply = None if oneway else _Reply(event.header)
+        if reply is not None:
+            self.replies.append(reply)
+        result = self.broker.dispatch(event)
+        if asyncio.iscoroutine(result):
+            self.broker.request_started()
+            task = self.loop.create_task(result)
+            task.add_done_callback(functools.partial(self._task_done, reply=reply, api_key=event.header.api_key))
+        elif reply is not None:
+            self._complete(reply, result)
+
+    def _task_done(self, task: asyncio.Task[Any], *, reply: _Reply | None, api_key: int) -> None:
+        self.broker.request_finished()
+        if task.cancelled():
+            result: Any = m.error_response(api_key, BrokerStoppingError.code, "request cancelled")
+        elif task.exception() is not None:
+            result = self.broker.error_reply(api_key, task.exception())  # type: ignore[arg-type]
+        else:
+            result = task.result()
+        if reply is None:
+            if isinstance(result, _FileReply):
+                result.file_slice.release()
+            return
+        self._complete(reply, result)
+
+    def _complete(self, reply: _Reply, result: Any) -> None:
+        if self.closed:
+            if isinstance(result, _FileReply):
+                result.file_slice.release()
+            return
+        assert reply.header is not None
+        try:
+            if isinstance(result, _FileReply):
+                reply.data = self.codec.encode_response_head(reply.header, result.response, result.file_slice.size)
+                reply.file_slice = result.file_slice
+            else:
+                reply.data = self.codec.encode_response(reply.header, result)
+        except Exception as exc:
+            log.exception("cannot encode reply")
+            reply.data = self.codec.encode_response(reply.header,
+                                                    m.error_response(reply.header.api_key, UnknownServerError.code,
+                                                                     str(exc)))
+        reply.done = True
+        self._pump()
+
+    def _pump(self) -> None:
+        """Write every finished reply at the head of the queue; a file reply hands over to sendfile."""
+        if self.sending or self.transport is None:
+            return
+        out: list[bytes] = []
+        while self.replies and self.replies[0].done:
+            reply = self.replies.popleft()
+            out.append(reply.data)
+            if reply.file_slice is not None and not self.native_sendfile:
+                fslice, reply.file_slice = reply.file_slice, None
+                try:
+                    out.append(fslice.read_bytes())
+                finally:
+                    fslice.release()
+            elif reply.file_slice is not None:
+                self.transport.write(b"".join(out))
+                out = []
+                self.sending = True
+                self.loop.create_task(self._sendfile(reply.file_slice))
+                return
+        if out:
+            self.transport.write(b"".join(out) if len(out) > 1 else out[0])
+        if self.paused and len(self.replies) <= MAX_PIPELINED_REQUESTS // 2:
+            self.paused = False
+            self.transport.resume_reading()
+
+    async def _sendfile(self, fslice: Any) -> None:
+        try:
+            if self.transport is not None and not self.closed:
+                slice_file: Any = _SliceFile(fslice.fileno(), fslice.position)
+                await self.loop.sendfile(self.transport, slice_file,
+                                         fslice.position, fslice.size)
+        except Exception as exc:
+            log.warning("sendfile to %s failed: %r", self._peer(), exc)
+            self._abort()
+        finally:
+            fslice.release()
+            self.sending = False
+        if not self.closed:
+            self._pump()
+
+    def _peer(self) -> str:
+        if self.transport is None:
+            return "?"
+        peer = self.transport.get_extra_info("peername")
+        return f"{peer[0]}:{peer[1]}" if peer else "?"
+
+    def _abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
