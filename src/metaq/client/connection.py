@@ -122,7 +122,7 @@ class BrokerConnection:
             raise ConnectionClosedError(
                 f"cannot connect to broker {host}:{port}: {exc or 'timed out'}"
                 f" (is it running? check the address)") from exc
-        assert isinstance(transport, asyncio.Transport)
+        # (uvloop's transports are not asyncio.Transport subclasses, though they behave as one.)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):

@@ -52,6 +52,14 @@ class ClientCore:
             raise UnknownServerError(f"broker {broker_id} is not in the metadata this client has")
         return addr
 
+    def cached_connection(self, broker_id: int, channel: str = "default") -> BrokerConnection | None:
+        """The open shared connection to a broker if there is one (no I/O, no reconnect)."""
+        if broker_id == self.default_broker_id:
+            address = self._default_address
+        else:
+            address = self.metadata.cache.address(broker_id)
+        return self.pool.cached(address, channel) if address is not None else None
+
     async def connection(self, broker_id: int | None = None, channel: str = "default") -> BrokerConnection:
         """The shared connection to a broker (None: the default broker), reconnecting if needed."""
         if broker_id is None or broker_id == self.default_broker_id:

@@ -37,6 +37,7 @@ from typing import Any, overload
 
 from metaq.client.accumulator import Accumulator, BatchKey, ProducerBatch, record_size
 from metaq.client.config import ProducerConfig
+from metaq.client.connection import BrokerConnection
 from metaq.client.core import ClientCore
 from metaq.client.exceptions import BufferFullError, ClientClosedError
 from metaq.client.metadata import Partition, TopicMetadata
@@ -163,7 +164,7 @@ class Producer:
         self._busy: dict[BatchKey, int] = {}
         self._queues: dict[int, deque[ProducerBatch]] = {}
         self._senders: dict[int, asyncio.Task[None]] = {}
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._timer_when = 0.0
         self._cold: dict[str, list[tuple[Message, Any, int, int]]] = {}
         self._cold_tasks: set[asyncio.Task[None]] = set()
@@ -493,7 +494,11 @@ class Producer:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_when = when
-        self._timer = self._loop.call_at(when, self._on_timer)
+        loop = self._loop
+        if when <= loop.time():
+            self._timer = loop.call_soon(self._on_timer)  # end of this loop step: cheaper than a timer
+        else:
+            self._timer = loop.call_at(when, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -512,15 +517,41 @@ class Producer:
         queue = self._queues.get(broker_id)
         if queue is None:
             queue = self._queues[broker_id] = deque()
+        if not queue and broker_id not in self._senders:
+            # Fast path: nothing waits for this broker and its connection has room -- write now,
+            # without a task hop.
+            conn = self._core.cached_connection(broker_id, "produce")
+            if conn is not None and conn.writable:
+                try:
+                    self._write(conn, batch)
+                    return
+                except ConnectionClosedError:
+                    pass  # not written: the sender below reconnects
         queue.append(batch)
         if broker_id not in self._senders:
             self._senders[broker_id] = asyncio.ensure_future(self._send_loop(broker_id, queue))
 
+    def _write(self, conn: BrokerConnection, batch: ProducerBatch) -> None:
+        """Hand one batch to the connection; ConnectionClosedError means nothing was written.
+
+        Any other error (a frame over the limit, say) fails the batch itself.
+        """
+        try:
+            request = ProduceRequest(batch.topic, batch.partition, batch.acks, self._timeout_ms,
+                                     batch.build(self.config.compression))
+            if batch.acks == 0:
+                conn.send_oneway(request)
+                self._complete_ok(batch, None)
+            else:
+                conn.submit(request, self._timeout_s).add_done_callback(partial(self._on_reply, batch))
+        except ConnectionClosedError:
+            raise
+        except Exception as exc:
+            self._complete_error(batch, exc)
+
     async def _send_loop(self, broker_id: int, queue: deque[ProducerBatch]) -> None:
         """Write the broker's queued batches in order, as fast as the connection takes them."""
         core = self._core
-        compression = self.config.compression
-        timeout_s = self._timeout_s
         closed_in_a_row = 0
         try:
             while queue:
@@ -541,13 +572,7 @@ class Producer:
                         continue
                 batch = queue.popleft()
                 try:
-                    request = ProduceRequest(batch.topic, batch.partition, batch.acks, self._timeout_ms,
-                                             batch.build(compression))
-                    if batch.acks == 0:
-                        conn.send_oneway(request)
-                        self._complete_ok(batch, None)
-                    else:
-                        conn.submit(request, timeout_s).add_done_callback(partial(self._on_reply, batch))
+                    self._write(conn, batch)
                     closed_in_a_row = 0
                 except ConnectionClosedError as exc:
                     queue.appendleft(batch)  # never written: safe to send again on a new connection
@@ -555,8 +580,6 @@ class Producer:
                     if closed_in_a_row > core.config.reconnect_attempts:
                         self._fail_all(queue, exc)
                         return
-                except Exception as exc:
-                    self._complete_error(batch, exc)
         finally:
             del self._senders[broker_id]
 
