@@ -1,0 +1,429 @@
+"""`metaq bench produce|consume|e2e`: throughput and latency through the real client and broker.
+
+Workers are separate processes (spawned), so the figures include the protocol, the sockets and the
+broker, exactly as a user's producer sees them. Every loop is bounded by a message count and a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import struct
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FLUSH_MODES = {"group": 0, "sync": 1}
+
+
+@dataclass
+class BenchSpec:
+    mode: str = "produce"
+    servers: str | None = None
+    """None: start an embedded broker for the run (in a temporary directory) and stop it after."""
+    topic: str = ""
+    size: int = 100
+    count: int = 1_000_000
+    duration_s: float = 60.0
+    """Upper bound on the measured phase, whichever of count and duration comes first."""
+    batch: int = 1000
+    """Messages per send_batch call (api=batch)."""
+    api: str = "batch"
+    linger_ms: float = 5.0
+    batch_bytes: int = 256 * 1024
+    partitions: int = 4
+    flush: str = "group"
+    """Embedded broker's unflushThreshold: group (0), sync (1) or a number."""
+    processes: int = 1
+    concurrency: int = 8
+    """Calls in flight per process (api=batch) — pipelining."""
+    rate: int = 20_000
+    """e2e: messages per second the producer offers."""
+    compression: str = "none"
+    event_loop: str = "uvloop"
+
+    def flush_threshold(self) -> int:
+        if self.flush in FLUSH_MODES:
+            return FLUSH_MODES[self.flush]
+        return int(self.flush)
+
+
+@dataclass
+class BenchResult:
+    mode: str
+    api: str
+    messages: int
+    bytes: int
+    seconds: float
+    msgs_per_s: float
+    mb_per_s: float
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    """p50/p99/p999/max of what the mode measures (produce: ack latency; e2e: append to delivery)."""
+    failures: int = 0
+    spec: dict[str, Any] = field(default_factory=dict)
+    broker: str = ""
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    if not samples:
+        return {}
+    s = sorted(samples)
+
+    def pick(q: float) -> float:
+        return round(s[min(len(s) - 1, int(q * len(s)))], 3)
+
+    return {"p50": pick(0.50), "p99": pick(0.99), "p999": pick(0.999), "max": round(s[-1], 3)}
+
+
+# -- workers (run in child processes) -----------------------------------------------------------
+
+
+def _install_loop(kind: str) -> None:
+    if kind == "uvloop":
+        try:
+            import uvloop
+
+            asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        except ImportError:
+            pass
+
+
+def _worker_entry(kind: str, spec: BenchSpec, index: int, progress: Any, out: Any) -> None:
+    _install_loop(spec.event_loop)
+    fn = {"produce": _produce_worker, "consume": _consume_worker, "e2e-producer": _e2e_producer,
+          "e2e-consumer": _e2e_consumer}[kind]
+    try:
+        out.put(asyncio.run(fn(spec, index, progress)))
+    except BaseException as exc:
+        out.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+async def _produce_worker(spec: BenchSpec, index: int, progress: Any) -> dict[str, Any]:
+    from metaq.client import Message, MessageSessionFactory
+
+    share = spec.count // spec.processes + (1 if index < spec.count % spec.processes else 0)
+    payload = bytes(spec.size)
+    latencies: list[float] = []
+    sent = failures = 0
+    async with await MessageSessionFactory.connect(spec.servers or "") as session:
+        producer = session.create_producer(linger_ms=spec.linger_ms, batch_bytes=spec.batch_bytes,
+                                           compression=spec.compression)
+        await producer.send_batch(spec.topic, [payload])  # warm metadata and connections
+        start = time.perf_counter()
+        deadline = start + spec.duration_s
+        if spec.api == "batch":
+            values = [payload] * spec.batch
+            remaining = share
+
+            async def lane() -> None:
+                nonlocal remaining, sent, failures
+                while remaining > 0 and time.perf_counter() < deadline:
+                    n = min(spec.batch, remaining)
+                    remaining -= n
+                    t0 = time.perf_counter()
+                    result = await producer.send_batch(spec.topic, values if n == spec.batch else values[:n])
+                    latencies.append((time.perf_counter() - t0) * 1000)
+                    if result.success:
+                        sent += n
+                    else:
+                        failures += n
+                    progress.value += n
+
+            await asyncio.gather(*(lane() for _ in range(spec.concurrency)))
+        elif spec.api in ("async", "oneway"):
+            pending: list[asyncio.Future[Any]] = []
+            done_at: list[float] = []
+            window = 20_000
+            i = 0
+            while i < share and time.perf_counter() < deadline:
+                msg = Message(spec.topic, payload)
+                if spec.api == "oneway":
+                    producer.send_oneway(msg)
+                    sent += 1
+                else:
+                    t0 = time.perf_counter()
+                    fut = producer.send_async(msg)
+                    fut.add_done_callback(lambda f, t0=t0: done_at.append((time.perf_counter() - t0) * 1000))
+                    pending.append(fut)
+                i += 1
+                if len(pending) >= window or (spec.api == "oneway" and i % window == 0):
+                    for fut in pending:
+                        r = await fut
+                        sent += r.success
+                        failures += not r.success
+                    pending.clear()
+                    progress.value = i
+                    await asyncio.sleep(0)
+            for fut in pending:
+                r = await fut
+                sent += r.success
+                failures += not r.success
+            await producer.flush()
+            progress.value = i
+            latencies = done_at
+        elif spec.api == "sync":
+            while sent + failures < share and time.perf_counter() < deadline:
+                t0 = time.perf_counter()
+                r = await producer.send(Message(spec.topic, payload))
+                latencies.append((time.perf_counter() - t0) * 1000)
+                sent += r.success
+                failures += not r.success
+                progress.value += 1
+        else:
+            raise ValueError(f"unknown api {spec.api!r}")
+        await producer.close()
+        elapsed = time.perf_counter() - start
+    return {"messages": sent, "failures": failures, "seconds": elapsed, "latencies": latencies}
+
+
+async def _consume_worker(spec: BenchSpec, index: int, progress: Any) -> dict[str, Any]:
+    from metaq.client import MessageSessionFactory
+
+    got = nbytes = 0
+    async with await MessageSessionFactory.connect(spec.servers or "") as session:
+        parts = [p for p in await session.partitions(spec.topic) if p.partition % spec.processes == index]
+        consumer = session.create_pull_consumer()
+        ends = {p.partition: (await consumer.offsets(spec.topic, p))[1] for p in parts}
+        start = time.perf_counter()
+        deadline = start + spec.duration_s
+
+        async def drain(p: Any) -> None:
+            nonlocal got, nbytes
+            offset = (await consumer.offsets(spec.topic, p))[0]
+            end = ends[p.partition]
+            while offset < end and time.perf_counter() < deadline:
+                result = await consumer.fetcher.fetch(spec.topic, p, offset, max_bytes=1024 * 1024)
+                n = len(result.messages)
+                got += n
+                nbytes += sum(len(m.data) for m in result.messages)
+                progress.value += n
+                offset = result.next_offset
+
+        await asyncio.gather(*(drain(p) for p in parts))
+        elapsed = time.perf_counter() - start
+    return {"messages": got, "bytes": nbytes, "failures": 0, "seconds": elapsed, "latencies": []}
+
+
+_TS = struct.Struct(">q")
+
+
+async def _e2e_producer(spec: BenchSpec, index: int, progress: Any) -> dict[str, Any]:
+    from metaq.client import Message, MessageSessionFactory
+
+    sent = failures = 0
+    pad = bytes(max(0, spec.size - 8))
+    async with await MessageSessionFactory.connect(spec.servers or "") as session:
+        producer = session.create_producer(linger_ms=spec.linger_ms, batch_bytes=spec.batch_bytes)
+        await producer.send(Message(spec.topic, _TS.pack(0) + pad))
+        start = time.perf_counter()
+        total = min(spec.count, int(spec.rate * spec.duration_s))
+        tick_s = 0.001
+        pending: list[asyncio.Future[Any]] = []
+        i = 0
+        while i < total:
+            due = int((time.perf_counter() - start) * spec.rate) + 1
+            while i < min(due, total):
+                pending.append(producer.send_async(Message(spec.topic, _TS.pack(time.time_ns()) + pad)))
+                i += 1
+            progress.value = i
+            if len(pending) > 5000:
+                done = [f for f in pending if f.done()]
+                for f in done:
+                    r = f.result()
+                    sent += r.success
+                    failures += not r.success
+                pending = [f for f in pending if not f.done()]
+            await asyncio.sleep(tick_s)
+        for f in pending:
+            r = await f
+            sent += r.success
+            failures += not r.success
+        await producer.close()
+        elapsed = time.perf_counter() - start
+    return {"messages": sent, "failures": failures, "seconds": elapsed, "latencies": []}
+
+
+async def _e2e_consumer(spec: BenchSpec, index: int, progress: Any) -> dict[str, Any]:
+    from metaq.client import MessageSessionFactory
+
+    latencies: list[float] = []
+    total = min(spec.count, int(spec.rate * spec.duration_s))
+    async with await MessageSessionFactory.connect(spec.servers or "") as session:
+        parts = await session.partitions(spec.topic)
+        consumer = session.create_pull_consumer()
+        deadline = time.perf_counter() + spec.duration_s + 30
+
+        async def follow(p: Any) -> None:
+            async for batch in consumer.iterate_batches(spec.topic, p, "latest", max_wait_ms=500):
+                now = time.time_ns()
+                for m in batch:
+                    ts = _TS.unpack_from(m.data)[0]
+                    if ts:
+                        latencies.append((now - ts) / 1e6)
+                progress.value = len(latencies)
+                if len(latencies) >= total or time.perf_counter() > deadline:
+                    return
+
+        tasks = [asyncio.create_task(follow(p)) for p in parts]
+        progress.value = -1  # tells the parent the consumer is positioned at the end: start producing
+        while len(latencies) < total and time.perf_counter() < deadline and not all(t.done() for t in tasks):
+            await asyncio.sleep(0.05)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return {"messages": len(latencies), "failures": total - len(latencies), "seconds": 0.0, "latencies": latencies}
+
+
+# -- orchestration (parent process) -------------------------------------------------------------
+
+
+class _Progress:
+    def __init__(self, enabled: bool, total: int, label: str) -> None:
+        self.enabled = enabled
+        self.total = total
+        self.label = label
+        self._bar: Any = None
+
+    def __enter__(self) -> _Progress:
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task(self.label, total=self.total)
+        return self
+
+    def update(self, done: int) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=min(done, self.total))
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _run_workers(kind: str, spec: BenchSpec, n: int, show: _Progress,
+                 before_wait: Callable[[list[Any]], None] | None = None) -> list[dict[str, Any]]:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    counters = [ctx.Value("q", 0, lock=False) for _ in range(n)]
+    procs = [ctx.Process(target=_worker_entry, args=(kind, spec, i, counters[i], out), daemon=True) for i in range(n)]
+    for p in procs:
+        p.start()
+    if before_wait is not None:
+        before_wait(counters)
+    results: list[dict[str, Any]] = []
+    deadline = time.monotonic() + spec.duration_s + 120
+    while len(results) < n:
+        try:
+            results.append(out.get(timeout=0.1))
+        except Exception:
+            if time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                raise TimeoutError(f"bench workers did not finish within {spec.duration_s + 120:.0f}s") from None
+            if not any(p.is_alive() for p in procs) and out.empty():
+                raise RuntimeError("bench workers exited without a result") from None
+        show.update(sum(max(0, c.value) for c in counters))
+    for p in procs:
+        p.join(10)
+    errors = [r["error"] for r in results if "error" in r]
+    if errors:
+        raise RuntimeError("bench worker failed: " + "; ".join(errors))
+    return results
+
+
+def _preload(spec: BenchSpec, show: _Progress) -> None:
+    """Fill the topic for a consume run with the batch API (not measured)."""
+    load = BenchSpec(**{**asdict(spec), "mode": "produce", "api": "batch", "processes": 1, "duration_s": 600})
+    _run_workers("produce", load, 1, show)
+
+
+def run_bench(spec: BenchSpec, *, progress: bool = False) -> BenchResult:
+    from metaq.testing.broker import BrokerProcess
+
+    if not spec.topic:
+        spec.topic = f"bench-{spec.mode}-{os.getpid()}-{int(time.time())}"
+    broker = None
+    tmp = None
+    if spec.servers is None:
+        tmp = tempfile.TemporaryDirectory(prefix="metaq-bench-")
+        broker = BrokerProcess(os.path.join(tmp.name, "data"),
+                               {"numPartitions": spec.partitions, "unflushThreshold": spec.flush_threshold(),
+                                "maxTransferSize": 1024 * 1024, "event-loop": spec.event_loop}).start()
+        spec.servers = broker.servers
+    try:
+        return _run(spec, progress, broker.servers if broker else spec.servers)
+    finally:
+        if broker is not None:
+            broker.stop()
+            spec.servers = None
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _create_topic(spec: BenchSpec) -> None:
+    async def go() -> None:
+        from metaq.client import MessageSessionFactory
+        from metaq.errors import TopicExistsError
+
+        async with await MessageSessionFactory.connect(spec.servers or "") as session:
+            try:
+                await session.admin().create_topic(spec.topic, spec.partitions)
+            except TopicExistsError:
+                pass
+
+    asyncio.run(go())
+
+
+def _run(spec: BenchSpec, progress: bool, servers: str) -> BenchResult:
+    _create_topic(spec)
+    if spec.mode == "produce":
+        with _Progress(progress, spec.count, f"produce ({spec.api})") as show:
+            results = _run_workers("produce", spec, spec.processes, show)
+        seconds = max(r["seconds"] for r in results)
+        messages = sum(r["messages"] for r in results)
+        latencies = [x for r in results for x in r["latencies"]]
+        nbytes = messages * spec.size
+    elif spec.mode == "consume":
+        with _Progress(progress, spec.count, "preload") as show:
+            _preload(spec, show)
+        with _Progress(progress, spec.count, "consume") as show:
+            results = _run_workers("consume", spec, spec.processes, show)
+        seconds = max(r["seconds"] for r in results)
+        messages = sum(r["messages"] for r in results)
+        nbytes = sum(r["bytes"] for r in results)
+        latencies = []
+    elif spec.mode == "e2e":
+        total = min(spec.count, int(spec.rate * spec.duration_s))
+        with _Progress(progress, total, f"e2e at {spec.rate} msg/s") as show:
+            ctx = mp.get_context("spawn")
+            out = ctx.Queue()
+            cprog = ctx.Value("q", 0, lock=False)
+            consumer = ctx.Process(target=_worker_entry, args=("e2e-consumer", spec, 0, cprog, out), daemon=True)
+            consumer.start()
+            deadline = time.monotonic() + 60
+            while cprog.value != -1 and time.monotonic() < deadline and consumer.is_alive():
+                time.sleep(0.01)
+            time.sleep(0.5)  # the consumer's first long polls are in place; not a correctness wait
+            presults = _run_workers("e2e-producer", spec, 1, show)
+            cres = out.get(timeout=spec.duration_s + 60)
+            consumer.join(10)
+            if "error" in cres:
+                raise RuntimeError("e2e consumer failed: " + cres["error"])
+        seconds = presults[0]["seconds"]
+        messages = cres["messages"]
+        latencies = cres["latencies"]
+        nbytes = messages * spec.size
+        results = presults + [cres]
+    else:
+        raise ValueError(f"unknown bench mode {spec.mode!r}")
+    failures = sum(r.get("failures", 0) for r in results)
+    seconds = max(seconds, 1e-9)
+    return BenchResult(spec.mode, spec.api, messages, nbytes, round(seconds, 3), round(messages / seconds, 1),
+                       round(nbytes / seconds / 1e6, 2), percentiles(latencies), failures,
+                       {k: v for k, v in asdict(spec).items() if k != "servers"}, servers)

@@ -1,0 +1,105 @@
+"""`metaq bench`: the project's own benchmark (figures go into docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+import click
+
+
+def _common(fn: Any) -> Any:
+    options = [
+        click.option("-s", "--servers", default=None,
+                     help="Brokers to measure; default: start an embedded broker for the run."),
+        click.option("--size", type=click.IntRange(8), default=100, show_default=True, help="Message payload bytes."),
+        click.option("-n", "--count", type=click.IntRange(1), default=1_000_000, show_default=True,
+                     help="Messages to send/read (the run also stops at --duration)."),
+        click.option("-d", "--duration", "duration_s", type=click.FloatRange(0.1), default=60.0, show_default=True,
+                     help="Upper bound of the measured phase, seconds."),
+        click.option("--partitions", type=click.IntRange(1), default=4, show_default=True),
+        click.option("--flush", default="group", show_default=True,
+                     help="Embedded broker's unflushThreshold: group (0: group commit), sync (1: fsync per "
+                          "batch) or a number N."),
+        click.option("--processes", type=click.IntRange(1, 64), default=1, show_default=True,
+                     help="Client processes."),
+        click.option("--linger-ms", type=click.FloatRange(0), default=5.0, show_default=True),
+        click.option("--batch-bytes", type=click.IntRange(1024), default=256 * 1024, show_default=True,
+                     help="Producer batch size (one frame per partition batch)."),
+        click.option("--compression", type=click.Choice(["none", "lz4", "zstd"]), default="none", show_default=True),
+        click.option("--event-loop", type=click.Choice(["uvloop", "asyncio"]), default="uvloop", show_default=True),
+        click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
+        click.option("--no-progress", is_flag=True, help="No progress bar."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _run(mode: str, as_json: bool, no_progress: bool, **kwargs: Any) -> None:
+    from metaq.bench.client_bench import BenchSpec, run_bench
+
+    spec = BenchSpec(mode=mode, **kwargs)
+    result = run_bench(spec, progress=not (as_json or no_progress))
+    if as_json:
+        click.echo(json.dumps(asdict(result)))
+        return
+    lat = result.latency_ms
+    click.echo(f"{mode} api={result.api} size={spec.size}B partitions={spec.partitions} flush={spec.flush} "
+               f"processes={spec.processes}")
+    click.echo(f"  {result.messages} messages in {result.seconds:.2f}s: {result.msgs_per_s:,.0f} msg/s, "
+               f"{result.mb_per_s:.1f} MB/s" + (f", {result.failures} failed" if result.failures else ""))
+    if lat:
+        what = "append-to-delivery" if mode == "e2e" else "ack"
+        click.echo(f"  {what} latency ms: p50 {lat['p50']}  p99 {lat['p99']}  p999 {lat['p999']}  max {lat['max']}")
+
+
+@click.group("bench")
+def bench_group() -> None:
+    """Measure throughput and latency against a real broker (embedded unless --servers)."""
+
+
+@bench_group.command("produce")
+@_common
+@click.option("--api", type=click.Choice(["batch", "async", "sync", "oneway"]), default="batch", show_default=True,
+              help="batch: send_batch; async: send_async per message; sync: send and wait; oneway: no acks.")
+@click.option("--batch", type=click.IntRange(1), default=1000, show_default=True,
+              help="Messages per send_batch call (--api batch).")
+@click.option("--concurrency", type=click.IntRange(1, 256), default=8, show_default=True,
+              help="send_batch calls in flight per process.")
+def bench_produce(**kwargs: Any) -> None:
+    """Producer throughput and ack latency."""
+    _run("produce", **kwargs)
+
+
+@bench_group.command("consume")
+@_common
+@click.option("--batch", type=click.IntRange(1), default=1000, show_default=True, help="Preload batch size.")
+def bench_consume(**kwargs: Any) -> None:
+    """Consumer throughput: preload --count messages, then read them all back."""
+    _run("consume", **kwargs)
+
+
+@bench_group.command("e2e")
+@_common
+@click.option("--rate", type=click.IntRange(1), default=20_000, show_default=True,
+              help="Messages per second the producer offers.")
+def bench_e2e(**kwargs: Any) -> None:
+    """End-to-end latency (producer append to consumer delivery) at a fixed offered rate."""
+    _run("e2e", **kwargs)
+
+
+@bench_group.command("storage")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--seconds", type=click.FloatRange(0.1), default=2.0, show_default=True)
+def bench_storage(as_json: bool, seconds: float) -> None:
+    """In-process storage engine: appends/s under each flush mode, reads, beside the disk's own figures."""
+    from metaq.bench import storage
+
+    args = ["--seconds", str(seconds)] + (["--json"] if as_json else [])
+    storage.main(args)
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(bench_group)

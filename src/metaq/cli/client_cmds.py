@@ -1,0 +1,325 @@
+"""Client-side commands: topic, produce, consume, stats, admin. Parsing and printing only."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import click
+
+from metaq.client import Message, MessageSessionFactory
+from metaq.errors import MetaqError
+from metaq.types import format_message_id
+
+T = TypeVar("T")
+DEFAULT_SERVERS = os.environ.get("METAQ_SERVERS", "127.0.0.1:8123")
+
+servers_option = click.option("-s", "--servers", default=DEFAULT_SERVERS, show_default=True, envvar="METAQ_SERVERS",
+                              help="Brokers to bootstrap from, host:port[,host:port] (env METAQ_SERVERS).")
+
+
+def run_async(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
+    """Run an async command body; a metaq error becomes a one-line message and exit code 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        try:
+            return asyncio.run(fn(*args, **kwargs))
+        except MetaqError as exc:
+            raise click.ClickException(str(exc)) from None
+
+    return wrapper
+
+
+async def _session(servers: str) -> MessageSessionFactory:
+    return await MessageSessionFactory.connect(servers)
+
+
+# -- topic --------------------------------------------------------------------------------------
+
+
+@click.group("topic")
+def topic_group() -> None:
+    """Create, list, describe, close and open topics."""
+
+
+@topic_group.command("create")
+@servers_option
+@click.argument("topic")
+@click.option("-p", "--partitions", type=click.IntRange(-1, 10_000), default=-1, show_default=True,
+              help="Number of partitions (-1: the broker's numPartitions).")
+@run_async
+async def topic_create(servers: str, topic: str, partitions: int) -> None:
+    """Create TOPIC on the broker."""
+    async with await _session(servers) as session:
+        n = await session.admin().create_topic(topic, partitions)
+        click.echo(f"created topic {topic} with {n} partitions")
+
+
+@topic_group.command("delete")
+@servers_option
+@click.argument("topic")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@run_async
+async def topic_delete(servers: str, topic: str, yes: bool) -> None:
+    """Delete TOPIC and all its messages."""
+    if not yes and not click.confirm(f"delete topic {topic} and all its messages?", default=False):
+        raise click.Abort()
+    async with await _session(servers) as session:
+        await session.admin().delete_topic(topic)
+        click.echo(f"deleted topic {topic}")
+
+
+@topic_group.command("list")
+@servers_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@run_async
+async def topic_list(servers: str, as_json: bool) -> None:
+    """List topics and their partition counts."""
+    async with await _session(servers) as session:
+        topics = await session.admin().list_topics()
+    if as_json:
+        click.echo(json.dumps({t: len(ps) for t, ps in sorted(topics.items())}))
+        return
+    for name, parts in sorted(topics.items()):
+        click.echo(f"{name}\t{len(parts)} partitions")
+
+
+@topic_group.command("describe")
+@servers_option
+@click.argument("topic")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@run_async
+async def topic_describe(servers: str, topic: str, as_json: bool) -> None:
+    """Show TOPIC's partitions: broker, earliest and latest offsets, open or closed."""
+    async with await _session(servers) as session:
+        desc = await session.admin().describe_topic(topic)
+    rows = [{"broker": d.partition.broker_id, "partition": d.partition.partition, "earliest": d.earliest,
+             "latest": d.latest, "messages": d.latest - d.earliest,
+             "publish": "open" if d.partition.accept_publish else "closed",
+             "subscribe": "open" if d.partition.accept_subscribe else "closed"} for d in desc.partitions]
+    if as_json:
+        click.echo(json.dumps({"topic": topic, "partitions": rows}))
+        return
+    click.echo(f"topic {topic}")
+    click.echo("broker\tpartition\tearliest\tlatest\tmessages\tpublish\tsubscribe")
+    for r in rows:
+        click.echo("\t".join(str(r[k]) for k in ("broker", "partition", "earliest", "latest", "messages",
+                                                 "publish", "subscribe")))
+
+
+def _state_command(name: str, open_: bool) -> click.Command:
+    @click.command(name)
+    @servers_option
+    @click.argument("topic")
+    @click.option("-p", "--partition", type=click.IntRange(-1), default=-1, show_default=True,
+                  help="Partition to change (-1: every partition of the topic).")
+    @run_async
+    async def command(servers: str, topic: str, partition: int) -> None:
+        async with await _session(servers) as session:
+            admin = session.admin()
+            await (admin.open_partition(topic, partition) if open_ else admin.close_partition(topic, partition))
+        which = "every partition" if partition == -1 else f"partition {partition}"
+        click.echo(f"{'opened' if open_ else 'closed'} {which} of {topic} for publishing")
+
+    command.help = (f"{'Open' if open_ else 'Close'} partitions of TOPIC for publishing "
+                    f"({'undoes close' if open_ else 'producers get PARTITION_CLOSED, as MetaQ'}).")
+    return command
+
+
+topic_group.add_command(_state_command("close", False))
+topic_group.add_command(_state_command("open", True))
+
+
+# -- produce / consume --------------------------------------------------------------------------
+
+
+@click.command("produce")
+@servers_option
+@click.argument("topic")
+@click.option("-k", "--key", default=None, help="Key of every message (with the key-hash selector: one partition).")
+@click.option("-a", "--attribute", default=None, help="MetaQ attribute string of every message.")
+@click.option("-p", "--partition", type=click.IntRange(0), default=None, help="Send every message to this partition.")
+@click.option("--print-ids", is_flag=True, help="Print partition, offset and message id of each message.")
+@run_async
+async def produce(servers: str, topic: str, key: str | None, attribute: str | None, partition: int | None,
+                  print_ids: bool) -> None:
+    """Send each line of standard input to TOPIC as one message (the newline is not sent)."""
+    from metaq.client.selectors import KeyHashSelector
+
+    async with await _session(servers) as session:
+        producer = session.create_producer(selector=KeyHashSelector() if key is not None else None)
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Any]] = []
+        reader = sys.stdin.buffer
+        sent = failed = 0
+        while True:
+            line = await loop.run_in_executor(None, reader.readline)
+            if not line:
+                break
+            data = line[:-1] if line.endswith(b"\n") else line
+            msg = Message(topic, data, attribute=attribute, key=key.encode() if key is not None else None)
+            if partition is not None:
+                futures.append(asyncio.ensure_future(producer.send_batch(topic, [msg], partition=partition)))
+            else:
+                futures.append(producer.send_async(msg))
+            if len(futures) >= 10_000:
+                sent, failed = await _drain(futures, print_ids, sent, failed)
+        sent, failed = await _drain(futures, print_ids, sent, failed)
+        await producer.close()
+    click.echo(f"sent {sent} messages to {topic}" + (f", {failed} failed" if failed else ""), err=True)
+    if failed:
+        sys.exit(1)
+
+
+async def _drain(futures: list[asyncio.Future[Any]], print_ids: bool, sent: int, failed: int) -> tuple[int, int]:
+    for fut in futures:
+        result = await fut
+        results = list(result) if not hasattr(result, "success") or hasattr(result, "chunks") else [result]
+        for r in results:
+            if r.success:
+                sent += 1
+                if print_ids:
+                    click.echo(f"{r.partition}\t{r.offset}\t{format_message_id(r.message_id)}")
+            else:
+                failed += 1
+                click.echo(f"error: {r.error}", err=True)
+    futures.clear()
+    return sent, failed
+
+
+def _parse_offset(value: str) -> str | int:
+    if value in ("earliest", "latest"):
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise click.BadParameter("use earliest, latest or a number >= 0") from None
+    if n < 0:
+        raise click.BadParameter("use earliest, latest or a number >= 0")
+    return n
+
+
+@click.command("consume")
+@servers_option
+@click.argument("topic")
+@click.option("-p", "--partition", type=click.IntRange(0), multiple=True, help="Partition(s) to read (default all).")
+@click.option("-o", "--offset", default="earliest", show_default=True,
+              help="Where to start: earliest, latest or an offset number.")
+@click.option("-n", "--max", "max_messages", type=click.IntRange(1), default=None, help="Stop after N messages.")
+@click.option("-f", "--follow", is_flag=True, help="Keep waiting for new messages (long polling) instead of "
+                                                  "stopping at the end.")
+@click.option("--format", "fmt", type=click.Choice(["value", "json"]), default="value", show_default=True,
+              help="value: the payload as a line; json: one JSON object per message with its metadata.")
+@run_async
+async def consume(servers: str, topic: str, partition: tuple[int, ...], offset: str, max_messages: int | None,
+                  follow: bool, fmt: str) -> None:
+    """Print TOPIC's messages, partition by partition in offset order."""
+    start = _parse_offset(offset)
+    async with await _session(servers) as session:
+        parts = [p.partition for p in await session.partitions(topic)]
+        if partition:
+            missing = sorted(set(partition) - set(parts))
+            if missing:
+                raise click.BadParameter(f"{topic} has partitions {parts}; no {missing}", param_hint="--partition")
+            parts = sorted(set(partition))
+        consumer = session.create_pull_consumer()
+        queue: asyncio.Queue[Message | None] = asyncio.Queue(maxsize=10_000)
+
+        async def pump(p: int) -> None:
+            try:
+                async for msg in consumer.iterate(topic, p, start, stop_at_end=not follow):
+                    await queue.put(msg)
+            finally:
+                await queue.put(None)
+
+        tasks = [asyncio.create_task(pump(p)) for p in parts]
+        done = printed = 0
+        out = sys.stdout.buffer
+        try:
+            while done < len(tasks):
+                msg = await queue.get()
+                if msg is None:
+                    done += 1
+                    continue
+                if fmt == "json":
+                    out.write(json.dumps({
+                        "partition": msg.partition, "offset": msg.offset, "id": format_message_id(msg.id),
+                        "timestamp_ms": msg.timestamp_ms, "attribute": msg.attribute,
+                        "key": msg.key.decode(errors="replace") if msg.key is not None else None,
+                        "value": bytes(msg.data).decode(errors="replace")}).encode() + b"\n")
+                else:
+                    out.write(bytes(msg.data) + b"\n")
+                printed += 1
+                if follow:
+                    out.flush()
+                if max_messages is not None and printed >= max_messages:
+                    break
+        finally:
+            out.flush()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for t in tasks:
+                if not t.cancelled() and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+
+
+# -- stats / admin ------------------------------------------------------------------------------
+
+
+@click.command("stats")
+@servers_option
+@click.option("-t", "--topic", default=None, help="Only this topic.")
+@click.option("--json", "as_json", is_flag=True, help="Print the broker's JSON document.")
+@run_async
+async def stats(servers: str, topic: str | None, as_json: bool) -> None:
+    """Put/get counts, bytes and rates per topic and partition (MetaQ's stats)."""
+    async with await _session(servers) as session:
+        doc = await session.admin().stats(topic)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"broker {doc.get('broker_id')} up {doc['uptime_s']:.0f}s, {doc['connections']} connections")
+    click.echo("topic\tpartition\tput_msgs\tput_bytes\tput_tps\tget_reqs\tget_bytes\tearliest\tlatest")
+    for tname, t in sorted(doc["topics"].items()):
+        for pname, p in sorted(t["partitions"].items(), key=lambda kv: int(kv[0])):
+            click.echo("\t".join(str(x) for x in (tname, pname, p["put_messages"], p["put_bytes"], p["put_tps"],
+                                                   p["get_requests"], p["get_bytes"], p.get("log_start_offset", "-"),
+                                                   p.get("log_end_offset", "-"))))
+
+
+@click.group("admin")
+def admin_group() -> None:
+    """Broker administration."""
+
+
+@admin_group.command("reload")
+@servers_option
+@run_async
+async def admin_reload(servers: str) -> None:
+    """Re-read the broker's server.ini and apply [topic=...] changes live (as SIGHUP)."""
+    async with await _session(servers) as session:
+        changed = await session.admin().reload()
+    click.echo("reloaded; topics changed: " + (", ".join(changed) or "none"))
+
+
+@admin_group.command("lookup")
+@servers_option
+@click.argument("message_id")
+@run_async
+async def admin_lookup(servers: str, message_id: str) -> None:
+    """Where MESSAGE_ID (32 hex digits) is stored: topic, partition, offset."""
+    async with await _session(servers) as session:
+        loc = await session.admin().lookup_message(message_id)
+    click.echo(f"{loc.topic}\t{loc.partition}\t{loc.offset}")
+
+
+def register(cli: click.Group) -> None:
+    for command in (topic_group, produce, consume, stats, admin_group):
+        cli.add_command(command)
