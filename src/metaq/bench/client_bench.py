@@ -7,6 +7,7 @@ broker, exactly as a user's producer sees them. Every loop is bounded by a messa
 from __future__ import annotations
 
 import asyncio
+import functools
 import multiprocessing as mp
 import os
 import struct
@@ -146,7 +147,7 @@ async def _produce_worker(spec: BenchSpec, index: int, progress: Any) -> dict[st
                 else:
                     t0 = time.perf_counter()
                     fut = producer.send_async(msg)
-                    fut.add_done_callback(lambda f, t0=t0: done_at.append((time.perf_counter() - t0) * 1000))
+                    fut.add_done_callback(functools.partial(_record_latency, done_at, t0))
                     pending.append(fut)
                 i += 1
                 if len(pending) >= window or (spec.api == "oneway" and i % window == 0):
@@ -177,6 +178,10 @@ async def _produce_worker(spec: BenchSpec, index: int, progress: Any) -> dict[st
         await producer.close()
         elapsed = time.perf_counter() - start
     return {"messages": sent, "failures": failures, "seconds": elapsed, "latencies": latencies}
+
+
+def _record_latency(samples: list[float], t0: float, _fut: Any) -> None:
+    samples.append((time.perf_counter() - t0) * 1000)
 
 
 async def _consume_worker(spec: BenchSpec, index: int, progress: Any) -> dict[str, Any]:
@@ -419,7 +424,7 @@ def _run(spec: BenchSpec, progress: bool, servers: str) -> BenchResult:
         messages = cres["messages"]
         latencies = cres["latencies"]
         nbytes = messages * spec.size
-        results = presults + [cres]
+        results = [*presults, cres]
     else:
         raise ValueError(f"unknown bench mode {spec.mode!r}")
     failures = sum(r.get("failures", 0) for r in results)

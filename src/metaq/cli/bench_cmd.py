@@ -95,8 +95,9 @@ def bench_e2e(**kwargs: Any) -> None:
 @click.option("--seconds", type=click.FloatRange(0.1), default=2.0, show_default=True)
 def bench_storage(as_json: bool, seconds: float) -> None:
     """In-process storage engine: appends/s under each flush mode, reads, beside the disk's own figures."""
-    from metaq.bench import storage
+    import importlib
 
+    storage = importlib.import_module("metaq.bench.storage")
     args = ["--seconds", str(seconds)] + (["--json"] if as_json else [])
     storage.main(args)
 

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import click
 
@@ -193,8 +193,8 @@ async def _drain(futures: list[asyncio.Future[Any]], print_ids: bool, sent: int,
     return sent, failed
 
 
-def _parse_offset(value: str) -> str | int:
-    if value in ("earliest", "latest"):
+def _parse_offset(value: str) -> Literal["earliest", "latest"] | int:
+    if value == "earliest" or value == "latest":
         return value
     try:
         n = int(value)
