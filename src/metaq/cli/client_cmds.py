@@ -194,8 +194,10 @@ async def _drain(futures: list[asyncio.Future[Any]], print_ids: bool, sent: int,
 
 
 def _parse_offset(value: str) -> Literal["earliest", "latest"] | int:
-    if value == "earliest" or value == "latest":
-        return value
+    if value == "earliest":
+        return "earliest"
+    if value == "latest":
+        return "latest"
     try:
         n = int(value)
     except ValueError:
