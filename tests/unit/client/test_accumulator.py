@@ -1,0 +1,150 @@
+"""Per-partition batching by size and by linger time, driven by a fake clock (no sleeping)."""
+
+from __future__ import annotations
+
+import pytest
+
+from metaq.client.accumulator import Accumulator, BatchKey, ProducerBatch, record_size
+from metaq.errors import InvalidArgument
+from metaq.protocol.records import HEADER_BYTES, Compression, decode_batch, encode_record, validate_batch
+from metaq.types import Message
+
+K0: BatchKey = ("t", 0, 0, 1)
+K1: BatchKey = ("t", 1, 0, 1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(batch_bytes: int = 1000, max_message_bytes: int = 10_000) -> tuple[Accumulator, Clock]:
+    clock = Clock()
+    return Accumulator(batch_bytes=batch_bytes, max_message_bytes=max_message_bytes, clock=clock), clock
+
+
+def add(acc: Accumulator, key: BatchKey, value: bytes, linger_s: float = 0.005, waiter: object = None,
+        ts: int = 1000) -> list[ProducerBatch]:
+    return list(acc.append(key, ts, value, None, None, None, waiter, linger_s))
+
+
+def open_count(acc: Accumulator, key: BatchKey) -> int:
+    batch = acc.open_batch(key)
+    return 0 if batch is None else batch.count
+
+
+def test_a_batch_is_sealed_when_the_next_record_would_not_fit() -> None:
+    acc, _ = make(batch_bytes=HEADER_BYTES + 3 * (28 + 100))
+    assert add(acc, K0, b"a" * 100) == []
+    assert add(acc, K0, b"b" * 100) == []
+    sealed = add(acc, K0, b"c" * 100)
+    assert len(sealed) == 1  # exactly full: sealed at once, no waiting for linger
+    assert sealed[0].count == 3
+    assert acc.open_batch(K0) is None
+    assert add(acc, K0, b"d" * 100) == []
+    assert add(acc, K0, b"e" * 150) == []  # 67 + 128 + 178 bytes: still under 451
+    sealed = add(acc, K0, b"f" * 100)
+    assert [b.count for b in sealed] == [2]  # the third would overflow: old batch out, new one opened
+    assert open_count(acc, K0) == 1
+
+
+def test_a_record_larger_than_a_batch_travels_alone() -> None:
+    acc, _ = make(batch_bytes=200)
+    add(acc, K0, b"small")
+    sealed = add(acc, K0, b"x" * 500)
+    assert [b.count for b in sealed] == [1, 1]
+    assert sealed[1].parts[0].endswith(b"x" * 500)
+    assert len(acc) == 0
+
+
+def test_partitions_batch_separately() -> None:
+    acc, _ = make()
+    add(acc, K0, b"a")
+    add(acc, K1, b"b")
+    add(acc, K0, b"c")
+    assert open_count(acc, K0) == 2
+    assert open_count(acc, K1) == 1
+
+
+def test_linger_seals_a_batch_when_its_deadline_passes() -> None:
+    acc, clock = make()
+    add(acc, K0, b"a", linger_s=0.005)
+    clock.now += 0.002
+    add(acc, K1, b"b", linger_s=0.005)
+    add(acc, K0, b"c", linger_s=0.005)  # joins the open batch: its deadline stays
+    assert acc.next_deadline() == pytest.approx(100.005)
+    assert acc.expired() == []
+    clock.now = 100.005
+    due = acc.expired()
+    assert [b.key for b in due] == [K0] and due[0].count == 2
+    assert acc.next_deadline() == pytest.approx(100.007)
+    clock.now = 100.01
+    assert [b.key for b in acc.expired()] == [K1]
+    assert acc.next_deadline() is None
+
+
+def test_zero_linger_is_due_at_once() -> None:
+    acc, _ = make()
+    add(acc, K0, b"a", linger_s=0.0)
+    assert [b.count for b in acc.expired()] == [1]
+
+
+def test_seal_and_seal_all_take_open_batches_out() -> None:
+    acc, _ = make()
+    add(acc, K0, b"a")
+    add(acc, K1, b"b")
+    assert acc.seal(K0) is not None
+    assert acc.seal(K0) is None
+    assert [b.key for b in acc.seal_all()] == [K1]
+    assert len(acc) == 0
+
+
+def test_records_keep_their_waiters_in_order() -> None:
+    acc, _ = make()
+    for i in range(5):
+        add(acc, K0, b"v%d" % i, waiter=i)
+    (batch,) = acc.seal_all()
+    assert batch.waiters == [0, 1, 2, 3, 4]
+
+
+def test_message_over_max_message_bytes_is_refused_before_anything_changes() -> None:
+    acc, _ = make(max_message_bytes=100)
+    add(acc, K0, b"ok")
+    with pytest.raises(InvalidArgument, match="max_message_bytes is 100"):
+        add(acc, K0, b"x" * 100)
+    with pytest.raises(InvalidArgument):
+        add(acc, K1, b"x" * 100)
+    assert open_count(acc, K0) == 1
+    assert open_count(acc, K1) == 0
+
+
+@pytest.mark.parametrize("message", [
+    Message("t", b"payload"),
+    Message("t", b"payload", attribute="tag-é", key=b"key"),
+    Message("t", b"", headers=[("h1", b"v1"), ("hé", b"")]),
+])
+def test_record_size_is_the_encoded_size(message: Message) -> None:
+    rec = encode_record(0, 1, message.data, message.key, message.attribute, message.headers)
+    assert record_size(message) == len(rec)
+
+
+@pytest.mark.parametrize("compression", list(Compression))
+def test_a_built_batch_is_valid_and_decodes_to_what_went_in(compression: Compression) -> None:
+    acc, _ = make(batch_bytes=1 << 20)
+    sent = [Message("t", b"v%d" % i, attribute="a" if i % 2 else None, key=b"k%d" % i if i % 3 else None,
+                    headers=[("h", b"%d" % i)] if i % 5 == 0 else None, timestamp_ms=1000 + (i * 7) % 13)
+            for i in range(50)]
+    for m in sent:
+        acc.append(K0, m.timestamp_ms, m.data, m.key, m.attribute, m.headers, None, 1.0)
+    (batch,) = acc.seal_all()
+    raw = batch.build(compression)
+    header = validate_batch(raw, 1 << 20, 1 << 24)
+    assert header.record_count == 50
+    assert header.first_timestamp_ms == 1000 and header.max_timestamp_ms == 1012
+    got = decode_batch(raw, "t", 0)
+    assert [(m.data, m.key, m.attribute, m.headers, m.timestamp_ms) for m in got] == \
+           [(m.data, m.key, m.attribute, m.headers, m.timestamp_ms) for m in sent]
+    assert [m.offset for m in got] == list(range(50))
