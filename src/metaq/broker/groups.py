@@ -1,0 +1,498 @@
+"""The group coordinator of standalone mode: the broker balances each consumer group's partitions.
+
+Protocol (Kafka's classic eager rebalance, with the assignment computed here rather than by a leader)
+------------------------------------------------------------------------------------------------------
+A group is *Empty* (no members), *PreparingRebalance* or *Stable* at generation ``G``.
+
+* A JoinGroup from a new member, a LeaveGroup, a member whose session timed out, a member that rejoins
+  with another subscription, or a change in a subscribed topic's partitions starts a rebalance: the group
+  goes to PreparingRebalance and stays at generation ``G``.
+* Members of generation ``G`` learn it from their next heartbeat (REBALANCE_IN_PROGRESS). Each one then
+  commits its offsets (commits with generation ``G`` are still accepted while preparing), stops
+  consuming — gives up every partition — and sends JoinGroup again. That JoinGroup waits.
+* The rebalance completes when every current member is waiting in JoinGroup, or at the rebalance
+  deadline (the largest ``rebalance_timeout_ms`` of the members, counted from the start), when members
+  that have not rejoined are dropped. Members that stop heartbeating before rejoining are dropped when
+  their session times out. Only then is the generation bumped to ``G + 1`` and the assignment computed,
+  by :func:`metaq.cluster.assignment.assign_topics`, over exactly the members that rejoined; every
+  waiting JoinGroup is answered with the new generation and that member's share.
+
+Invariant (asserted on every completion, checkable with :meth:`GroupCoordinator.check_invariants`):
+within a generation every partition of every subscribed topic is owned by exactly one member of that
+generation, and every member of it rejoined after giving up what it owned before — so no partition ever
+has two owners that both believe they are current. A member that was dropped (session or rebalance
+timeout) is fenced: its commits answer UNKNOWN_MEMBER_ID, and a commit with a generation other than the
+group's answers ILLEGAL_GENERATION; commits for a partition the member does not own in the generation
+are refused per partition.
+
+Offsets committed with generation -1 (``NO_GENERATION``) are accepted only while the group has no
+members: that is how ``metaq group reset`` (MetaQ's 回溯), consumers that never join (broadcast members
+using the broker store commit under their own per-member group name), and tools write offsets. Such a
+commit may carry offset -1 to forget a partition's position.
+
+Durability: a commit is answered after the offsets store fsynced it (:mod:`metaq.broker.offsets_store`).
+Group membership is in memory only: after a broker restart members find themselves unknown and rejoin.
+
+Wiring (the broker)::
+
+    self.groups = GroupCoordinator(self.partition_refs, config.data_path / OFFSETS_DIR_NAME)
+    self._handlers.update(self.groups.handlers())         # api keys 7, 8, 9, 10, 11, 13, 14
+    await self.groups.start()   # after the logs are open;  await self.groups.close() before closing them
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from metaq.broker.offsets_store import OffsetsStore
+from metaq.cluster.assignment import STRATEGIES, PartitionRef, assign_topics, check_assignment
+from metaq.errors import (
+    BrokerError,
+    IllegalGenerationError,
+    InvalidArgument,
+    InvalidRequestError,
+    NotCoordinatorError,
+    RebalanceInProgressError,
+    StorageFailureError,
+    UnknownGroupError,
+    UnknownMemberError,
+)
+from metaq.protocol import messages as m
+from metaq.types import validate_topic
+
+log = logging.getLogger("metaq.broker.groups")
+
+OFFSETS_DIR_NAME = "__consumer_offsets"
+"""Where the broker keeps committed offsets, under its dataPath."""
+
+EMPTY = "Empty"
+PREPARING_REBALANCE = "PreparingRebalance"
+STABLE = "Stable"
+
+SESSION_TIMEOUT_MIN_MS = 50
+SESSION_TIMEOUT_MAX_MS = 30 * 60 * 1000
+REBALANCE_TIMEOUT_MAX_MS = 30 * 60 * 1000
+MEMBERS_PER_GROUP_MAX = 10_000
+GROUPS_MAX = 100_000
+TOPICS_PER_MEMBER_MAX = 1_000
+METADATA_CHARS_MAX = 4096
+DEFAULT_TICK_MS = 50
+
+_GROUP_RE = re.compile(r"[A-Za-z0-9._@-]{1,249}")
+
+PartitionsOf = Callable[[str], Sequence[PartitionRef]]
+Clock = Callable[[], float]
+"""Milliseconds from an arbitrary origin (monotonic)."""
+
+
+def _monotonic_ms() -> float:
+    return time.monotonic() * 1000.0
+
+
+def validate_group(name: object) -> str:
+    if not isinstance(name, str) or not _GROUP_RE.fullmatch(name) or name in (".", ".."):
+        raise InvalidRequestError(
+            f"consumer group name {name!r} must be 1-249 letters, digits, '-', '_', '.' or '@' (not '.' or '..')")
+    return name
+
+
+@dataclass
+class Member:
+    member_id: str
+    client_id: str
+    topics: tuple[str, ...]
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    last_seen_ms: float
+    assignment: dict[str, list[int]] = field(default_factory=dict)
+    """topic -> partitions owned in the group's current generation (empty while rejoining)."""
+    join: asyncio.Future[m.JoinGroupResponse] | None = None
+    """Set while the member waits in JoinGroup for the rebalance to complete."""
+
+
+@dataclass
+class Group:
+    name: str
+    state: str = EMPTY
+    generation: int = 0
+    strategy: str = ""
+    members: dict[str, Member] = field(default_factory=dict)
+    rebalance_deadline_ms: float = 0.0
+    rebalance_reason: str = ""
+    partitions: dict[str, tuple[PartitionRef, ...]] = field(default_factory=dict)
+    """Every subscribed topic's partitions when the current generation was formed."""
+    rebalances: int = 0
+
+
+class GroupCoordinator:
+    """Consumer groups of one broker. Every request method is a coroutine taking and returning the
+    protocol dataclasses (errors are answered in the response, never raised).
+
+    ``partitions_of(topic)`` returns the topic's partitions as (broker id, partition) pairs, [] for an
+    unknown topic; it is called on every rebalance and every tick (it must be cheap). ``offsets_dir``
+    is where committed offsets live; ``clock`` returns monotonic milliseconds (inject a fake one in
+    tests and drive time with :meth:`poll`).
+    """
+
+    def __init__(self, partitions_of: PartitionsOf, offsets_dir: str | Path | OffsetsStore, *,
+                 clock: Clock = _monotonic_ms, tick_ms: int = DEFAULT_TICK_MS,
+                 session_timeout_min_ms: int = SESSION_TIMEOUT_MIN_MS) -> None:
+        self.partitions_of = partitions_of
+        self.store = offsets_dir if isinstance(offsets_dir, OffsetsStore) else OffsetsStore(offsets_dir)
+        self.clock = clock
+        self.tick_ms = tick_ms
+        self.session_timeout_min_ms = session_timeout_min_ms
+        self.groups: dict[str, Group] = {}
+        self._opened = False
+        self._closed = False
+        self._timer: asyncio.Task[None] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Load committed offsets (blocking). :meth:`start` calls it in a thread if not done yet."""
+        if not self._opened:
+            self.store.open()
+            self._opened = True
+
+    async def start(self) -> None:
+        if not self._opened:
+            await asyncio.get_running_loop().run_in_executor(None, self.open)
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().create_task(self._run_timer())
+
+    async def close(self) -> None:
+        """Answer waiting JoinGroups with NOT_COORDINATOR, stop the timer, close the store."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._timer
+            self._timer = None
+        for group in self.groups.values():
+            for member in group.members.values():
+                self._answer_join(member, _error(m.JoinGroupResponse, NotCoordinatorError(
+                    "the broker is shutting down; rejoin when it is back")))
+        if self._opened:
+            await asyncio.get_running_loop().run_in_executor(None, self.store.close)
+
+    async def _run_timer(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_ms / 1000)
+            try:
+                self.poll()
+            except Exception:  # the timer must outlive a bug in one group's bookkeeping
+                log.exception("group coordinator tick failed")
+
+    def handlers(self) -> dict[int, Callable[[Any], Awaitable[Any]]]:
+        """The broker's handler table entries: api key -> coroutine function(request) -> response."""
+        return {7: self.join, 8: self.heartbeat, 9: self.leave, 10: self.commit_offsets, 11: self.fetch_offsets,
+                13: self.list_groups, 14: self.describe_group}
+
+    # -- timers ------------------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        """Expire sessions, end rebalances past their deadline, notice partition changes. Idempotent."""
+        now = self.clock()
+        for group in list(self.groups.values()):
+            self._poll_group(group, now)
+
+    def _poll_group(self, group: Group, now: float) -> None:
+        expired = [mb for mb in group.members.values()
+                   if mb.join is None and now - mb.last_seen_ms > mb.session_timeout_ms]
+        for mb in expired:
+            log.info("group %s: member %s session expired (%d ms)", group.name, mb.member_id,
+                     mb.session_timeout_ms)
+            self._remove_member(group, mb, f"member {mb.member_id} session expired")
+        if group.state == PREPARING_REBALANCE and now >= group.rebalance_deadline_ms:
+            late = [mb for mb in group.members.values() if mb.join is None]
+            for mb in late:
+                log.info("group %s: member %s did not rejoin within the rebalance timeout", group.name,
+                         mb.member_id)
+                del group.members[mb.member_id]
+            self._maybe_complete(group)
+        elif group.state == STABLE and self._partition_snapshot(group) != group.partitions:
+            self._begin_rebalance(group, "the partitions of a subscribed topic changed")
+        if group.state == EMPTY and not group.members and not self.store.group_offsets(group.name):
+            del self.groups[group.name]
+
+    # -- membership --------------------------------------------------------------------------------
+
+    async def join(self, req: m.JoinGroupRequest) -> m.JoinGroupResponse:
+        try:
+            group_name = validate_group(req.group)
+            topics = self._validate_join(req)
+        except BrokerError as exc:
+            return _error(m.JoinGroupResponse, exc)
+        if self._closed:
+            return _error(m.JoinGroupResponse, NotCoordinatorError("the broker is shutting down"))
+        group = self.groups.get(group_name)
+        if req.member_id and (group is None or req.member_id not in group.members):
+            return _error(m.JoinGroupResponse, UnknownMemberError(
+                f"member {req.member_id!r} is not in group {group_name!r} (its session expired or the broker "
+                "restarted); join again with an empty member id"))
+        if group is None:
+            if len(self.groups) >= GROUPS_MAX:
+                return _error(m.JoinGroupResponse, InvalidRequestError(f"this broker already has {GROUPS_MAX} groups"))
+            group = self.groups[group_name] = Group(group_name)
+        if group.members and req.strategy != group.strategy and set(group.members) != {req.member_id}:
+            return _error(m.JoinGroupResponse, InvalidRequestError(
+                f"group {group_name!r} balances with strategy {group.strategy!r}; this member asked for "
+                f"{req.strategy!r}: every member of a group must use the same strategy"))
+        now = self.clock()
+        member = group.members.get(req.member_id) if req.member_id else None
+        if member is None:
+            if len(group.members) >= MEMBERS_PER_GROUP_MAX:
+                return _error(m.JoinGroupResponse, InvalidRequestError(
+                    f"group {group_name!r} already has {MEMBERS_PER_GROUP_MAX} members"))
+            member_id = f"{req.client_id or 'consumer'}-{uuid.uuid4().hex[:16]}"
+            member = Member(member_id, req.client_id, topics, req.session_timeout_ms, req.rebalance_timeout_ms, now)
+            group.members[member_id] = member
+            group.strategy = req.strategy
+            reason = f"member {member_id} joined"
+        else:
+            changed = member.topics != topics or group.strategy != req.strategy
+            member.client_id = req.client_id
+            member.topics = topics
+            member.session_timeout_ms = req.session_timeout_ms
+            member.rebalance_timeout_ms = req.rebalance_timeout_ms
+            member.last_seen_ms = now
+            group.strategy = req.strategy
+            if group.state == STABLE and not changed:
+                # It already belongs to the current generation: hand back what it owns.
+                return self._join_response(group, member)
+            reason = f"member {member.member_id} rejoined with a new subscription" if changed else ""
+        if group.state != PREPARING_REBALANCE:
+            self._begin_rebalance(group, reason or f"member {member.member_id} rejoined")
+        member.assignment = {}  # it gave its partitions up before rejoining
+        self._answer_join(member, _error(m.JoinGroupResponse, RebalanceInProgressError(
+            "superseded by a newer JoinGroup from the same member")))
+        fut: asyncio.Future[m.JoinGroupResponse] = asyncio.get_running_loop().create_future()
+        member.join = fut
+        self._maybe_complete(group)
+        return await fut
+
+    def _validate_join(self, req: m.JoinGroupRequest) -> tuple[str, ...]:
+        if req.strategy not in STRATEGIES:
+            raise InvalidRequestError(f"unknown assignment strategy {req.strategy!r}; use one of "
+                                      f"{', '.join(sorted(STRATEGIES))}")
+        if not self.session_timeout_min_ms <= req.session_timeout_ms <= SESSION_TIMEOUT_MAX_MS:
+            raise InvalidRequestError(f"session_timeout_ms must be {self.session_timeout_min_ms}.."
+                                      f"{SESSION_TIMEOUT_MAX_MS}; got {req.session_timeout_ms}")
+        if not req.session_timeout_ms <= req.rebalance_timeout_ms <= REBALANCE_TIMEOUT_MAX_MS:
+            raise InvalidRequestError(f"rebalance_timeout_ms must be session_timeout_ms..{REBALANCE_TIMEOUT_MAX_MS}; "
+                                      f"got {req.rebalance_timeout_ms}")
+        if not req.topics or len(req.topics) > TOPICS_PER_MEMBER_MAX:
+            raise InvalidRequestError(
+                f"a member subscribes to 1..{TOPICS_PER_MEMBER_MAX} topics; got {len(req.topics)}")
+        try:
+            return tuple(sorted({validate_topic(t) for t in req.topics}))
+        except InvalidArgument as exc:
+            raise InvalidRequestError(str(exc)) from None
+
+    async def heartbeat(self, req: m.HeartbeatRequest) -> m.HeartbeatResponse:
+        group = self.groups.get(req.group)
+        member = group.members.get(req.member_id) if group is not None else None
+        if group is None or member is None:
+            return _error(m.HeartbeatResponse, UnknownMemberError(
+                f"member {req.member_id!r} is not in group {req.group!r}; join again"))
+        member.last_seen_ms = self.clock()
+        if group.state == PREPARING_REBALANCE or member.join is not None:
+            return _error(m.HeartbeatResponse, RebalanceInProgressError(
+                f"group {group.name!r} is rebalancing ({group.rebalance_reason}); commit, give up your "
+                "partitions and join again"))
+        if req.generation != group.generation:
+            return _error(m.HeartbeatResponse, IllegalGenerationError(
+                f"generation {req.generation} is not the group's current generation {group.generation}"))
+        return m.HeartbeatResponse()
+
+    async def leave(self, req: m.LeaveGroupRequest) -> m.LeaveGroupResponse:
+        group = self.groups.get(req.group)
+        member = group.members.get(req.member_id) if group is not None else None
+        if group is None or member is None:
+            return _error(m.LeaveGroupResponse, UnknownMemberError(
+                f"member {req.member_id!r} is not in group {req.group!r}"))
+        self._answer_join(member, _error(m.JoinGroupResponse, UnknownMemberError("the member left the group")))
+        self._remove_member(group, member, f"member {member.member_id} left")
+        return m.LeaveGroupResponse()
+
+    # -- the state machine -------------------------------------------------------------------------
+
+    def _remove_member(self, group: Group, member: Member, reason: str) -> None:
+        del group.members[member.member_id]
+        if group.state == PREPARING_REBALANCE:
+            self._maybe_complete(group)
+        else:
+            self._begin_rebalance(group, reason)
+            self._maybe_complete(group)
+
+    def _begin_rebalance(self, group: Group, reason: str) -> None:
+        log.info("group %s: rebalance from generation %d: %s", group.name, group.generation, reason)
+        group.state = PREPARING_REBALANCE
+        group.rebalance_reason = reason
+        timeout = max((mb.rebalance_timeout_ms for mb in group.members.values()), default=0)
+        group.rebalance_deadline_ms = self.clock() + timeout
+
+    def _maybe_complete(self, group: Group) -> None:
+        if group.state != PREPARING_REBALANCE:
+            return
+        if any(mb.join is None for mb in group.members.values()):
+            return
+        self._complete(group)
+
+    def _complete(self, group: Group) -> None:
+        group.generation += 1
+        group.rebalances += 1
+        group.partitions = self._partition_snapshot(group)
+        subs = {mid: mb.topics for mid, mb in group.members.items()}
+        split = assign_topics(group.strategy or "range", subs, lambda t: group.partitions.get(t, ()))
+        now = self.clock()
+        for mid, mb in group.members.items():
+            mb.assignment = {t: sorted(p for _b, p in refs) for t, refs in split[mid].items()}
+            mb.last_seen_ms = now
+        group.state = STABLE if group.members else EMPTY
+        self._assert_invariant(group, split)
+        log.info("group %s: generation %d with %d members", group.name, group.generation, len(group.members))
+        for mb in group.members.values():
+            self._answer_join(mb, self._join_response(group, mb))
+
+    def _partition_snapshot(self, group: Group) -> dict[str, tuple[PartitionRef, ...]]:
+        topics = sorted({t for mb in group.members.values() for t in mb.topics})
+        out = {}
+        for topic in topics:
+            try:
+                out[topic] = tuple(sorted(self.partitions_of(topic)))
+            except Exception:  # an unknown or deleted topic has no partitions to own
+                out[topic] = ()
+        return out
+
+    def _assert_invariant(self, group: Group, split: dict[str, dict[str, list[PartitionRef]]]) -> None:
+        for topic, refs in group.partitions.items():
+            subscribers = [mid for mid, mb in group.members.items() if topic in mb.topics]
+            check_assignment({mid: split[mid].get(topic, []) for mid in subscribers}, subscribers, refs)
+
+    def _join_response(self, group: Group, member: Member) -> m.JoinGroupResponse:
+        return m.JoinGroupResponse(
+            generation=group.generation, member_id=member.member_id, members=sorted(group.members),
+            assignment=[m.TopicAssignment(t, list(ps)) for t, ps in sorted(member.assignment.items())])
+
+    @staticmethod
+    def _answer_join(member: Member, response: m.JoinGroupResponse) -> None:
+        fut, member.join = member.join, None
+        if fut is not None and not fut.done():
+            fut.set_result(response)
+
+    def check_invariants(self) -> None:
+        """AssertionError unless every Stable group's generation gives each partition exactly one owner."""
+        for group in self.groups.values():
+            if group.state != STABLE:
+                continue
+            assert group.members, f"group {group.name} is Stable with no members"
+            for topic, refs in group.partitions.items():
+                subscribers = [mid for mid, mb in group.members.items() if topic in mb.topics]
+                owned = {mid: [(0, p) for p in group.members[mid].assignment.get(topic, [])] for mid in subscribers}
+                check_assignment(owned, subscribers, [(0, p) for _b, p in refs])
+
+    def owners(self, group_name: str) -> dict[tuple[str, int], str]:
+        """(topic, partition) -> member id in the group's current generation."""
+        group = self.groups.get(group_name)
+        if group is None:
+            return {}
+        return {(t, p): mid for mid, mb in group.members.items() for t, ps in mb.assignment.items() for p in ps}
+
+    # -- offsets ---------------------------------------------------------------------------------------
+
+    async def commit_offsets(self, req: m.OffsetCommitRequest) -> m.OffsetCommitResponse:
+        try:
+            group_name = validate_group(req.group)
+        except BrokerError as exc:
+            return _error(m.OffsetCommitResponse, exc)
+        group = self.groups.get(group_name)
+        member: Member | None = None
+        if req.generation == m.NO_GENERATION:
+            if group is not None and group.members:
+                return _error(m.OffsetCommitResponse, IllegalGenerationError(
+                    f"group {group_name!r} has {len(group.members)} active members: a commit with generation -1 "
+                    "(admin reset, broadcast, standalone) is accepted only while no member is active; stop the "
+                    "group's consumers first"))
+        else:
+            member = group.members.get(req.member_id) if group is not None else None
+            if group is None or member is None:
+                return _error(m.OffsetCommitResponse, UnknownMemberError(
+                    f"member {req.member_id!r} is not in group {group_name!r} (session expired, left, or the broker "
+                    "restarted): its partitions may belong to another member now; join again"))
+            if req.generation != group.generation:
+                return _error(m.OffsetCommitResponse, IllegalGenerationError(
+                    f"generation {req.generation} is not group {group_name!r}'s current generation "
+                    f"{group.generation}; join again"))
+            if member.join is not None:
+                return _error(m.OffsetCommitResponse, RebalanceInProgressError(
+                    "the member already rejoined and gave its partitions up; commit before rejoining"))
+            member.last_seen_ms = self.clock()
+        results: list[m.OffsetEntry] = []
+        accepted: list[tuple[str, int, int, str | None]] = []
+        for e in req.offsets:
+            code = 0
+            if member is not None and e.partition not in member.assignment.get(e.topic, ()):
+                code = IllegalGenerationError.code
+            elif e.offset < (-1 if member is None else 0) or (e.metadata and len(e.metadata) > METADATA_CHARS_MAX):
+                code = InvalidRequestError.code
+            else:
+                accepted.append((e.topic, e.partition, e.offset, e.metadata))
+            results.append(m.OffsetEntry(e.topic, e.partition, e.offset, e.metadata, code))
+        try:
+            await self.store.commit(group_name, accepted)
+        except Exception as exc:  # a failed fsync: the offsets are not committed
+            log.error("group %s: cannot store offsets: %s", group_name, exc)
+            return _error(m.OffsetCommitResponse, StorageFailureError(f"offsets not committed: {exc}"))
+        refused = sum(1 for r in results if r.error_code)
+        msg = (f"{refused} partitions refused: not owned by this member in generation {req.generation}, "
+               "or an offset/metadata out of range") if refused else None
+        return m.OffsetCommitResponse(error_message=msg, results=results)
+
+    async def fetch_offsets(self, req: m.OffsetFetchRequest) -> m.OffsetFetchResponse:
+        try:
+            group_name = validate_group(req.group)
+        except BrokerError as exc:
+            return _error(m.OffsetFetchResponse, exc)
+        if req.partitions is None:
+            offs = self.store.group_offsets(group_name)
+            return m.OffsetFetchResponse(offsets=[m.OffsetEntry(t, p, c.offset, c.metadata)
+                                                  for (t, p), c in sorted(offs.items())])
+        out = []
+        for ref in req.partitions:
+            c = self.store.get(group_name, ref.topic, ref.partition)
+            out.append(m.OffsetEntry(ref.topic, ref.partition, c.offset if c else -1, c.metadata if c else None))
+        return m.OffsetFetchResponse(offsets=out)
+
+    # -- admin -------------------------------------------------------------------------------------
+
+    async def list_groups(self, req: m.ListGroupsRequest) -> m.ListGroupsResponse:
+        names = {g.name for g in self.groups.values() if g.members} | set(self.store.groups())
+        return m.ListGroupsResponse(groups=sorted(names))
+
+    async def describe_group(self, req: m.DescribeGroupRequest) -> m.DescribeGroupResponse:
+        group = self.groups.get(req.group)
+        if group is None:
+            if req.group in self.store.groups():
+                return m.DescribeGroupResponse(state=EMPTY)
+            return _error(m.DescribeGroupResponse, UnknownGroupError(
+                f"no group {req.group!r} on this broker (no members, no committed offsets)"))
+        members = [m.GroupMember(mb.member_id, mb.client_id, "",
+                                 [m.TopicAssignment(t, list(ps)) for t, ps in sorted(mb.assignment.items())])
+                   for mb in sorted(group.members.values(), key=lambda x: x.member_id)]
+        return m.DescribeGroupResponse(state=group.state, generation=group.generation, strategy=group.strategy,
+                                       members=members)
+
+
+def _error(cls: Any, exc: BrokerError) -> Any:
+    return cls(error_code=exc.code, error_message=exc.message)

@@ -1,0 +1,81 @@
+"""Server-side group filters: kept messages keep offsets and ids, and the consumer moves past the rest."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from metaq.broker.filters import filter_fetched, load_filter
+from metaq.errors import ConfigError
+from metaq.protocol.records import Compression, decode_fetched, encode_messages, stamp
+from metaq.types import Message
+
+
+def stored(batches: list[list[Message]], compression: Compression = Compression.NONE) -> bytes:
+    out = b""
+    offset = 100
+    for msgs in batches:
+        raw = bytearray(encode_messages(msgs, compression, now_ms=1))
+        stamp(raw, offset, (7 << 64) + offset, 1234)
+        out += bytes(raw)
+        offset += len(msgs)
+    return out
+
+
+def msgs(*attrs: str | None) -> list[Message]:
+    return [Message("t", f"v{i}".encode(), attribute=a) for i, a in enumerate(attrs)]
+
+
+@pytest.mark.parametrize("compression", list(Compression))
+def test_kept_messages_keep_offsets_ids_and_the_next_offset(compression: Compression) -> None:
+    body = stored([msgs("a", "b", "a"), msgs("b", "b"), msgs("a")], compression)
+    original, next_before = decode_fetched(body, "t", 0, 100)
+    filtered = filter_fetched(body, lambda mm: mm.attribute == "a", "t", 0)
+    got, next_after = decode_fetched(filtered, "t", 0, 100)
+    assert next_after == next_before == 106
+    assert [(m.offset, m.id, m.data) for m in got] == [
+        (m.offset, m.id, m.data) for m in original if m.attribute == "a"]
+    assert [m.offset for m in got] == [100, 102, 105]
+    assert len(filtered) < len(body)
+
+
+def test_a_wholly_filtered_reply_still_advances_the_consumer() -> None:
+    body = stored([msgs("b", "b", "b")], Compression.LZ4)
+    got, next_offset = decode_fetched(filter_fetched(body, lambda mm: False), "t", 0, 100)
+    assert got == [] and next_offset == 103
+
+
+def test_fetch_from_inside_a_batch_and_a_cut_off_tail() -> None:
+    body = stored([msgs("a", "a", "b", "a"), msgs("a", "a")])
+    cut = body[:-5]  # the last batch is cut off by max_bytes
+    filtered = filter_fetched(cut, lambda mm: mm.attribute == "a")
+    assert filtered.endswith(cut[-(len(body) - 5 - len(stored([msgs("a", "a", "b", "a")]))):])
+    got, next_offset = decode_fetched(filtered, "t", 0, 101)
+    assert [m.offset for m in got] == [101, 103] and next_offset == 104
+
+
+def test_a_raising_filter_keeps_the_message() -> None:
+    def boom(mm: Message) -> bool:
+        raise RuntimeError("bug")
+    body = stored([msgs("a", "b")])
+    got, _ = decode_fetched(filter_fetched(body, boom), "t", 0, 100)
+    assert len(got) == 2
+
+
+def test_load_filter_forms_and_errors() -> None:
+    mod = types.ModuleType("metaq_test_filters")
+
+    class OnlyA:
+        def accept(self, mm: Message) -> bool:
+            return mm.attribute == "a"
+
+    mod.OnlyA = OnlyA  # type: ignore[attr-defined]
+    mod.only_b = lambda mm: mm.attribute == "b"  # type: ignore[attr-defined]
+    sys.modules["metaq_test_filters"] = mod
+    assert load_filter("metaq_test_filters:OnlyA")(Message("t", b"", "a"))
+    assert load_filter("metaq_test_filters:only_b")(Message("t", b"", "b"))
+    for bad in ("nocolon", "metaq_no_such_module:x", "metaq_test_filters:missing"):
+        with pytest.raises(ConfigError):
+            load_filter(bad)
