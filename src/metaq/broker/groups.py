@@ -35,9 +35,12 @@ Group membership is in memory only: after a broker restart members find themselv
 
 Wiring (the broker)::
 
-    self.groups = GroupCoordinator(self.partition_refs, config.data_path / OFFSETS_DIR_NAME)
+    self.groups = GroupCoordinator(self.partition_refs, config.data_path)   # Broker.__init__
     self._handlers.update(self.groups.handlers())         # api keys 7, 8, 9, 10, 11, 13, 14
-    await self.groups.start()   # after the logs are open;  await self.groups.close() before closing them
+    self.groups.open()                                    # Broker.open: loads committed offsets
+    await self.groups.close()                             # Broker.drain, first: answers waiting joins
+
+The session timer starts with the first JoinGroup (or :meth:`GroupCoordinator.start`).
 """
 
 from __future__ import annotations
@@ -71,8 +74,6 @@ from metaq.types import validate_topic
 
 log = logging.getLogger("metaq.broker.groups")
 
-OFFSETS_DIR_NAME = "__consumer_offsets"
-"""Where the broker keeps committed offsets, under its dataPath."""
 
 EMPTY = "Empty"
 PREPARING_REBALANCE = "PreparingRebalance"
@@ -139,18 +140,21 @@ class GroupCoordinator:
 
     ``partitions_of(topic)`` returns the topic's partitions as (broker id, partition) pairs, [] for an
     unknown topic; it is called on every rebalance and every tick (it must be cheap). ``offsets_dir``
-    is where committed offsets live; ``clock`` returns monotonic milliseconds (inject a fake one in
-    tests and drive time with :meth:`poll`).
+    is the directory of the committed offsets log (the broker's dataPath), or an OffsetsStore.
+    ``clock`` returns monotonic milliseconds: tests inject a fake one, pass ``timer=False`` and drive
+    time with :meth:`poll`.
     """
 
     def __init__(self, partitions_of: PartitionsOf, offsets_dir: str | Path | OffsetsStore, *,
                  clock: Clock = _monotonic_ms, tick_ms: int = DEFAULT_TICK_MS,
-                 session_timeout_min_ms: int = SESSION_TIMEOUT_MIN_MS) -> None:
+                 session_timeout_min_ms: int = SESSION_TIMEOUT_MIN_MS, timer: bool = True) -> None:
         self.partitions_of = partitions_of
         self.store = offsets_dir if isinstance(offsets_dir, OffsetsStore) else OffsetsStore(offsets_dir)
         self.clock = clock
         self.tick_ms = tick_ms
         self.session_timeout_min_ms = session_timeout_min_ms
+        self.timer_enabled = timer
+        """False in tests that drive time themselves with :meth:`poll`."""
         self.groups: dict[str, Group] = {}
         self._opened = False
         self._closed = False
@@ -167,11 +171,16 @@ class GroupCoordinator:
     async def start(self) -> None:
         if not self._opened:
             await asyncio.get_running_loop().run_in_executor(None, self.open)
-        if self._timer is None:
+        self._ensure_timer()
+
+    def _ensure_timer(self) -> None:
+        if self._timer is None and not self._closed:
             self._timer = asyncio.get_running_loop().create_task(self._run_timer())
 
     async def close(self) -> None:
-        """Answer waiting JoinGroups with NOT_COORDINATOR, stop the timer, close the store."""
+        """Answer waiting JoinGroups with NOT_COORDINATOR, stop the timer, close the store. Idempotent."""
+        if self._closed:
+            return
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
@@ -235,6 +244,8 @@ class GroupCoordinator:
             return _error(m.JoinGroupResponse, exc)
         if self._closed:
             return _error(m.JoinGroupResponse, NotCoordinatorError("the broker is shutting down"))
+        if self.timer_enabled:
+            self._ensure_timer()
         group = self.groups.get(group_name)
         if req.member_id and (group is None or req.member_id not in group.members):
             return _error(m.JoinGroupResponse, UnknownMemberError(

@@ -1,6 +1,7 @@
 """Committed consumer offsets, durable in the broker's data directory.
 
-One append-only file, ``<dir>/offsets.log``, of records::
+One append-only file, ``<dir>/consumer_offsets.log`` (in the broker's dataPath, beside the partition
+directories), of records::
 
     u32 length        bytes of the body that follows
     u32 crc           CRC32C of the body
@@ -16,7 +17,7 @@ on the event loop.
 
 Recovery: :meth:`open` reads records until the end or the first torn or corrupt one (a crash in the middle
 of a write), cuts the file there, and then compacts: the live offsets are written as a fresh log to
-``offsets.log.tmp``, fsynced, renamed over ``offsets.log``, and the directory fsynced — so the file holds
+``consumer_offsets.log.tmp``, fsynced, renamed over the log, and the directory fsynced — so the file holds
 one record per group after every start and a crash at any step leaves either the old or the new log.
 The log is compacted again the same way while running when it grows past ``compact_bytes`` and four times
 its size after the last compaction.
@@ -40,7 +41,7 @@ import crc32c
 
 log = logging.getLogger("metaq.broker.offsets")
 
-LOG_NAME = "offsets.log"
+LOG_NAME = "consumer_offsets.log"
 _HEAD = struct.Struct(">II")
 RECORD_BYTES_MAX = 64 * 1024 * 1024
 """A length above this is a torn or corrupt header, not a record."""
@@ -73,10 +74,11 @@ def _fsync_dir(path: Path) -> None:
 class OffsetsStore:
     """group -> (topic, partition) -> committed offset; reads from memory, writes through to disk."""
 
-    def __init__(self, directory: str | Path, *, compact_bytes: int = DEFAULT_COMPACT_BYTES,
+    def __init__(self, directory: str | Path, *, name: str = LOG_NAME, compact_bytes: int = DEFAULT_COMPACT_BYTES,
                  fsync: bool = True) -> None:
         self.directory = Path(directory)
-        self.path = self.directory / LOG_NAME
+        self.path = self.directory / name
+        self._tmp = self.directory / (name + ".tmp")
         self.compact_bytes = compact_bytes
         self.fsync_enabled = fsync
         self._offsets: dict[str, dict[OffsetKey, CommittedOffset]] = {}
@@ -96,7 +98,7 @@ class OffsetsStore:
         """Load, cut a torn tail, compact. Blocking: call before serving (or in an executor)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
-            (self.directory / (LOG_NAME + ".tmp")).unlink()
+            self._tmp.unlink()
         valid = 0
         total = 0
         if self.path.exists():
@@ -141,7 +143,7 @@ class OffsetsStore:
 
     def _compact(self) -> None:
         """Rewrite the log as one record per group: temp, fsync, rename, fsync the directory."""
-        tmp = self.directory / (LOG_NAME + ".tmp")
+        tmp = self._tmp
         records = [_encode(g, [(t, p, c.offset, c.metadata) for (t, p), c in sorted(offs.items())])
                    for g, offs in sorted(self._offsets.items())]
         blob = b"".join(records)

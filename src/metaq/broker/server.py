@@ -24,6 +24,7 @@ from typing import Any
 
 from metaq import __version__
 from metaq.broker.config import BrokerConfig, TopicSettings, diff_topics, load_config, parse_config
+from metaq.broker.groups import GroupCoordinator
 from metaq.broker.stats import BrokerStats
 from metaq.broker.waiters import FetchWaiters
 from metaq.errors import (
@@ -127,6 +128,8 @@ class Broker:
         }
         self.port = 0
         self.host = config.host_name
+        self.groups = GroupCoordinator(self.partition_refs, config.data_path)
+        self._handlers.update(self.groups.handlers())
 
     # -- configuration ------------------------------------------------------------------------
 
@@ -150,6 +153,12 @@ class Broker:
             self._topic_state(topic, max(partitions) + 1)
         for topic in self.config.topics:
             self._ensure_topic(topic, None)
+        self.groups.open()
+
+    def partition_refs(self, topic: str) -> list[tuple[int, int]]:
+        """(broker id, partition) of a topic's partitions here, for the group coordinator."""
+        state = self.topics.get(topic)
+        return [(self.config.broker_id, p) for p in range(state.num_partitions)] if state else []
 
     def _topic_state(self, topic: str, num_partitions: int) -> TopicState:
         state = self.topics.get(topic)
@@ -457,6 +466,7 @@ class Broker:
     async def drain(self, timeout_s: float) -> None:
         """Wait until in-flight requests have been answered (bounded)."""
         self.stopping = True
+        await self.groups.close()  # answers JoinGroups waiting for a rebalance
         self.waiters.notify_all()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), timeout_s)

@@ -61,7 +61,7 @@ async def settle() -> None:
 def make(tmp_path: Path, **topics: int) -> tuple[GroupCoordinator, FakeClock, Topics]:
     clock = FakeClock()
     parts = Topics(**(topics or {"t": 12}))
-    coord = GroupCoordinator(parts, tmp_path / "offsets", clock=clock)
+    coord = GroupCoordinator(parts, tmp_path / "offsets", clock=clock, timer=False)
     coord.open()
     return coord, clock, parts
 
@@ -296,7 +296,7 @@ async def test_offsets_survive_a_restart_and_a_torn_tail(tmp_path: Path) -> None
                                                          [m.OffsetEntry("t", i % 4, i, f"meta{i}")]))
     await coord.commit_offsets(m.OffsetCommitRequest("h", m.NO_GENERATION, "", [m.OffsetEntry("u", 0, 5)]))
     # no close(): what kill -9 leaves behind, plus half a record written when it died
-    with open(tmp_path / "offsets" / "offsets.log", "ab") as f:
+    with open(tmp_path / "offsets" / "consumer_offsets.log", "ab") as f:
         f.write(b"\x00\x00\x01\x00garbage")
     coord2, _, _ = make(tmp_path)
     assert coord2.store.corrupt_tail_bytes == 11
@@ -314,11 +314,11 @@ async def test_runtime_compaction_keeps_every_offset(tmp_path: Path) -> None:
     from metaq.broker.offsets_store import OffsetsStore
 
     store = OffsetsStore(tmp_path / "o", compact_bytes=2000)
-    coord = GroupCoordinator(Topics(t=4), store, clock=FakeClock())
+    coord = GroupCoordinator(Topics(t=4), store, clock=FakeClock(), timer=False)
     coord.open()
     for i in range(300):
         await coord.commit_offsets(m.OffsetCommitRequest("g", m.NO_GENERATION, "", [m.OffsetEntry("t", i % 4, i)]))
-    assert (tmp_path / "o" / "offsets.log").stat().st_size < 4 * 2000 + 200
+    assert (tmp_path / "o" / "consumer_offsets.log").stat().st_size < 4 * 2000 + 200
     await coord.close()
     reopened = OffsetsStore(tmp_path / "o")
     reopened.open()
