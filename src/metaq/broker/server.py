@@ -161,18 +161,29 @@ class Broker:
         return [(self.config.broker_id, p) for p in range(state.num_partitions)] if state else []
 
     def _topic_state(self, topic: str, num_partitions: int) -> TopicState:
+        """Create or update a topic's state; a topic never shrinks (its partitions hold data)."""
         state = self.topics.get(topic)
         settings = self.config.topic_settings(topic)
         if state is None:
-            state = self.topics[topic] = TopicState(settings, max(num_partitions, settings.num_partitions))
+            state = self.topics[topic] = TopicState(settings, num_partitions)
         else:
             state.settings = settings
-            state.num_partitions = max(state.num_partitions, num_partitions, settings.num_partitions)
+            state.num_partitions = max(state.num_partitions, num_partitions)
         return state
 
     def _ensure_topic(self, topic: str, num_partitions: int | None) -> TopicState:
+        """Open (creating if needed) every partition of a topic.
+
+        ``num_partitions``: an explicit count (CreateTopic); None uses the topic's numPartitions — for a
+        topic with a [topic=...] section that count also grows an existing topic on reload.
+        """
         settings = self.config.topic_settings(topic)
-        n = num_partitions if num_partitions and num_partitions > 0 else settings.num_partitions
+        if num_partitions and num_partitions > 0:
+            n = num_partitions
+        elif topic in self.topics and not settings.configured:
+            n = self.topics[topic].num_partitions
+        else:
+            n = settings.num_partitions
         self.logs.set_topic_config(topic, self._log_config(topic))
         state = self._topic_state(topic, n)
         for p in range(state.num_partitions):
@@ -407,6 +418,7 @@ class Broker:
     def handle_stats(self, req: m.StatsRequest) -> m.StatsResponse:
         snap = self.stats.snapshot(req.topic)
         snap["broker_id"] = self.config.broker_id
+        snap["waiting_fetches"] = self.waiters.waiting
         snap["version"] = __version__
         for tname, tstats in snap["topics"].items():
             for pname, pstats in tstats["partitions"].items():

@@ -518,6 +518,18 @@ def spec_for(obj_or_cls: Any) -> ApiSpec:
     return APIS[cls.API_KEY]
 
 
+@dataclass
+class ErrorResponse(_Base):
+    """What answers a request whose api key the broker does not know: only the error fields."""
+
+    error_code: int = 0
+    error_message: str | None = None
+    FIELDS: ClassVar = _ERR
+
+
 def error_response(api_key: int, error_code: int, message: str) -> Any:
     """The API's own response type carrying only an error (for requests that failed early)."""
-    return APIS[api_key].response(error_code=error_code, error_message=message)
+    spec = APIS.get(api_key)
+    if spec is None:
+        return ErrorResponse(error_code=error_code, error_message=message)
+    return spec.response(error_code=error_code, error_message=message)
