@@ -1,0 +1,421 @@
+"""A blocking metaq client: one plain socket per broker, driven by the sans-IO :class:`ClientConnection`.
+
+It exists for places where an event loop is a nuisance: Spark executors (one short task, one thread,
+forked Python workers), scripts and tests. It speaks exactly the protocol the asyncio client speaks,
+because it drives the same codec.
+
+Requests on one connection are answered in order, so pipelining is simply "write several frames, then
+read as many replies" (:meth:`BlockingClient.request_many`, :meth:`BlockingClient.produce_many`), with a
+bounded window so a slow broker pushes back instead of letting requests pile up in memory.
+
+Routing: ``servers`` may list several ``host:port``; the first that answers is the bootstrap broker.
+Requests about a topic-partition go to the broker that metadata names for it (a connection is opened on
+first use); with one broker that is the bootstrap connection itself.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from metaq.errors import (
+    NONE,
+    BrokerError,
+    ConnectionClosedError,
+    InvalidArgument,
+    MetaqError,
+    RequestTimeoutError,
+    UnknownPartitionError,
+    UnknownTopicError,
+    error_for_code,
+)
+from metaq.protocol.codec import ClientConnection, ResponseEvent
+from metaq.protocol.messages import (
+    ApiVersionsRequest,
+    ApiVersionsResponse,
+    FetchRequest,
+    FetchResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    MetadataRequest,
+    MetadataResponse,
+    ProduceRequest,
+    ProduceResponse,
+    TopicInfo,
+)
+from metaq.types import DEFAULT_PORT
+
+DEFAULT_SERVERS = f"127.0.0.1:{DEFAULT_PORT}"
+DEFAULT_WINDOW = 16
+"""Requests written ahead of their replies in the pipelined calls."""
+_RECV_BYTES = 1 << 20
+
+
+def parse_servers(servers: str) -> list[tuple[str, int]]:
+    """``"host:port,host2:port2"`` as a list of (host, port); a missing port means the default 8123."""
+    if not isinstance(servers, str) or not servers.strip():
+        raise InvalidArgument(f"servers must be 'host:port[,host:port...]'; got {servers!r}")
+    out: list[tuple[str, int]] = []
+    for item in servers.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        host, sep, port_text = item.rpartition(":")
+        if not sep:
+            host, port_text = item, str(DEFAULT_PORT)
+        host = host.strip("[]")
+        try:
+            port = int(port_text)
+        except ValueError:
+            raise InvalidArgument(f"servers entry {item!r} has a port that is not a number") from None
+        if not host or not 0 < port < 65536:
+            raise InvalidArgument(f"servers entry {item!r} is not host:port")
+        out.append((host, port))
+    if not out:
+        raise InvalidArgument(f"servers must be 'host:port[,host:port...]'; got {servers!r}")
+    return out
+
+
+def check_response(response: Any, what: str = "") -> Any:
+    """Raise the metaq error a response carries (with ``what`` in front of the broker's message)."""
+    code = response.error_code
+    if code != NONE:
+        message = response.error_message or ""
+        raise error_for_code(code, f"{what}: {message}" if what else message)
+    return response
+
+
+def _describe(request: Any) -> str:
+    name = type(request).__name__.removesuffix("Request")
+    topic = getattr(request, "topic", None)
+    partition = getattr(request, "partition", None)
+    if isinstance(topic, str) and isinstance(partition, int):
+        return f"{name} {topic}-{partition}"
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceItem:
+    """One batch for :meth:`BlockingClient.produce_many`."""
+
+    topic: str
+    partition: int
+    records: bytes
+
+
+class _Link:
+    """One socket to one broker plus the codec state for it."""
+
+    def __init__(self, host: str, port: int, client_id: str, timeout_s: float) -> None:
+        self.address = f"{host}:{port}"
+        self.timeout_s = timeout_s
+        self.sock = socket.create_connection((host, port), timeout=timeout_s)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.conn = ClientConnection(client_id)
+        self.broker_id = -1
+        self.closed = False
+
+    def handshake(self, client_software: str) -> ApiVersionsResponse:
+        response: ApiVersionsResponse = check_response(self.call(ApiVersionsRequest(client_software)),
+                                                       f"ApiVersions with {self.address}")
+        self.conn.set_versions({r.api_key: r.max_version for r in response.apis})
+        self.broker_id = response.broker_id
+        return response
+
+    def send(self, request: Any, expect_response: bool = True) -> None:
+        _cid, data = self.conn.send(request, expect_response=expect_response)
+        try:
+            self.sock.sendall(data)
+        except TimeoutError:
+            self.close()
+            raise RequestTimeoutError(f"writing to broker {self.address} took longer than {self.timeout_s}s") from None
+        except OSError as exc:
+            self.close()
+            raise ConnectionClosedError(f"connection to broker {self.address} failed: {exc}") from None
+
+    def receive(self) -> Any:
+        """The response to the oldest request in flight."""
+        while True:
+            event = self.conn.next_event()
+            if isinstance(event, ResponseEvent):
+                return event.response
+            try:
+                data = self.sock.recv(_RECV_BYTES)
+            except TimeoutError:
+                self.close()
+                raise RequestTimeoutError(
+                    f"broker {self.address} sent no reply within {self.timeout_s}s") from None
+            except OSError as exc:
+                self.close()
+                raise ConnectionClosedError(f"connection to broker {self.address} failed: {exc}") from None
+            if not data:
+                self.close()
+                raise ConnectionClosedError(f"broker {self.address} closed the connection")
+            self.conn.receive_data(data)
+
+    def call(self, request: Any) -> Any:
+        self.send(request)
+        return self.receive()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+            self.conn.clear()
+
+
+class BlockingClient:
+    """A synchronous metaq client on plain sockets (see the module docstring).
+
+    Broker error codes come back as the matching :class:`metaq.errors.BrokerError`; a broker that
+    cannot be reached is a :class:`ConnectionClosedError` naming every address tried. Not thread-safe:
+    use one client per thread.
+    """
+
+    def __init__(self, servers: str = DEFAULT_SERVERS, *, client_id: str = "metaq-blocking",
+                 timeout_s: float = 30.0) -> None:
+        self.servers = servers
+        self.client_id = client_id
+        self.timeout_s = timeout_s
+        self._addresses = parse_servers(servers)
+        self._links: dict[int, _Link] = {}
+        self._brokers: dict[int, tuple[str, int]] = {}
+        self._leaders: dict[tuple[str, int], int] = {}
+        self._bootstrap = self._connect_any()
+        self.broker_id = self._bootstrap.broker_id
+        self._links[self.broker_id] = self._bootstrap
+
+    # -- connections --------------------------------------------------------------------------
+
+    def _connect_any(self) -> _Link:
+        failures: list[str] = []
+        for host, port in self._addresses:
+            try:
+                link = _Link(host, port, self.client_id, self.timeout_s)
+            except OSError as exc:
+                failures.append(f"{host}:{port} ({exc.strerror or exc})")
+                continue
+            try:
+                link.handshake(self.client_id)
+            except (MetaqError, OSError) as exc:
+                link.close()
+                failures.append(f"{host}:{port} ({exc})")
+                continue
+            return link
+        raise ConnectionClosedError(
+            f"cannot reach any metaq broker in servers={self.servers!r}: {'; '.join(failures)}")
+
+    def _link_for_broker(self, broker_id: int) -> _Link:
+        link = self._links.get(broker_id)
+        if link is not None and not link.closed:
+            return link
+        if broker_id == self.broker_id or broker_id not in self._brokers:
+            if self._bootstrap.closed:
+                self._bootstrap = self._connect_any()
+                self.broker_id = self._bootstrap.broker_id
+                self._links[self.broker_id] = self._bootstrap
+            return self._bootstrap
+        host, port = self._brokers[broker_id]
+        try:
+            link = _Link(host, port, self.client_id, self.timeout_s)
+            link.handshake(self.client_id)
+        except OSError as exc:
+            raise ConnectionClosedError(f"cannot reach broker {broker_id} at {host}:{port}: {exc}") from None
+        self._links[broker_id] = link
+        return link
+
+    def _link_for(self, topic: str, partition: int) -> _Link:
+        """The connection to the broker holding ``topic``-``partition`` (metadata is asked once)."""
+        if len(self._addresses) == 1 and len(self._brokers) <= 1:
+            # The common case (one embedded broker): no metadata round trip until a second broker
+            # is actually known.
+            return self._link_for_broker(self.broker_id)
+        leader = self._leaders.get((topic, partition))
+        if leader is None:
+            try:
+                self.metadata([topic])
+            except BrokerError:
+                pass
+            leader = self._leaders.get((topic, partition), self.broker_id)
+        return self._link_for_broker(leader)
+
+    # -- generic requests ---------------------------------------------------------------------
+
+    def request(self, request: Any, *, broker_id: int | None = None) -> Any:
+        """Send one request and return its response; a non-zero error code raises."""
+        link = self._bootstrap if broker_id is None else self._link_for_broker(broker_id)
+        if link.closed:
+            link = self._link_for_broker(link.broker_id)
+        return check_response(link.call(request), _describe(request))
+
+    def request_many(self, requests: Iterable[Any], *, window: int = DEFAULT_WINDOW,
+                     check: bool = True) -> Iterator[Any]:
+        """Responses to ``requests`` in order, pipelined on the bootstrap connection.
+
+        At most ``window`` requests are written ahead of the replies. With ``check`` the first
+        error response raises -- after every reply still in flight has been read, so the
+        connection stays usable.
+        """
+        yield from self._pipeline(((self._bootstrap, r) for r in requests), window, check)
+
+    def _pipeline(self, items: Iterable[tuple[_Link, Any]], window: int, check: bool) -> Iterator[Any]:
+        if window < 1:
+            raise InvalidArgument(f"window must be >= 1; got {window}")
+        pending: deque[tuple[_Link, Any]] = deque()
+        error: BaseException | None = None
+
+        def collect() -> Any:
+            nonlocal error
+            link, req = pending.popleft()
+            resp = link.receive()
+            if check and resp.error_code != NONE and error is None:
+                try:
+                    check_response(resp, _describe(req))
+                except BrokerError as exc:
+                    error = exc
+            return resp
+
+        try:
+            for link, req in items:
+                if error is not None:
+                    break
+                if link.closed:
+                    link = self._link_for_broker(link.broker_id)
+                link.send(req)
+                pending.append((link, req))
+                while len(pending) >= window:
+                    resp = collect()
+                    if error is None:
+                        yield resp
+            while pending:
+                resp = collect()
+                if error is None:
+                    yield resp
+        finally:
+            # A consumer that stops early (or an exception) leaves replies in flight: the codec
+            # would then mismatch correlation ids, so drop those connections.
+            for link, _req in pending:
+                link.close()
+        if error is not None:
+            raise error
+
+    # -- typed helpers ------------------------------------------------------------------------
+
+    def metadata(self, topics: list[str] | None = None) -> MetadataResponse:
+        """Brokers and topics; remembers where each partition lives for routing."""
+        response: MetadataResponse = self.request(MetadataRequest(topics))
+        for b in response.brokers:
+            self._brokers[b.broker_id] = (b.host, b.port)
+        for t in response.topics:
+            for p in t.partitions:
+                self._leaders[(t.name, p.partition)] = p.broker_id
+        return response
+
+    def topic_info(self, topic: str) -> TopicInfo:
+        """One topic's metadata; UnknownTopicError (naming the topic and servers) if it does not exist."""
+        for t in self.metadata([topic]).topics:
+            if t.name == topic:
+                if t.error_code != NONE:
+                    raise error_for_code(t.error_code, f"topic {topic!r} on servers {self.servers!r}")
+                return t
+        raise UnknownTopicError(f"topic {topic!r} does not exist on servers {self.servers!r}")
+
+    def partitions_for(self, topic: str) -> list[int]:
+        """The topic's partition numbers, sorted."""
+        parts = sorted(p.partition for p in self.topic_info(topic).partitions)
+        if not parts:
+            raise UnknownPartitionError(f"topic {topic!r} has no partitions on servers {self.servers!r}")
+        return parts
+
+    def list_offsets(self, topic: str, partition: int, timestamp_ms: int) -> ListOffsetsResponse:
+        """-2 earliest, -1 latest (the next offset to be written), else the first offset at or after it."""
+        link = self._link_for(topic, partition)
+        return check_response(link.call(ListOffsetsRequest(topic, partition, timestamp_ms)),
+                              f"ListOffsets {topic}-{partition}")
+
+    def list_offsets_many(self, topic: str, partitions: Iterable[int],
+                          timestamp_ms: int) -> dict[int, ListOffsetsResponse]:
+        """:meth:`list_offsets` for several partitions in one pipelined round trip."""
+        parts = list(partitions)
+        items = [(self._link_for(topic, p), ListOffsetsRequest(topic, p, timestamp_ms)) for p in parts]
+        return dict(zip(parts, self._pipeline(items, max(1, len(items)), True), strict=True))
+
+    def fetch(self, topic: str, partition: int, offset: int, max_bytes: int,
+              max_wait_ms: int = 0) -> FetchResponse:
+        """Raw batches from ``offset`` (the first may start before it; the last may be cut off)."""
+        link = self._link_for(topic, partition)
+        response = link.call(FetchRequest(topic, partition, offset, max_bytes, max_wait_ms))
+        return check_response(response, f"Fetch {topic}-{partition} at offset {offset}")
+
+    def produce(self, topic: str, partition: int, batch_bytes: bytes, acks: int = 1,
+                timeout_ms: int | None = None) -> ProduceResponse | None:
+        """Append one record batch; None with ``acks=0`` (the broker does not answer)."""
+        link = self._link_for(topic, partition)
+        request = ProduceRequest(topic, partition, acks, self._timeout_ms(timeout_ms), batch_bytes)
+        if acks == 0:
+            link.send(request, expect_response=False)
+            return None
+        return check_response(link.call(request), f"Produce {topic}-{partition}")
+
+    def produce_many(self, items: Iterable[ProduceItem | tuple[str, int, bytes]], acks: int = 1,
+                     window: int = DEFAULT_WINDOW, timeout_ms: int | None = None) -> list[ProduceResponse]:
+        """Send batches pipelined (at most ``window`` unanswered); the replies in order.
+
+        ``items`` may be a generator: later batches are built while earlier ones are on the wire.
+        With ``acks=0`` the list is empty. The first error raises after the replies in flight are
+        read; batches after it are not sent, batches before it were appended (a retry re-sends them).
+        """
+        return list(self.iter_produce(items, acks, window, timeout_ms))
+
+    def iter_produce(self, items: Iterable[ProduceItem | tuple[str, int, bytes]], acks: int = 1,
+                     window: int = DEFAULT_WINDOW, timeout_ms: int | None = None) -> Iterator[ProduceResponse]:
+        """:meth:`produce_many` yielding each reply as it arrives (nothing is sent until iterated)."""
+        tmo = self._timeout_ms(timeout_ms)
+
+        def requests() -> Iterator[tuple[_Link, ProduceRequest]]:
+            for item in items:
+                topic, partition, records = item if isinstance(item, tuple) else (
+                    item.topic, item.partition, item.records)
+                yield self._link_for(topic, partition), ProduceRequest(topic, partition, acks, tmo, records)
+
+        if acks == 0:
+            for link, req in requests():
+                link.send(req, expect_response=False)
+            return
+        yield from self._pipeline(requests(), window, True)
+
+    def _timeout_ms(self, timeout_ms: int | None) -> int:
+        return int(self.timeout_s * 1000) if timeout_ms is None else timeout_ms
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        for link in list(self._links.values()):
+            link.close()
+        self._bootstrap.close()
+        self._links.clear()
+
+    def __enter__(self) -> BlockingClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def wait_for_broker(servers: str, timeout_s: float = 30.0) -> BlockingClient:
+    """A connected client once some broker in ``servers`` answers (scripts starting one)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return BlockingClient(servers, timeout_s=min(timeout_s, 10.0))
+        except ConnectionClosedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)

@@ -1,0 +1,250 @@
+"""Options of the ``metaq`` Spark format, parsed and checked before anything touches the network.
+
+Every error is a :class:`~metaq.errors.ConfigError` whose message starts with the option's name, so a
+user sees ``option 'startingOffsets': ...`` in the Spark exception rather than a stack of internals.
+Pure Python: no pyspark import here, so the parsing is unit-testable and cheap to run on the driver.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from metaq.client.blocking import DEFAULT_SERVERS, parse_servers
+from metaq.errors import ConfigError, InvalidArgument
+from metaq.protocol.records import Compression
+from metaq.types import DEFAULT_MAX_BATCH_BYTES, validate_topic
+
+EARLIEST = -2
+LATEST = -1
+
+OffsetSpec = Literal["earliest", "latest"] | dict[int, int]
+"""'earliest', 'latest', or explicit offsets per partition (-2 earliest, -1 latest)."""
+
+DEFAULT_MAX_BYTES_PER_FETCH = 4 * 1024 * 1024
+DEFAULT_BATCH_BYTES = 1024 * 1024
+DEFAULT_TIMEOUT_MS = 30_000
+DEFAULT_MAX_IN_FLIGHT = 16
+
+
+def _get(options: Mapping[str, str], name: str) -> str | None:
+    # Spark hands a case-insensitive dict (keys lower-cased); a plain dict from a test may not be.
+    if name in options:
+        return options[name]
+    lowered = name.lower()
+    for key, value in options.items():
+        if key.lower() == lowered:
+            return value
+    return None
+
+
+def _int_option(options: Mapping[str, str], name: str, default: int | None, minimum: int) -> int | None:
+    raw = _get(options, name)
+    if raw is None or str(raw).strip() == "":
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ConfigError(f"option {name!r}: {raw!r} is not an integer") from None
+    if value < minimum:
+        raise ConfigError(f"option {name!r}: must be >= {minimum}; got {value}")
+    return value
+
+
+def _bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = _get(options, name)
+    if raw is None:
+        return default
+    text = str(raw).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"option {name!r}: {raw!r} is not true or false")
+
+
+def _servers(options: Mapping[str, str]) -> str:
+    servers = _get(options, "servers")
+    if servers is None:
+        servers = DEFAULT_SERVERS
+    try:
+        parse_servers(servers)
+    except InvalidArgument as exc:
+        raise ConfigError(f"option 'servers': {exc}") from None
+    return servers
+
+
+def _topic(options: Mapping[str, str], required: bool) -> str | None:
+    topic = _get(options, "topic")
+    if topic is None or topic == "":
+        if required:
+            raise ConfigError("option 'topic': required (the metaq topic to read)")
+        return None
+    try:
+        return validate_topic(topic)
+    except InvalidArgument as exc:
+        raise ConfigError(f"option 'topic': {exc}") from None
+
+
+def parse_offset_spec(raw: str | None, name: str, topic: str, default: OffsetSpec,
+                      allow_earliest: bool = True) -> OffsetSpec:
+    """``earliest`` | ``latest`` | ``{"topic": {"0": 23, "1": -2}}`` (-2 earliest, -1 latest)."""
+    if raw is None or raw.strip() == "":
+        return default
+    text = raw.strip()
+    if text.lower() == "earliest":
+        if not allow_earliest:
+            raise ConfigError(f"option {name!r}: 'earliest' is not allowed here; use 'latest' or JSON offsets")
+        return "earliest"
+    if text.lower() == "latest":
+        return "latest"
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(
+            f"option {name!r}: {raw!r} is neither 'earliest', 'latest' nor JSON like "
+            f'{{"{topic}": {{"0": 23, "1": -2}}}} ({exc})') from None
+    if not isinstance(doc, dict) or not doc:
+        raise ConfigError(f'option {name!r}: JSON offsets must be an object like {{"{topic}": {{"0": 23}}}}')
+    others = sorted(k for k in doc if k != topic)
+    if others:
+        raise ConfigError(f"option {name!r}: names topic(s) {others}, but option 'topic' is {topic!r}")
+    per_partition = doc[topic]
+    if not isinstance(per_partition, dict):
+        raise ConfigError(f'option {name!r}: offsets of topic {topic!r} must be an object like {{"0": 23}}')
+    out: dict[int, int] = {}
+    for key, value in per_partition.items():
+        try:
+            partition = int(key)
+        except (TypeError, ValueError):
+            raise ConfigError(f"option {name!r}: partition {key!r} is not an integer") from None
+        if partition < 0 or str(partition) != str(key).strip():
+            raise ConfigError(f"option {name!r}: partition {key!r} is not a partition number")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"option {name!r}: offset of partition {partition} must be an integer; got {value!r}")
+        if value < EARLIEST:
+            raise ConfigError(f"option {name!r}: offset {value} of partition {partition} is invalid "
+                              f"(use >= 0, -2 for earliest or -1 for latest)")
+        if value == EARLIEST and not allow_earliest:
+            raise ConfigError(f"option {name!r}: -2 (earliest) is not allowed for partition {partition}")
+        out[partition] = value
+    return dict(sorted(out.items()))
+
+
+def needs_persisted_start(spec: OffsetSpec) -> bool:
+    """True when the start depends on the moment it is resolved (anything 'latest')."""
+    if spec == "latest":
+        return True
+    return isinstance(spec, dict) and LATEST in spec.values()
+
+
+def local_path(raw: str, name: str) -> str:
+    """A local file-system path from a path or ``file:`` URI; other schemes are refused."""
+    text = raw.strip()
+    if text.startswith("file://"):
+        text = text[len("file://"):]
+    elif text.startswith("file:"):
+        text = text[len("file:"):]
+    elif "://" in text:
+        raise ConfigError(f"option {name!r}: only local file-system paths are supported; got {raw!r}")
+    if not text:
+        raise ConfigError(f"option {name!r}: empty path")
+    return os.path.abspath(text)
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    servers: str
+    topic: str
+    starting: OffsetSpec
+    ending: OffsetSpec
+    starting_raw: str
+    min_partitions: int | None
+    max_bytes_per_fetch: int
+    max_offsets_per_trigger: int | None
+    fail_on_data_loss: bool
+    checkpoint_location: str | None
+    timeout_ms: int
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], *, streaming: bool = False) -> ReadOptions:
+        servers = _servers(options)
+        topic = _topic(options, required=True)
+        assert topic is not None
+        starting_raw = _get(options, "startingOffsets") or "earliest"
+        starting = parse_offset_spec(starting_raw, "startingOffsets", topic, "earliest")
+        ending_raw = _get(options, "endingOffsets")
+        if streaming and ending_raw is not None:
+            raise ConfigError("option 'endingOffsets': not supported by streaming reads (a stream has no end)")
+        ending = parse_offset_spec(ending_raw, "endingOffsets", topic, "latest", allow_earliest=False)
+        checkpoint = _get(options, "checkpointLocation")
+        checkpoint_location = local_path(checkpoint, "checkpointLocation") if checkpoint else None
+        if streaming and needs_persisted_start(starting) and checkpoint_location is None:
+            raise ConfigError(
+                "option 'checkpointLocation': required on the metaq stream reader when "
+                f"startingOffsets={starting_raw!r}: 'latest' is resolved once and must be remembered "
+                "across restarts; pass the query's checkpoint directory (the source keeps its file under "
+                "<dir>/metaq-source/), or start from 'earliest' or explicit offsets")
+        max_bytes = _int_option(options, "maxBytesPerFetch", DEFAULT_MAX_BYTES_PER_FETCH, 1024)
+        assert max_bytes is not None
+        timeout_ms = _int_option(options, "timeoutMs", DEFAULT_TIMEOUT_MS, 1)
+        assert timeout_ms is not None
+        return cls(
+            servers=servers,
+            topic=topic,
+            starting=starting,
+            ending=ending,
+            starting_raw=starting_raw,
+            min_partitions=_int_option(options, "minPartitions", None, 1),
+            max_bytes_per_fetch=max_bytes,
+            max_offsets_per_trigger=_int_option(options, "maxOffsetsPerTrigger", None, 1),
+            fail_on_data_loss=_bool_option(options, "failOnDataLoss", True),
+            checkpoint_location=checkpoint_location,
+            timeout_ms=timeout_ms,
+        )
+
+    def start_file(self) -> str | None:
+        """Where a stream keeps its resolved starting offsets (None without checkpointLocation)."""
+        if self.checkpoint_location is None:
+            return None
+        digest = hashlib.sha256(json.dumps([self.topic, self.starting_raw]).encode()).hexdigest()[:12]
+        return os.path.join(self.checkpoint_location, "metaq-source", f"{self.topic}-{digest}.json")
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    servers: str
+    topic: str | None
+    batch_bytes: int
+    compression: Compression
+    acks: int
+    max_in_flight: int
+    timeout_ms: int
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> WriteOptions:
+        raw_compression = _get(options, "compression")
+        try:
+            compression = Compression.parse(raw_compression)
+        except (InvalidArgument, ValueError):
+            raise ConfigError(f"option 'compression': {raw_compression!r} is not none, lz4 or zstd") from None
+        acks = _int_option(options, "acks", 1, 0)
+        if acks not in (0, 1):
+            raise ConfigError(f"option 'acks': must be 1 (wait for the broker) or 0 (one-way); got {acks}")
+        batch_bytes = _int_option(options, "batchBytes", DEFAULT_BATCH_BYTES, 1024)
+        assert batch_bytes is not None
+        if batch_bytes > DEFAULT_MAX_BATCH_BYTES:
+            raise ConfigError(f"option 'batchBytes': at most {DEFAULT_MAX_BATCH_BYTES} (the broker's batch limit)")
+        max_in_flight = _int_option(options, "maxInFlight", DEFAULT_MAX_IN_FLIGHT, 1)
+        timeout_ms = _int_option(options, "timeoutMs", DEFAULT_TIMEOUT_MS, 1)
+        assert max_in_flight is not None and timeout_ms is not None
+        return cls(servers=_servers(options), topic=_topic(options, required=False), batch_bytes=batch_bytes,
+                   compression=compression, acks=acks, max_in_flight=max_in_flight, timeout_ms=timeout_ms)
+
+
+def describe(options: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in sorted(options.items()))

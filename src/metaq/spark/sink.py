@@ -1,0 +1,219 @@
+"""Writing Arrow batches of rows into metaq: rows -> record batches -> pipelined produce requests.
+
+Input columns (by name; any other column is ignored):
+
+===========  ==========================================  =============================================
+column       type                                        meaning
+===========  ==========================================  =============================================
+value        binary or string (required, not null)       the payload
+key          binary or string                            the message key
+attribute    string                                      MetaQ's attribute (what consumers filter on)
+topic        string                                      target topic; null -> the ``topic`` option
+partition    any integer type                            target partition; null -> see below
+timestamp    timestamp                                   the message timestamp; null -> now
+headers      array<struct<key: string, value: binary>>   message headers (map<string, binary> works too)
+===========  ==========================================  =============================================
+
+A row without a partition goes to ``crc32(key) % partitions`` when it has a key (the rule of the
+client's KeyHashSelector: the same key always lands in the same partition, so its messages stay in
+order; the topic must exist), else to partition -1: the broker picks an open partition per batch (and
+creates the topic if it allows dynamic topics), as MetaQ does.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from metaq.client.blocking import BlockingClient
+from metaq.errors import ConfigError, UnknownTopicError
+from metaq.protocol.messages import ANY_PARTITION
+from metaq.protocol.records import HEADER_BYTES, RECORD_PREFIX_BYTES, BatchBuilder, encode_values
+from metaq.spark.options import WriteOptions
+
+OPTIONAL_COLUMNS = ("key", "attribute", "topic", "partition", "timestamp", "headers")
+
+
+@dataclass
+class WriteStats:
+    """What one task wrote: rows, batches, and [first, last] offsets per topic-partition."""
+
+    rows: int = 0
+    batches: int = 0
+    ranges: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, topic: str, partition: int, base_offset: int, count: int) -> None:
+        self.rows += count
+        self.batches += 1
+        if base_offset < 0:
+            return
+        key = f"{topic}-{partition}"
+        last = base_offset + count - 1
+        seen = self.ranges.get(key)
+        if seen is None:
+            self.ranges[key] = [base_offset, last]
+        else:
+            seen[0] = min(seen[0], base_offset)
+            seen[1] = max(seen[1], last)
+
+
+def _is_binary_or_string(t: pa.DataType) -> bool:
+    return (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_string(t)
+            or pa.types.is_large_string(t))
+
+
+def check_input_schema(schema: pa.Schema, opts: WriteOptions) -> None:
+    """Refuse a DataFrame the sink cannot write, naming the column (run on the driver)."""
+    names = schema.names
+    if "value" not in names:
+        raise ConfigError(f"metaq sink: the DataFrame needs a 'value' column (binary or string); it has {names}")
+    checks = {
+        "value": _is_binary_or_string,
+        "key": _is_binary_or_string,
+        "attribute": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
+        "topic": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
+        "partition": pa.types.is_integer,
+        "timestamp": pa.types.is_timestamp,
+        "headers": lambda t: pa.types.is_list(t) or pa.types.is_map(t),
+    }
+    for name, ok in checks.items():
+        if name in names and not ok(schema.field(name).type):
+            raise ConfigError(f"metaq sink: column {name!r} has type {schema.field(name).type}, which the sink "
+                              "cannot write (see docs/spark.md for the column types)")
+    if opts.topic is None and "topic" not in names:
+        raise ConfigError("option 'topic': required unless the DataFrame has a 'topic' column")
+
+
+def _bytes_list(column: pa.Array | pa.ChunkedArray) -> list[bytes | None]:
+    if pa.types.is_string(column.type):
+        column = column.cast(pa.binary())
+    elif pa.types.is_large_string(column.type):
+        column = column.cast(pa.large_binary())
+    return column.to_pylist()
+
+
+def _headers_list(column: pa.Array) -> list[list[tuple[str, bytes]] | None]:
+    out: list[list[tuple[str, bytes]] | None] = []
+    for item in column.to_pylist():
+        if not item:
+            out.append(None)
+            continue
+        pairs = []
+        for h in item:
+            k, v = (h["key"], h["value"]) if isinstance(h, dict) else h
+            pairs.append((k, v.encode() if isinstance(v, str) else bytes(v if v is not None else b"")))
+        out.append(pairs)
+    return out
+
+
+class BatchEncoder:
+    """Turns Arrow batches of rows into (topic, partition, record batch, count) produce items."""
+
+    def __init__(self, opts: WriteOptions, partitions_of: Callable[[str], list[int]]) -> None:
+        self.opts = opts
+        self.partitions_of = partitions_of
+        self._partition_counts: dict[str, int] = {}
+
+    def _partition_for_key(self, topic: str, key: bytes) -> int:
+        n = self._partition_counts.get(topic)
+        if n is None:
+            try:
+                n = self._partition_counts[topic] = len(self.partitions_of(topic))
+            except UnknownTopicError:
+                raise UnknownTopicError(
+                    f"metaq sink: topic {topic!r} does not exist yet, and rows with a key go to partition "
+                    "crc32(key) % partitions, which needs its partition count: create the topic first "
+                    "(or give the rows a 'partition', or no key)") from None
+        return zlib.crc32(key) % n
+
+    def encode(self, batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[str, int, bytes, int]]:
+        for rb in batches:
+            if rb.num_rows:
+                yield from self._encode_one(rb)
+
+    def _encode_one(self, rb: pa.RecordBatch) -> Iterator[tuple[str, int, bytes, int]]:
+        names = rb.schema.names
+        now_ms = int(time.time() * 1000)
+        values = _bytes_list(rb.column(names.index("value")))
+        if any(v is None for v in values):
+            raise ConfigError("metaq sink: column 'value' has a null; every message needs a payload")
+        cols = {n: rb.column(names.index(n)) for n in OPTIONAL_COLUMNS if n in names}
+        cols = {n: c for n, c in cols.items() if c.null_count < len(c)}  # all-null columns do not matter
+        if not cols:
+            assert self.opts.topic is not None
+            yield from self._plain(self.opts.topic, values, now_ms)  # type: ignore[arg-type]
+            return
+        n = len(values)
+        keys = _bytes_list(cols["key"]) if "key" in cols else [None] * n
+        attrs = cols["attribute"].to_pylist() if "attribute" in cols else [None] * n
+        topics = cols["topic"].to_pylist() if "topic" in cols else [None] * n
+        parts = cols["partition"].to_pylist() if "partition" in cols else [None] * n
+        if "timestamp" in cols:
+            micros = cols["timestamp"].cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_pylist()
+            stamps = [now_ms if t is None else t // 1000 for t in micros]
+        else:
+            stamps = [now_ms] * n
+        headers = _headers_list(cols["headers"]) if "headers" in cols else [None] * n
+        builders: dict[tuple[str, int], BatchBuilder] = {}
+        for i in range(n):
+            topic = topics[i] or self.opts.topic
+            if topic is None:
+                raise ConfigError("option 'topic': a row has a null 'topic' and the option is not set")
+            part = parts[i]
+            key = keys[i]
+            if part is None:
+                part = ANY_PARTITION if key is None else self._partition_for_key(topic, key)
+            target = (topic, part)
+            builder = builders.get(target)
+            if builder is None:
+                builder = builders[target] = BatchBuilder(self.opts.batch_bytes, self.opts.compression)
+            if not builder.try_append(stamps[i], values[i], key, attrs[i], headers[i]):  # type: ignore[arg-type]
+                yield topic, part, builder.build(), len(builder)
+                builder = builders[target] = BatchBuilder(self.opts.batch_bytes, self.opts.compression)
+                builder.try_append(stamps[i], values[i], key, attrs[i], headers[i])  # type: ignore[arg-type]
+        for (topic, part), builder in builders.items():
+            if len(builder):
+                yield topic, part, builder.build(), len(builder)
+
+    def _plain(self, topic: str, values: list[bytes], now_ms: int) -> Iterator[tuple[str, int, bytes, int]]:
+        """The fast path: payloads only, cut into batches of about ``batch_bytes``."""
+        limit = self.opts.batch_bytes - HEADER_BYTES
+        start, size = 0, 0
+        for i, v in enumerate(values):
+            rec = RECORD_PREFIX_BYTES + len(v)
+            if size + rec > limit and i > start:
+                yield topic, ANY_PARTITION, encode_values(values[start:i], now_ms, self.opts.compression), i - start
+                start, size = i, 0
+            size += rec
+        if start < len(values):
+            yield (topic, ANY_PARTITION, encode_values(values[start:], now_ms, self.opts.compression),
+                   len(values) - start)
+
+
+def write_arrow(batches: Iterable[pa.RecordBatch], opts: WriteOptions,
+                client_id: str = "metaq-spark-writer") -> WriteStats:
+    """Send every row of ``batches``; returns once the broker acknowledged all of them (acks=1)."""
+    stats = WriteStats()
+    with BlockingClient(opts.servers, client_id=client_id, timeout_s=opts.timeout_ms / 1000) as client:
+        encoder = BatchEncoder(opts, client.partitions_for)
+        sent: deque[tuple[str, int]] = deque()
+
+        def items() -> Iterator[tuple[str, int, bytes]]:
+            for topic, part, batch, count in encoder.encode(batches):
+                sent.append((topic, count))
+                yield topic, part, batch
+
+        if opts.acks == 0:
+            client.produce_many(items(), acks=0)
+            for topic, count in sent:
+                stats.add(topic, -1, -1, count)
+            return stats
+        for resp in client.iter_produce(items(), acks=1, window=opts.max_in_flight, timeout_ms=opts.timeout_ms):
+            topic, count = sent.popleft()
+            stats.add(topic, resp.partition, resp.base_offset, count)
+    return stats

@@ -1,0 +1,412 @@
+"""The ``metaq`` Spark format: batch and streaming reads, batch and streaming writes.
+
+Where each piece runs matters (see docs/spark.md):
+
+- ``MetaqDataSource`` is built from the options, pickled, and shipped everywhere: keep it plain.
+- Driver side: ``partitions()`` of the batch reader; ``initialOffset``/``latestOffset``/``partitions``/
+  ``commit`` of the stream reader, in one long-lived Python process per query. They talk to the broker
+  with a :class:`~metaq.client.blocking.BlockingClient` opened lazily and never pickled.
+- Executors: ``read(partition)`` runs on a *different*, unpickled copy of the reader. It opens its own
+  client, fetches exactly the partition's [start, end) and yields Arrow batches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from metaq.client.blocking import BlockingClient
+from metaq.errors import ConfigError, ConnectionClosedError, MetaqError, RequestTimeoutError, UnknownTopicError
+from metaq.spark.arrow import DataLossError, read_range
+from metaq.spark.offsets import (
+    Bounds,
+    OffsetRange,
+    batch_ranges,
+    cap_to_max_rows,
+    parse_stream_offset,
+    resolve_spec,
+    split_ranges,
+    stream_offset,
+)
+from metaq.spark.options import ReadOptions, WriteOptions
+from metaq.spark.sink import WriteStats, check_input_schema, write_arrow
+
+log = logging.getLogger("metaq.spark")
+
+SCHEMA = StructType([
+    StructField("key", BinaryType()),
+    StructField("value", BinaryType()),
+    StructField("attribute", StringType()),
+    StructField("topic", StringType()),
+    StructField("partition", IntegerType()),
+    StructField("offset", LongType()),
+    StructField("timestamp", TimestampType()),
+    StructField("message_id", StringType()),
+    StructField("headers", ArrayType(StructType([StructField("key", StringType()),
+                                                 StructField("value", BinaryType())]))),
+])
+
+METADATA_REFRESH_S = 10.0
+"""How often a running stream looks for new partitions (latestOffset itself is one round trip)."""
+
+
+# -- shared driver-side helpers -------------------------------------------------------------------
+
+def _connect(opts: ReadOptions | WriteOptions, client_id: str) -> BlockingClient:
+    try:
+        return BlockingClient(opts.servers, client_id=client_id, timeout_s=opts.timeout_ms / 1000)
+    except ConnectionClosedError as exc:
+        raise ConnectionClosedError(f"option 'servers': {exc}") from None
+
+
+def _partitions(client: BlockingClient, opts: ReadOptions) -> list[int]:
+    try:
+        return client.partitions_for(opts.topic)
+    except UnknownTopicError:
+        raise UnknownTopicError(f"option 'topic': topic {opts.topic!r} does not exist on servers "
+                                f"{opts.servers!r}") from None
+
+
+def _bounds(client: BlockingClient, topic: str, partitions: list[int]) -> dict[int, Bounds]:
+    replies = client.list_offsets_many(topic, partitions, -1)
+    return {p: Bounds(r.log_start_offset, r.log_end_offset) for p, r in sorted(replies.items())}
+
+
+def _check_schema(schema: StructType | None) -> None:
+    if schema is not None and schema != SCHEMA:
+        raise ConfigError(f"the metaq source has a fixed schema ({SCHEMA.simpleString()}); do not pass "
+                          f"another one (got {schema.simpleString()})")
+
+
+@dataclass
+class MetaqInputPartition(InputPartition):
+    """One Spark task: offsets [start, end) of one metaq partition."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    new_partition: bool = False
+
+
+def _read(opts: ReadOptions, part: InputPartition) -> Iterator[Any]:
+    if not isinstance(part, MetaqInputPartition) or part.end <= part.start:
+        return
+    with BlockingClient(opts.servers, client_id="metaq-spark-reader", timeout_s=opts.timeout_ms / 1000) as client:
+        yield from read_range(client, part.topic, part.partition, part.start, part.end,
+                              max_bytes=opts.max_bytes_per_fetch, fail_on_data_loss=opts.fail_on_data_loss,
+                              new_partition=part.new_partition)
+
+
+def _input_partitions(topic: str, ranges: list[OffsetRange], min_partitions: int | None,
+                      new: frozenset[int] | set[int] = frozenset()) -> list[MetaqInputPartition]:
+    return [MetaqInputPartition(topic, r.partition, r.start, r.end, r.partition in new)
+            for r in split_ranges(ranges, min_partitions)]
+
+
+# -- batch read -----------------------------------------------------------------------------------
+
+class MetaqBatchReader(DataSourceReader):
+    def __init__(self, opts: ReadOptions) -> None:
+        self.opts = opts
+
+    def partitions(self) -> list[InputPartition]:
+        opts = self.opts
+        with _connect(opts, "metaq-spark-planner") as client:
+            bounds = _bounds(client, opts.topic, _partitions(client, opts))
+        start = resolve_spec(opts.starting, bounds, "startingOffsets")
+        end = resolve_spec(opts.ending, bounds, "endingOffsets")
+        for p, s in start.items():
+            if s > bounds[p].log_end:
+                raise ConfigError(f"option 'startingOffsets': offset {s} of partition {p} is beyond the "
+                                  f"partition's end ({bounds[p].log_end})")
+        for p, e in end.items():
+            if e > bounds[p].log_end:
+                raise ConfigError(f"option 'endingOffsets': offset {e} of partition {p} is beyond the "
+                                  f"partition's end ({bounds[p].log_end})")
+        return list(_input_partitions(opts.topic, batch_ranges(start, end), opts.min_partitions))
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return _read(self.opts, partition)
+
+
+# -- streaming read -------------------------------------------------------------------------------
+
+def _persist_once(path: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """Write ``doc`` to ``path`` unless it exists; either way return what the file holds.
+
+    The file is written whole to a temporary name, fsynced and hard-linked into place (linking fails
+    if another writer got there first), so a crash never leaves a torn or half-resolved start.
+    """
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    finally:
+        os.unlink(tmp)
+    with open(path) as f:
+        return json.load(f)
+
+
+class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reads with admission control (maxOffsetsPerTrigger) and Trigger.AvailableNow."""
+
+    def __init__(self, opts: ReadOptions) -> None:
+        self.opts = opts
+        self._client: BlockingClient | None = None
+        self._partition_list: list[int] | None = None
+        self._partitions_at = 0.0
+        self._target: dict[int, int] | None = None
+        self._latest: dict[int, int] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # executors get a copy of the reader: only the options travel, never a socket or driver state
+        return {"opts": self.opts}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["opts"])  # type: ignore[misc]
+
+    # driver-side broker access, reconnecting once if the broker went away in between
+    def _call(self, fn: Any) -> Any:
+        for attempt in (1, 2):
+            if self._client is None:
+                self._client = _connect(self.opts, "metaq-spark-stream")
+            try:
+                return fn(self._client)
+            except (ConnectionClosedError, RequestTimeoutError):
+                self._client.close()
+                self._client = None
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _bounds(self, refresh: bool = False) -> dict[int, Bounds]:
+        now = time.monotonic()
+        if refresh or self._partition_list is None or now - self._partitions_at > METADATA_REFRESH_S:
+            self._partition_list = self._call(lambda c: _partitions(c, self.opts))
+            self._partitions_at = now
+        parts = self._partition_list
+        return self._call(lambda c: _bounds(c, self.opts.topic, parts))
+
+    def initialOffset(self) -> dict[str, Any]:
+        """The resolved start; with checkpointLocation, resolved once and read back ever after."""
+        opts = self.opts
+        path = opts.start_file()
+        if path is not None and os.path.exists(path):
+            with open(path) as f:
+                doc = json.load(f)
+            return stream_offset(opts.topic, parse_stream_offset(doc, opts.topic))
+        positions = resolve_spec(opts.starting, self._bounds(refresh=True), "startingOffsets")
+        doc = stream_offset(opts.topic, positions)
+        if path is not None:
+            doc = _persist_once(path, doc)
+            log.info("metaq source: starting offsets %s kept in %s", doc, path)
+        return stream_offset(opts.topic, parse_stream_offset(doc, opts.topic))
+
+    def _current(self) -> tuple[dict[int, Bounds], dict[int, int]]:
+        bounds = self._bounds()
+        latest = {p: b.log_end for p, b in bounds.items()}
+        self._latest = latest
+        return bounds, latest
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        opts = self.opts
+        begin = parse_stream_offset(start, opts.topic)
+        bounds, latest = self._current()
+        if self._target is not None:
+            latest = {p: min(latest[p], self._target[p]) if p in self._target else begin.get(p, bounds[p].log_start)
+                      for p in latest}
+        effective_start: dict[int, int] = {}
+        for p, b in bounds.items():
+            s = begin.get(p)
+            if s is None:  # a partition added since the query started: read it from its beginning
+                effective_start[p] = b.log_start
+                continue
+            if s > b.log_end:
+                if opts.fail_on_data_loss:
+                    raise DataLossError(
+                        f"{opts.topic}-{p}: the query is at offset {s}, beyond the partition's end ({b.log_end}); "
+                        "the topic was truncated or recreated. Set failOnDataLoss=false to continue from its end")
+                log.warning("metaq source: %s-%d went back from %d to %d; continuing from there",
+                            opts.topic, p, s, b.log_end)
+            elif s < b.log_start and opts.fail_on_data_loss:
+                raise DataLossError(
+                    f"{opts.topic}-{p}: offsets {s}..{b.log_start - 1} were deleted before the query read them "
+                    "(retention?). Set failOnDataLoss=false to skip to the earliest message")
+            effective_start[p] = s
+        end = dict(latest)
+        for p, s in begin.items():
+            end.setdefault(p, s)  # a partition that vanished from metadata stays where it was
+            effective_start.setdefault(p, s)
+        if isinstance(limit, ReadMaxRows):
+            end = cap_to_max_rows(effective_start, end, limit.max_rows)
+        return stream_offset(opts.topic, end)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.opts.max_offsets_per_trigger
+        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return None if self._latest is None else stream_offset(self.opts.topic, self._latest)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        _bounds, latest = self._current()
+        self._target = latest
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        begin = parse_stream_offset(start, self.opts.topic)
+        stop = parse_stream_offset(end, self.opts.topic)
+        ranges = [OffsetRange(p, begin.get(p, 0), e) for p, e in sorted(stop.items())]
+        new = set(stop) - set(begin)
+        return list(_input_partitions(self.opts.topic, ranges, self.opts.min_partitions, new))
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return _read(self.opts, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to do: the checkpoint is the only record of progress (metaq keeps no group offset)."""
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+# -- writes ---------------------------------------------------------------------------------------
+
+@dataclass
+class MetaqCommitMessage(WriterCommitMessage):
+    """What one write task appended: rows, batches and [first, last] offsets per topic-partition."""
+
+    rows: int
+    batches: int
+    ranges: dict[str, list[int]]
+
+
+def _commit_message(stats: WriteStats) -> MetaqCommitMessage:
+    return MetaqCommitMessage(stats.rows, stats.batches, stats.ranges)
+
+
+def _summary(messages: list[WriterCommitMessage | None]) -> str:
+    rows = sum(m.rows for m in messages if isinstance(m, MetaqCommitMessage))
+    return f"{rows} rows from {len(messages)} tasks"
+
+
+class MetaqWriter(DataSourceArrowWriter):
+    def __init__(self, opts: WriteOptions) -> None:
+        self.opts = opts
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return _commit_message(write_arrow(iterator, self.opts))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        log.info("metaq sink: wrote %s", _summary(messages))
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        # Appends cannot be taken back: what the successful tasks sent stays in the topic.
+        log.warning("metaq sink: write aborted after %s had been appended", _summary(messages))
+
+
+class MetaqStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, opts: WriteOptions) -> None:
+        self.opts = opts
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return _commit_message(write_arrow(iterator, self.opts))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.info("metaq sink: batch %d wrote %s", batchId, _summary(messages))
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.warning("metaq sink: batch %d aborted after %s had been appended", batchId, _summary(messages))
+
+
+# -- the data source ------------------------------------------------------------------------------
+
+def _write_options(options: Mapping[str, str], schema: StructType, overwrite: bool) -> WriteOptions:
+    if overwrite:
+        raise ConfigError("metaq topics are append-only: use mode('append') (overwrite is not possible)")
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    opts = WriteOptions.parse(options)
+    check_input_schema(to_arrow_schema(schema, timezone="UTC"), opts)
+    return opts
+
+
+class MetaqDataSource(DataSource):
+    """``spark.read.format("metaq")`` / ``readStream`` / ``write`` / ``writeStream``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "metaq"
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        _check_schema(schema)
+        return MetaqBatchReader(ReadOptions.parse(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        _check_schema(schema)
+        return MetaqStreamReader(ReadOptions.parse(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> MetaqWriter:
+        return MetaqWriter(_write_options(self.options, schema, overwrite))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> MetaqStreamWriter:
+        return MetaqStreamWriter(_write_options(self.options, schema, overwrite))
+
+
+__all__ = [
+    "SCHEMA",
+    "DataLossError",
+    "MetaqBatchReader",
+    "MetaqCommitMessage",
+    "MetaqDataSource",
+    "MetaqError",
+    "MetaqInputPartition",
+    "MetaqStreamReader",
+    "MetaqStreamWriter",
+    "MetaqWriter",
+]

@@ -1,0 +1,220 @@
+"""Option parsing and offset arithmetic of the Spark source (no Spark, no broker)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from metaq.errors import ConfigError
+from metaq.spark.offsets import (
+    Bounds,
+    OffsetRange,
+    batch_ranges,
+    cap_to_max_rows,
+    parse_stream_offset,
+    resolve_spec,
+    split_ranges,
+    stream_offset,
+)
+from metaq.spark.options import ReadOptions, WriteOptions, parse_offset_spec
+
+BOUNDS = {0: Bounds(0, 10), 1: Bounds(5, 50), 2: Bounds(0, 0)}
+
+
+# -- offset specs --------------------------------------------------------------------------------
+
+def test_spec_keywords() -> None:
+    assert parse_offset_spec(None, "startingOffsets", "t", "earliest") == "earliest"
+    assert parse_offset_spec(" Latest ", "startingOffsets", "t", "earliest") == "latest"
+    assert parse_offset_spec("earliest", "startingOffsets", "t", "latest") == "earliest"
+
+
+def test_spec_json_is_sorted_by_partition() -> None:
+    spec = parse_offset_spec('{"t": {"2": 7, "0": -2, "10": -1}}', "startingOffsets", "t", "earliest")
+    assert spec == {0: -2, 2: 7, 10: -1}
+    assert list(spec) == [0, 2, 10]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("raw, fragment", [
+    ("{not json", "neither 'earliest', 'latest' nor JSON"),
+    ("[1, 2]", "must be an object"),
+    ('{"other": {"0": 1}}', "names topic(s) ['other']"),
+    ('{"t": [1]}', "must be an object"),
+    ('{"t": {"x": 1}}', "partition 'x' is not an integer"),
+    ('{"t": {"-1": 1}}', "not a partition number"),
+    ('{"t": {"0": "5"}}', "must be an integer"),
+    ('{"t": {"0": 1.5}}', "must be an integer"),
+    ('{"t": {"0": true}}', "must be an integer"),
+    ('{"t": {"0": -3}}', "is invalid"),
+    ("yesterday", "neither"),
+])
+def test_malformed_spec_names_the_option(raw: str, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=r"^option 'startingOffsets': ") as info:
+        parse_offset_spec(raw, "startingOffsets", "t", "earliest")
+    assert fragment in str(info.value)
+
+
+def test_earliest_not_allowed_as_an_end() -> None:
+    with pytest.raises(ConfigError, match="option 'endingOffsets'"):
+        parse_offset_spec("earliest", "endingOffsets", "t", "latest", allow_earliest=False)
+    with pytest.raises(ConfigError, match="option 'endingOffsets'"):
+        parse_offset_spec('{"t": {"0": -2}}', "endingOffsets", "t", "latest", allow_earliest=False)
+
+
+def test_resolve_spec() -> None:
+    assert resolve_spec("earliest", BOUNDS, "startingOffsets") == {0: 0, 1: 5, 2: 0}
+    assert resolve_spec("latest", BOUNDS, "endingOffsets") == {0: 10, 1: 50, 2: 0}
+    # unlisted partitions default to earliest for a start and latest for an end
+    assert resolve_spec({1: 7, 0: -1}, BOUNDS, "startingOffsets") == {0: 10, 1: 7, 2: 0}
+    assert resolve_spec({1: 7}, BOUNDS, "endingOffsets") == {0: 10, 1: 7, 2: 0}
+    with pytest.raises(ConfigError, match=r"option 'startingOffsets': partition\(s\) \[9\] do not exist"):
+        resolve_spec({9: 1}, BOUNDS, "startingOffsets")
+
+
+def test_batch_ranges_refuse_end_before_start() -> None:
+    assert batch_ranges({0: 2, 1: 5}, {0: 4, 1: 5}) == [OffsetRange(0, 2, 4), OffsetRange(1, 5, 5)]
+    with pytest.raises(ConfigError, match="option 'startingOffsets'"):
+        batch_ranges({0: 6}, {0: 4})
+
+
+# -- read and write options ----------------------------------------------------------------------
+
+def test_read_options_defaults() -> None:
+    opts = ReadOptions.parse({"topic": "t"})
+    assert opts.servers == "127.0.0.1:8123"
+    assert opts.starting == "earliest" and opts.ending == "latest"
+    assert opts.fail_on_data_loss and opts.max_offsets_per_trigger is None and opts.min_partitions is None
+
+
+def test_read_options_are_case_insensitive() -> None:
+    opts = ReadOptions.parse({"topic": "t", "maxoffsetspertrigger": "10", "FAILONDATALOSS": "false"})
+    assert opts.max_offsets_per_trigger == 10 and not opts.fail_on_data_loss
+
+
+@pytest.mark.parametrize("options, option", [
+    ({}, "topic"),
+    ({"topic": "../x"}, "topic"),
+    ({"topic": "t", "servers": "host:port"}, "servers"),
+    ({"topic": "t", "servers": ""}, "servers"),
+    ({"topic": "t", "minPartitions": "0"}, "minPartitions"),
+    ({"topic": "t", "maxOffsetsPerTrigger": "many"}, "maxOffsetsPerTrigger"),
+    ({"topic": "t", "failOnDataLoss": "maybe"}, "failOnDataLoss"),
+    ({"topic": "t", "maxBytesPerFetch": "10"}, "maxBytesPerFetch"),
+    ({"topic": "t", "checkpointLocation": "hdfs://nn/x"}, "checkpointLocation"),
+])
+def test_bad_read_options_name_the_option(options: dict[str, str], option: str) -> None:
+    with pytest.raises(ConfigError, match=f"^option '{option}'"):
+        ReadOptions.parse(options)
+
+
+def test_streaming_latest_needs_a_checkpoint_location(tmp_path: object) -> None:
+    with pytest.raises(ConfigError, match="option 'checkpointLocation': required"):
+        ReadOptions.parse({"topic": "t", "startingOffsets": "latest"}, streaming=True)
+    with pytest.raises(ConfigError, match="option 'checkpointLocation': required"):
+        ReadOptions.parse({"topic": "t", "startingOffsets": '{"t": {"0": -1}}'}, streaming=True)
+    # batch reads resolve 'latest' once per query: nothing to remember
+    ReadOptions.parse({"topic": "t", "startingOffsets": "latest"})
+    opts = ReadOptions.parse({"topic": "t", "startingOffsets": "latest", "checkpointLocation": f"file://{tmp_path}"},
+                             streaming=True)
+    assert opts.start_file() is not None and opts.start_file().startswith(f"{tmp_path}/metaq-source/t-")  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match="option 'endingOffsets'"):
+        ReadOptions.parse({"topic": "t", "endingOffsets": "latest"}, streaming=True)
+
+
+@pytest.mark.parametrize("options, option", [
+    ({"compression": "snappy"}, "compression"),
+    ({"acks": "2"}, "acks"),
+    ({"batchBytes": str(64 << 20)}, "batchBytes"),
+    ({"topic": "a/b"}, "topic"),
+])
+def test_bad_write_options_name_the_option(options: dict[str, str], option: str) -> None:
+    with pytest.raises(ConfigError, match=f"^option '{option}'"):
+        WriteOptions.parse(options)
+
+
+# -- stream offsets ------------------------------------------------------------------------------
+
+def test_stream_offset_text_is_canonical() -> None:
+    a = stream_offset("t", {10: 1, 2: 3, 0: 5})
+    b = stream_offset("t", {0: 5, 10: 1, 2: 3})
+    assert json.dumps(a) == json.dumps(b) == '{"t": {"0": 5, "2": 3, "10": 1}}'
+    # what Spark hands back (json.loads of the stored text) round-trips to the same text
+    assert json.dumps(stream_offset("t", parse_stream_offset(json.loads(json.dumps(a)), "t"))) == json.dumps(a)
+
+
+def test_checkpoint_of_another_topic_is_refused() -> None:
+    with pytest.raises(ConfigError, match="option 'topic'"):
+        parse_stream_offset({"other": {"0": 1}}, "t")
+
+
+# -- admission control ---------------------------------------------------------------------------
+
+def test_cap_shares_rows_by_backlog() -> None:
+    start = {0: 0, 1: 100, 2: 5}
+    latest = {0: 300, 1: 200, 2: 5}
+    assert cap_to_max_rows(start, latest, 1000) == latest
+    capped = cap_to_max_rows(start, latest, 40)
+    assert capped == {0: 30, 1: 110, 2: 5}
+    assert sum(capped[p] - start[p] for p in start) == 40
+
+
+def test_cap_always_makes_progress() -> None:
+    capped = cap_to_max_rows({0: 0, 1: 0, 2: 0}, {0: 5, 1: 5, 2: 5}, 1)
+    assert sum(capped.values()) == 1
+
+
+def test_cap_keeps_a_truncated_partition_at_its_latest() -> None:
+    assert cap_to_max_rows({0: 50, 1: 0}, {0: 10, 1: 100}, 10) == {0: 10, 1: 10}
+
+
+@given(st.dictionaries(st.integers(0, 20), st.tuples(st.integers(0, 1000), st.integers(0, 1000)), min_size=1),
+       st.integers(1, 3000))
+def test_cap_properties(parts: dict[int, tuple[int, int]], max_rows: int) -> None:
+    start = {p: min(a, b) for p, (a, b) in parts.items()}
+    latest = {p: max(a, b) for p, (a, b) in parts.items()}
+    capped = cap_to_max_rows(start, latest, max_rows)
+    assert set(capped) == set(latest)
+    taken = sum(capped[p] - start[p] for p in start)
+    available = sum(latest[p] - start[p] for p in start)
+    assert taken == min(max_rows, available)
+    assert all(start[p] <= capped[p] <= latest[p] for p in start)
+    assert capped == cap_to_max_rows(dict(start), dict(latest), max_rows)
+
+
+# -- splitting -----------------------------------------------------------------------------------
+
+def test_split_without_min_partitions_drops_empty_ranges() -> None:
+    ranges = [OffsetRange(0, 0, 10), OffsetRange(1, 4, 4)]
+    assert split_ranges(ranges, None) == [OffsetRange(0, 0, 10)]
+    assert split_ranges(ranges, 1) == [OffsetRange(0, 0, 10)]
+
+
+def test_split_by_size() -> None:
+    pieces = split_ranges([OffsetRange(0, 0, 90), OffsetRange(1, 100, 110)], 10)
+    assert pieces[:2] == [OffsetRange(0, 0, 10), OffsetRange(0, 10, 20)]
+    assert len([p for p in pieces if p.partition == 0]) == 9
+    assert [p for p in pieces if p.partition == 1] == [OffsetRange(1, 100, 110)]
+    assert len(pieces) == 10
+
+
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 5000)), min_size=1, max_size=8),
+       st.integers(1, 64))
+def test_split_properties(spans: list[tuple[int, int]], min_partitions: int) -> None:
+    ranges = [OffsetRange(p, s, s + n) for p, (s, n) in enumerate(spans)]
+    pieces = split_ranges(ranges, min_partitions)
+    for r in ranges:
+        mine = [x for x in pieces if x.partition == r.partition]
+        covered = [o for x in mine for o in (x.start, x.end)]
+        if r.size == 0:
+            assert not mine
+            continue
+        assert mine[0].start == r.start and mine[-1].end == r.end
+        assert all(a.end == b.start for a, b in itertools.pairwise(mine))
+        assert all(x.size > 0 for x in mine)
+        assert covered
+    total = sum(r.size for r in ranges)
+    assert len(pieces) >= min(min_partitions, total)
