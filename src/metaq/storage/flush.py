@@ -13,8 +13,9 @@ N > 1                   acks do not wait; a log is synced when it has N unflushe
 
 The flusher only schedules: the log does the syncing (``flush_pending``) and resolves its durable
 futures. A failing sync fails those futures and never stops the thread. The thread also closes file
-descriptors left idle (``idle_hook``). Threads, never asyncio: storage knows nothing of event loops;
-the broker awaits the durable futures with ``asyncio.wrap_future``.
+descriptors left idle (``idle_hook``). Within a round, different logs are synced side by side on a
+small pool (``sync_workers``); one log's jobs always run in order. Threads, never asyncio: storage
+knows nothing of event loops; the broker awaits the durable futures with ``asyncio.wrap_future``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any, Protocol
 
 from metaq.errors import StorageError
@@ -47,8 +48,10 @@ class Flusher:
 
     def __init__(self, *, clock: Callable[[], float] = time.time,
                  idle_hook: Callable[[], None] | None = None, idle_interval_seconds: float = 10.0,
-                 name: str = "metaq-flusher") -> None:
+                 sync_workers: int = 4, name: str = "metaq-flusher") -> None:
         self._clock = clock
+        self._sync_workers = max(1, sync_workers)
+        self._pool: ThreadPoolExecutor | None = None
         self._idle_hook = idle_hook
         self._idle_interval_seconds = idle_interval_seconds
         self._name = name
@@ -62,7 +65,6 @@ class Flusher:
         self._stopped = False
         self._busy = False
         self.rounds = 0
-        self.sync_calls = 0
         self.errors = 0
 
     # ------------------------------------------------------------------ control
@@ -71,6 +73,8 @@ class Flusher:
         with self._cond:
             if self._thread is not None:
                 return
+            if self._sync_workers > 1:
+                self._pool = ThreadPoolExecutor(self._sync_workers, thread_name_prefix=f"{self._name}-sync")
             self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
             self._thread.start()
 
@@ -82,6 +86,8 @@ class Flusher:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         with self._cond:
             self._stopped = True
 
@@ -169,16 +175,37 @@ class Flusher:
                 return
             if singles or targets:
                 self.rounds += 1
-            for target, segment, future in singles:
-                self._sync(target, segment, future)
-            for target in targets:
-                self._sync(target, None, None)
+                self._run_round(singles, targets)
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
             if time.monotonic() - last_idle >= self._idle_interval_seconds:
                 last_idle = time.monotonic()
                 self._run_idle_hook()
+
+    def _run_round(self, singles: deque[tuple[SyncTarget, Any, Future[None]]],
+                   targets: list[SyncTarget]) -> None:
+        """One round: each log's jobs in order, different logs in parallel.
+
+        fdatasync releases the GIL and a filesystem journal merges concurrent commits, so syncing
+        the logs of a round side by side costs about one sync instead of one per log.
+        """
+        work: dict[SyncTarget, list[tuple[Any, Future[None] | None]]] = {}
+        for target, segment, future in singles:
+            work.setdefault(target, []).append((segment, future))
+        for target in targets:
+            work.setdefault(target, []).append((None, None))
+        if self._pool is None or len(work) == 1:
+            for target, jobs in work.items():
+                self._sync_all(target, jobs)
+            return
+        waits = [self._pool.submit(self._sync_all, target, jobs) for target, jobs in work.items()]
+        for wait in waits:
+            wait.result()
+
+    def _sync_all(self, target: SyncTarget, jobs: list[tuple[Any, Future[None] | None]]) -> None:
+        for segment, future in jobs:
+            self._sync(target, segment, future)
 
     def _pop_due_locked(self) -> list[SyncTarget]:
         due: list[SyncTarget] = []
@@ -190,7 +217,6 @@ class Flusher:
         return due
 
     def _sync(self, target: SyncTarget, segment: Any, future: Future[None] | None) -> None:
-        self.sync_calls += 1
         try:
             target.flush_pending(segment, future)
         except Exception:  # the log already failed its futures; the thread must go on
