@@ -70,21 +70,20 @@ class ClientCore:
         assert self._default_address is not None, "ClientCore.start() was not called"
         try:
             conn = await self.pool.get(self._default_address, channel)
-        except ConnectionClosedError:
+        except ConnectionClosedError as exc:
             # The default broker is gone: another bootstrap server may answer.
-            last: ConnectionClosedError | None = None
+            last = exc
             for address in self.servers:
                 if address == self._default_address:
                     continue
                 try:
                     conn = await self.pool.get(address, channel)
-                except ConnectionClosedError as exc:
-                    last = exc
+                except ConnectionClosedError as other:
+                    last = other
                     continue
                 self._adopt(address, conn)
                 return conn
-            raise last if last is not None else ConnectionClosedError(
-                f"broker {self._default_address[0]}:{self._default_address[1]} cannot be reached") from None
+            raise last from None
         if conn.broker_id != self.default_broker_id and conn.broker_id >= 0:
             self._adopt(self._default_address, conn)  # restarted with another broker id
         return conn

@@ -180,6 +180,17 @@ class Producer:
         """Bytes of messages accepted and not yet acknowledged (or written, for one-way sends)."""
         return self._buffered
 
+    @property
+    def unsent_batches(self) -> int:
+        """Batches not yet handed to a connection (open, or queued for a broker)."""
+        return len(self._acc) + sum(len(q) for q in self._queues.values()) + sum(
+            1 for pending in self._cold.values() if pending)
+
+    @property
+    def outstanding_batches(self) -> int:
+        """Batches sealed and not yet acknowledged or failed."""
+        return len(self._outstanding)
+
     async def send(self, message: Message, timeout_s: float | None = None) -> SendResult:
         """Send one message and wait for its result; waits for buffer room first.
 

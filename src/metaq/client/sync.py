@@ -26,6 +26,7 @@ from metaq.client.consumer import (
     PullConsumer,
     StartOffset,
 )
+from metaq.client.exceptions import ClientClosedError
 from metaq.client.metadata import Partition
 from metaq.client.producer import BatchSendResult, Producer
 from metaq.client.selectors import PartitionSelector
@@ -50,6 +51,7 @@ class _LoopThread:
     def __init__(self) -> None:
         self.loop = _new_loop()
         self._thread = threading.Thread(target=self._main, name="metaq-client-loop", daemon=True)
+        self._stopped = False
         self._thread.start()
 
     def _main(self) -> None:
@@ -57,6 +59,8 @@ class _LoopThread:
         self.loop.run_forever()
 
     def _check_thread(self) -> None:
+        if self._stopped:
+            raise ClientClosedError("the session is closed")
         if threading.current_thread() is self._thread:
             raise InvalidArgument("the sync client was called from its own event loop thread (a send_async "
                                   "callback?); use the async API there")
@@ -83,9 +87,14 @@ class _LoopThread:
         self.loop.call_soon_threadsafe(go)
         return fut.result()
 
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
     def stop(self) -> None:
-        if self.loop.is_closed():
+        if self._stopped:
             return
+        self._stopped = True
         self.loop.call_soon_threadsafe(self.loop.stop)
         if threading.current_thread() is not self._thread:
             self._thread.join(10)
@@ -170,7 +179,7 @@ class SyncPullConsumer:
             while (batch := self._lt.run(step())) is not None:
                 yield batch
         finally:
-            if not self._lt.loop.is_closed():
+            if not self._lt.stopped:
                 self._lt.run(agen.aclose())
 
     def offsets(self, topic: str, partition: int | Partition) -> tuple[int, int]:
@@ -268,7 +277,7 @@ class SyncSessionFactory:
 
     def close(self) -> None:
         """Flush producers, close everything, stop the loop thread. Idempotent."""
-        if self._lt.loop.is_closed():
+        if self._lt.stopped:
             return
         try:
             self._lt.run(self.session.close())

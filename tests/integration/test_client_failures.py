@@ -1,0 +1,163 @@
+"""Failures a producer reports in its SendResult (never as an exception), against a real broker.
+
+Unknown topics and closed partitions get the broker's error class; a broker that dies or stops
+answering fails what is in flight with ConnectionClosedError / RequestTimeoutError, and a later send
+reconnects by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+import pytest
+
+pytest.importorskip("metaq.testing.broker")
+
+import uvloop
+
+from metaq.client import Message, MessageSessionFactory, Partition, Producer
+from metaq.errors import (
+    ConnectionClosedError,
+    PartitionClosedError,
+    RequestTimeoutError,
+    UnknownTopicError,
+)
+from metaq.testing.broker import BrokerProcess
+from metaq.types import SendResult
+
+
+def run(coro: Coroutine[Any, Any, None]) -> None:
+    uvloop.run(coro)
+
+
+def pin(partition: int) -> Callable[[str, Sequence[Partition], Message], Partition]:
+    def select(topic: str, partitions: Sequence[Partition], message: Message) -> Partition:
+        return next(p for p in partitions if p.partition == partition)
+
+    return select
+
+
+def test_unknown_topic_without_auto_create_is_an_unknown_topic_result(broker_factory: Any) -> None:
+    proc = broker_factory({"autoCreateTopics": False, "numPartitions": 2})
+
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(proc.servers) as session:
+            producer = session.create_producer()
+            r = await producer.send(Message("ghost", b"x"))
+            assert not r.success and isinstance(r.error, UnknownTopicError)
+            assert r.topic == "ghost" and "ghost" in str(r.error)
+            futures = [producer.send_async(Message("ghost", b"%d" % i)) for i in range(10)]
+            assert all(isinstance(x.error, UnknownTopicError) for x in await asyncio.gather(*futures))
+            batch = await producer.send_batch("ghost", [b"a", b"b"])
+            assert not batch.success and all(isinstance(x.error, UnknownTopicError) for x in batch)
+            # Once the topic exists, the same producer sends to it.
+            await session.admin().create_topic("ghost", 2)
+            assert (await producer.send(Message("ghost", b"now"))).success
+
+    run(main())
+
+
+def test_closed_partitions_give_partition_closed_results(broker: BrokerProcess) -> None:
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers) as session:
+            admin = session.admin()
+            await admin.create_topic("gate", 3)
+            pinned = session.create_producer(pin(1))
+            assert (await pinned.send(Message("gate", b"before"))).success
+
+            await admin.close_partition("gate", 1)
+            r = await pinned.send(Message("gate", b"closed"))
+            assert not r.success and isinstance(r.error, PartitionClosedError) and r.partition == 1
+
+            # Round robin learns partition 1 is closed and skips it.
+            rr = session.create_producer()
+            results = [await rr.send(Message("gate", b"rr%d" % i)) for i in range(12)]
+            assert all(x.success for x in results)
+            assert {x.partition for x in results} == {0, 2}
+
+            await admin.close_partition("gate")  # every partition
+            r = await rr.send(Message("gate", b"all closed"))
+            assert not r.success and isinstance(r.error, PartitionClosedError)
+
+            await admin.open_partition("gate")
+            assert (await rr.send(Message("gate", b"open again"))).success
+            assert (await pinned.send(Message("gate", b"open again"))).success
+            # Reads never stopped: the closed partition still serves its messages.
+            assert [bytes(m.data) for m in await session.create_pull_consumer().get("gate", 1, 0)] == \
+                   [b"before", b"open again"]
+
+    run(main())
+
+
+def test_a_lost_connection_fails_in_flight_sends_and_a_later_send_reconnects(broker: BrokerProcess) -> None:
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers, reconnect_attempts=5,
+                                                       reconnect_backoff_s=0.2) as session:
+            await session.admin().create_topic("crash", 2)
+            producer = session.create_producer()
+            assert (await producer.send(Message("crash", b"before"))).success
+
+            # A stopped broker still lets the kernel take our bytes: these sends are in flight for sure.
+            broker.signal(signal.SIGSTOP)
+            futures = [producer.send_async(Message("crash", b"lost-%d" % i)) for i in range(100)]
+            await producer_has_written(producer)
+            broker.kill()  # SIGKILL a stopped process: the connection is reset
+            results: list[SendResult] = list(await asyncio.gather(*futures))
+            assert all(not r.success for r in results)
+            assert all(isinstance(r.error, ConnectionClosedError) for r in results)
+            assert "may or may not have been applied" in str(results[0].error)
+
+            await asyncio.to_thread(broker.restart)
+            r = await producer.send(Message("crash", b"after restart"))
+            assert r.success, r
+            consumer = session.create_pull_consumer()
+            assert b"after restart" in [bytes(m.data) for m in await consumer.get("crash", r.partition, 0)]
+
+    run(main())
+
+
+async def producer_has_written(producer: Producer) -> None:
+    """Wait (bounded) until every batch has been handed to the connection."""
+    async with asyncio.timeout(10):
+        while producer.unsent_batches:
+            await asyncio.sleep(0.001)
+
+
+def test_a_broker_that_stops_answering_times_out_and_the_producer_recovers(broker: BrokerProcess) -> None:
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers, request_timeout_s=0.5) as session:
+            await session.admin().create_topic("hang", 1)
+            producer = session.create_producer()
+            assert (await producer.send(Message("hang", b"before"))).success
+            broker.signal(signal.SIGSTOP)
+            try:
+                r = await producer.send(Message("hang", b"stuck"))
+            finally:
+                broker.signal(signal.SIGCONT)
+            assert not r.success and isinstance(r.error, RequestTimeoutError)
+            # The late reply never confuses the next request: that connection was closed.
+            r2 = await producer.send(Message("hang", b"after"))
+            assert r2.success, r2
+            # "stuck" may or may not be stored (that is what a timeout means); "after" follows it.
+            got = [bytes(m.data) for m in await session.create_pull_consumer().get("hang", 0, 0)]
+            assert got[0] == b"before" and got[-1] == b"after" and set(got) <= {b"before", b"stuck", b"after"}
+
+    run(main())
+
+
+def test_a_broker_that_is_down_fails_sends_after_bounded_attempts(broker: BrokerProcess) -> None:
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers, reconnect_attempts=2,
+                                                       reconnect_backoff_s=0.01) as session:
+            await session.admin().create_topic("down", 1)
+            producer = session.create_producer()
+            assert (await producer.send(Message("down", b"up"))).success
+            await asyncio.to_thread(broker.stop)
+            r = await producer.send(Message("down", b"nobody"))
+            assert not r.success and isinstance(r.error, ConnectionClosedError)
+            assert "gave up after 2 attempts" in str(r.error)
+
+    run(main())

@@ -1,0 +1,181 @@
+"""Producer round trips against a real broker process: what is sent is what a consumer reads.
+
+Every test reads back with a PullConsumer and checks payloads byte for byte, the order within each
+partition, and that message ids are unique and equal to the batch's base id + i.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Coroutine
+from typing import Any
+
+import pytest
+
+pytest.importorskip("metaq.testing.broker")
+
+import uvloop
+
+from metaq.client import KeyHashSelector, Message, MessageSessionFactory, SendResult
+from metaq.client.consumer import PullConsumer
+from metaq.errors import MessageTooLargeError
+from metaq.testing.broker import BrokerProcess
+
+
+def run(coro: Coroutine[Any, Any, None], loop: str = "uvloop") -> None:
+    if loop == "uvloop":
+        uvloop.run(coro)
+    else:
+        asyncio.run(coro)
+
+
+async def read_all(consumer: PullConsumer, topic: str, partitions: int) -> dict[int, list[Message]]:
+    out: dict[int, list[Message]] = {}
+    for p in range(partitions):
+        out[p] = [m async for m in consumer.iterate(topic, p, "earliest", stop_at_end=True, max_bytes=64 * 1024)]
+    return out
+
+
+def check_results_match_log(results: list[tuple[bytes, SendResult]], log: dict[int, list[Message]]) -> None:
+    """Each acknowledged (payload, result) is in the log at its partition and offset, with its id."""
+    by_pos = {(p, m.offset): m for p, msgs in log.items() for m in msgs}
+    sent_order: dict[int, list[int]] = defaultdict(list)
+    for payload, r in results:
+        assert r.success, r
+        m = by_pos[(r.partition, r.offset)]
+        assert bytes(m.data) == payload
+        assert m.id == r.message_id
+        sent_order[r.partition].append(r.offset)
+    for p, offsets in sent_order.items():
+        assert offsets == sorted(offsets), f"partition {p}: sends stored out of order"
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_send_send_async_oneway_and_batch_round_trip(broker: BrokerProcess, loop: str) -> None:
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers) as session:
+            admin = session.admin()
+            assert await admin.create_topic("rt", 4) == 4
+            producer = session.create_producer()
+
+            sync_sent = []
+            for i in range(40):
+                payload = b"sync-%d-" % i + bytes(range(256))
+                sync_sent.append((payload, await producer.send(Message("rt", payload))))
+
+            async_payloads = [b"async-%05d" % i for i in range(3000)]
+            futures = [producer.send_async(Message("rt", p)) for p in async_payloads]
+            async_sent = list(zip(async_payloads, await asyncio.gather(*futures), strict=True))
+
+            called: list[SendResult] = []
+            # The callback was registered before this await, so it has run by the time the await returns.
+            await producer.send_async(Message("rt", b"with-callback"), callback=called.append)
+            assert len(called) == 1 and called[0].success
+
+            oneway_payloads = {b"oneway-%d" % i for i in range(500)}
+            for p in sorted(oneway_payloads):
+                r = producer.send_oneway(Message("rt", p))
+                assert (r.success, r.partition, r.offset, r.message_id) == (True, -1, -1, -1)
+
+            batch_payloads = [b"batch-%06d" % i for i in range(20_000)]
+            batch = await producer.send_batch("rt", batch_payloads)
+            assert batch.success and len(batch) == len(batch_payloads)
+            assert len(batch.chunks) > 1  # 20,000 x 40 bytes is more than one 64 KiB batch
+            await producer.flush()
+
+            log = await read_all(session.create_pull_consumer(), "rt", 4)
+            everything = [m for msgs in log.values() for m in msgs]
+            assert len({m.id for m in everything}) == len(everything), "message ids are not unique"
+
+            check_results_match_log(sync_sent, log)
+            check_results_match_log(async_sent, log)
+            check_results_match_log(list(zip(batch_payloads, batch, strict=True)), log)
+            for chunk in batch.chunks:  # one chunk = one frame = contiguous offsets and ids
+                end = chunk.base_offset + chunk.count
+                msgs = [m for m in log[chunk.partition] if chunk.base_offset <= m.offset < end]
+                assert [m.id for m in msgs] == list(range(chunk.base_message_id, chunk.base_message_id + chunk.count))
+            assert {bytes(m.data) for m in everything if m.data.startswith(b"oneway-")} == oneway_payloads
+            assert len(everything) == 40 + 3000 + 1 + 500 + 20_000
+            # Round robin over 4 partitions spreads single sends evenly.
+            per_partition = {p: sum(1 for _, r in async_sent if r.partition == p) for p in range(4)}
+            assert per_partition == {p: 750 for p in range(4)}
+
+    run(main(), loop)
+
+
+def test_keys_attributes_headers_and_compression_survive(broker: BrokerProcess) -> None:
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers) as session:
+            await session.admin().create_topic("rich", 3)
+            consumer = session.create_pull_consumer()
+            for compression in ("none", "lz4", "zstd"):
+                producer = session.create_producer(KeyHashSelector(), compression=compression)
+                sent = [Message("rich", (b"%s-%d " % (compression.encode(), i)) * 50, attribute=f"tag-{i % 3}",
+                                key=b"user-%d" % (i % 5), headers=[("trace", b"%d" % i)],
+                                timestamp_ms=1_700_000_000_000 + i)
+                        for i in range(300)]
+                results = await asyncio.gather(*[producer.send_async(m) for m in sent])
+                assert all(r.success for r in results)
+                by_key: dict[bytes, set[int]] = defaultdict(set)
+                for m, r in zip(sent, results, strict=True):
+                    by_key[m.key].add(r.partition)  # type: ignore[index]
+                assert all(len(ps) == 1 for ps in by_key.values()), "one key, one partition"
+                for m, r in zip(sent, results, strict=True):
+                    # max_bytes=1 still returns the whole batch holding the offset.
+                    fetched = await consumer.get("rich", r.partition, r.offset, max_bytes=1)
+                    got = fetched[0]
+                    assert got.offset == r.offset
+                    assert (bytes(got.data), got.key, got.attribute, got.headers, got.timestamp_ms) == \
+                           (m.data, m.key, m.attribute, m.headers, m.timestamp_ms)
+                    assert got.id == r.message_id and got.append_time_ms > 0
+                await producer.close()
+
+    run(main())
+
+
+def test_messages_of_one_key_are_read_in_send_order(broker: BrokerProcess) -> None:
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers) as session:
+            await session.admin().create_topic("ordered", 4)
+            producer = session.create_producer(KeyHashSelector(), linger_ms=1)
+            keys = [b"order-%d" % k for k in range(7)]
+            futures = [producer.send_async(Message("ordered", b"%s:%d" % (keys[i % 7], i), key=keys[i % 7]))
+                       for i in range(5000)]
+            assert all(r.success for r in await asyncio.gather(*futures))
+            log = await read_all(session.create_pull_consumer(), "ordered", 4)
+            for key in keys:
+                seen = [int(bytes(m.data).split(b":")[1]) for msgs in log.values() for m in msgs if m.key == key]
+                assert seen == sorted(seen) and len(seen) == len(range(keys.index(key), 5000, 7))
+
+    run(main())
+
+
+def test_first_send_to_a_new_topic_lets_the_broker_create_it(broker: BrokerProcess) -> None:
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers) as session:
+            assert await session.partitions("fresh") == []
+            producer = session.create_producer()
+            first = await producer.send(Message("fresh", b"first"))
+            assert first.success and 0 <= first.partition < 4
+            # The producer then learns the partitions and round robins over them.
+            results = [await producer.send(Message("fresh", b"m%d" % i)) for i in range(40)]
+            assert all(r.success for r in results)
+            assert {r.partition for r in results} == {0, 1, 2, 3}
+            assert [p.partition for p in await session.partitions("fresh")] == [0, 1, 2, 3]
+
+    run(main())
+
+
+def test_a_message_the_broker_finds_too_large_fails_with_message_too_large(broker_factory: Any) -> None:
+    proc = broker_factory({"maxMessageSize": 1024, "maxTransferSize": 4096})
+
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(proc.servers) as session:
+            await session.admin().create_topic("small", 1)
+            producer = session.create_producer()  # its own limit (1 MiB) is larger than the broker's
+            r = await producer.send(Message("small", b"x" * 2000))
+            assert not r.success and isinstance(r.error, MessageTooLargeError)
+            assert (await producer.send(Message("small", b"ok"))).success
+
+    run(main())
