@@ -175,9 +175,7 @@ class ServerConnection:
         parts = [_RESP_HEAD.pack(header.correlation_id)]
         fields = type(response).FIELDS
         assert fields[-1].type is schema.RECORDS, type(response)
-        for f in fields[:-1]:
-            if f.since <= header.api_version:
-                f.type.encode(getattr(response, f.name), parts)
+        schema.encode_fields(response, tuple(f for f in fields[:-1] if f.since <= header.api_version), parts)
         parts.append(_I32.pack(records_bytes))
         head = b"".join(parts)
         size = len(head) + records_bytes
@@ -198,6 +196,8 @@ class ClientConnection:
         self._next_correlation_id = 1
         self._in_flight: deque[tuple[int, int, Any]] = deque()
         self._client_id_raw = client_id.encode()
+        if len(self._client_id_raw) > 0x7FFF:
+            raise InvalidArgument(f"client id is {len(self._client_id_raw)} bytes encoded; at most 32767")
         self._versions: dict[int, int] = {}
 
     @property
@@ -242,8 +242,8 @@ class ClientConnection:
         expected, version, request = self._in_flight[0]
         if correlation_id != expected:
             raise ProtocolError(f"response correlation id {correlation_id}, expected {expected}")
-        self._in_flight.popleft()
         response = schema.decode(spec_for(request).response, version, frame, 4)
+        self._in_flight.popleft()  # only now: a reply that does not decode leaves its request pending
         return ResponseEvent(correlation_id, response, request)
 
     def pending_requests(self) -> list[tuple[int, Any]]:

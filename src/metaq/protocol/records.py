@@ -84,7 +84,10 @@ class Compression(IntEnum):
         if isinstance(value, Compression):
             return value
         if isinstance(value, int):
-            return cls(value)
+            try:
+                return cls(value)
+            except ValueError:
+                raise InvalidArgument(f"unknown compression code {value}; use 0 (none), 1 (lz4), 2 (zstd)") from None
         try:
             return cls[value.strip().upper()]
         except KeyError:
@@ -179,11 +182,37 @@ def _compress(codec: Compression, data: bytes) -> bytes:
     return data
 
 
+def _lz4_decompress(data: bytes, max_bytes: int) -> bytes:
+    """Inflate step by step, stopping past ``max_bytes`` (LZ4FrameDecompressor preallocates max_length)."""
+    declared = _lz4.get_frame_info(data)["content_size"]  # 0 when the frame does not say
+    if declared > max_bytes:
+        raise CorruptRecordError(f"compressed batch declares {declared} bytes, more than {max_bytes}")
+    # +1: a frame whose size is declared ends in one call; a lying size still moves in 64 KiB steps.
+    step = max(declared + 1, 1 << 16)
+    lz4 = _lz4.LZ4FrameDecompressor()
+    parts: list[bytes] = []
+    total = 0
+    while True:
+        piece = lz4.decompress(data, max_length=min(step, max_bytes + 1 - total))
+        data = b""
+        parts.append(piece)
+        total += len(piece)
+        if lz4.eof or total > max_bytes:
+            return b"".join(parts)
+        if lz4.needs_input or not piece:
+            raise CorruptRecordError("lz4 frame of the record batch is cut off")
+
+
 def _decompress(codec: int, data: bytes | memoryview, max_bytes: int) -> bytes:
+    """Inflate a batch body, never allocating much more than ``max_bytes`` (a tiny bomb must not OOM us)."""
     try:
         if codec == Compression.LZ4:
-            out = bytes(_lz4.decompress(bytes(data)))
+            out = _lz4_decompress(bytes(data), max_bytes)
         elif codec == Compression.ZSTD:
+            # zstandard ignores max_output_size when the frame declares its size: check that first.
+            declared = _zstd.frame_content_size(bytes(data))
+            if declared > max_bytes:
+                raise CorruptRecordError(f"compressed batch declares {declared} bytes, more than {max_bytes}")
             out = bytes(_zstd.ZstdDecompressor().decompress(bytes(data), max_output_size=max_bytes))
         else:
             raise CorruptRecordError(f"unknown compression codec {codec}")
@@ -321,18 +350,54 @@ def validate_batch(batch: bytes | bytearray | memoryview, max_message_bytes: int
     for i in range(header.record_count):
         if end - pos < RECORD_PREFIX_BYTES:
             raise CorruptRecordError(f"record {i} is cut off")
-        length, delta, _ts, klen, vlen, alen, _hc = unpack(body, pos)
+        length, delta, _ts, klen, vlen, alen, hcount = unpack(body, pos)
         if delta != i:
             raise CorruptRecordError(f"record {i} has offset delta {delta}")
-        if length < 24 or pos + 4 + length > end or 24 + max(klen, 0) + vlen + max(alen, 0) > length or vlen < 0:
+        if (length < 24 or pos + 4 + length > end or 24 + max(klen, 0) + vlen + max(alen, 0) > length
+                or vlen < 0 or klen < -1 or alen < -1 or hcount < 0):
             raise CorruptRecordError(f"record {i} has inconsistent lengths")
         if length + 4 > max_message_bytes:
             raise InvalidArgument(
                 f"message {i} of the batch is {length + 4} bytes; the limit is {max_message_bytes}")
-        pos += 4 + length
+        rec_end = pos + 4 + length
+        tail = pos + RECORD_PREFIX_BYTES + max(klen, 0) + vlen
+        if alen > 0 or hcount:
+            _check_record_tail(body, tail, rec_end, alen, hcount, i)
+        elif tail != rec_end:
+            raise CorruptRecordError(f"record {i} has {rec_end - tail} bytes after its fields")
+        pos = rec_end
     if pos != end:
         raise CorruptRecordError(f"record batch has {end - pos} bytes after its last record")
     return header
+
+
+def _check_record_tail(body: bytes | bytearray | memoryview, p: int, rec_end: int, alen: int, hcount: int,
+                       i: int) -> None:
+    """Attribute and headers must be exactly what decode_batch will read, so a stored batch stays readable.
+
+    Touches only the attribute and header names (short strings), never the key or payload.
+    """
+    try:
+        if alen > 0:
+            bytes(body[p:p + alen]).decode()
+            p += alen
+        for _ in range(hcount):
+            if p + 2 > rec_end:
+                break
+            (nlen,) = _HDR_NAME.unpack_from(body, p)
+            if p + 6 + nlen > rec_end:
+                break
+            bytes(body[p + 2:p + 2 + nlen]).decode()
+            (hlen,) = _HDR_VALUE.unpack_from(body, p + 2 + nlen)
+            if hlen < 0:
+                break
+            p += 6 + nlen + hlen
+        else:
+            if p == rec_end:
+                return
+    except UnicodeDecodeError:
+        raise CorruptRecordError(f"record {i} has an attribute or header name that is not UTF-8") from None
+    raise CorruptRecordError(f"record {i}: its attribute and headers do not add up to its length")
 
 
 def iter_batches(buf: bytes | bytearray | memoryview, pos: int = 0) -> Iterator[tuple[int, BatchHeader]]:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, ClassVar, Protocol
 
-from metaq.errors import ProtocolError
+from metaq.errors import InvalidArgument, ProtocolError
 
 Buffer = bytes | bytearray | memoryview
 
@@ -94,12 +94,12 @@ class _String:
     def encode(self, value: str | None, out: list[bytes]) -> None:
         if value is None:
             if not self.nullable:
-                raise ProtocolError("non-nullable string field is None")
+                raise InvalidArgument("non-nullable string field is None")
             out.append(_I16.pack(-1))
             return
         raw = value.encode()
         if len(raw) > 0x7FFF:
-            raise ProtocolError(f"string of {len(raw)} bytes is longer than 32767")
+            raise InvalidArgument(f"string of {len(raw)} bytes is longer than 32767")
         out.append(_I16.pack(len(raw)))
         out.append(raw)
 
@@ -128,7 +128,7 @@ class _Bytes:
     def encode(self, value: Buffer | None, out: list[bytes]) -> None:
         if value is None:
             if not self.nullable:
-                raise ProtocolError("non-nullable bytes field is None")
+                raise InvalidArgument("non-nullable bytes field is None")
             out.append(_I32.pack(-1))
             return
         out.append(_I32.pack(len(value)))
@@ -178,7 +178,7 @@ class Array:
     def encode(self, value: list[Any] | None, out: list[bytes]) -> None:
         if value is None:
             if not self.nullable:
-                raise ProtocolError("non-nullable array field is None")
+                raise InvalidArgument("non-nullable array field is None")
             out.append(_I32.pack(-1))
             return
         out.append(_I32.pack(len(value)))
@@ -265,16 +265,25 @@ def _active(cls: Any, version: int) -> tuple[Field, ...]:
 
 
 def encode(obj: Any, version: int, out: list[bytes] | None = None) -> list[bytes]:
-    """Append the encoding of ``obj`` at ``version`` to ``out`` (a list of byte strings)."""
+    """Append the encoding of ``obj`` at ``version`` to ``out`` (a list of byte strings).
+
+    A value the schema cannot carry is the caller's mistake, found before anything is sent:
+    InvalidArgument, not ProtocolError (which means the peer sent bad bytes).
+    """
     if out is None:
         out = []
-    for f in _active(type(obj), version):
+    return encode_fields(obj, _active(type(obj), version), out)
+
+
+def encode_fields(obj: Any, active: tuple[Field, ...], out: list[bytes]) -> list[bytes]:
+    """Encode the given fields of ``obj``; shared by :func:`encode` and the sendfile head of a response."""
+    for f in active:
         try:
             f.type.encode(getattr(obj, f.name), out)
-        except ProtocolError:
+        except InvalidArgument:
             raise
         except (struct.error, TypeError, AttributeError, ValueError, OverflowError) as exc:
-            raise ProtocolError(f"cannot encode {type(obj).__name__}.{f.name}: {exc}") from None
+            raise InvalidArgument(f"cannot encode {type(obj).__name__}.{f.name}: {exc}") from None
     return out
 
 
