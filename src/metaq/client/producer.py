@@ -552,13 +552,18 @@ class Producer:
                                      batch.build(self.config.compression))
             if batch.acks == 0:
                 conn.send_oneway(request)
-                self._complete_ok(batch, None)
+                reply = None
             else:
-                conn.submit(request, self._timeout_s).add_done_callback(partial(self._on_reply, batch))
+                reply = conn.submit(request, self._timeout_s)
         except ConnectionClosedError:
             raise
         except Exception as exc:
             self._complete_error(batch, exc)
+            return
+        if reply is None:
+            self._complete_ok(batch, None)
+        else:
+            reply.add_done_callback(partial(self._on_reply, batch))
 
     async def _send_loop(self, broker_id: int, queue: deque[ProducerBatch]) -> None:
         """Write the broker's queued batches in order, as fast as the connection takes them."""
