@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import logging
 import time
 from collections import deque
@@ -51,12 +52,15 @@ from metaq.errors import (
     error_for_code,
 )
 from metaq.protocol.messages import ANY_PARTITION, ProduceRequest, ProduceResponse
-from metaq.protocol.records import HEADER_BYTES, encode_messages, encode_values
+from metaq.protocol.records import HEADER_BYTES, RECORD_PREFIX_BYTES, encode_messages, encode_values
 from metaq.types import Message, SendResult, validate_topic
 
 log = logging.getLogger(__name__)
 
 SendCallback = Callable[[SendResult], object]
+
+_PLAIN_TYPES = frozenset({bytes, bytearray, memoryview})
+_RECORD_PREFIX = RECORD_PREFIX_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,7 +379,10 @@ class Producer:
         if topic not in self._valid_topics:
             validate_topic(topic)
             self._valid_topics.add(topic)
-        size = record_size(message)
+        if message.key is None and message.attribute is None and not message.headers:
+            size = RECORD_PREFIX_BYTES + len(message.data)
+        else:
+            size = record_size(message)
         if size > self.config.max_message_bytes:
             raise InvalidArgument(
                 f"message is {size} bytes encoded (payload {len(message.data)} bytes); max_message_bytes is "
@@ -472,31 +479,36 @@ class Producer:
     def _chunk(self, topic: str, values: Sequence[bytes | bytearray | Message]
                ) -> list[tuple[Sequence[Any], int]]:
         """Cut items into (chunk, bytes) of at most batch_bytes each; checks every item first."""
-        limit = self.config.batch_bytes
         max_msg = self.config.max_message_bytes
-        plain = not isinstance(values[0], Message)
-        out: list[tuple[Sequence[Any], int]] = []
-        start = 0
-        acc = 0
-        for i, item in enumerate(values):
-            if plain:
-                if not isinstance(item, (bytes, bytearray, memoryview)):
-                    raise InvalidArgument(f"send_batch items must be all bytes or all Message; item {i} is "
-                                          f"{type(item).__name__}")
-                size = 28 + len(item)
-            else:
+        if isinstance(values[0], Message):
+            sizes: list[int] = []
+            for item in values:
                 if not isinstance(item, Message):
                     raise InvalidArgument("send_batch items must be all bytes or all Message, not a mix")
                 if item.topic != topic:
                     raise InvalidArgument(f"send_batch to {topic!r} got a message for topic {item.topic!r}")
-                size = record_size(item)
-            if size > max_msg:
-                raise InvalidArgument(f"item {i} is {size} bytes encoded; max_message_bytes is {max_msg}")
-            if acc and acc + size > limit:
-                out.append((values[start:i], acc))
-                start, acc = i, 0
-            acc += size
-        out.append((values[start:], acc))
+                sizes.append(record_size(item))
+        else:
+            # Plain payloads: the common bulk case, so the per-item work stays in C (map, max, accumulate).
+            if not set(map(type, values)) <= _PLAIN_TYPES:
+                for i, item in enumerate(values):
+                    if not isinstance(item, (bytes, bytearray, memoryview)):
+                        raise InvalidArgument(f"send_batch items must be all bytes or all Message; item {i} is "
+                                              f"{type(item).__name__}")
+            sizes = list(map(_RECORD_PREFIX.__add__, map(len, values)))  # type: ignore[arg-type]
+        biggest = max(sizes)
+        if biggest > max_msg:
+            i = sizes.index(biggest)
+            raise InvalidArgument(f"item {i} is {biggest} bytes encoded; max_message_bytes is {max_msg}")
+        ends = list(itertools.accumulate(sizes))  # ends[k]: bytes of items [0, k]
+        limit = self.config.batch_bytes
+        out: list[tuple[Sequence[Any], int]] = []
+        start, base, n = 0, 0, len(values)
+        while start < n:
+            # The longest run from ``start`` within the limit, and at least one item.
+            stop = max(bisect.bisect_right(ends, base + limit, start), start + 1)
+            out.append((values[start:stop], ends[stop - 1] - base))
+            start, base = stop, ends[stop - 1]
         return out
 
     # -- timers and dispatch -------------------------------------------------------------------

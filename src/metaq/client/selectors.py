@@ -53,13 +53,21 @@ def _open(topic: str, partitions: Sequence[Partition]) -> Sequence[Partition]:
 class RoundRobinSelector:
     """Open partitions in (broker id, partition) order, one after the other; a counter per topic."""
 
-    __slots__ = ("_counters",)
+    __slots__ = ("_counters", "_open")
 
     def __init__(self) -> None:
         self._counters: dict[str, int] = {}
+        # topic -> (the partitions sequence last seen, its open partitions): metadata hands out the
+        # same tuple until it refreshes, so the filtering runs once per refresh, not per message.
+        self._open: dict[str, tuple[Sequence[Partition], Sequence[Partition]]] = {}
 
     def __call__(self, topic: str, partitions: Sequence[Partition], message: Message) -> Partition:
-        candidates = _open(topic, partitions)
+        cached = self._open.get(topic)
+        if cached is not None and cached[0] is partitions:
+            candidates = cached[1]
+        else:
+            candidates = _open(topic, partitions)
+            self._open[topic] = (partitions, candidates)
         n = self._counters.get(topic, 0)
         self._counters[topic] = n + 1
         return candidates[n % len(candidates)]

@@ -86,6 +86,19 @@ def test_chunks_are_cut_at_batch_bytes() -> None:
     with_producer(check, batch_bytes=1000, max_buffered_bytes=10_000)
 
 
+def test_chunks_keep_every_item_once_in_order() -> None:
+    async def check(p: Producer) -> None:
+        values = [b"a" * 10, bytearray(b"b" * 900), memoryview(b"c" * 5000), b"d" * 400, b"e" * 400, b"f"]
+        chunks = p._chunk("t", values)
+        assert [list(c) for c, _ in chunks] == [values[0:2], values[2:3], values[3:6]]
+        assert [size for _, size in chunks] == [38 + 928, 5028, 428 + 428 + 29]  # one larger than a batch goes alone
+        msgs = [Message("t", b"x" * 100, key=b"k"), Message("t", b"y", attribute="a", headers=[("h", b"v")])]
+        chunks = p._chunk("t", msgs)
+        assert [list(c) for c, _ in chunks] == [msgs] and chunks[0][1] == (28 + 100 + 1) + (28 + 1 + 1 + 8)
+
+    with_producer(check, batch_bytes=1000, max_buffered_bytes=10_000)
+
+
 def test_batch_send_result_expands_to_one_result_per_message() -> None:
     err = UnknownTopicError("gone")
     r = BatchSendResult("t", [BatchChunk(0, 10, 1000, 3), BatchChunk(1, -1, -1, 2, err), BatchChunk(2, 5, 500, 1)])
