@@ -95,6 +95,11 @@ class Flusher:
     def running(self) -> bool:
         return self._thread is not None and not self._stopping
 
+    @property
+    def accepting(self) -> bool:
+        """Whether submissions are taken (before start they queue; after stop they are refused)."""
+        return not self._stopping
+
     def wake(self) -> None:
         """Re-evaluate deadlines now (a test that moved its fake clock calls this)."""
         with self._cond:

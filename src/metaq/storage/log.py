@@ -193,6 +193,7 @@ class PartitionLog:
         self._appending = True
         try:
             config = self._config
+            flusher = self._flusher if self._flusher is not None and self._flusher.accepting else None
             if header is None:
                 header = validate_batch(batch, config.max_message_bytes, config.max_batch_bytes)
             view = memoryview(batch)
@@ -240,12 +241,11 @@ class PartitionLog:
                             request = True
                         if self._first_unflushed_ms < 0:
                             self._first_unflushed_ms = int(self._clock() * 1000)
-                            if self._flusher is not None:
-                                self._flusher.flush_at(self, self._first_unflushed_ms + config.unflush_interval_ms)
+                            if flusher is not None:
+                                flusher.flush_at(self, self._first_unflushed_ms + config.unflush_interval_ms)
                 if request:
                     self._flush_requested = True
                 first_unflushed_ms = self._first_unflushed_ms
-            flusher = self._flusher
             if flusher is not None:
                 if forced is not None:
                     flusher.sync_append(self, forced, future)

@@ -31,6 +31,7 @@ class LogMachine(RuleBasedStateMachine):
         self.root = Path(tempfile.mkdtemp(prefix="metaq-stateful-"))
         self.directory = self.root / "s-1"
         self.model: list[bytes] = []  # payload of offset i at index i
+        self.stamps: list[int] = []  # record timestamp of offset i
         self.start = 0
         self.log: PartitionLog | None = None
 
@@ -47,12 +48,26 @@ class LogMachine(RuleBasedStateMachine):
     def end(self) -> int:
         return len(self.model)
 
-    @rule(values=st.lists(payloads, min_size=1, max_size=20), timestamp_ms=st.integers(0, 10**12))
+    @rule(values=st.lists(payloads, min_size=1, max_size=20), timestamp_ms=st.integers(0, 1000))
     def append(self, values: list[bytes], timestamp_ms: int) -> None:
         assert self.log is not None
         result = self.log.append(encode_values(values, timestamp_ms))
         assert result.base_offset == self.end
         self.model.extend(values)
+        self.stamps.extend([timestamp_ms] * len(values))
+
+    @rule(segment_bytes_max=st.integers(100, 1500))
+    def resize_segments(self, segment_bytes_max: int) -> None:
+        """Roll at different sizes (a live config change), so rolls land anywhere in the sequence."""
+        assert self.log is not None
+        self.config = self.config.with_changes(segment_bytes_max=segment_bytes_max)
+        self.log.set_config(self.config)
+
+    @rule(target_ms=st.integers(-1, 1001))
+    def offset_for_timestamp(self, target_ms: int) -> None:
+        assert self.log is not None
+        expected = next((o for o in range(self.start, self.end) if self.stamps[o] >= target_ms), self.end)
+        assert self.log.offset_for_timestamp(target_ms) == expected
 
     @rule(data=st.data(), max_bytes=st.integers(0, 3000))
     def read(self, data: st.DataObject, max_bytes: int) -> None:
@@ -115,6 +130,7 @@ class LogMachine(RuleBasedStateMachine):
             if position + header.total_bytes <= cut:
                 kept_end = header.next_offset
         del self.model[kept_end:]
+        del self.stamps[kept_end:]
         self.reopen()
         assert self.log.segment_base_offsets == bases
 
