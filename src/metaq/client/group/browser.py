@@ -1,0 +1,44 @@
+"""MetaQ's TopicBrowser: read every message of a topic, partition by partition, without consuming.
+
+No group, no offsets stored, nothing changes on the broker: a browser reads each partition from its
+earliest stored offset to the end the broker reports when the browser reaches it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from metaq.client.consumer import DEFAULT_FETCH_MAX_BYTES, PullConsumer, StartOffset
+from metaq.client.core import ClientCore
+from metaq.errors import InvalidArgument
+from metaq.types import Message, validate_topic
+
+
+class TopicBrowser:
+    def __init__(self, session: Any, topic: str, max_size: int = DEFAULT_FETCH_MAX_BYTES) -> None:
+        core = session._core if hasattr(session, "_core") else session
+        if not isinstance(core, ClientCore):
+            raise InvalidArgument(f"TopicBrowser needs a MessageSessionFactory, not {session!r}")
+        self._core = core
+        self.topic = validate_topic(topic)
+        self.max_size = max_size
+        self._pull = PullConsumer(core)
+
+    async def partitions(self) -> list[int]:
+        tm = await self._core.metadata.refresh_topic(self.topic)
+        return [p.partition for p in tm.partitions]
+
+    async def iterate_partition(self, partition: int, start: StartOffset = "earliest") -> AsyncIterator[Message]:
+        async for msg in self._pull.iterate(self.topic, partition, start, max_bytes=self.max_size, stop_at_end=True,
+                                            on_out_of_range="earliest"):
+            yield msg
+
+    async def __aiter__(self) -> AsyncIterator[Message]:
+        """Every message: partition 0's in offset order, then partition 1's, and so on."""
+        for partition in await self.partitions():
+            async for msg in self.iterate_partition(partition):
+                yield msg
+
+    async def close(self) -> None:
+        await self._pull.close()

@@ -1,0 +1,778 @@
+"""MetaQ's listener consumer: a group shares topics' partitions; a listener gets every message once or more.
+
+::
+
+    consumer = create_consumer(session, ConsumerConfig(group="billing"))
+    consumer.subscribe("orders", 1024 * 1024, on_order)          # several topics may be subscribed
+    consumer.subscribe("refunds", 1024 * 1024, on_refund, AttributeFilter("vip"))
+    await consumer.complete_subscribe()                           # joins the group, starts fetching
+    ...
+    await consumer.close()                                        # commits, leaves the group
+
+How it runs
+-----------
+Each owned partition has a worker task that fetches (long polling, or MetaQ's back-off when
+``long_poll`` is off) and hands the batch to the listener *in offset order*; different partitions run
+in parallel, at most ``fetch_runner_count`` at once. An ``async def`` listener runs on the event loop; a
+plain function runs in a thread pool of ``fetch_runner_count`` threads (a whole batch per hop), so it
+can block without stalling the loop.
+
+A listener takes ``(message)`` or ``(message, ctx)``; ``ctx`` is the partition's
+:class:`PartitionContext` (MetaQ's ``Partition.setAutoAck/ack/rollback`` and
+``Message.setRollbackOnly``).
+
+Delivery: at least once, in order per partition
+------------------------------------------------
+A message is *acknowledged* when its listener call returns without raising and without marking it
+rollback-only (auto-ack), or when the listener calls ``ctx.ack()`` (auto-ack off). Acknowledged
+offsets are committed every ``commit_offset_period_ms``, before a rebalance gives the partitions up,
+and on close. Duplicates come from: a crash or kill (everything consumed since the last commit, at most
+one commit period's worth, is delivered again to the next owner), a member that was dropped from the
+group while it was still processing (at most the message in hand per partition), and rollbacks (by
+design). The LRU of the last ``dedup_window`` acknowledged message ids drops redeliveries that reach
+the *same* consumer (a partition that comes back to it after a rebalance).
+
+Failures: a listener that raises, or marks the message rollback-only, gets the message again right
+away, up to ``max_fetch_retries`` more times (1 + max_fetch_retries deliveries in all, MetaQ's
+maxFetchRetries); then the rejection policy takes it — ``skip`` (logged) or ``recover``: the local
+:class:`~metaq.client.group.recover.RecoverStore` keeps it on disk and offers it to the listener again
+every ``recover_message_interval_ms`` until accepted — and the partition moves on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import socket
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Generator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from metaq.client.connection import BrokerConnection
+from metaq.client.consumer import Fetcher, FetchResult, offsets_of
+from metaq.client.core import ClientCore
+from metaq.client.exceptions import ClientClosedError
+from metaq.client.group.config import ConsumerConfig
+from metaq.client.group.filters import MessageFilter, as_predicate
+from metaq.client.group.offsets import BrokerOffsetStorage, LocalFileOffsetStorage, OffsetStorage
+from metaq.client.group.recover import RecoverStore
+from metaq.client.metadata import Partition
+from metaq.errors import (
+    BrokerError,
+    ConnectionClosedError,
+    IllegalGenerationError,
+    InvalidArgument,
+    MetaqError,
+    NotCoordinatorError,
+    OffsetOutOfRangeError,
+    RebalanceInProgressError,
+    RequestTimeoutError,
+    TooManyRequestsError,
+    UnknownMemberError,
+)
+from metaq.protocol import messages as m
+from metaq.types import Message, TopicPartition, validate_topic
+
+log = logging.getLogger("metaq.client.group")
+
+Listener = Callable[..., Any]
+"""``listener(message)`` or ``listener(message, ctx)``; a plain function or an ``async def``."""
+
+_ERROR_BACKOFF_S = 0.2
+_ERROR_BACKOFF_MAX_S = 5.0
+
+
+class PartitionContext:
+    """What a two-argument listener gets: acknowledgement control of the message's partition.
+
+    With auto-ack on (the default) a message is acknowledged when the listener returns. Turn it off
+    (``ctx.set_auto_ack(False)``) to consume in transactions: nothing is acknowledged — so nothing is
+    committed — until ``ctx.ack()``, which acknowledges every message delivered so far on the
+    partition; ``ctx.rollback()`` delivers again everything since the last ack. ``ctx.set_rollback_only()``
+    marks the current message failed: it is redelivered as if the listener had raised.
+    """
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.auto_ack = True
+        self.message: Message | None = None
+        self._ack = False
+        self._rollback = False
+        self._rollback_only = False
+
+    def set_auto_ack(self, on: bool) -> None:
+        self.auto_ack = bool(on)
+
+    def ack(self) -> None:
+        self._ack = True
+
+    def rollback(self) -> None:
+        self._rollback = True
+
+    def set_rollback_only(self) -> None:
+        self._rollback_only = True
+
+    @property
+    def rollback_only(self) -> bool:
+        return self._rollback_only
+
+    def _begin(self, message: Message) -> None:
+        self.message = message
+        self._ack = self._rollback = self._rollback_only = False
+
+
+class MessageIdLRU:
+    """The last ``capacity`` acknowledged message ids (thread safe: sync listeners run in threads)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._ids: OrderedDict[int, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def seen(self, message_id: int) -> bool:
+        if self.capacity <= 0 or message_id < 0:
+            return False
+        with self._lock:
+            return message_id in self._ids
+
+    def add(self, message_id: int) -> None:
+        if self.capacity <= 0 or message_id < 0:
+            return
+        with self._lock:
+            self._ids[message_id] = None
+            self._ids.move_to_end(message_id)
+            while len(self._ids) > self.capacity:
+                self._ids.popitem(last=False)
+
+
+@dataclass
+class Subscription:
+    topic: str
+    max_size: int
+    listener: Listener
+    filter: MessageFilter | None
+    is_async: bool
+    wants_ctx: bool
+
+
+@dataclass
+class ConsumerStats:
+    delivered: int = 0
+    """Listener calls (retries included)."""
+    acked: int = 0
+    failures: int = 0
+    rejected: int = 0
+    recovered: int = 0
+    duplicates_dropped: int = 0
+    filtered: int = 0
+    rollbacks: int = 0
+    commits: int = 0
+    rebalances: int = 0
+
+
+def _wants_ctx(listener: Listener) -> bool:
+    try:
+        params = list(inspect.signature(listener).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    # Parameters with defaults (``lambda msg, box=box: ...``) are the caller's own, not the context.
+    required = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    return len(required) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
+def _is_async(listener: Listener) -> bool:
+    return inspect.iscoroutinefunction(listener) or inspect.iscoroutinefunction(
+        getattr(listener, "__call__", None))  # noqa: B004 - an object whose __call__ is async
+
+
+@dataclass(eq=False)
+class _Worker:
+    """One owned partition: its position, what is acknowledged, what is committed."""
+
+    tp: TopicPartition
+    part: Partition
+    sub: Subscription
+    position: int
+    """The next offset to hand to the listener (and to fetch)."""
+    acked: int
+    """Everything before it is acknowledged: what a commit stores."""
+    committed: int
+    ctx: PartitionContext
+    retries: dict[int, int] = field(default_factory=dict)
+    txn_ids: list[int] = field(default_factory=list)
+    stopping: bool = False
+    busy: bool = False
+    """In a listener call: a revoke waits for it instead of cancelling the task."""
+    task: asyncio.Task[None] | None = None
+    conn: BrokerConnection | None = None
+    empty_fetches: int = 0
+
+
+_CALL = "call"
+_REJECT = "reject"
+
+
+class GroupConsumer:
+    """Create it with :func:`create_consumer`. See the module docstring for the delivery contract."""
+
+    def __init__(self, core: ClientCore, config: ConsumerConfig, offset_storage: OffsetStorage | None = None,
+                 *, recover_store: RecoverStore | None = None) -> None:
+        self._core = core
+        self.config = config
+        self.consumer_id = config.consumer_id or (socket.gethostname() if config.broadcast else core.config.client_id)
+        self._owns_storage = offset_storage is None
+        if offset_storage is None:
+            offset_storage = LocalFileOffsetStorage() if config.broadcast else BrokerOffsetStorage()
+        self.offsets = offset_storage
+        if isinstance(offset_storage, BrokerOffsetStorage):
+            offset_storage.bind(self._group_request)
+        self.storage_group = f"{config.group}-{self.consumer_id}" if config.broadcast else config.group
+        """The key offsets are stored under: the group, or group-consumerId for a broadcast member."""
+        self.recover = recover_store or RecoverStore(config.recover_dir, self.storage_group)
+        self.fetcher = Fetcher(core)
+        self.subscriptions: dict[str, Subscription] = {}
+        self.workers: dict[TopicPartition, _Worker] = {}
+        self.stats = ConsumerStats()
+        self.dedup = MessageIdLRU(config.dedup_window)
+        self.generation = m.NO_GENERATION
+        self.member_id = ""
+        self._runners = asyncio.Semaphore(config.fetch_runner_count)
+        self._threads = ThreadPoolExecutor(max_workers=config.fetch_runner_count, thread_name_prefix="metaq-listener")
+        self._tasks: list[asyncio.Task[None]] = []
+        self._membership: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self._started = False
+        self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.assigned = asyncio.Event()
+        """Set whenever the consumer holds a current assignment (possibly empty); cleared while rebalancing."""
+
+    # -- subscribing ------------------------------------------------------------------------------
+
+    def subscribe(self, topic: str, max_size: int, listener: Listener, message_filter: Any = None) -> GroupConsumer:
+        """Subscribe ``topic``: fetch up to ``max_size`` bytes per request, call ``listener`` per message.
+
+        ``message_filter``: ``f(message) -> bool`` or an object with ``accept(group, message)``; refused
+        messages are consumed without calling the listener. Call :meth:`complete_subscribe` after the
+        last subscribe. Returns the consumer, so calls chain.
+        """
+        if self._started:
+            raise InvalidArgument("subscribe() must come before complete_subscribe()")
+        validate_topic(topic)
+        if not isinstance(max_size, int) or max_size <= 0:
+            raise InvalidArgument(f"max_size must be an int > 0, not {max_size!r}")
+        if not callable(listener):
+            raise InvalidArgument(f"listener must be callable, not {listener!r}")
+        if topic in self.subscriptions:
+            raise InvalidArgument(f"topic {topic!r} is already subscribed")
+        predicate = as_predicate(self.config.group, message_filter)
+        self.subscriptions[topic] = Subscription(topic, max_size, listener, predicate, _is_async(listener),
+                                                 _wants_ctx(listener))
+        return self
+
+    async def complete_subscribe(self) -> None:
+        """Start: join the group (or, broadcast, take every partition) and begin delivering."""
+        if self._closed:
+            raise ClientClosedError("the consumer is closed")
+        if self._started:
+            return
+        if not self.subscriptions:
+            raise InvalidArgument("subscribe() to at least one topic before complete_subscribe()")
+        self._started = True
+        self._loop = asyncio.get_running_loop()
+        if self.config.broadcast:
+            self._membership = asyncio.ensure_future(self._broadcast_loop())
+        else:
+            self._membership = asyncio.ensure_future(self._group_loop())
+        self._tasks.append(asyncio.ensure_future(self._commit_loop()))
+        if self.config.rejection_policy == "recover":
+            self._tasks.append(asyncio.ensure_future(self._recover_loop()))
+
+    # -- group membership ---------------------------------------------------------------------------
+
+    @property
+    def _channel(self) -> str:
+        return f"group:{id(self)}"
+
+    async def _group_request(self, request: Any, timeout_s: float | None = None) -> Any:
+        conn = await self._core.connection(None, self._channel)
+        return await conn.request(request, timeout_s)
+
+    async def _group_loop(self) -> None:
+        cfg = self.config
+        backoff = _ERROR_BACKOFF_S
+        while not self._closed:
+            req = m.JoinGroupRequest(cfg.group, self.member_id, self.consumer_id, cfg.session_timeout_ms,
+                                     cfg.rebalance_timeout_ms, sorted(self.subscriptions), cfg.load_balance_strategy)
+            try:
+                resp: m.JoinGroupResponse = await self._group_request(
+                    req, cfg.rebalance_timeout_ms / 1000 + self._core.config.request_timeout_s)
+            except UnknownMemberError:
+                self.member_id = ""
+                continue
+            except (RebalanceInProgressError, NotCoordinatorError, ConnectionClosedError, RequestTimeoutError) as exc:
+                log.info("group %s: join failed (%s); retrying", cfg.group, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _ERROR_BACKOFF_MAX_S)
+                continue
+            backoff = _ERROR_BACKOFF_S
+            self.member_id, self.generation = resp.member_id, resp.generation
+            owned = [(a.topic, p) for a in resp.assignment for p in a.partitions]
+            log.info("group %s: member %s generation %d owns %d partitions", cfg.group, self.member_id,
+                     self.generation, len(owned))
+            try:
+                await self._assign(owned)
+            except MetaqError as exc:
+                log.warning("group %s: cannot start consuming the assignment (%s); rejoining", cfg.group, exc)
+                await asyncio.shield(self._revoke(commit=False))
+                await asyncio.sleep(backoff)
+                continue
+            await self._heartbeat_until_rebalance()
+
+    async def _heartbeat_until_rebalance(self) -> None:
+        cfg = self.config
+        last_ok = time.monotonic()
+        while not self._closed:
+            await asyncio.sleep(cfg.heartbeat_ms / 1000)
+            try:
+                await self._group_request(m.HeartbeatRequest(cfg.group, self.generation, self.member_id))
+            except (RebalanceInProgressError, IllegalGenerationError) as exc:
+                log.info("group %s: rebalance (%s): committing and giving partitions up", cfg.group, exc.name)
+                await asyncio.shield(self._revoke(commit=True))
+                return
+            except UnknownMemberError:
+                log.warning("group %s: member %s was dropped from the group (session timeout?)", cfg.group,
+                            self.member_id)
+                await asyncio.shield(self._revoke(commit=False))
+                self.member_id = ""
+                return
+            except (ConnectionClosedError, RequestTimeoutError, NotCoordinatorError) as exc:
+                if time.monotonic() - last_ok > cfg.session_timeout_ms / 1000:
+                    # Safe mode: the coordinator has surely given our partitions to others by now.
+                    log.warning("group %s: no heartbeat for a session timeout (%s); giving partitions up",
+                                cfg.group, exc)
+                    await asyncio.shield(self._revoke(commit=False))
+                    return
+                continue
+            last_ok = time.monotonic()
+
+    async def _broadcast_loop(self) -> None:
+        """Every partition of every subscribed topic; new partitions are picked up as they appear."""
+        while not self._closed:
+            try:
+                owned: list[tuple[str, int]] = []
+                for topic in sorted(self.subscriptions):
+                    tm = await self._core.metadata.refresh_topic(topic)
+                    owned += [(topic, p.partition) for p in tm.partitions]
+                if set(owned) != {(tp.topic, tp.partition) for tp in self.workers} or not self.assigned.is_set():
+                    await self._assign(owned, keep=True)
+            except (ConnectionClosedError, RequestTimeoutError, BrokerError) as exc:
+                log.info("broadcast consumer %s: metadata refresh failed (%s)", self.consumer_id, exc)
+            await asyncio.sleep(max(self.config.heartbeat_ms, 1000) / 1000)
+
+    # -- assignment ---------------------------------------------------------------------------------
+
+    async def _assign(self, owned: list[tuple[str, int]], keep: bool = False) -> None:
+        async with self._lock:
+            if self._closed:
+                return
+            wanted = {TopicPartition(t, p) for t, p in owned if t in self.subscriptions}
+            if keep:
+                gone = [tp for tp in self.workers if tp not in wanted]
+                if gone:
+                    await self._stop_workers([self.workers.pop(tp) for tp in gone], commit=True)
+                wanted -= set(self.workers)
+            else:
+                assert not self.workers, "eager rebalance: everything is revoked before a new assignment"
+            stored = await self.offsets.load(self.storage_group, sorted(wanted))
+            for tp in sorted(wanted):
+                part = await self._core.partition(tp.topic, tp.partition)
+                start = stored.get(tp)
+                if start is None:
+                    earliest, latest = await offsets_of(self._core, tp.topic, part)
+                    start = latest if self.config.consume_from_max_offset else earliest
+                    committed = -1
+                else:
+                    committed = start
+                w = _Worker(tp, part, self.subscriptions[tp.topic], start, start, committed,
+                            PartitionContext(tp.topic, tp.partition))
+                self.workers[tp] = w
+                w.task = asyncio.ensure_future(self._run_worker(w))
+            self.stats.rebalances += 1
+            self.assigned.set()
+
+    async def _revoke(self, commit: bool) -> None:
+        async with self._lock:
+            self.assigned.clear()
+            workers = list(self.workers.values())
+            self.workers.clear()
+            await self._stop_workers(workers, commit=commit)
+
+    async def _stop_workers(self, workers: list[_Worker], commit: bool) -> None:
+        for w in workers:
+            w.stopping = True
+            if not w.busy and w.task is not None:
+                w.task.cancel()  # it is fetching or backing off: nothing of the listener's is lost
+        tasks = [w.task for w in workers if w.task is not None]
+        if tasks:
+            # A listener call in progress finishes first (at most one message per partition).
+            _done, pending = await asyncio.wait(tasks, timeout=self.config.rebalance_timeout_ms / 1000)
+            for t in pending:
+                log.warning("a listener did not return within the rebalance timeout; abandoning its partition")
+                t.cancel()
+        for w in workers:
+            if w.conn is not None:
+                w.conn.close()
+        if commit:
+            await self._commit(workers)
+
+    # -- commits ------------------------------------------------------------------------------------
+
+    async def _commit(self, workers: list[_Worker] | None = None) -> None:
+        ws = list(self.workers.values()) if workers is None else workers
+        due = {w.tp: w.acked for w in ws if w.acked != w.committed and w.acked >= 0}
+        if not due:
+            return
+        try:
+            await self.offsets.commit(self.storage_group, due, generation=self.generation, member_id=self.member_id)
+        except (UnknownMemberError, IllegalGenerationError, RebalanceInProgressError) as exc:
+            log.warning("group %s: commit refused (%s): the partitions moved; what was consumed since the last "
+                        "commit will be delivered again to their new owner", self.config.group, exc.name)
+            return
+        except (MetaqError, OSError) as exc:
+            log.warning("group %s: commit failed: %s", self.config.group, exc)
+            return
+        self.stats.commits += 1
+        for w in ws:
+            if w.tp in due:
+                w.committed = due[w.tp]
+
+    async def commit(self) -> None:
+        """Commit acknowledged offsets now (the commit period does it anyway)."""
+        await self._commit()
+
+    async def _commit_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self.config.commit_offset_period_ms / 1000)
+            if self.assigned.is_set():
+                await self._commit()
+
+    # -- fetching -----------------------------------------------------------------------------------
+
+    async def _fetch(self, w: _Worker, max_bytes: int) -> FetchResult:
+        cfg = self.config
+        wait = cfg.max_delay_fetch_ms if cfg.long_poll else 0
+        if wait and (w.conn is None or w.conn.closed):
+            # Long polls get a connection of their own: replies are ordered per connection.
+            w.conn = await self._core.pool.connect(self._core.address(w.part.broker_id))
+        conn = w.conn if wait else None
+        return await self.fetcher.fetch(w.tp.topic, w.part, w.position, max_bytes=max_bytes, max_wait_ms=wait,
+                                        group=cfg.group, connection=conn)
+
+    async def _run_worker(self, w: _Worker) -> None:
+        cfg = self.config
+        max_bytes = w.sub.max_size
+        growths = 0
+        backoff = _ERROR_BACKOFF_S
+        while not w.stopping:
+            try:
+                result = await self._fetch(w, max_bytes)
+            except OffsetOutOfRangeError as exc:
+                earliest, latest = getattr(exc, "earliest", -1), getattr(exc, "latest", -1)
+                if earliest < 0:
+                    await asyncio.sleep(backoff)
+                    continue
+                new = earliest if w.position < earliest else latest
+                log.warning("%s: offset %d is out of range %d..%d; continuing from %d", w.tp, w.position, earliest,
+                            latest, new)
+                w.position = w.acked = new
+                continue
+            except TooManyRequestsError:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _ERROR_BACKOFF_MAX_S)
+                continue
+            except (ConnectionClosedError, RequestTimeoutError, BrokerError) as exc:
+                if isinstance(exc, BrokerError) and exc.refresh_metadata:
+                    self._core.metadata.refresh_soon(w.tp.topic)
+                if w.conn is not None:
+                    w.conn.close()
+                    w.conn = None
+                log.info("%s: fetch failed (%s); retrying in %.1fs", w.tp, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _ERROR_BACKOFF_MAX_S)
+                continue
+            backoff = _ERROR_BACKOFF_S
+            if result.partial:
+                if growths < cfg.max_increase_fetch_data_retries:
+                    growths += 1
+                    max_bytes *= 2
+                    log.warning("%s: a message at offset %d is larger than max_size; fetching %d bytes", w.tp,
+                                w.position, max_bytes)
+                else:
+                    log.error("%s: the message at offset %d is larger than %d bytes even after %d increases; "
+                              "raise the subscription's max_size", w.tp, w.position, max_bytes, growths)
+                    await asyncio.sleep(cfg.max_delay_fetch_ms / 1000)
+                continue
+            max_bytes, growths = w.sub.max_size, 0
+            if not result.messages:
+                if result.next_offset > w.position:  # a batch the server-side filter emptied
+                    w.position = result.next_offset
+                    if w.ctx.auto_ack:
+                        self._ack(w)
+                    continue
+                w.empty_fetches += 1
+                if not cfg.long_poll:
+                    # MetaQ: each empty reply adds a tenth of the max delay, up to the max delay.
+                    delay_ms = min(cfg.max_delay_fetch_ms, w.empty_fetches * cfg.max_delay_fetch_ms // 10)
+                    await asyncio.sleep(delay_ms / 1000)
+                continue
+            w.empty_fetches = 0
+            async with self._runners:
+                if w.stopping:
+                    return
+                w.busy = True
+                try:
+                    if w.sub.is_async:
+                        await self._deliver_async(w, result)
+                    else:
+                        await self._deliver_in_thread(w, result)
+                finally:
+                    w.busy = False
+
+    # -- delivering ---------------------------------------------------------------------------------
+
+    def _steps(self, w: _Worker, result: FetchResult) -> Generator[tuple[str, Message], BaseException | None, None]:
+        """The delivery logic for one fetched batch, shared by the async and the thread driver.
+
+        Yields ("call", message) — the driver calls the listener and sends back the exception or None —
+        and ("reject", message) for the rejection policy. Only this partition's worker touches ``w``.
+        """
+        cfg = self.config
+        ctx = w.ctx
+        msgs = result.messages
+        i = 0
+        while i < len(msgs):
+            if w.stopping:
+                return
+            msg = msgs[i]
+            if msg.offset < w.position:
+                i += 1
+                continue
+            if w.sub.filter is not None and not w.sub.filter(msg):
+                self.stats.filtered += 1
+                self._advance(w, msg)
+                i += 1
+                continue
+            if self.dedup.seen(msg.id):
+                self.stats.duplicates_dropped += 1
+                self._advance(w, msg)
+                i += 1
+                continue
+            ctx._begin(msg)
+            self.stats.delivered += 1
+            error = yield (_CALL, msg)
+            if error is None and not ctx._rollback_only:
+                w.retries.pop(msg.offset, None)
+                w.position = msg.offset + 1
+                if ctx.auto_ack or ctx._ack:
+                    w.txn_ids.append(msg.id)
+                    self._ack(w)
+                elif ctx._rollback:
+                    self._rollback(w)
+                    return
+                else:
+                    w.txn_ids.append(msg.id)
+                i += 1
+                continue
+            # failed: the listener raised or marked the message rollback-only
+            self.stats.failures += 1
+            if error is not None:
+                log.warning("%s: listener failed on offset %d (delivery %d of %d): %r", w.tp, msg.offset,
+                            w.retries.get(msg.offset, 0) + 1, cfg.max_fetch_retries + 1, error)
+            tries = w.retries[msg.offset] = w.retries.get(msg.offset, 0) + 1
+            if tries <= cfg.max_fetch_retries:
+                if not ctx.auto_ack:
+                    self._rollback(w)  # a failure inside a transaction rolls it back
+                    return
+                continue  # deliver the same message again
+            del w.retries[msg.offset]
+            self.stats.rejected += 1
+            yield (_REJECT, msg)
+            w.position = msg.offset + 1
+            if ctx.auto_ack:
+                self._ack(w)
+            i += 1
+        if not w.stopping and result.next_offset > w.position and msgs and w.position > msgs[-1].offset:
+            # trailing messages the server-side filter removed
+            w.position = result.next_offset
+            if ctx.auto_ack:
+                self._ack(w)
+
+    def _advance(self, w: _Worker, msg: Message) -> None:
+        """Past a message the listener never sees (filtered out, or a duplicate)."""
+        w.position = msg.offset + 1
+        if w.ctx.auto_ack:
+            self._ack(w)
+
+    def _ack(self, w: _Worker) -> None:
+        w.acked = w.position
+        for mid in w.txn_ids:
+            self.dedup.add(mid)
+        self.stats.acked += len(w.txn_ids)
+        w.txn_ids.clear()
+
+    def _rollback(self, w: _Worker) -> None:
+        self.stats.rollbacks += 1
+        w.position = w.acked
+        w.txn_ids.clear()
+
+    async def _reject(self, msg: Message) -> None:
+        if self.config.rejection_policy == "recover":
+            try:
+                if await self.recover.put(msg):
+                    log.warning("%s-%d: offset %d failed %d times; kept in the recover store", msg.topic,
+                                msg.partition, msg.offset, self.config.max_fetch_retries + 1)
+                    return
+            except OSError as exc:
+                log.error("recover store: cannot keep %s-%d@%d: %s", msg.topic, msg.partition, msg.offset, exc)
+        log.error("%s-%d: offset %d failed %d times; skipped (rejection policy)", msg.topic, msg.partition,
+                  msg.offset, self.config.max_fetch_retries + 1)
+
+    async def _deliver_async(self, w: _Worker, result: FetchResult) -> None:
+        steps = self._steps(w, result)
+        listener = w.sub.listener
+        try:
+            action, msg = next(steps)
+            while True:
+                if action == _REJECT:
+                    await self._reject(msg)
+                    action, msg = steps.send(None)
+                    continue
+                err: BaseException | None = None
+                try:
+                    if w.sub.wants_ctx:
+                        await listener(msg, w.ctx)
+                    else:
+                        await listener(msg)
+                except Exception as exc:  # the listener's failure is a redelivery, not our crash
+                    err = exc
+                action, msg = steps.send(err)
+        except StopIteration:
+            pass
+
+    async def _deliver_in_thread(self, w: _Worker, result: FetchResult) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._threads, self._deliver_sync, w, result, loop)
+
+    def _deliver_sync(self, w: _Worker, result: FetchResult, loop: asyncio.AbstractEventLoop) -> None:
+        steps = self._steps(w, result)
+        listener = w.sub.listener
+        wants_ctx = w.sub.wants_ctx
+        try:
+            action, msg = next(steps)
+            while True:
+                if action == _REJECT:
+                    asyncio.run_coroutine_threadsafe(self._reject(msg), loop).result()
+                    action, msg = steps.send(None)
+                    continue
+                err: BaseException | None = None
+                try:
+                    if wants_ctx:
+                        listener(msg, w.ctx)
+                    else:
+                        listener(msg)
+                except Exception as exc:  # the listener's failure is a redelivery, not our crash
+                    err = exc
+                action, msg = steps.send(err)
+        except StopIteration:
+            pass
+
+    # -- recover store ------------------------------------------------------------------------------
+
+    async def _recover_deliver(self, msg: Message) -> bool:
+        sub = self.subscriptions.get(msg.topic)
+        if sub is None:
+            return False
+        ctx = PartitionContext(msg.topic, msg.partition)
+        ctx._begin(msg)
+        args = (msg, ctx) if sub.wants_ctx else (msg,)
+        if sub.is_async:
+            await sub.listener(*args)
+        else:
+            await asyncio.get_running_loop().run_in_executor(self._threads, lambda: sub.listener(*args))
+        if ctx.rollback_only:
+            return False
+        self.stats.recovered += 1
+        return True
+
+    async def recover_now(self) -> int:
+        """Offer every message of the recover store to its listener once; returns how many were accepted."""
+        return await self.recover.recover_once(self._recover_deliver)
+
+    async def _recover_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self.config.recover_message_interval_ms / 1000)
+            try:
+                await self.recover_now()
+            except Exception:  # the background recover must keep running
+                log.exception("recover store: background recover failed")
+
+    # -- inspection and shutdown --------------------------------------------------------------------
+
+    def assignment(self) -> list[TopicPartition]:
+        """The partitions this consumer owns now."""
+        return sorted(self.workers)
+
+    def positions(self) -> dict[TopicPartition, tuple[int, int, int]]:
+        """partition -> (next offset to deliver, acknowledged up to, committed up to)."""
+        return {tp: (w.position, w.acked, w.committed) for tp, w in self.workers.items()}
+
+    async def close(self) -> None:
+        """Stop fetching, let listener calls in progress finish, commit, leave the group. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        tasks = [t for t in (self._membership, *self._tasks) if t is not None]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await self._revoke(commit=True)
+        if self.member_id and not self.config.broadcast:
+            with contextlib.suppress(MetaqError):
+                await self._group_request(m.LeaveGroupRequest(self.config.group, self.member_id))
+        conn = self._core.pool.cached(self._core.address(self._core.default_broker_id), self._channel) \
+            if self._core.default_broker_id >= 0 else None
+        if conn is not None:
+            conn.close()
+        if self._owns_storage:
+            await self.offsets.close()
+        self._threads.shutdown(wait=False)
+        self.recover.close()
+
+    async def __aenter__(self) -> GroupConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def create_consumer(session: Any, config: ConsumerConfig, offset_storage: OffsetStorage | None = None, *,
+                    recover_store: RecoverStore | None = None) -> GroupConsumer:
+    """A listener consumer on a :class:`~metaq.client.session.MessageSessionFactory` (MetaQ's
+    ``createConsumer(consumerConfig[, offsetStorage])``)."""
+    core = session._core if hasattr(session, "_core") else session
+    if not isinstance(core, ClientCore):
+        raise InvalidArgument(f"create_consumer needs a MessageSessionFactory, not {session!r}")
+    return GroupConsumer(core, config, offset_storage, recover_store=recover_store)
+
+
+__all__ = ["ConsumerStats", "GroupConsumer", "Listener", "MessageIdLRU", "PartitionContext", "create_consumer"]

@@ -1,0 +1,281 @@
+"""Where a consumer group's offsets live: one :class:`OffsetStorage` interface, four stores.
+
+An offset stored for a partition is the next offset to consume (everything before it is done).
+
+* :class:`BrokerOffsetStorage` — the default for groups: OffsetCommit/OffsetFetch to the broker, which
+  keeps them durable in its data directory and *fences* them: a member that lost its partitions in a
+  rebalance cannot overwrite the new owner's offsets.
+* :class:`LocalFileOffsetStorage` — the default for broadcast: one JSON file per group on this machine,
+  replaced atomically (temp file, fsync, rename, fsync the directory).
+* :class:`SqliteOffsetStorage` and :class:`PostgresOffsetStorage` — a table ``metaq_offsets`` in a
+  database (MetaQ's MysqlOffsetStorage): the group's offsets outlive the machines and the brokers.
+
+The file and SQL stores are not fenced (as MetaQ's ZooKeeper and MySQL stores were not): in group mode a
+member that was dropped from the group may still write an offset once before it notices. The bound on
+the effect is the same commit period that bounds duplicates.
+
+Every store runs its blocking I/O in a thread of its own, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import json
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from metaq.client.connection import raise_for_error
+from metaq.errors import InvalidArgument, error_for_code
+from metaq.protocol import messages as m
+from metaq.types import TopicPartition
+
+Request = Callable[[Any], Awaitable[Any]]
+
+
+class OffsetStorage(abc.ABC):
+    """MetaQ's OffsetStorage: load and commit a group's offsets. Implement it to keep them elsewhere."""
+
+    @abc.abstractmethod
+    async def load(self, group: str, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """Committed offsets of ``partitions``; a partition never committed is absent."""
+
+    @abc.abstractmethod
+    async def commit(self, group: str, offsets: Mapping[TopicPartition, int], *, generation: int = m.NO_GENERATION,
+                     member_id: str = "") -> None:
+        """Store ``offsets`` durably before returning. ``generation``/``member_id`` let a fencing store
+        refuse a member that no longer owns the partitions (raise the broker's error)."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the store holds."""
+
+
+class BrokerOffsetStorage(OffsetStorage):
+    """Offsets kept by the broker (standalone mode's coordinator). The consumer binds it to its
+    connection; bind it yourself with :meth:`bind` to use it outside a consumer."""
+
+    def __init__(self, request: Request | None = None) -> None:
+        self._request = request
+
+    def bind(self, request: Request) -> None:
+        self._request = request
+
+    def _send(self) -> Request:
+        if self._request is None:
+            raise InvalidArgument("BrokerOffsetStorage is not bound to a broker connection")
+        return self._request
+
+    async def load(self, group: str, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        refs = [m.TopicPartitionRef(tp.topic, tp.partition) for tp in partitions]
+        if not refs:
+            return {}
+        resp: m.OffsetFetchResponse = raise_for_error(await self._send()(m.OffsetFetchRequest(group, refs)))
+        return {TopicPartition(e.topic, e.partition): e.offset for e in resp.offsets if e.offset >= 0}
+
+    async def commit(self, group: str, offsets: Mapping[TopicPartition, int], *, generation: int = m.NO_GENERATION,
+                     member_id: str = "") -> None:
+        if not offsets:
+            return
+        entries = [m.OffsetEntry(tp.topic, tp.partition, off) for tp, off in sorted(offsets.items())]
+        resp: m.OffsetCommitResponse = raise_for_error(
+            await self._send()(m.OffsetCommitRequest(group, generation, member_id, entries)))
+        refused = [e for e in resp.results if e.error_code]
+        if refused:
+            where = [(e.topic, e.partition) for e in refused]
+            exc = error_for_code(refused[0].error_code, f"offsets refused for {where}: {resp.error_message or ''}")
+            exc.response = resp  # type: ignore[attr-defined]
+            raise exc
+
+
+class _ThreadedStorage(OffsetStorage):
+    """Runs blocking calls in one dedicated thread (SQLite connections belong to their thread)."""
+
+    def __init__(self) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"metaq-{type(self).__name__}")
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def close(self) -> None:
+        await self._run(self._close_sync)
+        self._executor.shutdown(wait=False)
+
+    def _close_sync(self) -> None:
+        pass
+
+
+_SAFE = re.compile(r"[^A-Za-z0-9._@-]")
+
+
+class LocalFileOffsetStorage(_ThreadedStorage):
+    """``<directory>/<group>.json``: {"topic": {"partition": offset}}, replaced atomically on commit."""
+
+    def __init__(self, directory: str | Path = "~/.meta_offsets", *, fsync: bool = True) -> None:
+        super().__init__()
+        self.directory = Path(directory).expanduser()
+        self.fsync = fsync
+        self._cache: dict[str, dict[TopicPartition, int]] = {}
+
+    def path(self, group: str) -> Path:
+        return self.directory / (_SAFE.sub("_", group) + ".json")
+
+    def _read(self, group: str) -> dict[TopicPartition, int]:
+        cached = self._cache.get(group)
+        if cached is not None:
+            return cached
+        out: dict[TopicPartition, int] = {}
+        try:
+            doc = json.loads(self.path(group).read_text())
+            for topic, parts in doc.get("offsets", {}).items():
+                for p, off in parts.items():
+                    out[TopicPartition(topic, int(p))] = int(off)
+        except FileNotFoundError:
+            pass
+        self._cache[group] = out
+        return out
+
+    def _load_sync(self, group: str, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        have = self._read(group)
+        return {tp: have[tp] for tp in partitions if tp in have}
+
+    def _commit_sync(self, group: str, offsets: dict[TopicPartition, int]) -> None:
+        merged = dict(self._read(group))
+        merged.update(offsets)
+        doc: dict[str, dict[str, int]] = {}
+        for tp, off in sorted(merged.items()):
+            doc.setdefault(tp.topic, {})[str(tp.partition)] = off
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.path(group)
+        tmp = path.with_suffix(".json.tmp")
+        data = json.dumps({"group": group, "updated_ms": int(time.time() * 1000), "offsets": doc}).encode()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        if self.fsync:
+            dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        self._cache[group] = merged
+
+    async def load(self, group: str, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        result: dict[TopicPartition, int] = await self._run(self._load_sync, group, list(partitions))
+        return result
+
+    async def commit(self, group: str, offsets: Mapping[TopicPartition, int], *, generation: int = m.NO_GENERATION,
+                     member_id: str = "") -> None:
+        if offsets:
+            await self._run(self._commit_sync, group, dict(offsets))
+
+
+TABLE = "metaq_offsets"
+_DDL = (f"CREATE TABLE IF NOT EXISTS {TABLE} (group_id VARCHAR(255) NOT NULL, topic VARCHAR(255) NOT NULL, "
+        "partition_id INTEGER NOT NULL, next_offset BIGINT NOT NULL, updated_ms BIGINT NOT NULL, "
+        "PRIMARY KEY (group_id, topic, partition_id))")
+
+
+class SqlOffsetStorage(_ThreadedStorage):
+    """Offsets in table ``metaq_offsets`` through a DB-API connection (``connect()`` makes one).
+
+    ``paramstyle`` is the driver's placeholder ('?' for sqlite3, '%s' for psycopg). The upsert is
+    ``INSERT ... ON CONFLICT ... DO UPDATE``, which SQLite (3.24+) and PostgreSQL both speak.
+    """
+
+    def __init__(self, connect: Callable[[], Any], placeholder: str) -> None:
+        super().__init__()
+        self._connect = connect
+        self._ph = placeholder
+        self._conn: Any = None
+
+    def _db(self) -> Any:
+        if self._conn is None:
+            conn = self._connect()
+            cur = conn.cursor()
+            cur.execute(_DDL)
+            conn.commit()
+            self._conn = conn
+        return self._conn
+
+    def _load_sync(self, group: str, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        wanted = set(partitions)
+        cur = self._db().cursor()
+        cur.execute(f"SELECT topic, partition_id, next_offset FROM {TABLE} WHERE group_id = {self._ph}", (group,))
+        rows = cur.fetchall()
+        self._db().commit()
+        return {tp: int(off) for t, p, off in rows if (tp := TopicPartition(t, int(p))) in wanted}
+
+    def _commit_sync(self, group: str, offsets: dict[TopicPartition, int]) -> None:
+        ph = self._ph
+        conn = self._db()
+        now = int(time.time() * 1000)
+        sql = (f"INSERT INTO {TABLE} (group_id, topic, partition_id, next_offset, updated_ms) "
+               f"VALUES ({ph}, {ph}, {ph}, {ph}, {ph}) ON CONFLICT (group_id, topic, partition_id) "
+               "DO UPDATE SET next_offset = excluded.next_offset, updated_ms = excluded.updated_ms")
+        try:
+            cur = conn.cursor()
+            cur.executemany(sql, [(group, tp.topic, tp.partition, off, now) for tp, off in sorted(offsets.items())])
+            conn.commit()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                conn.rollback()
+            raise
+
+    def _close_sync(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    async def load(self, group: str, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        result: dict[TopicPartition, int] = await self._run(self._load_sync, group, list(partitions))
+        return result
+
+    async def commit(self, group: str, offsets: Mapping[TopicPartition, int], *, generation: int = m.NO_GENERATION,
+                     member_id: str = "") -> None:
+        if offsets:
+            await self._run(self._commit_sync, group, dict(offsets))
+
+
+class SqliteOffsetStorage(SqlOffsetStorage):
+    """Offsets in an SQLite database file (stdlib sqlite3; WAL + synchronous=FULL: a commit survives
+    a crash of the process and of the machine)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.db_path = Path(path).expanduser()
+
+        def connect() -> Any:
+            import sqlite3
+
+            self.db_path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.db_path)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            return conn
+
+        super().__init__(connect, "?")
+
+
+class PostgresOffsetStorage(SqlOffsetStorage):
+    """Offsets in PostgreSQL through psycopg 3 (``pip install metaq[postgres]``); ``conninfo`` is a
+    libpq connection string (``"host=127.0.0.1 port=5432 dbname=metaq user=metaq"``)."""
+
+    def __init__(self, conninfo: str) -> None:
+        self.conninfo = conninfo
+
+        def connect() -> Any:
+            import psycopg
+
+            return psycopg.connect(conninfo)
+
+        super().__init__(connect, "%s")
