@@ -3,6 +3,8 @@
 set -euo pipefail
 need=()
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
+# PostgreSQL for the SQL offset storage tests (metaq.testing.postgres runs initdb/pg_ctl from here).
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
 if ((${#need[@]})); then
   if [ "$(id -u)" != 0 ]; then
     echo "missing system packages: ${need[*]} (run as root or install them)" >&2

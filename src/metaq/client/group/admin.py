@@ -1,0 +1,147 @@
+"""``metaq group list|describe|reset`` as plain functions (the CLI prints what they return).
+
+``reset`` is MetaQ's 回溯 (rewinding a group): it writes offsets with generation -1, which the broker
+accepts only while the group has no active member — stop the group's consumers first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from metaq.client.consumer import offsets_of
+from metaq.client.core import ClientCore
+from metaq.client.group.offsets import BrokerOffsetStorage, OffsetStorage
+from metaq.errors import InvalidArgument
+from metaq.protocol import messages as m
+from metaq.types import TopicPartition, validate_topic
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLag:
+    topic: str
+    partition: int
+    owner: str
+    """Member id that owns it in the current generation ('' = nobody: the group is empty or rebalancing)."""
+    committed: int
+    """-1 = nothing committed yet."""
+    log_start: int
+    log_end: int
+
+    @property
+    def lag(self) -> int:
+        """Messages not yet consumed: from the committed offset (or the log start) to the log end."""
+        return max(0, self.log_end - max(self.committed, self.log_start))
+
+
+@dataclass(frozen=True, slots=True)
+class MemberDescription:
+    member_id: str
+    client_id: str
+    assignment: dict[str, list[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    group: str
+    state: str
+    generation: int
+    strategy: str
+    members: list[MemberDescription]
+    partitions: list[PartitionLag] = field(default_factory=list)
+
+    @property
+    def total_lag(self) -> int:
+        return sum(p.lag for p in self.partitions)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"group": self.group, "state": self.state, "generation": self.generation, "strategy": self.strategy,
+                "members": [{"member_id": mb.member_id, "client_id": mb.client_id, "assignment": mb.assignment}
+                            for mb in self.members],
+                "partitions": [{"topic": p.topic, "partition": p.partition, "owner": p.owner,
+                                "committed": p.committed, "log_start": p.log_start, "log_end": p.log_end,
+                                "lag": p.lag} for p in self.partitions],
+                "total_lag": self.total_lag}
+
+
+def _core(session: Any) -> ClientCore:
+    core = session._core if hasattr(session, "_core") else session
+    if not isinstance(core, ClientCore):
+        raise InvalidArgument(f"expected a MessageSessionFactory, not {session!r}")
+    return core
+
+
+async def list_groups(session: Any) -> list[str]:
+    """Groups with members or committed offsets on the coordinating broker."""
+    resp: m.ListGroupsResponse = await _core(session).request(m.ListGroupsRequest())
+    return list(resp.groups)
+
+
+async def describe_group(session: Any, group: str, topics: list[str] | None = None) -> GroupDescription:
+    """Members, their assignment, and per partition: owner, committed offset, log range and lag.
+
+    ``topics``: the topics to report lag for (default: those the members subscribe to and those the
+    group has offsets for). UnknownGroupError if the broker knows nothing of the group.
+    """
+    core = _core(session)
+    desc: m.DescribeGroupResponse = await core.request(m.DescribeGroupRequest(group))
+    committed: m.OffsetFetchResponse = await core.request(m.OffsetFetchRequest(group, None))
+    offsets = {(e.topic, e.partition): e.offset for e in committed.offsets}
+    owners = {(ta.topic, p): mb.member_id for mb in desc.members for ta in mb.assignment for p in ta.partitions}
+    wanted = set(topics or ()) or ({t for t, _ in owners} | {t for t, _ in offsets})
+    rows: list[PartitionLag] = []
+    for topic in sorted(wanted):
+        tm = await core.metadata.refresh_topic(topic)
+        for p in tm.partitions:
+            start, end = await offsets_of(core, topic, p)
+            rows.append(PartitionLag(topic, p.partition, owners.get((topic, p.partition), ""),
+                                     offsets.get((topic, p.partition), -1), start, end))
+    members = [MemberDescription(mb.member_id, mb.client_id, {ta.topic: list(ta.partitions) for ta in mb.assignment})
+               for mb in desc.members]
+    return GroupDescription(group, desc.state, desc.generation, desc.strategy, members, rows)
+
+
+async def reset_offsets(session: Any, group: str, topic: str, to: str | int = "earliest", *,
+                        timestamp_ms: int | None = None, partitions: list[int] | None = None,
+                        storage: OffsetStorage | None = None, dry_run: bool = False) -> dict[int, tuple[int, int]]:
+    """Move a group's offsets for ``topic``: to ``"earliest"``, ``"latest"``, an offset (int), or the first
+    message at or after ``timestamp_ms``. Returns partition -> (old committed, new). The broker refuses
+    (ILLEGAL_GENERATION) while the group has active members. ``storage``: another OffsetStorage to reset
+    (file/SQL stores are not checked for active members).
+    """
+    core = _core(session)
+    validate_topic(topic)
+    if timestamp_ms is not None and timestamp_ms < 0:
+        raise InvalidArgument(f"timestamp_ms must be >= 0, not {timestamp_ms}")
+    if timestamp_ms is None and not (to in ("earliest", "latest") or (isinstance(to, int) and to >= 0)):
+        raise InvalidArgument(f"reset to 'earliest', 'latest', an offset >= 0 or timestamp_ms=...; not {to!r}")
+    tm = await core.metadata.refresh_topic(topic)
+    if not tm.partitions:
+        raise InvalidArgument(f"topic {topic!r} has no partitions (does it exist?)")
+    chosen = [p for p in tm.partitions if partitions is None or p.partition in partitions]
+    if partitions is not None and len(chosen) != len(set(partitions)):
+        raise InvalidArgument(f"topic {topic!r} has partitions {[p.partition for p in tm.partitions]}; "
+                              f"asked for {partitions}")
+    if storage is None:
+        broker_storage = BrokerOffsetStorage()
+        broker_storage.bind(core.request)
+        storage = broker_storage
+    old = await storage.load(group, [TopicPartition(topic, p.partition) for p in chosen])
+    new: dict[TopicPartition, int] = {}
+    for p in chosen:
+        start, end = await offsets_of(core, topic, p)
+        if timestamp_ms is not None:
+            lo: m.ListOffsetsResponse = await core.request(m.ListOffsetsRequest(topic, p.partition, timestamp_ms),
+                                                           p.broker_id)
+            target = lo.offset
+        elif to == "earliest":
+            target = start
+        elif to == "latest":
+            target = end
+        else:
+            assert isinstance(to, int)
+            target = min(max(to, start), end)  # clamp into the stored range
+        new[TopicPartition(topic, p.partition)] = target
+    if not dry_run:
+        await storage.commit(group, new)
+    return {tp.partition: (old.get(tp, -1), off) for tp, off in sorted(new.items())}

@@ -1,0 +1,97 @@
+"""Offset storages behind one interface: load what was committed, across reopen, per group."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from metaq.client.group.config import ConsumerConfig
+from metaq.client.group.consumer import MessageIdLRU, _wants_ctx
+from metaq.client.group.offsets import LocalFileOffsetStorage, OffsetStorage, SqliteOffsetStorage
+from metaq.client.group.recover import RecoverStore
+from metaq.errors import ConfigError
+from metaq.types import Message, TopicPartition
+
+T0, T1, U0 = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("u", 0)
+
+
+async def exercise(make: Callable[[], OffsetStorage]) -> None:
+    s = make()
+    assert await s.load("g", [T0, T1]) == {}
+    await s.commit("g", {T0: 5, T1: 7})
+    await s.commit("g", {T0: 9})
+    await s.commit("other", {T0: 1})
+    assert await s.load("g", [T0, T1, U0]) == {T0: 9, T1: 7}
+    await s.close()
+    s2 = make()
+    assert await s2.load("g", [T0, T1]) == {T0: 9, T1: 7}
+    assert await s2.load("other", [T0]) == {T0: 1}
+    await s2.close()
+
+
+def test_local_file_storage(tmp_path: Path) -> None:
+    asyncio.run(exercise(lambda: LocalFileOffsetStorage(tmp_path)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.json", "other.json"]  # no temp left behind
+
+
+def test_sqlite_storage(tmp_path: Path) -> None:
+    asyncio.run(exercise(lambda: SqliteOffsetStorage(tmp_path / "offsets.db")))
+
+
+def test_recover_store_round_trip_and_survives_reopen(tmp_path: Path) -> None:
+    async def main() -> None:
+        store = RecoverStore(tmp_path, "g/../weird")
+        msg = Message("t", b"payload", attribute="a", key=b"k", headers=[("h", b"v")], timestamp_ms=5,
+                      partition=2, offset=41, id=(3 << 64) + 41, append_time_ms=99)
+        assert await store.put(msg)
+        store.close()
+        again = RecoverStore(tmp_path, "g/../weird")
+        [(_name, back)] = await again.messages()
+        assert (back.topic, back.partition, back.offset, back.id, back.data) == ("t", 2, 41, msg.id, b"payload")
+        assert (back.attribute, back.key, back.headers) == ("a", b"k", [("h", b"v")])
+        calls = []
+
+        async def deliver(m: Message) -> bool:
+            calls.append(m.offset)
+            return len(calls) > 1
+
+        assert await again.recover_once(deliver) == 0
+        assert await again.recover_once(deliver) == 1
+        assert await again.count() == 0 and calls == [41, 41]
+        again.close()
+        assert (tmp_path / "g_.._weird").is_dir()  # the group name cannot escape the directory
+
+    asyncio.run(main())
+
+
+def test_consumer_config_metaq_names_and_checks() -> None:
+    cfg = ConsumerConfig.from_metaq(group="g", fetchRunnerCount=3, maxDelayFetchTimeInMills=100,
+                                    commitOffsetPeriodInMills=1000, loadBalanceStrategyType="CONSIST")
+    assert (cfg.fetch_runner_count, cfg.max_delay_fetch_ms, cfg.commit_offset_period_ms,
+            cfg.load_balance_strategy) == (3, 100, 1000, "consistent_hash")
+    assert ConsumerConfig(group="g").max_fetch_retries == 5
+    assert ConsumerConfig(group="g").commit_offset_period_ms == 5000
+    for bad in ({"group": ""}, {"group": "g", "fetch_runner_count": 0}, {"group": "g", "rejection_policy": "x"},
+                {"group": "g", "session_timeout_ms": 10, "rebalance_timeout_ms": 5}):
+        with pytest.raises(ConfigError):
+            ConsumerConfig(**bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="unknown consumer option"):
+        ConsumerConfig.from_metaq(group="g", fetchRunners=2)
+
+
+def test_dedup_lru_and_listener_arity() -> None:
+    lru = MessageIdLRU(2)
+    for i in (1, 2, 3):
+        lru.add(i)
+    assert not lru.seen(1) and lru.seen(2) and lru.seen(3)
+    assert _wants_ctx(lambda m, ctx: None)
+    assert not _wants_ctx(lambda m: None)
+    assert not _wants_ctx(lambda m, box=(): None)
+
+    class Obj:
+        async def __call__(self, m: Message, ctx: object) -> None: ...
+
+    assert _wants_ctx(Obj())
