@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 
@@ -47,8 +48,8 @@ class DataLossError(MetaqError):
     """Messages the query should read are gone (retention, a truncated or recreated topic)."""
 
 
-def _all_none(values: Sequence[object]) -> bool:
-    return not any(v is not None for v in values)
+def _all_none(values: list[Any]) -> bool:
+    return values.count(None) == len(values)
 
 
 def _message_ids(messages: Sequence[Message]) -> list[str]:

@@ -117,12 +117,36 @@ class MetaqInputPartition(InputPartition):
 
 
 def _read(opts: ReadOptions, part: InputPartition) -> Iterator[Any]:
+    """The partition's rows; a broker connection lost midway is re-opened and the read resumes.
+
+    Resuming is safe because a range read is deterministic: it continues after the last offset
+    already yielded. The broker may stay unreachable for up to ``timeoutMs`` before the task fails.
+    """
     if not isinstance(part, MetaqInputPartition) or part.end <= part.start:
         return
-    with BlockingClient(opts.servers, client_id="metaq-spark-reader", timeout_s=opts.timeout_ms / 1000) as client:
-        yield from read_range(client, part.topic, part.partition, part.start, part.end,
-                              max_bytes=opts.max_bytes_per_fetch, fail_on_data_loss=opts.fail_on_data_loss,
-                              new_partition=part.new_partition)
+    offset = part.start
+    new_partition = part.new_partition
+    down_since: float | None = None
+    while offset < part.end:
+        try:
+            with BlockingClient(opts.servers, client_id="metaq-spark-reader",
+                                timeout_s=opts.timeout_ms / 1000) as client:
+                for batch in read_range(client, part.topic, part.partition, offset, part.end,
+                                        max_bytes=opts.max_bytes_per_fetch,
+                                        fail_on_data_loss=opts.fail_on_data_loss, new_partition=new_partition):
+                    offset = batch.column(5)[-1].as_py() + 1
+                    down_since = None
+                    yield batch
+            return
+        except (ConnectionClosedError, RequestTimeoutError) as exc:
+            now = time.monotonic()
+            if down_since is None:
+                down_since = now
+            if now - down_since > opts.timeout_ms / 1000:
+                raise ConnectionClosedError(f"option 'servers': lost the broker while reading "
+                                            f"{part.topic}-{part.partition} at offset {offset}: {exc}") from None
+            log.warning("metaq source: %s; resuming %s-%d at %d", exc, part.topic, part.partition, offset)
+            time.sleep(0.2)
 
 
 def _input_partitions(topic: str, ranges: list[OffsetRange], min_partitions: int | None,
@@ -198,6 +222,7 @@ class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._partitions_at = 0.0
         self._target: dict[int, int] | None = None
         self._latest: dict[int, int] | None = None
+        self._down_since: float | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # executors get a copy of the reader: only the options travel, never a socket or driver state
@@ -250,9 +275,25 @@ class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return bounds, latest
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """The end of the next micro-batch: one pipelined ListOffsets round trip (metadata every 10 s).
+
+        A broker that cannot be reached means "no new data" for up to ``timeoutMs`` (a broker restart
+        should not kill the query); after that the query fails, naming the servers.
+        """
         opts = self.opts
         begin = parse_stream_offset(start, opts.topic)
-        bounds, latest = self._current()
+        try:
+            bounds, latest = self._current()
+        except (ConnectionClosedError, RequestTimeoutError) as exc:
+            now = time.monotonic()
+            if self._down_since is None:
+                self._down_since = now
+            if now - self._down_since > opts.timeout_ms / 1000:
+                raise
+            log.warning("metaq source: broker unreachable (%s); no new data for now", exc)
+            time.sleep(0.2)
+            return stream_offset(opts.topic, begin)
+        self._down_since = None
         if self._target is not None:
             latest = {p: min(latest[p], self._target[p]) if p in self._target else begin.get(p, bounds[p].log_start)
                       for p in latest}

@@ -140,6 +140,54 @@ def test_stream_starting_latest_is_resolved_once(spark: Any, broker: BrokerProce
     assert _parquet_rows(spark, out) == expected_rows(fresh)
 
 
+def test_stream_rides_out_a_broker_restart(spark: Any, broker: BrokerProcess, tmp_path: Path) -> None:
+    first = produce(broker.servers, "ticks", PARTS, 100)
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    query = (_stream(spark, broker.servers, "ticks").writeStream.format("parquet").option("path", str(out))
+             .option("checkpointLocation", str(checkpoint)).trigger(processingTime="100 milliseconds").start())
+
+    def rows_in() -> int:
+        assert query.exception() is None, query.exception()
+        return sum(p["numInputRows"] for p in query.recentProgress)
+
+    try:
+        wait_until(lambda: rows_in() >= 400, 120, 0.05, "the first 400 rows")
+        broker.restart()
+        second = produce(broker.servers, "ticks", PARTS, 50, tag="after-restart-")
+        wait_until(lambda: rows_in() >= 600, 120, 0.05, "the rows produced after the restart")
+    finally:
+        query.stop()
+    assert query.exception() is None
+    assert _parquet_rows(spark, out) == expected_rows(merge(first, second))
+
+
+def test_data_deleted_before_it_was_read(spark: Any, broker_factory: Any, tmp_path: Path) -> None:
+    # small segments and a retention of one second, checked every second
+    broker = broker_factory({"numPartitions": 1, "maxSegmentSize": "4k", "deletePolicy": "delete,1s",
+                             "deleteWhen": "* * * * * ?"})
+    first = produce(broker.servers, "short", [0], 10)
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    _run_available_now(_stream(spark, broker.servers, "short"), out, checkpoint)
+    assert _parquet_rows(spark, out) == expected_rows(first)
+    second = produce(broker.servers, "short", [0], 300, tag="later-")
+    with BlockingClient(broker.servers) as client:
+        wait_until(lambda: client.list_offsets("short", 0, -1).log_start_offset > 10, 60, 0.05, "retention")
+    # the query is at offset 10, which is gone: it stops and says so ...
+    with pytest.raises(Exception, match="failOnDataLoss=false"):
+        _run_available_now(_stream(spark, broker.servers, "short"), out, checkpoint)
+    with pytest.raises(Exception, match="failOnDataLoss=false"):
+        _read(spark, broker.servers, "short", startingOffsets='{"short": {"0": 0}}').collect()
+    # ... unless told to skip to what is still there
+    _run_available_now(_stream(spark, broker.servers, "short", failOnDataLoss="false"), out, checkpoint)
+    with BlockingClient(broker.servers) as client:
+        log_start = client.list_offsets("short", 0, -1).log_start_offset
+    rows = _parquet_rows(spark, out)
+    assert rows[:10] == expected_rows(first)
+    resumed_at = rows[10][1]
+    assert 10 < resumed_at <= log_start
+    assert rows[10:] == [r for r in expected_rows(second) if r[1] >= resumed_at]
+
+
 @pytest.mark.slow
 def test_stream_survives_a_killed_driver(spark: Any, broker: BrokerProcess, tmp_path: Path) -> None:
     produced = produce(broker.servers, "payments", PARTS, 600)

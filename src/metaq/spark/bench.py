@@ -1,0 +1,144 @@
+"""Rows per second that Spark reads from and writes into metaq (not a test: run it, write the figures down).
+
+    python -m metaq.spark.bench [--servers HOST:PORT] [--rows 2000000] [--size 100] [--partitions 4]
+
+Without ``--servers`` it starts a broker of its own in a temporary directory. It fills a fresh topic
+with ``--rows`` messages of ``--size`` bytes, then times, after one warm-up query each:
+
+- batch read: ``spark.read.format("metaq")...load()`` into the ``noop`` sink;
+- streaming read: ``readStream`` with ``trigger(availableNow=True)`` into ``noop``;
+- batch write: a DataFrame of ``--rows`` binary values (generated in the JVM) into another topic;
+- the same with a key and an attribute per row (the per-row BatchBuilder path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from metaq.client.blocking import BlockingClient
+from metaq.protocol.messages import CreateTopicRequest
+from metaq.protocol.records import encode_values
+
+
+def fill(servers: str, topic: str, partitions: int, rows: int, size: int) -> None:
+    per_batch = max(1, (256 * 1024) // (size + 28))
+    payload = [b"x" * size] * per_batch
+    batch = encode_values(payload, int(time.time() * 1000))
+    n_batches = -(-rows // per_batch)
+    last = encode_values(payload[: rows - per_batch * (n_batches - 1)], int(time.time() * 1000))
+    with BlockingClient(servers) as client:
+        items = ((topic, i % partitions, batch if i < n_batches - 1 else last) for i in range(n_batches))
+        client.produce_many(items, window=32)
+
+
+def timed(label: str, fn: Callable[[], Any], rows: int, repeat: int) -> dict[str, Any]:
+    fn()  # warm-up: Python workers, JIT, first connections
+    runs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    rates = [rows / s for s in runs]
+    result = {"what": label, "rows": rows, "seconds": [round(s, 3) for s in runs],
+              "rows_per_s_median": round(statistics.median(rates)), "rows_per_s_best": round(max(rates))}
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--servers")
+    ap.add_argument("--rows", type=int, default=2_000_000)
+    ap.add_argument("--size", type=int, default=100)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--master", default="local[2]")
+    args = ap.parse_args(argv)
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    broker = None
+    servers = args.servers
+    if servers is None:
+        from metaq.testing.broker import BrokerProcess
+
+        broker = BrokerProcess(os.path.join(tempfile.mkdtemp(prefix="metaq-spark-bench-"), "broker"),
+                               {"numPartitions": args.partitions, "unflushThreshold": 0}).start()
+        servers = broker.servers
+    try:
+        run(servers, args)
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def run(servers: str, args: argparse.Namespace) -> None:
+    from pyspark.sql import SparkSession
+
+    import metaq.spark
+
+    topic = f"bench-{uuid.uuid4().hex[:8]}"
+    t0 = time.perf_counter()
+    fill(servers, topic, args.partitions, args.rows, args.size)
+    print(json.dumps({"what": "fill (blocking client, pipelined)", "rows": args.rows,
+                      "rows_per_s": round(args.rows / (time.perf_counter() - t0))}), flush=True)
+
+    spark = (SparkSession.builder.master(args.master).appName("metaq-spark-bench")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.memory", "2g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    metaq.spark.register(spark)
+    print(json.dumps({"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                      "spark": spark.version, "master": args.master, "partitions": args.partitions,
+                      "message_bytes": args.size}), flush=True)
+
+    def batch_read() -> None:
+        (spark.read.format("metaq").option("servers", servers).option("topic", topic).load()
+         .write.format("noop").mode("overwrite").save())
+
+    checkpoints = tempfile.mkdtemp(prefix="metaq-spark-bench-ck-")
+
+    def stream_read() -> None:
+        query = (spark.readStream.format("metaq").option("servers", servers).option("topic", topic).load()
+                 .writeStream.format("noop").option("checkpointLocation", os.path.join(checkpoints, uuid.uuid4().hex))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination()
+
+    out_topic = f"{topic}-out"
+    data = spark.range(args.rows, numPartitions=args.partitions).selectExpr(
+        f"CAST(lpad(CAST(id AS STRING), {args.size}, 'x') AS BINARY) AS value")
+
+    def batch_write() -> None:
+        (data.write.format("metaq").option("servers", servers).option("topic", out_topic)
+         .mode("append").save())
+
+    keyed_topic = f"{topic}-keyed"
+    with BlockingClient(servers) as client:
+        client.request(CreateTopicRequest(keyed_topic, args.partitions))
+    keyed = spark.range(args.rows, numPartitions=args.partitions).selectExpr(
+        f"CAST(lpad(CAST(id AS STRING), {args.size}, 'x') AS BINARY) AS value",
+        "CAST(CAST(id % 1000 AS STRING) AS BINARY) AS key", "'tag' AS attribute")
+
+    def keyed_write() -> None:
+        (keyed.write.format("metaq").option("servers", servers).option("topic", keyed_topic)
+         .mode("append").save())
+
+    timed("batch read -> noop", batch_read, args.rows, args.repeat)
+    timed("stream read (availableNow) -> noop", stream_read, args.rows, args.repeat)
+    timed("batch write (spark.range -> metaq)", batch_write, args.rows, args.repeat)
+    timed("batch write with key + attribute (crc32(key) partitioning)", keyed_write, args.rows, args.repeat)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
