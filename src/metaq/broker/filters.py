@@ -26,28 +26,16 @@ from __future__ import annotations
 
 import importlib
 import logging
-import struct
 from collections.abc import Callable
 
-import crc32c
-
 from metaq.errors import ConfigError
-from metaq.protocol.records import (
-    STAMPED_BYTES,
-    BatchHeader,
-    Compression,
-    _compress,
-    decode_batch,
-    encode_record,
-    iter_batches,
-)
+from metaq.protocol.records import BatchHeader, decode_batch, iter_batches, rebuild_batch
 from metaq.types import Message
 
 log = logging.getLogger("metaq.broker.filters")
 
 MessageFilter = Callable[[Message], bool]
 
-_CRC_REGION_HEAD = struct.Struct(">hiqqi")
 _COMPRESSION_MASK = 0x7
 _FILTERS: dict[str, MessageFilter] = {}
 _WARNED: set[tuple[str, type[BaseException]]] = set()
@@ -92,18 +80,7 @@ def _keep(accept: MessageFilter, msg: Message) -> bool:
 
 
 def _rebuild(batch: memoryview, header: BatchHeader, kept: list[Message]) -> bytes:
-    records = b"".join(encode_record(msg.offset - header.base_offset, msg.timestamp_ms, bytes(msg.data), msg.key,
-                                     msg.attribute, msg.headers) for msg in kept)
-    # An empty batch is stored uncompressed: there is nothing to decompress.
-    attributes = header.attributes if kept else header.attributes & ~_COMPRESSION_MASK
-    body = _compress(Compression(header.compression), records) if kept else b""
-    region = _CRC_REGION_HEAD.pack(attributes, header.last_offset_delta, header.first_timestamp_ms,
-                                   header.max_timestamp_ms, len(kept)) + body
-    crc = crc32c.crc32c(region)
-    prefix = bytearray(batch[:STAMPED_BYTES - 4])
-    batch_length = STAMPED_BYTES + len(region) - 12
-    struct.pack_into(">i", prefix, 8, batch_length)
-    return bytes(prefix) + crc.to_bytes(4, "big") + region
+    return rebuild_batch(batch, header, kept)
 
 
 def filter_fetched(records: bytes | bytearray | memoryview, accept: MessageFilter, topic: str = "",

@@ -152,8 +152,15 @@ async def produce(servers: str, topic: str, key: str | None, attribute: str | No
     """Send each line of standard input to TOPIC as one message (the newline is not sent)."""
     from metaq.client.selectors import KeyHashSelector
 
+    def fixed(_topic: str, partitions: Any, _message: Message) -> Any:
+        for p in partitions:
+            if p.partition == partition:
+                return p
+        raise click.BadParameter(f"{topic} has no partition {partition}", param_hint="--partition")
+
+    selector: Any = fixed if partition is not None else (KeyHashSelector() if key is not None else None)
     async with await _session(servers) as session:
-        producer = session.create_producer(selector=KeyHashSelector() if key is not None else None)
+        producer = session.create_producer(selector=selector)
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Any]] = []
         reader = sys.stdin.buffer
@@ -164,10 +171,7 @@ async def produce(servers: str, topic: str, key: str | None, attribute: str | No
                 break
             data = line[:-1] if line.endswith(b"\n") else line
             msg = Message(topic, data, attribute=attribute, key=key.encode() if key is not None else None)
-            if partition is not None:
-                futures.append(asyncio.ensure_future(producer.send_batch(topic, [msg], partition=partition)))
-            else:
-                futures.append(producer.send_async(msg))
+            futures.append(producer.send_async(msg))
             if len(futures) >= 10_000:
                 sent, failed = await _drain(futures, print_ids, sent, failed)
         sent, failed = await _drain(futures, print_ids, sent, failed)
@@ -180,8 +184,7 @@ async def produce(servers: str, topic: str, key: str | None, attribute: str | No
 async def _drain(futures: list[asyncio.Future[Any]], print_ids: bool, sent: int, failed: int) -> tuple[int, int]:
     for fut in futures:
         result = await fut
-        results = list(result) if not hasattr(result, "success") or hasattr(result, "chunks") else [result]
-        for r in results:
+        for r in [result]:
             if r.success:
                 sent += 1
                 if print_ids:

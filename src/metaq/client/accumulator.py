@@ -19,7 +19,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from metaq.errors import InvalidArgument
-from metaq.protocol.records import HEADER_BYTES, RECORD_PREFIX_BYTES, Compression, assemble_batch, encode_record
+from metaq.protocol.records import (
+    HEADER_BYTES,
+    RECORD_PREFIX_BYTES,
+    Compression,
+    assemble_batch,
+    encode_record,
+    record_batch_bytes,
+)
 from metaq.types import Message
 
 BatchKey = tuple[str, int, int, int]
@@ -130,16 +137,17 @@ class Accumulator:
         if batch is None:
             return self._start(key, timestamp_ms, value, msg_key, attribute, headers, waiter, linger_s)
         rec = encode_record(batch.count, timestamp_ms, value, msg_key, attribute, headers)
-        if len(rec) > self.max_message_bytes:
-            raise InvalidArgument(self._too_large(len(rec), value))
-        if batch.size_bytes + len(rec) > self.batch_bytes:
+        size = record_batch_bytes(rec)
+        if size > self.max_message_bytes:
+            raise InvalidArgument(self._too_large(size, value))
+        if batch.size_bytes + size > self.batch_bytes:
             del self._open[key]
             more = self._start(key, timestamp_ms, value, msg_key, attribute, headers, waiter, linger_s)
             return (batch, *more)
         batch.parts.append(rec)
         batch.waiters.append(waiter)
         batch.count += 1
-        batch.size_bytes += len(rec)
+        batch.size_bytes += size
         if timestamp_ms < batch.first_ts:
             batch.first_ts = timestamp_ms
         elif timestamp_ms > batch.max_ts:
@@ -153,14 +161,15 @@ class Accumulator:
                attribute: str | None, headers: Sequence[tuple[str, bytes]] | None, waiter: Any,
                linger_s: float) -> Sequence[ProducerBatch]:
         rec = encode_record(0, timestamp_ms, value, msg_key, attribute, headers)
-        if len(rec) > self.max_message_bytes:
-            raise InvalidArgument(self._too_large(len(rec), value))
+        size = record_batch_bytes(rec)
+        if size > self.max_message_bytes:
+            raise InvalidArgument(self._too_large(size, value))
         now = self._clock()
         batch = ProducerBatch(key, now, now + linger_s)
         batch.parts.append(rec)
         batch.waiters.append(waiter)
         batch.count = 1
-        batch.size_bytes += len(rec)
+        batch.size_bytes += size
         batch.first_ts = batch.max_ts = timestamp_ms
         if batch.size_bytes >= self.batch_bytes:
             return (batch,)

@@ -18,16 +18,27 @@ All integers are big-endian. A batch::
     63     4     record_count  i32     >= 1
     67     ...   records                (compressed as a whole when attributes say so)
 
-A record (inside the possibly compressed region)::
+The records region (after byte 67; compressed as a whole when attributes say so) is COLUMNAR, so the
+broker validates a batch with a few C-level array operations instead of a Python loop per message, and a
+reader can hand the payload column to Arrow. For a batch of n records::
 
-     0  4  length          i32   bytes after this field
-     4  4  offset_delta    i32   0, 1, 2, ... within the batch
-     8  8  timestamp       i64   ms since the epoch (the producer's clock)
-    16  4  key_length      i32   -1 = no key
-    20  4  value_length    i32
-    24  2  attribute_length i16  -1 = no attribute (UTF-8)
-    26  2  header_count    i16
-    28  .  key | value | attribute | headers: (u16 name_len, name UTF-8, i32 value_len, value)*
+    section          type                 bytes   meaning
+    offset_deltas    int32[n]  LE         4n      0, 1, ..., n-1 as produced (a server-side filter may
+                                                  leave gaps: strictly increasing, <= last_offset_delta)
+    timestamps       int64[n]  LE         8n      ms since the epoch (the producer's clock)
+    key_lengths      int32[n]  LE         4n      -1 = no key
+    value_lengths    int32[n]  LE         4n      >= 0
+    attr_lengths     int16[n]  LE         2n      -1 = no attribute
+    header_counts    int16[n]  LE         2n      >= 0
+    keys             bytes                        the keys, concatenated in record order
+    values           bytes                        the payloads, concatenated
+    attributes       bytes                        the attributes (UTF-8), concatenated
+    headers          bytes                        per record, header_counts[i] entries of
+                                                  (u16 LE name_len, name UTF-8, i32 LE value_len, value)
+
+The column arrays are little-endian (unlike the batch header) because they are read and written whole
+with ``array`` in the machine's order, and every machine metaq targets is little-endian (a big-endian one
+byte-swaps). Nothing is padded: the sections add up exactly to the region's length.
 
 Because the CRC excludes bytes [0, 41), the broker stamps offset, id and append time without
 recomputing it, and a consumer still verifies every byte the producer wrote. The payload (value) is
@@ -37,10 +48,13 @@ never altered.
 from __future__ import annotations
 
 import struct
+import sys
+from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import NamedTuple
+from itertools import accumulate, pairwise
+from typing import Any, NamedTuple
 
 import crc32c as _crc32c
 import lz4.frame as _lz4
@@ -55,8 +69,10 @@ STAMPED_BYTES = 41
 """Bytes [0, 41) hold the fields outside the CRC: base offset, length, magic, base id, append time."""
 LENGTH_PREFIX_BYTES = 12
 """base_offset + batch_length: enough to know where the next batch starts."""
-RECORD_PREFIX_BYTES = 28
-RECORD_OVERHEAD_BYTES = RECORD_PREFIX_BYTES
+RECORD_OVERHEAD_BYTES = 24
+"""Fixed bytes per record in a batch (its column entries), on top of key, value, attribute and headers."""
+RECORD_PREFIX_BYTES = RECORD_OVERHEAD_BYTES
+"""Alias kept for size estimates written against the earlier row layout."""
 
 _HEADER = struct.Struct(">qibQQqIhiqqi")
 _STAMP = struct.Struct(">qibQQq")  # bytes [0, 37): the part the broker rewrites (crc stays)
@@ -69,7 +85,7 @@ _U64 = (1 << 64) - 1
 
 assert _HEADER.size == HEADER_BYTES
 assert _STAMP.size == 37
-assert _RECORD.size == RECORD_PREFIX_BYTES
+assert _RECORD.size == 28
 
 
 class Compression(IntEnum):
@@ -225,43 +241,135 @@ def _decompress(codec: int, data: bytes | memoryview, max_bytes: int) -> bytes:
     return out
 
 
+_LITTLE = sys.byteorder == "little"
+
+
+def _col(typecode: str, items: Iterable[int]) -> bytes:
+    arr = array(typecode, items)
+    if not _LITTLE:
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _read_col(typecode: str, data: bytes | memoryview) -> array:
+    arr = array(typecode)
+    arr.frombytes(data)
+    if not _LITTLE:
+        arr.byteswap()
+    return arr
+
+
+_HDR_NAME_LE = struct.Struct("<H")
+_HDR_VALUE_LE = struct.Struct("<i")
+
+
+def _encode_headers(headers: Sequence[tuple[str, bytes]]) -> bytes:
+    parts = []
+    for name, hvalue in headers:
+        raw = name.encode()
+        if len(raw) > 0xFFFF:
+            raise InvalidArgument(f"header name is {len(raw)} bytes encoded; at most 65535")
+        parts.append(_HDR_NAME_LE.pack(len(raw)) + raw + _HDR_VALUE_LE.pack(len(hvalue)) + bytes(hvalue))
+    return b"".join(parts)
+
+
+def _columns_region(deltas: Sequence[int], timestamps: Sequence[int], keys: Sequence[bytes | None],
+                    values: Sequence[bytes], attrs: Sequence[bytes | None], header_blobs: Sequence[bytes],
+                    header_counts: Sequence[int]) -> bytes:
+    """The uncompressed records region from per-record fields (see the module docstring)."""
+    return b"".join((
+        _col("i", deltas), _col("q", timestamps),
+        _col("i", [-1 if k is None else len(k) for k in keys]),
+        _col("i", map(len, values)),
+        _col("h", [-1 if a is None else len(a) for a in attrs]),
+        _col("h", header_counts),
+        b"".join([k for k in keys if k]), b"".join(values), b"".join([a for a in attrs if a]),
+        b"".join(header_blobs)))
+
+
+def _wrap(body: bytes, record_count: int, last_offset_delta: int, first_ts: int, max_ts: int,
+          compression: Compression, attributes_extra: int = 0) -> bytes:
+    codec = Compression.parse(compression)
+    body = _compress(codec, body) if record_count else body
+    attributes = (int(codec) if record_count else 0) | attributes_extra
+    region = _CRC_REGION_HEAD.pack(attributes, last_offset_delta, first_ts, max_ts, record_count) + body
+    crc = _crc32c.crc32c(region)
+    return _STAMP.pack(0, len(region) + 29, MAGIC, 0, 0, -1) + crc.to_bytes(4, "big") + region
+
+
 def encode_record(offset_delta: int, timestamp_ms: int, value: bytes, key: bytes | None = None,
                   attribute: str | None = None, headers: Sequence[tuple[str, bytes]] | None = None) -> bytes:
-    if key is None and attribute is None and not headers:
-        return _RECORD.pack(24 + len(value), offset_delta, timestamp_ms, -1, len(value), -1, 0) + value
+    """One record in ROW form: an intermediate that :func:`assemble_batch` turns into columns.
+
+    For callers that build records one at a time and only later know which batch they go in. Layout:
+    the 28-byte big-endian prefix (length, delta, timestamp, key/value/attribute lengths, header count),
+    then key, value, attribute, and the headers encoded as in the batch.
+    """
     attr = attribute.encode() if attribute is not None else b""
     if len(attr) > 0x7FFF:
         raise InvalidArgument(f"attribute is {len(attr)} bytes encoded; at most 32767")
-    parts = [b"", key or b"", value, attr]
-    for name, hvalue in headers or ():
-        raw = name.encode()
-        parts.append(_HDR_NAME.pack(len(raw)) + raw + _HDR_VALUE.pack(len(hvalue)) + bytes(hvalue))
-    body_len = 24 + sum(len(p) for p in parts)
-    parts[0] = _RECORD.pack(body_len, offset_delta, timestamp_ms, -1 if key is None else len(key),
-                            len(value), -1 if attribute is None else len(attr), len(headers or ()))
-    return b"".join(parts)
+    if headers and len(headers) > 0x7FFF:
+        raise InvalidArgument(f"a message has {len(headers)} headers; at most 32767")
+    hblob = _encode_headers(headers) if headers else b""
+    body_len = 24 + len(key or b"") + len(value) + len(attr) + len(hblob)
+    return b"".join((_RECORD.pack(body_len, offset_delta, timestamp_ms, -1 if key is None else len(key),
+                                  len(value), -1 if attribute is None else len(attr), len(headers or ())),
+                     key or b"", value, attr, hblob))
+
+
+def record_batch_bytes(row: bytes) -> int:
+    """Bytes an :func:`encode_record` row takes once inside a batch (what maxMessageSize limits)."""
+    return len(row) - (_RECORD.size - RECORD_OVERHEAD_BYTES)
 
 
 def assemble_batch(records: bytes, record_count: int, first_ts: int, max_ts: int,
                    compression: Compression = Compression.NONE) -> bytes:
-    """Wrap encoded records into a batch (base offset 0, id 0, append time -1: the broker stamps them)."""
+    """A batch from ``record_count`` concatenated :func:`encode_record` rows (stamped fields left for
+    the broker: base offset 0, id 0, append time -1)."""
     if record_count < 1:
         raise InvalidArgument("a record batch needs at least one record")
-    codec = Compression.parse(compression)
-    body = _compress(codec, records)
-    region = _CRC_REGION_HEAD.pack(int(codec), record_count - 1, first_ts, max_ts, record_count) + body
-    crc = _crc32c.crc32c(region)
-    head = _STAMP.pack(0, len(region) + 29, MAGIC, 0, 0, -1) + crc.to_bytes(4, "big")
-    return head + region
+    deltas, tss, keys, values, attrs, hblobs, hcounts = [], [], [], [], [], [], []
+    pos, view = 0, memoryview(records)
+    for _ in range(record_count):
+        length, delta, ts, klen, vlen, alen, hcount = _RECORD.unpack_from(records, pos)
+        p = pos + 28
+        key = None
+        if klen >= 0:
+            key = bytes(view[p:p + klen])
+            p += klen
+        values.append(bytes(view[p:p + vlen]))
+        p += vlen
+        attr = None
+        if alen >= 0:
+            attr = bytes(view[p:p + alen])
+            p += alen
+        end = pos + 4 + length
+        deltas.append(delta)
+        tss.append(ts)
+        keys.append(key)
+        attrs.append(attr)
+        hblobs.append(bytes(view[p:end]))
+        hcounts.append(hcount)
+        pos = end
+    if pos != len(records):
+        raise InvalidArgument("records do not add up to record_count rows")
+    region = _columns_region(deltas, tss, keys, values, attrs, hblobs, hcounts)
+    return _wrap(region, record_count, record_count - 1, first_ts, max_ts, Compression.parse(compression))
 
 
 def encode_values(values: Sequence[bytes], timestamp_ms: int,
                   compression: Compression = Compression.NONE) -> bytes:
-    """The fast path: a batch of plain payloads (no key, attribute or headers) sharing one timestamp."""
-    pack = _RECORD.pack
-    records = b"".join([pack(24 + len(v), i, timestamp_ms, -1, len(v), -1, 0) + v
-                        for i, v in enumerate(values)])
-    return assemble_batch(records, len(values), timestamp_ms, timestamp_ms, compression)
+    """The fast path: a batch of plain payloads (no key, attribute or headers) sharing one timestamp.
+
+    Every step is a C-level operation over whole columns; no Python code runs per message.
+    """
+    n = len(values)
+    if n < 1:
+        raise InvalidArgument("a record batch needs at least one record")
+    minus1 = _col("i", [-1]) * n
+    region = b"".join((_col("i", range(n)), _col("q", [timestamp_ms]) * n, minus1, _col("i", map(len, values)),
+                       _col("h", [-1]) * n, bytes(2 * n), b"".join(values)))
+    return _wrap(region, n, n - 1, timestamp_ms, timestamp_ms, Compression.parse(compression))
 
 
 @dataclass
@@ -272,13 +380,16 @@ class BatchBuilder:
     compression: Compression = Compression.NONE
 
     def __post_init__(self) -> None:
-        self._parts: list[bytes] = []
+        self._timestamps: list[int] = []
+        self._keys: list[bytes | None] = []
+        self._values: list[bytes] = []
+        self._attrs: list[bytes | None] = []
+        self._hblobs: list[bytes] = []
+        self._hcounts: list[int] = []
         self._size = HEADER_BYTES
-        self._first_ts = 0
-        self._max_ts = 0
 
     def __len__(self) -> int:
-        return len(self._parts)
+        return len(self._values)
 
     @property
     def size_bytes(self) -> int:
@@ -287,21 +398,31 @@ class BatchBuilder:
     def try_append(self, timestamp_ms: int, value: bytes, key: bytes | None = None,
                    attribute: str | None = None, headers: Sequence[tuple[str, bytes]] | None = None) -> bool:
         """Append a record if it fits (the first record always fits); False means build and start anew."""
-        rec = encode_record(len(self._parts), timestamp_ms, value, key, attribute, headers)
-        if self._parts and self._size + len(rec) > self.max_bytes:
+        attr = attribute.encode() if attribute is not None else None
+        if attr is not None and len(attr) > 0x7FFF:
+            raise InvalidArgument(f"attribute is {len(attr)} bytes encoded; at most 32767")
+        if headers and len(headers) > 0x7FFF:
+            raise InvalidArgument(f"a message has {len(headers)} headers; at most 32767")
+        hblob = _encode_headers(headers) if headers else b""
+        size = RECORD_OVERHEAD_BYTES + len(value) + len(key or b"") + len(attr or b"") + len(hblob)
+        if self._values and self._size + size > self.max_bytes:
             return False
-        if not self._parts:
-            self._first_ts = self._max_ts = timestamp_ms
-        else:
-            self._first_ts = min(self._first_ts, timestamp_ms)
-            self._max_ts = max(self._max_ts, timestamp_ms)
-        self._parts.append(rec)
-        self._size += len(rec)
+        self._timestamps.append(timestamp_ms)
+        self._keys.append(key)
+        self._values.append(bytes(value))
+        self._attrs.append(attr)
+        self._hblobs.append(hblob)
+        self._hcounts.append(len(headers) if headers else 0)
+        self._size += size
         return True
 
     def build(self) -> bytes:
-        return assemble_batch(b"".join(self._parts), len(self._parts), self._first_ts, self._max_ts,
-                              self.compression)
+        n = len(self._values)
+        if n < 1:
+            raise InvalidArgument("a record batch needs at least one record")
+        region = _columns_region(range(n), self._timestamps, self._keys, self._values, self._attrs, self._hblobs,
+                                 self._hcounts)
+        return _wrap(region, n, n - 1, min(self._timestamps), max(self._timestamps), self.compression)
 
 
 def encode_messages(messages: Iterable[Message], compression: Compression = Compression.NONE,
@@ -314,6 +435,28 @@ def encode_messages(messages: Iterable[Message], compression: Compression = Comp
     return builder.build()
 
 
+def rebuild_batch(batch: bytes | memoryview, header: BatchHeader, kept: Sequence[Message]) -> bytes:
+    """A copy of a stored batch holding only ``kept`` (a subset of its messages, in order).
+
+    Keeps the stamped fields, compression and last_offset_delta, so offsets and ids are unchanged and a
+    reader still advances past the whole original batch (a server-side filter's use). May hold zero
+    records. The CRC is recomputed over the new contents.
+    """
+    base = header.base_offset
+    if kept:
+        region = _columns_region([m.offset - base for m in kept], [m.timestamp_ms for m in kept],
+                                 [m.key for m in kept], [bytes(m.data) for m in kept],
+                                 [m.attribute.encode() if m.attribute is not None else None for m in kept],
+                                 [_encode_headers(m.headers) if m.headers else b"" for m in kept],
+                                 [len(m.headers) if m.headers else 0 for m in kept])
+    else:
+        region = b""
+    out = bytearray(_wrap(region, len(kept), header.last_offset_delta, header.first_timestamp_ms,
+                          header.max_timestamp_ms, Compression(header.compression) if kept else Compression.NONE))
+    stamp(out, header.base_offset, header.base_message_id, header.append_time_ms)
+    return bytes(out)
+
+
 # ----------------------------------------------------------------------------------------------
 # Validating (broker side) and reading (consumer side)
 
@@ -322,8 +465,9 @@ def validate_batch(batch: bytes | bytearray | memoryview, max_message_bytes: int
                    max_batch_bytes: int) -> BatchHeader:
     """Check everything the broker must know before storing a batch; CorruptRecordError otherwise.
 
-    Checks the length, magic, CRC, count and offset deltas, and walks the record lengths so that a
-    stored batch is always readable. Per-record work is a few integer reads; payloads are not copied.
+    Length, magic, CRC, count, offset deltas (exactly 0..n-1), and that the columns add up so that a
+    stored batch always decodes. The work is per batch: C-level operations over whole columns; only
+    batches carrying headers or non-ASCII attributes walk those sections. Payloads are not copied.
     Raises InvalidArgument (not a protocol error) for a batch or message over the size limits.
     """
     total = len(batch)
@@ -339,65 +483,195 @@ def validate_batch(batch: bytes | bytearray | memoryview, max_message_bytes: int
             f"record batch count {header.record_count} and last offset delta {header.last_offset_delta} disagree")
     if header.compression not in (0, 1, 2) or header.attributes & ~_COMPRESSION_MASK:
         raise CorruptRecordError(f"record batch attributes {header.attributes:#x} are not understood")
-    if header.compression:
-        body: bytes | bytearray | memoryview = _decompress(
-            header.compression, memoryview(batch)[HEADER_BYTES:], max_batch_bytes * 4)
-        pos = 0
-    else:
-        body, pos = batch, HEADER_BYTES
-    end = len(body)
-    unpack = _RECORD.unpack_from
-    for i in range(header.record_count):
-        if end - pos < RECORD_PREFIX_BYTES:
-            raise CorruptRecordError(f"record {i} is cut off")
-        length, delta, _ts, klen, vlen, alen, hcount = unpack(body, pos)
-        if delta != i:
-            raise CorruptRecordError(f"record {i} has offset delta {delta}")
-        if (length < 24 or pos + 4 + length > end or 24 + max(klen, 0) + vlen + max(alen, 0) > length
-                or vlen < 0 or klen < -1 or alen < -1 or hcount < 0):
-            raise CorruptRecordError(f"record {i} has inconsistent lengths")
-        if length + 4 > max_message_bytes:
+    body = _body(batch, header, max_batch_bytes * 4)
+    cols = _Columns.parse(body, header, producer=True)
+    biggest = cols.max_record_bytes_bound()
+    if biggest > max_message_bytes:
+        exact = cols.record_bytes()
+        worst = max(range(len(exact)), key=exact.__getitem__)
+        if exact[worst] > max_message_bytes:
             raise InvalidArgument(
-                f"message {i} of the batch is {length + 4} bytes; the limit is {max_message_bytes}")
-        rec_end = pos + 4 + length
-        tail = pos + RECORD_PREFIX_BYTES + max(klen, 0) + vlen
-        if alen > 0 or hcount:
-            _check_record_tail(body, tail, rec_end, alen, hcount, i)
-        elif tail != rec_end:
-            raise CorruptRecordError(f"record {i} has {rec_end - tail} bytes after its fields")
-        pos = rec_end
-    if pos != end:
-        raise CorruptRecordError(f"record batch has {end - pos} bytes after its last record")
+                f"message {worst} of the batch is {exact[worst]} bytes; the limit is {max_message_bytes}")
     return header
 
 
-def _check_record_tail(body: bytes | bytearray | memoryview, p: int, rec_end: int, alen: int, hcount: int,
-                       i: int) -> None:
-    """Attribute and headers must be exactly what decode_batch will read, so a stored batch stays readable.
+def _body(batch: bytes | bytearray | memoryview, header: BatchHeader, max_bytes: int) -> bytes | memoryview:
+    view = memoryview(batch)[HEADER_BYTES:header.total_bytes]
+    if header.compression and header.record_count:
+        return _decompress(header.compression, view, max_bytes)
+    return view
 
-    Touches only the attribute and header names (short strings), never the key or payload.
-    """
-    try:
-        if alen > 0:
-            bytes(body[p:p + alen]).decode()
-            p += alen
-        for _ in range(hcount):
-            if p + 2 > rec_end:
-                break
-            (nlen,) = _HDR_NAME.unpack_from(body, p)
-            if p + 6 + nlen > rec_end:
-                break
-            bytes(body[p + 2:p + 2 + nlen]).decode()
-            (hlen,) = _HDR_VALUE.unpack_from(body, p + 2 + nlen)
-            if hlen < 0:
-                break
-            p += 6 + nlen + hlen
+
+class _Columns:
+    """The parsed, checked columns of one batch body (see the module docstring for the layout)."""
+
+    __slots__ = ("alens", "attrs_at", "body", "deltas", "hcounts", "headers_at", "keys_at", "klens", "n",
+                 "no_attrs", "no_headers", "no_keys", "timestamps", "values_at", "vlens")
+    body: bytes | memoryview
+    n: int
+    deltas: array
+    timestamps: array
+    klens: array
+    vlens: array
+    alens: array
+    hcounts: array
+    keys_at: int
+    values_at: int
+    attrs_at: int
+    headers_at: int
+    no_keys: bool
+    no_attrs: bool
+    no_headers: bool
+
+    @classmethod
+    def parse(cls, body: bytes | memoryview, header: BatchHeader, *, producer: bool) -> _Columns:
+        n = header.record_count
+        if n < 0:
+            raise CorruptRecordError(f"record count {n} is negative")
+        fixed = RECORD_OVERHEAD_BYTES * n
+        size = len(body)
+        if size < fixed:
+            raise CorruptRecordError(f"records region has {size} bytes; {n} records need at least {fixed}")
+        self = cls()
+        self.body = body
+        self.n = n
+        view = memoryview(body)
+        self.deltas = _read_col("i", view[0:4 * n])
+        self.timestamps = _read_col("q", view[4 * n:12 * n])
+        self.klens = _read_col("i", view[12 * n:16 * n])
+        self.vlens = _read_col("i", view[16 * n:20 * n])
+        self.alens = _read_col("h", view[20 * n:22 * n])
+        self.hcounts = _read_col("h", view[22 * n:24 * n])
+        if n == 0:
+            if size:
+                raise CorruptRecordError("an empty record batch has a non-empty records region")
+            self.no_keys = self.no_attrs = self.no_headers = True
+            self.keys_at = self.values_at = self.attrs_at = self.headers_at = 0
+            return self
+        if producer:
+            if self.deltas != array("i", range(n)):
+                raise CorruptRecordError("offset deltas of a produced batch must be 0, 1, ..., n-1")
+        elif self.deltas[0] < 0 or self.deltas[-1] > header.last_offset_delta or (
+                n > 1 and not all(map(int.__lt__, self.deltas, self.deltas[1:]))):
+            raise CorruptRecordError("offset deltas must increase and stay within the batch")
+        if min(self.klens) < -1 or min(self.vlens) < 0 or min(self.alens) < -1 or min(self.hcounts) < 0:
+            raise CorruptRecordError("a record has a negative length or header count")
+        n_no_key = self.klens.count(-1)
+        n_no_attr = self.alens.count(-1)
+        self.no_keys = n_no_key == n
+        self.no_attrs = n_no_attr == n
+        keys_len = sum(self.klens) + n_no_key
+        values_len = sum(self.vlens)
+        attrs_len = sum(self.alens) + n_no_attr
+        self.keys_at = fixed
+        self.values_at = fixed + keys_len
+        self.attrs_at = self.values_at + values_len
+        self.headers_at = self.attrs_at + attrs_len
+        if self.headers_at > size:
+            raise CorruptRecordError("record columns claim more bytes than the records region holds")
+        n_headers = sum(self.hcounts)
+        self.no_headers = n_headers == 0
+        if self.no_headers:
+            if self.headers_at != size:
+                raise CorruptRecordError(f"records region has {size - self.headers_at} bytes after its columns")
         else:
-            if p == rec_end:
-                return
-    except UnicodeDecodeError:
-        raise CorruptRecordError(f"record {i} has an attribute or header name that is not UTF-8") from None
-    raise CorruptRecordError(f"record {i}: its attribute and headers do not add up to its length")
+            self._check_headers(view, n_headers)
+        if attrs_len and not bytes(view[self.attrs_at:self.headers_at]).isascii():
+            self._check_attrs(view)
+        return self
+
+    def _check_headers(self, view: memoryview, n_headers: int) -> None:
+        p, end = self.headers_at, len(view)
+        for _ in range(n_headers):
+            if p + 2 > end:
+                raise CorruptRecordError("record headers are cut off")
+            (nlen,) = _HDR_NAME_LE.unpack_from(view, p)
+            if p + 6 + nlen > end:
+                raise CorruptRecordError("record header is cut off")
+            try:
+                bytes(view[p + 2:p + 2 + nlen]).decode()
+            except UnicodeDecodeError:
+                raise CorruptRecordError("a record header name is not UTF-8") from None
+            (hlen,) = _HDR_VALUE_LE.unpack_from(view, p + 2 + nlen)
+            if hlen < 0 or p + 6 + nlen + hlen > end:
+                raise CorruptRecordError("a record header value runs past the batch")
+            p += 6 + nlen + hlen
+        if p != end:
+            raise CorruptRecordError(f"records region has {end - p} bytes after its headers")
+
+    def _check_attrs(self, view: memoryview) -> None:
+        p = self.attrs_at
+        for alen in self.alens:
+            if alen > 0:
+                try:
+                    bytes(view[p:p + alen]).decode()
+                except UnicodeDecodeError:
+                    raise CorruptRecordError("a record attribute is not UTF-8") from None
+                p += alen
+
+    def max_record_bytes_bound(self) -> int:
+        """An upper bound of the largest record's encoded size (exact when one record dominates)."""
+        if not self.n:
+            return 0
+        return (RECORD_OVERHEAD_BYTES + max(max(self.klens), 0) + max(self.vlens) + max(max(self.alens), 0)
+                + (len(self.body) - self.headers_at))
+
+    def record_bytes(self) -> list[int]:
+        """Each record's encoded size (column entries + key + value + attribute + its headers)."""
+        sizes = [RECORD_OVERHEAD_BYTES + max(k, 0) + v + max(a, 0)
+                 for k, v, a in zip(self.klens, self.vlens, self.alens, strict=True)]
+        if not self.no_headers:
+            for i, hblob in enumerate(self.header_blobs()):
+                sizes[i] += len(hblob)
+        return sizes
+
+    def header_blobs(self) -> list[bytes]:
+        view = memoryview(self.body)
+        out, p = [], self.headers_at
+        for count in self.hcounts:
+            start = p
+            for _ in range(count):
+                (nlen,) = _HDR_NAME_LE.unpack_from(view, p)
+                (hlen,) = _HDR_VALUE_LE.unpack_from(view, p + 2 + nlen)
+                p += 6 + nlen + hlen
+            out.append(bytes(view[start:p]))
+        return out
+
+    def values(self) -> list[bytes]:
+        raw = self.body if isinstance(self.body, bytes) else bytes(self.body)
+        ends = list(accumulate(self.vlens, initial=self.values_at))
+        return [raw[a:b] for a, b in pairwise(ends)]
+
+
+def _split(raw: bytes, start: int, lengths: array) -> list[bytes | None]:
+    out: list[bytes | None] = []
+    p = start
+    for n in lengths:
+        if n < 0:
+            out.append(None)
+        else:
+            out.append(raw[p:p + n])
+            p += n
+    return out
+
+
+def _decode_headers(raw: bytes, start: int, counts: array) -> list[list[tuple[str, bytes]] | None]:
+    out: list[list[tuple[str, bytes]] | None] = []
+    p = start
+    for count in counts:
+        if not count:
+            out.append(None)
+            continue
+        items = []
+        for _ in range(count):
+            (nlen,) = _HDR_NAME_LE.unpack_from(raw, p)
+            name = raw[p + 2:p + 2 + nlen].decode()
+            (hlen,) = _HDR_VALUE_LE.unpack_from(raw, p + 2 + nlen)
+            p += 6 + nlen
+            items.append((name, raw[p:p + hlen]))
+            p += hlen
+        out.append(items)
+    return out
 
 
 def iter_batches(buf: bytes | bytearray | memoryview, pos: int = 0) -> Iterator[tuple[int, BatchHeader]]:
@@ -420,7 +694,8 @@ def decode_batch(batch: bytes | memoryview, topic: str = "", partition: int = -1
                  max_uncompressed_bytes: int = 1 << 30) -> list[Message]:
     """Every message of one whole batch, with offset, id and append time filled in.
 
-    ``verify`` checks the CRC first (consumers should; the broker already did on append).
+    ``verify`` checks the CRC first (consumers should; the broker already did on append). The columns
+    are always checked, so a damaged batch raises CorruptRecordError rather than yielding garbage.
     """
     if header is None:
         header = read_header(batch)
@@ -431,60 +706,45 @@ def decode_batch(batch: bytes | memoryview, topic: str = "", partition: int = -1
         view = view[: header.total_bytes]
     if verify and header.crc != compute_crc(view):
         raise CorruptRecordError(f"record batch at offset {header.base_offset} fails its CRC32C check")
-    if header.compression:
-        body: bytes | memoryview = _decompress(header.compression, view[HEADER_BYTES:], max_uncompressed_bytes)
-        pos = 0
+    if header.compression not in (0, 1, 2) or header.attributes & ~_COMPRESSION_MASK:
+        raise CorruptRecordError(f"record batch attributes {header.attributes:#x} are not understood")
+    body = _body(view, header, max_uncompressed_bytes)
+    cols = _Columns.parse(body, header, producer=False)
+    if not cols.n:
+        return []
+    values = cols.values()
+    raw = cols.body if isinstance(cols.body, bytes) else bytes(cols.body)
+    base_offset, base_id, append_time = header.base_offset, header.base_message_id, header.append_time_ms
+    if cols.no_keys and cols.no_attrs and cols.no_headers:
+        return [Message(topic, v, None, None, None, ts, partition, base_offset + d, base_id + d, append_time)
+                for v, ts, d in zip(values, cols.timestamps, cols.deltas, strict=True)]
+    keys = [None] * cols.n if cols.no_keys else _split(raw, cols.keys_at, cols.klens)
+    if cols.no_attrs:
+        attrs: list[str | None] = [None] * cols.n
     else:
-        body, pos = view, HEADER_BYTES
-    raw = bytes(body) if isinstance(body, memoryview) else body
-    out: list[Message] = []
-    append = out.append
-    unpack = _RECORD.unpack_from
-    base_offset = header.base_offset
-    base_id = header.base_message_id
-    append_time = header.append_time_ms
-    end = len(raw)
-    try:
-        for _ in range(header.record_count):
-            length, delta, ts, klen, vlen, alen, hcount = unpack(raw, pos)
-            rec_end = pos + 4 + length
-            if rec_end > end or length < 24:
-                raise CorruptRecordError("record runs past the end of its batch")
-            p = pos + RECORD_PREFIX_BYTES
-            key = None
-            if klen >= 0:
-                key = raw[p:p + klen]
-                p += klen
-            value = raw[p:p + vlen]
-            p += vlen
-            attribute = None
-            if alen >= 0:
-                attribute = raw[p:p + alen].decode()
-                p += alen
-            headers = None
-            if hcount:
-                headers = []
-                for _h in range(hcount):
-                    (nlen,) = _HDR_NAME.unpack_from(raw, p)
-                    p += 2
-                    name = raw[p:p + nlen].decode()
-                    p += nlen
-                    (hlen,) = _HDR_VALUE.unpack_from(raw, p)
-                    p += 4
-                    if hlen < 0 or p + hlen > rec_end:
-                        raise CorruptRecordError("record header value runs past its record")
-                    headers.append((name, raw[p:p + hlen]))
-                    p += hlen
-            if p != rec_end or len(value) != vlen:
-                raise CorruptRecordError("record fields do not add up to its length")
-            append(Message(topic, value, attribute, key, headers, ts, partition, base_offset + delta,
-                           base_id + delta, append_time))
-            pos = rec_end
-    except (struct.error, UnicodeDecodeError) as exc:
-        raise CorruptRecordError(f"malformed record: {exc}") from None
-    if pos != end:
-        raise CorruptRecordError("record batch has bytes after its last record")
-    return out
+        attrs = [a.decode() if a is not None else None for a in _split(raw, cols.attrs_at, cols.alens)]
+    headers = [None] * cols.n if cols.no_headers else _decode_headers(raw, cols.headers_at, cols.hcounts)
+    return [Message(topic, v, a, k, h, ts, partition, base_offset + d, base_id + d, append_time)
+            for v, a, k, h, ts, d in zip(values, attrs, keys, headers, cols.timestamps, cols.deltas, strict=True)]
+
+
+def batch_columns(batch: bytes | memoryview, header: BatchHeader | None = None, *, verify: bool = True,
+                  max_uncompressed_bytes: int = 1 << 30) -> tuple[BatchHeader, Any]:
+    """(header, columns) of one whole batch without building Message objects (for Arrow readers).
+
+    The columns object has ``n``, ``deltas``, ``timestamps``, ``klens``, ``vlens``, ``alens``, ``hcounts``
+    (arrays), ``body`` and the section starts ``keys_at``, ``values_at``, ``attrs_at``, ``headers_at``.
+    """
+    if header is None:
+        header = read_header(batch)
+    view = memoryview(batch)[: header.total_bytes]
+    if len(view) < header.total_bytes:
+        raise CorruptRecordError("record batch is cut off")
+    if verify and header.crc != compute_crc(view):
+        raise CorruptRecordError(f"record batch at offset {header.base_offset} fails its CRC32C check")
+    if header.compression not in (0, 1, 2) or header.attributes & ~_COMPRESSION_MASK:
+        raise CorruptRecordError(f"record batch attributes {header.attributes:#x} are not understood")
+    return header, _Columns.parse(_body(view, header, max_uncompressed_bytes), header, producer=False)
 
 
 def decode_fetched(buf: bytes | memoryview, topic: str, partition: int, from_offset: int = 0,

@@ -6,7 +6,15 @@ import pytest
 
 from metaq.client.accumulator import Accumulator, BatchKey, ProducerBatch, record_size
 from metaq.errors import InvalidArgument
-from metaq.protocol.records import HEADER_BYTES, Compression, decode_batch, encode_record, validate_batch
+from metaq.protocol.records import (
+    HEADER_BYTES,
+    RECORD_OVERHEAD_BYTES,
+    Compression,
+    decode_batch,
+    encode_record,
+    record_batch_bytes,
+    validate_batch,
+)
 from metaq.types import Message
 
 K0: BatchKey = ("t", 0, 0, 1)
@@ -37,7 +45,7 @@ def open_count(acc: Accumulator, key: BatchKey) -> int:
 
 
 def test_a_batch_is_sealed_when_the_next_record_would_not_fit() -> None:
-    acc, _ = make(batch_bytes=HEADER_BYTES + 3 * (28 + 100))
+    acc, _ = make(batch_bytes=HEADER_BYTES + 3 * (RECORD_OVERHEAD_BYTES + 100))
     assert add(acc, K0, b"a" * 100) == []
     assert add(acc, K0, b"b" * 100) == []
     sealed = add(acc, K0, b"c" * 100)
@@ -45,7 +53,7 @@ def test_a_batch_is_sealed_when_the_next_record_would_not_fit() -> None:
     assert sealed[0].count == 3
     assert acc.open_batch(K0) is None
     assert add(acc, K0, b"d" * 100) == []
-    assert add(acc, K0, b"e" * 150) == []  # 67 + 128 + 178 bytes: still under 451
+    assert add(acc, K0, b"e" * 150) == []  # header + 124 + 174 bytes: still under header + 372
     sealed = add(acc, K0, b"f" * 100)
     assert [b.count for b in sealed] == [2]  # the third would overflow: old batch out, new one opened
     assert open_count(acc, K0) == 1
@@ -128,7 +136,7 @@ def test_message_over_max_message_bytes_is_refused_before_anything_changes() -> 
 ])
 def test_record_size_is_the_encoded_size(message: Message) -> None:
     rec = encode_record(0, 1, message.data, message.key, message.attribute, message.headers)
-    assert record_size(message) == len(rec)
+    assert record_size(message) == record_batch_bytes(rec)
 
 
 @pytest.mark.parametrize("compression", list(Compression))

@@ -11,6 +11,7 @@ from metaq.errors import CorruptRecordError, InvalidArgument
 from metaq.protocol import records as rec
 from metaq.protocol.records import (
     HEADER_BYTES,
+    RECORD_OVERHEAD_BYTES,
     STAMPED_BYTES,
     BatchBuilder,
     Compression,
@@ -150,11 +151,12 @@ def test_attribute_length_limit() -> None:
 
 def test_size_limits_are_invalid_argument() -> None:
     batch = encode_messages([Message("t", b"x" * 100, timestamp_ms=1), Message("t", b"y", timestamp_ms=1)])
-    validate_batch(batch, max_message_bytes=128, max_batch_bytes=len(batch))
+    largest = RECORD_OVERHEAD_BYTES + 100  # the 100-byte message with its column entries
+    validate_batch(batch, max_message_bytes=largest, max_batch_bytes=len(batch))
     with pytest.raises(InvalidArgument):
-        validate_batch(batch, max_message_bytes=128, max_batch_bytes=len(batch) - 1)
+        validate_batch(batch, max_message_bytes=largest, max_batch_bytes=len(batch) - 1)
     with pytest.raises(InvalidArgument):
-        validate_batch(batch, max_message_bytes=127, max_batch_bytes=len(batch))
+        validate_batch(batch, max_message_bytes=largest - 1, max_batch_bytes=len(batch))
 
 
 def test_compression_parse() -> None:
