@@ -32,8 +32,8 @@ def with_producer(test: Callable[[Producer], Coroutine[Any, Any, None]], **optio
     asyncio.run(main())
 
 
-O = RECORD_OVERHEAD_BYTES
-TOO_BIG = rf"{O + 1000} bytes encoded \(payload 1000 bytes\); max_message_bytes is 1000"
+OV = RECORD_OVERHEAD_BYTES
+TOO_BIG = rf"{OV + 1000} bytes encoded \(payload 1000 bytes\); max_message_bytes is 1000"
 
 
 def test_a_message_over_max_message_bytes_raises_invalid_argument() -> None:
@@ -44,7 +44,7 @@ def test_a_message_over_max_message_bytes_raises_invalid_argument() -> None:
                 call()
         with pytest.raises(InvalidArgument, match="max_message_bytes"):
             await p.send(big)
-        with pytest.raises(InvalidArgument, match=f"item 1 is {O + 1000} bytes"):
+        with pytest.raises(InvalidArgument, match=f"item 1 is {OV + 1000} bytes"):
             await p.send_batch("t", [b"ok", b"x" * 1000])
         assert p.buffered_bytes == 0
 
@@ -80,7 +80,7 @@ def test_a_closed_producer_refuses_sends() -> None:
 
 def test_chunks_are_cut_at_batch_bytes() -> None:
     async def check(p: Producer) -> None:
-        values = [b"x" * (100 - O)] * 100  # 100 bytes each in a batch
+        values = [b"x" * (100 - OV)] * 100  # 100 bytes each in a batch
         chunks = p._chunk("t", values)
         assert [len(c) for c, _ in chunks] == [10] * 10
         assert all(size == 1000 for _, size in chunks)
@@ -93,10 +93,10 @@ def test_chunks_keep_every_item_once_in_order() -> None:
         values = [b"a" * 10, bytearray(b"b" * 900), memoryview(b"c" * 5000), b"d" * 400, b"e" * 400, b"f"]
         chunks = p._chunk("t", values)
         assert [list(c) for c, _ in chunks] == [values[0:2], values[2:3], values[3:6]]
-        assert [size for _, size in chunks] == [O + 10 + O + 900, O + 5000, 3 * O + 801]  # one larger than a batch goes alone
+        assert [size for _, size in chunks] == [OV + 10 + OV + 900, OV + 5000, 3 * OV + 801]  # a big one alone
         msgs = [Message("t", b"x" * 100, key=b"k"), Message("t", b"y", attribute="a", headers=[("h", b"v")])]
         chunks = p._chunk("t", msgs)
-        assert [list(c) for c, _ in chunks] == [msgs] and chunks[0][1] == (O + 100 + 1) + (O + 1 + 1 + 8)
+        assert [list(c) for c, _ in chunks] == [msgs] and chunks[0][1] == (OV + 100 + 1) + (OV + 1 + 1 + 8)
 
     with_producer(check, batch_bytes=1000, max_buffered_bytes=10_000)
 
