@@ -53,6 +53,8 @@ def test_unknown_topic_without_auto_create_is_an_unknown_topic_result(broker_fac
             assert all(isinstance(x.error, UnknownTopicError) for x in await asyncio.gather(*futures))
             batch = await producer.send_batch("ghost", [b"a", b"b"])
             assert not batch.success and all(isinstance(x.error, UnknownTopicError) for x in batch)
+            pinned = await producer.send_batch("ghost", [b"a", b"b"], partition=0)
+            assert [(x.success, x.partition, type(x.error)) for x in pinned] == [(False, 0, UnknownTopicError)] * 2
             # Once the topic exists, the same producer sends to it.
             await session.admin().create_topic("ghost", 2)
             assert (await producer.send(Message("ghost", b"now"))).success

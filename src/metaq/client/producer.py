@@ -270,7 +270,13 @@ class Producer:
         chunks = self._chunk(topic, values)
         target: Partition | None = None
         if partition is not None:
-            target = await self._core.partition(topic, partition)
+            try:
+                target = await self._core.partition(topic, partition)
+            except InvalidArgument:
+                raise
+            except MetaqError as exc:  # unknown topic or partition, broker unreachable: a result, as sends
+                number = partition.partition if isinstance(partition, Partition) else partition
+                return BatchSendResult(topic, [BatchChunk(number, -1, -1, len(c), exc) for c, _ in chunks])
         acks = self.config.acks
         futures: list[asyncio.Future[BatchChunk]] = []
         compression = self.config.compression
@@ -375,6 +381,8 @@ class Producer:
             raise ClientClosedError("the producer is closed")
         if not isinstance(message, Message):
             raise InvalidArgument(f"send takes a metaq Message, not {type(message).__name__}")
+        if not isinstance(message.data, (bytes, bytearray, memoryview)):
+            raise InvalidArgument(f"message data must be bytes, not {type(message.data).__name__}")
         topic = message.topic
         if topic not in self._valid_topics:
             validate_topic(topic)
