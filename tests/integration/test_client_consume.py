@@ -130,3 +130,23 @@ def test_offset_for_time(broker: BrokerProcess) -> None:
             assert await consumer.offset_for_time("times", 0, 9999) == 3  # none: the latest offset
 
     run(main())
+
+
+def test_iterate_survives_a_broker_restart(broker: BrokerProcess) -> None:
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers, reconnect_attempts=10,
+                                                       reconnect_backoff_s=0.05) as session:
+            await session.admin().create_topic("restart", 1)
+            producer = session.create_producer()
+            assert (await producer.send(Message("restart", b"one"))).success
+            it = session.create_pull_consumer().iterate("restart", 0, 0, max_wait_ms=30_000)
+            assert (await anext(it)).data == b"one"
+            waiting = asyncio.ensure_future(anext(it))  # parked in a long poll on its own connection
+            await asyncio.to_thread(broker.restart)
+            sent = await producer.send(Message("restart", b"two"))  # reconnects by itself
+            assert sent.success, sent
+            got = await asyncio.wait_for(waiting, 20)
+            assert (got.data, got.offset) == (b"two", 1)
+            await it.aclose()
+
+    run(main())

@@ -12,7 +12,9 @@ queued behind it. :meth:`PullConsumer.get` (no waiting) uses the session's share
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
@@ -210,19 +212,23 @@ class PullConsumer:
                                 p.partition, earliest, latest, new)
                     position = new
                     continue
-                except (ConnectionClosedError, RequestTimeoutError) as exc:
+                except (ConnectionClosedError, RequestTimeoutError, BrokerError) as exc:
+                    # Retriable: a lost connection, a timeout, a broker stopping or busy. Anything
+                    # else (unknown topic, closed for subscribing, ...) ends the iteration.
+                    if isinstance(exc, BrokerError):
+                        if exc.refresh_metadata:
+                            self._core.metadata.refresh_soon(topic)
+                        if not exc.retriable:
+                            raise
                     failures += 1
                     if failures > self._core.config.reconnect_attempts:
                         raise
-                    log.info("fetch from %s-%d failed (%s); reconnecting", topic, p.partition, exc)
+                    log.info("fetch from %s-%d failed (%s); retrying", topic, p.partition, exc)
                     if conn is not None:
                         conn.close()
                     conn = None
+                    await asyncio.sleep(self._backoff_s(failures))
                     continue
-                except BrokerError as exc:
-                    if exc.refresh_metadata:
-                        self._core.metadata.refresh_soon(topic)
-                    raise
                 failures = 0
                 if result.partial:
                     fetch_bytes = min(fetch_bytes * 2, self._core.config.max_frame_bytes // 2)
@@ -245,6 +251,11 @@ class PullConsumer:
             if conn is not None:
                 self._iterators.discard(conn)
                 conn.close()
+
+    def _backoff_s(self, failures: int) -> float:
+        cfg = self._core.config
+        delay = min(cfg.reconnect_backoff_max_s, cfg.reconnect_backoff_s * (2 ** (failures - 1)))
+        return delay * (0.5 + 0.5 * random.random())
 
     async def offsets(self, topic: str, partition: int | Partition) -> tuple[int, int]:
         """(earliest, latest): the first stored offset and the next offset to be written."""
