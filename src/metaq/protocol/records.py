@@ -709,11 +709,11 @@ def decode_batch(batch: bytes | memoryview, topic: str = "", partition: int = -1
     if header.compression not in (0, 1, 2) or header.attributes & ~_COMPRESSION_MASK:
         raise CorruptRecordError(f"record batch attributes {header.attributes:#x} are not understood")
     body = _body(view, header, max_uncompressed_bytes)
-    cols = _Columns.parse(body, header, producer=False)
+    raw = body if isinstance(body, bytes) else bytes(body)  # one copy: every field is sliced from it
+    cols = _Columns.parse(raw, header, producer=False)
     if not cols.n:
         return []
     values = cols.values()
-    raw = cols.body if isinstance(cols.body, bytes) else bytes(cols.body)
     base_offset, base_id, append_time = header.base_offset, header.base_message_id, header.append_time_ms
     if cols.no_keys and cols.no_attrs and cols.no_headers:
         return [Message(topic, v, None, None, None, ts, partition, base_offset + d, base_id + d, append_time)
