@@ -48,9 +48,13 @@ def config(group: str, tmp: Path, **kw: Any) -> ConsumerConfig:
 
 
 async def produce(session: MessageSessionFactory, topic: str, n: int, start: int = 0) -> None:
+    """``n`` messages spread evenly over the topic's partitions."""
     producer = session.create_producer()
-    result = await producer.send_batch(topic, [b"%d" % i for i in range(start, start + n)])
-    assert result.success
+    parts = await session.partitions(topic)
+    for i, p in enumerate(parts):
+        values = [b"%d" % v for v in range(start + i, start + n, len(parts))]
+        if values:
+            assert (await producer.send_batch(topic, values, partition=p.partition)).success
     await producer.flush()
 
 
