@@ -177,3 +177,16 @@ def test_null_value_is_refused() -> None:
     encoder = BatchEncoder(WriteOptions.parse({"topic": "t"}), lambda topic: [0])
     with pytest.raises(ConfigError, match="'value' has a null"):
         list(encoder.encode([pa.RecordBatch.from_pydict({"value": pa.array([b"a", None], pa.binary())})]))
+
+
+def test_write_headers_from_a_map_column(fake: FakeBroker) -> None:
+    opts = WriteOptions.parse({"servers": fake.servers, "topic": "t"})
+    rb = pa.RecordBatch.from_pydict({
+        "value": pa.array([b"a"], pa.binary()),
+        "partition": pa.array([0], pa.int64()),
+        "headers": pa.array([[("x", b"1"), ("y", b"2")]], pa.map_(pa.string(), pa.binary())),
+    })
+    write_arrow([rb], opts)
+    with BlockingClient(fake.servers) as client:
+        (m,) = _fetch_all(client, "t", 0)
+    assert m.headers == [("x", b"1"), ("y", b"2")]
