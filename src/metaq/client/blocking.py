@@ -16,7 +16,6 @@ first use); with one broker that is the bootstrap connection itself.
 from __future__ import annotations
 
 import socket
-import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -407,15 +406,3 @@ class BlockingClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def wait_for_broker(servers: str, timeout_s: float = 30.0) -> BlockingClient:
-    """A connected client once some broker in ``servers`` answers (scripts starting one)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return BlockingClient(servers, timeout_s=min(timeout_s, 10.0))
-        except ConnectionClosedError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)

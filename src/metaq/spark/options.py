@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from metaq.client.blocking import DEFAULT_SERVERS, parse_servers
 from metaq.errors import ConfigError, InvalidArgument
@@ -244,7 +244,3 @@ class WriteOptions:
         assert max_in_flight is not None and timeout_ms is not None
         return cls(servers=_servers(options), topic=_topic(options, required=False), batch_bytes=batch_bytes,
                    compression=compression, acks=acks, max_in_flight=max_in_flight, timeout_ms=timeout_ms)
-
-
-def describe(options: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in sorted(options.items()))

@@ -43,7 +43,7 @@ from pyspark.sql.types import (
 )
 
 from metaq.client.blocking import BlockingClient
-from metaq.errors import ConfigError, ConnectionClosedError, MetaqError, RequestTimeoutError, UnknownTopicError
+from metaq.errors import ConfigError, ConnectionClosedError, RequestTimeoutError, UnknownTopicError
 from metaq.spark.arrow import DataLossError, read_range
 from metaq.spark.offsets import (
     Bounds,
@@ -134,7 +134,7 @@ def _read(opts: ReadOptions, part: InputPartition) -> Iterator[Any]:
                 for batch in read_range(client, part.topic, part.partition, offset, part.end,
                                         max_bytes=opts.max_bytes_per_fetch,
                                         fail_on_data_loss=opts.fail_on_data_loss, new_partition=new_partition):
-                    offset = batch.column(5)[-1].as_py() + 1
+                    offset = batch.column("offset")[-1].as_py() + 1
                     down_since = None
                     yield batch
             return
@@ -445,7 +445,6 @@ __all__ = [
     "MetaqBatchReader",
     "MetaqCommitMessage",
     "MetaqDataSource",
-    "MetaqError",
     "MetaqInputPartition",
     "MetaqStreamReader",
     "MetaqStreamWriter",

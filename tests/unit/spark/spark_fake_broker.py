@@ -61,7 +61,12 @@ class FakeBroker:
 
     def stop(self) -> None:
         self._stopped = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept(); close alone does not
+        except OSError:
+            pass
         self._sock.close()
+        self._thread.join(5)
         for c in self._conns:
             try:
                 c.shutdown(socket.SHUT_RDWR)
