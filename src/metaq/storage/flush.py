@@ -209,8 +209,22 @@ class Flusher:
             wait.result()
 
     def _sync_all(self, target: SyncTarget, jobs: list[tuple[Any, Future[None] | None]]) -> None:
-        for segment, future in jobs:
-            self._sync(target, segment, future)
+        """Sync one log for this round.
+
+        unflushThreshold=1 appends queued for the same log share ONE forced fdatasync: it starts after
+        every one of them was written, so each ack still waits for a sync covering its batch (MetaQ's
+        per-put force() calls on one file coalesce in the kernel the same way). Without this a busy
+        partition queues one sync per batch and its ack latency grows without bound.
+        """
+        singles = [(segment, future) for segment, future in jobs if future is not None]
+        if singles:
+            segment, last = singles[-1]
+            self._sync(target, segment, last)
+            error = last.exception() if last.done() else None
+            for _segment, future in singles[:-1]:
+                resolve(future, error)
+        if len(singles) < len(jobs):
+            self._sync(target, None, None)
 
     def _pop_due_locked(self) -> list[SyncTarget]:
         due: list[SyncTarget] = []

@@ -58,16 +58,26 @@ def open_with(tmp_path: Path, name: str, threshold: int, flusher: Flusher | None
                              **extra)  # type: ignore[arg-type]
 
 
-def test_threshold_one_syncs_once_per_append_and_acks_wait(tmp_path, flusher):
+def test_threshold_one_acks_only_after_a_sync_that_started_after_the_write(tmp_path, flusher):
     sync = CountingSync()
     log = open_with(tmp_path, "a", 1, flusher, sync)
     log.append(make_batch()[0]).durable.result(WAIT_S)  # first sync also syncs the new directories
     sync.reset()
-    results = [log.append(make_batch()[0]) for _ in range(25)]
-    for result in results:
+    sync.gate = threading.Event()  # hold the next sync: appends pile up behind it
+    first = log.append(make_batch()[0])
+    assert sync.entered.wait(WAIT_S)
+    piled = [log.append(make_batch()[0]) for _ in range(25)]
+    assert not first.durable.done()  # its sync has started but not finished: no ack yet
+    assert not any(r.durable.done() for r in piled)  # written after that sync began: not covered by it
+    calls_before_release = sync.calls
+    sync.gate.set()
+    for result in [first, *piled]:
         assert result.wait_for_durable
         assert result.durable.result(WAIT_S) is None
-    assert sync.calls == 25
+    # the piled-up appends of this one log shared the next sync (each ack still waited for a sync that
+    # began after its write), instead of queueing 25 syncs behind each other
+    assert calls_before_release == 1
+    assert 2 <= sync.calls <= 4
     log.close()
 
 
