@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from metaq.protocol import messages as m
 from metaq.protocol.records import decode_fetched, encode_values
@@ -49,3 +50,17 @@ def _waiting(c: RawClient) -> int:
 
     stats = json.loads(c.call(m.StatsRequest(None)).stats_json)  # type: ignore[attr-defined]
     return int(stats.get("waiting_fetches", 0))
+
+
+def test_out_of_range_fetch_names_the_valid_range_or_serves_the_nearest(
+        broker_factory: Callable[..., BrokerProcess]) -> None:
+    strict = RawClient.to(broker_factory({"numPartitions": 1}, name="strict"))
+    assert strict.call(m.ProduceRequest("r", 0, 1, 5000, encode_values([b"a", b"b"], 1))).error_code == 0
+    reply = strict.call(m.FetchRequest("r", 0, 50, 1 << 20, 0))
+    assert reply.error_code == 1 and "0..2" in reply.error_message
+    assert (reply.log_start_offset, reply.log_end_offset) == (0, 2)
+
+    lenient = RawClient.to(broker_factory({"numPartitions": 1, "updateConsumerOffsets": True}, name="lenient"))
+    assert lenient.call(m.ProduceRequest("r", 0, 1, 5000, encode_values([b"a", b"b"], 1))).error_code == 0
+    reply = lenient.call(m.FetchRequest("r", 0, 50, 1 << 20, 0))
+    assert reply.error_code == 0 and reply.reset_offset == 2  # MetaQ: moved to the nearest valid offset

@@ -360,9 +360,14 @@ class Broker:
             raise PartitionClosedError(f"topic {req.topic!r} does not accept subscribing (acceptSubscribe=false)")
         if req.max_bytes <= 0:
             raise InvalidRequestError(f"max_bytes must be > 0; got {req.max_bytes}")
-        if req.offset < 0:
-            raise OffsetOutOfRangeError(f"offset must be >= 0; got {req.offset}")
-        offset, reset = self._resolve_fetch_offset(plog, req.offset)
+        try:
+            if req.offset < 0:
+                raise OffsetOutOfRangeError(f"offset must be >= 0; got {req.offset}")
+            offset, reset = self._resolve_fetch_offset(plog, req.offset)
+        except OffsetOutOfRangeError as exc:
+            # the valid range travels with the error, so a consumer can reposition without asking again
+            return m.FetchResponse(error_code=exc.code, error_message=exc.message,
+                                   log_start_offset=plog.log_start_offset, log_end_offset=plog.log_end_offset)
         if offset >= plog.log_end_offset and req.max_wait_ms > 0:
             return self._long_poll(req, plog, offset, reset)
         return self._fetch_now(req, plog, offset, reset)
