@@ -19,7 +19,16 @@ Each whole batch is decoded and re-encoded with only the kept records, and:
   anyway and needs to see it to know to fetch a larger reply.
 
 A filter that raises keeps the message (at-least-once beats silent loss) and is logged once per error
-type. The reply needs its bytes in memory, so a filtered fetch is never sent with sendfile.
+type; a filter that cannot be imported is logged and the group gets unfiltered replies. The reply needs
+its bytes in memory, so a filtered fetch is never sent with sendfile.
+
+Wiring (the broker's fetch handler, after reading the slice)::
+
+    accept = group_filter(state.settings, req.group)      # None: no filter for this group and topic
+    if accept is not None and fslice.size:
+        data = fslice.read_bytes(); fslice.release()
+        response.records = filter_fetched(data, accept, req.topic, req.partition)
+        return response
 """
 
 from __future__ import annotations
@@ -66,6 +75,25 @@ def load_filter(ref: str) -> MessageFilter:
         raise ConfigError(f"consumer filter {ref!r} is not callable")
     _FILTERS[ref] = accept
     return accept
+
+
+_BROKEN: set[str] = set()
+
+
+def group_filter(settings: object, group: str) -> MessageFilter | None:
+    """The server-side filter configured for ``group`` in a topic's settings (``TopicSettings``), if any."""
+    if not group:
+        return None
+    ref = getattr(settings, "group_filters", {}).get(group)
+    if not ref:
+        return None
+    try:
+        return load_filter(ref)
+    except ConfigError as exc:
+        if ref not in _BROKEN:
+            _BROKEN.add(ref)
+            log.error("%s; group %s gets unfiltered fetches", exc, group)
+        return None
 
 
 def _keep(accept: MessageFilter, msg: Message) -> bool:

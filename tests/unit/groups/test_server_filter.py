@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from metaq.broker.filters import filter_fetched, load_filter
+from metaq.broker.filters import filter_fetched, group_filter, load_filter
 from metaq.errors import ConfigError
 from metaq.protocol.records import Compression, decode_fetched, encode_messages, stamp
 from metaq.types import Message
@@ -79,3 +79,17 @@ def test_load_filter_forms_and_errors() -> None:
     for bad in ("nocolon", "metaq_no_such_module:x", "metaq_test_filters:missing"):
         with pytest.raises(ConfigError):
             load_filter(bad)
+
+
+def test_group_filter_from_topic_settings() -> None:
+    class Settings:
+        group_filters = {"vips": "metaq_test_filters2:only_vip", "broken": "metaq_no_such_module:f"}
+
+    mod = types.ModuleType("metaq_test_filters2")
+    mod.only_vip = lambda mm: mm.attribute == "vip"  # type: ignore[attr-defined]
+    sys.modules["metaq_test_filters2"] = mod
+    accept = group_filter(Settings(), "vips")
+    assert accept is not None and accept(Message("t", b"", "vip")) and not accept(Message("t", b"", "x"))
+    assert group_filter(Settings(), "others") is None
+    assert group_filter(Settings(), "") is None
+    assert group_filter(Settings(), "broken") is None  # logged; the group is served unfiltered
