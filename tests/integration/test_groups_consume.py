@@ -336,3 +336,65 @@ def test_client_filter_broadcast_and_browser(broker_factory: Callable[..., Broke
         await session.close()
 
     run(main())
+
+
+def test_listener_calls_are_ordered_per_partition_and_parallel_across(
+        broker_factory: Callable[..., BrokerProcess], tmp_path: Path) -> None:
+    broker = broker_factory({"numPartitions": 8})
+
+    async def main() -> None:
+        import threading
+
+        session = await MessageSessionFactory.connect(broker.servers)
+        await session.admin().create_topic("par", 8)
+        await produce(session, "par", 800)
+        lock = threading.Lock()
+        active = 0
+        peak = 0
+        order: dict[int, list[int]] = {}
+
+        def slow(msg: Message) -> None:
+            nonlocal active, peak
+            with lock:
+                active += 1
+                peak = max(peak, active)
+                order.setdefault(msg.partition, []).append(msg.offset)
+            time.sleep(0.002)  # work, so that calls overlap
+            with lock:
+                active -= 1
+
+        cfg = config("par-g", tmp_path, fetch_runner_count=3, long_poll=False, max_delay_fetch_ms=200)
+        c = create_consumer(session, cfg).subscribe("par", 512, slow)
+        await c.complete_subscribe()
+        await until(lambda: sum(map(len, order.values())) == 800)
+        assert all(offs == sorted(offs) and len(set(offs)) == len(offs) for offs in order.values())
+        assert 1 < peak <= 3, peak  # fetchRunnerCount partitions at once, never more
+        await c.close()
+        await session.close()
+
+    run(main())
+
+
+def test_consumer_rides_through_a_broker_kill9_and_restart(
+        broker_factory: Callable[..., BrokerProcess], tmp_path: Path) -> None:
+    broker = broker_factory({"numPartitions": 2})
+
+    async def main() -> None:
+        session = await MessageSessionFactory.connect(broker.servers)
+        await session.admin().create_topic("phoenix", 2)
+        await produce(session, "phoenix", 20)
+        got: Counter[bytes] = Counter()
+        c = create_consumer(session, config("phoenix-g", tmp_path)).subscribe(
+            "phoenix", 4096, lambda msg: got.update([bytes(msg.data)]))
+        await c.complete_subscribe()
+        await until(lambda: len(got) == 20 and all(v[2] == v[0] for v in c.positions().values()),
+                    what="20 consumed and committed")
+        await asyncio.get_running_loop().run_in_executor(None, broker.kill)
+        await asyncio.get_running_loop().run_in_executor(None, broker.start)  # same port, same data
+        await produce(session, "phoenix", 20, 20)
+        await until(lambda: len(got) == 40, 30, "the messages produced after the restart")
+        assert max(got.values()) == 1  # the committed offsets survived kill -9
+        await c.close()
+        await session.close()
+
+    run(main())

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from metaq.client.group.config import ConsumerConfig
-from metaq.client.group.consumer import MessageIdLRU, _wants_ctx
+from metaq.client.group.consumer import MessageIdLRU, _wants_ctx, empty_fetch_delay_ms
 from metaq.client.group.offsets import LocalFileOffsetStorage, OffsetStorage, SqliteOffsetStorage
 from metaq.client.group.recover import RecoverStore
 from metaq.errors import ConfigError
@@ -95,3 +95,7 @@ def test_dedup_lru_and_listener_arity() -> None:
         async def __call__(self, m: Message, ctx: object) -> None: ...
 
     assert _wants_ctx(Obj())
+
+
+def test_empty_fetch_back_off_is_metaqs() -> None:
+    assert [empty_fetch_delay_ms(n, 5000) for n in (1, 2, 5, 10, 11, 50)] == [500, 1000, 2500, 5000, 5000, 5000]

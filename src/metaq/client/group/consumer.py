@@ -177,6 +177,11 @@ class ConsumerStats:
     rebalances: int = 0
 
 
+def empty_fetch_delay_ms(empty_fetches: int, max_delay_ms: int) -> int:
+    """MetaQ's back-off without long polling: each empty reply in a row adds a tenth of the max delay."""
+    return min(max_delay_ms, empty_fetches * max_delay_ms // 10)
+
+
 def _wants_ctx(listener: Listener) -> bool:
     try:
         params = list(inspect.signature(listener).parameters.values())
@@ -529,9 +534,7 @@ class GroupConsumer:
                     continue
                 w.empty_fetches += 1
                 if not cfg.long_poll:
-                    # MetaQ: each empty reply adds a tenth of the max delay, up to the max delay.
-                    delay_ms = min(cfg.max_delay_fetch_ms, w.empty_fetches * cfg.max_delay_fetch_ms // 10)
-                    await asyncio.sleep(delay_ms / 1000)
+                    await asyncio.sleep(empty_fetch_delay_ms(w.empty_fetches, cfg.max_delay_fetch_ms) / 1000)
                 continue
             w.empty_fetches = 0
             async with self._runners:
