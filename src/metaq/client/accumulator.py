@@ -19,14 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from metaq.errors import InvalidArgument
-from metaq.protocol.records import (
-    HEADER_BYTES,
-    RECORD_PREFIX_BYTES,
-    Compression,
-    assemble_batch,
-    encode_record,
-    record_batch_bytes,
-)
+from metaq.protocol.records import HEADER_BYTES, RECORD_PREFIX_BYTES, Compression, encode_columns
 from metaq.types import Message
 
 BatchKey = tuple[str, int, int, int]
@@ -35,14 +28,19 @@ BatchKey = tuple[str, int, int, int]
 
 def record_size(message: Message) -> int:
     """Bytes the message takes inside a batch (what the broker compares with maxMessageSize)."""
-    size = RECORD_PREFIX_BYTES + len(message.data)
-    if message.key is not None:
-        size += len(message.key)
-    if message.attribute is not None:
-        size += len(message.attribute.encode())
-    if message.headers:
-        for name, value in message.headers:
-            size += 6 + len(name.encode()) + len(value)
+    return _size_of(message.data, message.key, message.attribute, message.headers)
+
+
+def _size_of(value: bytes, key: bytes | None, attribute: str | None,
+             headers: Sequence[tuple[str, bytes]] | None) -> int:
+    size = RECORD_PREFIX_BYTES + len(value)
+    if key is not None:
+        size += len(key)
+    if attribute is not None:
+        size += len(attribute.encode())
+    if headers:
+        for name, hvalue in headers:
+            size += 6 + len(name.encode()) + len(hvalue)
     return size
 
 
@@ -56,19 +54,23 @@ class ProducerBatch:
     __slots__ = (
         "acks",
         "attempts",
+        "attributes",
         "batch_waiter",
         "broker_id",
         "count",
         "created_s",
         "deadline_s",
         "first_ts",
+        "headers",
         "key",
+        "keys",
         "max_ts",
         "partition",
-        "parts",
         "payload",
         "size_bytes",
+        "timestamps",
         "topic",
+        "values",
         "waiters",
     )
 
@@ -77,7 +79,12 @@ class ProducerBatch:
         self.topic, self.partition, self.broker_id, self.acks = key
         self.created_s = created_s
         self.deadline_s = deadline_s
-        self.parts: list[bytes] = []
+        self.values: list[bytes] = []
+        self.timestamps: list[int] = []
+        self.keys: list[bytes | None] | None = None
+        """None while no record of the batch has a key (likewise attributes and headers): the fast path."""
+        self.attributes: list[str | None] | None = None
+        self.headers: list[Sequence[tuple[str, bytes]] | None] | None = None
         self.waiters: list[Any] = []
         self.count = 0
         self.size_bytes = HEADER_BYTES
@@ -96,11 +103,32 @@ class ProducerBatch:
         batch.batch_waiter = waiter
         return batch
 
+    def add(self, timestamp_ms: int, value: bytes, key: bytes | None, attribute: str | None,
+            headers: Sequence[tuple[str, bytes]] | None, waiter: Any, size: int) -> None:
+        i = len(self.values)
+        self.values.append(value)
+        self.timestamps.append(timestamp_ms)
+        if key is not None or self.keys is not None:
+            if self.keys is None:
+                self.keys = [None] * i
+            self.keys.append(key)
+        if attribute is not None or self.attributes is not None:
+            if self.attributes is None:
+                self.attributes = [None] * i
+            self.attributes.append(attribute)
+        if headers or self.headers is not None:
+            if self.headers is None:
+                self.headers = [None] * i
+            self.headers.append(headers)
+        self.waiters.append(waiter)
+        self.count = i + 1
+        self.size_bytes += size
+
     def build(self, compression: Compression) -> bytes:
         if self.payload is None:
-            self.payload = assemble_batch(b"".join(self.parts), self.count, self.first_ts, self.max_ts,
-                                          compression)
-            self.parts = []
+            self.payload = encode_columns(self.values, self.timestamps, keys=self.keys, attributes=self.attributes,
+                                          headers=self.headers, compression=compression)
+            self.values, self.timestamps, self.keys, self.attributes, self.headers = [], [], None, None, None
         return self.payload
 
     def __repr__(self) -> str:
@@ -127,27 +155,25 @@ class Accumulator:
 
     def append(self, key: BatchKey, timestamp_ms: int, value: bytes, msg_key: bytes | None,
                attribute: str | None, headers: Sequence[tuple[str, bytes]] | None, waiter: Any,
-               linger_s: float) -> Sequence[ProducerBatch]:
+               linger_s: float, size: int | None = None) -> Sequence[ProducerBatch]:
         """Add one record; return the batches this sealed (usually none).
 
         ``linger_s`` is the deadline, from now, of a batch this append opens (0 = send as soon as
-        the producer next looks). Raises InvalidArgument for a record over max_message_bytes.
+        the producer next looks). ``size`` is the record's size in a batch when the caller already
+        knows it (:func:`record_size`). Raises InvalidArgument for a record over max_message_bytes.
         """
-        batch = self._open.get(key)
-        if batch is None:
-            return self._start(key, timestamp_ms, value, msg_key, attribute, headers, waiter, linger_s)
-        rec = encode_record(batch.count, timestamp_ms, value, msg_key, attribute, headers)
-        size = record_batch_bytes(rec)
+        if size is None:
+            size = _size_of(value, msg_key, attribute, headers)
         if size > self.max_message_bytes:
             raise InvalidArgument(self._too_large(size, value))
-        if batch.size_bytes + size > self.batch_bytes:
+        batch = self._open.get(key)
+        if batch is not None and batch.size_bytes + size > self.batch_bytes:
             del self._open[key]
-            more = self._start(key, timestamp_ms, value, msg_key, attribute, headers, waiter, linger_s)
+            more = self._start(key, timestamp_ms, value, msg_key, attribute, headers, waiter, linger_s, size)
             return (batch, *more)
-        batch.parts.append(rec)
-        batch.waiters.append(waiter)
-        batch.count += 1
-        batch.size_bytes += size
+        if batch is None:
+            return self._start(key, timestamp_ms, value, msg_key, attribute, headers, waiter, linger_s, size)
+        batch.add(timestamp_ms, value, msg_key, attribute, headers, waiter, size)
         if timestamp_ms < batch.first_ts:
             batch.first_ts = timestamp_ms
         elif timestamp_ms > batch.max_ts:
@@ -159,17 +185,10 @@ class Accumulator:
 
     def _start(self, key: BatchKey, timestamp_ms: int, value: bytes, msg_key: bytes | None,
                attribute: str | None, headers: Sequence[tuple[str, bytes]] | None, waiter: Any,
-               linger_s: float) -> Sequence[ProducerBatch]:
-        rec = encode_record(0, timestamp_ms, value, msg_key, attribute, headers)
-        size = record_batch_bytes(rec)
-        if size > self.max_message_bytes:
-            raise InvalidArgument(self._too_large(size, value))
+               linger_s: float, size: int) -> Sequence[ProducerBatch]:
         now = self._clock()
         batch = ProducerBatch(key, now, now + linger_s)
-        batch.parts.append(rec)
-        batch.waiters.append(waiter)
-        batch.count = 1
-        batch.size_bytes += size
+        batch.add(timestamp_ms, value, msg_key, attribute, headers, waiter, size)
         batch.first_ts = batch.max_ts = timestamp_ms
         if batch.size_bytes >= self.batch_bytes:
             return (batch,)

@@ -212,7 +212,7 @@ class Producer:
         if acks == 0:
             return self._enqueue(message, None, size, 0)
         fut: asyncio.Future[SendResult] = self._loop.create_future()
-        self._enqueue(message, fut, size, acks)
+        self._queue(message, fut, size, acks)
         if timeout_s is None:
             return await fut
         try:
@@ -237,7 +237,7 @@ class Producer:
         if self.config.acks == 0:
             fut.set_result(self._enqueue(message, None, size, 0))
         else:
-            self._enqueue(message, fut, size, self.config.acks)
+            self._queue(message, fut, size, self.config.acks)
         return fut
 
     def send_oneway(self, message: Message) -> SendResult:
@@ -412,11 +412,17 @@ class Producer:
                 await w
 
     def _enqueue(self, message: Message, waiter: Any, size: int, acks: int) -> SendResult:
+        """Queue a message; the SendResult returned is what a one-way send reports (-1 fields)."""
+        self._queue(message, waiter, size, acks)
+        return SendResult(True, topic=message.topic)
+
+    def _queue(self, message: Message, waiter: Any, size: int, acks: int) -> None:
+        """Queue a message for its partition's batch (the hot path: creates nothing per message)."""
         topic = message.topic
         if topic in self._cold:
             self._cold[topic].append((message, waiter, size, acks))
             self._buffered += size
-            return SendResult(True, topic=topic)
+            return
         tm = self._core.metadata.cached(topic)
         if tm is None:
             self._cold[topic] = [(message, waiter, size, acks)]
@@ -424,9 +430,8 @@ class Producer:
             task = asyncio.ensure_future(self._warm(topic))
             self._cold_tasks.add(task)
             task.add_done_callback(self._cold_tasks.discard)
-            return SendResult(True, topic=topic)
+            return
         self._route(message, tm, waiter, size, acks)
-        return SendResult(True, topic=topic)
 
     async def _warm(self, topic: str) -> None:
         """First messages of a topic wait here, in order, for its metadata."""
@@ -467,7 +472,7 @@ class Producer:
             ts = int(time.time() * 1000)
         acc = self._acc
         sealed = acc.append(key, ts, message.data, message.key, message.attribute, message.headers, waiter,
-                            self._linger_s if self._busy.get(key) else 0.0)
+                            self._linger_s if self._busy.get(key) else 0.0, size)
         self._buffered += size
         for batch in sealed:
             self._dispatch(batch)

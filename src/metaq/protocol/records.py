@@ -372,6 +372,33 @@ def encode_values(values: Sequence[bytes], timestamp_ms: int,
     return _wrap(region, n, n - 1, timestamp_ms, timestamp_ms, Compression.parse(compression))
 
 
+def encode_columns(values: Sequence[bytes], timestamps: Sequence[int], *,
+                   keys: Sequence[bytes | None] | None = None, attributes: Sequence[str | None] | None = None,
+                   headers: Sequence[Sequence[tuple[str, bytes]] | None] | None = None,
+                   compression: Compression = Compression.NONE) -> bytes:
+    """A batch from per-record columns; ``keys``/``attributes``/``headers`` None means none at all.
+
+    The producer's accumulator keeps its open batches in this form, so a message costs a few list
+    appends and the batch is assembled once, column by column.
+    """
+    n = len(values)
+    if n < 1:
+        raise InvalidArgument("a record batch needs at least one record")
+    if keys is None and attributes is None and headers is None:
+        region = b"".join((_col("i", range(n)), _col("q", timestamps), _col("i", [-1]) * n,
+                           _col("i", map(len, values)), _col("h", [-1]) * n, bytes(2 * n), b"".join(values)))
+    else:
+        attrs = [None] * n if attributes is None else [a.encode() if a is not None else None for a in attributes]
+        for a in attrs:
+            if a is not None and len(a) > 0x7FFF:
+                raise InvalidArgument(f"attribute is {len(a)} bytes encoded; at most 32767")
+        hlists = [None] * n if headers is None else headers
+        region = _columns_region(range(n), timestamps, [None] * n if keys is None else keys, values, attrs,
+                                 [_encode_headers(h) if h else b"" for h in hlists],
+                                 [len(h) if h else 0 for h in hlists])
+    return _wrap(region, n, n - 1, min(timestamps), max(timestamps), Compression.parse(compression))
+
+
 @dataclass
 class BatchBuilder:
     """Accumulates records for one partition until it is full, then builds one batch."""
