@@ -38,14 +38,13 @@ import logging
 from collections.abc import Callable
 
 from metaq.errors import ConfigError
-from metaq.protocol.records import BatchHeader, decode_batch, iter_batches, rebuild_batch
+from metaq.protocol.records import decode_batch, iter_batches, rebuild_batch
 from metaq.types import Message
 
 log = logging.getLogger("metaq.broker.filters")
 
 MessageFilter = Callable[[Message], bool]
 
-_COMPRESSION_MASK = 0x7
 _FILTERS: dict[str, MessageFilter] = {}
 _WARNED: set[tuple[str, type[BaseException]]] = set()
 
@@ -107,10 +106,6 @@ def _keep(accept: MessageFilter, msg: Message) -> bool:
         return True
 
 
-def _rebuild(batch: memoryview, header: BatchHeader, kept: list[Message]) -> bytes:
-    return rebuild_batch(batch, header, kept)
-
-
 def filter_fetched(records: bytes | bytearray | memoryview, accept: MessageFilter, topic: str = "",
                    partition: int = -1) -> bytes:
     """The fetch body with only the messages ``accept`` keeps (see the module docstring)."""
@@ -121,7 +116,7 @@ def filter_fetched(records: bytes | bytearray | memoryview, accept: MessageFilte
         batch = view[pos:pos + header.total_bytes]
         messages = decode_batch(batch, topic, partition, header, verify=False)
         kept = [msg for msg in messages if _keep(accept, msg)]
-        out.append(bytes(batch) if len(kept) == len(messages) else _rebuild(batch, header, kept))
+        out.append(bytes(batch) if len(kept) == len(messages) else rebuild_batch(batch, header, kept))
         end = pos + header.total_bytes
     out.append(bytes(view[end:]))  # a cut-off tail, untouched
     return b"".join(out)
