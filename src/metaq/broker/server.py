@@ -24,6 +24,7 @@ from typing import Any
 
 from metaq import __version__
 from metaq.broker.config import BrokerConfig, TopicSettings, diff_topics, load_config, parse_config
+from metaq.broker.filters import filter_fetched, group_filter
 from metaq.broker.groups import GroupCoordinator
 from metaq.broker.stats import BrokerStats
 from metaq.broker.waiters import FetchWaiters
@@ -399,6 +400,16 @@ class Broker:
             counters.get_misses += 1
             return response
         counters.get_bytes += fslice.size
+        accept = group_filter(self.topics[req.topic].settings, req.group) if req.group else None
+        if accept is not None:
+            # a server-side filter for this group ([topic=...] group.NAME=module:callable): the
+            # stored bytes are decoded and re-encoded without the rejected messages, so no sendfile
+            try:
+                data = fslice.read_bytes()
+            finally:
+                fslice.release()
+            response.records = filter_fetched(data, accept, req.topic, req.partition)
+            return response
         if fslice.size < SENDFILE_MIN_BYTES:
             try:
                 response.records = fslice.read_bytes()

@@ -90,6 +90,43 @@ def bench_e2e(**kwargs: Any) -> None:
     _run("e2e", **kwargs)
 
 
+@bench_group.command("group")
+@click.option("-s", "--servers", default=None, help="Brokers to measure; default: an embedded broker for the run.")
+@click.option("--members", type=click.IntRange(1, 32), multiple=True, default=(1, 2, 4), show_default=True,
+              help="Group sizes to measure (repeat the option).")
+@click.option("-n", "--count", type=click.IntRange(1), default=1_200_000, show_default=True)
+@click.option("--size", type=click.IntRange(1), default=100, show_default=True)
+@click.option("--partitions", type=click.IntRange(1), default=12, show_default=True)
+@click.option("--listener", type=click.Choice(["async", "sync"]), default="async", show_default=True)
+@click.option("-d", "--duration", "duration_s", type=click.FloatRange(1), default=120.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def bench_group_consume(servers: str | None, members: tuple[int, ...], count: int, size: int, partitions: int,
+                        listener: str, duration_s: float, as_json: bool) -> None:
+    """Group consumption msg/s with 1, 2 and 4 members (each a process) sharing a topic."""
+    import tempfile
+
+    from metaq.client.group.bench import run_group_bench
+    from metaq.testing.broker import BrokerProcess
+
+    results = []
+    for n in members:
+        with tempfile.TemporaryDirectory(prefix="metaq-bench-") as tmp:
+            broker = None if servers else BrokerProcess(f"{tmp}/data", {"numPartitions": partitions,
+                                                                        "unflushThreshold": 0}).start()
+            try:
+                target = servers or (broker.servers if broker else "")
+                results.append(run_group_bench(target, None, n, duration_s, messages=count, message_bytes=size,
+                                               partitions=partitions, listener=listener))
+            finally:
+                if broker is not None:
+                    broker.stop()
+    if as_json:
+        click.echo(json.dumps(results))
+        return
+    for r in results:
+        click.echo(json.dumps(r))
+
+
 @bench_group.command("storage")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--seconds", type=click.FloatRange(0.1), default=2.0, show_default=True)

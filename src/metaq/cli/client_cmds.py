@@ -325,6 +325,77 @@ async def admin_lookup(servers: str, message_id: str) -> None:
     click.echo(f"{loc.topic}\t{loc.partition}\t{loc.offset}")
 
 
+# -- group ---------------------------------------------------------------------------------------
+
+
+@click.group("group")
+def group_group() -> None:
+    """Consumer groups: members, assignments, committed offsets, lag; reset offsets (MetaQ's 回溯)."""
+
+
+@group_group.command("list")
+@servers_option
+@run_async
+async def group_list(servers: str) -> None:
+    """Groups with members or committed offsets."""
+    from metaq.client.group.admin import list_groups
+
+    async with await _session(servers) as session:
+        for name in sorted(await list_groups(session)):
+            click.echo(name)
+
+
+@group_group.command("describe")
+@servers_option
+@click.argument("group")
+@click.option("-t", "--topic", "topics", multiple=True, help="Only these topics (default: those the group has).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@run_async
+async def group_describe(servers: str, group: str, topics: tuple[str, ...], as_json: bool) -> None:
+    """Members and their assignments, and per partition: owner, committed offset, log end, lag."""
+    from metaq.client.group.admin import describe_group
+
+    async with await _session(servers) as session:
+        desc = await describe_group(session, group, list(topics) or None)
+    if as_json:
+        click.echo(json.dumps(desc.as_dict()))
+        return
+    click.echo(f"group {desc.group}: {desc.state}, generation {desc.generation}, strategy {desc.strategy}, "
+               f"{len(desc.members)} members, total lag {desc.total_lag}")
+    for mb in desc.members:
+        click.echo(f"  member {mb.member_id} ({mb.client_id}): {mb.assignment}")
+    click.echo("topic\tpartition\towner\tcommitted\tlog_end\tlag")
+    for pl in desc.partitions:
+        click.echo(f"{pl.topic}\t{pl.partition}\t{pl.owner or '-'}\t{pl.committed}\t{pl.log_end}\t{pl.lag}")
+
+
+@group_group.command("reset")
+@servers_option
+@click.argument("group")
+@click.argument("topic")
+@click.option("--to", "to", default="earliest", show_default=True,
+              help="earliest, latest, or an offset number.")
+@click.option("--timestamp-ms", type=click.IntRange(0), default=None,
+              help="Instead of --to: the first offset at or after this time (ms since the epoch).")
+@click.option("-p", "--partition", "partitions", type=click.IntRange(0), multiple=True,
+              help="Only these partitions (default all).")
+@click.option("--dry-run", is_flag=True, help="Show what would change without committing.")
+@run_async
+async def group_reset(servers: str, group: str, topic: str, to: str, timestamp_ms: int | None,
+                      partitions: tuple[int, ...], dry_run: bool) -> None:
+    """Move GROUP's committed offsets on TOPIC (the group must have no active members)."""
+    from metaq.client.group.admin import reset_offsets
+
+    target: str | int = _parse_offset(to)
+    async with await _session(servers) as session:
+        moved = await reset_offsets(session, group, topic, target, timestamp_ms=timestamp_ms,
+                                    partitions=list(partitions) or None, dry_run=dry_run)
+    for partition, (old, new) in sorted(moved.items()):
+        click.echo(f"{topic}\t{partition}\t{old} -> {new}")
+    click.echo(("would reset" if dry_run else "reset") + f" {len(moved)} partitions of {topic} for group {group}",
+               err=True)
+
+
 def register(cli: click.Group) -> None:
-    for command in (topic_group, produce, consume, stats, admin_group):
+    for command in (topic_group, produce, consume, stats, admin_group, group_group):
         cli.add_command(command)

@@ -85,6 +85,14 @@ class MessageSessionFactory:
         self._consumers.append(consumer)
         return consumer
 
+    def create_consumer(self, config: Any, offset_storage: Any = None) -> Any:
+        """A group (listener) consumer, MetaQ's ``createConsumer(consumerConfig[, offsetStorage])``:
+        ``subscribe(topic, max_size, listener)`` then ``await complete_subscribe()`` (docs/consumers.md)."""
+        from metaq.client.group import create_consumer
+
+        self._check()
+        return create_consumer(self, config, offset_storage)
+
     def admin(self) -> Admin:
         self._check()
         return Admin(self._core)
