@@ -19,34 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from metaq.fsutil import atomic_write, fsync_directory
+
+__all__ = ["atomic_write", "fsync_directory"]  # re-exported: storage code imports them from here
+
 CHECKPOINT_VERSION = 1
 CLEAN_SHUTDOWN_FILE = "clean-shutdown.json"
-
-
-def fsync_directory(directory: str | os.PathLike[str], sync: Callable[[int], None] = os.fsync) -> None:
-    """Make the directory's entries (new, renamed or removed files) durable."""
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        sync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str | os.PathLike[str], data: bytes, *,
-                 sync: Callable[[int], None] = os.fsync) -> None:
-    """Replace ``path`` with ``data``: temp file, fsync, rename, fsync the directory."""
-    path = os.fspath(path)
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        sync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_directory(os.path.dirname(path) or ".", sync)
 
 
 def write_json(path: str | os.PathLike[str], document: dict[str, Any], *,

@@ -33,6 +33,7 @@ from typing import Any
 
 from metaq.client.connection import raise_for_error
 from metaq.errors import InvalidArgument, error_for_code
+from metaq.fsutil import atomic_write
 from metaq.protocol import messages as m
 from metaq.types import TopicPartition
 
@@ -152,22 +153,8 @@ class LocalFileOffsetStorage(_ThreadedStorage):
             doc.setdefault(tp.topic, {})[str(tp.partition)] = off
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.path(group)
-        tmp = path.with_suffix(".json.tmp")
         data = json.dumps({"group": group, "updated_ms": int(time.time() * 1000), "offsets": doc}).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        if self.fsync:
-            dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+        atomic_write(path, data, sync=os.fsync if self.fsync else None, tmp_path=path.with_suffix(".json.tmp"))
         self._cache[group] = merged
 
     async def load(self, group: str, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:

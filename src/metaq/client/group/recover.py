@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from metaq.errors import CorruptRecordError, InvalidArgument
+from metaq.fsutil import atomic_write, fsync_directory, pid_alive
 from metaq.protocol.records import decode_batch, encode_messages, stamp
 from metaq.types import Message
 
@@ -59,24 +60,12 @@ class RecoverStore:
         stamp(raw, msg.offset, msg.id if msg.id >= 0 else 0, msg.append_time_ms)
         path = self.directory / self._name(msg)
         tmp = self.directory / f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, bytes(raw))
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        self._sync_dir()
+        atomic_write(path, bytes(raw), sync=os.fsync if self.fsync else None, tmp_path=tmp)
         return True
 
     def _sync_dir(self) -> None:
         if self.fsync:
-            dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            fsync_directory(self.directory)
 
     def _list_sync(self) -> list[tuple[str, Message]]:
         if not self.directory.exists():
@@ -152,12 +141,4 @@ def _writer_alive(tmp_name: str) -> bool:
         pid = int(parts[-3])
     except (IndexError, ValueError):
         return False
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid == os.getpid() or pid_alive(pid)

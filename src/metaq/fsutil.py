@@ -1,0 +1,55 @@
+"""Small file-system primitives shared by the storage engine and the client's on-disk stores.
+
+They sit at the bottom of the layers (beside errors) so that both storage and client can use them
+without the client importing storage.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+Sync = Callable[[int], None]
+
+
+def fsync_directory(directory: str | os.PathLike[str], sync: Sync = os.fsync) -> None:
+    """Make the directory's entries (new, renamed or removed files) durable."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        sync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes, *, sync: Sync | None = os.fsync,
+                 tmp_path: str | os.PathLike[str] | None = None) -> None:
+    """Replace ``path`` with ``data`` so a reader sees the old or the new file, never half of one.
+
+    Temp file (``tmp_path``, default ``<path>.tmp``), fsync, rename, fsync the directory. ``sync=None``
+    skips both fsyncs (still atomic against a process crash, not against power loss).
+    """
+    path = os.fspath(path)
+    tmp = os.fspath(tmp_path) if tmp_path is not None else path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if sync is not None:
+            sync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    if sync is not None:
+        fsync_directory(os.path.dirname(path) or ".", sync)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (a process we may not signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
