@@ -109,3 +109,19 @@ def test_a_thousand_connections_held_at_once(broker: BrokerProcess) -> None:
     finally:
         for sock in socks:
             sock.close()
+
+
+def test_retention_runs_on_each_topics_own_delete_when(broker_factory: Callable[..., BrokerProcess]) -> None:
+    config = ("[system]\nnumPartitions=1\nmaxSegmentSize=4096\ndeletePolicy=delete,1s\n\n"
+              "[topic=short]\ndeleteWhen=* * * * * ?\n\n"   # every second, this topic only
+              "[topic=kept]\n")                              # [system]'s deleteWhen: 06:00 and 18:00
+    broker = broker_factory(config_text=config)
+    with connect(broker.servers) as session:
+        producer = session.create_producer()
+        for topic in ("short", "kept"):
+            for _ in range(20):  # 20 batches of ~1 KiB: several 4 KiB segments
+                assert producer.send_batch(topic, [b"x" * 100] * 8).success
+        consumer = session.create_pull_consumer()
+        wait_until(lambda: consumer.offsets("short", 0)[0] > 0, timeout_s=30,
+                   message="old segments of 'short' to be deleted by its per-topic deleteWhen")
+        assert consumer.offsets("kept", 0)[0] == 0

@@ -20,6 +20,7 @@ log = logging.getLogger("metaq.broker")
 
 SHUTDOWN_DRAIN_S = 10.0
 STATS_WINDOW_S = 10.0
+RETENTION_RESCHEDULE_S = 60.0
 
 
 def install_event_loop(kind: str) -> None:
@@ -85,17 +86,35 @@ async def _roll_stats(broker: Broker) -> None:
 
 
 async def _retention(broker: Broker) -> None:
-    """Apply deletePolicy on the deleteWhen cron schedule."""
+    """Apply each topic's deletePolicy on its own deleteWhen cron schedule ([topic=...] may override it).
+
+    Re-reads the schedule at least every RETENTION_RESCHEDULE_S so reloads and new topics are picked up.
+    """
     loop = asyncio.get_running_loop()
+    next_due: dict[str, int] = {}
     while True:
         now_ms = int(time.time() * 1000)
-        due_ms = next_run_ms(broker.config.delete_when, now_ms)
-        await asyncio.sleep(max(0.0, (due_ms - now_ms) / 1000))
-        try:
-            removed = await loop.run_in_executor(None, broker.logs.run_retention)
-            log.info("retention run removed %s", removed or "nothing")
-        except Exception:
-            log.exception("retention run failed")
+        by_expr: dict[str, list[str]] = {}
+        for topic, state in list(broker.topics.items()):
+            by_expr.setdefault(state.settings.delete_when, []).append(topic)
+        for expr in list(next_due):
+            if expr not in by_expr:
+                del next_due[expr]
+        for expr in by_expr:
+            if expr not in next_due:
+                next_due[expr] = next_run_ms(expr, now_ms)
+        for expr, due_ms in list(next_due.items()):
+            if due_ms > now_ms:
+                continue
+            topics = by_expr[expr]
+            try:
+                removed = await loop.run_in_executor(None, broker.apply_retention, topics)
+                log.info("retention (%s) on %d topics removed %s", expr, len(topics), removed or "nothing")
+            except Exception:  # retention failing must not stop the broker
+                log.exception("retention run failed")
+            next_due[expr] = next_run_ms(expr, int(time.time() * 1000))
+        wait_ms = min([d - int(time.time() * 1000) for d in next_due.values()], default=RETENTION_RESCHEDULE_S * 1000)
+        await asyncio.sleep(max(0.0, min(wait_ms / 1000, RETENTION_RESCHEDULE_S)))
 
 
 def run(config: BrokerConfig, *, config_path: str | None = None, overrides: dict[str, str] | None = None,

@@ -201,6 +201,18 @@ class Broker:
                 self._ensure_topic(topic, None)
         return sorted(affected)
 
+    def apply_retention(self, topics: list[str]) -> dict[str, list[int]]:
+        """deletePolicy for these topics' partitions (blocking: run in an executor); removed segments."""
+        removed: dict[str, list[int]] = {}
+        for topic in topics:
+            for partition in self.logs.partitions(topic):
+                plog = self.logs.get(topic, partition)
+                if plog is not None:
+                    gone = plog.apply_retention()
+                    if gone:
+                        removed[f"{topic}-{partition}"] = gone
+        return removed
+
     # -- request plumbing ---------------------------------------------------------------------
 
     def dispatch(self, event: RequestEvent) -> Any:
