@@ -47,6 +47,7 @@ never altered.
 
 from __future__ import annotations
 
+import gc
 import struct
 import sys
 from array import array
@@ -740,6 +741,19 @@ def decode_batch(batch: bytes | memoryview, topic: str = "", partition: int = -1
     cols = _Columns.parse(raw, header, producer=False)
     if not cols.n:
         return []
+    # Messages hold bytes, str, ints and tuples only: building them cannot create reference cycles, yet
+    # every 700 allocations the cyclic GC would scan them (about a third of decoding time). Pause it
+    # for the loop and restore whatever state it was in.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _messages(cols, raw, header, topic, partition)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _messages(cols: _Columns, raw: bytes, header: BatchHeader, topic: str, partition: int) -> list[Message]:
     values = cols.values()
     base_offset, base_id, append_time = header.base_offset, header.base_message_id, header.append_time_ms
     if cols.no_keys and cols.no_attrs and cols.no_headers:
