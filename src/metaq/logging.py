@@ -61,6 +61,7 @@ from typing import Any
 from metaq.client.selectors import PartitionSelector
 from metaq.client.session import MessageSessionFactory
 from metaq.errors import InvalidArgument
+from metaq.fsutil import pid_alive
 from metaq.types import Message, validate_topic
 
 __all__ = ["HandlerStats", "JsonFormatter", "MetaqHandler"]
@@ -152,7 +153,7 @@ class _Spill:
                 pid = int(pid_text)
             except ValueError:
                 continue
-            if (pid == self.pid and token in _LIVE_TOKENS) or (pid != self.pid and _alive(pid)):
+            if (pid == self.pid and token in _LIVE_TOKENS) or (pid != self.pid and pid_alive(pid)):
                 continue
             candidates.append(path)
         for path in sorted(candidates, key=lambda p: p.name.split("-")[-2:]):
@@ -214,16 +215,6 @@ class _Spill:
             self.bytes -= path.stat().st_size
             path.unlink()
         self.records -= records
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _read_all(path: Path) -> list[Item]:
