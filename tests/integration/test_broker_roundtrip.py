@@ -63,3 +63,4 @@ def test_single_sends_with_key_attribute_and_headers_come_back_whole(broker: Bro
             b"\x00payload\xff", "tag-a", b"user-7", [("trace", b"abc"), ("hop", b"")])
         assert got.id == result.message_id
         assert got.append_time_ms > 0
+        assert abs(got.timestamp_ms - got.append_time_ms) < 60_000  # stamped by the producer when sent

@@ -58,13 +58,12 @@ class ProducerBatch:
         "batch_waiter",
         "broker_id",
         "count",
+        "created_ms",
         "created_s",
         "deadline_s",
-        "first_ts",
         "headers",
         "key",
         "keys",
-        "max_ts",
         "partition",
         "payload",
         "size_bytes",
@@ -78,6 +77,7 @@ class ProducerBatch:
         self.key = key
         self.topic, self.partition, self.broker_id, self.acks = key
         self.created_s = created_s
+        self.created_ms = int(time.time() * 1000)
         self.deadline_s = deadline_s
         self.values: list[bytes] = []
         self.timestamps: list[int] = []
@@ -88,8 +88,6 @@ class ProducerBatch:
         self.waiters: list[Any] = []
         self.count = 0
         self.size_bytes = HEADER_BYTES
-        self.first_ts = 0
-        self.max_ts = 0
         self.payload: bytes | None = None
         self.batch_waiter: Any = None
         self.attempts = 0
@@ -105,6 +103,10 @@ class ProducerBatch:
 
     def add(self, timestamp_ms: int, value: bytes, key: bytes | None, attribute: str | None,
             headers: Sequence[tuple[str, bytes]] | None, waiter: Any, size: int) -> None:
+        """Append one record; a negative ``timestamp_ms`` means "now" (the batch's creation time,
+        read once per batch instead of once per message)."""
+        if timestamp_ms < 0:
+            timestamp_ms = self.created_ms
         i = len(self.values)
         self.values.append(value)
         self.timestamps.append(timestamp_ms)
@@ -174,10 +176,6 @@ class Accumulator:
         if batch is None:
             return self._start(key, timestamp_ms, value, msg_key, attribute, headers, waiter, linger_s, size)
         batch.add(timestamp_ms, value, msg_key, attribute, headers, waiter, size)
-        if timestamp_ms < batch.first_ts:
-            batch.first_ts = timestamp_ms
-        elif timestamp_ms > batch.max_ts:
-            batch.max_ts = timestamp_ms
         if batch.size_bytes >= self.batch_bytes:
             del self._open[key]
             return (batch,)
@@ -189,7 +187,6 @@ class Accumulator:
         now = self._clock()
         batch = ProducerBatch(key, now, now + linger_s)
         batch.add(timestamp_ms, value, msg_key, attribute, headers, waiter, size)
-        batch.first_ts = batch.max_ts = timestamp_ms
         if batch.size_bytes >= self.batch_bytes:
             return (batch,)
         self._open[key] = batch

@@ -467,12 +467,10 @@ class Producer:
             key: BatchKey = (topic, p.partition, p.broker_id, acks)
         else:
             key = (topic, ANY_PARTITION, self._core.default_broker_id, acks)
-        ts = message.timestamp_ms
-        if ts < 0:
-            ts = int(time.time() * 1000)
         acc = self._acc
-        sealed = acc.append(key, ts, message.data, message.key, message.attribute, message.headers, waiter,
-                            self._linger_s if self._busy.get(key) else 0.0, size)
+        # a message without a timestamp gets its batch's creation time (ProducerBatch.add)
+        sealed = acc.append(key, message.timestamp_ms, message.data, message.key, message.attribute,
+                            message.headers, waiter, self._linger_s if self._busy.get(key) else 0.0, size)
         self._buffered += size
         for batch in sealed:
             self._dispatch(batch)
