@@ -40,6 +40,7 @@ class CountingSync:
     def reset(self) -> None:
         with self.lock:
             self.calls = 0
+        self.entered.clear()
 
 
 @pytest.fixture
