@@ -237,6 +237,41 @@ class SyncAdmin:
         return self._lt.run(self.admin.list_offsets(topic, partition, timestamp_ms))
 
 
+class SyncGroupConsumer:
+    """Blocking wrapper of the group (listener) consumer: MetaQ's shape for scripts.
+
+    ``subscribe(...)`` then ``complete_subscribe()``; listeners run as in the async consumer (sync
+    listeners in its thread pool). ``close()`` commits and leaves the group.
+    """
+
+    def __init__(self, lt: _LoopThread, consumer: Any) -> None:
+        self._lt = lt
+        self.consumer = consumer
+
+    def subscribe(self, topic: str, max_size: int, listener: Any, message_filter: Any = None) -> SyncGroupConsumer:
+        self._lt.call(self.consumer.subscribe, topic, max_size, listener, message_filter)
+        return self
+
+    def complete_subscribe(self) -> None:
+        self._lt.run(self.consumer.complete_subscribe())
+
+    def commit(self) -> None:
+        self._lt.run(self.consumer.commit())
+
+    def assignment(self) -> list[Any]:
+        return self._lt.call(self.consumer.assignment)
+
+    def close(self) -> None:
+        if not self._lt.stopped:
+            self._lt.run(self.consumer.close())
+
+    def __enter__(self) -> SyncGroupConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class SyncSessionFactory:
     """Blocking wrapper of :class:`~metaq.client.session.MessageSessionFactory`. Use :func:`connect`."""
 
@@ -268,6 +303,10 @@ class SyncSessionFactory:
 
     def create_pull_consumer(self, *, verify_crc: bool = True) -> SyncPullConsumer:
         return SyncPullConsumer(self._lt, self._lt.call(self.session.create_pull_consumer, verify_crc=verify_crc))
+
+    def create_consumer(self, config: Any, offset_storage: Any = None) -> SyncGroupConsumer:
+        """A group consumer (``metaq.client.group.ConsumerConfig``), see docs/consumers.md."""
+        return SyncGroupConsumer(self._lt, self._lt.call(self.session.create_consumer, config, offset_storage))
 
     def admin(self) -> SyncAdmin:
         return SyncAdmin(self._lt, self._lt.call(self.session.admin))
