@@ -9,7 +9,7 @@ because the caller fixes them in different places.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 
 class MetaqError(Exception):
@@ -45,6 +45,20 @@ class ConnectionClosedError(MetaqError):
     retriable = True
 
 
+class BufferFullError(MetaqError):
+    """The producer already holds ``max_buffered_bytes`` of unsent or unacknowledged messages.
+
+    Only the non-waiting calls (``send_async``, ``send_oneway``) report it; ``send`` and
+    ``send_batch`` wait for room instead. Retriable once earlier sends complete.
+    """
+
+    retriable = True
+
+
+class ClientClosedError(MetaqError):
+    """The producer, consumer or session was closed; create a new one."""
+
+
 class RequestTimeoutError(MetaqError):
     """No reply came within the request timeout; the request may still be applied by the broker."""
 
@@ -60,8 +74,11 @@ class BrokerError(MetaqError):
     refresh_metadata: ClassVar[bool] = False
     hint: ClassVar[str] = ""
 
-    def __init__(self, message: str = "") -> None:
+    def __init__(self, message: str = "", response: Any = None) -> None:
         self.message = message or self.hint or self.name
+        self.response = response
+        """The response that carried the error, when it came from a broker (its other fields may help:
+        a FetchResponse's log range, for instance)."""
         super().__init__(f"[{self.name}] {self.message}")
 
 
@@ -110,6 +127,13 @@ class OffsetOutOfRangeError(BrokerError):
     code = 1
     name = "OFFSET_OUT_OF_RANGE"
     hint = "the offset is outside the partition's [earliest, latest] range"
+
+    def __init__(self, message: str = "", response: Any = None) -> None:
+        super().__init__(message, response)
+        self.earliest: int = getattr(response, "log_start_offset", -1)
+        """The partition's earliest offset when known (-1 otherwise)."""
+        self.latest: int = getattr(response, "log_end_offset", -1)
+        """The partition's next offset to be written when known (-1 otherwise)."""
 
 
 @_register
@@ -226,12 +250,12 @@ class MessageNotFoundError(BrokerError):
     hint = "no message with this id on this broker (expired by retention, or another broker's id)"
 
 
-def error_for_code(code: int, message: str = "") -> BrokerError:
+def error_for_code(code: int, message: str = "", response: Any = None) -> BrokerError:
     """The exception instance for a wire code; unknown codes become UnknownServerError."""
     cls = _BY_CODE.get(code)
     if cls is None:
-        return UnknownServerError(f"code {code}: {message}")
-    return cls(message)
+        return UnknownServerError(f"code {code}: {message}", response)
+    return cls(message, response)
 
 
 def error_class(code: int) -> type[BrokerError]:

@@ -70,9 +70,7 @@ def raise_for_error(response: Any) -> Any:
     """Return ``response``, or raise its error (with ``exc.response`` set) when error_code != 0."""
     code = response.error_code
     if code:
-        exc = error_for_code(code, response.error_message or "")
-        exc.response = response  # type: ignore[attr-defined]
-        raise exc
+        raise error_for_code(code, response.error_message or "", response)
     return response
 
 

@@ -101,12 +101,12 @@ class Fetcher:
                            partial=bool(records) and not messages and next_offset == start)
 
     async def _attach_range(self, exc: OffsetOutOfRangeError, topic: str, p: Partition) -> None:
+        if exc.earliest >= 0 and exc.latest >= 0:
+            return  # the broker's reply carried the range
         try:
-            earliest, latest = await offsets_of(self._core, topic, p)
+            exc.earliest, exc.latest = await offsets_of(self._core, topic, p)
         except Exception:  # the range is a courtesy; the out-of-range error is what matters
-            earliest = latest = -1
-        exc.earliest = earliest  # type: ignore[attr-defined]
-        exc.latest = latest  # type: ignore[attr-defined]
+            pass
 
 
 async def offsets_of(core: ClientCore, topic: str, partition: Partition) -> tuple[int, int]:

@@ -89,9 +89,8 @@ class BrokerOffsetStorage(OffsetStorage):
         refused = [e for e in resp.results if e.error_code]
         if refused:
             where = [(e.topic, e.partition) for e in refused]
-            exc = error_for_code(refused[0].error_code, f"offsets refused for {where}: {resp.error_message or ''}")
-            exc.response = resp  # type: ignore[attr-defined]
-            raise exc
+            raise error_for_code(refused[0].error_code, f"offsets refused for {where}: {resp.error_message or ''}",
+                                 resp)
 
 
 class _ThreadedStorage(OffsetStorage):
