@@ -109,6 +109,21 @@ class _ThreadedStorage(OffsetStorage):
     def _close_sync(self) -> None:
         pass
 
+    async def load(self, group: str, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        result: dict[TopicPartition, int] = await self._run(self._load_sync, group, list(partitions))
+        return result
+
+    async def commit(self, group: str, offsets: Mapping[TopicPartition, int], *, generation: int = m.NO_GENERATION,
+                     member_id: str = "") -> None:
+        if offsets:
+            await self._run(self._commit_sync, group, dict(offsets))
+
+    def _load_sync(self, group: str, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        raise NotImplementedError
+
+    def _commit_sync(self, group: str, offsets: dict[TopicPartition, int]) -> None:
+        raise NotImplementedError
+
 
 _SAFE = re.compile(r"[^A-Za-z0-9._@-]")
 
@@ -156,14 +171,6 @@ class LocalFileOffsetStorage(_ThreadedStorage):
         atomic_write(path, data, sync=os.fsync if self.fsync else None, tmp_path=path.with_suffix(".json.tmp"))
         self._cache[group] = merged
 
-    async def load(self, group: str, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        result: dict[TopicPartition, int] = await self._run(self._load_sync, group, list(partitions))
-        return result
-
-    async def commit(self, group: str, offsets: Mapping[TopicPartition, int], *, generation: int = m.NO_GENERATION,
-                     member_id: str = "") -> None:
-        if offsets:
-            await self._run(self._commit_sync, group, dict(offsets))
 
 
 TABLE = "metaq_offsets"
@@ -223,14 +230,6 @@ class SqlOffsetStorage(_ThreadedStorage):
             self._conn.close()
             self._conn = None
 
-    async def load(self, group: str, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        result: dict[TopicPartition, int] = await self._run(self._load_sync, group, list(partitions))
-        return result
-
-    async def commit(self, group: str, offsets: Mapping[TopicPartition, int], *, generation: int = m.NO_GENERATION,
-                     member_id: str = "") -> None:
-        if offsets:
-            await self._run(self._commit_sync, group, dict(offsets))
 
 
 class SqliteOffsetStorage(SqlOffsetStorage):
