@@ -6,9 +6,6 @@ from collections.abc import Coroutine
 from typing import Any
 
 import pytest
-
-pytest.importorskip("metaq.testing.broker")
-
 import uvloop
 
 from metaq.client import Message, MessageSessionFactory, Partition

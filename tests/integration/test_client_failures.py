@@ -12,10 +12,6 @@ import signal
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-import pytest
-
-pytest.importorskip("metaq.testing.broker")
-
 import uvloop
 
 from metaq.client import Message, MessageSessionFactory, Partition, Producer

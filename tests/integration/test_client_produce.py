@@ -12,9 +12,6 @@ from collections.abc import Coroutine
 from typing import Any
 
 import pytest
-
-pytest.importorskip("metaq.testing.broker")
-
 import uvloop
 
 from metaq.client import KeyHashSelector, Message, MessageSessionFactory, SendResult

@@ -7,8 +7,6 @@ import threading
 
 import pytest
 
-pytest.importorskip("metaq.testing.broker")
-
 from metaq.client import Message, SendResult, connect
 from metaq.client.exceptions import ClientClosedError
 from metaq.errors import ConnectionClosedError, UnknownTopicError

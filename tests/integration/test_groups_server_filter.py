@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 import time
 from pathlib import Path
 
-import pytest
 import uvloop
 
-import metaq.broker.server as broker_server
 from metaq.client import Message, MessageSessionFactory
 from metaq.client.group import ConsumerConfig, create_consumer
 from metaq.testing.broker import BrokerProcess
-
-pytestmark = pytest.mark.skipif("group_filter" not in inspect.getsource(broker_server),
-                                reason="the broker's fetch handler does not apply group filters yet")
 
 FILTER_MODULE = '''
 def only_vip(message):
