@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 import time
 from collections import Counter
@@ -17,14 +16,9 @@ import pytest
 from metaq.client import connect
 from metaq.logging import MetaqHandler
 from metaq.testing.broker import BrokerProcess, wait_until
+from metaq.testing.ports import unused_port
 
 TOPIC = "app-logs"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -110,7 +104,7 @@ def test_records_arrive_with_fields_attribute_and_key(broker: BrokerProcess, log
 
 def test_broker_down_logging_returns_at_once_and_records_arrive_later(
         tmp_path: Path, logger: logging.Logger) -> None:
-    port = _free_port()
+    port = unused_port()
     handler = MetaqHandler(f"127.0.0.1:{port}", TOPIC, retry_backoff_max_s=0.5, error_interval_s=60)
     logger.addHandler(handler)
     elapsed = _log_many(logger, 10_000)
@@ -125,7 +119,7 @@ def test_broker_down_logging_returns_at_once_and_records_arrive_later(
 
 
 def test_broker_killed_mid_stream_at_least_once(tmp_path: Path, logger: logging.Logger) -> None:
-    port = _free_port()
+    port = unused_port()
     broker = BrokerProcess(tmp_path / "broker", {"numPartitions": 2, "unflushThreshold": 0}, port=port).start()
     handler = MetaqHandler(broker.servers, TOPIC, batch_records=200, retry_backoff_max_s=0.5, error_interval_s=60)
     logger.addHandler(handler)
@@ -159,7 +153,7 @@ def test_broker_killed_mid_stream_at_least_once(tmp_path: Path, logger: logging.
 
 
 def test_memory_bound_drops_oldest_without_spill_dir(tmp_path: Path, logger: logging.Logger) -> None:
-    port = _free_port()
+    port = unused_port()
     handler = MetaqHandler(f"127.0.0.1:{port}", TOPIC, max_buffered_records=1000, batch_records=100,
                            retry_backoff_max_s=0.3, error_interval_s=60)
     logger.addHandler(handler)
@@ -175,7 +169,7 @@ def test_memory_bound_drops_oldest_without_spill_dir(tmp_path: Path, logger: log
 
 
 def test_spill_dir_keeps_everything_beyond_the_memory_bound(tmp_path: Path, logger: logging.Logger) -> None:
-    port = _free_port()
+    port = unused_port()
     handler = MetaqHandler(f"127.0.0.1:{port}", TOPIC, max_buffered_records=500, batch_records=100,
                            spill_dir=tmp_path / "spill", retry_backoff_max_s=0.3, error_interval_s=60)
     logger.addHandler(handler)
@@ -190,7 +184,7 @@ def test_spill_dir_keeps_everything_beyond_the_memory_bound(tmp_path: Path, logg
 
 
 def test_close_keeps_unsent_records_for_the_next_handler(tmp_path: Path, logger: logging.Logger) -> None:
-    port = _free_port()
+    port = unused_port()
     spill = tmp_path / "spill"
     first = MetaqHandler(f"127.0.0.1:{port}", TOPIC, spill_dir=spill, error_interval_s=60)
     logger.addHandler(first)
@@ -215,7 +209,7 @@ def test_the_application_never_sees_an_exception(tmp_path: Path, logger: logging
             raise RuntimeError("key_func bug")
         return "k"
 
-    handler = MetaqHandler(f"127.0.0.1:{_free_port()}", TOPIC, key_func=bad_key, error_interval_s=60,
+    handler = MetaqHandler(f"127.0.0.1:{unused_port()}", TOPIC, key_func=bad_key, error_interval_s=60,
                            retry_backoff_max_s=0.2)
     logger.addHandler(handler)
     logger.info("%d apples", "not a number")  # a formatting error in the application's call

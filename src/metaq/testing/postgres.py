@@ -18,10 +18,11 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from metaq.testing.ports import unused_port
 
 
 class PostgresUnavailable(RuntimeError):
@@ -36,12 +37,6 @@ def postgres_bin_dir() -> Path:
             return Path(d)
     raise PostgresUnavailable("PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/initdb); "
                               "run scripts/system-deps.sh (apt-get install postgresql)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PostgresServer:
@@ -83,7 +78,7 @@ class PostgresServer:
                   "--no-sync")
         last: Exception | None = None
         for _attempt in range(5):  # the free port can be taken between our probe and the server's bind
-            self.port = _free_port()
+            self.port = unused_port()
             opts = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off "
                     "-c synchronous_commit=off -c full_page_writes=off")
             try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from metaq_spark_testutil import (
 from metaq.client.blocking import BlockingClient
 from metaq.protocol.messages import CreateTopicRequest
 from metaq.testing.broker import BrokerProcess, wait_until
+from metaq.testing.ports import unused_port
 
 pytestmark = [pytest.mark.spark]
 
@@ -256,14 +256,6 @@ def test_stream_write_copies_a_topic(spark: Any, broker: BrokerProcess, tmp_path
 
 # -- bad options ----------------------------------------------------------------------------------
 
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 @pytest.mark.parametrize("case", ["unknown topic", "malformed startingOffsets", "servers down",
                                   "unknown partition"])
 def test_bad_options_fail_naming_the_option(spark: Any, broker: BrokerProcess, case: str) -> None:
@@ -276,7 +268,7 @@ def test_bad_options_fail_naming_the_option(spark: Any, broker: BrokerProcess, c
     elif case == "malformed startingOffsets":
         options["startingOffsets"] = '{"known": {"0": "ten"}}'
     elif case == "servers down":
-        options["servers"] = f"127.0.0.1:{_closed_port()}"
+        options["servers"] = f"127.0.0.1:{unused_port()}"
     else:
         options["startingOffsets"] = '{"known": {"9": 0}}'
     reader = spark.read.format("metaq")
@@ -305,6 +297,6 @@ def test_latest_stream_without_checkpoint_location_is_refused(spark: Any, broker
 
 
 def test_blocking_client_names_servers_when_down() -> None:
-    servers = f"127.0.0.1:{_closed_port()}"
+    servers = f"127.0.0.1:{unused_port()}"
     with pytest.raises(Exception, match=servers):
         BlockingClient(servers, timeout_s=2)

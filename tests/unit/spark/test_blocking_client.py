@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +10,7 @@ from spark_fake_broker import FakeBroker
 from metaq.client.blocking import BlockingClient, ProduceItem, parse_servers
 from metaq.errors import ConnectionClosedError, InvalidArgument, OffsetOutOfRangeError, UnknownTopicError
 from metaq.protocol.records import decode_fetched, encode_values
+from metaq.testing.ports import unused_port
 
 
 @pytest.fixture
@@ -18,14 +18,6 @@ def fake() -> Iterator[FakeBroker]:
     broker = FakeBroker({"t": 2})
     yield broker
     broker.stop()
-
-
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def test_parse_servers() -> None:
@@ -81,14 +73,14 @@ def test_errors_are_typed(fake: FakeBroker) -> None:
 
 
 def test_connection_refused_names_servers() -> None:
-    port = _closed_port()
+    port = unused_port()
     servers = f"127.0.0.1:{port}"
     with pytest.raises(ConnectionClosedError, match=f"servers='{servers}'"):
         BlockingClient(servers, timeout_s=2)
 
 
 def test_first_reachable_server_is_used(fake: FakeBroker) -> None:
-    servers = f"127.0.0.1:{_closed_port()},{fake.servers}"
+    servers = f"127.0.0.1:{unused_port()},{fake.servers}"
     with BlockingClient(servers) as client:
         assert client.partitions_for("t") == [0, 1]
         assert client.produce("t", 0, encode_values([b"q"], 1)) is not None
