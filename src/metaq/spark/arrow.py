@@ -332,11 +332,7 @@ def fetch_to_arrow(records: bytes | memoryview, topic: str, partition: int, star
     next_offset = start
     first_base = -1
     view = memoryview(records)
-    for pos, header in iter_batches(view):
-        if header.next_offset <= start:
-            continue
-        if header.base_offset >= end:
-            break
+    for pos, header in _batches_in_range(view, start, end):
         if first_base < 0:
             first_base = header.base_offset
         _, cols = batch_columns(view[pos:pos + header.total_bytes], header, verify=True)
@@ -349,8 +345,6 @@ def fetch_to_arrow(records: bytes | memoryview, topic: str, partition: int, star
             rows = _Rows()
             rows.add(header, cols, lo, hi)
         next_offset = min(header.next_offset, end)
-        if next_offset >= end:
-            break
     if rows.n:
         out.append(rows.build(topic, partition))
     return out, next_offset, first_base
@@ -418,19 +412,25 @@ def decode_range(records: bytes | memoryview, topic: str, partition: int, start:
     out: list[Message] = []
     next_offset = start
     view = memoryview(records)
-    for pos, header in iter_batches(view):
-        if header.next_offset <= start:
-            continue
-        if header.base_offset >= end:
-            break
+    for pos, header in _batches_in_range(view, start, end):
         msgs = decode_batch(view[pos:pos + header.total_bytes], topic, partition, header)
         if header.base_offset < start or header.next_offset > end:
             msgs = [m for m in msgs if start <= m.offset < end]
         out.extend(msgs)
         next_offset = min(header.next_offset, end)
-        if next_offset >= end:
-            break
     return out, next_offset
+
+
+def _batches_in_range(view: memoryview, start: int, end: int) -> Iterator[tuple[int, BatchHeader]]:
+    """(position, header) of the whole batches of a fetch reply holding offsets in [start, end)."""
+    for pos, header in iter_batches(view):
+        if header.next_offset <= start:
+            continue
+        if header.base_offset >= end:
+            return
+        yield pos, header
+        if header.next_offset >= end:
+            return
 
 
 # -- reading a range --------------------------------------------------------------------------------
