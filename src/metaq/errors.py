@@ -250,6 +250,43 @@ class MessageNotFoundError(BrokerError):
     hint = "no message with this id on this broker (expired by retention, or another broker's id)"
 
 
+@_register
+class StoredDataCorruptError(BrokerError):
+    """A stored batch failed its checks when read: the broker's copy is damaged (disk, not producer).
+
+    ``offset`` is where the damage starts and ``resume_offset`` the first offset after it that is intact
+    (-1 when unknown); skipping to ``resume_offset`` loses ``resume_offset - offset`` messages.
+    """
+
+    code = 74
+    name = "STORED_DATA_CORRUPT"
+    hint = ("a stored record batch is damaged; `metaq admin verify` lists damaged ranges, and a consumer "
+            "may skip to the next intact offset (docs/operations.md)")
+
+    def __init__(self, message: str = "", response: Any = None, *, offset: int = -1,
+                 resume_offset: int = -1) -> None:
+        super().__init__(message, response)
+        self.offset: int = getattr(response, "damaged_offset", offset) if response is not None else offset
+        self.resume_offset: int = (getattr(response, "resume_offset", resume_offset) if response is not None
+                                   else resume_offset)
+
+
+@_register
+class DiskFullError(BrokerError):
+    code = 507
+    name = "DISK_FULL"
+    retriable = True
+    hint = "the broker's disk is full: it serves reads but refuses writes until space is freed"
+
+
+@_register
+class TooManyConnectionsError(BrokerError):
+    code = 431
+    name = "TOO_MANY_CONNECTIONS"
+    retriable = True
+    hint = "the broker has maxConnections connections open; close idle ones or retry later"
+
+
 def error_for_code(code: int, message: str = "", response: Any = None) -> BrokerError:
     """The exception instance for a wire code; unknown codes become UnknownServerError."""
     cls = _BY_CODE.get(code)
