@@ -24,7 +24,17 @@ class ProtocolError(MetaqError):
 
 
 class CorruptRecordError(ProtocolError):
-    """A record batch whose checksum or structure is wrong."""
+    """A record batch whose checksum or structure is wrong.
+
+    When it comes from reading a partition, ``offset`` is where the damage starts (-1 if unknown) and
+    ``resume_offset`` the first offset after it known to be intact (-1 if unknown): messages before
+    ``offset`` were delivered, and skipping to ``resume_offset`` loses the ones in between.
+    """
+
+    def __init__(self, message: str = "", *, offset: int = -1, resume_offset: int = -1) -> None:
+        super().__init__(message)
+        self.offset = offset
+        self.resume_offset = resume_offset
 
 
 class ConfigError(MetaqError):
@@ -251,8 +261,9 @@ class MessageNotFoundError(BrokerError):
 
 
 @_register
-class StoredDataCorruptError(BrokerError):
-    """A stored batch failed its checks when read: the broker's copy is damaged (disk, not producer).
+class StoredDataCorruptError(BrokerError, CorruptRecordError):
+    """A stored batch failed its checks when the broker read it: its copy is damaged (the disk, not the
+    producer). A CorruptRecordError too, so one ``except`` covers damage found by broker or client.
 
     ``offset`` is where the damage starts and ``resume_offset`` the first offset after it that is intact
     (-1 when unknown); skipping to ``resume_offset`` loses ``resume_offset - offset`` messages.
@@ -266,9 +277,9 @@ class StoredDataCorruptError(BrokerError):
     def __init__(self, message: str = "", response: Any = None, *, offset: int = -1,
                  resume_offset: int = -1) -> None:
         super().__init__(message, response)
-        self.offset: int = getattr(response, "damaged_offset", offset) if response is not None else offset
-        self.resume_offset: int = (getattr(response, "resume_offset", resume_offset) if response is not None
-                                   else resume_offset)
+        self.offset = getattr(response, "damaged_offset", offset) if response is not None else offset
+        self.resume_offset = getattr(response, "resume_offset", resume_offset) if response is not None \
+            else resume_offset
 
 
 @_register

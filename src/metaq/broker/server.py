@@ -42,6 +42,7 @@ from metaq.errors import (
     ProtocolError,
     StorageError,
     StorageFailureError,
+    StoredDataCorruptError,
     TopicExistsError,
     UnknownPartitionError,
     UnknownServerError,
@@ -51,6 +52,7 @@ from metaq.protocol import messages as m
 from metaq.protocol.codec import NEED_DATA, BadRequest, RequestEvent, RequestHeader, ServerConnection
 from metaq.protocol.records import validate_batch
 from metaq.storage import LogConfig, LogManager, OffsetOutOfRange, PartitionLog
+from metaq.storage.errors import DamagedData
 from metaq.types import validate_topic
 
 log = logging.getLogger("metaq.broker")
@@ -125,7 +127,7 @@ class Broker:
             0: self.handle_api_versions, 1: self.handle_metadata, 2: self.handle_create_topic,
             3: self.handle_delete_topic, 4: self.handle_produce, 5: self.handle_fetch,
             6: self.handle_list_offsets, 12: self.handle_stats, 15: self.handle_partition_state,
-            16: self.handle_reload, 17: self.handle_lookup_message,
+            16: self.handle_reload, 17: self.handle_lookup_message, 18: self.handle_verify,
         }
         self.port = 0
         self.host = config.host_name
@@ -234,6 +236,8 @@ class Broker:
             code, msg = exc.code, exc.message
         elif isinstance(exc, OffsetOutOfRange):
             code, msg = OffsetOutOfRangeError.code, str(exc)
+        elif isinstance(exc, DamagedData):
+            code, msg = StoredDataCorruptError.code, str(exc)
         elif isinstance(exc, InvalidArgument):
             code, msg = InvalidRequestError.code, str(exc)
         elif isinstance(exc, ProtocolError):
@@ -401,10 +405,16 @@ class Broker:
         counters = self.stats.partition(req.topic, req.partition)
         counters.get_requests += 1
         try:
-            fslice = plog.read(offset, max_bytes)
-        except OffsetOutOfRange:
-            offset, reset = self._resolve_fetch_offset(plog, offset)
-            fslice = plog.read(offset, max_bytes)
+            try:
+                fslice = plog.read(offset, max_bytes)
+            except OffsetOutOfRange:
+                offset, reset = self._resolve_fetch_offset(plog, offset)
+                fslice = plog.read(offset, max_bytes)
+        except DamagedData as exc:
+            counters.corrupt_reads += 1
+            return m.FetchResponse(error_code=StoredDataCorruptError.code, error_message=str(exc),
+                                   log_start_offset=plog.log_start_offset, log_end_offset=plog.log_end_offset,
+                                   damaged_offset=exc.offset, resume_offset=exc.resume_offset)
         response = m.FetchResponse(log_start_offset=plog.log_start_offset, log_end_offset=plog.log_end_offset,
                                    reset_offset=reset)
         if fslice.size == 0:
@@ -454,7 +464,25 @@ class Broker:
                 if plog is not None:
                     pstats["log_start_offset"] = plog.log_start_offset
                     pstats["log_end_offset"] = plog.log_end_offset
+        snap["storage"] = self.storage_report(req.topic)
         return m.StatsResponse(stats_json=json.dumps(snap).encode())
+
+    def storage_report(self, topic: str | None) -> dict[str, Any]:
+        """Partitions with something to say about their data: a recovery cut at open, damaged ranges."""
+        out: dict[str, Any] = {}
+        for plog in sorted(self.logs.logs(), key=lambda lg: (lg.topic, lg.partition)):
+            tname, partition = plog.topic, plog.partition
+            if topic is not None and tname != topic:
+                continue
+            entry: dict[str, Any] = {}
+            if not plog.recovery.clean:
+                entry["recovery"] = plog.recovery.to_json()
+            damaged = plog.damaged_ranges
+            if damaged:
+                entry["damaged"] = [r.to_json() for r in damaged]
+            if entry:
+                out[f"{tname}-{partition}"] = entry
+        return out
 
     def handle_partition_state(self, req: m.PartitionStateRequest) -> m.PartitionStateResponse:
         self._check_topic_name(req.topic)
@@ -491,6 +519,22 @@ class Broker:
         if plog is None or not plog.log_start_offset <= offset < plog.log_end_offset:
             raise MessageNotFoundError(f"message {req.message_id:032x} is no longer stored (retention)")
         return m.LookupMessageResponse(topic=topic, partition=partition, offset=offset)
+
+    async def handle_verify(self, req: m.VerifyRequest) -> m.VerifyResponse:
+        """Scrub partitions (every byte and index entry) in a worker thread; reads go on meanwhile."""
+        if req.topic is not None:
+            self._check_topic_name(req.topic)
+            if req.topic not in self.topics:
+                raise UnknownTopicError(f"topic {req.topic!r} does not exist")
+        targets = [plog for plog in sorted(self.logs.logs(), key=lambda lg: (lg.topic, lg.partition))
+                   if (req.topic is None or plog.topic == req.topic)
+                   and (req.partition < 0 or plog.partition == req.partition)]
+        if req.topic is not None and req.partition >= 0 and not targets:
+            raise UnknownPartitionError(f"topic {req.topic!r} has no partition {req.partition} on this broker")
+        loop = asyncio.get_running_loop()
+        reports = await loop.run_in_executor(None, lambda: [plog.verify().to_json() for plog in targets
+                                                            if not plog.closed])
+        return m.VerifyResponse(report_json=json.dumps(reports).encode())
 
     # -- lifecycle ----------------------------------------------------------------------------
 

@@ -18,6 +18,8 @@ class PartitionCounters:
     get_bytes: int = 0
     get_misses: int = 0
     """Fetches that returned nothing (after any long poll)."""
+    corrupt_reads: int = 0
+    """Fetches answered STORED_DATA_CORRUPT (a damaged stored batch where the fetch started)."""
 
 
 class BrokerStats:

@@ -27,9 +27,10 @@ cli.add_command(broker_command, "broker")
 
 
 def _register_client_commands() -> None:
-    from metaq.cli import bench_cmd, client_cmds
+    from metaq.cli import bench_cmd, client_cmds, verify_cmd
 
     client_cmds.register(cli)
+    verify_cmd.register(client_cmds.admin_group)
     bench_cmd.register(cli)
 
 

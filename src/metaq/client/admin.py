@@ -29,6 +29,8 @@ from metaq.protocol.messages import (
     ReloadResponse,
     StatsRequest,
     StatsResponse,
+    VerifyRequest,
+    VerifyResponse,
 )
 from metaq.types import MessageId, parse_message_id, split_message_id, validate_topic
 
@@ -52,6 +54,17 @@ class MessageLocation:
     topic: str
     partition: int
     offset: int
+
+
+def _json_document(raw: bytes, what: str, kind: type) -> Any:
+    """A broker's JSON answer, checked to be of ``kind`` (ProtocolError otherwise)."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"broker {what} is not JSON: {exc}") from None
+    if not isinstance(data, kind):
+        raise ProtocolError(f"broker {what} is a JSON {type(data).__name__}, not a {kind.__name__}")
+    return data
 
 
 class Admin:
@@ -121,12 +134,19 @@ class Admin:
     async def stats(self, topic: str | None = None, *, broker_id: int | None = None) -> dict[str, Any]:
         """The broker's statistics (uptime, per topic and partition counts, bytes, offsets) as a dict."""
         resp: StatsResponse = await self._core.request(StatsRequest(topic), broker_id)
-        try:
-            data = json.loads(resp.stats_json)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ProtocolError(f"broker stats are not JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise ProtocolError(f"broker stats are a JSON {type(data).__name__}, not an object")
+        data: dict[str, Any] = _json_document(resp.stats_json, "stats", dict)
+        return data
+
+    async def verify(self, topic: str | None = None, partition: int = -1, *, broker_id: int | None = None,
+                     timeout_s: float = 3600.0) -> list[dict[str, Any]]:
+        """Have the broker check every stored byte and index entry of the partitions (all, a topic's, or
+        one); one report per partition: ``ok``, ``messages``, ``damaged`` ranges (offsets and the
+        messages each makes unreadable), ``index_problems``. Slow on big logs: reads everything once."""
+        if topic is not None:
+            validate_topic(topic)
+        resp: VerifyResponse = await self._core.request(VerifyRequest(topic, partition), broker_id,
+                                                        timeout_s=timeout_s)
+        data: list[dict[str, Any]] = _json_document(resp.report_json, "verify report", list)
         return data
 
     async def reload(self, *, broker_id: int | None = None) -> list[str]:

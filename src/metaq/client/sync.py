@@ -230,6 +230,10 @@ class SyncAdmin:
     def reload(self, *, broker_id: int | None = None) -> list[str]:
         return self._lt.run(self.admin.reload(broker_id=broker_id))
 
+    def verify(self, topic: str | None = None, partition: int = -1, *, broker_id: int | None = None,
+               timeout_s: float = 3600.0) -> list[dict[str, Any]]:
+        return self._lt.run(self.admin.verify(topic, partition, broker_id=broker_id, timeout_s=timeout_s))
+
     def lookup_message(self, message_id: MessageId | str) -> MessageLocation:
         return self._lt.run(self.admin.lookup_message(message_id))
 

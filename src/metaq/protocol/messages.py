@@ -270,10 +270,16 @@ class FetchResponse(_Base):
     reset_offset: int = -1
     """>= 0 when the asked offset was out of range and the broker (updateConsumerOffsets=true)
     served from this offset instead."""
+    damaged_offset: int = -1
+    """v1: with STORED_DATA_CORRUPT, where the damaged stored data starts (-1 otherwise)."""
+    resume_offset: int = -1
+    """v1: with STORED_DATA_CORRUPT, the first offset after the damage whose batch is intact (-1: none
+    found before the end of its segment)."""
     records: bytes | memoryview = b""
     """Whole stored batches starting at the one holding the asked offset; the last may be cut off."""
     FIELDS: ClassVar = (*_ERR, Field("log_start_offset", INT64), Field("log_end_offset", INT64),
-                        Field("reset_offset", INT64), Field("records", RECORDS))
+                        Field("reset_offset", INT64), Field("damaged_offset", INT64, since=1),
+                        Field("resume_offset", INT64, since=1), Field("records", RECORDS))
 
 
 # -- 6 ListOffsets ------------------------------------------------------------------------------
@@ -493,12 +499,33 @@ class LookupMessageResponse(_Base):
     FIELDS: ClassVar = (*_ERR, Field("topic", STRING), Field("partition", INT32), Field("offset", INT64))
 
 
+# -- 18 Verify (metaq admin verify) -------------------------------------------------------------
+
+@dataclass
+class VerifyRequest(_Base):
+    topic: str | None = None
+    """None = every topic."""
+    partition: int = -1
+    """-1 = every partition of the topic."""
+    FIELDS: ClassVar = (Field("topic", NULLABLE_STRING), Field("partition", INT32))
+
+
+@dataclass
+class VerifyResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    report_json: bytes = b"[]"
+    """UTF-8 JSON: one object per partition checked (segments, batches, messages, damaged ranges, index
+    problems), as metaq.storage.verify.PartitionReport.to_json gives it."""
+    FIELDS: ClassVar = (*_ERR, Field("report_json", BYTES))
+
+
 _api(0, "ApiVersions", ApiVersionsRequest, ApiVersionsResponse)
 _api(1, "Metadata", MetadataRequest, MetadataResponse)
 _api(2, "CreateTopic", CreateTopicRequest, CreateTopicResponse)
 _api(3, "DeleteTopic", DeleteTopicRequest, DeleteTopicResponse)
 _api(4, "Produce", ProduceRequest, ProduceResponse)
-_api(5, "Fetch", FetchRequest, FetchResponse)
+_api(5, "Fetch", FetchRequest, FetchResponse, max_version=1)
 _api(6, "ListOffsets", ListOffsetsRequest, ListOffsetsResponse)
 _api(7, "JoinGroup", JoinGroupRequest, JoinGroupResponse)
 _api(8, "Heartbeat", HeartbeatRequest, HeartbeatResponse)
@@ -511,6 +538,7 @@ _api(14, "DescribeGroup", DescribeGroupRequest, DescribeGroupResponse)
 _api(15, "PartitionState", PartitionStateRequest, PartitionStateResponse)
 _api(16, "Reload", ReloadRequest, ReloadResponse)
 _api(17, "LookupMessage", LookupMessageRequest, LookupMessageResponse)
+_api(18, "Verify", VerifyRequest, VerifyResponse)
 
 
 def spec_for(obj_or_cls: Any) -> ApiSpec:

@@ -1,24 +1,35 @@
 """Record batches: the unit a producer sends, the broker stores with one write, and a fetch returns.
 
-All integers are big-endian. A batch::
+All integers are big-endian. A batch (format version 2)::
 
     offset size  field                 who writes it
     ------ ----  --------------------  ---------------------------------------------------
      0     8     base_offset   i64     broker (stamped at append; the producer sends 0)
      8     4     batch_length  i32     producer: bytes after this field (total = 12 + batch_length)
-    12     1     magic         i8      producer: format version, 1
+    12     1     magic         i8      producer: format version, 2
     13    16     base_msg_id   u128    broker (stamped; id of message i = base_msg_id + offset_delta)
     29     8     append_time   i64     broker (stamped; ms since the epoch)
-    37     4     crc           u32     producer: CRC32C of bytes [41, end) -- NOT of the stamped fields
-    ------------ CRC covers everything below ------------------------------------------------
-    41     2     attributes    i16     bits 0-2: compression of the records (0 none, 1 lz4, 2 zstd)
-    43     4     last_offset_delta i32 record_count - 1
-    47     8     first_timestamp i64   ms, the smallest record timestamp
-    55     8     max_timestamp i64     ms, the largest record timestamp
-    63     4     record_count  i32     >= 1
-    67     ...   records                (compressed as a whole when attributes say so)
+    37     4     crc           u32     producer: CRC32C of bytes [45, end) (the body)
+    41     4     header_crc    u32     broker (stamped; the producer fills it too): CRC32C of bytes [0, 41)
+                                       followed by bytes [45, 71): the whole fixed header but itself
+    ------------ crc covers everything below ---------------------------------------------------
+    45     2     attributes    i16     bits 0-2: compression of the records (0 none, 1 lz4, 2 zstd)
+    47     4     last_offset_delta i32 record_count - 1
+    51     8     first_timestamp i64   ms, the smallest record timestamp
+    59     8     max_timestamp i64     ms, the largest record timestamp
+    67     4     record_count  i32     >= 1
+    71     ...   records                (compressed as a whole when attributes say so)
 
-The records region (after byte 67; compressed as a whole when attributes say so) is COLUMNAR, so the
+Every byte is covered by a checksum: ``crc`` covers the body [45, end) the producer wrote, and
+``header_crc`` covers the rest of the fixed header -- the stamped fields, the length, the magic, ``crc``
+itself, and again the counts and timestamps of [45, 71) -- so a flipped bit anywhere in a batch is found
+by whoever reads it (tested position by position), and every field a reader navigates by (offsets,
+length, record count, last offset delta, max timestamp) is checked by reading the 71-byte header alone,
+without the body. The broker stamps base offset, id and append time and recomputes only ``header_crc``
+(67 bytes): the body and its ``crc`` are stored exactly as the producer sent them. Version 1 (metaq 0.1)
+had no ``header_crc``; its batches are refused with a clear error, never misread.
+
+The records region (after byte 71; compressed as a whole when attributes say so) is COLUMNAR, so the
 broker validates a batch with a few C-level array operations instead of a Python loop per message, and a
 reader can hand the payload column to Arrow. For a batch of n records::
 
@@ -40,9 +51,7 @@ The column arrays are little-endian (unlike the batch header) because they are r
 with ``array`` in the machine's order, and every machine metaq targets is little-endian (a big-endian one
 byte-swaps). Nothing is padded: the sections add up exactly to the region's length.
 
-Because the CRC excludes bytes [0, 41), the broker stamps offset, id and append time without
-recomputing it, and a consumer still verifies every byte the producer wrote. The payload (value) is
-never altered.
+The payload (value) is never altered.
 """
 
 from __future__ import annotations
@@ -65,10 +74,16 @@ import zstandard as _zstd
 from metaq.errors import CorruptRecordError, InvalidArgument, ProtocolError
 from metaq.types import Message
 
-MAGIC = 1
-HEADER_BYTES = 67
-STAMPED_BYTES = 41
-"""Bytes [0, 41) hold the fields outside the CRC: base offset, length, magic, base id, append time."""
+MAGIC = 2
+OLD_MAGICS = {1: "metaq 0.1"}
+"""Earlier format versions, refused with a message naming the release that wrote them."""
+HEADER_BYTES = 71
+HEADER_CRC_COVERS = 41
+"""``header_crc`` is the CRC32C of bytes [0, 41) (every header field before it, ``crc`` included), continued
+over bytes [45, 71) (the fixed fields after it)."""
+STAMPED_BYTES = 45
+"""Bytes [0, 45) are what the broker writes at append: the stamped fields and the recomputed header_crc
+(length, magic and crc are copied from the producer). The body [45, end) goes to disk untouched."""
 LENGTH_PREFIX_BYTES = 12
 """base_offset + batch_length: enough to know where the next batch starts."""
 RECORD_OVERHEAD_BYTES = 24
@@ -76,9 +91,10 @@ RECORD_OVERHEAD_BYTES = 24
 RECORD_PREFIX_BYTES = RECORD_OVERHEAD_BYTES
 """Alias kept for size estimates written against the earlier row layout."""
 
-_HEADER = struct.Struct(">qibQQqIhiqqi")
+_HEADER = struct.Struct(">qibQQqIIhiqqi")
 _STAMP = struct.Struct(">qibQQq")  # bytes [0, 37): the part the broker rewrites (crc stays)
 _LEN_PREFIX = struct.Struct(">qi")
+_U32 = struct.Struct(">I")
 _CRC_REGION_HEAD = struct.Struct(">hiqqi")
 _RECORD = struct.Struct(">iiqiihh")
 _HDR_NAME = struct.Struct(">H")
@@ -86,7 +102,8 @@ _HDR_VALUE = struct.Struct(">i")
 _U64 = (1 << 64) - 1
 
 assert _HEADER.size == HEADER_BYTES
-assert _STAMP.size == 37
+assert _STAMP.size == 37 and _STAMP.size + 4 == HEADER_CRC_COVERS
+assert STAMPED_BYTES + _CRC_REGION_HEAD.size == HEADER_BYTES
 assert _RECORD.size == 28
 
 
@@ -122,6 +139,7 @@ class BatchHeader(NamedTuple):
     base_message_id: int
     append_time_ms: int
     crc: int
+    header_crc: int
     attributes: int
     last_offset_delta: int
     first_timestamp_ms: int
@@ -146,21 +164,32 @@ class BatchHeader(NamedTuple):
 
 
 def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
-    """Parse the fixed header at ``pos``; ProtocolError if it is short or not a metaq batch."""
+    """Parse and check the fixed header at ``pos``: CorruptRecordError unless it is whole, of this format
+    version, its ``header_crc`` matches and its length can hold it. The body is not looked at."""
     if len(buf) - pos < HEADER_BYTES:
         raise CorruptRecordError(f"record batch header needs {HEADER_BYTES} bytes, {len(buf) - pos} left")
-    (base_offset, batch_length, magic, id_hi, id_lo, append_time, crc, attributes, last_delta,
+    (base_offset, batch_length, magic, id_hi, id_lo, append_time, crc, header_crc, attributes, last_delta,
      first_ts, max_ts, count) = _HEADER.unpack_from(buf, pos)
     if magic != MAGIC:
+        if magic in OLD_MAGICS:
+            raise CorruptRecordError(
+                f"record batch is in format version {magic}, written by {OLD_MAGICS[magic]}; this metaq reads "
+                f"version {MAGIC} only (no migration: start from an empty data directory)")
         raise CorruptRecordError(f"record batch magic is {magic}, expected {MAGIC}")
+    view = memoryview(buf)
+    if _crc32c.crc32c(view[pos + STAMPED_BYTES:pos + HEADER_BYTES],
+                      _crc32c.crc32c(view[pos:pos + HEADER_CRC_COVERS])) != header_crc:
+        raise CorruptRecordError(f"record batch header fails its CRC32C check (base offset field says {base_offset})")
     if batch_length < HEADER_BYTES - LENGTH_PREFIX_BYTES:
         raise CorruptRecordError(f"record batch length {batch_length} is shorter than its header")
-    return BatchHeader(base_offset, batch_length, magic, (id_hi << 64) | id_lo, append_time, crc,
+    return BatchHeader(base_offset, batch_length, magic, (id_hi << 64) | id_lo, append_time, crc, header_crc,
                        attributes, last_delta, first_ts, max_ts, count)
 
 
 def peek_length(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[int, int] | None:
-    """(base_offset, total_bytes) of the batch at ``pos``, or None if fewer than 12 bytes remain."""
+    """(base_offset, total_bytes) of the batch at ``pos``, or None if fewer than 12 bytes remain.
+
+    Unchecked (the header CRC needs the whole header): for sizing a read, never for trusting data."""
     if len(buf) - pos < LENGTH_PREFIX_BYTES:
         return None
     base_offset, batch_length = _LEN_PREFIX.unpack_from(buf, pos)
@@ -168,6 +197,7 @@ def peek_length(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[int,
 
 
 def compute_crc(batch: bytes | bytearray | memoryview) -> int:
+    """The body checksum (``crc``): CRC32C of bytes [45, end)."""
     return _crc32c.crc32c(memoryview(batch)[STAMPED_BYTES:])
 
 
@@ -175,17 +205,28 @@ def crc_ok(batch: bytes | bytearray | memoryview, header: BatchHeader) -> bool:
     return compute_crc(batch) == header.crc
 
 
+def _prefix(base_offset: int, batch_length: int, base_message_id: int, append_time_ms: int, crc: int,
+            fixed_tail: bytes | memoryview) -> bytes:
+    """Bytes [0, 45) of a batch: the given fields and the header_crc over them and ``fixed_tail`` ([45, 71))."""
+    head = _STAMP.pack(base_offset, batch_length, MAGIC, (base_message_id >> 64) & _U64, base_message_id & _U64,
+                       append_time_ms) + _U32.pack(crc)
+    return head + _U32.pack(_crc32c.crc32c(fixed_tail, _crc32c.crc32c(head)))
+
+
 def stamp_prefix(header: BatchHeader, base_offset: int, base_message_id: int, append_time_ms: int) -> bytes:
-    """The 41 stamped bytes that replace the producer's prefix (``os.writev`` it before ``batch[41:]``)."""
-    return _STAMP.pack(base_offset, header.batch_length, MAGIC, (base_message_id >> 64) & _U64,
-                       base_message_id & _U64, append_time_ms) + header.crc.to_bytes(4, "big")
+    """The 45 bytes that replace the producer's prefix (``os.writev`` them before ``batch[45:]``):
+    the stamped fields, the producer's length, magic and body crc, and the new header_crc."""
+    tail = _CRC_REGION_HEAD.pack(header.attributes, header.last_offset_delta, header.first_timestamp_ms,
+                                 header.max_timestamp_ms, header.record_count)
+    return _prefix(base_offset, header.batch_length, base_message_id, append_time_ms, header.crc, tail)
 
 
 def stamp(batch: bytearray | memoryview, base_offset: int, base_message_id: int, append_time_ms: int) -> None:
-    """Rewrite the stamped fields of a batch in place (the CRC is unaffected)."""
+    """Rewrite the stamped fields of a batch in place, with its header_crc (the body crc is unaffected)."""
     _, batch_length = _LEN_PREFIX.unpack_from(batch, 0)
-    _STAMP.pack_into(batch, 0, base_offset, batch_length, MAGIC, (base_message_id >> 64) & _U64,
-                     base_message_id & _U64, append_time_ms)
+    (crc,) = _U32.unpack_from(batch, HEADER_CRC_COVERS - 4)
+    batch[0:STAMPED_BYTES] = _prefix(base_offset, batch_length, base_message_id, append_time_ms, crc,
+                                     bytes(batch[STAMPED_BYTES:HEADER_BYTES]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -295,8 +336,8 @@ def _wrap(body: bytes, record_count: int, last_offset_delta: int, first_ts: int,
     body = _compress(codec, body) if record_count else body
     attributes = (int(codec) if record_count else 0) | attributes_extra
     region = _CRC_REGION_HEAD.pack(attributes, last_offset_delta, first_ts, max_ts, record_count) + body
-    crc = _crc32c.crc32c(region)
-    return _STAMP.pack(0, len(region) + 29, MAGIC, 0, 0, -1) + crc.to_bytes(4, "big") + region
+    return _prefix(0, len(region) + STAMPED_BYTES - LENGTH_PREFIX_BYTES, 0, -1, _crc32c.crc32c(region),
+                   region[:HEADER_BYTES - STAMPED_BYTES]) + region
 
 
 def encode_record(offset_delta: int, timestamp_ms: int, value: bytes, key: bytes | None = None,
@@ -805,24 +846,65 @@ def batch_columns(batch: bytes | memoryview, header: BatchHeader | None = None, 
     return header, _Columns.parse(_body(view, header, max_uncompressed_bytes), header, producer=False)
 
 
+def fetched_batches(buf: bytes | memoryview, from_offset: int = 0) -> Iterator[tuple[int, BatchHeader]]:
+    """(position, header) of the whole batches of a fetch reply that reach past ``from_offset``.
+
+    Headers are checked (header CRC) and so is offset continuity from one batch to the next, so no
+    offset is taken from damaged bytes. At the first damaged header it raises CorruptRecordError with
+    ``offset`` set to where the damage starts (the batches before it have been yielded). A cut-off tail
+    ends the walk silently. Bodies are the caller's to check (decode_batch / batch_columns).
+    """
+    view = memoryview(buf)
+    expected = -1
+    try:
+        for pos, header in iter_batches(view):
+            if expected >= 0 and header.base_offset != expected:
+                raise CorruptRecordError(f"batch with base offset {header.base_offset} follows one that ends before "
+                                         f"{expected}: offsets are not contiguous")
+            expected = header.next_offset
+            if header.next_offset <= from_offset:
+                continue
+            yield pos, header
+    except CorruptRecordError as exc:
+        at = max(expected, from_offset)
+        raise CorruptRecordError(f"damaged record batch at offset {at}: {exc}", offset=at) from None
+
+
+def damaged_batch_error(exc: CorruptRecordError, header: BatchHeader, from_offset: int,
+                        where: str = "") -> CorruptRecordError:
+    """The error for a batch whose header is intact but whose body is not: its offsets are known."""
+    at = max(header.base_offset, from_offset)
+    prefix = f"{where}: " if where else ""
+    return CorruptRecordError(f"{prefix}record batch at offset {header.base_offset} is damaged: {exc}",
+                              offset=at, resume_offset=header.next_offset)
+
+
 def decode_fetched(buf: bytes | memoryview, topic: str, partition: int, from_offset: int = 0,
                    verify: bool = True) -> tuple[list[Message], int]:
     """Messages at or after ``from_offset`` from a fetch body, and the offset to fetch next.
 
     Skips messages below ``from_offset`` (a fetch starts at the batch holding it) and drops a cut-off
-    tail. Returns ``next_offset = from_offset`` if no whole batch was present.
+    tail. Returns ``next_offset = from_offset`` if no whole batch was present. A damaged batch ends the
+    reply: the messages of the intact batches before it are returned, and only when there are none
+    does it raise CorruptRecordError, whose ``offset`` (and, when known, ``resume_offset``) say where.
     """
     out: list[Message] = []
     next_offset = from_offset
     view = memoryview(buf)
-    for pos, header in iter_batches(view):
-        if header.next_offset <= from_offset:
-            continue
-        messages = decode_batch(view[pos:pos + header.total_bytes], topic, partition, header, verify)
-        if header.base_offset < from_offset:
-            messages = [m for m in messages if m.offset >= from_offset]
-        out.extend(messages)
-        next_offset = header.next_offset
+    try:
+        for pos, header in fetched_batches(view, from_offset):
+            try:
+                messages = decode_batch(view[pos:pos + header.total_bytes], topic, partition, header, verify)
+            except CorruptRecordError as exc:
+                raise damaged_batch_error(exc, header, from_offset, f"{topic}-{partition}") from None
+            if header.base_offset < from_offset:
+                messages = [m for m in messages if m.offset >= from_offset]
+            out.extend(messages)
+            next_offset = header.next_offset
+    except CorruptRecordError:
+        if next_offset > from_offset:
+            return out, next_offset  # deliver what is intact; the next fetch starts at the damage
+        raise
     return out, next_offset
 
 

@@ -21,6 +21,7 @@ Message-based equivalent, kept as the reference the unit tests compare against.
 
 from __future__ import annotations
 
+import logging
 import struct
 import sys
 import time
@@ -33,8 +34,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metaq.client.blocking import BlockingClient
-from metaq.errors import MetaqError, OffsetOutOfRangeError
-from metaq.protocol.records import BatchHeader, batch_columns, decode_batch, iter_batches, peek_length
+from metaq.errors import CorruptRecordError, MetaqError, OffsetOutOfRangeError
+from metaq.protocol.records import (
+    BatchHeader,
+    batch_columns,
+    damaged_batch_error,
+    decode_batch,
+    fetched_batches,
+    peek_length,
+)
 from metaq.types import Message
 
 HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
@@ -61,6 +69,9 @@ CHUNK_ROWS = 1 << 22
 """... and at most this many rows (``message_id`` takes 32 bytes a row), unless one batch has more."""
 _U64 = (1 << 64) - 1
 _LITTLE = sys.byteorder == "little"
+
+
+log = logging.getLogger(__name__)
 
 
 class DataLossError(MetaqError):
@@ -332,19 +343,27 @@ def fetch_to_arrow(records: bytes | memoryview, topic: str, partition: int, star
     next_offset = start
     first_base = -1
     view = memoryview(records)
-    for pos, header in _batches_in_range(view, start, end):
-        if first_base < 0:
-            first_base = header.base_offset
-        _, cols = batch_columns(view[pos:pos + header.total_bytes], header, verify=True)
-        lo, hi = 0, cols.n
-        if header.base_offset < start or header.next_offset > end:
-            lo = bisect_left(cols.deltas, start - header.base_offset)
-            hi = bisect_left(cols.deltas, end - header.base_offset)
-        if lo < hi and not rows.add(header, cols, lo, hi):
-            out.append(rows.build(topic, partition))
-            rows = _Rows()
-            rows.add(header, cols, lo, hi)
-        next_offset = min(header.next_offset, end)
+    try:
+        for pos, header in _batches_in_range(view, start, end):
+            if first_base < 0:
+                first_base = header.base_offset
+            try:
+                _, cols = batch_columns(view[pos:pos + header.total_bytes], header, verify=True)
+            except CorruptRecordError as exc:
+                raise damaged_batch_error(exc, header, start, f"{topic}-{partition}") from None
+            lo, hi = 0, cols.n
+            if header.base_offset < start or header.next_offset > end:
+                lo = bisect_left(cols.deltas, start - header.base_offset)
+                hi = bisect_left(cols.deltas, end - header.base_offset)
+            if lo < hi and not rows.add(header, cols, lo, hi):
+                out.append(rows.build(topic, partition))
+                rows = _Rows()
+                rows.add(header, cols, lo, hi)
+            next_offset = min(header.next_offset, end)
+    except CorruptRecordError:
+        if next_offset == start:
+            raise
+        # the intact batches before the damage are returned; the next fetch starts at the damage
     if rows.n:
         out.append(rows.build(topic, partition))
     return out, next_offset, first_base
@@ -413,7 +432,10 @@ def decode_range(records: bytes | memoryview, topic: str, partition: int, start:
     next_offset = start
     view = memoryview(records)
     for pos, header in _batches_in_range(view, start, end):
-        msgs = decode_batch(view[pos:pos + header.total_bytes], topic, partition, header)
+        try:
+            msgs = decode_batch(view[pos:pos + header.total_bytes], topic, partition, header)
+        except CorruptRecordError as exc:
+            raise damaged_batch_error(exc, header, start, f"{topic}-{partition}") from None
         if header.base_offset < start or header.next_offset > end:
             msgs = [m for m in msgs if start <= m.offset < end]
         out.extend(msgs)
@@ -422,10 +444,9 @@ def decode_range(records: bytes | memoryview, topic: str, partition: int, start:
 
 
 def _batches_in_range(view: memoryview, start: int, end: int) -> Iterator[tuple[int, BatchHeader]]:
-    """(position, header) of the whole batches of a fetch reply holding offsets in [start, end)."""
-    for pos, header in iter_batches(view):
-        if header.next_offset <= start:
-            continue
+    """(position, header) of the whole batches of a fetch reply holding offsets in [start, end), headers
+    and offset continuity checked (CorruptRecordError naming the offset otherwise)."""
+    for pos, header in fetched_batches(view, start):
         if header.base_offset >= end:
             return
         yield pos, header
@@ -454,17 +475,21 @@ def read_range(client: BlockingClient, topic: str, partition: int, start: int, e
     while offset < end:
         try:
             resp = client.fetch(topic, partition, offset, fetch_bytes)
+            if resp.reset_offset < 0 or resp.reset_offset == offset:
+                batches, next_offset, first_base = fetch_to_arrow(resp.records, topic, partition, offset, end)
         except OffsetOutOfRangeError:
             bounds = client.list_offsets(topic, partition, -1)
             offset = _after_loss(where, offset, end, bounds.log_start_offset, bounds.log_end_offset,
                                  fail_on_data_loss, new_partition)
+            continue
+        except CorruptRecordError as exc:
+            offset = _after_damage(where, offset, end, exc, fail_on_data_loss)
             continue
         if resp.reset_offset >= 0 and resp.reset_offset != offset:
             # a broker with updateConsumerOffsets=true served from its nearest valid offset instead
             offset = _after_loss(where, offset, end, resp.log_start_offset, resp.log_end_offset,
                                  fail_on_data_loss, new_partition)
             continue
-        batches, next_offset, first_base = fetch_to_arrow(resp.records, topic, partition, offset, end)
         if first_base > offset:
             # the first batch we got starts past the offset asked for: the ones between are gone
             _after_loss(where, offset, end, first_base, resp.log_end_offset, fail_on_data_loss, new_partition)
@@ -496,6 +521,19 @@ def read_range(client: BlockingClient, topic: str, partition: int, start: int, e
             raise MetaqError(f"{where}: no data returned at offset {offset} for {stall_timeout_s}s although "
                              f"the partition ends at {resp.log_end_offset}")
         time.sleep(0.01)
+
+
+def _after_damage(where: str, offset: int, end: int, exc: CorruptRecordError, fail: bool) -> int:
+    """The offset to continue from after stored data at ``offset`` was found damaged (or raise)."""
+    resume = exc.resume_offset
+    if fail or resume <= offset:
+        skip = (f"; set failOnDataLoss=false to skip the damaged range (offsets {offset}..{resume - 1})"
+                if resume > offset else "")
+        raise DataLossError(f"{where}: stored data at offset {offset} is damaged ({exc}){skip}; "
+                            "`metaq admin verify` lists damaged ranges") from None
+    log.warning("%s: skipping damaged offsets %d..%d (%d messages) as failOnDataLoss=false: %s", where, offset,
+                resume - 1, resume - offset, exc)
+    return min(resume, end)
 
 
 def _after_loss(where: str, offset: int, end: int, log_start: int, log_end: int, fail: bool,

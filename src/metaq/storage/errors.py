@@ -34,3 +34,20 @@ class MessageNotFound(StorageError):
 
 class LogClosedError(StorageError):
     """The partition log was closed (or deleted, or abandoned) and cannot serve the call."""
+
+
+class DamagedData(StorageError):
+    """Stored bytes at ``offset`` fail their checks: a damaged batch found while reading.
+
+    ``resume_offset`` is the first offset after the damage whose batch is intact (-1 if none was found
+    before the end of the segment); offsets in ``[offset, resume_offset)`` cannot be read.
+    """
+
+    def __init__(self, where: str, offset: int, resume_offset: int, position: int, problem: str) -> None:
+        self.offset = offset
+        self.resume_offset = resume_offset
+        self.position = position
+        self.problem = problem
+        lost = f"; intact data resumes at offset {resume_offset} ({resume_offset - offset} messages unreadable)" \
+            if resume_offset >= 0 else "; no intact batch follows in its segment"
+        super().__init__(f"{where}: stored batch at offset {offset} (byte {position}) is damaged: {problem}{lost}")

@@ -100,6 +100,11 @@ class OffsetIndex:
         i = bisect_right(self.positions, position)
         return self.positions[i - 1] if i else 0
 
+    def floor_entry_at_position(self, position: int) -> tuple[int, int]:
+        """The entry (relative offset, position) with the largest position <= ``position``; (0, 0) if none."""
+        i = bisect_right(self.positions, position)
+        return (self.relative_offsets[i - 1], self.positions[i - 1]) if i else (0, 0)
+
     def to_bytes(self) -> bytes:
         both = array("I", bytes(8 * len(self.positions)))
         both[0::2] = self.relative_offsets

@@ -29,7 +29,7 @@ from metaq.storage.checkpoint import (
     write_partition_clean_state,
 )
 from metaq.storage.config import LogConfig
-from metaq.storage.errors import LogClosedError, OffsetOutOfRange
+from metaq.storage.errors import DamagedData, LogClosedError, OffsetOutOfRange
 from metaq.storage.files import FileCache, FileHandle
 from metaq.storage.fileslice import FileSlice
 from metaq.storage.flush import Flusher, new_durable_future, resolve
@@ -37,6 +37,7 @@ from metaq.storage.recovery import RecoveryReport, load_segments
 from metaq.storage.retention import dispose_segment
 from metaq.storage.scan import iter_headers, pread_exact
 from metaq.storage.segment import Segment
+from metaq.storage.verify import DamagedRange, PartitionReport, verify_segment
 from metaq.types import BROKER_ID_MAX, make_message_id, partition_tag, validate_partition, validate_topic
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ class PartitionLog:
         self._appending = False
         self._marker_present = marker_present
         self._parent_unsynced = parent_unsynced
+        self._damaged: dict[int, DamagedRange] = {}
         self.recovery = recovery
 
     @classmethod
@@ -308,7 +310,8 @@ class PartitionLog:
         old = self._active
         old.seal()
         self._unsynced_sealed.append(old)
-        segment = Segment(str(self.directory), self._end_offset, self._files, self._config.index_interval_bytes)
+        segment = Segment(str(self.directory), self._end_offset, self._files, self._config.index_interval_bytes,
+                          self._tag)
         segment.start_empty_indexes()
         segment.dir_synced = False
         handle = self._files.acquire(segment.log_path, create=True, on_close=segment.on_log_fd_closed)
@@ -424,12 +427,15 @@ class PartitionLog:
         handle: FileHandle | None = None
         try:
             handle = self._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
-            position, header = segment.find_batch(handle.fd, offset, size_limit)
+            position, header = segment.find_batch(handle.fd, offset, size_limit, next_limit)
             size, next_offset = segment.extent(handle.fd, position, header, max_bytes, size_limit, next_limit)
-        except BaseException:
+        except BaseException as exc:
             if handle is not None:
                 self._files.release(handle)
             self._unpin(segment)
+            if isinstance(exc, DamagedData):
+                self._note_damage(DamagedRange(segment.base_offset, exc.position, -1, exc.offset,
+                                               exc.resume_offset, exc.problem))
             raise
         pinned_handle = handle
 
@@ -446,14 +452,14 @@ class PartitionLog:
 
     def locate(self, offset: int) -> tuple[int, int]:
         """(segment base offset, byte position) of the batch holding ``offset``."""
-        segment, size_limit, _ = self._pin_segment_for(offset)
+        segment, size_limit, next_limit = self._pin_segment_for(offset)
         if segment is None:
             active = self._active
             return active.base_offset, active.size_bytes
         try:
             handle = self._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
             try:
-                position, _ = segment.find_batch(handle.fd, offset, size_limit)
+                position, _ = segment.find_batch(handle.fd, offset, size_limit, next_limit)
             finally:
                 self._files.release(handle)
         finally:
@@ -507,7 +513,8 @@ class PartitionLog:
         try:
             position = 0
             if relative:
-                position, _ = segment.find_batch(handle.fd, segment.base_offset + relative, size_limit)
+                position, _ = segment.find_batch(handle.fd, segment.base_offset + relative, size_limit,
+                                                 segment.next_offset)
             for at, header in iter_headers(handle.fd, position, size_limit):
                 if header.max_timestamp_ms < timestamp_ms:
                     continue
@@ -518,6 +525,63 @@ class PartitionLog:
         finally:
             self._files.release(handle)
         return None
+
+    # ------------------------------------------------------------------ damage
+
+    @property
+    def damaged_ranges(self) -> list[DamagedRange]:
+        """Damaged stretches found so far (by reads and by :meth:`verify`), in offset order."""
+        with self._lock:
+            return [self._damaged[k] for k in sorted(self._damaged)]
+
+    def _note_damage(self, damaged: DamagedRange) -> None:
+        with self._lock:
+            known = self._damaged.get(damaged.first_offset)
+            if known is not None and known.size_bytes >= 0:
+                return  # a scrub's record (with its size) is more precise than a read's
+            self._damaged[damaged.first_offset] = damaged
+        if known is None:
+            log.error("%s-%d: stored data damaged at offsets %d..%d (byte %d of segment %d): %s; consumers get "
+                      "STORED_DATA_CORRUPT there (see `metaq admin verify`)", self._topic, self._partition,
+                      damaged.first_offset, damaged.resume_offset - 1, damaged.position,
+                      damaged.segment_base_offset, damaged.problem)
+
+    def verify(self) -> PartitionReport:
+        """Check every stored byte and index entry of the partition (blocking; minutes for a big log).
+
+        Appends go on meanwhile: the active segment is checked up to its size when its turn comes.
+        The damaged ranges found replace what reads had recorded for the segments checked.
+        """
+        report = PartitionReport(self._topic, self._partition)
+        with self._lock:
+            if self._closed:
+                raise LogClosedError(f"{self} is closed")
+            segments = list(self._segments)
+            report.log_start_offset = self._segments[0].base_offset
+        for segment in segments:
+            with self._lock:
+                if self._closed or segment not in self._segments:
+                    continue  # removed by retention meanwhile
+                segment.pins += 1
+                size_limit, next_limit, sealed = segment.size_bytes, segment.next_offset, segment.sealed
+            try:
+                handle = self._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
+                try:
+                    check = verify_segment(handle.fd, segment.base_offset, size_limit, next_limit, self._tag,
+                                           segment.index_path if sealed else None,
+                                           segment.timeindex_path if sealed else None)
+                finally:
+                    self._files.release(handle)
+            finally:
+                self._unpin(segment)
+            report.add(check)
+            with self._lock:
+                for key in [k for k, r in self._damaged.items() if r.segment_base_offset == segment.base_offset]:
+                    del self._damaged[key]
+            for damaged in check.damaged:
+                self._note_damage(damaged)
+        report.log_end_offset = self._end_offset
+        return report
 
     # ------------------------------------------------------------------ retention
 

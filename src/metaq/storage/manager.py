@@ -19,6 +19,7 @@ from pathlib import Path
 from types import TracebackType
 
 from metaq.errors import InvalidArgument, StorageError
+from metaq.protocol.records import MAGIC
 from metaq.storage.checkpoint import CleanState, fsync_directory, read_json, remove_file, write_json
 from metaq.storage.config import LogConfig
 from metaq.storage.errors import LogClosedError, MessageNotFound
@@ -37,6 +38,8 @@ from metaq.types import (
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "clean-shutdown.json"
+FORMAT_FILE = "format.json"
+"""Which record batch format the data directory holds: ``{"record_batch_format": 2}``."""
 LOCK_FILE = ".lock"
 _DELETING_SUFFIX = ".deleting"
 
@@ -96,6 +99,7 @@ class LogManager:
             raw_states = document.get("partitions", {})
             states = {name: CleanState.from_json(value) for name, value in raw_states.items()} \
                 if isinstance(raw_states, dict) else {}
+            mark_format = self._check_format()
             # From here on a crash must look unclean: the checkpoint goes before the first append.
             remove_file(checkpoint_path, sync_dir=True, sync=self._sync)
             found: list[tuple[str, int, Path]] = []
@@ -114,6 +118,8 @@ class LogManager:
             logs = self._open_logs(found, states)
             for partition_log in logs:
                 self._register(partition_log)
+            if mark_format:  # only once every partition opened: a refused old directory stays unmarked
+                write_json(self.data_dir / FORMAT_FILE, {"record_batch_format": MAGIC}, sync=self._sync)
             self.flusher.start()
             self._opened = True
         except BaseException:
@@ -126,6 +132,21 @@ class LogManager:
         return self
 
     start = open
+
+    def _check_format(self) -> bool:
+        """Refuse a data directory written in another record batch format; True if it is not marked yet."""
+        path = self.data_dir / FORMAT_FILE
+        document = read_json(path)
+        if document is None:
+            if path.exists():
+                raise StorageError(f"{path} is damaged; it should say {{\"record_batch_format\": {MAGIC}}}")
+            return True
+        version = document.get("record_batch_format") if isinstance(document, dict) else None
+        if version != MAGIC:
+            raise StorageError(f"data directory {self.data_dir} holds record batch format {version!r} ({path}); "
+                               f"this metaq reads format {MAGIC} only and there is no migration: move the "
+                               "directory away (or delete it) and start again")
+        return False
 
     def _open_logs(self, found: list[tuple[str, int, Path]],
                    states: dict[str, CleanState | None]) -> list[PartitionLog]:

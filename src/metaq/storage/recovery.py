@@ -20,10 +20,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from metaq.errors import StorageError
+from metaq.protocol.records import MAGIC, OLD_MAGICS
 from metaq.storage.checkpoint import CleanState, fsync_directory
 from metaq.storage.files import FileCache
 from metaq.storage.index import IndexCorrupt, OffsetIndex, TimeIndex
-from metaq.storage.scan import CheckResult, check_batches
+from metaq.storage.scan import CheckResult, check_batches, count_whole_batches, pread_exact
 from metaq.storage.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
@@ -41,8 +43,16 @@ class RecoveryReport:
 
     clean: bool = False
     truncated_bytes: int = 0
+    truncated_messages: int = 0
+    """Messages in the whole, intact-looking batches that a cut dropped (a lower bound: a torn batch's
+    messages cannot be counted)."""
     removed_segments: list[int] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        return {"clean": self.clean, "truncated_bytes": self.truncated_bytes,
+                "truncated_messages": self.truncated_messages, "removed_segments": list(self.removed_segments),
+                "problems": list(self.problems)}
 
 
 def load_segments(directory: str, files: FileCache, index_interval_bytes: int, tag: int,
@@ -54,16 +64,17 @@ def load_segments(directory: str, files: FileCache, index_interval_bytes: int, t
     bases = sorted(b for n in names if (b := parse_segment_file_name(n, LOG_SUFFIX)) is not None)
     _remove_strays(directory, names, set(bases))
     if not bases:
-        segment = Segment(directory, 0, files, index_interval_bytes)
+        segment = Segment(directory, 0, files, index_interval_bytes, tag)
         os.close(os.open(segment.log_path, os.O_WRONLY | os.O_CREAT, 0o644))
         segment.start_empty_indexes()
         segment.dir_synced = False
         report.clean = True
         return [segment], report
+    _refuse_old_format(directory, bases)
     segments = []
     for i, base in enumerate(bases):
         following = bases[i + 1] if i + 1 < len(bases) else None
-        segment = Segment(directory, base, files, index_interval_bytes,
+        segment = Segment(directory, base, files, index_interval_bytes, tag,
                           size_bytes=os.stat(os.path.join(directory, f"{base:020d}{LOG_SUFFIX}")).st_size,
                           next_offset=following, sealed=following is not None)
         segments.append(segment)
@@ -94,6 +105,7 @@ def load_segments(directory: str, files: FileCache, index_interval_bytes: int, t
             result.problem = (f"segment ends at offset {result.next_offset} but the next segment starts "
                               f"at {following_segment.base_offset}")
         for dropped in segments[i + 1:]:
+            report.truncated_messages += _count_in_file(dropped, 0, dropped.size_bytes, dropped.base_offset - 1, tag)
             _remove_segment_files(dropped)
             report.removed_segments.append(dropped.base_offset)
             report.truncated_bytes += dropped.size_bytes
@@ -105,6 +117,10 @@ def load_segments(directory: str, files: FileCache, index_interval_bytes: int, t
         i -= 1
     for problem in report.problems:
         log.warning("recovered %s: %s", directory, problem)
+    if report.truncated_bytes:
+        log.warning("recovered %s after an unclean shutdown: cut %d bytes holding at least %d messages in whole "
+                    "batches (never acknowledged if the flush policy waits for fsync; see docs/storage.md)",
+                    directory, report.truncated_bytes, report.truncated_messages)
     return segments, report
 
 
@@ -151,15 +167,40 @@ def _cut(segment: Segment, result: CheckResult, report: RecoveryReport, sync: Ca
         return
     file_size = os.stat(segment.log_path).st_size
     cut = file_size - result.valid_end_position
-    report.problems.append(f"segment {segment.base_offset}: cut {cut} bytes at position "
-                           f"{result.valid_end_position}: {result.problem}")
+    messages = _count_in_file(segment, result.valid_end_position, file_size, result.next_offset - 1, segment.tag)
+    report.problems.append(f"segment {segment.base_offset}: cut {cut} bytes ({messages} messages in whole batches) "
+                           f"at byte {result.valid_end_position}, offset {result.next_offset}: {result.problem}")
     report.truncated_bytes += cut
+    report.truncated_messages += messages
     handle = segment.files.acquire(segment.log_path)
     try:
         os.ftruncate(handle.fd, result.valid_end_position)
         sync(handle.fd)
     finally:
         segment.files.release(handle)
+
+
+def _count_in_file(segment: Segment, position: int, end_position: int, after_offset: int, tag: int) -> int:
+    handle = segment.files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
+    try:
+        return count_whole_batches(handle.fd, position, end_position, after_offset, tag)[1]
+    finally:
+        segment.files.release(handle)
+
+
+def _refuse_old_format(directory: str, bases: list[int]) -> None:
+    """Refuse, rather than cut as damage, segments written in an earlier batch format."""
+    for base in (bases[0], bases[-1]):
+        path = os.path.join(directory, f"{base:020d}{LOG_SUFFIX}")
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            head = pread_exact(fd, 13, 0)
+        finally:
+            os.close(fd)
+        if len(head) == 13 and head[12] != MAGIC and head[12] in OLD_MAGICS:
+            raise StorageError(f"{path} holds record batches in format version {head[12]}, written by "
+                               f"{OLD_MAGICS[head[12]]}; this metaq reads version {MAGIC} only. There is no "
+                               "migration: move the data directory away (or delete it) and start again")
 
 
 def _index_files_stale(segment: Segment) -> bool:

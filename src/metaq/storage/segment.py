@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-from metaq.errors import CorruptRecordError, StorageError
+from metaq.errors import StorageError
 from metaq.protocol.records import BatchHeader
+from metaq.storage.errors import DamagedData
 from metaq.storage.files import FileCache
 from metaq.storage.index import IndexCorrupt, OffsetIndex, TimeIndex
-from metaq.storage.scan import iter_headers, pread_exact
+from metaq.storage.scan import DamagedHeader, belongs_here, find_next_batch, iter_headers
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -46,14 +47,16 @@ class Segment:
     __slots__ = (
         "_load_lock", "base_offset", "dir_synced", "directory", "files", "index", "index_file_bytes",
         "index_interval_bytes", "index_path", "last_batch_base_offset", "log_path", "max_timestamp_ms",
-        "next_offset", "pins", "sealed", "size_bytes", "synced_bytes", "time_index", "timeindex_file_bytes",
+        "next_offset", "pins", "sealed", "size_bytes", "synced_bytes", "tag", "time_index", "timeindex_file_bytes",
         "timeindex_path",
     )
 
-    def __init__(self, directory: str, base_offset: int, files: FileCache, index_interval_bytes: int, *,
+    def __init__(self, directory: str, base_offset: int, files: FileCache, index_interval_bytes: int, tag: int, *,
                  size_bytes: int = 0, next_offset: int | None = None, sealed: bool = False) -> None:
         assert base_offset >= 0
         self.directory = directory
+        self.tag = tag
+        """The partition tag inside every stamped message id of this segment (to resync after damage)."""
         self.base_offset = base_offset
         self.files = files
         self.index_interval_bytes = index_interval_bytes
@@ -180,23 +183,22 @@ class Segment:
     def _rebuild_indexes(self) -> tuple[OffsetIndex, TimeIndex]:
         """Walk the log's headers to rebuild both indexes, then rewrite their files.
 
-        Works on local objects only: readers may be using this segment's fields concurrently.
+        A damaged stretch is stepped over (the walk resyncs on the next intact batch), so entries after
+        it are rebuilt too. Works on local objects only: readers may be using this segment's fields
+        concurrently.
         """
         index, time_index = OffsetIndex(), TimeIndex()
-        expected = self.base_offset
         max_ts = -1
         last_base = -1
         handle = self.files.acquire(self.log_path, on_close=self.on_log_fd_closed)
         try:
-            for position, header in iter_headers(handle.fd, 0, self.size_bytes):
-                if header.base_offset != expected:
+            for position, header in _headers_stepping_over_damage(handle.fd, 0, self.size_bytes, self.base_offset,
+                                                                  self.tag):
+                if header.base_offset < self.base_offset or header.last_offset >= self.next_offset:
                     break
                 max_ts = index_batch(index, time_index, self.index_interval_bytes, self.base_offset,
                                      position, header, max_ts)
                 last_base = header.base_offset
-                expected = header.next_offset
-        except CorruptRecordError:
-            pass
         finally:
             self.files.release(handle)
         if last_base >= 0:
@@ -208,29 +210,60 @@ class Segment:
             pass  # the rebuilt indexes serve from memory; the files are rebuilt again next time
         return index, time_index
 
-    def find_batch(self, fd: int, offset: int, size_limit: int) -> tuple[int, BatchHeader]:
-        """Position and header of the batch holding ``offset`` (which must be in this segment)."""
+    def find_batch(self, fd: int, offset: int, size_limit: int, next_offset_at_limit: int) -> tuple[int, BatchHeader]:
+        """Position and header of the batch holding ``offset`` (which must be in this segment).
+
+        Every header on the way is checked, and so is offset continuity. A damaged stretch before the
+        batch is stepped over; :class:`DamagedData` when ``offset`` itself lies in one. A sealed segment
+        whose index leads to a bad position gets its indexes rebuilt once.
+        """
         for attempt in (0, 1):
             index, _ = self.loaded_indexes()
             entry_relative, position = index.floor(offset - self.base_offset, size_limit)
-            expected = self.base_offset + entry_relative
             try:
-                for at, header in iter_headers(fd, position, size_limit, _LOOKUP_CHUNK_BYTES):
-                    if at == position and header.base_offset != expected:
-                        raise IndexCorrupt(f"index says offset {expected} is at {position}, "
-                                           f"the log has offset {header.base_offset} there")
-                    if header.base_offset + header.last_offset_delta >= offset:
-                        return at, header
-            except (IndexCorrupt, CorruptRecordError) as exc:
-                if attempt or not self.sealed:
-                    raise StorageError(f"segment {self.log_path} is damaged near offset {offset}: {exc}") \
-                        from None
+                return self._walk_to(fd, offset, position, self.base_offset + entry_relative, size_limit,
+                                     next_offset_at_limit, trust_entry=attempt == 1 or not self.sealed)
+            except IndexCorrupt as exc:
+                if attempt:
+                    raise StorageError(f"segment {self.log_path}: {exc}") from None
                 with self._load_lock:
                     self.index, self.time_index = self._rebuild_indexes()
+        raise AssertionError("unreachable")
+
+    def _walk_to(self, fd: int, offset: int, position: int, expected: int, size_limit: int,
+                 next_offset_at_limit: int, *, trust_entry: bool) -> tuple[int, BatchHeader]:
+        entry = position
+        while True:
+            try:
+                for at, header in iter_headers(fd, position, size_limit, _LOOKUP_CHUNK_BYTES):
+                    if header.base_offset != expected:
+                        if at == entry and not trust_entry:
+                            raise IndexCorrupt(f"index says offset {expected} is at byte {at}, "
+                                               f"the log has offset {header.base_offset} there")
+                        if header.base_offset > expected and belongs_here(header, self.tag):
+                            if header.base_offset > offset:
+                                raise DamagedData(self._where(), expected, header.base_offset, at,
+                                                  f"offsets {expected}..{header.base_offset - 1} are missing")
+                            expected = header.base_offset
+                        else:
+                            raise DamagedHeader(at, f"base offset is {header.base_offset}, expected {expected}")
+                    if header.next_offset > offset:
+                        return at, header
+                    expected = header.next_offset
+            except DamagedHeader as exc:
+                if exc.position == entry and not trust_entry:
+                    raise IndexCorrupt(f"index entry at byte {entry}: {exc.problem}") from None
+                found = find_next_batch(fd, exc.position + 1, size_limit, expected, self.tag)
+                if found is None or found[1].base_offset > offset:
+                    resume = found[1].base_offset if found is not None else next_offset_at_limit
+                    raise DamagedData(self._where(), expected, resume, exc.position, exc.problem) from None
+                position, expected, entry = found[0], found[1].base_offset, -1
                 continue
-            break
-        raise StorageError(f"offset {offset} is not in segment {self.log_path} "
-                           f"[{self.base_offset}, {self.next_offset})")
+            raise StorageError(f"offset {offset} is not in segment {self.log_path} "
+                               f"[{self.base_offset}, {self.next_offset})")
+
+    def _where(self) -> str:
+        return f"partition {os.path.basename(self.directory)}, segment {self.base_offset}"
 
     def extent(self, fd: int, position: int, header: BatchHeader, max_bytes: int, size_limit: int,
                next_offset_at_limit: int) -> tuple[int, int]:
@@ -238,26 +271,31 @@ class Segment:
 
         The first batch is always included, even when it alone is larger than ``max_bytes``: a
         consumer whose limit is below one batch must still progress (MetaQ's maxTransferSize stall).
+        The extent stops before a header that fails its checks or breaks offset continuity, so a
+        reply carries the intact batches before a damaged one and the next fetch meets the damage.
         """
         end = position + header.total_bytes
         limit = min(size_limit, position + max_bytes)
         if end >= limit:
             return header.total_bytes, header.next_offset
         index, _ = self.loaded_indexes()
-        start = max(end, index.floor_position(limit))
-        next_offset = header.next_offset if start == end else -1
-        end = start
-        for at, h in iter_headers(fd, start, size_limit, _EXTENT_CHUNK_BYTES):
-            if at + h.total_bytes > limit:
-                next_offset = h.base_offset
-                break
-            end = at + h.total_bytes
-            next_offset = h.next_offset
+        entry_relative, entry_position = index.floor_entry_at_position(limit)
+        if entry_position > end:
+            start, expected = entry_position, self.base_offset + entry_relative
         else:
-            if end == size_limit:
-                next_offset = next_offset_at_limit
-        if next_offset < 0:
-            next_offset = _peek_base_offset(fd, end, size_limit, next_offset_at_limit)
+            start, expected = end, header.next_offset
+        end, next_offset = start, expected
+        try:
+            for at, h in iter_headers(fd, start, size_limit, _EXTENT_CHUNK_BYTES):
+                if h.base_offset != expected or at + h.total_bytes > limit:
+                    break
+                end = at + h.total_bytes
+                next_offset = expected = h.next_offset
+            else:
+                if end == size_limit:
+                    next_offset = next_offset_at_limit
+        except DamagedHeader:
+            pass  # the reply ends before it; the next fetch, starting there, reports the damage
         return end - position, next_offset
 
     def max_timestamp(self) -> int:
@@ -285,11 +323,22 @@ def index_batch(index: OffsetIndex, time_index: TimeIndex, interval_bytes: int, 
     return max_ts
 
 
-def _peek_base_offset(fd: int, position: int, size_limit: int, default: int) -> int:
-    if position >= size_limit:
-        return default
-    head = pread_exact(fd, 8, position)
-    return int.from_bytes(head, "big", signed=True) if len(head) == 8 else default
+def _headers_stepping_over_damage(fd: int, position: int, end_position: int, expected: int,
+                                 tag: int) -> Iterator[tuple[int, BatchHeader]]:
+    """The intact headers of a file in order, resyncing past damaged stretches (for index rebuilds)."""
+    while True:
+        try:
+            for at, header in iter_headers(fd, position, end_position):
+                if header.base_offset < expected:
+                    raise DamagedHeader(at, f"base offset {header.base_offset} goes back (expected {expected})")
+                yield at, header
+                expected = header.next_offset
+            return
+        except DamagedHeader as exc:
+            found = find_next_batch(fd, exc.position + 1, end_position, expected, tag)
+            if found is None:
+                return
+            position, expected = found[0], found[1].base_offset
 
 
 def _read_file(path: str) -> bytes:

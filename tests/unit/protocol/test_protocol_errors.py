@@ -46,7 +46,8 @@ def test_code_survives_the_wire(cls: type[BrokerError]) -> None:
     """A broker answers any API with its own response type carrying only the error; the client maps it back."""
     client, server = ClientConnection(), ServerConnection()
     cid, _ = client.send(FetchRequest())
-    client.receive_data(server.encode_response(RequestHeader(5, 0, cid, ""), error_response(5, cls.code, "m")))
+    client.receive_data(server.encode_response(RequestHeader(5, client.version_for(5), cid, ""),
+                                               error_response(5, cls.code, "m")))
     event = client.next_event()
     assert type(error_for_code(event.response.error_code, event.response.error_message)) is cls
     for key in APIS:

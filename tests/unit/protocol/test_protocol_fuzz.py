@@ -294,7 +294,7 @@ def raw_request(api_key: int, version: int, correlation_id: int, body: bytes) ->
 @pytest.mark.parametrize(("frame", "code"), [
     (raw_request(999, 0, 7, b""), InvalidRequestError.code),
     (raw_request(-1, 0, 7, b"\x00\x00"), InvalidRequestError.code),
-    (raw_request(5, 1, 7, b""), UnsupportedVersionError.code),
+    (raw_request(5, APIS[5].max_version + 1, 7, b""), UnsupportedVersionError.code),
     (raw_request(5, -1, 7, b""), UnsupportedVersionError.code),
     (raw_request(8, 0, 7, b"\x00\x01g"), InvalidRequestError.code),  # body cut off
     (raw_request(8, 0, 7, b"".join(schema.encode(HeartbeatRequest(), 0)) + b"!"), InvalidRequestError.code),

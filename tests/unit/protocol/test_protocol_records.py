@@ -71,7 +71,7 @@ def test_messages_round_trip(sent: list[Message], compression: Compression, base
 
     buf = bytearray(batch)
     stamp(buf, base_offset, base_id, append_time)
-    # Stamping rewrites only bytes [0, 41): the CRC still holds and the prefix is what stamp_prefix gives.
+    # Stamping rewrites only bytes [0, 45): the body CRC still holds and the prefix is what stamp_prefix gives.
     assert buf[STAMPED_BYTES:] == batch[STAMPED_BYTES:]
     assert stamp_prefix(header, base_offset, base_id, append_time) + batch[STAMPED_BYTES:] == buf
     again = validate_batch(buf, BIG, BIG)
@@ -232,7 +232,7 @@ def test_decode_batch_ignores_bytes_after_the_batch() -> None:
         decode_batch(a[:-1], header=read_header(a))
 
 
-# -- integrity: the CRC covers every byte the producer wrote -------------------------------------
+# -- integrity: the two checksums cover every byte of a stored batch -------------------------------
 
 def flip(batch: bytes, bit: int) -> bytes:
     buf = bytearray(batch)
@@ -241,10 +241,12 @@ def flip(batch: bytes, bit: int) -> bytes:
 
 
 @pytest.mark.parametrize("compression", list(Compression), ids=[c.name for c in Compression])
-def test_every_single_bit_flip_in_the_crc_region_is_caught(compression: Compression) -> None:
+def test_every_single_bit_flip_anywhere_in_a_stamped_batch_is_caught(compression: Compression) -> None:
+    """Offsets, ids, append time, length, magic, both CRCs, the producer's fields: nothing is unchecked."""
     batch = stamped(encode_messages([Message("t", b"payload", "attr", b"key", [("h", b"v")], 5),
                                      Message("t", b"", timestamp_ms=6)], compression), 40, 1 << 100)
-    for bit in range(STAMPED_BYTES * 8, len(batch) * 8):
+    decode_batch(batch, verify=True)
+    for bit in range(len(batch) * 8):
         bad = flip(batch, bit)
         with pytest.raises(CorruptRecordError):
             validate_batch(bad, BIG, BIG)
@@ -254,34 +256,41 @@ def test_every_single_bit_flip_in_the_crc_region_is_caught(compression: Compress
 
 @RECORDS
 @given(sent=st.lists(messages("t"), min_size=1, max_size=3), compression=compressions, data=st.data())
-def test_random_bit_flip_in_crc_region_is_caught(sent: list[Message], compression: Compression,
-                                                data: st.DataObject) -> None:
+def test_random_bit_flip_is_caught(sent: list[Message], compression: Compression, data: st.DataObject) -> None:
     batch = stamped(encode_messages(sent, compression), 0)
-    bad = flip(batch, data.draw(st.integers(STAMPED_BYTES * 8, len(batch) * 8 - 1), label="bit"))
+    bad = flip(batch, data.draw(st.integers(0, len(batch) * 8 - 1), label="bit"))
     with pytest.raises(CorruptRecordError):
         validate_batch(bad, BIG, BIG)
     with pytest.raises(CorruptRecordError):
         decode_batch(bad, verify=True)
 
 
-def test_stamped_fields_are_outside_the_crc() -> None:
-    """Flips in base offset, base id and append time pass (the broker rewrites them); length, magic and
-    CRC flips are still refused by validate_batch."""
-    batch = stamped(encode_values([b"a", b"b"], 1), 0)
-    for bit in range(STAMPED_BYTES * 8):
-        bad = flip(batch, bit)
-        byte = bit // 8
-        if byte < 8 or 13 <= byte < 37:
-            validate_batch(bad, BIG, BIG)
-        else:
-            with pytest.raises(CorruptRecordError):
-                validate_batch(bad, BIG, BIG)
+def test_the_header_checksum_is_checked_even_without_body_verification() -> None:
+    """verify=False skips only the body CRC: offsets and ids are never taken from an unchecked header."""
+    batch = stamped(encode_values([b"a", b"b"], 1), 100)
+    bad = flip(batch, 7 * 8 + 4)  # base offset 100 -> 116
+    with pytest.raises(CorruptRecordError, match="header"):
+        decode_batch(bad, verify=False)
+    with pytest.raises(CorruptRecordError):
+        list(iter_batches(bad))
+
+
+def test_stamping_rewrites_the_header_checksum_only() -> None:
+    batch = encode_values([b"a", b"b"], 1)
+    out = stamped(batch, 1234, 5 << 70, 99)
+    assert out[STAMPED_BYTES:] == batch[STAMPED_BYTES:]
+    header = read_header(out)
+    assert (header.base_offset, header.base_message_id, header.append_time_ms) == (1234, 5 << 70, 99)
+    assert header.crc == read_header(batch).crc and header.header_crc != read_header(batch).header_crc
+    assert stamp_prefix(read_header(batch), 1234, 5 << 70, 99) == out[:STAMPED_BYTES]
 
 
 def test_read_header_refuses_short_or_foreign_bytes() -> None:
     batch = encode_values([b"a"], 1)
-    for bad in (batch[:HEADER_BYTES - 1], batch[:12] + b"\x02" + batch[13:],
+    for bad in (batch[:HEADER_BYTES - 1], batch[:12] + b"\x03" + batch[13:],
                 batch[:8] + (54).to_bytes(4, "big") + batch[12:]):
         with pytest.raises(CorruptRecordError):
             read_header(bad)
+    with pytest.raises(CorruptRecordError, match=r"format version 1, written by metaq 0\.1"):
+        read_header(batch[:12] + b"\x01" + batch[13:])
     assert rec.is_protocol_error(CorruptRecordError("x"))

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import itertools
+import os
 
 from metaq.protocol.records import decode_fetched, encode_messages, encode_values
 from metaq.storage import PartitionLog
 from metaq.types import Message
+
+_SCALE = float(os.environ.get("METAQ_HYPOTHESIS_SCALE", "1"))
+
+
+def examples(n: int) -> int:
+    """``n`` scaled by $METAQ_HYPOTHESIS_SCALE, for a long fuzzing run (e.g. 50) outside the normal suite."""
+    return max(1, int(n * _SCALE))
 
 
 def no_sync(fd: int) -> None:

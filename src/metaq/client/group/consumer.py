@@ -66,6 +66,7 @@ from metaq.client.metadata import Partition
 from metaq.errors import (
     BrokerError,
     ConnectionClosedError,
+    CorruptRecordError,
     IllegalGenerationError,
     InvalidArgument,
     MetaqError,
@@ -86,6 +87,8 @@ Listener = Callable[..., Any]
 
 _ERROR_BACKOFF_S = 0.2
 _ERROR_BACKOFF_MAX_S = 5.0
+_DAMAGE_RETRY_S = 30.0
+"""How often a partition stopped at damaged stored data tries again (and logs the error again)."""
 
 
 class PartitionContext:
@@ -502,6 +505,20 @@ class GroupConsumer:
             except TooManyRequestsError:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _ERROR_BACKOFF_MAX_S)
+                continue
+            except CorruptRecordError as exc:
+                # Never skip on our own: the operator decides (docs/operations.md). Consumption of this
+                # partition stays at the damaged offset, retried now and then (the broker's copy may be
+                # repaired, or the offset reset past it).
+                resume = f"; skipping to offset {exc.resume_offset} would lose {exc.resume_offset - w.position} " \
+                    "messages" if exc.resume_offset > w.position else ""
+                log.error("%s: stored data is damaged at offset %d: %s%s; consumption of this partition is "
+                          "stopped there (retrying every %.0fs; see `metaq admin verify`)", w.tp, w.position, exc,
+                          resume, _DAMAGE_RETRY_S)
+                if w.conn is not None:
+                    w.conn.close()
+                    w.conn = None
+                await asyncio.sleep(_DAMAGE_RETRY_S)
                 continue
             except (ConnectionClosedError, RequestTimeoutError, BrokerError) as exc:
                 if isinstance(exc, BrokerError) and exc.refresh_metadata:
