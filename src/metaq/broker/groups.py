@@ -60,6 +60,7 @@ from metaq.broker.offsets_store import OffsetsStore
 from metaq.cluster.assignment import STRATEGIES, PartitionRef, assign_topics, check_assignment
 from metaq.errors import (
     BrokerError,
+    DiskFullError,
     IllegalGenerationError,
     InvalidArgument,
     InvalidRequestError,
@@ -70,6 +71,7 @@ from metaq.errors import (
     UnknownMemberError,
 )
 from metaq.protocol import messages as m
+from metaq.storage.errors import DiskFull
 from metaq.types import validate_topic
 
 log = logging.getLogger("metaq.broker.groups")
@@ -462,9 +464,10 @@ class GroupCoordinator:
             results.append(m.OffsetEntry(e.topic, e.partition, e.offset, e.metadata, code))
         try:
             await self.store.commit(group_name, accepted)
-        except Exception as exc:  # a failed fsync: the offsets are not committed
+        except Exception as exc:  # a full disk or a failed fsync: the offsets are not committed
             log.error("group %s: cannot store offsets: %s", group_name, exc)
-            return _error(m.OffsetCommitResponse, StorageFailureError(f"offsets not committed: {exc}"))
+            cls = DiskFullError if isinstance(exc, DiskFull) else StorageFailureError
+            return _error(m.OffsetCommitResponse, cls(f"offsets not committed: {exc}"))
         refused = sum(1 for r in results if r.error_code)
         msg = (f"{refused} partitions refused: not owned by this member in generation {req.generation}, "
                "or an offset/metadata out of range") if refused else None

@@ -39,6 +39,9 @@ from pathlib import Path
 
 import crc32c
 
+from metaq.errors import StorageError
+from metaq.storage.errors import DiskFull, is_disk_full
+
 log = logging.getLogger("metaq.broker.offsets")
 
 LOG_NAME = "consumer_offsets.log"
@@ -109,7 +112,15 @@ class OffsetsStore:
         if self.corrupt_tail_bytes:
             log.warning("offsets log %s: cut %d bytes of torn or corrupt tail at position %d",
                         self.path, self.corrupt_tail_bytes, valid)
-        self._compact()
+        try:
+            self._compact()
+        except OSError as exc:
+            # A full disk must not keep the broker from starting: keep the log as it is, cut in place
+            # (shrinking needs no space), and compact at a later start.
+            with contextlib.suppress(OSError):
+                self._tmp.unlink()
+            log.warning("offsets log %s: cannot compact (%s); appending to it as it is", self.path, exc)
+            self._open_in_place(valid)
 
     def _replay(self, data: bytes) -> int:
         pos = 0
@@ -163,6 +174,16 @@ class OffsetsStore:
             self._file = os.open(self.path, os.O_WRONLY | os.O_APPEND)
             self._size = self._size_after_compaction = len(blob)
 
+    def _open_in_place(self, valid_bytes: int) -> None:
+        with self._lock:
+            if self._file is not None:
+                os.close(self._file)
+            self._file = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.ftruncate(self._file, valid_bytes)
+            if self.fsync_enabled:
+                os.fsync(self._file)
+            self._size = self._size_after_compaction = valid_bytes
+
     # -- reads --------------------------------------------------------------------------------
 
     def get(self, group: str, topic: str, partition: int) -> CommittedOffset | None:
@@ -209,10 +230,23 @@ class OffsetsStore:
     def _write_sync(self, blob: bytes) -> None:
         with self._lock:
             if self._file is None:
-                raise OSError("the offsets store is closed")
-            _write_all(self._file, blob)
+                raise StorageError("the offsets store is closed")
+            try:
+                _write_all(self._file, blob)
+            except OSError as exc:
+                # No torn record may stay in front of later ones: cut back to the last whole record.
+                try:
+                    os.ftruncate(self._file, self._size)
+                except OSError as cut_exc:
+                    raise StorageError(f"cannot cut a partial offsets record in {self.path}: {cut_exc}") from exc
+                if is_disk_full(exc):
+                    raise DiskFull(f"cannot store committed offsets in {self.path}: the disk is full") from exc
+                raise StorageError(f"cannot store committed offsets in {self.path}: {exc}") from exc
             if self.fsync_enabled:
-                os.fsync(self._file)
+                try:
+                    os.fsync(self._file)
+                except OSError as exc:
+                    raise StorageError(f"cannot fsync committed offsets in {self.path}: {exc}") from exc
             self._size += len(blob)
 
     def close(self) -> None:

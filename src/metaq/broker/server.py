@@ -32,6 +32,7 @@ from metaq.errors import (
     BrokerError,
     BrokerStoppingError,
     CorruptMessageError,
+    DiskFullError,
     InvalidArgument,
     InvalidRequestError,
     InvalidTopicError,
@@ -52,7 +53,7 @@ from metaq.protocol import messages as m
 from metaq.protocol.codec import NEED_DATA, BadRequest, RequestEvent, RequestHeader, ServerConnection
 from metaq.protocol.records import validate_batch
 from metaq.storage import LogConfig, LogManager, OffsetOutOfRange, PartitionLog
-from metaq.storage.errors import DamagedData
+from metaq.storage.errors import DamagedData, DiskFull
 from metaq.types import validate_topic
 
 log = logging.getLogger("metaq.broker")
@@ -206,13 +207,22 @@ class Broker:
     def apply_retention(self, topics: list[str]) -> dict[str, list[int]]:
         """deletePolicy for these topics' partitions (blocking: run in an executor); removed segments."""
         removed: dict[str, list[int]] = {}
+        failures: list[str] = []
         for topic in topics:
             for partition in self.logs.partitions(topic):
                 plog = self.logs.get(topic, partition)
-                if plog is not None:
+                if plog is None:
+                    continue
+                try:  # one partition failing must not hold back the others
                     gone = plog.apply_retention()
-                    if gone:
-                        removed[f"{topic}-{partition}"] = gone
+                except StorageError as exc:
+                    failures.append(str(exc))
+                    continue
+                if gone:
+                    removed[f"{topic}-{partition}"] = gone
+        if failures:
+            raise StorageError(f"retention removed {removed or 'nothing'} but failed for {len(failures)} "
+                               f"partition(s): {'; '.join(failures)}")
         return removed
 
     # -- request plumbing ---------------------------------------------------------------------
@@ -238,6 +248,8 @@ class Broker:
             code, msg = OffsetOutOfRangeError.code, str(exc)
         elif isinstance(exc, DamagedData):
             code, msg = StoredDataCorruptError.code, str(exc)
+        elif isinstance(exc, DiskFull):
+            code, msg = DiskFullError.code, str(exc)
         elif isinstance(exc, InvalidArgument):
             code, msg = InvalidRequestError.code, str(exc)
         elif isinstance(exc, ProtocolError):

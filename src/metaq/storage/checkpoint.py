@@ -79,7 +79,7 @@ class CleanState:
         try:
             state = cls(int(value["segment_base_offset"]), int(value["size_bytes"]),
                         int(value["log_end_offset"]))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: Infinity, 1e400
             return None
         if min(state.segment_base_offset, state.size_bytes, state.log_end_offset) < 0:
             return None

@@ -6,6 +6,8 @@ the broker can map them to wire errors without parsing messages.
 
 from __future__ import annotations
 
+import errno
+
 from metaq.errors import StorageError
 
 
@@ -51,3 +53,17 @@ class DamagedData(StorageError):
         lost = f"; intact data resumes at offset {resume_offset} ({resume_offset - offset} messages unreadable)" \
             if resume_offset >= 0 else "; no intact batch follows in its segment"
         super().__init__(f"{where}: stored batch at offset {offset} (byte {position}) is damaged: {problem}{lost}")
+
+
+class DiskFull(StorageError):
+    """A write failed because the disk (or the quota) is full: nothing was stored, nothing is broken.
+
+    The partition stays readable and writable: the next write that finds space succeeds.
+    """
+
+
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS

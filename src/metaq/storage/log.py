@@ -29,7 +29,7 @@ from metaq.storage.checkpoint import (
     write_partition_clean_state,
 )
 from metaq.storage.config import LogConfig
-from metaq.storage.errors import DamagedData, LogClosedError, OffsetOutOfRange
+from metaq.storage.errors import DamagedData, DiskFull, LogClosedError, OffsetOutOfRange, is_disk_full
 from metaq.storage.files import FileCache, FileHandle
 from metaq.storage.fileslice import FileSlice
 from metaq.storage.flush import Flusher, new_durable_future, resolve
@@ -44,6 +44,14 @@ log = logging.getLogger(__name__)
 
 _OFFSET_MAX = (1 << 63) - 1
 _STANDALONE_MAX_OPEN_FILES = 64
+
+
+def _storage_error(what: str, exc: OSError) -> StorageError:
+    """DiskFull (the partition stays usable: the next write with room succeeds) or a plain StorageError."""
+    if is_disk_full(exc):
+        return DiskFull(f"{what}: the disk is full ({exc.strerror}); nothing was written, reads go on, and "
+                        "writes succeed again once space is freed")
+    return StorageError(f"{what}: {exc}")
 
 
 class AppendResult(NamedTuple):
@@ -284,7 +292,7 @@ class PartitionLog:
         try:
             handle = self._files.acquire(segment.log_path, create=True, on_close=segment.on_log_fd_closed)
         except OSError as exc:
-            raise StorageError(f"cannot open {segment.log_path}: {exc}") from exc
+            raise _storage_error(f"cannot open {segment.log_path}", exc) from exc
         try:
             written = os.pwritev(handle.fd, parts, position)
             if written != total:
@@ -301,21 +309,24 @@ class PartitionLog:
                 os.ftruncate(handle.fd, position)
             except OSError as cut_exc:
                 self._failure = StorageError(f"cannot cut a partial write in {segment.log_path}: {cut_exc}")
-            raise StorageError(f"cannot append to {segment.log_path}: {exc}") from exc
+            raise _storage_error(f"cannot append to {segment.log_path}", exc) from exc
         finally:
             self._files.release(handle)
 
     def _roll_locked(self) -> Segment:
         """Seal the active segment and start a new one at the log end; the old one is synced soon."""
+        segment = Segment(str(self.directory), self._end_offset, self._files, self._config.index_interval_bytes,
+                          self._tag)
+        try:  # the new file first: if the disk refuses it, nothing has changed
+            handle = self._files.acquire(segment.log_path, create=True, on_close=segment.on_log_fd_closed)
+        except OSError as exc:
+            raise _storage_error(f"cannot start segment {segment.log_path}", exc) from exc
+        self._files.release(handle)
         old = self._active
         old.seal()
         self._unsynced_sealed.append(old)
-        segment = Segment(str(self.directory), self._end_offset, self._files, self._config.index_interval_bytes,
-                          self._tag)
         segment.start_empty_indexes()
         segment.dir_synced = False
-        handle = self._files.acquire(segment.log_path, create=True, on_close=segment.on_log_fd_closed)
-        self._files.release(handle)
         self._segments.append(segment)
         self._bases.append(segment.base_offset)
         self._active = segment
@@ -385,8 +396,7 @@ class PartitionLog:
             if segment.synced_bytes < segment.size_bytes or segment is forced:
                 self._fdatasync(segment)
                 segment.synced_bytes = segment.size_bytes
-            segment.write_index_bytes(index_bytes, timeindex_bytes)
-            segment.sync_index_files(self._sync)
+            self._write_indexes(segment, index_bytes, timeindex_bytes, sync_files=True)
         if forced is not None and forced is not active and all(forced is not s for s, _, _ in sealed):
             self._fdatasync(forced)
         if active.synced_bytes < target_bytes or forced is active:
@@ -399,7 +409,20 @@ class PartitionLog:
                 segment.dir_synced = True
             active.dir_synced = True
         # Index entries only go to disk after the bytes they point at are synced (see recovery.py).
-        active.write_index_bytes(*active_index)
+        self._write_indexes(active, *active_index, sync_files=False)
+
+    def _write_indexes(self, segment: Segment, index_bytes: bytes, timeindex_bytes: bytes, *,
+                       sync_files: bool) -> None:
+        """Write (and at a seal, fsync) index entries. Indexes are derived data: a failure here (a full
+        disk) drops the segment's index files, to be rebuilt from the log, and is not a log failure."""
+        try:
+            segment.write_index_bytes(index_bytes, timeindex_bytes)
+            if sync_files:
+                segment.sync_index_files(self._sync)
+        except OSError as exc:
+            segment.drop_index_files()
+            log.warning("%s: cannot write the index of segment %d (%s); its index files are dropped and rebuilt "
+                        "from the log when next needed", self, segment.base_offset, exc)
 
     def _fdatasync(self, segment: Segment) -> None:
         handle = self._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
@@ -617,14 +640,21 @@ class PartitionLog:
             for segment in victims:
                 for path in (segment.log_path, segment.index_path, segment.timeindex_path):
                     self._files.discard(path)
-        errors = []
-        for segment in victims:
+        for i, segment in enumerate(victims):
             try:
                 dispose_segment(segment.log_path, (segment.index_path, segment.timeindex_path), policy)
             except OSError as exc:
-                errors.append(f"{segment.log_path}: {exc}")
-        if errors:
-            raise StorageError(f"retention of {self} could not remove: {'; '.join(errors)}")
+                if not os.path.exists(segment.log_path):
+                    continue  # only an index file is left behind: the next open removes it as an orphan
+                # This segment and the later ones are still on disk: they stay the head of the log (a
+                # prefix, so offsets stay contiguous) and the next run tries again.
+                kept = victims[i:]
+                with self._lock:
+                    self._segments[:0] = kept
+                    self._bases[:0] = [s.base_offset for s in kept]
+                    self._size_bytes += sum(s.size_bytes for s in kept)
+                raise StorageError(f"retention of {self} could not remove {segment.log_path}: {exc}; "
+                                   f"{len(kept)} segment(s) kept, retried at the next run") from exc
         return [s.base_offset for s in victims]
 
     # ------------------------------------------------------------------ configuration and lifecycle

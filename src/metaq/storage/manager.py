@@ -119,7 +119,10 @@ class LogManager:
             for partition_log in logs:
                 self._register(partition_log)
             if mark_format:  # only once every partition opened: a refused old directory stays unmarked
-                write_json(self.data_dir / FORMAT_FILE, {"record_batch_format": MAGIC}, sync=self._sync)
+                try:
+                    write_json(self.data_dir / FORMAT_FILE, {"record_batch_format": MAGIC}, sync=self._sync)
+                except OSError as exc:  # a full disk must not keep the broker from starting read-only
+                    log.warning("cannot write %s (%s); it is written at the next start", FORMAT_FILE, exc)
             self.flusher.start()
             self._opened = True
         except BaseException:

@@ -85,12 +85,13 @@ def load_segments(directory: str, files: FileCache, index_interval_bytes: int, t
         if result.problem is None and result.next_offset == clean_state.log_end_offset:
             report.clean = True
             if _index_files_stale(newest):
-                newest.rewrite_index_files()
+                _rewrite_indexes(newest, None)
             return segments, report
         report.problems.append(f"clean shutdown state did not hold: {result.problem}")
+        newest.size_bytes = os.stat(newest.log_path).st_size  # the tail check shortened it: check it all
     result = _check_segment(newest, tag, from_start=True)
     _cut(newest, result, report, sync)
-    newest.rewrite_index_files()
+    _rewrite_indexes(newest, None)
     i = len(segments) - 2
     while i >= 0:
         segment, following_segment = segments[i], segments[i + 1]
@@ -98,8 +99,7 @@ def load_segments(directory: str, files: FileCache, index_interval_bytes: int, t
         if result.problem is None and result.next_offset == following_segment.base_offset:
             segment.seal()
             if _index_files_stale(segment):
-                segment.rewrite_index_files()
-                segment.sync_index_files(sync)
+                _rewrite_indexes(segment, sync)
             break
         if result.problem is None:
             result.problem = (f"segment ends at offset {result.next_offset} but the next segment starts "
@@ -112,7 +112,7 @@ def load_segments(directory: str, files: FileCache, index_interval_bytes: int, t
         del segments[i + 1:]
         segment.sealed = False
         _cut(segment, result, report, sync)
-        segment.rewrite_index_files()
+        _rewrite_indexes(segment, None)
         fsync_directory(directory, sync)
         i -= 1
     for problem in report.problems:
@@ -201,6 +201,19 @@ def _refuse_old_format(directory: str, bases: list[int]) -> None:
             raise StorageError(f"{path} holds record batches in format version {head[12]}, written by "
                                f"{OLD_MAGICS[head[12]]}; this metaq reads version {MAGIC} only. There is no "
                                "migration: move the data directory away (or delete it) and start again")
+
+
+def _rewrite_indexes(segment: Segment, sync: Callable[[int], None] | None) -> None:
+    """Write a segment's recovered indexes to their files (and fsync them); on a full disk, drop the files
+    instead: the in-memory indexes serve, and the files are written again later."""
+    try:
+        segment.rewrite_index_files()
+        if sync is not None:
+            segment.sync_index_files(sync)
+    except OSError as exc:
+        segment.drop_index_files()
+        log.warning("cannot write the indexes of %s (%s); they are kept in memory and written later",
+                    segment.log_path, exc)
 
 
 def _index_files_stale(segment: Segment) -> bool:

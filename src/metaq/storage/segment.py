@@ -110,7 +110,11 @@ class Segment:
         return self.index.take_pending(), self.time_index.take_pending()
 
     def write_index_bytes(self, index_bytes: bytes, timeindex_bytes: bytes) -> None:
-        """Append encoded entries to the index files (serialised by the log's sync lock)."""
+        """Append encoded entries to the index files (serialised by the log's sync lock). After the files
+        were dropped (a failed write), the whole in-memory indexes are written anew instead."""
+        if self.index_file_bytes < 0 or self.timeindex_file_bytes < 0:
+            self.rewrite_index_files()
+            return
         if index_bytes:
             self.index_file_bytes += _pwrite_file(self.files, self.index_path, index_bytes,
                                                   self.index_file_bytes)
@@ -133,6 +137,17 @@ class Segment:
                 os.close(fd)
         self.index_file_bytes = 8 * len(self.index)
         self.timeindex_file_bytes = 12 * len(self.time_index)
+
+    def drop_index_files(self) -> None:
+        """Remove both index files after a failed write (removing needs no space): a reopen rebuilds them
+        from the log, and the next write rewrites them whole from memory. Never raises."""
+        for path in (self.index_path, self.timeindex_path):
+            self.files.discard(path)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        self.index_file_bytes = self.timeindex_file_bytes = -1
 
     def sync_index_files(self, sync: Callable[[int], None]) -> None:
         """fsync both index files (at seal and clean close, so a clean reopen can trust them)."""
