@@ -112,13 +112,15 @@ class _SliceFile:
 class Broker:
     """Topics, partitions and the request handlers. Network-free: :class:`BrokerProtocol` feeds it."""
 
-    def __init__(self, config: BrokerConfig, *, config_path: str | None = None) -> None:
+    def __init__(self, config: BrokerConfig, *, config_path: str | None = None,
+                 sync: Callable[[int], None] = os.fdatasync) -> None:
+        """``sync`` is the fdatasync the logs use; tests inject one that is held, counted or fails."""
         self.config = config
         self.config_path = config_path
         self.stats = BrokerStats()
         self.waiters = FetchWaiters(config.max_waiting_fetches)
         self.logs = LogManager(config.data_path, config.broker_id, self._log_config(None),
-                               load_in_parallel=config.load_message_stores_in_parallel)
+                               load_in_parallel=config.load_message_stores_in_parallel, sync=sync)
         self.topics: dict[str, TopicState] = {}
         self.stopping = False
         self.in_flight = 0

@@ -1,0 +1,123 @@
+"""Fixed sample values of every frame, for the golden byte fixtures in ``golden/``.
+
+One request and one response per API and version. The values are chosen so the bytes show mistakes:
+fields of the same wire type in one message have different values (so swapping two of them changes
+the bytes; ``test_protocol_golden`` checks this), strings include multi-byte UTF-8, numbers include
+negatives and values that need every byte, and the nullable encodings appear both null and not.
+
+A ``records`` field is opaque bytes at the frame level, so it carries a fixed blob, not a record batch:
+these fixtures do not depend on the record batch format.
+
+Changing a value here changes the fixtures: regenerate them (see ``golden/README.md``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from metaq.protocol import messages as m
+
+CLIENT_ID = "golden-clïent"
+"""Not ASCII: its i16 length counts bytes, not characters."""
+CORRELATION_ID = 1
+"""What a fresh ClientConnection gives its first request."""
+RECORDS_BLOB = b"\x00\x01opaque records, not a batch\xfe\xff"
+MESSAGE_ID = (7 << 112) | (0x0123456789AB << 64) | 4711
+"""Broker 7, a 48-bit partition tag, offset 4711: every byte of the uint128 is used."""
+
+ORDERS = m.OffsetEntry(topic="orders", partition=0, offset=4711, metadata="at 12:00 ✓", error_code=0)
+REFUNDS = m.OffsetEntry(topic="refunds", partition=1, offset=-1, metadata=None, error_code=22)
+
+SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
+    ("ApiVersions", 0): (
+        m.ApiVersionsRequest(client_software="metaq-golden/1.0 ✓"),
+        m.ApiVersionsResponse(error_code=0, error_message=None, broker_id=7, server_version="0.9.1",
+                              apis=[m.ApiVersionRange(5, 1, 3), m.ApiVersionRange(17, 2, 4)]),
+    ),
+    ("Metadata", 0): (
+        m.MetadataRequest(topics=None),
+        m.MetadataResponse(
+            error_code=0, error_message=None,
+            brokers=[m.BrokerInfo(1, "broker-a.example", 8123), m.BrokerInfo(2, "10.0.0.2", 8124)],
+            topics=[m.TopicInfo("orders", 0, [m.PartitionInfo(0, 1, 0, True, False),
+                                              m.PartitionInfo(3, 2, 5, False, True)]),
+                    m.TopicInfo("gøne", 3, [])]),
+    ),
+    ("CreateTopic", 0): (
+        m.CreateTopicRequest(topic="orders", num_partitions=8,
+                             configs=[m.ConfigEntry("deletePolicy", "delete,72"),
+                                      m.ConfigEntry("unflushThreshold", "1")]),
+        m.CreateTopicResponse(error_code=0, error_message=None, num_partitions=8),
+    ),
+    ("DeleteTopic", 0): (
+        m.DeleteTopicRequest(topic="old-orders"),
+        m.DeleteTopicResponse(error_code=3, error_message="topic 'old-orders' does not exist"),
+    ),
+    ("Produce", 0): (
+        m.ProduceRequest(topic="orders", partition=2, acks=1, timeout_ms=30000, records=RECORDS_BLOB),
+        m.ProduceResponse(error_code=0, error_message=None, partition=2, base_offset=4711,
+                          base_message_id=MESSAGE_ID, append_time_ms=1_700_000_000_123),
+    ),
+    ("Fetch", 0): (
+        m.FetchRequest(topic="orders", partition=2, offset=4711, max_bytes=1 << 20, max_wait_ms=500,
+                       group="billing"),
+        m.FetchResponse(error_code=0, error_message=None, log_start_offset=100, log_end_offset=4800,
+                        reset_offset=-1, records=RECORDS_BLOB),
+    ),
+    ("ListOffsets", 0): (
+        m.ListOffsetsRequest(topic="orders", partition=2, timestamp_ms=-2),
+        m.ListOffsetsResponse(error_code=0, error_message=None, offset=100, log_start_offset=50,
+                              log_end_offset=4800),
+    ),
+    ("JoinGroup", 0): (
+        m.JoinGroupRequest(group="billing", member_id="", client_id="billing-worker-1",
+                           session_timeout_ms=10_000, rebalance_timeout_ms=30_000,
+                           topics=["orders", "refunds"], strategy="range"),
+        m.JoinGroupResponse(error_code=0, error_message=None, generation=5, member_id="worker-1-9f2c",
+                            members=["worker-1-9f2c", "worker-2-77aa"],
+                            assignment=[m.TopicAssignment("orders", [0, 2]), m.TopicAssignment("refunds", [1])]),
+    ),
+    ("Heartbeat", 0): (
+        m.HeartbeatRequest(group="billing", generation=5, member_id="worker-1-9f2c"),
+        m.HeartbeatResponse(error_code=27, error_message="the group is rebalancing; join again"),
+    ),
+    ("LeaveGroup", 0): (
+        m.LeaveGroupRequest(group="billing", member_id="worker-1-9f2c"),
+        m.LeaveGroupResponse(error_code=0, error_message=None),
+    ),
+    ("OffsetCommit", 0): (
+        m.OffsetCommitRequest(group="billing", generation=-1, member_id="", offsets=[ORDERS, REFUNDS]),
+        m.OffsetCommitResponse(error_code=0, error_message=None, results=[ORDERS, REFUNDS]),
+    ),
+    ("OffsetFetch", 0): (
+        m.OffsetFetchRequest(group="billing", partitions=[m.TopicPartitionRef("orders", 0),
+                                                          m.TopicPartitionRef("refunds", 1)]),
+        m.OffsetFetchResponse(error_code=0, error_message=None, offsets=[ORDERS]),
+    ),
+    ("Stats", 0): (
+        m.StatsRequest(topic="orders"),
+        m.StatsResponse(error_code=0, error_message=None, stats_json=b'{"uptime_s": 12, "topics": {}}'),
+    ),
+    ("ListGroups", 0): (
+        m.ListGroupsRequest(),
+        m.ListGroupsResponse(error_code=0, error_message=None, groups=["billing", "audit"]),
+    ),
+    ("DescribeGroup", 0): (
+        m.DescribeGroupRequest(group="billing"),
+        m.DescribeGroupResponse(error_code=0, error_message=None, state="Stable", generation=5, strategy="range",
+                                members=[m.GroupMember("worker-1-9f2c", "billing-worker-1", "10.0.0.5",
+                                                       [m.TopicAssignment("orders", [0, 1])])]),
+    ),
+    ("PartitionState", 0): (
+        m.PartitionStateRequest(topic="orders", partition=-1, open=False),
+        m.PartitionStateResponse(error_code=0, error_message=None),
+    ),
+    ("Reload", 0): (
+        m.ReloadRequest(),
+        m.ReloadResponse(error_code=0, error_message=None, changed_topics=["orders"]),
+    ),
+    ("LookupMessage", 0): (
+        m.LookupMessageRequest(message_id=MESSAGE_ID),
+        m.LookupMessageResponse(error_code=0, error_message=None, topic="orders", partition=2, offset=4711),
+    ),
+}
