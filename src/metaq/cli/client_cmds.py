@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeVar
 
 import click
 
+from metaq.cli.text import plural
 from metaq.client import Message, MessageSessionFactory
 from metaq.errors import MetaqError
 from metaq.types import format_message_id
@@ -58,7 +59,7 @@ async def topic_create(servers: str, topic: str, partitions: int) -> None:
     """Create TOPIC on the broker."""
     async with await _session(servers) as session:
         n = await session.admin().create_topic(topic, partitions)
-        click.echo(f"created topic {topic} with {n} partitions")
+        click.echo(f"created topic {topic} with {plural(n, 'partition')}")
 
 
 @topic_group.command("delete")
@@ -87,7 +88,7 @@ async def topic_list(servers: str, as_json: bool) -> None:
         click.echo(json.dumps({t: len(ps) for t, ps in sorted(topics.items())}))
         return
     for name, parts in sorted(topics.items()):
-        click.echo(f"{name}\t{len(parts)} partitions")
+        click.echo(f"{name}\t{plural(len(parts), 'partition')}")
 
 
 @topic_group.command("describe")
@@ -176,7 +177,7 @@ async def produce(servers: str, topic: str, key: str | None, attribute: str | No
                 sent, failed = await _drain(futures, print_ids, sent, failed)
         sent, failed = await _drain(futures, print_ids, sent, failed)
         await producer.close()
-    click.echo(f"sent {sent} messages to {topic}" + (f", {failed} failed" if failed else ""), err=True)
+    click.echo(f"sent {plural(sent, 'message')} to {topic}" + (f", {failed} failed" if failed else ""), err=True)
     if failed:
         sys.exit(1)
 
@@ -361,7 +362,7 @@ async def group_describe(servers: str, group: str, topics: tuple[str, ...], as_j
         click.echo(json.dumps(desc.as_dict()))
         return
     click.echo(f"group {desc.group}: {desc.state}, generation {desc.generation}, strategy {desc.strategy}, "
-               f"{len(desc.members)} members, total lag {desc.total_lag}")
+               f"{plural(len(desc.members), 'member')}, total lag {desc.total_lag}")
     for mb in desc.members:
         click.echo(f"  member {mb.member_id} ({mb.client_id}): {mb.assignment}")
     click.echo("topic\tpartition\towner\tcommitted\tlog_end\tlag")
@@ -392,8 +393,8 @@ async def group_reset(servers: str, group: str, topic: str, to: str, timestamp_m
                                     partitions=list(partitions) or None, dry_run=dry_run)
     for partition, (old, new) in sorted(moved.items()):
         click.echo(f"{topic}\t{partition}\t{old} -> {new}")
-    click.echo(("would reset" if dry_run else "reset") + f" {len(moved)} partitions of {topic} for group {group}",
-               err=True)
+    click.echo(("would reset" if dry_run else "reset")
+               + f" {plural(len(moved), 'partition')} of {topic} for group {group}", err=True)
 
 
 def register(cli: click.Group) -> None:
