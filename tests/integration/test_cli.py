@@ -26,6 +26,30 @@ def _put_messages(servers: str, prefix: str) -> int:
                for p in t["partitions"].values())
 
 
+# -- a topic that does not exist ------------------------------------------------------------------
+
+def test_consume_of_a_missing_topic_is_an_error_naming_it_and_the_servers(broker: BrokerProcess) -> None:
+    done = metaq("consume", "nope", "-s", broker.servers)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == f"Error: topic 'nope' does not exist on {broker.servers}\n"
+
+
+def test_consume_follow_waits_for_a_missing_topic_and_ctrl_c_ends_it_quietly(broker: BrokerProcess) -> None:
+    s = ["-s", broker.servers]
+    with CliProcess("consume", "later", "--follow", *s) as proc:
+        notice = proc.wait_for_stderr("does not exist")
+        assert notice == (f"topic 'later' does not exist on {broker.servers} yet; waiting for it to be created "
+                          "(Ctrl-C to stop)")
+        assert metaq("topic", "create", "later", "-p", "2", *s).returncode == 0
+        assert metaq("produce", "later", "-p", "1", *s, input="first\n").returncode == 0
+        assert proc.wait_for_stdout(1) == ["first"]
+        assert metaq("produce", "later", "-p", "0", *s, input="second\n").returncode == 0
+        assert proc.wait_for_stdout(2) == ["first", "second"]
+        proc.interrupt()
+        assert_quiet_interrupt(proc)
+    assert [line for line in proc.stderr if line] == [notice]
+
+
 # -- Ctrl-C ---------------------------------------------------------------------------------------
 
 def test_produce_ctrl_c_sends_what_was_read_then_exits_130(broker: BrokerProcess) -> None:

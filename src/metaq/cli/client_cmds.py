@@ -145,6 +145,8 @@ topic_group.add_command(_state_command("open", True))
 
 STDIN_CHUNK_BYTES = 1 << 16
 DRAIN_EVERY_MESSAGES = 10_000
+TOPIC_POLL_S = 1.0
+"""How often `consume --follow` asks whether a missing topic exists yet."""
 
 
 @click.command("produce")
@@ -287,16 +289,21 @@ def _parse_offset(value: str) -> Literal["earliest", "latest"] | int:
               help="Where to start: earliest, latest or an offset number.")
 @click.option("-n", "--max", "max_messages", type=click.IntRange(1), default=None, help="Stop after N messages.")
 @click.option("-f", "--follow", is_flag=True, help="Keep waiting for new messages (long polling) instead of "
-                                                  "stopping at the end. Stop with Ctrl-C (exit code 130).")
+                                                  "stopping at the end; a topic that does not exist yet is "
+                                                  "waited for. Stop with Ctrl-C (exit code 130).")
 @click.option("--format", "fmt", type=click.Choice(["value", "json"]), default="value", show_default=True,
               help="value: the payload as a line; json: one JSON object per message with its metadata.")
 @run_async
 async def consume(servers: str, topic: str, partition: tuple[int, ...], offset: str, max_messages: int | None,
                   follow: bool, fmt: str) -> None:
-    """Print TOPIC's messages, partition by partition in offset order."""
+    """Print TOPIC's messages, partition by partition in offset order.
+
+    A TOPIC that does not exist is an error (exit code 1); with --follow, a notice on stderr, and the
+    command waits until it is created.
+    """
     start = _parse_offset(offset)
     async with await _session(servers) as session:
-        parts = [p.partition for p in await session.partitions(topic)]
+        parts = [p.partition for p in await _topic_partitions(session, topic, servers, follow)]
         if partition:
             missing = sorted(set(partition) - set(parts))
             if missing:
@@ -345,6 +352,21 @@ async def consume(servers: str, topic: str, partition: tuple[int, ...], offset: 
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             out.flush()
+
+
+async def _topic_partitions(session: MessageSessionFactory, topic: str, servers: str, follow: bool) -> list[Any]:
+    """The topic's partitions; a missing topic is an error, or with --follow waited for."""
+    parts = await session.partitions(topic)
+    if parts:
+        return parts
+    if not follow:
+        raise click.ClickException(f"topic {topic!r} does not exist on {servers}")
+    click.echo(f"topic {topic!r} does not exist on {servers} yet; waiting for it to be created "
+               "(Ctrl-C to stop)", err=True)
+    while not parts:
+        await asyncio.sleep(TOPIC_POLL_S)
+        parts = await session.partitions(topic)
+    return parts
 
 
 # -- stats / admin ------------------------------------------------------------------------------
