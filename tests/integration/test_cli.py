@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -115,3 +116,14 @@ def test_consume_into_a_reader_that_stops_early_ends_quietly(broker: BrokerProce
     proc.stdout.close()
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1 and err == b""
+
+
+def test_bench_logging_reports_the_cost_of_a_logging_call(broker: BrokerProcess) -> None:
+    done = metaq("bench", "logging", "-s", broker.servers, "-n", "500", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["records"] == 500
+    assert (doc["broker_up"]["pending"], doc["broker_up"]["dropped"]) == (0, 0)
+    assert (doc["broker_down"]["pending"], doc["broker_down"]["dropped"]) == (500, 0)
+    assert doc["broker_up"]["emit_us"] > 0 and doc["broker_down"]["records_per_s"] > 0
+    assert len(_values(broker.servers, "bench-logging")) == 500
