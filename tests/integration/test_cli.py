@@ -127,3 +127,17 @@ def test_bench_logging_reports_the_cost_of_a_logging_call(broker: BrokerProcess)
     assert (doc["broker_down"]["pending"], doc["broker_down"]["dropped"]) == (500, 0)
     assert doc["broker_up"]["emit_us"] > 0 and doc["broker_down"]["records_per_s"] > 0
     assert len(_values(broker.servers, "bench-logging")) == 500
+
+
+def test_produce_to_a_partition_of_a_missing_topic_is_an_error(broker: BrokerProcess) -> None:
+    # before, the broker placed the lines of a topic it was creating: `-p 0` spread them over 4 partitions
+    s = ["-s", broker.servers]
+    for name, option in (("--partition", ["-p", "0"]), ("--key", ["-k", "user-7"])):
+        done = metaq("produce", "fresh", *option, *s, input="a\nb\n")
+        assert done.returncode == 1
+        assert done.stderr == (f"Error: topic 'fresh' does not exist on {broker.servers}; {name} needs its "
+                               "partitions: create it first (metaq topic create fresh)\n")
+    assert metaq("topic", "create", "fresh", *s).returncode == 0
+    lines = "".join(f"{i}\n" for i in range(20_000))
+    assert metaq("produce", "fresh", "-p", "2", *s, input=lines).returncode == 0
+    assert _values(broker.servers, "fresh") == [str(i).encode() for i in range(20_000)]

@@ -161,6 +161,9 @@ async def produce(servers: str, topic: str, key: str | None, attribute: str | No
                   print_ids: bool) -> None:
     """Send each line of standard input to TOPIC as one message (the newline is not sent).
 
+    A TOPIC that does not exist is created by the broker if it allows it (autoCreateTopics), except
+    with --partition or --key, which need the topic's partitions: then it is an error.
+
     Ctrl-C stops reading: the lines already read are sent and acknowledged, the count is printed and
     the exit code is 130.
     """
@@ -176,6 +179,11 @@ async def produce(servers: str, topic: str, key: str | None, attribute: str | No
     tally = _Tally()
     interrupted = False
     async with await _session(servers) as session:
+        if selector is not None and not await session.partitions(topic):
+            # before the topic exists the broker places each batch itself: -p and -k would be ignored
+            option = "--partition" if partition is not None else "--key"
+            raise click.ClickException(f"topic {topic!r} does not exist on {servers}; {option} needs its "
+                                       f"partitions: create it first (metaq topic create {topic})")
         producer = session.create_producer(selector=selector)
         futures: deque[asyncio.Future[Any]] = deque()
         try:
