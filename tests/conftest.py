@@ -1,4 +1,10 @@
-"""Shared fixtures: real broker processes on 127.0.0.1 with kernel-chosen ports."""
+"""Shared fixtures: real broker processes on 127.0.0.1 with kernel-chosen ports.
+
+Every broker a test starts (through these fixtures or with BrokerProcess directly) is checked when
+the test ends: a traceback or an ERROR/CRITICAL record in its log, or an exit code other than 0 (or
+-9 after the test's own kill()), fails the test unless the test declared it (``expect_errors=True``,
+``broker.allow_log(regex)``, ``broker.expect_exit_code(code)``). See metaq.testing.broker.
+"""
 
 from __future__ import annotations
 
@@ -8,27 +14,55 @@ from typing import Any
 
 import pytest
 
-from metaq.testing.broker import BrokerProcess
+from metaq.testing.broker import BrokerProcess, track_brokers
+
+pytest_plugins = ["pytester"]
+
+
+def _stop_and_check(brokers: list[BrokerProcess]) -> None:
+    for proc in brokers:
+        proc.stop_or_kill(15)
+    found = [f"broker {proc.data_dir}: {problem}" for proc in brokers for problem in proc.problems()]
+    if found:
+        tails = "\n".join(f"-- {proc.data_dir} (last 200 lines) --\n{proc.output()}"
+                          for proc in brokers if proc.problems())
+        pytest.fail("a broker this test started went wrong and the test did not say it expected that:\n"
+                    + "\n".join(found) + "\n" + tails, pytrace=False)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _check_session_brokers() -> Iterator[None]:
+    """Brokers of module- or session-scoped fixtures: checked once everything is over."""
+    with track_brokers() as brokers:
+        yield
+    _stop_and_check(brokers)
+
+
+@pytest.fixture(autouse=True)
+def _check_test_brokers(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Brokers started while a test ran (its fixtures included): stopped and checked at its end."""
+    with track_brokers() as brokers:
+        yield
+    _stop_and_check(brokers)
 
 
 @pytest.fixture
 def broker_factory(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
-    """Start brokers with given MetaQ options; all are stopped (or killed) at the end of the test."""
+    """Start brokers with given MetaQ options; all are stopped (or killed) at the end of the test.
+
+    ``expect_errors=True``: the test provokes ERROR records or tracebacks in this broker's log on purpose.
+    """
     started: list[BrokerProcess] = []
 
     def make(options: dict[str, Any] | None = None, *, name: str = "broker", start: bool = True,
-             config_text: str | None = None) -> BrokerProcess:
-        proc = BrokerProcess(tmp_path / name, options, config_text=config_text)
+             config_text: str | None = None, expect_errors: bool = False) -> BrokerProcess:
+        proc = BrokerProcess(tmp_path / name, options, config_text=config_text, expect_errors=expect_errors)
         started.append(proc)
         return proc.start() if start else proc
 
     yield make
     for proc in started:
-        if proc.running:
-            try:
-                proc.stop(15)
-            except AssertionError:
-                proc.kill()
+        proc.stop_or_kill(15)
 
 
 @pytest.fixture

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from metaq.client.group.bench import children_ignore_sigint
+
 _DATA = operator.attrgetter("data")
 FLUSH_MODES = {"group": 0, "sync": 1}
 
@@ -325,8 +327,9 @@ def _run_workers(kind: str, spec: BenchSpec, n: int, show: _Progress,
     out = ctx.Queue()
     counters = [ctx.Value("q", 0, lock=False) for _ in range(n)]
     procs = [ctx.Process(target=_worker_entry, args=(kind, spec, i, counters[i], out), daemon=True) for i in range(n)]
-    for p in procs:
-        p.start()
+    with children_ignore_sigint():  # Ctrl-C is the parent's: it stops the run, workers die with it
+        for p in procs:
+            p.start()
     if before_wait is not None:
         before_wait(counters)
     results: list[dict[str, Any]] = []
@@ -418,7 +421,8 @@ def _run(spec: BenchSpec, progress: bool, servers: str) -> BenchResult:
             out = ctx.Queue()
             cprog = ctx.Value("q", 0, lock=False)
             consumer = ctx.Process(target=_worker_entry, args=("e2e-consumer", spec, 0, cprog, out), daemon=True)
-            consumer.start()
+            with children_ignore_sigint():
+                consumer.start()
             deadline = time.monotonic() + 60
             while cprog.value != -1 and time.monotonic() < deadline and consumer.is_alive():
                 time.sleep(0.01)

@@ -57,8 +57,14 @@ async def serve(config: BrokerConfig, *, config_path: str | None = None,
         except Exception as exc:
             log.error("reload of %s refused: %s", config_path, exc)
 
+    stopped_by: list[int] = []
+
+    def on_stop(sig: int) -> None:
+        stopped_by.append(sig)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_stop, sig)
     loop.add_signal_handler(signal.SIGHUP, on_reload)
     tasks = [loop.create_task(_roll_stats(broker)), loop.create_task(_retention(broker))]
     n_parts = sum(s.num_partitions for s in broker.topics.values())
@@ -76,7 +82,7 @@ async def serve(config: BrokerConfig, *, config_path: str | None = None,
     with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
         await asyncio.wait_for(server.wait_closed(), 1.0)
     log.info("stopped cleanly")
-    return 0
+    return 128 + signal.SIGINT if stopped_by[:1] == [signal.SIGINT] else 0  # Ctrl-C: 130, as a shell expects
 
 
 async def _roll_stats(broker: Broker) -> None:

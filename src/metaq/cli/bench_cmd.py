@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from metaq.cli.text import plural
+
 
 def _common(fn: Any) -> Any:
     options = [
@@ -125,6 +127,78 @@ def bench_group_consume(servers: str | None, members: tuple[int, ...], count: in
         return
     for r in results:
         click.echo(json.dumps(r))
+
+
+@bench_group.command("logging")
+@click.option("-s", "--servers", default=None, help="Broker to log to; default: an embedded broker for the run.")
+@click.option("-n", "--count", type=click.IntRange(1), default=100_000, show_default=True,
+              help="Records logged in each case.")
+@click.option("--json", "as_json", is_flag=True)
+def bench_logging(servers: str | None, count: int, as_json: bool) -> None:
+    """metaq.logging.MetaqHandler: what a logging call costs the application, broker up and broker down."""
+    import tempfile
+
+    from metaq.testing.broker import BrokerProcess
+
+    with tempfile.TemporaryDirectory(prefix="metaq-bench-") as tmp:
+        broker = None if servers else BrokerProcess(f"{tmp}/data", {"numPartitions": 4,
+                                                                    "unflushThreshold": 0}).start()
+        try:
+            up = _log_records(servers or (broker.servers if broker else ""), count, wait_for_acks=True)
+        finally:
+            if broker is not None:
+                broker.stop()
+    down = _log_records(f"127.0.0.1:{_refused_port()}", count, wait_for_acks=False)
+    result = {"records": count, "broker_up": up, "broker_down": down}
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    click.echo(f"MetaqHandler, {plural(count, 'record', thousands=True)} logged from one thread "
+               "(JSON, two extra fields)")
+    click.echo(f"  broker up:   emit {up['emit_us']:.1f} us/record ({up['records_per_s']:,.0f} records/s); "
+               f"all acknowledged {up['acked_s']:.2f}s after the first call")
+    click.echo(f"  broker down: emit {down['emit_us']:.1f} us/record ({down['records_per_s']:,.0f} records/s); "
+               f"{down['pending']:,} pending, {down['dropped']} dropped")
+
+
+def _refused_port() -> int:
+    """A loopback port nothing listens on: connecting is refused at once."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _log_records(servers: str, count: int, *, wait_for_acks: bool) -> dict[str, Any]:
+    import logging
+    import time
+
+    from metaq.logging import MetaqHandler
+
+    handler = MetaqHandler(servers, "bench-logging", max_buffered_records=count, error_interval_s=3600)
+    quiet, logging.raiseExceptions = logging.raiseExceptions, False  # no reports of the broker being down
+    log = logging.getLogger(f"metaq-bench-logging-{time.monotonic_ns()}")
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    log.addHandler(handler)
+    try:
+        started = time.perf_counter()
+        for i in range(count):
+            log.info("request %d served", i, extra={"seq": i, "path": f"/api/orders/{i % 7}"})
+        emitted = time.perf_counter() - started
+        acked: float | None = None
+        if wait_for_acks:
+            if not handler.drain(600):
+                raise click.ClickException(f"the broker at {servers} did not acknowledge the records in 600 s")
+            acked = time.perf_counter() - started
+        stats = handler.stats()
+    finally:
+        log.removeHandler(handler)
+        handler.close(timeout=0 if not wait_for_acks else None)
+        logging.raiseExceptions = quiet
+    return {"emit_us": round(emitted / count * 1e6, 2), "records_per_s": round(count / emitted),
+            "acked_s": None if acked is None else round(acked, 3), "pending": stats.pending, "dropped": stats.dropped}
 
 
 @bench_group.command("storage")

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
 import sys
-from collections.abc import Callable, Coroutine
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Literal, TypeVar
 
 import click
 
+from metaq.cli.text import plural
 from metaq.client import Message, MessageSessionFactory
 from metaq.errors import MetaqError
 from metaq.types import format_message_id
@@ -58,7 +62,7 @@ async def topic_create(servers: str, topic: str, partitions: int) -> None:
     """Create TOPIC on the broker."""
     async with await _session(servers) as session:
         n = await session.admin().create_topic(topic, partitions)
-        click.echo(f"created topic {topic} with {n} partitions")
+        click.echo(f"created topic {topic} with {plural(n, 'partition')}")
 
 
 @topic_group.command("delete")
@@ -87,7 +91,7 @@ async def topic_list(servers: str, as_json: bool) -> None:
         click.echo(json.dumps({t: len(ps) for t, ps in sorted(topics.items())}))
         return
     for name, parts in sorted(topics.items()):
-        click.echo(f"{name}\t{len(parts)} partitions")
+        click.echo(f"{name}\t{plural(len(parts), 'partition')}")
 
 
 @topic_group.command("describe")
@@ -139,6 +143,12 @@ topic_group.add_command(_state_command("open", True))
 # -- produce / consume --------------------------------------------------------------------------
 
 
+STDIN_CHUNK_BYTES = 1 << 16
+DRAIN_EVERY_MESSAGES = 10_000
+TOPIC_POLL_S = 1.0
+"""How often `consume --follow` asks whether a missing topic exists yet."""
+
+
 @click.command("produce")
 @servers_option
 @click.argument("topic")
@@ -149,7 +159,14 @@ topic_group.add_command(_state_command("open", True))
 @run_async
 async def produce(servers: str, topic: str, key: str | None, attribute: str | None, partition: int | None,
                   print_ids: bool) -> None:
-    """Send each line of standard input to TOPIC as one message (the newline is not sent)."""
+    """Send each line of standard input to TOPIC as one message (the newline is not sent).
+
+    A TOPIC that does not exist is created by the broker if it allows it (autoCreateTopics), except
+    with --partition or --key, which need the topic's partitions: then it is an error.
+
+    Ctrl-C stops reading: the lines already read are sent and acknowledged, the count is printed and
+    the exit code is 130.
+    """
     from metaq.client.selectors import KeyHashSelector
 
     def fixed(_topic: str, partitions: Any, _message: Message) -> Any:
@@ -159,41 +176,103 @@ async def produce(servers: str, topic: str, key: str | None, attribute: str | No
         raise click.BadParameter(f"{topic} has no partition {partition}", param_hint="--partition")
 
     selector: Any = fixed if partition is not None else (KeyHashSelector() if key is not None else None)
+    tally = _Tally()
+    interrupted = False
     async with await _session(servers) as session:
+        if selector is not None and not await session.partitions(topic):
+            # before the topic exists the broker places each batch itself: -p and -k would be ignored
+            option = "--partition" if partition is not None else "--key"
+            raise click.ClickException(f"topic {topic!r} does not exist on {servers}; {option} needs its "
+                                       f"partitions: create it first (metaq topic create {topic})")
         producer = session.create_producer(selector=selector)
-        loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[Any]] = []
-        reader = sys.stdin.buffer
-        sent = failed = 0
-        while True:
-            line = await loop.run_in_executor(None, reader.readline)
-            if not line:
-                break
-            data = line[:-1] if line.endswith(b"\n") else line
-            msg = Message(topic, data, attribute=attribute, key=key.encode() if key is not None else None)
-            futures.append(producer.send_async(msg))
-            if len(futures) >= 10_000:
-                sent, failed = await _drain(futures, print_ids, sent, failed)
-        sent, failed = await _drain(futures, print_ids, sent, failed)
+        futures: deque[asyncio.Future[Any]] = deque()
+        try:
+            async for data in _stdin_lines():
+                msg = Message(topic, data, attribute=attribute, key=key.encode() if key is not None else None)
+                futures.append(producer.send_async(msg))
+                if len(futures) >= DRAIN_EVERY_MESSAGES:
+                    await _drain(futures, print_ids, tally)
+        except asyncio.CancelledError:  # Ctrl-C: what was handed to the producer is still sent
+            interrupted = True
+            _uncancel()
+        await _drain(futures, print_ids, tally)
         await producer.close()
-    click.echo(f"sent {sent} messages to {topic}" + (f", {failed} failed" if failed else ""), err=True)
-    if failed:
+    click.echo(f"sent {plural(tally.sent, 'message')} to {topic}" + (f", {tally.failed} failed" if tally.failed else "")
+               + ("; interrupted" if interrupted else ""), err=True)
+    if interrupted:
+        raise asyncio.CancelledError  # asyncio.run turns it back into KeyboardInterrupt: exit 130
+    if tally.failed:
         sys.exit(1)
 
 
-async def _drain(futures: list[asyncio.Future[Any]], print_ids: bool, sent: int, failed: int) -> tuple[int, int]:
-    for fut in futures:
-        result = await fut
-        for r in [result]:
-            if r.success:
-                sent += 1
-                if print_ids:
-                    click.echo(f"{r.partition}\t{r.offset}\t{format_message_id(r.message_id)}")
-            else:
-                failed += 1
-                click.echo(f"error: {r.error}", err=True)
-    futures.clear()
-    return sent, failed
+def _uncancel() -> None:
+    """Carry on after asyncio.run's Ctrl-C cancel (timeouts inside work again); a second Ctrl-C still ends it."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.sent = 0
+        self.failed = 0
+        self.errors_shown: set[str] = set()
+
+
+ERRORS_SHOWN_MAX = 10
+"""Different send errors printed; a repeated one is only counted (a missing topic fails every message)."""
+
+
+async def _drain(futures: deque[asyncio.Future[Any]], print_ids: bool, tally: _Tally) -> None:
+    """Await the sends in order, counting and printing them; an interrupt leaves the rest queued."""
+    while futures:
+        r = await asyncio.shield(futures[0])  # shielded: Ctrl-C must not cancel a send already made
+        futures.popleft()
+        if r.success:
+            tally.sent += 1
+            if print_ids:
+                click.echo(f"{r.partition}\t{r.offset}\t{format_message_id(r.message_id)}")
+        else:
+            tally.failed += 1
+            text = str(r.error)
+            if text not in tally.errors_shown and len(tally.errors_shown) < ERRORS_SHOWN_MAX:
+                tally.errors_shown.add(text)
+                click.echo(f"error: {text}", err=True)
+
+
+async def _stdin_lines() -> AsyncIterator[bytes]:
+    """Standard input line by line, read by a daemon thread so that Ctrl-C never waits for a line.
+
+    os.read, not sys.stdin: a thread blocked inside the buffered reader holds its lock, and the
+    interpreter needs that lock to shut down.
+    """
+    loop = asyncio.get_running_loop()
+    chunks: asyncio.Queue[bytes] = asyncio.Queue(maxsize=16)
+
+    def read() -> None:
+        try:
+            fd = sys.stdin.fileno()
+            while True:
+                chunk = os.read(fd, STDIN_CHUNK_BYTES)
+                asyncio.run_coroutine_threadsafe(chunks.put(chunk), loop).result()
+                if not chunk:
+                    return
+        except BaseException:  # the loop is gone (interrupted) or stdin is unreadable: end quietly
+            with contextlib.suppress(BaseException):
+                loop.call_soon_threadsafe(chunks.put_nowait, b"")
+
+    threading.Thread(target=read, name="metaq-produce-stdin", daemon=True).start()
+    rest = b""
+    while True:
+        chunk = await chunks.get()
+        if not chunk:
+            break
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            yield line
+    if rest:
+        yield rest
 
 
 def _parse_offset(value: str) -> Literal["earliest", "latest"] | int:
@@ -218,30 +297,39 @@ def _parse_offset(value: str) -> Literal["earliest", "latest"] | int:
               help="Where to start: earliest, latest or an offset number.")
 @click.option("-n", "--max", "max_messages", type=click.IntRange(1), default=None, help="Stop after N messages.")
 @click.option("-f", "--follow", is_flag=True, help="Keep waiting for new messages (long polling) instead of "
-                                                  "stopping at the end.")
+                                                  "stopping at the end; a topic that does not exist yet is "
+                                                  "waited for. Stop with Ctrl-C (exit code 130).")
 @click.option("--format", "fmt", type=click.Choice(["value", "json"]), default="value", show_default=True,
               help="value: the payload as a line; json: one JSON object per message with its metadata.")
 @run_async
 async def consume(servers: str, topic: str, partition: tuple[int, ...], offset: str, max_messages: int | None,
                   follow: bool, fmt: str) -> None:
-    """Print TOPIC's messages, partition by partition in offset order."""
+    """Print TOPIC's messages, partition by partition in offset order.
+
+    A TOPIC that does not exist is an error (exit code 1); with --follow, a notice on stderr, and the
+    command waits until it is created.
+    """
     start = _parse_offset(offset)
     async with await _session(servers) as session:
-        parts = [p.partition for p in await session.partitions(topic)]
+        parts = [p.partition for p in await _topic_partitions(session, topic, servers, follow)]
         if partition:
             missing = sorted(set(partition) - set(parts))
             if missing:
                 raise click.BadParameter(f"{topic} has partitions {parts}; no {missing}", param_hint="--partition")
             parts = sorted(set(partition))
         consumer = session.create_pull_consumer()
-        queue: asyncio.Queue[Message | None] = asyncio.Queue(maxsize=10_000)
+        queue: asyncio.Queue[Message | BaseException | None] = asyncio.Queue(maxsize=10_000)
 
         async def pump(p: int) -> None:
             try:
                 async for msg in consumer.iterate(topic, p, start, stop_at_end=not follow):
                     await queue.put(msg)
-            finally:
-                await queue.put(None)
+            except asyncio.CancelledError:
+                raise  # the reader is gone: nobody waits for an end marker
+            except Exception as exc:
+                await queue.put(exc)
+                return
+            await queue.put(None)
 
         tasks = [asyncio.create_task(pump(p)) for p in parts]
         done = printed = 0
@@ -252,6 +340,8 @@ async def consume(servers: str, topic: str, partition: tuple[int, ...], offset: 
                 if msg is None:
                     done += 1
                     continue
+                if isinstance(msg, BaseException):
+                    raise msg
                 if fmt == "json":
                     out.write(json.dumps({
                         "partition": msg.partition, "offset": msg.offset, "id": format_message_id(msg.id),
@@ -266,13 +356,25 @@ async def consume(servers: str, topic: str, partition: tuple[int, ...], offset: 
                 if max_messages is not None and printed >= max_messages:
                     break
         finally:
-            out.flush()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            for t in tasks:
-                if not t.cancelled() and t.exception() is not None:
-                    raise t.exception()  # type: ignore[misc]
+            out.flush()
+
+
+async def _topic_partitions(session: MessageSessionFactory, topic: str, servers: str, follow: bool) -> list[Any]:
+    """The topic's partitions; a missing topic is an error, or with --follow waited for."""
+    parts = await session.partitions(topic)
+    if parts:
+        return parts
+    if not follow:
+        raise click.ClickException(f"topic {topic!r} does not exist on {servers}")
+    click.echo(f"topic {topic!r} does not exist on {servers} yet; waiting for it to be created "
+               "(Ctrl-C to stop)", err=True)
+    while not parts:
+        await asyncio.sleep(TOPIC_POLL_S)
+        parts = await session.partitions(topic)
+    return parts
 
 
 # -- stats / admin ------------------------------------------------------------------------------
@@ -361,7 +463,7 @@ async def group_describe(servers: str, group: str, topics: tuple[str, ...], as_j
         click.echo(json.dumps(desc.as_dict()))
         return
     click.echo(f"group {desc.group}: {desc.state}, generation {desc.generation}, strategy {desc.strategy}, "
-               f"{len(desc.members)} members, total lag {desc.total_lag}")
+               f"{plural(len(desc.members), 'member')}, total lag {desc.total_lag}")
     for mb in desc.members:
         click.echo(f"  member {mb.member_id} ({mb.client_id}): {mb.assignment}")
     click.echo("topic\tpartition\towner\tcommitted\tlog_end\tlag")
@@ -392,8 +494,8 @@ async def group_reset(servers: str, group: str, topic: str, to: str, timestamp_m
                                     partitions=list(partitions) or None, dry_run=dry_run)
     for partition, (old, new) in sorted(moved.items()):
         click.echo(f"{topic}\t{partition}\t{old} -> {new}")
-    click.echo(("would reset" if dry_run else "reset") + f" {len(moved)} partitions of {topic} for group {group}",
-               err=True)
+    click.echo(("would reset" if dry_run else "reset")
+               + f" {plural(len(moved), 'partition')} of {topic} for group {group}", err=True)
 
 
 def register(cli: click.Group) -> None:

@@ -84,7 +84,7 @@ def check_response(response: Any, what: str = "") -> Any:
     code = response.error_code
     if code != NONE:
         message = response.error_message or ""
-        raise error_for_code(code, f"{what}: {message}" if what else message)
+        raise error_for_code(code, f"{what}: {message}" if what else message, response)
     return response
 
 

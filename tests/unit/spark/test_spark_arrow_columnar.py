@@ -11,7 +11,6 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from spark_fake_broker import FakeBroker
 
 import metaq.spark.arrow as arrow_mod
 from metaq.client.blocking import BlockingClient
@@ -27,6 +26,7 @@ from metaq.protocol.records import (
 )
 from metaq.spark.arrow import ARROW_SCHEMA, decode_range, fetch_to_arrow, read_range, to_record_batch
 from metaq.types import format_message_id
+from spark_fake_broker import FakeBroker
 
 TOPIC, PARTITION = "t", 3
 
@@ -201,10 +201,9 @@ def test_read_range_over_filtered_batches_is_not_data_loss(fake: FakeBroker) -> 
     with BlockingClient(fake.servers) as client:
         for b in range(3):
             client.produce("t", 0, encode_values([b"%d-%d" % (b, i) for i in range(10)], 1000))
-        part = fake.topics["t"][0]
-        header = read_header(part.batches[1])
-        msgs = decode_batch(part.batches[1], "t", 0, header)
-        part.batches[1] = rebuild_batch(part.batches[1], header, [msgs[7]])
+        stored = fake.topics["t"][0].batches[1]
+        header = read_header(stored)
+        fake.set_batch("t", 0, 1, rebuild_batch(stored, header, [decode_batch(stored, "t", 0, header)[7]]))
         rows = pa.Table.from_batches(list(read_range(client, "t", 0, 12, 25, max_bytes=1 << 20))).to_pylist()
         assert [r["offset"] for r in rows] == [17, 20, 21, 22, 23, 24]
         assert [r["value"] for r in rows] == [b"1-7", b"2-0", b"2-1", b"2-2", b"2-3", b"2-4"]

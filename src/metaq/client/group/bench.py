@@ -12,10 +12,14 @@ must be import-safe, as a console script is).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
+import signal
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from metaq.client.group.admin import describe_group
@@ -23,6 +27,23 @@ from metaq.client.group.config import ConsumerConfig
 from metaq.client.group.consumer import create_consumer
 from metaq.client.session import MessageSessionFactory
 from metaq.errors import UnknownGroupError
+
+
+@contextlib.contextmanager
+def children_ignore_sigint() -> Iterator[None]:
+    """Processes started in the block ignore SIGINT (an ignored signal stays ignored across exec).
+
+    Ctrl-C reaches every process of the terminal's process group; the parent alone decides what it
+    means, so a worker never prints a KeyboardInterrupt traceback (e.g. while still importing).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _member(servers: str, group: str, topic: str, listener_kind: str, fetch_runners: int, out: Any,
@@ -127,8 +148,9 @@ def run_group_bench(servers: str, topic: str | None = None, members: int = 1, se
     go, mark, stop = ctx.Event(), ctx.Event(), ctx.Event()
     procs = [ctx.Process(target=_member, args=(servers, group, topic, listener, fetch_runners, out, go, mark, stop),
                          daemon=True) for _ in range(members)]
-    for proc in procs:
-        proc.start()
+    with children_ignore_sigint():
+        for proc in procs:
+            proc.start()
     try:
         for _ in procs:
             assert out.get(timeout=60) == "up"
@@ -148,11 +170,20 @@ def run_group_bench(servers: str, topic: str | None = None, members: int = 1, se
                 return done
 
         asyncio.run(consumed())
-    finally:
-        stop.set()
-        results = [out.get(timeout=60) for _ in procs]
+    except KeyboardInterrupt:  # Ctrl-C: the members' figures are not wanted any more
         for proc in procs:
+            proc.kill()
             proc.join(30)
+        raise
+    except BaseException:
+        stop.set()
+        for _ in procs:
+            out.get(timeout=60)
+        raise
+    stop.set()
+    results = [out.get(timeout=60) for _ in procs]
+    for proc in procs:
+        proc.join(30)
     total = sum(r[0] for r in results)
     before_mark = sum(r[3] for r in results)
     t_mark = min(r[4] for r in results)

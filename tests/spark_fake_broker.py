@@ -1,9 +1,12 @@
 """An in-memory broker on a thread, speaking the real wire protocol through ServerConnection.
 
-Only for unit tests of the blocking client and the Spark source's pure logic: it answers
-ApiVersions, Metadata, ListOffsets, Fetch and Produce, stamps batches like a broker, and can drop the
-head of a partition (what retention does) so data-loss handling can be tested without waiting for a
-retention schedule. Integration tests use the real broker.
+Only for what a real broker cannot show on demand: dropping the head of a partition now (what
+retention does on its schedule) and batches rewritten by a test. Everything else is tested against
+real brokers (tests/integration/spark). It answers ApiVersions, Metadata, ListOffsets, Fetch and
+Produce as src/metaq/broker/server.py does: whole batches only, the first one whole even when it is
+larger than max_bytes, max_bytes capped at maxTransferSize's default, long polling, an out-of-range
+offset answered in the FetchResponse with the partition's bounds, offsets by record timestamp, and
+the broker's limits and error codes for a produced batch.
 """
 
 from __future__ import annotations
@@ -18,14 +21,26 @@ from typing import Any
 from metaq.errors import (
     NONE,
     BrokerError,
+    CorruptMessageError,
+    InvalidArgument,
+    InvalidRequestError,
+    MessageTooLargeError,
     OffsetOutOfRangeError,
+    ProtocolError,
     UnknownPartitionError,
     UnknownTopicError,
 )
 from metaq.protocol import messages as m
 from metaq.protocol.codec import NEED_DATA, BadRequest, ServerConnection
-from metaq.protocol.records import read_header, stamp, validate_batch
+from metaq.protocol.records import decode_batch, read_header, stamp, validate_batch
 from metaq.types import make_message_id, partition_tag
+
+MAX_TRANSFER_BYTES = 1 << 20
+"""The broker's maxTransferSize default: a fetch never returns more (but its first batch whole)."""
+MAX_MESSAGE_BYTES = 1 << 20
+MAX_BATCH_BYTES = 16 << 20
+"""maxMessageSize and maxBatchSize defaults."""
+MAX_WAIT_MS_CAP = 600_000
 
 
 @dataclass
@@ -36,14 +51,15 @@ class FakePartition:
 
 
 class FakeBroker:
-    def __init__(self, topics: dict[str, int] | None = None, broker_id: int = 0,
-                 max_fetch_batches: int | None = None, auto_create_partitions: int = 0) -> None:
-        self.auto_create_partitions = auto_create_partitions
+    """``topics``: name -> partition count; the topics are fixed (autoCreateTopics=false)."""
+
+    def __init__(self, topics: dict[str, int] | None = None, broker_id: int = 0) -> None:
         self.broker_id = broker_id
         self.topics: dict[str, list[FakePartition]] = {
             name: [FakePartition() for _ in range(n)] for name, n in (topics or {}).items()}
-        self.max_fetch_batches = max_fetch_batches
         self.lock = threading.Lock()
+        self.appended = threading.Condition(self.lock)
+        """notified on every append and on stop (long-polling fetches wait on it)"""
         self.requests: list[Any] = []
         self._sock = socket.socket()
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -60,7 +76,9 @@ class FakeBroker:
         return f"127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        self._stopped = True
+        with self.lock:
+            self._stopped = True
+            self.appended.notify_all()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept(); close alone does not
         except OSError:
@@ -88,6 +106,11 @@ class FakeBroker:
                 keep.append(b)
             part.batches = keep
             part.log_start = read_header(keep[0]).base_offset if keep else part.log_end
+
+    def set_batch(self, topic: str, partition: int, index: int, batch: bytes) -> None:
+        """Replace a stored batch (e.g. by a copy with records removed, as a server-side filter sends)."""
+        with self.lock:
+            self.topics[topic][partition].batches[index] = batch
 
     # -- serving -------------------------------------------------------------------------------
 
@@ -158,26 +181,29 @@ class FakeBroker:
                                           topics=infos)
             if isinstance(req, m.ListOffsetsRequest):
                 part = self._part(req.topic, req.partition)
-                if req.timestamp_ms == -2:
+                if req.timestamp_ms == m.EARLIEST_TIMESTAMP:
                     off = part.log_start
-                elif req.timestamp_ms == -1:
+                elif req.timestamp_ms == m.LATEST_TIMESTAMP:
                     off = part.log_end
+                elif req.timestamp_ms < 0:
+                    raise InvalidRequestError(
+                        f"timestamp must be -2 (earliest), -1 (latest) or >= 0; got {req.timestamp_ms}")
                 else:
-                    off = part.log_end
-                    for b in part.batches:
-                        h = read_header(b)
-                        if h.max_timestamp_ms >= req.timestamp_ms:
-                            off = h.base_offset
-                            break
+                    off = self._offset_for_timestamp(req.topic, req.partition, req.timestamp_ms)
                 return m.ListOffsetsResponse(offset=off, log_start_offset=part.log_start,
                                              log_end_offset=part.log_end)
             if isinstance(req, m.ProduceRequest):
-                if req.topic not in self.topics and self.auto_create_partitions:
-                    self.topics[req.topic] = [FakePartition() for _ in range(self.auto_create_partitions)]
-                if req.partition == m.ANY_PARTITION and req.topic in self.topics:
+                if req.topic not in self.topics:
+                    raise UnknownTopicError(f"topic {req.topic!r} does not exist and autoCreateTopics=false")
+                if req.partition == m.ANY_PARTITION:
                     req.partition = random.randrange(len(self.topics[req.topic]))
                 part = self._part(req.topic, req.partition)
-                header = validate_batch(req.records, 1 << 20, 16 << 20)
+                try:
+                    header = validate_batch(req.records, MAX_MESSAGE_BYTES, MAX_BATCH_BYTES)
+                except InvalidArgument as exc:
+                    raise MessageTooLargeError(str(exc)) from None
+                except ProtocolError as exc:
+                    raise CorruptMessageError(str(exc)) from None
                 batch = bytearray(req.records)
                 base = part.log_end
                 base_id = make_message_id(self.broker_id, partition_tag(req.topic, req.partition), base)
@@ -185,27 +211,47 @@ class FakeBroker:
                 stamp(batch, base, base_id, now)
                 part.batches.append(bytes(batch))
                 part.log_end += header.record_count
+                self.appended.notify_all()
                 return m.ProduceResponse(partition=req.partition, base_offset=base, base_message_id=base_id,
                                          append_time_ms=now)
             if isinstance(req, m.FetchRequest):
-                part = self._part(req.topic, req.partition)
-                if not part.log_start <= req.offset <= part.log_end:
-                    raise OffsetOutOfRangeError(
-                        f"offset {req.offset} outside {part.log_start}..{part.log_end}")
-                out: list[bytes] = []
-                size = 0
-                for b in part.batches:
-                    h = read_header(b)
-                    if h.next_offset <= req.offset:
-                        continue
-                    if size + len(b) > req.max_bytes:
-                        # a cut-off tail, as a real broker reading a file slice would send
-                        out.append(b[: max(0, req.max_bytes - size)])
-                        break
-                    out.append(b)
-                    size += len(b)
-                    if self.max_fetch_batches and len(out) >= self.max_fetch_batches:
-                        break
-                return m.FetchResponse(log_start_offset=part.log_start, log_end_offset=part.log_end,
-                                       records=b"".join(out))
+                return self._fetch(req)
             raise BrokerError(f"fake broker does not implement {type(req).__name__}")
+
+    def _offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> int:
+        """The first offset whose record timestamp is >= ``timestamp_ms``; the log end when none is."""
+        part = self.topics[topic][partition]
+        for b in part.batches:
+            header = read_header(b)
+            if header.max_timestamp_ms < timestamp_ms:
+                continue
+            for message in decode_batch(b, topic, partition, header):
+                if message.timestamp_ms >= timestamp_ms:
+                    return message.offset
+        return part.log_end
+
+    def _fetch(self, req: m.FetchRequest) -> m.FetchResponse:
+        """As Broker.handle_fetch; called with the lock held (long polling waits on ``appended``)."""
+        part = self._part(req.topic, req.partition)
+        if req.max_bytes <= 0:
+            raise InvalidRequestError(f"max_bytes must be > 0; got {req.max_bytes}")
+        if not (req.offset >= 0 and part.log_start <= req.offset <= part.log_end):
+            # the valid range travels with the error
+            return m.FetchResponse(error_code=OffsetOutOfRangeError.code,
+                                   error_message=f"offset {req.offset} is out of range for {req.topic}-{req.partition}:"
+                                                 f" valid offsets are {part.log_start}..{part.log_end}",
+                                   log_start_offset=part.log_start, log_end_offset=part.log_end)
+        if req.offset >= part.log_end and req.max_wait_ms > 0:
+            self.appended.wait_for(lambda: part.log_end > req.offset or self._stopped,
+                                   min(req.max_wait_ms, MAX_WAIT_MS_CAP) / 1000)
+        max_bytes = min(req.max_bytes, MAX_TRANSFER_BYTES)
+        out: list[bytes] = []
+        size = 0
+        for b in part.batches:
+            if read_header(b).next_offset <= req.offset:
+                continue
+            if out and size + len(b) > max_bytes:
+                break  # whole batches only; the first is sent whole even when larger than max_bytes
+            out.append(b)
+            size += len(b)
+        return m.FetchResponse(log_start_offset=part.log_start, log_end_offset=part.log_end, records=b"".join(out))

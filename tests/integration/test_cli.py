@@ -1,0 +1,143 @@
+"""The `metaq` command line against real brokers: missing topics, Ctrl-C, wording of counts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from cli_process import METAQ, CliProcess, assert_quiet_interrupt, metaq
+
+from metaq.client import connect
+from metaq.testing.broker import BrokerProcess, wait_until
+
+
+def _values(servers: str, topic: str) -> list[bytes]:
+    with connect(servers) as session:
+        consumer = session.create_pull_consumer()
+        return [bytes(m.data) for p in session.partitions(topic)
+                for m in consumer.iterate(topic, p, "earliest", stop_at_end=True)]
+
+
+def _put_messages(servers: str, prefix: str) -> int:
+    with connect(servers) as session:
+        topics = session.admin().stats(None)["topics"]
+    return sum(p["put_messages"] for name, t in topics.items() if name.startswith(prefix)
+               for p in t["partitions"].values())
+
+
+# -- a topic that does not exist ------------------------------------------------------------------
+
+def test_consume_of_a_missing_topic_is_an_error_naming_it_and_the_servers(broker: BrokerProcess) -> None:
+    done = metaq("consume", "nope", "-s", broker.servers)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == f"Error: topic 'nope' does not exist on {broker.servers}\n"
+
+
+def test_consume_follow_waits_for_a_missing_topic_and_ctrl_c_ends_it_quietly(broker: BrokerProcess) -> None:
+    s = ["-s", broker.servers]
+    with CliProcess("consume", "later", "--follow", *s) as proc:
+        notice = proc.wait_for_stderr("does not exist")
+        assert notice == (f"topic 'later' does not exist on {broker.servers} yet; waiting for it to be created "
+                          "(Ctrl-C to stop)")
+        assert metaq("topic", "create", "later", "-p", "2", *s).returncode == 0
+        assert metaq("produce", "later", "-p", "1", *s, input="first\n").returncode == 0
+        assert proc.wait_for_stdout(1) == ["first"]
+        assert metaq("produce", "later", "-p", "0", *s, input="second\n").returncode == 0
+        assert proc.wait_for_stdout(2) == ["first", "second"]
+        proc.interrupt()
+        assert_quiet_interrupt(proc)
+    assert [line for line in proc.stderr if line] == [notice]
+
+
+# -- Ctrl-C ---------------------------------------------------------------------------------------
+
+def test_produce_ctrl_c_sends_what_was_read_then_exits_130(broker: BrokerProcess) -> None:
+    # stdin stays open (a terminal): before, Ctrl-C waited for one more line, then said "Aborted!"
+    with CliProcess("produce", "typed", "-s", broker.servers, stdin=subprocess.PIPE) as proc:
+        proc.write("one\ntwo\n")
+        wait_until(lambda: len(_values(broker.servers, "typed")) == 2, 30, message="both lines stored")
+        proc.interrupt()
+        assert_quiet_interrupt(proc)
+    assert "sent 2 messages to typed; interrupted" in proc.stderr
+    assert _values(broker.servers, "typed") == [b"one", b"two"]
+
+
+def test_broker_ctrl_c_drains_and_exits_130_quietly(tmp_path: Path) -> None:
+    with CliProcess("broker", "--dataPath", str(tmp_path / "data"), "--serverPort", "0") as proc:
+        (ready,) = proc.wait_for_stdout(1)
+        assert ready.startswith("metaq broker ready ")
+        proc.interrupt()
+        assert_quiet_interrupt(proc)
+    assert "stopped cleanly" in proc.stderr[-1]
+    assert not [line for line in proc.stderr if " ERROR " in line or " CRITICAL " in line]
+
+
+def test_bench_ctrl_c_stops_the_run_and_its_workers_quietly(broker: BrokerProcess) -> None:
+    with CliProcess("bench", "produce", "-s", broker.servers, "-n", "50000000", "-d", "120", "--processes", "2",
+                    "--no-progress") as proc:
+        wait_until(lambda: _put_messages(broker.servers, "bench-produce-") > 10_000, 60,
+                   message="the bench producing")
+        proc.interrupt()
+        assert_quiet_interrupt(proc)
+    assert proc.stdout == []
+
+
+# -- wording --------------------------------------------------------------------------------------
+
+def test_counts_are_pluralised(broker_factory: Callable[..., BrokerProcess]) -> None:
+    broker = broker_factory({"numPartitions": 1})
+    s = ["-s", broker.servers]
+    assert metaq("topic", "create", "single", "-p", "1", *s).stdout == "created topic single with 1 partition\n"
+    assert metaq("produce", "single", *s, input="only\n").stderr == "sent 1 message to single\n"
+    assert metaq("produce", "single", *s, input="").stderr == "sent 0 messages to single\n"
+    assert metaq("produce", "other", *s, input="a\nb\n").stderr == "sent 2 messages to other\n"
+    assert metaq("topic", "list", *s).stdout == "other\t1 partition\nsingle\t1 partition\n"
+
+
+
+def test_produce_prints_a_repeated_error_once(broker_factory: Callable[..., BrokerProcess]) -> None:
+    broker = broker_factory({"autoCreateTopics": False})
+    done = metaq("produce", "missing", "-s", broker.servers, input="".join(f"{i}\n" for i in range(30)))
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "error: [UNKNOWN_TOPIC] topic 'missing' does not exist and autoCreateTopics=false",
+        "sent 0 messages to missing, 30 failed"]
+
+
+def test_consume_into_a_reader_that_stops_early_ends_quietly(broker: BrokerProcess) -> None:
+    # `metaq consume t | head -1`
+    s = ["-s", broker.servers]
+    assert metaq("topic", "create", "many", "-p", "1", *s).returncode == 0
+    assert metaq("produce", "many", *s, input="".join(f"{i}\n" for i in range(50_000))).returncode == 0
+    proc = subprocess.Popen([METAQ, "consume", "many", *s], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"0\n"
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and err == b""
+
+
+def test_bench_logging_reports_the_cost_of_a_logging_call(broker: BrokerProcess) -> None:
+    done = metaq("bench", "logging", "-s", broker.servers, "-n", "500", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["records"] == 500
+    assert (doc["broker_up"]["pending"], doc["broker_up"]["dropped"]) == (0, 0)
+    assert (doc["broker_down"]["pending"], doc["broker_down"]["dropped"]) == (500, 0)
+    assert doc["broker_up"]["emit_us"] > 0 and doc["broker_down"]["records_per_s"] > 0
+    assert len(_values(broker.servers, "bench-logging")) == 500
+
+
+def test_produce_to_a_partition_of_a_missing_topic_is_an_error(broker: BrokerProcess) -> None:
+    # before, the broker placed the lines of a topic it was creating: `-p 0` spread them over 4 partitions
+    s = ["-s", broker.servers]
+    for name, option in (("--partition", ["-p", "0"]), ("--key", ["-k", "user-7"])):
+        done = metaq("produce", "fresh", *option, *s, input="a\nb\n")
+        assert done.returncode == 1
+        assert done.stderr == (f"Error: topic 'fresh' does not exist on {broker.servers}; {name} needs its "
+                               "partitions: create it first (metaq topic create fresh)\n")
+    assert metaq("topic", "create", "fresh", *s).returncode == 0
+    lines = "".join(f"{i}\n" for i in range(20_000))
+    assert metaq("produce", "fresh", "-p", "2", *s, input=lines).returncode == 0
+    assert _values(broker.servers, "fresh") == [str(i).encode() for i in range(20_000)]
