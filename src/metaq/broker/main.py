@@ -114,8 +114,9 @@ async def _retention(broker: Broker) -> None:
                 continue
             topics = by_expr[expr]
             try:
-                removed = await loop.run_in_executor(None, broker.apply_retention, topics)
-                log.info("retention (%s) on %d topics removed %s", expr, len(topics), removed or "nothing")
+                outcome = await loop.run_in_executor(None, broker.apply_retention, topics)
+                log.info("retention (%s) on %d topics removed %s%s", expr, len(topics), outcome.removed or "nothing",
+                         f"; {len(outcome.failures)} partition(s) failed" if outcome.failures else "")
             except Exception:  # retention failing must not stop the broker
                 log.exception("retention run failed")
             next_due[expr] = next_run_ms(expr, int(time.time() * 1000))

@@ -206,26 +206,24 @@ class Broker:
                 self._ensure_topic(topic, None)
         return sorted(affected)
 
-    def apply_retention(self, topics: list[str]) -> dict[str, list[int]]:
-        """deletePolicy for these topics' partitions (blocking: run in an executor); removed segments."""
-        removed: dict[str, list[int]] = {}
-        failures: list[str] = []
+    def apply_retention(self, topics: list[str]) -> RetentionOutcome:
+        """deletePolicy for these topics' partitions (blocking: run in an executor). A partition that
+        fails is logged and named in the outcome; it does not hold back the others (retried next run)."""
+        outcome = RetentionOutcome()
         for topic in topics:
             for partition in self.logs.partitions(topic):
                 plog = self.logs.get(topic, partition)
                 if plog is None:
                     continue
-                try:  # one partition failing must not hold back the others
+                try:
                     gone = plog.apply_retention()
                 except StorageError as exc:
-                    failures.append(str(exc))
+                    outcome.failures[f"{topic}-{partition}"] = str(exc)
+                    log.error("retention of %s-%d failed (retried at the next run): %s", topic, partition, exc)
                     continue
                 if gone:
-                    removed[f"{topic}-{partition}"] = gone
-        if failures:
-            raise StorageError(f"retention removed {removed or 'nothing'} but failed for {len(failures)} "
-                               f"partition(s): {'; '.join(failures)}")
-        return removed
+                    outcome.removed[f"{topic}-{partition}"] = gone
+        return outcome
 
     # -- request plumbing ---------------------------------------------------------------------
 
@@ -571,6 +569,14 @@ class Broker:
 
     def close(self) -> None:
         self.logs.close()
+
+
+@dataclass(slots=True)
+class RetentionOutcome:
+    """What one retention run did: removed segment base offsets, and failures, by ``topic-partition``."""
+
+    removed: dict[str, list[int]] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -599,10 +599,15 @@ class PartitionLog:
                 self._unpin(segment)
             report.add(check)
             with self._lock:
-                for key in [k for k, r in self._damaged.items() if r.segment_base_offset == segment.base_offset]:
+                known = {k for k, r in self._damaged.items() if r.segment_base_offset == segment.base_offset}
+                for key in known:
                     del self._damaged[key]
+                for damaged in check.damaged:
+                    if damaged.first_offset in known:  # already reported: refresh it quietly
+                        self._damaged[damaged.first_offset] = damaged
             for damaged in check.damaged:
-                self._note_damage(damaged)
+                if damaged.first_offset not in known:
+                    self._note_damage(damaged)
         report.log_end_offset = self._end_offset
         return report
 

@@ -64,6 +64,12 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
         m.FetchResponse(error_code=0, error_message=None, log_start_offset=100, log_end_offset=4800,
                         reset_offset=-1, records=RECORDS_BLOB),
     ),
+    ("Fetch", 1): (
+        m.FetchRequest(topic="orders", partition=2, offset=4712, max_bytes=1 << 20, max_wait_ms=0, group=""),
+        m.FetchResponse(error_code=74, error_message="stored batch at offset 4711 is damaged ✗",
+                        log_start_offset=100, log_end_offset=4800, reset_offset=-1, damaged_offset=4711,
+                        resume_offset=4716, records=b""),
+    ),
     ("ListOffsets", 0): (
         m.ListOffsetsRequest(topic="orders", partition=2, timestamp_ms=-2),
         m.ListOffsetsResponse(error_code=0, error_message=None, offset=100, log_start_offset=50,
@@ -119,5 +125,10 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
     ("LookupMessage", 0): (
         m.LookupMessageRequest(message_id=MESSAGE_ID),
         m.LookupMessageResponse(error_code=0, error_message=None, topic="orders", partition=2, offset=4711),
+    ),
+    ("Verify", 0): (
+        m.VerifyRequest(topic="orders", partition=2),
+        m.VerifyResponse(error_code=0, error_message=None,
+                         report_json=b'[{"topic": "orders", "partition": 2, "ok": true}]'),
     ),
 }

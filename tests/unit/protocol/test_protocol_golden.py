@@ -92,10 +92,13 @@ def test_every_api_version_has_a_sample_and_fixtures_and_nothing_else_is_there()
         assert expected - present == set(), f"missing fixtures (regenerate): {sorted(expected - present)}"
 
 
-def _same_type_fields_differ(obj: Any, where: str) -> list[str]:
+def _same_type_fields_differ(obj: Any, where: str, version: int = 0) -> list[str]:
+    """Same-type fields with equal values; only the fields the version carries (nested structs have none)."""
     problems = []
     seen: dict[str, dict[str, Any]] = {}
     for f in type(obj).FIELDS:
+        if f.since > version:
+            continue
         value = getattr(obj, f.name)
         for other, other_value in seen.get(f.type.name, {}).items():
             if value == other_value:
@@ -112,8 +115,8 @@ def _same_type_fields_differ(obj: Any, where: str) -> list[str]:
 def test_samples_would_show_two_fields_swapped(spec: Any, version: int) -> None:
     request, response = SAMPLES[(spec.name, version)]
     assert type(request) is spec.request and type(response) is spec.response
-    problems = _same_type_fields_differ(request, type(request).__name__) + \
-        _same_type_fields_differ(response, type(response).__name__)
+    problems = _same_type_fields_differ(request, type(request).__name__, version) + \
+        _same_type_fields_differ(response, type(response).__name__, version)
     assert not problems, "give these fields different sample values:\n" + "\n".join(problems)
 
 

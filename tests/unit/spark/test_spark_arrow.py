@@ -11,7 +11,6 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
-from spark_fake_broker import FakeBroker
 
 from metaq.client.blocking import BlockingClient
 from metaq.errors import ConfigError
@@ -21,6 +20,7 @@ from metaq.spark.options import WriteOptions
 from metaq.spark.sink import BatchEncoder, check_input_schema
 from metaq.spark.source import SCHEMA
 from metaq.types import Message, format_message_id
+from spark_fake_broker import FakeBroker
 
 
 @pytest.fixture

@@ -118,26 +118,17 @@ RECORDS: dict[str, Callable[[Crashed], bytes]] = {
     "huge number": lambda c: manager_record({"t-0": {**lying(c), "size_bytes": 10 ** 40}}),
 }
 
-OVERFLOW = pytest.mark.xfail(strict=True, raises=OverflowError, reason=(
-    "bug: CleanState.from_json (storage/checkpoint.py) catches KeyError/TypeError/ValueError but not the "
-    "OverflowError of int(float('inf')); the checkpoint is not removed either, so the broker cannot start "
-    "until someone deletes clean-shutdown.json by hand"))
-RECORDS_THAT_CRASH: dict[str, Callable[[Crashed], bytes]] = {
+# these once crashed the open (OverflowError from int(float('inf'))) and kept the broker from starting
+RECORDS_THAT_CRASHED: dict[str, Callable[[Crashed], bytes]] = {
     "Infinity": lambda c: manager_record({"t-0": {**lying(c), "size_bytes": float("inf")}}),
     "1e400 (a float beyond the double range)": lambda c: manager_record({"t-0": lying(c)}).replace(
         str(c.file_bytes).encode(), b"1e400"),
 }
 CASES = [pytest.param(name, make, id=name) for name, make in RECORDS.items()] + \
-        [pytest.param(name, make, id=name, marks=OVERFLOW) for name, make in RECORDS_THAT_CRASH.items()]
+        [pytest.param(name, make, id=name) for name, make in RECORDS_THAT_CRASHED.items()]
 
-NOT_CUT = pytest.mark.xfail(strict=True, reason=(
-    "bug: when a record matches the newest segment's base and size but its tail check fails, the "
-    "fallback check in storage/recovery.py load_segments walks only up to segment.size_bytes as the "
-    "failed tail check left it (the end of the last good batch), so it finds nothing to cut: the torn "
-    "bytes stay in the file and truncated_bytes is 0, where docs/storage.md says the file is cut. The "
-    "log ignores the bytes and the next append overwrites them, so no data is lost"))
-CUT_CASES = [pytest.param(name, make, id=name, marks=NOT_CUT if name.startswith("lies") else ())
-             for name, make in RECORDS.items()]
+# "lies" cases once left the torn bytes in the file: the fallback check stopped where the tail check had
+CUT_CASES = [pytest.param(name, make, id=name) for name, make in RECORDS.items()]
 
 
 def assert_fully_checked(log: PartitionLog, crashed: Crashed) -> None:

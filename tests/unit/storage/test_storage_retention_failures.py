@@ -90,10 +90,6 @@ def test_a_segment_that_cannot_be_removed_is_reported_and_the_log_keeps_working(
     log.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: PartitionLog.apply_retention (storage/log.py) drops the victims from the segment list before "
-    "disposing of them and does not put back one whose removal failed, so no later run retries it: the "
-    "file stays on disk until a restart, which then loads it again and moves log_start_offset back"))
 def test_the_next_run_removes_a_segment_an_earlier_run_could_not(
         open_log: Callable[..., PartitionLog], refuse_unlink: RefuseUnlink) -> None:
     log = open_log(segment_bytes_max=400, delete_policy="delete,1h")
