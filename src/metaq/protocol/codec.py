@@ -125,6 +125,24 @@ def encode_request_header(header: RequestHeader) -> list[bytes]:
     return [_REQ_HEAD.pack(header.api_key, header.api_version, header.correlation_id), _I16.pack(len(raw)), raw]
 
 
+def response_version(header: RequestHeader) -> int:
+    """The version a response to ``header`` is encoded at: the request's, moved into the API's range.
+
+    A request with a version the API does not have (a negative one included) is answered with
+    UNSUPPORTED_VERSION in the layout of the nearest version the broker has, and an unknown api key
+    with the bare error prefix at v0, so that every reply carries an error code.
+    """
+    spec = APIS.get(header.api_key)
+    if spec is None:
+        return 0
+    version = header.api_version
+    if version < spec.min_version:
+        return spec.min_version
+    if version > spec.max_version:
+        return spec.max_version
+    return version
+
+
 class ServerConnection:
     """The broker side of one connection."""
 
@@ -163,7 +181,7 @@ class ServerConnection:
 
     def encode_response(self, header: RequestHeader, response: Any) -> bytes:
         parts = [_RESP_HEAD.pack(header.correlation_id)]
-        schema.encode(response, header.api_version, parts)
+        schema.encode(response, response_version(header), parts)
         return _frame(parts, self.max_frame_bytes)
 
     def encode_response_head(self, header: RequestHeader, response: Any, records_bytes: int) -> bytes:
@@ -175,7 +193,8 @@ class ServerConnection:
         parts = [_RESP_HEAD.pack(header.correlation_id)]
         fields = type(response).FIELDS
         assert fields[-1].type is schema.RECORDS, type(response)
-        schema.encode_fields(response, tuple(f for f in fields[:-1] if f.since <= header.api_version), parts)
+        version = response_version(header)
+        schema.encode_fields(response, tuple(f for f in fields[:-1] if f.since <= version), parts)
         parts.append(_I32.pack(records_bytes))
         head = b"".join(parts)
         size = len(head) + records_bytes
