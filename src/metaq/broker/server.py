@@ -25,7 +25,7 @@ from typing import Any
 from metaq import __version__
 from metaq.broker.config import BrokerConfig, TopicSettings, diff_topics, load_config, parse_config
 from metaq.broker.filters import filter_fetched, group_filter
-from metaq.broker.groups import GroupCoordinator
+from metaq.broker.groups import GroupCoordinator, validate_group
 from metaq.broker.stats import BrokerStats
 from metaq.broker.waiters import FetchWaiters
 from metaq.errors import (
@@ -59,6 +59,18 @@ SENDFILE_MIN_BYTES = 16 * 1024
 """Smaller fetch replies are read into memory and written in one go: cheaper than a sendfile round."""
 MAX_PIPELINED_REQUESTS = 1024
 """Per connection; past it the broker stops reading the socket until replies drain (backpressure)."""
+DEFAULT_PARTITIONS = -1
+"""CreateTopic's num_partitions for "the broker's numPartitions"; any other value must be in range."""
+PARTITIONS_PER_TOPIC_MAX = 10_000
+
+
+def _topic_error_code(name: str) -> int:
+    """INVALID_TOPIC for a name no topic can have, else UNKNOWN_TOPIC (per-topic codes in Metadata)."""
+    try:
+        validate_topic(name)
+    except InvalidArgument:
+        return InvalidTopicError.code
+    return UnknownTopicError.code
 
 
 @dataclass
@@ -280,7 +292,7 @@ class Broker:
         for name in names:
             state = self.topics.get(name)
             if state is None:
-                out.append(m.TopicInfo(name, UnknownTopicError.code, []))
+                out.append(m.TopicInfo(name, _topic_error_code(name), []))
                 continue
             s = state.settings
             parts = [m.PartitionInfo(p, self.config.broker_id, 0, s.accept_publish and p not in state.closed,
@@ -293,7 +305,7 @@ class Broker:
         if req.topic in self.topics:
             raise TopicExistsError(f"topic {req.topic!r} already exists with "
                                    f"{self.topics[req.topic].num_partitions} partitions")
-        if req.num_partitions == 0 or req.num_partitions > 10_000:
+        if req.num_partitions != DEFAULT_PARTITIONS and not 1 <= req.num_partitions <= PARTITIONS_PER_TOPIC_MAX:
             raise InvalidRequestError(
                 f"num_partitions must be 1..10000 or -1 (broker default); got {req.num_partitions}")
         state = self._ensure_topic(req.topic, req.num_partitions)
@@ -313,6 +325,9 @@ class Broker:
         topic, partition = req.topic, req.partition
         self._check_topic_name(topic)
         state = self.topics.get(topic)
+        if partition < m.ANY_PARTITION:  # refused before a dynamic topic is created for it
+            valid = f"partitions 0..{state.num_partitions - 1} or" if state is not None else "a partition >= 0 or"
+            raise UnknownPartitionError(f"topic {topic!r} takes {valid} -1 (any open partition); got {partition}")
         if state is None:
             if not self.config.auto_create_topics:
                 raise UnknownTopicError(f"topic {topic!r} does not exist and autoCreateTopics=false")
@@ -369,6 +384,8 @@ class Broker:
 
     def handle_fetch(self, req: m.FetchRequest) -> Any:
         state, plog = self._partition_log(req.topic, req.partition)
+        if req.group:
+            validate_group(req.group)
         if not state.settings.accept_subscribe:
             raise PartitionClosedError(f"topic {req.topic!r} does not accept subscribing (acceptSubscribe=false)")
         if req.max_bytes <= 0:
@@ -444,6 +461,8 @@ class Broker:
                                      log_end_offset=plog.log_end_offset)
 
     def handle_stats(self, req: m.StatsRequest) -> m.StatsResponse:
+        if req.topic is not None:
+            self._check_topic_name(req.topic)
         snap = self.stats.snapshot(req.topic)
         snap["broker_id"] = self.config.broker_id
         snap["waiting_fetches"] = self.waiters.waiting
