@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 
+from metaq.client import Message, connect
 from metaq.errors import (
     InvalidRequestError,
     InvalidTopicError,
     MessageNotFoundError,
+    PartitionClosedError,
     UnknownPartitionError,
     UnknownTopicError,
     UnsupportedVersionError,
@@ -219,3 +221,56 @@ def test_create_topic_refuses_partition_counts_outside_1_to_10000_except_minus_o
 @pytest.fixture
 def small_broker(broker_factory: Callable[..., BrokerProcess]) -> BrokerProcess:
     return broker_factory({"numPartitions": 2})
+
+
+def test_create_topic_configs_are_checked_with_the_server_ini_validator(small_broker: BrokerProcess) -> None:
+    c = RawClient.to(small_broker)
+    cases = {
+        "deletePolicy=bogus": "deletePolicy: 'bogus': policy 'bogus' is unknown",
+        "acceptPublish=maybe": "acceptPublish: 'maybe' is not a boolean",
+        "unflushTreshold=1": "unknown key in [topic=t]; did you mean 'unflushThreshold'?",
+        "serverPort=1": "serverPort: is a [system] option",
+        "numPartitions=0": "numPartitions: 0 is out of range",
+        "group.billing=os:system": "a consumer group filter runs code on the broker",
+    }
+    for entry, message in cases.items():
+        key, _, value = entry.partition("=")
+        reply = c.call(m.CreateTopicRequest("t", -1, [m.ConfigEntry(key, value)]))
+        assert reply.error_code == InvalidRequestError.code, entry
+        assert message in reply.error_message, (entry, reply.error_message)
+    clash = c.call(m.CreateTopicRequest("t", 3, [m.ConfigEntry("numPartitions", "4")]))
+    assert clash.error_code == InvalidRequestError.code and "disagree" in clash.error_message
+    assert c.call(m.MetadataRequest(["t"])).topics[0].error_code == UnknownTopicError.code
+    assert not list(small_broker.data_dir.glob("t*"))
+
+
+def test_create_topic_configs_apply_and_survive_a_restart(broker_factory: Callable[..., BrokerProcess]) -> None:
+    broker = broker_factory(config_text="[system]\nnumPartitions=2\n")
+    with connect(broker.servers) as session:
+        admin = session.admin()
+        assert admin.create_topic("audit", configs={"acceptPublish": "false", "deletePolicy": "delete,24h"}) == 2
+        assert admin.create_topic("sized", configs={"numPartitions": "3"}) == 3
+        refused = session.create_producer().send(Message("audit", b"x"))
+        assert not refused.success and isinstance(refused.error, PartitionClosedError)
+    assert (broker.data_dir / "audit.topic.json").exists()
+
+    broker.restart()
+    c = RawClient.to(broker)
+    audit, sized = c.call(m.MetadataRequest(["audit", "sized"])).topics
+    assert [p.accept_publish for p in audit.partitions] == [False, False]
+    assert len(sized.partitions) == 3
+    reply = c.call(m.ProduceRequest("audit", 0, 1, 5000, encode_values([b"x"], 1)))
+    assert reply.error_code == PartitionClosedError.code and "acceptPublish=false" in reply.error_message
+
+    # a [topic=...] section in server.ini wins over the created topic's options, key by key
+    broker.config_path.write_text("[system]\nnumPartitions=2\n\n[topic=audit]\nacceptPublish=true\n")
+    assert c.call(m.ReloadRequest()).error_code == 0
+    assert c.call(m.ProduceRequest("audit", 0, 1, 5000, encode_values([b"x"], 1))).error_code == 0
+
+    # deleting the topic deletes its options: created again, it starts from the defaults
+    assert c.call(m.DeleteTopicRequest("sized")).error_code == 0
+    assert not (broker.data_dir / "sized.topic.json").exists()
+    broker.restart()
+    c = RawClient.to(broker)
+    assert c.call(m.MetadataRequest(["sized"])).topics[0].error_code == UnknownTopicError.code
+    assert c.call(m.CreateTopicRequest("sized", -1)).num_partitions == 2

@@ -43,13 +43,16 @@ __all__ = [
     "click_options",
     "diff_topics",
     "load_config",
+    "merge_topic_configs",
     "next_run_ms",
     "options_markdown_rows",
     "overrides_from_click",
     "parse_config",
     "parse_delete_policy",
+    "parse_topic_options",
     "quartz_to_croniter",
     "restart_required",
+    "topic_options_text",
 ]
 
 FRAME_OVERHEAD_BYTES = 64 * 1024
@@ -917,6 +920,68 @@ def _topic_config(name: str, entries: Mapping[str, tuple[int, Option, str]], sou
         else:
             values[opt.attr] = value
     return TopicConfig(name=name, group_filters=filters, **values)
+
+
+def parse_topic_options(topic: str, options: Iterable[tuple[str, str]], *, source: str = "configs",
+                        filters: bool = True) -> TopicConfig:
+    """A ``[topic=NAME]`` section given as (key, value) pairs rather than lines of a file.
+
+    CreateTopic's ``configs`` and the options stored for a created topic are checked by the same
+    validator as server.ini, with the same messages; an error names ``source[i]`` (the pair's index)
+    instead of a file and line. ``filters=False`` refuses ``group.GROUP`` keys: a server-side filter
+    runs code on the broker, so only the operator's server.ini may name one.
+    """
+    try:
+        validate_topic(topic)
+    except InvalidArgument as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    here = f"[topic={_shown(topic)}]"
+    seen: dict[str, int] = {}
+    values: dict[str, Any] = {}
+    group_filters: dict[str, str] = {}
+    group_opt = _TOPIC_OPTIONS["group.GROUP"]
+    for index, (raw_key, raw_text) in enumerate(options):
+        key, text = str(raw_key).strip(), str(raw_text).strip()
+        where = f"{source}[{index}]"
+        if key in seen:
+            raise ConfigError(f"{where}: {_shown(key)}: set twice (first at {source}[{seen[key]}])")
+        seen[key] = index
+        if key.startswith(_GROUP_PREFIX):
+            if not filters:
+                raise ConfigError(f"{where}: {_shown(key)}: a consumer group filter runs code on the broker; "
+                                  f"only server.ini's {here} section may set one")
+            try:
+                group = _group_name(key[len(_GROUP_PREFIX):])
+            except _Invalid as exc:
+                raise ConfigError(f"{where}: {_shown(key)}: {exc}") from None
+            group_filters[group] = _convert(group_opt, text, f"{where}: {key}")
+            continue
+        opt = _TOPIC_OPTIONS.get(key)
+        if opt is None:
+            raise _unknown_key(key, here, _TOPIC_OPTIONS, where)
+        values[opt.attr] = _convert(opt, text, f"{where}: {key}")
+    return TopicConfig(name=topic, group_filters=group_filters, **values)
+
+
+def topic_options_text(config: TopicConfig) -> dict[str, str]:
+    """A TopicConfig back as server.ini keys and text values (what :func:`parse_topic_options` reads)."""
+    out: dict[str, str] = {}
+    for opt in _TOPIC_OPTIONS.values():
+        if opt.attr == "group_filters":
+            continue
+        value = getattr(config, opt.attr)
+        if value is not None:
+            out[opt.key] = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    for group, ref in sorted(config.group_filters.items()):
+        out[f"{_GROUP_PREFIX}{group}"] = ref
+    return out
+
+
+def merge_topic_configs(base: TopicConfig, over: TopicConfig) -> TopicConfig:
+    """``over``'s values where it sets them, else ``base``'s (filters: both, ``over`` winning per group)."""
+    values = {attr: getattr(over, attr) if getattr(over, attr) is not None else getattr(base, attr)
+              for attr in _TOPIC_ATTRS}
+    return TopicConfig(name=over.name, group_filters={**base.group_filters, **over.group_filters}, **values)
 
 
 def load_config(path: str | Path) -> BrokerConfig:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import asyncio.selector_events
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -23,14 +24,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from metaq import __version__
-from metaq.broker.config import BrokerConfig, TopicSettings, diff_topics, load_config, parse_config
+from metaq.broker.config import (
+    BrokerConfig,
+    TopicConfig,
+    TopicSettings,
+    diff_topics,
+    load_config,
+    merge_topic_configs,
+    parse_config,
+    parse_topic_options,
+    topic_options_text,
+)
 from metaq.broker.filters import filter_fetched, group_filter
 from metaq.broker.groups import GroupCoordinator, validate_group
 from metaq.broker.stats import BrokerStats
+from metaq.broker.topic_options import TopicOptionsStore
 from metaq.broker.waiters import FetchWaiters
 from metaq.errors import (
     BrokerError,
     BrokerStoppingError,
+    ConfigError,
     CorruptMessageError,
     InvalidArgument,
     InvalidRequestError,
@@ -123,7 +136,13 @@ class Broker:
 
     def __init__(self, config: BrokerConfig, *, config_path: str | None = None) -> None:
         self.config = config
+        """The effective configuration: server.ini and flags, plus the options of created topics."""
+        self._file_config = config
         self.config_path = config_path
+        self.topic_options = TopicOptionsStore(config.data_path)
+        self._created: dict[str, TopicConfig] = {}
+        """Options of topics created with CreateTopic configs (as if server.ini had their sections)."""
+        self._creating: set[str] = set()
         self.stats = BrokerStats()
         self.waiters = FetchWaiters(config.max_waiting_fetches)
         self.logs = LogManager(config.data_path, config.broker_id, self._log_config(None),
@@ -158,9 +177,23 @@ class Broker:
             max_batch_bytes=c.max_batch_bytes,
         )
 
+    def _effective(self, file_config: BrokerConfig) -> BrokerConfig:
+        """``file_config`` with the created topics' options as [topic=...] sections under its own.
+
+        Where both set a key, server.ini's section wins: the operator's file is what a reload applies.
+        """
+        if not self._created:
+            return file_config
+        topics = dict(self._created)
+        for name, section in file_config.topics.items():
+            topics[name] = merge_topic_configs(topics[name], section) if name in topics else section
+        return dataclasses.replace(file_config, topics=topics)
+
     def open(self) -> None:
         """Load existing partitions and the configured topics (blocking: call before serving)."""
         self.logs.open()
+        self._created = self.topic_options.load()
+        self.config = self._effective(self._file_config)
         for topic, partitions in self.logs.topics().items():
             self.logs.set_topic_config(topic, self._log_config(topic))
             self._topic_state(topic, max(partitions) + 1)
@@ -205,6 +238,8 @@ class Broker:
 
     def reload(self, new_config: BrokerConfig) -> list[str]:
         """Apply `[topic=…]` changes live (SIGHUP / metaq admin reload); [system] needs a restart."""
+        self._file_config = new_config
+        new_config = self._effective(new_config)
         diff = diff_topics(self.config, new_config)
         self.config = new_config
         affected = set(self.topics) | set(new_config.topics) if diff.defaults_changed else set(diff.topics)
@@ -300,15 +335,48 @@ class Broker:
             out.append(m.TopicInfo(name, 0, parts))
         return m.MetadataResponse(brokers=brokers, topics=out)
 
-    def handle_create_topic(self, req: m.CreateTopicRequest) -> m.CreateTopicResponse:
-        self._check_topic_name(req.topic)
-        if req.topic in self.topics:
-            raise TopicExistsError(f"topic {req.topic!r} already exists with "
-                                   f"{self.topics[req.topic].num_partitions} partitions")
+    def handle_create_topic(self, req: m.CreateTopicRequest) -> Any:
+        topic = req.topic
+        self._check_topic_name(topic)
+        if topic in self.topics:
+            raise TopicExistsError(f"topic {topic!r} already exists with "
+                                   f"{self.topics[topic].num_partitions} partitions")
+        if topic in self._creating:
+            raise TopicExistsError(f"topic {topic!r} is being created by another request")
         if req.num_partitions != DEFAULT_PARTITIONS and not 1 <= req.num_partitions <= PARTITIONS_PER_TOPIC_MAX:
             raise InvalidRequestError(
-                f"num_partitions must be 1..10000 or -1 (broker default); got {req.num_partitions}")
-        state = self._ensure_topic(req.topic, req.num_partitions)
+                f"num_partitions must be 1..{PARTITIONS_PER_TOPIC_MAX} or -1 (broker default); "
+                f"got {req.num_partitions}")
+        if not req.configs:
+            state = self._ensure_topic(topic, req.num_partitions)
+            return m.CreateTopicResponse(num_partitions=state.num_partitions)
+        try:
+            options = parse_topic_options(topic, [(e.key, e.value) for e in req.configs], filters=False)
+        except ConfigError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        if options.num_partitions is not None and req.num_partitions not in (DEFAULT_PARTITIONS,
+                                                                             options.num_partitions):
+            raise InvalidRequestError(f"num_partitions {req.num_partitions} and configs numPartitions="
+                                      f"{options.num_partitions} disagree; give one of them")
+        count = (req.num_partitions if req.num_partitions != DEFAULT_PARTITIONS
+                 else options.num_partitions or self.config.topic_settings(topic).num_partitions)
+        self._creating.add(topic)
+        return self._create_with_options(dataclasses.replace(options, num_partitions=count))
+
+    async def _create_with_options(self, options: TopicConfig) -> m.CreateTopicResponse:
+        """Store the options (off the event loop), then create the topic as if server.ini named it."""
+        topic = options.name
+        try:
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, self.topic_options.save, topic, topic_options_text(options))
+            except OSError as exc:
+                raise StorageFailureError(f"cannot store the options of topic {topic!r}: {exc}") from None
+            self._created[topic] = options
+            self.config = self._effective(self._file_config)
+            state = self._ensure_topic(topic, options.num_partitions)
+        finally:
+            self._creating.discard(topic)
         return m.CreateTopicResponse(num_partitions=state.num_partitions)
 
     def handle_delete_topic(self, req: m.DeleteTopicRequest) -> m.DeleteTopicResponse:
@@ -317,6 +385,9 @@ class Broker:
             raise UnknownTopicError(f"topic {req.topic!r} does not exist")
         del self.topics[req.topic]
         self.logs.delete_topic(req.topic)
+        if self._created.pop(req.topic, None) is not None:
+            self.topic_options.remove(req.topic)
+            self.config = self._effective(self._file_config)
         self.stats.forget_topic(req.topic)
         self.waiters.notify_all()
         return m.DeleteTopicResponse()
