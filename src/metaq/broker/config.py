@@ -485,6 +485,10 @@ OPTIONS: tuple[Option, ...] = (
     _opt("maxWaitingFetches", "max_waiting_fetches", "int", "10000", _SYSTEM,
          "Long-polling fetches held at once; more are refused with TOO_MANY_REQUESTS.",
          _integer(1, 1_000_000), status="extension"),
+    _opt("maxWaitingFetchesPerConnection", "max_waiting_fetches_per_connection", "int", "1000", _SYSTEM,
+         "Long-polling fetches one connection may hold at once (at most maxWaitingFetches); more get "
+         "TOO_MANY_REQUESTS on that connection while others are still served.",
+         _integer(1, 1_000_000), status="extension"),
     _opt("maxFrameSize", "max_frame_bytes", "size", "64m", _SYSTEM,
          "Largest request frame read from a connection; at least maxBatchSize + 64k.",
          _integer(1, _JAVA_INT_MAX, size=True), status="extension"),
@@ -643,6 +647,7 @@ class BrokerConfig:
     auto_create_topics: bool
     max_connections: int
     max_waiting_fetches: int
+    max_waiting_fetches_per_connection: int
     max_frame_bytes: int
     topics: dict[str, TopicConfig] = field(default_factory=dict)
     zookeeper: ZkConfig | None = None

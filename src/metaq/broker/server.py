@@ -75,6 +75,19 @@ MAX_PIPELINED_REQUESTS = 1024
 DEFAULT_PARTITIONS = -1
 """CreateTopic's num_partitions for "the broker's numPartitions"; any other value must be in range."""
 PARTITIONS_PER_TOPIC_MAX = 10_000
+LONG_POLL_MAX_MS = 600_000
+"""A fetch's max_wait_ms is cut to this."""
+_PRODUCE = m.ProduceRequest.API_KEY
+_FETCH = m.FetchRequest.API_KEY
+
+
+@dataclass(slots=True)
+class Session:
+    """A client connection as the request handlers see it: the transport creates one per connection."""
+
+    peer: str = "?"
+    waiting_fetches: int = 0
+    """Long polls of this connection waiting now (bounded by maxWaitingFetchesPerConnection)."""
 
 
 def _topic_error_code(name: str) -> int:
@@ -144,7 +157,7 @@ class Broker:
         """Options of topics created with CreateTopic configs (as if server.ini had their sections)."""
         self._creating: set[str] = set()
         self.stats = BrokerStats()
-        self.waiters = FetchWaiters(config.max_waiting_fetches)
+        self.waiters = FetchWaiters(config.max_waiting_fetches, config.max_waiting_fetches_per_connection)
         self.logs = LogManager(config.data_path, config.broker_id, self._log_config(None),
                                load_in_parallel=config.load_message_stores_in_parallel)
         self.topics: dict[str, TopicState] = {}
@@ -262,19 +275,26 @@ class Broker:
 
     # -- request plumbing ---------------------------------------------------------------------
 
-    def dispatch(self, event: RequestEvent) -> Any:
-        """The response, or an awaitable of it. Errors become the API's own error response."""
-        handler = self._handlers.get(event.header.api_key)
+    def dispatch(self, event: RequestEvent, session: Session | None = None) -> Any:
+        """The response, or an awaitable of it. Errors become the API's own error response.
+
+        ``session`` is the connection the request came on, as the handlers see it (a fetch counts its
+        long polls against it).
+        """
+        api_key = event.header.api_key
+        handler = self._handlers.get(api_key)
         if handler is None:
-            name = m.APIS[event.header.api_key].name
-            return m.error_response(event.header.api_key, InvalidRequestError.code,
+            name = m.APIS[api_key].name
+            return m.error_response(api_key, InvalidRequestError.code,
                                     f"{name} is not served by this broker version (consumer groups come later)")
-        if self.stopping and event.header.api_key in (4, 5):
-            return m.error_response(event.header.api_key, BrokerStoppingError.code, BrokerStoppingError.hint)
+        if self.stopping and api_key in (_PRODUCE, _FETCH):
+            return m.error_response(api_key, BrokerStoppingError.code, BrokerStoppingError.hint)
         try:
+            if api_key == _FETCH:
+                return self.handle_fetch(event.request, session)
             return handler(event.request)
         except Exception as exc:
-            return self.error_reply(event.header.api_key, exc)
+            return self.error_reply(api_key, exc)
 
     def error_reply(self, api_key: int, exc: BaseException) -> Any:
         if isinstance(exc, BrokerError):
@@ -453,7 +473,7 @@ class Broker:
         nearest = start if offset < start else end
         return nearest, nearest
 
-    def handle_fetch(self, req: m.FetchRequest) -> Any:
+    def handle_fetch(self, req: m.FetchRequest, session: Session | None = None) -> Any:
         state, plog = self._partition_log(req.topic, req.partition)
         if req.group:
             validate_group(req.group)
@@ -470,16 +490,17 @@ class Broker:
             return m.FetchResponse(error_code=exc.code, error_message=exc.message,
                                    log_start_offset=plog.log_start_offset, log_end_offset=plog.log_end_offset)
         if offset >= plog.log_end_offset and req.max_wait_ms > 0:
-            return self._long_poll(req, plog, offset, reset)
+            return self._long_poll(req, plog, offset, reset, session)
         return self._fetch_now(req, plog, offset, reset)
 
-    async def _long_poll(self, req: m.FetchRequest, plog: PartitionLog, offset: int, reset: int) -> Any:
-        deadline = time.monotonic() + min(req.max_wait_ms, 600_000) / 1000
+    async def _long_poll(self, req: m.FetchRequest, plog: PartitionLog, offset: int, reset: int,
+                         session: Session | None) -> Any:
+        deadline = time.monotonic() + min(req.max_wait_ms, LONG_POLL_MAX_MS) / 1000
         while offset >= plog.log_end_offset and not self.stopping:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            await self.waiters.wait(req.topic, req.partition, remaining)
+            await self.waiters.wait(req.topic, req.partition, remaining, session)
             if self.logs.get(req.topic, req.partition) is not plog:
                 raise UnknownTopicError(f"topic {req.topic!r} was deleted while the fetch waited")
         return self._fetch_now(req, plog, offset, reset)
@@ -618,13 +639,19 @@ def load_broker_config(path: str | None, overrides: dict[str, str]) -> BrokerCon
 
 
 class BrokerProtocol(asyncio.Protocol):
-    """One client connection: decode frames, dispatch, reply in order, stream fetches with sendfile."""
+    """One client connection: decode frames, dispatch, reply in order, stream fetches with sendfile.
+
+    When the connection closes, its requests still running (long polls above all) are cancelled, so
+    they give back their waiting-fetch slots at once. The :class:`Broker` sees a :class:`Session`.
+    """
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.codec = ServerConnection(broker.config.max_frame_bytes)
         self.transport: asyncio.Transport | None = None
+        self.session = Session()
         self.replies: deque[_Reply] = deque()
+        self.tasks: set[asyncio.Task[Any]] = set()
         self.sending = False
         self.paused = False
         self.closed = False
@@ -635,6 +662,7 @@ class BrokerProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.session.peer = self._peer()
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -647,6 +675,8 @@ class BrokerProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.broker.stats.connections -= 1
+        for task in self.tasks:
+            task.cancel()  # its reply can never be sent: give back what it holds (a waiting-fetch slot)
         for reply in self.replies:
             if reply.file_slice is not None:
                 reply.file_slice.release()
@@ -676,20 +706,22 @@ class BrokerProtocol(asyncio.Protocol):
             self.transport.pause_reading()
 
     def _handle(self, event: RequestEvent) -> None:
-        oneway = event.header.api_key == 4 and event.request.acks == 0
+        oneway = event.header.api_key == _PRODUCE and event.request.acks == 0
         reply = None if oneway else _Reply(event.header)
         if reply is not None:
             self.replies.append(reply)
-        result = self.broker.dispatch(event)
+        result = self.broker.dispatch(event, self.session)
         if asyncio.iscoroutine(result):
             self.broker.request_started()
             task = self.loop.create_task(result)
+            self.tasks.add(task)
             task.add_done_callback(functools.partial(self._task_done, reply=reply, api_key=event.header.api_key))
         elif reply is not None:
             self._complete(reply, result)
 
     def _task_done(self, task: asyncio.Task[Any], *, reply: _Reply | None, api_key: int) -> None:
         self.broker.request_finished()
+        self.tasks.discard(task)
         if task.cancelled():
             result: Any = m.error_response(api_key, BrokerStoppingError.code, "request cancelled")
         elif task.exception() is not None:
