@@ -480,8 +480,15 @@ OPTIONS: tuple[Option, ...] = (
          "MetaQ's dynamic topics: a topic with no [topic=...] section is created on first publish; "
          "false refuses it.", _boolean, status="extension"),
     _opt("maxConnections", "max_connections", "int", "10000", _SYSTEM,
-         "Client connections the broker keeps open at once.", _integer(1, 1_000_000),
+         "Client connections the broker keeps open at once; the first request of one more is answered "
+         "with TOO_MANY_CONNECTIONS and the connection closed.", _integer(1, 1_000_000),
          status="extension"),
+    _opt("connectionIdleTimeoutSeconds", "connection_idle_timeout_s", "int", "600", _SYSTEM,
+         "Close a connection that sent nothing and had no request in progress for this long (a waiting "
+         "long poll is in progress); 0 = never.", _integer(0, _JAVA_INT_MAX), status="extension"),
+    _opt("connectionHandshakeTimeoutSeconds", "connection_handshake_timeout_s", "int", "30", _SYSTEM,
+         "Close a connection whose first request has not fully arrived this long after it opened; "
+         "0 = never.", _integer(0, _JAVA_INT_MAX), status="extension"),
     _opt("maxWaitingFetches", "max_waiting_fetches", "int", "10000", _SYSTEM,
          "Long-polling fetches held at once; more are refused with TOO_MANY_REQUESTS.",
          _integer(1, 1_000_000), status="extension"),
@@ -491,6 +498,10 @@ OPTIONS: tuple[Option, ...] = (
          _integer(1, 1_000_000), status="extension"),
     _opt("maxFrameSize", "max_frame_bytes", "size", "64m", _SYSTEM,
          "Largest request frame read from a connection; at least maxBatchSize + 64k.",
+         _integer(1, _JAVA_INT_MAX, size=True), status="extension"),
+    _opt("maxPartialFramesSize", "max_partial_frames_bytes", "size", "128m", _SYSTEM,
+         "Bytes of unfinished request frames buffered across all connections, at least maxFrameSize; "
+         "past it the connection with the biggest unfinished frame gets TOO_MANY_REQUESTS for it.",
          _integer(1, _JAVA_INT_MAX, size=True), status="extension"),
     # -- [system], MetaQ options metaq accepts and ignores -----------------------------------------
     _opt("getProcessThreadCount", "", "int", None, _SYSTEM,
@@ -646,9 +657,12 @@ class BrokerConfig:
     max_batch_bytes: int
     auto_create_topics: bool
     max_connections: int
+    connection_idle_timeout_s: int
+    connection_handshake_timeout_s: int
     max_waiting_fetches: int
     max_waiting_fetches_per_connection: int
     max_frame_bytes: int
+    max_partial_frames_bytes: int
     topics: dict[str, TopicConfig] = field(default_factory=dict)
     zookeeper: ZkConfig | None = None
     source_path: Path | None = None
@@ -736,6 +750,12 @@ def _cross_check(values: dict[str, Any], where: Mapping[str, str], warnings: lis
         raise ConfigError(
             f"{at('maxBatchSize', 'maxFrameSize')}: maxFrameSize ({values['max_frame_bytes']}) must be at "
             f"least maxBatchSize + 64k ({need}) so that a full batch fits in a frame"
+        )
+    if values["max_partial_frames_bytes"] < values["max_frame_bytes"]:
+        raise ConfigError(
+            f"{at('maxFrameSize', 'maxPartialFramesSize')}: maxPartialFramesSize "
+            f"({values['max_partial_frames_bytes']}) must be at least maxFrameSize ({values['max_frame_bytes']}) "
+            "so that a whole frame can be received"
         )
     if values["max_transfer_bytes"] < values["max_message_bytes"]:
         warnings.append(

@@ -13,7 +13,13 @@ from typing import Any
 import click
 
 from metaq.broker.config import BrokerConfig, click_options, next_run_ms, overrides_from_click
-from metaq.broker.server import Broker, BrokerProtocol, load_broker_config
+from metaq.broker.server import (
+    Broker,
+    BrokerProtocol,
+    ConnectionLimits,
+    ConnectionRegistry,
+    load_broker_config,
+)
 from metaq.errors import ConfigError
 
 log = logging.getLogger("metaq.broker")
@@ -41,7 +47,8 @@ async def serve(config: BrokerConfig, *, config_path: str | None = None,
     broker.cli_overrides = dict(overrides or {})
     started = time.monotonic()
     await loop.run_in_executor(None, broker.open)
-    server = await loop.create_server(lambda: BrokerProtocol(broker), config.host_name, config.server_port,
+    registry = ConnectionRegistry(ConnectionLimits.from_config(config), broker.stats)
+    server = await loop.create_server(lambda: BrokerProtocol(broker, registry), config.host_name, config.server_port,
                                       backlog=4096, reuse_address=True)
     sock = server.sockets[0]
     broker.host, broker.port = sock.getsockname()[:2]
@@ -60,7 +67,8 @@ async def serve(config: BrokerConfig, *, config_path: str | None = None,
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, on_reload)
-    tasks = [loop.create_task(_roll_stats(broker)), loop.create_task(_retention(broker))]
+    tasks = [loop.create_task(_roll_stats(broker)), loop.create_task(_retention(broker)),
+             loop.create_task(registry.run_sweeper())]
     n_parts = sum(s.num_partitions for s in broker.topics.values())
     log.info("broker %d serving %d topics / %d partitions from %s (opened in %.2fs)", config.broker_id,
              len(broker.topics), n_parts, config.data_path, time.monotonic() - started)

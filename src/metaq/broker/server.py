@@ -55,12 +55,15 @@ from metaq.errors import (
     ProtocolError,
     StorageError,
     StorageFailureError,
+    TooManyConnectionsError,
+    TooManyRequestsError,
     TopicExistsError,
     UnknownPartitionError,
     UnknownServerError,
     UnknownTopicError,
 )
 from metaq.protocol import messages as m
+from metaq.protocol import schema
 from metaq.protocol.codec import NEED_DATA, BadRequest, RequestEvent, RequestHeader, ServerConnection
 from metaq.protocol.records import validate_batch
 from metaq.storage import LogConfig, LogManager, OffsetOutOfRange, PartitionLog
@@ -632,21 +635,153 @@ class _FileReply:
     file_slice: Any
 
 
+def _oneway_produce(header: RequestHeader, body_head: bytes) -> bool:
+    """Whether a produce request, from its leading fields (topic, partition, acks), expects no reply."""
+    try:
+        _topic, pos = schema.STRING.decode(body_head, 0)
+        _partition, pos = schema.INT32.decode(body_head, pos)
+        acks, _ = schema.INT16.decode(body_head, pos)
+    except ProtocolError:
+        return False
+    return bool(acks == 0)
+
+
 def load_broker_config(path: str | None, overrides: dict[str, str]) -> BrokerConfig:
     """server.ini (or the defaults) with command-line flags applied on top."""
     base = load_config(path) if path else parse_config("", "<defaults>")
     return base.with_overrides(overrides) if overrides else base
 
 
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """The transport's limits (server.ini names in the docs); 0 disables a timeout."""
+
+    max_connections: int = 10_000
+    idle_timeout_s: float = 600.0
+    handshake_timeout_s: float = 30.0
+    partial_frames_bytes_max: int = 128 * 1024 * 1024
+    max_frame_bytes: int = 64 * 1024 * 1024
+
+    @classmethod
+    def from_config(cls, config: BrokerConfig) -> ConnectionLimits:
+        return cls(config.max_connections, config.connection_idle_timeout_s,
+                   config.connection_handshake_timeout_s, config.max_partial_frames_bytes, config.max_frame_bytes)
+
+
+REFUSING_CONNECTIONS_MAX = 256
+"""Connections over maxConnections waiting for their first request to be refused with an answer; past it
+more are closed at once, without one."""
+REFUSAL_TIMEOUT_S = 5.0
+"""How long a refused connection may take to send the header of its first request."""
+SWEEP_INTERVAL_MAX_S = 1.0
+
+
+class ConnectionRegistry:
+    """What the broker's connections share: their count, the idle sweep and the partial-frame budget.
+
+    Transport bookkeeping only (the request handlers never see it). Every operation is O(1) per
+    connection event, except two: the sweep, once per SWEEP_INTERVAL_MAX_S (or a quarter of the
+    shortest timeout), walks the open connections; and shedding, which happens only past the
+    partial-frame budget, looks for the connection with the biggest unfinished frame.
+    """
+
+    def __init__(self, limits: ConnectionLimits, stats: BrokerStats,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits = limits
+        self.stats = stats
+        self.clock = clock
+        self.open: set[BrokerProtocol] = set()
+        self.refusing = 0
+        self.partial_bytes = 0
+        """Bytes of unfinished request frames buffered over every open connection."""
+
+    # -- admission ----------------------------------------------------------------------------
+
+    def admit(self, conn: BrokerProtocol) -> bool:
+        """Count a new connection in, or False when maxConnections are open (the caller refuses it)."""
+        if len(self.open) >= self.limits.max_connections:
+            self.stats.connections_refused += 1
+            return False
+        self.open.add(conn)
+        self.stats.connections = len(self.open)
+        self.stats.connections_total += 1
+        return True
+
+    def remove(self, conn: BrokerProtocol) -> None:
+        if conn in self.open:
+            self.open.discard(conn)
+            self.stats.connections = len(self.open)
+            self.partial_changed(conn, 0)
+
+    def refusal_message(self) -> str:
+        return (f"the broker already has {len(self.open)} connections open (maxConnections="
+                f"{self.limits.max_connections}); {TooManyConnectionsError.hint.split('; ', 1)[-1]}")
+
+    # -- unfinished frames ----------------------------------------------------------------------
+
+    def partial_changed(self, conn: BrokerProtocol, partial_bytes: int) -> None:
+        """``conn`` now buffers ``partial_bytes`` of an unfinished frame; shed frames past the budget."""
+        self.partial_bytes += partial_bytes - conn.partial_bytes
+        conn.partial_bytes = partial_bytes
+        self.stats.partial_frame_bytes = self.partial_bytes
+        while self.partial_bytes > self.limits.partial_frames_bytes_max:
+            victim = max(self.open, key=lambda c: c.partial_bytes)
+            if victim.partial_bytes == 0:  # pragma: no cover - the sum says otherwise
+                break
+            self.stats.partial_frames_refused += 1
+            victim.refuse_partial_frame(
+                f"the broker is buffering {self.partial_bytes} bytes of unfinished request frames, over "
+                f"maxPartialFramesSize={self.limits.partial_frames_bytes_max}, and this request's was the "
+                "largest; retry, or send smaller batches")
+
+    # -- timeouts -------------------------------------------------------------------------------
+
+    @property
+    def sweep_interval_s(self) -> float | None:
+        timeouts = [t for t in (self.limits.idle_timeout_s, self.limits.handshake_timeout_s) if t > 0]
+        return min(SWEEP_INTERVAL_MAX_S, min(timeouts) / 4) if timeouts else None
+
+    def sweep(self) -> int:
+        """Close connections past the idle or handshake timeout; returns how many."""
+        now = self.clock()
+        idle_s, handshake_s = self.limits.idle_timeout_s, self.limits.handshake_timeout_s
+        closed = 0
+        for conn in list(self.open):
+            if not conn.handshaken:
+                if handshake_s > 0 and now - conn.opened_at > handshake_s:
+                    conn.close_quietly(f"no request within connectionHandshakeTimeoutSeconds={handshake_s:g}")
+                    self.stats.connections_timed_out += 1
+                    closed += 1
+            elif idle_s > 0 and conn.idle and now - conn.last_active > idle_s:
+                conn.close_quietly(f"idle for connectionIdleTimeoutSeconds={idle_s:g}")
+                self.stats.connections_timed_out += 1
+                closed += 1
+        return closed
+
+    async def run_sweeper(self) -> None:
+        interval = self.sweep_interval_s
+        if interval is None:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.sweep()
+            except Exception:  # the sweeper must outlive a bug in one connection's bookkeeping
+                log.exception("connection sweep failed")
+
+
 class BrokerProtocol(asyncio.Protocol):
     """One client connection: decode frames, dispatch, reply in order, stream fetches with sendfile.
 
+    Transport concerns live here and in :class:`ConnectionRegistry` (connection count, idle and
+    handshake timeouts, the partial-frame budget); the :class:`Broker` sees a :class:`Session`.
     When the connection closes, its requests still running (long polls above all) are cancelled, so
-    they give back their waiting-fetch slots at once. The :class:`Broker` sees a :class:`Session`.
+    they give back their waiting-fetch slots at once.
     """
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, registry: ConnectionRegistry) -> None:
         self.broker = broker
+        self.registry = registry
         self.codec = ServerConnection(broker.config.max_frame_bytes)
         self.transport: asyncio.Transport | None = None
         self.session = Session()
@@ -655,26 +790,45 @@ class BrokerProtocol(asyncio.Protocol):
         self.sending = False
         self.paused = False
         self.closed = False
+        self.refused = False
+        """Over maxConnections: only the first request's header is read, to answer it with the refusal."""
+        self.handshaken = False
+        """A whole request has arrived (before that, the handshake timeout applies)."""
+        self.partial_bytes = 0
+        """Bytes of the unfinished frame buffered (kept in step with the registry's sum)."""
         self.loop = asyncio.get_event_loop()
+        self.opened_at = self.last_active = self.registry.clock()
+        self._refusal_timer: asyncio.TimerHandle | None = None
         # uvloop has no loop.sendfile (not even its copying fallback): there, file replies are pread
         # and written; asyncio's selector loop sends them with the sendfile(2) system call.
         self.native_sendfile = isinstance(self.loop, asyncio.selector_events.BaseSelectorEventLoop)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing in progress: no reply owed, no request running (a waiting long poll is running)."""
+        return not self.replies and not self.tasks and not self.sending
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.session.peer = self._peer()
+        if not self.registry.admit(self):
+            self._start_refusal()
+            return
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
                 import socket
 
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.broker.stats.connections += 1
-        self.broker.stats.connections_total += 1
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.broker.stats.connections -= 1
+        if self.refused:
+            self.registry.refusing -= 1
+            if self._refusal_timer is not None:
+                self._refusal_timer.cancel()
+            return
+        self.registry.remove(self)
         for task in self.tasks:
             task.cancel()  # its reply can never be sent: give back what it holds (a waiting-fetch slot)
         for reply in self.replies:
@@ -684,16 +838,21 @@ class BrokerProtocol(asyncio.Protocol):
         self.replies.clear()
 
     def data_received(self, data: bytes) -> None:
+        if self.refused:
+            self._refuse(data)
+            return
+        self.last_active = self.registry.clock()
         self.codec.receive_data(data)
         while True:
             try:
                 event = self.codec.next_event()
             except ProtocolError as exc:
-                log.warning("closing connection from %s: %s", self._peer(), exc)
+                log.warning("closing connection from %s: %s", self.session.peer, exc)
                 self._abort()
                 return
             if event is NEED_DATA:
                 break
+            self.handshaken = True
             if isinstance(event, BadRequest):
                 reply = _Reply(event.header)
                 self.replies.append(reply)
@@ -701,9 +860,63 @@ class BrokerProtocol(asyncio.Protocol):
                 continue
             assert isinstance(event, RequestEvent)
             self._handle(event)
+        partial = self.codec.partial_frame_bytes
+        if partial != self.partial_bytes:
+            self.registry.partial_changed(self, partial)
         if len(self.replies) > MAX_PIPELINED_REQUESTS and not self.paused and self.transport:
             self.paused = True
             self.transport.pause_reading()
+
+    # -- limits ----------------------------------------------------------------------------------
+
+    def _start_refusal(self) -> None:
+        self.refused = True
+        self.registry.refusing += 1
+        if self.registry.refusing > REFUSING_CONNECTIONS_MAX:
+            self._abort()  # too many at once to answer each: close without a word
+            return
+        self._refusal_timer = self.loop.call_later(REFUSAL_TIMEOUT_S, self._abort)
+
+    def _refuse(self, data: bytes) -> None:
+        """Answer the first request of a connection over maxConnections with TOO_MANY_CONNECTIONS."""
+        self.codec.receive_data(data)
+        try:
+            header = self.codec.peek_header()
+        except ProtocolError:
+            self._abort()
+            return
+        if header is None:
+            if self.codec.partial_frame_bytes > 64:  # pragma: no cover - the header is 8 bytes
+                self._abort()
+            return
+        assert self.transport is not None
+        self.transport.pause_reading()
+        response = m.error_response(header.api_key, TooManyConnectionsError.code, self.registry.refusal_message())
+        self.transport.write(self.codec.encode_response(header, response))
+        self.transport.close()
+
+    def refuse_partial_frame(self, reason: str) -> None:
+        """Drop the unfinished frame being received (the partial-frame budget is spent) and answer it
+        with TOO_MANY_REQUESTS once the replies before it are out; the rest of the frame is skipped."""
+        dropped = self.codec.discard_partial_frame()
+        self.registry.partial_changed(self, 0)
+        if dropped is None:
+            log.warning("closing connection from %s: %s", self.session.peer, reason)
+            self._abort()
+            return
+        header, body_head = dropped
+        log.warning("refused a request of %s from %s: %s", m.APIS[header.api_key].name
+                    if header.api_key in m.APIS else header.api_key, self.session.peer, reason)
+        if header.api_key == _PRODUCE and _oneway_produce(header, body_head):
+            return  # a one-way produce expects no reply: the message is dropped, as on any failure
+        reply = _Reply(header)
+        self.replies.append(reply)
+        self._complete(reply, m.error_response(header.api_key, TooManyRequestsError.code, reason))
+
+    def close_quietly(self, reason: str) -> None:
+        log.info("closing connection from %s: %s", self.session.peer, reason)
+        if self.transport is not None:
+            self.transport.close()
 
     def _handle(self, event: RequestEvent) -> None:
         oneway = event.header.api_key == _PRODUCE and event.request.acks == 0
@@ -776,6 +989,7 @@ class BrokerProtocol(asyncio.Protocol):
                 return
         if out:
             self.transport.write(b"".join(out) if len(out) > 1 else out[0])
+            self.last_active = self.registry.clock()
         if self.paused and len(self.replies) <= MAX_PIPELINED_REQUESTS // 2:
             self.paused = False
             self.transport.resume_reading()
