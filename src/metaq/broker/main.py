@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
 import sys
@@ -20,7 +21,7 @@ from metaq.broker.server import (
     ConnectionRegistry,
     load_broker_config,
 )
-from metaq.errors import ConfigError
+from metaq.errors import ConfigError, StorageError
 
 log = logging.getLogger("metaq.broker")
 
@@ -40,16 +41,63 @@ def install_event_loop(kind: str) -> None:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
+class StartupError(Exception):
+    """The broker cannot start with a valid configuration (port taken, data directory unusable).
+
+    Its message is the one line the broker prints before exiting with :data:`EXIT_CANNOT_START`.
+    """
+
+
+EXIT_CANNOT_START = 1
+"""A valid configuration that cannot be served: the port is taken, the data directory is unusable."""
+EXIT_BAD_CONFIG = 2
+"""The configuration is wrong (server.ini or flags), as for any usage error."""
+
+
+async def _listen(broker: Broker, registry: ConnectionRegistry, config: BrokerConfig) -> asyncio.Server:
+    """Bind the port (not serving yet): a port in use is found before the data directory is touched."""
+    loop = asyncio.get_running_loop()
+    where = f"{config.host_name}:{config.server_port}"
+    try:
+        return await loop.create_server(lambda: BrokerProtocol(broker, registry), config.host_name,
+                                        config.server_port, backlog=4096, reuse_address=True,
+                                        start_serving=False)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if exc.errno == errno.EADDRINUSE:
+            reason = "the address is already in use (another broker? choose another serverPort)"
+        raise StartupError(f"cannot listen on {where}: {reason}") from None
+
+
+def _open_data(broker: Broker, config: BrokerConfig) -> None:
+    """Create or open the data directory and everything in it (blocking: run in an executor)."""
+    path = config.data_path
+    if path.exists() and not path.is_dir():
+        raise StartupError(f"dataPath {path} is not a directory")
+    try:
+        broker.open()
+    except (OSError, StorageError, ConfigError) as exc:
+        if isinstance(exc, OSError):
+            detail = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+        else:
+            detail = str(exc)
+        raise StartupError(f"cannot open dataPath {path}: {detail}") from None
+
+
 async def serve(config: BrokerConfig, *, config_path: str | None = None,
                 overrides: dict[str, str] | None = None, ready_line: bool = True) -> int:
     loop = asyncio.get_running_loop()
     broker = Broker(config, config_path=config_path)
     broker.cli_overrides = dict(overrides or {})
     started = time.monotonic()
-    await loop.run_in_executor(None, broker.open)
     registry = ConnectionRegistry(ConnectionLimits.from_config(config), broker.stats)
-    server = await loop.create_server(lambda: BrokerProtocol(broker, registry), config.host_name, config.server_port,
-                                      backlog=4096, reuse_address=True)
+    server = await _listen(broker, registry, config)
+    try:
+        await loop.run_in_executor(None, _open_data, broker, config)
+    except BaseException:
+        server.close()
+        raise
+    await server.start_serving()
     sock = server.sockets[0]
     broker.host, broker.port = sock.getsockname()[:2]
     stop = asyncio.Event()
@@ -127,10 +175,15 @@ async def _retention(broker: Broker) -> None:
 
 def run(config: BrokerConfig, *, config_path: str | None = None, overrides: dict[str, str] | None = None,
         event_loop: str = "uvloop") -> int:
+    """Serve until SIGTERM; the exit code (0, or EXIT_CANNOT_START after one line on stderr)."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_event_loop(event_loop)
-    return asyncio.run(serve(config, config_path=config_path, overrides=overrides))
+    try:
+        return asyncio.run(serve(config, config_path=config_path, overrides=overrides))
+    except StartupError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        return EXIT_CANNOT_START
 
 
 @click.command("broker", context_settings={"help_option_names": ["-h", "--help"]})
@@ -145,7 +198,8 @@ def broker_command(config_file: str | None, event_loop: str, **flags: Any) -> No
     try:
         config = load_broker_config(config_file, overrides)
     except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(EXIT_BAD_CONFIG)
     for warning in config.warnings:
         click.echo(f"warning: {warning}", err=True)
     sys.exit(run(config, config_path=config_file, overrides=overrides, event_loop=event_loop))

@@ -304,7 +304,7 @@ class Broker:
             code, msg = exc.code, exc.message
         elif isinstance(exc, OffsetOutOfRange):
             code, msg = OffsetOutOfRangeError.code, str(exc)
-        elif isinstance(exc, InvalidArgument):
+        elif isinstance(exc, (InvalidArgument, ConfigError)):
             code, msg = InvalidRequestError.code, str(exc)
         elif isinstance(exc, ProtocolError):
             code, msg = CorruptMessageError.code, str(exc)
@@ -591,7 +591,12 @@ class Broker:
     def handle_reload(self, req: m.ReloadRequest) -> m.ReloadResponse:
         if not self.config_path:
             raise InvalidRequestError("the broker was started without -f server.ini: nothing to reload")
-        changed = self.reload(load_broker_config(self.config_path, self.cli_overrides))
+        try:
+            changed = self.reload(load_broker_config(self.config_path, self.cli_overrides))
+        except ConfigError as exc:  # the operator's mistake, not the broker's: one line, no traceback
+            log.error("reload of %s refused: %s", self.config_path, exc)
+            raise InvalidRequestError(f"{exc} (the running configuration is unchanged)") from None
+        log.info("reloaded %s: topics changed: %s", self.config_path, ", ".join(changed) or "none")
         return m.ReloadResponse(changed_topics=changed)
 
     cli_overrides: dict[str, str] = {}
