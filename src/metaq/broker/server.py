@@ -1,6 +1,9 @@
 """The broker: an asyncio server that owns the partition logs and answers the wire protocol.
 
-One connection = one :class:`BrokerProtocol`. Requests on a connection are handled concurrently
+One connection = one :class:`BrokerProtocol`; what connections share (their count against
+maxConnections, the idle and handshake timeouts, the budget of unfinished frames) is a
+:class:`ConnectionRegistry`. :class:`Broker` is the network-free core: it sees a connection only as a
+:class:`Session`. Requests on a connection are handled concurrently
 (a produce waiting for its group-commit fsync does not hold up the next produce: that is what lets one
 fsync cover many batches) but answered strictly in request order, as the protocol requires.
 A fetch reply sends the stored batches straight from the segment file with ``loop.sendfile``.
@@ -397,7 +400,13 @@ class Broker:
                 raise StorageFailureError(f"cannot store the options of topic {topic!r}: {exc}") from None
             self._created[topic] = options
             self.config = self._effective(self._file_config)
-            state = self._ensure_topic(topic, options.num_partitions)
+            try:
+                state = self._ensure_topic(topic, options.num_partitions)
+            except Exception:  # no topic: no stored options either
+                del self._created[topic]
+                self.config = self._effective(self._file_config)
+                await asyncio.get_running_loop().run_in_executor(None, self.topic_options.remove, topic)
+                raise
         finally:
             self._creating.discard(topic)
         return m.CreateTopicResponse(num_partitions=state.num_partitions)
@@ -665,12 +674,11 @@ class ConnectionLimits:
     idle_timeout_s: float = 600.0
     handshake_timeout_s: float = 30.0
     partial_frames_bytes_max: int = 128 * 1024 * 1024
-    max_frame_bytes: int = 64 * 1024 * 1024
 
     @classmethod
     def from_config(cls, config: BrokerConfig) -> ConnectionLimits:
         return cls(config.max_connections, config.connection_idle_timeout_s,
-                   config.connection_handshake_timeout_s, config.max_partial_frames_bytes, config.max_frame_bytes)
+                   config.connection_handshake_timeout_s, config.max_partial_frames_bytes)
 
 
 REFUSING_CONNECTIONS_MAX = 256
@@ -754,11 +762,12 @@ class ConnectionRegistry:
         for conn in list(self.open):
             if not conn.handshaken:
                 if handshake_s > 0 and now - conn.opened_at > handshake_s:
-                    conn.close_quietly(f"no request within connectionHandshakeTimeoutSeconds={handshake_s:g}")
+                    conn.close_quietly(f"no request within connectionHandshakeTimeoutSeconds={handshake_s:g}",
+                                       logging.INFO)
                     self.stats.connections_timed_out += 1
                     closed += 1
             elif idle_s > 0 and conn.idle and now - conn.last_active > idle_s:
-                conn.close_quietly(f"idle for connectionIdleTimeoutSeconds={idle_s:g}")
+                conn.close_quietly(f"idle for connectionIdleTimeoutSeconds={idle_s:g}", logging.DEBUG)
                 self.stats.connections_timed_out += 1
                 closed += 1
         return closed
@@ -890,9 +899,7 @@ class BrokerProtocol(asyncio.Protocol):
         except ProtocolError:
             self._abort()
             return
-        if header is None:
-            if self.codec.partial_frame_bytes > 64:  # pragma: no cover - the header is 8 bytes
-                self._abort()
+        if header is None:  # not even 12 bytes yet
             return
         assert self.transport is not None
         self.transport.pause_reading()
@@ -918,8 +925,9 @@ class BrokerProtocol(asyncio.Protocol):
         self.replies.append(reply)
         self._complete(reply, m.error_response(header.api_key, TooManyRequestsError.code, reason))
 
-    def close_quietly(self, reason: str) -> None:
-        log.info("closing connection from %s: %s", self.session.peer, reason)
+    def close_quietly(self, reason: str, level: int) -> None:
+        """Close after what is already written (a timeout: nothing is owed to the peer)."""
+        log.log(level, "closing connection from %s: %s", self.session.peer, reason)
         if self.transport is not None:
             self.transport.close()
 
