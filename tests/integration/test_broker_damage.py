@@ -15,7 +15,7 @@ import pytest
 from metaq.client import connect
 from metaq.errors import CorruptRecordError, StoredDataCorruptError
 from metaq.protocol.records import HEADER_BYTES, iter_batches
-from metaq.testing.broker import BrokerProcess
+from metaq.testing.broker import BrokerProcess, wait_until
 
 BATCHES = 60
 PER_BATCH = 5
@@ -107,3 +107,24 @@ def test_verify_of_intact_data_exits_zero(broker_factory) -> None:
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "fine-0: " in verify.stdout and f"{len(sent):,} messages intact" in verify.stdout
     assert "all intact" in verify.stdout
+
+
+def test_after_an_unclean_stop_the_broker_finds_damage_in_older_segments_by_itself(broker_factory) -> None:
+    """Recovery checks the newest segment; the background verify after an unclean start finds the rest."""
+    broker = broker_factory({"maxSegmentSize": 4096, "unflushThreshold": 1})
+    broker.allow_log(r"dmg-0: stored data damaged at offsets \d+\.\.\d+")
+    produce(broker, "dmg")
+    broker.kill()
+    first = sorted((broker.data_dir / "dmg-0").glob("*.log"))[0]
+    position, victim = list(iter_batches(first.read_bytes()))[3]
+    flip(first, position + HEADER_BYTES + 10)  # a body: no read has touched it yet
+    broker.start()
+    wait_until(lambda: any("verified 1 partitions after the unclean stop" in line for line in broker.log_lines),
+               timeout_s=60, message="the background verify to finish")
+    assert any(f"stored data damaged at offsets {victim.base_offset}..{victim.next_offset - 1}" in line
+               for line in broker.log_lines)
+    with connect(broker.servers) as session:
+        storage = session.admin().stats("dmg")["storage"]["dmg-0"]
+    assert storage["recovery"]["clean"] is False
+    assert [(r["first_offset"], r["resume_offset"]) for r in storage["damaged"]] == \
+        [(victim.base_offset, victim.next_offset)]

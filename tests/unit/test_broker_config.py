@@ -601,3 +601,26 @@ def test_docs_table_agrees_with_the_option_table() -> None:
         assert f"`{opt.key}`" in docs, opt.key
     for row in options_markdown_rows():
         assert row in docs, f"docs/configuration.md lacks or differs from this row:\n{row}"
+
+
+# -- topic options given as pairs (CreateTopic configs, stored topic options) -----------------------
+
+
+def test_topic_options_as_pairs_use_the_ini_validator_and_round_trip() -> None:
+    from metaq.broker.config import merge_topic_configs, parse_topic_options, topic_options_text
+
+    tc = parse_topic_options("orders", [("acceptPublish", "no"), ("deletePolicy", " archive,7h,true "),
+                                        ("numPartitions", "2*2"), ("group.billing", "a.b:c")])
+    assert (tc.accept_publish, tc.delete_policy, tc.num_partitions) == (False, "archive,7h,true", 4)
+    assert parse_topic_options("orders", topic_options_text(tc).items()) == tc
+    with pytest.raises(ConfigError, match=r"^configs\[1\]: deletePolicy: 'bogus': policy 'bogus' is unknown"):
+        parse_topic_options("orders", [("stat", "true"), ("deletePolicy", "bogus")])
+    with pytest.raises(ConfigError, match=r"^configs\[1\]: stat: set twice"):
+        parse_topic_options("orders", [("stat", "true"), ("stat", "false")])
+    with pytest.raises(ConfigError, match="runs code on the broker"):
+        parse_topic_options("orders", [("group.billing", "a.b:c")], filters=False)
+    with pytest.raises(ConfigError, match="contains '/'"):
+        parse_topic_options("../x", [])
+    section = parse_config("[topic=orders]\nacceptPublish=true\n").topics["orders"]
+    merged = merge_topic_configs(tc, section)
+    assert (merged.accept_publish, merged.num_partitions, merged.group_filters) == (True, 4, {"billing": "a.b:c"})

@@ -43,13 +43,16 @@ __all__ = [
     "click_options",
     "diff_topics",
     "load_config",
+    "merge_topic_configs",
     "next_run_ms",
     "options_markdown_rows",
     "overrides_from_click",
     "parse_config",
     "parse_delete_policy",
+    "parse_topic_options",
     "quartz_to_croniter",
     "restart_required",
+    "topic_options_text",
 ]
 
 FRAME_OVERHEAD_BYTES = 64 * 1024
@@ -473,17 +476,36 @@ OPTIONS: tuple[Option, ...] = (
     _opt("maxBatchSize", "max_batch_bytes", "size", "16m", _SYSTEM,
          "Largest record batch (one produce request to one partition) the broker accepts.",
          _integer(1, _JAVA_INT_MAX, size=True), status="extension"),
+    _opt("verifyAfterUncleanStart", "verify_after_unclean_start", "bool", "true", _SYSTEM,
+         "After a start that was not preceded by a clean stop, check every stored byte of the partitions "
+         "it recovered, in the background (damage is logged and shown in stats; `metaq admin verify` does "
+         "the same on demand).", _boolean, status="extension"),
     _opt("autoCreateTopics", "auto_create_topics", "bool", "true", _SYSTEM,
          "MetaQ's dynamic topics: a topic with no [topic=...] section is created on first publish; "
          "false refuses it.", _boolean, status="extension"),
     _opt("maxConnections", "max_connections", "int", "10000", _SYSTEM,
-         "Client connections the broker keeps open at once.", _integer(1, 1_000_000),
+         "Client connections the broker keeps open at once; the first request of one more is answered "
+         "with TOO_MANY_CONNECTIONS and the connection closed.", _integer(1, 1_000_000),
          status="extension"),
+    _opt("connectionIdleTimeoutSeconds", "connection_idle_timeout_s", "int", "600", _SYSTEM,
+         "Close a connection that sent nothing and had no request in progress for this long (a waiting "
+         "long poll is in progress); 0 = never.", _integer(0, _JAVA_INT_MAX), status="extension"),
+    _opt("connectionHandshakeTimeoutSeconds", "connection_handshake_timeout_s", "int", "30", _SYSTEM,
+         "Close a connection whose first request has not fully arrived this long after it opened; "
+         "0 = never.", _integer(0, _JAVA_INT_MAX), status="extension"),
     _opt("maxWaitingFetches", "max_waiting_fetches", "int", "10000", _SYSTEM,
          "Long-polling fetches held at once; more are refused with TOO_MANY_REQUESTS.",
          _integer(1, 1_000_000), status="extension"),
+    _opt("maxWaitingFetchesPerConnection", "max_waiting_fetches_per_connection", "int", "1000", _SYSTEM,
+         "Long-polling fetches one connection may hold at once (at most maxWaitingFetches); more get "
+         "TOO_MANY_REQUESTS on that connection while others are still served.",
+         _integer(1, 1_000_000), status="extension"),
     _opt("maxFrameSize", "max_frame_bytes", "size", "64m", _SYSTEM,
          "Largest request frame read from a connection; at least maxBatchSize + 64k.",
+         _integer(1, _JAVA_INT_MAX, size=True), status="extension"),
+    _opt("maxPartialFramesSize", "max_partial_frames_bytes", "size", "128m", _SYSTEM,
+         "Bytes of unfinished request frames buffered across all connections, at least maxFrameSize; "
+         "past it the connection with the biggest unfinished frame gets TOO_MANY_REQUESTS for it.",
          _integer(1, _JAVA_INT_MAX, size=True), status="extension"),
     # -- [system], MetaQ options metaq accepts and ignores -----------------------------------------
     _opt("getProcessThreadCount", "", "int", None, _SYSTEM,
@@ -635,12 +657,17 @@ class BrokerConfig:
     stat: bool
     update_consumer_offsets: bool
     load_message_stores_in_parallel: bool
+    verify_after_unclean_start: bool
     max_message_bytes: int
     max_batch_bytes: int
     auto_create_topics: bool
     max_connections: int
+    connection_idle_timeout_s: int
+    connection_handshake_timeout_s: int
     max_waiting_fetches: int
+    max_waiting_fetches_per_connection: int
     max_frame_bytes: int
+    max_partial_frames_bytes: int
     topics: dict[str, TopicConfig] = field(default_factory=dict)
     zookeeper: ZkConfig | None = None
     source_path: Path | None = None
@@ -728,6 +755,12 @@ def _cross_check(values: dict[str, Any], where: Mapping[str, str], warnings: lis
         raise ConfigError(
             f"{at('maxBatchSize', 'maxFrameSize')}: maxFrameSize ({values['max_frame_bytes']}) must be at "
             f"least maxBatchSize + 64k ({need}) so that a full batch fits in a frame"
+        )
+    if values["max_partial_frames_bytes"] < values["max_frame_bytes"]:
+        raise ConfigError(
+            f"{at('maxFrameSize', 'maxPartialFramesSize')}: maxPartialFramesSize "
+            f"({values['max_partial_frames_bytes']}) must be at least maxFrameSize ({values['max_frame_bytes']}) "
+            "so that a whole frame can be received"
         )
     if values["max_transfer_bytes"] < values["max_message_bytes"]:
         warnings.append(
@@ -917,6 +950,68 @@ def _topic_config(name: str, entries: Mapping[str, tuple[int, Option, str]], sou
         else:
             values[opt.attr] = value
     return TopicConfig(name=name, group_filters=filters, **values)
+
+
+def parse_topic_options(topic: str, options: Iterable[tuple[str, str]], *, source: str = "configs",
+                        filters: bool = True) -> TopicConfig:
+    """A ``[topic=NAME]`` section given as (key, value) pairs rather than lines of a file.
+
+    CreateTopic's ``configs`` and the options stored for a created topic are checked by the same
+    validator as server.ini, with the same messages; an error names ``source[i]`` (the pair's index)
+    instead of a file and line. ``filters=False`` refuses ``group.GROUP`` keys: a server-side filter
+    runs code on the broker, so only the operator's server.ini may name one.
+    """
+    try:
+        validate_topic(topic)
+    except InvalidArgument as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    here = f"[topic={_shown(topic)}]"
+    seen: dict[str, int] = {}
+    values: dict[str, Any] = {}
+    group_filters: dict[str, str] = {}
+    group_opt = _TOPIC_OPTIONS["group.GROUP"]
+    for index, (raw_key, raw_text) in enumerate(options):
+        key, text = str(raw_key).strip(), str(raw_text).strip()
+        where = f"{source}[{index}]"
+        if key in seen:
+            raise ConfigError(f"{where}: {_shown(key)}: set twice (first at {source}[{seen[key]}])")
+        seen[key] = index
+        if key.startswith(_GROUP_PREFIX):
+            if not filters:
+                raise ConfigError(f"{where}: {_shown(key)}: a consumer group filter runs code on the broker; "
+                                  f"only server.ini's {here} section may set one")
+            try:
+                group = _group_name(key[len(_GROUP_PREFIX):])
+            except _Invalid as exc:
+                raise ConfigError(f"{where}: {_shown(key)}: {exc}") from None
+            group_filters[group] = _convert(group_opt, text, f"{where}: {key}")
+            continue
+        opt = _TOPIC_OPTIONS.get(key)
+        if opt is None:
+            raise _unknown_key(key, here, _TOPIC_OPTIONS, where)
+        values[opt.attr] = _convert(opt, text, f"{where}: {key}")
+    return TopicConfig(name=topic, group_filters=group_filters, **values)
+
+
+def topic_options_text(config: TopicConfig) -> dict[str, str]:
+    """A TopicConfig back as server.ini keys and text values (what :func:`parse_topic_options` reads)."""
+    out: dict[str, str] = {}
+    for opt in _TOPIC_OPTIONS.values():
+        if opt.attr == "group_filters":
+            continue
+        value = getattr(config, opt.attr)
+        if value is not None:
+            out[opt.key] = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    for group, ref in sorted(config.group_filters.items()):
+        out[f"{_GROUP_PREFIX}{group}"] = ref
+    return out
+
+
+def merge_topic_configs(base: TopicConfig, over: TopicConfig) -> TopicConfig:
+    """``over``'s values where it sets them, else ``base``'s (filters: both, ``over`` winning per group)."""
+    values = {attr: getattr(over, attr) if getattr(over, attr) is not None else getattr(base, attr)
+              for attr in _TOPIC_ATTRS}
+    return TopicConfig(name=over.name, group_filters={**base.group_filters, **over.group_filters}, **values)
 
 
 def load_config(path: str | Path) -> BrokerConfig:

@@ -64,11 +64,14 @@ from metaq.errors import (
     IllegalGenerationError,
     InvalidArgument,
     InvalidRequestError,
+    InvalidTopicError,
     NotCoordinatorError,
     RebalanceInProgressError,
     StorageFailureError,
     UnknownGroupError,
     UnknownMemberError,
+    UnknownPartitionError,
+    UnknownTopicError,
 )
 from metaq.protocol import messages as m
 from metaq.storage.errors import DiskFull
@@ -88,6 +91,8 @@ MEMBERS_PER_GROUP_MAX = 10_000
 GROUPS_MAX = 100_000
 TOPICS_PER_MEMBER_MAX = 1_000
 METADATA_CHARS_MAX = 4096
+REFUSALS_SHOWN_MAX = 5
+"""Refused offsets an OffsetCommit's error message names one by one (the codes are per entry)."""
 DEFAULT_TICK_MS = 50
 
 _GROUP_RE = re.compile(r"[A-Za-z0-9._@-]{1,249}")
@@ -310,9 +315,13 @@ class GroupCoordinator:
         try:
             return tuple(sorted({validate_topic(t) for t in req.topics}))
         except InvalidArgument as exc:
-            raise InvalidRequestError(str(exc)) from None
+            raise InvalidTopicError(f"subscription: {exc}") from None
 
     async def heartbeat(self, req: m.HeartbeatRequest) -> m.HeartbeatResponse:
+        try:
+            validate_group(req.group)
+        except BrokerError as exc:
+            return _error(m.HeartbeatResponse, exc)
         group = self.groups.get(req.group)
         member = group.members.get(req.member_id) if group is not None else None
         if group is None or member is None:
@@ -329,6 +338,10 @@ class GroupCoordinator:
         return m.HeartbeatResponse()
 
     async def leave(self, req: m.LeaveGroupRequest) -> m.LeaveGroupResponse:
+        try:
+            validate_group(req.group)
+        except BrokerError as exc:
+            return _error(m.LeaveGroupResponse, exc)
         group = self.groups.get(req.group)
         member = group.members.get(req.member_id) if group is not None else None
         if group is None or member is None:
@@ -453,25 +466,61 @@ class GroupCoordinator:
             member.last_seen_ms = self.clock()
         results: list[m.OffsetEntry] = []
         accepted: list[tuple[str, int, int, str | None]] = []
+        refusals: list[str] = []
+        existing: dict[str, set[int]] = {}
         for e in req.offsets:
-            code = 0
-            if member is not None and e.partition not in member.assignment.get(e.topic, ()):
-                code = IllegalGenerationError.code
-            elif e.offset < (-1 if member is None else 0) or (e.metadata and len(e.metadata) > METADATA_CHARS_MAX):
-                code = InvalidRequestError.code
-            else:
+            refusal = self._check_commit_entry(e, member, req.generation, existing)
+            if refusal is None:
                 accepted.append((e.topic, e.partition, e.offset, e.metadata))
-            results.append(m.OffsetEntry(e.topic, e.partition, e.offset, e.metadata, code))
+                results.append(m.OffsetEntry(e.topic, e.partition, e.offset, e.metadata, 0))
+            else:
+                refusals.append(f"{_shown(e.topic)}-{e.partition}: {refusal.name} ({refusal.message})")
+                results.append(m.OffsetEntry(e.topic, e.partition, e.offset, e.metadata, refusal.code))
         try:
             await self.store.commit(group_name, accepted)
         except Exception as exc:  # a full disk or a failed fsync: the offsets are not committed
             log.error("group %s: cannot store offsets: %s", group_name, exc)
             cls = DiskFullError if isinstance(exc, DiskFull) else StorageFailureError
             return _error(m.OffsetCommitResponse, cls(f"offsets not committed: {exc}"))
-        refused = sum(1 for r in results if r.error_code)
-        msg = (f"{refused} partitions refused: not owned by this member in generation {req.generation}, "
-               "or an offset/metadata out of range") if refused else None
+        msg = None
+        if refusals:
+            shown = "; ".join(refusals[:REFUSALS_SHOWN_MAX])
+            more = f"; and {len(refusals) - REFUSALS_SHOWN_MAX} more" if len(refusals) > REFUSALS_SHOWN_MAX else ""
+            msg = f"{len(refusals)} of {len(req.offsets)} offsets refused: {shown}{more}"
         return m.OffsetCommitResponse(error_message=msg, results=results)
+
+    def _check_commit_entry(self, e: m.OffsetEntry, member: Member | None, generation: int,
+                            existing: dict[str, set[int]]) -> BrokerError | None:
+        """Why one committed offset is refused, or None. ``existing`` caches partitions per topic."""
+        try:
+            validate_topic(e.topic)
+        except InvalidArgument as exc:
+            return InvalidTopicError(str(exc))
+        if e.partition < 0:
+            return UnknownPartitionError(f"partition must be >= 0; got {e.partition}")
+        if member is not None and e.partition not in member.assignment.get(e.topic, ()):
+            return IllegalGenerationError(f"not owned by member {member.member_id} in generation {generation}")
+        if e.offset < (-1 if member is None else 0):
+            return InvalidRequestError(f"offset must be >= {-1 if member is None else 0}; got {e.offset}")
+        if e.metadata and len(e.metadata) > METADATA_CHARS_MAX:
+            return InvalidRequestError(f"metadata has {len(e.metadata)} characters; at most {METADATA_CHARS_MAX}")
+        if member is None and e.offset >= 0:
+            # Outside a generation nothing vouches for the partition: it must exist here. Forgetting
+            # (offset -1) is allowed for any partition, so entries of deleted topics can be removed.
+            parts = existing.get(e.topic)
+            if parts is None:
+                parts = existing[e.topic] = {p for _b, p in self._partitions(e.topic)}
+            if not parts:
+                return UnknownTopicError(f"no topic {e.topic!r} on this broker")
+            if e.partition not in parts:
+                return UnknownPartitionError(f"topic {e.topic!r} has partitions 0..{max(parts)} on this broker")
+        return None
+
+    def _partitions(self, topic: str) -> Sequence[PartitionRef]:
+        try:
+            return self.partitions_of(topic)
+        except Exception:  # an unknown or deleted topic has no partitions
+            return ()
 
     async def fetch_offsets(self, req: m.OffsetFetchRequest) -> m.OffsetFetchResponse:
         try:
@@ -484,9 +533,13 @@ class GroupCoordinator:
                                                   for (t, p), c in sorted(offs.items())])
         out = []
         for ref in req.partitions:
-            c = self.store.get(group_name, ref.topic, ref.partition)
-            out.append(m.OffsetEntry(ref.topic, ref.partition, c.offset if c else -1, c.metadata if c else None))
-        return m.OffsetFetchResponse(offsets=out)
+            code = _ref_error_code(ref.topic, ref.partition)
+            c = self.store.get(group_name, ref.topic, ref.partition) if code == 0 else None
+            out.append(m.OffsetEntry(ref.topic, ref.partition, c.offset if c else -1, c.metadata if c else None, code))
+        refused = sum(1 for o in out if o.error_code)
+        msg = (f"{refused} of {len(out)} partitions refused: invalid topic name or negative partition"
+               if refused else None)
+        return m.OffsetFetchResponse(error_message=msg, offsets=out)
 
     # -- admin -------------------------------------------------------------------------------------
 
@@ -495,6 +548,10 @@ class GroupCoordinator:
         return m.ListGroupsResponse(groups=sorted(names))
 
     async def describe_group(self, req: m.DescribeGroupRequest) -> m.DescribeGroupResponse:
+        try:
+            validate_group(req.group)
+        except BrokerError as exc:
+            return _error(m.DescribeGroupResponse, exc)
         group = self.groups.get(req.group)
         if group is None:
             if req.group in self.store.groups():
@@ -510,3 +567,17 @@ class GroupCoordinator:
 
 def _error(cls: Any, exc: BrokerError) -> Any:
     return cls(error_code=exc.code, error_message=exc.message)
+
+
+def _ref_error_code(topic: str, partition: int) -> int:
+    try:
+        validate_topic(topic)
+    except InvalidArgument:
+        return InvalidTopicError.code
+    return UnknownPartitionError.code if partition < 0 else 0
+
+
+def _shown(topic: str, limit: int = 40) -> str:
+    """A topic name as an error message may quote it (a refused name may be 32 KB of anything)."""
+    text = repr(topic)
+    return text if len(text) <= limit else text[:limit - 4] + "...'"

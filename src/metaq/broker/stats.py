@@ -32,6 +32,14 @@ class BrokerStats:
         self._window: tuple[float, dict[tuple[str, int], tuple[int, int, int]]] = (self.started_s, {})
         self.connections = 0
         self.connections_total = 0
+        self.connections_refused = 0
+        """Refused for maxConnections."""
+        self.connections_timed_out = 0
+        """Closed by connectionIdleTimeoutSeconds or connectionHandshakeTimeoutSeconds."""
+        self.partial_frame_bytes = 0
+        """Bytes of unfinished request frames buffered now (bounded by maxPartialFramesSize)."""
+        self.partial_frames_refused = 0
+        """Requests refused because maxPartialFramesSize was reached while they arrived."""
 
     def partition(self, topic: str, partition: int) -> PartitionCounters:
         key = (topic, partition)
@@ -71,4 +79,7 @@ class BrokerStats:
             tstats["get_bytes"] += c.get_bytes
             tstats["put_tps"] = round(tstats["put_tps"] + entry["put_tps"], 1)
         return {"uptime_s": round(now - self.started_s, 3), "rate_window_s": round(elapsed, 3),
-                "connections": self.connections, "connections_total": self.connections_total, "topics": topics}
+                "connections": self.connections, "connections_total": self.connections_total,
+                "connections_refused": self.connections_refused, "connections_timed_out": self.connections_timed_out,
+                "partial_frame_bytes": self.partial_frame_bytes, "partial_frames_refused": self.partial_frames_refused,
+                "topics": topics}

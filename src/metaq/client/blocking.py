@@ -28,6 +28,7 @@ from metaq.errors import (
     InvalidArgument,
     MetaqError,
     RequestTimeoutError,
+    TooManyConnectionsError,
     UnknownPartitionError,
     UnknownTopicError,
     error_for_code,
@@ -195,6 +196,7 @@ class BlockingClient:
 
     def _connect_any(self) -> _Link:
         failures: list[str] = []
+        refusals = 0
         for host, port in self._addresses:
             try:
                 link = _Link(host, port, self.client_id, self.timeout_s)
@@ -206,8 +208,12 @@ class BlockingClient:
             except (MetaqError, OSError) as exc:
                 link.close()
                 failures.append(f"{host}:{port} ({exc})")
+                refusals += isinstance(exc, TooManyConnectionsError)
                 continue
             return link
+        if refusals == len(failures):  # every broker is up but full: say so, it is not a network problem
+            raise TooManyConnectionsError(
+                f"every metaq broker in servers={self.servers!r} refused the connection: {'; '.join(failures)}")
         raise ConnectionClosedError(
             f"cannot reach any metaq broker in servers={self.servers!r}: {'; '.join(failures)}")
 

@@ -28,6 +28,8 @@ from metaq.protocol.messages import APIS, spec_for
 
 DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_MAX_IN_FLIGHT: Final = 1024
+PARTIAL_HEAD_BYTES: Final = 64 * 1024 + 64
+"""Bytes of a discarded frame kept for answering it: the header with its client id, a topic name, a few fields."""
 
 _SIZE = struct.Struct(">I")
 _REQ_HEAD = struct.Struct(">hhi")
@@ -78,14 +80,21 @@ class ResponseEvent:
 class FrameBuffer:
     """Accumulates bytes and yields whole frame bodies; refuses a frame over ``max_frame_bytes``."""
 
-    __slots__ = ("_buf", "_pos", "max_frame_bytes")
+    __slots__ = ("_buf", "_pos", "_skip", "max_frame_bytes")
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self._buf = bytearray()
         self._pos = 0
+        self._skip = 0
         self.max_frame_bytes = max_frame_bytes
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._skip:
+            n = min(self._skip, len(data))
+            self._skip -= n
+            data = memoryview(data)[n:]
+            if not data:
+                return
         if self._pos and self._pos >= len(self._buf) // 2:
             del self._buf[: self._pos]
             self._pos = 0
@@ -94,6 +103,39 @@ class FrameBuffer:
     @property
     def buffered_bytes(self) -> int:
         return len(self._buf) - self._pos
+
+    @property
+    def skipping_bytes(self) -> int:
+        """Bytes of a discarded frame still to arrive (dropped as they come)."""
+        return self._skip
+
+    def discard_partial(self, keep_bytes: int) -> bytes:
+        """Drop the unfinished frame at the head of the buffer, and the rest of it as it arrives.
+
+        Call after :meth:`next_frame` returned None (so what is buffered is one unfinished frame).
+        Returns its first ``keep_bytes`` bytes (size prefix included) so the caller can still answer it;
+        the stream stays in sync. The buffer's memory is released.
+        """
+        buf, pos = self._buf, self._pos
+        head = bytes(buf[pos:pos + keep_bytes])
+        if len(buf) - pos >= 4:
+            (size,) = _SIZE.unpack_from(buf, pos)
+            self._skip = 4 + size - (len(buf) - pos)
+        else:  # not even the size yet: nothing to skip, the prefix arrives later as a new frame
+            head = b""
+            self._skip = 0
+            self._buf = bytearray(buf[pos:])
+            self._pos = 0
+            return head
+        self._buf = bytearray()
+        self._pos = 0
+        return head
+
+    def peek(self, n: int) -> bytes | None:
+        """The next ``n`` buffered bytes without consuming them, or None if fewer are buffered."""
+        if len(self._buf) - self._pos < n:
+            return None
+        return bytes(self._buf[self._pos:self._pos + n])
 
     def next_frame(self) -> bytes | None:
         buf, pos = self._buf, self._pos
@@ -125,6 +167,24 @@ def encode_request_header(header: RequestHeader) -> list[bytes]:
     return [_REQ_HEAD.pack(header.api_key, header.api_version, header.correlation_id), _I16.pack(len(raw)), raw]
 
 
+def response_version(header: RequestHeader) -> int:
+    """The version a response to ``header`` is encoded at: the request's, moved into the API's range.
+
+    A request with a version the API does not have (a negative one included) is answered with
+    UNSUPPORTED_VERSION in the layout of the nearest version the broker has, and an unknown api key
+    with the bare error prefix at v0, so that every reply carries an error code.
+    """
+    spec = APIS.get(header.api_key)
+    if spec is None:
+        return 0
+    version = header.api_version
+    if version < spec.min_version:
+        return spec.min_version
+    if version > spec.max_version:
+        return spec.max_version
+    return version
+
+
 class ServerConnection:
     """The broker side of one connection."""
 
@@ -134,6 +194,50 @@ class ServerConnection:
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         self._frames.feed(data)
+
+    @property
+    def partial_frame_bytes(self) -> int:
+        """Bytes buffered of a request frame not yet whole (its 4-byte size prefix not counted).
+
+        Meaningful after :meth:`next_event` returned NEED_DATA: what is buffered then is one unfinished
+        frame. A broker bounds the sum of these over its connections.
+        """
+        return max(0, self._frames.buffered_bytes - 4)
+
+    def peek_header(self) -> RequestHeader | None:
+        """The header of the next frame as soon as its fixed part is buffered (client id not read).
+
+        Lets a broker answer a connection it refuses without buffering the request. None until the
+        size, api key, version and correlation id have arrived; ProtocolError for an oversized frame.
+        """
+        head = self._frames.peek(4 + _REQ_HEAD.size)
+        if head is None:
+            return None
+        (size,) = _SIZE.unpack_from(head, 0)
+        if size > self.max_frame_bytes:
+            raise ProtocolError(f"frame of {size} bytes is larger than the limit of {self.max_frame_bytes}")
+        if size < _REQ_HEAD.size + 2:
+            raise ProtocolError(f"request frame of {size} bytes is shorter than a request header")
+        api_key, version, correlation_id = _REQ_HEAD.unpack_from(head, 4)
+        return RequestHeader(api_key, version, correlation_id, "")
+
+    def discard_partial_frame(self) -> tuple[RequestHeader, bytes] | None:
+        """Drop the unfinished frame buffered (call after NEED_DATA), freeing its memory.
+
+        The rest of that frame is skipped as it arrives, so the connection stays in sync and can be
+        answered. Returns the frame's header and the first bytes of its body (up to 64 KiB: enough for
+        the leading fields of any request), or None when even the header had not arrived (then the
+        caller should close the connection).
+        """
+        head = self._frames.discard_partial(4 + PARTIAL_HEAD_BYTES)
+        if len(head) < 4 + _REQ_HEAD.size + 2:
+            return None
+        api_key, version, correlation_id = _REQ_HEAD.unpack_from(head, 4)
+        try:
+            client_id, pos = schema.STRING.decode(head, 4 + _REQ_HEAD.size)
+        except ProtocolError:
+            return None
+        return RequestHeader(api_key, version, correlation_id, client_id), head[pos:]
 
     def next_event(self) -> RequestEvent | BadRequest | _NeedData:
         """The next request; raises ProtocolError when the framing itself is broken (close then)."""
@@ -163,7 +267,7 @@ class ServerConnection:
 
     def encode_response(self, header: RequestHeader, response: Any) -> bytes:
         parts = [_RESP_HEAD.pack(header.correlation_id)]
-        schema.encode(response, header.api_version, parts)
+        schema.encode(response, response_version(header), parts)
         return _frame(parts, self.max_frame_bytes)
 
     def encode_response_head(self, header: RequestHeader, response: Any, records_bytes: int) -> bytes:
@@ -175,7 +279,8 @@ class ServerConnection:
         parts = [_RESP_HEAD.pack(header.correlation_id)]
         fields = type(response).FIELDS
         assert fields[-1].type is schema.RECORDS, type(response)
-        schema.encode_fields(response, tuple(f for f in fields[:-1] if f.since <= header.api_version), parts)
+        version = response_version(header)
+        schema.encode_fields(response, tuple(f for f in fields[:-1] if f.since <= version), parts)
         parts.append(_I32.pack(records_bytes))
         head = b"".join(parts)
         size = len(head) + records_bytes

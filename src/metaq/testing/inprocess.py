@@ -32,7 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from metaq.broker.server import Broker, BrokerProtocol, load_broker_config
+from metaq.broker.server import Broker, BrokerProtocol, ConnectionLimits, ConnectionRegistry, load_broker_config
 
 T = TypeVar("T")
 
@@ -205,7 +205,8 @@ class InProcessBroker:
         broker.cli_overrides = overrides
         await loop.run_in_executor(None, broker.open)
         self._broker = broker
-        server = await loop.create_server(lambda: BrokerProtocol(broker), self.host, 0)
+        registry = ConnectionRegistry(ConnectionLimits.from_config(config), broker.stats)
+        server = await loop.create_server(lambda: BrokerProtocol(broker, registry), self.host, 0)
         self._server = server
         broker.host, broker.port = server.sockets[0].getsockname()[:2]
         self.port = broker.port

@@ -62,3 +62,26 @@ def test_error_taxonomy() -> None:
     assert issubclass(errors.InvalidArgument, ValueError)
     for cls in (errors.ProtocolError, errors.InvalidArgument, BrokerError, errors.ConnectionClosedError):
         assert issubclass(cls, errors.MetaqError)
+
+
+@pytest.mark.parametrize("version", [-1, -32768, 1, 32767])
+def test_a_bad_version_is_answered_with_an_error_code_in_a_layout_the_api_has(version: int) -> None:
+    """The reply to an unsupported (even negative) version is never just a correlation id."""
+    import struct
+
+    from metaq.protocol import schema
+    from metaq.protocol.codec import BadRequest, response_version
+
+    for key, spec in sorted(APIS.items()):
+        if spec.min_version <= version <= spec.max_version:
+            continue
+        server = ServerConnection()
+        payload = struct.pack(">hhih", key, version, 9, 1) + b"c"
+        server.receive_data(struct.pack(">I", len(payload)) + payload)
+        event = server.next_event()
+        assert isinstance(event, BadRequest) and event.error_code == errors.UnsupportedVersionError.code
+        frame = server.encode_response(event.header, error_response(key, event.error_code, str(event.error)))
+        at = response_version(event.header)
+        assert spec.min_version <= at <= spec.max_version
+        reply = schema.decode(spec.response, at, frame, 8)
+        assert reply.error_code == errors.UnsupportedVersionError.code and f"v{version}" in reply.error_message

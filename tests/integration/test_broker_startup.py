@@ -1,0 +1,140 @@
+"""A broker that cannot start says why in one line and exits non-zero; a bad reload changes nothing.
+
+Each case runs a real ``python -m metaq.broker`` process. Exit codes: 2 when the configuration (file
+or flags) is wrong, 1 when a valid configuration cannot be served (port taken, data directory unusable).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from metaq.client import Message, connect
+from metaq.errors import InvalidRequestError
+from metaq.protocol import messages as m
+from metaq.protocol.records import encode_values
+from metaq.testing import BrokerProcess, wait_until
+from metaq.testing.raw import RawClient
+
+
+def _broker(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run a broker that is expected to fail before it serves (a deadline bounds it otherwise)."""
+    return subprocess.run([sys.executable, "-m", "metaq.broker", "--serverPort", "0", *args],
+                          capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _error_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "ready" not in result.stdout
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1, result.stderr
+    return errors[0]
+
+
+def test_data_path_that_is_a_file(tmp_path: Path) -> None:
+    a_file = tmp_path / "data"
+    a_file.write_text("not a directory")
+    result = _broker("--dataPath", str(a_file))
+    assert result.returncode == 1
+    assert _error_line(result) == f"Error: dataPath {a_file} is not a directory"
+
+
+def test_data_path_under_a_file(tmp_path: Path) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    result = _broker("--dataPath", str(a_file / "data"))
+    assert result.returncode == 1
+    line = _error_line(result)
+    assert str(a_file / "data") in line and "Not a directory" in line
+
+
+def test_data_path_in_use_by_another_broker(broker_factory: Callable[..., BrokerProcess]) -> None:
+    first = broker_factory()
+    result = _broker("--dataPath", str(first.data_dir))
+    assert result.returncode == 1
+    assert "in use by another process" in _error_line(result)
+    assert first.running  # and the first broker is untouched
+    with connect(first.servers) as session:
+        assert session.create_producer().send(Message("still", b"here")).success
+
+
+def test_port_in_use_is_found_before_the_data_directory_is_created(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        data = tmp_path / "data"
+        result = _broker("--dataPath", str(data), "--serverPort", str(port))
+    assert result.returncode == 1
+    line = _error_line(result)
+    assert f"127.0.0.1:{port}" in line and "in use" in line
+    assert not data.exists()
+
+
+def test_a_bad_configuration_exits_2(tmp_path: Path) -> None:
+    ini = tmp_path / "server.ini"
+    ini.write_text("[system]\nunflushTreshold=1\n")
+    result = _broker("-f", str(ini), "--dataPath", str(tmp_path / "data"))
+    assert result.returncode == 2
+    assert "did you mean 'unflushThreshold'?" in _error_line(result)
+    missing = _broker("-f", str(tmp_path / "nope.ini"))
+    assert missing.returncode == 2 and "cannot read the configuration file" in _error_line(missing)
+
+
+# -- reload -----------------------------------------------------------------------------------------
+
+CONFIG = "[system]\nnumPartitions=1\n\n[topic=grow]\nnumPartitions=2\n"
+
+
+@pytest.mark.parametrize("how", ["sighup", "admin"])
+def test_a_reload_with_a_bad_file_keeps_the_running_configuration(
+        broker_factory: Callable[..., BrokerProcess], how: str) -> None:
+    broker = broker_factory(config_text=CONFIG)
+    broker.allow_log(r"reload of .* refused: .*section appears twice")  # one line, no traceback: checked below
+    c = RawClient.to(broker)
+    broker.config_path.write_text(CONFIG + "[topic=grow]\nacceptPublish=false\n")  # a section twice
+    if how == "sighup":
+        broker.signal(signal.SIGHUP)
+        wait_until(lambda: any("refused" in line for line in broker.log_lines), message="the refusal to be logged")
+    else:
+        reply = c.call(m.ReloadRequest())
+        assert reply.error_code == InvalidRequestError.code
+        assert "section appears twice (first at line 4)" in reply.error_message
+        wait_until(lambda: any("refused" in line for line in broker.log_lines), message="the refusal to be logged")
+    refusal = [line for line in broker.log_lines if "refused" in line]
+    assert len(refusal) == 1 and "server.ini:6: [topic=grow]: section appears twice" in refusal[0]
+    assert not any("Traceback" in line or "unexpected error" in line for line in broker.log_lines)
+    # the old configuration keeps working
+    reply = c.call(m.ProduceRequest("grow", 1, 1, 5000, encode_values([b"x"], 1)))
+    assert reply.error_code == 0
+    assert len(c.call(m.MetadataRequest(["grow"])).topics[0].partitions) == 2
+
+
+@pytest.mark.parametrize("how", ["sighup", "admin"])
+def test_a_reload_that_grows_num_partitions_makes_the_new_partitions_usable(
+        broker_factory: Callable[..., BrokerProcess], how: str) -> None:
+    broker = broker_factory(config_text=CONFIG)
+    with connect(broker.servers) as session:
+        producer = session.create_producer()
+        assert producer.send_batch("grow", [b"before"], partition=1).success
+        broker.config_path.write_text(CONFIG.replace("numPartitions=2", "numPartitions=4"))
+        if how == "sighup":
+            broker.signal(signal.SIGHUP)
+            wait_until(lambda: any("reloaded" in line for line in broker.log_lines), message="the reload")
+        else:
+            assert session.admin().reload() == ["grow"]
+        c = RawClient.to(broker)
+        assert len(c.call(m.MetadataRequest(["grow"])).topics[0].partitions) == 4
+        for partition in (2, 3):
+            result = producer.send_batch("grow", [f"p{partition}".encode()], partition=partition)
+            assert result.success, result.errors
+        consumer = session.create_pull_consumer()
+        assert [bytes(x.data) for x in consumer.get("grow", 3, 0)] == [b"p3"]

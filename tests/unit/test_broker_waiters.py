@@ -1,0 +1,64 @@
+"""FetchWaiters: long polls woken by appends, bounded in all and per connection, released when cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+from metaq.broker.waiters import FetchWaiters
+from metaq.errors import TooManyRequestsError
+
+
+@dataclass
+class Owner:
+    waiting_fetches: int = 0
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_limits_in_all_and_per_owner_and_release_on_cancel() -> None:
+    async def scenario() -> None:
+        waiters = FetchWaiters(max_waiting=5, max_waiting_per_owner=3)
+        a, b = Owner(), Owner()
+        polls = [asyncio.ensure_future(waiters.wait("t", 0, 600, a)) for _ in range(3)]
+        await _settle()
+        with pytest.raises(TooManyRequestsError, match="maxWaitingFetchesPerConnection=3"):
+            await waiters.wait("t", 0, 600, a)
+        others = [asyncio.ensure_future(waiters.wait("t", 1, 600, b)) for _ in range(2)]
+        await _settle()
+        assert (waiters.waiting, a.waiting_fetches, b.waiting_fetches) == (5, 3, 2)
+        with pytest.raises(TooManyRequestsError, match="maxWaitingFetches"):
+            await waiters.wait("t", 2, 600, Owner())
+        for poll in polls:  # what closing a connection does
+            poll.cancel()
+        await _settle()
+        assert (waiters.waiting, a.waiting_fetches) == (2, 0)
+        waiters.notify("t", 1)
+        await asyncio.gather(*others)
+        assert waiters.waiting == 0 and b.waiting_fetches == 0
+        await asyncio.wait_for(waiters.wait("t", 0, 0.01, a), 10)  # its own timer ends it
+        assert waiters.waiting == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_notify_wakes_only_that_partition_and_notify_all_wakes_everyone() -> None:
+    async def scenario() -> None:
+        waiters = FetchWaiters(max_waiting=100)
+        p0 = [asyncio.ensure_future(waiters.wait("t", 0, 600)) for _ in range(3)]
+        p1 = asyncio.ensure_future(waiters.wait("t", 1, 600))
+        await _settle()
+        waiters.notify("t", 0)
+        waiters.notify("t", 9)  # nobody waits there
+        await asyncio.gather(*p0)
+        assert not p1.done() and waiters.waiting == 1
+        waiters.notify_all()
+        await p1
+        assert waiters.waiting == 0
+
+    asyncio.run(scenario())
