@@ -26,7 +26,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 test: $(STAMP) system-deps lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=20
 
 test-fast: $(STAMP) lint
 	$(BIN)/pytest -q -m "not slow"
