@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Install the Debian packages the test suite needs, only if they are missing.
+# Install the Debian packages the test suite and the dev cluster need, only if they are missing.
 set -euo pipefail
 need=()
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 # PostgreSQL for the SQL offset storage tests (metaq.testing.postgres runs initdb/pg_ctl from here).
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
+# ZooKeeper for cluster mode (metaq.devcluster.zookeeper runs its jar with the machine's Java).
+[ -e /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
 if ((${#need[@]})); then
   if [ "$(id -u)" != 0 ]; then
     echo "missing system packages: ${need[*]} (run as root or install them)" >&2
