@@ -1,4 +1,4 @@
-"""metaq.broker.config: MetaQ's server.ini, read strictly, with errors that say file:line: key."""
+"""The broker's configuration: MetaQ's server.ini, read strictly, with errors that say file:line: key."""
 
 from __future__ import annotations
 
@@ -12,23 +12,11 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from metaq.broker.config import (
-    OPTIONS,
-    BrokerConfig,
-    DeletePolicy,
-    TopicConfig,
-    ZkConfig,
-    click_options,
-    diff_topics,
-    load_config,
-    next_run_ms,
-    options_markdown_rows,
-    overrides_from_click,
-    parse_config,
-    parse_delete_policy,
-    quartz_to_croniter,
-    restart_required,
-)
+from metaq.broker.cli_options import click_options, overrides_from_click
+from metaq.broker.config import BrokerConfig, TopicConfig, ZkConfig, diff_topics, restart_required
+from metaq.broker.cron import next_run_ms, quartz_to_croniter
+from metaq.broker.ini import load_config, parse_config
+from metaq.broker.options import OPTIONS, DeletePolicy, options_markdown_rows, parse_delete_policy
 from metaq.errors import ConfigError, InvalidArgument
 
 REPO = Path(__file__).resolve().parents[2]
@@ -607,7 +595,8 @@ def test_docs_table_agrees_with_the_option_table() -> None:
 
 
 def test_topic_options_as_pairs_use_the_ini_validator_and_round_trip() -> None:
-    from metaq.broker.config import merge_topic_configs, parse_topic_options, topic_options_text
+    from metaq.broker.config import merge_topic_configs
+    from metaq.broker.ini import parse_topic_options, topic_options_text
 
     tc = parse_topic_options("orders", [("acceptPublish", "no"), ("deletePolicy", " archive,7h,true "),
                                         ("numPartitions", "2*2"), ("group.billing", "a.b:c")])

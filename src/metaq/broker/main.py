@@ -13,13 +13,15 @@ from typing import Any
 
 import click
 
-from metaq.broker.config import BrokerConfig, click_options, next_run_ms, overrides_from_click
+from metaq.broker.cli_options import click_options, overrides_from_click
+from metaq.broker.config import BrokerConfig
+from metaq.broker.cron import next_run_ms
+from metaq.broker.ini import load_broker_config
 from metaq.broker.server import (
     Broker,
     BrokerProtocol,
     ConnectionLimits,
     ConnectionRegistry,
-    load_broker_config,
 )
 from metaq.errors import ConfigError, StorageError
 

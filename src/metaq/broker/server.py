@@ -27,19 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from metaq import __version__
-from metaq.broker.config import (
-    BrokerConfig,
-    TopicConfig,
-    TopicSettings,
-    diff_topics,
-    load_config,
-    merge_topic_configs,
-    parse_config,
-    parse_topic_options,
-    topic_options_text,
-)
+from metaq.broker.config import BrokerConfig, TopicConfig, TopicSettings, diff_topics, merge_topic_configs
 from metaq.broker.filters import filter_fetched, group_filter
 from metaq.broker.groups import GroupCoordinator, validate_group
+from metaq.broker.ini import load_broker_config, parse_topic_options, topic_options_text
 from metaq.broker.stats import BrokerStats
 from metaq.broker.topic_options import TopicOptionsStore
 from metaq.broker.waiters import FetchWaiters
@@ -724,12 +715,6 @@ def _oneway_produce(header: RequestHeader, body_head: bytes) -> bool:
     except ProtocolError:
         return False
     return bool(acks == 0)
-
-
-def load_broker_config(path: str | None, overrides: dict[str, str]) -> BrokerConfig:
-    """server.ini (or the defaults) with command-line flags applied on top."""
-    base = load_config(path) if path else parse_config("", "<defaults>")
-    return base.with_overrides(overrides) if overrides else base
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ them across restarts: each such topic has one small JSON file beside its partiti
     {"topic": "orders", "options": {"numPartitions": "4", "acceptPublish": "false"}}
 
 The options are server.ini keys and their text, read back with the server.ini validator
-(:func:`metaq.broker.config.parse_topic_options`), so the file can never hold a value a section could
+(:func:`metaq.broker.ini.parse_topic_options`), so the file can never hold a value a section could
 not. ``numPartitions`` is always stored (the count the topic was created with), so a later change of
 ``[system] numPartitions`` does not grow it. A file is written with :func:`metaq.fsutil.atomic_write`
 (temp, fsync, rename, fsync the directory) before the topic is created, and removed when the topic is
@@ -22,7 +22,8 @@ import json
 import os
 from pathlib import Path
 
-from metaq.broker.config import TopicConfig, parse_topic_options
+from metaq.broker.config import TopicConfig
+from metaq.broker.ini import parse_topic_options
 from metaq.errors import ConfigError
 from metaq.fsutil import atomic_write, fsync_directory
 

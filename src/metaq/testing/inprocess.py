@@ -32,7 +32,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from metaq.broker.server import Broker, BrokerProtocol, ConnectionLimits, ConnectionRegistry, load_broker_config
+from metaq.broker.ini import load_broker_config
+from metaq.broker.server import Broker, BrokerProtocol, ConnectionLimits, ConnectionRegistry
 
 T = TypeVar("T")
 

@@ -1,0 +1,553 @@
+"""The broker's option table: every server.ini key, its type, default, sections, docs and validator.
+
+Everything about an option is derived from one table, :data:`OPTIONS`: the ini reader
+(:mod:`metaq.broker.ini`), the flags (:mod:`metaq.broker.cli_options`), the "did you mean"
+suggestions, and the option table in ``docs/configuration.md`` (a unit test keeps the two in step).
+Where metaq differs from MetaQ (loopback by default, options it adds, MetaQ options it accepts but
+ignores) the table says so.
+
+A value converter takes the text after ``=`` and returns the typed value or raises
+:class:`InvalidValue` saying what is wrong; :func:`convert` adds where the value was set (file and
+line, or flag) and turns it into a :class:`~metaq.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import keyword
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from metaq.broker.cron import CronError, check_quartz
+from metaq.errors import ConfigError
+
+__all__ = [
+    "FRAME_OVERHEAD_BYTES",
+    "GROUP_PREFIX",
+    "OPTIONS",
+    "SECTION_NAMES",
+    "SETTABLE",
+    "SYSTEM_OPTIONS",
+    "TOPIC_ATTRS",
+    "TOPIC_OPTIONS",
+    "ZK_OPTIONS",
+    "DeletePolicy",
+    "InvalidValue",
+    "Option",
+    "by_section",
+    "convert",
+    "cross_check",
+    "group_name",
+    "options_markdown_rows",
+    "parse_delete_policy",
+    "suggest",
+]
+
+FRAME_OVERHEAD_BYTES = 64 * 1024
+"""Room a produce frame needs beyond its record batch (request header, topic name, partition)."""
+
+_JAVA_INT_MAX = 2**31 - 1
+_KIB = 1024
+_UNITS = {"": 1, "k": _KIB, "m": _KIB**2, "g": _KIB**3}
+
+Section = Literal["system", "topic", "zookeeper"]
+Status = Literal["metaq", "extension", "ignored"]
+Reload = Literal["live", "restart"]
+Converter = Callable[[str], Any]
+SECTION_NAMES: tuple[Section, ...] = ("system", "zookeeper", "topic")
+
+
+class InvalidValue(Exception):
+    """A value that does not fit its option; the caller adds the file, line and key."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Value converters. Each takes the text after '=' (already stripped) and returns the typed value or
+# raises InvalidValue with what is wrong, in words a user can act on.
+
+_NUM_RE = re.compile(r"(\d{1,19})")
+_SIZE_RE = re.compile(r"(\d{1,19})([kmg]?)", re.IGNORECASE)
+_SIZE_HINT = "write bytes as digits, a product such as 1024*1024, or a number with k, m or g (1k = 1024)"
+_INT_HINT = "write digits, optionally a product such as 60*60*1000"
+
+
+def _format_size(n: int) -> str:
+    for unit in ("g", "m", "k"):
+        if n >= _UNITS[unit] and n % _UNITS[unit] == 0:
+            return f"{n // _UNITS[unit]}{unit}"
+    return str(n)
+
+
+def _parse_number(text: str, *, size: bool) -> int:
+    """Digits, or a product of them (MetaQ evaluates values as expressions); sizes may take k/m/g.
+
+    Only ``*`` between whole numbers is understood: no eval, no powers, no parentheses.
+    """
+    if not text:
+        raise InvalidValue("empty value")
+    sign = 1
+    body = text
+    if body[0] in "+-":
+        if size:
+            raise InvalidValue(f"{text!r}: a size cannot be negative or signed")
+        sign = -1 if body[0] == "-" else 1
+        body = body[1:]
+    total = 1
+    for factor in body.split("*"):
+        factor = factor.strip()
+        match = (_SIZE_RE if size else _NUM_RE).fullmatch(factor)
+        if match is None:
+            kind, hint = ("a size", _SIZE_HINT) if size else ("an integer", _INT_HINT)
+            raise InvalidValue(f"{text!r} is not {kind}; {hint}")
+        total *= int(match.group(1)) * (_UNITS[match.group(2).lower()] if size else 1)
+    return sign * total
+
+
+def _integer(lo: int, hi: int, *, size: bool = False) -> Converter:
+    def convert(text: str) -> int:
+        value = _parse_number(text, size=size)
+        if not lo <= value <= hi:
+            show = _format_size if size else str
+            raise InvalidValue(f"{text} is out of range; it must be between {show(lo)} and {show(hi)}")
+        return value
+
+    return convert
+
+
+_TRUE = frozenset({"true", "yes", "1"})
+_FALSE = frozenset({"false", "no", "0"})
+
+
+def _boolean(text: str) -> bool:
+    low = text.lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise InvalidValue(f"{text!r} is not a boolean; write true or false (yes/no and 1/0 also work)")
+
+
+def _text(text: str) -> str:
+    if not text:
+        raise InvalidValue("empty value")
+    return text
+
+
+def _path(text: str) -> Path:
+    return Path(_text(text)).expanduser()
+
+
+_HOST_LABEL_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def _is_host(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        pass
+    return len(text) <= 253 and all(_HOST_LABEL_RE.fullmatch(label) for label in text.split("."))
+
+
+def _host(text: str) -> str:
+    if not _is_host(_text(text)):
+        raise InvalidValue(f"{text!r} is not an IP address or host name")
+    return text
+
+
+_ZK_SERVER_RE = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9.-]+))(?::(?P<port>\d{1,5}))?")
+
+
+def _zk_path(text: str) -> str:
+    if not text.startswith("/"):
+        raise InvalidValue(f"{text!r} must be an absolute ZooKeeper path such as /meta")
+    if text != "/":
+        parts = text[1:].split("/")
+        if any(p in ("", ".", "..") or any(c.isspace() or c == "\x00" for c in p) for p in parts):
+            raise InvalidValue(f"{text!r} is not a ZooKeeper path (empty, '.' or '..' part, or a space)")
+    return text
+
+
+def _zk_connect(text: str) -> str:
+    servers, slash, chroot = _text(text).partition("/")
+    if slash:
+        _zk_path("/" + chroot)
+    for server in servers.split(","):
+        match = _ZK_SERVER_RE.fullmatch(server.strip())
+        if match is None or (match["host"] is not None and not _is_host(match["host"])):
+            raise InvalidValue(f"{server.strip()!r} is not host:port (the form is host:port[,host:port...][/chroot])")
+        if match["port"] is not None and not 1 <= int(match["port"]) <= 65535:
+            raise InvalidValue(f"port {match['port']} is outside 1..65535")
+    return text
+
+
+_IDENT_PATH_RE = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*")
+
+
+def _filter_ref(text: str) -> str:
+    module, colon, attr = _text(text).partition(":")
+    ok = colon and all(
+        _IDENT_PATH_RE.fullmatch(part) and not any(keyword.iskeyword(w) for w in part.split("."))
+        for part in (module.strip(), attr.strip())
+    )
+    if not ok:
+        raise InvalidValue(f"{text!r} is not module:callable (for example myapp.filters:only_vip)")
+    return f"{module.strip()}:{attr.strip()}"
+
+
+_GROUP_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def group_name(name: str) -> str:
+    if not _GROUP_RE.fullmatch(name) or name in (".", ".."):
+        raise InvalidValue(
+            f"consumer group name {name!r} must be 1-249 letters, digits, '-', '_' or '.' (not '.' or '..')"
+        )
+    return name
+
+
+# -- deletePolicy -----------------------------------------------------------------------------------
+
+_RETENTION_RE = re.compile(r"(\d{1,9})([smh]?)", re.IGNORECASE)
+_RETENTION_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "": 3_600_000}
+
+
+@dataclass(frozen=True)
+class DeletePolicy:
+    """A parsed ``deletePolicy``: what happens to a segment older than ``retention_ms``."""
+
+    kind: str
+    """``delete`` (remove the file) or ``archive`` (keep it renamed, or zipped when ``compress``)."""
+    retention_ms: int
+    compress: bool = False
+
+
+def _delete_policy(text: str) -> DeletePolicy:
+    parts = [p.strip() for p in _text(text).split(",")]
+    kind = parts[0].lower()
+    form = "delete,N or archive,N[,true|false] (N in hours, or with s/m/h: 30m, 12h)"
+    if kind not in ("delete", "archive"):
+        raise InvalidValue(f"{text!r}: policy {parts[0]!r} is unknown; write {form}")
+    if len(parts) < 2 or len(parts) > (3 if kind == "archive" else 2):
+        raise InvalidValue(f"{text!r} has the wrong number of parts; write {form}")
+    match = _RETENTION_RE.fullmatch(parts[1])
+    if match is None or int(match.group(1)) == 0:
+        raise InvalidValue(f"{text!r}: retention {parts[1]!r} must be a positive whole number with s, m or h")
+    retention_ms = int(match.group(1)) * _RETENTION_MS[match.group(2).lower()]
+    compress = _boolean(parts[2]) if len(parts) == 3 else False
+    return DeletePolicy(kind, retention_ms, compress)
+
+
+def parse_delete_policy(value: str) -> DeletePolicy:
+    """Parse a MetaQ ``deletePolicy`` (``delete,168``, ``delete,30m``, ``archive,7h,true``).
+
+    The retention unit is hours unless ``s``, ``m`` or ``h`` follows the number, as in MetaQ.
+    Raises :class:`ConfigError` when the value is malformed.
+    """
+    try:
+        return _delete_policy(value.strip())
+    except InvalidValue as exc:
+        raise ConfigError(f"deletePolicy: {exc}") from None
+
+
+def _delete_policy_text(text: str) -> str:
+    _delete_policy(text)
+    return ",".join(p.strip() for p in text.split(","))
+
+
+def _cron(text: str) -> str:
+    try:
+        return check_quartz(_text(text))
+    except CronError as exc:
+        raise InvalidValue(str(exc)) from None
+
+
+# --------------------------------------------------------------------------------------------------
+# The option table.
+
+_SYSTEM: frozenset[Section] = frozenset({"system"})
+_SYSTEM_AND_TOPIC: frozenset[Section] = frozenset({"system", "topic"})
+_ZOOKEEPER: frozenset[Section] = frozenset({"zookeeper"})
+_TOPIC: frozenset[Section] = frozenset({"topic"})
+
+
+@dataclass(frozen=True)
+class Option:
+    """One row of the option table."""
+
+    key: str
+    """The name in ``server.ini`` (MetaQ's spelling); also the CLI flag ``--<key>``."""
+    attr: str
+    """The attribute on BrokerConfig, TopicConfig or ZkConfig; empty for ignored options."""
+    kind: str
+    """What the value is, for docs and flag metavars: int, size, bool, path, host, policy, cron, ..."""
+    default: str | None
+    """The default as it would be written in server.ini (None: none, see ``default_doc``)."""
+    sections: frozenset[Section]
+    help: str
+    convert: Converter
+    status: Status = "metaq"
+    """``metaq``: MetaQ's option, same meaning; ``extension``: metaq's own; ``ignored``: accepted only."""
+    reload: Reload = "restart"
+    """``live``: a reload (SIGHUP, ``metaq admin reload``) applies a change; ``restart``: it does not."""
+    default_doc: str = ""
+    """What the docs show as the default when it is not simply ``default``."""
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.key}"
+
+    @property
+    def kebab(self) -> str:
+        return re.sub(r"(?<=[a-z0-9])([A-Z])", r"-\1", self.key).lower()
+
+    @property
+    def default_text(self) -> str:
+        return self.default_doc or (self.default if self.default is not None else "")
+
+    def parse(self, text: str) -> Any:
+        return self.convert(text)
+
+
+def _opt(
+    key: str,
+    attr: str,
+    kind: str,
+    default: str | None,
+    sections: frozenset[Section],
+    help: str,
+    convert: Converter,
+    *,
+    status: Status = "metaq",
+    reload: Reload = "restart",
+    default_doc: str = "",
+) -> Option:
+    return Option(key, attr, kind, default, sections, help, convert, status, reload, default_doc)
+
+
+_port = _integer(0, 65535)
+_java_int = _integer(-(2**31), _JAVA_INT_MAX)
+_positive = _integer(1, _JAVA_INT_MAX)
+
+OPTIONS: tuple[Option, ...] = (
+    # -- [system], MetaQ's own options ------------------------------------------------------------
+    _opt("brokerId", "broker_id", "int", "0", _SYSTEM,
+         "This broker's id (0-1024), unique among brokers sharing a ZooKeeper root; "
+         "also the top bits of every message id it assigns.", _integer(0, 1024)),
+    _opt("dataPath", "data_path", "path", "~/meta", _SYSTEM,
+         "Directory holding one TOPIC-PARTITION directory per partition. ~ is expanded; "
+         "relative paths in a file are relative to the file's directory, in a flag to the current one.", _path),
+    _opt("serverPort", "server_port", "int", "8123", _SYSTEM,
+         "TCP port clients and other brokers connect to (0: the OS picks a free port).", _port),
+    _opt("hostName", "host_name", "host", "127.0.0.1", _SYSTEM,
+         "Address the broker listens on and advertises. MetaQ defaults to the machine's IP; "
+         "metaq defaults to loopback, so set it to serve other machines.", _host),
+    _opt("numPartitions", "num_partitions", "int", "1", _SYSTEM_AND_TOPIC,
+         "Partitions a topic has on this broker.", _integer(1, 10000), reload="live"),
+    _opt("unflushThreshold", "unflush_threshold", "int", "1000", _SYSTEM_AND_TOPIC,
+         "fsync after this many messages: 1 = before every ack; N > 1 = every N messages or "
+         "unflushInterval, whichever first; <= 0 = group commit.", _java_int, reload="live"),
+    _opt("unflushInterval", "unflush_interval_ms", "int", "10000", _SYSTEM_AND_TOPIC,
+         "Milliseconds between periodic fsyncs (must be > 0).", _positive, reload="live"),
+    _opt("maxSegmentSize", "max_segment_bytes", "size", "1g", _SYSTEM,
+         "Size at which a partition's segment file is closed and a new one started.",
+         _integer(1, _JAVA_INT_MAX, size=True)),
+    _opt("maxTransferSize", "max_transfer_bytes", "size", "1m", _SYSTEM,
+         "Most bytes one fetch returns to a consumer; keep it above the largest message.",
+         _integer(1, _JAVA_INT_MAX, size=True)),
+    _opt("deletePolicy", "delete_policy", "policy", "delete,168", _SYSTEM_AND_TOPIC,
+         "What happens to old segments: delete,N or archive,N[,compress]; N in hours, or with s/m/h.",
+         _delete_policy_text, reload="live"),
+    _opt("deleteWhen", "delete_when", "cron", "0 0 6,18 * * ?", _SYSTEM_AND_TOPIC,
+         "When deletePolicy runs: a Quartz cron expression, seconds first, in local time.",
+         _cron, reload="live"),
+    _opt("acceptPublish", "accept_publish", "bool", "true", _SYSTEM_AND_TOPIC,
+         "Accept messages from producers (false: not registered for publishing).", _boolean,
+         reload="live"),
+    _opt("acceptSubscribe", "accept_subscribe", "bool", "true", _SYSTEM_AND_TOPIC,
+         "Serve consumers (false: not registered for subscribing).", _boolean, reload="live"),
+    _opt("stat", "stat", "bool", "false", _SYSTEM_AND_TOPIC,
+         "Keep real-time statistics.", _boolean, reload="live"),
+    _opt("updateConsumerOffsets", "update_consumer_offsets", "bool", "false", _SYSTEM,
+         "Move a consumer whose offset is out of range to the newest offset instead of failing "
+         "(handy in development, keep false in production).", _boolean),
+    _opt("loadMessageStoresInParallel", "load_message_stores_in_parallel", "bool", "false", _SYSTEM,
+         "Open partitions in parallel at start-up (faster start, interleaved log lines).", _boolean),
+    # -- [system], metaq's extensions --------------------------------------------------------------
+    _opt("maxMessageSize", "max_message_bytes", "size", "1m", _SYSTEM,
+         "Largest single message the broker accepts.", _integer(1, _JAVA_INT_MAX, size=True),
+         status="extension"),
+    _opt("maxBatchSize", "max_batch_bytes", "size", "16m", _SYSTEM,
+         "Largest record batch (one produce request to one partition) the broker accepts.",
+         _integer(1, _JAVA_INT_MAX, size=True), status="extension"),
+    _opt("verifyAfterUncleanStart", "verify_after_unclean_start", "bool", "true", _SYSTEM,
+         "After a start that was not preceded by a clean stop, check every stored byte of the partitions "
+         "it recovered, in the background (damage is logged and shown in stats; `metaq admin verify` does "
+         "the same on demand).", _boolean, status="extension"),
+    _opt("autoCreateTopics", "auto_create_topics", "bool", "true", _SYSTEM,
+         "MetaQ's dynamic topics: a topic with no [topic=...] section is created on first publish; "
+         "false refuses it.", _boolean, status="extension"),
+    _opt("maxConnections", "max_connections", "int", "10000", _SYSTEM,
+         "Client connections the broker keeps open at once; the first request of one more is answered "
+         "with TOO_MANY_CONNECTIONS and the connection closed.", _integer(1, 1_000_000),
+         status="extension"),
+    _opt("connectionIdleTimeoutSeconds", "connection_idle_timeout_s", "int", "600", _SYSTEM,
+         "Close a connection that sent nothing and had no request in progress for this long (a waiting "
+         "long poll is in progress); 0 = never.", _integer(0, _JAVA_INT_MAX), status="extension"),
+    _opt("connectionHandshakeTimeoutSeconds", "connection_handshake_timeout_s", "int", "30", _SYSTEM,
+         "Close a connection whose first request has not fully arrived this long after it opened; "
+         "0 = never.", _integer(0, _JAVA_INT_MAX), status="extension"),
+    _opt("maxWaitingFetches", "max_waiting_fetches", "int", "10000", _SYSTEM,
+         "Long-polling fetches held at once; more are refused with TOO_MANY_REQUESTS.",
+         _integer(1, 1_000_000), status="extension"),
+    _opt("maxWaitingFetchesPerConnection", "max_waiting_fetches_per_connection", "int", "1000", _SYSTEM,
+         "Long-polling fetches one connection may hold at once (at most maxWaitingFetches); more get "
+         "TOO_MANY_REQUESTS on that connection while others are still served.",
+         _integer(1, 1_000_000), status="extension"),
+    _opt("maxFrameSize", "max_frame_bytes", "size", "64m", _SYSTEM,
+         "Largest request frame read from a connection; at least maxBatchSize + 64k.",
+         _integer(1, _JAVA_INT_MAX, size=True), status="extension"),
+    _opt("maxPartialFramesSize", "max_partial_frames_bytes", "size", "128m", _SYSTEM,
+         "Bytes of unfinished request frames buffered across all connections, at least maxFrameSize; "
+         "past it the connection with the biggest unfinished frame gets TOO_MANY_REQUESTS for it.",
+         _integer(1, _JAVA_INT_MAX, size=True), status="extension"),
+    # -- [system], MetaQ options metaq accepts and ignores -----------------------------------------
+    _opt("getProcessThreadCount", "", "int", None, _SYSTEM,
+         "Ignored: the broker serves requests on one asyncio event loop.", _positive,
+         status="ignored", default_doc="CPUs*10 in MetaQ"),
+    _opt("putProcessThreadCount", "", "int", None, _SYSTEM,
+         "Ignored: the broker serves requests on one asyncio event loop.", _positive,
+         status="ignored", default_doc="CPUs*10 in MetaQ"),
+    _opt("dashboardHttpPort", "", "int", "8120", _SYSTEM,
+         "Ignored: metaq has no HTTP dashboard.", _port, status="ignored"),
+    _opt("flushTxLogAtCommit", "", "int", "1", _SYSTEM,
+         "Ignored: no transactions yet (MetaQ's transaction log flushing).", _integer(0, 2),
+         status="ignored"),
+    _opt("maxCheckpoints", "", "int", "3", _SYSTEM,
+         "Ignored: no transactions yet (transaction log checkpoints kept).", _positive,
+         status="ignored"),
+    _opt("checkpointInterval", "", "int", "3600000", _SYSTEM,
+         "Ignored: no transactions yet (ms between transaction checkpoints).",
+         _integer(1, 2**63 - 1), status="ignored"),
+    _opt("maxTxTimeoutTimerCapacity", "", "int", "30000", _SYSTEM,
+         "Ignored: no transactions yet (transaction timeout timers).", _positive, status="ignored"),
+    _opt("maxTxTimeoutInSeconds", "", "int", "60", _SYSTEM,
+         "Ignored: no transactions yet (longest transaction, seconds).", _positive, status="ignored"),
+    _opt("dataLogPath", "", "path", None, _SYSTEM,
+         "Ignored: no transaction log yet (MetaQ's transaction log directory).", _path,
+         status="ignored", default_doc="dataPath"),
+    _opt("quartzThreadCount", "", "int", None, _SYSTEM,
+         "Ignored: deleteWhen runs on the event loop, not a Quartz thread pool.", _positive,
+         status="ignored", default_doc="Quartz's default"),
+    # -- [zookeeper] -------------------------------------------------------------------------------
+    _opt("zk.zkEnable", "enable", "bool", "true", _ZOOKEEPER,
+         "false keeps the broker in embedded mode although a [zookeeper] section is present.", _boolean),
+    _opt("zk.zkConnect", "connect", "zk", None, _ZOOKEEPER,
+         "ZooKeeper servers: host:port[,host:port...][/chroot]. Required in [zookeeper].", _zk_connect,
+         default_doc="required"),
+    _opt("zk.zkSessionTimeoutMs", "session_timeout_ms", "int", "30000", _ZOOKEEPER,
+         "ZooKeeper session timeout, ms.", _positive),
+    _opt("zk.zkConnectionTimeoutMs", "connection_timeout_ms", "int", "30000", _ZOOKEEPER,
+         "How long to wait for a ZooKeeper connection, ms.", _positive),
+    _opt("zk.zkSyncTimeMs", "sync_time_ms", "int", "5000", _ZOOKEEPER,
+         "How far a ZooKeeper follower may lag its leader, ms.", _positive),
+    _opt("zk.zkRoot", "root", "zkpath", "/meta", _ZOOKEEPER,
+         "ZooKeeper path under which brokers, topics and consumers are registered.", _zk_path),
+    # -- [topic=NAME] only -------------------------------------------------------------------------
+    _opt("group.GROUP", "group_filters", "filter", None, _TOPIC,
+         "Server-side filter for consumer group GROUP of this topic: a Python module:callable "
+         "(MetaQ names a Java class here).",
+         _filter_ref, reload="live", default_doc="none"),
+)
+
+GROUP_PREFIX = "group."
+
+
+def by_section(section: Section) -> dict[str, Option]:
+    return {o.key: o for o in OPTIONS if section in o.sections}
+
+
+SYSTEM_OPTIONS = by_section("system")
+TOPIC_OPTIONS = by_section("topic")
+ZK_OPTIONS = by_section("zookeeper")
+SETTABLE = {k: o for k, o in SYSTEM_OPTIONS.items() if o.status != "ignored"}
+TOPIC_ATTRS = tuple(o.attr for o in TOPIC_OPTIONS.values() if o.attr != "group_filters")
+
+
+def options_markdown_rows() -> list[str]:
+    """The option table as Markdown rows, exactly as ``docs/configuration.md`` shows it."""
+    origin = {"metaq": "MetaQ", "extension": "metaq extension", "ignored": "MetaQ, accepted, ignored"}
+    rows = []
+    for o in OPTIONS:
+        where = ", ".join(f"[{s}=NAME]" if s == "topic" else f"[{s}]" for s in sorted(o.sections))
+        default = f"`{o.default_text}`" if o.default is not None else o.default_text
+        reload = o.reload if o.status != "ignored" else "-"
+        rows.append(f"| {where} | `{o.key}` | {default} | {o.kind} | {origin[o.status]} | {reload} | {o.help} |")
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# Checking values: one option (with where it was set), and options against each other.
+
+
+def suggest(word: str, known: Iterable[str], *, prefix: str = "", fmt: str = "{}") -> str:
+    """``; did you mean 'X'?`` for the known name closest to ``word``, or "" when none is close."""
+    names = list(known)
+    lower = {n.lower(): n for n in names}
+    if word.lower() in lower:
+        best = lower[word.lower()]
+    else:
+        close = difflib.get_close_matches(word.lower(), list(lower), n=1, cutoff=0.6)
+        if not close:
+            return ""
+        best = lower[close[0]]
+    return f"; did you mean '{prefix}{fmt.format(best)}'?"
+
+
+def _comment_hint(text: str) -> str:
+    return " (comments must be on a line of their own)" if re.search(r"\s[;#]", text) else ""
+
+
+def convert(opt: Option, text: str, where: str) -> Any:
+    try:
+        return opt.parse(text)
+    except InvalidValue as exc:
+        raise ConfigError(f"{where}: {exc}{_comment_hint(text)}") from None
+
+
+STALL_WARNING = ": a consumer can stall on a message larger than one transfer"
+
+
+def cross_check(values: dict[str, Any], where: Mapping[str, str], warnings: list[str]) -> None:
+    """Checks between options. An error names whichever of the keys involved was set last."""
+
+    def at(*keys: str) -> str:
+        given = [loc for key, loc in where.items() if key in keys]  # `where` is in the order set
+        return given[-1] if given else keys[-1]
+
+    if values["max_message_bytes"] > values["max_batch_bytes"]:
+        raise ConfigError(
+            f"{at('maxBatchSize', 'maxMessageSize')}: maxMessageSize ({values['max_message_bytes']}) "
+            f"is larger than maxBatchSize ({values['max_batch_bytes']}); a one-message batch could not be sent"
+        )
+    need = values["max_batch_bytes"] + FRAME_OVERHEAD_BYTES
+    if values["max_frame_bytes"] < need:
+        raise ConfigError(
+            f"{at('maxBatchSize', 'maxFrameSize')}: maxFrameSize ({values['max_frame_bytes']}) must be at "
+            f"least maxBatchSize + 64k ({need}) so that a full batch fits in a frame"
+        )
+    if values["max_partial_frames_bytes"] < values["max_frame_bytes"]:
+        raise ConfigError(
+            f"{at('maxFrameSize', 'maxPartialFramesSize')}: maxPartialFramesSize "
+            f"({values['max_partial_frames_bytes']}) must be at least maxFrameSize ({values['max_frame_bytes']}) "
+            "so that a whole frame can be received"
+        )
+    if values["max_transfer_bytes"] < values["max_message_bytes"]:
+        warnings.append(
+            f"{at('maxMessageSize', 'maxTransferSize')}: maxTransferSize ({values['max_transfer_bytes']}) is "
+            f"below maxMessageSize ({values['max_message_bytes']}){STALL_WARNING}"
+        )
