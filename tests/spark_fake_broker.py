@@ -3,10 +3,10 @@
 Only for what a real broker cannot show on demand: dropping the head of a partition now (what
 retention does on its schedule) and batches rewritten by a test. Everything else is tested against
 real brokers (tests/integration/spark). It answers ApiVersions, Metadata, ListOffsets, Fetch and
-Produce as src/metaq/broker/server.py does: whole batches only, the first one whole even when it is
-larger than max_bytes, max_bytes capped at maxTransferSize's default, long polling, an out-of-range
-offset answered in the FetchResponse with the partition's bounds, offsets by record timestamp, and
-the broker's limits and error codes for a produced batch.
+Produce as the broker's handlers (src/metaq/broker/handlers/) do: whole batches only, the first one
+whole even when it is larger than max_bytes, max_bytes capped at maxTransferSize's default, long
+polling, an out-of-range offset answered in the FetchResponse with the partition's bounds, offsets by
+record timestamp, and the broker's limits and error codes for a produced batch.
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ class FakeBroker:
         return part.log_end
 
     def _fetch(self, req: m.FetchRequest) -> m.FetchResponse:
-        """As Broker.handle_fetch; called with the lock held (long polling waits on ``appended``)."""
+        """As metaq.broker.handlers.fetch; called with the lock held (long polling waits on ``appended``)."""
         part = self._part(req.topic, req.partition)
         if req.max_bytes <= 0:
             raise InvalidRequestError(f"max_bytes must be > 0; got {req.max_bytes}")

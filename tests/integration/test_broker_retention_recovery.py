@@ -2,7 +2,7 @@
 
 Retention runs on each topic's ``deleteWhen`` cron; the topics here use ``* * * * * ?`` (every second)
 and the tests wait for runs to happen (counted, or read from the broker's log) instead of sleeping.
-The in-process tests run the broker's own scheduler (``metaq.broker.main``) on the real Broker, so a
+The in-process tests run the broker's own scheduler (``metaq.broker.background``) on the real Broker, so a
 reader can be pinned and a file removal refused from inside the test; the reload test is a broker
 process driven as an operator would.
 """

@@ -36,7 +36,7 @@ Group membership is in memory only: after a broker restart members find themselv
 Wiring (the broker)::
 
     self.groups = GroupCoordinator(self.partition_refs, config.data_path)   # Broker.__init__
-    self._handlers.update(self.groups.handlers())         # api keys 7, 8, 9, 10, 11, 13, 14
+    # requests JoinGroup ... DescribeGroup reach the methods below through metaq.broker.handlers.groups
     self.groups.open()                                    # Broker.open: loads committed offsets
     await self.groups.close()                             # Broker.drain, first: answers waiting joins
 
@@ -51,30 +51,28 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from metaq.broker.error_mapping import error_response, wire_error
 from metaq.broker.offsets_store import OffsetsStore
 from metaq.cluster.assignment import STRATEGIES, PartitionRef, assign_topics, check_assignment
 from metaq.errors import (
     BrokerError,
-    DiskFullError,
     IllegalGenerationError,
     InvalidArgument,
     InvalidRequestError,
     InvalidTopicError,
     NotCoordinatorError,
     RebalanceInProgressError,
-    StorageFailureError,
     UnknownGroupError,
     UnknownMemberError,
     UnknownPartitionError,
     UnknownTopicError,
 )
 from metaq.protocol import messages as m
-from metaq.storage.errors import DiskFull
 from metaq.types import validate_topic
 
 log = logging.getLogger("metaq.broker.groups")
@@ -208,11 +206,6 @@ class GroupCoordinator:
                 self.poll()
             except Exception:  # the timer must outlive a bug in one group's bookkeeping
                 log.exception("group coordinator tick failed")
-
-    def handlers(self) -> dict[int, Callable[[Any], Awaitable[Any]]]:
-        """The broker's handler table entries: api key -> coroutine function(request) -> response."""
-        return {7: self.join, 8: self.heartbeat, 9: self.leave, 10: self.commit_offsets, 11: self.fetch_offsets,
-                13: self.list_groups, 14: self.describe_group}
 
     # -- timers ------------------------------------------------------------------------------------
 
@@ -480,8 +473,8 @@ class GroupCoordinator:
             await self.store.commit(group_name, accepted)
         except Exception as exc:  # a full disk or a failed fsync: the offsets are not committed
             log.error("group %s: cannot store offsets: %s", group_name, exc)
-            cls = DiskFullError if isinstance(exc, DiskFull) else StorageFailureError
-            return _error(m.OffsetCommitResponse, cls(f"offsets not committed: {exc}"))
+            code, message = wire_error(exc, "OffsetCommit")
+            return m.OffsetCommitResponse(error_code=code, error_message=f"offsets not committed: {message}")
         msg = None
         if refusals:
             shown = "; ".join(refusals[:REFUSALS_SHOWN_MAX])
@@ -566,7 +559,7 @@ class GroupCoordinator:
 
 
 def _error(cls: Any, exc: BrokerError) -> Any:
-    return cls(error_code=exc.code, error_message=exc.message)
+    return error_response(cls.API_KEY, exc)
 
 
 def _ref_error_code(topic: str, partition: int) -> int:

@@ -1,8 +1,8 @@
-"""A broker inside the test process: the real Broker and BrokerProtocol on an event loop in a thread.
+"""A broker inside the test process: the real broker service (core, TCP transport) on a loop in a thread.
 
 :class:`~metaq.testing.broker.BrokerProcess` runs the broker as users do, but a test cannot reach into
-it. This harness runs the same request handling (``metaq.broker.server``) on an asyncio loop in a
-background thread, bound to ``127.0.0.1:0``, so a test can
+it. This harness runs the same :class:`~metaq.broker.service.BrokerService` as ``metaq broker`` on an
+asyncio loop in a background thread, bound to ``127.0.0.1:0``, so a test can
 
 * inject the fdatasync the logs use (``sync=``): hold it closed, see which files and byte ranges it
   covered, or make it fail with EIO (:class:`GatedSync`). A kill -9 test cannot prove the broker
@@ -12,7 +12,7 @@ background thread, bound to ``127.0.0.1:0``, so a test can
 * run the broker's real retention scheduler (``retention=True``: ``deleteWhen`` cron, per topic).
 
 What differs from ``metaq broker``: no signal handlers (reload through the Reload request instead), the
-standard asyncio loop (native sendfile), and no stats window rolling.
+standard asyncio loop (native sendfile), and of the background jobs only retention, when asked for.
 
     sync = GatedSync()
     with InProcessBroker(tmp_path / "data", {"unflushThreshold": 1}, sync=sync) as broker:
@@ -32,8 +32,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from metaq.broker.background import schedule_retention
+from metaq.broker.core import Broker
+from metaq.broker.handlers import REQUEST_HANDLERS
 from metaq.broker.ini import load_broker_config
-from metaq.broker.server import Broker, BrokerProtocol, ConnectionLimits, ConnectionRegistry
+from metaq.broker.service import BrokerService
 
 T = TypeVar("T")
 
@@ -153,10 +156,9 @@ class InProcessBroker:
         self.host = "127.0.0.1"
         self.port = 0
         self._broker: Broker | None = None
+        self._service: BrokerService | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._server: asyncio.base_events.Server | None = None
-        self._tasks: list[asyncio.Task[Any]] = []
 
     @property
     def servers(self) -> str:
@@ -201,20 +203,11 @@ class InProcessBroker:
         return self
 
     async def _start(self, config: Any, config_path: str | None, overrides: dict[str, str]) -> None:
-        loop = asyncio.get_running_loop()
-        broker = Broker(config, config_path=config_path, sync=self.sync)
-        broker.cli_overrides = overrides
-        await loop.run_in_executor(None, broker.open)
-        self._broker = broker
-        registry = ConnectionRegistry(ConnectionLimits.from_config(config), broker.stats)
-        server = await loop.create_server(lambda: BrokerProtocol(broker, registry), self.host, 0)
-        self._server = server
-        broker.host, broker.port = server.sockets[0].getsockname()[:2]
+        broker = Broker(config, REQUEST_HANDLERS, config_path=config_path, overrides=overrides, sync=self.sync)
+        service = BrokerService(broker, jobs=[schedule_retention] if self.retention else [])
+        await service.start()
+        self._broker, self._service = broker, service
         self.port = broker.port
-        if self.retention:
-            from metaq.broker.main import _retention  # the broker's own deleteWhen scheduler
-
-            self._tasks.append(loop.create_task(_retention(broker)))
 
     def stop(self) -> None:
         """Stop as SIGTERM does: drain in-flight requests, close the logs (clean shutdown record).
@@ -229,15 +222,8 @@ class InProcessBroker:
             self._stop_loop()
 
     async def _stop(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._server is not None:
-            self._server.close()
-        for task in self._tasks:
-            task.cancel()
-        self._tasks.clear()
-        if self._broker is not None:
-            await self._broker.drain(DRAIN_S)
-            await loop.run_in_executor(None, self._broker.close)
+        if self._service is not None:
+            await self._service.stop(DRAIN_S)
 
     def _stop_loop(self) -> None:
         loop, thread = self._loop, self._thread

@@ -1,0 +1,319 @@
+"""The broker core: topics, partitions and their logs, consumer groups and request handling, with no network.
+
+A transport (TCP: :mod:`metaq.broker.transport`; later HTTP, and the replica fetcher of the HA mode)
+decodes a request and calls :meth:`Broker.handle` with it and the :class:`~metaq.broker.session.Session`
+of its connection. The core finds the handler registered for the request's type (the registry of
+:mod:`metaq.broker.handlers`), and whatever the handler raises becomes the API's own error response
+through the one mapping of :mod:`metaq.broker.error_mapping`. Nothing here knows sockets or frames.
+
+Lifecycle: :meth:`Broker.open` (blocking: loads every partition), serving, :meth:`Broker.drain`
+(refuses new produces and fetches, answers what is in flight), :meth:`Broker.close` (flushes, writes
+the clean-shutdown record). :class:`metaq.broker.service.BrokerService` runs it with its transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import inspect
+import logging
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from metaq.broker.config import BrokerConfig, TopicConfig, TopicSettings, diff_topics, merge_topic_configs
+from metaq.broker.error_mapping import error_response
+from metaq.broker.groups import GroupCoordinator
+from metaq.broker.ini import topic_options_text
+from metaq.broker.session import Session
+from metaq.broker.stats import BrokerStats
+from metaq.broker.topic_options import TopicOptionsStore
+from metaq.broker.waiters import FetchWaiters
+from metaq.errors import (
+    BrokerStoppingError,
+    InvalidArgument,
+    InvalidRequestError,
+    InvalidTopicError,
+    StorageError,
+    StorageFailureError,
+    UnknownPartitionError,
+    UnknownTopicError,
+)
+from metaq.protocol import messages as m
+from metaq.storage import LogConfig, LogManager, PartitionLog
+from metaq.types import validate_topic
+
+log = logging.getLogger("metaq.broker")
+
+Handler = Callable[["Broker", Any, Session | None], Any]
+"""A request handler: (broker, request, session) -> the response, a FileReply, or a coroutine of one."""
+
+REFUSED_WHILE_STOPPING: frozenset[type] = frozenset({m.ProduceRequest, m.FetchRequest})
+"""Requests a draining broker answers with BROKER_STOPPING (the others still work while it drains)."""
+
+
+def check_topic_name(topic: str) -> None:
+    """INVALID_TOPIC for a name no topic can have."""
+    try:
+        validate_topic(topic)
+    except InvalidArgument as exc:
+        raise InvalidTopicError(str(exc)) from None
+
+
+@dataclass
+class TopicState:
+    settings: TopicSettings
+    num_partitions: int
+    closed: set[int] = field(default_factory=set)
+    """Partitions closed for publishing (MetaQ's `metaq topic close`): produce gets 403."""
+
+
+@dataclass(slots=True)
+class RetentionOutcome:
+    """What one retention run did: removed segment base offsets, and failures, by ``topic-partition``."""
+
+    removed: dict[str, list[int]] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+
+
+class Broker:
+    """Topics, partitions, consumer groups, and the requests on them. Network-free: a transport feeds it.
+
+    ``handlers`` is the request registry, request type -> :data:`Handler`
+    (:data:`metaq.broker.handlers.REQUEST_HANDLERS`). ``config_path`` and ``overrides`` are the
+    server.ini and the flags the broker was started with: what a reload reads again. ``sync`` is the
+    fdatasync the logs use; tests inject one that is held, counted or fails.
+    """
+
+    def __init__(self, config: BrokerConfig, handlers: Mapping[type, Handler], *, config_path: str | None = None,
+                 overrides: Mapping[str, str] | None = None, sync: Callable[[int], None] = os.fdatasync) -> None:
+        self.config = config
+        """The effective configuration: server.ini and flags, plus the options of created topics."""
+        self._file_config = config
+        self.config_path = config_path
+        self.cli_overrides = dict(overrides or {})
+        self.handlers = dict(handlers)
+        self.topic_options = TopicOptionsStore(config.data_path)
+        self._created: dict[str, TopicConfig] = {}
+        """Options of topics created with CreateTopic configs (as if server.ini had their sections)."""
+        self.creating: set[str] = set()
+        """Topics whose CreateTopic is storing their options (a second CreateTopic is refused)."""
+        self.stats = BrokerStats()
+        self.waiters = FetchWaiters(config.max_waiting_fetches, config.max_waiting_fetches_per_connection)
+        self.logs = LogManager(config.data_path, config.broker_id, self._log_config(None),
+                               load_in_parallel=config.load_message_stores_in_parallel, sync=sync)
+        self.topics: dict[str, TopicState] = {}
+        self.groups = GroupCoordinator(self.partition_refs, config.data_path)
+        self.stopping = False
+        self.in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.host = config.host_name
+        """Where clients reach this broker (Metadata advertises it): the transport sets it once bound."""
+        self.port = 0
+
+    # -- configuration ------------------------------------------------------------------------
+
+    def _log_config(self, topic: str | None) -> LogConfig:
+        c = self.config
+        s = c.topic_settings(topic) if topic else None
+        return LogConfig(
+            segment_bytes_max=c.max_segment_bytes,
+            unflush_threshold=s.unflush_threshold if s else c.unflush_threshold,
+            unflush_interval_ms=s.unflush_interval_ms if s else c.unflush_interval_ms,
+            delete_policy=s.delete_policy if s else c.delete_policy,
+            max_message_bytes=c.max_message_bytes,
+            max_batch_bytes=c.max_batch_bytes,
+        )
+
+    def _effective(self, file_config: BrokerConfig) -> BrokerConfig:
+        """``file_config`` with the created topics' options as [topic=...] sections under its own.
+
+        Where both set a key, server.ini's section wins: the operator's file is what a reload applies.
+        """
+        if not self._created:
+            return file_config
+        topics = dict(self._created)
+        for name, section in file_config.topics.items():
+            topics[name] = merge_topic_configs(topics[name], section) if name in topics else section
+        return dataclasses.replace(file_config, topics=topics)
+
+    def reload(self, new_config: BrokerConfig) -> list[str]:
+        """Apply `[topic=…]` changes live (SIGHUP / metaq admin reload); [system] needs a restart."""
+        self._file_config = new_config
+        new_config = self._effective(new_config)
+        diff = diff_topics(self.config, new_config)
+        self.config = new_config
+        affected = set(self.topics) | set(new_config.topics) if diff.defaults_changed else set(diff.topics)
+        for topic in sorted(affected):
+            if topic in self.topics or topic in new_config.topics:
+                self.ensure_topic(topic, None)
+        return sorted(affected)
+
+    def apply_retention(self, topics: list[str]) -> RetentionOutcome:
+        """deletePolicy for these topics' partitions (blocking: run in an executor). A partition that
+        fails is logged and named in the outcome; it does not hold back the others (retried next run)."""
+        outcome = RetentionOutcome()
+        for topic in topics:
+            for partition in self.logs.partitions(topic):
+                plog = self.logs.get(topic, partition)
+                if plog is None:
+                    continue
+                try:
+                    gone = plog.apply_retention()
+                except StorageError as exc:
+                    outcome.failures[f"{topic}-{partition}"] = str(exc)
+                    log.error("retention of %s-%d failed (retried at the next run): %s", topic, partition, exc)
+                    continue
+                if gone:
+                    outcome.removed[f"{topic}-{partition}"] = gone
+        return outcome
+
+    # -- topics and partitions ----------------------------------------------------------------
+
+    def open(self) -> None:
+        """Load existing partitions and the configured topics (blocking: call before serving)."""
+        self.logs.open()
+        self._created = self.topic_options.load()
+        self.config = self._effective(self._file_config)
+        for topic, partitions in self.logs.topics().items():
+            self.logs.set_topic_config(topic, self._log_config(topic))
+            self._topic_state(topic, max(partitions) + 1)
+        for topic in self.config.topics:
+            self.ensure_topic(topic, None)
+        self.groups.open()
+
+    def partition_refs(self, topic: str) -> list[tuple[int, int]]:
+        """(broker id, partition) of a topic's partitions here, for the group coordinator."""
+        state = self.topics.get(topic)
+        return [(self.config.broker_id, p) for p in range(state.num_partitions)] if state else []
+
+    def _topic_state(self, topic: str, num_partitions: int) -> TopicState:
+        """Create or update a topic's state; a topic never shrinks (its partitions hold data)."""
+        state = self.topics.get(topic)
+        settings = self.config.topic_settings(topic)
+        if state is None:
+            state = self.topics[topic] = TopicState(settings, num_partitions)
+        else:
+            state.settings = settings
+            state.num_partitions = max(state.num_partitions, num_partitions)
+        return state
+
+    def ensure_topic(self, topic: str, num_partitions: int | None) -> TopicState:
+        """Open (creating if needed) every partition of a topic.
+
+        ``num_partitions``: an explicit count (CreateTopic); None uses the topic's numPartitions — for a
+        topic with a [topic=...] section that count also grows an existing topic on reload.
+        """
+        settings = self.config.topic_settings(topic)
+        if num_partitions and num_partitions > 0:
+            n = num_partitions
+        elif topic in self.topics and not settings.configured:
+            n = self.topics[topic].num_partitions
+        else:
+            n = settings.num_partitions
+        self.logs.set_topic_config(topic, self._log_config(topic))
+        state = self._topic_state(topic, n)
+        for p in range(state.num_partitions):
+            self.logs.get_or_create(topic, p)
+        return state
+
+    async def create_topic_with_options(self, options: TopicConfig) -> TopicState:
+        """Store the options (off the event loop), then create the topic as if server.ini named it.
+
+        The caller has put the topic in :attr:`creating`; it is taken out here, whatever happens.
+        """
+        topic = options.name
+        loop = asyncio.get_running_loop()
+        try:
+            try:
+                await loop.run_in_executor(None, self.topic_options.save, topic, topic_options_text(options))
+            except OSError as exc:
+                raise StorageFailureError(f"cannot store the options of topic {topic!r}: {exc}") from None
+            self._created[topic] = options
+            self.config = self._effective(self._file_config)
+            try:
+                return self.ensure_topic(topic, options.num_partitions)
+            except Exception:  # no topic: no stored options either
+                del self._created[topic]
+                self.config = self._effective(self._file_config)
+                await loop.run_in_executor(None, self.topic_options.remove, topic)
+                raise
+        finally:
+            self.creating.discard(topic)
+
+    def delete_topic(self, topic: str) -> None:
+        """Remove a topic here: its partitions' files, stored options and counters; its waiting fetches end."""
+        del self.topics[topic]
+        self.logs.delete_topic(topic)
+        if self._created.pop(topic, None) is not None:
+            self.topic_options.remove(topic)
+            self.config = self._effective(self._file_config)
+        self.stats.forget_topic(topic)
+        self.waiters.notify_all()
+
+    def partition_log(self, topic: str, partition: int) -> tuple[TopicState, PartitionLog]:
+        """A partition's state and log; UNKNOWN_TOPIC / UNKNOWN_PARTITION when it does not exist here."""
+        check_topic_name(topic)
+        state = self.topics.get(topic)
+        if state is None:
+            raise UnknownTopicError(f"topic {topic!r} does not exist on broker {self.config.broker_id}")
+        if not 0 <= partition < state.num_partitions:
+            raise UnknownPartitionError(
+                f"topic {topic!r} has partitions 0..{state.num_partitions - 1} on this broker; got {partition}")
+        plog = self.logs.get(topic, partition) or self.logs.get_or_create(topic, partition)
+        return state, plog
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def handle(self, request: Any, session: Session | None = None) -> Any:
+        """The response to ``request``, or a coroutine of it; never raises (see error_mapping).
+
+        ``session`` is the connection the request came on, as the handlers see it (a fetch counts its
+        long polls against it). A coroutine answers its own errors too; only its cancellation is left
+        to the caller.
+        """
+        kind = type(request)
+        try:
+            handler = self.handlers.get(kind)
+            if handler is None:
+                raise InvalidRequestError(f"{kind.API_NAME} is not served by this broker version")
+            if self.stopping and kind in REFUSED_WHILE_STOPPING:
+                raise BrokerStoppingError(BrokerStoppingError.hint)
+            result = handler(self, request, session)
+        except Exception as exc:
+            return error_response(kind.API_KEY, exc)
+        if inspect.iscoroutine(result):
+            return self._answer(kind.API_KEY, result)
+        return result
+
+    async def _answer(self, api_key: int, pending: Awaitable[Any]) -> Any:
+        try:
+            return await pending
+        except Exception as exc:
+            return error_response(api_key, exc)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def request_started(self) -> None:
+        """A transport started running a coroutine :meth:`handle` returned (drain waits for it)."""
+        self.in_flight += 1
+        self._idle.clear()
+
+    def request_finished(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait until in-flight requests have been answered (bounded)."""
+        self.stopping = True
+        await self.groups.close()  # answers JoinGroups waiting for a rebalance
+        self.waiters.notify_all()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+
+    def close(self) -> None:
+        self.logs.close()

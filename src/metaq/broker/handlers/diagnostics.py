@@ -1,0 +1,96 @@
+"""What a broker can say about itself: ApiVersions, Stats, LookupMessage and Verify."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+
+from metaq import __version__
+from metaq.broker.core import check_topic_name
+from metaq.broker.session import Session
+from metaq.errors import MessageNotFoundError, StorageError, UnknownPartitionError, UnknownTopicError
+from metaq.protocol import messages as m
+
+if TYPE_CHECKING:
+    from metaq.broker.core import Broker, Handler
+
+
+def handle_api_versions(broker: Broker, req: m.ApiVersionsRequest, session: Session | None) -> m.ApiVersionsResponse:
+    apis = [m.ApiVersionRange(key, spec.min_version, spec.max_version) for key, spec in sorted(m.APIS.items())
+            if spec.request in broker.handlers]
+    return m.ApiVersionsResponse(broker_id=broker.config.broker_id, server_version=__version__, apis=apis)
+
+
+def handle_stats(broker: Broker, req: m.StatsRequest, session: Session | None) -> m.StatsResponse:
+    if req.topic is not None:
+        check_topic_name(req.topic)
+    snap = broker.stats.snapshot(req.topic)
+    snap["broker_id"] = broker.config.broker_id
+    snap["waiting_fetches"] = broker.waiters.waiting
+    snap["version"] = __version__
+    for tname, tstats in snap["topics"].items():
+        for pname, pstats in tstats["partitions"].items():
+            plog = broker.logs.get(tname, int(pname))
+            if plog is not None:
+                pstats["log_start_offset"] = plog.log_start_offset
+                pstats["log_end_offset"] = plog.log_end_offset
+    snap["storage"] = storage_report(broker, req.topic)
+    return m.StatsResponse(stats_json=json.dumps(snap).encode())
+
+
+def storage_report(broker: Broker, topic: str | None) -> dict[str, Any]:
+    """Partitions with something to say about their data: a recovery cut at open, damaged ranges."""
+    out: dict[str, Any] = {}
+    for plog in sorted(broker.logs.logs(), key=lambda lg: (lg.topic, lg.partition)):
+        tname, partition = plog.topic, plog.partition
+        if topic is not None and tname != topic:
+            continue
+        entry: dict[str, Any] = {}
+        if not plog.recovery.clean:
+            entry["recovery"] = plog.recovery.to_json()
+        damaged = plog.damaged_ranges
+        if damaged:
+            entry["damaged"] = [r.to_json() for r in damaged]
+        if entry:
+            out[f"{tname}-{partition}"] = entry
+    return out
+
+
+def handle_lookup_message(broker: Broker, req: m.LookupMessageRequest,
+                          session: Session | None) -> m.LookupMessageResponse:
+    try:
+        topic, partition, offset = broker.logs.resolve_message_id(req.message_id)
+    except StorageError as exc:
+        raise MessageNotFoundError(str(exc)) from None
+    plog = broker.logs.get(topic, partition)
+    if plog is None or not plog.log_start_offset <= offset < plog.log_end_offset:
+        raise MessageNotFoundError(f"message {req.message_id:032x} is no longer stored (retention)")
+    return m.LookupMessageResponse(topic=topic, partition=partition, offset=offset)
+
+
+async def handle_verify(broker: Broker, req: m.VerifyRequest, session: Session | None) -> m.VerifyResponse:
+    """Scrub partitions (every byte and index entry) in a worker thread; reads go on meanwhile."""
+    if req.topic is not None:
+        check_topic_name(req.topic)
+        if req.topic not in broker.topics:
+            raise UnknownTopicError(f"topic {req.topic!r} does not exist")
+    if req.partition < -1:
+        raise UnknownPartitionError(f"partition must be >= 0, or -1 for every partition; got {req.partition}")
+    targets = [plog for plog in sorted(broker.logs.logs(), key=lambda lg: (lg.topic, lg.partition))
+               if (req.topic is None or plog.topic == req.topic)
+               and (req.partition < 0 or plog.partition == req.partition)]
+    if req.topic is not None and req.partition >= 0 and not targets:
+        raise UnknownPartitionError(f"topic {req.topic!r} has no partition {req.partition} on this broker")
+    loop = asyncio.get_running_loop()
+    reports = await loop.run_in_executor(None, lambda: [plog.verify().to_json() for plog in targets
+                                                        if not plog.closed])
+    return m.VerifyResponse(report_json=json.dumps(reports).encode())
+
+
+HANDLERS: dict[type, Handler] = {
+    m.ApiVersionsRequest: handle_api_versions,
+    m.StatsRequest: handle_stats,
+    m.LookupMessageRequest: handle_lookup_message,
+    m.VerifyRequest: handle_verify,
+}

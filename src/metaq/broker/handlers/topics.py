@@ -1,0 +1,136 @@
+"""Topics and their configuration: Metadata, CreateTopic, DeleteTopic, PartitionState and Reload."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+
+from metaq.broker.config import TopicConfig
+from metaq.broker.core import check_topic_name
+from metaq.broker.ini import load_broker_config, parse_topic_options
+from metaq.broker.session import Session
+from metaq.errors import (
+    ConfigError,
+    InvalidArgument,
+    InvalidRequestError,
+    InvalidTopicError,
+    TopicExistsError,
+    UnknownPartitionError,
+    UnknownTopicError,
+)
+from metaq.protocol import messages as m
+from metaq.types import validate_topic
+
+if TYPE_CHECKING:
+    from metaq.broker.core import Broker, Handler
+
+log = logging.getLogger("metaq.broker")
+
+DEFAULT_PARTITIONS = -1
+"""CreateTopic's num_partitions for "the broker's numPartitions"; any other value must be in range."""
+PARTITIONS_PER_TOPIC_MAX = 10_000
+
+
+def _topic_error_code(name: str) -> int:
+    """INVALID_TOPIC for a name no topic can have, else UNKNOWN_TOPIC (per-topic codes in Metadata)."""
+    try:
+        validate_topic(name)
+    except InvalidArgument:
+        return InvalidTopicError.code
+    return UnknownTopicError.code
+
+
+def handle_metadata(broker: Broker, req: m.MetadataRequest, session: Session | None) -> m.MetadataResponse:
+    broker_id = broker.config.broker_id
+    brokers = [m.BrokerInfo(broker_id, broker.host, broker.port)]
+    names = sorted(broker.topics) if req.topics is None else req.topics
+    out = []
+    for name in names:
+        state = broker.topics.get(name)
+        if state is None:
+            out.append(m.TopicInfo(name, _topic_error_code(name), []))
+            continue
+        s = state.settings
+        parts = [m.PartitionInfo(p, broker_id, 0, s.accept_publish and p not in state.closed, s.accept_subscribe)
+                 for p in range(state.num_partitions)]
+        out.append(m.TopicInfo(name, 0, parts))
+    return m.MetadataResponse(brokers=brokers, topics=out)
+
+
+def handle_create_topic(broker: Broker, req: m.CreateTopicRequest, session: Session | None) -> Any:
+    """The response; a coroutine of it when the request has configs (they are stored off the loop)."""
+    topic = req.topic
+    check_topic_name(topic)
+    if topic in broker.topics:
+        raise TopicExistsError(f"topic {topic!r} already exists with {broker.topics[topic].num_partitions} partitions")
+    if topic in broker.creating:
+        raise TopicExistsError(f"topic {topic!r} is being created by another request")
+    if req.num_partitions != DEFAULT_PARTITIONS and not 1 <= req.num_partitions <= PARTITIONS_PER_TOPIC_MAX:
+        raise InvalidRequestError(
+            f"num_partitions must be 1..{PARTITIONS_PER_TOPIC_MAX} or -1 (broker default); got {req.num_partitions}")
+    if not req.configs:
+        state = broker.ensure_topic(topic, req.num_partitions)
+        return m.CreateTopicResponse(num_partitions=state.num_partitions)
+    options = parse_topic_options(topic, [(e.key, e.value) for e in req.configs], filters=False)
+    if options.num_partitions is not None and req.num_partitions not in (DEFAULT_PARTITIONS, options.num_partitions):
+        raise InvalidRequestError(f"num_partitions {req.num_partitions} and configs numPartitions="
+                                  f"{options.num_partitions} disagree; give one of them")
+    count = (req.num_partitions if req.num_partitions != DEFAULT_PARTITIONS
+             else options.num_partitions or broker.config.topic_settings(topic).num_partitions)
+    broker.creating.add(topic)
+    return _create_with_options(broker, dataclasses.replace(options, num_partitions=count))
+
+
+async def _create_with_options(broker: Broker, options: TopicConfig) -> m.CreateTopicResponse:
+    state = await broker.create_topic_with_options(options)
+    return m.CreateTopicResponse(num_partitions=state.num_partitions)
+
+
+def handle_delete_topic(broker: Broker, req: m.DeleteTopicRequest, session: Session | None) -> m.DeleteTopicResponse:
+    check_topic_name(req.topic)
+    if req.topic not in broker.topics:
+        raise UnknownTopicError(f"topic {req.topic!r} does not exist")
+    broker.delete_topic(req.topic)
+    return m.DeleteTopicResponse()
+
+
+def handle_partition_state(broker: Broker, req: m.PartitionStateRequest,
+                           session: Session | None) -> m.PartitionStateResponse:
+    check_topic_name(req.topic)
+    state = broker.topics.get(req.topic)
+    if state is None:
+        raise UnknownTopicError(f"topic {req.topic!r} does not exist")
+    if req.partition == -1:
+        targets = list(range(state.num_partitions))
+    elif 0 <= req.partition < state.num_partitions:
+        targets = [req.partition]
+    else:
+        raise UnknownPartitionError(f"topic {req.topic!r} has no partition {req.partition}")
+    for p in targets:
+        if req.open:
+            state.closed.discard(p)
+        else:
+            state.closed.add(p)
+    return m.PartitionStateResponse()
+
+
+def handle_reload(broker: Broker, req: m.ReloadRequest, session: Session | None) -> m.ReloadResponse:
+    if not broker.config_path:
+        raise InvalidRequestError("the broker was started without -f server.ini: nothing to reload")
+    try:
+        changed = broker.reload(load_broker_config(broker.config_path, broker.cli_overrides))
+    except ConfigError as exc:  # the operator's mistake, not the broker's: one line, no traceback
+        log.error("reload of %s refused: %s", broker.config_path, exc)
+        raise InvalidRequestError(f"{exc} (the running configuration is unchanged)") from None
+    log.info("reloaded %s: topics changed: %s", broker.config_path, ", ".join(changed) or "none")
+    return m.ReloadResponse(changed_topics=changed)
+
+
+HANDLERS: dict[type, Handler] = {
+    m.MetadataRequest: handle_metadata,
+    m.CreateTopicRequest: handle_create_topic,
+    m.DeleteTopicRequest: handle_delete_topic,
+    m.PartitionStateRequest: handle_partition_state,
+    m.ReloadRequest: handle_reload,
+}

@@ -1,0 +1,94 @@
+"""A broker at work: its core, the TCP transport and the background jobs, started and stopped together.
+
+`metaq broker` runs one per process (:mod:`metaq.broker.main` adds signals, the ready line and exit
+codes); :mod:`metaq.testing.inprocess` runs one on a thread of a test process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+from collections.abc import Sequence
+
+from metaq.broker.background import Job, default_jobs
+from metaq.broker.connections import ConnectionLimits, ConnectionRegistry
+from metaq.broker.core import Broker
+from metaq.broker.transport import listen_tcp
+from metaq.errors import ConfigError, StorageError
+
+CLOSE_WAIT_S = 1.0
+"""How long stop() waits for the listening socket to close."""
+
+
+class StartupError(Exception):
+    """The broker cannot start with a valid configuration (port taken, data directory unusable).
+
+    Its message is the one line `metaq broker` prints before it exits.
+    """
+
+
+class BrokerService:
+    """Serves ``broker`` over TCP on its configured hostName:serverPort, with ``jobs`` beside it.
+
+    ``jobs`` default to what `metaq broker` runs (:func:`metaq.broker.background.default_jobs`).
+    """
+
+    def __init__(self, broker: Broker, *, jobs: Sequence[Job] | None = None) -> None:
+        self.broker = broker
+        self.registry = ConnectionRegistry(ConnectionLimits.from_config(broker.config), broker.stats)
+        self.jobs = list(default_jobs(broker.config) if jobs is None else jobs)
+        self._server: asyncio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """Bind, open the data directory (in a worker thread), serve, start the jobs; StartupError when
+        the broker cannot. The port is bound first: a port in use leaves no data directory behind."""
+        loop = asyncio.get_running_loop()
+        config = self.broker.config
+        try:
+            server = await listen_tcp(self.broker, self.registry, config.host_name, config.server_port)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            if exc.errno == errno.EADDRINUSE:
+                reason = "the address is already in use (another broker? choose another serverPort)"
+            raise StartupError(f"cannot listen on {config.host_name}:{config.server_port}: {reason}") from None
+        try:
+            await loop.run_in_executor(None, self._open_data)
+        except BaseException:
+            server.close()
+            raise
+        await server.start_serving()
+        self._server = server
+        self.broker.host, self.broker.port = server.sockets[0].getsockname()[:2]
+        self._tasks = [loop.create_task(job(self.broker)) for job in self.jobs]
+        self._tasks.append(loop.create_task(self.registry.run_sweeper()))
+
+    def _open_data(self) -> None:
+        """Create or open the data directory and everything in it (blocking)."""
+        path = self.broker.config.data_path
+        if path.exists() and not path.is_dir():
+            raise StartupError(f"dataPath {path} is not a directory")
+        try:
+            self.broker.open()
+        except (OSError, StorageError, ConfigError) as exc:
+            if isinstance(exc, OSError):
+                detail = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+            else:
+                detail = str(exc)
+            raise StartupError(f"cannot open dataPath {path}: {detail}") from None
+
+    async def stop(self, drain_s: float) -> None:
+        """Stop accepting connections, answer what is in flight (for at most ``drain_s``), stop the jobs,
+        close the logs. Raises what closing the logs raised (a StorageError after a failed sync)."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        await self.broker.drain(drain_s)
+        for task in self._tasks:
+            task.cancel()
+        self._tasks.clear()
+        await asyncio.get_running_loop().run_in_executor(None, self.broker.close)
+        if server is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(server.wait_closed(), CLOSE_WAIT_S)

@@ -1,0 +1,35 @@
+"""What passes between a transport and the broker core besides the protocol's messages.
+
+A transport (TCP today, :mod:`metaq.broker.transport`; an HTTP transport and the replica fetcher later)
+creates one :class:`Session` per client connection and hands it to :meth:`Broker.handle
+<metaq.broker.core.Broker.handle>` with each request. A fetch may be answered with a
+:class:`FileReply`, whose records stay in the segment file until the transport sends them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from metaq.protocol import messages as m
+from metaq.storage import FileSlice
+
+
+@dataclass(slots=True)
+class Session:
+    """A client connection as the request handlers see it: who it is, and what it holds of the broker."""
+
+    peer: str = "?"
+    waiting_fetches: int = 0
+    """Long polls of this connection waiting now (bounded by maxWaitingFetchesPerConnection)."""
+
+
+@dataclass(slots=True)
+class FileReply:
+    """A fetch response whose records are ``file_slice``: sent from the file (sendfile over TCP).
+
+    Whoever receives it owns the slice: it must ``release()`` it once the bytes are sent, or when the
+    reply is dropped (a closed connection, a one-way request), so that retention may remove the segment.
+    """
+
+    response: m.FetchResponse
+    file_slice: FileSlice

@@ -1,0 +1,352 @@
+"""The broker's TCP transport: one :class:`BrokerProtocol` per client connection.
+
+It decodes frames with the sans-IO codec, hands each request to the broker core
+(:meth:`metaq.broker.core.Broker.handle`) with the connection's :class:`~metaq.broker.session.Session`,
+and writes the replies. Requests on a connection are handled concurrently (a produce waiting for its
+group-commit fsync does not hold up the next produce: that is what lets one fsync cover many batches)
+but answered strictly in request order, as the protocol requires; past MAX_PIPELINED_REQUESTS replies
+owed, the connection stops reading (backpressure). A fetch reply whose records stay in a segment file
+(:class:`~metaq.broker.session.FileReply`) is sent with ``loop.sendfile``.
+
+What connections share (maxConnections, the idle and handshake timeouts, the partial-frame budget) is
+the :class:`~metaq.broker.connections.ConnectionRegistry`. Nothing here knows topics or partitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import asyncio.selector_events
+import contextlib
+import functools
+import logging
+import os
+import socket
+from collections import deque
+from typing import Any
+
+from metaq.broker.connections import REFUSAL_TIMEOUT_S, REFUSING_CONNECTIONS_MAX, ConnectionRegistry
+from metaq.broker.core import Broker
+from metaq.broker.error_mapping import error_response
+from metaq.broker.session import FileReply, Session
+from metaq.errors import (
+    BrokerStoppingError,
+    ProtocolError,
+    TooManyConnectionsError,
+    TooManyRequestsError,
+    UnknownServerError,
+)
+from metaq.protocol import messages as m
+from metaq.protocol import schema
+from metaq.protocol.codec import NEED_DATA, BadRequest, RequestEvent, RequestHeader, ServerConnection
+from metaq.storage import FileSlice
+
+log = logging.getLogger("metaq.broker")
+
+MAX_PIPELINED_REQUESTS = 1024
+"""Per connection; past it the broker stops reading the socket until replies drain (backpressure)."""
+_PRODUCE = m.ProduceRequest.API_KEY
+
+
+class _Reply:
+    """One answer slot; replies leave the connection in slot order."""
+
+    __slots__ = ("data", "done", "file_slice", "header")
+
+    def __init__(self, header: RequestHeader | None) -> None:
+        self.header = header
+        self.done = False
+        self.data: bytes = b""
+        self.file_slice: FileSlice | None = None
+
+
+class _SliceFile:
+    """What ``loop.sendfile`` needs from a file: the fd, plus seek/readinto for its copying fallback.
+
+    Reads use pread with our own position, so the log's shared fd offset is never moved.
+    """
+
+    def __init__(self, fd: int, position: int) -> None:
+        self._fd = fd
+        self._pos = position
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def seek(self, position: int, whence: int = 0) -> int:
+        self._pos = position
+        return position
+
+    def readinto(self, buf: Any) -> int:
+        data = os.pread(self._fd, len(buf), self._pos)
+        n = len(data)
+        buf[:n] = data
+        self._pos += n
+        return n
+
+
+class BrokerProtocol(asyncio.Protocol):
+    """One client connection: decode frames, hand requests to the core, reply in order, sendfile.
+
+    Transport concerns live here and in :class:`ConnectionRegistry` (connection count, idle and
+    handshake timeouts, the partial-frame budget); the :class:`Broker` sees a :class:`Session`.
+    When the connection closes, its requests still running (long polls above all) are cancelled, so
+    they give back their waiting-fetch slots at once.
+    """
+
+    def __init__(self, broker: Broker, registry: ConnectionRegistry) -> None:
+        self.broker = broker
+        self.registry = registry
+        self.codec = ServerConnection(broker.config.max_frame_bytes)
+        self.transport: asyncio.Transport | None = None
+        self.session = Session()
+        self.replies: deque[_Reply] = deque()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.sending = False
+        self.paused = False
+        self.closed = False
+        self.refused = False
+        """Over maxConnections: only the first request's header is read, to answer it with the refusal."""
+        self.handshaken = False
+        """A whole request has arrived (before that, the handshake timeout applies)."""
+        self.partial_bytes = 0
+        """Bytes of the unfinished frame buffered (kept in step with the registry's sum)."""
+        self.loop = asyncio.get_event_loop()
+        self.opened_at = self.last_active = self.registry.clock()
+        self._refusal_timer: asyncio.TimerHandle | None = None
+        # uvloop has no loop.sendfile (not even its copying fallback): there, file replies are pread
+        # and written; asyncio's selector loop sends them with the sendfile(2) system call.
+        self.native_sendfile = isinstance(self.loop, asyncio.selector_events.BaseSelectorEventLoop)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in progress: no reply owed, no request running (a waiting long poll is running)."""
+        return not self.replies and not self.tasks and not self.sending
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.session.peer = self._peer()
+        if not self.registry.admit(self):
+            self._start_refusal()
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.refused:
+            self.registry.refusing -= 1
+            if self._refusal_timer is not None:
+                self._refusal_timer.cancel()
+            return
+        self.registry.remove(self)
+        for task in self.tasks:
+            task.cancel()  # its reply can never be sent: give back what it holds (a waiting-fetch slot)
+        for reply in self.replies:
+            if reply.file_slice is not None:
+                reply.file_slice.release()
+                reply.file_slice = None
+        self.replies.clear()
+
+    def data_received(self, data: bytes) -> None:
+        if self.refused:
+            self._refuse(data)
+            return
+        self.last_active = self.registry.clock()
+        self.codec.receive_data(data)
+        while True:
+            try:
+                event = self.codec.next_event()
+            except ProtocolError as exc:
+                log.warning("closing connection from %s: %s", self.session.peer, exc)
+                self._abort()
+                return
+            if event is NEED_DATA:
+                break
+            self.handshaken = True
+            if isinstance(event, BadRequest):
+                reply = _Reply(event.header)
+                self.replies.append(reply)
+                self._complete(reply, m.error_response(event.header.api_key, event.error_code, str(event.error)))
+                continue
+            assert isinstance(event, RequestEvent)
+            self._handle(event)
+        partial = self.codec.partial_frame_bytes
+        if partial != self.partial_bytes:
+            self.registry.partial_changed(self, partial)
+        if len(self.replies) > MAX_PIPELINED_REQUESTS and not self.paused and self.transport:
+            self.paused = True
+            self.transport.pause_reading()
+
+    # -- limits ----------------------------------------------------------------------------------
+
+    def _start_refusal(self) -> None:
+        self.refused = True
+        self.registry.refusing += 1
+        if self.registry.refusing > REFUSING_CONNECTIONS_MAX:
+            self._abort()  # too many at once to answer each: close without a word
+            return
+        self._refusal_timer = self.loop.call_later(REFUSAL_TIMEOUT_S, self._abort)
+
+    def _refuse(self, data: bytes) -> None:
+        """Answer the first request of a connection over maxConnections with TOO_MANY_CONNECTIONS."""
+        self.codec.receive_data(data)
+        try:
+            header = self.codec.peek_header()
+        except ProtocolError:
+            self._abort()
+            return
+        if header is None:  # not even 12 bytes yet
+            return
+        assert self.transport is not None
+        self.transport.pause_reading()
+        response = m.error_response(header.api_key, TooManyConnectionsError.code, self.registry.refusal_message())
+        self.transport.write(self.codec.encode_response(header, response))
+        self.transport.close()
+
+    def refuse_partial_frame(self, reason: str) -> None:
+        """Drop the unfinished frame being received (the partial-frame budget is spent) and answer it
+        with TOO_MANY_REQUESTS once the replies before it are out; the rest of the frame is skipped."""
+        dropped = self.codec.discard_partial_frame()
+        self.registry.partial_changed(self, 0)
+        if dropped is None:
+            log.warning("closing connection from %s: %s", self.session.peer, reason)
+            self._abort()
+            return
+        header, body_head = dropped
+        log.warning("refused a request of %s from %s: %s", m.APIS[header.api_key].name
+                    if header.api_key in m.APIS else header.api_key, self.session.peer, reason)
+        if header.api_key == _PRODUCE and _oneway_produce(header, body_head):
+            return  # a one-way produce expects no reply: the message is dropped, as on any failure
+        reply = _Reply(header)
+        self.replies.append(reply)
+        self._complete(reply, m.error_response(header.api_key, TooManyRequestsError.code, reason))
+
+    def close_quietly(self, reason: str, level: int) -> None:
+        """Close after what is already written (a timeout: nothing is owed to the peer)."""
+        log.log(level, "closing connection from %s: %s", self.session.peer, reason)
+        if self.transport is not None:
+            self.transport.close()
+
+    def _handle(self, event: RequestEvent) -> None:
+        oneway = event.header.api_key == _PRODUCE and event.request.acks == 0
+        reply = None if oneway else _Reply(event.header)
+        if reply is not None:
+            self.replies.append(reply)
+        result = self.broker.handle(event.request, self.session)
+        if asyncio.iscoroutine(result):
+            self.broker.request_started()
+            task = self.loop.create_task(result)
+            self.tasks.add(task)
+            task.add_done_callback(functools.partial(self._task_done, reply=reply, api_key=event.header.api_key))
+        elif reply is not None:
+            self._complete(reply, result)
+
+    def _task_done(self, task: asyncio.Task[Any], *, reply: _Reply | None, api_key: int) -> None:
+        self.broker.request_finished()
+        self.tasks.discard(task)
+        if task.cancelled():
+            result: Any = m.error_response(api_key, BrokerStoppingError.code, "request cancelled")
+        elif task.exception() is not None:  # a safety net: the core answers the errors of its coroutines
+            result = error_response(api_key, task.exception())  # type: ignore[arg-type]
+        else:
+            result = task.result()
+        if reply is None:
+            if isinstance(result, FileReply):
+                result.file_slice.release()
+            return
+        self._complete(reply, result)
+
+    def _complete(self, reply: _Reply, result: Any) -> None:
+        if self.closed:
+            if isinstance(result, FileReply):
+                result.file_slice.release()
+            return
+        assert reply.header is not None
+        try:
+            if isinstance(result, FileReply):
+                reply.data = self.codec.encode_response_head(reply.header, result.response, result.file_slice.size)
+                reply.file_slice = result.file_slice
+            else:
+                reply.data = self.codec.encode_response(reply.header, result)
+        except Exception as exc:
+            log.exception("cannot encode reply")
+            reply.data = self.codec.encode_response(reply.header,
+                                                    m.error_response(reply.header.api_key, UnknownServerError.code,
+                                                                     str(exc)))
+        reply.done = True
+        self._pump()
+
+    def _pump(self) -> None:
+        """Write every finished reply at the head of the queue; a file reply hands over to sendfile."""
+        if self.sending or self.transport is None:
+            return
+        out: list[bytes] = []
+        while self.replies and self.replies[0].done:
+            reply = self.replies.popleft()
+            out.append(reply.data)
+            if reply.file_slice is not None and not self.native_sendfile:
+                fslice, reply.file_slice = reply.file_slice, None
+                try:
+                    out.append(fslice.read_bytes())
+                finally:
+                    fslice.release()
+            elif reply.file_slice is not None:
+                self.transport.write(b"".join(out))
+                out = []
+                self.sending = True
+                self.loop.create_task(self._sendfile(reply.file_slice))
+                return
+        if out:
+            self.transport.write(b"".join(out) if len(out) > 1 else out[0])
+            self.last_active = self.registry.clock()
+        if self.paused and len(self.replies) <= MAX_PIPELINED_REQUESTS // 2:
+            self.paused = False
+            self.transport.resume_reading()
+
+    async def _sendfile(self, fslice: FileSlice) -> None:
+        try:
+            if self.transport is not None and not self.closed:
+                slice_file: Any = _SliceFile(fslice.fileno(), fslice.position)
+                await self.loop.sendfile(self.transport, slice_file,
+                                         fslice.position, fslice.size)
+        except Exception as exc:
+            log.warning("sendfile to %s failed: %r", self._peer(), exc)
+            self._abort()
+        finally:
+            fslice.release()
+            self.sending = False
+        if not self.closed:
+            self._pump()
+
+    def _peer(self) -> str:
+        if self.transport is None:
+            return "?"
+        peer = self.transport.get_extra_info("peername")
+        return f"{peer[0]}:{peer[1]}" if peer else "?"
+
+    def _abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+def _oneway_produce(header: RequestHeader, body_head: bytes) -> bool:
+    """Whether a produce request, from its leading fields (topic, partition, acks), expects no reply."""
+    try:
+        _topic, pos = schema.STRING.decode(body_head, 0)
+        _partition, pos = schema.INT32.decode(body_head, pos)
+        acks, _ = schema.INT16.decode(body_head, pos)
+    except ProtocolError:
+        return False
+    return bool(acks == 0)
+
+
+async def listen_tcp(broker: Broker, registry: ConnectionRegistry, host: str, port: int, *,
+                     backlog: int = 4096) -> asyncio.Server:
+    """Bind ``host:port`` (port 0: the kernel picks one), not serving yet: ``start_serving()`` once the
+    core is open. Raises OSError when the address cannot be bound."""
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(lambda: BrokerProtocol(broker, registry), host, port, backlog=backlog,
+                                    reuse_address=True, start_serving=False)
+
