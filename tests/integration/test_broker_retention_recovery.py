@@ -38,12 +38,12 @@ WAIT_S = 30.0
 
 
 class RetentionRuns:
-    """Wraps Broker.apply_retention (what the scheduler calls) to count its runs and their outcomes."""
+    """Wraps LogManager.run_retention (what the scheduler calls) to count its runs and their outcomes."""
 
     def __init__(self, broker: InProcessBroker) -> None:
         self.lock = threading.Lock()
         self.outcomes: list[Any] = []
-        real = broker.broker.apply_retention
+        real = broker.broker.logs.run_retention
 
         def counted(topics: list[str]) -> Any:
             outcome = real(topics)
@@ -51,7 +51,7 @@ class RetentionRuns:
                 self.outcomes.append(outcome)
             return outcome
 
-        broker.call(setattr, broker.broker, "apply_retention", counted)
+        broker.call(setattr, broker.broker.logs, "run_retention", counted)
 
     def __len__(self) -> int:
         with self.lock:
@@ -159,7 +159,7 @@ def test_one_topic_failing_does_not_stop_retention_of_the_next(
             log.flush()
             for base in log.segment_base_offsets[:-1]:
                 os.utime(log.directory / f"{base:020d}.log", (1, 1))  # long expired
-        outcome = broker.broker.apply_retention(["short", "other"])  # what one scheduled run does
+        outcome = broker.broker.logs.run_retention(["short", "other"])  # what one scheduled run does
         assert "other-0" in outcome.removed, "retention of 'other' was skipped because 'short' failed"
         assert list(outcome.failures) == ["short-0"]
 

@@ -70,7 +70,9 @@ async def verify_unclean(broker: Broker) -> None:
 async def schedule_retention(broker: Broker) -> None:
     """Apply each topic's deletePolicy on its own deleteWhen cron schedule ([topic=...] may override it).
 
-    Re-reads the schedule at least every RETENTION_RESCHEDULE_S so reloads and new topics are picked up.
+    A run is the storage's :meth:`~metaq.storage.LogManager.run_retention` for the topics due, in a
+    worker thread; it logs the partitions that fail, and this loop one line per run. Re-reads the
+    schedule at least every RETENTION_RESCHEDULE_S so reloads and new topics are picked up.
     """
     loop = asyncio.get_running_loop()
     next_due: dict[str, int] = {}
@@ -90,7 +92,7 @@ async def schedule_retention(broker: Broker) -> None:
                 continue
             topics = by_expr[expr]
             try:
-                outcome = await loop.run_in_executor(None, broker.apply_retention, topics)
+                outcome = await loop.run_in_executor(None, broker.logs.run_retention, topics)
                 log.info("retention (%s) on %d topics removed %s%s", expr, len(topics), outcome.removed or "nothing",
                          f"; {len(outcome.failures)} partition(s) failed" if outcome.failures else "")
             except Exception:  # retention failing must not stop the broker

@@ -36,7 +36,6 @@ from metaq.errors import (
     InvalidArgument,
     InvalidRequestError,
     InvalidTopicError,
-    StorageError,
     StorageFailureError,
     UnknownPartitionError,
     UnknownTopicError,
@@ -68,14 +67,6 @@ class TopicState:
     num_partitions: int
     closed: set[int] = field(default_factory=set)
     """Partitions closed for publishing (MetaQ's `metaq topic close`): produce gets 403."""
-
-
-@dataclass(slots=True)
-class RetentionOutcome:
-    """What one retention run did: removed segment base offsets, and failures, by ``topic-partition``."""
-
-    removed: dict[str, list[int]] = field(default_factory=dict)
-    failures: dict[str, str] = field(default_factory=dict)
 
 
 class Broker:
@@ -151,25 +142,6 @@ class Broker:
             if topic in self.topics or topic in new_config.topics:
                 self.ensure_topic(topic, None)
         return sorted(affected)
-
-    def apply_retention(self, topics: list[str]) -> RetentionOutcome:
-        """deletePolicy for these topics' partitions (blocking: run in an executor). A partition that
-        fails is logged and named in the outcome; it does not hold back the others (retried next run)."""
-        outcome = RetentionOutcome()
-        for topic in topics:
-            for partition in self.logs.partitions(topic):
-                plog = self.logs.get(topic, partition)
-                if plog is None:
-                    continue
-                try:
-                    gone = plog.apply_retention()
-                except StorageError as exc:
-                    outcome.failures[f"{topic}-{partition}"] = str(exc)
-                    log.error("retention of %s-%d failed (retried at the next run): %s", topic, partition, exc)
-                    continue
-                if gone:
-                    outcome.removed[f"{topic}-{partition}"] = gone
-        return outcome
 
     # -- topics and partitions ----------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from metaq.storage.fileslice import FileSlice
 from metaq.storage.flush import Flusher
 from metaq.storage.log import AppendResult, PartitionLog
 from metaq.storage.manager import LogManager
-from metaq.storage.retention import RetentionPolicy
+from metaq.storage.retention import RetentionOutcome, RetentionPolicy
 
 __all__ = [
     "AppendResult",
@@ -22,5 +22,6 @@ __all__ = [
     "MessageNotFound",
     "OffsetOutOfRange",
     "PartitionLog",
+    "RetentionOutcome",
     "RetentionPolicy",
 ]

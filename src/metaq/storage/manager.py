@@ -26,6 +26,7 @@ from metaq.storage.errors import LogClosedError, MessageNotFound
 from metaq.storage.files import FileCache
 from metaq.storage.flush import Flusher
 from metaq.storage.log import PartitionLog
+from metaq.storage.retention import RetentionOutcome
 from metaq.types import (
     BROKER_ID_MAX,
     MessageId,
@@ -320,24 +321,27 @@ class LogManager:
 
     # ------------------------------------------------------------------ maintenance
 
-    def run_retention(self, now_ms: int | None = None) -> dict[tuple[str, int], list[int]]:
-        """Apply every topic's deletePolicy; returns the removed segment base offsets per partition.
+    def run_retention(self, topics: Iterable[str] | None = None, now_ms: int | None = None) -> RetentionOutcome:
+        """Apply the deletePolicy of these topics' partitions (every topic's when None).
 
-        Blocking file work (zip archives included): run it off the event loop.
+        A partition that fails is logged and named in the outcome; it does not hold back the others
+        (the next run retries it). Blocking file work (zip archives included): run it off the event loop.
         """
-        removed: dict[tuple[str, int], list[int]] = {}
-        errors = []
-        for partition_log in self._iter_open_logs():
+        wanted = None if topics is None else set(topics)
+        outcome = RetentionOutcome()
+        for partition_log in sorted(self._iter_open_logs(), key=lambda lg: (lg.topic, lg.partition)):
+            if wanted is not None and partition_log.topic not in wanted:
+                continue
+            name = f"{partition_log.topic}-{partition_log.partition}"
             try:
                 bases = partition_log.apply_retention(now_ms)
             except StorageError as exc:
-                errors.append(str(exc))
+                outcome.failures[name] = str(exc)
+                log.error("retention of %s failed (retried at the next run): %s", name, exc)
                 continue
             if bases:
-                removed[(partition_log.topic, partition_log.partition)] = bases
-        if errors:
-            log.error("retention errors: %s", "; ".join(errors))
-        return removed
+                outcome.removed[name] = bases
+        return outcome
 
     def flush_all(self) -> None:
         """fdatasync every log (blocking). Raises StorageError naming the logs that failed."""

@@ -14,7 +14,7 @@ import os
 import re
 import zipfile
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from metaq.errors import ConfigError
 
@@ -60,6 +60,15 @@ class RetentionPolicy:
     def expired(self, last_write_ms: int, now_ms: int) -> bool:
         """Whether a segment last written at ``last_write_ms`` is older than the bound at ``now_ms``."""
         return now_ms - last_write_ms > self.max_age_ms
+
+
+@dataclass(slots=True)
+class RetentionOutcome:
+    """What one retention run did, by partition (``topic-partition``, its directory's name): the base
+    offsets of the segments removed, and the partitions that failed with why."""
+
+    removed: dict[str, list[int]] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
 
 
 def parse_duration_ms(text: str, *, what: str = "duration") -> int:

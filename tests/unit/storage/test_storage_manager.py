@@ -114,10 +114,10 @@ def test_delete_topic_and_live_config(tmp_path):
         keep.append(make_batch(size=200)[0])
     assert m.delete_topic("gone") == [0, 1, 2]
     assert m.get("gone", 0) is None and not (tmp_path / "data" / "gone-0").exists()
-    assert m.run_retention() == {}
+    assert m.run_retention().removed == {}
     m.set_topic_config("keep", FAST.with_changes(delete_policy="delete,1s"))
-    removed = m.run_retention(now_ms=int(time.time() * 1000) + 10_000)
-    assert list(removed) == [("keep", 0)] and keep.segment_count == 1
+    removed = m.run_retention(now_ms=int(time.time() * 1000) + 10_000).removed
+    assert list(removed) == ["keep-0"] and keep.segment_count == 1
     m.set_topic_config("keep", FAST.with_changes(unflush_threshold=1))
     result = keep.append(make_batch()[0])
     assert result.wait_for_durable
