@@ -26,16 +26,18 @@ from typing import Any
 from metaq.broker.config import BrokerConfig, TopicConfig, TopicSettings, diff_topics, merge_topic_configs
 from metaq.broker.error_mapping import error_response
 from metaq.broker.groups import GroupCoordinator
-from metaq.broker.ini import topic_options_text
+from metaq.broker.ini import load_broker_config, topic_options_text
 from metaq.broker.session import Session
 from metaq.broker.stats import BrokerStats
 from metaq.broker.topic_options import TopicOptionsStore
 from metaq.broker.waiters import FetchWaiters
 from metaq.errors import (
     BrokerStoppingError,
+    ConfigError,
     InvalidArgument,
     InvalidRequestError,
     InvalidTopicError,
+    StorageError,
     StorageFailureError,
     UnknownPartitionError,
     UnknownTopicError,
@@ -131,8 +133,30 @@ class Broker:
             topics[name] = merge_topic_configs(topics[name], section) if name in topics else section
         return dataclasses.replace(file_config, topics=topics)
 
-    def reload(self, new_config: BrokerConfig) -> list[str]:
-        """Apply `[topic=…]` changes live (SIGHUP / metaq admin reload); [system] needs a restart."""
+    def reload_from_file(self) -> list[str]:
+        """Read server.ini again, with the start's flags over it, and apply its [topic=…] changes live;
+        returns the topics affected. [system] changes wait for a restart.
+
+        The one reload path: SIGHUP and the Reload request (`metaq admin reload`) both come here, so they
+        log the same lines and fail the same way. A file that is refused changes nothing: one ERROR
+        line, no traceback, and InvalidRequestError saying why.
+        """
+        path = self.config_path
+        if not path:
+            log.warning("reload ignored: the broker was started without -f server.ini")
+            raise InvalidRequestError("the broker was started without -f server.ini: nothing to reload")
+        try:
+            changed = self._apply(load_broker_config(path, self.cli_overrides))
+        except ConfigError as exc:  # the operator's mistake, not the broker's
+            log.error("reload of %s refused: %s", path, exc)
+            raise InvalidRequestError(f"{exc} (the running configuration is unchanged)") from None
+        except StorageError as exc:  # a grown topic's new partition could not be created
+            log.error("reload of %s failed: %s", path, exc)
+            raise
+        log.info("reloaded %s: topics changed: %s", path, ", ".join(changed) or "none")
+        return changed
+
+    def _apply(self, new_config: BrokerConfig) -> list[str]:
         self._file_config = new_config
         new_config = self._effective(new_config)
         diff = diff_topics(self.config, new_config)

@@ -23,6 +23,7 @@ from metaq.broker.handlers import REQUEST_HANDLERS
 from metaq.broker.ini import load_broker_config
 from metaq.broker.service import BrokerService, StartupError
 from metaq.errors import ConfigError
+from metaq.protocol import messages as m
 
 log = logging.getLogger("metaq.broker")
 
@@ -54,14 +55,7 @@ async def serve(config: BrokerConfig, *, config_path: str | None = None,
     stop = asyncio.Event()
 
     def on_reload() -> None:
-        if not config_path:
-            log.warning("SIGHUP ignored: the broker was started without -f server.ini")
-            return
-        try:
-            changed = broker.reload(load_broker_config(config_path, broker.cli_overrides))
-            log.info("reloaded %s: topics changed: %s", config_path, ", ".join(changed) or "none")
-        except Exception as exc:
-            log.error("reload of %s refused: %s", config_path, exc)
+        broker.handle(m.ReloadRequest())  # as `metaq admin reload` does; what it did, or why not, is logged
 
     stopped_by: list[int] = []
 

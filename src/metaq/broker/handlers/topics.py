@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import TYPE_CHECKING, Any
 
 from metaq.broker.config import TopicConfig
 from metaq.broker.core import check_topic_name
-from metaq.broker.ini import load_broker_config, parse_topic_options
+from metaq.broker.ini import parse_topic_options
 from metaq.broker.session import Session
 from metaq.errors import (
-    ConfigError,
     InvalidArgument,
     InvalidRequestError,
     InvalidTopicError,
@@ -25,7 +23,6 @@ from metaq.types import validate_topic
 if TYPE_CHECKING:
     from metaq.broker.core import Broker, Handler
 
-log = logging.getLogger("metaq.broker")
 
 DEFAULT_PARTITIONS = -1
 """CreateTopic's num_partitions for "the broker's numPartitions"; any other value must be in range."""
@@ -116,15 +113,7 @@ def handle_partition_state(broker: Broker, req: m.PartitionStateRequest,
 
 
 def handle_reload(broker: Broker, req: m.ReloadRequest, session: Session | None) -> m.ReloadResponse:
-    if not broker.config_path:
-        raise InvalidRequestError("the broker was started without -f server.ini: nothing to reload")
-    try:
-        changed = broker.reload(load_broker_config(broker.config_path, broker.cli_overrides))
-    except ConfigError as exc:  # the operator's mistake, not the broker's: one line, no traceback
-        log.error("reload of %s refused: %s", broker.config_path, exc)
-        raise InvalidRequestError(f"{exc} (the running configuration is unchanged)") from None
-    log.info("reloaded %s: topics changed: %s", broker.config_path, ", ".join(changed) or "none")
-    return m.ReloadResponse(changed_topics=changed)
+    return m.ReloadResponse(changed_topics=broker.reload_from_file())
 
 
 HANDLERS: dict[type, Handler] = {
