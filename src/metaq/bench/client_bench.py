@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from metaq.broker.launcher import BrokerLauncher
 from metaq.client.group.bench import children_ignore_sigint
 
 _DATA = operator.attrgetter("data")
@@ -360,17 +361,15 @@ def _preload(spec: BenchSpec, show: _Progress) -> None:
 
 
 def run_bench(spec: BenchSpec, *, progress: bool = False) -> BenchResult:
-    from metaq.testing.broker import BrokerProcess
-
     if not spec.topic:
         spec.topic = f"bench-{spec.mode}-{os.getpid()}-{int(time.time())}"
     broker = None
     tmp = None
     if spec.servers is None:
         tmp = tempfile.TemporaryDirectory(prefix="metaq-bench-")
-        broker = BrokerProcess(os.path.join(tmp.name, "data"),
-                               {"numPartitions": spec.partitions, "unflushThreshold": spec.flush_threshold(),
-                                "maxTransferSize": 1024 * 1024, "event-loop": spec.event_loop}).start()
+        broker = BrokerLauncher(os.path.join(tmp.name, "data"),
+                                {"numPartitions": spec.partitions, "unflushThreshold": spec.flush_threshold(),
+                                 "maxTransferSize": 1024 * 1024, "event-loop": spec.event_loop}).start()
         spec.servers = broker.servers
     try:
         return _run(spec, progress, broker.servers if broker else spec.servers)

@@ -107,14 +107,14 @@ def bench_group_consume(servers: str | None, members: tuple[int, ...], count: in
     """Group consumption msg/s with 1, 2 and 4 members (each a process) sharing a topic."""
     import tempfile
 
+    from metaq.broker.launcher import BrokerLauncher
     from metaq.client.group.bench import run_group_bench
-    from metaq.testing.broker import BrokerProcess
 
     results = []
     for n in members:
         with tempfile.TemporaryDirectory(prefix="metaq-bench-") as tmp:
-            broker = None if servers else BrokerProcess(f"{tmp}/data", {"numPartitions": partitions,
-                                                                        "unflushThreshold": 0}).start()
+            broker = None if servers else BrokerLauncher(f"{tmp}/data", {"numPartitions": partitions,
+                                                                         "unflushThreshold": 0}).start()
             try:
                 target = servers or (broker.servers if broker else "")
                 results.append(run_group_bench(target, None, n, duration_s, messages=count, message_bytes=size,
@@ -138,11 +138,11 @@ def bench_logging(servers: str | None, count: int, as_json: bool) -> None:
     """metaq.logging.MetaqHandler: what a logging call costs the application, broker up and broker down."""
     import tempfile
 
-    from metaq.testing.broker import BrokerProcess
+    from metaq.broker.launcher import BrokerLauncher
 
     with tempfile.TemporaryDirectory(prefix="metaq-bench-") as tmp:
-        broker = None if servers else BrokerProcess(f"{tmp}/data", {"numPartitions": 4,
-                                                                    "unflushThreshold": 0}).start()
+        broker = None if servers else BrokerLauncher(f"{tmp}/data", {"numPartitions": 4,
+                                                                     "unflushThreshold": 0}).start()
         try:
             up = _log_records(servers or (broker.servers if broker else ""), count, wait_for_acks=True)
         finally:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from metaq.broker.launcher import BrokerLauncher
 from metaq.client import connect
 from metaq.errors import TopicExistsError
 from metaq.logging import MetaqHandler
@@ -40,7 +41,6 @@ from metaq.pipeline.summary import (
     read_topic,
     say,
 )
-from metaq.testing.broker import BrokerProcess
 
 DEMO_LOGGERS = ("web", "shop", "demo")
 """Parents of the generator's loggers; the handler is attached here (not to the root logger, which
@@ -86,8 +86,8 @@ runpy.run_module("metaq.broker", run_name="__main__", alter_sys=True)
 """
 
 
-class DetachedBroker(BrokerProcess):
-    """A BrokerProcess in its own session, so that the terminal's Ctrl-C reaches only the demo.
+class DetachedBroker(BrokerLauncher):
+    """A broker process in its own session, so that the terminal's Ctrl-C reaches only the demo.
 
     The demo then stops the broker last, after the Spark queries have read what arrived. Being out of
     the terminal's process group, the broker also watches its parent: if the demo dies without
@@ -185,7 +185,7 @@ class Demo:
         self.data = Path(args.data).resolve()
         self.t0 = time.monotonic()
         self.stop_reason: str | None = None
-        self.broker: BrokerProcess | None = None
+        self.broker: BrokerLauncher | None = None
         self.handler: MetaqHandler | None = None
         self.live: LiveGenerator | None = None
         self.spark: Any = None
@@ -416,10 +416,7 @@ class Demo:
             self.handler.close(timeout=2)
         if self.broker is not None:
             self.log("stopping the broker (SIGTERM: flush and close) ...")
-            try:
-                self.broker.stop(15)
-            except AssertionError:
-                self.broker.kill()
+            self.broker.stop_or_kill(15)
         self.log(f"demo done; results in {self._rel(self.data / 'parquet')}/ and topic {self.args.output_topic!r}"
                  if self.stop_reason else "demo ended")
 

@@ -12,16 +12,16 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from metaq.broker.launcher import BrokerLauncher
 from metaq.client import Message, connect
 from metaq.client.selectors import KeyHashSelector
-from metaq.testing.broker import BrokerProcess
 from metaq.types import format_message_id
 
 
 def run_simple(data: Path, messages: int = 20_000) -> int:
     shutil.rmtree(data, ignore_errors=True)
     print(f"starting an embedded broker (data in {data}/) ...")
-    with BrokerProcess(data / "broker", {"numPartitions": 4, "unflushThreshold": 0}) as broker:
+    with BrokerLauncher(data / "broker", {"numPartitions": 4, "unflushThreshold": 0}) as broker:
         print(f"broker ready on {broker.servers}")
         with connect(broker.servers) as session:
             session.admin().create_topic("demo-orders", 4)

@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from metaq.broker.launcher import BrokerLauncher
 from metaq.client.blocking import BlockingClient
 from metaq.protocol.messages import CreateTopicRequest
 from metaq.protocol.records import encode_values
@@ -69,10 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     broker = None
     servers = args.servers
     if servers is None:
-        from metaq.testing.broker import BrokerProcess
-
-        broker = BrokerProcess(os.path.join(tempfile.mkdtemp(prefix="metaq-spark-bench-"), "broker"),
-                               {"numPartitions": args.partitions, "unflushThreshold": 0}).start()
+        broker = BrokerLauncher(os.path.join(tempfile.mkdtemp(prefix="metaq-spark-bench-"), "broker"),
+                                {"numPartitions": args.partitions, "unflushThreshold": 0}).start()
         servers = broker.servers
     try:
         run(servers, args)

@@ -1,8 +1,7 @@
-"""Start and stop a real broker process on 127.0.0.1 for tests.
+"""Start and stop a real broker process on 127.0.0.1 for tests, and check what it did.
 
-The broker is started with ``--serverPort 0``: the kernel picks a free port and the broker prints
-``metaq broker ready <host>:<port>`` once it accepts connections, so there is no port race and no
-sleeping. Every wait has a deadline.
+:class:`BrokerProcess` is the product's :class:`~metaq.broker.launcher.BrokerLauncher` (``--serverPort
+0``, the ready line, deadlines on every wait) with what a test harness adds.
 
 A broker that logged a traceback or an ERROR/CRITICAL line, or exited with a code nobody expected, is
 a problem the test that started it did not assert on. :meth:`BrokerProcess.problems` lists them (exit
@@ -15,20 +14,20 @@ can check all of them, including the ones a test started directly.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-READY_RE = re.compile(r"metaq broker ready (\S+):(\d+)")
+from metaq.broker.launcher import READY_RE, BrokerLauncher
+
+__all__ = ["READY_RE", "BrokerProcess", "log_incidents", "start_brokers", "track_brokers", "wait_until"]
+
 LOG_RECORD_RE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?P<level>[A-Z]+) ")
 """The start of a log record in the broker's format (``%(asctime)s %(levelname)s %(name)s: ...``)."""
 PROBLEM_LEVELS = frozenset({"ERROR", "CRITICAL"})
@@ -97,8 +96,8 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, interval_s
         time.sleep(interval_s)
 
 
-class BrokerProcess:
-    """A broker in a child process: ``python -m metaq.broker --dataPath DIR --serverPort 0 ...``.
+class BrokerProcess(BrokerLauncher):
+    """A broker in a child process (:class:`~metaq.broker.launcher.BrokerLauncher`), judged when the test ends.
 
     ``options`` are MetaQ server.ini keys passed as flags (``{"numPartitions": 4}`` →
     ``--numPartitions 4``); ``config_text``, if given, is written to ``server.ini`` and passed with -f.
@@ -109,120 +108,26 @@ class BrokerProcess:
     def __init__(self, data_dir: str | Path, options: dict[str, Any] | None = None,
                  config_text: str | None = None, port: int = 0, env: dict[str, str] | None = None,
                  ready_timeout_s: float = 30.0, expect_errors: bool = False) -> None:
-        self.data_dir = Path(data_dir)
-        self.options = dict(options or {})
-        self.config_text = config_text
-        self.requested_port = port
-        self.env = env
-        self.ready_timeout_s = ready_timeout_s
-        self.proc: subprocess.Popen[str] | None = None
-        self.host = "127.0.0.1"
-        self.port = 0
-        self.log_lines: list[str] = []
-        self._ready = threading.Event()
-        self._reader: threading.Thread | None = None
+        super().__init__(data_dir, options, config_text, port, env, ready_timeout_s)
         self.expect_errors = expect_errors
         self.allowed_log: list[re.Pattern[str]] = []
         self.expected_exit_codes: set[int] = {0}
         self._runs: list[_Run] = []
 
-    @property
-    def servers(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    @property
-    def config_path(self) -> Path:
-        return self.data_dir.parent / f"{self.data_dir.name}-server.ini"
-
-    def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "metaq.broker", "--dataPath", str(self.data_dir),
-               "--serverPort", str(self.port or self.requested_port)]
-        if self.config_text is not None:
-            self.config_path.write_text(self.config_text)
-            cmd += ["-f", str(self.config_path)]
-        for key, value in self.options.items():
-            if isinstance(value, bool):
-                value = "true" if value else "false"
-            cmd += [f"--{key}", str(value)]
-        return cmd
-
-    def start(self) -> BrokerProcess:
-        assert self.proc is None or self.proc.poll() is not None, "broker already running"
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._ready.clear()
-        env = dict(os.environ)
-        env["PYTHONUNBUFFERED"] = "1"
-        if self.env:
-            env.update(self.env)
-        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, text=True, env=env)
+    def _spawned(self, proc: subprocess.Popen[str]) -> None:
         if not self._runs and _collectors:
             _collectors[-1].append(self)
-        self._runs.append(_Run(self.proc))
-        assert self.proc.stdout is not None
-        self._reader = threading.Thread(target=self._read_output, args=(self.proc.stdout,), daemon=True)
-        self._reader.start()
-        if not self._ready.wait(self.ready_timeout_s):
-            code = self.proc.poll()
-            self.kill()
-            raise AssertionError(f"broker not ready after {self.ready_timeout_s}s (exit code {code}); "
-                                 f"output:\n{self.output()}")
-        return self
-
-    def _read_output(self, stream: IO[str]) -> None:
-        for line in stream:
-            self.log_lines.append(line.rstrip("\n"))
-            if not self._ready.is_set():
-                m = READY_RE.search(line)
-                if m:
-                    self.host, self.port = m.group(1), int(m.group(2))
-                    self._ready.set()
-        self._ready.set()  # process ended: unblock start(), which then reports the failure
-
-    def output(self) -> str:
-        return "\n".join(self.log_lines[-200:])
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        self._runs.append(_Run(proc))
 
     def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        if sig == signal.SIGKILL:
+        if sig == signal.SIGKILL and self._runs:
             self._runs[-1].killed = True
-        self.proc.send_signal(sig)
-
-    def wait(self, timeout_s: float = 30.0) -> int:
-        assert self.proc is not None
-        try:
-            code = self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"broker did not exit within {timeout_s}s; output:\n{self.output()}") from None
-        if self._reader is not None:
-            self._reader.join(5)
-        return code
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        """SIGTERM and wait: the broker finishes in-flight requests, flushes and exits 0."""
-        if not self.running:
-            return self.proc.returncode if self.proc else 0
-        self.signal(signal.SIGTERM)
-        return self.wait(timeout_s)
+        super().signal(sig)
 
     def kill(self) -> None:
-        """SIGKILL: no flush, no clean shutdown (what a crash looks like to the log)."""
-        if self.running:
-            assert self.proc is not None
+        if self.running and self._runs:
             self._runs[-1].killed = True
-            self.proc.kill()
-            self.proc.wait(30)
-        if self._reader is not None:
-            self._reader.join(5)
+        super().kill()
 
     def restart(self, *, keep_port: bool = True) -> BrokerProcess:
         self.stop()
@@ -230,21 +135,12 @@ class BrokerProcess:
             self.port = 0
         return self.start()
 
-    def stop_or_kill(self, timeout_s: float = 15.0) -> None:
+    def stop_or_kill(self, timeout_s: float = 15.0) -> bool:
         """stop(); a broker that does not exit within ``timeout_s`` of SIGTERM is killed (and that is a problem)."""
-        if not self.running:
-            return
-        try:
-            self.stop(timeout_s)
-        except AssertionError:
+        killed = super().stop_or_kill(timeout_s)
+        if killed:
             self._runs[-1].stop_timed_out = True
-            self.kill()
-
-    def __enter__(self) -> BrokerProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop_or_kill()
+        return killed
 
     # -- what the test did not expect -----------------------------------------------------------
 
