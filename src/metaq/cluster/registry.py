@@ -1,0 +1,163 @@
+"""The registry seam: what brokers, topics, partitions, group members, owners and offsets exist.
+
+Brokers and clients see the cluster through :class:`ClusterRegistry` and consumer groups coordinate
+through :class:`GroupRegistry`, never through ZooKeeper directly. Two implementations:
+
+* **embedded** (the default, :mod:`metaq.cluster.embedded`): one broker holds the truth in memory;
+  clients learn it from that broker's Metadata answers, and groups are coordinated by that broker's
+  group coordinator over the wire. No external service.
+* **zookeeper** (:mod:`metaq.cluster.zookeeper`, the only module importing kazoo): MetaQ's znode layout
+  (:mod:`metaq.cluster.layout`). Brokers register themselves and their topics as ephemeral nodes;
+  every broker and client keeps a watched, cached :class:`ClusterSnapshot`, so nothing reads ZooKeeper
+  per message; consumers of a group register, claim owners and store offsets there, as MetaQ does.
+
+Everything here is plain data and abstract methods: no I/O, no threads, no asyncio.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import NamedTuple
+
+from metaq.errors import MetaqError
+
+
+class RegistryError(MetaqError):
+    """The registry cannot do what was asked (ZooKeeper unreachable, a conflicting registration)."""
+
+
+class BrokerIdTaken(RegistryError):
+    """Another live broker is registered under this broker id."""
+
+
+class Address(NamedTuple):
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerEntry:
+    """One broker id (a replica group): its master's address, and its slaves' (HA) by slave id."""
+
+    broker_id: int
+    master: Address | None
+    slaves: Mapping[int, Address] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
+class TopicEntry:
+    """Which brokers hold a topic, and how many partitions each: ``publish`` lists the masters that
+    accept producers, ``subscribe`` the masters that serve consumers (broker id -> partition count).
+    ``subscribe_slaves`` adds the slaves serving consumers ((broker id, slave id) -> count)."""
+
+    topic: str
+    publish: Mapping[int, int]
+    subscribe: Mapping[int, int]
+    subscribe_slaves: Mapping[tuple[int, int], int] = field(default_factory=lambda: MappingProxyType({}))
+
+    def partitions(self, *, publish: bool) -> list[tuple[int, int]]:
+        """(broker id, partition) pairs in MetaQ's order: by broker id, then partition."""
+        counts = self.publish if publish else self.subscribe
+        return [(b, p) for b in sorted(counts) for p in range(counts[b])]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSnapshot:
+    """An immutable view of the cluster; a registry swaps in a new one on every change."""
+
+    brokers: Mapping[int, BrokerEntry] = field(default_factory=lambda: MappingProxyType({}))
+    topics: Mapping[str, TopicEntry] = field(default_factory=lambda: MappingProxyType({}))
+    version: int = 0
+    """Grows with every change (listeners can tell a newer snapshot from an older one)."""
+
+    def address(self, broker_id: int) -> Address | None:
+        entry = self.brokers.get(broker_id)
+        return entry.master if entry is not None else None
+
+    def partitions(self, topic: str, *, publish: bool) -> list[tuple[int, int]]:
+        """The topic's partitions on brokers that are registered right now, MetaQ's order."""
+        entry = self.topics.get(topic)
+        if entry is None:
+            return []
+        return [(b, p) for b, p in entry.partitions(publish=publish) if self.address(b) is not None]
+
+
+SnapshotListener = Callable[[ClusterSnapshot], None]
+"""Called after each change, on the registry's own thread: must not block (hop to a loop and return)."""
+
+
+class ClusterRegistry(ABC):
+    """Brokers and topics. Reads are cached (``snapshot()`` never does I/O); writes are blocking calls
+    that a broker makes off its event loop, at start, on topic changes and at stop."""
+
+    @abstractmethod
+    def snapshot(self) -> ClusterSnapshot: ...
+
+    @abstractmethod
+    def add_listener(self, listener: SnapshotListener) -> None: ...
+
+    @abstractmethod
+    def register_broker(self, broker_id: int, address: Address, *, slave_id: int = -1) -> None:
+        """Register this process as broker ``broker_id`` (its master, or slave ``slave_id``).
+
+        Raises BrokerIdTaken when another live process holds the registration. Registrations are
+        kept: after a lost ZooKeeper session they are made again on the new one."""
+
+    @abstractmethod
+    def publish_topic(self, topic: str, num_partitions: int, *, accept_publish: bool, accept_subscribe: bool) -> None:
+        """Say (or update) that this broker holds ``topic`` with ``num_partitions`` partitions."""
+
+    @abstractmethod
+    def withdraw_topic(self, topic: str) -> None: ...
+
+    @abstractmethod
+    def deregister(self) -> None:
+        """Remove every registration of this process (a clean stop does it before draining)."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class GroupRegistry(ABC):
+    """Consumer groups the MetaQ way (cluster mode): members register, each computes the assignment,
+    claims the partitions it gets as owner before fetching them, and stores offsets by partition name
+    (``brokerId-partition``)."""
+
+    @abstractmethod
+    def register_member(self, group: str, consumer_id: str, topics: Iterable[str]) -> None: ...
+
+    @abstractmethod
+    def unregister_member(self, group: str, consumer_id: str) -> None: ...
+
+    @abstractmethod
+    def members(self, group: str) -> dict[str, list[str]]:
+        """consumer id -> its subscribed topics."""
+
+    @abstractmethod
+    def watch_members(self, group: str, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (on the registry's thread, must not block) whenever the members change."""
+
+    @abstractmethod
+    def claim(self, group: str, topic: str, partition: str, owner: str) -> bool:
+        """Take ownership of ``partition`` (``brokerId-partition``); False while someone else holds it."""
+
+    @abstractmethod
+    def release(self, group: str, topic: str, partition: str, owner: str) -> None:
+        """Give up ownership (only if ``owner`` holds it)."""
+
+    @abstractmethod
+    def owners(self, group: str, topic: str) -> dict[str, str]:
+        """partition name -> owning consumer id."""
+
+    @abstractmethod
+    def load_offset(self, group: str, topic: str, partition: str) -> int | None: ...
+
+    @abstractmethod
+    def commit_offsets(self, group: str, offsets: Mapping[tuple[str, str], int]) -> None:
+        """(topic, partition name) -> next offset to read, stored durably (persistent nodes)."""

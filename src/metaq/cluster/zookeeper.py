@@ -1,0 +1,555 @@
+"""The ZooKeeper registry: MetaQ's layout through kazoo (the only module of metaq that imports it).
+
+Reads: every broker and client keeps a :class:`~metaq.cluster.registry.ClusterSnapshot` built from
+watched znodes (kazoo's ChildrenWatch / DataWatch recipes): ``brokers/ids`` and each id's
+``master``/``slave<n>``, ``brokers/topics-pub`` and ``topics-sub`` and each topic's ``<id>-m`` nodes.
+A change of any of them swaps in a new snapshot and calls the listeners. Nothing reads ZooKeeper per
+message; a znode holding garbage is logged once and left out, never a crash.
+
+Writes: the ephemeral nodes this process owns (its broker registration, its topics, group members
+and owners) are remembered, and made again on the new session after a session expiry (kazoo's LOST
+then CONNECTED). While ZooKeeper is unreachable (SUSPENDED) the last snapshot keeps serving.
+
+Threads: kazoo calls watchers and state listeners on its own threads; blocking work they trigger
+(re-registration after an expiry) runs on one worker thread of this registry. Listeners of snapshots
+are called on kazoo's threads and must not block: broker and client hop to their event loop there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (
+    BadVersionError,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+from kazoo.retry import KazooRetry
+
+from metaq.cluster import layout
+from metaq.cluster.layout import LayoutError, Paths
+from metaq.cluster.registry import (
+    Address,
+    BrokerEntry,
+    BrokerIdTaken,
+    ClusterRegistry,
+    ClusterSnapshot,
+    GroupRegistry,
+    RegistryError,
+    SnapshotListener,
+    TopicEntry,
+)
+
+log = logging.getLogger("metaq.cluster.zookeeper")
+
+_PREVIOUS_SESSION_SLACK_S = 5.0
+"""After a kill -9, the old session's ephemeral nodes live until its timeout: wait that long plus this."""
+
+
+class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
+    """MetaQ's znodes under ``root`` on the ZooKeeper ensemble ``connect`` (``host:port[,host:port]``)."""
+
+    def __init__(self, connect: str, root: str = layout.DEFAULT_ROOT, *, session_timeout_ms: int = 30_000,
+                 connection_timeout_ms: int = 30_000, watch_cluster: bool = True) -> None:
+        self.connect = connect
+        self.paths = Paths(root)
+        self.session_timeout_s = session_timeout_ms / 1000
+        self.connection_timeout_s = connection_timeout_ms / 1000
+        self._watch_cluster = watch_cluster
+        self._client = KazooClient(
+            hosts=connect, timeout=self.session_timeout_s,
+            connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0, ignore_expire=False),
+            command_retry=KazooRetry(max_tries=5, delay=0.1, backoff=2, max_delay=2.0))
+        self._lock = threading.RLock()
+        self._owned: dict[str, bytes] = {}
+        """Ephemeral nodes this process keeps registered: path -> data (made again after an expiry)."""
+        self._brokers: dict[int, dict[str, Address]] = {}
+        self._topics: dict[bool, dict[str, dict[str, int]]] = {True: {}, False: {}}
+        """publish? -> topic -> registration node name (``<id>-m``) -> partition count."""
+        self._watches: dict[str, int] = {}
+        """Path -> generation of the live watch on it (a stale watcher sees another number and stops)."""
+        self._generation = 0
+        self._snapshot = ClusterSnapshot()
+        self._listeners: list[SnapshotListener] = []
+        self._bad_znodes: set[str] = set()
+        self._session_lost = False
+        self._closed = False
+        self._work: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._worker = threading.Thread(target=self._run_worker, name="metaq-zk-worker", daemon=True)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> ZooKeeperRegistry:
+        """Connect (RegistryError if ZooKeeper cannot be reached in the connection timeout) and, for a
+        cluster watcher, read and watch the brokers and topics."""
+        try:
+            self._client.start(timeout=self.connection_timeout_s)
+        except (KazooTimeoutError, KazooException, OSError) as exc:
+            with contextlib.suppress(Exception):
+                self._client.stop()
+                self._client.close()
+            raise RegistryError(f"cannot reach ZooKeeper at {self.connect} within "
+                                f"{self.connection_timeout_s:g}s ({exc or type(exc).__name__})") from None
+        self._client.add_listener(self._on_state)
+        self._worker.start()
+        for path in (self.paths.broker_ids, self.paths.topics_pub, self.paths.topics_sub, self.paths.consumers):
+            self._client.ensure_path(path)
+        if self._watch_cluster:
+            self._watch_children(self.paths.broker_ids, self._on_broker_ids)
+            self._watch_children(self.paths.topics_pub, lambda topics: self._on_topics(True, topics))
+            self._watch_children(self.paths.topics_sub, lambda topics: self._on_topics(False, topics))
+        return self
+
+    def close(self) -> None:
+        """Drop the session (its ephemeral nodes vanish at once) and stop the threads."""
+        if self._closed:
+            return
+        self._closed = True
+        self._work.put(None)
+        with contextlib.suppress(Exception):
+            self._client.stop()
+            self._client.close()
+        if self._worker.is_alive():
+            self._worker.join(5)
+
+    @property
+    def connected(self) -> bool:
+        return bool(self._client.connected)
+
+    @property
+    def session_id(self) -> int:
+        client_id = self._client.client_id
+        return int(client_id[0]) if client_id else 0
+
+    # ------------------------------------------------------------------ cluster view (reads)
+
+    def snapshot(self) -> ClusterSnapshot:
+        return self._snapshot
+
+    def add_listener(self, listener: SnapshotListener) -> None:
+        with self._lock:
+            self._listeners.append(listener)
+
+    def _watch_children(self, path: str, func: Callable[[list[str]], None]) -> None:
+        gen = self._next_generation(path)
+
+        def watcher(children: list[str]) -> bool:
+            if self._closed or self._watches.get(path) != gen:
+                return False
+            func(children)
+            return True
+
+        ChildrenWatch(self._client, path, watcher)
+
+    def _watch_data(self, path: str, func: Callable[[bytes | None], None]) -> None:
+        gen = self._next_generation(path)
+
+        def watcher(data: bytes | None, stat: Any) -> bool:
+            if self._closed or self._watches.get(path) != gen:
+                return False
+            func(data)
+            return True
+
+        DataWatch(self._client, path, watcher)
+
+    def _next_generation(self, path: str) -> int:
+        with self._lock:
+            self._generation += 1
+            self._watches[path] = self._generation
+            return self._generation
+
+    def _forget_watch(self, path: str) -> None:
+        with self._lock:
+            self._watches.pop(path, None)
+
+    def _on_broker_ids(self, children: list[str]) -> None:
+        ids = set()
+        for name in children:
+            try:
+                ids.add(int(name))
+            except ValueError:
+                self._bad(f"{self.paths.broker_ids}/{name}", "not a broker id")
+        with self._lock:
+            known = set(self._brokers)
+            for gone in known - ids:
+                del self._brokers[gone]
+                self._forget_watch(self.paths.broker(gone))
+            for new in ids - known:
+                self._brokers[new] = {}
+        for new in sorted(ids - known):
+            self._watch_children(self.paths.broker(new), functools.partial(self._on_broker_nodes, new))
+        if ids != known:
+            self._publish()
+
+    def _on_broker_nodes(self, broker_id: int, names: list[str]) -> None:
+        wanted = {n for n in names if n == "master" or layout.parse_slave_node(n) is not None}
+        with self._lock:
+            nodes = self._brokers.get(broker_id)
+            if nodes is None:
+                return
+            for gone in [n for n in list(nodes) if n not in wanted]:
+                del nodes[gone]
+            watched = {p.rsplit("/", 1)[1] for p in self._watches if p.startswith(self.paths.broker(broker_id) + "/")}
+        for name in sorted(wanted - watched):
+            path = f"{self.paths.broker(broker_id)}/{name}"
+            self._watch_data(path, functools.partial(self._on_broker_node, broker_id, name, path))
+        self._publish()
+
+    def _on_broker_node(self, broker_id: int, name: str, path: str, data: bytes | None) -> None:
+        address: Address | None = None
+        if data is not None:
+            try:
+                address = Address(*layout.parse_broker_url(data))
+            except LayoutError as exc:
+                self._bad(path, str(exc))
+        with self._lock:
+            nodes = self._brokers.get(broker_id)
+            if nodes is None:
+                return
+            if address is None:
+                nodes.pop(name, None)
+                if data is None:
+                    self._forget_watch(path)
+            else:
+                nodes[name] = address
+        self._publish()
+
+    def _on_topics(self, publish: bool, topics: list[str]) -> None:
+        parent = self.paths.topics_pub if publish else self.paths.topics_sub
+        with self._lock:
+            known = set(self._topics[publish])
+            for gone in known - set(topics):
+                del self._topics[publish][gone]
+                self._forget_watch(f"{parent}/{gone}")
+            for new in set(topics) - known:
+                self._topics[publish][new] = {}
+        for new in sorted(set(topics) - known):
+            self._watch_children(f"{parent}/{new}", functools.partial(self._on_topic_nodes, publish, new))
+        if set(topics) != known:
+            self._publish()
+
+    def _on_topic_nodes(self, publish: bool, topic: str, names: list[str]) -> None:
+        parent = self.paths.topics_pub if publish else self.paths.topics_sub
+        valid = []
+        for name in names:
+            try:
+                layout.parse_topic_broker_name(name)
+                valid.append(name)
+            except LayoutError as exc:
+                self._bad(f"{parent}/{topic}/{name}", str(exc))
+        with self._lock:
+            nodes = self._topics[publish].get(topic)
+            if nodes is None:
+                return
+            for gone in [n for n in list(nodes) if n not in valid]:
+                del nodes[gone]
+                self._forget_watch(f"{parent}/{topic}/{gone}")
+            watched = {p.rsplit("/", 1)[1] for p in self._watches if p.startswith(f"{parent}/{topic}/")}
+        for name in sorted(set(valid) - watched):
+            path = f"{parent}/{topic}/{name}"
+            self._watch_data(path, functools.partial(self._on_topic_node, publish, topic, name, path))
+        self._publish()
+
+    def _on_topic_node(self, publish: bool, topic: str, name: str, path: str, data: bytes | None) -> None:
+        count: int | None = None
+        if data is not None:
+            try:
+                count = layout.parse_topic_broker_data(data)
+            except LayoutError as exc:
+                self._bad(path, str(exc))
+        with self._lock:
+            nodes = self._topics[publish].get(topic)
+            if nodes is None:
+                return
+            if count is None:
+                nodes.pop(name, None)
+                if data is None:
+                    self._forget_watch(path)
+            else:
+                nodes[name] = count
+        self._publish()
+
+    def _bad(self, path: str, problem: str) -> None:
+        with self._lock:
+            if path in self._bad_znodes:
+                return
+            self._bad_znodes.add(path)
+        log.error("ZooKeeper node %s is not in MetaQ's layout and is ignored: %s", path, problem)
+
+    def _publish(self) -> None:
+        """Build a new snapshot from the watched state and tell the listeners."""
+        with self._lock:
+            brokers = {}
+            for broker_id, nodes in self._brokers.items():
+                slaves = {}
+                for name, address in nodes.items():
+                    slave = layout.parse_slave_node(name)
+                    if slave is not None:
+                        slaves[slave] = address
+                if nodes:  # an id whose master and slaves are all gone is no broker (its parent node stays)
+                    brokers[broker_id] = BrokerEntry(broker_id, nodes.get("master"), MappingProxyType(slaves))
+            topics = {}
+            for topic in set(self._topics[True]) | set(self._topics[False]):
+                pub: dict[int, int] = {}
+                sub: dict[int, int] = {}
+                sub_slaves: dict[tuple[int, int], int] = {}
+                for publish, target in ((True, pub), (False, sub)):
+                    for name, count in self._topics[publish].get(topic, {}).items():
+                        broker_id, slave_id = layout.parse_topic_broker_name(name)
+                        if slave_id < 0:
+                            target[broker_id] = count
+                        elif not publish:
+                            sub_slaves[(broker_id, slave_id)] = count
+                if pub or sub or sub_slaves:
+                    topics[topic] = TopicEntry(topic, MappingProxyType(pub), MappingProxyType(sub),
+                                               MappingProxyType(sub_slaves))
+            snapshot = ClusterSnapshot(MappingProxyType(brokers), MappingProxyType(topics),
+                                       self._snapshot.version + 1)
+            if snapshot.brokers == self._snapshot.brokers and snapshot.topics == self._snapshot.topics:
+                return
+            self._snapshot = snapshot
+            listeners = list(self._listeners)
+        for listener in listeners:
+            try:
+                listener(snapshot)
+            except Exception:  # a listener's bug must not stop the watches
+                log.exception("cluster snapshot listener failed")
+
+    # ------------------------------------------------------------------ sessions
+
+    def _on_state(self, state: str) -> None:
+        """kazoo's state listener (its thread; must not block)."""
+        if self._closed:
+            return
+        if state == KazooState.LOST:
+            self._session_lost = True
+            log.warning("ZooKeeper session expired: its ephemeral nodes are gone; registering again on reconnect")
+        elif state == KazooState.SUSPENDED:
+            log.warning("ZooKeeper connection lost: serving with what is known until it is back")
+        elif state == KazooState.CONNECTED and self._session_lost:
+            self._session_lost = False
+            self._work.put(self._restore_registrations)
+
+    def _run_worker(self) -> None:
+        while True:
+            job = self._work.get()
+            if job is None:
+                return
+            try:
+                job()
+            except Exception:
+                log.exception("ZooKeeper registry job failed")
+
+    def _restore_registrations(self) -> None:
+        with self._lock:
+            owned = dict(self._owned)
+        for path, data in owned.items():
+            try:
+                self._create_ephemeral(path, data)
+            except KazooException as exc:
+                log.error("cannot register %s again after the session expiry: %s", path, exc)
+        if owned:
+            log.info("registered %d ZooKeeper nodes again on the new session", len(owned))
+
+    def _create_ephemeral(self, path: str, data: bytes) -> None:
+        """Create (or take over, if this session already owns it) an ephemeral node holding ``data``."""
+        try:
+            self._client.create(path, data, ephemeral=True, makepath=True)
+        except NodeExistsError:
+            _, stat = self._client.get(path)
+            if stat.ephemeralOwner != self.session_id:
+                raise
+            self._client.set(path, data)
+
+    def _keep(self, path: str, data: bytes) -> None:
+        self._create_ephemeral(path, data)
+        with self._lock:
+            self._owned[path] = data
+
+    def _drop(self, path: str) -> None:
+        with self._lock:
+            self._owned.pop(path, None)
+        with contextlib.suppress(NoNodeError):
+            _, stat = self._client.get(path)
+            if stat.ephemeralOwner == self.session_id:
+                self._client.delete(path)
+
+    # ------------------------------------------------------------------ broker side (writes)
+
+    def register_broker(self, broker_id: int, address: Address, *, slave_id: int = -1) -> None:
+        path = self.paths.broker_node(broker_id, slave_id)
+        data = layout.broker_url(address.host, address.port).encode()
+        deadline = time.monotonic() + self.session_timeout_s + _PREVIOUS_SESSION_SLACK_S
+        while True:
+            try:
+                self._keep(path, data)
+                break
+            except NodeExistsError:
+                try:
+                    held, _ = self._client.get(path)
+                except NoNodeError:
+                    continue  # it just went away: try again
+                if held != data:
+                    raise BrokerIdTaken(
+                        f"broker id {broker_id} is already registered in ZooKeeper ({path} = "
+                        f"{held.decode(errors='replace')}) by another live broker; give this one another "
+                        "brokerId") from None
+                if time.monotonic() > deadline:
+                    raise BrokerIdTaken(
+                        f"{path} still names this address ({data.decode()}) after the session timeout: another "
+                        "live broker with the same brokerId and address?") from None
+                log.info("%s is held by a previous session of this broker (killed?); waiting for it to expire "
+                         "(up to %.0fs)", path, self.session_timeout_s)
+                gone = threading.Event()
+                if self._client.exists(path, watch=lambda _e, g=gone: g.set()) is not None:
+                    gone.wait(max(0.1, deadline - time.monotonic()))
+        log.info("registered %s = %s", path, data.decode())
+
+    def publish_topic(self, topic: str, num_partitions: int, *, accept_publish: bool, accept_subscribe: bool,
+                      broker_id: int | None = None, slave_id: int = -1) -> None:
+        broker_id = self._own_broker_id() if broker_id is None else broker_id
+        data = layout.topic_broker_data(num_partitions, broker_id, slave_id)
+        for publish, wanted in ((True, accept_publish and slave_id < 0), (False, accept_subscribe)):
+            path = self.paths.topic_broker(topic, broker_id, slave_id, publish=publish)
+            if wanted:
+                self._keep(path, data)
+            else:
+                self._drop(path)
+
+    def withdraw_topic(self, topic: str) -> None:
+        with self._lock:
+            mine = [p for p in self._owned if p.startswith((f"{self.paths.topics_pub}/{topic}/",
+                                                            f"{self.paths.topics_sub}/{topic}/"))]
+        for path in mine:
+            self._drop(path)
+
+    def deregister(self) -> None:
+        with self._lock:
+            mine = [p for p in self._owned if p.startswith(f"{self.paths.root}/brokers/")]
+        for path in sorted(mine, key=lambda p: "/ids/" in p):  # topics first, the broker node last
+            with contextlib.suppress(KazooException):
+                self._drop(path)
+
+    def _own_broker_id(self) -> int:
+        with self._lock:
+            for path in self._owned:
+                if path.startswith(self.paths.broker_ids + "/"):
+                    return int(path[len(self.paths.broker_ids) + 1:].split("/", 1)[0])
+        raise RegistryError("register_broker() must come before publish_topic()")
+
+    # ------------------------------------------------------------------ groups
+
+    def register_member(self, group: str, consumer_id: str, topics: Iterable[str]) -> None:
+        self._keep(self.paths.group_member(group, consumer_id), layout.member_data(sorted(topics)))
+
+    def unregister_member(self, group: str, consumer_id: str) -> None:
+        self._drop(self.paths.group_member(group, consumer_id))
+
+    def members(self, group: str) -> dict[str, list[str]]:
+        path = self.paths.group_ids(group)
+        try:
+            names = self._client.get_children(path)
+        except NoNodeError:
+            return {}
+        out = {}
+        for name in names:
+            try:
+                data, _ = self._client.get(f"{path}/{name}")
+            except NoNodeError:
+                continue
+            try:
+                out[name] = layout.parse_member_data(data)
+            except LayoutError as exc:
+                self._bad(f"{path}/{name}", str(exc))
+        return out
+
+    def watch_members(self, group: str, listener: Callable[[], None]) -> None:
+        path = self.paths.group_ids(group)
+        self._client.ensure_path(path)
+        self._watch_children(path, lambda _children: listener())
+
+    def watch_topic_partitions(self, topic: str, listener: Callable[[], None]) -> None:
+        """Call ``listener`` when the brokers serving ``topic`` to consumers change (a rebalance cue)."""
+        last: list[list[tuple[int, int]]] = [self._snapshot.partitions(topic, publish=False)]
+
+        def on_snapshot(snapshot: ClusterSnapshot) -> None:
+            now = snapshot.partitions(topic, publish=False)
+            if now != last[0]:
+                last[0] = now
+                listener()
+
+        self.add_listener(on_snapshot)
+
+    def claim(self, group: str, topic: str, partition: str, owner: str) -> bool:
+        path = self.paths.group_owner(group, topic, partition)
+        try:
+            self._keep(path, owner.encode())
+        except NodeExistsError:
+            return False
+        return True
+
+    def release(self, group: str, topic: str, partition: str, owner: str) -> None:
+        path = self.paths.group_owner(group, topic, partition)
+        with self._lock:
+            self._owned.pop(path, None)
+        try:
+            data, stat = self._client.get(path)
+            if data == owner.encode():
+                self._client.delete(path, version=stat.version)
+        except (NoNodeError, BadVersionError, NotEmptyError):
+            pass
+
+    def owners(self, group: str, topic: str) -> dict[str, str]:
+        path = self.paths.group_owners(group, topic)
+        try:
+            names = self._client.get_children(path)
+        except NoNodeError:
+            return {}
+        out = {}
+        for name in names:
+            with contextlib.suppress(NoNodeError):
+                out[name] = self._client.get(f"{path}/{name}")[0].decode(errors="replace")
+        return out
+
+    def load_offset(self, group: str, topic: str, partition: str) -> int | None:
+        path = self.paths.group_offset(group, topic, partition)
+        try:
+            data, _ = self._client.get(path)
+        except NoNodeError:
+            return None
+        try:
+            return layout.parse_offset_data(data)[0]
+        except LayoutError as exc:
+            self._bad(path, str(exc))
+            return None
+
+    def commit_offsets(self, group: str, offsets: Mapping[tuple[str, str], int]) -> None:
+        for (topic, partition), offset in offsets.items():
+            path = self.paths.group_offset(group, topic, partition)
+            data = layout.offset_data(offset)
+            try:
+                self._client.set(path, data)
+            except NoNodeError:
+                try:
+                    self._client.create(path, data, makepath=True)
+                except NodeExistsError:
+                    self._client.set(path, data)
+
+    # ------------------------------------------------------------------ tools
+
+    def raw_client(self) -> Any:
+        """The kazoo client, for tools that read more of the tree (``metaq cluster``) and for tests."""
+        return self._client
