@@ -7,7 +7,8 @@ ZooKeeper paths such as ``offsets/<topic>/<brokerId-partition>``): :class:`Parti
 ``"1-3"`` (broker 1, partition 3) and ordered by broker id, then partition number. A broker id names a
 *replica group* (a master and its slaves share it), so the id stays valid across a failover. The same
 value keys the wire's group assignments and offset entries, client metadata, every offset store, the
-Spark source's offsets JSON and the CLI.
+Spark source's offsets JSON and the CLI. :class:`TopicPartition` is ``(topic, PartitionId)``, written
+``"orders:1-3"`` (``:`` cannot occur in a topic name, so the text parses back).
 
 Message ids
 -----------
@@ -197,11 +198,20 @@ def partition_key(value: object) -> PartitionId | int:
 
 
 class TopicPartition(NamedTuple):
+    """A partition of a topic: ``(topic, PartitionId)``, written ``"orders:1-3"``."""
+
     topic: str
-    partition: int
+    partition: PartitionId
 
     def __str__(self) -> str:
-        return f"{self.topic}-{self.partition}"
+        return f"{self.topic}:{self.partition}"
+
+    @classmethod
+    def parse(cls, text: str) -> TopicPartition:
+        topic, sep, pid = text.rpartition(":") if isinstance(text, str) else ("", "", "")
+        if not sep:
+            raise InvalidArgument(f"{text!r} is not topic:brokerId-partition (e.g. 'orders:0-3')")
+        return cls(validate_topic(topic), PartitionId.parse(pid))
 
 
 @dataclass(slots=True)

@@ -6,11 +6,23 @@ partition ``brokerId-partition``, and reaches each one at its own broker.
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from metaq.client import Message, PartitionId, connect
+import pytest
+import uvloop
+
+from metaq.client import Message, MessageSessionFactory, PartitionId, connect
+from metaq.client.group import ConsumerConfig, create_consumer
+from metaq.client.group.admin import describe_group, list_groups
 from metaq.errors import InvalidArgument, UnknownPartitionError
+from metaq.protocol.messages import OffsetFetchRequest
 from metaq.testing.broker import BrokerProcess
+from metaq.types import TopicPartition
 
 ORDER = [PartitionId(1, 0), PartitionId(1, 1), PartitionId(2, 0), PartitionId(2, 1)]
 
@@ -68,3 +80,117 @@ def test_a_bare_partition_number_must_be_unambiguous(two_brokers: tuple[BrokerPr
         assert consumer.offsets("only-on-2", 2) == (0, 0)  # only broker 2 has a partition 2
         with pytest.raises(UnknownPartitionError, match="'2-0', '2-1', '2-2'"):
             consumer.get("only-on-2", "1-0", 0)
+
+
+# -- a consumer group over both brokers ---------------------------------------------------------------------
+
+FAST = {"session_timeout_ms": 1500, "rebalance_timeout_ms": 6000, "commit_offset_period_ms": 200,
+        "max_delay_fetch_ms": 500, "fetch_runner_count": 4}
+
+
+async def until(pred: Callable[[], Any], what: str, timeout_s: float = 30.0) -> None:
+    """Poll a condition the test waits for (a deadline only to fail instead of hanging)."""
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def test_a_group_over_both_brokers_is_disjoint_complete_and_resumes_per_broker_partition(
+        two_brokers: tuple[BrokerProcess, BrokerProcess], tmp_path: Path) -> None:
+    b1, b2 = two_brokers
+    everything = [TopicPartition("work", PartitionId(b, p)) for b in (1, 2) for p in range(3)]
+
+    async def main() -> None:
+        admin_session = await MessageSessionFactory.connect(servers_of(two_brokers))
+        for broker_id in (1, 2):
+            await admin_session.admin().create_topic("work", 3, broker_id=broker_id)
+        producer = admin_session.create_producer()
+        for i in range(60):
+            assert (await producer.send(Message("work", b"old-%d" % i))).success
+        # members list the brokers in different orders: they still agree on the coordinator (broker 1)
+        sessions = [await MessageSessionFactory.connect(servers_of(two_brokers, reverse=i % 2 == 1))
+                    for i in range(3)]
+        got: Counter[bytes] = Counter()
+        where: dict[bytes, PartitionId] = {}
+
+        def listener(msg: Message) -> None:
+            got.update([bytes(msg.data)])
+            where[bytes(msg.data)] = msg.partition_id
+
+        config = ConsumerConfig(group="workers", recover_dir=tmp_path / "recover", **FAST)
+        consumers = [create_consumer(s, config).subscribe("work", 64 * 1024, listener) for s in sessions]
+        for c in consumers:
+            await c.complete_subscribe()
+
+        def stable() -> bool:
+            owned = [tp for c in consumers for tp in c.assignment()]
+            return (all(c.assigned.is_set() for c in consumers) and len({c.generation for c in consumers}) == 1
+                    and sorted(owned) == everything)
+
+        await until(lambda: stable() and sum(got.values()) >= 60, "a stable group that consumed everything")
+        owned = [set(c.assignment()) for c in consumers]
+        assert all(owned) and sum(map(len, owned)) == 6 and set().union(*owned) == set(everything)
+        # range over 1-0 1-1 1-2 2-0 2-1 2-2: two each, in MetaQ's order
+        assert sorted(sorted(str(tp.partition) for tp in o) for o in owned) == [
+            ["1-0", "1-1"], ["1-2", "2-0"], ["2-1", "2-2"]]
+        assert got == Counter({b"old-%d" % i: 1 for i in range(60)})
+        owner_of = {tp.partition: c for c in consumers for tp in c.assignment()}
+        assert all(owner_of[pid] in consumers for pid in where.values())
+        for c in consumers:
+            await c.close()
+
+        # the coordinator is broker 1 (the lowest id): it keeps the offsets of both brokers' partitions
+        async with await MessageSessionFactory.connect(b1.servers) as only_1:
+            offsets = await describe_group(only_1, "workers")
+            assert {(str(p.partition), p.committed) for p in offsets.partitions} == {
+                ("1-0", 10), ("1-1", 10), ("1-2", 10)}  # lag rows cover the partitions this session sees
+            fetched = await only_1._core.request(OffsetFetchRequest("workers", None))
+            assert sorted((e.broker_id, e.partition, e.offset) for e in fetched.offsets) == [
+                (b, p, 10) for b in (1, 2) for p in range(3)]
+        async with await MessageSessionFactory.connect(b2.servers) as only_2:
+            assert await list_groups(only_2) == []
+
+        # a new member resumes from the committed offsets of every broker partition
+        for i in range(12):
+            assert (await producer.send(Message("work", b"new-%d" % i))).success
+        later: Counter[bytes] = Counter()
+        resumed = create_consumer(sessions[0], config).subscribe("work", 64 * 1024,
+                                                                 lambda msg: later.update([bytes(msg.data)]))
+        await resumed.complete_subscribe()
+        await until(lambda: sum(later.values()) >= 12, "the new messages")
+        assert sorted(later) == sorted(b"new-%d" % i for i in range(12)) and set(later.values()) == {1}
+        assert sorted(resumed.assignment()) == everything
+        await resumed.close()
+        for s in (*sessions, admin_session):
+            await s.close()
+
+    uvloop.run(main())
+
+
+def test_a_group_takes_up_partitions_that_appear_on_another_broker(
+        two_brokers: tuple[BrokerProcess, BrokerProcess], tmp_path: Path) -> None:
+    # the coordinator (broker 1) cannot see broker 2: the member notices in its metadata and rejoins
+    async def main() -> None:
+        session = await MessageSessionFactory.connect(servers_of(two_brokers), metadata_max_age_s=0.2)
+        await session.admin().create_topic("grow", 2, broker_id=1)
+        got: list[PartitionId] = []
+        consumer = create_consumer(session, ConsumerConfig(group="g", recover_dir=tmp_path, **FAST)).subscribe(
+            "grow", 4096, lambda msg: got.append(msg.partition_id))
+        await consumer.complete_subscribe()
+        await until(lambda: consumer.assigned.is_set(), "the first assignment")
+        assert [str(tp.partition) for tp in consumer.assignment()] == ["1-0", "1-1"]
+        generation = consumer.generation
+        await session.admin().create_topic("grow", 2, broker_id=2)
+        await until(lambda: consumer.assigned.is_set() and len(consumer.assignment()) == 4, "broker 2's partitions")
+        assert consumer.generation > generation
+        producer = session.create_producer()
+        for i in range(4):
+            assert (await producer.send(Message("grow", b"%d" % i))).success
+        await until(lambda: len(got) == 4, "a message from each partition")
+        assert sorted(got) == [PartitionId(b, p) for b in (1, 2) for p in (0, 1)]
+        await consumer.close()
+        await session.close()
+
+    uvloop.run(main())

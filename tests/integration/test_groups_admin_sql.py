@@ -18,7 +18,7 @@ from metaq.client.group.admin import describe_group, list_groups, reset_offsets
 from metaq.errors import IllegalGenerationError, UnknownGroupError
 from metaq.testing.broker import BrokerProcess
 from metaq.testing.postgres import PostgresServer, PostgresUnavailable
-from metaq.types import TopicPartition
+from metaq.types import PartitionId, TopicPartition
 
 FAST = {"session_timeout_ms": 1500, "rebalance_timeout_ms": 6000, "commit_offset_period_ms": 200,
         "max_delay_fetch_ms": 500}
@@ -82,7 +82,8 @@ def test_describe_shows_members_offsets_and_lag_and_reset_rewinds(
         assert (await describe_group(session, "auditors")).total_lag == 48
         moved = await reset_offsets(session, "auditors", "audit", timestamp_ms=t0 + 3_600_000)
         assert all(new == p.log_end for (_o, new), p in zip(moved.values(), d.partitions, strict=True))
-        assert (await reset_offsets(session, "auditors", "audit", 3, partitions=[1]))[1][1] == 3
+        assert (await reset_offsets(session, "auditors", "audit", 3, partitions=[1]))[PartitionId(0, 1)][1] == 3
+        assert (await reset_offsets(session, "auditors", "audit", 2, partitions=["0-1"]))[PartitionId(0, 1)] == (3, 2)
         with pytest.raises(UnknownGroupError):
             await describe_group(session, "nobody")
         await session.close()
@@ -116,7 +117,7 @@ def test_sql_offset_storage_carries_a_group_across_consumers(
         await c.close()
         await storage.close()
         check = make()
-        stored = await check.load(f"sql-{kind}", [TopicPartition("ledger", 0), TopicPartition("ledger", 1)])
+        stored = await check.load(f"sql-{kind}", [TopicPartition("ledger", PartitionId(0, p)) for p in (0, 1)])
         assert sum(stored.values()) == 20
         await check.close()
         await producer.send(Message("ledger", b"late", ))

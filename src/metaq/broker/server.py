@@ -184,7 +184,7 @@ class Broker:
         }
         self.port = 0
         self.host = config.host_name
-        self.groups = GroupCoordinator(self.partition_refs, config.data_path)
+        self.groups = GroupCoordinator(self.partition_refs, config.data_path, broker_id=config.broker_id)
         self._handlers.update(self.groups.handlers())
 
     # -- configuration ------------------------------------------------------------------------

@@ -18,9 +18,27 @@ import click
 from metaq.cli.text import plural
 from metaq.client import Message, MessageSessionFactory
 from metaq.errors import MetaqError
-from metaq.types import format_message_id
+from metaq.types import PartitionId, format_message_id, partition_key
 
 T = TypeVar("T")
+
+
+class PartitionType(click.ParamType):
+    """A partition argument: ``brokerId-partition`` (``1-3``), or a bare number, accepted where only one
+    broker has a partition with that number (checked against the topic's partitions when used)."""
+
+    name = "brokerId-partition"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> PartitionId | int:
+        if isinstance(value, (PartitionId, int)):
+            return value
+        try:
+            return partition_key(str(value))
+        except MetaqError:
+            self.fail(f"{value!r} is not brokerId-partition (e.g. 1-3) or a partition number", param, ctx)
+
+
+PARTITION = PartitionType()
 DEFAULT_SERVERS = os.environ.get("METAQ_SERVERS", "127.0.0.1:8123")
 
 servers_option = click.option("-s", "--servers", default=DEFAULT_SERVERS, show_default=True, envvar="METAQ_SERVERS",
@@ -465,7 +483,8 @@ async def group_describe(servers: str, group: str, topics: tuple[str, ...], as_j
     click.echo(f"group {desc.group}: {desc.state}, generation {desc.generation}, strategy {desc.strategy}, "
                f"{plural(len(desc.members), 'member')}, total lag {desc.total_lag}")
     for mb in desc.members:
-        click.echo(f"  member {mb.member_id} ({mb.client_id}): {mb.assignment}")
+        owned = "; ".join(f"{t}: {', '.join(str(p) for p in ps)}" for t, ps in sorted(mb.assignment.items()))
+        click.echo(f"  member {mb.member_id} ({mb.client_id}): {owned or 'nothing'}")
     click.echo("topic\tpartition\towner\tcommitted\tlog_end\tlag")
     for pl in desc.partitions:
         click.echo(f"{pl.topic}\t{pl.partition}\t{pl.owner or '-'}\t{pl.committed}\t{pl.log_end}\t{pl.lag}")
@@ -479,12 +498,13 @@ async def group_describe(servers: str, group: str, topics: tuple[str, ...], as_j
               help="earliest, latest, or an offset number.")
 @click.option("--timestamp-ms", type=click.IntRange(0), default=None,
               help="Instead of --to: the first offset at or after this time (ms since the epoch).")
-@click.option("-p", "--partition", "partitions", type=click.IntRange(0), multiple=True,
-              help="Only these partitions (default all).")
+@click.option("-p", "--partition", "partitions", type=PARTITION, multiple=True,
+              help="Only these partitions, brokerId-partition (a bare number if only one broker has it); "
+                   "default all.")
 @click.option("--dry-run", is_flag=True, help="Show what would change without committing.")
 @run_async
 async def group_reset(servers: str, group: str, topic: str, to: str, timestamp_ms: int | None,
-                      partitions: tuple[int, ...], dry_run: bool) -> None:
+                      partitions: tuple[PartitionId | int, ...], dry_run: bool) -> None:
     """Move GROUP's committed offsets on TOPIC (the group must have no active members)."""
     from metaq.client.group.admin import reset_offsets
 
