@@ -15,7 +15,7 @@ import uvloop
 from metaq.client import Message, MessageSessionFactory
 from metaq.client.group import ConsumerConfig, PostgresOffsetStorage, SqliteOffsetStorage, create_consumer
 from metaq.client.group.admin import describe_group, list_groups, reset_offsets
-from metaq.errors import IllegalGenerationError, UnknownGroupError
+from metaq.errors import IllegalGenerationError, StorageError, UnknownGroupError
 from metaq.testing.broker import BrokerProcess
 from metaq.testing.postgres import PostgresServer, PostgresUnavailable
 from metaq.types import PartitionId, TopicPartition
@@ -133,3 +133,25 @@ def test_sql_offset_storage_carries_a_group_across_consumers(
         await session.close()
 
     run(main())
+
+
+def test_postgres_storage_refuses_a_table_of_the_earlier_layout(postgres: PostgresServer) -> None:
+    import psycopg
+
+    with psycopg.connect(postgres.conninfo) as db:
+        db.execute("DROP TABLE IF EXISTS metaq_offsets")
+        db.execute("CREATE TABLE metaq_offsets (group_id VARCHAR(255) NOT NULL, topic VARCHAR(255) NOT NULL, "
+                   "partition_id INTEGER NOT NULL, next_offset BIGINT NOT NULL, updated_ms BIGINT NOT NULL, "
+                   "PRIMARY KEY (group_id, topic, partition_id))")
+
+    async def main() -> None:
+        store = PostgresOffsetStorage(postgres.conninfo)
+        with pytest.raises(StorageError, match=r"layout of an earlier metaq .*RENAME TO metaq_offsets_old"):
+            await store.load("g", [TopicPartition("t", PartitionId(1, 0))])
+        await store.close()
+
+    try:
+        run(main())
+    finally:
+        with psycopg.connect(postgres.conninfo) as db:
+            db.execute("DROP TABLE metaq_offsets")

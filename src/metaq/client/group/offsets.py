@@ -226,9 +226,10 @@ class SqlOffsetStorage(_ThreadedStorage):
                 with contextlib.suppress(Exception):
                     conn.rollback()
                 conn.close()
+                reason = (str(exc).splitlines() or [type(exc).__name__])[0]
                 raise StorageError(
                     f"table {TABLE} has the layout of an earlier metaq (partition_id INTEGER, without the broker "
-                    f"id: {exc}); its keys cannot say which broker's partition they meant. Drop or rename the "
+                    f"id: {reason}); its keys cannot say which broker's partition they meant. Drop or rename the "
                     f"table (e.g. ALTER TABLE {TABLE} RENAME TO {TABLE}_old) and metaq creates the new one") from None
             conn.commit()
             self._conn = conn
