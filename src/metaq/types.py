@@ -191,7 +191,7 @@ def partition_key(value: object) -> PartitionId | int:
         return value
     if isinstance(value, str):
         text = value.strip()
-        if text.isdigit():
+        if text.isascii() and text.isdigit():
             return int(text)
         return PartitionId.parse(text)
     return validate_partition(value)

@@ -20,7 +20,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from metaq.errors import BrokerError, InvalidArgument, UnknownTopicError, error_for_code
 from metaq.protocol.messages import MetadataRequest, MetadataResponse, TopicInfo
@@ -59,7 +59,10 @@ class TopicMetadata:
         return resolve_partition(self.topic, self.partitions, partition)
 
 
-def resolve_partition(topic: str, partitions: Iterable[Partition], partition: PartitionKey) -> Partition | None:
+P = TypeVar("P", bound=PartitionId)
+
+
+def resolve_partition(topic: str, partitions: Iterable[P], partition: PartitionKey) -> P | None:
     """See :meth:`TopicMetadata.find` (shared with the blocking client)."""
     key = partition_key(partition)
     if isinstance(key, PartitionId):
