@@ -7,6 +7,7 @@ partition ``brokerId-partition``, and reaches each one at its own broker.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -194,3 +195,46 @@ def test_a_group_takes_up_partitions_that_appear_on_another_broker(
         await session.close()
 
     uvloop.run(main())
+
+
+# -- the command line ---------------------------------------------------------------------------------------
+
+def test_the_cli_names_partitions_broker_dash_partition(two_brokers: tuple[BrokerProcess, BrokerProcess]) -> None:
+    from cli_process import metaq
+
+    s = ["-s", servers_of(two_brokers, reverse=True)]
+    created = metaq("topic", "create", "t", "-p", "2", "-b", "1", *s)
+    assert created.stdout == "created topic t with 2 partitions on broker 1\n"
+    assert metaq("topic", "create", "t", "-p", "2", "-b", "2", *s).returncode == 0
+    described = json.loads(metaq("topic", "describe", "t", "--json", *s).stdout)
+    assert [p["partition"] for p in described["partitions"]] == ["1-0", "1-1", "2-0", "2-1"]
+    assert metaq("topic", "list", *s).stdout == "t\t4 partitions\n"
+
+    sent = metaq("produce", "t", "-p", "2-1", "--print-ids", *s, input="a\nb\n")
+    assert sent.returncode == 0, sent.stderr
+    [(pid, offset, message_id), _] = [line.split("\t") for line in sent.stdout.splitlines()]
+    assert (pid, offset) == ("2-1", "0") and int(message_id, 16) >> 112 == 2
+    ambiguous = metaq("produce", "t", "-p", "1", *s, input="x\n")
+    assert ambiguous.returncode == 2 and "partition 1 of topic 't' is ambiguous" in ambiguous.stderr
+    assert metaq("produce", "t", *s, input="".join(f"r{i}\n" for i in range(8))).returncode == 0  # round robin
+
+    one = [json.loads(line) for line in metaq("consume", "t", "-p", "2-1", "--format", "json", *s).stdout.splitlines()]
+    assert [(r["partition"], r["value"]) for r in one[:2]] == [("2-1", "a"), ("2-1", "b")]
+    everything = [json.loads(line) for line in metaq("consume", "t", "--format", "json", *s).stdout.splitlines()]
+    assert sorted({r["partition"] for r in everything}) == ["1-0", "1-1", "2-0", "2-1"] and len(everything) == 10
+    bad = metaq("consume", "t", "-p", "3-0", *s)
+    assert bad.returncode == 2 and "t has partitions 1-0, 1-1, 2-0, 2-1; no 3-0" in bad.stderr
+
+    assert metaq("admin", "lookup", message_id, *s).stdout == "t\t2-1\t0\n"
+    stats = metaq("stats", "-t", "t", *s).stdout.splitlines()
+    assert [line.split("\t")[1] for line in stats if line.startswith("t\t")] == ["1-0", "1-1", "2-0", "2-1"]
+    closed = metaq("topic", "close", "t", "-p", "2-0", *s)
+    assert closed.stdout == "closed partition 2-0 of t for publishing\n", closed.stderr
+    described = json.loads(metaq("topic", "describe", "t", "--json", *s).stdout)
+    assert [p["publish"] for p in described["partitions"]] == ["open", "open", "closed", "open"]
+    verified = metaq("admin", "verify", *s)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert [line.split(":")[1] for line in verified.stdout.splitlines() if line.startswith("t:")] == [
+        "1-0", "1-1", "2-0", "2-1"]
+    assert metaq("topic", "delete", "t", "--yes", *s).stdout == "deleted topic t\n"
+    assert metaq("topic", "list", *s).stdout == ""

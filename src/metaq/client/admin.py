@@ -103,6 +103,12 @@ class Admin:
         finally:
             self._core.metadata.cache.invalidate(topic)
 
+    async def broker_ids(self) -> list[int]:
+        """The ids of the brokers this session knows: every server it was given (asked once now) and
+        every broker their metadata names."""
+        await self._core.metadata.refresh_all()
+        return sorted(set(self._core.metadata.cache.brokers) | set(self._core.server_ids.values()))
+
     async def list_topics(self) -> dict[str, list[Partition]]:
         """Every topic the brokers know, with its partitions in (broker id, partition) order."""
         got = await self._core.metadata.refresh_all()
@@ -154,10 +160,10 @@ class Admin:
 
     async def verify(self, topic: str | None = None, partition: PartitionKey = -1, *, broker_id: int | None = None,
                      timeout_s: float = 3600.0) -> list[dict[str, Any]]:
-        """Have the broker check every stored byte and index entry of the partitions (all, a topic's, or
-        one, asked of the broker holding it); one report per partition: ``ok``, ``messages``, ``damaged``
-        ranges (offsets and the messages each makes unreadable), ``index_problems``. Slow on big logs:
-        reads everything once."""
+        """Have a broker check every stored byte and index entry of its partitions (all, a topic's, or
+        one, asked of the broker holding it); one report per partition: ``broker_id``, ``topic``,
+        ``partition``, ``ok``, ``messages``, ``damaged`` ranges (offsets and the messages each makes
+        unreadable), ``index_problems``. Slow on big logs: reads everything once."""
         if topic is not None:
             validate_topic(topic)
         number = -1
@@ -169,6 +175,10 @@ class Admin:
         resp: VerifyResponse = await self._core.request(VerifyRequest(topic, number), broker_id,
                                                         timeout_s=timeout_s)
         data: list[dict[str, Any]] = _json_document(resp.report_json, "verify report", list)
+        answered = self._core.default_broker_id if broker_id is None else broker_id
+        for report in data:
+            if isinstance(report, dict):
+                report.setdefault("broker_id", answered)
         return data
 
     async def reload(self, *, broker_id: int | None = None) -> list[str]:
