@@ -238,3 +238,23 @@ def test_the_cli_names_partitions_broker_dash_partition(two_brokers: tuple[Broke
         "1-0", "1-1", "2-0", "2-1"]
     assert metaq("topic", "delete", "t", "--yes", *s).stdout == "deleted topic t\n"
     assert metaq("topic", "list", *s).stdout == ""
+
+
+def test_a_topic_browser_reads_both_brokers(two_brokers: tuple[BrokerProcess, BrokerProcess]) -> None:
+    from metaq.client.group import TopicBrowser
+
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(servers_of(two_brokers)) as session:
+            for broker_id in (1, 2):
+                await session.admin().create_topic("browse", 2, broker_id=broker_id)
+            producer = session.create_producer()
+            for i in range(8):
+                assert (await producer.send(Message("browse", b"%d" % i))).success
+            browser = TopicBrowser(session, "browse")
+            assert await browser.partitions() == ORDER
+            seen = [(str(m.partition_id), bytes(m.data)) async for m in browser]
+            assert seen == [(str(ORDER[i % 4]), b"%d" % i) for i in sorted(range(8), key=lambda i: (i % 4, i))]
+            assert [bytes(m.data) async for m in browser.iterate_partition("2-0")] == [b"2", b"6"]
+            await browser.close()
+
+    uvloop.run(main())
