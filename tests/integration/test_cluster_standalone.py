@@ -20,7 +20,7 @@ import uvloop
 from metaq.client import Message, MessageSessionFactory, PartitionId, connect
 from metaq.client.group import ConsumerConfig, create_consumer
 from metaq.client.group.admin import describe_group, list_groups
-from metaq.errors import InvalidArgument, UnknownPartitionError
+from metaq.errors import ConnectionClosedError, InvalidArgument, UnknownPartitionError
 from metaq.protocol.messages import OffsetFetchRequest
 from metaq.testing.broker import BrokerProcess
 from metaq.types import TopicPartition
@@ -256,5 +256,24 @@ def test_a_topic_browser_reads_both_brokers(two_brokers: tuple[BrokerProcess, Br
             assert seen == [(str(ORDER[i % 4]), b"%d" % i) for i in sorted(range(8), key=lambda i: (i % 4, i))]
             assert [bytes(m.data) async for m in browser.iterate_partition("2-0")] == [b"2", b"6"]
             await browser.close()
+
+    uvloop.run(main())
+
+
+def test_group_requests_never_fall_over_to_another_broker(two_brokers: tuple[BrokerProcess, BrokerProcess]) -> None:
+    # the coordinator (broker 1) is gone: broker 2 must not be asked instead, or the group would split in two
+    b1, _b2 = two_brokers
+
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(servers_of(two_brokers)) as session:
+            assert await list_groups(session) == []  # both reached: broker 1 coordinates
+            b1.stop()
+            for _attempt in range(2):  # the first request may still meet the old connection: "was lost"
+                with pytest.raises(ConnectionClosedError) as caught:
+                    await list_groups(session)
+                if "coordinator" in str(caught.value):
+                    break
+            assert "broker 1, the groups' coordinator, cannot be reached" in str(caught.value)
+            assert await session.partitions("nothing-here") == []  # metadata still comes from broker 2
 
     uvloop.run(main())

@@ -15,7 +15,7 @@ from typing import Any
 from metaq.client.consumer import offsets_of
 from metaq.client.core import ClientCore
 from metaq.client.group.offsets import BrokerOffsetStorage, OffsetStorage
-from metaq.errors import InvalidArgument
+from metaq.errors import ConnectionClosedError, InvalidArgument
 from metaq.protocol import messages as m
 from metaq.types import PartitionId, PartitionKey, TopicPartition, validate_topic
 
@@ -76,7 +76,12 @@ def _core(session: Any) -> ClientCore:
 
 
 async def _coordinated(core: ClientCore, request: Any) -> Any:
-    return await core.request(request, await core.coordinator())
+    """One request to the group coordinator (never to another broker the default connection failed over to)."""
+    coordinator = await core.coordinator()
+    conn = await core.connection(coordinator)
+    if coordinator is not None and conn.broker_id != coordinator:
+        raise ConnectionClosedError(f"broker {coordinator}, the groups' coordinator, cannot be reached")
+    return await conn.request(request)
 
 
 async def list_groups(session: Any) -> list[str]:

@@ -328,6 +328,10 @@ class GroupConsumer:
             self._coordinator = await self._core.coordinator()
             self._coordinator_known = True
         conn = await self._core.connection(self._coordinator, self._channel)
+        if self._coordinator is not None and conn.broker_id != self._coordinator:
+            # the default broker's connection failed over to another server: that broker does not
+            # coordinate this group, and answering it would split the group in two
+            raise ConnectionClosedError(f"broker {self._coordinator}, the group's coordinator, cannot be reached")
         return await conn.request(request, timeout_s)
 
     def _coordinator_id(self) -> int:
