@@ -69,3 +69,14 @@ def broker_factory(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
 def broker(broker_factory: Callable[..., BrokerProcess]) -> BrokerProcess:
     """One broker with 4 partitions per topic, group commit, and dynamic topics allowed."""
     return broker_factory({"numPartitions": 4, "unflushThreshold": 0})
+
+
+@pytest.fixture
+def two_brokers(broker_factory: Callable[..., BrokerProcess]) -> tuple[BrokerProcess, BrokerProcess]:
+    """Two standalone brokers with brokerId 1 and 2 (2 partitions per topic, group commit, dynamic topics).
+
+    Given together in ``servers``, a client uses the partitions of both: ``1-0, 1-1, 2-0, 2-1``.
+    """
+    options = {"numPartitions": 2, "unflushThreshold": 0}
+    return (broker_factory({"brokerId": 1, **options}, name="broker-1"),
+            broker_factory({"brokerId": 2, **options}, name="broker-2"))

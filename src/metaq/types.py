@@ -1,4 +1,14 @@
-"""The shared vocabulary: messages, message ids, send results, topic-partitions, names and limits.
+"""The shared vocabulary: messages, message ids, send results, partition ids, names and limits.
+
+Partition identity
+------------------
+A partition is ``brokerId-partition`` within a topic, as MetaQ names it (its ``Partition`` class and
+ZooKeeper paths such as ``offsets/<topic>/<brokerId-partition>``): :class:`PartitionId`, written
+``"1-3"`` (broker 1, partition 3) and ordered by broker id, then partition number. A broker id names a
+*replica group* (a master and its slaves share it), so the id stays valid across a failover. The same
+value keys the wire's group assignments and offset entries, client metadata, every offset store, the
+Spark source's offsets JSON and the CLI. :class:`TopicPartition` is ``(topic, PartitionId)``, written
+``"orders:1-3"`` (``:`` cannot occur in a topic name, so the text parses back).
 
 Message ids
 -----------
@@ -17,6 +27,7 @@ base id; message ``i`` of the batch has id ``base_id + offset_delta``. Printed a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass, field
@@ -108,12 +119,99 @@ def validate_partition(partition: object) -> int:
     return partition
 
 
-class TopicPartition(NamedTuple):
-    topic: str
+_PARTITION_ID_RE = re.compile(r"([0-9]{1,5})-([0-9]{1,10})")
+
+
+@functools.total_ordering
+@dataclass(frozen=True, slots=True, eq=False)
+class PartitionId:
+    """A partition's identity within a topic: ``brokerId-partition`` (see the module docstring).
+
+    Frozen and hashable; equal to any PartitionId (subclasses included, such as the client's
+    ``metaq.client.metadata.Partition``) with the same broker id and number; ordered by broker id,
+    then partition, as MetaQ sorts partitions. ``str()`` is ``"1-3"``; :meth:`parse` reads it back.
+    """
+
+    broker_id: int
     partition: int
 
+    def __post_init__(self) -> None:
+        b, p = self.broker_id, self.partition
+        if not isinstance(b, int) or isinstance(b, bool) or not 0 <= b <= BROKER_ID_MAX:
+            raise InvalidArgument(f"broker id must be an integer 0..{BROKER_ID_MAX}, not {b!r}")
+        if not isinstance(p, int) or isinstance(p, bool) or p < 0:
+            raise InvalidArgument(f"partition must be an integer >= 0, not {p!r}")
+
+    @classmethod
+    def parse(cls, text: str) -> PartitionId:
+        """``"1-3"`` -> PartitionId(1, 3); InvalidArgument saying the expected form otherwise."""
+        match = _PARTITION_ID_RE.fullmatch(text.strip()) if isinstance(text, str) else None
+        if match is None:
+            raise InvalidArgument(f"partition id {text!r} is not brokerId-partition (e.g. '0-3': partition 3 "
+                                  "of broker 0)")
+        try:
+            return cls(int(match.group(1)), int(match.group(2)))
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"partition id {text!r}: {exc}") from None
+
     def __str__(self) -> str:
-        return f"{self.topic}-{self.partition}"
+        return f"{self.broker_id}-{self.partition}"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PartitionId):
+            return self.broker_id == other.broker_id and self.partition == other.partition
+        return NotImplemented
+
+    def __lt__(self, other: object) -> bool:
+        if isinstance(other, PartitionId):
+            return (self.broker_id, self.partition) < (other.broker_id, other.partition)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.broker_id, self.partition))
+
+    @property
+    def id(self) -> PartitionId:
+        """The bare identity (a subclass such as the client's Partition drops its extra fields)."""
+        return self if type(self) is PartitionId else PartitionId(self.broker_id, self.partition)
+
+
+PartitionKey = PartitionId | int | str
+"""How callers may name a partition: a PartitionId, its text ``"1-3"``, or a bare number (accepted
+only where exactly one broker holds a partition with that number)."""
+
+
+def partition_key(value: object) -> PartitionId | int:
+    """A PartitionId for a PartitionId or ``"b-p"`` text, the number for an int or a digits-only text.
+
+    The bare number still has to be resolved against the topic's partitions (see
+    ``metaq.client.metadata.resolve_partition``); this only checks the form.
+    """
+    if isinstance(value, PartitionId):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if text.isascii() and text.isdigit():
+            return int(text)
+        return PartitionId.parse(text)
+    return validate_partition(value)
+
+
+class TopicPartition(NamedTuple):
+    """A partition of a topic: ``(topic, PartitionId)``, written ``"orders:1-3"``."""
+
+    topic: str
+    partition: PartitionId
+
+    def __str__(self) -> str:
+        return f"{self.topic}:{self.partition}"
+
+    @classmethod
+    def parse(cls, text: str) -> TopicPartition:
+        topic, sep, pid = text.rpartition(":") if isinstance(text, str) else ("", "", "")
+        if not sep:
+            raise InvalidArgument(f"{text!r} is not topic:brokerId-partition (e.g. 'orders:0-3')")
+        return cls(validate_topic(topic), PartitionId.parse(pid))
 
 
 @dataclass(slots=True)
@@ -122,7 +220,9 @@ class Message:
 
     ``data`` (the payload) is never altered by metaq. ``attribute`` is MetaQ's one string consumers
     filter on. ``key`` chooses the partition under the key-hash selector and lets readers de-duplicate.
-    The broker fills ``partition``, ``offset``, ``id`` and ``append_time_ms`` on the consumer side.
+    The broker fills ``partition``, ``offset``, ``id`` and ``append_time_ms`` on the consumer side, and
+    the client ``broker_id``: the broker whose partition it was read from, so ``partition_id`` (that
+    broker id and ``partition``) names the partition unambiguously when a topic spans several brokers.
     """
 
     topic: str
@@ -135,13 +235,22 @@ class Message:
     offset: int = -1
     id: MessageId = -1
     append_time_ms: int = -1
+    broker_id: int = -1
     # No __post_init__ check on purpose: consumers build millions of these per second, and it would
     # double the cost of each. The producer checks what it is given (InvalidArgument for non-bytes data).
+
+    @property
+    def partition_id(self) -> PartitionId:
+        """``brokerId-partition`` of a consumed message (InvalidArgument for one not read from a broker)."""
+        return PartitionId(self.broker_id, self.partition)
 
 
 @dataclass(slots=True)
 class SendResult:
-    """What a send returns. A one-way (async) send returns partition, offset and id of -1, as MetaQ."""
+    """What a send returns. A one-way (async) send returns partition, offset and id of -1, as MetaQ.
+
+    ``broker_id`` and ``partition`` say where the message was stored (``partition_id`` together).
+    """
 
     success: bool
     message_id: MessageId = -1
@@ -149,6 +258,12 @@ class SendResult:
     offset: int = -1
     error: BaseException | None = field(default=None)
     topic: str = ""
+    broker_id: int = -1
+
+    @property
+    def partition_id(self) -> PartitionId:
+        """``brokerId-partition`` the message was stored in (InvalidArgument if it was not stored)."""
+        return PartitionId(self.broker_id, self.partition)
 
     @property
     def message_id_hex(self) -> str:

@@ -72,10 +72,10 @@ def test_cli_produce_consume_describe_and_exit_codes(broker: BrokerProcess) -> N
     consumed = _metaq("consume", "cli", "-p", "1", "--format", "json", *s)
     assert consumed.returncode == 0, consumed.stderr
     rows = [json.loads(line) for line in consumed.stdout.splitlines()]
-    assert [(r["value"], r["offset"], r["attribute"]) for r in rows] == [("one", 0, "a1"), ("two", 1, "a1"),
-                                                                          ("three", 2, "a1")]
+    assert [(r["value"], r["partition"], r["offset"], r["attribute"]) for r in rows] == [
+        ("one", "0-1", 0, "a1"), ("two", "0-1", 1, "a1"), ("three", "0-1", 2, "a1")]
     described = json.loads(_metaq("topic", "describe", "cli", "--json", *s).stdout)
-    assert [(p["partition"], p["latest"]) for p in described["partitions"]] == [(0, 0), (1, 3)]
+    assert [(p["partition"], p["latest"]) for p in described["partitions"]] == [("0-0", 0), ("0-1", 3)]
     limited = _metaq("consume", "cli", "--max", "2", *s)
     assert limited.stdout.splitlines() == [b"one", b"two"]
     # errors: 1 for a failed operation with a message, 2 for bad usage

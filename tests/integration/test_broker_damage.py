@@ -93,8 +93,8 @@ def test_damage_in_an_older_segment_is_served_around_and_reported(broker_factory
     as_json = subprocess.run([sys.executable, "-m", "metaq.cli.main", "admin", "verify", "-s", broker.servers,
                               "--topic", "dmg", "--json"], capture_output=True, text=True, timeout=120)
     report = json.loads(as_json.stdout)
-    assert [(r["topic"], r["partition"], r["ok"], r["messages_damaged"]) for r in report] == \
-        [("dmg", 0, False, PER_BATCH)]
+    assert [(r["topic"], r["broker_id"], r["partition"], r["ok"], r["messages_damaged"]) for r in report] == \
+        [("dmg", 0, 0, False, PER_BATCH)]
     assert report[0]["messages"] == len(sent) - PER_BATCH
     assert sum("stored data damaged" in line for line in broker.log_lines) == 1, "reported once, not per read"
 
@@ -105,7 +105,7 @@ def test_verify_of_intact_data_exits_zero(broker_factory) -> None:
     verify = subprocess.run([sys.executable, "-m", "metaq.cli.main", "admin", "verify", "-s", broker.servers],
                             capture_output=True, text=True, timeout=120)
     assert verify.returncode == 0, verify.stdout + verify.stderr
-    assert "fine-0: " in verify.stdout and f"{len(sent):,} messages intact" in verify.stdout
+    assert "fine:0-0: " in verify.stdout and f"{len(sent):,} messages intact" in verify.stdout
     assert "all intact" in verify.stdout
 
 

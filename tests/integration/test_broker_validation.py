@@ -116,9 +116,9 @@ def _invalid_topic_cases(topic: str) -> dict[int, list[tuple[Any, Callable[[Any]
             (m.JoinGroupRequest("g1", "", "c", 10_000, 10_000, [GOOD, topic]), top)],
         8: [],
         9: [],
-        10: [(m.OffsetCommitRequest("g2", m.NO_GENERATION, "", [m.OffsetEntry(topic, 0, 5)]),
+        10: [(m.OffsetCommitRequest("g2", m.NO_GENERATION, "", [m.OffsetEntry(topic, 0, 0, 5)]),
               lambda r: r.results[0].error_code)],
-        11: [(m.OffsetFetchRequest("g2", [m.TopicPartitionRef(topic, 0)]), lambda r: r.offsets[0].error_code)],
+        11: [(m.OffsetFetchRequest("g2", [m.TopicPartitionRef(topic, 0, 0)]), lambda r: r.offsets[0].error_code)],
         12: [(m.StatsRequest(topic), top)],
         13: [],
         14: [],
@@ -136,13 +136,13 @@ def _bad_partition_cases(partition: int) -> dict[int, list[tuple[Any, Callable[[
     here answers "no committed offset" (-1).
     """
     top: Callable[[Any], int] = lambda r: r.error_code  # noqa: E731
-    fetch_offsets = [(m.OffsetFetchRequest("g2", [m.TopicPartitionRef(GOOD, partition)]),
+    fetch_offsets = [(m.OffsetFetchRequest("g2", [m.TopicPartitionRef(GOOD, 0, partition)]),
                       lambda r: r.offsets[0].error_code)] if partition < 0 else []
     return {
         4: [(m.ProduceRequest(GOOD, partition, 1, 5000, encode_values([b"x"], 1)), top)],
         5: [(m.FetchRequest(GOOD, partition, 0, 1024, 0), top)],
         6: [(m.ListOffsetsRequest(GOOD, partition, m.LATEST_TIMESTAMP), top)],
-        10: [(m.OffsetCommitRequest("g2", m.NO_GENERATION, "", [m.OffsetEntry(GOOD, partition, 5)]),
+        10: [(m.OffsetCommitRequest("g2", m.NO_GENERATION, "", [m.OffsetEntry(GOOD, 0, partition, 5)]),
               lambda r: r.results[0].error_code)],
         11: fetch_offsets,
         15: [(m.PartitionStateRequest(GOOD, partition, False), top)],
@@ -155,7 +155,7 @@ def _bad_group_requests(group: str) -> list[Any]:
         m.JoinGroupRequest(group, "", "c", 10_000, 10_000, [GOOD]),
         m.HeartbeatRequest(group, 1, "member"),
         m.LeaveGroupRequest(group, "member"),
-        m.OffsetCommitRequest(group, m.NO_GENERATION, "", [m.OffsetEntry(GOOD, 0, 1)]),
+        m.OffsetCommitRequest(group, m.NO_GENERATION, "", [m.OffsetEntry(GOOD, 0, 0, 1)]),
         m.OffsetFetchRequest(group, None),
         m.DescribeGroupRequest(group),
     ]
@@ -194,16 +194,44 @@ def test_offset_commit_outside_a_generation_needs_an_existing_partition_except_t
     c = RawClient.to(small_broker)
     assert c.call(m.CreateTopicRequest(GOOD, 2)).error_code == 0
     reply = c.call(m.OffsetCommitRequest("g", m.NO_GENERATION, "", [
-        m.OffsetEntry(GOOD, 1, 5), m.OffsetEntry("missing", 0, 5), m.OffsetEntry(GOOD, 0, 3)]))
+        m.OffsetEntry(GOOD, 0, 1, 5), m.OffsetEntry("missing", 0, 0, 5), m.OffsetEntry(GOOD, 0, 0, 3)]))
     assert [r.error_code for r in reply.results] == [0, UnknownTopicError.code, 0]
     assert "missing" in reply.error_message
     offsets = c.call(m.OffsetFetchRequest("g", None)).offsets
     assert [(o.topic, o.partition, o.offset) for o in offsets] == [(GOOD, 0, 3), (GOOD, 1, 5)]
     # forgetting a position (offset -1) works for a topic that no longer exists, so stale entries can go
     assert c.call(m.DeleteTopicRequest(GOOD)).error_code == 0
-    reply = c.call(m.OffsetCommitRequest("g", m.NO_GENERATION, "", [m.OffsetEntry(GOOD, 0, -1)]))
+    reply = c.call(m.OffsetCommitRequest("g", m.NO_GENERATION, "", [m.OffsetEntry(GOOD, 0, 0, -1)]))
     assert [r.error_code for r in reply.results] == [0]
     assert [(o.topic, o.partition) for o in c.call(m.OffsetFetchRequest("g", None)).offsets] == [(GOOD, 1)]
+
+
+@pytest.mark.parametrize("broker_id", [-1, 65536, 2**31 - 1, -(2**31)])
+def test_group_apis_refuse_a_broker_id_that_cannot_name_a_partition(small_broker: BrokerProcess,
+                                                                     broker_id: int) -> None:
+    c = RawClient.to(small_broker)
+    assert c.call(m.CreateTopicRequest(GOOD, 2)).error_code == 0
+    commit = c.call(m.OffsetCommitRequest("g", m.NO_GENERATION, "", [m.OffsetEntry(GOOD, broker_id, 0, 5)]))
+    assert [r.error_code for r in commit.results] == [UnknownPartitionError.code]
+    assert "brokerId-partition" in commit.error_message
+    fetch = c.call(m.OffsetFetchRequest("g", [m.TopicPartitionRef(GOOD, broker_id, 0)]))
+    assert [o.error_code for o in fetch.offsets] == [UnknownPartitionError.code]
+    join = c.call(m.JoinGroupRequest("g", "", "c", 10_000, 10_000, [GOOD], "range",
+                                     [m.TopicAssignment(GOOD, [m.BrokerPartition(broker_id, 0)])]))
+    assert join.error_code == InvalidRequestError.code and "brokerId-partition" in join.error_message
+    assert c.call(m.OffsetFetchRequest("g", None)).offsets == [] and c.call(m.ListGroupsRequest()).groups == []
+
+
+def test_a_commit_outside_a_generation_stores_another_brokers_partition_as_given(
+        small_broker: BrokerProcess) -> None:
+    # a standalone broker (id 0) coordinating a group over several brokers cannot check their partitions
+    c = RawClient.to(small_broker)
+    assert c.call(m.CreateTopicRequest(GOOD, 2)).error_code == 0
+    reply = c.call(m.OffsetCommitRequest("g", m.NO_GENERATION, "", [m.OffsetEntry(GOOD, 3, 9, 5),
+                                                                    m.OffsetEntry(GOOD, 0, 9, 5)]))
+    assert [r.error_code for r in reply.results] == [0, UnknownPartitionError.code]
+    assert [(o.broker_id, o.partition, o.offset) for o in c.call(m.OffsetFetchRequest("g", None)).offsets] == [
+        (3, 9, 5)]
 
 
 # -- CreateTopic ------------------------------------------------------------------------------------

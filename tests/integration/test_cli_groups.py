@@ -31,11 +31,14 @@ def test_group_reset_then_list_and_describe_show_offsets_and_lag(broker: BrokerP
 
     reset = _metaq("group", "reset", "reporting", "clicks", "--to", "3", "-p", "0", *s)
     assert reset.returncode == 0, reset.stderr
+    assert reset.stdout.splitlines() == ["clicks\t0-0\t-1 -> 3"]  # partitions are shown brokerId-partition
     assert _metaq("group", "list", *s).stdout.split() == ["reporting"]
+    bad = _metaq("group", "reset", "reporting", "clicks", "-p", "0-", *s)
+    assert bad.returncode == 2 and "'0-' is not brokerId-partition" in bad.stderr
 
     described = _metaq("group", "describe", "reporting", "--json", *s)
     assert described.returncode == 0, described.stderr
     doc = json.loads(described.stdout)
-    p0 = next(p for p in doc["partitions"] if p["topic"] == "clicks" and p["partition"] == 0)
+    p0 = next(p for p in doc["partitions"] if p["topic"] == "clicks" and p["partition"] == "0-0")
     assert (p0["committed"], p0["log_end"], p0["lag"]) == (3, 10, 7)
     assert _metaq("group", "reset", "reporting", "clicks", "--to", "soon", *s).returncode == 2

@@ -15,10 +15,10 @@ import uvloop
 from metaq.client import Message, MessageSessionFactory
 from metaq.client.group import ConsumerConfig, PostgresOffsetStorage, SqliteOffsetStorage, create_consumer
 from metaq.client.group.admin import describe_group, list_groups, reset_offsets
-from metaq.errors import IllegalGenerationError, UnknownGroupError
+from metaq.errors import IllegalGenerationError, StorageError, UnknownGroupError
 from metaq.testing.broker import BrokerProcess
 from metaq.testing.postgres import PostgresServer, PostgresUnavailable
-from metaq.types import TopicPartition
+from metaq.types import PartitionId, TopicPartition
 
 FAST = {"session_timeout_ms": 1500, "rebalance_timeout_ms": 6000, "commit_offset_period_ms": 200,
         "max_delay_fetch_ms": 500}
@@ -82,7 +82,8 @@ def test_describe_shows_members_offsets_and_lag_and_reset_rewinds(
         assert (await describe_group(session, "auditors")).total_lag == 48
         moved = await reset_offsets(session, "auditors", "audit", timestamp_ms=t0 + 3_600_000)
         assert all(new == p.log_end for (_o, new), p in zip(moved.values(), d.partitions, strict=True))
-        assert (await reset_offsets(session, "auditors", "audit", 3, partitions=[1]))[1][1] == 3
+        assert (await reset_offsets(session, "auditors", "audit", 3, partitions=[1]))[PartitionId(0, 1)][1] == 3
+        assert (await reset_offsets(session, "auditors", "audit", 2, partitions=["0-1"]))[PartitionId(0, 1)] == (3, 2)
         with pytest.raises(UnknownGroupError):
             await describe_group(session, "nobody")
         await session.close()
@@ -116,7 +117,7 @@ def test_sql_offset_storage_carries_a_group_across_consumers(
         await c.close()
         await storage.close()
         check = make()
-        stored = await check.load(f"sql-{kind}", [TopicPartition("ledger", 0), TopicPartition("ledger", 1)])
+        stored = await check.load(f"sql-{kind}", [TopicPartition("ledger", PartitionId(0, p)) for p in (0, 1)])
         assert sum(stored.values()) == 20
         await check.close()
         await producer.send(Message("ledger", b"late", ))
@@ -132,3 +133,25 @@ def test_sql_offset_storage_carries_a_group_across_consumers(
         await session.close()
 
     run(main())
+
+
+def test_postgres_storage_refuses_a_table_of_the_earlier_layout(postgres: PostgresServer) -> None:
+    import psycopg
+
+    with psycopg.connect(postgres.conninfo) as db:
+        db.execute("DROP TABLE IF EXISTS metaq_offsets")
+        db.execute("CREATE TABLE metaq_offsets (group_id VARCHAR(255) NOT NULL, topic VARCHAR(255) NOT NULL, "
+                   "partition_id INTEGER NOT NULL, next_offset BIGINT NOT NULL, updated_ms BIGINT NOT NULL, "
+                   "PRIMARY KEY (group_id, topic, partition_id))")
+
+    async def main() -> None:
+        store = PostgresOffsetStorage(postgres.conninfo)
+        with pytest.raises(StorageError, match=r"layout of an earlier metaq .*RENAME TO metaq_offsets_old"):
+            await store.load("g", [TopicPartition("t", PartitionId(1, 0))])
+        await store.close()
+
+    try:
+        run(main())
+    finally:
+        with psycopg.connect(postgres.conninfo) as db:
+            db.execute("DROP TABLE metaq_offsets")

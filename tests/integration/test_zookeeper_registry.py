@@ -15,6 +15,7 @@ from metaq.cluster.registry import Address, BrokerIdTaken, RegistryError
 from metaq.cluster.zookeeper import ZooKeeperRegistry
 from metaq.testing import wait_until
 from metaq.testing.zookeeper import ZooKeeperServer, expire_session, unique_root
+from metaq.types import PartitionId as P
 
 
 @pytest.fixture(scope="module")
@@ -55,19 +56,20 @@ def test_brokers_and_topics_are_written_in_metaqs_layout_and_watched(zk, registr
     for path in (f"{root}/brokers/ids/1/master", f"{root}/brokers/topics-sub/orders/1-m"):
         assert raw.get(path)[1].ephemeralOwner == b1.session_id
 
-    def view() -> tuple[list[tuple[int, int]], list[tuple[int, int]], dict[int, Address | None]]:
+    def view() -> tuple[list[str], list[str], dict[int, Address | None]]:
         s = watcher.snapshot()
-        return (s.partitions("orders", publish=True), s.partitions("orders", publish=False),
+        return ([str(p) for p in s.partitions("orders", publish=True)],
+                [str(p) for p in s.partitions("orders", publish=False)],
                 {b: e.master for b, e in s.brokers.items()})
 
-    wait_until(lambda: view() == ([(1, 0), (1, 1), (1, 2)], [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1)],
+    wait_until(lambda: view() == (["1-0", "1-1", "1-2"], ["1-0", "1-1", "1-2", "2-0", "2-1"],
                                   {1: Address("127.0.0.1", 9001), 2: Address("127.0.0.1", 9002)}),
                10, message="the watcher to see both brokers and the topic")
     b2.publish_topic("orders", 4, accept_publish=True, accept_subscribe=True)  # a reload grew it
-    wait_until(lambda: view()[0] == [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2), (2, 3)], 10,
+    wait_until(lambda: view()[0] == ["1-0", "1-1", "1-2", "2-0", "2-1", "2-2", "2-3"], 10,
                message="the grown topic")
     b1.close()  # a broker gone: its ephemeral nodes with it
-    wait_until(lambda: view() == ([(2, 0), (2, 1), (2, 2), (2, 3)], [(2, 0), (2, 1), (2, 2), (2, 3)],
+    wait_until(lambda: view() == (["2-0", "2-1", "2-2", "2-3"], ["2-0", "2-1", "2-2", "2-3"],
                                   {2: Address("127.0.0.1", 9002)}), 10, message="broker 1 to vanish")
     b2.withdraw_topic("orders")
     wait_until(lambda: "orders" not in watcher.snapshot().topics, 10, message="the withdrawn topic")
@@ -103,7 +105,7 @@ def test_registrations_come_back_after_a_session_expiry(zk, registries) -> None:
     broker = open_registry(zk, root, made, watch_cluster=False)
     broker.register_broker(7, Address("127.0.0.1", 9007))
     broker.publish_topic("t", 2, accept_publish=True, accept_subscribe=True)
-    wait_until(lambda: watcher.snapshot().partitions("t", publish=True) == [(7, 0), (7, 1)], 10,
+    wait_until(lambda: watcher.snapshot().partitions("t", publish=True) == [P(7, 0), P(7, 1)], 10,
                message="the registration")
     old_session = broker.session_id
     expire_session(broker.raw_client(), zk)
@@ -116,7 +118,7 @@ def test_registrations_come_back_after_a_session_expiry(zk, registries) -> None:
         return bool(stat.ephemeralOwner == broker.session_id != old_session)
 
     wait_until(made_again, 30, message="the nodes to be made again on the new session")
-    wait_until(lambda: watcher.snapshot().partitions("t", publish=True) == [(7, 0), (7, 1)], 10,
+    wait_until(lambda: watcher.snapshot().partitions("t", publish=True) == [P(7, 0), P(7, 1)], 10,
                message="the watcher to see them again")
 
 
@@ -135,7 +137,7 @@ def test_garbage_in_a_znode_is_logged_and_ignored(zk, registries, caplog) -> Non
         wait_until(lambda: len([r for r in caplog.records if "not in MetaQ's layout" in r.message]) >= 4, 10,
                    message="each bad znode to be reported")
     snapshot = watcher.snapshot()
-    assert snapshot.partitions("good", publish=True) == [(8, 0)]
+    assert snapshot.partitions("good", publish=True) == [P(8, 0)]
     assert snapshot.address(9) is None and 8 in snapshot.brokers
 
 
@@ -148,16 +150,16 @@ def test_group_members_owners_and_offsets(zk, registries) -> None:
     a.register_member("g", "g_a", ["t", "u"])
     b.register_member("g", "g_b", ["t"])
     wait_until(lambda: a.members("g") == {"g_a": ["t", "u"], "g_b": ["t"]}, 10, message="both members")
-    assert a.claim("g", "t", "1-0", "g_a")
-    assert not b.claim("g", "t", "1-0", "g_b"), "an owned partition cannot be claimed"
-    b.release("g", "t", "1-0", "g_b")  # not the owner: nothing happens
-    assert a.owners("g", "t") == {"1-0": "g_a"}
-    a.release("g", "t", "1-0", "g_a")
-    assert b.claim("g", "t", "1-0", "g_b")
-    b.commit_offsets("g", {("t", "1-0"): 42, ("t", "2-3"): 7})
-    b.commit_offsets("g", {("t", "1-0"): 43})
-    assert (a.load_offset("g", "t", "1-0"), a.load_offset("g", "t", "2-3"), a.load_offset("g", "t", "9-9")) == \
-        (43, 7, None)
+    assert a.claim("g", "t", P(1, 0), "g_a")
+    assert not b.claim("g", "t", P(1, 0), "g_b"), "an owned partition cannot be claimed"
+    b.release("g", "t", P(1, 0), "g_b")  # not the owner: nothing happens
+    assert a.owners("g", "t") == {P(1, 0): "g_a"}
+    a.release("g", "t", P(1, 0), "g_a")
+    assert b.claim("g", "t", P(1, 0), "g_b")
+    b.commit_offsets("g", {("t", P(1, 0)): 42, ("t", P(2, 3)): 7})
+    b.commit_offsets("g", {("t", P(1, 0)): 43})
+    assert (a.load_offset("g", "t", P(1, 0)), a.load_offset("g", "t", P(2, 3)), a.load_offset("g", "t", P(9, 9))) \
+        == (43, 7, None)
     assert a.raw_client().get(f"{root}/consumers/g/offsets/t/1-0")[0] == b"-1-43"
     b.close()  # a dead member: its registration and its ownerships vanish
     wait_until(lambda: a.members("g") == {"g_a": ["t", "u"]} and a.owners("g", "t") == {}, 10,

@@ -98,7 +98,7 @@ class Broker:
         self.logs = LogManager(config.data_path, config.broker_id, self._log_config(None),
                                load_in_parallel=config.load_message_stores_in_parallel, sync=sync)
         self.topics: dict[str, TopicState] = {}
-        self.groups = GroupCoordinator(self.partition_refs, config.data_path)
+        self.groups = GroupCoordinator(self.partition_refs, config.data_path, broker_id=config.broker_id)
         self.stopping = False
         self.in_flight = 0
         self._idle = asyncio.Event()

@@ -1,5 +1,12 @@
 """The group coordinator of standalone mode: the broker balances each consumer group's partitions.
 
+Partitions are ``brokerId-partition`` (:class:`metaq.types.PartitionId`) in assignments and offsets.
+A standalone broker knows only its own partitions; a group whose topics span several brokers is
+coordinated by one of them (clients pick the lowest broker id among their servers), which balances
+its own partitions plus the other brokers' partitions as the members report them in JoinGroup (a
+member reports what its metadata, merged from every broker, says). The coordinator is the authority
+on its own broker id: reports of partitions of its own id are ignored.
+
 Protocol (Kafka's classic eager rebalance, with the assignment computed here rather than by a leader)
 ------------------------------------------------------------------------------------------------------
 A group is *Empty* (no members), *PreparingRebalance* or *Stable* at generation ``G``.
@@ -35,7 +42,8 @@ Group membership is in memory only: after a broker restart members find themselv
 
 Wiring (the broker)::
 
-    self.groups = GroupCoordinator(self.partition_refs, config.data_path)   # Broker.__init__
+    self.groups = GroupCoordinator(self.partition_refs, config.data_path,   # Broker.__init__
+                                   broker_id=config.broker_id)
     # requests JoinGroup ... DescribeGroup reach the methods below through metaq.broker.handlers.groups
     self.groups.open()                                    # Broker.open: loads committed offsets
     await self.groups.close()                             # Broker.drain, first: answers waiting joins
@@ -73,7 +81,7 @@ from metaq.errors import (
     UnknownTopicError,
 )
 from metaq.protocol import messages as m
-from metaq.types import validate_topic
+from metaq.types import BROKER_ID_MAX, PartitionId, TopicPartition, validate_topic
 
 log = logging.getLogger("metaq.broker.groups")
 
@@ -88,6 +96,8 @@ REBALANCE_TIMEOUT_MAX_MS = 30 * 60 * 1000
 MEMBERS_PER_GROUP_MAX = 10_000
 GROUPS_MAX = 100_000
 TOPICS_PER_MEMBER_MAX = 1_000
+REPORTED_PARTITIONS_MAX = 100_000
+"""Partitions one JoinGroup may report (over all its topics)."""
 METADATA_CHARS_MAX = 4096
 REFUSALS_SHOWN_MAX = 5
 """Refused offsets an OffsetCommit's error message names one by one (the codes are per entry)."""
@@ -95,7 +105,7 @@ DEFAULT_TICK_MS = 50
 
 _GROUP_RE = re.compile(r"[A-Za-z0-9._@-]{1,249}")
 
-PartitionsOf = Callable[[str], Sequence[PartitionRef]]
+PartitionsOf = Callable[[str], Sequence[PartitionRef | tuple[int, int]]]
 Clock = Callable[[], float]
 """Milliseconds from an arbitrary origin (monotonic)."""
 
@@ -119,8 +129,10 @@ class Member:
     session_timeout_ms: int
     rebalance_timeout_ms: int
     last_seen_ms: float
-    assignment: dict[str, list[int]] = field(default_factory=dict)
+    assignment: dict[str, list[PartitionId]] = field(default_factory=dict)
     """topic -> partitions owned in the group's current generation (empty while rejoining)."""
+    reported: dict[str, tuple[PartitionId, ...]] = field(default_factory=dict)
+    """topic -> the partitions the member saw when it last joined (JoinGroup ``partitions``)."""
     join: asyncio.Future[m.JoinGroupResponse] | None = None
     """Set while the member waits in JoinGroup for the rebalance to complete."""
 
@@ -143,18 +155,21 @@ class GroupCoordinator:
     """Consumer groups of one broker. Every request method is a coroutine taking and returning the
     protocol dataclasses (errors are answered in the response, never raised).
 
-    ``partitions_of(topic)`` returns the topic's partitions as (broker id, partition) pairs, [] for an
-    unknown topic; it is called on every rebalance and every tick (it must be cheap). ``offsets_dir``
-    is the directory of the committed offsets log (the broker's dataPath), or an OffsetsStore.
+    ``partitions_of(topic)`` returns the topic's partitions on this broker as PartitionIds (or (broker id,
+    partition) pairs), [] for an unknown topic; it is called on every rebalance and every tick (it must
+    be cheap). ``broker_id`` is this broker's id. ``offsets_dir`` is the directory of the committed
+    offsets log (the broker's dataPath), or an OffsetsStore.
     ``clock`` returns monotonic milliseconds: tests inject a fake one, pass ``timer=False`` and drive
     time with :meth:`poll`.
     """
 
-    def __init__(self, partitions_of: PartitionsOf, offsets_dir: str | Path | OffsetsStore, *,
+    def __init__(self, partitions_of: PartitionsOf, offsets_dir: str | Path | OffsetsStore, *, broker_id: int = 0,
                  clock: Clock = _monotonic_ms, tick_ms: int = DEFAULT_TICK_MS,
                  session_timeout_min_ms: int = SESSION_TIMEOUT_MIN_MS, timer: bool = True) -> None:
         self.partitions_of = partitions_of
-        self.store = offsets_dir if isinstance(offsets_dir, OffsetsStore) else OffsetsStore(offsets_dir)
+        self.broker_id = broker_id
+        self.store = offsets_dir if isinstance(offsets_dir, OffsetsStore) else OffsetsStore(offsets_dir,
+                                                                                            broker_id=broker_id)
         self.clock = clock
         self.tick_ms = tick_ms
         self.session_timeout_min_ms = session_timeout_min_ms
@@ -240,6 +255,7 @@ class GroupCoordinator:
         try:
             group_name = validate_group(req.group)
             topics = self._validate_join(req)
+            reported = _reported_partitions(req, topics)
         except BrokerError as exc:
             return _error(m.JoinGroupResponse, exc)
         if self._closed:
@@ -266,14 +282,16 @@ class GroupCoordinator:
                 return _error(m.JoinGroupResponse, InvalidRequestError(
                     f"group {group_name!r} already has {MEMBERS_PER_GROUP_MAX} members"))
             member_id = f"{req.client_id or 'consumer'}-{uuid.uuid4().hex[:16]}"
-            member = Member(member_id, req.client_id, topics, req.session_timeout_ms, req.rebalance_timeout_ms, now)
+            member = Member(member_id, req.client_id, topics, req.session_timeout_ms, req.rebalance_timeout_ms, now,
+                            reported=reported)
             group.members[member_id] = member
             group.strategy = req.strategy
             reason = f"member {member_id} joined"
         else:
-            changed = member.topics != topics or group.strategy != req.strategy
+            changed = member.topics != topics or group.strategy != req.strategy or member.reported != reported
             member.client_id = req.client_id
             member.topics = topics
+            member.reported = reported
             member.session_timeout_ms = req.session_timeout_ms
             member.rebalance_timeout_ms = req.rebalance_timeout_ms
             member.last_seen_ms = now
@@ -281,7 +299,7 @@ class GroupCoordinator:
             if group.state == STABLE and not changed:
                 # It already belongs to the current generation: hand back what it owns.
                 return self._join_response(group, member)
-            reason = f"member {member.member_id} rejoined with a new subscription" if changed else ""
+            reason = f"member {member.member_id} rejoined with a new subscription or partitions" if changed else ""
         if group.state != PREPARING_REBALANCE:
             self._begin_rebalance(group, reason or f"member {member.member_id} rejoined")
         member.assignment = {}  # it gave its partitions up before rejoining
@@ -376,7 +394,7 @@ class GroupCoordinator:
         split = assign_topics(group.strategy or "range", subs, lambda t: group.partitions.get(t, ()))
         now = self.clock()
         for mid, mb in group.members.items():
-            mb.assignment = {t: sorted(p for _b, p in refs) for t, refs in split[mid].items()}
+            mb.assignment = {t: sorted(refs) for t, refs in split[mid].items()}
             mb.last_seen_ms = now
         group.state = STABLE if group.members else EMPTY
         self._assert_invariant(group, split)
@@ -385,13 +403,16 @@ class GroupCoordinator:
             self._answer_join(mb, self._join_response(group, mb))
 
     def _partition_snapshot(self, group: Group) -> dict[str, tuple[PartitionRef, ...]]:
+        """Every subscribed topic's partitions: this broker's own, plus the other brokers' partitions
+        its members report (reports of this broker's own id are not trusted: it knows its own)."""
         topics = sorted({t for mb in group.members.values() for t in mb.topics})
         out = {}
         for topic in topics:
-            try:
-                out[topic] = tuple(sorted(self.partitions_of(topic)))
-            except Exception:  # an unknown or deleted topic has no partitions to own
-                out[topic] = ()
+            own = set(self._partitions(topic))
+            own_brokers = {self.broker_id} | {p.broker_id for p in own}
+            others = {p for mb in group.members.values() for p in mb.reported.get(topic, ())
+                      if p.broker_id not in own_brokers}
+            out[topic] = tuple(sorted(own | others))
         return out
 
     def _assert_invariant(self, group: Group, split: dict[str, dict[str, list[PartitionRef]]]) -> None:
@@ -402,7 +423,7 @@ class GroupCoordinator:
     def _join_response(self, group: Group, member: Member) -> m.JoinGroupResponse:
         return m.JoinGroupResponse(
             generation=group.generation, member_id=member.member_id, members=sorted(group.members),
-            assignment=[m.TopicAssignment(t, list(ps)) for t, ps in sorted(member.assignment.items())])
+            assignment=_assignment(member))
 
     @staticmethod
     def _answer_join(member: Member, response: m.JoinGroupResponse) -> None:
@@ -418,15 +439,16 @@ class GroupCoordinator:
             assert group.members, f"group {group.name} is Stable with no members"
             for topic, refs in group.partitions.items():
                 subscribers = [mid for mid, mb in group.members.items() if topic in mb.topics]
-                owned = {mid: [(0, p) for p in group.members[mid].assignment.get(topic, [])] for mid in subscribers}
-                check_assignment(owned, subscribers, [(0, p) for _b, p in refs])
+                owned = {mid: group.members[mid].assignment.get(topic, []) for mid in subscribers}
+                check_assignment(owned, subscribers, refs)
 
-    def owners(self, group_name: str) -> dict[tuple[str, int], str]:
-        """(topic, partition) -> member id in the group's current generation."""
+    def owners(self, group_name: str) -> dict[TopicPartition, str]:
+        """topic-partition -> member id in the group's current generation."""
         group = self.groups.get(group_name)
         if group is None:
             return {}
-        return {(t, p): mid for mid, mb in group.members.items() for t, ps in mb.assignment.items() for p in ps}
+        return {TopicPartition(t, p): mid for mid, mb in group.members.items() for t, ps in mb.assignment.items()
+                for p in ps}
 
     # -- offsets ---------------------------------------------------------------------------------------
 
@@ -458,17 +480,17 @@ class GroupCoordinator:
                     "the member already rejoined and gave its partitions up; commit before rejoining"))
             member.last_seen_ms = self.clock()
         results: list[m.OffsetEntry] = []
-        accepted: list[tuple[str, int, int, str | None]] = []
+        accepted: list[tuple[str, PartitionId, int, str | None]] = []
         refusals: list[str] = []
-        existing: dict[str, set[int]] = {}
+        existing: dict[str, set[PartitionId]] = {}
         for e in req.offsets:
             refusal = self._check_commit_entry(e, member, req.generation, existing)
             if refusal is None:
-                accepted.append((e.topic, e.partition, e.offset, e.metadata))
-                results.append(m.OffsetEntry(e.topic, e.partition, e.offset, e.metadata, 0))
+                accepted.append((e.topic, PartitionId(e.broker_id, e.partition), e.offset, e.metadata))
+                results.append(m.OffsetEntry(e.topic, e.broker_id, e.partition, e.offset, e.metadata, 0))
             else:
-                refusals.append(f"{_shown(e.topic)}-{e.partition}: {refusal.name} ({refusal.message})")
-                results.append(m.OffsetEntry(e.topic, e.partition, e.offset, e.metadata, refusal.code))
+                refusals.append(f"{_shown(e.topic)}:{e.broker_id}-{e.partition}: {refusal.name} ({refusal.message})")
+                results.append(m.OffsetEntry(e.topic, e.broker_id, e.partition, e.offset, e.metadata, refusal.code))
         try:
             await self.store.commit(group_name, accepted)
         except Exception as exc:  # a full disk or a failed fsync: the offsets are not committed
@@ -483,37 +505,44 @@ class GroupCoordinator:
         return m.OffsetCommitResponse(error_message=msg, results=results)
 
     def _check_commit_entry(self, e: m.OffsetEntry, member: Member | None, generation: int,
-                            existing: dict[str, set[int]]) -> BrokerError | None:
+                            existing: dict[str, set[PartitionId]]) -> BrokerError | None:
         """Why one committed offset is refused, or None. ``existing`` caches partitions per topic."""
         try:
             validate_topic(e.topic)
         except InvalidArgument as exc:
             return InvalidTopicError(str(exc))
-        if e.partition < 0:
-            return UnknownPartitionError(f"partition must be >= 0; got {e.partition}")
-        if member is not None and e.partition not in member.assignment.get(e.topic, ()):
+        if _ref_error_code(e.topic, e.broker_id, e.partition):
+            return UnknownPartitionError(f"partition must be brokerId-partition with a broker id 0..{BROKER_ID_MAX} "
+                                         f"and a partition >= 0; got {e.broker_id}-{e.partition}")
+        pid = PartitionId(e.broker_id, e.partition)
+        if member is not None and pid not in member.assignment.get(e.topic, ()):
             return IllegalGenerationError(f"not owned by member {member.member_id} in generation {generation}")
         if e.offset < (-1 if member is None else 0):
             return InvalidRequestError(f"offset must be >= {-1 if member is None else 0}; got {e.offset}")
         if e.metadata and len(e.metadata) > METADATA_CHARS_MAX:
             return InvalidRequestError(f"metadata has {len(e.metadata)} characters; at most {METADATA_CHARS_MAX}")
-        if member is None and e.offset >= 0:
-            # Outside a generation nothing vouches for the partition: it must exist here. Forgetting
-            # (offset -1) is allowed for any partition, so entries of deleted topics can be removed.
+        if member is None and e.offset >= 0 and e.broker_id == self.broker_id:
+            # Outside a generation nothing vouches for the partition: one of this broker's must exist
+            # here. Another broker's partition cannot be checked by a standalone broker; it is stored as
+            # given. Forgetting (offset -1) is allowed for any partition, so entries of deleted topics
+            # can be removed.
             parts = existing.get(e.topic)
             if parts is None:
-                parts = existing[e.topic] = {p for _b, p in self._partitions(e.topic)}
+                parts = existing[e.topic] = set(self._partitions(e.topic))
             if not parts:
-                return UnknownTopicError(f"no topic {e.topic!r} on this broker")
-            if e.partition not in parts:
-                return UnknownPartitionError(f"topic {e.topic!r} has partitions 0..{max(parts)} on this broker")
+                return UnknownTopicError(f"no topic {e.topic!r} on broker {self.broker_id}")
+            if pid not in parts:
+                return UnknownPartitionError(f"topic {e.topic!r} has partitions {min(parts)}..{max(parts)} "
+                                             f"on broker {self.broker_id}")
         return None
 
-    def _partitions(self, topic: str) -> Sequence[PartitionRef]:
+    def _partitions(self, topic: str) -> list[PartitionId]:
+        """This broker's partitions of ``topic`` ([] for an unknown or deleted topic)."""
         try:
-            return self.partitions_of(topic)
+            refs = self.partitions_of(topic)
         except Exception:  # an unknown or deleted topic has no partitions
-            return ()
+            return []
+        return [r if isinstance(r, PartitionId) else PartitionId(*r) for r in refs]
 
     async def fetch_offsets(self, req: m.OffsetFetchRequest) -> m.OffsetFetchResponse:
         try:
@@ -522,15 +551,16 @@ class GroupCoordinator:
             return _error(m.OffsetFetchResponse, exc)
         if req.partitions is None:
             offs = self.store.group_offsets(group_name)
-            return m.OffsetFetchResponse(offsets=[m.OffsetEntry(t, p, c.offset, c.metadata)
+            return m.OffsetFetchResponse(offsets=[m.OffsetEntry(t, p.broker_id, p.partition, c.offset, c.metadata)
                                                   for (t, p), c in sorted(offs.items())])
         out = []
         for ref in req.partitions:
-            code = _ref_error_code(ref.topic, ref.partition)
-            c = self.store.get(group_name, ref.topic, ref.partition) if code == 0 else None
-            out.append(m.OffsetEntry(ref.topic, ref.partition, c.offset if c else -1, c.metadata if c else None, code))
+            code = _ref_error_code(ref.topic, ref.broker_id, ref.partition)
+            c = self.store.get(group_name, ref.topic, PartitionId(ref.broker_id, ref.partition)) if code == 0 else None
+            out.append(m.OffsetEntry(ref.topic, ref.broker_id, ref.partition, c.offset if c else -1,
+                                     c.metadata if c else None, code))
         refused = sum(1 for o in out if o.error_code)
-        msg = (f"{refused} of {len(out)} partitions refused: invalid topic name or negative partition"
+        msg = (f"{refused} of {len(out)} partitions refused: invalid topic name, or not brokerId-partition"
                if refused else None)
         return m.OffsetFetchResponse(error_message=msg, offsets=out)
 
@@ -551,8 +581,7 @@ class GroupCoordinator:
                 return m.DescribeGroupResponse(state=EMPTY)
             return _error(m.DescribeGroupResponse, UnknownGroupError(
                 f"no group {req.group!r} on this broker (no members, no committed offsets)"))
-        members = [m.GroupMember(mb.member_id, mb.client_id, "",
-                                 [m.TopicAssignment(t, list(ps)) for t, ps in sorted(mb.assignment.items())])
+        members = [m.GroupMember(mb.member_id, mb.client_id, "", _assignment(mb))
                    for mb in sorted(group.members.values(), key=lambda x: x.member_id)]
         return m.DescribeGroupResponse(state=group.state, generation=group.generation, strategy=group.strategy,
                                        members=members)
@@ -562,12 +591,33 @@ def _error(cls: Any, exc: BrokerError) -> Any:
     return error_response(cls.API_KEY, exc)
 
 
-def _ref_error_code(topic: str, partition: int) -> int:
+def _ref_error_code(topic: str, broker_id: int, partition: int) -> int:
     try:
         validate_topic(topic)
     except InvalidArgument:
         return InvalidTopicError.code
-    return UnknownPartitionError.code if partition < 0 else 0
+    return UnknownPartitionError.code if partition < 0 or not 0 <= broker_id <= BROKER_ID_MAX else 0
+
+
+def _assignment(member: Member) -> list[m.TopicAssignment]:
+    return [m.TopicAssignment(t, [m.BrokerPartition(p.broker_id, p.partition) for p in ps])
+            for t, ps in sorted(member.assignment.items())]
+
+
+def _reported_partitions(req: m.JoinGroupRequest, topics: tuple[str, ...]) -> dict[str, tuple[PartitionId, ...]]:
+    """JoinGroup's ``partitions``: topic -> the member's view; topics it does not subscribe are ignored."""
+    if sum(len(ta.partitions) for ta in req.partitions) > REPORTED_PARTITIONS_MAX:
+        raise InvalidRequestError(f"a JoinGroup reports at most {REPORTED_PARTITIONS_MAX} partitions")
+    out: dict[str, set[PartitionId]] = {}
+    for ta in req.partitions:
+        if ta.topic not in topics:
+            continue
+        for bp in ta.partitions:
+            if _ref_error_code(ta.topic, bp.broker_id, bp.partition):
+                raise InvalidRequestError(f"JoinGroup reports partition {bp.broker_id}-{bp.partition} of topic "
+                                          f"{ta.topic!r}: not brokerId-partition (broker id 0..{BROKER_ID_MAX})")
+            out.setdefault(ta.topic, set()).add(PartitionId(bp.broker_id, bp.partition))
+    return {t: tuple(sorted(ps)) for t, ps in sorted(out.items())}
 
 
 def _shown(topic: str, limit: int = 40) -> str:

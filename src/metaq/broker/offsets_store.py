@@ -5,7 +5,13 @@ directories), of records::
 
     u32 length        bytes of the body that follows
     u32 crc           CRC32C of the body
-    body              UTF-8 JSON: {"g": group, "o": [[topic, partition, offset, metadata], ...]}
+    body              UTF-8 JSON: {"g": group, "o": [[topic, "brokerId-partition", offset, metadata], ...]}
+
+The partition is keyed ``brokerId-partition`` (``"1-3"``), the key MetaQ's ZooKeeper offsets use
+(``offsets/<topic>/<brokerId-partition>``): a standalone coordinator keeps the offsets of its group's
+partitions on every broker. A log written before partition ids carried the broker id (a bare number)
+is read as this broker's partitions (the only ones that coordinator accepted) and rewritten in the
+new form by the compaction that follows every open.
 
 One record is one OffsetCommit request, so a commit of several partitions is all-or-nothing. An offset
 of -1 deletes the entry (a reset that forgets the group's position).
@@ -41,6 +47,7 @@ import crc32c
 
 from metaq.errors import StorageError
 from metaq.storage.errors import DiskFull, is_disk_full
+from metaq.types import PartitionId
 
 log = logging.getLogger("metaq.broker.offsets")
 
@@ -57,12 +64,15 @@ class CommittedOffset:
     metadata: str | None = None
 
 
-OffsetKey = tuple[str, int]
-"""(topic, partition)."""
+OffsetKey = tuple[str, PartitionId]
+"""(topic, brokerId-partition)."""
+Entry = tuple[str, PartitionId, int, str | None]
+"""(topic, partition, offset, metadata); offset -1 forgets the partition."""
 
 
-def _encode(group: str, entries: Iterable[tuple[str, int, int, str | None]]) -> bytes:
-    body = json.dumps({"g": group, "o": [list(e) for e in entries]}, separators=(",", ":")).encode()
+def _encode(group: str, entries: Iterable[Entry]) -> bytes:
+    body = json.dumps({"g": group, "o": [[t, str(p), o, m] for t, p, o, m in entries]},
+                      separators=(",", ":")).encode()
     return _HEAD.pack(len(body), crc32c.crc32c(body)) + body
 
 
@@ -75,11 +85,15 @@ def _fsync_dir(path: Path) -> None:
 
 
 class OffsetsStore:
-    """group -> (topic, partition) -> committed offset; reads from memory, writes through to disk."""
+    """group -> (topic, brokerId-partition) -> committed offset; reads from memory, writes through to disk.
+
+    ``broker_id`` is the broker's own id: what a bare partition number of the earlier format means.
+    """
 
     def __init__(self, directory: str | Path, *, name: str = LOG_NAME, compact_bytes: int = DEFAULT_COMPACT_BYTES,
-                 fsync: bool = True) -> None:
+                 fsync: bool = True, broker_id: int = 0) -> None:
         self.directory = Path(directory)
+        self.broker_id = broker_id
         self.path = self.directory / name
         self._tmp = self.directory / (name + ".tmp")
         self.compact_bytes = compact_bytes
@@ -90,7 +104,7 @@ class OffsetsStore:
         self._size_after_compaction = 0
         self._lock = threading.Lock()  # the worker thread vs. close()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metaq-offsets")
-        self._pending: list[tuple[str, list[tuple[str, int, int, str | None]], bytes, asyncio.Future[None]]] = []
+        self._pending: list[tuple[str, list[Entry], bytes, asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
         self.corrupt_tail_bytes = 0
         """Bytes cut off the end of the log at the last open (0 after a clean stop)."""
@@ -135,14 +149,22 @@ class OffsetsStore:
             try:
                 rec = json.loads(body)
                 group = rec["g"]
-                entries = [(str(t), int(p), int(o), m) for t, p, o, m in rec["o"]]
+                entries = [(str(t), self._partition_id(p), int(o), m) for t, p, o, m in rec["o"]]
             except (ValueError, KeyError, TypeError):
                 break
             self._apply(group, entries)
             pos = end
         return pos
 
-    def _apply(self, group: str, entries: Iterable[tuple[str, int, int, str | None]]) -> None:
+    def _partition_id(self, stored: object) -> PartitionId:
+        """A stored key: ``"1-3"``, or a bare number of the earlier format (this broker's partition)."""
+        if isinstance(stored, int) and not isinstance(stored, bool):
+            return PartitionId(self.broker_id, stored)
+        if isinstance(stored, str):
+            return PartitionId.parse(stored)
+        raise TypeError(f"partition key {stored!r}")
+
+    def _apply(self, group: str, entries: Iterable[Entry]) -> None:
         offsets = self._offsets.setdefault(group, {})
         for topic, partition, offset, metadata in entries:
             if offset < 0:
@@ -186,7 +208,7 @@ class OffsetsStore:
 
     # -- reads --------------------------------------------------------------------------------
 
-    def get(self, group: str, topic: str, partition: int) -> CommittedOffset | None:
+    def get(self, group: str, topic: str, partition: PartitionId) -> CommittedOffset | None:
         return self._offsets.get(group, {}).get((topic, partition))
 
     def group_offsets(self, group: str) -> dict[OffsetKey, CommittedOffset]:
@@ -197,7 +219,7 @@ class OffsetsStore:
 
     # -- writes -------------------------------------------------------------------------------
 
-    async def commit(self, group: str, entries: list[tuple[str, int, int, str | None]]) -> None:
+    async def commit(self, group: str, entries: list[Entry]) -> None:
         """Make ``entries`` durable, then visible. Returns after the fsync that covers them."""
         if not entries:
             return

@@ -17,14 +17,36 @@ import click
 
 from metaq.cli.text import plural
 from metaq.client import Message, MessageSessionFactory
-from metaq.errors import MetaqError
-from metaq.types import format_message_id
+from metaq.client.metadata import resolve_partition
+from metaq.errors import MetaqError, PartitionClosedError
+from metaq.types import PartitionId, format_message_id, partition_key
 
 T = TypeVar("T")
+
+
+class PartitionType(click.ParamType):
+    """A partition argument: ``brokerId-partition`` (``1-3``), or a bare number, accepted where only one
+    broker has a partition with that number (checked against the topic's partitions when used)."""
+
+    name = "brokerId-partition"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> PartitionId | int:
+        if isinstance(value, (PartitionId, int)):
+            return value
+        try:
+            return partition_key(str(value))
+        except MetaqError:
+            self.fail(f"{value!r} is not brokerId-partition (e.g. 1-3) or a partition number", param, ctx)
+
+
+PARTITION = PartitionType()
 DEFAULT_SERVERS = os.environ.get("METAQ_SERVERS", "127.0.0.1:8123")
 
 servers_option = click.option("-s", "--servers", default=DEFAULT_SERVERS, show_default=True, envvar="METAQ_SERVERS",
-                              help="Brokers to bootstrap from, host:port[,host:port] (env METAQ_SERVERS).")
+                              help="The brokers, host:port[,host:port] (env METAQ_SERVERS): give every broker of "
+                                   "the topic space.")
+broker_id_option = click.option("-b", "--broker-id", type=click.IntRange(0), default=None,
+                                help="The broker to do it on (default: the first server that answers).")
 
 
 def run_async(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
@@ -57,26 +79,32 @@ def topic_group() -> None:
 @click.argument("topic")
 @click.option("-p", "--partitions", type=click.IntRange(-1, 10_000), default=-1, show_default=True,
               help="Number of partitions (-1: the broker's numPartitions).")
+@broker_id_option
 @run_async
-async def topic_create(servers: str, topic: str, partitions: int) -> None:
-    """Create TOPIC on the broker."""
+async def topic_create(servers: str, topic: str, partitions: int, broker_id: int | None) -> None:
+    """Create TOPIC on a broker (each broker of a topic space holds its own partitions of a topic:
+    create it on every broker that should have some)."""
     async with await _session(servers) as session:
-        n = await session.admin().create_topic(topic, partitions)
-        click.echo(f"created topic {topic} with {plural(n, 'partition')}")
+        n = await session.admin().create_topic(topic, partitions, broker_id=broker_id)
+        where = f" on broker {broker_id}" if broker_id is not None else ""
+        click.echo(f"created topic {topic} with {plural(n, 'partition')}{where}")
 
 
 @topic_group.command("delete")
 @servers_option
 @click.argument("topic")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("-b", "--broker-id", type=click.IntRange(0), default=None,
+              help="Only on this broker (default: every broker that has the topic).")
 @run_async
-async def topic_delete(servers: str, topic: str, yes: bool) -> None:
+async def topic_delete(servers: str, topic: str, yes: bool, broker_id: int | None) -> None:
     """Delete TOPIC and all its messages."""
     if not yes and not click.confirm(f"delete topic {topic} and all its messages?", default=False):
         raise click.Abort()
     async with await _session(servers) as session:
-        await session.admin().delete_topic(topic)
-        click.echo(f"deleted topic {topic}")
+        for b in [broker_id] if broker_id is not None else await _holders(session, topic):
+            await session.admin().delete_topic(topic, broker_id=b)
+        click.echo(f"deleted topic {topic}" + (f" on broker {broker_id}" if broker_id is not None else ""))
 
 
 @topic_group.command("list")
@@ -103,7 +131,7 @@ async def topic_describe(servers: str, topic: str, as_json: bool) -> None:
     """Show TOPIC's partitions: broker, earliest and latest offsets, open or closed."""
     async with await _session(servers) as session:
         desc = await session.admin().describe_topic(topic)
-    rows = [{"broker": d.partition.broker_id, "partition": d.partition.partition, "earliest": d.earliest,
+    rows = [{"partition": str(d.partition), "earliest": d.earliest,
              "latest": d.latest, "messages": d.latest - d.earliest,
              "publish": "open" if d.partition.accept_publish else "closed",
              "subscribe": "open" if d.partition.accept_subscribe else "closed"} for d in desc.partitions]
@@ -111,24 +139,28 @@ async def topic_describe(servers: str, topic: str, as_json: bool) -> None:
         click.echo(json.dumps({"topic": topic, "partitions": rows}))
         return
     click.echo(f"topic {topic}")
-    click.echo("broker\tpartition\tearliest\tlatest\tmessages\tpublish\tsubscribe")
+    click.echo("partition\tearliest\tlatest\tmessages\tpublish\tsubscribe")
     for r in rows:
-        click.echo("\t".join(str(r[k]) for k in ("broker", "partition", "earliest", "latest", "messages",
-                                                 "publish", "subscribe")))
+        click.echo("\t".join(str(r[k]) for k in ("partition", "earliest", "latest", "messages", "publish",
+                                                 "subscribe")))
 
 
 def _state_command(name: str, open_: bool) -> click.Command:
     @click.command(name)
     @servers_option
     @click.argument("topic")
-    @click.option("-p", "--partition", type=click.IntRange(-1), default=-1, show_default=True,
-                  help="Partition to change (-1: every partition of the topic).")
+    @click.option("-p", "--partition", type=PARTITION, default=None,
+                  help="Partition to change, brokerId-partition (a bare number if only one broker has it); "
+                       "default: every partition of the topic, on every broker.")
     @run_async
-    async def command(servers: str, topic: str, partition: int) -> None:
+    async def command(servers: str, topic: str, partition: PartitionId | int | None) -> None:
         async with await _session(servers) as session:
             admin = session.admin()
-            await (admin.open_partition(topic, partition) if open_ else admin.close_partition(topic, partition))
-        which = "every partition" if partition == -1 else f"partition {partition}"
+            key: PartitionId | int = -1
+            if partition is not None:
+                key = _resolve_option(topic, await session.partitions(topic), partition)
+            await (admin.open_partition(topic, key) if open_ else admin.close_partition(topic, key))
+        which = "every partition" if key == -1 else f"partition {key}"
         click.echo(f"{'opened' if open_ else 'closed'} {which} of {topic} for publishing")
 
     command.help = (f"{'Open' if open_ else 'Close'} partitions of TOPIC for publishing "
@@ -154,11 +186,14 @@ TOPIC_POLL_S = 1.0
 @click.argument("topic")
 @click.option("-k", "--key", default=None, help="Key of every message (with the key-hash selector: one partition).")
 @click.option("-a", "--attribute", default=None, help="MetaQ attribute string of every message.")
-@click.option("-p", "--partition", type=click.IntRange(0), default=None, help="Send every message to this partition.")
-@click.option("--print-ids", is_flag=True, help="Print partition, offset and message id of each message.")
+@click.option("-p", "--partition", type=PARTITION, default=None,
+              help="Send every message to this partition: brokerId-partition (a bare number if only one broker "
+                   "has it).")
+@click.option("--print-ids", is_flag=True, help="Print partition (brokerId-partition), offset and message id of "
+                                                "each message.")
 @run_async
-async def produce(servers: str, topic: str, key: str | None, attribute: str | None, partition: int | None,
-                  print_ids: bool) -> None:
+async def produce(servers: str, topic: str, key: str | None, attribute: str | None,
+                  partition: PartitionId | int | None, print_ids: bool) -> None:
     """Send each line of standard input to TOPIC as one message (the newline is not sent).
 
     A TOPIC that does not exist is created by the broker if it allows it (autoCreateTopics), except
@@ -169,21 +204,26 @@ async def produce(servers: str, topic: str, key: str | None, attribute: str | No
     """
     from metaq.client.selectors import KeyHashSelector
 
+    target: PartitionId | None = None
+
     def fixed(_topic: str, partitions: Any, _message: Message) -> Any:
         for p in partitions:
-            if p.partition == partition:
+            if p == target:
                 return p
-        raise click.BadParameter(f"{topic} has no partition {partition}", param_hint="--partition")
+        raise PartitionClosedError(f"partition {target} of {topic} is no longer in its metadata")
 
     selector: Any = fixed if partition is not None else (KeyHashSelector() if key is not None else None)
     tally = _Tally()
     interrupted = False
     async with await _session(servers) as session:
-        if selector is not None and not await session.partitions(topic):
+        parts = await session.partitions(topic) if selector is not None else []
+        if selector is not None and not parts:
             # before the topic exists the broker places each batch itself: -p and -k would be ignored
             option = "--partition" if partition is not None else "--key"
             raise click.ClickException(f"topic {topic!r} does not exist on {servers}; {option} needs its "
                                        f"partitions: create it first (metaq topic create {topic})")
+        if partition is not None:
+            target = _resolve_option(topic, parts, partition)
         producer = session.create_producer(selector=selector)
         futures: deque[asyncio.Future[Any]] = deque()
         try:
@@ -231,7 +271,7 @@ async def _drain(futures: deque[asyncio.Future[Any]], print_ids: bool, tally: _T
         if r.success:
             tally.sent += 1
             if print_ids:
-                click.echo(f"{r.partition}\t{r.offset}\t{format_message_id(r.message_id)}")
+                click.echo(f"{r.partition_id}\t{r.offset}\t{format_message_id(r.message_id)}")
         else:
             tally.failed += 1
             text = str(r.error)
@@ -292,7 +332,8 @@ def _parse_offset(value: str) -> Literal["earliest", "latest"] | int:
 @click.command("consume")
 @servers_option
 @click.argument("topic")
-@click.option("-p", "--partition", type=click.IntRange(0), multiple=True, help="Partition(s) to read (default all).")
+@click.option("-p", "--partition", type=PARTITION, multiple=True,
+              help="Partition(s) to read, brokerId-partition (a bare number if only one broker has it); default all.")
 @click.option("-o", "--offset", default="earliest", show_default=True,
               help="Where to start: earliest, latest or an offset number.")
 @click.option("-n", "--max", "max_messages", type=click.IntRange(1), default=None, help="Stop after N messages.")
@@ -302,8 +343,8 @@ def _parse_offset(value: str) -> Literal["earliest", "latest"] | int:
 @click.option("--format", "fmt", type=click.Choice(["value", "json"]), default="value", show_default=True,
               help="value: the payload as a line; json: one JSON object per message with its metadata.")
 @run_async
-async def consume(servers: str, topic: str, partition: tuple[int, ...], offset: str, max_messages: int | None,
-                  follow: bool, fmt: str) -> None:
+async def consume(servers: str, topic: str, partition: tuple[PartitionId | int, ...], offset: str,
+                  max_messages: int | None, follow: bool, fmt: str) -> None:
     """Print TOPIC's messages, partition by partition in offset order.
 
     A TOPIC that does not exist is an error (exit code 1); with --follow, a notice on stderr, and the
@@ -311,16 +352,13 @@ async def consume(servers: str, topic: str, partition: tuple[int, ...], offset: 
     """
     start = _parse_offset(offset)
     async with await _session(servers) as session:
-        parts = [p.partition for p in await _topic_partitions(session, topic, servers, follow)]
+        parts: list[PartitionId] = [p.id for p in await _topic_partitions(session, topic, servers, follow)]
         if partition:
-            missing = sorted(set(partition) - set(parts))
-            if missing:
-                raise click.BadParameter(f"{topic} has partitions {parts}; no {missing}", param_hint="--partition")
-            parts = sorted(set(partition))
+            parts = sorted({_resolve_option(topic, parts, key) for key in partition})
         consumer = session.create_pull_consumer()
         queue: asyncio.Queue[Message | BaseException | None] = asyncio.Queue(maxsize=10_000)
 
-        async def pump(p: int) -> None:
+        async def pump(p: PartitionId) -> None:
             try:
                 async for msg in consumer.iterate(topic, p, start, stop_at_end=not follow):
                     await queue.put(msg)
@@ -344,7 +382,7 @@ async def consume(servers: str, topic: str, partition: tuple[int, ...], offset: 
                     raise msg
                 if fmt == "json":
                     out.write(json.dumps({
-                        "partition": msg.partition, "offset": msg.offset, "id": format_message_id(msg.id),
+                        "partition": str(msg.partition_id), "offset": msg.offset, "id": format_message_id(msg.id),
                         "timestamp_ms": msg.timestamp_ms, "attribute": msg.attribute,
                         "key": msg.key.decode(errors="replace") if msg.key is not None else None,
                         "value": bytes(msg.data).decode(errors="replace")}).encode() + b"\n")
@@ -360,6 +398,25 @@ async def consume(servers: str, topic: str, partition: tuple[int, ...], offset: 
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             out.flush()
+
+
+def _resolve_option(topic: str, partitions: list[Any], partition: PartitionId | int) -> PartitionId:
+    """The partition a --partition names among the topic's (a usage error when none or several match)."""
+    try:
+        found = resolve_partition(topic, partitions, partition)
+    except MetaqError as exc:  # a number several brokers have
+        raise click.BadParameter(str(exc), param_hint="--partition") from None
+    if found is None:
+        raise click.BadParameter(f"{topic} has partitions {', '.join(str(p) for p in partitions)}; no {partition}",
+                                 param_hint="--partition")
+    return found.id
+
+
+async def _holders(session: MessageSessionFactory, topic: str) -> list[int | None]:
+    """The brokers holding ``topic`` (its partitions' broker ids), or [None] (the default broker, which
+    then says the topic does not exist)."""
+    owners = sorted({p.broker_id for p in await session.partitions(topic)})
+    return [*owners] if owners else [None]
 
 
 async def _topic_partitions(session: MessageSessionFactory, topic: str, servers: str, follow: bool) -> list[Any]:
@@ -383,22 +440,30 @@ async def _topic_partitions(session: MessageSessionFactory, topic: str, servers:
 @click.command("stats")
 @servers_option
 @click.option("-t", "--topic", default=None, help="Only this topic.")
-@click.option("--json", "as_json", is_flag=True, help="Print the broker's JSON document.")
+@click.option("-b", "--broker-id", type=click.IntRange(0), default=None,
+              help="Only this broker (default: every broker of --servers).")
+@click.option("--json", "as_json", is_flag=True, help="Print the brokers' JSON documents (a list, one per broker).")
 @run_async
-async def stats(servers: str, topic: str | None, as_json: bool) -> None:
-    """Put/get counts, bytes and rates per topic and partition (MetaQ's stats)."""
+async def stats(servers: str, topic: str | None, broker_id: int | None, as_json: bool) -> None:
+    """Put/get counts, bytes and rates per topic and partition (MetaQ's stats), of every broker."""
     async with await _session(servers) as session:
-        doc = await session.admin().stats(topic)
+        admin = session.admin()
+        if broker_id is not None:
+            brokers: list[int | None] = [broker_id]
+        else:
+            brokers = await _holders(session, topic) if topic is not None else [*await admin.broker_ids()]
+        docs = [await admin.stats(topic, broker_id=b) for b in brokers]
     if as_json:
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(json.dumps(docs, indent=2))
         return
-    click.echo(f"broker {doc.get('broker_id')} up {doc['uptime_s']:.0f}s, {doc['connections']} connections")
     click.echo("topic\tpartition\tput_msgs\tput_bytes\tput_tps\tget_reqs\tget_bytes\tearliest\tlatest")
-    for tname, t in sorted(doc["topics"].items()):
-        for pname, p in sorted(t["partitions"].items(), key=lambda kv: int(kv[0])):
-            click.echo("\t".join(str(x) for x in (tname, pname, p["put_messages"], p["put_bytes"], p["put_tps"],
-                                                   p["get_requests"], p["get_bytes"], p.get("log_start_offset", "-"),
-                                                   p.get("log_end_offset", "-"))))
+    for doc in docs:
+        click.echo(f"# broker {doc.get('broker_id')} up {doc['uptime_s']:.0f}s, {doc['connections']} connections")
+        for tname, t in sorted(doc["topics"].items()):
+            for pname, p in sorted(t["partitions"].items(), key=lambda kv: int(kv[0])):
+                click.echo("\t".join(str(x) for x in (
+                    tname, f"{doc.get('broker_id')}-{pname}", p["put_messages"], p["put_bytes"], p["put_tps"],
+                    p["get_requests"], p["get_bytes"], p.get("log_start_offset", "-"), p.get("log_end_offset", "-"))))
 
 
 @click.group("admin")
@@ -421,10 +486,10 @@ async def admin_reload(servers: str) -> None:
 @click.argument("message_id")
 @run_async
 async def admin_lookup(servers: str, message_id: str) -> None:
-    """Where MESSAGE_ID (32 hex digits) is stored: topic, partition, offset."""
+    """Where MESSAGE_ID (32 hex digits) is stored: topic, partition (brokerId-partition), offset."""
     async with await _session(servers) as session:
         loc = await session.admin().lookup_message(message_id)
-    click.echo(f"{loc.topic}\t{loc.partition}\t{loc.offset}")
+    click.echo(f"{loc.topic}\t{loc.partition_id}\t{loc.offset}")
 
 
 # -- group ---------------------------------------------------------------------------------------
@@ -465,7 +530,8 @@ async def group_describe(servers: str, group: str, topics: tuple[str, ...], as_j
     click.echo(f"group {desc.group}: {desc.state}, generation {desc.generation}, strategy {desc.strategy}, "
                f"{plural(len(desc.members), 'member')}, total lag {desc.total_lag}")
     for mb in desc.members:
-        click.echo(f"  member {mb.member_id} ({mb.client_id}): {mb.assignment}")
+        owned = "; ".join(f"{t}: {', '.join(str(p) for p in ps)}" for t, ps in sorted(mb.assignment.items()))
+        click.echo(f"  member {mb.member_id} ({mb.client_id}): {owned or 'nothing'}")
     click.echo("topic\tpartition\towner\tcommitted\tlog_end\tlag")
     for pl in desc.partitions:
         click.echo(f"{pl.topic}\t{pl.partition}\t{pl.owner or '-'}\t{pl.committed}\t{pl.log_end}\t{pl.lag}")
@@ -479,12 +545,13 @@ async def group_describe(servers: str, group: str, topics: tuple[str, ...], as_j
               help="earliest, latest, or an offset number.")
 @click.option("--timestamp-ms", type=click.IntRange(0), default=None,
               help="Instead of --to: the first offset at or after this time (ms since the epoch).")
-@click.option("-p", "--partition", "partitions", type=click.IntRange(0), multiple=True,
-              help="Only these partitions (default all).")
+@click.option("-p", "--partition", "partitions", type=PARTITION, multiple=True,
+              help="Only these partitions, brokerId-partition (a bare number if only one broker has it); "
+                   "default all.")
 @click.option("--dry-run", is_flag=True, help="Show what would change without committing.")
 @run_async
 async def group_reset(servers: str, group: str, topic: str, to: str, timestamp_ms: int | None,
-                      partitions: tuple[int, ...], dry_run: bool) -> None:
+                      partitions: tuple[PartitionId | int, ...], dry_run: bool) -> None:
     """Move GROUP's committed offsets on TOPIC (the group must have no active members)."""
     from metaq.client.group.admin import reset_offsets
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import click
 
-from metaq.cli.client_cmds import _session, run_async, servers_option
+from metaq.cli.client_cmds import PARTITION, _holders, _session, run_async, servers_option
+from metaq.types import PartitionId
 
 
 def _plural(n: int, word: str) -> str:
@@ -18,7 +19,7 @@ def _plural(n: int, word: str) -> str:
 
 
 def _describe(report: dict[str, Any]) -> list[str]:
-    name = f"{report['topic']}-{report['partition']}"
+    name = f"{report['topic']}:{report.get('broker_id', '?')}-{report['partition']}"
     head = (f"{name}: {_plural(report['segments'], 'segment')}, {_plural(report['messages'], 'message')} intact "
             f"in offsets {report['log_start_offset']}..{report['log_end_offset'] - 1}")
     if report["ok"]:
@@ -37,21 +38,30 @@ def _describe(report: dict[str, Any]) -> list[str]:
 @click.command("verify")
 @servers_option
 @click.option("-t", "--topic", default=None, help="Only this topic (default: every topic).")
-@click.option("-p", "--partition", type=click.IntRange(min=0), default=None, help="Only this partition of --topic.")
+@click.option("-p", "--partition", type=PARTITION, default=None,
+              help="Only this partition of --topic: brokerId-partition (a bare number if only one broker has it).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=3600.0, show_default=True,
               help="Seconds to wait for the broker: it reads every stored byte once.")
 @click.option("--json", "as_json", is_flag=True, help="Print the broker's reports as JSON.")
 @run_async
-async def admin_verify(servers: str, topic: str | None, partition: int | None, timeout_s: float,
+async def admin_verify(servers: str, topic: str | None, partition: PartitionId | int | None, timeout_s: float,
                        as_json: bool) -> None:
     """Check every stored batch and index entry (checksums, offsets, ids) and list what is damaged.
 
-    Nothing is modified. Exit code 0 when everything checked is intact, 1 when something is damaged.
+    Every broker of --servers checks its own partitions. Nothing is modified. Exit code 0 when everything
+    checked is intact, 1 when something is damaged.
     """
     if partition is not None and topic is None:
         raise click.UsageError("--partition needs --topic")
     async with await _session(servers) as session:
-        reports = await session.admin().verify(topic, -1 if partition is None else partition, timeout_s=timeout_s)
+        admin = session.admin()
+        if partition is not None:
+            reports = await admin.verify(topic, partition, timeout_s=timeout_s)
+        else:
+            reports = []
+            brokers = await _holders(session, topic) if topic is not None else [*await admin.broker_ids()]
+            for broker_id in brokers:
+                reports += await admin.verify(topic, broker_id=broker_id, timeout_s=timeout_s)
     if as_json:
         click.echo(json.dumps(reports, indent=2))
     else:

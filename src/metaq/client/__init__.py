@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from metaq.client.selectors import KeyHashSelector, RandomSelector, RoundRobinSelector
     from metaq.client.session import MessageSessionFactory
     from metaq.client.sync import SyncSessionFactory, connect
-    from metaq.types import Message, SendResult
+    from metaq.types import Message, PartitionId, SendResult
 
 _EXPORTS: dict[str, str] = {
     "Admin": "metaq.client.admin",
@@ -50,6 +50,7 @@ _EXPORTS: dict[str, str] = {
     "Message": "metaq.types",
     "MessageSessionFactory": "metaq.client.session",
     "Partition": "metaq.client.metadata",
+    "PartitionId": "metaq.types",
     "Producer": "metaq.client.producer",
     "PullConsumer": "metaq.client.consumer",
     "RandomSelector": "metaq.client.selectors",
@@ -72,6 +73,7 @@ __all__ = [
     "Message",
     "MessageSessionFactory",
     "Partition",
+    "PartitionId",
     "Producer",
     "PullConsumer",
     "RandomSelector",

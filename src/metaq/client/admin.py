@@ -32,7 +32,7 @@ from metaq.protocol.messages import (
     VerifyRequest,
     VerifyResponse,
 )
-from metaq.types import MessageId, parse_message_id, split_message_id, validate_topic
+from metaq.types import MessageId, PartitionId, PartitionKey, parse_message_id, split_message_id, validate_topic
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,12 @@ class MessageLocation:
     topic: str
     partition: int
     offset: int
+    broker_id: int = -1
+    """The broker that holds it (the one the message id names)."""
+
+    @property
+    def partition_id(self) -> PartitionId:
+        return PartitionId(self.broker_id, self.partition)
 
 
 def _json_document(raw: bytes, what: str, kind: type) -> Any:
@@ -97,6 +103,12 @@ class Admin:
         finally:
             self._core.metadata.cache.invalidate(topic)
 
+    async def broker_ids(self) -> list[int]:
+        """The ids of the brokers this session knows: every server it was given (asked once now) and
+        every broker their metadata names."""
+        await self._core.metadata.refresh_all()
+        return sorted(set(self._core.metadata.cache.brokers) | set(self._core.server_ids.values()))
+
     async def list_topics(self) -> dict[str, list[Partition]]:
         """Every topic the brokers know, with its partitions in (broker id, partition) order."""
         got = await self._core.metadata.refresh_all()
@@ -114,20 +126,29 @@ class Admin:
             out.append(PartitionDescription(p, earliest, latest))
         return TopicDescription(topic, out)
 
-    async def close_partition(self, topic: str, partition: int = -1, *, broker_id: int | None = None) -> None:
-        """Stop accepting publishes (MetaQ's ``topic close``); -1 = every partition. Reads still work."""
+    async def close_partition(self, topic: str, partition: PartitionKey = -1, *, broker_id: int | None = None) -> None:
+        """Stop accepting publishes (MetaQ's ``topic close``); -1 = every partition (of ``broker_id``, or
+        of every broker holding the topic). Reads still work."""
         await self._set_state(topic, partition, False, broker_id)
 
-    async def open_partition(self, topic: str, partition: int = -1, *, broker_id: int | None = None) -> None:
+    async def open_partition(self, topic: str, partition: PartitionKey = -1, *, broker_id: int | None = None) -> None:
         """Accept publishes again."""
         await self._set_state(topic, partition, True, broker_id)
 
-    async def _set_state(self, topic: str, partition: int, open_: bool, broker_id: int | None) -> None:
+    async def _set_state(self, topic: str, partition: PartitionKey, open_: bool, broker_id: int | None) -> None:
         validate_topic(topic)
-        if broker_id is None and partition >= 0:
-            broker_id = (await self._core.partition(topic, partition)).broker_id
         try:
-            await self._core.request(PartitionStateRequest(topic, partition, open_), broker_id)
+            if partition == -1:
+                if broker_id is not None:
+                    targets: list[tuple[int | None, int]] = [(broker_id, -1)]
+                else:
+                    tm = await self._core.metadata.refresh_topic(topic)
+                    targets = [(b, -1) for b in sorted({p.broker_id for p in tm.partitions})] or [(None, -1)]
+            else:
+                p = await self._core.partition(topic, partition)
+                targets = [(p.broker_id, p.partition)]
+            for broker, number in targets:
+                await self._core.request(PartitionStateRequest(topic, number, open_), broker)
         finally:
             self._core.metadata.cache.invalidate(topic)
 
@@ -137,16 +158,27 @@ class Admin:
         data: dict[str, Any] = _json_document(resp.stats_json, "stats", dict)
         return data
 
-    async def verify(self, topic: str | None = None, partition: int = -1, *, broker_id: int | None = None,
+    async def verify(self, topic: str | None = None, partition: PartitionKey = -1, *, broker_id: int | None = None,
                      timeout_s: float = 3600.0) -> list[dict[str, Any]]:
-        """Have the broker check every stored byte and index entry of the partitions (all, a topic's, or
-        one); one report per partition: ``ok``, ``messages``, ``damaged`` ranges (offsets and the
-        messages each makes unreadable), ``index_problems``. Slow on big logs: reads everything once."""
+        """Have a broker check every stored byte and index entry of its partitions (all, a topic's, or
+        one, asked of the broker holding it); one report per partition: ``broker_id``, ``topic``,
+        ``partition``, ``ok``, ``messages``, ``damaged`` ranges (offsets and the messages each makes
+        unreadable), ``index_problems``. Slow on big logs: reads everything once."""
         if topic is not None:
             validate_topic(topic)
-        resp: VerifyResponse = await self._core.request(VerifyRequest(topic, partition), broker_id,
+        number = -1
+        if partition != -1:
+            if topic is None:
+                raise InvalidArgument("verify of one partition needs its topic")
+            p = await self._core.partition(topic, partition)
+            number, broker_id = p.partition, p.broker_id
+        resp: VerifyResponse = await self._core.request(VerifyRequest(topic, number), broker_id,
                                                         timeout_s=timeout_s)
         data: list[dict[str, Any]] = _json_document(resp.report_json, "verify report", list)
+        answered = self._core.default_broker_id if broker_id is None else broker_id
+        for report in data:
+            if isinstance(report, dict):
+                report.setdefault("broker_id", answered)
         return data
 
     async def reload(self, *, broker_id: int | None = None) -> list[str]:
@@ -163,9 +195,9 @@ class Admin:
         if self._core.metadata.cache.address(broker_id) is None and broker_id != self._core.default_broker_id:
             await self._core.metadata.refresh_all()
         resp: LookupMessageResponse = await self._core.request(LookupMessageRequest(mid), broker_id)
-        return MessageLocation(resp.topic, resp.partition, resp.offset)
+        return MessageLocation(resp.topic, resp.partition, resp.offset, broker_id)
 
-    async def list_offsets(self, topic: str, partition: int | Partition, timestamp_ms: int = -1) -> int:
+    async def list_offsets(self, topic: str, partition: PartitionKey, timestamp_ms: int = -1) -> int:
         """-2: the earliest offset; -1: the latest (next to be written); else the first offset at or after
         the timestamp."""
         validate_topic(topic)

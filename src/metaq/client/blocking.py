@@ -8,9 +8,12 @@ Requests on one connection are answered in order, so pipelining is simply "write
 read as many replies" (:meth:`BlockingClient.request_many`, :meth:`BlockingClient.produce_many`), with a
 bounded window so a slow broker pushes back instead of letting requests pile up in memory.
 
-Routing: ``servers`` may list several ``host:port``; the first that answers is the bootstrap broker.
-Requests about a topic-partition go to the broker that metadata names for it (a connection is opened on
-first use); with one broker that is the bootstrap connection itself.
+Routing: a partition is ``brokerId-partition`` (:class:`~metaq.types.PartitionId`); requests about it go
+to its own broker (a connection is opened on first use; with one broker that is the bootstrap connection
+itself). ``servers`` lists every broker: the first that answers is the bootstrap broker (it gets
+produce requests for partition -1), metadata is asked of every server and merged as the asyncio client
+does (standalone brokers each answer for their own partitions), and a broker id is looked for among the
+servers when it is first needed. A bare partition number is accepted where exactly one broker has it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from metaq.client.metadata import merge_metadata, resolve_partition
 from metaq.errors import (
     NONE,
     BrokerError,
@@ -30,6 +34,7 @@ from metaq.errors import (
     RequestTimeoutError,
     TooManyConnectionsError,
     UnknownPartitionError,
+    UnknownServerError,
     UnknownTopicError,
     error_for_code,
 )
@@ -47,7 +52,7 @@ from metaq.protocol.messages import (
     ProduceResponse,
     TopicInfo,
 )
-from metaq.types import DEFAULT_PORT
+from metaq.types import DEFAULT_PORT, PartitionId, PartitionKey, partition_key
 
 DEFAULT_SERVERS = f"127.0.0.1:{DEFAULT_PORT}"
 DEFAULT_WINDOW = 16
@@ -100,10 +105,11 @@ def _describe(request: Any) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ProduceItem:
-    """One batch for :meth:`BlockingClient.produce_many`."""
+    """One batch for :meth:`BlockingClient.produce_many`: ``partition`` is a PartitionId, ``"b-p"``, an
+    unambiguous number, or -1 (the bootstrap broker picks)."""
 
     topic: str
-    partition: int
+    partition: PartitionKey
     records: bytes
 
 
@@ -187,26 +193,46 @@ class BlockingClient:
         self._addresses = parse_servers(servers)
         self._links: dict[int, _Link] = {}
         self._brokers: dict[int, tuple[str, int]] = {}
-        self._leaders: dict[tuple[str, int], int] = {}
+        """broker id -> the address to reach it at (a server it answered on, else the advertised one)."""
+        self._reached: set[tuple[str, int]] = set()
+        self._partitions: dict[str, list[PartitionId]] = {}
+        """topic -> its partitions (every broker's), from the last metadata asked."""
         self._bootstrap = self._connect_any()
         self.broker_id = self._bootstrap.broker_id
-        self._links[self.broker_id] = self._bootstrap
+        self._adopt(self._bootstrap)
 
     # -- connections --------------------------------------------------------------------------
+
+    def _open(self, host: str, port: int) -> _Link:
+        """A handshaken link to one server (OSError or the broker's MetaqError if it cannot be had)."""
+        link = _Link(host, port, self.client_id, self.timeout_s)
+        try:
+            link.handshake(self.client_id)
+        except BaseException:
+            link.close()
+            raise
+        return link
+
+    def _adopt(self, link: _Link) -> None:
+        host, _, port = link.address.rpartition(":")
+        self._reached.add((host, int(port)))
+        if link.broker_id >= 0:
+            self._brokers[link.broker_id] = (host, int(port))
+            old = self._links.get(link.broker_id)
+            if old is not None and old is not link and not old.closed and old is not self._bootstrap:
+                old.close()
+            self._links[link.broker_id] = link
 
     def _connect_any(self) -> _Link:
         failures: list[str] = []
         refusals = 0
         for host, port in self._addresses:
             try:
-                link = _Link(host, port, self.client_id, self.timeout_s)
+                link = self._open(host, port)
             except OSError as exc:
                 failures.append(f"{host}:{port} ({exc.strerror or exc})")
                 continue
-            try:
-                link.handshake(self.client_id)
-            except (MetaqError, OSError) as exc:
-                link.close()
+            except MetaqError as exc:
                 failures.append(f"{host}:{port} ({exc})")
                 refusals += isinstance(exc, TooManyConnectionsError)
                 continue
@@ -217,47 +243,73 @@ class BlockingClient:
         raise ConnectionClosedError(
             f"cannot reach any metaq broker in servers={self.servers!r}: {'; '.join(failures)}")
 
+    def _bootstrap_link(self) -> _Link:
+        if self._bootstrap.closed:
+            self._bootstrap = self._connect_any()
+            self.broker_id = self._bootstrap.broker_id
+            self._adopt(self._bootstrap)
+        return self._bootstrap
+
     def _link_for_broker(self, broker_id: int) -> _Link:
+        """The connection to broker ``broker_id``: open, reopened, or found among the servers."""
         link = self._links.get(broker_id)
         if link is not None and not link.closed:
             return link
-        if broker_id == self.broker_id or broker_id not in self._brokers:
-            if self._bootstrap.closed:
-                self._bootstrap = self._connect_any()
-                self.broker_id = self._bootstrap.broker_id
-                self._links[self.broker_id] = self._bootstrap
-            return self._bootstrap
-        host, port = self._brokers[broker_id]
-        try:
-            link = _Link(host, port, self.client_id, self.timeout_s)
-            link.handshake(self.client_id)
-        except OSError as exc:
-            raise ConnectionClosedError(f"cannot reach broker {broker_id} at {host}:{port}: {exc}") from None
-        self._links[broker_id] = link
-        return link
-
-    def _link_for(self, topic: str, partition: int) -> _Link:
-        """The connection to the broker holding ``topic``-``partition`` (metadata is asked once)."""
-        if len(self._addresses) == 1 and len(self._brokers) <= 1:
-            # The common case (one embedded broker): no metadata round trip until a second broker
-            # is actually known.
-            return self._link_for_broker(self.broker_id)
-        leader = self._leaders.get((topic, partition))
-        if leader is None:
+        if broker_id == self.broker_id:
+            return self._bootstrap_link()
+        address = self._brokers.get(broker_id)
+        if address is not None:
             try:
-                self.metadata([topic])
-            except BrokerError:
-                pass
-            leader = self._leaders.get((topic, partition), self.broker_id)
-        return self._link_for_broker(leader)
+                link = self._open(*address)
+            except OSError as exc:
+                raise ConnectionClosedError(f"cannot reach broker {broker_id} at {address[0]}:{address[1]}: "
+                                            f"{exc}") from None
+            self._adopt(link)
+            return link
+        for host, port in self._addresses:  # a standalone broker is known only by the server it is at
+            if (host, port) in self._reached:
+                continue
+            try:
+                link = self._open(host, port)
+            except (OSError, MetaqError):
+                continue
+            self._adopt(link)
+            if link.broker_id == broker_id:
+                return link
+        raise UnknownServerError(f"broker {broker_id} is not among the servers {self.servers!r} that answered")
+
+    def _route(self, topic: str, partition: PartitionKey) -> tuple[_Link, int]:
+        """The connection to a partition's broker and its number there (-1: the bootstrap broker picks)."""
+        if partition == -1:
+            return self._bootstrap_link(), -1
+        pid = self.resolve(topic, partition)
+        return self._link_for_broker(pid.broker_id), pid.partition
+
+    def resolve(self, topic: str, partition: PartitionKey) -> PartitionId:
+        """The PartitionId a PartitionId, ``"b-p"`` or bare number names (a number must be unambiguous:
+        InvalidArgument naming the candidates otherwise; UnknownPartitionError if none has it)."""
+        key = partition_key(partition)
+        if isinstance(key, PartitionId):
+            return key
+        if len(self._addresses) == 1 and len(self._brokers) <= 1:
+            # The common case (one broker): every number is its own, no metadata round trip.
+            return PartitionId(self.broker_id, key)
+        cached = self._partitions.get(topic)
+        found = resolve_partition(topic, cached, key) if cached is not None else None
+        parts = cached or []
+        if found is None:
+            parts = self.partitions_for(topic)
+            found = resolve_partition(topic, parts, key)
+        if found is None:
+            raise UnknownPartitionError(f"topic {topic!r} has no partition {key} on servers {self.servers!r} "
+                                        f"(it has {[str(p) for p in parts]})")
+        return found
 
     # -- generic requests ---------------------------------------------------------------------
 
     def request(self, request: Any, *, broker_id: int | None = None) -> Any:
         """Send one request and return its response; a non-zero error code raises."""
-        link = self._bootstrap if broker_id is None else self._link_for_broker(broker_id)
-        if link.closed:
-            link = self._link_for_broker(link.broker_id)
+        link = self._bootstrap_link() if broker_id is None else self._link_for_broker(broker_id)
         return check_response(link.call(request), _describe(request))
 
     def request_many(self, requests: Iterable[Any], *, window: int = DEFAULT_WINDOW,
@@ -268,7 +320,7 @@ class BlockingClient:
         error response raises -- after every reply still in flight has been read, so the
         connection stays usable.
         """
-        yield from self._pipeline(((self._bootstrap, r) for r in requests), window, check)
+        yield from self._pipeline(((self._bootstrap_link(), r) for r in requests), window, check)
 
     def _pipeline(self, items: Iterable[tuple[_Link, Any]], window: int, check: bool) -> Iterator[Any]:
         if window < 1:
@@ -314,13 +366,32 @@ class BlockingClient:
     # -- typed helpers ------------------------------------------------------------------------
 
     def metadata(self, topics: list[str] | None = None) -> MetadataResponse:
-        """Brokers and topics; remembers where each partition lives for routing."""
-        response: MetadataResponse = self.request(MetadataRequest(topics))
+        """Brokers and topics, merged from every server (those that fail are left out unless all do);
+        remembers each topic's partitions for routing."""
+        if len(self._addresses) == 1:
+            response: MetadataResponse = self.request(MetadataRequest(topics))
+        else:
+            answers: dict[int, MetadataResponse] = {}
+            errors: list[MetaqError] = []
+            for host, port in self._addresses:
+                link = next((li for li in self._links.values() if li.address == f"{host}:{port}" and not li.closed),
+                            None)
+                try:
+                    if link is None:
+                        link = self._open(host, port)
+                        self._adopt(link)
+                    answers.setdefault(link.broker_id, check_response(link.call(MetadataRequest(topics)), "Metadata"))
+                except (OSError, ConnectionClosedError, RequestTimeoutError, BrokerError) as exc:
+                    errors.append(exc if isinstance(exc, MetaqError) else ConnectionClosedError(
+                        f"cannot reach metaq broker {host}:{port}: {exc}"))
+            if not answers:
+                raise errors[0]
+            response = merge_metadata(sorted(answers.items()))
         for b in response.brokers:
-            self._brokers[b.broker_id] = (b.host, b.port)
+            self._brokers.setdefault(b.broker_id, (b.host, b.port))
         for t in response.topics:
-            for p in t.partitions:
-                self._leaders[(t.name, p.partition)] = p.broker_id
+            self._partitions[t.name] = sorted(PartitionId(p.broker_id, p.partition) for p in t.partitions
+                                              if p.error_code == NONE)
         return response
 
     def topic_info(self, topic: str) -> TopicInfo:
@@ -332,44 +403,49 @@ class BlockingClient:
                 return t
         raise UnknownTopicError(f"topic {topic!r} does not exist on servers {self.servers!r}")
 
-    def partitions_for(self, topic: str) -> list[int]:
-        """The topic's partition numbers, sorted."""
-        parts = sorted(p.partition for p in self.topic_info(topic).partitions)
+    def partitions_for(self, topic: str) -> list[PartitionId]:
+        """The topic's partitions on every broker, ``brokerId-partition``, in (broker id, partition) order."""
+        self.topic_info(topic)
+        parts = self._partitions.get(topic, [])
         if not parts:
             raise UnknownPartitionError(f"topic {topic!r} has no partitions on servers {self.servers!r}")
-        return parts
+        return list(parts)
 
-    def list_offsets(self, topic: str, partition: int, timestamp_ms: int) -> ListOffsetsResponse:
+    def list_offsets(self, topic: str, partition: PartitionKey, timestamp_ms: int) -> ListOffsetsResponse:
         """-2 earliest, -1 latest (the next offset to be written), else the first offset at or after it."""
-        link = self._link_for(topic, partition)
-        return check_response(link.call(ListOffsetsRequest(topic, partition, timestamp_ms)),
-                              f"ListOffsets {topic}-{partition}")
+        link, number = self._route(topic, partition)
+        return check_response(link.call(ListOffsetsRequest(topic, number, timestamp_ms)),
+                              f"ListOffsets {topic}:{link.broker_id}-{number}")
 
-    def list_offsets_many(self, topic: str, partitions: Iterable[int],
-                          timestamp_ms: int) -> dict[int, ListOffsetsResponse]:
-        """:meth:`list_offsets` for several partitions in one pipelined round trip."""
+    def list_offsets_many(self, topic: str, partitions: Iterable[PartitionKey],
+                          timestamp_ms: int) -> dict[PartitionKey, ListOffsetsResponse]:
+        """:meth:`list_offsets` for several partitions, pipelined (one round trip per broker); keyed as
+        given."""
         parts = list(partitions)
-        items = [(self._link_for(topic, p), ListOffsetsRequest(topic, p, timestamp_ms)) for p in parts]
+        items = []
+        for p in parts:
+            link, number = self._route(topic, p)
+            items.append((link, ListOffsetsRequest(topic, number, timestamp_ms)))
         return dict(zip(parts, self._pipeline(items, max(1, len(items)), True), strict=True))
 
-    def fetch(self, topic: str, partition: int, offset: int, max_bytes: int,
+    def fetch(self, topic: str, partition: PartitionKey, offset: int, max_bytes: int,
               max_wait_ms: int = 0) -> FetchResponse:
         """Raw batches from ``offset`` (the first may start before it; the last may be cut off)."""
-        link = self._link_for(topic, partition)
-        response = link.call(FetchRequest(topic, partition, offset, max_bytes, max_wait_ms))
-        return check_response(response, f"Fetch {topic}-{partition} at offset {offset}")
+        link, number = self._route(topic, partition)
+        response = link.call(FetchRequest(topic, number, offset, max_bytes, max_wait_ms))
+        return check_response(response, f"Fetch {topic}:{link.broker_id}-{number} at offset {offset}")
 
-    def produce(self, topic: str, partition: int, batch_bytes: bytes, acks: int = 1,
+    def produce(self, topic: str, partition: PartitionKey, batch_bytes: bytes, acks: int = 1,
                 timeout_ms: int | None = None) -> ProduceResponse | None:
         """Append one record batch; None with ``acks=0`` (the broker does not answer)."""
-        link = self._link_for(topic, partition)
-        request = ProduceRequest(topic, partition, acks, self._timeout_ms(timeout_ms), batch_bytes)
+        link, number = self._route(topic, partition)
+        request = ProduceRequest(topic, number, acks, self._timeout_ms(timeout_ms), batch_bytes)
         if acks == 0:
             link.send(request, expect_response=False)
             return None
-        return check_response(link.call(request), f"Produce {topic}-{partition}")
+        return check_response(link.call(request), f"Produce {topic}:{link.broker_id}-{number}")
 
-    def produce_many(self, items: Iterable[ProduceItem | tuple[str, int, bytes]], acks: int = 1,
+    def produce_many(self, items: Iterable[ProduceItem | tuple[str, PartitionKey, bytes]], acks: int = 1,
                      window: int = DEFAULT_WINDOW, timeout_ms: int | None = None) -> list[ProduceResponse]:
         """Send batches pipelined (at most ``window`` unanswered); the replies in order.
 
@@ -379,7 +455,7 @@ class BlockingClient:
         """
         return list(self.iter_produce(items, acks, window, timeout_ms))
 
-    def iter_produce(self, items: Iterable[ProduceItem | tuple[str, int, bytes]], acks: int = 1,
+    def iter_produce(self, items: Iterable[ProduceItem | tuple[str, PartitionKey, bytes]], acks: int = 1,
                      window: int = DEFAULT_WINDOW, timeout_ms: int | None = None) -> Iterator[ProduceResponse]:
         """:meth:`produce_many` yielding each reply as it arrives (nothing is sent until iterated)."""
         tmo = self._timeout_ms(timeout_ms)
@@ -388,7 +464,8 @@ class BlockingClient:
             for item in items:
                 topic, partition, records = item if isinstance(item, tuple) else (
                     item.topic, item.partition, item.records)
-                yield self._link_for(topic, partition), ProduceRequest(topic, partition, acks, tmo, records)
+                link, number = self._route(topic, partition)
+                yield link, ProduceRequest(topic, number, acks, tmo, records)
 
         if acks == 0:
             for link, req in requests():
@@ -406,6 +483,7 @@ class BlockingClient:
             link.close()
         self._bootstrap.close()
         self._links.clear()
+        self._reached.clear()
 
     def __enter__(self) -> BlockingClient:
         return self

@@ -39,7 +39,7 @@ from metaq.protocol.messages import (
     ListOffsetsResponse,
 )
 from metaq.protocol.records import decode_fetched
-from metaq.types import Message, validate_partition, validate_topic
+from metaq.types import Message, PartitionKey, partition_key, validate_topic
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class Fetcher:
         self._core = core
         self.verify_crc = verify_crc
 
-    async def fetch(self, topic: str, partition: int | Partition, offset: int, *,
+    async def fetch(self, topic: str, partition: PartitionKey, offset: int, *,
                     max_bytes: int = DEFAULT_FETCH_MAX_BYTES, max_wait_ms: int = 0, group: str = "",
                     connection: BrokerConnection | None = None) -> FetchResult:
         """Fetch once. Raises OffsetOutOfRangeError carrying ``earliest``/``latest`` when the offset
@@ -94,9 +94,9 @@ class Fetcher:
         start = resp.reset_offset if resp.reset_offset >= 0 else offset
         records = resp.records
         if resp.reset_offset >= 0:
-            log.warning("offset %d of %s-%d was out of range; the broker served from %d", offset, topic,
-                        p.partition, resp.reset_offset)
-        messages, next_offset = decode_fetched(records, topic, p.partition, start, self.verify_crc)
+            log.warning("offset %d of %s:%s was out of range; the broker served from %d", offset, topic, p,
+                        resp.reset_offset)
+        messages, next_offset = decode_fetched(records, topic, p.partition, start, self.verify_crc, p.broker_id)
         return FetchResult(messages, next_offset, resp.log_start_offset, resp.log_end_offset, resp.reset_offset,
                            partial=bool(records) and not messages and next_offset == start)
 
@@ -127,14 +127,13 @@ class PullConsumer:
         self._iterators: set[BrokerConnection] = set()
         self._closed = False
 
-    def _check(self, topic: str, partition: int | Partition) -> None:
+    def _check(self, topic: str, partition: PartitionKey) -> None:
         if self._closed:
             raise ClientClosedError("the consumer is closed")
         validate_topic(topic)
-        if not isinstance(partition, Partition):
-            validate_partition(partition)
+        partition_key(partition)
 
-    async def get(self, topic: str, partition: int | Partition, offset: int,
+    async def get(self, topic: str, partition: PartitionKey, offset: int,
                   max_bytes: int = DEFAULT_FETCH_MAX_BYTES) -> list[Message]:
         """Messages from ``offset`` on, at most about ``max_bytes`` of them; [] at the end. No waiting.
 
@@ -143,7 +142,7 @@ class PullConsumer:
         self._check(topic, partition)
         return (await self.fetcher.fetch(topic, partition, offset, max_bytes=max_bytes)).messages
 
-    async def iterate(self, topic: str, partition: int | Partition, offset: StartOffset = "earliest", *,
+    async def iterate(self, topic: str, partition: PartitionKey, offset: StartOffset = "earliest", *,
                       max_wait_ms: int = DEFAULT_MAX_WAIT_MS, max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
                       max_messages: int | None = None, stop_at_end: bool = False,
                       on_out_of_range: OutOfRangePolicy = "raise", group: str = ""
@@ -166,7 +165,7 @@ class PullConsumer:
         finally:
             await batches.aclose()
 
-    async def iterate_batches(self, topic: str, partition: int | Partition, offset: StartOffset = "earliest", *,
+    async def iterate_batches(self, topic: str, partition: PartitionKey, offset: StartOffset = "earliest", *,
                               max_wait_ms: int = DEFAULT_MAX_WAIT_MS, max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
                               max_messages: int | None = None, stop_at_end: bool = False,
                               on_out_of_range: OutOfRangePolicy = "raise", group: str = ""
@@ -208,8 +207,8 @@ class PullConsumer:
                     if on_out_of_range == "raise" or earliest < 0:
                         raise
                     new = earliest if on_out_of_range == "earliest" else latest
-                    log.warning("offset %d of %s-%d is out of range %d..%d; continuing from %d", position, topic,
-                                p.partition, earliest, latest, new)
+                    log.warning("offset %d of %s:%s is out of range %d..%d; continuing from %d", position, topic,
+                                p, earliest, latest, new)
                     position = new
                     continue
                 except (ConnectionClosedError, RequestTimeoutError, BrokerError) as exc:
@@ -223,7 +222,7 @@ class PullConsumer:
                     failures += 1
                     if failures > self._core.config.reconnect_attempts:
                         raise
-                    log.info("fetch from %s-%d failed (%s); retrying", topic, p.partition, exc)
+                    log.info("fetch from %s:%s failed (%s); retrying", topic, p, exc)
                     if conn is not None:
                         conn.close()
                     conn = None
@@ -232,8 +231,8 @@ class PullConsumer:
                 failures = 0
                 if result.partial:
                     fetch_bytes = min(fetch_bytes * 2, self._core.config.max_frame_bytes // 2)
-                    log.warning("a batch of %s-%d at offset %d is larger than max_bytes; fetching %d bytes",
-                                topic, p.partition, position, fetch_bytes)
+                    log.warning("a batch of %s:%s at offset %d is larger than max_bytes; fetching %d bytes",
+                                topic, p, position, fetch_bytes)
                     continue
                 fetch_bytes = max_bytes
                 position = result.next_offset
@@ -257,12 +256,12 @@ class PullConsumer:
         delay = min(cfg.reconnect_backoff_max_s, cfg.reconnect_backoff_s * (2 ** (failures - 1)))
         return delay * (0.5 + 0.5 * random.random())
 
-    async def offsets(self, topic: str, partition: int | Partition) -> tuple[int, int]:
+    async def offsets(self, topic: str, partition: PartitionKey) -> tuple[int, int]:
         """(earliest, latest): the first stored offset and the next offset to be written."""
         self._check(topic, partition)
         return await offsets_of(self._core, topic, await self._core.partition(topic, partition))
 
-    async def offset_for_time(self, topic: str, partition: int | Partition, timestamp_ms: int) -> int:
+    async def offset_for_time(self, topic: str, partition: PartitionKey, timestamp_ms: int) -> int:
         """The first offset whose message timestamp is at or after ``timestamp_ms`` (latest if none)."""
         self._check(topic, partition)
         if timestamp_ms < 0 and timestamp_ms not in (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP):

@@ -1,4 +1,11 @@
-"""What a session's producers, consumers and admin share: config, connections, metadata, routing."""
+"""What a session's producers, consumers and admin share: config, connections, metadata, routing.
+
+Several servers: standalone brokers (no ZooKeeper) each answer only for their own partitions, so
+metadata is asked of every server and merged (:func:`metaq.client.metadata.merge_metadata`), and each
+partition is then reached at its own broker. Consumer groups are coordinated by one broker: the one
+with the lowest broker id among the servers (:meth:`ClientCore.coordinator`), a rule every member given
+the same brokers computes alike, whatever order it lists them in.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +14,17 @@ from typing import Any
 
 from metaq.client.config import ClientConfig
 from metaq.client.connection import BrokerConnection, raise_for_error
-from metaq.client.metadata import Address, Metadata, Partition, TopicMetadata
+from metaq.client.metadata import Address, Metadata, Partition, TopicMetadata, merge_metadata
 from metaq.client.pool import ConnectionPool
-from metaq.errors import ConnectionClosedError, UnknownPartitionError, UnknownServerError
+from metaq.errors import (
+    BrokerError,
+    ConnectionClosedError,
+    RequestTimeoutError,
+    UnknownPartitionError,
+    UnknownServerError,
+)
 from metaq.protocol.messages import MetadataRequest, MetadataResponse
+from metaq.types import PartitionKey
 
 
 class ClientCore:
@@ -24,6 +38,8 @@ class ClientCore:
         """The broker first reached: it answers metadata and gets produce requests for topics with no
         known partitions (partition -1, the broker picks)."""
         self._default_address: Address | None = None
+        self.server_ids: dict[Address, int] = {}
+        """Each server address -> the broker id it answered with (once it has answered)."""
 
     async def start(self) -> None:
         """Reach the first bootstrap server that answers; ConnectionClosedError if none does."""
@@ -41,8 +57,36 @@ class ClientCore:
     def _adopt(self, address: Address, conn: BrokerConnection) -> None:
         self.default_broker_id = conn.broker_id
         self._default_address = address
+        self._learn(address, conn)
+
+    def _learn(self, address: Address, conn: BrokerConnection) -> None:
         if conn.broker_id >= 0:
+            self.server_ids[address] = conn.broker_id
             self.metadata.cache.known_addresses[conn.broker_id] = address
+
+    async def _server_connection(self, address: Address, channel: str = "default") -> BrokerConnection:
+        if address == self._default_address:
+            return await self._default_connection(channel)
+        conn = await self.pool.get(address, channel)
+        self._learn(address, conn)
+        return conn
+
+    async def coordinator(self) -> int | None:
+        """The broker that coordinates consumer groups: None (the default broker) with one server, else
+        the lowest broker id among the servers. Every server must have answered once, so that members
+        listing the same brokers agree; ConnectionClosedError names the ones that have not."""
+        if len(self.servers) == 1:
+            return None
+        missing = [a for a in self.servers if a not in self.server_ids]
+        if missing:
+            results = await asyncio.gather(*(self._server_connection(a) for a in missing), return_exceptions=True)
+            failed = [f"{h}:{p} ({r})" for (h, p), r in zip(missing, results, strict=True)
+                      if isinstance(r, BaseException)]
+            if failed:
+                raise ConnectionClosedError(
+                    "cannot tell which broker coordinates consumer groups (the lowest broker id among the "
+                    f"servers) until every server has answered once; not yet: {'; '.join(failed)}")
+        return min(self.server_ids[a] for a in self.servers)
 
     def address(self, broker_id: int) -> Address:
         addr = self.metadata.cache.address(broker_id)
@@ -61,10 +105,21 @@ class ClientCore:
         return self.pool.cached(address, channel) if address is not None else None
 
     async def connection(self, broker_id: int | None = None, channel: str = "default") -> BrokerConnection:
-        """The shared connection to a broker (None: the default broker), reconnecting if needed."""
+        """The shared connection to a broker (None: the default broker), reconnecting if needed.
+
+        A broker id not yet known is looked for among the servers that have not answered yet (each
+        standalone broker is known only by the address it was given at)."""
         if broker_id is None or broker_id == self.default_broker_id:
             return await self._default_connection(channel)
+        if self.metadata.cache.address(broker_id) is None:
+            await self._reach_servers()
         return await self.pool.get(self.address(broker_id), channel)
+
+    async def _reach_servers(self) -> None:
+        """Connect to every server not reached yet, learning its broker id (failures are left for later)."""
+        missing = [a for a in self.servers if a not in self.server_ids]
+        if missing:
+            await asyncio.gather(*(self._server_connection(a) for a in missing), return_exceptions=True)
 
     async def _default_connection(self, channel: str) -> BrokerConnection:
         assert self._default_address is not None, "ClientCore.start() was not called"
@@ -95,14 +150,36 @@ class ClientCore:
         return await conn.request(request, timeout_s)
 
     async def _fetch_metadata(self, request: MetadataRequest) -> MetadataResponse:
-        conn = await self.connection(None)
-        return raise_for_error(await conn.request(request))
+        """Metadata from every server, merged; the servers that fail are left out unless all do."""
+        if len(self.servers) == 1:
+            conn = await self.connection(None)
+            return raise_for_error(await conn.request(request))
+        results = await asyncio.gather(*(self._ask(a, request) for a in self.servers), return_exceptions=True)
+        answers: dict[int, MetadataResponse] = {}
+        errors: list[BaseException] = []
+        for result in results:
+            if isinstance(result, (ConnectionClosedError, RequestTimeoutError, BrokerError)):
+                errors.append(result)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                answers.setdefault(result[0], result[1])
+        if not answers:
+            raise errors[0]
+        return merge_metadata(sorted(answers.items()))
+
+    async def _ask(self, address: Address, request: MetadataRequest) -> tuple[int, MetadataResponse]:
+        conn = await self._server_connection(address)
+        response: MetadataResponse = raise_for_error(await conn.request(request))
+        return conn.broker_id, response
 
     async def topic(self, topic: str) -> TopicMetadata:
         return await self.metadata.topic(topic)
 
-    async def partition(self, topic: str, partition: int | Partition) -> Partition:
-        """The Partition (with its broker) for a partition number; UnknownPartitionError if none."""
+    async def partition(self, topic: str, partition: PartitionKey) -> Partition:
+        """The Partition (with its broker) named by a PartitionId, ``"b-p"`` text or a bare number (which
+        must be unambiguous: InvalidArgument naming the candidates otherwise); UnknownPartitionError if
+        the topic has no such partition."""
         if isinstance(partition, Partition):
             return partition
         tm = await self.metadata.topic(topic)
@@ -114,7 +191,7 @@ class ClientCore:
             if tm.error is not None:
                 raise type(tm.error)(tm.error.message)
             raise UnknownPartitionError(
-                f"topic {topic!r} has no partition {partition} (it has {[p.partition for p in tm.partitions]})")
+                f"topic {topic!r} has no partition {partition} (it has {[str(p) for p in tm.partitions]})")
         return found
 
     async def close(self) -> None:

@@ -1,39 +1,43 @@
 """What the client knows about brokers and topic partitions, from MetadataRequest.
 
-A topic's partitions are kept ordered by (broker id, partition), as MetaQ's producer orders them
-before it walks them round robin. The cache is refreshed on demand (first use of a topic, an entry
-older than ``metadata_max_age_s``) and after any broker error whose class says ``refresh_metadata``.
-Concurrent refreshes of one topic share a single request.
+A partition is ``brokerId-partition`` (:class:`metaq.types.PartitionId`; :class:`Partition` is that
+identity plus the broker's publish/subscribe flags). A topic's partitions are kept ordered by (broker
+id, partition), as MetaQ's producer orders them before it walks them round robin. The cache is
+refreshed on demand (first use of a topic, an entry older than ``metadata_max_age_s``) and after any
+broker error whose class says ``refresh_metadata``. Concurrent refreshes of one topic share a single
+request.
+
+Several brokers: with standalone brokers (no ZooKeeper) each broker answers only for its own
+partitions, so the client asks every server it was given and merges the answers with
+:func:`merge_metadata`: a topic's partitions are the union of what the brokers report, a partition
+reported by its own broker wins over another broker's report of it, and a topic is unknown only when
+no broker knows it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-from metaq.errors import BrokerError, UnknownTopicError, error_for_code
-from metaq.protocol.messages import MetadataRequest, MetadataResponse
+from metaq.errors import BrokerError, InvalidArgument, UnknownTopicError, error_for_code
+from metaq.protocol.messages import MetadataRequest, MetadataResponse, TopicInfo
+from metaq.types import PartitionId, PartitionKey, partition_key
 
 Address = tuple[str, int]
 
 
-@dataclass(frozen=True, order=True, slots=True)
-class Partition:
-    """A partition as a producer sees it: which broker, which number. Orders by (broker id, partition).
-
-    The publish/subscribe flags are the broker's (``metaq topic close|open``); they take no part in
-    equality or ordering.
+@dataclass(frozen=True, slots=True, eq=False)
+class Partition(PartitionId):
+    """A partition as a producer sees it: its identity (``brokerId-partition``, a
+    :class:`~metaq.types.PartitionId`: equal, hashed and ordered as that id) plus the broker's
+    publish/subscribe flags (``metaq topic close|open``), which take no part in equality or ordering.
     """
 
-    broker_id: int
-    partition: int
-    accept_publish: bool = field(default=True, compare=False)
-    accept_subscribe: bool = field(default=True, compare=False)
-
-    def __str__(self) -> str:
-        return f"{self.broker_id}-{self.partition}"
+    accept_publish: bool = field(default=True)
+    accept_subscribe: bool = field(default=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +52,68 @@ class TopicMetadata:
     def publishable(self) -> tuple[Partition, ...]:
         return tuple(p for p in self.partitions if p.accept_publish)
 
-    def find(self, partition: int) -> Partition | None:
-        for p in self.partitions:
-            if p.partition == partition:
+    def find(self, partition: PartitionKey) -> Partition | None:
+        """The partition named by a PartitionId, its text ``"1-3"``, or a bare number; None if the topic
+        has no such partition. A bare number must be unambiguous: InvalidArgument naming the candidates
+        when more than one broker holds a partition with that number."""
+        return resolve_partition(self.topic, self.partitions, partition)
+
+
+P = TypeVar("P", bound=PartitionId)
+
+
+def resolve_partition(topic: str, partitions: Iterable[P], partition: PartitionKey) -> P | None:
+    """See :meth:`TopicMetadata.find` (shared with the blocking client)."""
+    key = partition_key(partition)
+    if isinstance(key, PartitionId):
+        for p in partitions:
+            if p == key:
                 return p
         return None
+    found = [p for p in partitions if p.partition == key]
+    if len(found) > 1:
+        names = ", ".join(f"'{p}'" for p in found)
+        raise InvalidArgument(f"partition {key} of topic {topic!r} is ambiguous: brokers "
+                              f"{', '.join(str(p.broker_id) for p in found)} each have one ({names}); "
+                              "name it as brokerId-partition")
+    return found[0] if found else None
+
+
+def merge_metadata(responses: Sequence[tuple[int, MetadataResponse]]) -> MetadataResponse:
+    """One MetadataResponse from the answers of several brokers, as ``(answering broker id, response)``.
+
+    Brokers: the union (the broker's own entry wins for its id). Topics: the union of the partitions
+    reported, each partition taken from its own broker's answer when it has one (its flags are the
+    authority) and otherwise from the first answer naming it; a topic's error is kept only when no
+    broker reports partitions for it. The merge is a pure function of the answers, in any order.
+    """
+    if len(responses) == 1:
+        return responses[0][1]
+    brokers: dict[int, Any] = {}
+    topics: dict[str, dict[tuple[int, int], Any]] = {}
+    from_owner: set[tuple[str, int, int]] = set()
+    errors: dict[str, int] = {}
+    for source, resp in sorted(responses, key=lambda r: r[0]):
+        for b in resp.brokers:
+            if b.broker_id not in brokers or b.broker_id == source:
+                brokers[b.broker_id] = b
+        for t in resp.topics:
+            if t.error_code:
+                errors.setdefault(t.name, t.error_code)
+            parts = topics.setdefault(t.name, {})
+            for p in t.partitions:
+                key = (p.broker_id, p.partition)
+                if (t.name, *key) in from_owner:
+                    continue
+                if key not in parts or p.broker_id == source:
+                    parts[key] = p
+                if p.broker_id == source:
+                    from_owner.add((t.name, *key))
+    out_topics = []
+    for name in sorted(topics):
+        merged = [topics[name][k] for k in sorted(topics[name])]
+        out_topics.append(TopicInfo(name, 0 if merged else errors.get(name, 0), merged))
+    return MetadataResponse(brokers=[brokers[b] for b in sorted(brokers)], topics=out_topics)
 
 
 class MetadataCache:

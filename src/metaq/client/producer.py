@@ -53,7 +53,7 @@ from metaq.errors import (
 )
 from metaq.protocol.messages import ANY_PARTITION, ProduceRequest, ProduceResponse
 from metaq.protocol.records import HEADER_BYTES, RECORD_PREFIX_BYTES, encode_messages, encode_values
-from metaq.types import Message, SendResult, validate_topic
+from metaq.types import Message, PartitionId, PartitionKey, SendResult, validate_topic
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,8 @@ class BatchChunk:
     base_message_id: int
     count: int
     error: BaseException | None = None
+    broker_id: int = -1
+    """With ``partition``: the partition the chunk was sent to (``brokerId-partition``)."""
 
     @property
     def success(self) -> bool:
@@ -110,10 +112,11 @@ class BatchSendResult(Sequence[SendResult]):
 
     def _result(self, chunk: BatchChunk, i: int) -> SendResult:
         if chunk.error is not None:
-            return SendResult(False, -1, chunk.partition, -1, chunk.error, self.topic)
+            return SendResult(False, -1, chunk.partition, -1, chunk.error, self.topic, chunk.broker_id)
         base_id = chunk.base_message_id
         return SendResult(True, base_id + i if base_id >= 0 else -1, chunk.partition,
-                          chunk.base_offset + i if chunk.base_offset >= 0 else -1, None, self.topic)
+                          chunk.base_offset + i if chunk.base_offset >= 0 else -1, None, self.topic,
+                          chunk.broker_id)
 
     @overload
     def __getitem__(self, index: int) -> SendResult: ...
@@ -252,7 +255,7 @@ class Producer:
         return self._enqueue(message, None, size, 0)
 
     async def send_batch(self, topic: str, items: Iterable[bytes | bytearray | Message], *,
-                         partition: int | Partition | None = None, timeout_s: float | None = None
+                         partition: PartitionKey | None = None, timeout_s: float | None = None
                          ) -> BatchSendResult:
         """Send many messages of one topic as few frames as possible; the fast path for bulk data.
 
@@ -275,8 +278,11 @@ class Producer:
             except InvalidArgument:
                 raise
             except MetaqError as exc:  # unknown topic or partition, broker unreachable: a result, as sends
-                number = partition.partition if isinstance(partition, Partition) else partition
-                return BatchSendResult(topic, [BatchChunk(number, -1, -1, len(c), exc) for c, _ in chunks])
+                if isinstance(partition, PartitionId):
+                    number, broker = partition.partition, partition.broker_id
+                else:
+                    number, broker = (partition if isinstance(partition, int) else -1), -1
+                return BatchSendResult(topic, [BatchChunk(number, -1, -1, len(c), exc, broker) for c, _ in chunks])
         acks = self.config.acks
         futures: list[asyncio.Future[BatchChunk]] = []
         compression = self.config.compression
@@ -297,7 +303,8 @@ class Producer:
                 raise
             except MetaqError as exc:
                 done: asyncio.Future[BatchChunk] = self._loop.create_future()
-                done.set_result(BatchChunk(target.partition if target else -1, -1, -1, len(chunk), exc))
+                done.set_result(BatchChunk(target.partition if target else -1, -1, -1, len(chunk), exc,
+                                           target.broker_id if target else -1))
                 futures.append(done)
                 continue
             now_ms = int(time.time() * 1000)
@@ -666,13 +673,14 @@ class Producer:
         if batch.batch_waiter is not None:
             w = batch.batch_waiter
             if not w.done():
-                w.set_result(BatchChunk(partition, base_offset, base_id, batch.count))
+                w.set_result(BatchChunk(partition, base_offset, base_id, batch.count, None, batch.broker_id))
         elif resp is not None:
             has_id = base_id >= 0
+            broker_id = batch.broker_id
             for i, w in enumerate(batch.waiters):
                 if w is not None and not w.done():
                     w.set_result(SendResult(True, base_id + i if has_id else -1, partition, base_offset + i,
-                                            None, topic))
+                                            None, topic, broker_id))
         if batch.partition == ANY_PARTITION:
             tm = self._core.metadata.cache.get(topic)
             if tm is None or not tm.partitions:
@@ -684,14 +692,14 @@ class Producer:
         if batch.batch_waiter is not None:
             w = batch.batch_waiter
             if not w.done():
-                w.set_result(BatchChunk(batch.partition, -1, -1, batch.count, exc))
+                w.set_result(BatchChunk(batch.partition, -1, -1, batch.count, exc, batch.broker_id))
         else:
             if batch.acks == 0:
-                log.warning("one-way batch of %d messages to %s-%d was dropped: %s", batch.count, topic,
-                            batch.partition, exc)
+                log.warning("one-way batch of %d messages to %s:%d-%d was dropped: %s", batch.count, topic,
+                            batch.broker_id, batch.partition, exc)
             for w in batch.waiters:
                 if w is not None and not w.done():
-                    w.set_result(SendResult(False, -1, batch.partition, -1, exc, topic))
+                    w.set_result(SendResult(False, -1, batch.partition, -1, exc, topic, batch.broker_id))
         self._finish(batch)
 
     def _resolve(self, waiter: Any, result: SendResult) -> None:

@@ -32,7 +32,7 @@ from metaq.client.producer import BatchSendResult, Producer
 from metaq.client.selectors import PartitionSelector
 from metaq.client.session import MessageSessionFactory
 from metaq.errors import InvalidArgument
-from metaq.types import Message, MessageId, SendResult
+from metaq.types import Message, MessageId, PartitionKey, SendResult
 
 T = TypeVar("T")
 
@@ -124,7 +124,7 @@ class SyncProducer:
         return self._lt.call(self.producer.send_oneway, message)
 
     def send_batch(self, topic: str, items: Iterable[bytes | bytearray | Message], *,
-                   partition: int | Partition | None = None, timeout_s: float | None = None) -> BatchSendResult:
+                   partition: PartitionKey | None = None, timeout_s: float | None = None) -> BatchSendResult:
         return self._lt.run(self.producer.send_batch(topic, items, partition=partition, timeout_s=timeout_s))
 
     def flush(self) -> None:
@@ -147,11 +147,11 @@ class SyncPullConsumer:
         self._lt = lt
         self.consumer = consumer
 
-    def get(self, topic: str, partition: int | Partition, offset: int,
+    def get(self, topic: str, partition: PartitionKey, offset: int,
             max_bytes: int = DEFAULT_FETCH_MAX_BYTES) -> list[Message]:
         return self._lt.run(self.consumer.get(topic, partition, offset, max_bytes))
 
-    def iterate(self, topic: str, partition: int | Partition, offset: StartOffset = "earliest", *,
+    def iterate(self, topic: str, partition: PartitionKey, offset: StartOffset = "earliest", *,
                 max_wait_ms: int = DEFAULT_MAX_WAIT_MS, max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
                 max_messages: int | None = None, stop_at_end: bool = False,
                 on_out_of_range: OutOfRangePolicy = "raise", group: str = "") -> Iterator[Message]:
@@ -161,7 +161,7 @@ class SyncPullConsumer:
                                           on_out_of_range=on_out_of_range, group=group):
             yield from batch
 
-    def iterate_batches(self, topic: str, partition: int | Partition, offset: StartOffset = "earliest", *,
+    def iterate_batches(self, topic: str, partition: PartitionKey, offset: StartOffset = "earliest", *,
                         max_wait_ms: int = DEFAULT_MAX_WAIT_MS, max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
                         max_messages: int | None = None, stop_at_end: bool = False,
                         on_out_of_range: OutOfRangePolicy = "raise", group: str = "") -> Iterator[list[Message]]:
@@ -182,10 +182,10 @@ class SyncPullConsumer:
             if not self._lt.stopped:
                 self._lt.run(agen.aclose())
 
-    def offsets(self, topic: str, partition: int | Partition) -> tuple[int, int]:
+    def offsets(self, topic: str, partition: PartitionKey) -> tuple[int, int]:
         return self._lt.run(self.consumer.offsets(topic, partition))
 
-    def offset_for_time(self, topic: str, partition: int | Partition, timestamp_ms: int) -> int:
+    def offset_for_time(self, topic: str, partition: PartitionKey, timestamp_ms: int) -> int:
         return self._lt.run(self.consumer.offset_for_time(topic, partition, timestamp_ms))
 
     def close(self) -> None:
@@ -218,10 +218,10 @@ class SyncAdmin:
     def describe_topic(self, topic: str) -> TopicDescription:
         return self._lt.run(self.admin.describe_topic(topic))
 
-    def close_partition(self, topic: str, partition: int = -1, *, broker_id: int | None = None) -> None:
+    def close_partition(self, topic: str, partition: PartitionKey = -1, *, broker_id: int | None = None) -> None:
         self._lt.run(self.admin.close_partition(topic, partition, broker_id=broker_id))
 
-    def open_partition(self, topic: str, partition: int = -1, *, broker_id: int | None = None) -> None:
+    def open_partition(self, topic: str, partition: PartitionKey = -1, *, broker_id: int | None = None) -> None:
         self._lt.run(self.admin.open_partition(topic, partition, broker_id=broker_id))
 
     def stats(self, topic: str | None = None, *, broker_id: int | None = None) -> dict[str, Any]:
@@ -230,14 +230,14 @@ class SyncAdmin:
     def reload(self, *, broker_id: int | None = None) -> list[str]:
         return self._lt.run(self.admin.reload(broker_id=broker_id))
 
-    def verify(self, topic: str | None = None, partition: int = -1, *, broker_id: int | None = None,
+    def verify(self, topic: str | None = None, partition: PartitionKey = -1, *, broker_id: int | None = None,
                timeout_s: float = 3600.0) -> list[dict[str, Any]]:
         return self._lt.run(self.admin.verify(topic, partition, broker_id=broker_id, timeout_s=timeout_s))
 
     def lookup_message(self, message_id: MessageId | str) -> MessageLocation:
         return self._lt.run(self.admin.lookup_message(message_id))
 
-    def list_offsets(self, topic: str, partition: int | Partition, timestamp_ms: int = -1) -> int:
+    def list_offsets(self, topic: str, partition: PartitionKey, timestamp_ms: int = -1) -> int:
         return self._lt.run(self.admin.list_offsets(topic, partition, timestamp_ms))
 
 

@@ -4,6 +4,9 @@ Every coordinator (the broker in standalone mode, every consumer in ZooKeeper mo
 same answer from the same inputs, so nothing here depends on process state, dict order, Python's
 randomised ``hash()`` or the clock.
 
+Partitions are :class:`~metaq.types.PartitionId` values, ``brokerId-partition``: the same split over
+the partitions of several brokers in every mode.
+
 ``range`` — MetaQ's DefaultLoadBalanceStrategy. Partitions are sorted by (broker id, partition) and
 members by id; with ``n`` partitions and ``m`` members, member ``i`` gets the contiguous range that
 starts at ``i * (n // m) + min(i, n % m)`` and has ``n // m`` partitions plus one for the first
@@ -12,8 +15,9 @@ starts at ``i * (n // m) + min(i, n % m)`` and has ``n // m`` partitions plus on
 
 ``consistent_hash`` — MetaQ's ConsisHashStrategy. Members are placed on a 64-bit ring at
 ``virtual_nodes`` points each (BLAKE2b of ``"member#i"``); a partition belongs to the first member point
-clockwise from the partition's own hash. When one member joins, only the partitions that now fall to
-the new member move; everything else stays where it was. The price is a less even split.
+clockwise from the partition's own hash (of ``"partition:<brokerId-partition>"``). When one member
+joins, only the partitions that now fall to the new member move; everything else stays where it was.
+The price is a less even split.
 
 Both functions return an entry for every member (possibly an empty list) and place every partition
 with exactly one member; :func:`check_assignment` asserts this and the coordinator calls it on every
@@ -26,8 +30,10 @@ import bisect
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-PartitionRef = tuple[int, int]
-"""(broker id, partition number): how MetaQ sorts partitions across brokers."""
+from metaq.types import PartitionId
+
+PartitionRef = PartitionId
+"""A partition as the balancers see it: ``brokerId-partition``, sorted as MetaQ sorts them."""
 
 DEFAULT_VIRTUAL_NODES = 160
 """Points per member on the consistent-hash ring; enough for a split within ~±15% of even at 4 members."""
@@ -41,7 +47,10 @@ def _sorted_unique_members(members: Iterable[str]) -> list[str]:
 
 
 def _sorted_unique_partitions(partitions: Iterable[PartitionRef]) -> list[PartitionRef]:
-    return sorted({(int(b), int(p)) for b, p in partitions})
+    unique = set(partitions)
+    if any(not isinstance(p, PartitionId) for p in unique):
+        raise ValueError("partitions must be PartitionId values (brokerId-partition)")
+    return sorted(p.id for p in unique)
 
 
 def range_assign(members: Iterable[str], partitions: Iterable[PartitionRef]) -> dict[str, list[PartitionRef]]:
@@ -76,9 +85,9 @@ def consistent_hash_assign(members: Iterable[str], partitions: Iterable[Partitio
     # Ties between two members' points are broken by member id, so the ring is a pure function too.
     ring = sorted((_point(f"{m}#{i}"), m) for m in ms for i in range(virtual_nodes))
     keys = [k for k, _ in ring]
-    for b, p in ps:
-        idx = bisect.bisect_left(keys, _point(f"partition:{b}-{p}"))
-        out[ring[idx % len(ring)][1]].append((b, p))
+    for pid in ps:
+        idx = bisect.bisect_left(keys, _point(f"partition:{pid}"))
+        out[ring[idx % len(ring)][1]].append(pid)
     return out
 
 

@@ -10,7 +10,8 @@ metaq writes the same znodes as MetaQ, so MetaQ-aware tools read a metaq cluster
     <root>/consumers/<group>/owners/<topic>/<b-p>  ephemeral  the owning consumer's id
     <root>/consumers/<group>/offsets/<topic>/<b-p> persistent <messageId>-<offset> (or a bare offset)
 
-``<b-p>`` is the partition id ``brokerId-partition``. Everything read from ZooKeeper is parsed by the
+``<b-p>`` is the partition id ``brokerId-partition`` (``str(PartitionId)``; ``PartitionId.parse`` reads
+it). Everything read from ZooKeeper is parsed by the
 functions here, which raise :class:`LayoutError` on garbage; callers log it and skip the znode rather
 than crash (a cluster must survive a stray or damaged znode).
 """
@@ -26,7 +27,6 @@ DEFAULT_ROOT = "/meta"
 _BROKER_URL = re.compile(r"^meta://(?P<host>[^:/?#\s]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})(?:\?.*)?$")
 _TOPIC_BROKER_NAME = re.compile(r"^(?P<id>\d{1,9})-(?:m|s(?P<slave>\d{1,9}))$")
 _SLAVE_NODE = re.compile(r"^slave(?P<slave>\d{1,9})$")
-_PARTITION_NAME = re.compile(r"^(?P<broker>\d{1,10})-(?P<partition>\d{1,10})$")
 
 
 class LayoutError(ValueError):
@@ -174,18 +174,6 @@ def parse_topic_broker_data(data: bytes) -> int:
 
 
 # -- partitions, consumers and offsets ------------------------------------------------------------
-
-def partition_name(broker_id: int, partition: int) -> str:
-    """The ``brokerId-partition`` name of a partition (MetaQ's Partition.toString)."""
-    return f"{broker_id}-{partition}"
-
-
-def parse_partition_name(name: str) -> tuple[int, int]:
-    match = _PARTITION_NAME.match(name)
-    if match is None:
-        raise LayoutError(f"partition {name!r} is not <brokerId>-<partition>")
-    return int(match.group("broker")), int(match.group("partition"))
-
 
 def member_data(topics: list[str]) -> bytes:
     """What ``ids/<consumerId>`` holds: the subscribed topics, comma-separated (MetaQ's topicString)."""

@@ -23,6 +23,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from metaq.errors import MetaqError
+from metaq.types import PartitionId
 
 
 class RegistryError(MetaqError):
@@ -61,10 +62,10 @@ class TopicEntry:
     subscribe: Mapping[int, int]
     subscribe_slaves: Mapping[tuple[int, int], int] = field(default_factory=lambda: MappingProxyType({}))
 
-    def partitions(self, *, publish: bool) -> list[tuple[int, int]]:
-        """(broker id, partition) pairs in MetaQ's order: by broker id, then partition."""
+    def partitions(self, *, publish: bool) -> list[PartitionId]:
+        """The partitions in MetaQ's order: by broker id, then partition."""
         counts = self.publish if publish else self.subscribe
-        return [(b, p) for b in sorted(counts) for p in range(counts[b])]
+        return [PartitionId(b, p) for b in sorted(counts) for p in range(counts[b])]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +81,12 @@ class ClusterSnapshot:
         entry = self.brokers.get(broker_id)
         return entry.master if entry is not None else None
 
-    def partitions(self, topic: str, *, publish: bool) -> list[tuple[int, int]]:
+    def partitions(self, topic: str, *, publish: bool) -> list[PartitionId]:
         """The topic's partitions on brokers that are registered right now, MetaQ's order."""
         entry = self.topics.get(topic)
         if entry is None:
             return []
-        return [(b, p) for b, p in entry.partitions(publish=publish) if self.address(b) is not None]
+        return [p for p in entry.partitions(publish=publish) if self.address(p.broker_id) is not None]
 
 
 SnapshotListener = Callable[[ClusterSnapshot], None]
@@ -144,20 +145,20 @@ class GroupRegistry(ABC):
         """Call ``listener`` (on the registry's thread, must not block) whenever the members change."""
 
     @abstractmethod
-    def claim(self, group: str, topic: str, partition: str, owner: str) -> bool:
-        """Take ownership of ``partition`` (``brokerId-partition``); False while someone else holds it."""
+    def claim(self, group: str, topic: str, partition: PartitionId, owner: str) -> bool:
+        """Take ownership of ``partition``; False while someone else holds it."""
 
     @abstractmethod
-    def release(self, group: str, topic: str, partition: str, owner: str) -> None:
+    def release(self, group: str, topic: str, partition: PartitionId, owner: str) -> None:
         """Give up ownership (only if ``owner`` holds it)."""
 
     @abstractmethod
-    def owners(self, group: str, topic: str) -> dict[str, str]:
-        """partition name -> owning consumer id."""
+    def owners(self, group: str, topic: str) -> dict[PartitionId, str]:
+        """partition -> owning consumer id."""
 
     @abstractmethod
-    def load_offset(self, group: str, topic: str, partition: str) -> int | None: ...
+    def load_offset(self, group: str, topic: str, partition: PartitionId) -> int | None: ...
 
     @abstractmethod
-    def commit_offsets(self, group: str, offsets: Mapping[tuple[str, str], int]) -> None:
-        """(topic, partition name) -> next offset to read, stored durably (persistent nodes)."""
+    def commit_offsets(self, group: str, offsets: Mapping[tuple[str, PartitionId], int]) -> None:
+        """(topic, partition) -> next offset to read, stored durably (persistent nodes)."""

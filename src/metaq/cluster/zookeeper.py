@@ -52,6 +52,8 @@ from metaq.cluster.registry import (
     SnapshotListener,
     TopicEntry,
 )
+from metaq.errors import InvalidArgument
+from metaq.types import PartitionId
 
 log = logging.getLogger("metaq.cluster.zookeeper")
 
@@ -483,7 +485,7 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
 
     def watch_topic_partitions(self, topic: str, listener: Callable[[], None]) -> None:
         """Call ``listener`` when the brokers serving ``topic`` to consumers change (a rebalance cue)."""
-        last: list[list[tuple[int, int]]] = [self._snapshot.partitions(topic, publish=False)]
+        last: list[list[PartitionId]] = [self._snapshot.partitions(topic, publish=False)]
 
         def on_snapshot(snapshot: ClusterSnapshot) -> None:
             now = snapshot.partitions(topic, publish=False)
@@ -493,16 +495,16 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
 
         self.add_listener(on_snapshot)
 
-    def claim(self, group: str, topic: str, partition: str, owner: str) -> bool:
-        path = self.paths.group_owner(group, topic, partition)
+    def claim(self, group: str, topic: str, partition: PartitionId, owner: str) -> bool:
+        path = self.paths.group_owner(group, topic, str(partition))
         try:
             self._keep(path, owner.encode())
         except NodeExistsError:
             return False
         return True
 
-    def release(self, group: str, topic: str, partition: str, owner: str) -> None:
-        path = self.paths.group_owner(group, topic, partition)
+    def release(self, group: str, topic: str, partition: PartitionId, owner: str) -> None:
+        path = self.paths.group_owner(group, topic, str(partition))
         with self._lock:
             self._owned.pop(path, None)
         try:
@@ -512,7 +514,7 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         except (NoNodeError, BadVersionError, NotEmptyError):
             pass
 
-    def owners(self, group: str, topic: str) -> dict[str, str]:
+    def owners(self, group: str, topic: str) -> dict[PartitionId, str]:
         path = self.paths.group_owners(group, topic)
         try:
             names = self._client.get_children(path)
@@ -520,12 +522,17 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
             return {}
         out = {}
         for name in names:
+            try:
+                partition = PartitionId.parse(name)
+            except InvalidArgument as exc:
+                self._bad(f"{path}/{name}", str(exc))
+                continue
             with contextlib.suppress(NoNodeError):
-                out[name] = self._client.get(f"{path}/{name}")[0].decode(errors="replace")
+                out[partition] = self._client.get(f"{path}/{name}")[0].decode(errors="replace")
         return out
 
-    def load_offset(self, group: str, topic: str, partition: str) -> int | None:
-        path = self.paths.group_offset(group, topic, partition)
+    def load_offset(self, group: str, topic: str, partition: PartitionId) -> int | None:
+        path = self.paths.group_offset(group, topic, str(partition))
         try:
             data, _ = self._client.get(path)
         except NoNodeError:
@@ -536,9 +543,9 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
             self._bad(path, str(exc))
             return None
 
-    def commit_offsets(self, group: str, offsets: Mapping[tuple[str, str], int]) -> None:
+    def commit_offsets(self, group: str, offsets: Mapping[tuple[str, PartitionId], int]) -> None:
         for (topic, partition), offset in offsets.items():
-            path = self.paths.group_offset(group, topic, partition)
+            path = self.paths.group_offset(group, topic, str(partition))
             data = layout.offset_data(offset)
             try:
                 self._client.set(path, data)

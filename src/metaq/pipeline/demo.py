@@ -41,6 +41,7 @@ from metaq.pipeline.summary import (
     read_topic,
     say,
 )
+from metaq.types import PartitionId
 
 DEMO_LOGGERS = ("web", "shop", "demo")
 """Parents of the generator's loggers; the handler is attached here (not to the root logger, which
@@ -135,9 +136,9 @@ def java_available() -> bool:
     return bool(shutil.which("java") or (home and Path(home, "bin", "java").exists()))
 
 
-def prepare_topics(servers: str, topics: dict[str, int]) -> dict[str, dict[int, int]]:
+def prepare_topics(servers: str, topics: dict[str, int]) -> dict[str, dict[PartitionId, int]]:
     """Create the topics if needed; returns their current end offsets (where this run starts reading)."""
-    out: dict[str, dict[int, int]] = {}
+    out: dict[str, dict[PartitionId, int]] = {}
     with connect(servers) as session:
         admin = session.admin()
         for topic, partitions in topics.items():
@@ -145,11 +146,11 @@ def prepare_topics(servers: str, topics: dict[str, int]) -> dict[str, dict[int, 
                 admin.create_topic(topic, partitions)
             except TopicExistsError:
                 pass
-            out[topic] = {d.partition.partition: d.latest for d in admin.describe_topic(topic).partitions}
+            out[topic] = {d.partition.id: d.latest for d in admin.describe_topic(topic).partitions}
     return out
 
 
-def offsets_json(topic: str, offsets: dict[int, int]) -> str:
+def offsets_json(topic: str, offsets: dict[PartitionId, int]) -> str:
     return json.dumps({topic: {str(p): o for p, o in sorted(offsets.items())}})
 
 
@@ -282,7 +283,7 @@ class Demo:
             agg_batches = 0
         return self._final_summary(servers, start, agg_rows, agg_batches)
 
-    def _start_spark(self, servers: str, start: dict[str, dict[int, int]]) -> None:
+    def _start_spark(self, servers: str, start: dict[str, dict[PartitionId, int]]) -> None:
         args = self.args
         self.log("starting Spark (local[2]; the JVM and the first micro-batch take 10-20 s) ...")
         from metaq.spark import pipeline as sp
@@ -346,7 +347,7 @@ class Demo:
         except ValueError:
             return str(path)
 
-    def _final_summary(self, servers: str, start: dict[str, dict[int, int]], spark_rows: int,
+    def _final_summary(self, servers: str, start: dict[str, dict[PartitionId, int]], spark_rows: int,
                        spark_batches: int) -> int:
         args = self.args
         assert self.live is not None and self.handler is not None
@@ -354,7 +355,7 @@ class Demo:
         hs = self.handler.stats()
         with connect(servers) as session:
             desc = session.admin().describe_topic(args.topic)
-        stored = sum(d.latest - start[args.topic].get(d.partition.partition, 0) for d in desc.partitions)
+        stored = sum(d.latest - start[args.topic].get(d.partition.id, 0) for d in desc.partitions)
         topic_back = read_topic(servers, args.output_topic, start[args.output_topic])
         parquet_back = read_parquet(self.data / "parquet")
         windows = group_windows(topic_back.rows)

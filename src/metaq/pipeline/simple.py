@@ -39,18 +39,18 @@ def run_simple(data: Path, messages: int = 20_000) -> int:
 
             consumer = session.create_pull_consumer()
             t0 = time.perf_counter()
-            per_partition: Counter[int] = Counter()
+            per_partition: Counter[str] = Counter()
             vip = 0
             for p in session.partitions("demo-orders"):
                 for m in consumer.iterate("demo-orders", p, "earliest", stop_at_end=True):
-                    per_partition[m.partition] += 1
+                    per_partition[str(m.partition_id)] += 1
                     vip += m.attribute == "vip"
             elapsed = time.perf_counter() - t0
             total = sum(per_partition.values())
             print(f"read back {total} messages in {elapsed:.2f}s; per partition {dict(sorted(per_partition.items()))}; "
                   f"{vip} with attribute 'vip'")
             loc = session.admin().lookup_message(results[-1].message_id)
-            print(f"message id {format_message_id(results[-1].message_id)} is {loc.topic}-{loc.partition}"
+            print(f"message id {format_message_id(results[-1].message_id)} is {loc.topic}:{loc.partition_id}"
                   f"@{loc.offset}")
             if total != ok:
                 print(f"ERROR: {ok} messages were acknowledged but {total} read back")

@@ -24,6 +24,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from metaq.types import PartitionId
+
 Row = Mapping[str, Any]
 
 _print_lock = threading.Lock()
@@ -159,7 +161,7 @@ class TopicReadBack:
     keys: set[str]
 
 
-def read_topic(servers: str, topic: str, start_offsets: Mapping[int, int]) -> TopicReadBack:
+def read_topic(servers: str, topic: str, start_offsets: Mapping[PartitionId, int]) -> TopicReadBack:
     """Every aggregate message written since ``start_offsets``, de-duplicated by key (at-least-once sink).
 
     ``written_at`` of each row is the broker's append time of its message.
@@ -171,7 +173,7 @@ def read_topic(servers: str, topic: str, start_offsets: Mapping[int, int]) -> To
     with connect(servers) as session:
         consumer = session.create_pull_consumer()
         for p in session.partitions(topic):
-            start = start_offsets.get(p.partition, 0)
+            start = start_offsets.get(p.id, 0)
             for m in consumer.iterate(topic, p, start, stop_at_end=True):
                 messages += 1
                 key = (m.key or b"").decode()

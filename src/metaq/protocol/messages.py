@@ -112,10 +112,19 @@ class ConfigEntry:
 
 
 @dataclass
+class BrokerPartition:
+    """A partition's identity, ``brokerId-partition`` (metaq.types.PartitionId on the wire)."""
+
+    broker_id: int = 0
+    partition: int = 0
+    FIELDS: ClassVar = (Field("broker_id", INT32), Field("partition", INT32))
+
+
+@dataclass
 class TopicAssignment:
     topic: str = ""
-    partitions: list[int] = field(default_factory=list)
-    FIELDS: ClassVar = (Field("topic", STRING), Field("partitions", Array(INT32)))
+    partitions: list[BrokerPartition] = field(default_factory=list)
+    FIELDS: ClassVar = (Field("topic", STRING), Field("partitions", Array(Struct(BrokerPartition))))
 
 
 @dataclass
@@ -131,19 +140,21 @@ class GroupMember:
 @dataclass
 class OffsetEntry:
     topic: str = ""
+    broker_id: int = 0
     partition: int = 0
     offset: int = -1
     metadata: str | None = None
     error_code: int = 0
-    FIELDS: ClassVar = (Field("topic", STRING), Field("partition", INT32), Field("offset", INT64),
-                        Field("metadata", NULLABLE_STRING), Field("error_code", INT16))
+    FIELDS: ClassVar = (Field("topic", STRING), Field("broker_id", INT32), Field("partition", INT32),
+                        Field("offset", INT64), Field("metadata", NULLABLE_STRING), Field("error_code", INT16))
 
 
 @dataclass
 class TopicPartitionRef:
     topic: str = ""
+    broker_id: int = 0
     partition: int = 0
-    FIELDS: ClassVar = (Field("topic", STRING), Field("partition", INT32))
+    FIELDS: ClassVar = (Field("topic", STRING), Field("broker_id", INT32), Field("partition", INT32))
 
 
 # -- 0 ApiVersions (handshake) -------------------------------------------------------------------
@@ -317,9 +328,14 @@ class JoinGroupRequest(_Base):
     topics: list[str] = field(default_factory=list)
     strategy: str = "range"
     """'range' (MetaQ's sorted range split) or 'consistent_hash'."""
+    partitions: list[TopicAssignment] = field(default_factory=list)
+    """The subscribed topics' partitions as this member sees them (its metadata, merged from every
+    broker it was given): a standalone coordinator knows only its own partitions and balances those plus
+    the other brokers' partitions its members report."""
     FIELDS: ClassVar = (Field("group", STRING), Field("member_id", STRING), Field("client_id", STRING),
                         Field("session_timeout_ms", INT32), Field("rebalance_timeout_ms", INT32),
-                        Field("topics", Array(STRING)), Field("strategy", STRING))
+                        Field("topics", Array(STRING)), Field("strategy", STRING),
+                        Field("partitions", Array(Struct(TopicAssignment))))
 
 
 @dataclass

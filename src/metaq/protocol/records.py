@@ -777,8 +777,9 @@ def iter_batches(buf: bytes | bytearray | memoryview, pos: int = 0) -> Iterator[
 
 def decode_batch(batch: bytes | memoryview, topic: str = "", partition: int = -1,
                  header: BatchHeader | None = None, verify: bool = True,
-                 max_uncompressed_bytes: int = 1 << 30) -> list[Message]:
-    """Every message of one whole batch, with offset, id and append time filled in.
+                 max_uncompressed_bytes: int = 1 << 30, broker_id: int = -1) -> list[Message]:
+    """Every message of one whole batch, with offset, id and append time filled in (and ``topic``,
+    ``partition`` and ``broker_id``: the partition the caller read it from).
 
     ``verify`` checks the CRC first (consumers should; the broker already did on append). The columns
     are always checked, so a damaged batch raises CorruptRecordError rather than yielding garbage.
@@ -805,17 +806,19 @@ def decode_batch(batch: bytes | memoryview, topic: str = "", partition: int = -1
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _messages(cols, raw, header, topic, partition)
+        return _messages(cols, raw, header, topic, partition, broker_id)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _messages(cols: _Columns, raw: bytes, header: BatchHeader, topic: str, partition: int) -> list[Message]:
+def _messages(cols: _Columns, raw: bytes, header: BatchHeader, topic: str, partition: int,
+              broker_id: int) -> list[Message]:
     values = cols.values()
     base_offset, base_id, append_time = header.base_offset, header.base_message_id, header.append_time_ms
     if cols.no_keys and cols.no_attrs and cols.no_headers:
-        return [Message(topic, v, None, None, None, ts, partition, base_offset + d, base_id + d, append_time)
+        return [Message(topic, v, None, None, None, ts, partition, base_offset + d, base_id + d, append_time,
+                        broker_id)
                 for v, ts, d in zip(values, cols.timestamps, cols.deltas, strict=True)]
     keys = [None] * cols.n if cols.no_keys else _split(raw, cols.keys_at, cols.klens)
     if cols.no_attrs:
@@ -823,7 +826,7 @@ def _messages(cols: _Columns, raw: bytes, header: BatchHeader, topic: str, parti
     else:
         attrs = [a.decode() if a is not None else None for a in _split(raw, cols.attrs_at, cols.alens)]
     headers = [None] * cols.n if cols.no_headers else _decode_headers(raw, cols.headers_at, cols.hcounts)
-    return [Message(topic, v, a, k, h, ts, partition, base_offset + d, base_id + d, append_time)
+    return [Message(topic, v, a, k, h, ts, partition, base_offset + d, base_id + d, append_time, broker_id)
             for v, a, k, h, ts, d in zip(values, attrs, keys, headers, cols.timestamps, cols.deltas, strict=True)]
 
 
@@ -880,7 +883,7 @@ def damaged_batch_error(exc: CorruptRecordError, header: BatchHeader, from_offse
 
 
 def decode_fetched(buf: bytes | memoryview, topic: str, partition: int, from_offset: int = 0,
-                   verify: bool = True) -> tuple[list[Message], int]:
+                   verify: bool = True, broker_id: int = -1) -> tuple[list[Message], int]:
     """Messages at or after ``from_offset`` from a fetch body, and the offset to fetch next.
 
     Skips messages below ``from_offset`` (a fetch starts at the batch holding it) and drops a cut-off
@@ -894,9 +897,11 @@ def decode_fetched(buf: bytes | memoryview, topic: str, partition: int, from_off
     try:
         for pos, header in fetched_batches(view, from_offset):
             try:
-                messages = decode_batch(view[pos:pos + header.total_bytes], topic, partition, header, verify)
+                messages = decode_batch(view[pos:pos + header.total_bytes], topic, partition, header, verify,
+                                        broker_id=broker_id)
             except CorruptRecordError as exc:
-                raise damaged_batch_error(exc, header, from_offset, f"{topic}-{partition}") from None
+                where = f"{topic}:{broker_id}-{partition}" if broker_id >= 0 else f"{topic}-{partition}"
+                raise damaged_batch_error(exc, header, from_offset, where) from None
             if header.base_offset < from_offset:
                 messages = [m for m in messages if m.offset >= from_offset]
             out.extend(messages)

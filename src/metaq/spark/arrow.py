@@ -2,7 +2,7 @@
 
 Yielding ``pyarrow.RecordBatch`` from ``read()`` is roughly twice as fast in Spark as yielding tuples,
 provided the Arrow schema is exactly Spark's own conversion of the source schema (``to_arrow_schema(
-schema, timezone="UTC")``): int32 partition, int64 offset, timestamp[us, UTC], and headers as
+schema, timezone="UTC")``): int32 broker_id and partition, int64 offset, timestamp[us, UTC], and headers as
 ``list<element: struct<key: string, value: binary>>``. :data:`ARROW_SCHEMA` is written out by hand
 (pyarrow only, no pyspark import) and a unit test checks it against Spark's conversion.
 
@@ -43,7 +43,7 @@ from metaq.protocol.records import (
     fetched_batches,
     peek_length,
 )
-from metaq.types import Message
+from metaq.types import Message, PartitionId, PartitionKey
 
 HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
 HEADERS_TYPE = pa.list_(pa.field("element", HEADER_TYPE))
@@ -54,6 +54,7 @@ ARROW_SCHEMA = pa.schema([
     pa.field("value", pa.binary()),
     pa.field("attribute", pa.string()),
     pa.field("topic", pa.string()),
+    pa.field("broker_id", pa.int32()),
     pa.field("partition", pa.int32()),
     pa.field("offset", pa.int64()),
     pa.field("timestamp", TIMESTAMP_TYPE),
@@ -229,7 +230,7 @@ class _Rows:
         self.n += hi - lo
         return True
 
-    def build(self, topic: str, partition: int) -> pa.RecordBatch:
+    def build(self, topic: str, partition: PartitionId) -> pa.RecordBatch:
         n = self.n
         offsets = self._offsets()
         columns = [
@@ -237,7 +238,8 @@ class _Rows:
             _var_width(pa.binary(), n, self.vlens, self.value_parts),
             _var_width(pa.string(), n, self.alens, self.attr_parts) if self.any_attrs else pa.nulls(n, pa.string()),
             pa.repeat(pa.scalar(topic, pa.string()), n),
-            pa.repeat(pa.scalar(partition, _INT32), n),
+            pa.repeat(pa.scalar(partition.broker_id, _INT32), n),
+            pa.repeat(pa.scalar(partition.partition, _INT32), n),
             offsets,
             self._timestamps(),
             self._message_ids(offsets),
@@ -327,7 +329,7 @@ def _var_width(typ: pa.DataType, n: int, lengths: array, parts: list[memoryview]
                                           pc.cumulative_sum(lens).buffers()[1], data], null_count=nulls)
 
 
-def fetch_to_arrow(records: bytes | memoryview, topic: str, partition: int, start: int,
+def fetch_to_arrow(records: bytes | memoryview, topic: str, partition: PartitionId, start: int,
                    end: int) -> tuple[list[pa.RecordBatch], int, int]:
     """The records with start <= offset < end among the whole batches of a fetch reply, as Arrow batches
     in :data:`ARROW_SCHEMA` (one, unless the reply exceeds :data:`CHUNK_BYTES` or :data:`CHUNK_ROWS`);
@@ -350,7 +352,7 @@ def fetch_to_arrow(records: bytes | memoryview, topic: str, partition: int, star
             try:
                 _, cols = batch_columns(view[pos:pos + header.total_bytes], header, verify=True)
             except CorruptRecordError as exc:
-                raise damaged_batch_error(exc, header, start, f"{topic}-{partition}") from None
+                raise damaged_batch_error(exc, header, start, f"{topic}:{partition}") from None
             lo, hi = 0, cols.n
             if header.base_offset < start or header.next_offset > end:
                 lo = bisect_left(cols.deltas, start - header.base_offset)
@@ -394,7 +396,7 @@ def _message_ids(messages: Sequence[Message]) -> list[str]:
     return out
 
 
-def to_record_batch(messages: Sequence[Message], topic: str, partition: int) -> pa.RecordBatch:
+def to_record_batch(messages: Sequence[Message], topic: str, partition: PartitionId) -> pa.RecordBatch:
     """Messages of one partition (ascending offsets) as an Arrow batch in :data:`ARROW_SCHEMA`.
 
     The reference for :func:`fetch_to_arrow`: the same rows from Message objects, several times slower."""
@@ -412,7 +414,8 @@ def to_record_batch(messages: Sequence[Message], topic: str, partition: int) -> 
         pa.array([m.data for m in messages], pa.binary()),
         pa.nulls(n, pa.string()) if _all_none(attrs) else pa.array(attrs, pa.string()),
         pa.repeat(pa.scalar(topic, pa.string()), n),
-        pa.repeat(pa.scalar(partition, pa.int32()), n),
+        pa.repeat(pa.scalar(partition.broker_id, pa.int32()), n),
+        pa.repeat(pa.scalar(partition.partition, pa.int32()), n),
         offsets,
         pa.array([(m.timestamp_ms if m.timestamp_ms >= 0 else m.append_time_ms) * 1000 for m in messages],
                  TIMESTAMP_TYPE),
@@ -422,7 +425,7 @@ def to_record_batch(messages: Sequence[Message], topic: str, partition: int) -> 
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 
 
-def decode_range(records: bytes | memoryview, topic: str, partition: int, start: int,
+def decode_range(records: bytes | memoryview, topic: str, partition: PartitionId, start: int,
                  end: int) -> tuple[list[Message], int]:
     """Messages with start <= offset < end among the whole batches of a fetch reply, and the offset
     to fetch next (``start`` if the reply held no whole batch at or after ``start``).
@@ -433,9 +436,10 @@ def decode_range(records: bytes | memoryview, topic: str, partition: int, start:
     view = memoryview(records)
     for pos, header in _batches_in_range(view, start, end):
         try:
-            msgs = decode_batch(view[pos:pos + header.total_bytes], topic, partition, header)
+            msgs = decode_batch(view[pos:pos + header.total_bytes], topic, partition.partition, header,
+                                broker_id=partition.broker_id)
         except CorruptRecordError as exc:
-            raise damaged_batch_error(exc, header, start, f"{topic}-{partition}") from None
+            raise damaged_batch_error(exc, header, start, f"{topic}:{partition}") from None
         if header.base_offset < start or header.next_offset > end:
             msgs = [m for m in msgs if start <= m.offset < end]
         out.extend(msgs)
@@ -456,7 +460,7 @@ def _batches_in_range(view: memoryview, start: int, end: int) -> Iterator[tuple[
 
 # -- reading a range --------------------------------------------------------------------------------
 
-def read_range(client: BlockingClient, topic: str, partition: int, start: int, end: int, *,
+def read_range(client: BlockingClient, topic: str, partition: PartitionKey, start: int, end: int, *,
                max_bytes: int, fail_on_data_loss: bool = True, new_partition: bool = False,
                stall_timeout_s: float = 30.0) -> Iterator[pa.RecordBatch]:
     """Exactly the messages with offsets in [start, end) of one partition, in order.
@@ -471,7 +475,8 @@ def read_range(client: BlockingClient, topic: str, partition: int, start: int, e
     offset = start
     fetch_bytes = max_bytes
     stalled_since: float | None = None
-    where = f"{topic}-{partition}"
+    partition = client.resolve(topic, partition)
+    where = f"{topic}:{partition}"
     while offset < end:
         try:
             resp = client.fetch(topic, partition, offset, fetch_bytes)

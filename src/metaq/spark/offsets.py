@@ -2,7 +2,8 @@
 
 Pure functions (no I/O, no pyspark) so each rule is unit-tested on its own.
 
-Stream offsets are ``{"<topic>": {"<partition>": <next offset>, ...}}`` with partitions in numeric
+Partitions are ``brokerId-partition`` (:class:`~metaq.types.PartitionId`). Stream offsets are
+``{"<topic>": {"<brokerId-partition>": <next offset>, ...}}`` with partitions in (broker id, partition)
 order. Spark stores ``json.dumps`` of that dict and compares the *strings* to decide whether there is
 new data, so the same positions must always serialise to the same text: :func:`stream_offset` is
 the only place that builds one.
@@ -16,8 +17,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from metaq.errors import ConfigError
+from metaq.errors import ConfigError, InvalidArgument
 from metaq.spark.options import EARLIEST, LATEST, OffsetSpec
+from metaq.types import PartitionId
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +32,7 @@ class Bounds:
 
 @dataclass(frozen=True, slots=True)
 class OffsetRange:
-    partition: int
+    partition: PartitionId
     start: int
     end: int
     """Exclusive."""
@@ -40,12 +42,12 @@ class OffsetRange:
         return self.end - self.start
 
 
-def stream_offset(topic: str, positions: Mapping[int, int]) -> dict[str, dict[str, int]]:
-    """The canonical stream offset (partitions in numeric order, string keys)."""
+def stream_offset(topic: str, positions: Mapping[PartitionId, int]) -> dict[str, dict[str, int]]:
+    """The canonical stream offset (partitions in (broker id, partition) order, ``"b-p"`` keys)."""
     return {topic: {str(p): int(positions[p]) for p in sorted(positions)}}
 
 
-def parse_stream_offset(offset: Mapping[str, object], topic: str) -> dict[int, int]:
+def parse_stream_offset(offset: Mapping[str, object], topic: str) -> dict[PartitionId, int]:
     """Positions from a stream offset; a checkpoint of another topic is refused clearly."""
     if not isinstance(offset, Mapping) or set(offset) != {topic}:
         names = sorted(offset) if isinstance(offset, Mapping) else offset
@@ -55,33 +57,59 @@ def parse_stream_offset(offset: Mapping[str, object], topic: str) -> dict[int, i
     inner = offset[topic]
     if not isinstance(inner, Mapping):
         raise ConfigError(f"checkpointed offset {json.dumps(offset)} is not in the metaq format")
-    return {int(p): int(v) for p, v in inner.items()}
+    out: dict[PartitionId, int] = {}
+    for key, value in inner.items():
+        try:
+            out[PartitionId.parse(key)] = int(value)
+        except InvalidArgument:
+            raise ConfigError(
+                f"checkpointed offset {json.dumps(offset)} names partition {key!r}, not brokerId-partition (an "
+                "earlier metaq wrote bare partition numbers): use a new checkpoint location") from None
+    return out
 
 
-def resolve_spec(spec: OffsetSpec, bounds: Mapping[int, Bounds], option: str) -> dict[int, int]:
+def resolve_spec(spec: OffsetSpec, bounds: Mapping[PartitionId, Bounds], option: str) -> dict[PartitionId, int]:
     """Concrete offsets for every partition in ``bounds``.
 
     Partitions a JSON spec leaves out take the default of the option (earliest for a start, latest
-    for an end); a partition the topic does not have is an error naming the option.
+    for an end); a partition the topic does not have, or a bare number that more than one broker has,
+    is an error naming the option.
     """
     if spec == "earliest":
         return {p: b.log_start for p, b in sorted(bounds.items())}
     if spec == "latest":
         return {p: b.log_end for p, b in sorted(bounds.items())}
     assert isinstance(spec, dict)
-    missing = sorted(set(spec) - set(bounds))
+    named: dict[PartitionId, int] = {}
+    missing: list[str] = []
+    for key, value in spec.items():
+        if isinstance(key, PartitionId):
+            pid: PartitionId | None = key if key in bounds else None
+        else:
+            candidates = [p for p in bounds if p.partition == key]
+            if len(candidates) > 1:
+                raise ConfigError(f"option {option!r}: partition {key} is ambiguous: brokers "
+                                  f"{', '.join(str(p.broker_id) for p in sorted(candidates))} each have one; "
+                                  f"name it as brokerId-partition ({', '.join(str(p) for p in sorted(candidates))})")
+            pid = candidates[0] if candidates else None
+        if pid is None:
+            missing.append(str(key))
+        elif pid in named:
+            raise ConfigError(f"option {option!r}: partition {pid} is named twice")
+        else:
+            named[pid] = value
     if missing:
         raise ConfigError(f"option {option!r}: partition(s) {missing} do not exist; the topic has partitions "
-                          f"{sorted(bounds)}")
+                          f"{[str(p) for p in sorted(bounds)]}")
     default = EARLIEST if option == "startingOffsets" else LATEST
-    out: dict[int, int] = {}
+    out: dict[PartitionId, int] = {}
     for p, b in sorted(bounds.items()):
-        value = spec.get(p, default)
+        value = named.get(p, default)
         out[p] = b.log_start if value == EARLIEST else b.log_end if value == LATEST else value
     return out
 
 
-def batch_ranges(start: Mapping[int, int], end: Mapping[int, int]) -> list[OffsetRange]:
+def batch_ranges(start: Mapping[PartitionId, int], end: Mapping[PartitionId, int]) -> list[OffsetRange]:
     """[start, end) per partition for a batch query; an end before its start is an option error."""
     out = []
     for p in sorted(end):
@@ -93,7 +121,8 @@ def batch_ranges(start: Mapping[int, int], end: Mapping[int, int]) -> list[Offse
     return out
 
 
-def cap_to_max_rows(start: Mapping[int, int], latest: Mapping[int, int], max_rows: int) -> dict[int, int]:
+def cap_to_max_rows(start: Mapping[PartitionId, int], latest: Mapping[PartitionId, int],
+                    max_rows: int) -> dict[PartitionId, int]:
     """End offsets that admit at most ``max_rows`` messages in total, shared fairly.
 
     ``start`` must have every partition of ``latest``. A partition whose latest is below its start

@@ -17,13 +17,15 @@ from typing import Literal
 from metaq.client.blocking import DEFAULT_SERVERS, parse_servers
 from metaq.errors import ConfigError, InvalidArgument
 from metaq.protocol.records import Compression
-from metaq.types import DEFAULT_MAX_BATCH_BYTES, validate_topic
+from metaq.types import DEFAULT_MAX_BATCH_BYTES, PartitionId, validate_topic
 
 EARLIEST = -2
 LATEST = -1
 
-OffsetSpec = Literal["earliest", "latest"] | dict[int, int]
-"""'earliest', 'latest', or explicit offsets per partition (-2 earliest, -1 latest)."""
+OffsetSpec = Literal["earliest", "latest"] | dict[PartitionId | int, int]
+"""'earliest', 'latest', or explicit offsets per partition (-2 earliest, -1 latest), keyed by
+``brokerId-partition`` or by a bare number (resolved against the topic's partitions when planning:
+it must be unambiguous)."""
 
 DEFAULT_MAX_BYTES_PER_FETCH = 4 * 1024 * 1024
 DEFAULT_BATCH_BYTES = 1024 * 1024
@@ -92,7 +94,8 @@ def _topic(options: Mapping[str, str], required: bool) -> str | None:
 
 def parse_offset_spec(raw: str | None, name: str, topic: str, default: OffsetSpec,
                       allow_earliest: bool = True) -> OffsetSpec:
-    """``earliest`` | ``latest`` | ``{"topic": {"0": 23, "1": -2}}`` (-2 earliest, -1 latest)."""
+    """``earliest`` | ``latest`` | ``{"topic": {"1-0": 23, "2-0": -2}}`` (-2 earliest, -1 latest); a
+    partition is ``brokerId-partition``, or a bare number where only one broker has it."""
     if raw is None or raw.strip() == "":
         return default
     text = raw.strip()
@@ -107,23 +110,27 @@ def parse_offset_spec(raw: str | None, name: str, topic: str, default: OffsetSpe
     except ValueError as exc:
         raise ConfigError(
             f"option {name!r}: {raw!r} is neither 'earliest', 'latest' nor JSON like "
-            f'{{"{topic}": {{"0": 23, "1": -2}}}} ({exc})') from None
+            f'{{"{topic}": {{"0-0": 23, "0-1": -2}}}} ({exc})') from None
     if not isinstance(doc, dict) or not doc:
-        raise ConfigError(f'option {name!r}: JSON offsets must be an object like {{"{topic}": {{"0": 23}}}}')
+        raise ConfigError(f'option {name!r}: JSON offsets must be an object like {{"{topic}": {{"0-0": 23}}}}')
     others = sorted(k for k in doc if k != topic)
     if others:
         raise ConfigError(f"option {name!r}: names topic(s) {others}, but option 'topic' is {topic!r}")
     per_partition = doc[topic]
     if not isinstance(per_partition, dict):
-        raise ConfigError(f'option {name!r}: offsets of topic {topic!r} must be an object like {{"0": 23}}')
-    out: dict[int, int] = {}
+        raise ConfigError(f'option {name!r}: offsets of topic {topic!r} must be an object like {{"0-0": 23}}')
+    out: dict[PartitionId | int, int] = {}
     for key, value in per_partition.items():
-        try:
-            partition = int(key)
-        except (TypeError, ValueError):
-            raise ConfigError(f"option {name!r}: partition {key!r} is not an integer") from None
-        if partition < 0 or str(partition) != str(key).strip():
-            raise ConfigError(f"option {name!r}: partition {key!r} is not a partition number")
+        text = str(key).strip()
+        partition: PartitionId | int
+        if text.isascii() and text.isdigit():
+            partition = int(text)
+        else:
+            try:
+                partition = PartitionId.parse(text)
+            except InvalidArgument:
+                raise ConfigError(f"option {name!r}: partition {key!r} is not brokerId-partition (e.g. '0-3') "
+                                  "or a partition number") from None
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"option {name!r}: offset of partition {partition} must be an integer; got {value!r}")
         if value < EARLIEST:
@@ -132,7 +139,8 @@ def parse_offset_spec(raw: str | None, name: str, topic: str, default: OffsetSpe
         if value == EARLIEST and not allow_earliest:
             raise ConfigError(f"option {name!r}: -2 (earliest) is not allowed for partition {partition}")
         out[partition] = value
-    return dict(sorted(out.items()))
+    return dict(sorted(out.items(), key=lambda kv: (1, kv[0].broker_id, kv[0].partition)
+                       if isinstance(kv[0], PartitionId) else (0, kv[0], 0)))
 
 
 def needs_persisted_start(spec: OffsetSpec) -> bool:

@@ -9,15 +9,19 @@ value        binary or string (required, not null)       the payload
 key          binary or string                            the message key
 attribute    string                                      MetaQ's attribute (what consumers filter on)
 topic        string                                      target topic; null -> the ``topic`` option
+broker_id    any integer type                            with ``partition``: the target is brokerId-partition
 partition    any integer type                            target partition; null -> see below
 timestamp    timestamp                                   the message timestamp; null -> now
 headers      array<struct<key: string, value: binary>>   message headers (map<string, binary> works too)
 ===========  ==========================================  =============================================
 
-A row without a partition goes to ``crc32(key) % partitions`` when it has a key (the rule of the
-client's KeyHashSelector: the same key always lands in the same partition, so its messages stay in
-order; the topic must exist), else to partition -1: the broker picks an open partition per batch (and
-creates the topic if it allows dynamic topics), as MetaQ does.
+A row with a ``partition`` and a ``broker_id`` goes to that ``brokerId-partition``; with a ``partition``
+only, to the one partition of that number (an error when several brokers have one). A row without a
+partition goes to ``crc32(key) % partitions`` over the topic's partitions on every broker in (broker id,
+partition) order when it has a key (the rule of the client's KeyHashSelector: the same key always lands
+in the same partition, so its messages stay in order; the topic must exist), else to partition -1 of
+the first server: the broker picks an open partition per batch (and creates the topic if it allows
+dynamic topics), as MetaQ does.
 """
 
 from __future__ import annotations
@@ -31,28 +35,29 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from metaq.client.blocking import BlockingClient
-from metaq.errors import ConfigError, UnknownTopicError
+from metaq.errors import ConfigError, InvalidArgument, UnknownTopicError
 from metaq.protocol.messages import ANY_PARTITION
 from metaq.protocol.records import HEADER_BYTES, RECORD_PREFIX_BYTES, BatchBuilder, encode_values
 from metaq.spark.options import WriteOptions
+from metaq.types import PartitionId, PartitionKey
 
-OPTIONAL_COLUMNS = ("key", "attribute", "topic", "partition", "timestamp", "headers")
+OPTIONAL_COLUMNS = ("key", "attribute", "topic", "broker_id", "partition", "timestamp", "headers")
 
 
 @dataclass
 class WriteStats:
-    """What one task wrote: rows, batches, and [first, last] offsets per topic-partition."""
+    """What one task wrote: rows, batches, and [first, last] offsets per topic-partition (``"topic:b-p"``)."""
 
     rows: int = 0
     batches: int = 0
     ranges: dict[str, list[int]] = field(default_factory=dict)
 
-    def add(self, topic: str, partition: int, base_offset: int, count: int) -> None:
+    def add(self, topic: str, partition: PartitionId | None, base_offset: int, count: int) -> None:
         self.rows += count
         self.batches += 1
-        if base_offset < 0:
+        if base_offset < 0 or partition is None:
             return
-        key = f"{topic}-{partition}"
+        key = f"{topic}:{partition}"
         last = base_offset + count - 1
         seen = self.ranges.get(key)
         if seen is None:
@@ -77,6 +82,7 @@ def check_input_schema(schema: pa.Schema, opts: WriteOptions) -> None:
         "key": _is_binary_or_string,
         "attribute": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
         "topic": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
+        "broker_id": pa.types.is_integer,
         "partition": pa.types.is_integer,
         "timestamp": pa.types.is_timestamp,
         "headers": lambda t: pa.types.is_list(t) or pa.types.is_map(t),
@@ -112,31 +118,32 @@ def _headers_list(column: pa.Array) -> list[list[tuple[str, bytes]] | None]:
 
 
 class BatchEncoder:
-    """Turns Arrow batches of rows into (topic, partition, record batch, count) produce items."""
+    """Turns Arrow batches of rows into (topic, partition, record batch, count) produce items; the
+    partition is a PartitionId, a bare number (the ``partition`` column alone) or -1 (any)."""
 
-    def __init__(self, opts: WriteOptions, partitions_of: Callable[[str], list[int]]) -> None:
+    def __init__(self, opts: WriteOptions, partitions_of: Callable[[str], list[PartitionId]]) -> None:
         self.opts = opts
         self.partitions_of = partitions_of
-        self._partition_counts: dict[str, int] = {}
+        self._partitions: dict[str, list[PartitionId]] = {}
 
-    def _partition_for_key(self, topic: str, key: bytes) -> int:
-        n = self._partition_counts.get(topic)
-        if n is None:
+    def _partition_for_key(self, topic: str, key: bytes) -> PartitionId:
+        parts = self._partitions.get(topic)
+        if parts is None:
             try:
-                n = self._partition_counts[topic] = len(self.partitions_of(topic))
+                parts = self._partitions[topic] = sorted(self.partitions_of(topic))
             except UnknownTopicError:
                 raise UnknownTopicError(
                     f"metaq sink: topic {topic!r} does not exist yet, and rows with a key go to partition "
-                    "crc32(key) % partitions, which needs its partition count: create the topic first "
+                    "crc32(key) % partitions, which needs its partitions: create the topic first "
                     "(or give the rows a 'partition', or no key)") from None
-        return zlib.crc32(key) % n
+        return parts[zlib.crc32(key) % len(parts)]
 
-    def encode(self, batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[str, int, bytes, int]]:
+    def encode(self, batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[str, PartitionKey, bytes, int]]:
         for rb in batches:
             if rb.num_rows:
                 yield from self._encode_one(rb)
 
-    def _encode_one(self, rb: pa.RecordBatch) -> Iterator[tuple[str, int, bytes, int]]:
+    def _encode_one(self, rb: pa.RecordBatch) -> Iterator[tuple[str, PartitionKey, bytes, int]]:
         names = rb.schema.names
         now_ms = int(time.time() * 1000)
         values = _bytes_list(rb.column(names.index("value")))
@@ -153,21 +160,26 @@ class BatchEncoder:
         attrs = cols["attribute"].to_pylist() if "attribute" in cols else [None] * n
         topics = cols["topic"].to_pylist() if "topic" in cols else [None] * n
         parts = cols["partition"].to_pylist() if "partition" in cols else [None] * n
+        brokers = cols["broker_id"].to_pylist() if "broker_id" in cols else [None] * n
         if "timestamp" in cols:
             micros = cols["timestamp"].cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_pylist()
             stamps = [now_ms if t is None else t // 1000 for t in micros]
         else:
             stamps = [now_ms] * n
         headers = _headers_list(cols["headers"]) if "headers" in cols else [None] * n
-        builders: dict[tuple[str, int], BatchBuilder] = {}
+        builders: dict[tuple[str, PartitionKey], BatchBuilder] = {}
         for i in range(n):
             topic = topics[i] or self.opts.topic
             if topic is None:
                 raise ConfigError("option 'topic': a row has a null 'topic' and the option is not set")
-            part = parts[i]
-            key = keys[i]
-            if part is None:
+            number, broker_id, key = parts[i], brokers[i], keys[i]
+            part: PartitionKey
+            if number is None:
                 part = ANY_PARTITION if key is None else self._partition_for_key(topic, key)
+            elif broker_id is not None:
+                part = _partition_id(broker_id, number)
+            else:
+                part = number
             target = (topic, part)
             builder = builders.get(target)
             if builder is None:
@@ -180,7 +192,7 @@ class BatchEncoder:
             if len(builder):
                 yield topic, part, builder.build(), len(builder)
 
-    def _plain(self, topic: str, values: list[bytes], now_ms: int) -> Iterator[tuple[str, int, bytes, int]]:
+    def _plain(self, topic: str, values: list[bytes], now_ms: int) -> Iterator[tuple[str, PartitionKey, bytes, int]]:
         """The fast path: payloads only, cut into batches of about ``batch_bytes``."""
         limit = self.opts.batch_bytes - HEADER_BYTES
         start, size = 0, 0
@@ -201,19 +213,29 @@ def write_arrow(batches: Iterable[pa.RecordBatch], opts: WriteOptions,
     stats = WriteStats()
     with BlockingClient(opts.servers, client_id=client_id, timeout_s=opts.timeout_ms / 1000) as client:
         encoder = BatchEncoder(opts, client.partitions_for)
-        sent: deque[tuple[str, int]] = deque()
+        sent: deque[tuple[str, PartitionKey, int]] = deque()
 
-        def items() -> Iterator[tuple[str, int, bytes]]:
+        def items() -> Iterator[tuple[str, PartitionKey, bytes]]:
             for topic, part, batch, count in encoder.encode(batches):
-                sent.append((topic, count))
+                sent.append((topic, part, count))
                 yield topic, part, batch
 
         if opts.acks == 0:
             client.produce_many(items(), acks=0)
-            for topic, count in sent:
-                stats.add(topic, -1, -1, count)
+            for topic, _part, count in sent:
+                stats.add(topic, None, -1, count)
             return stats
         for resp in client.iter_produce(items(), acks=1, window=opts.max_in_flight, timeout_ms=opts.timeout_ms):
-            topic, count = sent.popleft()
-            stats.add(topic, resp.partition, resp.base_offset, count)
+            topic, part, count = sent.popleft()
+            # -1 went to the first server, which picked the partition; anything else to its own broker
+            broker_id = client.broker_id if part == ANY_PARTITION else client.resolve(topic, part).broker_id
+            stats.add(topic, PartitionId(broker_id, resp.partition), resp.base_offset, count)
     return stats
+
+
+def _partition_id(broker_id: int, partition: int) -> PartitionId:
+    try:
+        return PartitionId(broker_id, partition)
+    except InvalidArgument as exc:
+        raise ConfigError(f"metaq sink: columns 'broker_id' and 'partition' ({broker_id}, {partition}) do not "
+                          f"name a partition: {exc}") from None

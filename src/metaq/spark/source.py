@@ -8,6 +8,10 @@ Where each piece runs matters (see docs/spark.md):
   with a :class:`~metaq.client.blocking.BlockingClient` opened lazily and never pickled.
 - Executors: ``read(partition)`` runs on a *different*, unpickled copy of the reader. It opens its own
   client, fetches exactly the partition's [start, end) and yields Arrow batches.
+
+A partition is ``brokerId-partition`` (:class:`~metaq.types.PartitionId`): one Spark input partition per
+metaq partition of every broker in ``servers`` (or more with ``minPartitions``), offsets JSON keyed
+``"1-3"``, and a ``broker_id`` column beside ``partition``.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from metaq.spark.offsets import (
 )
 from metaq.spark.options import ReadOptions, WriteOptions
 from metaq.spark.sink import WriteStats, check_input_schema, write_arrow
+from metaq.types import PartitionId
 
 log = logging.getLogger("metaq.spark")
 
@@ -65,6 +70,7 @@ SCHEMA = StructType([
     StructField("value", BinaryType()),
     StructField("attribute", StringType()),
     StructField("topic", StringType()),
+    StructField("broker_id", IntegerType()),
     StructField("partition", IntegerType()),
     StructField("offset", LongType()),
     StructField("timestamp", TimestampType()),
@@ -86,7 +92,7 @@ def _connect(opts: ReadOptions | WriteOptions, client_id: str) -> BlockingClient
         raise ConnectionClosedError(f"option 'servers': {exc}") from None
 
 
-def _partitions(client: BlockingClient, opts: ReadOptions) -> list[int]:
+def _partitions(client: BlockingClient, opts: ReadOptions) -> list[PartitionId]:
     try:
         return client.partitions_for(opts.topic)
     except UnknownTopicError:
@@ -94,9 +100,9 @@ def _partitions(client: BlockingClient, opts: ReadOptions) -> list[int]:
                                 f"{opts.servers!r}") from None
 
 
-def _bounds(client: BlockingClient, topic: str, partitions: list[int]) -> dict[int, Bounds]:
+def _bounds(client: BlockingClient, topic: str, partitions: list[PartitionId]) -> dict[PartitionId, Bounds]:
     replies = client.list_offsets_many(topic, partitions, -1)
-    return {p: Bounds(r.log_start_offset, r.log_end_offset) for p, r in sorted(replies.items())}
+    return {p: Bounds(replies[p].log_start_offset, replies[p].log_end_offset) for p in sorted(partitions)}
 
 
 def _check_schema(schema: StructType | None) -> None:
@@ -107,10 +113,10 @@ def _check_schema(schema: StructType | None) -> None:
 
 @dataclass
 class MetaqInputPartition(InputPartition):
-    """One Spark task: offsets [start, end) of one metaq partition."""
+    """One Spark task: offsets [start, end) of one metaq partition (``brokerId-partition``)."""
 
     topic: str
-    partition: int
+    partition: PartitionId
     start: int
     end: int
     new_partition: bool = False
@@ -144,13 +150,13 @@ def _read(opts: ReadOptions, part: InputPartition) -> Iterator[Any]:
                 down_since = now
             if now - down_since > opts.timeout_ms / 1000:
                 raise ConnectionClosedError(f"option 'servers': lost the broker while reading "
-                                            f"{part.topic}-{part.partition} at offset {offset}: {exc}") from None
-            log.warning("metaq source: %s; resuming %s-%d at %d", exc, part.topic, part.partition, offset)
+                                            f"{part.topic}:{part.partition} at offset {offset}: {exc}") from None
+            log.warning("metaq source: %s; resuming %s:%s at %d", exc, part.topic, part.partition, offset)
             time.sleep(0.2)
 
 
 def _input_partitions(topic: str, ranges: list[OffsetRange], min_partitions: int | None,
-                      new: frozenset[int] | set[int] = frozenset()) -> list[MetaqInputPartition]:
+                      new: frozenset[PartitionId] | set[PartitionId] = frozenset()) -> list[MetaqInputPartition]:
     return [MetaqInputPartition(topic, r.partition, r.start, r.end, r.partition in new)
             for r in split_ranges(ranges, min_partitions)]
 
@@ -218,10 +224,10 @@ class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: ReadOptions) -> None:
         self.opts = opts
         self._client: BlockingClient | None = None
-        self._partition_list: list[int] | None = None
+        self._partition_list: list[PartitionId] | None = None
         self._partitions_at = 0.0
-        self._target: dict[int, int] | None = None
-        self._latest: dict[int, int] | None = None
+        self._target: dict[PartitionId, int] | None = None
+        self._latest: dict[PartitionId, int] | None = None
         self._down_since: float | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -245,7 +251,7 @@ class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     raise
         raise AssertionError("unreachable")
 
-    def _bounds(self, refresh: bool = False) -> dict[int, Bounds]:
+    def _bounds(self, refresh: bool = False) -> dict[PartitionId, Bounds]:
         now = time.monotonic()
         if refresh or self._partition_list is None or now - self._partitions_at > METADATA_REFRESH_S:
             self._partition_list = self._call(lambda c: _partitions(c, self.opts))
@@ -268,7 +274,7 @@ class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             log.info("metaq source: starting offsets %s kept in %s", doc, path)
         return stream_offset(opts.topic, parse_stream_offset(doc, opts.topic))
 
-    def _current(self) -> tuple[dict[int, Bounds], dict[int, int]]:
+    def _current(self) -> tuple[dict[PartitionId, Bounds], dict[PartitionId, int]]:
         bounds = self._bounds()
         latest = {p: b.log_end for p, b in bounds.items()}
         self._latest = latest
@@ -297,7 +303,7 @@ class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._target is not None:
             latest = {p: min(latest[p], self._target[p]) if p in self._target else begin.get(p, bounds[p].log_start)
                       for p in latest}
-        effective_start: dict[int, int] = {}
+        effective_start: dict[PartitionId, int] = {}
         for p, b in bounds.items():
             s = begin.get(p)
             if s is None:  # a partition added since the query started: read it from its beginning
@@ -306,13 +312,13 @@ class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if s > b.log_end:
                 if opts.fail_on_data_loss:
                     raise DataLossError(
-                        f"{opts.topic}-{p}: the query is at offset {s}, beyond the partition's end ({b.log_end}); "
+                        f"{opts.topic}:{p}: the query is at offset {s}, beyond the partition's end ({b.log_end}); "
                         "the topic was truncated or recreated. Set failOnDataLoss=false to continue from its end")
-                log.warning("metaq source: %s-%d went back from %d to %d; continuing from there",
+                log.warning("metaq source: %s:%s went back from %d to %d; continuing from there",
                             opts.topic, p, s, b.log_end)
             elif s < b.log_start and opts.fail_on_data_loss:
                 raise DataLossError(
-                    f"{opts.topic}-{p}: offsets {s}..{b.log_start - 1} were deleted before the query read them "
+                    f"{opts.topic}:{p}: offsets {s}..{b.log_start - 1} were deleted before the query read them "
                     "(retention?). Set failOnDataLoss=false to skip to the earliest message")
             effective_start[p] = s
         end = dict(latest)

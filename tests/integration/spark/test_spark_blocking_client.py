@@ -12,6 +12,7 @@ from metaq.protocol.messages import CreateTopicRequest
 from metaq.protocol.records import decode_fetched, encode_values
 from metaq.testing.broker import BrokerProcess
 from metaq.testing.ports import unused_port
+from metaq.types import PartitionId
 
 
 @pytest.fixture
@@ -64,14 +65,14 @@ def test_errors_are_typed(servers: str) -> None:
         assert (caught.value.earliest, caught.value.latest) == (0, 5)  # the valid range comes with the error
         with pytest.raises(UnknownTopicError, match="nope"):
             client.topic_info("nope")
-        assert client.partitions_for("t") == [0, 1]
-        offsets = client.list_offsets_many("t", [0, 1], -1)
-        assert sorted(offsets) == [0, 1]
+        assert client.partitions_for("t") == [PartitionId(0, 0), PartitionId(0, 1)]
+        offsets = client.list_offsets_many("t", [0, "0-1"], -1)
+        assert list(offsets) == [0, "0-1"] and offsets[0].log_end_offset == 5  # keyed as asked
 
 
 def test_first_reachable_server_is_used(servers: str) -> None:
     with BlockingClient(f"127.0.0.1:{unused_port()},{servers}") as client:
-        assert client.partitions_for("t") == [0, 1]
+        assert client.partitions_for("t") == [PartitionId(0, 0), PartitionId(0, 1)]  # the down one left out
         assert client.produce("t", 0, encode_values([b"q"], 1)) is not None
 
 

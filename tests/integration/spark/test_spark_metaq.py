@@ -134,7 +134,7 @@ def test_stream_starting_latest_is_resolved_once(spark: Any, broker: BrokerProce
     _run_available_now(df, out, checkpoint)
     assert _parquet_rows(spark, out) == []
     kept = list((checkpoint / "metaq-source").glob("news-*.json"))
-    assert len(kept) == 1 and json.loads(kept[0].read_text()) == {"news": {str(p): 20 for p in PARTS}}
+    assert len(kept) == 1 and json.loads(kept[0].read_text()) == {"news": {f"0-{p}": 20 for p in PARTS}}
     fresh = produce(broker.servers, "news", PARTS, 5, tag="new-")
     _run_available_now(df, out, checkpoint)
     assert _parquet_rows(spark, out) == expected_rows(fresh)

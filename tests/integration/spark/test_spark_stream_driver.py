@@ -46,9 +46,9 @@ def test_idle_stream_returns_the_same_text(broker: BrokerProcess) -> None:
     _produce(broker, 1, 5)
     reader = _reader(broker)
     start = reader.initialOffset()
-    assert json.dumps(start) == '{"t": {"0": 0, "1": 0, "2": 0}}'
+    assert json.dumps(start) == '{"t": {"0-0": 0, "0-1": 0, "0-2": 0}}'
     end = reader.latestOffset(start, ReadAllAvailable())
-    assert json.dumps(end) == '{"t": {"0": 0, "1": 5, "2": 0}}'
+    assert json.dumps(end) == '{"t": {"0-0": 0, "0-1": 5, "0-2": 0}}'
     # what Spark passes back is json.loads of the stored text; nothing new -> the identical text
     again = reader.latestOffset(json.loads(json.dumps(end)), ReadAllAvailable())
     assert json.dumps(again) == json.dumps(end)
@@ -61,12 +61,13 @@ def test_max_rows_limit_and_partitions(broker: BrokerProcess) -> None:
     assert reader.getDefaultReadLimit() == ReadMaxRows(8)
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadMaxRows(8))
-    assert end == {"t": {"0": 6, "1": 0, "2": 2}}
+    assert end == {"t": {"0-0": 6, "0-1": 0, "0-2": 2}}
     # the engine may override the default limit (e.g. a final availableNow batch): respected
-    assert reader.latestOffset(start, ReadAllAvailable()) == {"t": {"0": 30, "1": 0, "2": 10}}
+    assert reader.latestOffset(start, ReadAllAvailable()) == {"t": {"0-0": 30, "0-1": 0, "0-2": 10}}
     parts = reader.partitions(start, end)
     assert all(isinstance(p, MetaqInputPartition) for p in parts)
-    assert sorted((p.partition, p.start, p.end) for p in parts) == [(0, 0, 2), (0, 2, 4), (0, 4, 6), (2, 0, 2)]
+    assert sorted((str(p.partition), p.start, p.end) for p in parts) == [("0-0", 0, 2), ("0-0", 2, 4), ("0-0", 4, 6),
+                                                                        ("0-2", 0, 2)]
     assert reader.partitions(end, end) == []
 
 
@@ -76,27 +77,27 @@ def test_available_now_stops_at_the_target(broker: BrokerProcess) -> None:
     start = reader.initialOffset()
     reader.prepareForTriggerAvailableNow()
     _produce(broker, 0, 10)
-    assert reader.latestOffset(start, ReadAllAvailable()) == {"t": {"0": 10, "1": 0, "2": 0}}
+    assert reader.latestOffset(start, ReadAllAvailable()) == {"t": {"0-0": 10, "0-1": 0, "0-2": 0}}
 
 
 def test_latest_is_resolved_once_and_kept(broker: BrokerProcess, tmp_path: Path) -> None:
     _produce(broker, 0, 4)
     reader = _reader(broker, startingOffsets="latest", checkpointLocation=str(tmp_path))
     first = reader.initialOffset()
-    assert first == {"t": {"0": 4, "1": 0, "2": 0}}
+    assert first == {"t": {"0-0": 4, "0-1": 0, "0-2": 0}}
     _produce(broker, 0, 3)
     # a second call (or a restarted driver before batch 0 committed) gets the same start
     assert reader.initialOffset() == first
     assert _reader(broker, startingOffsets="latest", checkpointLocation=str(tmp_path)).initialOffset() == first
     # another checkpoint is another query
     other = _reader(broker, startingOffsets="latest", checkpointLocation=str(tmp_path / "other"))
-    assert other.initialOffset() == {"t": {"0": 7, "1": 0, "2": 0}}
+    assert other.initialOffset() == {"t": {"0-0": 7, "0-1": 0, "0-2": 0}}
 
 
 def test_a_recreated_shorter_topic_is_data_loss_unless_told_otherwise(broker: BrokerProcess) -> None:
     # the log went backwards: the query is at offset 30, the topic was deleted and recreated with 4
     _produce(broker, 0, 30)
-    checkpointed = {"t": {"0": 30, "1": 0, "2": 0}}
+    checkpointed = {"t": {"0-0": 30, "0-1": 0, "0-2": 0}}
     with BlockingClient(broker.servers) as client:
         client.request(DeleteTopicRequest("t"))
     _create(broker.servers, 3)
@@ -104,23 +105,23 @@ def test_a_recreated_shorter_topic_is_data_loss_unless_told_otherwise(broker: Br
     with pytest.raises(DataLossError, match="beyond the partition's end"):
         _reader(broker).latestOffset(checkpointed, ReadAllAvailable())
     lenient = _reader(broker, failOnDataLoss="false")
-    at_end = {"t": {"0": 4, "1": 0, "2": 0}}
+    at_end = {"t": {"0-0": 4, "0-1": 0, "0-2": 0}}
     assert lenient.latestOffset(checkpointed, ReadAllAvailable()) == at_end  # continues from its end
     assert lenient.partitions(checkpointed, at_end) == []
 
 
 def test_new_partition_is_read_from_its_start(broker: BrokerProcess) -> None:
     reader = _reader(broker)
-    end = reader.latestOffset({"t": {"0": 0, "1": 0}}, ReadAllAvailable())
-    assert end == {"t": {"0": 0, "1": 0, "2": 0}}
+    end = reader.latestOffset({"t": {"0-0": 0, "0-1": 0}}, ReadAllAvailable())
+    assert end == {"t": {"0-0": 0, "0-1": 0, "0-2": 0}}
     _produce(broker, 2, 4)
-    parts = reader.partitions({"t": {"0": 0, "1": 0}}, {"t": {"0": 0, "1": 0, "2": 4}})
-    assert [(p.partition, p.start, p.end, p.new_partition) for p in parts] == [(2, 0, 4, True)]
+    parts = reader.partitions({"t": {"0-0": 0, "0-1": 0}}, {"t": {"0-0": 0, "0-1": 0, "0-2": 4}})
+    assert [(str(p.partition), p.start, p.end, p.new_partition) for p in parts] == [("0-2", 0, 4, True)]
 
 
 def test_checkpoint_of_another_topic_is_refused(broker: BrokerProcess) -> None:
     with pytest.raises(ConfigError, match="option 'topic'"):
-        _reader(broker).latestOffset({"other": {"0": 1}}, ReadAllAvailable())
+        _reader(broker).latestOffset({"other": {"0-0": 1}}, ReadAllAvailable())
 
 
 def test_reader_pickles_without_its_connection(broker: BrokerProcess) -> None:

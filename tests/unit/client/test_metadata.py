@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from metaq.client.metadata import MetadataCache, Partition
+from metaq.client.metadata import MetadataCache, Partition, merge_metadata
 from metaq.client.pool import parse_servers
-from metaq.errors import InvalidArgument, UnknownTopicError
+from metaq.errors import InvalidArgument, InvalidTopicError, UnknownTopicError
 from metaq.protocol.messages import BrokerInfo, MetadataResponse, PartitionInfo, TopicInfo
+from metaq.types import PartitionId
 
 
 def response() -> MetadataResponse:
@@ -26,7 +27,8 @@ def test_partitions_are_ordered_by_broker_then_partition_with_their_flags() -> N
     orders = got["orders"]
     assert [str(p) for p in orders.partitions] == ["0-0", "0-1", "1-0", "1-1"]  # errored 0-2 left out
     assert [str(p) for p in orders.publishable] == ["0-0", "1-0", "1-1"]  # 0-1 is closed
-    assert orders.find(1) == Partition(0, 1) and orders.find(7) is None
+    assert orders.find(PartitionId(0, 1)) == Partition(0, 1) and orders.find("1-0") == Partition(1, 0)
+    assert orders.find(7) is None and orders.find("0-7") is None and orders.find(PartitionId(2, 0)) is None
     assert isinstance(got["missing"].error, UnknownTopicError) and got["missing"].partitions == ()
     assert isinstance(got["never-named"].error, UnknownTopicError)
 
@@ -57,3 +59,55 @@ def test_parse_servers() -> None:
     for bad in ("", "localhost", "h:x", "h:70000", ":8123"):
         with pytest.raises(InvalidArgument):
             parse_servers(bad)
+
+
+def test_find_by_bare_number_only_when_one_broker_has_it() -> None:
+    cache = MetadataCache()
+    # PartitionInfo(partition, broker_id): 1-0, 2-0, 1-1, 2-3
+    cache.update(MetadataResponse(topics=[TopicInfo("t", 0, [PartitionInfo(0, 1), PartitionInfo(0, 2),
+                                                             PartitionInfo(1, 1), PartitionInfo(3, 2)])]))
+    tm = cache.topics["t"]
+    assert tm.find(3) == PartitionId(2, 3) and tm.find("3") == PartitionId(2, 3)
+    assert tm.find(1) == PartitionId(1, 1)
+    assert tm.find(2) is None
+    with pytest.raises(InvalidArgument, match=r"partition 0 of topic 't' is ambiguous: brokers 1, 2 each have "
+                                              r"one \('1-0', '2-0'\); name it as brokerId-partition"):
+        tm.find(0)
+    with pytest.raises(InvalidArgument, match="brokerId-partition"):
+        tm.find("0-")
+
+
+def _answer(broker: int, topics: list[TopicInfo], port: int = 8123) -> tuple[int, MetadataResponse]:
+    return broker, MetadataResponse(brokers=[BrokerInfo(broker, f"b{broker}", port)], topics=topics)
+
+
+def test_merge_takes_the_union_of_what_each_broker_answers_for_itself() -> None:
+    one = _answer(1, [TopicInfo("orders", 0, [PartitionInfo(1, 1), PartitionInfo(0, 1)]),
+                      TopicInfo("only-on-2", UnknownTopicError.code, [])])
+    two = _answer(2, [TopicInfo("orders", 0, [PartitionInfo(0, 2), PartitionInfo(1, 2, accept_publish=False)]),
+                      TopicInfo("only-on-2", 0, [PartitionInfo(0, 2)]),
+                      TopicInfo("only-on-2-bad", InvalidTopicError.code, [])])
+    for answers in ([one, two], [two, one]):
+        merged = merge_metadata(answers)
+        assert [(b.broker_id, b.host) for b in merged.brokers] == [(1, "b1"), (2, "b2")]
+        cache = MetadataCache()
+        got = cache.update(merged, ["orders", "only-on-2", "only-on-2-bad"])
+        assert [str(p) for p in got["orders"].partitions] == ["1-0", "1-1", "2-0", "2-1"]
+        assert [str(p) for p in got["orders"].publishable] == ["1-0", "1-1", "2-0"]
+        assert got["orders"].error is None
+        assert [str(p) for p in got["only-on-2"].partitions] == ["2-0"] and got["only-on-2"].error is None
+        assert isinstance(got["only-on-2-bad"].error, InvalidTopicError)
+
+
+def test_merge_prefers_a_partitions_own_broker_over_another_brokers_report() -> None:
+    # In ZooKeeper mode (step 2) any broker may report every partition; its own broker's flags win.
+    stale = _answer(1, [TopicInfo("t", 0, [PartitionInfo(0, 1), PartitionInfo(0, 2, accept_publish=True)])])
+    own = _answer(2, [TopicInfo("t", 0, [PartitionInfo(0, 2, accept_publish=False)])])
+    for answers in ([stale, own], [own, stale]):
+        parts = MetadataCache().update(merge_metadata(answers), ["t"])["t"].partitions
+        assert [(str(p), p.accept_publish) for p in parts] == [("1-0", True), ("2-0", False)]
+
+
+def test_merge_of_one_answer_is_that_answer() -> None:
+    only = _answer(1, [TopicInfo("t", 0, [PartitionInfo(0, 1)])])
+    assert merge_metadata([only]) is only[1]

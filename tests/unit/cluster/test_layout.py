@@ -52,11 +52,6 @@ def test_topic_registration_data() -> None:
             L.parse_topic_broker_name(name)
 
 
-@given(st.integers(0, 2**31 - 1), st.integers(0, 10_000))
-def test_partition_name_round_trip(broker_id: int, partition: int) -> None:
-    assert L.parse_partition_name(L.partition_name(broker_id, partition)) == (broker_id, partition)
-
-
 @given(st.integers(0, 2**62), st.integers(-1, 2**127))
 def test_offset_data_round_trip(offset: int, message_id: int) -> None:
     assert L.parse_offset_data(L.offset_data(offset, message_id)) == (offset, message_id)

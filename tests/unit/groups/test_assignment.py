@@ -13,15 +13,16 @@ from metaq.cluster.assignment import (
     consistent_hash_assign,
     range_assign,
 )
+from metaq.types import PartitionId as P
 
 member_ids = st.lists(st.text(alphabet="abcdefghij0123456789-", min_size=1, max_size=12), max_size=20, unique=True)
-partition_sets = st.lists(st.tuples(st.integers(0, 5), st.integers(0, 63)), max_size=80, unique=True)
+partition_sets = st.lists(st.builds(P, st.integers(0, 5), st.integers(0, 63)), max_size=80, unique=True)
 strategies = st.sampled_from(["range", "consistent_hash"])
 
 
 @given(strategies, member_ids, partition_sets)
 def test_every_partition_has_exactly_one_owner(strategy: str, members: list[str],
-                                               partitions: list[tuple[int, int]]) -> None:
+                                               partitions: list[P]) -> None:
     result = assign(strategy, members, partitions)
     assert set(result) == set(members)
     check_assignment(result, members, partitions)
@@ -31,14 +32,14 @@ def test_every_partition_has_exactly_one_owner(strategy: str, members: list[str]
 
 @given(strategies, member_ids, partition_sets)
 def test_deterministic_whatever_the_input_order(strategy: str, members: list[str],
-                                                partitions: list[tuple[int, int]]) -> None:
+                                                partitions: list[P]) -> None:
     a = assign(strategy, members, partitions)
     b = assign(strategy, list(reversed(members)), list(reversed(partitions)))
     assert a == b
 
 
 @given(member_ids, partition_sets)
-def test_range_split_is_metaqs(members: list[str], partitions: list[tuple[int, int]]) -> None:
+def test_range_split_is_metaqs(members: list[str], partitions: list[P]) -> None:
     result = range_assign(members, partitions)
     if not members:
         assert result == {}
@@ -55,9 +56,9 @@ def test_range_split_is_metaqs(members: list[str], partitions: list[tuple[int, i
 
 
 def test_range_example_from_metaq() -> None:
-    parts = [(0, p) for p in range(5)] + [(1, p) for p in range(2)]
+    parts = [P(0, p) for p in range(5)] + [P(1, p) for p in range(2)]
     got = range_assign(["c2", "c1", "c3"], parts)
-    assert got == {"c1": [(0, 0), (0, 1), (0, 2)], "c2": [(0, 3), (0, 4)], "c3": [(1, 0), (1, 1)]}
+    assert got == {"c1": [P(0, 0), P(0, 1), P(0, 2)], "c2": [P(0, 3), P(0, 4)], "c3": [P(1, 0), P(1, 1)]}
 
 
 @settings(max_examples=200)
@@ -66,7 +67,7 @@ def test_range_example_from_metaq() -> None:
        st.text(alphabet="xyz0123456789", min_size=1, max_size=8),
        st.integers(1, 120))
 def test_consistent_hash_moves_only_to_the_joiner(members: list[str], joiner: str, n_partitions: int) -> None:
-    partitions = [(0, p) for p in range(n_partitions)]
+    partitions = [P(0, p) for p in range(n_partitions)]
     before = consistent_hash_assign(members, partitions)
     after = consistent_hash_assign([*members, joiner], partitions)
     owner_before = {p: m for m, ps in before.items() for p in ps}
@@ -79,7 +80,7 @@ def test_consistent_hash_moves_only_to_the_joiner(members: list[str], joiner: st
 
 
 def test_consistent_hash_moves_few_partitions_on_average() -> None:
-    partitions = [(b, p) for b in range(4) for p in range(64)]  # 256 partitions
+    partitions = [P(b, p) for b in range(4) for p in range(64)]  # 256 partitions
     members = [f"consumer-{i}" for i in range(7)]
     before = consistent_hash_assign(members, partitions)
     after = consistent_hash_assign([*members, "consumer-7"], partitions)
@@ -95,18 +96,40 @@ def test_consistent_hash_moves_few_partitions_on_average() -> None:
 
 
 def test_assign_topics_balances_each_topic_among_its_subscribers() -> None:
-    parts = {"a": [(0, p) for p in range(4)], "b": [(0, p) for p in range(2)]}
+    parts = {"a": [P(0, p) for p in range(4)], "b": [P(0, p) for p in range(2)]}
     got = assign_topics("range", {"m1": ["a", "b"], "m2": ["a"]}, lambda t: parts[t])
-    assert got == {"m1": {"a": [(0, 0), (0, 1)], "b": [(0, 0), (0, 1)]}, "m2": {"a": [(0, 2), (0, 3)]}}
+    assert got == {"m1": {"a": [P(0, 0), P(0, 1)], "b": [P(0, 0), P(0, 1)]}, "m2": {"a": [P(0, 2), P(0, 3)]}}
 
 
 def test_unknown_strategy_names_the_valid_ones() -> None:
     with pytest.raises(ValueError, match="consistent_hash, range"):
-        assign("roundrobin", ["a"], [(0, 0)])
+        assign("roundrobin", ["a"], [P(0, 0)])
 
 
 def test_check_assignment_catches_double_ownership_and_holes() -> None:
     with pytest.raises(AssertionError, match="owned by both"):
-        check_assignment({"a": [(0, 0)], "b": [(0, 0)]}, ["a", "b"], [(0, 0)])
+        check_assignment({"a": [P(0, 0)], "b": [P(0, 0)]}, ["a", "b"], [P(0, 0)])
     with pytest.raises(AssertionError, match="no owner"):
-        check_assignment({"a": [(0, 0)], "b": []}, ["a", "b"], [(0, 0), (0, 1)])
+        check_assignment({"a": [P(0, 0)], "b": []}, ["a", "b"], [P(0, 0), P(0, 1)])
+
+
+def test_range_over_two_brokers_partitions_in_metaq_order() -> None:
+    # brokerId 1 and 2 with two partitions each, three members: MetaQ's sorted list is 1-0 1-1 2-0 2-1
+    parts = [P.parse(t) for t in ("2-1", "1-0", "2-0", "1-1")]
+    got = range_assign(["m3", "m1", "m2"], parts)
+    assert {m: [str(p) for p in ps] for m, ps in got.items()} == {"m1": ["1-0", "1-1"], "m2": ["2-0"], "m3": ["2-1"]}
+    # numeric order, not text order: broker 10 comes after broker 2
+    got = range_assign(["a", "b"], [P(10, 0), P(2, 0), P(2, 1), P(10, 1)])
+    assert got == {"a": [P(2, 0), P(2, 1)], "b": [P(10, 0), P(10, 1)]}
+
+
+def test_consistent_hash_over_two_brokers_is_complete_and_uses_the_text_form() -> None:
+    parts = [P(b, p) for b in (1, 2) for p in range(8)]
+    got = consistent_hash_assign(["m1", "m2", "m3"], parts)
+    check_assignment(got, ["m1", "m2", "m3"], parts)
+    assert sorted(p for ps in got.values() for p in ps) == parts
+
+
+def test_bare_pairs_are_refused() -> None:
+    with pytest.raises(ValueError, match="PartitionId"):
+        range_assign(["a"], [(0, 1)])  # type: ignore[list-item]

@@ -20,8 +20,10 @@ from metaq.errors import (
     RebalanceInProgressError,
     UnknownGroupError,
     UnknownMemberError,
+    UnknownPartitionError,
 )
 from metaq.protocol import messages as m
+from metaq.types import PartitionId
 
 SESSION_MS = 1000
 REBALANCE_MS = 3000
@@ -74,7 +76,9 @@ def join_req(member_id: str = "", topics: list[str] | None = None, strategy: str
 
 
 def owned(resp: m.JoinGroupResponse) -> set[tuple[str, int]]:
-    return {(a.topic, p) for a in resp.assignment for p in a.partitions}
+    """(topic, partition number) owned; the coordinator of these tests is broker 0 and holds them all."""
+    assert all(p.broker_id == 0 for a in resp.assignment for p in a.partitions)
+    return {(a.topic, p.partition) for a in resp.assignment for p in a.partitions}
 
 
 class SimMember:
@@ -112,7 +116,7 @@ class SimMember:
         hb = await self.coord.heartbeat(m.HeartbeatRequest("g", self.generation, self.member_id))
         if hb.error_code in (RebalanceInProgressError.code, IllegalGenerationError.code):
             await self.coord.commit_offsets(m.OffsetCommitRequest(
-                "g", self.generation, self.member_id, [m.OffsetEntry(t, p, 1) for t, p in sorted(self.holding)]))
+                "g", self.generation, self.member_id, [m.OffsetEntry(t, 0, p, 1) for t, p in sorted(self.holding)]))
             self.start_join()
         elif hb.error_code == UnknownMemberError.code:
             self.member_id = ""
@@ -185,16 +189,16 @@ async def test_join_of_a_new_member_makes_old_members_commit_and_rejoin(tmp_path
     assert hb.error_code == RebalanceInProgressError.code
     # the old member commits what it consumed before giving its partitions up: accepted
     commit = await coord.commit_offsets(m.OffsetCommitRequest("g", a.generation, a.member_id,
-                                                              [m.OffsetEntry("t", 5, 42)]))
+                                                              [m.OffsetEntry("t", 0, 5, 42)]))
     assert commit.error_code == 0 and commit.results[0].error_code == 0
     a2 = await coord.join(join_req(a.member_id))
     b = await b_task
     assert a2.generation == b.generation == 2
     assert owned(a2) | owned(b) == {("t", p) for p in range(12)} and not owned(a2) & owned(b)
-    fetched = await coord.fetch_offsets(m.OffsetFetchRequest("g", [m.TopicPartitionRef("t", 5)]))
+    fetched = await coord.fetch_offsets(m.OffsetFetchRequest("g", [m.TopicPartitionRef("t", 0, 5)]))
     assert fetched.offsets[0].offset == 42
     # the old generation is fenced now
-    stale = await coord.commit_offsets(m.OffsetCommitRequest("g", 1, a.member_id, [m.OffsetEntry("t", 0, 1)]))
+    stale = await coord.commit_offsets(m.OffsetCommitRequest("g", 1, a.member_id, [m.OffsetEntry("t", 0, 0, 1)]))
     assert stale.error_code == IllegalGenerationError.code
 
 
@@ -213,7 +217,7 @@ async def test_expired_member_is_dropped_and_fenced(tmp_path: Path) -> None:
     a2 = await coord.join(join_req(a.member_id))
     assert a2.generation == a.generation + 1 and owned(a2) == {("t", p) for p in range(12)}
     fenced = await coord.commit_offsets(m.OffsetCommitRequest("g", b.generation, b.member_id,
-                                                              [m.OffsetEntry("t", 0, 7)]))
+                                                              [m.OffsetEntry("t", 0, 0, 7)]))
     assert fenced.error_code == UnknownMemberError.code
     assert (await coord.heartbeat(m.HeartbeatRequest("g", b.generation, b.member_id))).error_code \
         == UnknownMemberError.code
@@ -238,7 +242,7 @@ async def test_member_that_never_rejoins_is_dropped_at_the_rebalance_deadline(tm
     b = b_task.result()
     assert b.generation == 2 and owned(b) == {("t", p) for p in range(12)}
     assert clock.now >= REBALANCE_MS
-    late = await coord.commit_offsets(m.OffsetCommitRequest("g", 1, a.member_id, [m.OffsetEntry("t", 0, 3)]))
+    late = await coord.commit_offsets(m.OffsetCommitRequest("g", 1, a.member_id, [m.OffsetEntry("t", 0, 0, 3)]))
     assert late.error_code == UnknownMemberError.code
 
 
@@ -263,11 +267,11 @@ async def test_commits_are_checked_against_ownership_and_generation(tmp_path: Pa
     mine = sorted(p for _t, p in a.holding)
     theirs = sorted(p for _t, p in b.holding)
     resp = await coord.commit_offsets(m.OffsetCommitRequest("g", a.generation, a.member_id, [
-        m.OffsetEntry("t", mine[0], 10), m.OffsetEntry("t", theirs[0], 10), m.OffsetEntry("t", mine[1], -5)]))
+        m.OffsetEntry("t", 0, mine[0], 10), m.OffsetEntry("t", 0, theirs[0], 10), m.OffsetEntry("t", 0, mine[1], -5)]))
     assert [r.error_code for r in resp.results] == [0, IllegalGenerationError.code, InvalidRequestError.code]
     assert resp.error_message
     wrong_gen = await coord.commit_offsets(m.OffsetCommitRequest("g", 99, a.member_id,
-                                                                 [m.OffsetEntry("t", mine[0], 1)]))
+                                                                 [m.OffsetEntry("t", 0, mine[0], 1)]))
     assert wrong_gen.error_code == IllegalGenerationError.code
     hb = await coord.heartbeat(m.HeartbeatRequest("g", 99, a.member_id))
     assert hb.error_code == IllegalGenerationError.code
@@ -276,14 +280,14 @@ async def test_commits_are_checked_against_ownership_and_generation(tmp_path: Pa
 @run
 async def test_no_generation_commits_only_when_the_group_is_empty(tmp_path: Path) -> None:
     coord, _clock, _ = make(tmp_path)
-    ok = await coord.commit_offsets(m.OffsetCommitRequest("g", m.NO_GENERATION, "", [m.OffsetEntry("t", 0, 9)]))
+    ok = await coord.commit_offsets(m.OffsetCommitRequest("g", m.NO_GENERATION, "", [m.OffsetEntry("t", 0, 0, 9)]))
     assert ok.error_code == 0
     a = await coord.join(join_req())
     refused = await coord.commit_offsets(m.OffsetCommitRequest("g", m.NO_GENERATION, "",
-                                                               [m.OffsetEntry("t", 0, 1)]))
+                                                               [m.OffsetEntry("t", 0, 0, 1)]))
     assert refused.error_code == IllegalGenerationError.code and "active" in (refused.error_message or "")
     await coord.leave(m.LeaveGroupRequest("g", a.member_id))
-    forget = await coord.commit_offsets(m.OffsetCommitRequest("g", m.NO_GENERATION, "", [m.OffsetEntry("t", 0, -1)]))
+    forget = await coord.commit_offsets(m.OffsetCommitRequest("g", m.NO_GENERATION, "", [m.OffsetEntry("t", 0, 0, -1)]))
     assert forget.error_code == 0
     fetched = await coord.fetch_offsets(m.OffsetFetchRequest("g", None))
     assert fetched.offsets == []
@@ -294,8 +298,8 @@ async def test_offsets_survive_a_restart_and_a_torn_tail(tmp_path: Path) -> None
     coord, _clock, _ = make(tmp_path, t=12, u=1)
     for i in range(50):
         await coord.commit_offsets(m.OffsetCommitRequest("g", m.NO_GENERATION, "",
-                                                         [m.OffsetEntry("t", i % 4, i, f"meta{i}")]))
-    await coord.commit_offsets(m.OffsetCommitRequest("h", m.NO_GENERATION, "", [m.OffsetEntry("u", 0, 5)]))
+                                                         [m.OffsetEntry("t", 0, i % 4, i, f"meta{i}")]))
+    await coord.commit_offsets(m.OffsetCommitRequest("h", m.NO_GENERATION, "", [m.OffsetEntry("u", 0, 0, 5)]))
     # no close(): what kill -9 leaves behind, plus half a record written when it died
     with open(tmp_path / "offsets" / "consumer_offsets.log", "ab") as f:
         f.write(b"\x00\x00\x01\x00garbage")
@@ -318,13 +322,13 @@ async def test_runtime_compaction_keeps_every_offset(tmp_path: Path) -> None:
     coord = GroupCoordinator(Topics(t=4), store, clock=FakeClock(), timer=False)
     coord.open()
     for i in range(300):
-        await coord.commit_offsets(m.OffsetCommitRequest("g", m.NO_GENERATION, "", [m.OffsetEntry("t", i % 4, i)]))
+        await coord.commit_offsets(m.OffsetCommitRequest("g", m.NO_GENERATION, "", [m.OffsetEntry("t", 0, i % 4, i)]))
     assert (tmp_path / "o" / "consumer_offsets.log").stat().st_size < 4 * 2000 + 200
     await coord.close()
     reopened = OffsetsStore(tmp_path / "o")
     reopened.open()
-    assert {k: v.offset for k, v in reopened.group_offsets("g").items()} == {
-        ("t", 0): 296, ("t", 1): 297, ("t", 2): 298, ("t", 3): 299}
+    assert {(t, str(p)): v.offset for (t, p), v in reopened.group_offsets("g").items()} == {
+        ("t", "0-0"): 296, ("t", "0-1"): 297, ("t", "0-2"): 298, ("t", "0-3"): 299}
     reopened.close()
 
 
@@ -422,3 +426,118 @@ async def test_a_hundred_rebalances_leave_no_partition_unowned(tmp_path: Path, s
         assert held == [("t", p) for p in range(12)], "every partition owned exactly once"
         rebalances = coord.groups["g"].rebalances
     assert rebalances >= 100
+
+
+# -- several brokers: the coordinator is broker 1, the members report broker 2's partitions ----------------
+
+def bp(text: str) -> m.BrokerPartition:
+    pid = PartitionId.parse(text)
+    return m.BrokerPartition(pid.broker_id, pid.partition)
+
+
+def seen(*texts: str, topic: str = "t") -> list[m.TopicAssignment]:
+    return [m.TopicAssignment(topic, [bp(t) for t in texts])]
+
+
+def owned_ids(resp: m.JoinGroupResponse) -> list[str]:
+    return [f"{a.topic}:{p.broker_id}-{p.partition}" for a in resp.assignment for p in a.partitions]
+
+
+def two_broker_coordinator(tmp_path: Path) -> GroupCoordinator:
+    coord = GroupCoordinator(lambda topic: [PartitionId(1, p) for p in range(2)] if topic == "t" else [],
+                             tmp_path / "offsets", broker_id=1, clock=FakeClock(), timer=False)
+    coord.open()
+    return coord
+
+
+def report_req(member_id: str, partitions: list[m.TopicAssignment]) -> m.JoinGroupRequest:
+    req = join_req(member_id)
+    req.partitions = partitions
+    return req
+
+
+@run
+async def test_a_group_over_two_brokers_is_balanced_in_metaq_order(tmp_path: Path) -> None:
+    coord = two_broker_coordinator(tmp_path)
+    # broker 2's partitions as the members see them; a report of "1-7" is ignored: broker 1 knows its own
+    view = seen("1-0", "1-1", "1-7", "2-0", "2-1")
+    first = await coord.join(report_req("", view))
+    assert owned_ids(first) == ["t:1-0", "t:1-1", "t:2-0", "t:2-1"]
+    joins = [asyncio.ensure_future(coord.join(report_req("", view))) for _ in range(2)]
+    await settle()
+    again = await coord.join(report_req(first.member_id, view))
+    resps = [again, *[await j for j in joins]]
+    assert len({r.generation for r in resps}) == 1
+    by_member = {r.member_id: owned_ids(r) for r in resps}
+    # range: members sorted by id take 2, 1, 1 of the sorted list 1-0 1-1 2-0 2-1
+    assert [by_member[mid] for mid in sorted(by_member)] == [["t:1-0", "t:1-1"], ["t:2-0"], ["t:2-1"]]
+    coord.check_invariants()
+    owners = coord.owners("g")
+    assert sorted(str(tp) for tp in owners) == ["t:1-0", "t:1-1", "t:2-0", "t:2-1"]
+
+
+@run
+async def test_commits_and_fetches_are_keyed_per_broker_partition(tmp_path: Path) -> None:
+    coord = two_broker_coordinator(tmp_path)
+    a = await coord.join(report_req("", seen("2-0", "2-1")))
+    commit = await coord.commit_offsets(m.OffsetCommitRequest("g", a.generation, a.member_id, [
+        m.OffsetEntry("t", 1, 0, 10), m.OffsetEntry("t", 2, 0, 20), m.OffsetEntry("t", 2, 5, 1)]))
+    assert [r.error_code for r in commit.results] == [0, 0, IllegalGenerationError.code]
+    assert "'t':2-5" in (commit.error_message or "")
+    fetched = await coord.fetch_offsets(m.OffsetFetchRequest("g", [m.TopicPartitionRef("t", 1, 0),
+                                                                   m.TopicPartitionRef("t", 2, 0),
+                                                                   m.TopicPartitionRef("t", 3, 0)]))
+    assert [(e.broker_id, e.partition, e.offset) for e in fetched.offsets] == [(1, 0, 10), (2, 0, 20), (3, 0, -1)]
+    everything = await coord.fetch_offsets(m.OffsetFetchRequest("g", None))
+    assert [(e.broker_id, e.partition, e.offset) for e in everything.offsets] == [(1, 0, 10), (2, 0, 20)]
+    await coord.leave(m.LeaveGroupRequest("g", a.member_id))
+    # outside a generation: another broker's partition is stored as given, an own one must exist
+    reset = await coord.commit_offsets(m.OffsetCommitRequest("g", m.NO_GENERATION, "", [
+        m.OffsetEntry("t", 2, 7, 3), m.OffsetEntry("t", 1, 7, 3), m.OffsetEntry("t", 70000, 0, 3),
+        m.OffsetEntry("t", 2, -1, 3)]))
+    assert [r.error_code for r in reset.results] == [0, UnknownPartitionError.code, UnknownPartitionError.code,
+                                                    UnknownPartitionError.code]
+    await coord.close()
+    reopened = two_broker_coordinator(tmp_path)
+    got = await reopened.fetch_offsets(m.OffsetFetchRequest("g", None))
+    assert [(e.broker_id, e.partition, e.offset) for e in got.offsets] == [(1, 0, 10), (2, 0, 20), (2, 7, 3)]
+    await reopened.close()
+
+
+@run
+async def test_a_member_rejoining_with_other_partitions_starts_a_rebalance(tmp_path: Path) -> None:
+    coord = two_broker_coordinator(tmp_path)
+    a = await coord.join(report_req("", seen("2-0")))
+    assert owned_ids(a) == ["t:1-0", "t:1-1", "t:2-0"]
+    same = await coord.join(report_req(a.member_id, seen("2-0")))
+    assert same.generation == a.generation  # nothing changed: the current assignment back
+    grown = await coord.join(report_req(a.member_id, seen("2-0", "2-1", "2-2")))
+    assert grown.generation == a.generation + 1
+    assert owned_ids(grown) == ["t:1-0", "t:1-1", "t:2-0", "t:2-1", "t:2-2"]
+
+
+@run
+async def test_a_report_that_is_not_broker_partition_is_refused(tmp_path: Path) -> None:
+    coord = two_broker_coordinator(tmp_path)
+    bad = await coord.join(report_req("", [m.TopicAssignment("t", [m.BrokerPartition(70000, 0)])]))
+    assert bad.error_code == InvalidRequestError.code and "brokerId-partition" in (bad.error_message or "")
+    other_topic = await coord.join(report_req("", seen("2-0", topic="not-subscribed")))
+    assert other_topic.error_code == 0 and owned_ids(other_topic) == ["t:1-0", "t:1-1"]
+
+
+def test_an_offsets_log_of_the_earlier_format_is_read_as_this_brokers_partitions(tmp_path: Path) -> None:
+    import json
+    import struct
+
+    import crc32c
+
+    from metaq.broker.offsets_store import OffsetsStore
+
+    body = json.dumps({"g": "g", "o": [["t", 3, 42, None], ["t", "2-1", 7, "m"]]}).encode()
+    (tmp_path / "consumer_offsets.log").write_bytes(struct.pack(">II", len(body), crc32c.crc32c(body)) + body)
+    store = OffsetsStore(tmp_path, broker_id=5)
+    store.open()
+    assert {(t, str(p)): c.offset for (t, p), c in store.group_offsets("g").items()} == {("t", "5-3"): 42,
+                                                                                        ("t", "2-1"): 7}
+    store.close()
+    assert b'"5-3"' in (tmp_path / "consumer_offsets.log").read_bytes()  # rewritten by the compaction

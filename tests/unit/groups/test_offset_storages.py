@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,10 +14,12 @@ from metaq.client.group.config import ConsumerConfig
 from metaq.client.group.consumer import MessageIdLRU, _wants_ctx, empty_fetch_delay_ms
 from metaq.client.group.offsets import LocalFileOffsetStorage, OffsetStorage, SqliteOffsetStorage
 from metaq.client.group.recover import RecoverStore
-from metaq.errors import ConfigError
-from metaq.types import Message, TopicPartition
+from metaq.errors import ConfigError, StorageError
+from metaq.types import Message, PartitionId, TopicPartition
 
-T0, T1, U0 = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("u", 0)
+# partition 0 of two brokers: the stores must keep them apart
+T0, T1, U0 = (TopicPartition("t", PartitionId(1, 0)), TopicPartition("t", PartitionId(2, 0)),
+              TopicPartition("u", PartitionId(1, 0)))
 
 
 async def exercise(make: Callable[[], OffsetStorage]) -> None:
@@ -35,22 +39,55 @@ async def exercise(make: Callable[[], OffsetStorage]) -> None:
 def test_local_file_storage(tmp_path: Path) -> None:
     asyncio.run(exercise(lambda: LocalFileOffsetStorage(tmp_path)))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.json", "other.json"]  # no temp left behind
+    assert json.loads((tmp_path / "g.json").read_text())["offsets"] == {"t": {"1-0": 9, "2-0": 7}}
+
+
+def test_local_file_storage_refuses_a_file_of_bare_partition_numbers(tmp_path: Path) -> None:
+    (tmp_path / "g.json").write_text(json.dumps({"group": "g", "offsets": {"t": {"0": 5}}}))
+
+    async def main() -> None:
+        store = LocalFileOffsetStorage(tmp_path)
+        with pytest.raises(StorageError, match=r"g\.json keys partition '0' of topic 't', not brokerId-partition"):
+            await store.load("g", [T0])
+        await store.close()
+
+    asyncio.run(main())
 
 
 def test_sqlite_storage(tmp_path: Path) -> None:
     asyncio.run(exercise(lambda: SqliteOffsetStorage(tmp_path / "offsets.db")))
+    with sqlite3.connect(tmp_path / "offsets.db") as db:
+        rows = db.execute("SELECT group_id, topic, broker_partition, next_offset FROM metaq_offsets ORDER BY 1, 3")
+        assert rows.fetchall() == [("g", "t", "1-0", 9), ("g", "t", "2-0", 7), ("other", "t", "1-0", 1)]
+
+
+def test_sqlite_storage_refuses_a_table_of_the_earlier_layout(tmp_path: Path) -> None:
+    with sqlite3.connect(tmp_path / "old.db") as db:
+        db.execute("CREATE TABLE metaq_offsets (group_id VARCHAR(255) NOT NULL, topic VARCHAR(255) NOT NULL, "
+                   "partition_id INTEGER NOT NULL, next_offset BIGINT NOT NULL, updated_ms BIGINT NOT NULL, "
+                   "PRIMARY KEY (group_id, topic, partition_id))")
+
+    async def main() -> None:
+        store = SqliteOffsetStorage(tmp_path / "old.db")
+        with pytest.raises(StorageError, match=r"earlier metaq .*RENAME TO metaq_offsets_old"):
+            await store.load("g", [T0])
+        await store.close()
+
+    asyncio.run(main())
 
 
 def test_recover_store_round_trip_and_survives_reopen(tmp_path: Path) -> None:
     async def main() -> None:
         store = RecoverStore(tmp_path, "g/../weird")
         msg = Message("t", b"payload", attribute="a", key=b"k", headers=[("h", b"v")], timestamp_ms=5,
-                      partition=2, offset=41, id=(3 << 64) + 41, append_time_ms=99)
+                      partition=2, offset=41, id=(3 << 64) + 41, append_time_ms=99, broker_id=4)
         assert await store.put(msg)
         store.close()
         again = RecoverStore(tmp_path, "g/../weird")
-        [(_name, back)] = await again.messages()
-        assert (back.topic, back.partition, back.offset, back.id, back.data) == ("t", 2, 41, msg.id, b"payload")
+        [(name, back)] = await again.messages()
+        assert name == f"t-4-2-{41:020d}.msg"
+        assert (back.topic, back.partition_id, back.offset, back.id, back.data) == ("t", PartitionId(4, 2), 41,
+                                                                                    msg.id, b"payload")
         assert (back.attribute, back.key, back.headers) == ("a", b"k", [("h", b"v")])
         calls = []
 

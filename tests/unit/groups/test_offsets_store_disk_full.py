@@ -10,17 +10,20 @@ from pathlib import Path
 from metaq.broker.offsets_store import OffsetsStore
 from metaq.storage.errors import DiskFull
 from metaq.testing.fs import small_disk
+from metaq.types import PartitionId
+
+P0, P1 = PartitionId(0, 0), PartitionId(0, 1)
 
 
 def offsets(store: OffsetsStore) -> dict[tuple[str, int], int]:
-    return {k: v.offset for k, v in store.group_offsets("g").items()}
+    return {(t, p.partition): v.offset for (t, p), v in store.group_offsets("g").items()}
 
 
 def test_commits_on_a_full_disk(tmp_path: Path) -> None:
     async def commit_until_refused(store: OffsetsStore, start: int) -> int:
         for i in range(start, start + 10_000):
             try:
-                await store.commit("g", [("t", 0, i, "m" * 200)])
+                await store.commit("g", [("t", P0, i, "m" * 200)])
             except DiskFull:
                 return i
         raise AssertionError("the disk never filled up")
@@ -28,7 +31,7 @@ def test_commits_on_a_full_disk(tmp_path: Path) -> None:
     with small_disk(tmp_path / "disk", 1 << 20) as disk:
         store = OffsetsStore(disk.path / "o")
         store.open()
-        asyncio.run(store.commit("g", [("t", 1, 7, None)]))
+        asyncio.run(store.commit("g", [("t", P1, 7, None)]))
         disk.fill(leave_bytes=0)
         refused = asyncio.run(commit_until_refused(store, 0))
         assert offsets(store) == {("t", 0): refused - 1, ("t", 1): 7}, "a refused commit is not visible"
@@ -40,7 +43,7 @@ def test_commits_on_a_full_disk(tmp_path: Path) -> None:
         refused_again = asyncio.run(commit_until_refused(reopened, 100_000))  # still full: refused again
         assert offsets(reopened)[("t", 0)] == (refused_again - 1 if refused_again > 100_000 else refused - 1)
         disk.free()
-        asyncio.run(reopened.commit("g", [("t", 0, 5, None)]))
+        asyncio.run(reopened.commit("g", [("t", P0, 5, None)]))
         reopened.close()
         again = OffsetsStore(disk.path / "o")
         again.open()

@@ -25,8 +25,8 @@ RECORDS_BLOB = b"\x00\x01opaque records, not a batch\xfe\xff"
 MESSAGE_ID = (7 << 112) | (0x0123456789AB << 64) | 4711
 """Broker 7, a 48-bit partition tag, offset 4711: every byte of the uint128 is used."""
 
-ORDERS = m.OffsetEntry(topic="orders", partition=0, offset=4711, metadata="at 12:00 ✓", error_code=0)
-REFUNDS = m.OffsetEntry(topic="refunds", partition=1, offset=-1, metadata=None, error_code=22)
+ORDERS = m.OffsetEntry(topic="orders", broker_id=3, partition=0, offset=4711, metadata="at 12:00 ✓", error_code=0)
+REFUNDS = m.OffsetEntry(topic="refunds", broker_id=2, partition=1, offset=-1, metadata=None, error_code=22)
 
 SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
     ("ApiVersions", 0): (
@@ -78,10 +78,13 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
     ("JoinGroup", 0): (
         m.JoinGroupRequest(group="billing", member_id="", client_id="billing-worker-1",
                            session_timeout_ms=10_000, rebalance_timeout_ms=30_000,
-                           topics=["orders", "refunds"], strategy="range"),
+                           topics=["orders", "refunds"], strategy="range",
+                           partitions=[m.TopicAssignment("orders", [m.BrokerPartition(3, 0), m.BrokerPartition(4, 1)]),
+                                       m.TopicAssignment("refunds", [m.BrokerPartition(2, 1)])]),
         m.JoinGroupResponse(error_code=0, error_message=None, generation=5, member_id="worker-1-9f2c",
                             members=["worker-1-9f2c", "worker-2-77aa"],
-                            assignment=[m.TopicAssignment("orders", [0, 2]), m.TopicAssignment("refunds", [1])]),
+                            assignment=[m.TopicAssignment("orders", [m.BrokerPartition(3, 0), m.BrokerPartition(3, 2)]),
+                                        m.TopicAssignment("refunds", [m.BrokerPartition(2, 1)])]),
     ),
     ("Heartbeat", 0): (
         m.HeartbeatRequest(group="billing", generation=5, member_id="worker-1-9f2c"),
@@ -96,8 +99,8 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
         m.OffsetCommitResponse(error_code=0, error_message=None, results=[ORDERS, REFUNDS]),
     ),
     ("OffsetFetch", 0): (
-        m.OffsetFetchRequest(group="billing", partitions=[m.TopicPartitionRef("orders", 0),
-                                                          m.TopicPartitionRef("refunds", 1)]),
+        m.OffsetFetchRequest(group="billing", partitions=[m.TopicPartitionRef("orders", 3, 0),
+                                                          m.TopicPartitionRef("refunds", 2, 1)]),
         m.OffsetFetchResponse(error_code=0, error_message=None, offsets=[ORDERS]),
     ),
     ("Stats", 0): (
@@ -112,7 +115,8 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
         m.DescribeGroupRequest(group="billing"),
         m.DescribeGroupResponse(error_code=0, error_message=None, state="Stable", generation=5, strategy="range",
                                 members=[m.GroupMember("worker-1-9f2c", "billing-worker-1", "10.0.0.5",
-                                                       [m.TopicAssignment("orders", [0, 1])])]),
+                                                       [m.TopicAssignment("orders", [m.BrokerPartition(3, 0),
+                                                                                     m.BrokerPartition(4, 1)])])]),
     ),
     ("PartitionState", 0): (
         m.PartitionStateRequest(topic="orders", partition=-1, open=False),

@@ -19,7 +19,7 @@ from metaq.spark.arrow import ARROW_SCHEMA, DataLossError, read_range, to_record
 from metaq.spark.options import WriteOptions
 from metaq.spark.sink import BatchEncoder, check_input_schema
 from metaq.spark.source import SCHEMA
-from metaq.types import Message, format_message_id
+from metaq.types import Message, PartitionId, format_message_id
 from spark_fake_broker import FakeBroker
 
 
@@ -52,14 +52,14 @@ def test_record_batch_columns() -> None:
         Message("t", b"v0", None, None, None, 1000, 3, 7, (9 << 112) | (5 << 64) | 7, 2000),
         Message("t", b"v1", "tag", b"k", [("h", b"1"), ("h", b"2")], -1, 3, 8, (9 << 112) | (5 << 64) | 8, 2000),
     ]
-    rb = to_record_batch(msgs, "t", 3)
+    rb = to_record_batch(msgs, "t", PartitionId(9, 3))
     assert rb.schema.equals(ARROW_SCHEMA)
     rows = rb.to_pylist()
     assert [r["value"] for r in rows] == [b"v0", b"v1"]
     assert [r["key"] for r in rows] == [None, b"k"]
     assert [r["attribute"] for r in rows] == [None, "tag"]
     assert [r["offset"] for r in rows] == [7, 8]
-    assert [r["partition"] for r in rows] == [3, 3]
+    assert [(r["broker_id"], r["partition"]) for r in rows] == [(9, 3), (9, 3)]
     assert [r["message_id"] for r in rows] == [format_message_id(m.id) for m in msgs]
     assert len(rows[0]["message_id"]) == 32
     # a missing producer timestamp falls back to the broker's append time
@@ -71,7 +71,7 @@ def test_record_batch_columns() -> None:
 def test_message_ids_across_a_64_bit_carry() -> None:
     base = (1 << 64) - 2
     msgs = [Message("t", b"", id=base + i, offset=i, partition=0, timestamp_ms=0) for i in range(4)]
-    ids = to_record_batch(msgs, "t", 0).column("message_id").to_pylist()
+    ids = to_record_batch(msgs, "t", PartitionId(0, 0)).column("message_id").to_pylist()
     assert ids == [format_message_id(base + i) for i in range(4)]
 
 
@@ -80,11 +80,11 @@ def test_read_range_data_loss(fake: FakeBroker) -> None:
         values = _fill(client, 0, batches=4, per_batch=10)
         fake.drop_head("t", 0, 20)
         with pytest.raises(DataLossError, match=r"offsets 5\.\.19 were deleted"):
-            list(read_range(client, "t", 0, 5, 40, max_bytes=1 << 20))
-        got = _rows(list(read_range(client, "t", 0, 5, 40, max_bytes=1 << 20, fail_on_data_loss=False)))
+            list(read_range(client, "t", PartitionId(0, 0), 5, 40, max_bytes=1 << 20))
+        got = _rows(list(read_range(client, "t", PartitionId(0, 0), 5, 40, max_bytes=1 << 20, fail_on_data_loss=False)))
         assert [r["value"] for r in got] == values[20:40]
         # a partition the query discovered late may begin past 0 without that being a loss
-        got = _rows(list(read_range(client, "t", 0, 0, 40, max_bytes=1 << 20, new_partition=True)))
+        got = _rows(list(read_range(client, "t", PartitionId(0, 0), 0, 40, max_bytes=1 << 20, new_partition=True)))
         assert [r["offset"] for r in got] == list(range(20, 40))
 
 
@@ -103,3 +103,23 @@ def test_null_value_is_refused() -> None:
     encoder = BatchEncoder(WriteOptions.parse({"topic": "t"}), lambda topic: [0])
     with pytest.raises(ConfigError, match="'value' has a null"):
         list(encoder.encode([pa.RecordBatch.from_pydict({"value": pa.array([b"a", None], pa.binary())})]))
+
+
+def test_the_sink_targets_broker_partitions() -> None:
+    import zlib
+
+    parts = [PartitionId(2, 0), PartitionId(1, 1), PartitionId(1, 0)]
+    encoder = BatchEncoder(WriteOptions.parse({"topic": "t"}), lambda topic: parts)
+    rb = pa.RecordBatch.from_pydict({
+        "value": [b"a", b"b", b"c", b"d"],
+        "key": [b"k1", None, None, None],
+        "broker_id": pa.array([None, 2, None, 7], pa.int32()),
+        "partition": pa.array([None, 0, 1, None], pa.int64()),
+    })
+    targets = {p for _t, p, _batch, _n in encoder.encode([rb])}
+    # a key hashes over every broker's partitions in (broker id, partition) order, as KeyHashSelector;
+    # broker_id + partition name one; a partition alone is a number for the client to resolve; nothing: -1
+    assert targets == {sorted(parts)[zlib.crc32(b"k1") % 3], PartitionId(2, 0), 1, -1}
+    bad = pa.RecordBatch.from_pydict({"value": [b"a"], "broker_id": [70000], "partition": [0]})
+    with pytest.raises(ConfigError, match=r"columns 'broker_id' and 'partition' .* do not name a partition"):
+        list(encoder.encode([bad]))

@@ -25,10 +25,10 @@ from metaq.protocol.records import (
     stamp,
 )
 from metaq.spark.arrow import ARROW_SCHEMA, decode_range, fetch_to_arrow, read_range, to_record_batch
-from metaq.types import format_message_id
+from metaq.types import PartitionId, format_message_id
 from spark_fake_broker import FakeBroker
 
-TOPIC, PARTITION = "t", 3
+TOPIC, PARTITION = "t", PartitionId(2, 3)
 
 _text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=6)
 _header = st.tuples(_text, st.binary(max_size=6))
@@ -204,6 +204,7 @@ def test_read_range_over_filtered_batches_is_not_data_loss(fake: FakeBroker) -> 
         stored = fake.topics["t"][0].batches[1]
         header = read_header(stored)
         fake.set_batch("t", 0, 1, rebuild_batch(stored, header, [decode_batch(stored, "t", 0, header)[7]]))
-        rows = pa.Table.from_batches(list(read_range(client, "t", 0, 12, 25, max_bytes=1 << 20))).to_pylist()
+        batches = list(read_range(client, "t", PartitionId(0, 0), 12, 25, max_bytes=1 << 20))
+        rows = pa.Table.from_batches(batches).to_pylist()
         assert [r["offset"] for r in rows] == [17, 20, 21, 22, 23, 24]
         assert [r["value"] for r in rows] == [b"1-7", b"2-0", b"2-1", b"2-2", b"2-3", b"2-4"]

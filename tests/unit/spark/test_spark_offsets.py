@@ -21,8 +21,20 @@ from metaq.spark.offsets import (
     stream_offset,
 )
 from metaq.spark.options import ReadOptions, WriteOptions, parse_offset_spec
+from metaq.types import PartitionId
 
-BOUNDS = {0: Bounds(0, 10), 1: Bounds(5, 50), 2: Bounds(0, 0)}
+
+def P(text: str) -> PartitionId:
+    return PartitionId.parse(text)
+
+
+def on0(values: dict[int, int]) -> dict[PartitionId, int]:
+    """Positions of broker 0's partitions, by number (the single-broker case)."""
+    return {PartitionId(0, p): v for p, v in values.items()}
+
+
+BOUNDS = {P("0-0"): Bounds(0, 10), P("0-1"): Bounds(5, 50), P("0-2"): Bounds(0, 0)}
+TWO_BROKERS = {P("1-0"): Bounds(0, 10), P("1-1"): Bounds(0, 20), P("2-0"): Bounds(3, 30), P("2-5"): Bounds(0, 7)}
 
 
 # -- offset specs --------------------------------------------------------------------------------
@@ -39,13 +51,20 @@ def test_spec_json_is_sorted_by_partition() -> None:
     assert list(spec) == [0, 2, 10]  # type: ignore[arg-type]
 
 
+def test_spec_json_takes_broker_partition_and_bare_numbers() -> None:
+    spec = parse_offset_spec('{"t": {"10-0": 1, "2-1": 7, " 2-0": -2, "5": 3}}', "startingOffsets", "t", "earliest")
+    assert spec == {5: 3, P("2-0"): -2, P("2-1"): 7, P("10-0"): 1}
+    assert list(spec) == [5, P("2-0"), P("2-1"), P("10-0")]  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("raw, fragment", [
     ("{not json", "neither 'earliest', 'latest' nor JSON"),
     ("[1, 2]", "must be an object"),
     ('{"other": {"0": 1}}', "names topic(s) ['other']"),
     ('{"t": [1]}', "must be an object"),
-    ('{"t": {"x": 1}}', "partition 'x' is not an integer"),
-    ('{"t": {"-1": 1}}', "not a partition number"),
+    ('{"t": {"x": 1}}', "partition 'x' is not brokerId-partition (e.g. '0-3') or a partition number"),
+    ('{"t": {"-1": 1}}', "partition '-1' is not brokerId-partition"),
+    ('{"t": {"1-": 1}}', "partition '1-' is not brokerId-partition"),
     ('{"t": {"0": "5"}}', "must be an integer"),
     ('{"t": {"0": 1.5}}', "must be an integer"),
     ('{"t": {"0": true}}', "must be an integer"),
@@ -66,19 +85,33 @@ def test_earliest_not_allowed_as_an_end() -> None:
 
 
 def test_resolve_spec() -> None:
-    assert resolve_spec("earliest", BOUNDS, "startingOffsets") == {0: 0, 1: 5, 2: 0}
-    assert resolve_spec("latest", BOUNDS, "endingOffsets") == {0: 10, 1: 50, 2: 0}
+    assert resolve_spec("earliest", BOUNDS, "startingOffsets") == on0({0: 0, 1: 5, 2: 0})
+    assert resolve_spec("latest", BOUNDS, "endingOffsets") == on0({0: 10, 1: 50, 2: 0})
     # unlisted partitions default to earliest for a start and latest for an end
-    assert resolve_spec({1: 7, 0: -1}, BOUNDS, "startingOffsets") == {0: 10, 1: 7, 2: 0}
-    assert resolve_spec({1: 7}, BOUNDS, "endingOffsets") == {0: 10, 1: 7, 2: 0}
-    with pytest.raises(ConfigError, match=r"option 'startingOffsets': partition\(s\) \[9\] do not exist"):
+    assert resolve_spec({1: 7, 0: -1}, BOUNDS, "startingOffsets") == on0({0: 10, 1: 7, 2: 0})
+    assert resolve_spec({P("0-1"): 7}, BOUNDS, "endingOffsets") == on0({0: 10, 1: 7, 2: 0})
+    with pytest.raises(ConfigError, match=r"option 'startingOffsets': partition\(s\) \['9'\] do not exist"):
         resolve_spec({9: 1}, BOUNDS, "startingOffsets")
 
 
+def test_resolve_spec_over_two_brokers() -> None:
+    got = resolve_spec({P("2-0"): 5, 1: 4, 5: -1}, TWO_BROKERS, "startingOffsets")
+    assert got == {P("1-0"): 0, P("1-1"): 4, P("2-0"): 5, P("2-5"): 7}  # 1 and 5: only one broker has them
+    with pytest.raises(ConfigError, match=r"^option 'startingOffsets': partition 0 is ambiguous: brokers 1, 2 each "
+                                          r"have one; name it as brokerId-partition \(1-0, 2-0\)"):
+        resolve_spec({0: 1}, TWO_BROKERS, "startingOffsets")
+    with pytest.raises(ConfigError, match=r"partition\(s\) \['3-0'\] do not exist; the topic has partitions "
+                                          r"\['1-0', '1-1', '2-0', '2-5'\]"):
+        resolve_spec({P("3-0"): 1}, TWO_BROKERS, "startingOffsets")
+    with pytest.raises(ConfigError, match="partition 1-1 is named twice"):
+        resolve_spec({P("1-1"): 1, 1: 2}, TWO_BROKERS, "startingOffsets")
+
+
 def test_batch_ranges_refuse_end_before_start() -> None:
-    assert batch_ranges({0: 2, 1: 5}, {0: 4, 1: 5}) == [OffsetRange(0, 2, 4), OffsetRange(1, 5, 5)]
-    with pytest.raises(ConfigError, match="option 'startingOffsets'"):
-        batch_ranges({0: 6}, {0: 4})
+    assert batch_ranges(on0({0: 2, 1: 5}), on0({0: 4, 1: 5})) == [OffsetRange(P("0-0"), 2, 4),
+                                                                    OffsetRange(P("0-1"), 5, 5)]
+    with pytest.raises(ConfigError, match="option 'startingOffsets': offset 6 of partition 0-0 is after"):
+        batch_ranges(on0({0: 6}), on0({0: 4}))
 
 
 # -- read and write options ----------------------------------------------------------------------
@@ -139,43 +172,49 @@ def test_bad_write_options_name_the_option(options: dict[str, str], option: str)
 # -- stream offsets ------------------------------------------------------------------------------
 
 def test_stream_offset_text_is_canonical() -> None:
-    a = stream_offset("t", {10: 1, 2: 3, 0: 5})
-    b = stream_offset("t", {0: 5, 10: 1, 2: 3})
-    assert json.dumps(a) == json.dumps(b) == '{"t": {"0": 5, "2": 3, "10": 1}}'
+    a = stream_offset("t", {P("10-0"): 1, P("2-0"): 3, P("1-11"): 4, P("1-2"): 5})
+    b = stream_offset("t", {P("1-2"): 5, P("10-0"): 1, P("1-11"): 4, P("2-0"): 3})
+    # keyed brokerId-partition, in (broker id, partition) order: numeric, not the order of the text
+    assert json.dumps(a) == json.dumps(b) == '{"t": {"1-2": 5, "1-11": 4, "2-0": 3, "10-0": 1}}'
     # what Spark hands back (json.loads of the stored text) round-trips to the same text
     assert json.dumps(stream_offset("t", parse_stream_offset(json.loads(json.dumps(a)), "t"))) == json.dumps(a)
 
 
 def test_checkpoint_of_another_topic_is_refused() -> None:
     with pytest.raises(ConfigError, match="option 'topic'"):
-        parse_stream_offset({"other": {"0": 1}}, "t")
+        parse_stream_offset({"other": {"0-0": 1}}, "t")
+
+
+def test_checkpoint_of_bare_partition_numbers_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"names partition '0', not brokerId-partition .* new checkpoint location"):
+        parse_stream_offset({"t": {"0": 1}}, "t")
 
 
 # -- admission control ---------------------------------------------------------------------------
 
 def test_cap_shares_rows_by_backlog() -> None:
-    start = {0: 0, 1: 100, 2: 5}
-    latest = {0: 300, 1: 200, 2: 5}
+    start = on0({0: 0, 1: 100, 2: 5})
+    latest = on0({0: 300, 1: 200, 2: 5})
     assert cap_to_max_rows(start, latest, 1000) == latest
     capped = cap_to_max_rows(start, latest, 40)
-    assert capped == {0: 30, 1: 110, 2: 5}
+    assert capped == on0({0: 30, 1: 110, 2: 5})
     assert sum(capped[p] - start[p] for p in start) == 40
 
 
 def test_cap_always_makes_progress() -> None:
-    capped = cap_to_max_rows({0: 0, 1: 0, 2: 0}, {0: 5, 1: 5, 2: 5}, 1)
+    capped = cap_to_max_rows(on0({0: 0, 1: 0, 2: 0}), on0({0: 5, 1: 5, 2: 5}), 1)
     assert sum(capped.values()) == 1
 
 
 def test_cap_keeps_a_truncated_partition_at_its_latest() -> None:
-    assert cap_to_max_rows({0: 50, 1: 0}, {0: 10, 1: 100}, 10) == {0: 10, 1: 10}
+    assert cap_to_max_rows(on0({0: 50, 1: 0}), on0({0: 10, 1: 100}), 10) == on0({0: 10, 1: 10})
 
 
 @given(st.dictionaries(st.integers(0, 20), st.tuples(st.integers(0, 1000), st.integers(0, 1000)), min_size=1),
        st.integers(1, 3000))
 def test_cap_properties(parts: dict[int, tuple[int, int]], max_rows: int) -> None:
-    start = {p: min(a, b) for p, (a, b) in parts.items()}
-    latest = {p: max(a, b) for p, (a, b) in parts.items()}
+    start = {PartitionId(p % 3, p): min(a, b) for p, (a, b) in parts.items()}
+    latest = {PartitionId(p % 3, p): max(a, b) for p, (a, b) in parts.items()}
     capped = cap_to_max_rows(start, latest, max_rows)
     assert set(capped) == set(latest)
     taken = sum(capped[p] - start[p] for p in start)
@@ -188,23 +227,23 @@ def test_cap_properties(parts: dict[int, tuple[int, int]], max_rows: int) -> Non
 # -- splitting -----------------------------------------------------------------------------------
 
 def test_split_without_min_partitions_drops_empty_ranges() -> None:
-    ranges = [OffsetRange(0, 0, 10), OffsetRange(1, 4, 4)]
-    assert split_ranges(ranges, None) == [OffsetRange(0, 0, 10)]
-    assert split_ranges(ranges, 1) == [OffsetRange(0, 0, 10)]
+    ranges = [OffsetRange(P("0-0"), 0, 10), OffsetRange(P("0-1"), 4, 4)]
+    assert split_ranges(ranges, None) == [OffsetRange(P("0-0"), 0, 10)]
+    assert split_ranges(ranges, 1) == [OffsetRange(P("0-0"), 0, 10)]
 
 
 def test_split_by_size() -> None:
-    pieces = split_ranges([OffsetRange(0, 0, 90), OffsetRange(1, 100, 110)], 10)
-    assert pieces[:2] == [OffsetRange(0, 0, 10), OffsetRange(0, 10, 20)]
-    assert len([p for p in pieces if p.partition == 0]) == 9
-    assert [p for p in pieces if p.partition == 1] == [OffsetRange(1, 100, 110)]
+    pieces = split_ranges([OffsetRange(P("1-0"), 0, 90), OffsetRange(P("2-0"), 100, 110)], 10)
+    assert pieces[:2] == [OffsetRange(P("1-0"), 0, 10), OffsetRange(P("1-0"), 10, 20)]
+    assert len([p for p in pieces if p.partition == P("1-0")]) == 9
+    assert [p for p in pieces if p.partition == P("2-0")] == [OffsetRange(P("2-0"), 100, 110)]
     assert len(pieces) == 10
 
 
 @given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 5000)), min_size=1, max_size=8),
        st.integers(1, 64))
 def test_split_properties(spans: list[tuple[int, int]], min_partitions: int) -> None:
-    ranges = [OffsetRange(p, s, s + n) for p, (s, n) in enumerate(spans)]
+    ranges = [OffsetRange(PartitionId(p % 2, p), s, s + n) for p, (s, n) in enumerate(spans)]
     pieces = split_ranges(ranges, min_partitions)
     for r in ranges:
         mine = [x for x in pieces if x.partition == r.partition]

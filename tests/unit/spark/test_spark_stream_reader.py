@@ -41,7 +41,7 @@ def test_deleted_head_is_data_loss_on_the_driver(fake: FakeBroker) -> None:
     fake.drop_head("t", 0, 20)
     reader = _reader(fake)
     with pytest.raises(DataLossError, match="failOnDataLoss=false"):
-        reader.latestOffset({"t": {"0": 5, "1": 0, "2": 0}}, ReadAllAvailable())
+        reader.latestOffset({"t": {"0-0": 5, "0-1": 0, "0-2": 0}}, ReadAllAvailable())
     lenient = _reader(fake, failOnDataLoss="false")
-    at_end = {"t": {"0": 30, "1": 0, "2": 0}}
-    assert lenient.latestOffset({"t": {"0": 5, "1": 0, "2": 0}}, ReadAllAvailable()) == at_end
+    at_end = {"t": {"0-0": 30, "0-1": 0, "0-2": 0}}
+    assert lenient.latestOffset({"t": {"0-0": 5, "0-1": 0, "0-2": 0}}, ReadAllAvailable()) == at_end

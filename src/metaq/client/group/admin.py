@@ -2,6 +2,9 @@
 
 ``reset`` is MetaQ's 回溯 (rewinding a group): it writes offsets with generation -1, which the broker
 accepts only while the group has no active member — stop the group's consumers first.
+
+Every call goes to the group's coordinator: with several servers, the broker with the lowest id among
+them (the one the group's consumers use). Partitions are ``brokerId-partition``.
 """
 
 from __future__ import annotations
@@ -12,15 +15,15 @@ from typing import Any
 from metaq.client.consumer import offsets_of
 from metaq.client.core import ClientCore
 from metaq.client.group.offsets import BrokerOffsetStorage, OffsetStorage
-from metaq.errors import InvalidArgument
+from metaq.errors import ConnectionClosedError, InvalidArgument
 from metaq.protocol import messages as m
-from metaq.types import TopicPartition, validate_topic
+from metaq.types import PartitionId, PartitionKey, TopicPartition, validate_topic
 
 
 @dataclass(frozen=True, slots=True)
 class PartitionLag:
     topic: str
-    partition: int
+    partition: PartitionId
     owner: str
     """Member id that owns it in the current generation ('' = nobody: the group is empty or rebalancing)."""
     committed: int
@@ -38,7 +41,7 @@ class PartitionLag:
 class MemberDescription:
     member_id: str
     client_id: str
-    assignment: dict[str, list[int]]
+    assignment: dict[str, list[PartitionId]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +59,10 @@ class GroupDescription:
 
     def as_dict(self) -> dict[str, Any]:
         return {"group": self.group, "state": self.state, "generation": self.generation, "strategy": self.strategy,
-                "members": [{"member_id": mb.member_id, "client_id": mb.client_id, "assignment": mb.assignment}
+                "members": [{"member_id": mb.member_id, "client_id": mb.client_id,
+                             "assignment": {t: [str(p) for p in ps] for t, ps in mb.assignment.items()}}
                             for mb in self.members],
-                "partitions": [{"topic": p.topic, "partition": p.partition, "owner": p.owner,
+                "partitions": [{"topic": p.topic, "partition": str(p.partition), "owner": p.owner,
                                 "committed": p.committed, "log_start": p.log_start, "log_end": p.log_end,
                                 "lag": p.lag} for p in self.partitions],
                 "total_lag": self.total_lag}
@@ -71,9 +75,18 @@ def _core(session: Any) -> ClientCore:
     return core
 
 
+async def _coordinated(core: ClientCore, request: Any) -> Any:
+    """One request to the group coordinator (never to another broker the default connection failed over to)."""
+    coordinator = await core.coordinator()
+    conn = await core.connection(coordinator)
+    if coordinator is not None and conn.broker_id != coordinator:
+        raise ConnectionClosedError(f"broker {coordinator}, the groups' coordinator, cannot be reached")
+    return await conn.request(request)
+
+
 async def list_groups(session: Any) -> list[str]:
     """Groups with members or committed offsets on the coordinating broker."""
-    resp: m.ListGroupsResponse = await _core(session).request(m.ListGroupsRequest())
+    resp: m.ListGroupsResponse = await _coordinated(_core(session), m.ListGroupsRequest())
     return list(resp.groups)
 
 
@@ -84,30 +97,35 @@ async def describe_group(session: Any, group: str, topics: list[str] | None = No
     group has offsets for). UnknownGroupError if the broker knows nothing of the group.
     """
     core = _core(session)
-    desc: m.DescribeGroupResponse = await core.request(m.DescribeGroupRequest(group))
-    committed: m.OffsetFetchResponse = await core.request(m.OffsetFetchRequest(group, None))
-    offsets = {(e.topic, e.partition): e.offset for e in committed.offsets}
-    owners = {(ta.topic, p): mb.member_id for mb in desc.members for ta in mb.assignment for p in ta.partitions}
-    wanted = set(topics or ()) or ({t for t, _ in owners} | {t for t, _ in offsets})
+    desc: m.DescribeGroupResponse = await _coordinated(core, m.DescribeGroupRequest(group))
+    committed: m.OffsetFetchResponse = await _coordinated(core, m.OffsetFetchRequest(group, None))
+    offsets = {TopicPartition(e.topic, PartitionId(e.broker_id, e.partition)): e.offset for e in committed.offsets}
+    owners = {TopicPartition(ta.topic, PartitionId(p.broker_id, p.partition)): mb.member_id
+              for mb in desc.members for ta in mb.assignment for p in ta.partitions}
+    wanted = set(topics or ()) or ({tp.topic for tp in owners} | {tp.topic for tp in offsets})
     rows: list[PartitionLag] = []
     for topic in sorted(wanted):
         tm = await core.metadata.refresh_topic(topic)
         for p in tm.partitions:
             start, end = await offsets_of(core, topic, p)
-            rows.append(PartitionLag(topic, p.partition, owners.get((topic, p.partition), ""),
-                                     offsets.get((topic, p.partition), -1), start, end))
-    members = [MemberDescription(mb.member_id, mb.client_id, {ta.topic: list(ta.partitions) for ta in mb.assignment})
+            tp = TopicPartition(topic, p.id)
+            rows.append(PartitionLag(topic, p.id, owners.get(tp, ""), offsets.get(tp, -1), start, end))
+    members = [MemberDescription(mb.member_id, mb.client_id,
+                                 {ta.topic: [PartitionId(p.broker_id, p.partition) for p in ta.partitions]
+                                  for ta in mb.assignment})
                for mb in desc.members]
     return GroupDescription(group, desc.state, desc.generation, desc.strategy, members, rows)
 
 
 async def reset_offsets(session: Any, group: str, topic: str, to: str | int = "earliest", *,
-                        timestamp_ms: int | None = None, partitions: list[int] | None = None,
-                        storage: OffsetStorage | None = None, dry_run: bool = False) -> dict[int, tuple[int, int]]:
+                        timestamp_ms: int | None = None, partitions: list[PartitionKey] | None = None,
+                        storage: OffsetStorage | None = None,
+                        dry_run: bool = False) -> dict[PartitionId, tuple[int, int]]:
     """Move a group's offsets for ``topic``: to ``"earliest"``, ``"latest"``, an offset (int), or the first
-    message at or after ``timestamp_ms``. Returns partition -> (old committed, new). The broker refuses
-    (ILLEGAL_GENERATION) while the group has active members. ``storage``: another OffsetStorage to reset
-    (file/SQL stores are not checked for active members).
+    message at or after ``timestamp_ms``. ``partitions``: PartitionIds, ``"b-p"`` or unambiguous numbers
+    (default: all). Returns partition -> (old committed, new). The broker refuses (ILLEGAL_GENERATION)
+    while the group has active members. ``storage``: another OffsetStorage to reset (file/SQL stores are
+    not checked for active members).
     """
     core = _core(session)
     validate_topic(topic)
@@ -118,15 +136,22 @@ async def reset_offsets(session: Any, group: str, topic: str, to: str | int = "e
     tm = await core.metadata.refresh_topic(topic)
     if not tm.partitions:
         raise InvalidArgument(f"topic {topic!r} has no partitions (does it exist?)")
-    chosen = [p for p in tm.partitions if partitions is None or p.partition in partitions]
-    if partitions is not None and len(chosen) != len(set(partitions)):
-        raise InvalidArgument(f"topic {topic!r} has partitions {[p.partition for p in tm.partitions]}; "
-                              f"asked for {partitions}")
+    if partitions is None:
+        chosen = list(tm.partitions)
+    else:
+        chosen = []
+        for key in partitions:
+            found = tm.find(key)
+            if found is None:
+                raise InvalidArgument(f"topic {topic!r} has partitions {[str(p) for p in tm.partitions]}; "
+                                      f"asked for {key}")
+            if found not in chosen:
+                chosen.append(found)
     if storage is None:
         broker_storage = BrokerOffsetStorage()
-        broker_storage.bind(core.request)
+        broker_storage.bind(lambda request: _coordinated(core, request))
         storage = broker_storage
-    old = await storage.load(group, [TopicPartition(topic, p.partition) for p in chosen])
+    old = await storage.load(group, [TopicPartition(topic, p.id) for p in chosen])
     new: dict[TopicPartition, int] = {}
     for p in chosen:
         start, end = await offsets_of(core, topic, p)
@@ -141,7 +166,7 @@ async def reset_offsets(session: Any, group: str, topic: str, to: str | int = "e
         else:
             assert isinstance(to, int)
             target = min(max(to, start), end)  # clamp into the stored range
-        new[TopicPartition(topic, p.partition)] = target
+        new[TopicPartition(topic, p.id)] = target
     if not dry_run:
         await storage.commit(group, new)
     return {tp.partition: (old.get(tp, -1), off) for tp, off in sorted(new.items())}

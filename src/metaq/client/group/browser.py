@@ -12,7 +12,7 @@ from typing import Any
 from metaq.client.consumer import DEFAULT_FETCH_MAX_BYTES, PullConsumer, StartOffset
 from metaq.client.core import ClientCore
 from metaq.errors import InvalidArgument
-from metaq.types import Message, validate_topic
+from metaq.types import Message, PartitionId, PartitionKey, validate_topic
 
 
 class TopicBrowser:
@@ -25,17 +25,19 @@ class TopicBrowser:
         self.max_size = max_size
         self._pull = PullConsumer(core)
 
-    async def partitions(self) -> list[int]:
+    async def partitions(self) -> list[PartitionId]:
+        """The topic's partitions on every broker, ``brokerId-partition``, in (broker id, partition) order."""
         tm = await self._core.metadata.refresh_topic(self.topic)
-        return [p.partition for p in tm.partitions]
+        return [p.id for p in tm.partitions]
 
-    async def iterate_partition(self, partition: int, start: StartOffset = "earliest") -> AsyncIterator[Message]:
+    async def iterate_partition(self, partition: PartitionKey,
+                                start: StartOffset = "earliest") -> AsyncIterator[Message]:
         async for msg in self._pull.iterate(self.topic, partition, start, max_bytes=self.max_size, stop_at_end=True,
                                             on_out_of_range="earliest"):
             yield msg
 
     async def __aiter__(self) -> AsyncIterator[Message]:
-        """Every message: partition 0's in offset order, then partition 1's, and so on."""
+        """Every message: the first partition's in offset order, then the next one's, and so on."""
         for partition in await self.partitions():
             async for msg in self.iterate_partition(partition):
                 yield msg

@@ -11,6 +11,12 @@
 
 How it runs
 -----------
+Partitions are ``brokerId-partition`` (:class:`~metaq.types.PartitionId`): workers, acknowledgements
+and committed offsets are keyed by it, and each partition is fetched from its own broker. The group is
+coordinated by the broker with the lowest id among the session's servers (:meth:`ClientCore.coordinator`);
+the member tells it, in every JoinGroup, which partitions it sees on the other brokers, and rejoins when
+that view changes.
+
 Each owned partition has a worker task that fetches (long polling, or MetaQ's back-off when
 ``long_poll`` is off) and hands the batch to the listener *in offset order*; different partitions run
 in parallel, at most ``fetch_runner_count`` at once. An ``async def`` listener runs on the event loop; a
@@ -78,7 +84,7 @@ from metaq.errors import (
     UnknownMemberError,
 )
 from metaq.protocol import messages as m
-from metaq.types import Message, TopicPartition, validate_topic
+from metaq.types import Message, PartitionId, TopicPartition, validate_topic
 
 log = logging.getLogger("metaq.client.group")
 
@@ -101,9 +107,12 @@ class PartitionContext:
     marks the current message failed: it is redelivered as if the listener had raised.
     """
 
-    def __init__(self, topic: str, partition: int) -> None:
+    def __init__(self, topic: str, partition: PartitionId) -> None:
         self.topic = topic
-        self.partition = partition
+        self.partition_id = partition
+        """The partition, ``brokerId-partition`` (MetaQ's Partition)."""
+        self.broker_id = partition.broker_id
+        self.partition = partition.partition
         self.auto_ack = True
         self.message: Message | None = None
         self._ack = False
@@ -251,6 +260,10 @@ class GroupConsumer:
         self.dedup = MessageIdLRU(config.dedup_window)
         self.generation = m.NO_GENERATION
         self.member_id = ""
+        self._coordinator: int | None = None
+        self._coordinator_known = False
+        self._reported: dict[str, tuple[PartitionId, ...]] = {}
+        """The partitions the last JoinGroup reported, per topic."""
         self._runners = asyncio.Semaphore(config.fetch_runner_count)
         self._threads = ThreadPoolExecutor(max_workers=config.fetch_runner_count, thread_name_prefix="metaq-listener")
         self._tasks: list[asyncio.Task[None]] = []
@@ -310,15 +323,51 @@ class GroupConsumer:
         return f"group:{id(self)}"
 
     async def _group_request(self, request: Any, timeout_s: float | None = None) -> Any:
-        conn = await self._core.connection(None, self._channel)
+        """A request to the group's coordinator (the lowest broker id among the servers)."""
+        if not self._coordinator_known:
+            self._coordinator = await self._core.coordinator()
+            self._coordinator_known = True
+        conn = await self._core.connection(self._coordinator, self._channel)
+        if self._coordinator is not None and conn.broker_id != self._coordinator:
+            # the default broker's connection failed over to another server: that broker does not
+            # coordinate this group, and answering it would split the group in two
+            raise ConnectionClosedError(f"broker {self._coordinator}, the group's coordinator, cannot be reached")
         return await conn.request(request, timeout_s)
+
+    def _coordinator_id(self) -> int:
+        return self._core.default_broker_id if self._coordinator is None else self._coordinator
+
+    async def _view(self, fresh: bool) -> dict[str, tuple[PartitionId, ...]]:
+        """The subscribed topics' partitions as this member's metadata has them (``fresh``: asked now,
+        else the cache, refreshed in the background when old)."""
+        out: dict[str, tuple[PartitionId, ...]] = {}
+        for topic in sorted(self.subscriptions):
+            tm = None
+            if fresh:
+                with contextlib.suppress(ConnectionClosedError, RequestTimeoutError, BrokerError):
+                    tm = await self._core.metadata.topic(topic)
+            else:
+                tm = self._core.metadata.cached(topic)
+                if tm is None:  # forgotten (a topic created or deleted through this session): ask again
+                    self._core.metadata.refresh_soon(topic)
+            out[topic] = tuple(p.id for p in tm.partitions) if tm is not None else self._reported.get(topic, ())
+        return out
+
+    def _others(self, view: dict[str, tuple[PartitionId, ...]]) -> dict[str, tuple[PartitionId, ...]]:
+        """The part of a view the coordinator learns only from its members: other brokers' partitions."""
+        coordinator = self._coordinator_id()
+        return {t: tuple(p for p in ps if p.broker_id != coordinator) for t, ps in view.items()}
 
     async def _group_loop(self) -> None:
         cfg = self.config
         backoff = _ERROR_BACKOFF_S
         while not self._closed:
+            self._reported = await self._view(fresh=True)
+            seen = [m.TopicAssignment(t, [m.BrokerPartition(p.broker_id, p.partition) for p in ps])
+                    for t, ps in self._reported.items()]
             req = m.JoinGroupRequest(cfg.group, self.member_id, self.consumer_id, cfg.session_timeout_ms,
-                                     cfg.rebalance_timeout_ms, sorted(self.subscriptions), cfg.load_balance_strategy)
+                                     cfg.rebalance_timeout_ms, sorted(self.subscriptions), cfg.load_balance_strategy,
+                                     seen)
             try:
                 resp: m.JoinGroupResponse = await self._group_request(
                     req, cfg.rebalance_timeout_ms / 1000 + self._core.config.request_timeout_s)
@@ -332,7 +381,7 @@ class GroupConsumer:
                 continue
             backoff = _ERROR_BACKOFF_S
             self.member_id, self.generation = resp.member_id, resp.generation
-            owned = [(a.topic, p) for a in resp.assignment for p in a.partitions]
+            owned = [(a.topic, PartitionId(p.broker_id, p.partition)) for a in resp.assignment for p in a.partitions]
             log.info("group %s: member %s generation %d owns %d partitions", cfg.group, self.member_id,
                      self.generation, len(owned))
             try:
@@ -351,6 +400,13 @@ class GroupConsumer:
             await asyncio.sleep(cfg.heartbeat_ms / 1000)
             try:
                 await self._group_request(m.HeartbeatRequest(cfg.group, self.generation, self.member_id))
+                if self._others(await self._view(fresh=False)) != self._others(self._reported):
+                    # Another broker's partitions changed (it came, went, or grew): only the members can
+                    # tell a standalone coordinator, by rejoining with what they see now.
+                    log.info("group %s: the partitions on other brokers changed; committing and rejoining",
+                             cfg.group)
+                    await asyncio.shield(self._revoke(commit=True))
+                    return
             except (RebalanceInProgressError, IllegalGenerationError) as exc:
                 log.info("group %s: rebalance (%s): committing and giving partitions up", cfg.group, exc.name)
                 await asyncio.shield(self._revoke(commit=True))
@@ -375,10 +431,10 @@ class GroupConsumer:
         """Every partition of every subscribed topic; new partitions are picked up as they appear."""
         while not self._closed:
             try:
-                owned: list[tuple[str, int]] = []
+                owned: list[tuple[str, PartitionId]] = []
                 for topic in sorted(self.subscriptions):
                     tm = await self._core.metadata.refresh_topic(topic)
-                    owned += [(topic, p.partition) for p in tm.partitions]
+                    owned += [(topic, p.id) for p in tm.partitions]
                 if set(owned) != {(tp.topic, tp.partition) for tp in self.workers} or not self.assigned.is_set():
                     await self._assign(owned, keep=True)
             except (ConnectionClosedError, RequestTimeoutError, BrokerError) as exc:
@@ -387,7 +443,7 @@ class GroupConsumer:
 
     # -- assignment ---------------------------------------------------------------------------------
 
-    async def _assign(self, owned: list[tuple[str, int]], keep: bool = False) -> None:
+    async def _assign(self, owned: list[tuple[str, PartitionId]], keep: bool = False) -> None:
         async with self._lock:
             if self._closed:
                 return
@@ -657,13 +713,14 @@ class GroupConsumer:
         if self.config.rejection_policy == "recover":
             try:
                 if await self.recover.put(msg):
-                    log.warning("%s-%d: offset %d failed %d times; kept in the recover store", msg.topic,
-                                msg.partition, msg.offset, self.config.max_fetch_retries + 1)
+                    log.warning("%s:%d-%d: offset %d failed %d times; kept in the recover store", msg.topic,
+                                msg.broker_id, msg.partition, msg.offset, self.config.max_fetch_retries + 1)
                     return
             except OSError as exc:
-                log.error("recover store: cannot keep %s-%d@%d: %s", msg.topic, msg.partition, msg.offset, exc)
-        log.error("%s-%d: offset %d failed %d times; skipped (rejection policy)", msg.topic, msg.partition,
-                  msg.offset, self.config.max_fetch_retries + 1)
+                log.error("recover store: cannot keep %s:%d-%d@%d: %s", msg.topic, msg.broker_id, msg.partition,
+                          msg.offset, exc)
+        log.error("%s:%d-%d: offset %d failed %d times; skipped (rejection policy)", msg.topic, msg.broker_id,
+                  msg.partition, msg.offset, self.config.max_fetch_retries + 1)
 
     async def _deliver_async(self, w: _Worker, result: FetchResult) -> None:
         steps = self._steps(w, result)
@@ -720,7 +777,7 @@ class GroupConsumer:
         sub = self.subscriptions.get(msg.topic)
         if sub is None:
             return False
-        ctx = PartitionContext(msg.topic, msg.partition)
+        ctx = PartitionContext(msg.topic, msg.partition_id)
         ctx._begin(msg)
         args = (msg, ctx) if sub.wants_ctx else (msg,)
         if sub.is_async:
@@ -769,8 +826,8 @@ class GroupConsumer:
         if self.member_id and not self.config.broadcast:
             with contextlib.suppress(MetaqError):
                 await self._group_request(m.LeaveGroupRequest(self.config.group, self.member_id))
-        conn = self._core.pool.cached(self._core.address(self._core.default_broker_id), self._channel) \
-            if self._core.default_broker_id >= 0 else None
+        conn = self._core.cached_connection(self._coordinator_id(), self._channel) \
+            if self._coordinator_known else None
         if conn is not None:
             conn.close()
         if self._owns_storage:

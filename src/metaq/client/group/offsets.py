@@ -1,6 +1,11 @@
 """Where a consumer group's offsets live: one :class:`OffsetStorage` interface, four stores.
 
-An offset stored for a partition is the next offset to consume (everything before it is done).
+An offset stored for a partition is the next offset to consume (everything before it is done). Every
+store keys a partition as ``brokerId-partition`` (``"1-3"``, :class:`metaq.types.PartitionId`), the key
+of MetaQ's ZooKeeper offsets (``offsets/<topic>/<brokerId-partition>``), so a group over several brokers
+keeps one offset per broker partition. Data written before partition ids carried the broker id (a bare
+partition number) is refused with an error saying what to remove: such a key cannot say which broker's
+partition it meant.
 
 * :class:`BrokerOffsetStorage` — the default for groups: OffsetCommit/OffsetFetch to the broker, which
   keeps them durable in its data directory and *fences* them: a member that lost its partitions in a
@@ -32,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from metaq.client.connection import raise_for_error
-from metaq.errors import InvalidArgument, error_for_code
+from metaq.errors import InvalidArgument, StorageError, error_for_code
 from metaq.fsutil import atomic_write
 from metaq.protocol import messages as m
-from metaq.types import TopicPartition
+from metaq.types import PartitionId, TopicPartition
 
 Request = Callable[[Any], Awaitable[Any]]
 
@@ -73,22 +78,24 @@ class BrokerOffsetStorage(OffsetStorage):
         return self._request
 
     async def load(self, group: str, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        refs = [m.TopicPartitionRef(tp.topic, tp.partition) for tp in partitions]
+        refs = [m.TopicPartitionRef(tp.topic, tp.partition.broker_id, tp.partition.partition) for tp in partitions]
         if not refs:
             return {}
         resp: m.OffsetFetchResponse = raise_for_error(await self._send()(m.OffsetFetchRequest(group, refs)))
-        return {TopicPartition(e.topic, e.partition): e.offset for e in resp.offsets if e.offset >= 0}
+        return {TopicPartition(e.topic, PartitionId(e.broker_id, e.partition)): e.offset for e in resp.offsets
+                if e.offset >= 0}
 
     async def commit(self, group: str, offsets: Mapping[TopicPartition, int], *, generation: int = m.NO_GENERATION,
                      member_id: str = "") -> None:
         if not offsets:
             return
-        entries = [m.OffsetEntry(tp.topic, tp.partition, off) for tp, off in sorted(offsets.items())]
+        entries = [m.OffsetEntry(tp.topic, tp.partition.broker_id, tp.partition.partition, off)
+                   for tp, off in sorted(offsets.items())]
         resp: m.OffsetCommitResponse = raise_for_error(
             await self._send()(m.OffsetCommitRequest(group, generation, member_id, entries)))
         refused = [e for e in resp.results if e.error_code]
         if refused:
-            where = [(e.topic, e.partition) for e in refused]
+            where = [f"{e.topic}:{e.broker_id}-{e.partition}" for e in refused]
             raise error_for_code(refused[0].error_code, f"offsets refused for {where}: {resp.error_message or ''}",
                                  resp)
 
@@ -129,7 +136,8 @@ _SAFE = re.compile(r"[^A-Za-z0-9._@-]")
 
 
 class LocalFileOffsetStorage(_ThreadedStorage):
-    """``<directory>/<group>.json``: {"topic": {"partition": offset}}, replaced atomically on commit."""
+    """``<directory>/<group>.json``: {"offsets": {"topic": {"brokerId-partition": offset}}}, replaced
+    atomically on commit. A file of the earlier format (bare partition numbers) is refused."""
 
     def __init__(self, directory: str | Path = "~/.meta_offsets", *, fsync: bool = True) -> None:
         super().__init__()
@@ -145,13 +153,22 @@ class LocalFileOffsetStorage(_ThreadedStorage):
         if cached is not None:
             return cached
         out: dict[TopicPartition, int] = {}
+        path = self.path(group)
         try:
-            doc = json.loads(self.path(group).read_text())
-            for topic, parts in doc.get("offsets", {}).items():
-                for p, off in parts.items():
-                    out[TopicPartition(topic, int(p))] = int(off)
+            doc = json.loads(path.read_text())
         except FileNotFoundError:
-            pass
+            doc = {}
+        for topic, parts in doc.get("offsets", {}).items():
+            for p, off in parts.items():
+                try:
+                    pid = PartitionId.parse(p)
+                except InvalidArgument:
+                    raise StorageError(
+                        f"offsets file {path} keys partition {p!r} of topic {topic!r}, not brokerId-partition: it "
+                        "was written by an earlier metaq, whose keys do not say which broker's partition they "
+                        "meant; delete the file (the group starts over per its consume_from_max_offset) or "
+                        "rewrite each key as brokerId-partition") from None
+                out[TopicPartition(topic, pid)] = int(off)
         self._cache[group] = out
         return out
 
@@ -175,12 +192,16 @@ class LocalFileOffsetStorage(_ThreadedStorage):
 
 TABLE = "metaq_offsets"
 _DDL = (f"CREATE TABLE IF NOT EXISTS {TABLE} (group_id VARCHAR(255) NOT NULL, topic VARCHAR(255) NOT NULL, "
-        "partition_id INTEGER NOT NULL, next_offset BIGINT NOT NULL, updated_ms BIGINT NOT NULL, "
-        "PRIMARY KEY (group_id, topic, partition_id))")
+        "broker_partition VARCHAR(32) NOT NULL, next_offset BIGINT NOT NULL, updated_ms BIGINT NOT NULL, "
+        "PRIMARY KEY (group_id, topic, broker_partition))")
+_PROBE = f"SELECT broker_partition FROM {TABLE} WHERE 1 = 0"
+"""Fails on a table of the earlier layout (``partition_id INTEGER``, no broker id)."""
 
 
 class SqlOffsetStorage(_ThreadedStorage):
-    """Offsets in table ``metaq_offsets`` through a DB-API connection (``connect()`` makes one).
+    """Offsets in table ``metaq_offsets`` through a DB-API connection (``connect()`` makes one), a row
+    per (group, topic, ``brokerId-partition``). A table of the earlier layout (an integer
+    ``partition_id``) is refused with an error naming it.
 
     ``paramstyle`` is the driver's placeholder ('?' for sqlite3, '%s' for psycopg). The upsert is
     ``INSERT ... ON CONFLICT ... DO UPDATE``, which SQLite (3.24+) and PostgreSQL both speak.
@@ -198,27 +219,41 @@ class SqlOffsetStorage(_ThreadedStorage):
             cur = conn.cursor()
             cur.execute(_DDL)
             conn.commit()
+            try:
+                cur.execute(_PROBE)
+                cur.fetchall()
+            except Exception as exc:  # the driver's own error for a missing column
+                with contextlib.suppress(Exception):
+                    conn.rollback()
+                conn.close()
+                reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+                raise StorageError(
+                    f"table {TABLE} has the layout of an earlier metaq (partition_id INTEGER, without the broker "
+                    f"id: {reason}); its keys cannot say which broker's partition they meant. Drop or rename the "
+                    f"table (e.g. ALTER TABLE {TABLE} RENAME TO {TABLE}_old) and metaq creates the new one") from None
+            conn.commit()
             self._conn = conn
         return self._conn
 
     def _load_sync(self, group: str, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
         wanted = set(partitions)
         cur = self._db().cursor()
-        cur.execute(f"SELECT topic, partition_id, next_offset FROM {TABLE} WHERE group_id = {self._ph}", (group,))
+        cur.execute(f"SELECT topic, broker_partition, next_offset FROM {TABLE} WHERE group_id = {self._ph}", (group,))
         rows = cur.fetchall()
         self._db().commit()
-        return {tp: int(off) for t, p, off in rows if (tp := TopicPartition(t, int(p))) in wanted}
+        return {tp: int(off) for t, p, off in rows if (tp := TopicPartition(t, PartitionId.parse(p))) in wanted}
 
     def _commit_sync(self, group: str, offsets: dict[TopicPartition, int]) -> None:
         ph = self._ph
         conn = self._db()
         now = int(time.time() * 1000)
-        sql = (f"INSERT INTO {TABLE} (group_id, topic, partition_id, next_offset, updated_ms) "
-               f"VALUES ({ph}, {ph}, {ph}, {ph}, {ph}) ON CONFLICT (group_id, topic, partition_id) "
+        sql = (f"INSERT INTO {TABLE} (group_id, topic, broker_partition, next_offset, updated_ms) "
+               f"VALUES ({ph}, {ph}, {ph}, {ph}, {ph}) ON CONFLICT (group_id, topic, broker_partition) "
                "DO UPDATE SET next_offset = excluded.next_offset, updated_ms = excluded.updated_ms")
         try:
             cur = conn.cursor()
-            cur.executemany(sql, [(group, tp.topic, tp.partition, off, now) for tp, off in sorted(offsets.items())])
+            cur.executemany(sql, [(group, tp.topic, str(tp.partition), off, now)
+                                  for tp, off in sorted(offsets.items())])
             conn.commit()
         except BaseException:
             with contextlib.suppress(Exception):

@@ -4,7 +4,8 @@ MetaQ's RecoverStorageManager. The consumer moves on past such a message (so one
 stop its partition) and hands it here; a background task offers every stored message to the topic's
 listener again every ``recoverMessageIntervalInMills`` until the listener accepts it, across restarts.
 
-Layout: ``<recover_dir>/<group>/<topic>-<partition>-<offset 20 digits>.msg``, each file one record batch
+Layout: ``<recover_dir>/<group>/<topic>-<brokerId>-<partition>-<offset 20 digits>.msg`` (the message's
+``brokerId-partition`` and offset), each file one record batch
 holding the one message, stamped with its offset and id, written to a temp file, fsynced, renamed and
 the directory fsynced — so a stored message survives a crash and a half-written one never appears.
 A message is removed (unlinked) once the listener accepted it. Recovered messages come back in no
@@ -34,7 +35,7 @@ RECOVER_MESSAGES_MAX = 100_000
 """Past this many stored messages of one group, a rejected message is dropped (and logged) instead."""
 
 _SAFE = re.compile(r"[^A-Za-z0-9._@-]")
-_NAME = re.compile(r"(.+)-(\d+)-(\d{20})\.msg")
+_NAME = re.compile(r"(.+)-(\d+)-(\d+)-(\d{20})\.msg")
 
 
 class RecoverStore:
@@ -50,7 +51,7 @@ class RecoverStore:
     # -- blocking parts (run in the store's thread) ------------------------------------------------
 
     def _name(self, msg: Message) -> str:
-        return f"{msg.topic}-{msg.partition}-{msg.offset:020d}.msg"
+        return f"{msg.topic}-{msg.broker_id}-{msg.partition}-{msg.offset:020d}.msg"
 
     def _put_sync(self, msg: Message) -> bool:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -81,7 +82,8 @@ class RecoverStore:
             if match is None:
                 continue
             try:
-                msgs = decode_batch((self.directory / name).read_bytes(), match.group(1), int(match.group(2)))
+                msgs = decode_batch((self.directory / name).read_bytes(), match.group(1), int(match.group(3)),
+                                    broker_id=int(match.group(2)))
             except (OSError, CorruptRecordError) as exc:
                 log.error("recover store: cannot read %s (%s); leaving it", name, exc)
                 continue
@@ -101,7 +103,7 @@ class RecoverStore:
 
     async def put(self, msg: Message) -> bool:
         """Store a rejected message durably; False if the store is full (the message is dropped)."""
-        if msg.partition < 0 or msg.offset < 0:
+        if msg.partition < 0 or msg.broker_id < 0 or msg.offset < 0:
             raise InvalidArgument("only a consumed message (with partition and offset) can be recovered")
         return bool(await self._run(self._put_sync, msg))
 
