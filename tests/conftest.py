@@ -80,3 +80,44 @@ def two_brokers(broker_factory: Callable[..., BrokerProcess]) -> tuple[BrokerPro
     options = {"numPartitions": 2, "unflushThreshold": 0}
     return (broker_factory({"brokerId": 1, **options}, name="broker-1"),
             broker_factory({"brokerId": 2, **options}, name="broker-2"))
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One real ZooKeeper (Debian's package) for the session; tests keep apart with their own root
+    (``zk_root``). A test that stops or restarts ZooKeeper starts a server of its own instead."""
+    from metaq.testing.zookeeper import ZooKeeperServer
+
+    with ZooKeeperServer(tmp_path_factory.mktemp("zookeeper")) as server:
+        yield server
+
+
+@pytest.fixture
+def zk_root() -> str:
+    from metaq.testing.zookeeper import unique_root
+
+    return unique_root()
+
+
+@pytest.fixture
+def cluster_factory(broker_factory: Callable[..., BrokerProcess], zookeeper: Any,
+                    zk_root: str) -> Callable[..., BrokerProcess]:
+    """Start a broker of a ZooKeeper-mode cluster (the session's ZooKeeper, this test's root):
+    ``cluster_factory(broker_id, numPartitions=2, ...)``; extra ``[topic=...]`` sections via ``topics``."""
+
+    def make(broker_id: int, *, topics: str = "", zk_session_timeout_ms: int = 4000, start: bool = True,
+             expect_errors: bool = False, name: str | None = None, **system: Any) -> BrokerProcess:
+        return broker_factory(config_text=cluster_config(broker_id, zookeeper.connect_string, zk_root,
+                                                         zk_session_timeout_ms, system, topics),
+                              name=name or f"broker-{broker_id}", start=start, expect_errors=expect_errors)
+
+    return make
+
+
+def cluster_config(broker_id: int, zk_connect: str, zk_root: str, session_timeout_ms: int,
+                   system: dict[str, Any], topics: str = "") -> str:
+    options = {"brokerId": broker_id, "numPartitions": 2, "unflushThreshold": 0, **system}
+    lines = ["[system]"] + [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items()]
+    lines += ["", "[zookeeper]", f"zk.zkConnect={zk_connect}", f"zk.zkRoot={zk_root}",
+              f"zk.zkSessionTimeoutMs={session_timeout_ms}", "zk.zkConnectionTimeoutMs=10000", ""]
+    return "\n".join(lines) + topics

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from metaq.broker.cluster import ClusterLink
 from metaq.broker.config import BrokerConfig, TopicConfig, TopicSettings, diff_topics, merge_topic_configs
 from metaq.broker.error_mapping import error_response
 from metaq.broker.groups import GroupCoordinator
@@ -81,7 +82,8 @@ class Broker:
     """
 
     def __init__(self, config: BrokerConfig, handlers: Mapping[type, Handler], *, config_path: str | None = None,
-                 overrides: Mapping[str, str] | None = None, sync: Callable[[int], None] = os.fdatasync) -> None:
+                 overrides: Mapping[str, str] | None = None, sync: Callable[[int], None] = os.fdatasync,
+                 cluster: ClusterLink | None = None) -> None:
         self.config = config
         """The effective configuration: server.ini and flags, plus the options of created topics."""
         self._file_config = config
@@ -106,6 +108,8 @@ class Broker:
         self.host = config.host_name
         """Where clients reach this broker (Metadata advertises it): the transport sets it once bound."""
         self.port = 0
+        self.cluster = cluster if cluster is not None else ClusterLink.for_config(config)
+        """This broker's place in its cluster (embedded, or ZooKeeper): registration and the cluster view."""
 
     # -- configuration ------------------------------------------------------------------------
 
@@ -214,7 +218,19 @@ class Broker:
         state = self._topic_state(topic, n)
         for p in range(state.num_partitions):
             self.logs.get_or_create(topic, p)
+        self.announce(topic)
         return state
+
+    def announce(self, topic: str) -> None:
+        """Tell the cluster (in the background) what this broker now holds of ``topic``."""
+        state = self.topics.get(topic)
+        if state is None:
+            self.cluster.withdraw(topic)
+            return
+        every_partition_closed = len(state.closed) >= state.num_partitions
+        self.cluster.publish(topic, state.num_partitions,
+                             accept_publish=state.settings.accept_publish and not every_partition_closed,
+                             accept_subscribe=state.settings.accept_subscribe)
 
     async def create_topic_with_options(self, options: TopicConfig) -> TopicState:
         """Store the options (off the event loop), then create the topic as if server.ini named it.
@@ -243,6 +259,7 @@ class Broker:
     def delete_topic(self, topic: str) -> None:
         """Remove a topic here: its partitions' files, stored options and counters; its waiting fetches end."""
         del self.topics[topic]
+        self.announce(topic)  # withdrawn first: producers stop routing here before the files go
         self.logs.delete_topic(topic)
         if self._created.pop(topic, None) is not None:
             self.topic_options.remove(topic)

@@ -9,16 +9,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import socket
 from collections.abc import Sequence
 
 from metaq.broker.background import Job, default_jobs
 from metaq.broker.connections import ConnectionLimits, ConnectionRegistry
 from metaq.broker.core import Broker
 from metaq.broker.transport import listen_tcp
+from metaq.cluster.registry import RegistryError
 from metaq.errors import ConfigError, StorageError
 
 CLOSE_WAIT_S = 1.0
 """How long stop() waits for the listening socket to close."""
+
+
+def advertised_host(bound_host: str) -> str:
+    """The host other machines reach a broker at: the bound one, unless it is a wildcard."""
+    if bound_host in ("", "0.0.0.0", "::"):
+        return socket.gethostname()
+    return bound_host
 
 
 class StartupError(Exception):
@@ -53,16 +62,45 @@ class BrokerService:
             if exc.errno == errno.EADDRINUSE:
                 reason = "the address is already in use (another broker? choose another serverPort)"
             raise StartupError(f"cannot listen on {config.host_name}:{config.server_port}: {reason}") from None
+        cluster = self.broker.cluster
         try:
+            await loop.run_in_executor(None, self._connect_cluster)
             await loop.run_in_executor(None, self._open_data)
         except BaseException:
             server.close()
+            await loop.run_in_executor(None, cluster.close)
             raise
         await server.start_serving()
         self._server = server
         self.broker.host, self.broker.port = server.sockets[0].getsockname()[:2]
+        try:
+            # registered only once serving: a client that finds the broker can reach it
+            await loop.run_in_executor(None, self._join_cluster)
+        except BaseException:
+            server.close()
+            await loop.run_in_executor(None, self.broker.close)
+            await loop.run_in_executor(None, cluster.close)
+            raise
         self._tasks = [loop.create_task(job(self.broker)) for job in self.jobs]
         self._tasks.append(loop.create_task(self.registry.run_sweeper()))
+
+    def _connect_cluster(self) -> None:
+        try:
+            self.broker.cluster.connect()
+        except RegistryError as exc:
+            raise StartupError(str(exc)) from None
+
+    def _join_cluster(self) -> None:
+        broker = self.broker
+        topics = {}
+        for name, state in broker.topics.items():
+            every_partition_closed = len(state.closed) >= state.num_partitions
+            topics[name] = (state.num_partitions, state.settings.accept_publish and not every_partition_closed,
+                            state.settings.accept_subscribe)
+        try:
+            broker.cluster.join(advertised_host(broker.host), broker.port, topics)
+        except RegistryError as exc:
+            raise StartupError(str(exc)) from None
 
     def _open_data(self) -> None:
         """Create or open the data directory and everything in it (blocking)."""
@@ -81,6 +119,9 @@ class BrokerService:
     async def stop(self, drain_s: float) -> None:
         """Stop accepting connections, answer what is in flight (for at most ``drain_s``), stop the jobs,
         close the logs. Raises what closing the logs raised (a StorageError after a failed sync)."""
+        loop = asyncio.get_running_loop()
+        # first out of the cluster: producers and consumers route away while in-flight requests finish
+        await loop.run_in_executor(None, self.broker.cluster.leave)
         server, self._server = self._server, None
         if server is not None:
             server.close()
@@ -88,7 +129,10 @@ class BrokerService:
         for task in self._tasks:
             task.cancel()
         self._tasks.clear()
-        await asyncio.get_running_loop().run_in_executor(None, self.broker.close)
+        try:
+            await loop.run_in_executor(None, self.broker.close)
+        finally:
+            await loop.run_in_executor(None, self.broker.cluster.close)
         if server is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(server.wait_closed(), CLOSE_WAIT_S)

@@ -36,6 +36,7 @@ def handle_stats(broker: Broker, req: m.StatsRequest, session: Session | None) -
                 pstats["log_start_offset"] = plog.log_start_offset
                 pstats["log_end_offset"] = plog.log_end_offset
     snap["storage"] = storage_report(broker, req.topic)
+    snap["cluster"] = broker.cluster.describe()
     return m.StatsResponse(stats_json=json.dumps(snap).encode())
 
 

@@ -39,18 +39,34 @@ def _topic_error_code(name: str) -> int:
 
 
 def handle_metadata(broker: Broker, req: m.MetadataRequest, session: Session | None) -> m.MetadataResponse:
-    broker_id = broker.config.broker_id
-    brokers = [m.BrokerInfo(broker_id, broker.host, broker.port)]
-    names = sorted(broker.topics) if req.topics is None else req.topics
+    """This broker's partitions from its own state (flags of closed partitions included), every other
+    broker's from the cluster view (ZooKeeper mode): any broker answers for the whole cluster."""
+    own_id = broker.config.broker_id
+    snapshot = broker.cluster.snapshot()
+    addresses = {b: e.master for b, e in snapshot.brokers.items() if e.master is not None and b != own_id}
+    brokers = [m.BrokerInfo(own_id, broker.host, broker.port)] + [
+        m.BrokerInfo(b, address.host, address.port) for b, address in sorted(addresses.items())]
+    if req.topics is None:
+        names = sorted(set(broker.topics) | {t for t, e in snapshot.topics.items()
+                                             if (set(e.publish) | set(e.subscribe)) & set(addresses)})
+    else:
+        names = req.topics
     out = []
     for name in names:
+        parts = []
         state = broker.topics.get(name)
-        if state is None:
+        if state is not None:
+            s = state.settings
+            parts = [m.PartitionInfo(p, own_id, 0, s.accept_publish and p not in state.closed, s.accept_subscribe)
+                     for p in range(state.num_partitions)]
+        entry = snapshot.topics.get(name)
+        if entry is not None:
+            for b in sorted((set(entry.publish) | set(entry.subscribe)) & set(addresses)):
+                pub, sub = entry.publish.get(b, 0), entry.subscribe.get(b, 0)
+                parts += [m.PartitionInfo(p, b, 0, p < pub, p < sub) for p in range(max(pub, sub))]
+        if not parts:
             out.append(m.TopicInfo(name, _topic_error_code(name), []))
             continue
-        s = state.settings
-        parts = [m.PartitionInfo(p, broker_id, 0, s.accept_publish and p not in state.closed, s.accept_subscribe)
-                 for p in range(state.num_partitions)]
         out.append(m.TopicInfo(name, 0, parts))
     return m.MetadataResponse(brokers=brokers, topics=out)
 
@@ -109,6 +125,7 @@ def handle_partition_state(broker: Broker, req: m.PartitionStateRequest,
             state.closed.discard(p)
         else:
             state.closed.add(p)
+    broker.announce(req.topic)  # a topic with every partition closed leaves topics-pub
     return m.PartitionStateResponse()
 
 

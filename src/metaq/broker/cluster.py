@@ -1,0 +1,133 @@
+"""How a broker takes part in its cluster: it registers, announces its topics, and reads the cluster view.
+
+Embedded mode (no ``[zookeeper]`` section) uses :class:`metaq.cluster.embedded.EmbeddedRegistry`: the
+cluster is this broker. ZooKeeper mode uses :class:`metaq.cluster.zookeeper.ZooKeeperRegistry` with
+MetaQ's layout. Either way the broker core sees only :class:`ClusterLink`:
+
+* :meth:`join` (blocking, at start once the port is bound and the data is open): connect, register
+  ``brokers/ids/<id>/master``, announce every topic. A second live broker with the same id, or a
+  ZooKeeper that cannot be reached, stops the start with one clear line.
+* :meth:`publish` / :meth:`withdraw` (non-blocking, whenever a topic is created, grown, reconfigured,
+  closed or deleted): queued to one worker thread, so the event loop never waits on ZooKeeper and
+  announcements keep their order.
+* :meth:`snapshot`: the cached cluster view Metadata answers from; no ZooKeeper call per request.
+* :meth:`leave` (blocking, first thing at a clean stop): deregister, so clients route away before the
+  broker drains; :meth:`close` ends the session.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from metaq.cluster.embedded import EmbeddedRegistry
+from metaq.cluster.registry import Address, ClusterRegistry, ClusterSnapshot, RegistryError
+
+if TYPE_CHECKING:
+    from metaq.broker.config import BrokerConfig
+
+log = logging.getLogger("metaq.broker.cluster")
+
+
+class ClusterLink:
+    def __init__(self, registry: ClusterRegistry, broker_id: int, *, mode: str, where: str = "") -> None:
+        self.registry = registry
+        self.broker_id = broker_id
+        self.mode = mode
+        """``embedded`` or ``zookeeper``."""
+        self.where = where
+        """For ZooKeeper mode: ``connect`` string and root, for logs and stats."""
+        self._joined = False
+        self._announcer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metaq-cluster")
+        self._topics: dict[str, tuple[int, bool, bool] | None] = {}
+        """What was last announced per topic (None: withdrawn), to skip repeats."""
+
+    @classmethod
+    def for_config(cls, config: BrokerConfig) -> ClusterLink:
+        zk = config.zookeeper
+        if zk is None or not zk.enable:
+            return cls(EmbeddedRegistry(), config.broker_id, mode="embedded")
+        from metaq.cluster.zookeeper import ZooKeeperRegistry  # kazoo only when ZooKeeper mode is on
+
+        registry = ZooKeeperRegistry(zk.connect, zk.root, session_timeout_ms=zk.session_timeout_ms,
+                                     connection_timeout_ms=zk.connection_timeout_ms)
+        return cls(registry, config.broker_id, mode="zookeeper", where=f"{zk.connect}{registry.paths.root}")
+
+    # ------------------------------------------------------------------ start and stop (blocking)
+
+    def connect(self) -> None:
+        """Reach the registry (ZooKeeper); RegistryError saying why when it cannot."""
+        start = getattr(self.registry, "start", None)
+        if start is not None:
+            start()
+
+    def join(self, host: str, port: int, topics: dict[str, tuple[int, bool, bool]]) -> None:
+        """Register this broker at ``host:port`` and announce ``topics`` (name -> (partitions, publish?,
+        subscribe?)). RegistryError (BrokerIdTaken) when another live broker has this id."""
+        self.registry.register_broker(self.broker_id, Address(host, port))
+        for topic, (count, pub, sub) in sorted(topics.items()):
+            self.registry.publish_topic(topic, count, accept_publish=pub, accept_subscribe=sub)
+            self._topics[topic] = (count, pub, sub)
+        self._joined = True
+        if self.mode == "zookeeper":
+            log.info("broker %d joined the cluster at %s with %d topics", self.broker_id, self.where, len(topics))
+
+    def leave(self) -> None:
+        """Deregister (the broker's node and its topics) and stop announcing."""
+        if not self._joined:
+            return
+        self._joined = False
+        self._announcer.shutdown(wait=True)
+        try:
+            self.registry.deregister()
+        except Exception as exc:  # ZooKeeper gone: the session's expiry removes the nodes anyway
+            log.warning("cannot deregister from the cluster (%s); the session's expiry will", exc)
+
+    def close(self) -> None:
+        self._announcer.shutdown(wait=False)
+        self.registry.close()
+
+    # ------------------------------------------------------------------ topics (non-blocking)
+
+    def publish(self, topic: str, num_partitions: int, *, accept_publish: bool, accept_subscribe: bool) -> None:
+        self._queue(topic, (num_partitions, accept_publish, accept_subscribe))
+
+    def withdraw(self, topic: str) -> None:
+        self._queue(topic, None)
+
+    def _queue(self, topic: str, what: tuple[int, bool, bool] | None) -> None:
+        if not self._joined or self._topics.get(topic, ...) == what:
+            return
+        self._topics[topic] = what
+        try:
+            self._announcer.submit(self._announce, topic, what)
+        except RuntimeError:  # shutting down
+            pass
+
+    def _announce(self, topic: str, what: tuple[int, bool, bool] | None) -> None:
+        try:
+            if what is None:
+                self.registry.withdraw_topic(topic)
+            else:
+                count, pub, sub = what
+                self.registry.publish_topic(topic, count, accept_publish=pub, accept_subscribe=sub)
+        except Exception as exc:  # kept: a lost session's re-registration carries the latest state
+            log.error("cannot announce topic %s to the cluster: %s", topic, exc)
+
+    # ------------------------------------------------------------------ reads
+
+    def snapshot(self) -> ClusterSnapshot:
+        return self.registry.snapshot()
+
+    def describe(self) -> dict[str, Any]:
+        """For stats: the mode, and in ZooKeeper mode where and whether connected."""
+        out: dict[str, Any] = {"mode": self.mode}
+        if self.mode == "zookeeper":
+            out["zookeeper"] = self.where
+            out["connected"] = bool(getattr(self.registry, "connected", False))
+            out["brokers"] = sorted(self.snapshot().brokers)
+        return out
+
+
+__all__ = ["ClusterLink", "RegistryError"]
