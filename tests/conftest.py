@@ -107,17 +107,10 @@ def cluster_factory(broker_factory: Callable[..., BrokerProcess], zookeeper: Any
 
     def make(broker_id: int, *, topics: str = "", zk_session_timeout_ms: int = 4000, start: bool = True,
              expect_errors: bool = False, name: str | None = None, **system: Any) -> BrokerProcess:
+        from metaq.testing.zookeeper import cluster_config
+
         return broker_factory(config_text=cluster_config(broker_id, zookeeper.connect_string, zk_root,
                                                          zk_session_timeout_ms, system, topics),
                               name=name or f"broker-{broker_id}", start=start, expect_errors=expect_errors)
 
     return make
-
-
-def cluster_config(broker_id: int, zk_connect: str, zk_root: str, session_timeout_ms: int,
-                   system: dict[str, Any], topics: str = "") -> str:
-    options = {"brokerId": broker_id, "numPartitions": 2, "unflushThreshold": 0, **system}
-    lines = ["[system]"] + [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items()]
-    lines += ["", "[zookeeper]", f"zk.zkConnect={zk_connect}", f"zk.zkRoot={zk_root}",
-              f"zk.zkSessionTimeoutMs={session_timeout_ms}", "zk.zkConnectionTimeoutMs=10000", ""]
-    return "\n".join(lines) + topics

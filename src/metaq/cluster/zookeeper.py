@@ -438,12 +438,27 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         for path in mine:
             self._drop(path)
 
-    def deregister(self) -> None:
+    def deregister(self, timeout_s: float = 5.0) -> None:
+        """Delete this process's broker and topic nodes, spending at most ``timeout_s``. Without a
+        connection nothing is tried: closing the session (or its expiry) removes them anyway."""
         with self._lock:
             mine = [p for p in self._owned if p.startswith(f"{self.paths.root}/brokers/")]
+            for path in mine:
+                self._owned.pop(path, None)
+        if not self._client.connected:
+            return
+        session = self.session_id
+        deadline = time.monotonic() + timeout_s
         for path in sorted(mine, key=lambda p: "/ids/" in p):  # topics first, the broker node last
-            with contextlib.suppress(KazooException):
-                self._drop(path)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:  # async calls with a timeout: no retry loop may hold a stopping broker
+                _, stat = self._client.get_async(path).get(timeout=remaining)
+                if stat.ephemeralOwner == session:
+                    self._client.delete_async(path).get(timeout=max(0.1, deadline - time.monotonic()))
+            except (KazooException, KazooTimeoutError):
+                continue
 
     def _own_broker_id(self) -> int:
         with self._lock:

@@ -16,7 +16,8 @@ from typing import Any
 
 from metaq.devcluster.zookeeper import ZooKeeperServer, ZooKeeperUnavailable, four_letter_word
 
-__all__ = ["ZooKeeperServer", "ZooKeeperUnavailable", "expire_session", "four_letter_word", "unique_root"]
+__all__ = ["ZooKeeperServer", "ZooKeeperUnavailable", "cluster_config", "expire_session", "four_letter_word",
+           "unique_root"]
 
 _roots = itertools.count()
 
@@ -47,3 +48,14 @@ def expire_session(client: Any, server: ZooKeeperServer, timeout_s: float = 30.0
     other.close()
     if not lost.wait(timeout_s):
         raise AssertionError(f"the session {session_id:#x} was not reported lost within {timeout_s}s")
+
+
+def cluster_config(broker_id: int, zk_connect: str, zk_root: str, session_timeout_ms: int = 4000,
+                   system: dict[str, Any] | None = None, topics: str = "") -> str:
+    """server.ini text of a ZooKeeper-mode broker for tests: ``[system]`` (brokerId, 2 partitions, group
+    commit, plus ``system``), ``[zookeeper]`` and any ``[topic=...]`` sections in ``topics``."""
+    options = {"brokerId": broker_id, "numPartitions": 2, "unflushThreshold": 0, **(system or {})}
+    lines = ["[system]"] + [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items()]
+    lines += ["", "[zookeeper]", f"zk.zkConnect={zk_connect}", f"zk.zkRoot={zk_root}",
+              f"zk.zkSessionTimeoutMs={session_timeout_ms}", "zk.zkConnectionTimeoutMs=10000", ""]
+    return "\n".join(lines) + topics
