@@ -62,6 +62,7 @@ from metaq.client.selectors import PartitionSelector
 from metaq.client.session import MessageSessionFactory
 from metaq.errors import InvalidArgument
 from metaq.fsutil import pid_alive
+from metaq.net.servers import parse_servers
 from metaq.types import Message, validate_topic
 
 __all__ = ["HandlerStats", "JsonFormatter", "MetaqHandler"]
@@ -268,6 +269,7 @@ class MetaqHandler(logging.Handler):
                  client_options: dict[str, Any] | None = None,
                  producer_options: dict[str, Any] | None = None) -> None:
         super().__init__(level)
+        parse_servers(servers)  # a typo is an InvalidArgument now, not a retry loop on stderr
         validate_topic(topic)
         if max_buffered_records < 1 or batch_records < 1:
             raise InvalidArgument("max_buffered_records and batch_records must be >= 1")

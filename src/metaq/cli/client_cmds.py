@@ -19,6 +19,7 @@ from metaq.cli.text import plural
 from metaq.client import Message, MessageSessionFactory
 from metaq.client.metadata import resolve_partition
 from metaq.errors import MetaqError, PartitionClosedError
+from metaq.net import servers as net_servers
 from metaq.types import PartitionId, format_message_id, partition_key
 
 T = TypeVar("T")
@@ -40,7 +41,7 @@ class PartitionType(click.ParamType):
 
 
 PARTITION = PartitionType()
-DEFAULT_SERVERS = os.environ.get("METAQ_SERVERS", "127.0.0.1:8123")
+DEFAULT_SERVERS = os.environ.get("METAQ_SERVERS", net_servers.DEFAULT_SERVERS)
 
 servers_option = click.option("-s", "--servers", default=DEFAULT_SERVERS, show_default=True, envvar="METAQ_SERVERS",
                               help="The brokers, host:port[,host:port] (env METAQ_SERVERS): give every broker of "

@@ -38,6 +38,7 @@ from metaq.errors import (
     UnknownTopicError,
     error_for_code,
 )
+from metaq.net.servers import DEFAULT_SERVERS, parse_servers
 from metaq.protocol.codec import ClientConnection, ResponseEvent
 from metaq.protocol.messages import (
     ApiVersionsRequest,
@@ -52,37 +53,11 @@ from metaq.protocol.messages import (
     ProduceResponse,
     TopicInfo,
 )
-from metaq.types import DEFAULT_PORT, PartitionId, PartitionKey, partition_key
+from metaq.types import PartitionId, PartitionKey, partition_key
 
-DEFAULT_SERVERS = f"127.0.0.1:{DEFAULT_PORT}"
 DEFAULT_WINDOW = 16
 """Requests written ahead of their replies in the pipelined calls."""
 _RECV_BYTES = 1 << 20
-
-
-def parse_servers(servers: str) -> list[tuple[str, int]]:
-    """``"host:port,host2:port2"`` as a list of (host, port); a missing port means the default 8123."""
-    if not isinstance(servers, str) or not servers.strip():
-        raise InvalidArgument(f"servers must be 'host:port[,host:port...]'; got {servers!r}")
-    out: list[tuple[str, int]] = []
-    for item in servers.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        host, sep, port_text = item.rpartition(":")
-        if not sep:
-            host, port_text = item, str(DEFAULT_PORT)
-        host = host.strip("[]")
-        try:
-            port = int(port_text)
-        except ValueError:
-            raise InvalidArgument(f"servers entry {item!r} has a port that is not a number") from None
-        if not host or not 0 < port < 65536:
-            raise InvalidArgument(f"servers entry {item!r} is not host:port")
-        out.append((host, port))
-    if not out:
-        raise InvalidArgument(f"servers must be 'host:port[,host:port...]'; got {servers!r}")
-    return out
 
 
 def check_response(response: Any, what: str = "") -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 
 from metaq.client.config import ClientConfig
 from metaq.client.connection import BrokerConnection, raise_for_error
-from metaq.client.metadata import Address, Metadata, Partition, TopicMetadata, merge_metadata
+from metaq.client.metadata import Metadata, Partition, TopicMetadata, merge_metadata
 from metaq.client.pool import ConnectionPool
 from metaq.errors import (
     BrokerError,
@@ -23,6 +23,7 @@ from metaq.errors import (
     UnknownPartitionError,
     UnknownServerError,
 )
+from metaq.net.servers import Address
 from metaq.protocol.messages import MetadataRequest, MetadataResponse
 from metaq.types import PartitionKey
 

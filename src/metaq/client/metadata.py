@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from metaq.errors import BrokerError, InvalidArgument, UnknownTopicError, error_for_code
+from metaq.net.servers import Address
 from metaq.protocol.messages import MetadataRequest, MetadataResponse, TopicInfo
 from metaq.types import PartitionId, PartitionKey, partition_key
-
-Address = tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -18,33 +18,8 @@ from collections.abc import Callable
 from metaq.client.config import ClientConfig
 from metaq.client.connection import BrokerConnection
 from metaq.client.exceptions import ClientClosedError
-from metaq.errors import ConnectionClosedError, InvalidArgument
-
-Address = tuple[str, int]
-
-
-def parse_servers(servers: str | list[str] | tuple[str, ...]) -> list[Address]:
-    """``"host:port[,host:port]"`` (or a list of ``"host:port"``) as (host, port) pairs."""
-    items = servers.split(",") if isinstance(servers, str) else list(servers)
-    out: list[Address] = []
-    for raw in items:
-        item = raw.strip()
-        if not item:
-            continue
-        host, sep, port_text = item.rpartition(":")
-        if not sep or not host:
-            raise InvalidArgument(f"server {item!r} is not host:port (e.g. 127.0.0.1:8123)")
-        host = host.strip("[]")  # [::1]:8123
-        try:
-            port = int(port_text)
-        except ValueError:
-            raise InvalidArgument(f"server {item!r} has a port that is not a number") from None
-        if not 0 < port < 65536:
-            raise InvalidArgument(f"server {item!r} has port {port} outside 1..65535")
-        out.append((host, port))
-    if not out:
-        raise InvalidArgument(f"no server in {servers!r}; give host:port[,host:port]")
-    return out
+from metaq.errors import ConnectionClosedError
+from metaq.net.servers import Address
 
 
 class ConnectionPool:

@@ -20,9 +20,9 @@ from metaq.client.consumer import PullConsumer
 from metaq.client.core import ClientCore
 from metaq.client.exceptions import ClientClosedError
 from metaq.client.metadata import Partition
-from metaq.client.pool import parse_servers
 from metaq.client.producer import Producer
 from metaq.client.selectors import PartitionSelector
+from metaq.net.servers import parse_servers
 from metaq.types import validate_topic
 
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from metaq.client.blocking import DEFAULT_SERVERS, parse_servers
 from metaq.errors import ConfigError, InvalidArgument
+from metaq.net.servers import DEFAULT_SERVERS, parse_servers
 from metaq.protocol.records import Compression
 from metaq.types import DEFAULT_MAX_BATCH_BYTES, PartitionId, validate_topic
 

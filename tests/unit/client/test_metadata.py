@@ -1,11 +1,10 @@
-"""The metadata cache and server lists: pure bookkeeping."""
+"""The metadata cache: pure bookkeeping (server lists: tests/unit/net/test_net_servers.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from metaq.client.metadata import MetadataCache, Partition, merge_metadata
-from metaq.client.pool import parse_servers
 from metaq.errors import InvalidArgument, InvalidTopicError, UnknownTopicError
 from metaq.protocol.messages import BrokerInfo, MetadataResponse, PartitionInfo, TopicInfo
 from metaq.types import PartitionId
@@ -51,14 +50,6 @@ def test_freshness_and_a_full_listing_replacing_topics() -> None:
     assert cache.is_fresh("orders", 30.0) and not cache.is_fresh("orders", 5.0)
     cache.update(MetadataResponse(topics=[TopicInfo("other", 0, [PartitionInfo(0, 0)])]))
     assert cache.get("orders") is None and cache.get("other") is not None
-
-
-def test_parse_servers() -> None:
-    assert parse_servers("127.0.0.1:8123, host-b:9000,") == [("127.0.0.1", 8123), ("host-b", 9000)]
-    assert parse_servers(["[::1]:8123"]) == [("::1", 8123)]
-    for bad in ("", "localhost", "h:x", "h:70000", ":8123"):
-        with pytest.raises(InvalidArgument):
-            parse_servers(bad)
 
 
 def test_find_by_bare_number_only_when_one_broker_has_it() -> None:

@@ -4,17 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from metaq.client.blocking import BlockingClient, parse_servers
+from metaq.client.blocking import BlockingClient
 from metaq.errors import ConnectionClosedError, InvalidArgument
 from metaq.testing.ports import unused_port
-
-
-def test_parse_servers() -> None:
-    assert parse_servers("a:1, b:2") == [("a", 1), ("b", 2)]
-    assert parse_servers("host") == [("host", 8123)]
-    for bad in ("", " , ", "a:x", "a:0", ":5"):
-        with pytest.raises(InvalidArgument):
-            parse_servers(bad)
 
 
 def test_connection_refused_names_servers() -> None:
