@@ -62,6 +62,7 @@ from metaq.client.selectors import PartitionSelector
 from metaq.client.session import MessageSessionFactory
 from metaq.errors import InvalidArgument
 from metaq.fsutil import pid_alive
+from metaq.net.retry import RetryPolicy
 from metaq.net.servers import parse_servers
 from metaq.types import Message, validate_topic
 
@@ -309,7 +310,7 @@ class MetaqHandler(logging.Handler):
         self._task: asyncio.Task[None] | None = None
         self._session: MessageSessionFactory | None = None  # owned by the background thread
         self._producer: Any = None
-        self._backoff = retry_backoff_s
+        self._backoff = RetryPolicy(retry_backoff_s, retry_backoff_max_s).start()
         self._stopping = False
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._thread_main, name=f"metaq-logging-{topic}", daemon=True)
@@ -554,7 +555,7 @@ class MetaqHandler(logging.Handler):
             self._task.cancel()
 
     async def _run(self) -> None:
-        self._backoff = self.retry_backoff_s
+        self._backoff.reset()
         try:
             while not self._stopping:
                 later, self._report_later = self._report_later, None
@@ -567,7 +568,7 @@ class MetaqHandler(logging.Handler):
                 except Exception as exc:  # a bug must not stop the thread: report it and carry on
                     self._report("internal error in the background thread", exc)
                     await self._close_session()
-                    await asyncio.sleep(self._backoff)
+                    await asyncio.sleep(self._backoff.next_delay_unbounded_s())
         finally:
             await self._close_session()
 
@@ -614,16 +615,16 @@ class MetaqHandler(logging.Handler):
             if held:
                 self._give_back(held)  # outcome unknown: kept (at-least-once)
         if not unsent:
-            self._backoff = self.retry_backoff_s
+            self._backoff.reset()
             return
         with self._mu:
             self._send_errors += 1
         what = "send failed" if self._session is not None else "cannot reach the broker"
-        self._report(f"{what}; {len(unsent)} record(s) kept, retrying in {self._backoff:.1f} s", error)
+        delay = self._backoff.next_delay_unbounded_s()
+        self._report(f"{what}; {len(unsent)} record(s) kept, retrying in {delay:.1f} s", error)
         # A fresh session after a failure: new connections and metadata (a broker may have restarted).
         await self._close_session()
-        await asyncio.sleep(self._backoff)  # not cut short by new records, only by close()
-        self._backoff = min(self._backoff * 2, self.retry_backoff_max_s)
+        await asyncio.sleep(delay)  # not cut short by new records, only by close()
 
     async def _send(self, producer: Any, items: list[Item]) -> tuple[list[Item], BaseException | None]:
         """Send a batch; returns the items that were not acknowledged and one of the errors."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from metaq.errors import ConfigError
+from metaq.net.retry import RetryPolicy
 from metaq.protocol.records import Compression
 from metaq.types import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_MESSAGE_BYTES
 
@@ -26,7 +27,7 @@ class ClientConfig:
     max_in_flight: int = 64
     """Requests sent and not yet answered, per connection; more wait for a slot."""
     reconnect_attempts: int = 3
-    """Connection attempts (with exponential backoff and jitter) before a request fails."""
+    """Connection attempts (with exponential backoff and jitter, :meth:`reconnect_retry`) before a request fails."""
     reconnect_backoff_s: float = 0.05
     reconnect_backoff_max_s: float = 2.0
     metadata_max_age_s: float = 30.0
@@ -43,6 +44,12 @@ class ClientConfig:
         _non_negative(self, "reconnect_backoff_s", "reconnect_backoff_max_s", "metadata_min_interval_s")
         if self.reconnect_attempts < 1:
             raise ConfigError(f"reconnect_attempts must be >= 1, not {self.reconnect_attempts}")
+
+    def reconnect_retry(self, max_attempts: int | None = None) -> RetryPolicy:
+        """How connections are tried again: ``reconnect_attempts`` attempts in all (or ``max_attempts``),
+        waiting ``reconnect_backoff_s`` doubling up to ``reconnect_backoff_max_s``, jittered x0.5 to x1.0."""
+        return RetryPolicy(self.reconnect_backoff_s, self.reconnect_backoff_max_s, jitter=0.5,
+                           max_attempts=self.reconnect_attempts if max_attempts is None else max_attempts)
 
 
 @dataclass(frozen=True, slots=True)

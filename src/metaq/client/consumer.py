@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
@@ -191,7 +190,8 @@ class PullConsumer:
             return
         conn: BrokerConnection | None = None
         fetch_bytes = max_bytes
-        failures = 0
+        # reconnect_attempts failures in a row are retried; one more ends the iteration.
+        backoff = self._core.config.reconnect_retry(self._core.config.reconnect_attempts + 1).start()
         try:
             while True:
                 if conn is None or conn.closed:
@@ -219,16 +219,16 @@ class PullConsumer:
                             self._core.metadata.refresh_soon(topic)
                         if not exc.retriable:
                             raise
-                    failures += 1
-                    if failures > self._core.config.reconnect_attempts:
+                    delay = backoff.next_delay_s()
+                    if delay is None:
                         raise
                     log.info("fetch from %s:%s failed (%s); retrying", topic, p, exc)
                     if conn is not None:
                         conn.close()
                     conn = None
-                    await asyncio.sleep(self._backoff_s(failures))
+                    await asyncio.sleep(delay)
                     continue
-                failures = 0
+                backoff.reset()
                 if result.partial:
                     fetch_bytes = min(fetch_bytes * 2, self._core.config.max_frame_bytes // 2)
                     log.warning("a batch of %s:%s at offset %d is larger than max_bytes; fetching %d bytes",
@@ -250,11 +250,6 @@ class PullConsumer:
             if conn is not None:
                 self._iterators.discard(conn)
                 conn.close()
-
-    def _backoff_s(self, failures: int) -> float:
-        cfg = self._core.config
-        delay = min(cfg.reconnect_backoff_max_s, cfg.reconnect_backoff_s * (2 ** (failures - 1)))
-        return delay * (0.5 + 0.5 * random.random())
 
     async def offsets(self, topic: str, partition: PartitionKey) -> tuple[int, int]:
         """(earliest, latest): the first stored offset and the next offset to be written."""

@@ -13,22 +13,22 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
 
 from metaq.client.config import ClientConfig
 from metaq.client.connection import BrokerConnection
 from metaq.client.exceptions import ClientClosedError
 from metaq.errors import ConnectionClosedError
+from metaq.net.retry import Random
 from metaq.net.servers import Address
 
 
 class ConnectionPool:
-    def __init__(self, config: ClientConfig, *, jitter: Callable[[], float] = random.random) -> None:
+    def __init__(self, config: ClientConfig, *, rand: Random = random.random) -> None:
         self.config = config
         self._conns: dict[tuple[Address, str], BrokerConnection] = {}
         self._connecting: dict[tuple[Address, str], asyncio.Task[BrokerConnection]] = {}
         self._dedicated: set[BrokerConnection] = set()
-        self._jitter = jitter
+        self._rand = rand
         self._closed = False
 
     def cached(self, address: Address, channel: str = "default") -> BrokerConnection | None:
@@ -74,11 +74,8 @@ class ConnectionPool:
 
     async def _open(self, address: Address) -> BrokerConnection:
         cfg = self.config
-        last: ConnectionClosedError | None = None
-        for attempt in range(cfg.reconnect_attempts):
-            if attempt:
-                delay = min(cfg.reconnect_backoff_max_s, cfg.reconnect_backoff_s * (2 ** (attempt - 1)))
-                await asyncio.sleep(delay * (0.5 + 0.5 * self._jitter()))
+        backoff = cfg.reconnect_retry().start(rand=self._rand)
+        while True:
             if self._closed:
                 raise ClientClosedError("the session is closed")
             try:
@@ -87,9 +84,10 @@ class ConnectionPool:
                     request_timeout_s=cfg.request_timeout_s, max_in_flight=cfg.max_in_flight,
                     max_frame_bytes=cfg.max_frame_bytes, write_buffer_high_bytes=cfg.write_buffer_high_bytes)
             except ConnectionClosedError as exc:
-                last = exc
-        assert last is not None
-        raise ConnectionClosedError(f"{last} (gave up after {cfg.reconnect_attempts} attempts)") from last
+                delay = backoff.next_delay_s()
+                if delay is None:
+                    raise ConnectionClosedError(f"{exc} (gave up after {backoff.failures} attempts)") from exc
+            await asyncio.sleep(delay)
 
     def close(self) -> None:
         self._closed = True

@@ -48,6 +48,7 @@ from pyspark.sql.types import (
 
 from metaq.client.blocking import BlockingClient
 from metaq.errors import ConfigError, ConnectionClosedError, RequestTimeoutError, UnknownTopicError
+from metaq.net.retry import RetryPolicy
 from metaq.spark.arrow import DataLossError, read_range
 from metaq.spark.offsets import (
     Bounds,
@@ -81,6 +82,8 @@ SCHEMA = StructType([
 
 METADATA_REFRESH_S = 10.0
 """How often a running stream looks for new partitions (latestOffset itself is one round trip)."""
+BROKER_DOWN_RETRY_S = 0.2
+"""How often a broker that does not answer is tried again (for up to ``timeoutMs``)."""
 
 
 # -- shared driver-side helpers -------------------------------------------------------------------
@@ -132,7 +135,7 @@ def _read(opts: ReadOptions, part: InputPartition) -> Iterator[Any]:
         return
     offset = part.start
     new_partition = part.new_partition
-    down_since: float | None = None
+    down = _down_retry(opts).start()
     while offset < part.end:
         try:
             with BlockingClient(opts.servers, client_id="metaq-spark-reader",
@@ -141,18 +144,21 @@ def _read(opts: ReadOptions, part: InputPartition) -> Iterator[Any]:
                                         max_bytes=opts.max_bytes_per_fetch,
                                         fail_on_data_loss=opts.fail_on_data_loss, new_partition=new_partition):
                     offset = batch.column("offset")[-1].as_py() + 1
-                    down_since = None
+                    down.reset()
                     yield batch
             return
         except (ConnectionClosedError, RequestTimeoutError) as exc:
-            now = time.monotonic()
-            if down_since is None:
-                down_since = now
-            if now - down_since > opts.timeout_ms / 1000:
+            delay = down.next_delay_s()
+            if delay is None:
                 raise ConnectionClosedError(f"option 'servers': lost the broker while reading "
                                             f"{part.topic}:{part.partition} at offset {offset}: {exc}") from None
             log.warning("metaq source: %s; resuming %s:%s at %d", exc, part.topic, part.partition, offset)
-            time.sleep(0.2)
+            time.sleep(delay)
+
+
+def _down_retry(opts: ReadOptions) -> RetryPolicy:
+    """A broker that does not answer is tried again every 0.2 s, for up to ``timeoutMs``."""
+    return RetryPolicy.constant(BROKER_DOWN_RETRY_S, deadline_s=opts.timeout_ms / 1000)
 
 
 def _input_partitions(topic: str, ranges: list[OffsetRange], min_partitions: int | None,
@@ -228,7 +234,7 @@ class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._partitions_at = 0.0
         self._target: dict[PartitionId, int] | None = None
         self._latest: dict[PartitionId, int] | None = None
-        self._down_since: float | None = None
+        self._down = _down_retry(opts).start()
 
     def __getstate__(self) -> dict[str, Any]:
         # executors get a copy of the reader: only the options travel, never a socket or driver state
@@ -291,15 +297,13 @@ class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         try:
             bounds, latest = self._current()
         except (ConnectionClosedError, RequestTimeoutError) as exc:
-            now = time.monotonic()
-            if self._down_since is None:
-                self._down_since = now
-            if now - self._down_since > opts.timeout_ms / 1000:
+            delay = self._down.next_delay_s()
+            if delay is None:
                 raise
             log.warning("metaq source: broker unreachable (%s); no new data for now", exc)
-            time.sleep(0.2)
+            time.sleep(delay)
             return stream_offset(opts.topic, begin)
-        self._down_since = None
+        self._down.reset()
         if self._target is not None:
             latest = {p: min(latest[p], self._target[p]) if p in self._target else begin.get(p, bounds[p].log_start)
                       for p in latest}

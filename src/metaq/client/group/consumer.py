@@ -83,6 +83,7 @@ from metaq.errors import (
     TooManyRequestsError,
     UnknownMemberError,
 )
+from metaq.net.retry import RetryPolicy
 from metaq.protocol import messages as m
 from metaq.types import Message, PartitionId, TopicPartition, validate_topic
 
@@ -91,8 +92,8 @@ log = logging.getLogger("metaq.client.group")
 Listener = Callable[..., Any]
 """``listener(message)`` or ``listener(message, ctx)``; a plain function or an ``async def``."""
 
-_ERROR_BACKOFF_S = 0.2
-_ERROR_BACKOFF_MAX_S = 5.0
+_ERROR_RETRY = RetryPolicy(initial_delay_s=0.2, max_delay_s=5.0)
+"""Joins and fetches that fail wait 0.2 s doubling up to 5 s, and retry until the consumer stops."""
 _DAMAGE_RETRY_S = 30.0
 """How often a partition stopped at damaged stored data tries again (and logs the error again)."""
 
@@ -360,7 +361,7 @@ class GroupConsumer:
 
     async def _group_loop(self) -> None:
         cfg = self.config
-        backoff = _ERROR_BACKOFF_S
+        backoff = _ERROR_RETRY.start()
         while not self._closed:
             self._reported = await self._view(fresh=True)
             seen = [m.TopicAssignment(t, [m.BrokerPartition(p.broker_id, p.partition) for p in ps])
@@ -376,10 +377,9 @@ class GroupConsumer:
                 continue
             except (RebalanceInProgressError, NotCoordinatorError, ConnectionClosedError, RequestTimeoutError) as exc:
                 log.info("group %s: join failed (%s); retrying", cfg.group, exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _ERROR_BACKOFF_MAX_S)
+                await asyncio.sleep(backoff.next_delay_unbounded_s())
                 continue
-            backoff = _ERROR_BACKOFF_S
+            backoff.reset()
             self.member_id, self.generation = resp.member_id, resp.generation
             owned = [(a.topic, PartitionId(p.broker_id, p.partition)) for a in resp.assignment for p in a.partitions]
             log.info("group %s: member %s generation %d owns %d partitions", cfg.group, self.member_id,
@@ -389,7 +389,7 @@ class GroupConsumer:
             except MetaqError as exc:
                 log.warning("group %s: cannot start consuming the assignment (%s); rejoining", cfg.group, exc)
                 await asyncio.shield(self._revoke(commit=False))
-                await asyncio.sleep(backoff)
+                await asyncio.sleep(backoff.next_delay_unbounded_s())
                 continue
             await self._heartbeat_until_rebalance()
 
@@ -544,14 +544,14 @@ class GroupConsumer:
         cfg = self.config
         max_bytes = w.sub.max_size
         growths = 0
-        backoff = _ERROR_BACKOFF_S
+        backoff = _ERROR_RETRY.start()
         while not w.stopping:
             try:
                 result = await self._fetch(w, max_bytes)
             except OffsetOutOfRangeError as exc:
                 earliest, latest = getattr(exc, "earliest", -1), getattr(exc, "latest", -1)
                 if earliest < 0:
-                    await asyncio.sleep(backoff)
+                    await asyncio.sleep(backoff.next_delay_unbounded_s())
                     continue
                 new = earliest if w.position < earliest else latest
                 log.warning("%s: offset %d is out of range %d..%d; continuing from %d", w.tp, w.position, earliest,
@@ -559,8 +559,7 @@ class GroupConsumer:
                 w.position = w.acked = new
                 continue
             except TooManyRequestsError:
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _ERROR_BACKOFF_MAX_S)
+                await asyncio.sleep(backoff.next_delay_unbounded_s())
                 continue
             except CorruptRecordError as exc:
                 # Never skip on our own: the operator decides (docs/operations.md). Consumption of this
@@ -582,11 +581,11 @@ class GroupConsumer:
                 if w.conn is not None:
                     w.conn.close()
                     w.conn = None
-                log.info("%s: fetch failed (%s); retrying in %.1fs", w.tp, exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _ERROR_BACKOFF_MAX_S)
+                delay = backoff.next_delay_unbounded_s()
+                log.info("%s: fetch failed (%s); retrying in %.1fs", w.tp, exc, delay)
+                await asyncio.sleep(delay)
                 continue
-            backoff = _ERROR_BACKOFF_S
+            backoff.reset()
             if result.partial:
                 if growths < cfg.max_increase_fetch_data_retries:
                     growths += 1
