@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from metaq.errors import ConfigError
+from metaq.net.codec import ConnectionSettings
 from metaq.net.retry import RetryPolicy
 from metaq.protocol.records import Compression
 from metaq.types import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_MESSAGE_BYTES
@@ -44,6 +45,11 @@ class ClientConfig:
         _non_negative(self, "reconnect_backoff_s", "reconnect_backoff_max_s", "metadata_min_interval_s")
         if self.reconnect_attempts < 1:
             raise ConfigError(f"reconnect_attempts must be >= 1, not {self.reconnect_attempts}")
+
+    def connection_settings(self) -> ConnectionSettings:
+        """How the session's connections are opened (no TLS: :mod:`metaq.net.tls`)."""
+        return ConnectionSettings(self.client_id, self.connect_timeout_s, self.request_timeout_s, self.max_in_flight,
+                                  self.max_frame_bytes, self.write_buffer_high_bytes)
 
     def reconnect_retry(self, max_attempts: int | None = None) -> RetryPolicy:
         """How connections are tried again: ``reconnect_attempts`` attempts in all (or ``max_attempts``),

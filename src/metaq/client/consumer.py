@@ -18,7 +18,6 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
 
-from metaq.client.connection import BrokerConnection
 from metaq.client.core import ClientCore
 from metaq.client.exceptions import ClientClosedError
 from metaq.client.metadata import Partition
@@ -29,6 +28,7 @@ from metaq.errors import (
     OffsetOutOfRangeError,
     RequestTimeoutError,
 )
+from metaq.net.connection import BrokerConnection
 from metaq.protocol.messages import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,

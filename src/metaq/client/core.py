@@ -13,9 +13,7 @@ import asyncio
 from typing import Any
 
 from metaq.client.config import ClientConfig
-from metaq.client.connection import BrokerConnection, raise_for_error
 from metaq.client.metadata import Metadata, Partition, TopicMetadata, merge_metadata
-from metaq.client.pool import ConnectionPool
 from metaq.errors import (
     BrokerError,
     ConnectionClosedError,
@@ -23,7 +21,11 @@ from metaq.errors import (
     UnknownPartitionError,
     UnknownServerError,
 )
-from metaq.net.servers import Address
+from metaq.net.codec import raise_for_error
+from metaq.net.connection import BrokerConnection
+from metaq.net.discovery import WALK_ERRORS
+from metaq.net.pool import ConnectionPool
+from metaq.net.servers import Address, format_address
 from metaq.protocol.messages import MetadataRequest, MetadataResponse
 from metaq.types import PartitionKey
 
@@ -32,28 +34,23 @@ class ClientCore:
     def __init__(self, config: ClientConfig, servers: list[Address]) -> None:
         self.config = config
         self.servers = servers
-        self.pool = ConnectionPool(config)
+        self.pool = ConnectionPool(config.connection_settings(), config.reconnect_retry(), servers)
         self.metadata = Metadata(self._fetch_metadata, max_age_s=config.metadata_max_age_s,
                                  min_interval_s=config.metadata_min_interval_s)
         self.default_broker_id = -1
         """The broker first reached: it answers metadata and gets produce requests for topics with no
         known partitions (partition -1, the broker picks)."""
         self._default_address: Address | None = None
-        self.server_ids: dict[Address, int] = {}
+
+    @property
+    def server_ids(self) -> dict[Address, int]:
         """Each server address -> the broker id it answered with (once it has answered)."""
+        return self.pool.servers.ids
 
     async def start(self) -> None:
-        """Reach the first bootstrap server that answers; ConnectionClosedError if none does."""
-        errors: list[str] = []
-        for address in self.servers:
-            try:
-                conn = await self.pool.get(address)
-            except ConnectionClosedError as exc:
-                errors.append(str(exc))
-                continue
-            self._adopt(address, conn)
-            return
-        raise ConnectionClosedError("no bootstrap server could be reached: " + "; ".join(errors))
+        """Reach the first bootstrap server that answers; ConnectionClosedError naming each if none does
+        (TooManyConnectionsError when every one refused for being full)."""
+        self._adopt(*await self.pool.first_answering())
 
     def _adopt(self, address: Address, conn: BrokerConnection) -> None:
         self.default_broker_id = conn.broker_id
@@ -61,8 +58,8 @@ class ClientCore:
         self._learn(address, conn)
 
     def _learn(self, address: Address, conn: BrokerConnection) -> None:
+        """The metadata cache reaches a broker where it answered (the pool's ServerBook knows it too)."""
         if conn.broker_id >= 0:
-            self.server_ids[address] = conn.broker_id
             self.metadata.cache.known_addresses[conn.broker_id] = address
 
     async def _server_connection(self, address: Address, channel: str = "default") -> BrokerConnection:
@@ -78,10 +75,10 @@ class ClientCore:
         listing the same brokers agree; ConnectionClosedError names the ones that have not."""
         if len(self.servers) == 1:
             return None
-        missing = [a for a in self.servers if a not in self.server_ids]
+        missing = self.pool.servers.unreached()
         if missing:
-            results = await asyncio.gather(*(self._server_connection(a) for a in missing), return_exceptions=True)
-            failed = [f"{h}:{p} ({r})" for (h, p), r in zip(missing, results, strict=True)
+            results = await self._reach(missing)
+            failed = [f"{format_address(a)} ({r})" for a, r in zip(missing, results, strict=True)
                       if isinstance(r, BaseException)]
             if failed:
                 raise ConnectionClosedError(
@@ -113,33 +110,29 @@ class ClientCore:
         if broker_id is None or broker_id == self.default_broker_id:
             return await self._default_connection(channel)
         if self.metadata.cache.address(broker_id) is None:
-            await self._reach_servers()
+            await self._reach(self.pool.servers.unreached())  # failures are left for later
         return await self.pool.get(self.address(broker_id), channel)
 
-    async def _reach_servers(self) -> None:
-        """Connect to every server not reached yet, learning its broker id (failures are left for later)."""
-        missing = [a for a in self.servers if a not in self.server_ids]
-        if missing:
-            await asyncio.gather(*(self._server_connection(a) for a in missing), return_exceptions=True)
+    async def _reach(self, addresses: list[Address]) -> list[BrokerConnection | BaseException]:
+        """Connect to each server at once, learning its broker id; failures are returned in their place."""
+        results = await self.pool.reach(addresses) if addresses else []
+        for address, result in zip(addresses, results, strict=True):
+            if isinstance(result, BrokerConnection):
+                self._learn(address, result)
+        return results
 
     async def _default_connection(self, channel: str) -> BrokerConnection:
         assert self._default_address is not None, "ClientCore.start() was not called"
         try:
             conn = await self.pool.get(self._default_address, channel)
-        except ConnectionClosedError as exc:
-            # The default broker is gone: another bootstrap server may answer.
-            last = exc
-            for address in self.servers:
-                if address == self._default_address:
-                    continue
-                try:
-                    conn = await self.pool.get(address, channel)
-                except ConnectionClosedError as other:
-                    last = other
-                    continue
-                self._adopt(address, conn)
-                return conn
-            raise last from None
+        except WALK_ERRORS as exc:
+            # The default broker is gone (or full): another bootstrap server may answer.
+            others = [a for a in self.servers if a != self._default_address]
+            if not others:
+                raise
+            address, conn = await self.pool.first_answering(others, channel, failed=[exc])
+            self._adopt(address, conn)
+            return conn
         if conn.broker_id != self.default_broker_id and conn.broker_id >= 0:
             self._adopt(self._default_address, conn)  # restarted with another broker id
         return conn

@@ -38,7 +38,6 @@ from typing import Any, overload
 
 from metaq.client.accumulator import Accumulator, BatchKey, ProducerBatch, record_size
 from metaq.client.config import ProducerConfig
-from metaq.client.connection import BrokerConnection
 from metaq.client.core import ClientCore
 from metaq.client.exceptions import BufferFullError, ClientClosedError
 from metaq.client.metadata import Partition, TopicMetadata
@@ -51,6 +50,7 @@ from metaq.errors import (
     RequestTimeoutError,
     error_for_code,
 )
+from metaq.net.connection import BrokerConnection
 from metaq.protocol.messages import ANY_PARTITION, ProduceRequest, ProduceResponse
 from metaq.protocol.records import HEADER_BYTES, RECORD_PREFIX_BYTES, encode_messages, encode_values
 from metaq.types import Message, PartitionId, PartitionKey, SendResult, validate_topic

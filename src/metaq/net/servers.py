@@ -6,7 +6,7 @@ take it. Whitespace around an entry and empty entries (a trailing comma) are ign
 required, as docs/client.md has always written it. An IPv6 address goes in brackets: ``[::1]:8123``.
 
 Anything else is an :class:`~metaq.errors.InvalidArgument` that quotes the entry and says what is
-wrong with it. :func:`format_address` is the inverse of one entry.
+wrong with it. :func:`format_address` is the inverse of one entry, :func:`format_servers` of a list.
 """
 
 from __future__ import annotations
@@ -49,6 +49,11 @@ def format_address(address: Address) -> str:
     """``host:port``, with an IPv6 host in brackets: what :func:`parse_servers` reads back."""
     host, port = address
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def format_servers(addresses: Sequence[Address]) -> str:
+    """A ``servers`` string: :func:`format_address` of each, comma-separated."""
+    return ",".join(format_address(a) for a in addresses)
 
 
 def _parse_entry(item: str) -> Address:

@@ -60,7 +60,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from metaq.client.connection import BrokerConnection
 from metaq.client.consumer import Fetcher, FetchResult, offsets_of
 from metaq.client.core import ClientCore
 from metaq.client.exceptions import ClientClosedError
@@ -83,6 +82,7 @@ from metaq.errors import (
     TooManyRequestsError,
     UnknownMemberError,
 )
+from metaq.net.connection import BrokerConnection
 from metaq.net.retry import RetryPolicy
 from metaq.protocol import messages as m
 from metaq.types import Message, PartitionId, TopicPartition, validate_topic

@@ -36,9 +36,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from metaq.client.connection import raise_for_error
 from metaq.errors import InvalidArgument, StorageError, error_for_code
 from metaq.fsutil import atomic_write
+from metaq.net.codec import raise_for_error
 from metaq.protocol import messages as m
 from metaq.types import PartitionId, TopicPartition
 

@@ -12,6 +12,10 @@ this class only moves its bytes. It is the hot path of the producer, so:
 Replies come back in request order, so a request that times out means everything after it is stuck
 too: the connection is closed, the late request fails with RequestTimeoutError and every other one
 with ConnectionClosedError (either may still have been applied by the broker).
+
+It is the asyncio twin of :class:`metaq.net.blocking.BlockingConnection`: the same codec, settings,
+handshake and error replies (:mod:`metaq.net.codec`). The client's producers and consumers use it
+through :class:`metaq.net.pool.ConnectionPool`.
 """
 
 from __future__ import annotations
@@ -24,14 +28,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
-from metaq.errors import (
-    ConnectionClosedError,
-    ProtocolError,
-    RequestTimeoutError,
-    error_for_code,
-)
+from metaq.errors import ConnectionClosedError, ProtocolError, RequestTimeoutError
+from metaq.net.codec import ConnectionSettings, agree_versions, handshake_request, raise_for_error
+from metaq.net.servers import Address, format_address
 from metaq.protocol.codec import NEED_DATA, ClientConnection
-from metaq.protocol.messages import APIS, ApiVersionsRequest, ApiVersionsResponse
+from metaq.protocol.messages import ApiVersionsResponse
 
 _WATCHDOG_TICK_S: Final = 0.05
 _FLUSH_NOW_BYTES: Final = 256 * 1024
@@ -66,27 +67,19 @@ class _Wire(asyncio.Protocol):
         self.conn._wake_writers()
 
 
-def raise_for_error(response: Any) -> Any:
-    """Return ``response``, or raise its error (with ``exc.response`` set) when error_code != 0."""
-    code = response.error_code
-    if code:
-        raise error_for_code(code, response.error_message or "", response)
-    return response
-
-
 class BrokerConnection:
     """A handshaken connection to one broker. Create it with :meth:`open`."""
 
-    def __init__(self, host: str, port: int, *, client_id: str, request_timeout_s: float, max_in_flight: int,
-                 max_frame_bytes: int, write_buffer_high_bytes: int) -> None:
-        self.host = host
-        self.port = port
-        self.request_timeout_s = request_timeout_s
-        self.max_in_flight = max_in_flight
+    def __init__(self, address: Address, settings: ConnectionSettings) -> None:
+        self.host, self.port = address
+        self.address = format_address(address)
+        """``host:port`` (an IPv6 host in brackets), for messages."""
+        self.request_timeout_s = settings.request_timeout_s
+        self.max_in_flight = settings.max_in_flight
         self.broker_id = -1
         """The broker's id, from the handshake."""
         self.server_version = ""
-        self._codec = ClientConnection(client_id, max_frame_bytes, max_in_flight)
+        self._codec = ClientConnection(settings.client_id, settings.max_frame_bytes, settings.max_in_flight)
         self._pending: deque[_Pending] = deque()
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._loop = asyncio.get_running_loop()
@@ -96,62 +89,46 @@ class BrokerConnection:
         self._paused = False
         self._closed_exc: BaseException | None = None
         self._watchdog: asyncio.TimerHandle | None = None
-        self._write_high = write_buffer_high_bytes
         self._close_callbacks: list[Callable[[BrokerConnection], None]] = []
 
     # -- opening and closing ------------------------------------------------------------------
 
     @classmethod
-    async def open(cls, host: str, port: int, *, client_id: str = "metaq-python", connect_timeout_s: float = 10.0,
-                   request_timeout_s: float = 30.0, max_in_flight: int = 64, max_frame_bytes: int = 64 * 1024 * 1024,
-                   write_buffer_high_bytes: int = 1024 * 1024) -> BrokerConnection:
+    async def open(cls, address: Address, settings: ConnectionSettings) -> BrokerConnection:
         """Connect, set TCP_NODELAY, and agree API versions with the broker (ApiVersions handshake).
 
-        Raises ConnectionClosedError when the broker cannot be reached in ``connect_timeout_s``.
+        Raises ConnectionClosedError when the broker cannot be reached in ``connect_timeout_s``, and
+        the broker's error when it refuses the connection (TooManyConnectionsError).
         """
-        conn = cls(host, port, client_id=client_id, request_timeout_s=request_timeout_s,
-                   max_in_flight=max_in_flight, max_frame_bytes=max_frame_bytes,
-                   write_buffer_high_bytes=write_buffer_high_bytes)
+        conn = cls(address, settings)
         loop = conn._loop
         try:
-            async with asyncio.timeout(connect_timeout_s):
-                transport, _ = await loop.create_connection(lambda: _Wire(conn), host, port)
+            async with asyncio.timeout(settings.connect_timeout_s):
+                transport, _ = await loop.create_connection(lambda: _Wire(conn), conn.host, conn.port,
+                                                            ssl=settings.ssl_context)
         except (OSError, TimeoutError) as exc:
             raise ConnectionClosedError(
-                f"cannot connect to broker {host}:{port}: {exc or 'timed out'}"
+                f"cannot connect to broker {conn.address}: {exc or 'timed out'}"
                 f" (is it running? check the address)") from exc
         # (uvloop's transports are not asyncio.Transport subclasses, though they behave as one.)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        transport.set_write_buffer_limits(high=write_buffer_high_bytes)
+        transport.set_write_buffer_limits(high=settings.write_buffer_high_bytes)
         conn._transport = transport
         try:
-            await conn._handshake(connect_timeout_s)
+            await conn._handshake(settings.connect_timeout_s)
         except BaseException:
             conn.close()
             raise
         return conn
 
     async def _handshake(self, timeout_s: float) -> None:
-        resp: ApiVersionsResponse = await self.request(ApiVersionsRequest(), timeout_s=timeout_s)
-        theirs = {r.api_key: r for r in resp.apis}
-        versions: dict[int, int] = {}
-        for key, spec in APIS.items():
-            r = theirs.get(key)
-            if r is None:
-                continue
-            v = min(spec.max_version, r.max_version)
-            if v >= max(spec.min_version, r.min_version):
-                versions[key] = v
-        self._codec.set_versions(versions)
+        resp: ApiVersionsResponse = await self.request(handshake_request(), timeout_s=timeout_s)
+        self._codec.set_versions(agree_versions(resp))
         self.broker_id = resp.broker_id
         self.server_version = resp.server_version
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
 
     @property
     def closed(self) -> bool:

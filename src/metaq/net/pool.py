@@ -1,30 +1,42 @@
 """Connections to brokers: one shared connection per (broker address, channel), reopened on demand.
 
 Replies on a connection come back in request order, so one slow request (a long-polling fetch) holds
-back every reply behind it. Callers keep such traffic apart with *channels*: the producer sends on
-``"produce"``, short requests (metadata, admin, offsets, non-waiting fetches) on ``"default"``, and a
-long-polling iterator gets a connection of its own (:meth:`ConnectionPool.connect`).
+back every reply behind it. Callers keep such traffic apart with *channels*: the client's producers
+send on ``"produce"``, short requests (metadata, admin, offsets, non-waiting fetches) go on
+``"default"``, and a long-polling iterator gets a connection of its own (:meth:`ConnectionPool.connect`).
 
 A closed connection is not reopened in the background: the next request that needs it reconnects,
-trying ``reconnect_attempts`` times with exponential backoff and jitter before it fails.
+with the pool's :class:`~metaq.net.retry.RetryPolicy` (the client's: ``reconnect_attempts`` attempts,
+exponential backoff with jitter) before it fails.
+
+The pool also knows the servers it was given (:class:`~metaq.net.discovery.ServerBook`): every
+connection it opens to one of them records the broker id that answered there, and it walks them for
+the first that answers (:meth:`ConnectionPool.first_answering`) or reaches all that have not answered
+yet (:meth:`ConnectionPool.reach`), which is how a standalone broker's id is found.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Sequence
 
-from metaq.client.config import ClientConfig
-from metaq.client.connection import BrokerConnection
-from metaq.client.exceptions import ClientClosedError
-from metaq.errors import ConnectionClosedError
-from metaq.net.retry import Random
+from metaq.errors import ClientClosedError, ConnectionClosedError, MetaqError
+from metaq.net.codec import ConnectionSettings
+from metaq.net.connection import BrokerConnection
+from metaq.net.discovery import WALK_ERRORS, ServerBook, WalkFailures
+from metaq.net.retry import Random, RetryPolicy
 from metaq.net.servers import Address
 
 
 class ConnectionPool:
-    def __init__(self, config: ClientConfig, *, rand: Random = random.random) -> None:
-        self.config = config
+    """Connections opened with ``settings``, retried under ``retry``; ``servers``: the bootstrap list."""
+
+    def __init__(self, settings: ConnectionSettings, retry: RetryPolicy, servers: Sequence[Address] = (), *,
+                 rand: Random = random.random) -> None:
+        self.settings = settings
+        self.retry = retry
+        self.servers = ServerBook(servers)
         self._conns: dict[tuple[Address, str], BrokerConnection] = {}
         self._connecting: dict[tuple[Address, str], asyncio.Task[BrokerConnection]] = {}
         self._dedicated: set[BrokerConnection] = set()
@@ -73,21 +85,43 @@ class ConnectionPool:
         return conn
 
     async def _open(self, address: Address) -> BrokerConnection:
-        cfg = self.config
-        backoff = cfg.reconnect_retry().start(rand=self._rand)
+        backoff = self.retry.start(rand=self._rand)
         while True:
             if self._closed:
                 raise ClientClosedError("the session is closed")
             try:
-                return await BrokerConnection.open(
-                    address[0], address[1], client_id=cfg.client_id, connect_timeout_s=cfg.connect_timeout_s,
-                    request_timeout_s=cfg.request_timeout_s, max_in_flight=cfg.max_in_flight,
-                    max_frame_bytes=cfg.max_frame_bytes, write_buffer_high_bytes=cfg.write_buffer_high_bytes)
+                conn = await BrokerConnection.open(address, self.settings)
             except ConnectionClosedError as exc:
                 delay = backoff.next_delay_s()
                 if delay is None:
                     raise ConnectionClosedError(f"{exc} (gave up after {backoff.failures} attempts)") from exc
-            await asyncio.sleep(delay)
+                await asyncio.sleep(delay)
+                continue
+            self.servers.learn(address, conn.broker_id)
+            return conn
+
+    async def first_answering(self, addresses: Sequence[Address] | None = None, channel: str = "default", *,
+                              failed: Sequence[MetaqError] = ()) -> tuple[Address, BrokerConnection]:
+        """The first of ``addresses`` (default: every server, in order) whose shared connection can be had.
+
+        A server that cannot be reached or refuses the connection is passed over; when none answers,
+        the error names each, after the ``failed`` attempts the caller made before
+        (:class:`~metaq.net.discovery.WalkFailures`).
+        """
+        failures = WalkFailures(self.servers.text)
+        for exc in failed:
+            failures.add(exc)
+        for address in self.servers.servers if addresses is None else addresses:
+            try:
+                return address, await self.get(address, channel)
+            except WALK_ERRORS as exc:
+                failures.add(exc)
+        raise failures.error()
+
+    async def reach(self, addresses: Sequence[Address]) -> list[BrokerConnection | BaseException]:
+        """The shared default connection of each address, all opened at once (their broker ids are
+        learnt); a failure is returned in its place, not raised."""
+        return list(await asyncio.gather(*(self.get(a) for a in addresses), return_exceptions=True))
 
     def close(self) -> None:
         self._closed = True
