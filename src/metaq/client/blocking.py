@@ -1,8 +1,8 @@
-"""A blocking metaq client: one plain socket per broker, driven by the sans-IO :class:`ClientConnection`.
+"""A blocking metaq client: request helpers and routing over :mod:`metaq.net.blocking`'s connections.
 
 It exists for places where an event loop is a nuisance: Spark executors (one short task, one thread,
 forked Python workers), scripts and tests. It speaks exactly the protocol the asyncio client speaks,
-because it drives the same codec.
+because its connections drive the same codec with the same handshake and error replies.
 
 Requests on one connection are answered in order, so pipelining is simply "write several frames, then
 read as many replies" (:meth:`BlockingClient.request_many`, :meth:`BlockingClient.produce_many`), with a
@@ -18,7 +18,6 @@ servers when it is first needed. A bare partition number is accepted where exact
 
 from __future__ import annotations
 
-import socket
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -32,17 +31,16 @@ from metaq.errors import (
     InvalidArgument,
     MetaqError,
     RequestTimeoutError,
-    TooManyConnectionsError,
     UnknownPartitionError,
     UnknownServerError,
     UnknownTopicError,
     error_for_code,
 )
-from metaq.net.servers import DEFAULT_SERVERS, parse_servers
-from metaq.protocol.codec import ClientConnection, ResponseEvent
+from metaq.net.blocking import BlockingConnection, BlockingPool
+from metaq.net.codec import ConnectionSettings, raise_for_error
+from metaq.net.servers import DEFAULT_SERVERS, Address, parse_servers
+from metaq.protocol.codec import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_IN_FLIGHT
 from metaq.protocol.messages import (
-    ApiVersionsRequest,
-    ApiVersionsResponse,
     FetchRequest,
     FetchResponse,
     ListOffsetsRequest,
@@ -57,16 +55,6 @@ from metaq.types import PartitionId, PartitionKey, partition_key
 
 DEFAULT_WINDOW = 16
 """Requests written ahead of their replies in the pipelined calls."""
-_RECV_BYTES = 1 << 20
-
-
-def check_response(response: Any, what: str = "") -> Any:
-    """Raise the metaq error a response carries (with ``what`` in front of the broker's message)."""
-    code = response.error_code
-    if code != NONE:
-        message = response.error_message or ""
-        raise error_for_code(code, f"{what}: {message}" if what else message, response)
-    return response
 
 
 def _describe(request: Any) -> str:
@@ -88,70 +76,6 @@ class ProduceItem:
     records: bytes
 
 
-class _Link:
-    """One socket to one broker plus the codec state for it."""
-
-    def __init__(self, host: str, port: int, client_id: str, timeout_s: float) -> None:
-        self.address = f"{host}:{port}"
-        self.timeout_s = timeout_s
-        self.sock = socket.create_connection((host, port), timeout=timeout_s)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.conn = ClientConnection(client_id)
-        self.broker_id = -1
-        self.closed = False
-
-    def handshake(self, client_software: str) -> ApiVersionsResponse:
-        response: ApiVersionsResponse = check_response(self.call(ApiVersionsRequest(client_software)),
-                                                       f"ApiVersions with {self.address}")
-        self.conn.set_versions({r.api_key: r.max_version for r in response.apis})
-        self.broker_id = response.broker_id
-        return response
-
-    def send(self, request: Any, expect_response: bool = True) -> None:
-        _cid, data = self.conn.send(request, expect_response=expect_response)
-        try:
-            self.sock.sendall(data)
-        except TimeoutError:
-            self.close()
-            raise RequestTimeoutError(f"writing to broker {self.address} took longer than {self.timeout_s}s") from None
-        except OSError as exc:
-            self.close()
-            raise ConnectionClosedError(f"connection to broker {self.address} failed: {exc}") from None
-
-    def receive(self) -> Any:
-        """The response to the oldest request in flight."""
-        while True:
-            event = self.conn.next_event()
-            if isinstance(event, ResponseEvent):
-                return event.response
-            try:
-                data = self.sock.recv(_RECV_BYTES)
-            except TimeoutError:
-                self.close()
-                raise RequestTimeoutError(
-                    f"broker {self.address} sent no reply within {self.timeout_s}s") from None
-            except OSError as exc:
-                self.close()
-                raise ConnectionClosedError(f"connection to broker {self.address} failed: {exc}") from None
-            if not data:
-                self.close()
-                raise ConnectionClosedError(f"broker {self.address} closed the connection")
-            self.conn.receive_data(data)
-
-    def call(self, request: Any) -> Any:
-        self.send(request)
-        return self.receive()
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            try:
-                self.sock.close()
-            except OSError:
-                pass
-            self.conn.clear()
-
-
 class BlockingClient:
     """A synchronous metaq client on plain sockets (see the module docstring).
 
@@ -165,100 +89,46 @@ class BlockingClient:
         self.servers = servers
         self.client_id = client_id
         self.timeout_s = timeout_s
-        self._addresses = parse_servers(servers)
-        self._links: dict[int, _Link] = {}
-        self._brokers: dict[int, tuple[str, int]] = {}
-        """broker id -> the address to reach it at (a server it answered on, else the advertised one)."""
-        self._reached: set[tuple[str, int]] = set()
+        settings = ConnectionSettings(client_id, timeout_s, timeout_s, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_FRAME_BYTES)
+        self._pool = BlockingPool(settings, parse_servers(servers))
+        self._advertised: dict[int, Address] = {}
+        """broker id -> the address metadata gives for it (used when no server answered as that id)."""
         self._partitions: dict[str, list[PartitionId]] = {}
         """topic -> its partitions (every broker's), from the last metadata asked."""
-        self._bootstrap = self._connect_any()
-        self.broker_id = self._bootstrap.broker_id
-        self._adopt(self._bootstrap)
+        self._bootstrap_address, bootstrap = self._pool.first_answering()
+        self.broker_id = bootstrap.broker_id
 
     # -- connections --------------------------------------------------------------------------
 
-    def _open(self, host: str, port: int) -> _Link:
-        """A handshaken link to one server (OSError or the broker's MetaqError if it cannot be had)."""
-        link = _Link(host, port, self.client_id, self.timeout_s)
-        try:
-            link.handshake(self.client_id)
-        except BaseException:
-            link.close()
-            raise
-        return link
+    def _bootstrap(self) -> BlockingConnection:
+        """The bootstrap broker's connection: reopened, or the first server that answers now."""
+        conn = self._pool.cached(self._bootstrap_address)
+        if conn is None:
+            self._bootstrap_address, conn = self._pool.first_answering()
+            self.broker_id = conn.broker_id
+        return conn
 
-    def _adopt(self, link: _Link) -> None:
-        host, _, port = link.address.rpartition(":")
-        self._reached.add((host, int(port)))
-        if link.broker_id >= 0:
-            self._brokers[link.broker_id] = (host, int(port))
-            old = self._links.get(link.broker_id)
-            if old is not None and old is not link and not old.closed and old is not self._bootstrap:
-                old.close()
-            self._links[link.broker_id] = link
-
-    def _connect_any(self) -> _Link:
-        failures: list[str] = []
-        refusals = 0
-        for host, port in self._addresses:
-            try:
-                link = self._open(host, port)
-            except OSError as exc:
-                failures.append(f"{host}:{port} ({exc.strerror or exc})")
-                continue
-            except MetaqError as exc:
-                failures.append(f"{host}:{port} ({exc})")
-                refusals += isinstance(exc, TooManyConnectionsError)
-                continue
-            return link
-        if refusals == len(failures):  # every broker is up but full: say so, it is not a network problem
-            raise TooManyConnectionsError(
-                f"every metaq broker in servers={self.servers!r} refused the connection: {'; '.join(failures)}")
-        raise ConnectionClosedError(
-            f"cannot reach any metaq broker in servers={self.servers!r}: {'; '.join(failures)}")
-
-    def _bootstrap_link(self) -> _Link:
-        if self._bootstrap.closed:
-            self._bootstrap = self._connect_any()
-            self.broker_id = self._bootstrap.broker_id
-            self._adopt(self._bootstrap)
-        return self._bootstrap
-
-    def _link_for_broker(self, broker_id: int) -> _Link:
+    def _connection(self, broker_id: int) -> BlockingConnection:
         """The connection to broker ``broker_id``: open, reopened, or found among the servers."""
-        link = self._links.get(broker_id)
-        if link is not None and not link.closed:
-            return link
         if broker_id == self.broker_id:
-            return self._bootstrap_link()
-        address = self._brokers.get(broker_id)
+            return self._bootstrap()
+        address = self._pool.servers.address(broker_id) or self._advertised.get(broker_id)
         if address is not None:
             try:
-                link = self._open(*address)
-            except OSError as exc:
-                raise ConnectionClosedError(f"cannot reach broker {broker_id} at {address[0]}:{address[1]}: "
-                                            f"{exc}") from None
-            self._adopt(link)
-            return link
-        for host, port in self._addresses:  # a standalone broker is known only by the server it is at
-            if (host, port) in self._reached:
-                continue
-            try:
-                link = self._open(host, port)
-            except (OSError, MetaqError):
-                continue
-            self._adopt(link)
-            if link.broker_id == broker_id:
-                return link
-        raise UnknownServerError(f"broker {broker_id} is not among the servers {self.servers!r} that answered")
+                return self._pool.get(address)
+            except ConnectionClosedError as exc:
+                raise ConnectionClosedError(f"cannot reach broker {broker_id}: {exc}") from None
+        conn = self._pool.find(broker_id)  # a standalone broker is known only by the server it is at
+        if conn is None:
+            raise UnknownServerError(f"broker {broker_id} is not among the servers {self.servers!r} that answered")
+        return conn
 
-    def _route(self, topic: str, partition: PartitionKey) -> tuple[_Link, int]:
+    def _route(self, topic: str, partition: PartitionKey) -> tuple[BlockingConnection, int]:
         """The connection to a partition's broker and its number there (-1: the bootstrap broker picks)."""
         if partition == -1:
-            return self._bootstrap_link(), -1
+            return self._bootstrap(), -1
         pid = self.resolve(topic, partition)
-        return self._link_for_broker(pid.broker_id), pid.partition
+        return self._connection(pid.broker_id), pid.partition
 
     def resolve(self, topic: str, partition: PartitionKey) -> PartitionId:
         """The PartitionId a PartitionId, ``"b-p"`` or bare number names (a number must be unambiguous:
@@ -266,7 +136,7 @@ class BlockingClient:
         key = partition_key(partition)
         if isinstance(key, PartitionId):
             return key
-        if len(self._addresses) == 1 and len(self._brokers) <= 1:
+        if len(self._pool.servers.servers) == 1 and self._advertised.keys() <= {self.broker_id}:
             # The common case (one broker): every number is its own, no metadata round trip.
             return PartitionId(self.broker_id, key)
         cached = self._partitions.get(topic)
@@ -284,8 +154,8 @@ class BlockingClient:
 
     def request(self, request: Any, *, broker_id: int | None = None) -> Any:
         """Send one request and return its response; a non-zero error code raises."""
-        link = self._bootstrap_link() if broker_id is None else self._link_for_broker(broker_id)
-        return check_response(link.call(request), _describe(request))
+        conn = self._bootstrap() if broker_id is None else self._connection(broker_id)
+        return raise_for_error(conn.call(request), _describe(request))
 
     def request_many(self, requests: Iterable[Any], *, window: int = DEFAULT_WINDOW,
                      check: bool = True) -> Iterator[Any]:
@@ -295,33 +165,33 @@ class BlockingClient:
         error response raises -- after every reply still in flight has been read, so the
         connection stays usable.
         """
-        yield from self._pipeline(((self._bootstrap_link(), r) for r in requests), window, check)
+        yield from self._pipeline(((self._bootstrap(), r) for r in requests), window, check)
 
-    def _pipeline(self, items: Iterable[tuple[_Link, Any]], window: int, check: bool) -> Iterator[Any]:
+    def _pipeline(self, items: Iterable[tuple[BlockingConnection, Any]], window: int, check: bool) -> Iterator[Any]:
         if window < 1:
             raise InvalidArgument(f"window must be >= 1; got {window}")
-        pending: deque[tuple[_Link, Any]] = deque()
+        pending: deque[tuple[BlockingConnection, Any]] = deque()
         error: BaseException | None = None
 
         def collect() -> Any:
             nonlocal error
-            link, req = pending.popleft()
-            resp = link.receive()
+            conn, req = pending.popleft()
+            resp = conn.receive()
             if check and resp.error_code != NONE and error is None:
                 try:
-                    check_response(resp, _describe(req))
+                    raise_for_error(resp, _describe(req))
                 except BrokerError as exc:
                     error = exc
             return resp
 
         try:
-            for link, req in items:
+            for conn, req in items:
                 if error is not None:
                     break
-                if link.closed:
-                    link = self._link_for_broker(link.broker_id)
-                link.send(req)
-                pending.append((link, req))
+                if conn.closed:
+                    conn = self._connection(conn.broker_id)
+                conn.send(req)
+                pending.append((conn, req))
                 while len(pending) >= window:
                     resp = collect()
                     if error is None:
@@ -333,8 +203,8 @@ class BlockingClient:
         finally:
             # A consumer that stops early (or an exception) leaves replies in flight: the codec
             # would then mismatch correlation ids, so drop those connections.
-            for link, _req in pending:
-                link.close()
+            for conn, _req in pending:
+                conn.close()
         if error is not None:
             raise error
 
@@ -343,27 +213,22 @@ class BlockingClient:
     def metadata(self, topics: list[str] | None = None) -> MetadataResponse:
         """Brokers and topics, merged from every server (those that fail are left out unless all do);
         remembers each topic's partitions for routing."""
-        if len(self._addresses) == 1:
+        if len(self._pool.servers.servers) == 1:
             response: MetadataResponse = self.request(MetadataRequest(topics))
         else:
             answers: dict[int, MetadataResponse] = {}
             errors: list[MetaqError] = []
-            for host, port in self._addresses:
-                link = next((li for li in self._links.values() if li.address == f"{host}:{port}" and not li.closed),
-                            None)
+            for address in self._pool.servers.servers:
                 try:
-                    if link is None:
-                        link = self._open(host, port)
-                        self._adopt(link)
-                    answers.setdefault(link.broker_id, check_response(link.call(MetadataRequest(topics)), "Metadata"))
-                except (OSError, ConnectionClosedError, RequestTimeoutError, BrokerError) as exc:
-                    errors.append(exc if isinstance(exc, MetaqError) else ConnectionClosedError(
-                        f"cannot reach metaq broker {host}:{port}: {exc}"))
+                    conn = self._pool.get(address)
+                    answers.setdefault(conn.broker_id, raise_for_error(conn.call(MetadataRequest(topics)), "Metadata"))
+                except (ConnectionClosedError, RequestTimeoutError, BrokerError) as exc:
+                    errors.append(exc)
             if not answers:
                 raise errors[0]
             response = merge_metadata(sorted(answers.items()))
         for b in response.brokers:
-            self._brokers.setdefault(b.broker_id, (b.host, b.port))
+            self._advertised.setdefault(b.broker_id, (b.host, b.port))
         for t in response.topics:
             self._partitions[t.name] = sorted(PartitionId(p.broker_id, p.partition) for p in t.partitions
                                               if p.error_code == NONE)
@@ -388,9 +253,9 @@ class BlockingClient:
 
     def list_offsets(self, topic: str, partition: PartitionKey, timestamp_ms: int) -> ListOffsetsResponse:
         """-2 earliest, -1 latest (the next offset to be written), else the first offset at or after it."""
-        link, number = self._route(topic, partition)
-        return check_response(link.call(ListOffsetsRequest(topic, number, timestamp_ms)),
-                              f"ListOffsets {topic}:{link.broker_id}-{number}")
+        conn, number = self._route(topic, partition)
+        return raise_for_error(conn.call(ListOffsetsRequest(topic, number, timestamp_ms)),
+                              f"ListOffsets {topic}:{conn.broker_id}-{number}")
 
     def list_offsets_many(self, topic: str, partitions: Iterable[PartitionKey],
                           timestamp_ms: int) -> dict[PartitionKey, ListOffsetsResponse]:
@@ -399,26 +264,26 @@ class BlockingClient:
         parts = list(partitions)
         items = []
         for p in parts:
-            link, number = self._route(topic, p)
-            items.append((link, ListOffsetsRequest(topic, number, timestamp_ms)))
+            conn, number = self._route(topic, p)
+            items.append((conn, ListOffsetsRequest(topic, number, timestamp_ms)))
         return dict(zip(parts, self._pipeline(items, max(1, len(items)), True), strict=True))
 
     def fetch(self, topic: str, partition: PartitionKey, offset: int, max_bytes: int,
               max_wait_ms: int = 0) -> FetchResponse:
         """Raw batches from ``offset`` (the first may start before it; the last may be cut off)."""
-        link, number = self._route(topic, partition)
-        response = link.call(FetchRequest(topic, number, offset, max_bytes, max_wait_ms))
-        return check_response(response, f"Fetch {topic}:{link.broker_id}-{number} at offset {offset}")
+        conn, number = self._route(topic, partition)
+        response = conn.call(FetchRequest(topic, number, offset, max_bytes, max_wait_ms))
+        return raise_for_error(response, f"Fetch {topic}:{conn.broker_id}-{number} at offset {offset}")
 
     def produce(self, topic: str, partition: PartitionKey, batch_bytes: bytes, acks: int = 1,
                 timeout_ms: int | None = None) -> ProduceResponse | None:
         """Append one record batch; None with ``acks=0`` (the broker does not answer)."""
-        link, number = self._route(topic, partition)
+        conn, number = self._route(topic, partition)
         request = ProduceRequest(topic, number, acks, self._timeout_ms(timeout_ms), batch_bytes)
         if acks == 0:
-            link.send(request, expect_response=False)
+            conn.send(request, expect_response=False)
             return None
-        return check_response(link.call(request), f"Produce {topic}:{link.broker_id}-{number}")
+        return raise_for_error(conn.call(request), f"Produce {topic}:{conn.broker_id}-{number}")
 
     def produce_many(self, items: Iterable[ProduceItem | tuple[str, PartitionKey, bytes]], acks: int = 1,
                      window: int = DEFAULT_WINDOW, timeout_ms: int | None = None) -> list[ProduceResponse]:
@@ -435,16 +300,16 @@ class BlockingClient:
         """:meth:`produce_many` yielding each reply as it arrives (nothing is sent until iterated)."""
         tmo = self._timeout_ms(timeout_ms)
 
-        def requests() -> Iterator[tuple[_Link, ProduceRequest]]:
+        def requests() -> Iterator[tuple[BlockingConnection, ProduceRequest]]:
             for item in items:
                 topic, partition, records = item if isinstance(item, tuple) else (
                     item.topic, item.partition, item.records)
-                link, number = self._route(topic, partition)
-                yield link, ProduceRequest(topic, number, acks, tmo, records)
+                conn, number = self._route(topic, partition)
+                yield conn, ProduceRequest(topic, number, acks, tmo, records)
 
         if acks == 0:
-            for link, req in requests():
-                link.send(req, expect_response=False)
+            for conn, req in requests():
+                conn.send(req, expect_response=False)
             return
         yield from self._pipeline(requests(), window, True)
 
@@ -454,11 +319,7 @@ class BlockingClient:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        for link in list(self._links.values()):
-            link.close()
-        self._bootstrap.close()
-        self._links.clear()
-        self._reached.clear()
+        self._pool.close()
 
     def __enter__(self) -> BlockingClient:
         return self

@@ -125,7 +125,8 @@ class BrokerConnection:
         return conn
 
     async def _handshake(self, timeout_s: float) -> None:
-        resp: ApiVersionsResponse = await self.request(handshake_request(), timeout_s=timeout_s)
+        resp: ApiVersionsResponse = raise_for_error(await self.submit(handshake_request(), timeout_s),
+                                                    f"broker {self.address}")
         self._codec.set_versions(agree_versions(resp))
         self.broker_id = resp.broker_id
         self.server_version = resp.server_version

@@ -7,7 +7,7 @@ pools keep a :class:`ServerBook` of what they learnt and walk the servers the sa
 :class:`metaq.net.blocking.BlockingPool`'s):
 
 - the *first answering* server, in the order given, is where a client starts; a server that cannot be
-  reached or refuses the connection is passed over, and when none answers the error names every
+  reached, does not answer or refuses the connection is passed over, and when none answers the error names every
   server with its reason -- :class:`~metaq.errors.TooManyConnectionsError` when every one of them
   refused for being full (a busy cluster, not a network problem), else
   :class:`~metaq.errors.ConnectionClosedError`;
@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from metaq.errors import ConnectionClosedError, MetaqError, TooManyConnectionsError
+from metaq.errors import BrokerError, ConnectionClosedError, MetaqError, RequestTimeoutError, TooManyConnectionsError
 from metaq.net.servers import Address, format_servers
 
-WALK_ERRORS = (ConnectionClosedError, TooManyConnectionsError)
-"""What passes a server over during a walk; anything else (a bug, a cancel) stops it."""
+WALK_ERRORS = (ConnectionClosedError, RequestTimeoutError, BrokerError)
+"""What passes a server over during a walk: it cannot be reached, does not answer the handshake in
+time, or refuses the connection. Anything else (local misuse, a closed client, a cancel) stops the walk."""
 
 
 class ServerBook:
