@@ -27,6 +27,7 @@ from typing import Any
 
 from metaq.broker.launcher import BrokerLauncher
 from metaq.client import connect
+from metaq.devcluster import DetachedBroker
 from metaq.errors import TopicExistsError
 from metaq.logging import MetaqHandler
 from metaq.pipeline.generator import EventGenerator, LiveGenerator, log_event, punctuation
@@ -72,33 +73,6 @@ logger.hostname.level = error
 logger.native.name = org.apache.hadoop.util.NativeCodeLoader
 logger.native.level = error
 """
-
-
-_DETACHED_BROKER = """\
-import os, runpy, signal, threading, time
-os.setsid()
-parent = os.getppid()
-def watch():
-    while os.getppid() == parent:
-        time.sleep(1)
-    os.kill(os.getpid(), signal.SIGTERM)
-threading.Thread(target=watch, daemon=True).start()
-runpy.run_module("metaq.broker", run_name="__main__", alter_sys=True)
-"""
-
-
-class DetachedBroker(BrokerLauncher):
-    """A broker process in its own session, so that the terminal's Ctrl-C reaches only the demo.
-
-    The demo then stops the broker last, after the Spark queries have read what arrived. Being out of
-    the terminal's process group, the broker also watches its parent: if the demo dies without
-    stopping it (kill -9), it stops itself (SIGTERM: flush and close) within a second.
-    """
-
-    def command(self) -> list[str]:
-        cmd = super().command()
-        assert cmd[1:3] == ["-m", "metaq.broker"], cmd
-        return [cmd[0], "-c", _DETACHED_BROKER, *cmd[3:]]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
