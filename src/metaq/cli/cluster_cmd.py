@@ -1,10 +1,14 @@
-"""`metaq cluster up`: a local dev cluster in the foreground. Parsing and printing only; the
-orchestration is :class:`metaq.devcluster.DevCluster`."""
+"""`metaq cluster` (what ZooKeeper says of a cluster) and `metaq cluster up` (a local dev cluster in the
+foreground). Parsing and printing only: :mod:`metaq.client.cluster_status` reads the cluster,
+:class:`metaq.devcluster.DevCluster` runs one."""
 
 from __future__ import annotations
 
+import json
+import logging
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +17,7 @@ import click
 from metaq.cli.text import plural
 
 if TYPE_CHECKING:
+    from metaq.client.cluster_status import ClusterStatus
     from metaq.devcluster import DevCluster
 
 DEFAULT_CLUSTER_DIR = "metaq-cluster"
@@ -21,11 +26,79 @@ DEFAULT_BROKER_PORT = 8123
 
 
 @click.group("cluster", invoke_without_command=True)
+@click.option("-z", "--zk-connect", default=f"127.0.0.1:{DEFAULT_ZK_PORT}", show_default=True,
+              envvar="METAQ_ZK_CONNECT", help="ZooKeeper, host:port[,host:port] (env METAQ_ZK_CONNECT).")
+@click.option("--zk-root", default="/meta", show_default=True, envvar="METAQ_ZK_ROOT",
+              help="The cluster's ZooKeeper root (env METAQ_ZK_ROOT).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0.1), default=10.0, show_default=True,
+              help="Seconds to wait for ZooKeeper and for each broker.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def cluster_group(ctx: click.Context) -> None:
-    """A cluster of brokers registered in ZooKeeper: `metaq cluster up` runs one on this machine."""
-    if ctx.invoked_subcommand is None:
-        click.echo(ctx.get_help())
+def cluster_group(ctx: click.Context, zk_connect: str, zk_root: str, timeout_s: float, as_json: bool) -> None:
+    """A cluster of brokers registered in ZooKeeper. Without a command: what ZooKeeper says of it.
+
+    Brokers and their roles, topics with their partitions per broker, consumer groups with their
+    members, the owner of each partition and its lag (log end offset, asked of the partition's
+    broker, minus the group's committed offset). `metaq cluster up` runs a cluster on this machine.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from metaq.client.cluster_status import read_cluster_status
+    from metaq.errors import MetaqError
+
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # its reconnection chatter; failures are ours to say
+    try:
+        status = read_cluster_status(zk_connect, zk_root, timeout_s=timeout_s)
+    except MetaqError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(status.to_json()))
+    else:
+        _print_status(status)
+    for problem in status.problems:
+        click.echo(f"warning: {problem}", err=True)
+
+
+def _print_status(status: ClusterStatus) -> None:
+    click.echo(f"ZooKeeper {status.zk_connect}, root {status.zk_root}")
+    click.echo("")
+    if not status.brokers:
+        click.echo(f"no broker is registered under {status.zk_root}")
+    else:
+        click.echo(f"{plural(len(status.brokers), 'broker')}")
+        rows = [[str(b.broker_id), "master", b.master or "(none)"] for b in status.brokers]
+        rows += [[str(b.broker_id), f"slave{s}", a] for b in status.brokers for s, a in b.slaves.items()]
+        _table(["id", "role", "address"], sorted(rows, key=lambda r: (int(r[0]), r[1] != "master", r[1])))
+    click.echo("")
+    click.echo(f"{plural(len(status.topics), 'topic')}" + (" (partitions per broker: publish/subscribe)"
+                                                          if status.topics else ""))
+    if status.topics:
+        ids = sorted({b for t in status.topics for b in (*t.publish, *t.subscribe)})
+        _table(["topic", "partitions", *(f"broker {b}" for b in ids)],
+               [[t.topic, str(t.partitions), *(f"{t.publish.get(b, '-')}/{t.subscribe.get(b, '-')}"
+                                                if b in t.publish or b in t.subscribe else "" for b in ids)]
+                for t in status.topics])
+    click.echo("")
+    click.echo(f"{plural(len(status.groups), 'consumer group')}")
+    for g in status.groups:
+        click.echo("")
+        click.echo(f"group {g.group}: {plural(len(g.members), 'member')}, lag {g.lag:,}")
+        for member, topics in g.members.items():
+            click.echo(f"  member {member}  ({', '.join(topics) or 'no topics'})")
+        if g.partitions:
+            _table(["topic", "partition", "owner", "committed", "log end", "lag"],
+                   [[p.topic, str(p.partition), p.owner or "-", _num(p.committed), _num(p.log_end), _num(p.lag)]
+                    for p in g.partitions], indent="  ")
+
+
+def _num(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _table(header: list[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> None:
+    widths = [max(len(str(x)) for x in column) for column in zip(header, *rows, strict=True)]
+    for row in [header, *rows]:
+        click.echo(indent + "  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)).rstrip())
 
 
 @cluster_group.command("up")

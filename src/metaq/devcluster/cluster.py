@@ -219,6 +219,8 @@ class DevCluster:
                 return
             received.append(signum)
             stop.set()
+            report(f"{signal.Signals(signum).name}: stopping the brokers (SIGTERM: deregister, drain, flush), "
+                   "then ZooKeeper ...")
 
         handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         previous = {sig: signal.signal(sig, on_signal) for sig in handled}
@@ -233,8 +235,6 @@ class DevCluster:
                     stop.set()
             if received:
                 code = EXIT_INTERRUPTED if received[0] == signal.SIGINT else 0
-                report(f"{signal.Signals(received[0]).name}: stopping the brokers (SIGTERM: deregister, drain, "
-                       "flush), then ZooKeeper ...")
             self.stop()
             report("stopped")
         finally:
