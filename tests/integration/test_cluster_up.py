@@ -15,37 +15,10 @@ from cli_process import CliProcess, assert_quiet_interrupt, metaq
 from metaq.client import Message, connect
 from metaq.cluster.zookeeper import ZooKeeperRegistry
 from metaq.testing import wait_until
+from metaq.testing.processes import alive, processes_using
 from metaq.types import PartitionId as P
 
 LINE = re.compile(r"^(ZooKeeper|broker (\d+))\s+(\S+)\s+pid (\d+)")
-
-
-def _running(proc_dir: Path) -> bool:
-    """The process exists and is not a zombie (an orphan's zombie stays until PID 1 reaps it, which a
-    container's PID 1 may never do)."""
-    try:
-        return (proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def processes_using(directory: Path) -> list[str]:
-    """Running processes whose command line names ``directory`` (ZooKeeper's config, a broker's data)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if str(directory) in cmdline and _running(entry):
-            found.append(f"{entry.name}: {cmdline[:200]}")
-    return found
-
-
-def alive(pid: int) -> bool:
-    return _running(Path("/proc", str(pid)))
 
 
 def start_cluster(directory: Path, *args: str) -> tuple[CliProcess, dict[str, tuple[str, int]]]:
@@ -124,9 +97,8 @@ def test_a_killed_cluster_up_takes_zookeeper_and_its_brokers_with_it(tmp_path: P
     directory = tmp_path / "cluster"
     proc, running = start_cluster(directory, "--brokers", "2")
     proc.kill()  # SIGKILL: no chance to stop anything
-    wait_until(lambda: not processes_using(directory), 30,
-               message="ZooKeeper (parent-death signal) and the brokers (they watch their parent) to stop")
-    assert not [pid for _, pid in running.values() if alive(pid)]
+    wait_until(lambda: not processes_using(directory) and not [pid for _, pid in running.values() if alive(pid)],
+               30, message="ZooKeeper (parent-death signal) and the brokers (they watch their parent) to stop")
 
 
 def test_without_zookeeper_installed_it_says_how_to_get_it(tmp_path: Path) -> None:
