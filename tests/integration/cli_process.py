@@ -16,10 +16,11 @@ METAQ = str(Path(sys.executable).with_name("metaq"))
 """The console script installed in the venv the tests run in."""
 
 
-def metaq(*args: str, input: str | None = None, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run a command to its end."""
+def metaq(*args: str, input: str | None = None, timeout_s: float = 60,
+          env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a command to its end (``env``: the environment, default this process's)."""
     return subprocess.run([METAQ, *args], capture_output=True, text=True, timeout=timeout_s, input=input,
-                          env={**os.environ, "METAQ_SERVERS": ""})
+                          env={**(os.environ if env is None else env), "METAQ_SERVERS": ""})
 
 
 class CliProcess:

@@ -2,6 +2,11 @@
 
 Workers are separate processes (spawned), so the figures include the protocol, the sockets and the
 broker, exactly as a user's producer sees them. Every loop is bounded by a message count and a deadline.
+
+The brokers measured: an embedded broker started for the run (the default), ``servers``, a local
+cluster started for the run (``brokers``: a real ZooKeeper and N brokers in ZooKeeper mode, through
+:class:`metaq.devcluster.DevCluster`), or a running cluster found in ZooKeeper (``zk``). With several
+brokers the topic gets ``partitions`` partitions on each of them and the clients are given every broker.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 
 from metaq.broker.launcher import BrokerLauncher
 from metaq.client.group.bench import children_ignore_sigint
+from metaq.devcluster import DevCluster
 
 _DATA = operator.attrgetter("data")
 FLUSH_MODES = {"group": 0, "sync": 1}
@@ -50,6 +56,11 @@ class BenchSpec:
     """e2e: messages per second the producer offers."""
     compression: str = "none"
     event_loop: str = "uvloop"
+    brokers: int = 0
+    """> 0: start a local cluster of this many brokers in ZooKeeper mode for the run (servers unset)."""
+    zk: str | None = None
+    """A running cluster's ZooKeeper (``host:port``): its registered brokers are measured."""
+    zk_root: str = "/meta"
 
     def flush_threshold(self) -> int:
         if self.flush in FLUSH_MODES:
@@ -200,16 +211,17 @@ async def _consume_worker(spec: BenchSpec, index: int, progress: Any) -> dict[st
 
     got = nbytes = 0
     async with await MessageSessionFactory.connect(spec.servers or "") as session:
-        parts = [p for p in await session.partitions(spec.topic) if p.partition % spec.processes == index]
+        every = await session.partitions(spec.topic)  # of every broker: each process takes every n-th
+        parts = [p for i, p in enumerate(every) if i % spec.processes == index]
         consumer = session.create_pull_consumer()
-        ends = {p.partition: (await consumer.offsets(spec.topic, p))[1] for p in parts}
+        ends = {p: (await consumer.offsets(spec.topic, p))[1] for p in parts}
         start = time.perf_counter()
         deadline = start + spec.duration_s
 
         async def drain(p: Any) -> None:
             nonlocal got, nbytes
             offset = (await consumer.offsets(spec.topic, p))[0]
-            end = ends[p.partition]
+            end = ends[p]
             while offset < end and time.perf_counter() < deadline:
                 result = await consumer.fetcher.fetch(spec.topic, p, offset, max_bytes=1024 * 1024)
                 n = len(result.messages)
@@ -360,23 +372,48 @@ def _preload(spec: BenchSpec, show: _Progress) -> None:
     _run_workers("produce", load, 1, show)
 
 
+def servers_from_zookeeper(zk: str, root: str) -> str:
+    """The masters registered in a cluster's ZooKeeper, ``host:port,...`` (ValueError if none)."""
+    from metaq.cluster.zookeeper import ZooKeeperRegistry  # kazoo only for --zk
+
+    registry = ZooKeeperRegistry(zk, root, connection_timeout_ms=10_000, read_only=True).start()
+    try:
+        servers = registry.snapshot().servers()
+    finally:
+        registry.close()
+    if not servers:
+        raise ValueError(f"no metaq broker is registered in ZooKeeper at {zk} under {root}")
+    return servers
+
+
 def run_bench(spec: BenchSpec, *, progress: bool = False) -> BenchResult:
     if not spec.topic:
         spec.topic = f"bench-{spec.mode}-{os.getpid()}-{int(time.time())}"
     broker = None
+    cluster = None
+    given = spec.servers
     tmp = None
-    if spec.servers is None:
+    if spec.zk is not None:
+        spec.servers = servers_from_zookeeper(spec.zk, spec.zk_root)
+    elif spec.servers is None:
         tmp = tempfile.TemporaryDirectory(prefix="metaq-bench-")
-        broker = BrokerLauncher(os.path.join(tmp.name, "data"),
-                                {"numPartitions": spec.partitions, "unflushThreshold": spec.flush_threshold(),
-                                 "maxTransferSize": 1024 * 1024, "event-loop": spec.event_loop}).start()
-        spec.servers = broker.servers
+        system = {"unflushThreshold": spec.flush_threshold(), "maxTransferSize": 1024 * 1024}
+        if spec.brokers:
+            cluster = DevCluster(os.path.join(tmp.name, "cluster"), spec.brokers, partitions=spec.partitions,
+                                 system=system).start()
+            spec.servers = cluster.servers
+        else:
+            broker = BrokerLauncher(os.path.join(tmp.name, "data"), {"numPartitions": spec.partitions, **system,
+                                                                     "event-loop": spec.event_loop}).start()
+            spec.servers = broker.servers
     try:
-        return _run(spec, progress, broker.servers if broker else spec.servers)
+        return _run(spec, progress, spec.servers or "")
     finally:
         if broker is not None:
             broker.stop()
-            spec.servers = None
+        if cluster is not None:
+            cluster.stop()
+        spec.servers = given
         if tmp is not None:
             tmp.cleanup()
 
@@ -387,10 +424,12 @@ def _create_topic(spec: BenchSpec) -> None:
         from metaq.errors import TopicExistsError
 
         async with await MessageSessionFactory.connect(spec.servers or "") as session:
-            try:
-                await session.admin().create_topic(spec.topic, spec.partitions)
-            except TopicExistsError:
-                pass
+            admin = session.admin()
+            for broker_id in await admin.broker_ids():  # the topic spread over every broker
+                try:
+                    await admin.create_topic(spec.topic, spec.partitions, broker_id=broker_id)
+                except TopicExistsError:
+                    pass
 
     asyncio.run(go())
 

@@ -40,18 +40,21 @@ class BrokerLauncher:
     ``options`` are MetaQ server.ini keys passed as flags (``{"numPartitions": 4}`` →
     ``--numPartitions 4``); ``config_text``, if given, is written to a server.ini beside the data
     directory (:attr:`config_path`) and passed with -f. ``port`` 0 lets the kernel choose. The broker's
-    output (stdout and stderr) is read continuously into :attr:`log_lines`.
+    output (stdout and stderr) is read continuously into :attr:`log_lines`; with ``log_path`` it is
+    appended to that file instead and :attr:`log_lines` keeps only the last lines (a broker that runs
+    for days must not grow a list in its launcher).
     """
 
     def __init__(self, data_dir: str | Path, options: dict[str, Any] | None = None,
                  config_text: str | None = None, port: int = 0, env: dict[str, str] | None = None,
-                 ready_timeout_s: float = 30.0) -> None:
+                 ready_timeout_s: float = 30.0, *, log_path: str | Path | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.options = dict(options or {})
         self.config_text = config_text
         self.requested_port = port
         self.env = env
         self.ready_timeout_s = ready_timeout_s
+        self.log_path = Path(log_path) if log_path is not None else None
         self.proc: subprocess.Popen[str] | None = None
         self.host = "127.0.0.1"
         self.port = 0
@@ -114,15 +117,28 @@ class BrokerLauncher:
         """Called once the process exists, before its ready line (for subclasses that keep records)."""
 
     def _read_output(self, stream: IO[str]) -> None:
-        for line in stream:
-            self.log_lines.append(line.rstrip("\n"))
-            if not self._ready.is_set():
-                match = READY_RE.search(line)
-                if match:
-                    self.host, self.port = match.group(1), int(match.group(2))
-                    self._ready_seen = True
-                    self._ready.set()
+        log = open(self.log_path, "a") if self.log_path is not None else None  # noqa: SIM115 - closed below
+        try:
+            for line in stream:
+                self._take_line(line, log)
+        finally:
+            if log is not None:
+                log.close()
         self._ready.set()  # process ended: unblock start(), which then reports the failure
+
+    def _take_line(self, line: str, log: IO[str] | None) -> None:
+        self.log_lines.append(line.rstrip("\n"))
+        if log is not None:
+            log.write(line)
+            log.flush()
+            if len(self.log_lines) > 2 * OUTPUT_SHOWN_LINES:
+                del self.log_lines[:-OUTPUT_SHOWN_LINES]
+        if not self._ready.is_set():
+            match = READY_RE.search(line)
+            if match:
+                self.host, self.port = match.group(1), int(match.group(2))
+                self._ready_seen = True
+                self._ready.set()
 
     def output(self) -> str:
         """The last OUTPUT_SHOWN_LINES lines of the broker's output."""

@@ -15,12 +15,19 @@ def _common(fn: Any) -> Any:
     options = [
         click.option("-s", "--servers", default=None,
                      help="Brokers to measure; default: start an embedded broker for the run."),
+        click.option("--brokers", type=click.IntRange(1, 16), default=None,
+                     help="Start a local cluster for the run instead: a real ZooKeeper and this many brokers in "
+                          "ZooKeeper mode (--partitions on each)."),
+        click.option("--zk", default=None, metavar="HOST:PORT",
+                     help="Measure the running cluster registered in this ZooKeeper (every broker of it)."),
+        click.option("--zk-root", default="/meta", show_default=True, help="The cluster's ZooKeeper root (--zk)."),
         click.option("--size", type=click.IntRange(8), default=100, show_default=True, help="Message payload bytes."),
         click.option("-n", "--count", type=click.IntRange(1), default=1_000_000, show_default=True,
                      help="Messages to send/read (the run also stops at --duration)."),
         click.option("-d", "--duration", "duration_s", type=click.FloatRange(0.1), default=60.0, show_default=True,
                      help="Upper bound of the measured phase, seconds."),
-        click.option("--partitions", type=click.IntRange(1), default=4, show_default=True),
+        click.option("--partitions", type=click.IntRange(1), default=4, show_default=True,
+                     help="Partitions of the topic on each broker."),
         click.option("--flush", default="group", show_default=True,
                      help="Embedded broker's unflushThreshold: group (0: group commit), sync (1: fsync per "
                           "batch) or a number N."),
@@ -39,17 +46,22 @@ def _common(fn: Any) -> Any:
     return fn
 
 
-def _run(mode: str, as_json: bool, no_progress: bool, **kwargs: Any) -> None:
+def _run(mode: str, as_json: bool, no_progress: bool, brokers: int | None, **kwargs: Any) -> None:
     from metaq.bench.client_bench import BenchSpec, run_bench
 
-    spec = BenchSpec(mode=mode, **kwargs)
-    result = run_bench(spec, progress=not (as_json or no_progress))
+    if sum(x is not None for x in (kwargs["servers"], brokers, kwargs["zk"])) > 1:
+        raise click.UsageError("give at most one of --servers, --brokers and --zk")
+    spec = BenchSpec(mode=mode, brokers=brokers or 0, **kwargs)
+    try:
+        result = run_bench(spec, progress=not (as_json or no_progress))
+    except ValueError as exc:  # --zk: no broker registered
+        raise click.ClickException(str(exc)) from None
     if as_json:
         click.echo(json.dumps(asdict(result)))
         return
     lat = result.latency_ms
-    click.echo(f"{mode} api={result.api} size={spec.size}B partitions={spec.partitions} flush={spec.flush} "
-               f"processes={spec.processes}")
+    click.echo(f"{mode} api={result.api} size={spec.size}B brokers={len(result.broker.split(','))} "
+               f"partitions={spec.partitions} per broker flush={spec.flush} processes={spec.processes}")
     click.echo(f"  {result.messages} messages in {result.seconds:.2f}s: {result.msgs_per_s:,.0f} msg/s, "
                f"{result.mb_per_s:.1f} MB/s" + (f", {result.failures} failed" if result.failures else ""))
     if lat:

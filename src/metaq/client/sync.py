@@ -212,6 +212,9 @@ class SyncAdmin:
     def delete_topic(self, topic: str, *, broker_id: int | None = None) -> None:
         self._lt.run(self.admin.delete_topic(topic, broker_id=broker_id))
 
+    def broker_ids(self) -> list[int]:
+        return self._lt.run(self.admin.broker_ids())
+
     def list_topics(self) -> dict[str, list[Partition]]:
         return self._lt.run(self.admin.list_topics())
 

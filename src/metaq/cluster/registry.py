@@ -81,6 +81,10 @@ class ClusterSnapshot:
         entry = self.brokers.get(broker_id)
         return entry.master if entry is not None else None
 
+    def servers(self) -> str:
+        """Every registered master as ``host:port,...`` in broker id order ('' if none): a client's ``servers``."""
+        return ",".join(str(e.master) for _, e in sorted(self.brokers.items()) if e.master is not None)
+
     def partitions(self, topic: str, *, publish: bool) -> list[PartitionId]:
         """The topic's partitions on brokers that are registered right now, MetaQ's order."""
         entry = self.topics.get(topic)

@@ -65,8 +65,12 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
     """MetaQ's znodes under ``root`` on the ZooKeeper ensemble ``connect`` (``host:port[,host:port]``)."""
 
     def __init__(self, connect: str, root: str = layout.DEFAULT_ROOT, *, session_timeout_ms: int = 30_000,
-                 connection_timeout_ms: int = 30_000, watch_cluster: bool = True) -> None:
+                 connection_timeout_ms: int = 30_000, watch_cluster: bool = True, read_only: bool = False) -> None:
+        """``watch_cluster``: keep the snapshot of brokers and topics; ``read_only``: a reader (``metaq
+        cluster``, the Spark driver) that creates nothing, not even the layout's parent nodes, so that a
+        mistyped root leaves no trace (nodes that do not exist read as empty)."""
         self.connect = connect
+        self.read_only = read_only
         self.paths = Paths(root)
         self.session_timeout_s = session_timeout_ms / 1000
         self.connection_timeout_s = connection_timeout_ms / 1000
@@ -107,8 +111,9 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
                                 f"{self.connection_timeout_s:g}s ({exc or type(exc).__name__})") from None
         self._client.add_listener(self._on_state)
         self._worker.start()
-        for path in (self.paths.broker_ids, self.paths.topics_pub, self.paths.topics_sub, self.paths.consumers):
-            self._client.ensure_path(path)
+        if not self.read_only:
+            for path in (self.paths.broker_ids, self.paths.topics_pub, self.paths.topics_sub, self.paths.consumers):
+                self._client.ensure_path(path)
         if self._watch_cluster:
             self._watch_children(self.paths.broker_ids, self._on_broker_ids)
             self._watch_children(self.paths.topics_pub, lambda topics: self._on_topics(True, topics))
@@ -569,6 +574,38 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
                     self._client.create(path, data, makepath=True)
                 except NodeExistsError:
                     self._client.set(path, data)
+
+    # ------------------------------------------------------------------ reading groups (tools)
+
+    def _children(self, path: str) -> list[str]:
+        try:
+            return sorted(self._client.get_children(path))
+        except NoNodeError:
+            return []
+
+    def groups(self) -> list[str]:
+        """Every consumer group with a node under ``consumers/`` (members, owners or offsets)."""
+        return self._children(self.paths.consumers)
+
+    def group_topics(self, group: str) -> list[str]:
+        """The topics a group owns partitions of or has offsets for."""
+        return sorted(set(self._children(f"{self.paths.group(group)}/owners"))
+                      | set(self._children(f"{self.paths.group(group)}/offsets")))
+
+    def offsets(self, group: str, topic: str) -> dict[PartitionId, int]:
+        """Every committed offset of ``group`` in ``topic`` (partition -> next offset to read)."""
+        path = self.paths.group_offsets(group, topic)
+        out = {}
+        for name in self._children(path):
+            try:
+                partition = PartitionId.parse(name)
+                data, _ = self._client.get(f"{path}/{name}")
+                out[partition] = layout.parse_offset_data(data)[0]
+            except NoNodeError:
+                continue
+            except (InvalidArgument, LayoutError) as exc:
+                self._bad(f"{path}/{name}", str(exc))
+        return dict(sorted(out.items()))
 
     # ------------------------------------------------------------------ tools
 

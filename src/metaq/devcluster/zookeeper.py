@@ -8,16 +8,23 @@ allowed. ``start()`` returns once ``ruok`` answers ``imok`` and ``srvr`` says ``
 again keep the port and the data: what a ZooKeeper restart looks like to its clients.
 
 Set ``METAQ_ZOOKEEPER_CLASSPATH`` to use another installation (a directory of jars or a class path).
+
+``stop_with_parent=True`` (what ``metaq cluster up`` and the demo use) has the kernel send the server
+SIGTERM when the thread that started it dies, even by SIGKILL: the server runs in its own session, out
+of reach of the terminal's signals, and would otherwise outlive a killed parent holding its port.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -34,7 +41,10 @@ def zookeeper_classpath() -> str:
     if configured:
         path = Path(configured)
         if path.is_dir():
-            return os.pathsep.join(str(p) for p in sorted(path.glob("*.jar")))
+            jars = sorted(path.glob("*.jar"))
+            if not jars:
+                raise ZooKeeperUnavailable(f"METAQ_ZOOKEEPER_CLASSPATH={configured} is a directory without jars")
+            return os.pathsep.join(str(p) for p in jars)
         return configured
     if not Path("/usr/share/java/zookeeper.jar").exists():
         raise ZooKeeperUnavailable("ZooKeeper is not installed (no /usr/share/java/zookeeper.jar): run "
@@ -59,6 +69,25 @@ def four_letter_word(host: str, port: int, word: str, timeout_s: float = 2.0) ->
         return ""
 
 
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking Linux for SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG); None elsewhere.
+
+    The libc function is looked up here, before the fork: the child only makes the one call.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def ask() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+
+    return ask
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -70,8 +99,9 @@ class ZooKeeperServer:
 
     def __init__(self, directory: str | Path, *, port: int = 0, tick_ms: int = 200,
                  min_session_timeout_ms: int = 1000, max_session_timeout_ms: int = 60_000,
-                 ready_timeout_s: float = 60.0) -> None:
+                 ready_timeout_s: float = 60.0, stop_with_parent: bool = False) -> None:
         self.directory = Path(directory)
+        self.stop_with_parent = stop_with_parent
         self.host = "127.0.0.1"
         self.port = port
         self.tick_ms = tick_ms
@@ -128,7 +158,8 @@ class ZooKeeperServer:
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
             self.proc = subprocess.Popen(
                 [java, "-Xmx256m", "-Dzookeeper.admin.enableServer=false", "-cp", classpath, MAIN_CLASS, str(config)],
-                stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=_parent_death_signal() if self.stop_with_parent else None)
             if self._wait_ready(deadline):
                 return self
             code = self.proc.poll()

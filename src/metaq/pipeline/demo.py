@@ -1,6 +1,9 @@
 """``make demo`` (``python -m metaq.demo``): log analytics on metaq and Spark, end to end, in about a minute.
 
-1. An embedded broker (a ``metaq.broker`` process, data under ``<data>/broker``), or ``--servers``.
+1. An embedded broker (a ``metaq.broker`` process, data under ``<data>/broker``); with ``--brokers N`` a
+   local cluster (a real ZooKeeper and N brokers in ZooKeeper mode, :class:`metaq.devcluster.DevCluster`,
+   data under ``<data>/cluster``) that the events topic is spread over and Spark finds through
+   ``zkConnect``; or ``--servers``.
 2. A generator logging realistic web-access and application events through Python ``logging`` with a
    :class:`metaq.logging.MetaqHandler` into the events topic.
 3. Spark Structured Streaming (local[2]): windowed aggregates with a watermark -> the aggregates topic,
@@ -27,6 +30,7 @@ from typing import Any
 
 from metaq.broker.launcher import BrokerLauncher
 from metaq.client import connect
+from metaq.devcluster import DetachedBroker, DevCluster
 from metaq.errors import TopicExistsError
 from metaq.logging import MetaqHandler
 from metaq.pipeline.generator import EventGenerator, LiveGenerator, log_event, punctuation
@@ -74,33 +78,6 @@ logger.native.level = error
 """
 
 
-_DETACHED_BROKER = """\
-import os, runpy, signal, threading, time
-os.setsid()
-parent = os.getppid()
-def watch():
-    while os.getppid() == parent:
-        time.sleep(1)
-    os.kill(os.getpid(), signal.SIGTERM)
-threading.Thread(target=watch, daemon=True).start()
-runpy.run_module("metaq.broker", run_name="__main__", alter_sys=True)
-"""
-
-
-class DetachedBroker(BrokerLauncher):
-    """A broker process in its own session, so that the terminal's Ctrl-C reaches only the demo.
-
-    The demo then stops the broker last, after the Spark queries have read what arrived. Being out of
-    the terminal's process group, the broker also watches its parent: if the demo dies without
-    stopping it (kill -9), it stops itself (SIGTERM: flush and close) within a second.
-    """
-
-    def command(self) -> list[str]:
-        cmd = super().command()
-        assert cmd[1:3] == ["-m", "metaq.broker"], cmd
-        return [cmd[0], "-c", _DETACHED_BROKER, *cmd[3:]]
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m metaq.demo",
                                 description="Log analytics on metaq and Spark: generator -> MetaqHandler -> metaq "
@@ -120,6 +97,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="working directory, wiped first: broker data, checkpoints, parquet/ (default ./demo-data)")
     p.add_argument("--servers", default=None,
                    help="use this running broker (host:port[,...]) instead of starting one")
+    p.add_argument("--brokers", type=int, default=None,
+                   help="start a local cluster instead of one embedded broker: ZooKeeper and this many brokers "
+                        "(ZooKeeper mode); the events topic gets --partitions on each of them")
     p.add_argument("--topic", default="demo-logs", help="events topic (default demo-logs)")
     p.add_argument("--output-topic", default="demo-aggregates", help="aggregates topic (default demo-aggregates)")
     p.add_argument("--partitions", type=int, default=2, help="partitions of the events topic (default 2)")
@@ -128,6 +108,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.window < 1 or args.watermark < 0 or args.rate <= 0 or args.duration <= 0:
         p.error("--window, --rate and --duration must be positive, --watermark >= 0")
+    if args.brokers is not None and not 1 <= args.brokers <= 16:
+        p.error("--brokers must be 1 to 16")
+    if args.brokers is not None and args.servers:
+        p.error("--brokers starts a cluster; --servers uses a running one: give one of them")
     return args
 
 
@@ -136,16 +120,19 @@ def java_available() -> bool:
     return bool(shutil.which("java") or (home and Path(home, "bin", "java").exists()))
 
 
-def prepare_topics(servers: str, topics: dict[str, int]) -> dict[str, dict[PartitionId, int]]:
-    """Create the topics if needed; returns their current end offsets (where this run starts reading)."""
+def prepare_topics(servers: str, topics: dict[str, tuple[int, bool]]) -> dict[str, dict[PartitionId, int]]:
+    """Create the topics if needed, each with (partitions, on every broker?); returns their current end
+    offsets (where this run starts reading)."""
     out: dict[str, dict[PartitionId, int]] = {}
     with connect(servers) as session:
         admin = session.admin()
-        for topic, partitions in topics.items():
-            try:
-                admin.create_topic(topic, partitions)
-            except TopicExistsError:
-                pass
+        every_broker = admin.broker_ids()
+        for topic, (partitions, spread) in topics.items():
+            for broker_id in every_broker if spread else [None]:
+                try:
+                    admin.create_topic(topic, partitions, broker_id=broker_id)
+                except TopicExistsError:
+                    pass
             out[topic] = {d.partition.id: d.latest for d in admin.describe_topic(topic).partitions}
     return out
 
@@ -187,6 +174,7 @@ class Demo:
         self.t0 = time.monotonic()
         self.stop_reason: str | None = None
         self.broker: BrokerLauncher | None = None
+        self.cluster: DevCluster | None = None
         self.handler: MetaqHandler | None = None
         self.live: LiveGenerator | None = None
         self.spark: Any = None
@@ -220,12 +208,19 @@ class Demo:
         if args.servers:
             servers = args.servers
             self.log(f"using the broker at {servers}")
+        elif args.brokers is not None:
+            self.log(f"starting ZooKeeper and {args.brokers} broker(s) in ZooKeeper mode ...")
+            self.cluster = DevCluster(self.data / "cluster", args.brokers, partitions=args.partitions).start()
+            servers = self.cluster.servers
+            self.log(f"cluster ready: ZooKeeper {self.cluster.zk_connect}, brokers "
+                     + ", ".join(f"{b.broker_id} on {b.address}" for b in self.cluster.info())
+                     + f" (data in {self._rel(self.data / 'cluster')}/)")
         else:
             self.broker = DetachedBroker(self.data / "broker", {"numPartitions": args.partitions,
                                                                 "unflushThreshold": 0}).start()
             servers = self.broker.servers
             self.log(f"embedded broker ready on {servers} (data in {self._rel(self.data / 'broker')}/)")
-        start = prepare_topics(servers, {args.topic: args.partitions, args.output_topic: 1})
+        start = prepare_topics(servers, {args.topic: (args.partitions, True), args.output_topic: (1, False)})
 
         seed = args.seed if args.seed is not None else int(time.time()) % 100_000
         self.handler = handler = MetaqHandler(servers, args.topic, key_func=lambda r: str(getattr(r, "seq", "")))
@@ -288,17 +283,20 @@ class Demo:
         self.log("starting Spark (local[2]; the JVM and the first micro-batch take 10-20 s) ...")
         from metaq.spark import pipeline as sp
 
+        brokers: dict[str, Any] = {"servers": servers}
+        if self.cluster is not None:  # Spark finds the brokers in ZooKeeper
+            brokers = {"zk_connect": self.cluster.zk_connect, "zk_root": self.cluster.zk_root}
         log4j = self.data / "log4j2.properties"
         log4j.write_text(LOG4J2_PROPERTIES)
         self.spark = sp.build_session("metaq-demo", log4j_config=str(log4j))
         self.interrupts.reinstall()
         ck = self.data / "checkpoints"
         agg_q = sp.start_aggregation(
-            self.spark, servers=servers, topic=args.topic, output_topic=args.output_topic,
+            self.spark, **brokers, topic=args.topic, output_topic=args.output_topic,
             checkpoint=str(ck / "aggregate"), window=f"{args.window} seconds", watermark=f"{args.watermark} seconds",
             trigger=args.trigger, starting_offsets=offsets_json(args.topic, start[args.topic]))
         archive_q = sp.start_archive(
-            self.spark, servers=servers, output_topic=args.output_topic, parquet_dir=str(self.data / "parquet"),
+            self.spark, **brokers, output_topic=args.output_topic, parquet_dir=str(self.data / "parquet"),
             checkpoint=str(ck / "archive"), trigger=args.trigger, on_batch=self._printer,
             starting_offsets=offsets_json(args.output_topic, start[args.output_topic]))
         self.queries = [agg_q, archive_q]
@@ -355,7 +353,11 @@ class Demo:
         hs = self.handler.stats()
         with connect(servers) as session:
             desc = session.admin().describe_topic(args.topic)
-        stored = sum(d.latest - start[args.topic].get(d.partition.id, 0) for d in desc.partitions)
+        per_broker: dict[int, int] = {}
+        for d in desc.partitions:
+            per_broker[d.partition.broker_id] = (per_broker.get(d.partition.broker_id, 0) + d.latest
+                                                 - start[args.topic].get(d.partition.id, 0))
+        stored = sum(per_broker.values())
         topic_back = read_topic(servers, args.output_topic, start[args.output_topic])
         parquet_back = read_parquet(self.data / "parquet")
         windows = group_windows(topic_back.rows)
@@ -370,7 +372,10 @@ class Demo:
             f"in {span:.1f}s, {gs.events / span:,.0f}/s")
         say(f"MetaqHandler       {hs.sent:,} records sent (the events and 1 punctuation record), {hs.dropped} dropped, "
             f"{hs.pending} pending")
-        say(f"events topic       {stored:,} messages in {args.topic!r}")
+        spread = ""
+        if len(per_broker) > 1:
+            spread = " over brokers " + ", ".join(f"{b}: {n:,}" for b, n in sorted(per_broker.items()))
+        say(f"events topic       {stored:,} messages in {args.topic!r}{spread}")
         if spark_batches:
             say(f"Spark read         {spark_rows:,} events in {spark_batches} micro-batches of query 'aggregate'")
         kinds = by_kind(topic_back.rows)
@@ -418,6 +423,9 @@ class Demo:
         if self.broker is not None:
             self.log("stopping the broker (SIGTERM: flush and close) ...")
             self.broker.stop_or_kill(15)
+        if self.cluster is not None:
+            self.log("stopping the brokers (SIGTERM: deregister, flush and close), then ZooKeeper ...")
+            self.cluster.stop()
         self.log(f"demo done; results in {self._rel(self.data / 'parquet')}/ and topic {self.args.output_topic!r}"
                  if self.stop_reason else "demo ended")
 

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from metaq.cluster.layout import DEFAULT_ROOT as DEFAULT_ZK_ROOT
+from metaq.cluster.layout import LayoutError, normalize_root
 from metaq.errors import ConfigError, InvalidArgument
 from metaq.net.servers import DEFAULT_SERVERS, parse_servers
 from metaq.protocol.records import Compression
@@ -78,6 +80,28 @@ def _servers(options: Mapping[str, str]) -> str:
     except InvalidArgument as exc:
         raise ConfigError(f"option 'servers': {exc}") from None
     return servers
+
+
+def _zookeeper(options: Mapping[str, str]) -> tuple[str | None, str]:
+    """(zkConnect or None, zkRoot): where the driver finds the brokers instead of ``servers``."""
+    connect = _get(options, "zkConnect")
+    root = _get(options, "zkRoot") or DEFAULT_ZK_ROOT
+    if connect is None or not connect.strip():
+        if _get(options, "zkRoot") is not None:
+            raise ConfigError("option 'zkRoot': only with option 'zkConnect'")
+        return None, root
+    if _get(options, "servers") is not None:
+        raise ConfigError("option 'zkConnect': give either 'servers' or 'zkConnect', not both")
+    connect = connect.strip()
+    try:
+        parse_servers(connect.split("/", 1)[0])
+    except InvalidArgument as exc:
+        raise ConfigError(f"option 'zkConnect': {exc}") from None
+    try:
+        root = normalize_root(root)
+    except LayoutError as exc:
+        raise ConfigError(f"option 'zkRoot': {exc}") from None
+    return connect, root or "/"
 
 
 def _topic(options: Mapping[str, str], required: bool) -> str | None:
@@ -167,6 +191,8 @@ def local_path(raw: str, name: str) -> str:
 @dataclass(frozen=True)
 class ReadOptions:
     servers: str
+    """The ``servers`` option; with ``zkConnect``, the default (the driver hands its tasks the brokers it
+    read from ZooKeeper)."""
     topic: str
     starting: OffsetSpec
     ending: OffsetSpec
@@ -177,9 +203,12 @@ class ReadOptions:
     fail_on_data_loss: bool
     checkpoint_location: str | None
     timeout_ms: int
+    zk_connect: str | None = None
+    zk_root: str = DEFAULT_ZK_ROOT
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool = False) -> ReadOptions:
+        zk_connect, zk_root = _zookeeper(options)
         servers = _servers(options)
         topic = _topic(options, required=True)
         assert topic is not None
@@ -213,6 +242,8 @@ class ReadOptions:
             fail_on_data_loss=_bool_option(options, "failOnDataLoss", True),
             checkpoint_location=checkpoint_location,
             timeout_ms=timeout_ms,
+            zk_connect=zk_connect,
+            zk_root=zk_root,
         )
 
     def start_file(self) -> str | None:
@@ -232,6 +263,8 @@ class WriteOptions:
     acks: int
     max_in_flight: int
     timeout_ms: int
+    zk_connect: str | None = None
+    zk_root: str = DEFAULT_ZK_ROOT
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
@@ -250,5 +283,7 @@ class WriteOptions:
         max_in_flight = _int_option(options, "maxInFlight", DEFAULT_MAX_IN_FLIGHT, 1)
         timeout_ms = _int_option(options, "timeoutMs", DEFAULT_TIMEOUT_MS, 1)
         assert max_in_flight is not None and timeout_ms is not None
+        zk_connect, zk_root = _zookeeper(options)
         return cls(servers=_servers(options), topic=_topic(options, required=False), batch_bytes=batch_bytes,
-                   compression=compression, acks=acks, max_in_flight=max_in_flight, timeout_ms=timeout_ms)
+                   compression=compression, acks=acks, max_in_flight=max_in_flight, timeout_ms=timeout_ms,
+                   zk_connect=zk_connect, zk_root=zk_root)

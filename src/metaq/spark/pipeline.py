@@ -112,26 +112,33 @@ def to_messages(aggregates: DataFrame) -> DataFrame:
                              F.col("kind").alias("attribute"))
 
 
+def brokers_options(servers: str = "", zk_connect: str | None = None, zk_root: str = "/meta") -> dict[str, str]:
+    """The source's and sink's options naming the brokers: ``servers``, or a cluster's ZooKeeper."""
+    return {"zkConnect": zk_connect, "zkRoot": zk_root} if zk_connect else {"servers": servers}
+
+
 def _trigger(writer: Any, trigger: str | None) -> Any:
     return writer.trigger(availableNow=True) if trigger is None else writer.trigger(processingTime=trigger)
 
 
-def start_aggregation(spark: SparkSession, *, servers: str, topic: str, output_topic: str, checkpoint: str,
+def start_aggregation(spark: SparkSession, *, servers: str = "", topic: str, output_topic: str, checkpoint: str,
                       window: str = "10 seconds", watermark: str = "10 seconds", trigger: str | None = "1 second",
-                      starting_offsets: str = "earliest", max_offsets_per_trigger: int | None = None
-                      ) -> StreamingQuery:
+                      starting_offsets: str = "earliest", max_offsets_per_trigger: int | None = None,
+                      zk_connect: str | None = None, zk_root: str = "/meta") -> StreamingQuery:
     """Start query 1: events topic -> aggregates -> ``output_topic``. ``trigger=None``: availableNow.
+    ``zk_connect``/``zk_root`` instead of ``servers``: the brokers of a ZooKeeper-mode cluster.
 
     The rows of a micro-batch are written by one task (``coalesce(1)``): with a one-partition output
     topic they are one produce request, so a reader sees a batch's windows whole or not at all.
     """
-    reader = (spark.readStream.format("metaq").option("servers", servers).option("topic", topic)
+    brokers = brokers_options(servers, zk_connect, zk_root)
+    reader = (spark.readStream.format("metaq").options(**brokers).option("topic", topic)
               .option("startingOffsets", starting_offsets))
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     messages = to_messages(aggregate(parse_events(reader.load()), window, watermark)).coalesce(1)
     writer = (messages.writeStream.format("metaq").queryName("metaq-demo-aggregate").outputMode("append")
-              .option("servers", servers).option("topic", output_topic).option("checkpointLocation", checkpoint))
+              .options(**brokers).option("topic", output_topic).option("checkpointLocation", checkpoint))
     query: StreamingQuery = _trigger(writer, trigger).start()
     return query
 
@@ -143,11 +150,13 @@ def read_aggregates(raw: DataFrame) -> DataFrame:
                       "partition", "offset").select("a.*", "key", "written_at", "partition", "offset")
 
 
-def start_archive(spark: SparkSession, *, servers: str, output_topic: str, parquet_dir: str, checkpoint: str,
+def start_archive(spark: SparkSession, *, servers: str = "", output_topic: str, parquet_dir: str, checkpoint: str,
                   trigger: str | None = "1 second", starting_offsets: str = "earliest",
-                  on_batch: Callable[[int, list[dict[str, Any]]], None] | None = None) -> StreamingQuery:
+                  on_batch: Callable[[int, list[dict[str, Any]]], None] | None = None,
+                  zk_connect: str | None = None, zk_root: str = "/meta") -> StreamingQuery:
     """Start query 2: aggregates topic -> Parquet (``<parquet_dir>/batch_id=N``) and ``on_batch(id, rows)``."""
-    raw = (spark.readStream.format("metaq").option("servers", servers).option("topic", output_topic)
+    raw = (spark.readStream.format("metaq").options(**brokers_options(servers, zk_connect, zk_root))
+           .option("topic", output_topic)
            .option("startingOffsets", starting_offsets).load())
 
     def each_batch(df: DataFrame, batch_id: int) -> None:

@@ -16,6 +16,7 @@ metaq partition of every broker in ``servers`` (or more with ``minPartitions``),
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -50,6 +51,7 @@ from metaq.client.blocking import BlockingClient
 from metaq.errors import ConfigError, ConnectionClosedError, RequestTimeoutError, UnknownTopicError
 from metaq.net.retry import RetryPolicy
 from metaq.spark.arrow import DataLossError, read_range
+from metaq.spark.brokers import DriverBrokers
 from metaq.spark.offsets import (
     Bounds,
     OffsetRange,
@@ -88,19 +90,20 @@ BROKER_DOWN_RETRY_S = 0.2
 
 # -- shared driver-side helpers -------------------------------------------------------------------
 
-def _connect(opts: ReadOptions | WriteOptions, client_id: str) -> BlockingClient:
+def _connect(brokers: DriverBrokers, client_id: str) -> BlockingClient:
     try:
-        return BlockingClient(opts.servers, client_id=client_id, timeout_s=opts.timeout_ms / 1000)
+        return BlockingClient(brokers.servers(), client_id=client_id, timeout_s=brokers.opts.timeout_ms / 1000)
     except ConnectionClosedError as exc:
-        raise ConnectionClosedError(f"option 'servers': {exc}") from None
+        raise ConnectionClosedError(f"option {brokers.option!r}: {exc}") from None
 
 
 def _partitions(client: BlockingClient, opts: ReadOptions) -> list[PartitionId]:
     try:
         return client.partitions_for(opts.topic)
     except UnknownTopicError:
-        raise UnknownTopicError(f"option 'topic': topic {opts.topic!r} does not exist on servers "
-                                f"{opts.servers!r}") from None
+        where = f"servers {opts.servers!r}" if opts.zk_connect is None else \
+            f"the brokers registered in ZooKeeper at {opts.zk_connect} under {opts.zk_root}"
+        raise UnknownTopicError(f"option 'topic': topic {opts.topic!r} does not exist on {where}") from None
 
 
 def _bounds(client: BlockingClient, topic: str, partitions: list[PartitionId]) -> dict[PartitionId, Bounds]:
@@ -123,6 +126,8 @@ class MetaqInputPartition(InputPartition):
     start: int
     end: int
     new_partition: bool = False
+    servers: str = ""
+    """The brokers the driver read from ZooKeeper (``zkConnect``), this partition's first; '' with ``servers``."""
 
 
 def _read(opts: ReadOptions, part: InputPartition) -> Iterator[Any]:
@@ -136,9 +141,10 @@ def _read(opts: ReadOptions, part: InputPartition) -> Iterator[Any]:
     offset = part.start
     new_partition = part.new_partition
     down = _down_retry(opts).start()
+    option = "servers" if opts.zk_connect is None else "zkConnect"
     while offset < part.end:
         try:
-            with BlockingClient(opts.servers, client_id="metaq-spark-reader",
+            with BlockingClient(part.servers or opts.servers, client_id="metaq-spark-reader",
                                 timeout_s=opts.timeout_ms / 1000) as client:
                 for batch in read_range(client, part.topic, part.partition, offset, part.end,
                                         max_bytes=opts.max_bytes_per_fetch,
@@ -150,7 +156,7 @@ def _read(opts: ReadOptions, part: InputPartition) -> Iterator[Any]:
         except (ConnectionClosedError, RequestTimeoutError) as exc:
             delay = down.next_delay_s()
             if delay is None:
-                raise ConnectionClosedError(f"option 'servers': lost the broker while reading "
+                raise ConnectionClosedError(f"option {option!r}: lost the broker while reading "
                                             f"{part.topic}:{part.partition} at offset {offset}: {exc}") from None
             log.warning("metaq source: %s; resuming %s:%s at %d", exc, part.topic, part.partition, offset)
             time.sleep(delay)
@@ -161,9 +167,11 @@ def _down_retry(opts: ReadOptions) -> RetryPolicy:
     return RetryPolicy.constant(BROKER_DOWN_RETRY_S, deadline_s=opts.timeout_ms / 1000)
 
 
-def _input_partitions(topic: str, ranges: list[OffsetRange], min_partitions: int | None,
+def _input_partitions(topic: str, ranges: list[OffsetRange], min_partitions: int | None, brokers: DriverBrokers,
                       new: frozenset[PartitionId] | set[PartitionId] = frozenset()) -> list[MetaqInputPartition]:
-    return [MetaqInputPartition(topic, r.partition, r.start, r.end, r.partition in new)
+    zk = brokers.opts.zk_connect is not None
+    return [MetaqInputPartition(topic, r.partition, r.start, r.end, r.partition in new,
+                                brokers.servers(r.partition.broker_id) if zk else "")
             for r in split_ranges(ranges, min_partitions)]
 
 
@@ -175,8 +183,16 @@ class MetaqBatchReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         opts = self.opts
-        with _connect(opts, "metaq-spark-planner") as client:
-            bounds = _bounds(client, opts.topic, _partitions(client, opts))
+        brokers = DriverBrokers(opts)
+        try:
+            with _connect(brokers, "metaq-spark-planner") as client:
+                bounds = _bounds(client, opts.topic, _partitions(client, opts))
+            return self._plan(bounds, brokers)
+        finally:
+            brokers.close()
+
+    def _plan(self, bounds: dict[PartitionId, Bounds], brokers: DriverBrokers) -> list[InputPartition]:
+        opts = self.opts
         start = resolve_spec(opts.starting, bounds, "startingOffsets")
         end = resolve_spec(opts.ending, bounds, "endingOffsets")
         for p, s in start.items():
@@ -187,7 +203,7 @@ class MetaqBatchReader(DataSourceReader):
             if e > bounds[p].log_end:
                 raise ConfigError(f"option 'endingOffsets': offset {e} of partition {p} is beyond the "
                                   f"partition's end ({bounds[p].log_end})")
-        return list(_input_partitions(opts.topic, batch_ranges(start, end), opts.min_partitions))
+        return list(_input_partitions(opts.topic, batch_ranges(start, end), opts.min_partitions, brokers))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return _read(self.opts, partition)
@@ -229,6 +245,7 @@ class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, opts: ReadOptions) -> None:
         self.opts = opts
+        self._brokers = DriverBrokers(opts)
         self._client: BlockingClient | None = None
         self._partition_list: list[PartitionId] | None = None
         self._partitions_at = 0.0
@@ -247,7 +264,7 @@ class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _call(self, fn: Any) -> Any:
         for attempt in (1, 2):
             if self._client is None:
-                self._client = _connect(self.opts, "metaq-spark-stream")
+                self._client = _connect(self._brokers, "metaq-spark-stream")
             try:
                 return fn(self._client)
             except (ConnectionClosedError, RequestTimeoutError):
@@ -349,7 +366,7 @@ class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         stop = parse_stream_offset(end, self.opts.topic)
         ranges = [OffsetRange(p, begin.get(p, 0), e) for p, e in sorted(stop.items())]
         new = set(stop) - set(begin)
-        return list(_input_partitions(self.opts.topic, ranges, self.opts.min_partitions, new))
+        return list(_input_partitions(self.opts.topic, ranges, self.opts.min_partitions, self._brokers, new))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return _read(self.opts, partition)
@@ -361,6 +378,7 @@ class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._client is not None:
             self._client.close()
             self._client = None
+        self._brokers.close()
 
 
 # -- writes ---------------------------------------------------------------------------------------
@@ -421,6 +439,12 @@ def _write_options(options: Mapping[str, str], schema: StructType, overwrite: bo
 
     opts = WriteOptions.parse(options)
     check_input_schema(to_arrow_schema(schema, timezone="UTC"), opts)
+    if opts.zk_connect is not None:  # the driver reads the brokers once; tasks get their addresses
+        brokers = DriverBrokers(opts)
+        try:
+            opts = dataclasses.replace(opts, servers=brokers.servers())
+        finally:
+            brokers.close()
     return opts
 
 

@@ -14,6 +14,7 @@ import itertools
 import threading
 from typing import Any
 
+from metaq.devcluster.broker import cluster_server_ini
 from metaq.devcluster.zookeeper import ZooKeeperServer, ZooKeeperUnavailable, four_letter_word
 
 __all__ = ["ZooKeeperServer", "ZooKeeperUnavailable", "cluster_config", "expire_session", "four_letter_word",
@@ -54,8 +55,5 @@ def cluster_config(broker_id: int, zk_connect: str, zk_root: str, session_timeou
                    system: dict[str, Any] | None = None, topics: str = "") -> str:
     """server.ini text of a ZooKeeper-mode broker for tests: ``[system]`` (brokerId, 2 partitions, group
     commit, plus ``system``), ``[zookeeper]`` and any ``[topic=...]`` sections in ``topics``."""
-    options = {"brokerId": broker_id, "numPartitions": 2, "unflushThreshold": 0, **(system or {})}
-    lines = ["[system]"] + [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items()]
-    lines += ["", "[zookeeper]", f"zk.zkConnect={zk_connect}", f"zk.zkRoot={zk_root}",
-              f"zk.zkSessionTimeoutMs={session_timeout_ms}", "zk.zkConnectionTimeoutMs=10000", ""]
-    return "\n".join(lines) + topics
+    return cluster_server_ini(broker_id, zk_connect, zk_root=zk_root, session_timeout_ms=session_timeout_ms,
+                              system={"numPartitions": 2, "unflushThreshold": 0, **(system or {})}, topics=topics)

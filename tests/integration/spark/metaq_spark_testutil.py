@@ -58,10 +58,12 @@ def rows_of(df: Any) -> list[tuple[int, int, bytes]]:
                   .collect())
 
 
-def write_batch_file(out_dir: str, batch_df: Any, batch_id: int) -> None:
-    """An idempotent foreachBatch sink: batch N always lands in (and replaces) ``batch-N.json``."""
-    rows = [[r["partition"], r["offset"], bytes(r["value"]).decode()] for r in
-            batch_df.select("partition", "offset", "value").collect()]
+def write_batch_file(out_dir: str, batch_df: Any, batch_id: int,
+                     columns: tuple[str, ...] = ("partition", "offset")) -> None:
+    """An idempotent foreachBatch sink: batch N always lands in (and replaces) ``batch-N.json``, a row
+    being ``columns`` and the value as text."""
+    rows = [[*(r[c] for c in columns), bytes(r["value"]).decode()] for r in
+            batch_df.select(*columns, "value").collect()]
     path = Path(out_dir) / f"batch-{batch_id:06d}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(rows))

@@ -210,3 +210,57 @@ def test_demo_job_aggregates_are_exact_in_the_topic_and_in_parquet(spark: Any, b
     for r in topic.rows:
         group = str(r["status"]) if r["kind"] == "status" else (r.get("endpoint") or "")
         assert f"{r['kind']}|{round(epoch(r['window_start']) * 1000)}|{group}" in topic.keys
+
+
+# -- the whole demo over a 3-broker cluster ---------------------------------------------------------
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_demo_over_three_brokers_checks_itself_and_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+    """``python -m metaq.demo --brokers 3`` as a user runs it, stopped by Ctrl-C once Spark has read events:
+    the events are spread over the three brokers, the final self-check passes, and neither ZooKeeper nor
+    a broker outlives the demo."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from metaq.testing import wait_until
+    from metaq.testing.processes import processes_using
+
+    data = tmp_path / "demo-data"
+    proc = subprocess.Popen([sys.executable, "-m", "metaq.demo", "--brokers", "3", "--duration", "300",
+                             "--data", str(data), "--seed", "5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines: list[str] = []
+    assert proc.stdout is not None
+    reader = threading.Thread(target=lambda: lines.extend(line.rstrip("\n") for line in proc.stdout), daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: any("cluster ready: ZooKeeper 127.0.0.1:" in line for line in lines)
+                   or proc.poll() is not None, 60, 0.1, "the cluster to be ready")
+        assert proc.poll() is None, "\n".join(lines)
+        wait_until(lambda: any(re.search(r"Spark read [1-9][\d,]* in", line) for line in lines)
+                   or proc.poll() is not None, 120, 0.1, "Spark to read events")
+        assert proc.poll() is None, "\n".join(lines)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in the terminal: the whole foreground process group
+        assert proc.wait(120) == 0, "\n".join(lines)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    reader.join(10)
+    text = "\n".join(lines)
+    spread = re.search(r"events topic +([\d,]+) messages in 'demo-logs' over brokers 1: ([\d,]+), 2: ([\d,]+), "
+                       r"3: ([\d,]+)$", text, re.M)
+    assert spread, text
+    total, *per_broker = (int(x.replace(",", "")) for x in spread.groups())
+    assert sum(per_broker) == total and min(per_broker) > 0
+    assert re.search(rf"Spark read +{spread.group(1)} events", text), "Spark read every event"
+    assert re.search(r"requests counted +([\d,]+) of \1 generated \(every window closed and written\)", text), text
+    assert "; 0 duplicate(s)" in text and "same rows as the topic: yes" in text and "PROBLEM" not in text
+    assert "stopping the brokers (SIGTERM: deregister, flush and close), then ZooKeeper" in text
+    assert processes_using(data) == [], "ZooKeeper and the brokers are gone"

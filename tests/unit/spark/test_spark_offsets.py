@@ -123,6 +123,17 @@ def test_read_options_defaults() -> None:
     assert opts.fail_on_data_loss and opts.max_offsets_per_trigger is None and opts.min_partitions is None
 
 
+def test_zookeeper_options() -> None:
+    opts = ReadOptions.parse({"topic": "t", "zkconnect": "zk1:2181,zk2:2181", "ZKROOT": "meta-dev/"})
+    assert (opts.zk_connect, opts.zk_root) == ("zk1:2181,zk2:2181", "/meta-dev")
+    assert ReadOptions.parse({"topic": "t", "zkConnect": "zk:2181"}).zk_root == "/meta"
+    assert ReadOptions.parse({"topic": "t"}).zk_connect is None
+    write = WriteOptions.parse({"topic": "t", "zkConnect": "zk:2181/chroot"})
+    assert (write.zk_connect, write.zk_root) == ("zk:2181/chroot", "/meta")
+    with pytest.raises(ConfigError, match=r"^option 'zkConnect': give either 'servers' or 'zkConnect'"):
+        WriteOptions.parse({"zkConnect": "zk:2181", "servers": "h:1"})
+
+
 def test_read_options_are_case_insensitive() -> None:
     opts = ReadOptions.parse({"topic": "t", "maxoffsetspertrigger": "10", "FAILONDATALOSS": "false"})
     assert opts.max_offsets_per_trigger == 10 and not opts.fail_on_data_loss
@@ -138,6 +149,10 @@ def test_read_options_are_case_insensitive() -> None:
     ({"topic": "t", "failOnDataLoss": "maybe"}, "failOnDataLoss"),
     ({"topic": "t", "maxBytesPerFetch": "10"}, "maxBytesPerFetch"),
     ({"topic": "t", "checkpointLocation": "hdfs://nn/x"}, "checkpointLocation"),
+    ({"topic": "t", "zkConnect": "zk:2181", "servers": "h:1"}, "zkConnect"),
+    ({"topic": "t", "zkConnect": "zk:port"}, "zkConnect"),
+    ({"topic": "t", "zkRoot": "/meta"}, "zkRoot"),
+    ({"topic": "t", "zkConnect": "zk:2181", "zkRoot": "/a//b"}, "zkRoot"),
 ])
 def test_bad_read_options_name_the_option(options: dict[str, str], option: str) -> None:
     with pytest.raises(ConfigError, match=f"^option '{option}'"):
