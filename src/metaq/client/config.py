@@ -38,10 +38,18 @@ class ClientConfig:
     write_buffer_high_bytes: int = 1 * MiB
     """Bytes buffered in a connection's transport before writers wait for it to drain."""
     max_frame_bytes: int = 64 * MiB
+    zk_connect: str | None = None
+    """Cluster mode (MetaQ's ``MetaClientConfig.zkConfig``): ZooKeeper's ``host:port[,host:port...]``.
+    The brokers, topics and partitions are then read from ZooKeeper (watched, never per message)
+    instead of being asked of ``servers`` (docs/cluster.md)."""
+    zk_root: str = "/meta"
+    """The cluster's root znode (MetaQ's ``zk.zkRoot``)."""
+    zk_session_timeout_ms: int = 30_000
+    zk_connection_timeout_ms: int = 30_000
 
     def __post_init__(self) -> None:
         _positive(self, "connect_timeout_s", "request_timeout_s", "max_in_flight", "write_buffer_high_bytes",
-                  "max_frame_bytes", "metadata_max_age_s")
+                  "max_frame_bytes", "metadata_max_age_s", "zk_session_timeout_ms", "zk_connection_timeout_ms")
         _non_negative(self, "reconnect_backoff_s", "reconnect_backoff_max_s", "metadata_min_interval_s")
         if self.reconnect_attempts < 1:
             raise ConfigError(f"reconnect_attempts must be >= 1, not {self.reconnect_attempts}")

@@ -5,15 +5,25 @@ metadata is asked of every server and merged (:func:`metaq.client.metadata.merge
 partition is then reached at its own broker. Consumer groups are coordinated by one broker: the one
 with the lowest broker id among the servers (:meth:`ClientCore.coordinator`), a rule every member given
 the same brokers computes alike, whatever order it lists them in.
+
+Cluster mode (``zk_connect``): the session keeps a watched
+:class:`~metaq.cluster.zookeeper.ZooKeeperRegistry` (:attr:`ClientCore.registry`). Metadata is then
+built from its snapshot (:func:`metaq.cluster.metadata.metadata_from_snapshot`, no request to a
+broker), the servers are the registered masters, and every change ZooKeeper reports (a broker joins or
+leaves, a topic changes) is applied to the cached metadata at once, on the event loop. While ZooKeeper
+is unreachable the last snapshot keeps serving. Consumer groups then coordinate through the registry.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import contextlib
+from typing import TYPE_CHECKING, Any
 
 from metaq.client.config import ClientConfig
 from metaq.client.metadata import Metadata, Partition, TopicMetadata, merge_metadata
+from metaq.cluster.metadata import metadata_from_snapshot
+from metaq.cluster.registry import ClusterSnapshot, RegistryError
 from metaq.errors import (
     BrokerError,
     ConnectionClosedError,
@@ -23,17 +33,23 @@ from metaq.errors import (
 )
 from metaq.net.codec import raise_for_error
 from metaq.net.connection import BrokerConnection
-from metaq.net.discovery import WALK_ERRORS
+from metaq.net.discovery import WALK_ERRORS, ServerBook
 from metaq.net.pool import ConnectionPool
 from metaq.net.servers import Address, format_address
 from metaq.protocol.messages import MetadataRequest, MetadataResponse
 from metaq.types import PartitionKey
+
+if TYPE_CHECKING:
+    from metaq.cluster.zookeeper import ZooKeeperRegistry
 
 
 class ClientCore:
     def __init__(self, config: ClientConfig, servers: list[Address]) -> None:
         self.config = config
         self.servers = servers
+        self.registry: ZooKeeperRegistry | None = None
+        """Cluster mode's registry (None in standalone mode): started by :meth:`start`."""
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.pool = ConnectionPool(config.connection_settings(), config.reconnect_retry(), servers)
         self.metadata = Metadata(self._fetch_metadata, max_age_s=config.metadata_max_age_s,
                                  min_interval_s=config.metadata_min_interval_s)
@@ -49,8 +65,56 @@ class ClientCore:
 
     async def start(self) -> None:
         """Reach the first bootstrap server that answers; ConnectionClosedError naming each if none does
-        (TooManyConnectionsError when every one refused for being full)."""
+        (TooManyConnectionsError when every one refused for being full). In cluster mode, first connect
+        to ZooKeeper: the bootstrap servers are the registered brokers."""
+        if self.config.zk_connect is not None:
+            await self._start_registry(self.config.zk_connect)
         self._adopt(*await self.pool.first_answering())
+
+    @property
+    def cluster_mode(self) -> bool:
+        return self.registry is not None
+
+    async def _start_registry(self, zk_connect: str) -> None:
+        from metaq.cluster.zookeeper import ZooKeeperRegistry  # kazoo only in cluster mode
+
+        cfg = self.config
+        registry = ZooKeeperRegistry(zk_connect, cfg.zk_root, session_timeout_ms=cfg.zk_session_timeout_ms,
+                                     connection_timeout_ms=cfg.zk_connection_timeout_ms)
+        try:
+            await asyncio.to_thread(registry.start)
+        except RegistryError as exc:
+            raise ConnectionClosedError(f"zk_connect={zk_connect!r}: {exc}") from None
+        self.registry = registry  # closed by close() from here on, whatever happens next
+        self._loop = asyncio.get_running_loop()
+        snapshot = registry.snapshot()
+        servers = [(e.master.host, e.master.port) for _, e in sorted(snapshot.brokers.items()) if e.master is not None]
+        if not servers:
+            raise ConnectionClosedError(f"no metaq broker is registered in ZooKeeper at {zk_connect} under "
+                                        f"{cfg.zk_root} (are the brokers started with zk.zkEnable=true "
+                                        "and this zkRoot?)")
+        self._set_servers(servers)
+        self.metadata.cache.update(metadata_from_snapshot(snapshot, None))
+        registry.add_listener(self._on_snapshot)
+
+    def _set_servers(self, servers: list[Address]) -> None:
+        self.servers = servers
+        self.pool.servers = ServerBook(servers)
+
+    def _on_snapshot(self, snapshot: ClusterSnapshot) -> None:
+        """On the registry's thread: hop to the loop (never block here)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop is closing
+                loop.call_soon_threadsafe(self._apply_snapshot, snapshot)
+
+    def _apply_snapshot(self, snapshot: ClusterSnapshot) -> None:
+        """The cluster changed: every cached topic's metadata is replaced from the snapshot now."""
+        servers = [(e.master.host, e.master.port) for _, e in sorted(snapshot.brokers.items()) if e.master is not None]
+        if servers:
+            self._set_servers(servers)
+        self.metadata.cache.update(metadata_from_snapshot(snapshot, list(self.metadata.cache.topics)),
+                                   list(self.metadata.cache.topics))
 
     def _adopt(self, address: Address, conn: BrokerConnection) -> None:
         self.default_broker_id = conn.broker_id
@@ -144,7 +208,10 @@ class ClientCore:
         return await conn.request(request, timeout_s)
 
     async def _fetch_metadata(self, request: MetadataRequest) -> MetadataResponse:
-        """Metadata from every server, merged; the servers that fail are left out unless all do."""
+        """Metadata from every server, merged; the servers that fail are left out unless all do. In
+        cluster mode, from the registry's snapshot (no request)."""
+        if self.registry is not None:
+            return metadata_from_snapshot(self.registry.snapshot(), request.topics)
         if len(self.servers) == 1:
             conn = await self.connection(None)
             return raise_for_error(await conn.request(request))
@@ -191,5 +258,8 @@ class ClientCore:
     async def close(self) -> None:
         self.metadata.close()
         self.pool.close()
+        registry, self.registry = self.registry, None
+        if registry is not None:
+            await asyncio.to_thread(registry.close)
         await asyncio.sleep(0)  # let transports run their connection_lost callbacks
 

@@ -22,7 +22,8 @@ from metaq.client.exceptions import ClientClosedError
 from metaq.client.metadata import Partition
 from metaq.client.producer import Producer
 from metaq.client.selectors import PartitionSelector
-from metaq.net.servers import parse_servers
+from metaq.errors import ConfigError
+from metaq.net.servers import Address, parse_servers
 from metaq.types import validate_topic
 
 
@@ -36,14 +37,16 @@ class MessageSessionFactory:
         self._closed = False
 
     @classmethod
-    async def connect(cls, servers: str | list[str], **config: Any) -> MessageSessionFactory:
-        """Reach the first answering server of ``"host:port[,host:port]"``.
+    async def connect(cls, servers: str | list[str] | None = None, **config: Any) -> MessageSessionFactory:
+        """Reach the first answering server of ``"host:port[,host:port]"``, or, in cluster mode
+        (``zk_connect="zkhost:2181"``, ``zk_root="/meta"``, no ``servers``), the brokers registered in
+        ZooKeeper.
 
         ``config``: :class:`~metaq.client.config.ClientConfig` options (client_id, request_timeout_s,
-        max_in_flight, ...). Raises ConnectionClosedError when no server answers.
+        max_in_flight, zk_connect, ...). Raises ConnectionClosedError when no server answers.
         """
         cfg = build_config(ClientConfig, config)
-        core = ClientCore(cfg, parse_servers(servers))
+        core = ClientCore(cfg, session_servers(servers, cfg))
         try:
             await core.start()
         except BaseException:
@@ -123,6 +126,19 @@ class MessageSessionFactory:
         await self.close()
 
 
-async def connect(servers: str | list[str], **config: Any) -> MessageSessionFactory:
+async def connect(servers: str | list[str] | None = None, **config: Any) -> MessageSessionFactory:
     """``MessageSessionFactory.connect`` as a function."""
     return await MessageSessionFactory.connect(servers, **config)
+
+
+def session_servers(servers: str | list[str] | None, config: ClientConfig) -> list[Address]:
+    """The bootstrap servers: ``servers`` in standalone mode; none in cluster mode (ZooKeeper names
+    them), where giving both is refused so that a session never silently ignores one."""
+    if config.zk_connect is None:
+        if servers is None:
+            raise ConfigError("give servers ('host:port[,host:port...]') or zk_connect (cluster mode)")
+        return parse_servers(servers)
+    if servers is not None:
+        raise ConfigError("give servers or zk_connect, not both: in cluster mode the brokers are the ones "
+                          "registered in ZooKeeper")
+    return []

@@ -287,7 +287,7 @@ class SyncSessionFactory:
         self.session = session
 
     @classmethod
-    def connect(cls, servers: str | list[str], **config: Any) -> SyncSessionFactory:
+    def connect(cls, servers: str | list[str] | None = None, **config: Any) -> SyncSessionFactory:
         lt = _LoopThread()
         try:
             session = lt.run(MessageSessionFactory.connect(servers, **config))
@@ -337,6 +337,6 @@ class SyncSessionFactory:
         self.close()
 
 
-def connect(servers: str | list[str], **config: Any) -> SyncSessionFactory:
+def connect(servers: str | list[str] | None = None, **config: Any) -> SyncSessionFactory:
     """A synchronous session: ``with connect("127.0.0.1:8123") as session: ...``."""
     return SyncSessionFactory.connect(servers, **config)

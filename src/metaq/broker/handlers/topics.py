@@ -9,6 +9,7 @@ from metaq.broker.config import TopicConfig
 from metaq.broker.core import check_topic_name
 from metaq.broker.ini import parse_topic_options
 from metaq.broker.session import Session
+from metaq.cluster.metadata import registered_partitions
 from metaq.errors import (
     InvalidArgument,
     InvalidRequestError,
@@ -59,11 +60,7 @@ def handle_metadata(broker: Broker, req: m.MetadataRequest, session: Session | N
             s = state.settings
             parts = [m.PartitionInfo(p, own_id, 0, s.accept_publish and p not in state.closed, s.accept_subscribe)
                      for p in range(state.num_partitions)]
-        entry = snapshot.topics.get(name)
-        if entry is not None:
-            for b in sorted((set(entry.publish) | set(entry.subscribe)) & set(addresses)):
-                pub, sub = entry.publish.get(b, 0), entry.subscribe.get(b, 0)
-                parts += [m.PartitionInfo(p, b, 0, p < pub, p < sub) for p in range(max(pub, sub))]
+        parts += registered_partitions(snapshot.topics.get(name), addresses)
         if not parts:
             out.append(m.TopicInfo(name, _topic_error_code(name), []))
             continue
