@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import TYPE_CHECKING, Any
 
 from metaq.client.config import ClientConfig
 from metaq.client.metadata import Metadata, Partition, TopicMetadata, merge_metadata
+from metaq.client.routing import Unavailable
 from metaq.cluster.metadata import metadata_from_snapshot
 from metaq.cluster.registry import ClusterSnapshot, RegistryError
 from metaq.errors import (
@@ -43,6 +45,11 @@ if TYPE_CHECKING:
     from metaq.cluster.zookeeper import ZooKeeperRegistry
 
 
+def registered_masters(snapshot: ClusterSnapshot) -> dict[int, Address]:
+    """broker id -> its master's (host, port), for every broker with a registered master."""
+    return {b: (e.master.host, e.master.port) for b, e in sorted(snapshot.brokers.items()) if e.master is not None}
+
+
 class ClientCore:
     def __init__(self, config: ClientConfig, servers: list[Address]) -> None:
         self.config = config
@@ -57,6 +64,12 @@ class ClientCore:
         """The broker first reached: it answers metadata and gets produce requests for topics with no
         known partitions (partition -1, the broker picks)."""
         self._default_address: Address | None = None
+        self.unavailable = Unavailable(config.unreachable_avoid_s)
+        """Brokers and partitions producers leave out for a while (metaq.client.routing)."""
+        self._registered: dict[int, Address] = {}
+        """Cluster mode: each registered master's address in the last snapshot applied."""
+        self.snapshot_applied_at = 0.0
+        """Cluster mode: time.monotonic() of the last snapshot applied to the metadata (benchmarks)."""
 
     @property
     def server_ids(self) -> dict[Address, int]:
@@ -94,6 +107,7 @@ class ClientCore:
                                         f"{cfg.zk_root} (are the brokers started with zk.zkEnable=true "
                                         "and this zkRoot?)")
         self._set_servers(servers)
+        self._registered = registered_masters(snapshot)
         self.metadata.cache.update(metadata_from_snapshot(snapshot, None))
         registry.add_listener(self._on_snapshot)
 
@@ -109,12 +123,28 @@ class ClientCore:
                 loop.call_soon_threadsafe(self._apply_snapshot, snapshot)
 
     def _apply_snapshot(self, snapshot: ClusterSnapshot) -> None:
-        """The cluster changed: every cached topic's metadata is replaced from the snapshot now."""
-        servers = [(e.master.host, e.master.port) for _, e in sorted(snapshot.brokers.items()) if e.master is not None]
-        if servers:
-            self._set_servers(servers)
-        self.metadata.cache.update(metadata_from_snapshot(snapshot, list(self.metadata.cache.topics)),
-                                   list(self.metadata.cache.topics))
+        """The cluster changed: every cached topic's metadata is replaced from the snapshot now.
+
+        A broker that registered (again, or at a new address) is taken back by the producers at once,
+        and its address is the registered one from now on (a restart may have moved its port)."""
+        if self.registry is None:
+            return  # closed meanwhile
+        registered = registered_masters(snapshot)
+        cache = self.metadata.cache
+        for broker_id, address in registered.items():
+            if self._registered.get(broker_id) != address:
+                self.unavailable.forget_broker(broker_id)
+                if cache.known_addresses.get(broker_id, address) != address:
+                    del cache.known_addresses[broker_id]
+                if broker_id == self.default_broker_id:
+                    self._default_address = address
+        for broker_id in set(self._registered) - set(registered):
+            cache.known_addresses.pop(broker_id, None)
+        self._registered = registered
+        if registered:
+            self._set_servers(list(registered.values()))  # in broker id order
+        cache.update(metadata_from_snapshot(snapshot, list(cache.topics)), list(cache.topics))
+        self.snapshot_applied_at = time.monotonic()
 
     def _adopt(self, address: Address, conn: BrokerConnection) -> None:
         self.default_broker_id = conn.broker_id
