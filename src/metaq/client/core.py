@@ -24,8 +24,6 @@ from typing import TYPE_CHECKING, Any
 from metaq.client.config import ClientConfig
 from metaq.client.metadata import Metadata, Partition, TopicMetadata, merge_metadata
 from metaq.client.routing import Unavailable
-from metaq.cluster.metadata import metadata_from_snapshot
-from metaq.cluster.registry import ClusterSnapshot, RegistryError
 from metaq.errors import (
     BrokerError,
     ConnectionClosedError,
@@ -42,7 +40,14 @@ from metaq.protocol.messages import MetadataRequest, MetadataResponse
 from metaq.types import PartitionKey
 
 if TYPE_CHECKING:
+    from metaq.cluster.registry import ClusterSnapshot
     from metaq.cluster.zookeeper import ZooKeeperRegistry
+
+
+def _from_snapshot(snapshot: ClusterSnapshot, topics: list[str] | None) -> MetadataResponse:
+    from metaq.cluster.metadata import metadata_from_snapshot
+
+    return metadata_from_snapshot(snapshot, topics)
 
 
 def registered_masters(snapshot: ClusterSnapshot) -> dict[int, Address]:
@@ -70,6 +75,7 @@ class ClientCore:
         """Cluster mode: each registered master's address in the last snapshot applied."""
         self.snapshot_applied_at = 0.0
         """Cluster mode: time.monotonic() of the last snapshot applied to the metadata (benchmarks)."""
+        self._snapshot_waiters: set[asyncio.Future[None]] = set()
 
     @property
     def server_ids(self) -> dict[Address, int]:
@@ -89,7 +95,10 @@ class ClientCore:
         return self.registry is not None
 
     async def _start_registry(self, zk_connect: str) -> None:
-        from metaq.cluster.zookeeper import ZooKeeperRegistry  # kazoo only in cluster mode
+        # metaq.cluster (and kazoo) only in cluster mode: a standalone client (the logging handler
+        # inside an application, say) never loads them.
+        from metaq.cluster.registry import RegistryError
+        from metaq.cluster.zookeeper import ZooKeeperRegistry
 
         cfg = self.config
         registry = ZooKeeperRegistry(zk_connect, cfg.zk_root, session_timeout_ms=cfg.zk_session_timeout_ms,
@@ -108,7 +117,7 @@ class ClientCore:
                                         "and this zkRoot?)")
         self._set_servers(servers)
         self._registered = registered_masters(snapshot)
-        self.metadata.cache.update(metadata_from_snapshot(snapshot, None))
+        self.metadata.cache.update(_from_snapshot(snapshot, None))
         registry.add_listener(self._on_snapshot)
 
     def _set_servers(self, servers: list[Address]) -> None:
@@ -143,8 +152,27 @@ class ClientCore:
         self._registered = registered
         if registered:
             self._set_servers(list(registered.values()))  # in broker id order
-        cache.update(metadata_from_snapshot(snapshot, list(cache.topics)), list(cache.topics))
+        cache.brokers = {}  # only the registered brokers from now on (filled by update)
+        cache.update(_from_snapshot(snapshot, list(cache.topics)), list(cache.topics))
         self.snapshot_applied_at = time.monotonic()
+        waiters, self._snapshot_waiters = self._snapshot_waiters, set()
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    async def cluster_changed(self, timeout_s: float) -> None:
+        """Sleep ``timeout_s``, or less when a ZooKeeper change is applied meanwhile (cluster mode)."""
+        if self.registry is None:
+            await asyncio.sleep(timeout_s)
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._snapshot_waiters.add(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            self._snapshot_waiters.discard(waiter)
 
     def _adopt(self, address: Address, conn: BrokerConnection) -> None:
         self.default_broker_id = conn.broker_id
@@ -241,7 +269,7 @@ class ClientCore:
         """Metadata from every server, merged; the servers that fail are left out unless all do. In
         cluster mode, from the registry's snapshot (no request)."""
         if self.registry is not None:
-            return metadata_from_snapshot(self.registry.snapshot(), request.topics)
+            return _from_snapshot(self.registry.snapshot(), request.topics)
         if len(self.servers) == 1:
             conn = await self.connection(None)
             return raise_for_error(await conn.request(request))
