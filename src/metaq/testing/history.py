@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -106,7 +107,7 @@ class ProduceLoad:
                 fut = producer.send_async(Message(self.topic, data, key=self.key(n)))
                 n += 1
                 self.sent = n
-                fut.add_done_callback(lambda f, d=data: self._done(d, f.result()))
+                fut.add_done_callback(functools.partial(self._done, data))
                 pending.add(fut)
                 fut.add_done_callback(pending.discard)
                 if len(pending) >= self.window:
@@ -116,7 +117,8 @@ class ProduceLoad:
                 await asyncio.wait(pending)
             self.rerouted = producer.rerouted_batches
 
-    def _done(self, data: bytes, result: SendResult) -> None:
+    def _done(self, data: bytes, fut: asyncio.Future[SendResult]) -> None:
+        result = fut.result()
         if result.success:
             self.acked[data] = Ack(result.partition_id, result.offset, time.monotonic())
             self.by_broker[result.broker_id] += 1
