@@ -206,3 +206,20 @@ def test_a_pull_consumer_follows_its_broker_through_a_restart_on_another_port(
         reader.join(60)
         assert not errors
         assert got == [b"before-%d" % i for i in range(10)] + [b"after-%d" % i for i in range(10)]
+
+
+def test_after_its_zookeeper_session_expires_the_client_still_follows_the_cluster(
+        cluster_factory: Callable[..., BrokerProcess], zookeeper: Any, zk_root: str) -> None:
+    from metaq.testing.zookeeper import expire_session
+
+    cluster_factory(1, topics=TOPIC)
+    with connect(**zk_session(zookeeper, zk_root)) as session:
+        producer = session.create_producer()
+        assert producer.send(Message("t", b"before")).success
+        registry = session.session._core.registry
+        assert registry is not None
+        expire_session(registry._client, zookeeper)
+        assert producer.send(Message("t", b"expired")).success  # the metadata it has
+        cluster_factory(2, topics=TOPIC)
+        wait_until(lambda: {producer.send(Message("t", b"x")).broker_id for _ in range(4)} == {1, 2}, 20,
+                   message="the broker registered after the expiry to be produced to")
