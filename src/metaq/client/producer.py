@@ -669,7 +669,8 @@ class Producer:
 
         False (the failure is the result) for a pinned or key-hash batch, a topic without known
         partitions, or when no other partition is left."""
-        if batch.pinned or not self._reroutable or batch.partition == ANY_PARTITION:
+        if (batch.pinned or not self._reroutable or batch.partition == ANY_PARTITION
+                or isinstance(exc, ClientClosedError)):
             return False
         tm = self._core.metadata.cache.get(batch.topic)
         if tm is None:
