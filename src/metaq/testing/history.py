@@ -60,6 +60,8 @@ class ProduceLoad:
     acked: dict[bytes, Ack] = field(default_factory=dict)
     failed: dict[bytes, BaseException] = field(default_factory=dict)
     by_broker: collections.Counter[int] = field(default_factory=collections.Counter)
+    first_ack: dict[int, float] = field(default_factory=dict)
+    """broker id -> time.monotonic() of its first acknowledgement (read these, not ``acked``, while running)."""
     sent: int = 0
     rerouted: int = 0
     error: BaseException | None = None
@@ -122,6 +124,7 @@ class ProduceLoad:
         if result.success:
             self.acked[data] = Ack(result.partition_id, result.offset, time.monotonic())
             self.by_broker[result.broker_id] += 1
+            self.first_ack.setdefault(result.broker_id, time.monotonic())
         else:
             assert result.error is not None
             self.failed[data] = result.error
