@@ -72,5 +72,5 @@ def target_options(fn: F) -> F:
 
     help_text = ("ZooKeeper host:port[,host:port] of a cluster (env METAQ_ZK_CONNECT), instead of --servers: "
                  "the brokers are the ones registered there.")
-    decorated = zk_root_option(zk_connect_option(None, help_text)(servers_option(wrapper)))
+    decorated = servers_option(zk_connect_option(None, help_text)(zk_root_option(wrapper)))
     return decorated  # type: ignore[return-value]
