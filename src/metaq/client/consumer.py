@@ -206,7 +206,7 @@ class PullConsumer:
                 wait = 0 if stop_at_end else max_wait_ms
                 try:
                     if conn is None or conn.closed:
-                        conn = await self._core.pool.connect(self._core.address(p.broker_id))
+                        conn = await self._connect(p.broker_id)
                         self._iterators.add(conn)
                     result = await self.fetcher.fetch(topic, p, position, max_bytes=fetch_bytes,
                                                       max_wait_ms=wait, group=group, connection=conn)
@@ -221,13 +221,12 @@ class PullConsumer:
                     position = new
                     continue
                 except (ConnectionClosedError, RequestTimeoutError, BrokerError) as exc:
-                    # (UnknownServerError, a BrokerError: the broker is not in the metadata right now.)
                     # Retriable: a lost connection, a timeout, a broker stopping or busy. Anything
                     # else (unknown topic, closed for subscribing, ...) ends the iteration.
                     if isinstance(exc, BrokerError):
                         if exc.refresh_metadata:
                             self._core.metadata.refresh_soon(topic)
-                        if not exc.retriable and not isinstance(exc, UnknownServerError):
+                        if not exc.retriable:
                             raise
                     delay = backoff.next_delay_s()
                     if delay is None:
@@ -260,6 +259,15 @@ class PullConsumer:
             if conn is not None:
                 self._iterators.discard(conn)
                 conn.close()
+
+    async def _connect(self, broker_id: int) -> BrokerConnection:
+        """A connection of the iterator's own to the broker, at its address now (ConnectionClosedError,
+        retried, while the broker is not in the metadata: deregistered in cluster mode)."""
+        try:
+            address = self._core.address(broker_id)
+        except UnknownServerError as exc:
+            raise ConnectionClosedError(str(exc)) from None
+        return await self._core.pool.connect(address)
 
     async def offsets(self, topic: str, partition: PartitionKey) -> tuple[int, int]:
         """(earliest, latest): the first stored offset and the next offset to be written."""
