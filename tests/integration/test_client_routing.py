@@ -4,7 +4,7 @@ a closed partition is left out, and a broker that comes back is produced to agai
 
 from __future__ import annotations
 
-from metaq.client import KeyHashSelector, Message, connect
+from metaq.client import KeyHashSelector, Message, RandomSelector, connect
 from metaq.errors import ConnectionClosedError
 from metaq.testing import BrokerProcess, wait_until
 
@@ -50,3 +50,14 @@ def test_round_robin_leaves_a_closed_partition_out(two_brokers: tuple[BrokerProc
         results = [f.result(30) for f in [producer.send_async(Message("c", b"m%d" % i)) for i in range(100)]]
         assert all(r.success for r in results), [r.error for r in results if not r.success][:3]
         assert "1-0" not in {str(r.partition_id) for r in results}
+
+
+def test_random_goes_around_a_stopped_broker_too(two_brokers: tuple[BrokerProcess, BrokerProcess]) -> None:
+    b1, b2 = two_brokers
+    with connect(f"{b1.servers},{b2.servers}") as session:
+        make_topic(session, "rnd")
+        producer = session.create_producer(RandomSelector())
+        b2.stop()
+        results = [f.result(30) for f in [producer.send_async(Message("rnd", b"m%d" % i)) for i in range(100)]]
+        assert all(r.success for r in results), [r.error for r in results if not r.success][:3]
+        assert {r.broker_id for r in results} == {1}
