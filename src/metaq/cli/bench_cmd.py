@@ -141,6 +141,34 @@ def bench_group_consume(servers: str | None, members: tuple[int, ...], count: in
         click.echo(json.dumps(r))
 
 
+@bench_group.command("cluster-refresh")
+@click.option("--brokers", type=click.IntRange(2, 16), default=3, show_default=True,
+              help="Brokers of the local cluster started for the run (the last one leaves and joins).")
+@click.option("--rounds", type=click.IntRange(1, 100), default=5, show_default=True, help="Leave/join rounds.")
+@click.option("--partitions", type=click.IntRange(1), default=2, show_default=True,
+              help="Partitions of the topic on each broker.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def bench_cluster_refresh(brokers: int, rounds: int, partitions: int, as_json: bool) -> None:
+    """How fast a cluster-mode producer follows a broker leaving (SIGTERM) and joining: ms from the
+    event in ZooKeeper until a plain watcher sees it, the producer's metadata has it, and (join) the
+    producer's first message acknowledged by the broker."""
+    from metaq.bench.cluster_refresh import run_cluster_refresh
+
+    if not as_json:
+        click.echo(f"cluster-refresh: {brokers} brokers (ZooKeeper mode, {partitions} partitions each), broker "
+                   f"{brokers} leaves and joins {plural(rounds, 'time')} under round-robin sends")
+    result = run_cluster_refresh(brokers, rounds, partitions, report=(lambda line: None) if as_json else click.echo)
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    s = {k: f"{v['median']} ({v['max']})" for k, v in result["summary"].items()}
+    click.echo("median (max) ms:")
+    click.echo(f"  leave: SIGTERM -> watcher sees it gone {s['leave_watch_ms']}, -> producer's metadata without it "
+               f"{s['leave_metadata_ms']}; failed sends {result['summary']['leave_failures']['max']} at most")
+    click.echo(f"  join:  registered -> watcher sees it {s['join_watch_ms']}, -> producer's metadata lists it "
+               f"{s['join_metadata_ms']}, -> first message acknowledged by it {s['join_used_ms']}")
+
+
 @bench_group.command("logging")
 @click.option("-s", "--servers", default=None, help="Broker to log to; default: an embedded broker for the run.")
 @click.option("-n", "--count", type=click.IntRange(1), default=100_000, show_default=True,

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 import os
 import sys
 import threading
@@ -15,11 +16,11 @@ from typing import Any, Literal, TypeVar
 
 import click
 
+from metaq.cli.options import Target, servers_option, target_options
 from metaq.cli.text import plural
 from metaq.client import Message, MessageSessionFactory
 from metaq.client.metadata import resolve_partition
 from metaq.errors import MetaqError, PartitionClosedError
-from metaq.net import servers as net_servers
 from metaq.types import PartitionId, format_message_id, partition_key
 
 T = TypeVar("T")
@@ -41,11 +42,6 @@ class PartitionType(click.ParamType):
 
 
 PARTITION = PartitionType()
-DEFAULT_SERVERS = os.environ.get("METAQ_SERVERS", net_servers.DEFAULT_SERVERS)
-
-servers_option = click.option("-s", "--servers", default=DEFAULT_SERVERS, show_default=True, envvar="METAQ_SERVERS",
-                              help="The brokers, host:port[,host:port] (env METAQ_SERVERS): give every broker of "
-                                   "the topic space.")
 broker_id_option = click.option("-b", "--broker-id", type=click.IntRange(0), default=None,
                                 help="The broker to do it on (default: the first server that answers).")
 
@@ -64,7 +60,14 @@ def run_async(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
 
 
 async def _session(servers: str) -> MessageSessionFactory:
-    return await MessageSessionFactory.connect(servers)
+    """A session on ``--servers``, or on the cluster in ZooKeeper (a :class:`Target` with ``zk_connect``)."""
+    zk_connect = getattr(servers, "zk_connect", None)
+    if zk_connect is None:
+        return await MessageSessionFactory.connect(servers)
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # its reconnection chatter; failures are ours to say
+    assert isinstance(servers, Target)
+    return await MessageSessionFactory.connect(zk_connect=zk_connect, zk_root=servers.zk_root,
+                                               zk_connection_timeout_ms=10_000)
 
 
 # -- topic --------------------------------------------------------------------------------------
@@ -76,7 +79,7 @@ def topic_group() -> None:
 
 
 @topic_group.command("create")
-@servers_option
+@target_options
 @click.argument("topic")
 @click.option("-p", "--partitions", type=click.IntRange(-1, 10_000), default=-1, show_default=True,
               help="Number of partitions (-1: the broker's numPartitions).")
@@ -92,7 +95,7 @@ async def topic_create(servers: str, topic: str, partitions: int, broker_id: int
 
 
 @topic_group.command("delete")
-@servers_option
+@target_options
 @click.argument("topic")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("-b", "--broker-id", type=click.IntRange(0), default=None,
@@ -109,7 +112,7 @@ async def topic_delete(servers: str, topic: str, yes: bool, broker_id: int | Non
 
 
 @topic_group.command("list")
-@servers_option
+@target_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @run_async
 async def topic_list(servers: str, as_json: bool) -> None:
@@ -124,7 +127,7 @@ async def topic_list(servers: str, as_json: bool) -> None:
 
 
 @topic_group.command("describe")
-@servers_option
+@target_options
 @click.argument("topic")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @run_async
@@ -148,7 +151,7 @@ async def topic_describe(servers: str, topic: str, as_json: bool) -> None:
 
 def _state_command(name: str, open_: bool) -> click.Command:
     @click.command(name)
-    @servers_option
+    @target_options
     @click.argument("topic")
     @click.option("-p", "--partition", type=PARTITION, default=None,
                   help="Partition to change, brokerId-partition (a bare number if only one broker has it); "
@@ -183,7 +186,7 @@ TOPIC_POLL_S = 1.0
 
 
 @click.command("produce")
-@servers_option
+@target_options
 @click.argument("topic")
 @click.option("-k", "--key", default=None, help="Key of every message (with the key-hash selector: one partition).")
 @click.option("-a", "--attribute", default=None, help="MetaQ attribute string of every message.")
@@ -331,7 +334,7 @@ def _parse_offset(value: str) -> Literal["earliest", "latest"] | int:
 
 
 @click.command("consume")
-@servers_option
+@target_options
 @click.argument("topic")
 @click.option("-p", "--partition", type=PARTITION, multiple=True,
               help="Partition(s) to read, brokerId-partition (a bare number if only one broker has it); default all.")
@@ -439,7 +442,7 @@ async def _topic_partitions(session: MessageSessionFactory, topic: str, servers:
 
 
 @click.command("stats")
-@servers_option
+@target_options
 @click.option("-t", "--topic", default=None, help="Only this topic.")
 @click.option("-b", "--broker-id", type=click.IntRange(0), default=None,
               help="Only this broker (default: every broker of --servers).")
@@ -473,7 +476,7 @@ def admin_group() -> None:
 
 
 @admin_group.command("reload")
-@servers_option
+@target_options
 @run_async
 async def admin_reload(servers: str) -> None:
     """Re-read the broker's server.ini and apply [topic=...] changes live (as SIGHUP)."""
@@ -483,7 +486,7 @@ async def admin_reload(servers: str) -> None:
 
 
 @admin_group.command("lookup")
-@servers_option
+@target_options
 @click.argument("message_id")
 @run_async
 async def admin_lookup(servers: str, message_id: str) -> None:

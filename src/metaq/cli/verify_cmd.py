@@ -10,7 +10,8 @@ from typing import Any
 
 import click
 
-from metaq.cli.client_cmds import PARTITION, _holders, _session, run_async, servers_option
+from metaq.cli.client_cmds import PARTITION, _holders, _session, run_async
+from metaq.cli.options import target_options
 from metaq.types import PartitionId
 
 
@@ -36,7 +37,7 @@ def _describe(report: dict[str, Any]) -> list[str]:
 
 
 @click.command("verify")
-@servers_option
+@target_options
 @click.option("-t", "--topic", default=None, help="Only this topic (default: every topic).")
 @click.option("-p", "--partition", type=PARTITION, default=None,
               help="Only this partition of --topic: brokerId-partition (a bare number if only one broker has it).")

@@ -66,9 +66,11 @@ class ProducerBatch:
         "keys",
         "partition",
         "payload",
+        "pinned",
         "size_bytes",
         "timestamps",
         "topic",
+        "tried",
         "values",
         "waiters",
     )
@@ -91,6 +93,10 @@ class ProducerBatch:
         self.payload: bytes | None = None
         self.batch_waiter: Any = None
         self.attempts = 0
+        self.pinned = False
+        """The caller named the partition (send_batch(partition=...)): never moved to another one."""
+        self.tried: tuple[tuple[int, int], ...] = ()
+        """(broker id, partition) of the partitions this batch was moved away from (metaq.client.routing)."""
 
     @classmethod
     def prebuilt(cls, key: BatchKey, payload: bytes, count: int, waiter: Any, now_s: float) -> ProducerBatch:

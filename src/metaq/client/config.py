@@ -38,6 +38,14 @@ class ClientConfig:
     write_buffer_high_bytes: int = 1 * MiB
     """Bytes buffered in a connection's transport before writers wait for it to drain."""
     max_frame_bytes: int = 64 * MiB
+    unreachable_avoid_s: float = 2.0
+    """How long producers leave out a broker that could not be reached (or a partition that refused a
+    batch before appending it) when round robin or random picks partitions; a ZooKeeper-mode session
+    takes a broker back as soon as it registers again."""
+    broker_restart_wait_s: float = 60.0
+    """Cluster mode: how long a pull consumer's ``iterate`` keeps retrying a partition whose broker
+    cannot be reached (restarting; killed and not yet expired in ZooKeeper) before it ends with the
+    error. It reconnects at the broker's registered address, so a restart on another port is followed."""
     zk_connect: str | None = None
     """Cluster mode (MetaQ's ``MetaClientConfig.zkConfig``): ZooKeeper's ``host:port[,host:port...]``.
     The brokers, topics and partitions are then read from ZooKeeper (watched, never per message)
@@ -49,7 +57,8 @@ class ClientConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "connect_timeout_s", "request_timeout_s", "max_in_flight", "write_buffer_high_bytes",
-                  "max_frame_bytes", "metadata_max_age_s", "zk_session_timeout_ms", "zk_connection_timeout_ms")
+                  "max_frame_bytes", "metadata_max_age_s",
+                  "unreachable_avoid_s", "broker_restart_wait_s", "zk_session_timeout_ms", "zk_connection_timeout_ms")
         _non_negative(self, "reconnect_backoff_s", "reconnect_backoff_max_s", "metadata_min_interval_s")
         if self.reconnect_attempts < 1:
             raise ConfigError(f"reconnect_attempts must be >= 1, not {self.reconnect_attempts}")

@@ -12,7 +12,6 @@ queued behind it. :meth:`PullConsumer.get` (no waiting) uses the session's share
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
@@ -27,8 +26,10 @@ from metaq.errors import (
     InvalidArgument,
     OffsetOutOfRangeError,
     RequestTimeoutError,
+    UnknownServerError,
 )
 from metaq.net.connection import BrokerConnection
+from metaq.net.retry import RetryPolicy
 from metaq.protocol.messages import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
@@ -190,15 +191,23 @@ class PullConsumer:
             return
         conn: BrokerConnection | None = None
         fetch_bytes = max_bytes
-        # reconnect_attempts failures in a row are retried; one more ends the iteration.
-        backoff = self._core.config.reconnect_retry(self._core.config.reconnect_attempts + 1).start()
+        # reconnect_attempts failures in a row are retried; one more ends the iteration. In cluster
+        # mode, failures are retried for broker_restart_wait_s instead (a broker restarting, maybe on
+        # another port: the connection is made again at its registered address).
+        cfg = self._core.config
+        if self._core.cluster_mode:
+            policy = RetryPolicy(cfg.reconnect_backoff_s, cfg.reconnect_backoff_max_s, jitter=0.5,
+                                 deadline_s=cfg.broker_restart_wait_s)
+        else:
+            policy = cfg.reconnect_retry(cfg.reconnect_attempts + 1)
+        backoff = policy.start()
         try:
             while True:
-                if conn is None or conn.closed:
-                    conn = await self._core.pool.connect(self._core.address(p.broker_id))
-                    self._iterators.add(conn)
                 wait = 0 if stop_at_end else max_wait_ms
                 try:
+                    if conn is None or conn.closed:
+                        conn = await self._connect(p.broker_id)
+                        self._iterators.add(conn)
                     result = await self.fetcher.fetch(topic, p, position, max_bytes=fetch_bytes,
                                                       max_wait_ms=wait, group=group, connection=conn)
                 except OffsetOutOfRangeError as exc:
@@ -226,7 +235,7 @@ class PullConsumer:
                     if conn is not None:
                         conn.close()
                     conn = None
-                    await asyncio.sleep(delay)
+                    await self._core.cluster_changed(delay)  # a broker registering again ends the wait
                     continue
                 backoff.reset()
                 if result.partial:
@@ -250,6 +259,15 @@ class PullConsumer:
             if conn is not None:
                 self._iterators.discard(conn)
                 conn.close()
+
+    async def _connect(self, broker_id: int) -> BrokerConnection:
+        """A connection of the iterator's own to the broker, at its address now (ConnectionClosedError,
+        retried, while the broker is not in the metadata: deregistered in cluster mode)."""
+        try:
+            address = self._core.address(broker_id)
+        except UnknownServerError as exc:
+            raise ConnectionClosedError(str(exc)) from None
+        return await self._core.pool.connect(address)
 
     async def offsets(self, topic: str, partition: PartitionKey) -> tuple[int, int]:
         """(earliest, latest): the first stored offset and the next offset to be written."""

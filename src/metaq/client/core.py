@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import TYPE_CHECKING, Any
 
 from metaq.client.config import ClientConfig
 from metaq.client.metadata import Metadata, Partition, TopicMetadata, merge_metadata
-from metaq.cluster.metadata import metadata_from_snapshot
-from metaq.cluster.registry import ClusterSnapshot, RegistryError
+from metaq.client.routing import Unavailable
 from metaq.errors import (
     BrokerError,
     ConnectionClosedError,
@@ -40,7 +40,19 @@ from metaq.protocol.messages import MetadataRequest, MetadataResponse
 from metaq.types import PartitionKey
 
 if TYPE_CHECKING:
+    from metaq.cluster.registry import ClusterSnapshot
     from metaq.cluster.zookeeper import ZooKeeperRegistry
+
+
+def _from_snapshot(snapshot: ClusterSnapshot, topics: list[str] | None) -> MetadataResponse:
+    from metaq.cluster.metadata import metadata_from_snapshot
+
+    return metadata_from_snapshot(snapshot, topics)
+
+
+def registered_masters(snapshot: ClusterSnapshot) -> dict[int, Address]:
+    """broker id -> its master's (host, port), for every broker with a registered master."""
+    return {b: (e.master.host, e.master.port) for b, e in sorted(snapshot.brokers.items()) if e.master is not None}
 
 
 class ClientCore:
@@ -57,6 +69,13 @@ class ClientCore:
         """The broker first reached: it answers metadata and gets produce requests for topics with no
         known partitions (partition -1, the broker picks)."""
         self._default_address: Address | None = None
+        self.unavailable = Unavailable(config.unreachable_avoid_s)
+        """Brokers and partitions producers leave out for a while (metaq.client.routing)."""
+        self._registered: dict[int, Address] = {}
+        """Cluster mode: each registered master's address in the last snapshot applied."""
+        self.snapshot_applied_at = 0.0
+        """Cluster mode: time.monotonic() of the last snapshot applied to the metadata (benchmarks)."""
+        self._snapshot_waiters: set[asyncio.Future[None]] = set()
 
     @property
     def server_ids(self) -> dict[Address, int]:
@@ -76,7 +95,10 @@ class ClientCore:
         return self.registry is not None
 
     async def _start_registry(self, zk_connect: str) -> None:
-        from metaq.cluster.zookeeper import ZooKeeperRegistry  # kazoo only in cluster mode
+        # metaq.cluster (and kazoo) only in cluster mode: a standalone client (the logging handler
+        # inside an application, say) never loads them.
+        from metaq.cluster.registry import RegistryError
+        from metaq.cluster.zookeeper import ZooKeeperRegistry
 
         cfg = self.config
         registry = ZooKeeperRegistry(zk_connect, cfg.zk_root, session_timeout_ms=cfg.zk_session_timeout_ms,
@@ -94,7 +116,8 @@ class ClientCore:
                                         f"{cfg.zk_root} (are the brokers started with zk.zkEnable=true "
                                         "and this zkRoot?)")
         self._set_servers(servers)
-        self.metadata.cache.update(metadata_from_snapshot(snapshot, None))
+        self._registered = registered_masters(snapshot)
+        self.metadata.cache.update(_from_snapshot(snapshot, None))
         registry.add_listener(self._on_snapshot)
 
     def _set_servers(self, servers: list[Address]) -> None:
@@ -109,12 +132,47 @@ class ClientCore:
                 loop.call_soon_threadsafe(self._apply_snapshot, snapshot)
 
     def _apply_snapshot(self, snapshot: ClusterSnapshot) -> None:
-        """The cluster changed: every cached topic's metadata is replaced from the snapshot now."""
-        servers = [(e.master.host, e.master.port) for _, e in sorted(snapshot.brokers.items()) if e.master is not None]
-        if servers:
-            self._set_servers(servers)
-        self.metadata.cache.update(metadata_from_snapshot(snapshot, list(self.metadata.cache.topics)),
-                                   list(self.metadata.cache.topics))
+        """The cluster changed: every cached topic's metadata is replaced from the snapshot now.
+
+        A broker that registered (again, or at a new address) is taken back by the producers at once,
+        and its address is the registered one from now on (a restart may have moved its port)."""
+        if self.registry is None:
+            return  # closed meanwhile
+        registered = registered_masters(snapshot)
+        cache = self.metadata.cache
+        for broker_id, address in registered.items():
+            if self._registered.get(broker_id) != address:
+                self.unavailable.forget_broker(broker_id)
+                if cache.known_addresses.get(broker_id, address) != address:
+                    del cache.known_addresses[broker_id]
+                if broker_id == self.default_broker_id:
+                    self._default_address = address
+        for broker_id in set(self._registered) - set(registered):
+            cache.known_addresses.pop(broker_id, None)
+        self._registered = registered
+        if registered:
+            self._set_servers(list(registered.values()))  # in broker id order
+        cache.brokers = {}  # only the registered brokers from now on (filled by update)
+        cache.update(_from_snapshot(snapshot, list(cache.topics)), list(cache.topics))
+        self.snapshot_applied_at = time.monotonic()
+        waiters, self._snapshot_waiters = self._snapshot_waiters, set()
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    async def cluster_changed(self, timeout_s: float) -> None:
+        """Sleep ``timeout_s``, or less when a ZooKeeper change is applied meanwhile (cluster mode)."""
+        if self.registry is None:
+            await asyncio.sleep(timeout_s)
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._snapshot_waiters.add(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            self._snapshot_waiters.discard(waiter)
 
     def _adopt(self, address: Address, conn: BrokerConnection) -> None:
         self.default_broker_id = conn.broker_id
@@ -211,7 +269,7 @@ class ClientCore:
         """Metadata from every server, merged; the servers that fail are left out unless all do. In
         cluster mode, from the registry's snapshot (no request)."""
         if self.registry is not None:
-            return metadata_from_snapshot(self.registry.snapshot(), request.topics)
+            return _from_snapshot(self.registry.snapshot(), request.topics)
         if len(self.servers) == 1:
             conn = await self.connection(None)
             return raise_for_error(await conn.request(request))

@@ -41,6 +41,7 @@ from metaq.client.config import ProducerConfig
 from metaq.client.core import ClientCore
 from metaq.client.exceptions import BufferFullError, ClientClosedError
 from metaq.client.metadata import Partition, TopicMetadata
+from metaq.client.routing import BROKER_UNAVAILABLE, REFUSED_BEFORE_APPEND, not_stored
 from metaq.client.selectors import PartitionSelector, RoundRobinSelector
 from metaq.errors import (
     BrokerError,
@@ -48,6 +49,7 @@ from metaq.errors import (
     InvalidArgument,
     MetaqError,
     RequestTimeoutError,
+    UnknownServerError,
     error_for_code,
 )
 from metaq.net.connection import BrokerConnection
@@ -177,6 +179,15 @@ class Producer:
         self._cold_tasks: set[asyncio.Task[None]] = set()
         self._outstanding: dict[ProducerBatch, list[asyncio.Future[None]] | None] = {}
         self._valid_topics: set[str] = set()
+        self._unavailable = core.unavailable
+        self._reroutable = bool(getattr(self.selector, "reroutable", False))
+        """Round robin and random: unreachable partitions are left out and a batch certainly not
+        stored is moved to another partition (metaq.client.routing). Key hash and custom selectors: no."""
+        self._usable: dict[str, tuple[Sequence[Partition], int, Sequence[Partition]]] = {}
+        """topic -> (metadata's partitions, Unavailable version, the usable ones): recomputed only when
+        either changes, so the hot path does not filter per message."""
+        self.rerouted_batches = 0
+        """Batches moved to another partition after a failure that proved they were not stored."""
         self._closed = False
         self._closing = False
 
@@ -315,6 +326,7 @@ class Producer:
             fut: asyncio.Future[BatchChunk] = self._loop.create_future()
             batch = ProducerBatch.prebuilt(key, payload, len(chunk), fut, self._loop.time())
             batch.size_bytes = size
+            batch.pinned = target is not None
             # Keep this producer's order within the partition: what is already waiting goes first.
             earlier = self._acc.seal(key)
             if earlier is not None:
@@ -462,8 +474,10 @@ class Producer:
 
     def _route(self, message: Message, tm: TopicMetadata, waiter: Any, size: int, acks: int) -> None:
         topic = message.topic
-        partitions = tm.partitions
+        partitions: Sequence[Partition] = tm.partitions
         if partitions:
+            if self._reroutable:
+                partitions = self._usable_partitions(topic, partitions)
             try:
                 p = self.selector(topic, partitions, message)
             except InvalidArgument:
@@ -491,8 +505,19 @@ class Producer:
         tm = await self._core.metadata.topic(topic)
         if not tm.partitions:
             return (topic, ANY_PARTITION, self._core.default_broker_id, acks)
-        p = self.selector(topic, tm.partitions, message)
+        partitions = self._usable_partitions(topic, tm.partitions) if self._reroutable else tm.partitions
+        p = self.selector(topic, partitions, message)
         return (topic, p.partition, p.broker_id, acks)
+
+    def _usable_partitions(self, topic: str, partitions: Sequence[Partition]) -> Sequence[Partition]:
+        """The partitions without those left out for a while; all of them when every one is."""
+        version = self._unavailable.current_version()
+        cached = self._usable.get(topic)
+        if cached is not None and cached[0] is partitions and cached[1] == version:
+            return cached[2]
+        usable = self._unavailable.usable(topic, partitions) or partitions
+        self._usable[topic] = (partitions, version, usable)
+        return usable
 
     def _chunk(self, topic: str, values: Sequence[bytes | bytearray | Message]
                ) -> list[tuple[Sequence[Any], int]]:
@@ -605,7 +630,7 @@ class Producer:
                     # The pool reconnects with bounded, backed-off attempts; past those, give up.
                     conn = await core.connection(broker_id, "produce")
                 except MetaqError as exc:
-                    self._fail_all(queue, exc)
+                    self._fail_unwritten(broker_id, queue, exc)
                     return
                 if not conn.writable:
                     try:
@@ -613,7 +638,7 @@ class Producer:
                     except ConnectionClosedError as exc:
                         closed_in_a_row += 1
                         if closed_in_a_row > core.config.reconnect_attempts:
-                            self._fail_all(queue, exc)
+                            self._fail_unwritten(broker_id, queue, exc)
                             return
                         continue
                 batch = queue.popleft()
@@ -624,14 +649,54 @@ class Producer:
                     queue.appendleft(batch)  # never written: safe to send again on a new connection
                     closed_in_a_row += 1
                     if closed_in_a_row > core.config.reconnect_attempts:
-                        self._fail_all(queue, exc)
+                        self._fail_unwritten(broker_id, queue, exc)
                         return
         finally:
             del self._senders[broker_id]
 
-    def _fail_all(self, queue: deque[ProducerBatch], exc: BaseException) -> None:
+    def _fail_unwritten(self, broker_id: int, queue: deque[ProducerBatch], exc: BaseException) -> None:
+        """The broker cannot be reached: none of these batches was written, so each may move to
+        another partition (a spreading selector's batch); the others fail with ``exc``."""
+        if isinstance(exc, (ConnectionClosedError, UnknownServerError)):
+            self._unavailable.avoid_broker(broker_id)
         while queue:
-            self._complete_error(queue.popleft(), exc)
+            batch = queue.popleft()
+            if not self._reroute(batch, exc):
+                self._complete_error(batch, exc)
+
+    def _reroute(self, batch: ProducerBatch, exc: BaseException) -> bool:
+        """Move a batch that was certainly not stored to another usable partition it has not tried.
+
+        False (the failure is the result) for a pinned or key-hash batch, a topic without known
+        partitions, or when no other partition is left."""
+        if (batch.pinned or not self._reroutable or batch.partition == ANY_PARTITION
+                or isinstance(exc, ClientClosedError)):
+            return False
+        tm = self._core.metadata.cache.get(batch.topic)
+        if tm is None:
+            return False
+        tried = (*batch.tried, (batch.broker_id, batch.partition))
+        usable = self._unavailable.usable(batch.topic, tm.partitions)
+        candidates = tuple(p for p in usable if p.accept_publish and (p.broker_id, p.partition) not in tried)
+        if not candidates:
+            return False
+        try:
+            p = self.selector(batch.topic, candidates, Message(batch.topic, b""))
+        except MetaqError:
+            return False
+        log.info("moving a batch of %d messages from %s:%d-%d to %s after %s", batch.count, batch.topic,
+                 batch.broker_id, batch.partition, p, exc)
+        flush_waiters = self._outstanding.pop(batch, None)
+        old_key = batch.key
+        batch.tried = tried
+        batch.key = (batch.topic, p.partition, p.broker_id, batch.acks)
+        batch.partition, batch.broker_id = p.partition, p.broker_id
+        self.rerouted_batches += 1
+        self._dispatch(batch)
+        if flush_waiters:
+            self._outstanding[batch] = flush_waiters
+        self._release(old_key)
+        return True
 
     # -- results ------------------------------------------------------------------------------
 
@@ -650,6 +715,13 @@ class Producer:
                 exc = err
         if isinstance(exc, BrokerError) and exc.refresh_metadata:
             self._core.metadata.refresh_soon(batch.topic)
+        if batch.partition != ANY_PARTITION:
+            if isinstance(exc, (ConnectionClosedError, *BROKER_UNAVAILABLE)):
+                self._unavailable.avoid_broker(batch.broker_id)
+            elif isinstance(exc, REFUSED_BEFORE_APPEND):
+                self._unavailable.avoid_partition(batch.topic, PartitionId(batch.broker_id, batch.partition))
+        if not_stored(exc, written=True) and self._reroute(batch, exc):
+            return
         if batch.attempts < self.config.retries and getattr(exc, "retriable", False) and not self._closed:
             batch.attempts += 1
             log.debug("retrying %r after %s (attempt %d)", batch, exc, batch.attempts)
@@ -707,12 +779,6 @@ class Producer:
             waiter.set_result(result)
 
     def _finish(self, batch: ProducerBatch) -> None:
-        key = batch.key
-        n = self._busy[key] - 1
-        if n:
-            self._busy[key] = n
-        else:
-            del self._busy[key]
         self._buffered -= batch.size_bytes if batch.batch_waiter is not None else batch.size_bytes - HEADER_BYTES
         flush_waiters = self._outstanding.pop(batch, None)
         if flush_waiters:
@@ -721,11 +787,19 @@ class Producer:
                     w.set_result(None)
         if self._room_waiters:
             self._release_room()
-        if not n:
-            # The partition went idle: what accumulated meanwhile leaves now instead of lingering.
-            waiting = self._acc.seal(key)
-            if waiting is not None:
-                self._dispatch(waiting)
+        self._release(batch.key)
+
+    def _release(self, key: BatchKey) -> None:
+        """One batch of ``key`` is no longer in flight there."""
+        n = self._busy[key] - 1
+        if n:
+            self._busy[key] = n
+            return
+        del self._busy[key]
+        # The partition went idle: what accumulated meanwhile leaves now instead of lingering.
+        waiting = self._acc.seal(key)
+        if waiting is not None:
+            self._dispatch(waiting)
 
     def _release_room(self) -> None:
         waiters, self._room_waiters = self._room_waiters, deque()

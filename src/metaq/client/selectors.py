@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from metaq.client.metadata import Partition
 from metaq.errors import InvalidArgument, PartitionClosedError
@@ -31,6 +31,10 @@ from metaq.types import Message
 
 
 class PartitionSelector(Protocol):
+    """``reroutable`` (optional attribute, False when absent): the producer may move a batch this
+    selector placed to another partition when its broker cannot be reached (docs/cluster.md#routing),
+    and leaves unreachable partitions out of the ``partitions`` it passes."""
+
     def __call__(self, topic: str, partitions: Sequence[Partition], message: Message) -> Partition: ...
 
 
@@ -54,6 +58,7 @@ class RoundRobinSelector:
     """Open partitions in (broker id, partition) order, one after the other; a counter per topic."""
 
     __slots__ = ("_counters", "_open")
+    reroutable: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self._counters: dict[str, int] = {}
@@ -77,6 +82,7 @@ class RandomSelector:
     """An open partition chosen at random (``rng`` injectable for tests)."""
 
     __slots__ = ("_rng",)
+    reroutable: ClassVar[bool] = True
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng or random.Random()
@@ -100,6 +106,8 @@ class KeyHashSelector:
     """
 
     __slots__ = ("_fallback",)
+    reroutable: ClassVar[bool] = False
+    """A key's messages stay in one partition: a failure there is the send's result, never a move."""
 
     def __init__(self, fallback: PartitionSelector | None = None) -> None:
         self._fallback = fallback

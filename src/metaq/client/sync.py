@@ -127,6 +127,11 @@ class SyncProducer:
                    partition: PartitionKey | None = None, timeout_s: float | None = None) -> BatchSendResult:
         return self._lt.run(self.producer.send_batch(topic, items, partition=partition, timeout_s=timeout_s))
 
+    @property
+    def rerouted_batches(self) -> int:
+        """Batches moved to another partition after a failure that proved them not stored."""
+        return self.producer.rerouted_batches
+
     def flush(self) -> None:
         self._lt.run(self.producer.flush())
 

@@ -136,6 +136,15 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
     def connected(self) -> bool:
         return bool(self._client.connected)
 
+    def registered_at(self, broker_id: int) -> float | None:
+        """When broker ``broker_id``'s master registered, by ZooKeeper's clock (its node's ctime, seconds
+        since the epoch); None if it is not registered. One read (benchmarks, not per message)."""
+        try:
+            stat = self._client.exists(self.paths.broker_node(broker_id, -1))
+        except KazooException as exc:
+            raise RegistryError(f"cannot read broker {broker_id}'s registration: {exc}") from None
+        return None if stat is None else stat.ctime / 1000
+
     @property
     def session_id(self) -> int:
         client_id = self._client.client_id
