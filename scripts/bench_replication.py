@@ -140,7 +140,8 @@ def main() -> None:
                 case = run_case(slaves, args.count, args.partitions, root)
                 print(json.dumps(case), flush=True)
                 rows.append(case)
-    print("\n| case | produce msg/s | p99 ack ms | slave lag: max messages, p50 / max ms | slave catch-up after load, ms |")
+    print("\n| case | produce msg/s | p99 ack ms | slave lag: max messages, p50 / max ms "
+          "| slave catch-up after load, ms |")
     print("|---|---|---|---|---|")
     for row in rows:
         lag = (f"{row['max_lag_messages']:,}, {row['lag_ms_p50']} / {row['lag_ms_max']}" if row["slaves"] else "-")
