@@ -319,3 +319,36 @@ def test_slave_without_zookeeper_is_refused(broker_factory: Callable[..., Broker
     with pytest.raises(Exception):  # noqa: B017 - the launcher's error for a broker that exits at start
         proc.start()
     assert any("--slave needs ZooKeeper mode" in line for line in proc.log_lines)
+
+
+@pytest.mark.slow
+def test_metaqs_manual_failover_restart_the_slave_without_slave(
+        master_and_slave: tuple[BrokerProcess, BrokerProcess], zk_client: Any, zk_root: str) -> None:
+    """MetaQ's procedure for a master lost for good: restart the slave as the master, same broker id."""
+    master, slave = master_and_slave
+    load = produce(master, 60)
+    wait_caught_up(master, slave)
+    master.kill()
+    master_node = f"{zk_root}/brokers/ids/1/master"
+    wait_until(lambda: zk_client.exists(master_node) is None, 30, 0.05, "the dead master's session to expire")
+    slave.stop()
+    slave.args = []  # metaServer.sh restart, without "slave"
+    slave.start()
+    assert zk_client.get(master_node)[0] == f"meta://127.0.0.1:{slave.port}".encode()
+    assert zk_client.exists(f"{zk_root}/brokers/ids/1/slave0") is None
+    before = end_offsets(slave)
+    conn = open_conn(slave)
+    try:
+        for _ in range(30):
+            load.produce_one(conn)  # offsets and ids continue where the old master's ended
+    finally:
+        conn.close()
+    assert all(base >= before[p] for p, base, _ in load.acked[60:])
+    for p in range(PARTITIONS):
+        on_new_master = messages(slave, p)
+        by_offset = {o: d for o, _, d in on_new_master}
+        for q, base, values in load.acked:
+            if q == p:
+                assert [by_offset.get(base + i) for i in range(len(values))] == values
+        assert len(on_new_master) == sum(len(v) for q, _, v in load.acked if q == p)
+        assert all(i >> 112 == 1 and i & ((1 << 64) - 1) == o for o, i, _ in on_new_master)
