@@ -19,7 +19,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from metaq.broker.replication.fetcher import whole_batches
-from metaq.errors import NotMasterError, error_for_code
+from metaq.errors import NotMasterError, OffsetOutOfRangeError, error_for_code
 from metaq.net.blocking import BlockingConnection
 from metaq.net.codec import ConnectionSettings
 from metaq.protocol import messages as m
@@ -55,21 +55,41 @@ def stats(proc: BrokerProcess) -> dict[str, Any]:
 
 
 def end_offsets(proc: BrokerProcess, partitions: int = PARTITIONS) -> list[int]:
-    conn = open_conn(proc)
     try:
-        return [call(conn, m.FetchRequest(topic=TOPIC, partition=p, offset=0, max_bytes=1)).log_end_offset
-                for p in range(partitions)]
+        conn = open_conn(proc)
+    except Exception:  # restarting
+        return [-1] * partitions
+    try:
+        return [_end_offset(conn, p) for p in range(partitions)]
     except Exception:
         return [-1] * partitions
     finally:
         conn.close()
 
 
-def stored_bytes(proc: BrokerProcess, partition: int) -> bytes:
-    """Every stored byte of a partition, by fetching from offset 0 (whole batches, as stored)."""
+def _end_offset(conn: BlockingConnection, partition: int) -> int:
+    try:
+        return int(call(conn, m.FetchRequest(topic=TOPIC, partition=partition, offset=0, max_bytes=1)).log_end_offset)
+    except OffsetOutOfRangeError as exc:  # retention removed offset 0: the reply still carries the range
+        return int(exc.response.log_end_offset)
+
+
+def log_start(proc: BrokerProcess, partition: int) -> int:
+    conn = open_conn(proc)
+    try:
+        call(conn, m.FetchRequest(topic=TOPIC, partition=partition, offset=0, max_bytes=1))
+        return 0
+    except OffsetOutOfRangeError as exc:
+        return int(exc.response.log_start_offset)
+    finally:
+        conn.close()
+
+
+def stored_bytes(proc: BrokerProcess, partition: int, start: int = 0) -> bytes:
+    """Every stored byte of a partition from ``start``, by fetching (whole batches, as stored)."""
     conn = open_conn(proc)
     out = bytearray()
-    offset = 0
+    offset = start
     try:
         for _ in range(100_000):
             reply = call(conn, m.FetchRequest(topic=TOPIC, partition=partition, offset=offset, max_bytes=1 << 20))
@@ -350,3 +370,21 @@ def test_metaqs_manual_failover_restart_the_slave_without_slave(
                 assert [by_offset.get(base + i) for i in range(len(values))] == values
         assert len(on_new_master) == sum(len(v) for q, _, v in load.acked if q == p)
         assert all(i >> 112 == 1 and i & ((1 << 64) - 1) == o for o, i, _ in on_new_master)
+
+
+def test_a_new_slave_of_a_master_with_retention_starts_at_the_masters_log_start(
+        cluster_factory: Callable[..., BrokerProcess]) -> None:
+    short = f"[topic={TOPIC}]\nnumPartitions={PARTITIONS}\ndeletePolicy=delete,1s\ndeleteWhen=* * * * * ?\n"
+    master = cluster_factory(1, topics=short, maxSegmentSize=4096)
+    load = produce(master, 90)  # ~10 segments of 4 KiB per partition, older than 1 s soon
+    wait_until(lambda: all(log_start(master, p) > 0 for p in range(PARTITIONS)), 30, 0.1,
+               "the master's retention to remove old segments")
+    slave = cluster_factory(1, topics=TOPICS, maxSegmentSize=4096, name="broker-1-slave-0", args=SLAVE)
+    wait_caught_up(master, slave)
+    for p in range(PARTITIONS):
+        start = log_start(slave, p)
+        assert start == log_start(master, p) > 0
+        assert stored_bytes(slave, p, start) == stored_bytes(master, p, start)
+        found, _ = decode_fetched(stored_bytes(slave, p, start), TOPIC, p, start)
+        kept = {(base + i): v for q, base, values in load.acked if q == p for i, v in enumerate(values)}
+        assert [(x.offset, x.data) for x in found] == [(o, kept[o]) for o in range(start, end_offsets(master)[p])]

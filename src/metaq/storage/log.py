@@ -327,6 +327,51 @@ class PartitionLog:
         finally:
             self._appending = False
 
+    def start_empty_at(self, offset: int) -> None:
+        """Make an empty log start at ``offset`` (a new follower of a master whose retention removed the
+        offsets below it: its first fetch must be at the master's log start).
+
+        Only for a log holding no batch (InvalidArgument otherwise): its one empty segment is replaced by
+        an empty segment named ``offset``. Crash-safe: the new file is created and the directory synced
+        before the old file is removed; a crash in between leaves two empty segments, which recovery
+        resolves back to the old one (calling this again finishes).
+        """
+        assert not self._appending, "start_empty_at while an append runs"
+        if not 0 <= offset <= _OFFSET_MAX:
+            raise InvalidArgument(f"offset {offset} is outside 0..{_OFFSET_MAX}")
+        with self._sync_lock, self._lock:
+            self._check_writable()
+            if self._size_bytes or len(self._segments) != 1:
+                raise InvalidArgument(f"{self} holds offsets {self.log_start_offset}..{self._end_offset - 1}: only "
+                                      "an empty log can be moved to another start offset")
+            old = self._active
+            if old.base_offset == offset:
+                return
+            fresh = Segment(str(self.directory), offset, self._files, self._config.index_interval_bytes, self._tag)
+            try:
+                handle = self._files.acquire(fresh.log_path, create=True, on_close=fresh.on_log_fd_closed)
+                self._files.release(handle)
+                fresh.start_empty_indexes()
+                fsync_directory(self.directory, self._sync)
+                for path in (old.log_path, old.index_path, old.timeindex_path):
+                    self._files.discard(path)
+                    try:
+                        os.unlink(path)
+                    except FileNotFoundError:
+                        pass
+                fsync_directory(self.directory, self._sync)
+            except OSError as exc:
+                raise _storage_error(f"cannot move {self} to start at offset {offset}", exc) from exc
+            self._segments = [fresh]
+            self._bases = [offset]
+            self._active = fresh
+            self._end_offset = offset
+            self._unsynced_sealed = []
+            self._damaged = {}
+        if self._marker_present:
+            self._invalidate_marker()
+        log.info("%s now starts at offset %d (empty)", self, offset)
+
     def truncate_to(self, offset: int) -> int:
         """Cut the log back so that ``offset`` becomes its end; returns the messages removed.
 

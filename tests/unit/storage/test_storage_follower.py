@@ -380,3 +380,37 @@ def test_replicated_log_passes_verify_after_random_history() -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+
+
+# --------------------------------------------------------------------------- start_empty_at
+
+
+def test_an_empty_follower_starts_at_the_masters_log_start(tmp_path: Path) -> None:
+    master, follower = open_pair(tmp_path)
+    master.start_empty_at(50)  # stands for a master whose retention removed offsets 0..49
+    fill(master, 10)
+    with pytest.raises(ReplicaGap):
+        follower.append_replicated(master.read_bytes(50, 1 << 20))
+    follower.start_empty_at(50)
+    assert (follower.log_start_offset, follower.log_end_offset) == (50, 50)
+    replicate_all(master, follower)
+    assert log_bytes(follower, 50, 90) == log_bytes(master, 50, 90)
+    with pytest.raises(InvalidArgument, match="only an empty log"):
+        follower.start_empty_at(200)
+    follower.abandon()
+    reopened = PartitionLog.open(follower.directory, "t", 0, follower.config, BROKER_ID, sync=no_sync)
+    assert (reopened.log_start_offset, reopened.log_end_offset) == (50, 90)
+    assert reopened.verify().ok
+    master.close()
+    reopened.close()
+
+
+def test_a_crash_inside_start_empty_at_recovers_to_the_old_start(tmp_path: Path) -> None:
+    _, follower = open_pair(tmp_path)
+    follower.close()
+    (follower.directory / "00000000000000000050.log").touch()  # the new file made, the old not yet removed
+    reopened = PartitionLog.open(follower.directory, "t", 0, follower.config, BROKER_ID, sync=no_sync)
+    assert (reopened.log_start_offset, reopened.log_end_offset) == (0, 0)
+    reopened.start_empty_at(50)
+    assert sorted(p.name for p in follower.directory.glob("*.log")) == ["00000000000000000050.log"]
+    reopened.close()

@@ -68,7 +68,7 @@ class FollowerState:
     master_end_offset: int = -1
     lag_messages: int = -1
     caught_up_at: float = -1.0
-    """time.monotonic() when the slave last held everything the master had (-1: never yet)."""
+    """time.monotonic() when the slave last held everything the master had (or when following began)."""
     replicated_messages: int = 0
     replicated_bytes: int = 0
     fetches: int = 0
@@ -81,7 +81,7 @@ class FollowerState:
     def lag_ms(self, now: float) -> int:
         if self.lag_messages == 0:
             return 0
-        if self.caught_up_at < 0:
+        if self.lag_messages < 0:  # no reply from the master yet
             return -1
         return int((now - self.caught_up_at) * 1000)
 
@@ -103,7 +103,7 @@ class PartitionFollower:
         self._on_append = on_append
         self._wake = asyncio.Event()
         """Set by :meth:`wake` when the cluster view changes (the master registered again, maybe elsewhere)."""
-        self.state = FollowerState()
+        self.state = FollowerState(caught_up_at=time.monotonic())
         self._conn: BrokerConnection | None = None
         self._conn_to: Address | None = None
 
@@ -143,10 +143,14 @@ class PartitionFollower:
         try:
             reply: m.FetchResponse = await conn.request(request, self.max_wait_ms / 1000 + REQUEST_SLACK_S)
         except OffsetOutOfRangeError as exc:
+            if self._start_at_master_start(exc.response, offset):
+                return
             self._diverged(exc.response, offset)
             raise
         self.state.fetches += 1
         if reply.reset_offset >= 0:  # a master with updateConsumerOffsets served another offset
+            if self._start_at_master_start(reply, offset):
+                return
             self._diverged(reply, offset)
             raise ReplicaGap(f"{self.topic}-{self.partition}", offset, reply.reset_offset)
         data = whole_batches(reply.records)
@@ -161,6 +165,18 @@ class PartitionFollower:
         self.state.lag_messages = max(0, reply.log_end_offset - self.plog.log_end_offset)
         if self.state.lag_messages == 0:
             self.state.caught_up_at = time.monotonic()
+
+    def _start_at_master_start(self, reply: Any, offset: int) -> bool:
+        """A slave with nothing stored yet follows a master whose retention removed the offsets below its
+        log start: start there (nothing is lost that the master still has). A slave holding data is not
+        moved: that is a divergence for the operator (see :meth:`_diverged`)."""
+        start = getattr(reply, "log_start_offset", -1)
+        if start <= offset or self.plog.size_bytes:
+            return False
+        self.plog.start_empty_at(start)
+        log.info("replica %s-%d starts at offset %d, the master's log start (it has nothing below)", self.topic,
+                 self.partition, start)
+        return True
 
     def _diverged(self, reply: Any, offset: int) -> None:
         """The master does not have our log end: it lost data we have, or retention removed what we lack."""
