@@ -308,19 +308,30 @@ class PartitionLog:
                 if checked.batches[0][1].base_offset != self._end_offset:  # the log moved (a truncate)
                     raise ReplicaGap(where, self._end_offset, checked.batches[0][1].base_offset)
                 rolled = False
+                written = 0
+                failure: StorageError | None = None
                 for run in _runs_per_segment(checked.batches, self._active.size_bytes, config.segment_bytes_max):
-                    if run.roll:
-                        self._roll_locked()
-                        rolled = True
-                    segment = self._active
-                    position = segment.size_bytes
-                    self._write_locked(segment, (b"", view[run.start:run.end]), position, run.end - run.start)
+                    try:
+                        if run.roll:
+                            self._roll_locked()
+                            rolled = True
+                        segment = self._active
+                        position = segment.size_bytes
+                        self._write_locked(segment, (b"", view[run.start:run.end]), position, run.end - run.start)
+                    except StorageError as exc:  # the runs before it stay written (whole batches) and accounted
+                        failure = exc
+                        break
                     for start, header in run.batches:
                         segment.note_batch(position + start - run.start, header)
                         self._end_offset = header.next_offset
+                        written += header.record_count
                     self._size_bytes += run.end - run.start
-                policy = self._account_locked(self._active, checked.record_count, rolled)
-            future, wait = self._apply_flush_policy(policy)
+                policy = self._account_locked(self._active, written, rolled) if written else None
+            if policy is not None:
+                future, wait = self._apply_flush_policy(policy)
+            if failure is not None:
+                raise failure
+            assert policy is not None
             first, last = checked.batches[0][1], checked.batches[-1][1]
             return AppendResult(first.base_offset, last.last_offset, first.base_message_id, last.append_time_ms,
                                 checked.record_count, future, wait)

@@ -414,3 +414,33 @@ def test_a_crash_inside_start_empty_at_recovers_to_the_old_start(tmp_path: Path)
     reopened.start_empty_at(50)
     assert sorted(p.name for p in follower.directory.glob("*.log")) == ["00000000000000000050.log"]
     reopened.close()
+
+
+def test_a_full_disk_at_a_roll_keeps_the_runs_before_it_and_the_next_fetch_resumes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from metaq.storage.errors import DiskFull
+
+    master, follower = open_pair(tmp_path)
+    fill(master, 30)
+    data = master.read_bytes(0, 1 << 20)  # the first segment: fits the follower's first segment
+    second = master.segment_base_offsets[1]
+    more = master.read_bytes(second, 1 << 20)
+    real_acquire = follower._files.acquire
+
+    def acquire(path: str, *args: object, **kwargs: object) -> object:
+        if path.endswith(f"{second:020d}.log"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_acquire(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(follower._files, "acquire", acquire)
+    with pytest.raises(DiskFull):
+        follower.append_replicated(data + more)
+    assert follower.log_end_offset == second, "the batches of the first segment were stored"
+    monkeypatch.undo()
+    replicate_all(master, follower)
+    assert log_bytes(follower, 0, 120) == log_bytes(master, 0, 120)
+    assert segment_files(follower.directory) == segment_files(master.directory)
+    master.close()
+    follower.close()
