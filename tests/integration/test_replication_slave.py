@@ -123,6 +123,8 @@ class Load:
         self.acked: list[tuple[int, int, list[bytes]]] = []
         """(partition, base offset, payloads) of every acknowledged batch."""
         self.errors: list[BaseException] = []
+        self.unknown: list[tuple[int, list[bytes]]] = []
+        """(partition, payloads) of batches sent without an answer (the master died meanwhile): stored or not."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._n = 0
@@ -147,7 +149,12 @@ class Load:
         partition = self._n % PARTITIONS
         values = [f"m{self._n:07d}-{i:03d}".encode() for i in range(self.batch)]
         self._n += 1
-        reply = call(conn, m.ProduceRequest(topic=TOPIC, partition=partition, records=encode_values(values, 1000)))
+        try:
+            reply = call(conn, m.ProduceRequest(topic=TOPIC, partition=partition,
+                                                records=encode_values(values, 1000)))
+        except Exception:
+            self.unknown.append((partition, values))
+            raise
         self.acked.append((partition, reply.base_offset, values))
 
     def __enter__(self) -> Load:
@@ -181,9 +188,11 @@ def wait_caught_up(master: BrokerProcess, slave: BrokerProcess) -> None:
                "the slave to catch up with the master")
 
 
-def check_history(master: BrokerProcess, slave: BrokerProcess, acked: list[tuple[int, int, list[bytes]]]) -> None:
-    """Slave == master, byte for byte and message for message; every acked batch is there, in place."""
-    total = 0
+def check_history(master: BrokerProcess, slave: BrokerProcess, acked: list[tuple[int, int, list[bytes]]],
+                  unknown: list[tuple[int, list[bytes]]] | None = None) -> None:
+    """Slave == master, byte for byte and message for message; every acked batch is there, in place;
+    anything else stored is a batch sent without an answer (``unknown``), whole and in one place."""
+    total = unacked_stored = 0
     for p in range(PARTITIONS):
         master_bytes, slave_bytes = stored_bytes(master, p), stored_bytes(slave, p)
         assert slave_bytes == master_bytes, f"partition {p}: the slave's bytes differ from the master's"
@@ -196,10 +205,16 @@ def check_history(master: BrokerProcess, slave: BrokerProcess, acked: list[tuple
         for base, values in mine:
             assert [by_offset.get(base + i) for i in range(len(values))] == values, \
                 f"acked batch {p}@{base} is not on the slave as acked"
-        acked_count = sum(len(v) for _, v in mine)
-        assert len(on_slave) == acked_count, f"partition {p}: {len(on_slave)} stored, {acked_count} acked"
+        acked_offsets = {base + i for base, values in mine for i in range(len(values))}
+        extra = [(o, d) for o, _, d in on_slave if o not in acked_offsets]
+        maybe = {d for q, values in (unknown or []) if q == p for d in values}
+        assert all(d in maybe for _, d in extra), f"partition {p}: stored messages that were never sent"
+        acked_count = len(acked_offsets)
+        assert len(on_slave) == acked_count + len(extra), f"partition {p}: {len(on_slave)} stored, {acked_count} acked"
+        unacked_stored += len(extra)
         total += len(on_slave)
-    print(f"history: {len(acked)} acked batches, {total} messages, identical on master and slave")
+    print(f"history: {len(acked)} acked batches, {total} messages identical on master and slave, "
+          f"{unacked_stored} of them from {len(unknown or [])} sends without an answer")
 
 
 def segment_files(proc: BrokerProcess, partition: int) -> dict[str, bytes]:
@@ -388,3 +403,17 @@ def test_a_new_slave_of_a_master_with_retention_starts_at_the_masters_log_start(
         found, _ = decode_fetched(stored_bytes(slave, p, start), TOPIC, p, start)
         kept = {(base + i): v for q, base, values in load.acked if q == p for i, v in enumerate(values)}
         assert [(x.offset, x.data) for x in found] == [(o, kept[o]) for o in range(start, end_offsets(master)[p])]
+
+
+@pytest.mark.slow
+def test_master_killed_under_load_and_restarted_the_slave_follows_on(
+        master_and_slave: tuple[BrokerProcess, BrokerProcess]) -> None:
+    master, slave = master_and_slave
+    with Load(master) as load:
+        load.wait_for(100)
+        master.kill()  # -9: its registration lingers until the session expires, then it registers again
+        master.start()
+        load.wait_for(100)
+    wait_caught_up(master, slave)
+    check_history(master, slave, load.acked, load.unknown)
+    assert stats(slave)["replication"]["master"] == f"127.0.0.1:{master.port}"
