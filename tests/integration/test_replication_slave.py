@@ -417,3 +417,26 @@ def test_master_killed_under_load_and_restarted_the_slave_follows_on(
     wait_caught_up(master, slave)
     check_history(master, slave, load.acked, load.unknown)
     assert stats(slave)["replication"]["master"] == f"127.0.0.1:{master.port}"
+
+
+def test_a_master_that_lost_data_stalls_the_slave_which_keeps_its_copy(
+        master_and_slave: tuple[BrokerProcess, BrokerProcess]) -> None:
+    """Divergence is never resolved silently: the slave neither truncates nor appends, and says why."""
+    master, slave = master_and_slave
+    load = produce(master, 30)
+    wait_caught_up(master, slave)
+    kept = [stored_bytes(slave, p) for p in range(PARTITIONS)]
+    master.stop()
+    for p in range(PARTITIONS):  # the master's disk is replaced: it comes back empty
+        for path in (Path(master.data_dir) / f"{TOPIC}-{p}").iterdir():
+            path.unlink()
+    slave.allow_log(r"replica orders-\d cannot continue: the slave holds offsets up to \d+ but the master's log "
+                    r"ends at \d+")
+    master.start()
+    wait_until(lambda: all(e["stalled"] for e in stats(slave)["replication"]["partitions"][TOPIC].values()), 30,
+               0.05, "every partition of the slave to stall")
+    produce(master, 3)  # new writes on the empty master are not mixed into the slave's copy
+    assert [stored_bytes(slave, p) for p in range(PARTITIONS)] == kept
+    entry = stats(slave)["replication"]["partitions"][TOPIC]["0"]
+    assert "nothing is truncated automatically" in entry["stalled"]
+    assert entry["log_end_offset"] == sum(len(v) for q, _, v in load.acked if q == 0)

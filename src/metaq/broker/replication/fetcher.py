@@ -189,7 +189,7 @@ class PartitionFollower:
         else:
             why = (f"the master's log now starts at {start}, past the slave's end {offset} (retention removed what "
                    "the slave lacks); see docs/replication.md")
-        if self.state.stalled != why:
+        if not self.state.stalled:  # once per stall (its text follows the master's offsets in stats)
             log.error("replica %s-%d cannot continue: %s", self.topic, self.partition, why)
         self.state.stalled = why
 
