@@ -387,6 +387,7 @@ def test_metaqs_manual_failover_restart_the_slave_without_slave(
         assert all(i >> 112 == 1 and i & ((1 << 64) - 1) == o for o, i, _ in on_new_master)
 
 
+@pytest.mark.slow
 def test_a_new_slave_of_a_master_with_retention_starts_at_the_masters_log_start(
         cluster_factory: Callable[..., BrokerProcess]) -> None:
     short = f"[topic={TOPIC}]\nnumPartitions={PARTITIONS}\ndeletePolicy=delete,1s\ndeleteWhen=* * * * * ?\n"
