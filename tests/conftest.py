@@ -8,7 +8,7 @@ the test ends: a traceback or an ERROR/CRITICAL record in its log, or an exit co
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +55,9 @@ def broker_factory(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
     started: list[BrokerProcess] = []
 
     def make(options: dict[str, Any] | None = None, *, name: str = "broker", start: bool = True,
-             config_text: str | None = None, expect_errors: bool = False) -> BrokerProcess:
-        proc = BrokerProcess(tmp_path / name, options, config_text=config_text, expect_errors=expect_errors)
+             config_text: str | None = None, expect_errors: bool = False, args: Sequence[str] = ()) -> BrokerProcess:
+        proc = BrokerProcess(tmp_path / name, options, config_text=config_text, expect_errors=expect_errors,
+                             args=args)
         started.append(proc)
         return proc.start() if start else proc
 
@@ -103,14 +104,17 @@ def zk_root() -> str:
 def cluster_factory(broker_factory: Callable[..., BrokerProcess], zookeeper: Any,
                     zk_root: str) -> Callable[..., BrokerProcess]:
     """Start a broker of a ZooKeeper-mode cluster (the session's ZooKeeper, this test's root):
-    ``cluster_factory(broker_id, numPartitions=2, ...)``; extra ``[topic=...]`` sections via ``topics``."""
+    ``cluster_factory(broker_id, numPartitions=2, ...)``; extra ``[topic=...]`` sections via ``topics``;
+    further command-line arguments via ``args`` (``args=["--slave"]`` starts a slave of ``broker_id``)."""
 
     def make(broker_id: int, *, topics: str = "", zk_session_timeout_ms: int = 4000, start: bool = True,
-             expect_errors: bool = False, name: str | None = None, **system: Any) -> BrokerProcess:
+             expect_errors: bool = False, name: str | None = None, args: Sequence[str] = (),
+             **system: Any) -> BrokerProcess:
         from metaq.testing.zookeeper import cluster_config
 
         return broker_factory(config_text=cluster_config(broker_id, zookeeper.connect_string, zk_root,
                                                          zk_session_timeout_ms, system, topics),
-                              name=name or f"broker-{broker_id}", start=start, expect_errors=expect_errors)
+                              name=name or f"broker-{broker_id}", start=start, expect_errors=expect_errors,
+                              args=args)
 
     return make

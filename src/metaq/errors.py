@@ -147,6 +147,17 @@ class OffsetOutOfRangeError(BrokerError):
 
 
 @_register
+class NotMasterError(BrokerError):
+    """A write sent to a slave (docs/replication.md): only the master of a broker id takes produces."""
+
+    code = 6
+    name = "NOT_MASTER"
+    retriable = True
+    refresh_metadata = True
+    hint = "this broker is a slave: it serves fetches but takes no writes; send to the master of its broker id"
+
+
+@_register
 class MessageTooLargeError(BrokerError):
     code = 10
     name = "MESSAGE_TOO_LARGE"

@@ -31,9 +31,12 @@ log = logging.getLogger("metaq.broker.cluster")
 
 
 class ClusterLink:
-    def __init__(self, registry: ClusterRegistry, broker_id: int, *, mode: str, where: str = "") -> None:
+    def __init__(self, registry: ClusterRegistry, broker_id: int, *, mode: str, where: str = "",
+                 slave_id: int = -1) -> None:
         self.registry = registry
         self.broker_id = broker_id
+        self.slave_id = slave_id
+        """>= 0: this broker is slave ``slave_id`` of ``broker_id``'s master (docs/replication.md)."""
         self.mode = mode
         """``embedded`` or ``zookeeper``."""
         self.where = where
@@ -44,15 +47,16 @@ class ClusterLink:
         """What was last announced per topic (None: withdrawn), to skip repeats."""
 
     @classmethod
-    def for_config(cls, config: BrokerConfig) -> ClusterLink:
+    def for_config(cls, config: BrokerConfig, *, slave_id: int = -1) -> ClusterLink:
         zk = config.zookeeper
         if zk is None or not zk.enable:
-            return cls(EmbeddedRegistry(), config.broker_id, mode="embedded")
+            return cls(EmbeddedRegistry(), config.broker_id, mode="embedded", slave_id=slave_id)
         from metaq.cluster.zookeeper import ZooKeeperRegistry  # kazoo only when ZooKeeper mode is on
 
         registry = ZooKeeperRegistry(zk.connect, zk.root, session_timeout_ms=zk.session_timeout_ms,
                                      connection_timeout_ms=zk.connection_timeout_ms)
-        return cls(registry, config.broker_id, mode="zookeeper", where=f"{zk.connect}{registry.paths.root}")
+        return cls(registry, config.broker_id, mode="zookeeper", where=f"{zk.connect}{registry.paths.root}",
+                   slave_id=slave_id)
 
     # ------------------------------------------------------------------ start and stop (blocking)
 
@@ -65,12 +69,16 @@ class ClusterLink:
     def join(self, host: str, port: int, topics: dict[str, tuple[int, bool, bool]]) -> None:
         """Register this broker at ``host:port`` and announce ``topics`` (name -> (partitions, publish?,
         subscribe?)). RegistryError (BrokerIdTaken) when another live broker has this id."""
-        self.registry.register_broker(self.broker_id, Address(host, port))
+        self.registry.register_broker(self.broker_id, Address(host, port), slave_id=self.slave_id)
         for topic, (count, pub, sub) in sorted(topics.items()):
             self.registry.publish_topic(topic, count, accept_publish=pub, accept_subscribe=sub)
             self._topics[topic] = (count, pub, sub)
         self._joined = True
         if self.mode == "zookeeper":
+            if self.slave_id >= 0:
+                log.info("broker %d joined the cluster at %s as slave %d with %d topics", self.broker_id,
+                         self.where, self.slave_id, len(topics))
+                return
             log.info("broker %d joined the cluster at %s with %d topics", self.broker_id, self.where, len(topics))
 
     def leave(self) -> None:
@@ -120,6 +128,19 @@ class ClusterLink:
     def snapshot(self) -> ClusterSnapshot:
         return self.registry.snapshot()
 
+    def master_address(self) -> Address | None:
+        """Where this broker id's master is registered now (a slave follows it); None while it is not."""
+        return self.snapshot().address(self.broker_id)
+
+    def master_topics(self) -> dict[str, int]:
+        """Topic -> partition count the master of this broker id announces (publish or subscribe)."""
+        out: dict[str, int] = {}
+        for name, entry in self.snapshot().topics.items():
+            count = max(entry.publish.get(self.broker_id, 0), entry.subscribe.get(self.broker_id, 0))
+            if count > 0:
+                out[name] = count
+        return out
+
     def describe(self) -> dict[str, Any]:
         """For stats: the mode, and in ZooKeeper mode where and whether connected."""
         out: dict[str, Any] = {"mode": self.mode}
@@ -127,6 +148,8 @@ class ClusterLink:
             out["zookeeper"] = self.where
             out["connected"] = bool(getattr(self.registry, "connected", False))
             out["brokers"] = sorted(self.snapshot().brokers)
+            if self.slave_id >= 0:
+                out["role"] = f"slave {self.slave_id} of broker {self.broker_id}"
         return out
 
 

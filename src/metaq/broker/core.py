@@ -21,7 +21,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from metaq.broker.cluster import ClusterLink
 from metaq.broker.config import BrokerConfig, TopicConfig, TopicSettings, diff_topics, merge_topic_configs
@@ -29,6 +29,7 @@ from metaq.broker.error_mapping import error_response
 from metaq.broker.groups import GroupCoordinator
 from metaq.broker.ini import load_broker_config, topic_options_text
 from metaq.broker.session import Session
+from metaq.broker.slave_config import SlaveConfig
 from metaq.broker.stats import BrokerStats
 from metaq.broker.topic_options import TopicOptionsStore
 from metaq.broker.waiters import FetchWaiters
@@ -38,6 +39,7 @@ from metaq.errors import (
     InvalidArgument,
     InvalidRequestError,
     InvalidTopicError,
+    NotMasterError,
     StorageError,
     StorageFailureError,
     UnknownPartitionError,
@@ -64,6 +66,13 @@ def check_topic_name(topic: str) -> None:
         raise InvalidTopicError(str(exc)) from None
 
 
+class ReplicationView(Protocol):
+    """What the core needs of a slave's replication (the fetcher itself lives outside the network-free
+    core, in :mod:`metaq.broker.replication`): its state for ``metaq stats``."""
+
+    def describe(self) -> dict[str, Any]: ...
+
+
 @dataclass
 class TopicState:
     settings: TopicSettings
@@ -83,8 +92,12 @@ class Broker:
 
     def __init__(self, config: BrokerConfig, handlers: Mapping[type, Handler], *, config_path: str | None = None,
                  overrides: Mapping[str, str] | None = None, sync: Callable[[int], None] = os.fdatasync,
-                 cluster: ClusterLink | None = None) -> None:
+                 cluster: ClusterLink | None = None, slave: SlaveConfig | None = None) -> None:
         self.config = config
+        self.slave = slave
+        """Set when this broker is an async slave of its broker id's master (``metaq broker --slave``)."""
+        self.replication: ReplicationView | None = None
+        """The slave's replica fetchers, once started (:mod:`metaq.broker.replication`)."""
         """The effective configuration: server.ini and flags, plus the options of created topics."""
         self._file_config = config
         self.config_path = config_path
@@ -108,7 +121,8 @@ class Broker:
         self.host = config.host_name
         """Where clients reach this broker (Metadata advertises it): the transport sets it once bound."""
         self.port = 0
-        self.cluster = cluster if cluster is not None else ClusterLink.for_config(config)
+        self.cluster = cluster if cluster is not None else ClusterLink.for_config(
+            config, slave_id=slave.slave_id if slave is not None else -1)
         """This broker's place in its cluster (embedded, or ZooKeeper): registration and the cluster view."""
 
     # -- configuration ------------------------------------------------------------------------
@@ -266,6 +280,13 @@ class Broker:
             self.config = self._effective(self._file_config)
         self.stats.forget_topic(topic)
         self.waiters.notify_all()
+
+    def refuse_writes_on_slave(self, what: str) -> None:
+        """NOT_MASTER for a write (produce, topic changes) sent to a slave: its log is the master's copy."""
+        if self.slave is not None:
+            raise NotMasterError(f"broker {self.config.broker_id} here is slave {self.slave.slave_id}: it serves "
+                                 f"fetches but refuses {what}; send it to the master of broker id "
+                                 f"{self.config.broker_id}")
 
     def partition_log(self, topic: str, partition: int) -> tuple[TopicState, PartitionLog]:
         """A partition's state and log; UNKNOWN_TOPIC / UNKNOWN_PARTITION when it does not exist here."""

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, Self
 
@@ -47,9 +48,12 @@ class BrokerLauncher:
 
     def __init__(self, data_dir: str | Path, options: dict[str, Any] | None = None,
                  config_text: str | None = None, port: int = 0, env: dict[str, str] | None = None,
-                 ready_timeout_s: float = 30.0, *, log_path: str | Path | None = None) -> None:
+                 ready_timeout_s: float = 30.0, *, log_path: str | Path | None = None,
+                 args: Sequence[str] = ()) -> None:
         self.data_dir = Path(data_dir)
         self.options = dict(options or {})
+        self.args = list(args)
+        """Further command-line arguments, after the options (``["--slave", "--slave-id", "1"]``)."""
         self.config_text = config_text
         self.requested_port = port
         self.env = env
@@ -84,7 +88,7 @@ class BrokerLauncher:
             if isinstance(value, bool):
                 value = "true" if value else "false"
             cmd += [f"--{key}", str(value)]
-        return cmd
+        return cmd + self.args
 
     # -- lifecycle ------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from metaq.broker.core import Broker
 from metaq.broker.handlers import REQUEST_HANDLERS
 from metaq.broker.ini import load_broker_config
 from metaq.broker.service import BrokerService, StartupError
+from metaq.broker.slave_config import SlaveConfig, load_slave_config
 from metaq.errors import ConfigError
 from metaq.protocol import messages as m
 
@@ -46,10 +47,11 @@ def install_event_loop(kind: str) -> None:
 
 
 async def serve(config: BrokerConfig, *, config_path: str | None = None,
-                overrides: dict[str, str] | None = None, ready_line: bool = True) -> int:
+                overrides: dict[str, str] | None = None, ready_line: bool = True,
+                slave: SlaveConfig | None = None) -> int:
     loop = asyncio.get_running_loop()
     started = time.monotonic()
-    broker = Broker(config, REQUEST_HANDLERS, config_path=config_path, overrides=overrides)
+    broker = Broker(config, REQUEST_HANDLERS, config_path=config_path, overrides=overrides, slave=slave)
     service = BrokerService(broker)
     await service.start()
     stop = asyncio.Event()
@@ -67,7 +69,8 @@ async def serve(config: BrokerConfig, *, config_path: str | None = None,
         loop.add_signal_handler(sig, on_stop, sig)
     loop.add_signal_handler(signal.SIGHUP, on_reload)
     n_parts = sum(s.num_partitions for s in broker.topics.values())
-    log.info("broker %d serving %d topics / %d partitions from %s (opened in %.2fs)", config.broker_id,
+    role = f" as slave {slave.slave_id}" if slave is not None else ""
+    log.info("broker %d%s serving %d topics / %d partitions from %s (opened in %.2fs)", config.broker_id, role,
              len(broker.topics), n_parts, config.data_path, time.monotonic() - started)
     if ready_line:
         print(f"metaq broker ready {broker.host}:{broker.port}", flush=True)
@@ -79,13 +82,13 @@ async def serve(config: BrokerConfig, *, config_path: str | None = None,
 
 
 def run(config: BrokerConfig, *, config_path: str | None = None, overrides: dict[str, str] | None = None,
-        event_loop: str = "uvloop") -> int:
+        event_loop: str = "uvloop", slave: SlaveConfig | None = None) -> int:
     """Serve until SIGTERM; the exit code (0, or EXIT_CANNOT_START after one line on stderr)."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_event_loop(event_loop)
     try:
-        return asyncio.run(serve(config, config_path=config_path, overrides=overrides))
+        return asyncio.run(serve(config, config_path=config_path, overrides=overrides, slave=slave))
     except StartupError as exc:
         click.echo(f"Error: {exc}", err=True)
         return EXIT_CANNOT_START
@@ -96,18 +99,38 @@ def run(config: BrokerConfig, *, config_path: str | None = None, overrides: dict
               help="MetaQ server.ini file ([system], [topic=NAME], [zookeeper] sections).")
 @click.option("--event-loop", type=click.Choice(["uvloop", "asyncio"]), default="uvloop", show_default=True,
               help="uvloop is faster for small requests; asyncio's loop sends fetch replies with zero-copy sendfile.")
+@click.option("--slave", "as_slave", is_flag=True, default=False,
+              help="Run as an async slave of the master of this brokerId (MetaQ's `metaServer.sh start slave`); "
+                   "needs ZooKeeper mode. See docs/replication.md.")
+@click.option("--slave-config", "slave_config_file", type=click.Path(dir_okay=False), default=None,
+              help="MetaQ's async_slave.properties (slaveId, slaveGroup, slaveMaxDelayInMills, "
+                   "autoSyncMasterConfig); with --slave.")
+@click.option("--slave-id", "slave_id", type=int, default=None,
+              help="slaveId (overrides the properties file; default 0); with --slave.")
 @click_options()
-def broker_command(config_file: str | None, event_loop: str, **flags: Any) -> None:
+def broker_command(config_file: str | None, event_loop: str, as_slave: bool, slave_config_file: str | None,
+                   slave_id: int | None, **flags: Any) -> None:
     """Run a metaq broker (MetaQ's metaServer). Every server.ini [system] key is also a flag."""
     overrides = overrides_from_click(flags)
+    slave: SlaveConfig | None = None
     try:
         config = load_broker_config(config_file, overrides)
+        if (slave_config_file is not None or slave_id is not None) and not as_slave:
+            raise ConfigError("--slave-config and --slave-id only apply with --slave")
+        if as_slave:
+            slave = load_slave_config(slave_config_file, slave_id)
+            if config.zookeeper is None or not config.zookeeper.enable:
+                raise ConfigError("--slave needs ZooKeeper mode to find its master: add a [zookeeper] section "
+                                  "with zk.zkConnect to server.ini (docs/replication.md)")
     except ConfigError as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(EXIT_BAD_CONFIG)
     for warning in config.warnings:
         click.echo(f"warning: {warning}", err=True)
-    sys.exit(run(config, config_path=config_file, overrides=overrides, event_loop=event_loop))
+    if slave is not None and slave.auto_sync_master_config:
+        click.echo("warning: autoSyncMasterConfig=true is accepted but not acted on yet: the slave keeps its own "
+                   "server.ini (docs/replication.md)", err=True)
+    sys.exit(run(config, config_path=config_file, overrides=overrides, event_loop=event_loop, slave=slave))
 
 
 def main(argv: list[str] | None = None) -> Any:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from metaq.broker.background import Job, default_jobs
 from metaq.broker.connections import ConnectionLimits, ConnectionRegistry
 from metaq.broker.core import Broker
+from metaq.broker.replication import SlaveReplicator
 from metaq.broker.transport import listen_tcp
 from metaq.cluster.registry import RegistryError
 from metaq.errors import ConfigError, StorageError
@@ -63,6 +64,10 @@ class BrokerService:
                 reason = "the address is already in use (another broker? choose another serverPort)"
             raise StartupError(f"cannot listen on {config.host_name}:{config.server_port}: {reason}") from None
         cluster = self.broker.cluster
+        if self.broker.slave is not None and cluster.mode != "zookeeper":
+            server.close()
+            raise StartupError("a slave (--slave) needs ZooKeeper mode to find its master: add a [zookeeper] "
+                               "section with zk.zkConnect to server.ini (docs/replication.md)")
         try:
             await loop.run_in_executor(None, self._connect_cluster)
             await loop.run_in_executor(None, self._open_data)
@@ -82,6 +87,9 @@ class BrokerService:
             await loop.run_in_executor(None, cluster.close)
             raise
         self._tasks = [loop.create_task(job(self.broker)) for job in self.jobs]
+        if self.broker.slave is not None:
+            replicator = SlaveReplicator(self.broker, self.broker.slave)
+            self._tasks.append(loop.create_task(replicator.run(), name="metaq-slave"))
         self._tasks.append(loop.create_task(self.registry.run_sweeper()))
 
     def _connect_cluster(self) -> None:

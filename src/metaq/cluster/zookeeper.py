@@ -81,6 +81,8 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
             command_retry=KazooRetry(max_tries=5, delay=0.1, backoff=2, max_delay=2.0))
         self._lock = threading.RLock()
         self._owned: dict[str, bytes] = {}
+        self._own_slave_id = -1
+        """The slave id this process registered as (-1: a master)."""
         """Ephemeral nodes this process keeps registered: path -> data (made again after an expiry)."""
         self._brokers: dict[int, dict[str, Address]] = {}
         self._topics: dict[bool, dict[str, dict[str, int]]] = {True: {}, False: {}}
@@ -408,6 +410,7 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
     def register_broker(self, broker_id: int, address: Address, *, slave_id: int = -1) -> None:
         path = self.paths.broker_node(broker_id, slave_id)
         data = layout.broker_url(address.host, address.port).encode()
+        self._own_slave_id = slave_id
         deadline = time.monotonic() + self.session_timeout_s + _PREVIOUS_SESSION_SLACK_S
         while True:
             try:
@@ -435,8 +438,12 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         log.info("registered %s = %s", path, data.decode())
 
     def publish_topic(self, topic: str, num_partitions: int, *, accept_publish: bool, accept_subscribe: bool,
-                      broker_id: int | None = None, slave_id: int = -1) -> None:
+                      broker_id: int | None = None, slave_id: int | None = None) -> None:
+        """As the registry's; ``broker_id`` / ``slave_id`` default to this process's registration, so a
+        slave announces ``topics-sub/<topic>/<id>-s<slaveId>`` (and never a topics-pub node)."""
         broker_id = self._own_broker_id() if broker_id is None else broker_id
+        if slave_id is None:
+            slave_id = self._own_slave_id
         data = layout.topic_broker_data(num_partitions, broker_id, slave_id)
         for publish, wanted in ((True, accept_publish and slave_id < 0), (False, accept_subscribe)):
             path = self.paths.topic_broker(topic, broker_id, slave_id, publish=publish)

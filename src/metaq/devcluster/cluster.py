@@ -38,6 +38,7 @@ __all__ = ["BrokerInfo", "DevCluster", "DevClusterError", "ZooKeeperUnavailable"
 
 BROKERS_MAX = 16
 """More would only share the same cores; a dev cluster shows the behaviour with 2-5."""
+SLAVES_MAX = 4
 BROKER_STOP_TIMEOUT_S = 15.0
 """How long a broker may take to drain and flush after SIGTERM before it is killed."""
 ZOOKEEPER_STOP_TIMEOUT_S = 30.0
@@ -71,7 +72,8 @@ class DevCluster:
 
     def __init__(self, directory: str | Path, brokers: int = 3, *, port: int = 0, zk_port: int = 0,
                  zk_root: str = DEFAULT_ROOT, partitions: int = 2, session_timeout_ms: int = 10_000,
-                 system: Mapping[str, Any] | None = None, topics: str = "", ready_timeout_s: float = 60.0) -> None:
+                 system: Mapping[str, Any] | None = None, topics: str = "", ready_timeout_s: float = 60.0,
+                 slaves: int = 0) -> None:
         if not 1 <= brokers <= BROKERS_MAX:
             raise DevClusterError(f"a local cluster has 1 to {BROKERS_MAX} brokers, not {brokers}")
         self.directory = Path(directory).resolve()
@@ -87,6 +89,14 @@ class DevCluster:
             b: DetachedBroker(self.directory / f"broker-{b}", port=port + b - 1 if port else 0,
                               ready_timeout_s=ready_timeout_s, log_path=self.directory / f"broker-{b}.log")
             for b in range(1, brokers + 1)}
+        if not 0 <= slaves <= SLAVES_MAX:
+            raise DevClusterError(f"a local cluster has 0 to {SLAVES_MAX} slaves per broker, not {slaves}")
+        self.slaves: dict[tuple[int, int], DetachedBroker] = {
+            (b, s): DetachedBroker(self.directory / f"broker-{b}-slave-{s}", ready_timeout_s=ready_timeout_s,
+                                   log_path=self.directory / f"broker-{b}-slave-{s}.log",
+                                   args=["--slave", "--slave-id", str(s)])
+            for b in range(1, brokers + 1) for s in range(slaves)}
+        """Async slaves (docs/replication.md): slave ``s`` of broker ``b``, started after the masters."""
         self._reported_exits: set[int] = set()
 
     # -- what is running ------------------------------------------------------------------------
@@ -124,7 +134,7 @@ class DevCluster:
             except RuntimeError as exc:
                 raise DevClusterError(f"ZooKeeper did not start (its log: {self.zookeeper.log_path}): "
                                       f"{str(exc).splitlines()[0]}") from None
-            for broker_id, proc in self.brokers.items():
+            for broker_id, proc in [*self.brokers.items(), *((b, p) for (b, _), p in self.slaves.items())]:
                 proc.config_text = cluster_server_ini(broker_id, self.zk_connect, zk_root=self.zk_root,
                                                       session_timeout_ms=self.session_timeout_ms, system=self.system,
                                                       topics=self.topics)
@@ -133,6 +143,12 @@ class DevCluster:
             if failures:
                 raise DevClusterError("; ".join(f.result() for f in failures))
             self._wait_registered()
+            for (broker_id, slave_id), proc in self.slaves.items():
+                try:
+                    proc.start()
+                except BrokerLaunchError:
+                    raise DevClusterError(f"slave {slave_id} of broker {broker_id} did not start; see "
+                                          f"{proc.log_path}") from None
         except BaseException:
             self.stop()
             raise
@@ -172,6 +188,9 @@ class DevCluster:
     def stop(self) -> None:
         """Brokers first (SIGTERM, side by side; killed after BROKER_STOP_TIMEOUT_S), then ZooKeeper.
         Idempotent."""
+        for slave in self.slaves.values():  # slaves first: they would only log their master's absence
+            if slave.running:
+                slave.stop_or_kill(BROKER_STOP_TIMEOUT_S)
         running = [proc for proc in self.brokers.values() if proc.running]
         if running:
             with ThreadPoolExecutor(len(running), thread_name_prefix="metaq-devcluster") as pool:
@@ -181,6 +200,7 @@ class DevCluster:
     def wipe(self) -> None:
         """Delete the directory (only while nothing runs)."""
         assert not self.zookeeper.running and not any(p.running for p in self.brokers.values())
+        assert not any(p.running for p in self.slaves.values())
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> Self:

@@ -172,6 +172,11 @@ class TimeIndex:
         self._pending.clear()
         return data
 
+    def truncate(self, count: int) -> None:
+        del self.timestamps[count:]
+        del self.relative_offsets[count:]
+        self._pending.clear()
+
     def start_before(self, timestamp_ms: int) -> int:
         """Relative offset of a batch such that every batch before it holds only older timestamps:
         the last entry whose running maximum is below ``timestamp_ms`` (0 when none)."""

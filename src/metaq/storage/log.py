@@ -13,7 +13,7 @@ import os
 import shutil
 import threading
 import time
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -34,6 +34,7 @@ from metaq.storage.files import FileCache, FileHandle
 from metaq.storage.fileslice import FileSlice
 from metaq.storage.flush import Flusher, new_durable_future, resolve
 from metaq.storage.recovery import RecoveryReport, load_segments
+from metaq.storage.replica import ReplicaGap, check_replicated
 from metaq.storage.retention import dispose_segment
 from metaq.storage.scan import iter_headers, pread_exact
 from metaq.storage.segment import Segment
@@ -52,6 +53,46 @@ def _storage_error(what: str, exc: OSError) -> StorageError:
         return DiskFull(f"{what}: the disk is full ({exc.strerror}); nothing was written, reads go on, and "
                         "writes succeed again once space is freed")
     return StorageError(f"{what}: {exc}")
+
+
+class _FlushPolicy(NamedTuple):
+    """What the flush policy decided for one append (computed under the lock, applied after it)."""
+
+    future: Future[None]
+    wait: bool
+    forced: Segment | None
+    request: bool
+    first_unflushed_ms: int
+    flusher: Flusher | None
+
+
+class _Run(NamedTuple):
+    """Replicated batches written with one write: [start, end) of the buffer, into one segment."""
+
+    roll: bool
+    start: int
+    end: int
+    batches: list[tuple[int, BatchHeader]]
+
+
+def _runs_per_segment(batches: list[tuple[int, BatchHeader]], active_bytes: int,
+                      segment_bytes_max: int) -> list[_Run]:
+    """Split replicated batches where the append rule would roll a segment (same rule as ``append``)."""
+    runs: list[_Run] = []
+    current: list[tuple[int, BatchHeader]] = []
+    size = active_bytes
+    roll = False
+    for start, header in batches:
+        total = header.total_bytes
+        if size and size + total > segment_bytes_max:
+            if current:
+                runs.append(_Run(roll, current[0][0], start, current))
+            current, size, roll = [], 0, True
+        current.append((start, header))
+        size += total
+    last_start, last = current[-1]
+    runs.append(_Run(roll, current[0][0], last_start + last.total_bytes, current))
+    return runs
 
 
 class AppendResult(NamedTuple):
@@ -203,7 +244,6 @@ class PartitionLog:
         self._appending = True
         try:
             config = self._config
-            flusher = self._flusher if self._flusher is not None and self._flusher.accepting else None
             if header is None:
                 header = validate_batch(batch, config.max_message_bytes, config.max_batch_bytes)
             view = memoryview(batch)
@@ -214,7 +254,6 @@ class PartitionLog:
                 now_ms = int(self._clock() * 1000)
             if self._marker_present:
                 self._invalidate_marker()
-            forced: Segment | None = None
             with self._lock:
                 self._check_writable()
                 segment = self._active
@@ -232,43 +271,253 @@ class PartitionLog:
                 segment.note_batch(position, header._replace(base_offset=base_offset))
                 self._size_bytes += total
                 self._end_offset = next_offset
-                threshold = config.unflush_threshold
-                request = rolled and not self._flush_requested
-                if threshold == 1:
-                    future = new_durable_future()
-                    forced = segment
-                    wait = True
-                else:
-                    if self._pending_future is None:
-                        self._pending_future = new_durable_future()
-                    future = self._pending_future
-                    wait = threshold <= 0
-                    if wait:
-                        request = request or not self._flush_requested
-                    else:
-                        self._unflushed_messages += header.record_count
-                        if self._unflushed_messages >= threshold and not self._flush_requested:
-                            request = True
-                        if self._first_unflushed_ms < 0:
-                            self._first_unflushed_ms = int(self._clock() * 1000)
-                            if flusher is not None:
-                                flusher.flush_at(self, self._first_unflushed_ms + config.unflush_interval_ms)
-                if request:
-                    self._flush_requested = True
-                first_unflushed_ms = self._first_unflushed_ms
-            if flusher is not None:
-                if forced is not None:
-                    flusher.sync_append(self, forced, future)
-                elif request:
-                    flusher.flush_soon(self)
-            elif forced is not None or wait or request or (
-                    first_unflushed_ms >= 0
-                    and int(self._clock() * 1000) - first_unflushed_ms >= config.unflush_interval_ms):
-                self.flush_pending(forced, future if forced is not None else None)
+                policy = self._account_locked(segment, header.record_count, rolled)
+            future, wait = self._apply_flush_policy(policy)
             return AppendResult(base_offset, next_offset - 1, message_id, now_ms, header.record_count,
                                 future, wait)
         finally:
             self._appending = False
+
+    def append_replicated(self, data: bytes | memoryview) -> AppendResult | None:
+        """Store batches already stamped by the master, byte for byte (a follower's append).
+
+        ``data`` is whole batches back to back, as a fetch reply from the master carries them (the
+        caller drops a cut-off tail and any batch below the log end first). Every batch is checked
+        (``replica.check_replicated``: header and body CRC, this broker id's and partition's ids, offset
+        continuity from the log end) before anything is written: ReplicaGap for a gap or an overlap,
+        CorruptRecordError for damage; nothing is stored then. Batches roll segments by the same rule
+        as appends, so with the master's ``segment_bytes_max`` the segment files match too. Returns
+        None for empty ``data``, else the result of the whole run (base of the first batch, last offset
+        of the last, the first batch's id, the last batch's append time) with the flush policy's future.
+        """
+        assert not self._appending, "concurrent appends to one partition"
+        self._appending = True
+        try:
+            view = memoryview(data)
+            if not view.nbytes:
+                return None
+            with self._lock:
+                self._check_writable()
+            where = f"{self._topic}-{self._partition}"
+            checked = check_replicated(view, self._end_offset, self._id_base >> 112, self._tag, where)
+            if self._marker_present:
+                self._invalidate_marker()
+            config = self._config
+            with self._lock:
+                self._check_writable()
+                if checked.batches[0][1].base_offset != self._end_offset:  # the log moved (a truncate)
+                    raise ReplicaGap(where, self._end_offset, checked.batches[0][1].base_offset)
+                rolled = False
+                written = 0
+                failure: StorageError | None = None
+                for run in _runs_per_segment(checked.batches, self._active.size_bytes, config.segment_bytes_max):
+                    try:
+                        if run.roll:
+                            self._roll_locked()
+                            rolled = True
+                        segment = self._active
+                        position = segment.size_bytes
+                        self._write_locked(segment, (b"", view[run.start:run.end]), position, run.end - run.start)
+                    except StorageError as exc:  # the runs before it stay written (whole batches) and accounted
+                        failure = exc
+                        break
+                    for start, header in run.batches:
+                        segment.note_batch(position + start - run.start, header)
+                        self._end_offset = header.next_offset
+                        written += header.record_count
+                    self._size_bytes += run.end - run.start
+                policy = self._account_locked(self._active, written, rolled) if written else None
+            if policy is not None:
+                future, wait = self._apply_flush_policy(policy)
+            if failure is not None:
+                raise failure
+            assert policy is not None
+            first, last = checked.batches[0][1], checked.batches[-1][1]
+            return AppendResult(first.base_offset, last.last_offset, first.base_message_id, last.append_time_ms,
+                                checked.record_count, future, wait)
+        finally:
+            self._appending = False
+
+    def start_empty_at(self, offset: int) -> None:
+        """Make an empty log start at ``offset`` (a new follower of a master whose retention removed the
+        offsets below it: its first fetch must be at the master's log start).
+
+        Only for a log holding no batch (InvalidArgument otherwise): its one empty segment is replaced by
+        an empty segment named ``offset``. Crash-safe: the new file is created and the directory synced
+        before the old file is removed; a crash in between leaves two empty segments, which recovery
+        resolves back to the old one (calling this again finishes).
+        """
+        assert not self._appending, "start_empty_at while an append runs"
+        if not 0 <= offset <= _OFFSET_MAX:
+            raise InvalidArgument(f"offset {offset} is outside 0..{_OFFSET_MAX}")
+        with self._sync_lock, self._lock:
+            self._check_writable()
+            if self._size_bytes or len(self._segments) != 1:
+                raise InvalidArgument(f"{self} holds offsets {self.log_start_offset}..{self._end_offset - 1}: only "
+                                      "an empty log can be moved to another start offset")
+            old = self._active
+            if old.base_offset == offset:
+                return
+            fresh = Segment(str(self.directory), offset, self._files, self._config.index_interval_bytes, self._tag)
+            try:
+                handle = self._files.acquire(fresh.log_path, create=True, on_close=fresh.on_log_fd_closed)
+                self._files.release(handle)
+                fresh.start_empty_indexes()
+                fsync_directory(self.directory, self._sync)
+                for path in (old.log_path, old.index_path, old.timeindex_path):
+                    self._files.discard(path)
+                    try:
+                        os.unlink(path)
+                    except FileNotFoundError:
+                        pass
+                fsync_directory(self.directory, self._sync)
+            except OSError as exc:
+                raise _storage_error(f"cannot move {self} to start at offset {offset}", exc) from exc
+            self._segments = [fresh]
+            self._bases = [offset]
+            self._active = fresh
+            self._end_offset = offset
+            self._unsynced_sealed = []
+            self._damaged = {}
+        if self._marker_present:
+            self._invalidate_marker()
+        log.info("%s now starts at offset %d (empty)", self, offset)
+
+    def truncate_to(self, offset: int) -> int:
+        """Cut the log back so that ``offset`` becomes its end; returns the messages removed.
+
+        For a follower whose tail the master never had (planned: an old master returning as a slave,
+        a slave after an unclean election). ``offset`` must be a batch boundary in
+        ``[log_start_offset, log_end_offset]`` (InvalidArgument inside a batch, OffsetOutOfRange outside).
+        Durable and crash-safe: everything is synced first, the clean-shutdown record is removed, the
+        segments past ``offset`` are removed newest first (log file before its indexes), then the
+        segment holding ``offset`` is cut, fdatasynced and its indexes rewritten and synced, then the
+        directory is synced. A crash at any step leaves a valid log whose end lies between ``offset`` and
+        the old end, which the next open recovers like any unclean stop; calling ``truncate_to`` again
+        finishes the job. Blocks on the disk (never on an event loop); it is the writer's call, so no
+        append runs meanwhile. A reader already holding a slice of the cut bytes may get a short read.
+        """
+        assert not self._appending, "truncate_to while an append runs"
+        self._appending = True
+        try:
+            with self._lock:
+                self._check_writable()
+                end = self._end_offset
+                start = self._segments[0].base_offset
+            if not start <= offset <= end:
+                raise OffsetOutOfRange(offset, start, end, f"{self._topic}-{self._partition}")
+            if offset == end:
+                return 0
+            self.flush_pending()
+            if self._marker_present:
+                self._invalidate_marker()
+            with self._sync_lock, self._lock:
+                self._check_writable()
+                try:
+                    self._truncate_locked(offset)
+                except OSError as exc:
+                    self._failure = StorageError(f"truncating {self} to offset {offset} failed: {exc}; the log "
+                                                 "is offline until restart (recovery finishes the cut)")
+                    raise self._failure from exc
+            log.warning("%s truncated to offset %d: %d messages removed", self, offset, end - offset)
+            return end - offset
+        finally:
+            self._appending = False
+
+    def _truncate_locked(self, offset: int) -> None:
+        i = bisect_right(self._bases, offset) - 1
+        keep = self._segments[i]
+        index, time_index = keep.loaded_indexes()
+        keep.sealed = False  # it becomes the active segment: its indexes stay loaded from here on
+        handle = self._files.acquire(keep.log_path, on_close=keep.on_log_fd_closed)
+        try:
+            if offset == keep.base_offset:
+                position = 0
+            else:
+                position, header = keep.find_batch(handle.fd, offset, keep.size_bytes, keep.next_offset)
+                if header.base_offset != offset:
+                    raise InvalidArgument(f"{self}: offset {offset} is inside the batch of offsets "
+                                          f"{header.base_offset}..{header.last_offset}; truncate to a batch "
+                                          f"boundary ({header.base_offset} or {header.next_offset})")
+            doomed = self._segments[i + 1:]
+            for segment in reversed(doomed):  # newest first: a crash leaves a contiguous prefix
+                for path in (segment.log_path, segment.index_path, segment.timeindex_path):
+                    self._files.discard(path)
+                    try:
+                        os.unlink(path)
+                    except FileNotFoundError:
+                        pass
+            del self._segments[i + 1:]
+            del self._bases[i + 1:]
+            os.ftruncate(handle.fd, position)
+            self._sync(handle.fd)
+            relative = offset - keep.base_offset
+            index.truncate(bisect_left(index.relative_offsets, relative))
+            time_index.truncate(bisect_left(time_index.relative_offsets, relative))
+            max_ts = time_index.max_timestamp_ms
+            last_base = -1
+            for _, header in iter_headers(handle.fd, index.last()[1], position):
+                max_ts = max(max_ts, header.max_timestamp_ms)
+                last_base = header.base_offset
+        finally:
+            self._files.release(handle)
+        keep.size_bytes = keep.synced_bytes = position
+        keep.next_offset = offset
+        keep.max_timestamp_ms = max_ts
+        keep.last_batch_base_offset = last_base
+        keep.index, keep.time_index = index, time_index
+        keep.rewrite_index_files()
+        keep.sync_index_files(self._sync)
+        fsync_directory(self.directory, self._sync)
+        self._active = keep
+        self._end_offset = offset
+        self._size_bytes = sum(s.size_bytes for s in self._segments)
+        self._unsynced_sealed = [s for s in self._unsynced_sealed if s in self._segments and s is not keep]
+        self._damaged = {k: r for k, r in self._damaged.items() if r.first_offset < offset}
+
+    def _account_locked(self, segment: Segment, record_count: int, rolled: bool) -> _FlushPolicy:
+        """Apply the flush policy's bookkeeping to an append just written (under ``_lock``)."""
+        config = self._config
+        flusher = self._flusher if self._flusher is not None and self._flusher.accepting else None
+        forced: Segment | None = None
+        request = rolled and not self._flush_requested
+        threshold = config.unflush_threshold
+        if threshold == 1:
+            future = new_durable_future()
+            forced = segment
+            wait = True
+        else:
+            if self._pending_future is None:
+                self._pending_future = new_durable_future()
+            future = self._pending_future
+            wait = threshold <= 0
+            if wait:
+                request = request or not self._flush_requested
+            else:
+                self._unflushed_messages += record_count
+                if self._unflushed_messages >= threshold and not self._flush_requested:
+                    request = True
+                if self._first_unflushed_ms < 0:
+                    self._first_unflushed_ms = int(self._clock() * 1000)
+                    if flusher is not None:
+                        flusher.flush_at(self, self._first_unflushed_ms + config.unflush_interval_ms)
+        if request:
+            self._flush_requested = True
+        return _FlushPolicy(future, wait, forced, request, self._first_unflushed_ms, flusher)
+
+    def _apply_flush_policy(self, policy: _FlushPolicy) -> tuple[Future[None], bool]:
+        """Outside ``_lock``: hand the append to the flusher, or sync inline when there is none."""
+        future, wait, forced, request, first_unflushed_ms, flusher = policy
+        if flusher is not None:
+            if forced is not None:
+                flusher.sync_append(self, forced, future)
+            elif request:
+                flusher.flush_soon(self)
+        elif forced is not None or wait or request or (
+                first_unflushed_ms >= 0
+                and int(self._clock() * 1000) - first_unflushed_ms >= self._config.unflush_interval_ms):
+            self.flush_pending(forced, future if forced is not None else None)
+        return future, wait
 
     def _check_writable(self) -> None:
         if self._closed:

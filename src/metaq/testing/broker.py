@@ -107,8 +107,8 @@ class BrokerProcess(BrokerLauncher):
 
     def __init__(self, data_dir: str | Path, options: dict[str, Any] | None = None,
                  config_text: str | None = None, port: int = 0, env: dict[str, str] | None = None,
-                 ready_timeout_s: float = 30.0, expect_errors: bool = False) -> None:
-        super().__init__(data_dir, options, config_text, port, env, ready_timeout_s)
+                 ready_timeout_s: float = 30.0, expect_errors: bool = False, args: Sequence[str] = ()) -> None:
+        super().__init__(data_dir, options, config_text, port, env, ready_timeout_s, args=args)
         self.expect_errors = expect_errors
         self.allowed_log: list[re.Pattern[str]] = []
         self.expected_exit_codes: set[int] = {0}

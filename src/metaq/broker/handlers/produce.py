@@ -33,6 +33,7 @@ def handle_produce(broker: Broker, req: m.ProduceRequest, session: Session | Non
     broker stamps the header, and the bytes are written as they came.
     """
     topic, partition = req.topic, req.partition
+    broker.refuse_writes_on_slave("produce requests")
     check_topic_name(topic)
     state = broker.topics.get(topic)
     if partition < m.ANY_PARTITION:  # refused before a dynamic topic is created for it

@@ -71,6 +71,7 @@ def handle_metadata(broker: Broker, req: m.MetadataRequest, session: Session | N
 def handle_create_topic(broker: Broker, req: m.CreateTopicRequest, session: Session | None) -> Any:
     """The response; a coroutine of it when the request has configs (they are stored off the loop)."""
     topic = req.topic
+    broker.refuse_writes_on_slave("CreateTopic (a slave creates the topics it learns of from its master)")
     check_topic_name(topic)
     if topic in broker.topics:
         raise TopicExistsError(f"topic {topic!r} already exists with {broker.topics[topic].num_partitions} partitions")
@@ -98,6 +99,7 @@ async def _create_with_options(broker: Broker, options: TopicConfig) -> m.Create
 
 
 def handle_delete_topic(broker: Broker, req: m.DeleteTopicRequest, session: Session | None) -> m.DeleteTopicResponse:
+    broker.refuse_writes_on_slave("DeleteTopic")
     check_topic_name(req.topic)
     if req.topic not in broker.topics:
         raise UnknownTopicError(f"topic {req.topic!r} does not exist")
