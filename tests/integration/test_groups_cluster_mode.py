@@ -1,0 +1,242 @@
+"""Consumer groups in cluster mode (MetaQ's way): members, owners and offsets in ZooKeeper.
+
+Real ZooKeeper, real broker processes; the consumers run in this process, each on its own session
+(its own ZooKeeper session). What every consumer was handed is recorded, and the owners znodes are
+compared with what each consumer runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvloop
+
+from metaq.client import Message, MessageSessionFactory
+from metaq.client.group import ConsumerConfig, GroupConsumer, ZooKeeperOffsetStorage, create_consumer
+from metaq.client.group.membership import ZooKeeperMembership
+from metaq.cluster.zookeeper import ZooKeeperRegistry
+from metaq.testing import BrokerProcess
+from metaq.testing.zookeeper import expire_session
+from metaq.types import PartitionId
+
+TOPICS = "[topic=orders]\nnumPartitions=2\n"
+ZK_SESSION_MS = 3000
+FAST = {"commit_offset_period_ms": 200, "max_delay_fetch_ms": 300, "fetch_runner_count": 4}
+
+
+async def until(pred: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class Member:
+    """A consumer on its own session, recording (partition, offset, value) per delivery."""
+
+    def __init__(self, session: MessageSessionFactory, consumer: GroupConsumer) -> None:
+        self.session = session
+        self.consumer = consumer
+        self.got: list[tuple[str, int, int]] = []
+
+    @property
+    def id(self) -> str:
+        return self.consumer.consumer_id
+
+    @property
+    def membership(self) -> ZooKeeperMembership:
+        assert isinstance(self.consumer.membership, ZooKeeperMembership)
+        return self.consumer.membership
+
+    def owned(self, topic: str = "orders") -> set[PartitionId]:
+        return {tp.partition for tp in self.consumer.assignment() if tp.topic == topic}
+
+    async def close(self) -> None:
+        await self.consumer.close()
+        await self.session.close()
+
+
+async def member(zk: Any, root: str, group: str, tmp: Path, **kw: Any) -> Member:
+    session = await MessageSessionFactory.connect(zk_connect=zk.connect_string, zk_root=root,
+                                                  zk_session_timeout_ms=ZK_SESSION_MS)
+    cfg = ConsumerConfig(group=group, recover_dir=tmp / "recover", **{**FAST, **kw})
+    consumer = create_consumer(session, cfg)
+    out = Member(session, consumer)
+
+    def listener(msg: Message) -> None:
+        out.got.append((str(msg.partition_id), msg.offset, int(bytes(msg.data))))
+
+    consumer.subscribe("orders", 64 * 1024, listener)
+    await consumer.complete_subscribe()
+    return out
+
+
+def settled(reader: ZooKeeperRegistry, group: str, members: list[Member], expected: set[PartitionId]) -> bool:
+    """The owners znodes name exactly ``expected``, each by a live member that runs it, disjointly."""
+    owners = reader.owners(group, "orders")
+    if set(owners) != expected:
+        return False
+    for m in members:
+        mine = {p for p, o in owners.items() if o == m.id}
+        if m.owned() != mine or m.membership.settled_at is None:
+            return False
+    runs = [p for m in members for p in m.owned()]
+    return len(runs) == len(set(runs)) and set(runs) == expected
+
+
+async def produce(session: MessageSessionFactory, values: range) -> None:
+    producer = session.create_producer()
+    for v in values:
+        result = await producer.send(Message("orders", b"%d" % v))
+        assert result.success, result
+
+
+def check_history(members: list[Member], produced: set[int]) -> Counter[int]:
+    """Everything produced was consumed; per member and partition, in offset order. Returns duplicates."""
+    seen = Counter(v for m in members for _, _, v in m.got)
+    missing = produced - set(seen)
+    assert not missing, f"{len(missing)} produced messages never consumed, e.g. {sorted(missing)[:5]}"
+    for m in members:
+        by_part: dict[str, list[int]] = {}
+        for part, offset, _ in m.got:
+            by_part.setdefault(part, []).append(offset)
+        for part, offsets in by_part.items():
+            assert offsets == sorted(offsets), f"{m.id} got {part} out of order"
+    return Counter({v: n - 1 for v, n in seen.items() if n > 1})
+
+
+@pytest.fixture
+def reader(zookeeper: Any, zk_root: str) -> Any:
+    reg = ZooKeeperRegistry(zookeeper.connect_string, zk_root, watch_cluster=False, read_only=True).start()
+    yield reg
+    reg.close()
+
+
+@pytest.mark.slow
+def test_three_members_over_three_brokers_follow_brokers_leaving_and_coming_back(
+        cluster_factory: Callable[..., BrokerProcess], zookeeper: Any, zk_root: str, reader: ZooKeeperRegistry,
+        tmp_path: Path) -> None:
+    brokers = {b: cluster_factory(b, topics=TOPICS) for b in (1, 2, 3)}
+    every = {PartitionId(b, p) for b in (1, 2, 3) for p in (0, 1)}
+
+    async def main() -> None:
+        members = [await member(zookeeper, zk_root, "g", tmp_path / f"m{i}") for i in range(3)]
+        produced: set[int] = set()
+        try:
+            await until(lambda: settled(reader, "g", members, every), what="6 partitions shared by 3 members")
+            assert sorted(len(m.owned()) for m in members) == [2, 2, 2]
+            assert all(m.consumer.offsets.__class__ is ZooKeeperOffsetStorage for m in members)
+            await produce(members[0].session, range(0, 300))
+            produced.update(range(0, 300))
+
+            async def consumed_all() -> None:
+                await until(lambda: produced <= {v for m in members for _, _, v in m.got}, what="everything consumed")
+
+            await consumed_all()
+            for how in ("stop", "kill"):
+                b3 = brokers[3]
+                await asyncio.to_thread(b3.stop if how == "stop" else b3.kill)
+                rest = {p for p in every if p.broker_id != 3}
+                await until(lambda r=rest: settled(reader, "g", members, r), what=f"broker 3 {how}: 4 partitions")
+                await produce(members[1].session, range(len(produced), len(produced) + 200))
+                produced.update(range(len(produced), len(produced) + 200))
+                await consumed_all()
+                await asyncio.to_thread(b3.restart)
+                await until(lambda: settled(reader, "g", members, every), what=f"broker 3 back after {how}")
+                await produce(members[2].session, range(len(produced), len(produced) + 300))
+                produced.update(range(len(produced), len(produced) + 300))
+                await consumed_all()
+            await asyncio.gather(*(m.consumer.commit() for m in members))
+            committed = reader.offsets("g", "orders")
+            assert set(committed) == every
+            dups = check_history(members, produced)
+            assert not dups, f"clean rebalances deliver nothing twice, got {dups.most_common(3)}"
+        finally:
+            for m in members:
+                await m.close()
+        assert reader.members("g") == {} and reader.owners("g", "orders") == {}
+
+    uvloop.run(main())
+
+
+def test_members_join_and_leave_offsets_carry_over(
+        cluster_factory: Callable[..., BrokerProcess], zookeeper: Any, zk_root: str, reader: ZooKeeperRegistry,
+        tmp_path: Path) -> None:
+    for b in (1, 2):
+        cluster_factory(b, topics=TOPICS)
+    every = {PartitionId(b, p) for b in (1, 2) for p in (0, 1)}
+
+    async def main() -> None:
+        a = await member(zookeeper, zk_root, "g", tmp_path / "a")
+        produced = set(range(100))
+        await produce(a.session, range(100))
+        await until(lambda: settled(reader, "g", [a], every), what="a alone owns all")
+        await until(lambda: produced <= {v for _, _, v in a.got}, what="a consumed everything")
+        b = await member(zookeeper, zk_root, "g", tmp_path / "b")
+        await until(lambda: settled(reader, "g", [a, b], every), what="a and b share")
+        assert len(a.owned()) == len(b.owned()) == 2
+        await produce(a.session, range(100, 200))
+        produced.update(range(100, 200))
+        await until(lambda: produced <= {v for m in (a, b) for _, _, v in m.got}, what="a and b consumed all")
+        await a.close()
+        await until(lambda: settled(reader, "g", [b], every), what="b takes a's partitions over")
+        await produce(b.session, range(200, 300))
+        produced.update(range(200, 300))
+        await until(lambda: produced <= {v for m in (a, b) for _, _, v in m.got}, what="b consumed all")
+        dups = check_history([a, b], produced)
+        assert not dups, "a clean leave commits first: nothing is delivered twice"
+        await b.close()
+        # a new member of the group starts where the group stopped (ZooKeeper offsets)
+        c = await member(zookeeper, zk_root, "g", tmp_path / "c")
+        await until(lambda: settled(reader, "g", [c], every), what="c owns all")
+        await produce(c.session, range(300, 310))
+        await until(lambda: set(range(300, 310)) <= {v for _, _, v in c.got}, what="c consumed the new ones")
+        assert {v for _, _, v in c.got} == set(range(300, 310))
+        await c.close()
+
+    uvloop.run(main())
+
+
+def test_expired_session_stops_fetching_and_rejoins(
+        cluster_factory: Callable[..., BrokerProcess], zookeeper: Any, zk_root: str, reader: ZooKeeperRegistry,
+        tmp_path: Path) -> None:
+    for b in (1, 2):
+        cluster_factory(b, topics=TOPICS)
+    every = {PartitionId(b, p) for b in (1, 2) for p in (0, 1)}
+
+    async def main() -> None:
+        a = await member(zookeeper, zk_root, "g", tmp_path / "a")
+        b = await member(zookeeper, zk_root, "g", tmp_path / "b")
+        try:
+            await until(lambda: settled(reader, "g", [a, b], every), what="a and b share")
+            produced = set(range(200))
+            await produce(a.session, range(200))
+            await until(lambda: produced <= {v for m in (a, b) for _, _, v in m.got}, what="consumed")
+            registry = a.session._core.registry
+            assert registry is not None
+            before = a.membership.rebalances
+            await asyncio.to_thread(expire_session, registry.raw_client(), zookeeper)
+            # The expiry reaches the member's loop: it fetches nothing until it has rebalanced.
+            await until(lambda: not a.membership.may_fetch() or a.membership.rebalances > before, 5,
+                        what="a to stop fetching")
+            await until(lambda: a.membership.rebalances > before and settled(reader, "g", [a, b], every),
+                        what="a re-joined with a new session")
+            await produce(b.session, range(200, 400))
+            produced.update(range(200, 400))
+            await until(lambda: produced <= {v for m in (a, b) for _, _, v in m.got}, what="consumed after")
+            check_history([a, b], produced)
+        finally:
+            await a.close()
+            await b.close()
+
+    uvloop.run(main())
