@@ -8,6 +8,7 @@ compared with what each consumer runs.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -238,5 +239,67 @@ def test_expired_session_stops_fetching_and_rejoins(
         finally:
             await a.close()
             await b.close()
+
+    uvloop.run(main())
+
+
+def test_group_commands_read_and_reset_zookeeper_offsets(
+        cluster_factory: Callable[..., BrokerProcess], zookeeper: Any, zk_root: str, reader: ZooKeeperRegistry,
+        tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    for b in (1, 2):
+        cluster_factory(b, topics=TOPICS)
+    every = {PartitionId(b, p) for b in (1, 2) for p in (0, 1)}
+    env = {**os.environ, "METAQ_SERVERS": "", "METAQ_ZK_CONNECT": zookeeper.connect_string, "METAQ_ZK_ROOT": zk_root}
+
+    def metaq(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "metaq.cli.main", *args], capture_output=True, text=True,
+                              timeout=60, env=env)
+
+    async def consume_some() -> Member:
+        a = await member(zookeeper, zk_root, "billing", tmp_path / "a")
+        await produce(a.session, range(40))
+        await until(lambda: settled(reader, "billing", [a], every), what="a owns all")
+        await until(lambda: len(a.got) == 40, what="a consumed 40")
+        await a.consumer.commit()
+        return a
+
+    async def main() -> None:
+        a = await consume_some()
+        try:
+            listed = metaq("group", "list")
+            assert listed.returncode == 0, listed.stderr
+            assert listed.stdout.split() == ["billing"]
+            described = metaq("group", "describe", "billing", "--json")
+            assert described.returncode == 0, described.stderr
+            doc = json.loads(described.stdout)
+            assert doc["state"] == "Stable" and [mb["member_id"] for mb in doc["members"]] == [a.id]
+            assert {p["partition"]: (p["owner"], p["lag"]) for p in doc["partitions"]} == {
+                str(p): (a.id, 0) for p in every}
+            assert sum(p["committed"] for p in doc["partitions"]) == 40
+            refused = metaq("group", "reset", "billing", "orders", "--to", "earliest")
+            assert refused.returncode == 1 and "stop its consumers" in refused.stderr, refused.stderr
+        finally:
+            await a.close()
+        reset = metaq("group", "reset", "billing", "orders", "--to", "earliest", "-p", "1-0")
+        assert reset.returncode == 0, reset.stderr
+        old = reader.offsets("billing", "orders")
+        assert old[PartitionId(1, 0)] == 0 and all(v > 0 for p, v in old.items() if p != PartitionId(1, 0))
+        text = metaq("group", "describe", "billing")
+        assert text.returncode == 0 and "Empty" in text.stdout, text.stdout
+        # the next member starts 1-0 over from the reset offset
+        b = await member(zookeeper, zk_root, "billing", tmp_path / "b")
+        try:
+            await until(lambda: settled(reader, "billing", [b], every), what="b owns all")
+            await until(lambda: len(b.got) == old_count(a, "1-0"), what="b re-reads 1-0")
+            assert {part for part, _, _ in b.got} == {"1-0"}
+        finally:
+            await b.close()
+
+    def old_count(m: Member, part: str) -> int:
+        return sum(1 for p, _, _ in m.got if p == part)
 
     uvloop.run(main())

@@ -15,21 +15,19 @@ from typing import TYPE_CHECKING
 import click
 
 from metaq.cli.text import plural
+from metaq.cli.zk_options import DEFAULT_ZK_PORT, zk_connect_option, zk_root_option
 
 if TYPE_CHECKING:
     from metaq.client.cluster_status import ClusterStatus
     from metaq.devcluster import DevCluster
 
 DEFAULT_CLUSTER_DIR = "metaq-cluster"
-DEFAULT_ZK_PORT = 2181
 DEFAULT_BROKER_PORT = 8123
 
 
 @click.group("cluster", invoke_without_command=True)
-@click.option("-z", "--zk-connect", default=f"127.0.0.1:{DEFAULT_ZK_PORT}", show_default=True,
-              envvar="METAQ_ZK_CONNECT", help="ZooKeeper, host:port[,host:port] (env METAQ_ZK_CONNECT).")
-@click.option("--zk-root", default="/meta", show_default=True, envvar="METAQ_ZK_ROOT",
-              help="The cluster's ZooKeeper root (env METAQ_ZK_ROOT).")
+@zk_connect_option(f"127.0.0.1:{DEFAULT_ZK_PORT}")
+@zk_root_option
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0.1), default=10.0, show_default=True,
               help="Seconds to wait for ZooKeeper and for each broker.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
