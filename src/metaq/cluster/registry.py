@@ -161,6 +161,10 @@ class GroupRegistry(ABC):
         """Give up ownership (only if ``owner`` holds it)."""
 
     @abstractmethod
+    def release_all(self, group: str, owner: str) -> None:
+        """Give up every claim this process made for ``owner`` in ``group`` (a member leaving)."""
+
+    @abstractmethod
     def owners(self, group: str, topic: str) -> dict[PartitionId, str]:
         """partition -> owning consumer id."""
 

@@ -584,6 +584,15 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         except (NoNodeError, BadVersionError, NotEmptyError):
             pass
 
+    def release_all(self, group: str, owner: str) -> None:
+        prefix = self.paths.group(group) + "/owners/"
+        data = owner.encode()
+        with self._lock:
+            mine = [p for p, d in self._owned.items() if p.startswith(prefix) and d == data]
+        for path in mine:
+            topic, name = path[len(prefix):].split("/", 1)
+            self.release(group, topic, PartitionId.parse(name), owner)
+
     def owners(self, group: str, topic: str) -> dict[PartitionId, str]:
         path = self.paths.group_owners(group, topic)
         try:

@@ -38,7 +38,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 from metaq.cluster.assignment import assign_topics
 from metaq.cluster.registry import GroupRegistry
@@ -124,6 +125,12 @@ class ZooKeeperMembership(Membership):
         self._session_lost = False
         self._closed = False
         self._lease_task: asyncio.Task[None] | None = None
+        self._zk = ThreadPoolExecutor(1, thread_name_prefix="metaq-group-zk")
+        """Registrations, claims and releases run in order on one thread: a claim still running when the
+        consumer closes is done before the leave's releases, so none is left behind."""
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._zk, fn, *args)
 
     # -- cues from the registry's threads (never block there) ---------------------------------------
 
@@ -198,7 +205,7 @@ class ZooKeeperMembership(Membership):
         while True:
             try:
                 sent = time.monotonic()
-                await asyncio.to_thread(self._join, topics)
+                await self._call(self._join, topics)
                 self._lease_until = sent + self.session_timeout_s * 2 / 3
                 break
             except Exception as exc:
@@ -249,24 +256,24 @@ class ZooKeeperMembership(Membership):
             # without committing (a stale offset would rewind the new owner).
             await c._stop_partitions(sorted(self.claimed), commit=False)
             self.claimed.clear()
-            await asyncio.to_thread(self.registry.register_member, self.group, self.consumer_id, topics)
+            await self._call(self.registry.register_member, self.group, self.consumer_id, topics)
             self._session_lost = False
             self._renew.set()
-        members = await asyncio.to_thread(self.registry.members, self.group)
+        members = await self._call(self.registry.members, self.group)
         if self.consumer_id not in members:
-            await asyncio.to_thread(self.registry.register_member, self.group, self.consumer_id, topics)
+            await self._call(self.registry.register_member, self.group, self.consumer_id, topics)
             members[self.consumer_id] = topics
         mine = self.plan(members)
         lost = sorted(self.claimed - mine)
         if lost:
             await c._stop_partitions(lost, commit=True)
             for tp in lost:
-                await asyncio.to_thread(self.registry.release, self.group, tp.topic, tp.partition, self.consumer_id)
+                await self._call(self.registry.release, self.group, tp.topic, tp.partition, self.consumer_id)
                 self.claimed.discard(tp)
         pending = sorted(mine - self.claimed)
         backoff = _CLAIM_RETRY.start()
         while pending:
-            got = [tp for tp in pending if await asyncio.to_thread(
+            got = [tp for tp in pending if await self._call(
                 self.registry.claim, self.group, tp.topic, tp.partition, self.consumer_id)]
             if got:
                 self.claimed.update(got)
@@ -276,8 +283,8 @@ class ZooKeeperMembership(Membership):
                     # cannot start them (their broker does not answer): give the claims back for now
                     await c._stop_partitions(got, commit=False)
                     for tp in got:
-                        await asyncio.to_thread(self.registry.release, self.group, tp.topic, tp.partition,
-                                                self.consumer_id)
+                        await self._call(self.registry.release, self.group, tp.topic, tp.partition,
+                                         self.consumer_id)
                         self.claimed.discard(tp)
                     raise
             pending = [tp for tp in pending if tp not in self.claimed]
@@ -307,9 +314,12 @@ class ZooKeeperMembership(Membership):
         def drop() -> None:
             for tp in claimed:
                 self.registry.release(self.group, tp.topic, tp.partition, self.consumer_id)
+            self.registry.release_all(self.group, self.consumer_id)  # a claim the cancelled rebalance made
             self.registry.unregister_member(self.group, self.consumer_id)
 
         try:
-            await asyncio.to_thread(drop)
+            await self._call(drop)
         except Exception as exc:  # ZooKeeper unreachable: the session's end removes them anyway
             log.warning("group %s: cannot leave cleanly (%s); the session's end releases the claims", self.group, exc)
+        finally:
+            self._zk.shutdown(wait=False)
