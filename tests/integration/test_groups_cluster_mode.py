@@ -137,26 +137,32 @@ def test_three_members_over_three_brokers_follow_brokers_leaving_and_coming_back
             await until(lambda: settled(reader, "g", members, every), what="6 partitions shared by 3 members")
             assert sorted(len(m.owned()) for m in members) == [2, 2, 2]
             assert all(m.consumer.offsets.__class__ is ZooKeeperOffsetStorage for m in members)
-            await produce(members[0].session, range(0, 300))
-            produced.update(range(0, 300))
 
             async def consumed_all() -> None:
                 await until(lambda: produced <= {v for m in members for _, _, v in m.got}, what="everything consumed")
 
-            await consumed_all()
+            async def produce_checked(values: range) -> None:
+                """In a settled group, each member receives exactly the new messages of what it owns."""
+                owned = {m.id: m.owned() for m in members}
+                marks = [len(m.got) for m in members]
+                await produce(members[0].session, values)
+                produced.update(values)
+                await consumed_all()
+                for m, mark in zip(members, marks, strict=True):
+                    got = {PartitionId.parse(part) for part, _, v in m.got[mark:] if v in values}
+                    assert got <= owned[m.id], f"{m.id} received {got - owned[m.id]}, owned by others"
+                assert len([v for m in members for _, _, v in m.got if v in values]) == len(values)
+
+            await produce_checked(range(0, 300))
             for how in ("stop", "kill"):
                 b3 = brokers[3]
                 await asyncio.to_thread(b3.stop if how == "stop" else b3.kill)
                 rest = {p for p in every if p.broker_id != 3}
                 await until(lambda r=rest: settled(reader, "g", members, r), what=f"broker 3 {how}: 4 partitions")
-                await produce(members[1].session, range(len(produced), len(produced) + 200))
-                produced.update(range(len(produced), len(produced) + 200))
-                await consumed_all()
+                await produce_checked(range(len(produced), len(produced) + 200))
                 await asyncio.to_thread(b3.restart)
                 await until(lambda: settled(reader, "g", members, every), what=f"broker 3 back after {how}")
-                await produce(members[2].session, range(len(produced), len(produced) + 300))
-                produced.update(range(len(produced), len(produced) + 300))
-                await consumed_all()
+                await produce_checked(range(len(produced), len(produced) + 300))
             await asyncio.gather(*(m.consumer.commit() for m in members))
             committed = reader.offsets("g", "orders")
             assert set(committed) == every

@@ -12,10 +12,15 @@
 How it runs
 -----------
 Partitions are ``brokerId-partition`` (:class:`~metaq.types.PartitionId`): workers, acknowledgements
-and committed offsets are keyed by it, and each partition is fetched from its own broker. The group is
-coordinated by the broker with the lowest id among the session's servers (:meth:`ClientCore.coordinator`);
-the member tells it, in every JoinGroup, which partitions it sees on the other brokers, and rejoins when
-that view changes.
+and committed offsets are keyed by it, and each partition is fetched from its own broker. Which
+partitions this member owns is the job of its :class:`~metaq.client.group.membership.Membership`; the
+workers, delivery and commits below are the same for both:
+
+* standalone mode: the group is coordinated by the broker with the lowest id among the session's
+  servers (:meth:`ClientCore.coordinator`); the member tells it, in every JoinGroup, which partitions it
+  sees on the other brokers, and rejoins when that view changes;
+* cluster mode (the session has a ZooKeeper registry): MetaQ's way, members, owner claims and offsets in
+  ZooKeeper, each member computing the assignment (:class:`~metaq.client.group.membership.ZooKeeperMembership`).
 
 Each owned partition has a worker task that fetches (long polling, or MetaQ's back-off when
 ``long_poll`` is off) and hands the batch to the listener *in offset order*; different partitions run

@@ -51,9 +51,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("metaq.client.group")
 
-COALESCE_S = 0.05
+COALESCE_S = 0.02
 """After a cue, wait this long for more (a broker's topics arrive as several znode events)."""
-_CLAIM_RETRY = RetryPolicy(initial_delay_s=0.05, max_delay_s=1.0)
+_CLAIM_RETRY = RetryPolicy(initial_delay_s=0.02, max_delay_s=1.0)
 _ERROR_RETRY = RetryPolicy(initial_delay_s=0.2, max_delay_s=5.0)
 
 
