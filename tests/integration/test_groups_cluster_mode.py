@@ -309,3 +309,44 @@ def test_group_commands_read_and_reset_zookeeper_offsets(
         return sum(1 for p, _, _ in m.got if p == part)
 
     uvloop.run(main())
+
+
+def test_two_members_of_a_group_sharing_one_session(
+        cluster_factory: Callable[..., BrokerProcess], zookeeper: Any, zk_root: str, reader: ZooKeeperRegistry,
+        tmp_path: Path) -> None:
+    """Consumers of one group on one session (one ZooKeeper session) are still distinct members: distinct
+    ids, claims checked by owner, and every one of them hears of the group's changes."""
+    for b in (1, 2):
+        cluster_factory(b, topics=TOPICS)
+    every = {PartitionId(b, p) for b in (1, 2) for p in (0, 1)}
+
+    async def on_session(session: MessageSessionFactory, name: str) -> Member:
+        cfg = ConsumerConfig(group="g", recover_dir=tmp_path / name, consumer_id=f"m-{name}", **FAST)
+        consumer = create_consumer(session, cfg)
+        out = Member(session, consumer)
+        consumer.subscribe("orders", 64 * 1024,
+                           lambda msg: out.got.append((str(msg.partition_id), msg.offset, int(bytes(msg.data)))))
+        await consumer.complete_subscribe()
+        return out
+
+    async def main() -> None:
+        shared = await MessageSessionFactory.connect(zk_connect=zookeeper.connect_string, zk_root=zk_root,
+                                                     zk_session_timeout_ms=ZK_SESSION_MS)
+        a = await on_session(shared, "a")
+        b = await on_session(shared, "b")
+        assert a.id != b.id
+        await until(lambda: settled(reader, "g", [a, b], every), what="a and b share one session and the partitions")
+        # "m-0" sorts first: with range, c takes a's partitions, so a must hear of c through the shared watch
+        c = await member(zookeeper, zk_root, "g", tmp_path / "c", consumer_id="m-0")
+        await until(lambda: settled(reader, "g", [a, b, c], every), what="both hear of c")
+        assert {str(p) for p in c.owned()} == {"1-0", "1-1"}
+        await c.close()
+        await until(lambda: settled(reader, "g", [a, b], every), what="both hear c leave")
+        await produce(shared, range(100))
+        await until(lambda: set(range(100)) <= {v for m in (a, b) for _, _, v in m.got}, what="consumed")
+        assert not check_history([a, b], set(range(100)))
+        await a.consumer.close()
+        await b.consumer.close()
+        await shared.close()
+
+    uvloop.run(main())

@@ -97,6 +97,8 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         self._bad_znodes: set[str] = set()
         self._session_lost = False
         self._session_listeners: list[Callable[[str], None]] = []
+        self._member_listeners: dict[str, list[Callable[[], None]]] = {}
+        """group ids path -> the listeners of its one watch"""
         self._closed = False
         self._work: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._worker = threading.Thread(target=self._run_worker, name="metaq-zk-worker", daemon=True)
@@ -530,9 +532,27 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         return out
 
     def watch_members(self, group: str, listener: Callable[[], None]) -> None:
+        """One watch per group, however many consumers of it share this session: each gets every change."""
         path = self.paths.group_ids(group)
+        with self._lock:
+            listeners = self._member_listeners.setdefault(path, [])
+            first = not listeners
+            listeners.append(listener)
+        if not first:
+            listener()
+            return
         self._client.ensure_path(path)
-        self._watch_children(path, lambda _children: listener())
+
+        def on_children(_children: list[str]) -> None:
+            with self._lock:
+                current = list(self._member_listeners.get(path, ()))
+            for each in current:
+                try:
+                    each()
+                except Exception:  # one consumer's bug must not starve the others
+                    log.exception("group member listener failed")
+
+        self._watch_children(path, on_children)
 
     def watch_topic_partitions(self, topic: str, listener: Callable[[], None]) -> None:
         """Call ``listener`` when the brokers serving ``topic`` to consumers change (a rebalance cue)."""
