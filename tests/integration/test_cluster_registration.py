@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 
 from metaq.broker.launcher import BrokerLaunchError
 from metaq.client import connect
@@ -30,9 +31,10 @@ def zk_client(zookeeper: Any) -> Any:
 
 
 def node(zk: Any, path: str) -> bytes | None:
-    if zk.exists(path) is None:
+    try:
+        return zk.get(path)[0]  # one read: an exists() then get() races the node's deletion
+    except NoNodeError:
         return None
-    return zk.get(path)[0]
 
 
 def test_brokers_register_in_metaqs_layout_and_keep_it_current(cluster_factory: Callable[..., BrokerProcess],
