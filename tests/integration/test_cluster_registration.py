@@ -32,8 +32,8 @@ def zk_client(zookeeper: Any) -> Any:
 
 def node(zk: Any, path: str) -> bytes | None:
     try:
-        return zk.get(path)[0]
-    except NoNodeError:  # absent, or removed between two calls: either way not there now
+        return zk.get(path)[0]  # one read: an exists() then get() races the node's deletion
+    except NoNodeError:
         return None
 
 

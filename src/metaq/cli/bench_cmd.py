@@ -169,6 +169,45 @@ def bench_cluster_refresh(brokers: int, rounds: int, partitions: int, as_json: b
                f"{s['join_metadata_ms']}, -> first message acknowledged by it {s['join_used_ms']}")
 
 
+@bench_group.command("rebalance")
+@click.option("--brokers", type=click.IntRange(2, 16), default=3, show_default=True,
+              help="Brokers of the local cluster started for the run (a real ZooKeeper, ZooKeeper mode).")
+@click.option("--partitions", type=click.IntRange(1), default=4, show_default=True,
+              help="Partitions of the topic on each broker.")
+@click.option("--members", type=click.IntRange(1, 32), default=3, show_default=True,
+              help="Members of the group (one more joins and one leaves in every round).")
+@click.option("--rounds", type=click.IntRange(1, 100), default=5, show_default=True)
+@click.option("--no-brokers-churn", is_flag=True, help="Only members join and leave (no broker stop/start).")
+@click.option("--json", "as_json", is_flag=True)
+def bench_rebalance(brokers: int, partitions: int, members: int, rounds: int, no_brokers_churn: bool,
+                    as_json: bool) -> None:
+    """Rebalance time: from a member joining or leaving, or a broker leaving or joining, to the group's new
+    assignment fully claimed and fetching. Measured with ZooKeeper's group (cluster mode) and, as the
+    baseline, the broker-coordinated group, on the same local cluster."""
+    import asyncio
+    import tempfile
+
+    from metaq.client.group.rebalance_bench import run_rebalance_bench
+    from metaq.devcluster import DevCluster
+
+    topic = "rebalance"
+    results = []
+    with tempfile.TemporaryDirectory(prefix="metaq-bench-") as tmp, \
+            DevCluster(f"{tmp}/cluster", brokers, partitions=partitions,
+                       topics=f"[topic={topic}]\nnumPartitions={partitions}\n") as cluster:
+        last = cluster.brokers[brokers]
+        churn: dict[str, Any] = {} if no_brokers_churn else {
+            "broker_leave": lambda: last.stop_or_kill(30), "broker_join": last.start, "broker_id": brokers}
+        for coordination, connect in (("zookeeper", {"zk_connect": cluster.zk_connect, "zk_root": cluster.zk_root}),
+                                      ("broker", {"servers": cluster.servers})):
+            result = asyncio.run(run_rebalance_bench(connect, topic, members=members, rounds=rounds, **churn))
+            results.append({"coordination": coordination, "brokers": brokers, **result})
+            if not as_json:
+                click.echo(json.dumps(results[-1]))
+    if as_json:
+        click.echo(json.dumps(results))
+
+
 @bench_group.command("logging")
 @click.option("-s", "--servers", default=None, help="Broker to log to; default: an embedded broker for the run.")
 @click.option("-n", "--count", type=click.IntRange(1), default=100_000, show_default=True,

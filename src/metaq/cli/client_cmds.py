@@ -18,6 +18,7 @@ import click
 
 from metaq.cli.options import Target, servers_option, target_options
 from metaq.cli.text import plural
+from metaq.cli.zk_options import zk_connect_option, zk_root_option
 from metaq.client import Message, MessageSessionFactory
 from metaq.client.metadata import resolve_partition
 from metaq.errors import MetaqError, PartitionClosedError
@@ -498,6 +499,17 @@ async def admin_lookup(servers: str, message_id: str) -> None:
 
 # -- group ---------------------------------------------------------------------------------------
 
+_group_zk_connect = zk_connect_option(None, " Cluster mode: the groups MetaQ keeps in ZooKeeper; --servers is "
+                                            "then not used.")
+
+
+async def _group_session(servers: str, zk_connect: str | None, zk_root: str) -> MessageSessionFactory:
+    """A standalone session on --servers, or a cluster-mode one on ZooKeeper (its groups live there)."""
+    if zk_connect:
+        return await MessageSessionFactory.connect(zk_connect=zk_connect, zk_root=zk_root,
+                                                   zk_connection_timeout_ms=10_000)
+    return await _session(servers)
+
 
 @click.group("group")
 def group_group() -> None:
@@ -506,27 +518,32 @@ def group_group() -> None:
 
 @group_group.command("list")
 @servers_option
+@_group_zk_connect
+@zk_root_option
 @run_async
-async def group_list(servers: str) -> None:
+async def group_list(servers: str, zk_connect: str | None, zk_root: str) -> None:
     """Groups with members or committed offsets."""
     from metaq.client.group.admin import list_groups
 
-    async with await _session(servers) as session:
+    async with await _group_session(servers, zk_connect, zk_root) as session:
         for name in sorted(await list_groups(session)):
             click.echo(name)
 
 
 @group_group.command("describe")
 @servers_option
+@_group_zk_connect
+@zk_root_option
 @click.argument("group")
 @click.option("-t", "--topic", "topics", multiple=True, help="Only these topics (default: those the group has).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @run_async
-async def group_describe(servers: str, group: str, topics: tuple[str, ...], as_json: bool) -> None:
+async def group_describe(servers: str, zk_connect: str | None, zk_root: str, group: str, topics: tuple[str, ...],
+                         as_json: bool) -> None:
     """Members and their assignments, and per partition: owner, committed offset, log end, lag."""
     from metaq.client.group.admin import describe_group
 
-    async with await _session(servers) as session:
+    async with await _group_session(servers, zk_connect, zk_root) as session:
         desc = await describe_group(session, group, list(topics) or None)
     if as_json:
         click.echo(json.dumps(desc.as_dict()))
@@ -543,6 +560,8 @@ async def group_describe(servers: str, group: str, topics: tuple[str, ...], as_j
 
 @group_group.command("reset")
 @servers_option
+@_group_zk_connect
+@zk_root_option
 @click.argument("group")
 @click.argument("topic")
 @click.option("--to", "to", default="earliest", show_default=True,
@@ -554,13 +573,13 @@ async def group_describe(servers: str, group: str, topics: tuple[str, ...], as_j
                    "default all.")
 @click.option("--dry-run", is_flag=True, help="Show what would change without committing.")
 @run_async
-async def group_reset(servers: str, group: str, topic: str, to: str, timestamp_ms: int | None,
-                      partitions: tuple[PartitionId | int, ...], dry_run: bool) -> None:
+async def group_reset(servers: str, zk_connect: str | None, zk_root: str, group: str, topic: str, to: str,
+                      timestamp_ms: int | None, partitions: tuple[PartitionId | int, ...], dry_run: bool) -> None:
     """Move GROUP's committed offsets on TOPIC (the group must have no active members)."""
     from metaq.client.group.admin import reset_offsets
 
     target: str | int = _parse_offset(to)
-    async with await _session(servers) as session:
+    async with await _group_session(servers, zk_connect, zk_root) as session:
         moved = await reset_offsets(session, group, topic, target, timestamp_ms=timestamp_ms,
                                     partitions=list(partitions) or None, dry_run=dry_run)
     for partition, (old, new) in sorted(moved.items()):

@@ -16,13 +16,13 @@ import click
 
 from metaq.cli.options import zk_connect_option, zk_root_option
 from metaq.cli.text import plural
+from metaq.cli.zk_options import DEFAULT_ZK_PORT, zk_connect_option, zk_root_option
 
 if TYPE_CHECKING:
     from metaq.client.cluster_status import ClusterStatus
     from metaq.devcluster import DevCluster
 
 DEFAULT_CLUSTER_DIR = "metaq-cluster"
-DEFAULT_ZK_PORT = 2181
 DEFAULT_BROKER_PORT = 8123
 
 

@@ -149,6 +149,10 @@ class GroupRegistry(ABC):
         """Call ``listener`` (on the registry's thread, must not block) whenever the members change."""
 
     @abstractmethod
+    def watch_topic_partitions(self, topic: str, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (must not block) when the partitions serving ``topic`` to consumers change."""
+
+    @abstractmethod
     def claim(self, group: str, topic: str, partition: PartitionId, owner: str) -> bool:
         """Take ownership of ``partition``; False while someone else holds it."""
 
@@ -157,8 +161,23 @@ class GroupRegistry(ABC):
         """Give up ownership (only if ``owner`` holds it)."""
 
     @abstractmethod
+    def release_all(self, group: str, owner: str) -> None:
+        """Give up every claim this process made for ``owner`` in ``group`` (a member leaving)."""
+
+    @abstractmethod
     def owners(self, group: str, topic: str) -> dict[PartitionId, str]:
         """partition -> owning consumer id."""
+
+    def alive(self, group: str, consumer_id: str) -> bool:
+        """A round trip on this process's session: True while ``consumer_id`` is registered on it."""
+        return consumer_id in self.members(group)
+
+    def add_session_listener(self, listener: Callable[[str], None]) -> None:  # noqa: B027 - optional hook
+        """Call ``listener("suspended" | "connected" | "lost")`` when the session's state changes
+        (on the registry's thread, must not block); "lost": the session expired with its claims."""
+
+    def remove_session_listener(self, listener: Callable[[str], None]) -> None:  # noqa: B027 - optional hook
+        ...
 
     @abstractmethod
     def load_offset(self, group: str, topic: str, partition: PartitionId) -> int | None: ...

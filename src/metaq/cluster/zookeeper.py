@@ -6,9 +6,13 @@ watched znodes (kazoo's ChildrenWatch / DataWatch recipes): ``brokers/ids`` and 
 A change of any of them swaps in a new snapshot and calls the listeners. Nothing reads ZooKeeper per
 message; a znode holding garbage is logged once and left out, never a crash.
 
-Writes: the ephemeral nodes this process owns (its broker registration, its topics, group members
-and owners) are remembered, and made again on the new session after a session expiry (kazoo's LOST
-then CONNECTED). While ZooKeeper is unreachable (SUSPENDED) the last snapshot keeps serving.
+Writes: the ephemeral nodes this process owns (its broker registration, its topics, group members)
+are remembered, and made again on the new session after a session expiry (kazoo's LOST then
+CONNECTED). Group *owner* nodes are the exception: a claim dies with the session that made it, because
+the rest of the group rebalances as soon as the session is gone and another member may already fetch
+the partition; the consumer that lost it learns of the expiry (:meth:`ZooKeeperRegistry.add_session_listener`),
+stops fetching and claims again after its own rebalance. While ZooKeeper is unreachable (SUSPENDED)
+the last snapshot keeps serving.
 
 Threads: kazoo calls watchers and state listeners on its own threads; blocking work they trigger
 (re-registration after an expiry) runs on one worker thread of this registry. Listeners of snapshots
@@ -94,6 +98,9 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         self._listeners: list[SnapshotListener] = []
         self._bad_znodes: set[str] = set()
         self._session_lost = False
+        self._session_listeners: list[Callable[[str], None]] = []
+        self._member_listeners: dict[str, list[Callable[[], None]]] = {}
+        """group ids path -> the listeners of its one watch"""
         self._closed = False
         self._work: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._worker = threading.Thread(target=self._run_worker, name="metaq-zk-worker", daemon=True)
@@ -354,12 +361,38 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
             return
         if state == KazooState.LOST:
             self._session_lost = True
+            with self._lock:
+                # A claim dies with its session: the group has moved on (see the module docstring).
+                for path in [p for p in self._owned if self._is_owner_path(p)]:
+                    del self._owned[path]
             log.warning("ZooKeeper session expired: its ephemeral nodes are gone; registering again on reconnect")
         elif state == KazooState.SUSPENDED:
             log.warning("ZooKeeper connection lost: serving with what is known until it is back")
         elif state == KazooState.CONNECTED and self._session_lost:
             self._session_lost = False
             self._work.put(self._restore_registrations)
+        name = {KazooState.LOST: "lost", KazooState.SUSPENDED: "suspended", KazooState.CONNECTED: "connected"}.get(
+            state)
+        with self._lock:
+            listeners = list(self._session_listeners)
+        for listener in listeners:
+            try:
+                listener(name or str(state).lower())
+            except Exception:  # a listener's bug must not stop the others
+                log.exception("ZooKeeper session listener failed")
+
+    def add_session_listener(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener("suspended" | "connected" | "lost")`` on kazoo's thread (must not block):
+        "lost" means the session expired, and with it every claim made on it."""
+        with self._lock:
+            self._session_listeners.append(listener)
+
+    def remove_session_listener(self, listener: Callable[[str], None]) -> None:
+        with self._lock, contextlib.suppress(ValueError):
+            self._session_listeners.remove(listener)
+
+    def _is_owner_path(self, path: str) -> bool:
+        return path.startswith(self.paths.consumers + "/") and "/owners/" in path
 
     def _run_worker(self) -> None:
         while True:
@@ -515,9 +548,27 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         return out
 
     def watch_members(self, group: str, listener: Callable[[], None]) -> None:
+        """One watch per group, however many consumers of it share this session: each gets every change."""
         path = self.paths.group_ids(group)
+        with self._lock:
+            listeners = self._member_listeners.setdefault(path, [])
+            first = not listeners
+            listeners.append(listener)
+        if not first:
+            listener()
+            return
         self._client.ensure_path(path)
-        self._watch_children(path, lambda _children: listener())
+
+        def on_children(_children: list[str]) -> None:
+            with self._lock:
+                current = list(self._member_listeners.get(path, ()))
+            for each in current:
+                try:
+                    each()
+                except Exception:  # one consumer's bug must not starve the others
+                    log.exception("group member listener failed")
+
+        self._watch_children(path, on_children)
 
     def watch_topic_partitions(self, topic: str, listener: Callable[[], None]) -> None:
         """Call ``listener`` when the brokers serving ``topic`` to consumers change (a rebalance cue)."""
@@ -533,11 +584,30 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
 
     def claim(self, group: str, topic: str, partition: PartitionId, owner: str) -> bool:
         path = self.paths.group_owner(group, topic, str(partition))
+        data = owner.encode()
         try:
-            self._keep(path, owner.encode())
+            self._client.create(path, data, ephemeral=True, makepath=True)
         except NodeExistsError:
-            return False
+            # Ours already only if this session made it *for this owner* (two consumers of one group
+            # may share a session).
+            try:
+                held, stat = self._client.get(path)
+            except NoNodeError:
+                return False  # released just now: the caller retries
+            if held != data or stat.ephemeralOwner != self.session_id:
+                return False
+        with self._lock:
+            self._owned[path] = data
         return True
+
+    def alive(self, group: str, consumer_id: str) -> bool:
+        """A round trip to ZooKeeper on this session: True while the member is registered on it (a
+        consumer renews its fetch lease with it)."""
+        try:
+            _, stat = self._client.get(self.paths.group_member(group, consumer_id))
+        except NoNodeError:
+            return False
+        return bool(stat.ephemeralOwner == self.session_id)
 
     def release(self, group: str, topic: str, partition: PartitionId, owner: str) -> None:
         path = self.paths.group_owner(group, topic, str(partition))
@@ -549,6 +619,15 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
                 self._client.delete(path, version=stat.version)
         except (NoNodeError, BadVersionError, NotEmptyError):
             pass
+
+    def release_all(self, group: str, owner: str) -> None:
+        prefix = self.paths.group(group) + "/owners/"
+        data = owner.encode()
+        with self._lock:
+            mine = [p for p, d in self._owned.items() if p.startswith(prefix) and d == data]
+        for path in mine:
+            topic, name = path[len(prefix):].split("/", 1)
+            self.release(group, topic, PartitionId.parse(name), owner)
 
     def owners(self, group: str, topic: str) -> dict[PartitionId, str]:
         path = self.paths.group_owners(group, topic)

@@ -24,6 +24,7 @@ from metaq.client.group.offsets import (
     PostgresOffsetStorage,
     SqliteOffsetStorage,
     SqlOffsetStorage,
+    ZooKeeperOffsetStorage,
 )
 from metaq.client.group.recover import RecoverStore
 
@@ -41,5 +42,6 @@ __all__ = [
     "SqlOffsetStorage",
     "SqliteOffsetStorage",
     "TopicBrowser",
+    "ZooKeeperOffsetStorage",
     "create_consumer",
 ]

@@ -5,17 +5,24 @@ accepts only while the group has no active member — stop the group's consumers
 
 Every call goes to the group's coordinator: with several servers, the broker with the lowest id among
 them (the one the group's consumers use). Partitions are ``brokerId-partition``.
+
+Cluster mode (a session with ``zk_connect``): groups live in ZooKeeper (MetaQ's layout), so these read
+``consumers/<group>/ids``, ``owners`` and ``offsets`` through the session's registry, ask each
+partition's broker for its log range, and ``reset`` writes the ZooKeeper offsets — refused while the
+group has a registered member, whose next commit would overwrite the reset.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
 from metaq.client.consumer import offsets_of
 from metaq.client.core import ClientCore
-from metaq.client.group.offsets import BrokerOffsetStorage, OffsetStorage
-from metaq.errors import ConnectionClosedError, InvalidArgument
+from metaq.client.group.offsets import BrokerOffsetStorage, OffsetStorage, ZooKeeperOffsetStorage
+from metaq.cluster.registry import GroupRegistry
+from metaq.errors import ConnectionClosedError, IllegalGenerationError, InvalidArgument, UnknownGroupError
 from metaq.protocol import messages as m
 from metaq.types import PartitionId, PartitionKey, TopicPartition, validate_topic
 
@@ -85,7 +92,10 @@ async def _coordinated(core: ClientCore, request: Any) -> Any:
 
 
 async def list_groups(session: Any) -> list[str]:
-    """Groups with members or committed offsets on the coordinating broker."""
+    """Groups with members or committed offsets on the coordinating broker (cluster mode: in ZooKeeper)."""
+    core = _core(session)
+    if core.registry is not None:
+        return await asyncio.to_thread(core.registry.groups)
     resp: m.ListGroupsResponse = await _coordinated(_core(session), m.ListGroupsRequest())
     return list(resp.groups)
 
@@ -97,6 +107,8 @@ async def describe_group(session: Any, group: str, topics: list[str] | None = No
     group has offsets for). UnknownGroupError if the broker knows nothing of the group.
     """
     core = _core(session)
+    if core.registry is not None:
+        return await _describe_from_registry(core, core.registry, group, topics)
     desc: m.DescribeGroupResponse = await _coordinated(core, m.DescribeGroupRequest(group))
     committed: m.OffsetFetchResponse = await _coordinated(core, m.OffsetFetchRequest(group, None))
     offsets = {TopicPartition(e.topic, PartitionId(e.broker_id, e.partition)): e.offset for e in committed.offsets}
@@ -115,6 +127,47 @@ async def describe_group(session: Any, group: str, topics: list[str] | None = No
                                   for ta in mb.assignment})
                for mb in desc.members]
     return GroupDescription(group, desc.state, desc.generation, desc.strategy, members, rows)
+
+
+def _read_group(registry: Any, group: str, topics: list[str] | None) -> tuple[
+        dict[str, list[str]], dict[TopicPartition, str], dict[TopicPartition, int], list[str]]:
+    """members, owners, committed offsets and the topics to report, from ZooKeeper (blocking)."""
+    members = registry.members(group)
+    subscribed = {t for ts in members.values() for t in ts}
+    wanted = sorted(set(topics or ()) or (subscribed | set(registry.group_topics(group))))
+    owners = {TopicPartition(t, p): o for t in wanted for p, o in registry.owners(group, t).items()}
+    offsets = {TopicPartition(t, p): off for t in wanted for p, off in registry.offsets(group, t).items()}
+    return members, owners, offsets, wanted
+
+
+async def _describe_from_registry(core: ClientCore, registry: Any, group: str,
+                                  topics: list[str] | None) -> GroupDescription:
+    if group not in await asyncio.to_thread(registry.groups):
+        raise UnknownGroupError(f"group {group!r} has no node in ZooKeeper under {registry.paths.root}")
+    members, owners, offsets, wanted = await asyncio.to_thread(_read_group, registry, group, topics)
+    rows: list[PartitionLag] = []
+    for topic in wanted:
+        tm = await core.metadata.refresh_topic(topic)
+        for p in tm.partitions:
+            start, end = await offsets_of(core, topic, p)
+            tp = TopicPartition(topic, p.id)
+            rows.append(PartitionLag(topic, p.id, owners.get(tp, ""), offsets.get(tp, -1), start, end))
+    described = []
+    for member_id, member_topics in sorted(members.items()):
+        owned = {t: sorted(tp.partition for tp, o in owners.items() if o == member_id and tp.topic == t)
+                 for t in member_topics}
+        described.append(MemberDescription(member_id, member_id, owned))
+    subscribed = {t for ts in members.values() for t in ts}
+    unowned = [r for r in rows if r.topic in subscribed and not r.owner]
+    state = "Empty" if not members else ("Rebalancing" if unowned else "Stable")
+    return GroupDescription(group, state, m.NO_GENERATION, "zookeeper", described, rows)
+
+
+async def _refuse_with_members(registry: GroupRegistry, group: str) -> None:
+    members = await asyncio.to_thread(registry.members, group)
+    if members:
+        raise IllegalGenerationError(f"group {group!r} has {len(members)} registered member(s) in ZooKeeper "
+                                     f"({', '.join(sorted(members))}); stop its consumers before resetting offsets")
 
 
 async def reset_offsets(session: Any, group: str, topic: str, to: str | int = "earliest", *,
@@ -147,6 +200,9 @@ async def reset_offsets(session: Any, group: str, topic: str, to: str | int = "e
                                       f"asked for {key}")
             if found not in chosen:
                 chosen.append(found)
+    if storage is None and core.registry is not None:
+        await _refuse_with_members(core.registry, group)
+        storage = ZooKeeperOffsetStorage(core.registry)
     if storage is None:
         broker_storage = BrokerOffsetStorage()
         broker_storage.bind(lambda request: _coordinated(core, request))
@@ -168,5 +224,7 @@ async def reset_offsets(session: Any, group: str, topic: str, to: str | int = "e
             target = min(max(to, start), end)  # clamp into the stored range
         new[TopicPartition(topic, p.id)] = target
     if not dry_run:
+        if core.registry is not None and isinstance(storage, ZooKeeperOffsetStorage):
+            await _refuse_with_members(core.registry, group)  # again: one may have joined meanwhile
         await storage.commit(group, new)
     return {tp.partition: (old.get(tp, -1), off) for tp, off in sorted(new.items())}

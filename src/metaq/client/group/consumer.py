@@ -12,10 +12,15 @@
 How it runs
 -----------
 Partitions are ``brokerId-partition`` (:class:`~metaq.types.PartitionId`): workers, acknowledgements
-and committed offsets are keyed by it, and each partition is fetched from its own broker. The group is
-coordinated by the broker with the lowest id among the session's servers (:meth:`ClientCore.coordinator`);
-the member tells it, in every JoinGroup, which partitions it sees on the other brokers, and rejoins when
-that view changes.
+and committed offsets are keyed by it, and each partition is fetched from its own broker. Which
+partitions this member owns is the job of its :class:`~metaq.client.group.membership.Membership`; the
+workers, delivery and commits below are the same for both:
+
+* standalone mode: the group is coordinated by the broker with the lowest id among the session's
+  servers (:meth:`ClientCore.coordinator`); the member tells it, in every JoinGroup, which partitions it
+  sees on the other brokers, and rejoins when that view changes;
+* cluster mode (the session has a ZooKeeper registry): MetaQ's way, members, owner claims and offsets in
+  ZooKeeper, each member computing the assignment (:class:`~metaq.client.group.membership.ZooKeeperMembership`).
 
 Each owned partition has a worker task that fetches (long polling, or MetaQ's back-off when
 ``long_poll`` is off) and hands the batch to the listener *in offset order*; different partitions run
@@ -51,6 +56,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import random
 import socket
 import threading
 import time
@@ -65,7 +71,13 @@ from metaq.client.core import ClientCore
 from metaq.client.exceptions import ClientClosedError
 from metaq.client.group.config import ConsumerConfig
 from metaq.client.group.filters import MessageFilter, as_predicate
-from metaq.client.group.offsets import BrokerOffsetStorage, LocalFileOffsetStorage, OffsetStorage
+from metaq.client.group.membership import BrokerMembership, Membership, ZooKeeperMembership, metaq_consumer_id
+from metaq.client.group.offsets import (
+    BrokerOffsetStorage,
+    LocalFileOffsetStorage,
+    OffsetStorage,
+    ZooKeeperOffsetStorage,
+)
 from metaq.client.group.recover import RecoverStore
 from metaq.client.metadata import Partition
 from metaq.errors import (
@@ -244,11 +256,32 @@ class GroupConsumer:
                  *, recover_store: RecoverStore | None = None) -> None:
         self._core = core
         self.config = config
-        self.consumer_id = config.consumer_id or (socket.gethostname() if config.broadcast else core.config.client_id)
+        registry = core.registry if not config.broadcast else None
+        if registry is not None:
+            self.consumer_id = config.consumer_id or metaq_consumer_id(
+                config.group, socket.gethostname(), int(time.time() * 1000), random.getrandbits(24))
+        else:
+            self.consumer_id = config.consumer_id or (socket.gethostname() if config.broadcast
+                                                      else core.config.client_id)
         self._owns_storage = offset_storage is None
         if offset_storage is None:
-            offset_storage = LocalFileOffsetStorage() if config.broadcast else BrokerOffsetStorage()
+            if config.broadcast:
+                offset_storage = LocalFileOffsetStorage()
+            elif registry is not None:
+                offset_storage = ZooKeeperOffsetStorage(registry)
+            else:
+                offset_storage = BrokerOffsetStorage()
         self.offsets = offset_storage
+        self.membership: Membership
+        """Who decides what this consumer owns: the broker coordinator, or ZooKeeper in cluster mode."""
+        if registry is not None:
+            def partitions_of(topic: str) -> list[PartitionId]:
+                return registry.snapshot().partitions(topic, publish=False)
+
+            self.membership = ZooKeeperMembership(self, registry, partitions_of,
+                                                  core.config.zk_session_timeout_ms / 1000)
+        else:
+            self.membership = BrokerMembership(self)
         if isinstance(offset_storage, BrokerOffsetStorage):
             offset_storage.bind(self._group_request)
         self.storage_group = f"{config.group}-{self.consumer_id}" if config.broadcast else config.group
@@ -309,10 +342,7 @@ class GroupConsumer:
             raise InvalidArgument("subscribe() to at least one topic before complete_subscribe()")
         self._started = True
         self._loop = asyncio.get_running_loop()
-        if self.config.broadcast:
-            self._membership = asyncio.ensure_future(self._broadcast_loop())
-        else:
-            self._membership = asyncio.ensure_future(self._group_loop())
+        self._membership = asyncio.ensure_future(self.membership.run())
         self._tasks.append(asyncio.ensure_future(self._commit_loop()))
         if self.config.rejection_policy == "recover":
             self._tasks.append(asyncio.ensure_future(self._recover_loop()))
@@ -427,6 +457,16 @@ class GroupConsumer:
                 continue
             last_ok = time.monotonic()
 
+    async def _leave_group(self) -> None:
+        """Standalone mode's leave: LeaveGroup to the coordinator, then its connection closes."""
+        if self.member_id and not self.config.broadcast:
+            with contextlib.suppress(MetaqError):
+                await self._group_request(m.LeaveGroupRequest(self.config.group, self.member_id))
+        conn = self._core.cached_connection(self._coordinator_id(), self._channel) \
+            if self._coordinator_known else None
+        if conn is not None:
+            conn.close()
+
     async def _broadcast_loop(self) -> None:
         """Every partition of every subscribed topic; new partitions are picked up as they appear."""
         while not self._closed:
@@ -457,20 +497,39 @@ class GroupConsumer:
                 assert not self.workers, "eager rebalance: everything is revoked before a new assignment"
             stored = await self.offsets.load(self.storage_group, sorted(wanted))
             for tp in sorted(wanted):
-                part = await self._core.partition(tp.topic, tp.partition)
-                start = stored.get(tp)
-                if start is None:
-                    earliest, latest = await offsets_of(self._core, tp.topic, part)
-                    start = latest if self.config.consume_from_max_offset else earliest
-                    committed = -1
-                else:
-                    committed = start
-                w = _Worker(tp, part, self.subscriptions[tp.topic], start, start, committed,
-                            PartitionContext(tp.topic, tp.partition))
-                self.workers[tp] = w
-                w.task = asyncio.ensure_future(self._run_worker(w))
+                await self._start_worker(tp, stored.get(tp))
             self.stats.rebalances += 1
             self.assigned.set()
+
+    async def _start_partitions(self, tps: list[TopicPartition]) -> None:
+        """Start workers for ``tps`` (cluster mode: claimed already) from their committed offsets."""
+        async with self._lock:
+            if self._closed:
+                return
+            wanted = {tp for tp in tps if tp.topic in self.subscriptions and tp not in self.workers}
+            stored = await self.offsets.load(self.storage_group, sorted(wanted))
+            for tp in sorted(wanted):
+                await self._start_worker(tp, stored.get(tp))
+            self.stats.rebalances += 1
+
+    async def _stop_partitions(self, tps: list[TopicPartition], commit: bool) -> None:
+        """Stop the workers of ``tps`` (a listener call in progress finishes first), commit if asked."""
+        async with self._lock:
+            workers = [self.workers.pop(tp) for tp in tps if tp in self.workers]
+            await self._stop_workers(workers, commit=commit)
+
+    async def _start_worker(self, tp: TopicPartition, start: int | None) -> None:
+        part = await self._core.partition(tp.topic, tp.partition)
+        if start is None:
+            earliest, latest = await offsets_of(self._core, tp.topic, part)
+            start = latest if self.config.consume_from_max_offset else earliest
+            committed = -1
+        else:
+            committed = start
+        w = _Worker(tp, part, self.subscriptions[tp.topic], start, start, committed,
+                    PartitionContext(tp.topic, tp.partition))
+        self.workers[tp] = w
+        w.task = asyncio.ensure_future(self._run_worker(w))
 
     async def _revoke(self, commit: bool) -> None:
         async with self._lock:
@@ -503,6 +562,10 @@ class GroupConsumer:
         ws = list(self.workers.values()) if workers is None else workers
         due = {w.tp: w.acked for w in ws if w.acked != w.committed and w.acked >= 0}
         if not due:
+            return
+        if not self.membership.may_fetch():
+            # cluster mode, session in doubt: the partitions may have a new owner whose offsets we would rewind
+            log.info("group %s: commit skipped: this member's ZooKeeper session is in doubt", self.config.group)
             return
         try:
             await self.offsets.commit(self.storage_group, due, generation=self.generation, member_id=self.member_id)
@@ -546,6 +609,9 @@ class GroupConsumer:
         growths = 0
         backoff = _ERROR_RETRY.start()
         while not w.stopping:
+            if not self.membership.may_fetch():
+                await self.membership.wait_fetchable()
+                continue
             try:
                 result = await self._fetch(w, max_bytes)
             except OffsetOutOfRangeError as exc:
@@ -609,6 +675,8 @@ class GroupConsumer:
                     await asyncio.sleep(empty_fetch_delay_ms(w.empty_fetches, cfg.max_delay_fetch_ms) / 1000)
                 continue
             w.empty_fetches = 0
+            if not self.membership.may_fetch():
+                continue  # fetched before the lease ran out: the partition may be someone else's now
             async with self._runners:
                 if w.stopping:
                     return
@@ -634,8 +702,8 @@ class GroupConsumer:
         msgs = result.messages
         i = 0
         while i < len(msgs):
-            if w.stopping:
-                return
+            if w.stopping or not self.membership.may_fetch():
+                return  # (the lease ran out mid-batch: the rest waits at the worker's gate, from w.position)
             msg = msgs[i]
             if msg.offset < w.position:
                 i += 1
@@ -822,13 +890,8 @@ class GroupConsumer:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         await self._revoke(commit=True)
-        if self.member_id and not self.config.broadcast:
-            with contextlib.suppress(MetaqError):
-                await self._group_request(m.LeaveGroupRequest(self.config.group, self.member_id))
-        conn = self._core.cached_connection(self._coordinator_id(), self._channel) \
-            if self._coordinator_known else None
-        if conn is not None:
-            conn.close()
+        if self._started:
+            await self.membership.leave()
         if self._owns_storage:
             await self.offsets.close()
         self._threads.shutdown(wait=False)

@@ -12,6 +12,10 @@ partition it meant.
   rebalance cannot overwrite the new owner's offsets.
 * :class:`LocalFileOffsetStorage` — the default for broadcast: one JSON file per group on this machine,
   replaced atomically (temp file, fsync, rename, fsync the directory).
+* :class:`ZooKeeperOffsetStorage` — the default for groups in cluster mode (MetaQ's): persistent nodes
+  ``<root>/consumers/<group>/offsets/<topic>/<brokerId-partition>`` through the session's registry.
+  Not fenced by ZooKeeper itself; the group consumer commits only while its fetch lease holds (see
+  :mod:`metaq.client.group.membership`), so a member whose session expired does not write.
 * :class:`SqliteOffsetStorage` and :class:`PostgresOffsetStorage` — a table ``metaq_offsets`` in a
   database (MetaQ's MysqlOffsetStorage): the group's offsets outlive the machines and the brokers.
 
@@ -36,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from metaq.cluster.registry import GroupRegistry
 from metaq.errors import InvalidArgument, StorageError, error_for_code
 from metaq.fsutil import atomic_write
 from metaq.net.codec import raise_for_error
@@ -133,6 +138,32 @@ class _ThreadedStorage(OffsetStorage):
 
 
 _SAFE = re.compile(r"[^A-Za-z0-9._@-]")
+
+
+class ZooKeeperOffsetStorage(OffsetStorage):
+    """MetaQ's ZkOffsetStorage: ``offsets/<topic>/<brokerId-partition>`` (persistent) in the cluster's
+    ZooKeeper, through a :class:`~metaq.cluster.registry.GroupRegistry` (blocking calls, made in a thread)."""
+
+    def __init__(self, registry: GroupRegistry) -> None:
+        self.registry = registry
+
+    async def load(self, group: str, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        wanted = list(partitions)
+
+        def read() -> dict[TopicPartition, int]:
+            out = {}
+            for tp in wanted:
+                offset = self.registry.load_offset(group, tp.topic, tp.partition)
+                if offset is not None:
+                    out[tp] = offset
+            return out
+
+        return await asyncio.to_thread(read)
+
+    async def commit(self, group: str, offsets: Mapping[TopicPartition, int], *, generation: int = m.NO_GENERATION,
+                     member_id: str = "") -> None:
+        due = {(tp.topic, tp.partition): offset for tp, offset in offsets.items()}
+        await asyncio.to_thread(self.registry.commit_offsets, group, due)
 
 
 class LocalFileOffsetStorage(_ThreadedStorage):
