@@ -16,9 +16,8 @@ from typing import Any, Literal, TypeVar
 
 import click
 
-from metaq.cli.options import Target, servers_option, target_options
+from metaq.cli.options import Target, servers_option, target_options, zk_connect_option, zk_root_option
 from metaq.cli.text import plural
-from metaq.cli.zk_options import zk_connect_option, zk_root_option
 from metaq.client import Message, MessageSessionFactory
 from metaq.client.metadata import resolve_partition
 from metaq.errors import MetaqError, PartitionClosedError
@@ -499,8 +498,8 @@ async def admin_lookup(servers: str, message_id: str) -> None:
 
 # -- group ---------------------------------------------------------------------------------------
 
-_group_zk_connect = zk_connect_option(None, " Cluster mode: the groups MetaQ keeps in ZooKeeper; --servers is "
-                                            "then not used.")
+_group_zk_connect = zk_connect_option(None, "ZooKeeper, host:port[,host:port] (env METAQ_ZK_CONNECT). Cluster mode: "
+                                            "the groups MetaQ keeps in ZooKeeper; --servers is then not used.")
 
 
 async def _group_session(servers: str, zk_connect: str | None, zk_root: str) -> MessageSessionFactory:

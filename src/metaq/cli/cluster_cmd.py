@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from metaq.cli.options import zk_connect_option, zk_root_option
+from metaq.cli.options import DEFAULT_ZK_PORT, zk_connect_option, zk_root_option
 from metaq.cli.text import plural
-from metaq.cli.zk_options import DEFAULT_ZK_PORT, zk_connect_option, zk_root_option
 
 if TYPE_CHECKING:
     from metaq.client.cluster_status import ClusterStatus

@@ -1,4 +1,5 @@
-"""Options shared by several commands: where the brokers are (``--servers``, or ZooKeeper).
+"""Options shared by several commands: where the brokers are (``--servers``, or ZooKeeper), one
+definition of each for every command (``metaq cluster``, the client commands, ``metaq group``).
 
 ``metaq cluster`` reads ZooKeeper itself; the client commands (``produce``, ``consume``, ``topic``,
 ``stats``, ``admin``) take ``--zk-connect``/``--zk-root`` as an alternative to ``--servers``: the
@@ -21,6 +22,7 @@ from metaq.net import servers as net_servers
 F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_ZK_ROOT = "/meta"
+DEFAULT_ZK_PORT = 2181
 DEFAULT_SERVERS = os.environ.get("METAQ_SERVERS", net_servers.DEFAULT_SERVERS)
 
 servers_option = click.option("-s", "--servers", default=DEFAULT_SERVERS, show_default=True, envvar="METAQ_SERVERS",
