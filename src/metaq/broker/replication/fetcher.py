@@ -79,6 +79,8 @@ class FollowerState:
     stalled: str = ""
     """Why the partition cannot continue without an operator (a diverged log), '' when it can."""
     connected_to: str = ""
+    high_watermark: int = -1
+    """The master's high watermark in its last reply (sync replication; -1: not tracked)."""
     truncated_messages: int = 0
     """Messages cut because a deposed master had written them alone (HA mode)."""
 
@@ -195,6 +197,7 @@ class PartitionFollower:
                 self._on_append(self.topic, self.partition)
         self.state.stalled = ""
         self.state.master_end_offset = reply.log_end_offset
+        self.state.high_watermark = reply.high_watermark
         self.state.lag_messages = max(0, reply.log_end_offset - self.plog.log_end_offset)
         if self.state.lag_messages == 0:
             self.state.caught_up_at = time.monotonic()
