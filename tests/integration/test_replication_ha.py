@@ -337,3 +337,54 @@ def test_admin_promote_hands_over_under_load_without_loss_or_duplicates(
     assert not problems, "\n".join(problems[:20])
     # refused before anything was written (NOT_MASTER, or every partition avoided for a moment): never in doubt
     assert all(not maybe_stored(e) for e in load.failed.values()), kinds
+
+
+def test_async_failover_loses_at_most_what_the_old_master_had_alone_and_reports_it(
+        cluster_factory: Callable[..., BrokerProcess], zk_client: Any, zk_root: str, zookeeper: Any) -> None:
+    """Async replication with autoFailover: acks do not wait for the slave, so a kill can lose the lag. The
+    loss is bounded (only what the old master held that the slave had not fetched, the tail of each
+    partition) and never silent: the new master reports its estimate at takeover, and the old master, back
+    as a slave, cuts and counts exactly those messages."""
+    replicas = Replicas(cluster_factory, 2, syncReplication="false", inSyncMaxLagMs=5000)
+    old, new = replicas.procs[0], replicas.procs[1]
+    wait_isr(zk_client, zk_root, {1})
+    session = {"zk_connect": zookeeper.connect_string, "zk_root": zk_root, "request_timeout_s": 10.0}
+    load = ProduceLoad(session, TOPIC, window=200, time_limit_s=120.0).start()
+    try:
+        wait_until(lambda: len(load.acked) > 3000, 30, 0.01, "acks before the kill")
+        new.signal(signal.SIGSTOP)  # the slave falls behind: what the master acks meanwhile is on it alone
+        try:
+            paused_at = len(load.acked)
+            wait_until(lambda: len(load.acked) > paused_at + 500, 30, 0.01, "acks while the slave is paused")
+            old.kill()
+            killed_at = time.monotonic()
+        finally:
+            new.signal(signal.SIGCONT)
+        wait_until(lambda: (s := group_state(zk_client, zk_root)) is not None and s["master"] == 1, 30, 0.02,
+                   "the slave to take over")
+        acked = len(load.acked)
+        wait_until(lambda: len(load.acked) > acked + 500, 30, 0.01, "acks from the new master")
+    finally:
+        load.stop(120)
+    reported = stats(new)["replica_group"]["last_takeover"]["messages_behind_old_master"]
+    old.args = replica_args(0, slave=True)
+    old.start()
+    wait_isr(zk_client, zk_root, {0})
+    wait_same_bytes(replicas.procs, 1)
+    cut = sum(e["truncated_messages"] for parts in stats(old)["replication"]["partitions"].values()
+              for e in parts.values())
+    with connect(**session) as sync:
+        read = read_back(sync, TOPIC)
+    problems = check_history(read, load.acked, load.failed)
+    lost = [d for d in load.acked if d not in {data for msgs in read.values() for _, data in msgs}]
+    print(f"async failover: {len(load.acked)} acked, {len(lost)} acked messages lost; the new master reported "
+          f"{reported} behind at takeover; the old master cut {cut} on return")
+    assert all(p.startswith(f"{len(lost)} acknowledged messages not read back") for p in problems), problems
+    # replies already in the paused slave's socket buffer still reach it: not all 500 need be lost
+    assert 0 < len(lost) <= cut, "acked messages lost beyond what the old master held alone (or none: no lag?)"
+    at = {(pid, o): d for pid, msgs in read.items() for o, d in msgs}
+    for data in lost:  # only tails: where a lost message was, there is nothing or a message the new master acked
+        ack = load.acked[data]
+        there = at.get((ack.partition, ack.offset))
+        assert there is None or (there in load.acked and load.acked[there].at > killed_at), \
+            f"{data!r} lost from the middle of {ack.partition} (offset {ack.offset} holds {there!r})"

@@ -353,6 +353,9 @@ class HighAvailability:
                                 tuple(r for r in state.isr if r not in (self.replica_id, state.master)))
         address = Address(self.broker.cluster_host, self.broker.port)
         behind = self._behind_old_master()
+        replies = [f.state.last_reply_at for f in (self.replicator.followers.values() if self.replicator else ())
+                   if f.state.last_reply_at >= 0]
+        silent_ms = int((time.monotonic() - max(replies)) * 1000) if replies else -1
         try:
             self.version = await asyncio.to_thread(self.registry.take_mastership, self.broker_id, address, new,
                                                    version)
@@ -365,13 +368,17 @@ class HighAvailability:
         self.promotions += 1
         lost = sum(behind.values())
         self.last_takeover = {"epoch": new.epoch, "old_master": state.master, "planned": state.successor >= 0,
-                              "messages_behind_old_master": lost,
+                              "messages_behind_old_master": lost, "ms_since_last_reply": silent_ms,
                               "partitions_behind": {k: v for k, v in behind.items() if v}}
         if lost:
             log.warning("broker %d: replica %d takes over %d message(s) behind the old master (as of its last fetch, "
                         "per partition: %s); with sync replication these were never acknowledged, with async "
                         "replication acknowledged ones among them are lost", self.broker_id, self.replica_id, lost,
                         self.last_takeover["partitions_behind"])
+        if not self.broker.config.sync_replication:
+            log.warning("broker %d: replica %d takes over with async replication; it last heard from the old master "
+                        "%d ms ago: what the old master acked since is lost unless it returns (it then cuts and counts "
+                        "those messages)", self.broker_id, self.replica_id, silent_ms)
         self.broker.cluster.switched_to_master()
         self._become_master_state(new)
         self.lease_until = time.monotonic() + self.session_timeout_s / 2

@@ -246,6 +246,8 @@ class MasterReplication:
 
     def _lagging(self, replica_id: int, now: float, plogs: list[PartitionLog]) -> str:
         """Why ``replica_id`` is out of sync now ('' when it is not)."""
+        if not plogs and replica_id not in self._registered_slaves():
+            return "it is not registered in ZooKeeper"
         bound = now - self.max_lag_s
         for plog in plogs:
             p = self.progress.get((plog.topic, plog.partition), {}).get(replica_id)
@@ -257,7 +259,13 @@ class MasterReplication:
                         f"{at}, log end {plog.log_end_offset})")
         return ""
 
+    def _registered_slaves(self) -> set[int]:
+        entry = self.broker.cluster.snapshot().brokers.get(self.broker.config.broker_id)
+        return set(entry.slaves) if entry is not None else set()
+
     def _caught_up(self, replica_id: int, now: float, plogs: list[PartitionLog]) -> bool:
+        if not plogs:  # nothing to copy yet: a registered slave holds everything there is
+            return replica_id in self._registered_slaves()
         if now - self.last_seen.get(replica_id, -1e18) > self.max_lag_s:
             return False
         for plog in plogs:
@@ -280,8 +288,8 @@ class MasterReplication:
             for r in sorted(self.isr - keep):
                 log.warning("slave %d of broker %d leaves the in-sync set: %s", r, self.broker.config.broker_id,
                             self._lagging(r, now, plogs))
-            joining = {r for r in self.last_seen if r not in self.isr and r != self.replica_id
-                       and self._caught_up(r, now, plogs)}
+            joining = {r for r in set(self.last_seen) | self._registered_slaves()
+                       if r not in self.isr and r != self.replica_id and self._caught_up(r, now, plogs)}
             new = frozenset(keep | joining)
             if new == self.isr:
                 continue
