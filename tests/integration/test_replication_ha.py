@@ -19,8 +19,10 @@ import json
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -235,7 +237,7 @@ def run_failovers(cluster_factory: Callable[..., BrokerProcess], zk_client: Any,
         print(f"replica group state: {group_state(zk_client, zk_root)}; master node: {master_url(zk_client, zk_root)}")
         for r, proc in replicas.procs.items():
             print(f"-- replica {r} (last 40 lines) --\n" + "\n".join(proc.output().splitlines()[-40:]))
-            spy = shutil.which("py-spy")  # where it is installed: what each stuck replica was doing
+            spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
             if spy is not None and proc.running:
                 print(subprocess.run([spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True,
                                      timeout=30).stdout)

@@ -204,6 +204,7 @@ class PullConsumer:
         try:
             while True:
                 wait = 0 if stop_at_end else max_wait_ms
+                seen = self._core.snapshots_applied
                 try:
                     if conn is None or conn.closed:
                         conn = await self._connect(p.broker_id)
@@ -235,7 +236,7 @@ class PullConsumer:
                     if conn is not None:
                         conn.close()
                     conn = None
-                    await self._core.cluster_changed(delay)  # a broker registering again ends the wait
+                    await self._core.cluster_changed(delay, seen)  # a broker registering again ends the wait
                     continue
                 backoff.reset()
                 if result.partial:

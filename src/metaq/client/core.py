@@ -76,6 +76,8 @@ class ClientCore:
         self.snapshot_applied_at = 0.0
         """Cluster mode: time.monotonic() of the last snapshot applied to the metadata (benchmarks)."""
         self._snapshot_waiters: set[asyncio.Future[None]] = set()
+        self.snapshots_applied = 0
+        """Cluster mode: how many ZooKeeper snapshots were applied (a waiter compares it to its own count)."""
 
     @property
     def server_ids(self) -> dict[Address, int]:
@@ -155,15 +157,19 @@ class ClientCore:
         cache.brokers = {}  # only the registered brokers from now on (filled by update)
         cache.update(_from_snapshot(snapshot, list(cache.topics)), list(cache.topics))
         self.snapshot_applied_at = time.monotonic()
+        self.snapshots_applied += 1
         waiters, self._snapshot_waiters = self._snapshot_waiters, set()
         for w in waiters:
             if not w.done():
                 w.set_result(None)
 
-    async def cluster_changed(self, timeout_s: float) -> None:
-        """Sleep ``timeout_s``, or less when a ZooKeeper change is applied meanwhile (cluster mode)."""
+    async def cluster_changed(self, timeout_s: float, since: int | None = None) -> None:
+        """Sleep ``timeout_s``, or less when a ZooKeeper change is applied meanwhile (cluster mode); at once
+        when one was applied after ``since`` (a :attr:`snapshots_applied` taken before the failed attempt)."""
         if self.registry is None:
             await asyncio.sleep(timeout_s)
+            return
+        if since is not None and self.snapshots_applied != since:
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._snapshot_waiters.add(waiter)
@@ -229,8 +235,9 @@ class ClientCore:
 
         A broker id not yet known is looked for among the servers that have not answered yet (each
         standalone broker is known only by the address it was given at)."""
-        if broker_id is None or broker_id == self.default_broker_id:
-            return await self._default_connection(channel)
+        if broker_id is None or (broker_id == self.default_broker_id and (
+                self.registry is None or self.metadata.cache.address(broker_id) is None)):
+            return await self._default_connection(channel)  # in cluster mode: where ZooKeeper says it is
         if self.metadata.cache.address(broker_id) is None:
             await self._reach(self.pool.servers.unreached())  # failures are left for later
         return await self.pool.get(self.address(broker_id), channel)

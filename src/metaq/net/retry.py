@@ -18,6 +18,7 @@ A success ends the run (:meth:`Backoff.reset`): the next failure starts from ``i
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Callable
@@ -129,3 +130,18 @@ class Backoff:
 
     def __repr__(self) -> str:
         return f"<Backoff {self.failures} failure(s) under {self.policy}>"
+
+
+async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait until ``event`` is set (True) or ``timeout_s`` passes (False).
+
+    Not ``asyncio.wait_for(event.wait(), ...)``: on Python 3.11 that swallows a cancellation arriving
+    while the event has just been set (the task then runs on), which a loop cancelled on the very change
+    that sets its event meets exactly. ``asyncio.timeout`` lets the cancellation through.
+    """
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True

@@ -148,6 +148,8 @@ class PartitionLog:
         self._marker_present = marker_present
         self._parent_unsynced = parent_unsynced
         self._damaged: dict[int, DamagedRange] = {}
+        self._truncations = 0
+        """How many times truncate_to cut this log (a read pinned across a cut is not damage)."""
         self.recovery = recovery
 
     @classmethod
@@ -470,6 +472,7 @@ class PartitionLog:
         keep.sync_index_files(self._sync)
         fsync_directory(self.directory, self._sync)
         self._active = keep
+        self._truncations += 1  # a reader that pinned before this may meet the cut: not damage
         self._end_offset = offset
         self._size_bytes = sum(s.size_bytes for s in self._segments)
         self._unsynced_sealed = [s for s in self._unsynced_sealed if s in self._segments and s is not keep]
@@ -693,6 +696,7 @@ class PartitionLog:
         """
         if max_bytes < 0:
             raise InvalidArgument(f"max_bytes must be >= 0, not {max_bytes}")
+        generation = self._truncations
         segment, size_limit, next_limit = self._pin_segment_for(offset)
         if segment is None:
             return FileSlice.empty(offset)
@@ -706,6 +710,10 @@ class PartitionLog:
                 self._files.release(handle)
             self._unpin(segment)
             if isinstance(exc, DamagedData):
+                if self._truncations != generation:  # the log was cut under this read: ask again
+                    with self._lock:
+                        start, end = self._segments[0].base_offset, self._end_offset
+                    raise OffsetOutOfRange(offset, start, end, f"{self._topic}-{self._partition}") from None
                 self._note_damage(DamagedRange(segment.base_offset, exc.position, -1, exc.offset,
                                                exc.resume_offset, exc.problem))
             raise
@@ -835,6 +843,7 @@ class PartitionLog:
                 if self._closed or segment not in self._segments:
                     continue  # removed by retention meanwhile
                 segment.pins += 1
+                generation = self._truncations
                 size_limit, next_limit, sealed = segment.size_bytes, segment.next_offset, segment.sealed
             try:
                 handle = self._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
@@ -846,6 +855,8 @@ class PartitionLog:
                     self._files.release(handle)
             finally:
                 self._unpin(segment)
+            if self._truncations != generation:  # cut while being checked: the part checked no longer exists
+                continue
             report.add(check)
             with self._lock:
                 known = {k for k, r in self._damaged.items() if r.segment_base_offset == segment.base_offset}

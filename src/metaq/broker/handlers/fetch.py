@@ -37,22 +37,23 @@ def handle_fetch(broker: Broker, req: m.FetchRequest, session: Session | None) -
         raise PartitionClosedError(f"topic {req.topic!r} does not accept subscribing (acceptSubscribe=false)")
     if req.max_bytes <= 0:
         raise InvalidRequestError(f"max_bytes must be > 0; got {req.max_bytes}")
-    try:
-        if req.offset < 0:
-            raise OffsetOutOfRangeError(f"offset must be >= 0; got {req.offset}")
-        offset, reset = _resolve_offset(broker, plog, req.offset)
-    except OffsetOutOfRangeError as exc:
-        return _error_with_range(plog, exc)
     bound = _Bound(plog)
     ha = broker.ha
     if ha is not None:
         if req.replica_id >= 0:  # a slave of this master (HA mode): epochs, divergence, its progress
+            # before the range check: a slave ahead of a new master learns where to cut, not "out of range"
             bound.extra, bound.stop_before = ha.replica_fetch(req, plog)
             if bound.extra.get("diverging_end_offset", -1) >= 0:
                 return _with(m.FetchResponse(log_start_offset=plog.log_start_offset,
                                              log_end_offset=plog.log_end_offset), bound.extra)
         else:
             bound.visible = ha.visible_end
+    try:
+        if req.offset < 0:
+            raise OffsetOutOfRangeError(f"offset must be >= 0; got {req.offset}")
+        offset, reset = _resolve_offset(broker, plog, req.offset)
+    except OffsetOutOfRangeError as exc:
+        return _error_with_range(plog, exc)
     if offset >= bound.end() and req.max_wait_ms > 0:
         return _long_poll(broker, req, plog, offset, reset, session, bound)
     return _fetch_now(broker, req, plog, offset, reset, bound)

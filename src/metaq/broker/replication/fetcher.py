@@ -34,7 +34,7 @@ from metaq.errors import (
 )
 from metaq.net.codec import ConnectionSettings
 from metaq.net.connection import BrokerConnection
-from metaq.net.retry import RetryPolicy
+from metaq.net.retry import RetryPolicy, wait_event
 from metaq.protocol import messages as m
 from metaq.protocol.records import peek_length
 from metaq.storage import PartitionLog
@@ -283,10 +283,7 @@ class PartitionFollower:
     async def _pause(self, delay_s: float) -> None:
         """Wait ``delay_s``, or less when the cluster view changes (the master came back elsewhere)."""
         self._wake.clear()
-        try:
-            await asyncio.wait_for(self._wake.wait(), delay_s)
-        except TimeoutError:
-            pass
+        await wait_event(self._wake, delay_s)
 
     def describe(self, now: float) -> dict[str, Any]:
         s = self.state

@@ -7,8 +7,8 @@ The group's state lives in ZooKeeper at ``brokers/replica-groups/<id>``: ``{epoc
 * **Master**: at start it must be the last master or in the in-sync set; it registers
   ``ids/<id>/master`` and writes the state with the epoch one higher (version-checked). It takes writes
   only while it holds a **lease**: the last ZooKeeper round trip that showed its session still owning
-  the master node and the state still naming it in its epoch, plus half the session timeout. ZooKeeper
-  expires a session only after a whole timeout without hearing from it, and a slave is elected only
+  the master node and the state still naming it in its epoch, plus two thirds of the session timeout.
+  ZooKeeper expires a session only after a whole timeout without hearing from it, and a slave is elected only
   after that, so a paused master (SIGSTOP) whose lease ran out refuses every write the moment it runs
   again (``NOT_MASTER``), before it has even learnt that it was deposed. When it learns (the state names
   another master or a newer epoch, a version-checked write fails, or a slave fetches with a newer
@@ -41,6 +41,7 @@ from metaq.errors import (
     NotEnoughReplicasAfterAppendError,
     NotMasterError,
 )
+from metaq.net.retry import wait_event
 from metaq.protocol import messages as m
 from metaq.storage import PartitionLog
 from metaq.storage.epochs import NO_EPOCH, EpochHistory
@@ -53,6 +54,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("metaq.broker.replication")
 
 ELECTION_CHECK_S = 0.2
+STOP_FETCHING_S = 10.0
+LEASE_FRACTION = 2 / 3
+"""A master's lease: this fraction of the session timeout from the sending of the last ZooKeeper round trip
+that confirmed it (ZooKeeper expires the session a whole timeout after it last heard from it)."""
 """How often a slave with autoFailover looks whether the master is gone (it is also woken by watches)."""
 
 
@@ -124,12 +129,13 @@ class HighAvailability:
 
     def start_epoch(self) -> None:
         """Right after registering ``ids/<id>/master``: the next epoch, written version-checked."""
+        sent = time.monotonic()
         state, version = self.registry.read_replica_group(self.broker_id)
         isr = tuple(r for r in state.isr if r != self.replica_id) if state is not None else ()
         new = ReplicaGroupState((state.epoch + 1) if state is not None else 1, self.replica_id, isr)
         self.version = self.registry.write_replica_group(self.broker_id, new, version)
         self._become_master_state(new)
-        self.lease_until = time.monotonic() + self.session_timeout_s / 2
+        self.lease_until = sent + self.session_timeout_s * LEASE_FRACTION
         log.info("broker %d: replica %d is master in epoch %d (in-sync slaves: %s)", self.broker_id, self.replica_id,
                  new.epoch, list(isr) or "none")
 
@@ -181,12 +187,11 @@ class HighAvailability:
                     log.info("broker %d: cannot renew the master lease (%s)", self.broker_id, exc)
                     still = None
                 if still is True:
-                    self.lease_until = sent + self.session_timeout_s / 2
+                    self.lease_until = sent + self.session_timeout_s * LEASE_FRACTION
                 elif still is False:
                     self._deposed(self._deposed_reason or "ZooKeeper names another master or a newer epoch")
                     break
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._role_changed.wait(), period)
+                await wait_event(self._role_changed, period)
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -255,12 +260,14 @@ class HighAvailability:
         old_epoch = self.epoch
         deadline = time.monotonic() + timeout_s
         self.handing_over = True
-        master.frozen = True
         try:
-            while True:
-                ready = [c for c in candidates if master.holds_everything(c)]
-                if ready and not master.isr_change_pending:
-                    break
+            while True:  # the in-sync set is still kept meanwhile: a dead slave leaves, its acks complete
+                ready = [c for c in candidates if c in master.isr and master.holds_everything(c)]
+                if ready and not master.isr_change_pending and not master.acks_waiting:
+                    master.frozen = True  # from here the state is ours to write
+                    if not master.isr_change_pending:
+                        break
+                    master.frozen = False
                 if time.monotonic() > deadline:
                     raise InvalidRequestError(f"no slave of {candidates} held every message within {timeout_s:g}s; "
                                               "nothing changed, the master takes writes again")
@@ -308,16 +315,12 @@ class HighAvailability:
                                  "(autoFailover=%s)", self.broker_id, self.replica_id,
                                  str(self.broker.config.auto_failover).lower())
                     eligible = await self._eligible_state(time.monotonic() - absent_since)
-                    if eligible is not None:
-                        task.cancel()  # stop fetching from the old master before claiming its place
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await task
+                    if eligible is not None and await self._stop_fetching(task):
                         if await self._try_promote(*eligible):
                             return
                         task = asyncio.get_running_loop().create_task(replicator.run(), name="metaq-slave")
                         self._tasks[-1] = task
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), ELECTION_CHECK_S)
+                await wait_event(wake, ELECTION_CHECK_S)
         finally:
             if not task.done():
                 task.cancel()
@@ -326,6 +329,17 @@ class HighAvailability:
             if task in self._tasks:
                 self._tasks.remove(task)
             self.replicator = None
+
+    async def _stop_fetching(self, task: asyncio.Task[None]) -> bool:
+        """Stop the replica fetchers before claiming the master's place (never take over while one may still
+        store a batch of the old master's); False if they did not stop in time."""
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=STOP_FETCHING_S)
+        if not done:
+            log.error("broker %d: replica %d's fetchers did not stop within %.0fs; not taking over this time",
+                      self.broker_id, self.replica_id, STOP_FETCHING_S)
+            return False
+        return True
 
     async def _eligible_state(self, absent_s: float) -> tuple[ReplicaGroupState, int] | None:
         """The state to take over from, when this slave should take over now: it is the successor a master
@@ -353,6 +367,7 @@ class HighAvailability:
                                 tuple(r for r in state.isr if r not in (self.replica_id, state.master)))
         address = Address(self.broker.cluster_host, self.broker.port)
         behind = self._behind_old_master()
+        sent = time.monotonic()
         replies = [f.state.last_reply_at for f in (self.replicator.followers.values() if self.replicator else ())
                    if f.state.last_reply_at >= 0]
         silent_ms = int((time.monotonic() - max(replies)) * 1000) if replies else -1
@@ -381,7 +396,7 @@ class HighAvailability:
                         "those messages)", self.broker_id, self.replica_id, silent_ms)
         self.broker.cluster.switched_to_master()
         self._become_master_state(new)
-        self.lease_until = time.monotonic() + self.session_timeout_s / 2
+        self.lease_until = sent + self.session_timeout_s * LEASE_FRACTION
         self._reannounce()
         log.warning("broker %d: replica %d took over as master in epoch %d (old master: replica %d; in-sync "
                     "slaves: %s)", self.broker_id, self.replica_id, new.epoch, state.master, list(new.isr) or "none")

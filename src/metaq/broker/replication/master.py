@@ -132,10 +132,11 @@ class MasterReplication:
         """NOT_ENOUGH_REPLICAS before anything is written, for a sync topic with too few in-sync slaves."""
         if not self.sync_topic(topic):
             return
-        if len(self.isr) < self.broker.config.min_in_sync_slaves and not self.broker.config.degrade_to_async:
+        members = self._ack_members()  # a slave joining (being written) counts: acks wait for it too
+        if len(members) < self.broker.config.min_in_sync_slaves and not self.broker.config.degrade_to_async:
             raise NotEnoughReplicasError(
-                f"broker {self.broker.config.broker_id}: {len(self.isr)} in-sync slave(s) "
-                f"({', '.join(map(str, sorted(self.isr))) or 'none'}), minInSyncSlaves="
+                f"broker {self.broker.config.broker_id}: {len(members)} in-sync slave(s) "
+                f"({', '.join(map(str, sorted(members))) or 'none'}), minInSyncSlaves="
                 f"{self.broker.config.min_in_sync_slaves}; nothing was stored")
 
     def wait_replicated(self, plog: PartitionLog, end_offset: int) -> Awaitable[None] | None:
@@ -239,6 +240,11 @@ class MasterReplication:
             if p is None or p.fetch_offset < plog.log_end_offset:
                 return False
         return True
+
+    @property
+    def acks_waiting(self) -> bool:
+        """Whether a produce still waits for its batch to be confirmed."""
+        return any(not fut.done() for waiting in self._waiting.values() for _end, fut in waiting)
 
     @property
     def isr_change_pending(self) -> bool:

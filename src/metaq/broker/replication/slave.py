@@ -12,7 +12,6 @@ registry listener, and at least every ``RECONCILE_S`` anyway.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
@@ -24,6 +23,7 @@ from metaq.broker.slave_config import SlaveConfig
 from metaq.cluster.registry import Address, ClusterSnapshot
 from metaq.errors import ConfigError, MetaqError
 from metaq.net.codec import ConnectionSettings
+from metaq.net.retry import wait_event
 
 log = logging.getLogger("metaq.broker.replication")
 
@@ -82,8 +82,7 @@ class SlaveReplicator:
                     self._reconcile()
                 except MetaqError as exc:  # a topic that cannot be created here: logged, tried again
                     log.error("slave cannot follow the master's topics: %s", exc)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), RECONCILE_S)
+                await wait_event(changed, RECONCILE_S)
         finally:
             for task in self._tasks.values():
                 task.cancel()

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from metaq.cluster.assignment import assign_topics
 from metaq.cluster.registry import GroupRegistry
-from metaq.net.retry import RetryPolicy
+from metaq.net.retry import RetryPolicy, wait_event
 from metaq.types import PartitionId, TopicPartition
 
 if TYPE_CHECKING:
@@ -177,8 +177,7 @@ class ZooKeeperMembership(Membership):
         period = self.session_timeout_s / 3
         backoff = _ERROR_RETRY.start()
         while not self._closed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._renew.wait(), period)
+            await wait_event(self._renew, period)
             self._renew.clear()
             sent = time.monotonic()
             try:
@@ -293,8 +292,7 @@ class ZooKeeperMembership(Membership):
                     return False
                 log.debug("group %s: %d partitions still held by their previous owners; retrying", self.group,
                           len(pending))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._cue.wait(), backoff.next_delay_unbounded_s())
+                await wait_event(self._cue, backoff.next_delay_unbounded_s())
                 if self._cue.is_set():
                     return False
         c.assigned.set()
