@@ -121,6 +121,7 @@ class BrokerConfig:
     max_waiting_fetches_per_connection: int
     max_frame_bytes: int
     max_partial_frames_bytes: int
+    http_port: int
     topics: dict[str, TopicConfig] = field(default_factory=dict)
     zookeeper: ZkConfig | None = None
     source_path: Path | None = None
