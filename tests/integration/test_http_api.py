@@ -145,7 +145,8 @@ def test_long_poll_wakes_when_a_message_arrives(http_broker: BrokerProcess, base
 
 
 def test_offsets_and_topic_metadata(base: str, doc: dict[str, Any]) -> None:
-    ok(request(base, "POST", "/topics/h-meta/partitions/0/messages", {"messages": [{"payload": "a"}, {"payload": "b"}]}))
+    ok(request(base, "POST", "/topics/h-meta/partitions/0/messages",
+               {"messages": [{"payload": "a"}, {"payload": "b"}]}))
     for when, expected in (("earliest", 0), ("latest", 2), ("0", 0)):
         reply = request(base, "GET", f"/topics/h-meta/partitions/0/offsets?time={when}")
         check_reply(doc, "GET", "/topics/{topic}/partitions/{partition}/offsets", reply)
@@ -231,11 +232,12 @@ def test_limits_are_the_binary_protocols(base: str) -> None:
     assert huge.status == 413 and huge.json["error"]["name"] == "MESSAGE_TOO_LARGE"
 
 
+JSON = "application/json"
 BAD_INPUT: list[tuple[str, str, dict[str, Any], int, str]] = [
     # (method, path, request kwargs, status, words the message must contain)
-    ("POST", "/topics/bad/messages", {"raw": b'{"payload": ', "content_type": "application/json"}, 400, "not valid JSON"),
-    ("POST", "/topics/bad/messages", {"raw": b"\xff\xfe", "content_type": "application/json"}, 400, "not valid JSON"),
-    ("POST", "/topics/bad/messages", {"raw": b"[" * 100_000, "content_type": "application/json"}, 400, "JSON"),
+    ("POST", "/topics/bad/messages", {"raw": b'{"payload": ', "content_type": JSON}, 400, "not valid JSON"),
+    ("POST", "/topics/bad/messages", {"raw": b"\xff\xfe", "content_type": JSON}, 400, "not valid JSON"),
+    ("POST", "/topics/bad/messages", {"raw": b"[" * 100_000, "content_type": JSON}, 400, "JSON"),
     ("POST", "/topics/bad/messages", {"raw": b"hello", "content_type": "text/plain"}, 415, "Content-Type"),
     ("POST", "/topics/bad/messages", {"body": [1, 2]}, 400, "JSON object"),
     ("POST", "/topics/bad/messages", {"body": {"payload": 5}}, 400, "payload must be a string"),

@@ -57,7 +57,7 @@ async def call(request: web.Request, core_request: Any) -> Any:
 
 def _error_extra(response: Any) -> dict[str, Any]:
     if isinstance(response, m.FetchResponse):
-        extra = {}
+        extra: dict[str, Any] = {}
         if response.log_end_offset >= 0:  # the partition exists: its valid range helps to reposition
             extra.update(log_start_offset=response.log_start_offset, log_end_offset=response.log_end_offset)
         if response.damaged_offset >= 0:
