@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -309,3 +312,40 @@ def test_openapi_describes_every_route_and_each_is_served(base: str, doc: dict[s
         reply = request(base, method.upper(), concrete, raw=b"{}", content_type="application/json")
         assert reply.status not in (404, 405) or reply.json["error"]["name"] not in (
             "NO_SUCH_ENDPOINT", "METHOD_NOT_ALLOWED"), (method, path, reply)
+
+
+def test_http_port_in_use_is_one_line_before_the_data_directory_is_created(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        data = tmp_path / "data"
+        result = subprocess.run([sys.executable, "-m", "metaq.broker", "--serverPort", "0", "--dataPath", str(data),
+                                 "--httpPort", str(port)], capture_output=True, text=True, timeout=60,
+                                stdin=subprocess.DEVNULL)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert f"HTTP on 127.0.0.1:{port}" in line and "httpPort" in line
+    assert not data.exists()
+
+
+def test_off_by_default_and_a_stop_answers_waiting_long_polls(broker_factory: Any) -> None:
+    plain = broker_factory({"numPartitions": 1})
+    assert plain.http_url is None and not any("http" in line for line in plain.log_lines if "ready" in line)
+    served = broker_factory({"httpPort": 0, "numPartitions": 1}, name="served")
+    base = served.http_url
+    ok(request(base, "POST", "/topics/stop/messages", {"payload": "x"}))
+    replies: list[Reply] = []
+    poll = threading.Thread(target=lambda: replies.append(request(
+        base, "GET", "/topics/stop/partitions/0/messages?offset=1&max_wait_ms=120000", timeout_s=150)))
+    poll.start()
+    raw = RawClient.to(served)
+    try:
+        wait_until(lambda: json.loads(raw.call(m.StatsRequest(None)).stats_json)["waiting_fetches"] >= 1,
+                   message="the HTTP long poll to wait")
+    finally:
+        raw.close()
+    assert served.stop() == 0
+    poll.join(150)
+    [reply] = replies
+    assert ok(reply)["messages"] == []  # answered by the drain, not left hanging until max_wait_ms
