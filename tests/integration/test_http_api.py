@@ -48,7 +48,10 @@ def http_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProc
 @pytest.fixture(scope="module")
 def base(http_broker: BrokerProcess) -> str:
     assert http_broker.http_url is not None, http_broker.output()
-    return http_broker.http_url
+    url = http_broker.http_url
+    # topic h-json (2 partitions) exists for every test, whichever runs alone: one message in partition 0
+    assert request(url, "POST", "/topics/h-json/partitions/0/messages", {"payload": "first"}).status == 200
+    return url
 
 
 @pytest.fixture(scope="module")
@@ -349,3 +352,26 @@ def test_off_by_default_and_a_stop_answers_waiting_long_polls(broker_factory: An
     poll.join(150)
     [reply] = replies
     assert ok(reply)["messages"] == []  # answered by the drain, not left hanging until max_wait_ms
+
+
+def test_a_client_that_hangs_up_gives_its_long_poll_slot_back(http_broker: BrokerProcess, base: str) -> None:
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    raw = RawClient.to(http_broker)
+
+    def waiting() -> int:
+        return int(json.loads(raw.call(m.StatsRequest(None)).stats_json)["waiting_fetches"])
+
+    try:
+        before = waiting()
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(b"GET /topics/h-json/partitions/1/messages?offset=999999999&max_wait_ms=600000 HTTP/1.1\r\n"
+                         b"Host: x\r\n\r\n")
+            sock.recv(1)  # 416: an offset past the end is refused at once, no slot taken
+        end = ok(request(base, "GET", "/topics/h-json/partitions/1/offsets"))["offset"]
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(f"GET /topics/h-json/partitions/1/messages?offset={end}&max_wait_ms=600000 HTTP/1.1\r\n"
+                         "Host: x\r\n\r\n".encode())
+            wait_until(lambda: waiting() == before + 1, message="the long poll to wait")
+        wait_until(lambda: waiting() == before, message="the slot to be given back when the client hung up")
+    finally:
+        raw.close()
