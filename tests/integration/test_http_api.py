@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from http_client import Reply, check_reply, request
+from http_client import Reply, check_reply, request, schema_errors
 
 from metaq.client import connect
 from metaq.http.routes import ROUTES
@@ -302,6 +302,7 @@ def test_bad_input_gets_a_clear_4xx(base: str, doc: dict[str, Any], method: str,
     assert reply.status == status, reply
     error = reply.json["error"]
     assert error["status"] == status and words.lower() in error["message"].lower(), error
+    assert not schema_errors(doc, {"$ref": "#/components/schemas/Error"}, reply.json)
     assert ok(request(base, "GET", "/topics"))["brokers"], "the broker keeps serving"
 
 
@@ -373,5 +374,21 @@ def test_a_client_that_hangs_up_gives_its_long_poll_slot_back(http_broker: Broke
                          "Host: x\r\n\r\n".encode())
             wait_until(lambda: waiting() == before + 1, message="the long poll to wait")
         wait_until(lambda: waiting() == before, message="the slot to be given back when the client hung up")
+    finally:
+        raw.close()
+
+
+def test_a_closed_partition_refuses_http_produce_as_binary_does(http_broker: BrokerProcess, base: str) -> None:
+    ok(request(base, "POST", "/topics/h-closed/partitions/0/messages", {"payload": "before"}))
+    raw = RawClient.to(http_broker)
+    try:
+        assert raw.call(m.PartitionStateRequest("h-closed", 0, False)).error_code == 0  # metaq topic close
+        refused = request(base, "POST", "/topics/h-closed/partitions/0/messages", {"payload": "after"})
+        assert refused.status == 403 and refused.json["error"]["name"] == "PARTITION_CLOSED"
+        assert "closed" in refused.json["error"]["message"]
+        other = ok(request(base, "POST", "/topics/h-closed/messages", {"payload": "elsewhere"}))
+        assert other["partition"] == 1  # the broker's choice skips the closed partition
+        got = ok(request(base, "GET", "/topics/h-closed/partitions/0/messages?offset=0"))
+        assert [msg["payload"] for msg in got["messages"]] == ["before"]  # still readable
     finally:
         raw.close()
