@@ -45,6 +45,9 @@ STATUS_BY_CODE: dict[int, int] = {
     e.StoredDataCorruptError.code: 500,
     e.DiskFullError.code: 507,
     e.TooManyConnectionsError.code: 503,
+    e.NotEnoughReplicasError.code: 503,
+    e.NotEnoughReplicasAfterAppendError.code: 503,
+    e.FencedEpochError.code: 409,
 }
 """Wire error code -> HTTP status. Every code of :func:`metaq.errors.all_error_classes` has a row (a unit
 test checks); a code missing here would answer 500."""
