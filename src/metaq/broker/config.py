@@ -128,6 +128,7 @@ class BrokerConfig:
     in_sync_max_lag_ms: int = 10_000
     degrade_to_async: bool = False
     auto_failover: bool = False
+    http_port: int = -1
     topics: dict[str, TopicConfig] = field(default_factory=dict)
     zookeeper: ZkConfig | None = None
     source_path: Path | None = None

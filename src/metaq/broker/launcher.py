@@ -23,10 +23,12 @@ from typing import IO, Any, Self
 
 from metaq.errors import MetaqError
 
-__all__ = ["READY_RE", "BrokerLaunchError", "BrokerLauncher"]
+__all__ = ["HTTP_READY_RE", "READY_RE", "BrokerLaunchError", "BrokerLauncher"]
 
 READY_RE = re.compile(r"metaq broker ready (\S+):(\d+)")
 """The line ``metaq broker`` prints once it serves (see metaq.broker.main)."""
+HTTP_READY_RE = re.compile(r"metaq http ready (http://\S+)")
+"""The line printed before it when httpPort is set: where the HTTP API is (docs/http.md)."""
 OUTPUT_SHOWN_LINES = 200
 """How much of the broker's output :meth:`BrokerLauncher.output` (and so an error) shows."""
 
@@ -63,6 +65,8 @@ class BrokerLauncher:
         self.host = "127.0.0.1"
         self.port = 0
         self.log_lines: list[str] = []
+        self.http_url: str | None = None
+        """``http://host:port`` of the HTTP API once ready, when the broker serves one (httpPort)."""
         self._ready = threading.Event()
         """Set by the output reader at the ready line, or when the output ends (the broker exited)."""
         self._ready_seen = False
@@ -138,6 +142,9 @@ class BrokerLauncher:
             if len(self.log_lines) > 2 * OUTPUT_SHOWN_LINES:
                 del self.log_lines[:-OUTPUT_SHOWN_LINES]
         if not self._ready.is_set():
+            http = HTTP_READY_RE.search(line)
+            if http:
+                self.http_url = http.group(1)
             match = READY_RE.search(line)
             if match:
                 self.host, self.port = match.group(1), int(match.group(2))

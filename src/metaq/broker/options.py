@@ -415,6 +415,10 @@ OPTIONS: tuple[Option, ...] = (
          "Bytes of unfinished request frames buffered across all connections, at least maxFrameSize; "
          "past it the connection with the biggest unfinished frame gets TOO_MANY_REQUESTS for it.",
          _integer(1, _JAVA_INT_MAX, size=True), status="extension"),
+    _opt("httpPort", "http_port", "int", "-1", _SYSTEM,
+         "Port of the HTTP API (docs/http.md), on hostName: -1 = off, 0 = a free port (the bound address "
+         "is logged and printed). MetaQ's jettyBroker plugin took it as serverPort in its own file.",
+         _integer(-1, 65535), status="extension"),
     # -- [system], replication (docs/replication.md) ----------------------------------------------------
     _opt("syncReplication", "sync_replication", "bool", "false", _SYSTEM_AND_TOPIC,
          "Sync replication (MetaQ's 同步复制): a produce is acked only once every in-sync slave holds the "

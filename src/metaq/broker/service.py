@@ -20,6 +20,7 @@ from metaq.broker.replication.ha import HighAvailability, ha_enabled
 from metaq.broker.transport import listen_tcp
 from metaq.cluster.registry import RegistryError
 from metaq.errors import ConfigError, StorageError
+from metaq.http.listener import HttpListener
 
 CLOSE_WAIT_S = 1.0
 """How long stop() waits for the listening socket to close."""
@@ -51,6 +52,9 @@ class BrokerService:
         self.jobs = list(default_jobs(broker.config) if jobs is None else jobs)
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        port = broker.config.http_port
+        self.http = HttpListener(broker, broker.config.host_name, port) if port >= 0 else None
+        """The HTTP API (httpPort >= 0; docs/http.md): bound with the TCP port, serving once the core is."""
 
     async def start(self) -> None:
         """Bind, open the data directory (in a worker thread), serve, start the jobs; StartupError when
@@ -79,13 +83,22 @@ class BrokerService:
             ha = HighAvailability(self.broker, self.broker.replica)
             self.broker.ha = ha  # writes are refused until the epoch is started (its lease)
         try:
+            self._bind_http()
+        except StartupError:
+            server.close()
+            raise
+        try:
             await loop.run_in_executor(None, self._connect_cluster)
             await loop.run_in_executor(None, self._open_data)
         except BaseException:
             server.close()
+            if self.http is not None:
+                await self.http.close()
             await loop.run_in_executor(None, cluster.close)
             raise
         await server.start_serving()
+        if self.http is not None:
+            await self.http.start()
         self._server = server
         self.broker.host, self.broker.port = server.sockets[0].getsockname()[:2]
         try:
@@ -93,6 +106,8 @@ class BrokerService:
             await loop.run_in_executor(None, self._join_cluster)
         except BaseException:
             server.close()
+            if self.http is not None:
+                await self.http.close()
             await loop.run_in_executor(None, self.broker.close)
             await loop.run_in_executor(None, cluster.close)
             raise
@@ -103,6 +118,18 @@ class BrokerService:
             replicator = SlaveReplicator(self.broker, self.broker.slave)
             self._tasks.append(loop.create_task(replicator.run(), name="metaq-slave"))
         self._tasks.append(loop.create_task(self.registry.run_sweeper()))
+
+    def _bind_http(self) -> None:
+        if self.http is None:
+            return
+        host, port = self.broker.config.host_name, self.broker.config.http_port
+        try:
+            self.http.bind()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            if exc.errno == errno.EADDRINUSE:
+                reason = "the address is already in use (choose another httpPort, or 0 for a free one)"
+            raise StartupError(f"cannot listen for HTTP on {host}:{port}: {reason}") from None
 
     def _connect_cluster(self) -> None:
         try:
@@ -162,7 +189,11 @@ class BrokerService:
         server, self._server = self._server, None
         if server is not None:
             server.close()
+        if self.http is not None:
+            await self.http.stop_accepting()
         await self.broker.drain(drain_s)
+        if self.http is not None:
+            await self.http.close()  # after the drain answered its long polls
         for task in self._tasks:
             task.cancel()
         self._tasks.clear()

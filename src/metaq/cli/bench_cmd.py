@@ -294,3 +294,39 @@ def bench_storage(as_json: bool, seconds: float) -> None:
 
 def register(cli: click.Group) -> None:
     cli.add_command(bench_group)
+
+
+@bench_group.command("http")
+@click.option("--url", default=None, help="The HTTP API to measure (http://host:port); default: an embedded broker "
+                                          "with httpPort 0 for the run.")
+@click.option("--api", type=click.Choice(["single", "batch", "raw"]), default="single", show_default=True,
+              help="single: one JSON message per request; batch: --batch messages per JSON request; raw: one "
+                   "application/octet-stream message per request.")
+@click.option("--batch", type=click.IntRange(1), default=100, show_default=True, help="Messages per request (batch).")
+@click.option("--size", type=click.IntRange(1), default=100, show_default=True, help="Message payload bytes.")
+@click.option("-n", "--count", type=click.IntRange(1), default=100_000, show_default=True)
+@click.option("-d", "--duration", "duration_s", type=click.FloatRange(0.1), default=30.0, show_default=True)
+@click.option("--concurrency", type=click.IntRange(1, 1024), default=16, show_default=True,
+              help="Requests in flight per process (keep-alive connections).")
+@click.option("--processes", type=click.IntRange(1, 64), default=1, show_default=True, help="Client processes.")
+@click.option("--partitions", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--flush", default="group", show_default=True, help="Embedded broker's unflushThreshold.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def bench_http(as_json: bool, **kwargs: Any) -> None:
+    """Produce throughput over the HTTP API (docs/http.md) with keep-alive clients."""
+    from metaq.bench.http_bench import HttpBenchSpec, run_http_bench
+
+    spec = HttpBenchSpec(**kwargs)
+    result = run_http_bench(spec)
+    if as_json:
+        click.echo(json.dumps(asdict(result)))
+        return
+    per = f" x{spec.batch}" if spec.api == "batch" else ""
+    click.echo(f"http api={spec.api}{per} size={spec.size}B concurrency={spec.concurrency} "
+               f"processes={spec.processes} partitions={spec.partitions} flush={spec.flush}")
+    click.echo(f"  {result.messages} messages in {result.requests} requests, {result.seconds:.2f}s: "
+               f"{result.msgs_per_s:,.0f} msg/s, {result.requests_per_s:,.0f} req/s, {result.mb_per_s:.1f} MB/s"
+               + (f", {result.failures} failed" if result.failures else ""))
+    lat = result.latency_ms
+    if lat:
+        click.echo(f"  request latency ms: p50 {lat['p50']}  p99 {lat['p99']}  max {lat['max']}")

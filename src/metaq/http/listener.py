@@ -1,0 +1,133 @@
+"""The HTTP listener: an aiohttp application on the broker's own event loop, on ``httpPort``.
+
+:class:`metaq.broker.service.BrokerService` binds it before the data directory is opened (a port in use
+is refused before anything is created), starts it once the core is serving, and closes it on stop: no
+new connections, waiting long polls answered by the core's drain, then the connections closed.
+
+Every failure becomes a JSON error body (:mod:`metaq.http.errors`), including aiohttp's own refusals
+(no such endpoint, method not allowed, a body over the limit), and nothing a client sends can stop the
+listener: an unexpected exception is logged and answered with 500.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+from aiohttp import web
+
+from metaq.broker.core import Broker
+from metaq.http import errors, routes
+from metaq.http.openapi import openapi_document
+
+log = logging.getLogger("metaq.http")
+
+BODY_OVERHEAD_BYTES = 64 * 1024
+SHUTDOWN_TIMEOUT_S = 2.0
+"""How long stop() lets in-flight HTTP requests finish once the core has drained."""
+OPENAPI_KEY: web.AppKey[dict[str, Any]] = web.AppKey("openapi", dict)
+
+
+def body_bytes_max(broker: Broker) -> int:
+    """Largest request body read: a batch of maxBatchSize as base64 inside JSON (4/3 of it, and room for
+    the field names). The core then applies maxBatchSize and maxMessageSize themselves (413)."""
+    return broker.config.max_batch_bytes * 4 // 3 + BODY_OVERHEAD_BYTES
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: routes.Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except errors.HttpInputError as exc:
+        return errors.input_error_response(exc)
+    except errors.WireError as exc:
+        return errors.wire_error_response(exc.code, exc.message, **exc.extra)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return errors.http_error_response(exc, f"the request body is larger than this broker reads "
+                                               f"({exc.text}); send smaller batches")
+    except web.HTTPMethodNotAllowed as exc:
+        return errors.http_error_response(exc, f"{request.method} is not allowed on {request.path[:200]}; "
+                                               f"allowed: {', '.join(sorted(exc.allowed_methods))}")
+    except web.HTTPNotFound as exc:
+        return errors.http_error_response(exc, f"no endpoint {request.path[:200]!r}; see /openapi.json")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return errors.http_error_response(exc, exc.text or exc.reason)
+    except Exception:
+        log.exception("HTTP %s %s failed", request.method, request.path[:200])
+        return errors.json_error(500, errors.error_body(500, -1, "UNKNOWN_SERVER_ERROR",
+                                                        "the broker failed in an unexpected way; see its log"))
+
+
+async def _openapi(request: web.Request) -> web.Response:
+    return web.json_response(request.app[OPENAPI_KEY])
+
+
+def make_app(broker: Broker) -> web.Application:
+    app = web.Application(middlewares=[error_middleware], client_max_size=body_bytes_max(broker))
+    app[routes.BROKER_KEY] = broker
+    app[OPENAPI_KEY] = openapi_document(broker)
+    for method, path, handler in routes.ROUTES:
+        app.router.add_route(method, path, handler)
+    app.router.add_get("/openapi.json", _openapi)
+    return app
+
+
+class HttpListener:
+    """``broker``'s HTTP endpoints on ``host:port`` (port 0: a free one; :attr:`address` once bound)."""
+
+    def __init__(self, broker: Broker, host: str, port: int) -> None:
+        self.broker = broker
+        self.host = host
+        self.port = port
+        self._sock: socket.socket | None = None
+        self._runner: web.AppRunner | None = None
+        self._site: web.SockSite | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        assert self._sock is not None, "not bound"
+        host, port = self._sock.getsockname()[:2]
+        return host, port
+
+    def bind(self) -> None:
+        """Bind the port (OSError if it cannot be), not serving yet."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        self._sock = sock
+
+    async def start(self) -> None:
+        assert self._sock is not None, "bind() first"
+        # handler_cancellation: a client that hangs up cancels its request, so a long poll gives its
+        # waiting-fetch slot back at once instead of at max_wait_ms
+        runner = web.AppRunner(make_app(self.broker), handler_cancellation=True, access_log=None,
+                               shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+        await runner.setup()
+        site = web.SockSite(runner, self._sock, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+        await site.start()
+        self._runner, self._site = runner, site
+        host, port = self.address
+        log.info("HTTP API on http://%s:%d (OpenAPI at /openapi.json)", host, port)
+
+    async def stop_accepting(self) -> None:
+        """Close the listening socket; requests in progress go on (the core's drain answers them)."""
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
+        elif self._sock is not None and self._runner is None:
+            self._sock.close()
+
+    async def close(self) -> None:
+        await self.stop_accepting()
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
