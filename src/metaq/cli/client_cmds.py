@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 import click
 
 from metaq.cli.options import Target, servers_option, target_options, zk_connect_option, zk_root_option
+from metaq.cli.replication_text import replication_lines
 from metaq.cli.text import plural
 from metaq.client import Message, MessageSessionFactory
 from metaq.client.metadata import resolve_partition
@@ -468,6 +469,8 @@ async def stats(servers: str, topic: str | None, broker_id: int | None, as_json:
                 click.echo("\t".join(str(x) for x in (
                     tname, f"{doc.get('broker_id')}-{pname}", p["put_messages"], p["put_bytes"], p["put_tps"],
                     p["get_requests"], p["get_bytes"], p.get("log_start_offset", "-"), p.get("log_end_offset", "-"))))
+        for line in replication_lines(doc):  # a slave's replication section (docs/replication.md#lag)
+            click.echo(line)
 
 
 @click.group("admin")
