@@ -1,0 +1,191 @@
+"""Consumers reading from slaves (``read_from``): a real master, a real slave, real ZooKeeper.
+
+What a user relies on: a consumer reading from the slave gets every message the master acked, in
+order, with the master's offsets and ids; with ``prefer-slave`` a slave killed -9 sends the reads to
+the master and a slave restarted takes them back, with nothing lost and nothing delivered twice (the
+group consumer's duplicate filter is off, so a repeat would show), for the pull consumer and the group
+consumer alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import uvloop
+from cli_process import metaq
+
+from metaq.client import Message, MessageSessionFactory
+from metaq.client.group import ConsumerConfig, create_consumer
+from metaq.net.blocking import BlockingConnection
+from metaq.net.codec import ConnectionSettings, raise_for_error
+from metaq.protocol import messages as m
+from metaq.testing import BrokerProcess
+from metaq.types import PartitionId
+
+TOPIC = "orders"
+TOPICS = f"[topic={TOPIC}]\nnumPartitions=2\n"
+PARTS = [PartitionId(1, 0), PartitionId(1, 1)]
+SETTINGS = ConnectionSettings("read-from-test", 5.0, 30.0, 16, 64 << 20)
+
+Record = tuple[int, int, bytes]
+"""(offset, message id, payload)."""
+
+
+async def until(pred: Callable[[], Any], timeout_s: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def get_requests(proc: BrokerProcess) -> int:
+    """Fetches the broker answered on the topic (a slave answers only consumers' fetches), 0 if it is down."""
+    try:
+        conn = BlockingConnection.open((proc.host, proc.port), SETTINGS)
+    except Exception:
+        return 0
+    try:
+        doc = json.loads(raise_for_error(conn.call(m.StatsRequest(TOPIC))).stats_json)
+    except Exception:
+        return 0
+    finally:
+        conn.close()
+    return sum(p["get_requests"] for p in doc["topics"].get(TOPIC, {}).get("partitions", {}).values())
+
+
+class Produced:
+    def __init__(self, session: MessageSessionFactory) -> None:
+        self.producer = session.create_producer()
+        self.acked: dict[PartitionId, list[Record]] = {p: [] for p in PARTS}
+        self.n = 0
+
+    async def send(self, count: int) -> None:
+        for _ in range(count):
+            result = await self.producer.send(Message(TOPIC, b"m%06d" % self.n))
+            self.n += 1
+            assert result.success, result
+            self.acked[result.partition_id].append((result.offset, result.message_id, b"m%06d" % (self.n - 1)))
+
+    def total(self) -> int:
+        return sum(len(v) for v in self.acked.values())
+
+
+def start(cluster_factory: Callable[..., BrokerProcess]) -> tuple[BrokerProcess, BrokerProcess]:
+    master = cluster_factory(1, topics=TOPICS)
+    slave = cluster_factory(1, topics=TOPICS, name="broker-1-slave-0", args=["--slave", "--slave-id", "0"])
+    return master, slave
+
+
+async def connect(zookeeper: Any, zk_root: str, **config: Any) -> MessageSessionFactory:
+    return await MessageSessionFactory.connect(zk_connect=zookeeper.connect_string, zk_root=zk_root, **config)
+
+
+def test_a_pull_consumer_reading_from_the_slave_gets_every_message_in_order(
+        cluster_factory: Callable[..., BrokerProcess], zookeeper: Any, zk_root: str) -> None:
+    master, slave = start(cluster_factory)
+
+    async def main() -> None:
+        producing = await connect(zookeeper, zk_root)
+        reading = await connect(zookeeper, zk_root, read_from="slave")
+        produced = Produced(producing)
+        got: dict[PartitionId, list[Record]] = {p: [] for p in PARTS}
+        consumer = reading.create_pull_consumer()
+
+        async def read(p: PartitionId) -> None:
+            # offset 0 while the slave may not be registered yet: the fetches wait for it
+            async for msg in consumer.iterate(TOPIC, p, 0, max_wait_ms=300):
+                got[p].append((msg.offset, msg.id, bytes(msg.data)))
+
+        tasks = [asyncio.create_task(read(p)) for p in PARTS]
+        try:
+            await produced.send(300)  # while the consumer reads the slave, which follows the master
+            await until(lambda: all(len(got[p]) >= len(produced.acked[p]) for p in PARTS), what="every message")
+            await produced.send(100)
+            await until(lambda: all(len(got[p]) >= len(produced.acked[p]) for p in PARTS), what="the new messages")
+            assert got == produced.acked  # same offsets, same ids, in order, nothing twice
+            assert produced.total() == 400
+            assert await consumer.offsets(TOPIC, PARTS[0]) == (0, len(produced.acked[PARTS[0]]))
+            assert get_requests(slave) > 0  # read from the slave: it takes fetches from consumers only
+            acked.update(produced.acked)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await reading.close()
+            await producing.close()
+
+    acked: dict[PartitionId, list[Record]] = {}
+    uvloop.run(main())
+
+    # the command line: metaq consume --read-from slave prints what the slave holds (all of it by now)
+    result = metaq("consume", TOPIC, "--zk-connect", zookeeper.connect_string, "--zk-root", zk_root,
+                   "--read-from", "slave", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert {(r["partition"], r["offset"], r["value"]) for r in rows} == \
+        {(str(p), o, v.decode()) for p, recs in acked.items() for o, _, v in recs}
+    assert len(rows) == 400
+    refused = metaq("consume", TOPIC, "-s", master.servers, "--read-from", "prefer-slave")
+    assert refused.returncode == 2 and "--read-from prefer-slave needs --zk-connect" in refused.stderr
+
+
+def test_prefer_slave_falls_back_to_the_master_when_the_slave_dies_and_returns_to_it(
+        cluster_factory: Callable[..., BrokerProcess], zookeeper: Any, zk_root: str, tmp_path: Path) -> None:
+    _master, slave = start(cluster_factory)
+
+    async def main() -> None:
+        producing = await connect(zookeeper, zk_root)
+        reading = await connect(zookeeper, zk_root, read_from="prefer-slave", unreachable_avoid_s=1.0)
+        produced = Produced(producing)
+        pulled: dict[PartitionId, list[Record]] = {p: [] for p in PARTS}
+        grouped: dict[PartitionId, list[Record]] = {p: [] for p in PARTS}
+        puller = reading.create_pull_consumer()
+        group = create_consumer(reading, ConsumerConfig(group="g", recover_dir=tmp_path / "recover", dedup_window=0,
+                                                        commit_offset_period_ms=200, max_delay_fetch_ms=300))
+
+        def listener(msg: Message) -> None:
+            grouped[msg.partition_id].append((msg.offset, msg.id, bytes(msg.data)))
+
+        group.subscribe(TOPIC, 64 * 1024, listener)
+        await group.complete_subscribe()
+
+        async def pull(p: PartitionId) -> None:
+            async for msg in puller.iterate(TOPIC, p, 0, max_wait_ms=300):
+                pulled[p].append((msg.offset, msg.id, bytes(msg.data)))
+
+        def caught_up() -> bool:
+            return all(len(seen[p]) >= len(produced.acked[p]) for seen in (pulled, grouped) for p in PARTS)
+
+        tasks = [asyncio.create_task(pull(p)) for p in PARTS]
+        try:
+            await produced.send(200)
+            await until(caught_up, what="phase 1 consumed")
+            await until(lambda: get_requests(slave) > 0, what="reads served by the slave")
+
+            sending = asyncio.create_task(produced.send(300))
+            await asyncio.to_thread(slave.kill)  # -9 while messages flow: reads go to the master
+            await sending
+            await until(caught_up, what="everything consumed with the slave dead")
+
+            await asyncio.to_thread(slave.start)  # back (behind, catching up): reads return to it
+            await until(lambda: get_requests(slave) > 0, what="reads served by the restarted slave")
+            await produced.send(200)
+            await until(caught_up, what="everything consumed after the slave's return")
+            assert produced.total() == 700
+            assert pulled == produced.acked, "the pull consumer lost, repeated or reordered messages"
+            assert grouped == produced.acked, "the group consumer lost, repeated or reordered messages"
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await group.close()
+            await reading.close()
+            await producing.close()
+
+    uvloop.run(main())
