@@ -601,8 +601,9 @@ class GroupConsumer:
     async def _fetch(self, w: _Worker, max_bytes: int) -> FetchResult:
         cfg = self.config
         wait = cfg.max_delay_fetch_ms if cfg.long_poll else 0
-        replica = self._core.read_replica(w.tp.topic, w.part)  # the master, or a slave (read_from)
-        if wait and (w.conn is None or w.conn.closed or w.replica != replica):
+        # the master, or a slave (read_from); without either, the Fetcher uses the session's connection
+        replica = self._core.read_replica(w.tp.topic, w.part) if wait or self._core.reads_slaves else None
+        if wait and replica is not None and (w.conn is None or w.conn.closed or w.replica != replica):
             if w.conn is not None:
                 w.conn.close()
                 w.conn = None
