@@ -5,9 +5,10 @@ One local cluster (``metaq.devcluster.DevCluster``: a real ZooKeeper, broker 1 i
 async slave 0, group commit), a topic of ``--partitions`` partitions preloaded with ``-n`` messages of
 100 B and fully replicated, then, ``--series`` times and alternating:
 
-* **read**: a cluster-mode session with ``read_from="master"``, then one with ``read_from="slave"``,
-  fetch every partition from its start to its end (the pull consumer's Fetcher, 1 MiB per fetch, all
-  partitions at once): messages per second.
+* **read**: a cluster-mode session with ``read_from="master"`` and one with ``read_from="slave"`` (in
+  turn, the master first in odd series and the slave first in even ones), fetch every partition from
+  its start to its end (the pull consumer's Fetcher, 1 MiB per fetch, all partitions at once):
+  messages per second.
 
 Then once, **failover of the reads**: a ``prefer-slave`` consumer iterates partition 0 (long polling)
 while a producer sends one message every 5 ms; the slave is killed -9; reported: from the kill to the
@@ -140,7 +141,7 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
             ends = await preload(cluster, args.count)
             await replicated(cluster, ends)
             for series in range(1, args.series + 1):
-                for read_from in ("master", "slave"):
+                for read_from in ("master", "slave") if series % 2 else ("slave", "master"):  # both orders
                     row = {"series": series, **await read_all(cluster, read_from, ends)}
                     print(json.dumps(row), flush=True)
                     out.append(row)
