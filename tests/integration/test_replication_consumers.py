@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import uvloop
 from cli_process import metaq
 
@@ -76,9 +77,9 @@ class Produced:
         return sum(len(v) for v in self.acked.values())
 
 
-def start(cluster_factory: Callable[..., BrokerProcess]) -> tuple[BrokerProcess, BrokerProcess]:
-    master = cluster_factory(1, topics=TOPICS)
-    slave = cluster_factory(1, topics=TOPICS, name="broker-1-slave-0", args=["--slave", "--slave-id", "0"])
+def start(cluster_factory: Callable[..., BrokerProcess], **system: Any) -> tuple[BrokerProcess, BrokerProcess]:
+    master = cluster_factory(1, topics=TOPICS, **system)
+    slave = cluster_factory(1, topics=TOPICS, name="broker-1-slave-0", args=["--slave", "--slave-id", "0"], **system)
     return master, slave
 
 
@@ -185,6 +186,51 @@ def test_prefer_slave_falls_back_to_the_master_when_the_slave_dies_and_returns_t
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await group.close()
+            await reading.close()
+            await producing.close()
+
+    uvloop.run(main())
+
+
+@pytest.mark.parametrize("update_consumer_offsets", [False, True])
+def test_an_offset_past_the_slaves_log_end_is_waited_for_never_jumped_or_reset(
+        cluster_factory: Callable[..., BrokerProcess], zookeeper: Any, zk_root: str,
+        update_consumer_offsets: bool) -> None:
+    """A consumer ahead of the slave (it read further on the master, or the slave is catching up) gets
+    nothing until the slave has its offset, then exactly what is there; with updateConsumerOffsets=true
+    the slave's own reset to its end (a redelivery) is not taken either."""
+    start(cluster_factory, updateConsumerOffsets=update_consumer_offsets)
+    p10 = PartitionId(1, 0)
+
+    async def main() -> None:
+        producing = await connect(zookeeper, zk_root)
+        reading = await connect(zookeeper, zk_root, read_from="slave")
+        try:
+            producer = producing.create_producer(selector=lambda topic, partitions, message: partitions[0])
+            results = [await producer.send(Message(TOPIC, b"a%d" % i)) for i in range(100)]
+            assert all(r.success and r.partition_id == p10 for r in results)
+            consumer = reading.create_pull_consumer()
+            deadline = time.monotonic() + 30
+            while await consumer.offsets(TOPIC, p10) != (0, 100):  # asked of the slave
+                assert time.monotonic() < deadline, "the slave did not catch up"
+                await asyncio.sleep(0.02)
+
+            now = await consumer.fetcher.fetch(TOPIC, p10, 150, max_wait_ms=0)
+            assert now.behind and now.messages == [] and now.next_offset == 150 and now.log_end_offset == 100
+            assert await consumer.get(TOPIC, p10, 150) == []
+
+            waiting = asyncio.create_task(consumer.fetcher.fetch(TOPIC, p10, 150, max_wait_ms=30_000))
+            await asyncio.sleep(0.3)
+            assert not waiting.done(), "the fetch waits for the slave instead of answering"
+            more = [await producer.send(Message(TOPIC, b"b%d" % i)) for i in range(60)]
+            assert [r.offset for r in more] == list(range(100, 160))
+            got = await waiting
+            assert not got.behind and got.reset_offset == -1
+            assert got.messages and got.messages[0].offset == 150
+            by_offset = {r.offset: (r.message_id, b"b%d" % i) for i, r in enumerate(more)}
+            assert [(x.offset, x.id, bytes(x.data)) for x in got.messages] == \
+                [(o, *by_offset[o]) for o in range(150, 150 + len(got.messages))]
+        finally:
             await reading.close()
             await producing.close()
 
