@@ -306,4 +306,14 @@ def test_consumers_reading_slaves_ride_out_a_failover_and_see_every_acked_messag
     for name, read in (("pull", pulled), ("group", grouped)):
         problems = check_history(read, load.acked, load.failed)
         assert not problems, f"{name} consumer: " + "\n".join(problems[:10])
+
+    # metaq cluster shows the replica group's HA state: the new master replica, its epoch, the in-sync set
+    state = group_state(zk_client, zk_root)
+    assert state is not None
+    result = metaq("cluster", "--zk-connect", zookeeper.connect_string, "--zk-root", zk_root, "--json")
+    assert result.returncode == 0, result.stderr
+    (shown,) = json.loads(result.stdout)["replication"]
+    assert shown["ha"] == {"epoch": state["epoch"], "master_replica": state["master"], "in_sync": state["isr"]}
+    text = metaq("cluster", "--zk-connect", zookeeper.connect_string, "--zk-root", zk_root).stdout
+    assert f"(HA: replica {state['master']} is master, epoch {state['epoch']}, in sync: " in text
     print(f"failover under prefer-slave consumers: {len(load.acked)} acked, all read once in order by both")

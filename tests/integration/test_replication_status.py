@@ -69,7 +69,7 @@ def test_cluster_and_stats_show_replica_groups_their_lag_a_stalled_slave_and_a_g
     doc = json.loads(cluster(zookeeper, zk_root, "--json").stdout)
     assert doc["brokers"] == [{"broker_id": 1, "master": master.servers, "slaves": {"0": slave.servers}}]
     assert doc["replication"] == [{
-        "broker_id": 1, "master": master.servers, "master_registered": True,
+        "broker_id": 1, "master": master.servers, "master_registered": True, "ha": None,
         "slaves": [{"slave_id": 0, "address": slave.servers, "following": master.servers, "max_lag_messages": 0,
                     "max_lag_ms": 0, "error": None,
                     "partitions": [{"topic": TOPIC, "partition": f"1-{p}", "log_end": n, "master_end": n,

@@ -97,7 +97,11 @@ def _print_replication(status: ClusterStatus) -> None:
     click.echo(f"{plural(len(status.replication), 'replica group')} (lag as each slave last heard from its master)")
     for group in status.replication:
         master = group.master or "(none: the master is gone; its slaves serve reads only)"
-        click.echo(f"  broker {group.broker_id}: master {master}, {plural(len(group.slaves), 'slave')}")
+        ha = ""
+        if group.ha is not None:
+            in_sync = ", ".join(f"slave{r}" for r in sorted(group.ha.isr)) or "none"
+            ha = f" (HA: replica {group.ha.master} is master, epoch {group.ha.epoch}, in sync: {in_sync})"
+        click.echo(f"  broker {group.broker_id}: master {master}, {plural(len(group.slaves), 'slave')}{ha}")
         for slave in group.slaves:
             if slave.error is not None:
                 click.echo(f"    slave{slave.slave_id} {slave.address}: lag unknown ({slave.error})")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from metaq.client.blocking import BlockingClient
-from metaq.cluster.layout import DEFAULT_ROOT
+from metaq.cluster.layout import DEFAULT_ROOT, ReplicaGroupState
 from metaq.cluster.registry import ClusterSnapshot
 from metaq.cluster.zookeeper import ZooKeeperRegistry
 from metaq.errors import MetaqError
@@ -142,14 +142,19 @@ class ReplicaGroupStatus:
     master: str | None
     """``host:port`` of the registered master; None when it is gone (the slaves keep serving reads)."""
     slaves: list[SlaveStatus]
+    ha: ReplicaGroupState | None = None
+    """HA mode's state in ZooKeeper (``brokers/replica-groups/<id>``): epoch, master replica, in-sync
+    slaves; None for a MetaQ async replica group."""
 
     @property
     def master_registered(self) -> bool:
         return self.master is not None
 
     def to_json(self) -> dict[str, Any]:
+        ha = None if self.ha is None else {"epoch": self.ha.epoch, "master_replica": self.ha.master,
+                                            "in_sync": sorted(self.ha.isr)}
         return {"broker_id": self.broker_id, "master": self.master, "master_registered": self.master_registered,
-                "slaves": [s.to_json() for s in self.slaves]}
+                "ha": ha, "slaves": [s.to_json() for s in self.slaves]}
 
 
 @dataclass
@@ -192,15 +197,25 @@ def read_cluster_status(zk_connect: str, zk_root: str = DEFAULT_ROOT, *, timeout
                    for b, e in sorted(snapshot.brokers.items())]
         topics = [TopicStatus(name, dict(t.publish), dict(t.subscribe)) for name, t in sorted(snapshot.topics.items())]
         groups = [_group(registry, snapshot, g) for g in registry.groups()]
+        ha_states = {b.broker_id: _ha_state(registry, b.broker_id) for b in brokers if b.slaves}
     finally:
         registry.close()
     status = ClusterStatus(zk_connect, registry.paths.root or "/", brokers, topics, groups)
     _fill_log_ends(status, snapshot, timeout_s)
-    status.replication = [_replica_group(b, status.problems, timeout_s) for b in brokers if b.slaves]
+    status.replication = [_replica_group(b, status.problems, timeout_s, ha_states.get(b.broker_id))
+                          for b in brokers if b.slaves]
     return status
 
 
-def _replica_group(broker: BrokerStatus, problems: list[str], timeout_s: float) -> ReplicaGroupStatus:
+def _ha_state(registry: ZooKeeperRegistry, broker_id: int) -> ReplicaGroupState | None:
+    try:
+        return registry.read_replica_group(broker_id)[0]
+    except MetaqError:  # unreadable or garbage: the rest of the view stands without it
+        return None
+
+
+def _replica_group(broker: BrokerStatus, problems: list[str], timeout_s: float,
+                   ha: ReplicaGroupState | None = None) -> ReplicaGroupStatus:
     if broker.master is None:
         problems.append(f"broker {broker.broker_id} has no registered master: its slaves "
                         f"({', '.join(f'slave{s}' for s in broker.slaves)}) serve reads, and replicate nothing "
@@ -214,7 +229,7 @@ def _replica_group(broker: BrokerStatus, problems: list[str], timeout_s: float) 
             slaves.append(SlaveStatus(slave_id, address, error=str(exc)))
             continue
         slaves.append(_slave_status(broker.broker_id, slave_id, address, doc.get("replication")))
-    return ReplicaGroupStatus(broker.broker_id, broker.master, slaves)
+    return ReplicaGroupStatus(broker.broker_id, broker.master, slaves, ha)
 
 
 def _stats(address: str, timeout_s: float) -> dict[str, Any]:
