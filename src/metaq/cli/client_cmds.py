@@ -17,9 +17,11 @@ from typing import Any, Literal, TypeVar
 import click
 
 from metaq.cli.options import Target, servers_option, target_options, zk_connect_option, zk_root_option
+from metaq.cli.replication_text import replication_lines
 from metaq.cli.text import plural
 from metaq.client import Message, MessageSessionFactory
 from metaq.client.metadata import resolve_partition
+from metaq.client.replicas import READ_FROM_CHOICES
 from metaq.errors import MetaqError, PartitionClosedError
 from metaq.types import PartitionId, format_message_id, partition_key
 
@@ -59,15 +61,16 @@ def run_async(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
     return wrapper
 
 
-async def _session(servers: str) -> MessageSessionFactory:
-    """A session on ``--servers``, or on the cluster in ZooKeeper (a :class:`Target` with ``zk_connect``)."""
+async def _session(servers: str, **config: Any) -> MessageSessionFactory:
+    """A session on ``--servers``, or on the cluster in ZooKeeper (a :class:`Target` with ``zk_connect``);
+    ``config``: more ClientConfig options."""
     zk_connect = getattr(servers, "zk_connect", None)
     if zk_connect is None:
-        return await MessageSessionFactory.connect(servers)
+        return await MessageSessionFactory.connect(servers, **config)
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # its reconnection chatter; failures are ours to say
     assert isinstance(servers, Target)
     return await MessageSessionFactory.connect(zk_connect=zk_connect, zk_root=servers.zk_root,
-                                               zk_connection_timeout_ms=10_000)
+                                               zk_connection_timeout_ms=10_000, **config)
 
 
 # -- topic --------------------------------------------------------------------------------------
@@ -346,16 +349,21 @@ def _parse_offset(value: str) -> Literal["earliest", "latest"] | int:
                                                   "waited for. Stop with Ctrl-C (exit code 130).")
 @click.option("--format", "fmt", type=click.Choice(["value", "json"]), default="value", show_default=True,
               help="value: the payload as a line; json: one JSON object per message with its metadata.")
+@click.option("--read-from", type=click.Choice(READ_FROM_CHOICES), default="master", show_default=True,
+              help="Read each partition from its master, only from a live slave, or from a slave when one is "
+                   "live (prefer-slave). Slaves need --zk-connect (docs/replication.md).")
 @run_async
 async def consume(servers: str, topic: str, partition: tuple[PartitionId | int, ...], offset: str,
-                  max_messages: int | None, follow: bool, fmt: str) -> None:
+                  max_messages: int | None, follow: bool, fmt: str, read_from: str) -> None:
     """Print TOPIC's messages, partition by partition in offset order.
 
     A TOPIC that does not exist is an error (exit code 1); with --follow, a notice on stderr, and the
     command waits until it is created.
     """
     start = _parse_offset(offset)
-    async with await _session(servers) as session:
+    if read_from != "master" and getattr(servers, "zk_connect", None) is None:
+        raise click.UsageError(f"--read-from {read_from} needs --zk-connect: slaves are found in ZooKeeper")
+    async with await _session(servers, read_from=read_from) as session:
         parts: list[PartitionId] = [p.id for p in await _topic_partitions(session, topic, servers, follow)]
         if partition:
             parts = sorted({_resolve_option(topic, parts, key) for key in partition})
@@ -468,6 +476,8 @@ async def stats(servers: str, topic: str | None, broker_id: int | None, as_json:
                 click.echo("\t".join(str(x) for x in (
                     tname, f"{doc.get('broker_id')}-{pname}", p["put_messages"], p["put_bytes"], p["put_tps"],
                     p["get_requests"], p["get_bytes"], p.get("log_start_offset", "-"), p.get("log_end_offset", "-"))))
+        for line in replication_lines(doc):  # a slave's replication section (docs/replication.md#lag)
+            click.echo(line)
 
 
 @click.group("admin")

@@ -67,6 +67,9 @@ def _print_status(status: ClusterStatus) -> None:
         rows = [[str(b.broker_id), "master", b.master or "(none)"] for b in status.brokers]
         rows += [[str(b.broker_id), f"slave{s}", a] for b in status.brokers for s, a in b.slaves.items()]
         _table(["id", "role", "address"], sorted(rows, key=lambda r: (int(r[0]), r[1] != "master", r[1])))
+    if status.replication:
+        click.echo("")
+        _print_replication(status)
     click.echo("")
     click.echo(f"{plural(len(status.topics), 'topic')}" + (" (partitions per broker: publish/subscribe)"
                                                           if status.topics else ""))
@@ -87,6 +90,35 @@ def _print_status(status: ClusterStatus) -> None:
             _table(["topic", "partition", "owner", "committed", "log end", "lag"],
                    [[p.topic, str(p.partition), p.owner or "-", _num(p.committed), _num(p.log_end), _num(p.lag)]
                     for p in g.partitions], indent="  ")
+
+
+def _print_replication(status: ClusterStatus) -> None:
+    """Each replica group's master and slaves, and per slave its lag per partition (as the slave says)."""
+    click.echo(f"{plural(len(status.replication), 'replica group')} (lag as each slave last heard from its master)")
+    for group in status.replication:
+        master = group.master or "(none: the master is gone; its slaves serve reads only)"
+        ha = ""
+        if group.ha is not None:
+            in_sync = ", ".join(f"slave{r}" for r in sorted(group.ha.isr)) or "none"
+            ha = f" (HA: replica {group.ha.master} is master, epoch {group.ha.epoch}, in sync: {in_sync})"
+        click.echo(f"  broker {group.broker_id}: master {master}, {plural(len(group.slaves), 'slave')}{ha}")
+        for slave in group.slaves:
+            if slave.error is not None:
+                click.echo(f"    slave{slave.slave_id} {slave.address}: lag unknown ({slave.error})")
+                continue
+            following = slave.following or "(no master found yet)"
+            if group.master is None:
+                following = "no master (it is gone)"
+            stalled = sum(1 for r in slave.partitions if r.stalled)
+            click.echo(f"    slave{slave.slave_id} {slave.address}: follows {following}, max lag "
+                       f"{_num(slave.max_lag_messages)} messages, {_num(slave.max_lag_ms)} ms"
+                       + (f", {stalled} stalled" if stalled else ""))
+            if slave.partitions:
+                _table(["topic", "partition", "slave end", "master end", "lag", "lag ms", "state"],
+                       [[r.topic, str(r.partition), _num(r.log_end), _num(r.master_end), _num(r.lag_messages),
+                         _num(r.lag_ms), "stalled" if r.stalled else ("caught up" if r.lag_messages == 0 else
+                                                                     "behind" if r.lag_messages else "waiting")]
+                        for r in slave.partitions], indent="      ")
 
 
 def _num(value: int | None) -> str:

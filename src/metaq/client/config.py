@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from metaq.client.replicas import READ_FROM_CHOICES, ReadFrom
 from metaq.errors import ConfigError
 from metaq.net.codec import ConnectionSettings
 from metaq.net.retry import RetryPolicy
@@ -54,6 +55,12 @@ class ClientConfig:
     """The cluster's root znode (MetaQ's ``zk.zkRoot``)."""
     zk_session_timeout_ms: int = 30_000
     zk_connection_timeout_ms: int = 30_000
+    read_from: ReadFrom = "master"
+    """Which copy of a partition consumers read (pull and group consumers; MetaQ lets them read a master
+    or its slaves): ``"master"`` (default), ``"slave"`` (only a live slave; with none, fetches wait for
+    one), ``"prefer-slave"`` (a live slave, the master when none is). Slaves are found in ZooKeeper, so
+    anything but ``"master"`` needs ``zk_connect``. A slave may be behind its master: an offset past
+    its log end waits, never jumps (docs/replication.md#consumers-reading-from-slaves)."""
 
     def __post_init__(self) -> None:
         _positive(self, "connect_timeout_s", "request_timeout_s", "max_in_flight", "write_buffer_high_bytes",
@@ -62,6 +69,11 @@ class ClientConfig:
         _non_negative(self, "reconnect_backoff_s", "reconnect_backoff_max_s", "metadata_min_interval_s")
         if self.reconnect_attempts < 1:
             raise ConfigError(f"reconnect_attempts must be >= 1, not {self.reconnect_attempts}")
+        if self.read_from not in READ_FROM_CHOICES:
+            raise ConfigError(f"read_from must be one of {', '.join(READ_FROM_CHOICES)}, not {self.read_from!r}")
+        if self.read_from != "master" and self.zk_connect is None:
+            raise ConfigError(f"read_from={self.read_from!r} needs cluster mode (zk_connect): a client finds "
+                              "slaves in ZooKeeper (docs/replication.md)")
 
     def connection_settings(self) -> ConnectionSettings:
         """How the session's connections are opened (no TLS: :mod:`metaq.net.tls`)."""

@@ -12,7 +12,9 @@ queued behind it. :meth:`PullConsumer.get` (no waiting) uses the session's share
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
@@ -20,13 +22,13 @@ from typing import Literal
 from metaq.client.core import ClientCore
 from metaq.client.exceptions import ClientClosedError
 from metaq.client.metadata import Partition
+from metaq.client.replicas import ReadReplica
 from metaq.errors import (
     BrokerError,
     ConnectionClosedError,
     InvalidArgument,
     OffsetOutOfRangeError,
     RequestTimeoutError,
-    UnknownServerError,
 )
 from metaq.net.connection import BrokerConnection
 from metaq.net.retry import RetryPolicy
@@ -46,6 +48,10 @@ log = logging.getLogger(__name__)
 DEFAULT_FETCH_MAX_BYTES = 1024 * 1024
 DEFAULT_MAX_WAIT_MS = 5000
 """MetaQ's default maxDelayFetchTimeInMills is 5 s."""
+BEHIND_POLL_MIN_S = 0.02
+BEHIND_POLL_MAX_S = 0.5
+"""A slave behind the consumer's offset is asked again after 20 ms, doubling up to 0.5 s (it cannot
+long-poll an offset past its log end: it answers OFFSET_OUT_OF_RANGE at once)."""
 
 StartOffset = int | Literal["earliest", "latest"]
 OutOfRangePolicy = Literal["raise", "earliest", "latest"]
@@ -64,6 +70,9 @@ class FetchResult:
     """>= 0 when the asked offset was out of range and the broker (updateConsumerOffsets) served from here."""
     partial: bool = False
     """Bytes came back but not one whole batch (max_bytes smaller than the batch): ask for more bytes."""
+    behind: bool = False
+    """Read from a slave whose log still ends before the asked offset (``log_end_offset`` is the slave's):
+    nothing to read there yet; fetch the same offset again."""
 
 
 class Fetcher:
@@ -75,22 +84,41 @@ class Fetcher:
 
     async def fetch(self, topic: str, partition: PartitionKey, offset: int, *,
                     max_bytes: int = DEFAULT_FETCH_MAX_BYTES, max_wait_ms: int = 0, group: str = "",
-                    connection: BrokerConnection | None = None) -> FetchResult:
+                    connection: BrokerConnection | None = None, replica: ReadReplica | None = None) -> FetchResult:
         """Fetch once. Raises OffsetOutOfRangeError carrying ``earliest``/``latest`` when the offset
-        is outside the partition (and the broker does not reset it), and the broker's other errors."""
+        is outside the partition (and the broker does not reset it), and the broker's other errors.
+
+        ``replica``: the copy ``connection`` reaches (None: the master, or, with no ``connection``
+        either, the copy the session's ``read_from`` chooses). From a slave, an offset past the slave's
+        log end is not out of range: the slave is behind, so the fetch waits for it up to
+        ``max_wait_ms`` and returns no messages (``behind``) if it has not caught up by then.
+        """
         if max_bytes <= 0:
             raise InvalidArgument(f"max_bytes must be > 0, not {max_bytes}")
         if offset < 0:
             raise InvalidArgument(f"offset must be >= 0, not {offset}")
         p = await self._core.partition(topic, partition)
-        conn = connection or await self._core.connection(p.broker_id)
-        timeout_s = self._core.config.request_timeout_s + max_wait_ms / 1000.0
-        req = FetchRequest(topic, p.partition, offset, max_bytes, max_wait_ms, group)
-        try:
-            resp: FetchResponse = await conn.request(req, timeout_s)
-        except OffsetOutOfRangeError as exc:
-            await self._attach_range(exc, topic, p)
-            raise
+        if connection is None and replica is None and self._core.reads_slaves:
+            replica = self._core.read_replica(topic, p)
+        if connection is not None:
+            conn = connection
+        elif replica is not None:
+            conn = await self._core.read_connection(replica)
+        else:
+            conn = await self._core.connection(p.broker_id)
+        if replica is not None and replica.is_slave:
+            answer = await self._fetch_slave(conn, replica, topic, p, offset, max_bytes, max_wait_ms, group)
+            if isinstance(answer, FetchResult):
+                return answer
+            resp = answer
+        else:
+            timeout_s = self._core.config.request_timeout_s + max_wait_ms / 1000.0
+            req = FetchRequest(topic, p.partition, offset, max_bytes, max_wait_ms, group)
+            try:
+                resp = await conn.request(req, timeout_s)
+            except OffsetOutOfRangeError as exc:
+                await self._attach_range(exc, topic, p)
+                raise
         start = resp.reset_offset if resp.reset_offset >= 0 else offset
         records = resp.records
         if resp.reset_offset >= 0:
@@ -99,6 +127,37 @@ class Fetcher:
         messages, next_offset = decode_fetched(records, topic, p.partition, start, self.verify_crc, p.broker_id)
         return FetchResult(messages, next_offset, resp.log_start_offset, resp.log_end_offset, resp.reset_offset,
                            partial=bool(records) and not messages and next_offset == start)
+
+    async def _fetch_slave(self, conn: BrokerConnection, replica: ReadReplica, topic: str, p: Partition, offset: int,
+                           max_bytes: int, max_wait_ms: int, group: str) -> FetchResponse | FetchResult:
+        """A fetch from a slave: its reply, or, while the slave's log ends before ``offset`` (it is behind its
+        master), a wait for it of up to ``max_wait_ms`` (polling; the slave's own long poll takes over
+        once it reaches ``offset``), then an empty ``behind`` result. Never a jump or a reset: a slave's
+        end is not the partition's end. A failing slave is passed over for a while."""
+        deadline = time.monotonic() + max_wait_ms / 1000.0
+        poll_s = BEHIND_POLL_MIN_S
+        while True:
+            wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            req = FetchRequest(topic, p.partition, offset, max_bytes, wait_ms, group)
+            try:
+                resp: FetchResponse = await conn.request(req, self._core.config.request_timeout_s + wait_ms / 1000.0)
+            except OffsetOutOfRangeError as exc:
+                if exc.latest < 0 or offset <= exc.latest:  # below the slave's log start: as from a master
+                    raise
+                start, end = exc.earliest, exc.latest
+            except (ConnectionClosedError, RequestTimeoutError, BrokerError):
+                self._core.replica_failed(replica)
+                raise
+            else:
+                if not 0 <= resp.reset_offset < offset:
+                    return resp
+                start, end = resp.log_start_offset, resp.log_end_offset  # updateConsumerOffsets on the slave
+            log.debug("%s:%s: %s ends at %d, behind offset %d: waiting for it", topic, p, replica, end, offset)
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                return FetchResult([], offset, start, end, behind=True)
+            await asyncio.sleep(min(poll_s, remaining_s))
+            poll_s = min(poll_s * 2, BEHIND_POLL_MAX_S)
 
     async def _attach_range(self, exc: OffsetOutOfRangeError, topic: str, p: Partition) -> None:
         if exc.earliest >= 0 and exc.latest >= 0:
@@ -113,6 +172,23 @@ async def offsets_of(core: ClientCore, topic: str, partition: Partition) -> tupl
     resp: ListOffsetsResponse = await core.request(
         ListOffsetsRequest(topic, partition.partition, LATEST_TIMESTAMP), partition.broker_id)
     return resp.log_start_offset, resp.log_end_offset
+
+
+async def read_request(core: ClientCore, topic: str, partition: Partition, request: ListOffsetsRequest
+                       ) -> ListOffsetsResponse:
+    """A ListOffsets to the copy consumers read (``read_from``): the master, or a slave, whose earliest and
+    latest are its own (a slave's latest may be behind the master's)."""
+    if not core.reads_slaves:
+        response: ListOffsetsResponse = await core.request(request, partition.broker_id)
+        return response
+    replica = core.read_replica(topic, partition)
+    conn = await core.read_connection(replica)
+    try:
+        response = await conn.request(request)
+    except (ConnectionClosedError, RequestTimeoutError):
+        core.replica_failed(replica)
+        raise
+    return response
 
 
 class PullConsumer:
@@ -180,7 +256,7 @@ class PullConsumer:
             raise InvalidArgument(f"on_out_of_range must be 'raise', 'earliest' or 'latest', not {on_out_of_range!r}")
         p = await self._core.partition(topic, partition)
         if offset == "earliest" or offset == "latest":
-            earliest, latest = await offsets_of(self._core, topic, p)
+            earliest, latest = await self.offsets(topic, p)
             position = earliest if offset == "earliest" else latest
         elif isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0:
             position = offset
@@ -190,6 +266,9 @@ class PullConsumer:
         if remaining == 0:
             return
         conn: BrokerConnection | None = None
+        replica: ReadReplica | None = None
+        """The copy ``conn`` reaches: chosen again before every fetch, so that a slave that leaves or
+        comes back is followed at once (``read_from``)."""
         fetch_bytes = max_bytes
         # reconnect_attempts failures in a row are retried; one more ends the iteration. In cluster
         # mode, failures are retried for broker_restart_wait_s instead (a broker restarting, maybe on
@@ -206,11 +285,19 @@ class PullConsumer:
                 wait = 0 if stop_at_end else max_wait_ms
                 seen = self._core.snapshots_applied
                 try:
-                    if conn is None or conn.closed:
-                        conn = await self._connect(p.broker_id)
+                    chosen = self._core.read_replica(topic, p)
+                    if conn is None or conn.closed or chosen != replica:
+                        if conn is not None:
+                            self._iterators.discard(conn)
+                            conn.close()
+                        if replica is not None and chosen != replica:
+                            log.info("%s:%s: reading from %s from offset %d", topic, p, chosen, position)
+                        conn = None
+                        conn = await self._core.read_connection(chosen, own=True)
+                        replica = chosen
                         self._iterators.add(conn)
-                    result = await self.fetcher.fetch(topic, p, position, max_bytes=fetch_bytes,
-                                                      max_wait_ms=wait, group=group, connection=conn)
+                    result = await self.fetcher.fetch(topic, p, position, max_bytes=fetch_bytes, max_wait_ms=wait,
+                                                      group=group, connection=conn, replica=replica)
                 except OffsetOutOfRangeError as exc:
                     earliest = getattr(exc, "earliest", -1)
                     latest = getattr(exc, "latest", -1)
@@ -261,19 +348,13 @@ class PullConsumer:
                 self._iterators.discard(conn)
                 conn.close()
 
-    async def _connect(self, broker_id: int) -> BrokerConnection:
-        """A connection of the iterator's own to the broker, at its address now (ConnectionClosedError,
-        retried, while the broker is not in the metadata: deregistered in cluster mode)."""
-        try:
-            address = self._core.address(broker_id)
-        except UnknownServerError as exc:
-            raise ConnectionClosedError(str(exc)) from None
-        return await self._core.pool.connect(address)
-
     async def offsets(self, topic: str, partition: PartitionKey) -> tuple[int, int]:
-        """(earliest, latest): the first stored offset and the next offset to be written."""
+        """(earliest, latest): the first stored offset and the next offset to be written, of the copy
+        this session reads (``read_from``: a slave's latest may be behind its master's)."""
         self._check(topic, partition)
-        return await offsets_of(self._core, topic, await self._core.partition(topic, partition))
+        p = await self._core.partition(topic, partition)
+        resp = await read_request(self._core, topic, p, ListOffsetsRequest(topic, p.partition, LATEST_TIMESTAMP))
+        return resp.log_start_offset, resp.log_end_offset
 
     async def offset_for_time(self, topic: str, partition: PartitionKey, timestamp_ms: int) -> int:
         """The first offset whose message timestamp is at or after ``timestamp_ms`` (latest if none)."""
@@ -281,9 +362,7 @@ class PullConsumer:
         if timestamp_ms < 0 and timestamp_ms not in (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP):
             raise InvalidArgument(f"timestamp_ms must be >= 0, not {timestamp_ms}")
         p = await self._core.partition(topic, partition)
-        resp: ListOffsetsResponse = await self._core.request(ListOffsetsRequest(topic, p.partition, timestamp_ms),
-                                                             p.broker_id)
-        return resp.offset
+        return (await read_request(self._core, topic, p, ListOffsetsRequest(topic, p.partition, timestamp_ms))).offset
 
     async def close(self) -> None:
         self._closed = True

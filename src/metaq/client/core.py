@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from metaq.client.config import ClientConfig
 from metaq.client.metadata import Metadata, Partition, TopicMetadata, merge_metadata
+from metaq.client.replicas import ReadReplica, ReplicaChooser
 from metaq.client.routing import Unavailable
 from metaq.errors import (
     BrokerError,
@@ -37,7 +38,7 @@ from metaq.net.discovery import WALK_ERRORS, ServerBook
 from metaq.net.pool import ConnectionPool
 from metaq.net.servers import Address, format_address
 from metaq.protocol.messages import MetadataRequest, MetadataResponse
-from metaq.types import PartitionKey
+from metaq.types import PartitionId, PartitionKey
 
 if TYPE_CHECKING:
     from metaq.cluster.registry import ClusterSnapshot
@@ -78,6 +79,8 @@ class ClientCore:
         self._snapshot_waiters: set[asyncio.Future[None]] = set()
         self.snapshots_applied = 0
         """Cluster mode: how many ZooKeeper snapshots were applied (a waiter compares it to its own count)."""
+        self.replicas = ReplicaChooser(config.read_from, config.unreachable_avoid_s)
+        """Which copy (master or slave) consumers read each partition from (``read_from``)."""
 
     @property
     def server_ids(self) -> dict[Address, int]:
@@ -241,6 +244,52 @@ class ClientCore:
         if self.metadata.cache.address(broker_id) is None:
             await self._reach(self.pool.servers.unreached())  # failures are left for later
         return await self.pool.get(self.address(broker_id), channel)
+
+    # -- reading from masters or slaves (read_from, metaq.client.replicas) --------------------------
+
+    @property
+    def reads_slaves(self) -> bool:
+        """Consumers may read slaves (``read_from`` other than "master", in cluster mode)."""
+        return self.registry is not None and self.config.read_from != "master"
+
+    def read_replica(self, topic: str, partition: PartitionId) -> ReadReplica:
+        """The copy of ``partition`` to fetch from now (no I/O). ConnectionClosedError (retriable: a
+        consumer waits and asks again) when ``read_from`` allows none: the master is not in the
+        metadata, or no slave is live with ``read_from="slave"``."""
+        broker_id = partition.broker_id
+        if self.registry is None or self.config.read_from == "master":
+            try:
+                return ReadReplica(broker_id, -1, self.address(broker_id))
+            except UnknownServerError as exc:
+                raise ConnectionClosedError(str(exc)) from None
+        snapshot = self.registry.snapshot()
+        entry = snapshot.brokers.get(broker_id)
+        master = (entry.master.host, entry.master.port) if entry is not None and entry.master is not None else None
+        chosen = self.replicas.choose(snapshot, topic, partition, master)
+        if chosen is None:
+            if self.config.read_from == "slave":
+                raise ConnectionClosedError(f"no live slave of broker {broker_id} serves {topic} "
+                                            "(read_from='slave' never reads the master): waiting for one")
+            raise ConnectionClosedError(f"broker {broker_id} has neither a registered master nor a live slave "
+                                        f"serving {topic}")
+        return chosen
+
+    async def read_connection(self, replica: ReadReplica, *, own: bool = False) -> BrokerConnection:
+        """A connection to ``replica``: the shared one, or (``own``, for long polls) a new one the caller
+        closes. A slave that cannot be reached is passed over for a while (:meth:`replica_failed`)."""
+        try:
+            if own:
+                return await self.pool.connect(replica.address)
+            if not replica.is_slave:
+                return await self.connection(replica.broker_id)
+            return await self.pool.get(replica.address)
+        except (ConnectionClosedError, RequestTimeoutError, BrokerError):
+            self.replica_failed(replica)
+            raise
+
+    def replica_failed(self, replica: ReadReplica) -> None:
+        """``replica`` failed a fetch or a connection: a slave is avoided for ``unreachable_avoid_s``."""
+        self.replicas.failed(replica)
 
     async def _reach(self, addresses: list[Address]) -> list[BrokerConnection | BaseException]:
         """Connect to each server at once, learning its broker id; failures are returned in their place."""

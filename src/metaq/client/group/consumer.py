@@ -66,7 +66,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from metaq.client.consumer import Fetcher, FetchResult, offsets_of
+from metaq.client.consumer import Fetcher, FetchResult, read_request
 from metaq.client.core import ClientCore
 from metaq.client.exceptions import ClientClosedError
 from metaq.client.group.config import ConsumerConfig
@@ -80,6 +80,7 @@ from metaq.client.group.offsets import (
 )
 from metaq.client.group.recover import RecoverStore
 from metaq.client.metadata import Partition
+from metaq.client.replicas import ReadReplica
 from metaq.errors import (
     BrokerError,
     ConnectionClosedError,
@@ -242,6 +243,8 @@ class _Worker:
     """In a listener call: a revoke waits for it instead of cancelling the task."""
     task: asyncio.Task[None] | None = None
     conn: BrokerConnection | None = None
+    replica: ReadReplica | None = None
+    """The copy (master or slave) ``conn`` reaches."""
     empty_fetches: int = 0
 
 
@@ -521,7 +524,9 @@ class GroupConsumer:
     async def _start_worker(self, tp: TopicPartition, start: int | None) -> None:
         part = await self._core.partition(tp.topic, tp.partition)
         if start is None:
-            earliest, latest = await offsets_of(self._core, tp.topic, part)
+            resp = await read_request(self._core, tp.topic, part,
+                                      m.ListOffsetsRequest(tp.topic, part.partition, m.LATEST_TIMESTAMP))
+            earliest, latest = resp.log_start_offset, resp.log_end_offset
             start = latest if self.config.consume_from_max_offset else earliest
             committed = -1
         else:
@@ -596,12 +601,20 @@ class GroupConsumer:
     async def _fetch(self, w: _Worker, max_bytes: int) -> FetchResult:
         cfg = self.config
         wait = cfg.max_delay_fetch_ms if cfg.long_poll else 0
-        if wait and (w.conn is None or w.conn.closed):
+        # the master, or a slave (read_from); without either, the Fetcher uses the session's connection
+        replica = self._core.read_replica(w.tp.topic, w.part) if wait or self._core.reads_slaves else None
+        if wait and replica is not None and (w.conn is None or w.conn.closed or w.replica != replica):
+            if w.conn is not None:
+                w.conn.close()
+                w.conn = None
+            if w.replica is not None and w.replica != replica:
+                log.info("%s: reading from %s from offset %d", w.tp, replica, w.position)
             # Long polls get a connection of their own: replies are ordered per connection.
-            w.conn = await self._core.pool.connect(self._core.address(w.part.broker_id))
+            w.conn = await self._core.read_connection(replica, own=True)
+            w.replica = replica
         conn = w.conn if wait else None
         return await self.fetcher.fetch(w.tp.topic, w.part, w.position, max_bytes=max_bytes, max_wait_ms=wait,
-                                        group=cfg.group, connection=conn)
+                                        group=cfg.group, connection=conn, replica=replica)
 
     async def _run_worker(self, w: _Worker) -> None:
         cfg = self.config
