@@ -86,6 +86,7 @@ def _fetch_now(broker: Broker, req: m.FetchRequest, plog: PartitionLog, offset: 
     max_bytes = min(req.max_bytes, broker.config.max_transfer_bytes)
     counters = broker.stats.partition(req.topic, req.partition)
     counters.get_requests += 1
+    started = time.perf_counter()
     try:
         try:
             fslice = plog.read(offset, max_bytes)
@@ -95,6 +96,7 @@ def _fetch_now(broker: Broker, req: m.FetchRequest, plog: PartitionLog, offset: 
     except DamagedData as exc:
         counters.corrupt_reads += 1
         return _error_with_range(plog, exc, damaged_offset=exc.offset, resume_offset=exc.resume_offset)
+    broker.stats.fetch_seconds.observe(time.perf_counter() - started)
     response = m.FetchResponse(log_start_offset=plog.log_start_offset, log_end_offset=plog.log_end_offset,
                                reset_offset=reset)
     if fslice.size == 0:
@@ -102,6 +104,7 @@ def _fetch_now(broker: Broker, req: m.FetchRequest, plog: PartitionLog, offset: 
         counters.get_misses += 1
         return response
     counters.get_bytes += fslice.size
+    counters.get_messages += fslice.next_offset - offset
     accept = group_filter(broker.topics[req.topic].settings, req.group) if req.group else None
     if accept is not None:
         # a server-side filter for this group ([topic=...] group.NAME=module:callable): the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -62,7 +63,9 @@ def handle_produce(broker: Broker, req: m.ProduceRequest, session: Session | Non
     except ProtocolError as exc:
         counters.put_failures += 1
         raise CorruptMessageError(str(exc)) from None
+    started = time.perf_counter()
     result = plog.append(req.records, header)
+    broker.stats.append_seconds.observe(time.perf_counter() - started)
     counters.put_requests += 1
     counters.put_messages += header.record_count
     counters.put_bytes += header.total_bytes
