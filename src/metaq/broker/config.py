@@ -121,6 +121,8 @@ class BrokerConfig:
     max_waiting_fetches_per_connection: int
     max_frame_bytes: int
     max_partial_frames_bytes: int
+    dashboard_http_port: int | None = None
+    """Where /metrics is served over HTTP (0: any free port); None: not served."""
     topics: dict[str, TopicConfig] = field(default_factory=dict)
     zookeeper: ZkConfig | None = None
     source_path: Path | None = None

@@ -73,6 +73,8 @@ async def serve(config: BrokerConfig, *, config_path: str | None = None,
     log.info("broker %d%s serving %d topics / %d partitions from %s (opened in %.2fs)", config.broker_id, role,
              len(broker.topics), n_parts, config.data_path, time.monotonic() - started)
     if ready_line:
+        if service.metrics is not None:
+            print(f"metaq broker metrics {service.metrics.url}", flush=True)
         print(f"metaq broker ready {broker.host}:{broker.port}", flush=True)
     await stop.wait()
     log.info("stopping: no new connections, finishing in-flight requests")

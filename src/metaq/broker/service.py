@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import socket
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from metaq.broker.background import Job, default_jobs
 from metaq.broker.connections import ConnectionLimits, ConnectionRegistry
@@ -19,6 +21,11 @@ from metaq.broker.replication import SlaveReplicator
 from metaq.broker.transport import listen_tcp
 from metaq.cluster.registry import RegistryError
 from metaq.errors import ConfigError, StorageError
+
+if TYPE_CHECKING:
+    from metaq.broker.metrics import MetricsServer
+
+log = logging.getLogger("metaq.broker")
 
 CLOSE_WAIT_S = 1.0
 """How long stop() waits for the listening socket to close."""
@@ -50,6 +57,8 @@ class BrokerService:
         self.jobs = list(default_jobs(broker.config) if jobs is None else jobs)
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.metrics: MetricsServer | None = None
+        """/metrics over HTTP, when dashboardHttpPort is set (:mod:`metaq.broker.metrics`)."""
 
     async def start(self) -> None:
         """Bind, open the data directory (in a worker thread), serve, start the jobs; StartupError when
@@ -63,6 +72,12 @@ class BrokerService:
             if exc.errno == errno.EADDRINUSE:
                 reason = "the address is already in use (another broker? choose another serverPort)"
             raise StartupError(f"cannot listen on {config.host_name}:{config.server_port}: {reason}") from None
+        if config.dashboard_http_port is not None:
+            try:
+                await self._bind_metrics(config.host_name, config.dashboard_http_port)
+            except BaseException:
+                server.close()
+                raise
         cluster = self.broker.cluster
         if self.broker.slave is not None and cluster.mode != "zookeeper":
             server.close()
@@ -73,6 +88,7 @@ class BrokerService:
             await loop.run_in_executor(None, self._open_data)
         except BaseException:
             server.close()
+            await self._close_metrics()
             await loop.run_in_executor(None, cluster.close)
             raise
         await server.start_serving()
@@ -83,14 +99,34 @@ class BrokerService:
             await loop.run_in_executor(None, self._join_cluster)
         except BaseException:
             server.close()
+            await self._close_metrics()
             await loop.run_in_executor(None, self.broker.close)
             await loop.run_in_executor(None, cluster.close)
             raise
+        if self.metrics is not None:
+            self.metrics.serve()
+            log.info("metrics at %s", self.metrics.url)
         self._tasks = [loop.create_task(job(self.broker)) for job in self.jobs]
         if self.broker.slave is not None:
             replicator = SlaveReplicator(self.broker, self.broker.slave)
             self._tasks.append(loop.create_task(replicator.run(), name="metaq-slave"))
         self._tasks.append(loop.create_task(self.registry.run_sweeper()))
+
+    async def _bind_metrics(self, host: str, port: int) -> None:
+        """Take the metrics port now, before the data directory: a taken port leaves nothing behind."""
+        from metaq.broker.metrics import MetricsServer, bind_error  # aiohttp is loaded only when asked for
+
+        metrics = MetricsServer(self.broker)
+        try:
+            await metrics.bind(host, port)
+        except OSError as exc:
+            raise StartupError(bind_error(host, port, exc)) from None
+        self.metrics = metrics
+
+    async def _close_metrics(self) -> None:
+        metrics, self.metrics = self.metrics, None
+        if metrics is not None:
+            await metrics.close()
 
     def _connect_cluster(self) -> None:
         try:
@@ -133,6 +169,7 @@ class BrokerService:
         server, self._server = self._server, None
         if server is not None:
             server.close()
+        await self._close_metrics()
         await self.broker.drain(drain_s)
         for task in self._tasks:
             task.cancel()
