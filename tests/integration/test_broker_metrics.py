@@ -24,6 +24,7 @@ from metaq.client import Message, connect
 from metaq.testing import BrokerProcess, wait_until
 
 METRICS_LINE = re.compile(r"metaq broker metrics (http://\S+)")
+OPERATIONS_MD = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
 def metrics_url(broker: BrokerProcess) -> str:
@@ -109,6 +110,9 @@ def test_metrics_match_what_was_produced_fetched_and_metaq_stats(
     assert samples["metaq_data_dir_free_bytes"][()] > 0
     (info,) = samples["metaq_broker_info"]
     assert dict(info)["role"] == "master" and dict(info)["broker_id"] == "0"
+    documented = set(re.findall(r"`(metaq_[a-z_]+)`", OPERATIONS_MD.read_text()))
+    served = {re.sub(r"_(bucket|count|sum)$", "", name) if "duration" in name else name for name in samples}
+    assert served <= documented, f"served but not in docs/operations.md: {sorted(served - documented)}"
 
     # counters only grow, scrape after scrape
     with connect(broker.servers) as session:
