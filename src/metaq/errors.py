@@ -158,6 +158,40 @@ class NotMasterError(BrokerError):
 
 
 @_register
+class NotEnoughReplicasError(BrokerError):
+    """Sync replication: fewer in-sync slaves than ``minInSyncSlaves``; the batch was not stored."""
+
+    code = 19
+    name = "NOT_ENOUGH_REPLICAS"
+    retriable = True
+    hint = ("too few in-sync slaves for a sync-replicated topic (minInSyncSlaves); nothing was stored; retry once "
+            "a slave has caught up (docs/replication.md)")
+
+
+@_register
+class NotEnoughReplicasAfterAppendError(BrokerError):
+    """Sync replication: the batch was stored on the master, but the in-sync slaves did not all confirm it
+    in time. It was not acknowledged: it may or may not be read later (a retry may duplicate it)."""
+
+    code = 20
+    name = "NOT_ENOUGH_REPLICAS_AFTER_APPEND"
+    retriable = True
+    hint = ("the batch was written on the master but not confirmed by the in-sync slaves in time; it is not "
+            "acknowledged (a retry may store it twice)")
+
+
+@_register
+class FencedEpochError(BrokerError):
+    """A replica of an older master epoch (a deposed master, or a slave that has not seen the new one)."""
+
+    code = 75
+    name = "FENCED_EPOCH"
+    retriable = True
+    refresh_metadata = True
+    hint = "the master epoch changed (a failover); refresh the cluster view and follow the new master"
+
+
+@_register
 class MessageTooLargeError(BrokerError):
     code = 10
     name = "MESSAGE_TOO_LARGE"

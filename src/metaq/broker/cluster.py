@@ -98,14 +98,15 @@ class ClusterLink:
 
     # ------------------------------------------------------------------ topics (non-blocking)
 
-    def publish(self, topic: str, num_partitions: int, *, accept_publish: bool, accept_subscribe: bool) -> None:
-        self._queue(topic, (num_partitions, accept_publish, accept_subscribe))
+    def publish(self, topic: str, num_partitions: int, *, accept_publish: bool, accept_subscribe: bool,
+                force: bool = False) -> None:
+        self._queue(topic, (num_partitions, accept_publish, accept_subscribe), force=force)
 
     def withdraw(self, topic: str) -> None:
         self._queue(topic, None)
 
-    def _queue(self, topic: str, what: tuple[int, bool, bool] | None) -> None:
-        if not self._joined or self._topics.get(topic, ...) == what:
+    def _queue(self, topic: str, what: tuple[int, bool, bool] | None, *, force: bool = False) -> None:
+        if not self._joined or (self._topics.get(topic, ...) == what and not force):
             return
         self._topics[topic] = what
         try:
@@ -122,6 +123,20 @@ class ClusterLink:
                 self.registry.publish_topic(topic, count, accept_publish=pub, accept_subscribe=sub)
         except Exception as exc:  # kept: a lost session's re-registration carries the latest state
             log.error("cannot announce topic %s to the cluster: %s", topic, exc)
+
+    # ------------------------------------------------------------------ a change of role (HA)
+
+    def switch_to_slave(self, address: Address, slave_id: int) -> None:
+        """Blocking: a deposed master registers as slave ``slave_id`` (its master and topic nodes go);
+        the broker then announces its topics again, as a slave."""
+        self.registry.become_slave(self.broker_id, address, slave_id)
+        self.slave_id = slave_id
+        self._topics.clear()
+
+    def switched_to_master(self) -> None:
+        """The registry made this process the master (take_mastership): announce topics as master."""
+        self.slave_id = -1
+        self._topics.clear()
 
     # ------------------------------------------------------------------ reads
 

@@ -64,6 +64,7 @@ class TopicConfig:
     accept_publish: bool | None = None
     accept_subscribe: bool | None = None
     stat: bool | None = None
+    sync_replication: bool | None = None
     group_filters: dict[str, str] = field(default_factory=dict)
     """Consumer group -> ``"module:callable"`` of its server-side filter (checked for shape only)."""
 
@@ -84,6 +85,7 @@ class TopicSettings:
     accept_subscribe: bool
     stat: bool
     group_filters: dict[str, str]
+    sync_replication: bool = False
 
     @property
     def retention(self) -> DeletePolicy:
@@ -123,6 +125,11 @@ class BrokerConfig:
     max_partial_frames_bytes: int
     dashboard_http_port: int | None = None
     """Where /metrics is served over HTTP (0: any free port); None: not served."""
+    sync_replication: bool = False
+    min_in_sync_slaves: int = 1
+    in_sync_max_lag_ms: int = 10_000
+    degrade_to_async: bool = False
+    auto_failover: bool = False
     topics: dict[str, TopicConfig] = field(default_factory=dict)
     zookeeper: ZkConfig | None = None
     source_path: Path | None = None

@@ -74,6 +74,28 @@ class ReplicationView(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
+class ReplicaGroupView(Protocol):
+    """What the core needs of a replica group with epochs (sync replication, failover; implemented in
+    :mod:`metaq.broker.replication.ha`, outside the network-free core)."""
+
+    def check_writable(self, what: str) -> None:
+        """NOT_MASTER unless this broker is the master now (and sure of it)."""
+
+    def before_append(self, plog: PartitionLog) -> None:
+        """Checks before a produce is written (NOT_ENOUGH_REPLICAS), and the epoch history."""
+
+    def after_append(self, plog: PartitionLog, end_offset: int) -> Awaitable[None] | None:
+        """What the ack must wait for besides durability (the in-sync slaves), or None."""
+
+    def visible_end(self, plog: PartitionLog) -> int:
+        """Where consumers may read up to (the high watermark of a sync-replicated partition)."""
+
+    def replica_fetch(self, req: m.FetchRequest, plog: PartitionLog) -> tuple[dict[str, int], int]:
+        """A slave's fetch: extra reply fields, and the offset the reply stops before (-1: none)."""
+
+    def describe(self) -> dict[str, Any]: ...
+
+
 @dataclass
 class TopicState:
     settings: TopicSettings
@@ -94,12 +116,17 @@ class Broker:
 
     def __init__(self, config: BrokerConfig, handlers: Mapping[type, Handler], *, config_path: str | None = None,
                  overrides: Mapping[str, str] | None = None, sync: Callable[[int], None] = os.fdatasync,
-                 cluster: ClusterLink | None = None, slave: SlaveConfig | None = None) -> None:
+                 cluster: ClusterLink | None = None, slave: SlaveConfig | None = None,
+                 replica: SlaveConfig | None = None) -> None:
         self.config = config
         self.slave = slave
         """Set when this broker is an async slave of its broker id's master (``metaq broker --slave``)."""
         self.replication: ReplicationView | None = None
         """The slave's replica fetchers, once started (:mod:`metaq.broker.replication`)."""
+        self.replica = replica if replica is not None else slave
+        """This broker's replica identity (slaveId) in its replica group, also as master (HA mode)."""
+        self.ha: ReplicaGroupView | None = None
+        """Set in HA mode (syncReplication or autoFailover): epochs, the in-sync set, the role."""
         """The effective configuration: server.ini and flags, plus the options of created topics."""
         self._file_config = config
         self.config_path = config_path
@@ -126,6 +153,8 @@ class Broker:
         self.host = config.host_name
         """Where clients reach this broker (Metadata advertises it): the transport sets it once bound."""
         self.port = 0
+        self.cluster_host = config.host_name
+        """The host registered in the cluster (the service sets it at join)."""
         self.cluster = cluster if cluster is not None else ClusterLink.for_config(
             config, slave_id=slave.slave_id if slave is not None else -1)
         """This broker's place in its cluster (embedded, or ZooKeeper): registration and the cluster view."""
@@ -245,8 +274,9 @@ class Broker:
         self.announce(topic)
         return state
 
-    def announce(self, topic: str) -> None:
-        """Tell the cluster (in the background) what this broker now holds of ``topic``."""
+    def announce(self, topic: str, *, force: bool = False) -> None:
+        """Tell the cluster (in the background) what this broker now holds of ``topic`` (``force``: even
+        if it was said already, after a change of role)."""
         state = self.topics.get(topic)
         if state is None:
             self.cluster.withdraw(topic)
@@ -254,7 +284,7 @@ class Broker:
         every_partition_closed = len(state.closed) >= state.num_partitions
         self.cluster.publish(topic, state.num_partitions,
                              accept_publish=state.settings.accept_publish and not every_partition_closed,
-                             accept_subscribe=state.settings.accept_subscribe)
+                             accept_subscribe=state.settings.accept_subscribe, force=force)
 
     async def create_topic_with_options(self, options: TopicConfig) -> TopicState:
         """Store the options (off the event loop), then create the topic as if server.ini named it.
@@ -322,6 +352,9 @@ class Broker:
 
     def refuse_writes_on_slave(self, what: str) -> None:
         """NOT_MASTER for a write (produce, topic changes) sent to a slave: its log is the master's copy."""
+        if self.ha is not None:
+            self.ha.check_writable(what)
+            return
         if self.slave is not None:
             raise NotMasterError(f"broker {self.config.broker_id} here is slave {self.slave.slave_id}: it serves "
                                  f"fetches but refuses {what}; send it to the master of broker id "

@@ -48,10 +48,11 @@ def install_event_loop(kind: str) -> None:
 
 async def serve(config: BrokerConfig, *, config_path: str | None = None,
                 overrides: dict[str, str] | None = None, ready_line: bool = True,
-                slave: SlaveConfig | None = None) -> int:
+                slave: SlaveConfig | None = None, replica: SlaveConfig | None = None) -> int:
     loop = asyncio.get_running_loop()
     started = time.monotonic()
-    broker = Broker(config, REQUEST_HANDLERS, config_path=config_path, overrides=overrides, slave=slave)
+    broker = Broker(config, REQUEST_HANDLERS, config_path=config_path, overrides=overrides, slave=slave,
+                    replica=replica)
     service = BrokerService(broker)
     await service.start()
     stop = asyncio.Event()
@@ -84,13 +85,13 @@ async def serve(config: BrokerConfig, *, config_path: str | None = None,
 
 
 def run(config: BrokerConfig, *, config_path: str | None = None, overrides: dict[str, str] | None = None,
-        event_loop: str = "uvloop", slave: SlaveConfig | None = None) -> int:
+        event_loop: str = "uvloop", slave: SlaveConfig | None = None, replica: SlaveConfig | None = None) -> int:
     """Serve until SIGTERM; the exit code (0, or EXIT_CANNOT_START after one line on stderr)."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_event_loop(event_loop)
     try:
-        return asyncio.run(serve(config, config_path=config_path, overrides=overrides, slave=slave))
+        return asyncio.run(serve(config, config_path=config_path, overrides=overrides, slave=slave, replica=replica))
     except StartupError as exc:
         click.echo(f"Error: {exc}", err=True)
         return EXIT_CANNOT_START
@@ -115,12 +116,18 @@ def broker_command(config_file: str | None, event_loop: str, as_slave: bool, sla
     """Run a metaq broker (MetaQ's metaServer). Every server.ini [system] key is also a flag."""
     overrides = overrides_from_click(flags)
     slave: SlaveConfig | None = None
+    replica: SlaveConfig | None = None
     try:
         config = load_broker_config(config_file, overrides)
-        if (slave_config_file is not None or slave_id is not None) and not as_slave:
-            raise ConfigError("--slave-config and --slave-id only apply with --slave")
+        ha_mode = config.auto_failover or config.sync_replication or any(
+            t.sync_replication for t in config.topics.values())
+        if (slave_config_file is not None or slave_id is not None) and not as_slave and not ha_mode:
+            raise ConfigError("--slave-config and --slave-id only apply with --slave (or, as the master's replica "
+                              "id, with syncReplication or autoFailover)")
+        if as_slave or slave_config_file is not None or slave_id is not None:
+            replica = load_slave_config(slave_config_file, slave_id)
         if as_slave:
-            slave = load_slave_config(slave_config_file, slave_id)
+            slave = replica
             if config.zookeeper is None or not config.zookeeper.enable:
                 raise ConfigError("--slave needs ZooKeeper mode to find its master: add a [zookeeper] section "
                                   "with zk.zkConnect to server.ini (docs/replication.md)")
@@ -132,7 +139,8 @@ def broker_command(config_file: str | None, event_loop: str, as_slave: bool, sla
     if slave is not None and slave.auto_sync_master_config:
         click.echo("warning: autoSyncMasterConfig=true is accepted but not acted on yet: the slave keeps its own "
                    "server.ini (docs/replication.md)", err=True)
-    sys.exit(run(config, config_path=config_file, overrides=overrides, event_loop=event_loop, slave=slave))
+    sys.exit(run(config, config_path=config_file, overrides=overrides, event_loop=event_loop, slave=slave,
+                 replica=replica))
 
 
 def main(argv: list[str] | None = None) -> Any:

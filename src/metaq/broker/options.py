@@ -419,6 +419,27 @@ OPTIONS: tuple[Option, ...] = (
          "Bytes of unfinished request frames buffered across all connections, at least maxFrameSize; "
          "past it the connection with the biggest unfinished frame gets TOO_MANY_REQUESTS for it.",
          _integer(1, _JAVA_INT_MAX, size=True), status="extension"),
+    # -- [system], replication (docs/replication.md) ----------------------------------------------------
+    _opt("syncReplication", "sync_replication", "bool", "false", _SYSTEM_AND_TOPIC,
+         "Sync replication (MetaQ's 同步复制): a produce is acked only once every in-sync slave holds the "
+         "batch (and at least minInSyncSlaves do); consumers of the master read only what they hold. "
+         "Needs ZooKeeper mode and slaves with a slaveId.", _boolean, status="extension", reload="live"),
+    _opt("minInSyncSlaves", "min_in_sync_slaves", "int", "1", _SYSTEM,
+         "Sync replication: fewer in-sync slaves than this and produces are refused with "
+         "NOT_ENOUGH_REPLICAS (or acked as async with degradeToAsync=true).", _integer(0, 1024),
+         status="extension"),
+    _opt("inSyncMaxLagMs", "in_sync_max_lag_ms", "int", "10000", _SYSTEM,
+         "A slave that has not caught up with the master's log end for this long leaves the in-sync set "
+         "(recorded in ZooKeeper); it rejoins once caught up. Also bounds how long a produce waits for a "
+         "dead slave.", _integer(100, _JAVA_INT_MAX), status="extension"),
+    _opt("degradeToAsync", "degrade_to_async", "bool", "false", _SYSTEM,
+         "Sync replication with too few in-sync slaves: ack as async replication (a warning and a "
+         "counter) instead of refusing writes. What is acked then can be lost with the master.",
+         _boolean, status="extension"),
+    _opt("autoFailover", "auto_failover", "bool", "false", _SYSTEM,
+         "When the master of this broker id vanishes from ZooKeeper, an in-sync slave takes over under "
+         "the same broker id with a new epoch; a deposed master becomes a slave. Every replica needs a "
+         "distinct slaveId (--slave-id), the master too.", _boolean, status="extension"),
     # -- [system], MetaQ options metaq accepts and ignores -----------------------------------------
     _opt("getProcessThreadCount", "", "int", None, _SYSTEM,
          "Ignored: the broker serves requests on one asyncio event loop.", _positive,

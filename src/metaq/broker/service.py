@@ -18,6 +18,7 @@ from metaq.broker.background import Job, default_jobs
 from metaq.broker.connections import ConnectionLimits, ConnectionRegistry
 from metaq.broker.core import Broker
 from metaq.broker.replication import SlaveReplicator
+from metaq.broker.replication.ha import HighAvailability, ha_enabled
 from metaq.broker.transport import listen_tcp
 from metaq.cluster.registry import RegistryError
 from metaq.errors import ConfigError, StorageError
@@ -83,6 +84,15 @@ class BrokerService:
             server.close()
             raise StartupError("a slave (--slave) needs ZooKeeper mode to find its master: add a [zookeeper] "
                                "section with zk.zkConnect to server.ini (docs/replication.md)")
+        ha: HighAvailability | None = None
+        if ha_enabled(self.broker):
+            if self.broker.replica is None:
+                server.close()
+                raise StartupError("syncReplication / autoFailover need a replica id on every replica of a broker "
+                                   "id, the master too: start it with --slave-id N (distinct per replica; "
+                                   "docs/replication.md)")
+            ha = HighAvailability(self.broker, self.broker.replica)
+            self.broker.ha = ha  # writes are refused until the epoch is started (its lease)
         try:
             await loop.run_in_executor(None, self._connect_cluster)
             await loop.run_in_executor(None, self._open_data)
@@ -107,7 +117,9 @@ class BrokerService:
             self.metrics.serve()
             log.info("metrics at %s", self.metrics.url)
         self._tasks = [loop.create_task(job(self.broker)) for job in self.jobs]
-        if self.broker.slave is not None:
+        if ha is not None:
+            self._tasks.append(loop.create_task(ha.run(), name="metaq-ha"))
+        elif self.broker.slave is not None:
             replicator = SlaveReplicator(self.broker, self.broker.slave)
             self._tasks.append(loop.create_task(replicator.run(), name="metaq-slave"))
         self._tasks.append(loop.create_task(self.registry.run_sweeper()))
@@ -136,15 +148,31 @@ class BrokerService:
 
     def _join_cluster(self) -> None:
         broker = self.broker
+        broker.cluster_host = advertised_host(broker.host)
+        ha = broker.ha if isinstance(broker.ha, HighAvailability) else None
+        as_master = ha is not None and broker.slave is None
+        if as_master:
+            assert ha is not None
+            try:
+                ha.check_may_be_master()
+            except (RuntimeError, RegistryError) as exc:
+                raise StartupError(str(exc)) from None
         topics = {}
         for name, state in broker.topics.items():
             every_partition_closed = len(state.closed) >= state.num_partitions
             topics[name] = (state.num_partitions, state.settings.accept_publish and not every_partition_closed,
                             state.settings.accept_subscribe)
         try:
-            broker.cluster.join(advertised_host(broker.host), broker.port, topics)
+            broker.cluster.join(broker.cluster_host, broker.port, topics)
         except RegistryError as exc:
             raise StartupError(str(exc)) from None
+        if as_master:
+            assert ha is not None
+            try:
+                ha.start_epoch()
+            except RegistryError as exc:
+                broker.cluster.leave()
+                raise StartupError(f"cannot start a new master epoch: {exc}") from None
 
     def _open_data(self) -> None:
         """Create or open the data directory and everything in it (blocking)."""

@@ -26,6 +26,8 @@ from typing import Any, TypeVar
 
 from metaq.errors import (
     BrokerStoppingError,
+    NotEnoughReplicasError,
+    NotMasterError,
     PartitionClosedError,
     UnknownPartitionError,
     UnknownServerError,
@@ -34,7 +36,8 @@ from metaq.errors import (
 from metaq.types import PartitionId
 
 REFUSED_BEFORE_APPEND: tuple[type[BaseException], ...] = (
-    PartitionClosedError, BrokerStoppingError, UnknownPartitionError, UnknownTopicError)
+    PartitionClosedError, BrokerStoppingError, UnknownPartitionError, UnknownTopicError, NotMasterError,
+    NotEnoughReplicasError)
 """Broker answers that say the batch was not appended (a refusal checked before the write)."""
 
 BROKER_UNAVAILABLE: tuple[type[BaseException], ...] = (BrokerStoppingError, UnknownServerError)

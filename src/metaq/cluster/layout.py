@@ -72,6 +72,15 @@ class Paths:
     def broker(self, broker_id: int) -> str:
         return f"{self.broker_ids}/{broker_id}"
 
+    @property
+    def replica_groups(self) -> str:
+        return f"{self.root}/brokers/replica-groups"
+
+    def replica_group(self, broker_id: int) -> str:
+        """metaq's addition (HA, docs/replication.md): the persistent state of broker id's replica group,
+        ``{"epoch":E,"master":<replica id>,"isr":[<replica id>...]}``, written with version checks."""
+        return f"{self.replica_groups}/{broker_id}"
+
     def broker_node(self, broker_id: int, slave_id: int = -1) -> str:
         """``ids/<id>/master``, or ``ids/<id>/slave<n>`` for a slave (MetaZookeeper.brokerIdsPathOf)."""
         return f"{self.broker(broker_id)}/{'master' if slave_id < 0 else f'slave{slave_id}'}"
@@ -171,6 +180,35 @@ def parse_topic_broker_data(data: bytes) -> int:
     if not 1 <= count <= 10_000:
         raise LayoutError(f"topic registration data says numParts={count}; 1..10000 expected")
     return count
+
+
+# -- replica groups (HA) ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ReplicaGroupState:
+    """Who is master of a broker id and in which epoch, and which slaves are in sync (replica ids are
+    the brokers' ``slaveId``s)."""
+
+    epoch: int
+    master: int
+    isr: tuple[int, ...] = ()
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"epoch": self.epoch, "master": self.master, "isr": sorted(self.isr)},
+                          separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ReplicaGroupState:
+        try:
+            value = json.loads(data.decode("utf-8"))
+            epoch, master, isr = value["epoch"], value["master"], value["isr"]
+            if not (isinstance(epoch, int) and isinstance(master, int) and isinstance(isr, list)
+                    and all(isinstance(r, int) and not isinstance(r, bool) for r in isr)):
+                raise TypeError
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError):
+            raise LayoutError(f"replica group state {data[:100]!r} is not "
+                              '{"epoch":E,"master":M,"isr":[...]}') from None
+        return cls(epoch, master, tuple(sorted(set(isr))))
 
 
 # -- partitions, consumers and offsets ------------------------------------------------------------

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
 
+from metaq.cluster.layout import ReplicaGroupState
 from metaq.errors import MetaqError
 from metaq.types import PartitionId
 
@@ -127,6 +128,35 @@ class ClusterRegistry(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    # -- replica groups (HA, docs/replication.md): ZooKeeper mode only --------------------------------
+
+    def read_replica_group(self, broker_id: int) -> tuple[ReplicaGroupState | None, int]:
+        """(state, version) of broker id's replica group; (None, -1) when it has none yet."""
+        raise RegistryError("replication epochs and failover need ZooKeeper mode")
+
+    def write_replica_group(self, broker_id: int, state: ReplicaGroupState, version: int) -> int:
+        """Replace the state if its version is still ``version`` (-1: create it); the new version.
+        ReplicaGroupChanged when someone else wrote it first."""
+        raise RegistryError("replication epochs and failover need ZooKeeper mode")
+
+    def take_mastership(self, broker_id: int, address: Address, state: ReplicaGroupState, version: int) -> int:
+        """In one transaction: write ``state`` (version-checked as above) and register this process as
+        the master of ``broker_id`` at ``address`` (its slave node and topic nodes go). The new version;
+        ReplicaGroupChanged when the state moved or another master is registered."""
+        raise RegistryError("replication epochs and failover need ZooKeeper mode")
+
+    def become_slave(self, broker_id: int, address: Address, slave_id: int) -> None:
+        """Give up the master registration (and its topic nodes) and register as slave ``slave_id``."""
+        raise RegistryError("replication epochs and failover need ZooKeeper mode")
+
+    def master_session_ok(self, broker_id: int) -> bool:
+        """One round trip: whether this process's current session holds ``ids/<broker_id>/master``."""
+        raise RegistryError("replication epochs and failover need ZooKeeper mode")
+
+
+class ReplicaGroupChanged(RegistryError):
+    """A version-checked write of a replica group's state lost: another replica (or a failover) got there first."""
 
 
 class GroupRegistry(ABC):

@@ -44,7 +44,7 @@ from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from kazoo.retry import KazooRetry
 
 from metaq.cluster import layout
-from metaq.cluster.layout import LayoutError, Paths
+from metaq.cluster.layout import LayoutError, Paths, ReplicaGroupState
 from metaq.cluster.registry import (
     Address,
     BrokerEntry,
@@ -53,6 +53,7 @@ from metaq.cluster.registry import (
     ClusterSnapshot,
     GroupRegistry,
     RegistryError,
+    ReplicaGroupChanged,
     SnapshotListener,
     TopicEntry,
 )
@@ -513,6 +514,86 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
                     self._client.delete_async(path).get(timeout=max(0.1, deadline - time.monotonic()))
             except (KazooException, KazooTimeoutError):
                 continue
+
+    # ------------------------------------------------------------------ replica groups (HA)
+
+    def read_replica_group(self, broker_id: int) -> tuple[ReplicaGroupState | None, int]:
+        path = self.paths.replica_group(broker_id)
+        try:
+            data, stat = self._client.get(path)
+        except NoNodeError:
+            return None, -1
+        except KazooException as exc:
+            raise RegistryError(f"cannot read {path}: {exc}") from None
+        try:
+            return ReplicaGroupState.from_bytes(data), stat.version
+        except LayoutError as exc:
+            raise RegistryError(f"{path}: {exc}") from None
+
+    def write_replica_group(self, broker_id: int, state: ReplicaGroupState, version: int) -> int:
+        path = self.paths.replica_group(broker_id)
+        try:
+            if version < 0:
+                self._client.ensure_path(self.paths.replica_groups)
+                self._client.create(path, state.to_bytes())
+                return 0
+            return int(self._client.set(path, state.to_bytes(), version=version).version)
+        except (BadVersionError, NodeExistsError, NoNodeError):
+            raise ReplicaGroupChanged(f"{path} changed since version {version} (another master or a failover)") \
+                from None
+        except KazooException as exc:
+            raise RegistryError(f"cannot write {path}: {exc}") from None
+
+    def take_mastership(self, broker_id: int, address: Address, state: ReplicaGroupState, version: int) -> int:
+        path = self.paths.replica_group(broker_id)
+        master = self.paths.broker_node(broker_id, -1)
+        url = layout.broker_url(address.host, address.port).encode()
+        try:
+            self._client.ensure_path(self.paths.replica_groups)
+            self._client.ensure_path(self.paths.broker(broker_id))
+            tx = self._client.transaction()
+            if version < 0:
+                tx.create(path, state.to_bytes())
+            else:
+                tx.set_data(path, state.to_bytes(), version=version)
+            tx.create(master, url, ephemeral=True)
+            results = tx.commit()
+        except KazooException as exc:
+            raise RegistryError(f"cannot take the mastership of broker {broker_id}: {exc}") from None
+        failed = [r for r in results if isinstance(r, Exception)]
+        if failed:
+            raise ReplicaGroupChanged(f"broker {broker_id}: the replica group moved or a master is registered "
+                                      f"({', '.join(type(r).__name__ for r in failed)})")
+        new_version = next((r.version for r in results if hasattr(r, "version")), version + 1)
+        with self._lock:
+            mine = [p for p in self._owned if p.startswith(f"{self.paths.root}/brokers/")]
+            for p in mine:
+                self._owned.pop(p, None)
+            self._owned[master] = url
+            self._own_slave_id = -1
+        for p in mine:
+            if p != master:
+                with contextlib.suppress(KazooException):
+                    _, stat = self._client.get(p)
+                    if stat.ephemeralOwner == self.session_id:
+                        self._client.delete(p)
+        log.info("took the mastership of broker %d (epoch %d): %s = %s", broker_id, state.epoch, master,
+                 url.decode())
+        return int(new_version)
+
+    def become_slave(self, broker_id: int, address: Address, slave_id: int) -> None:
+        with self._lock:
+            mine = [p for p in self._owned if p.startswith(f"{self.paths.root}/brokers/")]
+        for p in mine:
+            self._drop(p)
+        self.register_broker(broker_id, address, slave_id=slave_id)
+
+    def master_session_ok(self, broker_id: int) -> bool:
+        try:
+            stat = self._client.exists(self.paths.broker_node(broker_id, -1))
+        except KazooException as exc:
+            raise RegistryError(f"cannot read broker {broker_id}'s registration: {exc}") from None
+        return stat is not None and stat.ephemeralOwner == self.session_id
 
     def _own_broker_id(self) -> int:
         with self._lock:

@@ -268,8 +268,17 @@ class FetchRequest(_Base):
     """Long polling: hold the request up to this long while nothing is at ``offset``."""
     group: str = ""
     """The consumer group, for a server-side filter configured on the broker ('' = none)."""
+    replica_id: int = -1
+    """v2: >= 0 when a slave's replica fetcher asks (its slaveId): the fetch offset then tells the master
+    what that slave holds (docs/replication.md). -1 for consumers."""
+    replica_epoch: int = -1
+    """v2: the master epoch the fetching slave knows; a master that sees a newer one is deposed."""
+    last_fetched_epoch: int = -1
+    """v2: the epoch of the slave's last stored batch, so the master can say where its log diverges."""
     FIELDS: ClassVar = (Field("topic", STRING), Field("partition", INT32), Field("offset", INT64),
-                        Field("max_bytes", INT32), Field("max_wait_ms", INT32), Field("group", STRING))
+                        Field("max_bytes", INT32), Field("max_wait_ms", INT32), Field("group", STRING),
+                        Field("replica_id", INT32, since=2), Field("replica_epoch", INT32, since=2),
+                        Field("last_fetched_epoch", INT32, since=2))
 
 
 @dataclass
@@ -286,11 +295,25 @@ class FetchResponse(_Base):
     resume_offset: int = -1
     """v1: with STORED_DATA_CORRUPT, the first offset after the damage whose batch is intact (-1: none
     found before the end of its segment)."""
+    master_epoch: int = -1
+    """v2: the answering master's epoch (-1 where replication epochs are not in use)."""
+    high_watermark: int = -1
+    """v2: sync replication: offsets below it are held by every in-sync slave (-1: not tracked)."""
+    records_epoch: int = -1
+    """v2, replica fetches: the epoch that wrote ``records`` (a reply never spans two epochs)."""
+    diverging_epoch: int = -1
+    """v2, replica fetches: >= -1 with ``diverging_end_offset`` >= 0 when the slave's log is not a prefix of
+    the master's: the last common epoch."""
+    diverging_end_offset: int = -1
+    """v2: where the slave must cut its log (it holds batches the master never had past it)."""
     records: bytes | memoryview = b""
     """Whole stored batches starting at the one holding the asked offset; the last may be cut off."""
     FIELDS: ClassVar = (*_ERR, Field("log_start_offset", INT64), Field("log_end_offset", INT64),
                         Field("reset_offset", INT64), Field("damaged_offset", INT64, since=1),
-                        Field("resume_offset", INT64, since=1), Field("records", RECORDS))
+                        Field("resume_offset", INT64, since=1), Field("master_epoch", INT32, since=2),
+                        Field("high_watermark", INT64, since=2), Field("records_epoch", INT32, since=2),
+                        Field("diverging_epoch", INT32, since=2), Field("diverging_end_offset", INT64, since=2),
+                        Field("records", RECORDS))
 
 
 # -- 6 ListOffsets ------------------------------------------------------------------------------
@@ -541,7 +564,7 @@ _api(1, "Metadata", MetadataRequest, MetadataResponse)
 _api(2, "CreateTopic", CreateTopicRequest, CreateTopicResponse)
 _api(3, "DeleteTopic", DeleteTopicRequest, DeleteTopicResponse)
 _api(4, "Produce", ProduceRequest, ProduceResponse)
-_api(5, "Fetch", FetchRequest, FetchResponse, max_version=1)
+_api(5, "Fetch", FetchRequest, FetchResponse, max_version=2)
 _api(6, "ListOffsets", ListOffsetsRequest, ListOffsetsResponse)
 _api(7, "JoinGroup", JoinGroupRequest, JoinGroupResponse)
 _api(8, "Heartbeat", HeartbeatRequest, HeartbeatResponse)

@@ -24,15 +24,16 @@ from typing import Any
 
 from metaq.client import MessageSessionFactory
 from metaq.client.selectors import PartitionSelector
-from metaq.errors import ConnectionClosedError, RequestTimeoutError
+from metaq.errors import ConnectionClosedError, NotEnoughReplicasAfterAppendError, RequestTimeoutError
 from metaq.types import Message, PartitionId, SendResult
 
-MAYBE_STORED = (ConnectionClosedError, RequestTimeoutError)
+MAYBE_STORED = (ConnectionClosedError, RequestTimeoutError, NotEnoughReplicasAfterAppendError)
 
 
 def maybe_stored(error: BaseException | None) -> bool:
-    """A failed send whose request may have been appended (in flight on a lost connection, or late)."""
-    if isinstance(error, RequestTimeoutError):
+    """A failed send whose request may have been appended (in flight on a lost connection, late, or
+    written on a master whose slaves did not confirm it)."""
+    if isinstance(error, (RequestTimeoutError, NotEnoughReplicasAfterAppendError)):
         return True
     return isinstance(error, ConnectionClosedError) and "in flight" in str(error)
 

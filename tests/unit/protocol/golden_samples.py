@@ -70,6 +70,13 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
                         log_start_offset=100, log_end_offset=4800, reset_offset=-1, damaged_offset=4711,
                         resume_offset=4716, records=b""),
     ),
+    ("Fetch", 2): (
+        m.FetchRequest(topic="orders", partition=2, offset=4713, max_bytes=1 << 20, max_wait_ms=500, group="",
+                       replica_id=1, replica_epoch=7, last_fetched_epoch=6),
+        m.FetchResponse(error_code=0, error_message=None, log_start_offset=100, log_end_offset=4800,
+                        reset_offset=-1, damaged_offset=4711, resume_offset=4716, master_epoch=7, high_watermark=4700,
+                        records_epoch=5, diverging_epoch=6, diverging_end_offset=4650, records=b""),
+    ),
     ("ListOffsets", 0): (
         m.ListOffsetsRequest(topic="orders", partition=2, timestamp_ms=-2),
         m.ListOffsetsResponse(error_code=0, error_message=None, offset=100, log_start_offset=50,

@@ -37,8 +37,10 @@ def handle_stats(broker: Broker, req: m.StatsRequest, session: Session | None) -
                 pstats["log_end_offset"] = plog.log_end_offset
     snap["storage"] = storage_report(broker, req.topic)
     snap["cluster"] = broker.cluster.describe()
-    if broker.replication is not None:
+    if broker.replication is not None and broker.slave is not None:
         snap["replication"] = broker.replication.describe()
+    if broker.ha is not None:
+        snap["replica_group"] = broker.ha.describe()
     return m.StatsResponse(stats_json=json.dumps(snap).encode())
 
 

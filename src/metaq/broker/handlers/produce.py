@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Awaitable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,9 @@ def handle_produce(broker: Broker, req: m.ProduceRequest, session: Session | Non
     except ProtocolError as exc:
         counters.put_failures += 1
         raise CorruptMessageError(str(exc)) from None
+    ha = broker.ha
+    if ha is not None:
+        ha.before_append(plog)
     started = time.perf_counter()
     result = plog.append(req.records, header)
     broker.stats.append_seconds.observe(time.perf_counter() - started)
@@ -72,16 +76,23 @@ def handle_produce(broker: Broker, req: m.ProduceRequest, session: Session | Non
     broker.waiters.notify(topic, partition)
     response = m.ProduceResponse(partition=partition, base_offset=result.base_offset,
                                  base_message_id=result.base_message_id, append_time_ms=result.append_time_ms)
-    if result.wait_for_durable and not result.durable.done():
-        return _await_durable(result.durable, response)
+    durable = result.durable if result.wait_for_durable and not result.durable.done() else None
+    replicated = ha.after_append(plog, result.last_offset + 1) if ha is not None else None
+    if durable is not None or replicated is not None:
+        return _await_ack(durable, replicated, response)
     return response
 
 
-async def _await_durable(durable: Future[Any], response: m.ProduceResponse) -> m.ProduceResponse:
-    try:
-        await asyncio.wrap_future(durable)
-    except Exception as exc:
-        raise StorageFailureError(f"the batch was written but not made durable: {exc}") from exc
+async def _await_ack(durable: Future[Any] | None, replicated: Awaitable[None] | None,
+                     response: m.ProduceResponse) -> m.ProduceResponse:
+    """Durable on the master (its flush policy), then held by the in-sync slaves (sync replication)."""
+    if durable is not None:
+        try:
+            await asyncio.wrap_future(durable)
+        except Exception as exc:
+            raise StorageFailureError(f"the batch was written but not made durable: {exc}") from exc
+    if replicated is not None:
+        await replicated
     return response
 
 

@@ -19,13 +19,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from metaq.cluster.registry import Address
 from metaq.errors import (
     BrokerError,
     ConnectionClosedError,
     CorruptRecordError,
+    FencedEpochError,
     MetaqError,
     OffsetOutOfRangeError,
     RequestTimeoutError,
@@ -37,6 +38,7 @@ from metaq.net.retry import RetryPolicy
 from metaq.protocol import messages as m
 from metaq.protocol.records import peek_length
 from metaq.storage import PartitionLog
+from metaq.storage.epochs import EpochHistory
 from metaq.storage.replica import ReplicaGap
 
 log = logging.getLogger("metaq.broker.replication")
@@ -77,6 +79,8 @@ class FollowerState:
     stalled: str = ""
     """Why the partition cannot continue without an operator (a diverged log), '' when it can."""
     connected_to: str = ""
+    truncated_messages: int = 0
+    """Messages cut because a deposed master had written them alone (HA mode)."""
 
     def lag_ms(self, now: float) -> int:
         if self.lag_messages == 0:
@@ -86,12 +90,24 @@ class FollowerState:
         return int((now - self.caught_up_at) * 1000)
 
 
+class FollowerEpochs(Protocol):
+    """What a follower needs of its replica group when epochs are in use (HA mode; see .ha)."""
+
+    replica_id: int
+
+    def history(self, plog: PartitionLog) -> EpochHistory: ...
+
+    def known_epoch(self) -> int: ...
+
+    def observe_epoch(self, epoch: int) -> None: ...
+
+
 class PartitionFollower:
     """Follows ``topic``-``partition`` of the master that ``master_address`` names, into ``plog``."""
 
     def __init__(self, plog: PartitionLog, broker_id: int, master_address: Callable[[], Address | None],
                  settings: ConnectionSettings, *, max_bytes: int, max_wait_ms: int,
-                 on_append: Callable[[str, int], None]) -> None:
+                 on_append: Callable[[str, int], None], epochs: FollowerEpochs | None = None) -> None:
         self.plog = plog
         self.topic = plog.topic
         self.partition = plog.partition
@@ -101,6 +117,7 @@ class PartitionFollower:
         self.max_bytes = max_bytes
         self.max_wait_ms = max_wait_ms
         self._on_append = on_append
+        self._epochs = epochs
         self._wake = asyncio.Event()
         """Set by :meth:`wake` when the cluster view changes (the master registered again, maybe elsewhere)."""
         self.state = FollowerState(caught_up_at=time.monotonic())
@@ -140,6 +157,12 @@ class PartitionFollower:
         offset = self.plog.log_end_offset
         request = m.FetchRequest(topic=self.topic, partition=self.partition, offset=offset,
                                  max_bytes=self.max_bytes, max_wait_ms=self.max_wait_ms)
+        epochs = self._epochs
+        history = epochs.history(self.plog) if epochs is not None else None
+        if epochs is not None and history is not None:
+            request.replica_id = epochs.replica_id
+            request.replica_epoch = epochs.known_epoch()
+            request.last_fetched_epoch = history.latest_epoch()
         try:
             reply: m.FetchResponse = await conn.request(request, self.max_wait_ms / 1000 + REQUEST_SLACK_S)
         except OffsetOutOfRangeError as exc:
@@ -148,6 +171,14 @@ class PartitionFollower:
             self._diverged(exc.response, offset)
             raise
         self.state.fetches += 1
+        if epochs is not None and history is not None and reply.master_epoch >= 0:
+            if reply.master_epoch < epochs.known_epoch():
+                raise FencedEpochError(f"{conn.address} answers in epoch {reply.master_epoch}, older than epoch "
+                                       f"{epochs.known_epoch()}: a deposed master")
+            epochs.observe_epoch(reply.master_epoch)
+            if reply.diverging_end_offset >= 0:
+                self._truncate(history, reply.diverging_epoch, reply.diverging_end_offset)
+                return
         if reply.reset_offset >= 0:  # a master with updateConsumerOffsets served another offset
             if self._start_at_master_start(reply, offset):
                 return
@@ -155,6 +186,8 @@ class PartitionFollower:
             raise ReplicaGap(f"{self.topic}-{self.partition}", offset, reply.reset_offset)
         data = whole_batches(reply.records)
         if data.nbytes:
+            if history is not None and reply.records_epoch > history.latest_epoch():
+                history.assign(reply.records_epoch, self.plog.log_end_offset)  # before its first batch
             result = self.plog.append_replicated(data)
             if result is not None:
                 self.state.replicated_messages += result.record_count
@@ -165,6 +198,22 @@ class PartitionFollower:
         self.state.lag_messages = max(0, reply.log_end_offset - self.plog.log_end_offset)
         if self.state.lag_messages == 0:
             self.state.caught_up_at = time.monotonic()
+
+    def _truncate(self, history: EpochHistory, epoch: int, master_end: int) -> None:
+        """The master says our log is not a prefix of its own past ``master_end`` (the end of ``epoch``,
+        the last epoch we share): cut what we hold beyond the common prefix, as Kafka's follower does."""
+        _, own_end = history.end_offset_for(epoch, self.plog.log_end_offset)
+        cut = min(master_end, own_end, self.plog.log_end_offset)
+        if cut < self.plog.log_start_offset:
+            raise ReplicaGap(f"{self.topic}-{self.partition}", self.plog.log_start_offset, cut)
+        dropped = self.plog.log_end_offset - cut
+        if dropped > 0:
+            log.warning("replica %s-%d: cutting %d message(s) at offsets %d..%d that the master (epoch %d) never "
+                        "had: they were written by a master that was deposed before they were replicated", self.topic,
+                        self.partition, dropped, cut, self.plog.log_end_offset - 1, epoch)
+            self.plog.truncate_to(cut)
+            self.state.truncated_messages += dropped
+        history.truncate_from(cut)
 
     def _start_at_master_start(self, reply: Any, offset: int) -> bool:
         """A slave with nothing stored yet follows a master whose retention removed the offsets below its
@@ -238,4 +287,5 @@ class PartitionFollower:
         return {"log_end_offset": self.plog.log_end_offset, "master_end_offset": s.master_end_offset,
                 "lag_messages": s.lag_messages, "lag_ms": s.lag_ms(now), "replicated_messages": s.replicated_messages,
                 "replicated_bytes": s.replicated_bytes, "fetches": s.fetches, "errors": s.errors,
-                "last_error": s.last_error, "stalled": s.stalled, "master": s.connected_to}
+                "last_error": s.last_error, "stalled": s.stalled, "master": s.connected_to,
+                "truncated_messages": s.truncated_messages}

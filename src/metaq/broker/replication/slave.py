@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from metaq.broker.core import Broker
-from metaq.broker.replication.fetcher import PartitionFollower
+from metaq.broker.replication.fetcher import FollowerEpochs, PartitionFollower
 from metaq.broker.slave_config import SlaveConfig
 from metaq.cluster.registry import Address, ClusterSnapshot
 from metaq.errors import MetaqError
@@ -35,8 +35,9 @@ FOLLOWERS_MAX = 10_000
 class SlaveReplicator:
     """The replica fetchers of a slave broker, and their state for ``metaq stats``."""
 
-    def __init__(self, broker: Broker, slave: SlaveConfig) -> None:
+    def __init__(self, broker: Broker, slave: SlaveConfig, *, ha: FollowerEpochs | None = None) -> None:
         self.broker = broker
+        self.ha = ha
         self.slave = slave
         self.broker_id = broker.config.broker_id
         self.followers: dict[tuple[str, int], PartitionFollower] = {}
@@ -57,6 +58,9 @@ class SlaveReplicator:
 
         self.broker.cluster.registry.add_listener(on_snapshot)
         self.broker.replication = self
+        self.followers.clear()  # run again after a failed promotion: fresh followers
+        self._tasks.clear()
+        self._master = None
         log.info("slave %d of broker %d: following the master registered in ZooKeeper (%s)", self.slave.slave_id,
                  self.broker_id, self.broker.cluster.where)
         try:
@@ -100,7 +104,7 @@ class SlaveReplicator:
                 follower = PartitionFollower(plog, self.broker_id, broker.cluster.master_address, self._settings,
                                              max_bytes=broker.config.max_transfer_bytes,
                                              max_wait_ms=self.slave.slave_max_delay_ms,
-                                             on_append=broker.waiters.notify)
+                                             on_append=broker.waiters.notify, epochs=self.ha)
                 self.followers[key] = follower
                 self._tasks[key] = asyncio.get_running_loop().create_task(follower.run(), name=repr(follower))
 

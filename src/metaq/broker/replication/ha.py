@@ -1,0 +1,372 @@
+"""A broker's part in its replica group with epochs: master or slave, and the switch between them.
+
+Used when replication is more than MetaQ's async copy (``syncReplication`` or ``autoFailover``; docs/
+replication.md). Every replica of a broker id has a replica id (its ``slaveId``, the master's too).
+The group's state lives in ZooKeeper at ``brokers/replica-groups/<id>``: ``{epoch, master, isr}``.
+
+* **Master**: at start it must be the last master or in the in-sync set; it registers
+  ``ids/<id>/master`` and writes the state with the epoch one higher (version-checked). It takes writes
+  only while it holds a **lease**: the last ZooKeeper round trip that showed its session still owning
+  the master node and the state still naming it in its epoch, plus half the session timeout. ZooKeeper
+  expires a session only after a whole timeout without hearing from it, and a slave is elected only
+  after that, so a paused master (SIGSTOP) whose lease ran out refuses every write the moment it runs
+  again (``NOT_MASTER``), before it has even learnt that it was deposed. When it learns (the state names
+  another master or a newer epoch, a version-checked write fails, or a slave fetches with a newer
+  epoch) it becomes a slave of the new master in the same process, and its fetcher cuts what it wrote
+  alone (the epochs say where, :mod:`metaq.storage.epochs`).
+* **Slave**: follows the master (:class:`~metaq.broker.replication.slave.SlaveReplicator`). With
+  ``autoFailover=true``, when ``ids/<id>/master`` is gone and this slave is in the in-sync set, it
+  stops fetching and, in one ZooKeeper transaction, writes the state (epoch + 1, itself as master, the
+  old master out of the set; version-checked) and creates ``ids/<id>/master``. One slave wins; the
+  others keep following and find the new master through their watch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from metaq.broker.replication.master import MasterReplication
+from metaq.broker.replication.slave import SlaveReplicator
+from metaq.broker.slave_config import SlaveConfig
+from metaq.cluster.layout import ReplicaGroupState
+from metaq.cluster.registry import Address, ReplicaGroupChanged
+from metaq.errors import FencedEpochError, NotEnoughReplicasAfterAppendError, NotMasterError
+from metaq.protocol import messages as m
+from metaq.storage import PartitionLog
+from metaq.storage.epochs import NO_EPOCH, EpochHistory
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
+    from metaq.broker.core import Broker
+
+log = logging.getLogger("metaq.broker.replication")
+
+ELECTION_CHECK_S = 0.2
+"""How often a slave with autoFailover looks whether the master is gone (it is also woken by watches)."""
+
+
+def ha_enabled(broker: Broker) -> bool:
+    """Whether this broker uses epochs, the in-sync set and (maybe) failover (ZooKeeper mode only)."""
+    config = broker.config
+    if broker.cluster.mode != "zookeeper":
+        return False
+    return config.auto_failover or config.sync_replication or any(
+        t.sync_replication for t in config.topics.values())
+
+
+class HighAvailability:
+    """The replica-group member of one broker process (see the module doc). Implements the core's
+    :class:`metaq.broker.core.ReplicaGroupView`."""
+
+    def __init__(self, broker: Broker, replica: SlaveConfig) -> None:
+        self.broker = broker
+        self.replica = replica
+        self.replica_id = replica.slave_id
+        self.broker_id = broker.config.broker_id
+        self.registry = broker.cluster.registry
+        self.session_timeout_s: float = float(getattr(self.registry, "session_timeout_s", 30.0))
+        self.master: MasterReplication | None = None
+        self.replicator: SlaveReplicator | None = None
+        self.epoch = NO_EPOCH
+        self.version = -1
+        self.lease_until = 0.0
+        self.promotions = 0
+        self.demotions = 0
+        self._histories: dict[Path, EpochHistory] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._role_changed = asyncio.Event()
+        self._deposed_reason = ""
+
+    # -- epochs ---------------------------------------------------------------------------------------
+
+    def history(self, plog: PartitionLog) -> EpochHistory:
+        h = self._histories.get(plog.directory)
+        if h is None:
+            h = self._histories[plog.directory] = EpochHistory(plog.directory)
+            h.clamp(plog.log_end_offset)
+        return h
+
+    def known_epoch(self) -> int:
+        return self.epoch
+
+    def observe_epoch(self, epoch: int) -> None:
+        """A slave learnt of master epoch ``epoch`` (a fetch reply): older ones are refused from now on."""
+        if self.master is None and epoch > self.epoch:
+            self.epoch = epoch
+
+    # -- start (blocking, before serving writes) ------------------------------------------------------
+
+    def check_may_be_master(self) -> None:
+        """Refuse to start as master when another replica has been master since and this one is not in
+        its in-sync set (it may lack acked messages). RuntimeError saying what to do."""
+        state, _ = self.registry.read_replica_group(self.broker_id)
+        if state is None or state.master == self.replica_id or self.replica_id in state.isr:
+            return
+        raise RuntimeError(
+            f"replica {self.replica_id} of broker {self.broker_id} is not in the in-sync set {list(state.isr)} of "
+            f"epoch {state.epoch} (master: replica {state.master}): it may lack acknowledged messages. Start it "
+            "as a slave (--slave) so it catches up; see docs/replication.md")
+
+    def start_epoch(self) -> None:
+        """Right after registering ``ids/<id>/master``: the next epoch, written version-checked."""
+        state, version = self.registry.read_replica_group(self.broker_id)
+        isr = tuple(r for r in state.isr if r != self.replica_id) if state is not None else ()
+        new = ReplicaGroupState((state.epoch + 1) if state is not None else 1, self.replica_id, isr)
+        self.version = self.registry.write_replica_group(self.broker_id, new, version)
+        self._become_master_state(new)
+        self.lease_until = time.monotonic() + self.session_timeout_s / 2
+        log.info("broker %d: replica %d is master in epoch %d (in-sync slaves: %s)", self.broker_id, self.replica_id,
+                 new.epoch, list(isr) or "none")
+
+    def _become_master_state(self, state: ReplicaGroupState) -> None:
+        self.epoch = state.epoch
+        self.broker.slave = None
+        self.master = MasterReplication(self.broker, replica_id=self.replica_id, state=state, version=self.version,
+                                        write_state=self._write_state, on_deposed=self._deposed)
+
+    def _write_state(self, state: ReplicaGroupState, version: int) -> int:
+        return self.registry.write_replica_group(self.broker_id, state, version)
+
+    # -- running --------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Play the current role until cancelled, switching when the cluster says so."""
+        loop = asyncio.get_running_loop()
+        self.broker.ha = self
+        wake = asyncio.Event()
+
+        def on_snapshot(_snapshot: Any) -> None:
+            loop.call_soon_threadsafe(wake.set)
+
+        self.registry.add_listener(on_snapshot)
+        try:
+            while True:
+                if self.master is not None:
+                    await self._run_master()
+                else:
+                    await self._run_slave(wake)
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _run_master(self) -> None:
+        assert self.master is not None
+        master = self.master
+        self._role_changed.clear()
+        task = asyncio.get_running_loop().create_task(master.run(), name="metaq-isr")
+        self._tasks.append(task)
+        period = self.session_timeout_s / 6
+        try:
+            while not self._role_changed.is_set():
+                sent = time.monotonic()
+                try:
+                    still = await asyncio.to_thread(self._still_master)
+                except Exception as exc:  # ZooKeeper unreachable: the lease runs out, writes stop
+                    log.info("broker %d: cannot renew the master lease (%s)", self.broker_id, exc)
+                    still = None
+                if still is True:
+                    self.lease_until = sent + self.session_timeout_s / 2
+                elif still is False:
+                    self._deposed(self._deposed_reason or "ZooKeeper names another master or a newer epoch")
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._role_changed.wait(), period)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            self._tasks.remove(task)
+        await self._demote()
+
+    def _still_master(self) -> bool | None:
+        """True: still master (lease renewed); False: deposed; None: not sure (session lost for now)."""
+        state, _ = self.registry.read_replica_group(self.broker_id)
+        if state is None or state.epoch != self.epoch or state.master != self.replica_id:
+            self._deposed_reason = (f"the replica group's state is now {state}" if state is not None
+                                    else "the replica group's state is gone")
+            return False
+        if not self.registry.master_session_ok(self.broker_id):
+            return None  # our session lost the master node; the registry restores it if nobody took over
+        return True
+
+    def _deposed(self, why: str) -> None:
+        if self.master is None:
+            return
+        self.lease_until = 0.0
+        self._deposed_reason = why
+        self._role_changed.set()
+
+    async def _demote(self) -> None:
+        """Master -> slave of whoever is master now (in this process)."""
+        master, self.master = self.master, None
+        self.lease_until = 0.0
+        self.demotions += 1
+        if master is not None:
+            master.deposed = True
+            master.fail_waiting(f"broker {self.broker_id} replica {self.replica_id} is no longer master: "
+                                f"{self._deposed_reason}")
+        log.warning("broker %d: replica %d is no longer master (%s); it continues as a slave and cuts what it "
+                    "wrote alone", self.broker_id, self.replica_id, self._deposed_reason)
+        self.broker.slave = self.replica
+        address = Address(self.broker.cluster_host, self.broker.port)
+        while True:
+            try:
+                await asyncio.to_thread(self.broker.cluster.switch_to_slave, address, self.replica_id)
+                break
+            except Exception as exc:
+                log.warning("broker %d: cannot register as slave %d yet (%s); retrying", self.broker_id,
+                            self.replica_id, exc)
+                await asyncio.sleep(1.0)
+        self._reannounce()
+
+    async def _run_slave(self, wake: asyncio.Event) -> None:
+        self.broker.slave = self.replica
+        with contextlib.suppress(Exception):  # the current epoch, so a deposed master is refused at once
+            state, _ = await asyncio.to_thread(self.registry.read_replica_group, self.broker_id)
+            if state is not None:
+                self.observe_epoch(state.epoch)
+        replicator = SlaveReplicator(self.broker, self.replica, ha=self)
+        self.replicator = replicator
+        task = asyncio.get_running_loop().create_task(replicator.run(), name="metaq-slave")
+        self._tasks.append(task)
+        try:
+            while True:
+                wake.clear()
+                if self.broker.config.auto_failover and self.broker.cluster.master_address() is None:
+                    eligible = await self._eligible_state()
+                    if eligible is not None:
+                        task.cancel()  # stop fetching from the old master before claiming its place
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await task
+                        if await self._try_promote(*eligible):
+                            return
+                        task = asyncio.get_running_loop().create_task(replicator.run(), name="metaq-slave")
+                        self._tasks[-1] = task
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), ELECTION_CHECK_S)
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if task in self._tasks:
+                self._tasks.remove(task)
+            self.replicator = None
+
+    async def _eligible_state(self) -> tuple[ReplicaGroupState, int] | None:
+        try:
+            state, version = await asyncio.to_thread(self.registry.read_replica_group, self.broker_id)
+        except Exception as exc:
+            log.info("broker %d: cannot read the replica group's state (%s)", self.broker_id, exc)
+            return None
+        if state is None or self.replica_id not in state.isr:
+            return None
+        return state, version
+
+    async def _try_promote(self, state: ReplicaGroupState, version: int) -> bool:
+        new = ReplicaGroupState(state.epoch + 1, self.replica_id,
+                                tuple(r for r in state.isr if r not in (self.replica_id, state.master)))
+        address = Address(self.broker.cluster_host, self.broker.port)
+        try:
+            self.version = await asyncio.to_thread(self.registry.take_mastership, self.broker_id, address, new,
+                                                   version)
+        except ReplicaGroupChanged as exc:
+            log.info("broker %d: replica %d did not become master (%s)", self.broker_id, self.replica_id, exc)
+            return False
+        except Exception as exc:
+            log.warning("broker %d: replica %d could not take over (%s)", self.broker_id, self.replica_id, exc)
+            return False
+        self.promotions += 1
+        self.broker.cluster.switched_to_master()
+        self._become_master_state(new)
+        self.lease_until = time.monotonic() + self.session_timeout_s / 2
+        self._reannounce()
+        log.warning("broker %d: replica %d took over as master in epoch %d (old master: replica %d; in-sync "
+                    "slaves: %s)", self.broker_id, self.replica_id, new.epoch, state.master, list(new.isr) or "none")
+        return True
+
+    def _reannounce(self) -> None:
+        for topic in list(self.broker.topics):
+            self.broker.announce(topic, force=True)
+
+    # -- the core's view --------------------------------------------------------------------------------
+
+    def check_writable(self, what: str) -> None:
+        if self.master is None:
+            raise NotMasterError(f"broker {self.broker_id} here is slave {self.replica_id}: it serves fetches but "
+                                 f"refuses {what}; send it to the master of broker id {self.broker_id}")
+        if time.monotonic() >= self.lease_until:
+            raise NotMasterError(f"broker {self.broker_id} replica {self.replica_id} cannot confirm with ZooKeeper "
+                                 f"that it is still the master (epoch {self.epoch}); it refuses {what} until it "
+                                 "does (a failover may be under way)")
+
+    def before_append(self, plog: PartitionLog) -> None:
+        assert self.master is not None
+        self.master.check_before_append(plog.topic)
+        history = self.history(plog)
+        if history.latest_epoch() != self.epoch:
+            history.assign(self.epoch, plog.log_end_offset)
+
+    def after_append(self, plog: PartitionLog, end_offset: int) -> Awaitable[None] | None:
+        master = self.master
+        if master is None:
+            return None
+        pending = master.wait_replicated(plog, end_offset)
+        if pending is None:
+            return None
+        return self._confirmed(pending)
+
+    async def _confirmed(self, pending: Awaitable[None]) -> None:
+        await pending
+        if self.master is None:
+            raise NotEnoughReplicasAfterAppendError("the master was deposed before the batch was confirmed")
+
+    def visible_end(self, plog: PartitionLog) -> int:
+        """Where consumers of this broker may read up to: the high watermark of a sync topic on the master."""
+        master = self.master
+        if master is None or not master.sync_topic(plog.topic):
+            return plog.log_end_offset
+        return master.high_watermark(plog)
+
+    def replica_fetch(self, req: m.FetchRequest, plog: PartitionLog) -> tuple[dict[str, int], int]:
+        """Check a slave's fetch: the extra reply fields, and the offset the reply must stop before (-1: the
+        log end). A reply with ``diverging_end_offset`` set carries no records."""
+        master = self.master
+        if master is None:
+            raise NotMasterError(f"broker {self.broker_id} here is a slave: replicas fetch from the master")
+        if req.replica_epoch > self.epoch:
+            self._deposed(f"slave {req.replica_id} fetched with epoch {req.replica_epoch} > {self.epoch}")
+            raise FencedEpochError(f"epoch {self.epoch} here is older than the slave's {req.replica_epoch}: this "
+                                   "master was deposed")
+        history = self.history(plog)
+        extra = {"master_epoch": self.epoch, "high_watermark": master.high_watermark(plog)}
+        if req.last_fetched_epoch >= 0:
+            epoch, end = history.end_offset_for(req.last_fetched_epoch, plog.log_end_offset)
+            if epoch != req.last_fetched_epoch or end < req.offset:
+                extra["diverging_epoch"] = epoch
+                extra["diverging_end_offset"] = min(end, req.offset)
+                return extra, -1
+        master.on_replica_fetch(plog, req.replica_id, req.offset)
+        epoch, next_start = history.epoch_at(req.offset)
+        extra["records_epoch"] = epoch
+        return extra, next_start
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"replica_id": self.replica_id, "role": "master" if self.master else "slave",
+                               "epoch": self.epoch, "lease_ms_left": max(0, int((self.lease_until - time.monotonic())
+                                                                                 * 1000)),
+                               "promotions": self.promotions, "demotions": self.demotions,
+                               "auto_failover": self.broker.config.auto_failover}
+        if self.master is not None:
+            out.update(self.master.describe())
+        return out
+
+
+__all__ = ["HighAvailability", "ha_enabled"]

@@ -1,0 +1,243 @@
+"""Sync replication, the in-sync set and automatic failover: real brokers, real ZooKeeper, real kills.
+
+What a user relies on (docs/replication.md):
+
+* with ``syncReplication=true`` an acked batch is already on every in-sync slave;
+* a dead slave leaves the in-sync set (recorded in ZooKeeper) within ``inSyncMaxLagMs``; with fewer
+  in-sync slaves than ``minInSyncSlaves`` writes are refused with NOT_ENOUGH_REPLICAS; it rejoins when back;
+* the master killed -9 under load: an in-sync slave takes over under the same broker id with a new
+  epoch, producers follow, the old master returns as a slave and cuts what it wrote alone; every acked
+  message is read back, in order, once (the history checker), and every replica holds the same bytes;
+* a paused master (SIGSTOP past its session) accepts no write once it runs again: NOT_MASTER, then it
+  follows the new master.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+from test_replication_slave import call, end_offsets, open_conn, stored_bytes
+
+from metaq.client import connect
+from metaq.errors import NotEnoughReplicasError, NotMasterError
+from metaq.protocol import messages as m
+from metaq.protocol.records import encode_values
+from metaq.testing import BrokerProcess, wait_until
+from metaq.testing.history import ProduceLoad, check_history, read_back
+
+TOPIC = "orders"
+PARTITIONS = 3
+TOPICS = f"[topic={TOPIC}]\nnumPartitions={PARTITIONS}\n"
+SESSION_MS = 2000
+LAG_MS = 1500
+HA = {"syncReplication": "true", "autoFailover": "true", "minInSyncSlaves": 1, "inSyncMaxLagMs": LAG_MS,
+      "unflushThreshold": 0}
+
+
+def replica_args(replica_id: int, *, slave: bool) -> list[str]:
+    return (["--slave"] if slave else []) + ["--slave-id", str(replica_id)]
+
+
+@pytest.fixture
+def zk_client(zookeeper: Any) -> Iterator[Any]:
+    client = KazooClient(hosts=zookeeper.connect_string)
+    client.start(10)
+    yield client
+    client.stop()
+    client.close()
+
+
+def group_state(zk: Any, root: str, broker_id: int = 1) -> dict[str, Any] | None:
+    try:
+        data, _ = zk.get(f"{root}/brokers/replica-groups/{broker_id}")
+    except Exception:
+        return None
+    return dict(json.loads(data))
+
+
+def master_url(zk: Any, root: str, broker_id: int = 1) -> str | None:
+    try:
+        data, _ = zk.get(f"{root}/brokers/ids/{broker_id}/master")
+    except Exception:
+        return None
+    return str(data.decode())
+
+
+def wait_isr(zk: Any, root: str, want: set[int], timeout_s: float = 30.0) -> dict[str, Any]:
+    wait_until(lambda: (s := group_state(zk, root)) is not None and set(s["isr"]) == want, timeout_s, 0.02,
+               f"the in-sync set to become {sorted(want)}")
+    state = group_state(zk, root)
+    assert state is not None
+    return state
+
+
+def produce_batch(proc: BrokerProcess, partition: int, values: list[bytes]) -> m.ProduceResponse:
+    conn = open_conn(proc)
+    try:
+        return call(conn, m.ProduceRequest(topic=TOPIC, partition=partition, records=encode_values(values, 1000)))
+    finally:
+        conn.close()
+
+
+def produce_on_new_master(proc: BrokerProcess, partition: int, values: list[bytes]) -> m.ProduceResponse:
+    """Produce once ``proc`` takes writes (it answers NOT_MASTER until its promotion is complete)."""
+    done: list[m.ProduceResponse] = []
+
+    def attempt() -> bool:
+        try:
+            done.append(produce_batch(proc, partition, values))
+        except NotMasterError:
+            return False
+        return True
+
+    wait_until(attempt, 20, 0.02, "the new master to take writes")
+    return done[0]
+
+
+class Replicas:
+    """The replicas of broker id 1: ``procs[replica_id]``."""
+
+    def __init__(self, factory: Callable[..., BrokerProcess], count: int, **system: Any) -> None:
+        self.factory = factory
+        self.system = {**HA, **system}
+        self.procs: dict[int, BrokerProcess] = {}
+        self.procs[0] = factory(1, topics=TOPICS, zk_session_timeout_ms=SESSION_MS, name="replica-0",
+                                args=replica_args(0, slave=False), **self.system)
+        for r in range(1, count):
+            self.procs[r] = factory(1, topics=TOPICS, zk_session_timeout_ms=SESSION_MS, name=f"replica-{r}",
+                                    args=replica_args(r, slave=True), **self.system)
+        for proc in self.procs.values():  # a failover logs warnings; a fetch from a dying master may log errors
+            proc.allow_log(r"replica \S+: |cannot|deposed|no longer master|took over")
+
+    def by_url(self, url: str | None) -> int | None:
+        for r, proc in self.procs.items():
+            if url is not None and url.endswith(f":{proc.port}"):
+                return r
+        return None
+
+
+def test_sync_replication_acks_only_what_the_slave_holds_and_refuses_writes_without_it(
+        cluster_factory: Callable[..., BrokerProcess], zk_client: Any, zk_root: str) -> None:
+    replicas = Replicas(cluster_factory, 2, degradeToAsync="false")
+    master, slave = replicas.procs[0], replicas.procs[1]
+    state = wait_isr(zk_client, zk_root, {1})
+    assert state["master"] == 0 and state["epoch"] >= 1
+
+    for n in range(30):  # every ack: the slave already holds the batch
+        reply = produce_batch(master, n % PARTITIONS, [f"a{n}-{i}".encode() for i in range(10)])
+        end = reply.base_offset + 10
+        assert end_offsets(slave)[n % PARTITIONS] >= end, f"acked {end} but the slave does not hold it"
+
+    slave.kill()
+    started = time.monotonic()
+    with pytest.raises(Exception) as first:  # waits for the dead slave, then it leaves the set
+        produce_batch(master, 0, [b"while-the-slave-is-dead"])
+    waited = time.monotonic() - started
+    print(f"first produce after the slave's death failed after {waited:.2f}s with {first.value!r}")
+    wait_isr(zk_client, zk_root, set())
+    with pytest.raises(NotEnoughReplicasError):
+        produce_batch(master, 1, [b"refused"])
+
+    slave.start()
+    wait_isr(zk_client, zk_root, {1})
+    reply = produce_batch(master, 2, [b"after-return"])
+    assert end_offsets(slave)[2] >= reply.base_offset + 1
+    for p in range(PARTITIONS):
+        assert stored_bytes(slave, p) == stored_bytes(master, p)
+
+
+def run_failovers(cluster_factory: Callable[..., BrokerProcess], zk_client: Any, zk_root: str, zookeeper: Any,
+                  rounds: int) -> None:
+    replicas = Replicas(cluster_factory, 3)
+    wait_isr(zk_client, zk_root, {1, 2})
+    session = {"zk_connect": zookeeper.connect_string, "zk_root": zk_root, "request_timeout_s": 10.0}
+    load = ProduceLoad(session, TOPIC, window=50, time_limit_s=60.0 + 20.0 * rounds).start()
+    timings: list[tuple[float, float]] = []
+    try:
+        wait_until(lambda: len(load.acked) > 500, 30, 0.01, "acks before the first kill")
+        for n in range(rounds):
+            state = group_state(zk_client, zk_root)
+            assert state is not None
+            old = state["master"]
+            epoch = state["epoch"]
+            acked_before = len(load.acked)
+            killed_at = time.monotonic()
+            replicas.procs[old].kill()
+            wait_until(lambda e=epoch: (s := group_state(zk_client, zk_root)) is not None and s["epoch"] > e
+                       and master_url(zk_client, zk_root) is not None, SESSION_MS / 1000 + 20, 0.01,
+                       "a slave to take over")
+            took_over = time.monotonic() - killed_at
+            wait_until(lambda n=acked_before: len(load.acked) > n + 50, 30, 0.01, "acks from the new master")
+            acked_again = time.monotonic() - killed_at
+            timings.append((took_over, acked_again))
+            new = group_state(zk_client, zk_root)
+            assert new is not None and new["master"] != old
+            assert replicas.by_url(master_url(zk_client, zk_root)) == new["master"]
+            proc = replicas.procs[old]
+            proc.args = replica_args(old, slave=True)
+            proc.start()  # the old master returns as a slave
+            wait_isr(zk_client, zk_root, {r for r in replicas.procs if r != new["master"]})
+            print(f"failover {n + 1}: replica {old} -> {new['master']} (epoch {new['epoch']}): taken over after "
+                  f"{took_over:.2f}s, producing again after {acked_again:.2f}s")
+    finally:
+        load.stop(120)
+    master_id = group_state(zk_client, zk_root)["master"]  # type: ignore[index]
+    wait_until(lambda: len({tuple(end_offsets(p)) for p in replicas.procs.values()}) == 1, 30, 0.05,
+               "every replica to hold the same offsets")
+    for p in range(PARTITIONS):
+        want = stored_bytes(replicas.procs[master_id], p)
+        for r, proc in replicas.procs.items():
+            assert stored_bytes(proc, p) == want, f"replica {r}, partition {p}: bytes differ from the master's"
+    with connect(**session) as sync:
+        read = read_back(sync, TOPIC)
+    problems = check_history(read, load.acked, load.failed)
+    failed_kinds: dict[str, int] = {}
+    for error in load.failed.values():
+        failed_kinds[type(error).__name__] = failed_kinds.get(type(error).__name__, 0) + 1
+    total = sum(len(v) for v in read.values())
+    print(f"history: {len(load.acked)} acked, {len(load.failed)} failed {failed_kinds}, {total} read back; "
+          f"{len(problems)} problem(s)")
+    takeovers = sorted(t for t, _ in timings)
+    agains = sorted(a for _, a in timings)
+    print(f"failover over {rounds} rounds: taken over p50 {takeovers[len(takeovers) // 2]:.2f}s max "
+          f"{takeovers[-1]:.2f}s; producing again p50 {agains[len(agains) // 2]:.2f}s max {agains[-1]:.2f}s")
+    assert not problems, "\n".join(problems[:20])
+
+
+def test_master_killed_under_load_a_slave_takes_over_and_nothing_acked_is_lost(
+        cluster_factory: Callable[..., BrokerProcess], zk_client: Any, zk_root: str, zookeeper: Any) -> None:
+    run_failovers(cluster_factory, zk_client, zk_root, zookeeper, rounds=2)
+
+
+def test_a_paused_master_accepts_no_write_after_a_slave_took_over_and_then_follows_it(
+        cluster_factory: Callable[..., BrokerProcess], zk_client: Any, zk_root: str) -> None:
+    replicas = Replicas(cluster_factory, 2, minInSyncSlaves=0)  # the new master takes writes alone
+    old, slave = replicas.procs[0], replicas.procs[1]
+    wait_isr(zk_client, zk_root, {1})
+    for n in range(10):
+        produce_batch(old, n % PARTITIONS, [f"before-{n}".encode()])
+    conn = open_conn(old)  # a client still connected to the old master
+    old.signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: (s := group_state(zk_client, zk_root)) is not None and s["master"] == 1, 30, 0.02,
+                   "the slave to take over")
+        produce_on_new_master(slave, 0, [b"on-the-new-master"])
+    finally:
+        old.signal(signal.SIGCONT)
+    try:
+        with pytest.raises(NotMasterError):
+            call(conn, m.ProduceRequest(topic=TOPIC, partition=1, records=encode_values([b"zombie-write"], 1000)))
+    finally:
+        conn.close()
+    wait_until(lambda: zk_client.exists(f"{zk_root}/brokers/ids/1/slave0") is not None, 30, 0.05,
+               "the old master to register as a slave")
+    wait_isr(zk_client, zk_root, {0})
+    for p in range(PARTITIONS):
+        assert stored_bytes(old, p) == stored_bytes(slave, p)
+    assert b"zombie-write" not in b"".join(stored_bytes(slave, p) for p in range(PARTITIONS))
