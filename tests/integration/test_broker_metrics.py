@@ -193,3 +193,38 @@ def test_a_slave_reports_its_replication_lag(cluster_factory: Callable[..., Brok
     assert by_partition(samples, "metaq_replication_stalled", "mirrored") == {"1-0": 0, "1-1": 0}
     stats = cli_stats(slave, "mirrored")
     assert stats["replication"]["max_lag_messages"] == 0
+
+
+@pytest.mark.slow
+def test_a_sync_master_reports_its_in_sync_slaves(cluster_factory: Callable[..., BrokerProcess]) -> None:
+    topics = "[topic=synced]\nnumPartitions=2\n"
+    ha = {"syncReplication": "true", "minInSyncSlaves": 1, "inSyncMaxLagMs": 1500, "degradeToAsync": "false",
+          "unflushThreshold": 0, "dashboardHttpPort": 0}
+    master = cluster_factory(1, topics=topics, zk_session_timeout_ms=2000, name="replica-0",
+                             args=["--slave-id", "0"], **ha)
+    slave = cluster_factory(1, topics=topics, zk_session_timeout_ms=2000, name="replica-1",
+                            args=["--slave", "--slave-id", "1"], **ha)
+    for proc in (master, slave):
+        proc.allow_log(r"replica \S+: |cannot|deposed|no longer master|took over")
+    url = metrics_url(master)
+
+    def in_sync(value: int) -> bool:
+        samples = scrape(url)[1]
+        return samples.get("metaq_replica_slave_in_sync", {}).get((("slave", "1"),)) == value
+
+    wait_until(lambda: in_sync(1), 60, message="the slave in the master's in-sync set, in its metrics")
+    with connect(master.servers) as session:
+        assert session.create_producer().send_batch("synced", [b"s"] * 40, partition=0).success
+    samples = scrape(url)[1]
+    assert samples["metaq_replica_group_in_sync_slaves"][()] == 1
+    assert samples["metaq_replica_group_min_in_sync_slaves"][()] == 1
+    assert samples["metaq_replica_group_epoch"][()] >= 1
+    assert samples["metaq_replica_slave_lag_messages"][(("slave", "1"),)] == 0  # a sync ack: the slave has it
+    (info,) = samples["metaq_broker_info"]
+    assert dict(info)["role"] == "master"
+    (slave_info,) = scrape(metrics_url(slave))[1]["metaq_broker_info"]
+    assert dict(slave_info)["role"] == "slave"
+
+    slave.kill()
+    wait_until(lambda: in_sync(0), 30, message="the dead slave out of the in-sync set, in the master's metrics")
+    assert scrape(url)[1]["metaq_replica_group_in_sync_slaves"][()] == 0

@@ -88,6 +88,8 @@ class Snapshot:
     group_members: list[tuple[str, int]]
     replication: list[tuple[str, str, int, float, int, int]]
     """(topic, partition label, lag messages, lag seconds, stalled 0/1, errors)."""
+    replica_group: dict[str, Any] | None = None
+    """The replica group's state (sync replication, failover: ``metaq stats`` ``replica_group``)."""
 
 
 COUNTER_FIELDS = ("put_messages", "put_bytes", "put_requests", "put_failures", "get_messages", "get_bytes",
@@ -130,22 +132,26 @@ def take_snapshot(broker: Broker) -> Snapshot:
             lag = max(held.log_end_offset - max(c.offset, held.log_start_offset), 0)
             group_offsets.append((group, topic, f"{own}-{pid.partition}", c.offset, lag))
     members = [(name, len(g.members)) for name, g in sorted(broker.groups.groups.items())]
+    replica_group = broker.ha.describe() if broker.ha is not None else None
+    role = "slave" if broker.slave is not None else "master"
+    if replica_group is not None:
+        role = str(replica_group.get("role", role))
     replication = []
-    if broker.replication is not None:
+    if broker.replication is not None and broker.slave is not None:
         doc: dict[str, Any] = broker.replication.describe()
         for topic, partitions in sorted(doc.get("partitions", {}).items()):
             for partition, e in sorted(partitions.items(), key=lambda kv: int(kv[0])):
                 replication.append((topic, f"{own}-{partition}", int(e.get("lag_messages", 0)),
                                     e.get("lag_ms", 0) / 1000, 1 if e.get("stalled") else 0, int(e.get("errors", 0))))
     return Snapshot(
-        broker_id=own, role="slave" if broker.slave is not None else "master", data_path=str(broker.config.data_path),
+        broker_id=own, role=role, data_path=str(broker.config.data_path),
         uptime_s=time.monotonic() - stats.started_s, connections=stats.connections,
         connections_total=stats.connections_total, connections_refused=stats.connections_refused,
         connections_timed_out=stats.connections_timed_out, partial_frames_refused=stats.partial_frames_refused,
         waiting_fetches=broker.waiters.waiting, waiting_fetches_max=broker.waiters.max_waiting,
         counters=counters, logs=logs, append=stats.append_seconds.cumulative(),
         fetch=stats.fetch_seconds.cumulative(), fsync=stats.fsync_seconds.cumulative(),
-        group_offsets=group_offsets, group_members=members, replication=replication)
+        group_offsets=group_offsets, group_members=members, replication=replication, replica_group=replica_group)
 
 
 class SnapshotCollector(Collector):
@@ -160,6 +166,7 @@ class SnapshotCollector(Collector):
         yield from self._latency_families()
         yield from self._group_families()
         yield from self._replication_families()
+        yield from self._replica_group_families()
 
     def _broker_families(self) -> Iterator[Metric]:
         snap = self.snap
@@ -239,8 +246,38 @@ class SnapshotCollector(Collector):
             members.add_metric([name], count)
         yield from (committed, lag, members)
 
+    def _replica_group_families(self) -> Iterator[Metric]:
+        """Sync replication and failover (a replica group): the epoch everywhere; on the master, each
+        slave as the master sees it (the in-sync set, how far behind)."""
+        doc = self.snap.replica_group
+        if doc is None:
+            return
+        epoch = _gauge("metaq_replica_group_epoch", "Epoch of this broker id's replica group (grows at each "
+                       "failover).")
+        epoch.add_metric([], doc.get("epoch", 0))
+        yield epoch
+        slaves = doc.get("slaves")
+        if not isinstance(slaves, dict):
+            return  # a slave: the master reports the group
+        in_sync_count = _gauge("metaq_replica_group_in_sync_slaves", "Slaves in the in-sync set (a sync ack waits "
+                               "for them).")
+        in_sync_count.add_metric([], len(doc.get("isr", ())))
+        wanted = _gauge("metaq_replica_group_min_in_sync_slaves", "minInSyncSlaves: with fewer in-sync slaves "
+                        "writes get NOT_ENOUGH_REPLICAS.")
+        wanted.add_metric([], doc.get("min_in_sync_slaves", 0))
+        in_sync = _gauge("metaq_replica_slave_in_sync", "1 when the slave is in the in-sync set.", ["slave"])
+        behind = _gauge("metaq_replica_slave_lag_messages", "Messages the slave has not fetched yet, all "
+                        "partitions.", ["slave"])
+        last_fetch = _gauge("metaq_replica_slave_last_fetch_age_seconds", "Time since the slave last fetched.",
+                            ["slave"])
+        for slave, entry in sorted(slaves.items()):
+            in_sync.add_metric([slave], 1 if entry.get("in_sync") else 0)
+            behind.add_metric([slave], entry.get("messages_behind", 0))
+            last_fetch.add_metric([slave], entry.get("last_fetch_ms_ago", 0) / 1000)
+        yield from (in_sync_count, wanted, in_sync, behind, last_fetch)
+
     def _replication_families(self) -> Iterator[Metric]:
-        if self.snap.role != "slave":
+        if not self.snap.replication:
             return
         lag = _gauge("metaq_replication_lag_messages", "Messages this slave is behind its master.", PARTITION)
         lag_s = _gauge("metaq_replication_lag_seconds", "How far behind its master this slave's copy is, in time.",
