@@ -1,7 +1,9 @@
-"""Produce throughput with no slave and with one async slave, same run, and the slave's lag under that load.
+"""Produce throughput and ack latency with no slave, one async slave and one sync slave, same run, and the
+slave's lag under that load.
 
 Each case starts a local cluster (``metaq.devcluster.DevCluster``: a real ZooKeeper, broker 1 in
-ZooKeeper mode, and with ``--slaves 1`` its async slave 0), runs the real ``metaq bench produce --zk``
+ZooKeeper mode, and its async slave, or in HA mode with ``syncReplication=true`` its sync slave), runs the
+real ``metaq bench produce --zk``
 against it in a child process, samples the slave's ``replication`` stats every 50 ms meanwhile (the
 largest lag in messages and in ms), then measures how long the slave takes to hold every message
 after the load stops, and checks that every partition's log end is the same on both.
@@ -91,19 +93,42 @@ class LagSampler(threading.Thread):
         return sorted(out)
 
 
-def run_case(slaves: int, count: int, partitions: int, root: str) -> dict[str, Any]:
-    cluster = DevCluster(os.path.join(root, f"cluster-{slaves}-{time.monotonic_ns()}"), 1, partitions=partitions,
-                         system={"maxTransferSize": 1024 * 1024}, slaves=slaves)
+CASES = {"none": "no slave", "async": "one async slave", "sync": "one sync slave"}
+
+
+def wait_in_sync(master: str, timeout_s: float = 60.0) -> None:
+    """Sync mode: the bench starts only once the slave is in the in-sync set (else produces are refused)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if stats(master).get("replica_group", {}).get("isr"):
+                return
+        except Exception:
+            pass
+        time.sleep(SAMPLE_S)
+    raise SystemExit(f"the sync slave did not join the in-sync set within {timeout_s}s")
+
+
+def run_case(mode: str, count: int, partitions: int, root: str) -> dict[str, Any]:
+    slaves = 0 if mode == "none" else 1
+    system: dict[str, Any] = {"maxTransferSize": 1024 * 1024}
+    if mode == "sync":
+        system.update(syncReplication="true", minInSyncSlaves=1)
+    cluster = DevCluster(os.path.join(root, f"cluster-{mode}-{time.monotonic_ns()}"), 1, partitions=partitions,
+                         system=system, slaves=slaves, ha=mode == "sync")
     with cluster:
         sampler = LagSampler(cluster.brokers[1].servers, cluster.slaves[(1, 0)].servers) if slaves else None
         command = [sys.executable, "-m", "metaq.cli.main", "bench", "produce", "--zk", cluster.zk_connect,
                    "--zk-root", cluster.zk_root, "-n", str(count), "--partitions", str(partitions),
                    "--concurrency", "16", "--json", "--no-progress"]
+        if mode == "sync":
+            wait_in_sync(cluster.brokers[1].servers)
         if sampler is not None:
             sampler.start()
         out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=600)
         result = json.loads(out.stdout.strip().splitlines()[-1])
-        case: dict[str, Any] = {"slaves": slaves, "msgs_per_s": result["msgs_per_s"],
+        case: dict[str, Any] = {"mode": mode, "slaves": slaves, "msgs_per_s": result["msgs_per_s"],
+                                "p50_ack_ms": result["latency_ms"].get("p50"),
                                 "p99_ack_ms": result["latency_ms"].get("p99"), "messages": result["messages"],
                                 "command": " ".join(command[1:3] + command[3:]).replace(cluster.zk_connect, "ZK")}
         if sampler is not None:
@@ -132,22 +157,23 @@ def main() -> None:
     parser.add_argument("-n", "--count", type=int, default=2_000_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--series", type=int, default=3)
+    parser.add_argument("--modes", default="none,async,sync", help="which cases, in order (none, async, sync)")
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="metaq-bench-repl-") as root:
         for _ in range(args.series):
-            for slaves in (0, 1):
-                case = run_case(slaves, args.count, args.partitions, root)
+            for mode in args.modes.split(","):
+                case = run_case(mode, args.count, args.partitions, root)
                 print(json.dumps(case), flush=True)
                 rows.append(case)
-    print("\n| case | produce msg/s | p99 ack ms | slave lag: max messages, p50 / max ms "
+    print("\n| case | produce msg/s | p50 / p99 ack ms | slave lag: max messages, p50 / max ms "
           "| slave catch-up after load, ms |")
     print("|---|---|---|---|---|")
     for row in rows:
         lag = (f"{row['max_lag_messages']:,}, {row['lag_ms_p50']} / {row['lag_ms_max']}" if row["slaves"] else "-")
         catch = str(row.get("catch_up_after_load_ms", "-"))
-        print(f"| {'one async slave' if row['slaves'] else 'no slave'} | {row['msgs_per_s']:,.0f} | "
-              f"{row['p99_ack_ms']} | {lag} | {catch} |")
+        print(f"| {CASES[row['mode']]} | {row['msgs_per_s']:,.0f} | "
+              f"{row['p50_ack_ms']} / {row['p99_ack_ms']} | {lag} | {catch} |")
 
 
 if __name__ == "__main__":

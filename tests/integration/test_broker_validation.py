@@ -126,6 +126,7 @@ def _invalid_topic_cases(topic: str) -> dict[int, list[tuple[Any, Callable[[Any]
         16: [],
         17: [],
         18: [(m.VerifyRequest(topic, -1), top)],
+        19: [],  # Promote names no topic
     }
 
 

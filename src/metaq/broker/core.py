@@ -93,6 +93,10 @@ class ReplicaGroupView(Protocol):
     def replica_fetch(self, req: m.FetchRequest, plog: PartitionLog) -> tuple[dict[str, int], int]:
         """A slave's fetch: extra reply fields, and the offset the reply stops before (-1: none)."""
 
+    async def hand_over(self, replica_id: int, timeout_s: float) -> tuple[int, int]:
+        """A planned switchover to ``replica_id`` (-1: any in-sync slave); (new master, its epoch)."""
+        raise NotImplementedError
+
     def describe(self) -> dict[str, Any]: ...
 
 

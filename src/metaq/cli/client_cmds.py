@@ -513,6 +513,27 @@ async def admin_reload(servers: str) -> None:
     click.echo("reloaded; topics changed: " + (", ".join(changed) or "none"))
 
 
+@admin_group.command("promote")
+@target_options
+@click.option("--broker-id", "broker_id", type=int, default=None,
+              help="The broker id whose master hands over (default: the broker --servers names; needed with "
+                   "--zk-connect when there are several).")
+@click.option("--replica", "replica_id", type=int, default=-1, show_default="any in-sync slave",
+              help="The slaveId of the slave to become master.")
+@click.option("--timeout", "timeout_s", type=float, default=30.0, show_default=True,
+              help="Seconds the master may wait for the slave to hold every message (writes are refused meanwhile).")
+@run_async
+async def admin_promote(servers: str, broker_id: int | None, replica_id: int, timeout_s: float) -> None:
+    """Planned switchover: the master stops taking writes, waits until an in-sync slave holds every message,
+    and hands over to it; the old master continues as its slave. No acked message is lost and nothing is
+    written twice (syncReplication or autoFailover mode; docs/replication.md)."""
+    async with await _session(servers) as session:
+        new_master, epoch = await session.admin().promote(broker_id=broker_id, replica_id=replica_id,
+                                                          timeout_s=timeout_s)
+    which = f"broker {broker_id}" if broker_id is not None else "the broker"
+    click.echo(f"replica {new_master} is now the master of {which} (epoch {epoch})")
+
+
 @admin_group.command("lookup")
 @target_options
 @click.argument("message_id")

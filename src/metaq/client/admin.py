@@ -25,6 +25,8 @@ from metaq.protocol.messages import (
     LookupMessageRequest,
     LookupMessageResponse,
     PartitionStateRequest,
+    PromoteRequest,
+    PromoteResponse,
     ReloadRequest,
     ReloadResponse,
     StatsRequest,
@@ -187,6 +189,18 @@ class Admin:
         for topic in resp.changed_topics:
             self._core.metadata.cache.invalidate(topic)
         return list(resp.changed_topics)
+
+    async def promote(self, *, broker_id: int | None = None, replica_id: int = -1,
+                      timeout_s: float = 30.0) -> tuple[int, int]:
+        """Planned switchover (docs/replication.md): the master of ``broker_id`` stops taking writes, waits
+        until slave ``replica_id`` (-1: any in-sync slave) holds every message, and hands over to it.
+        Returns (new master's replica id, its epoch). Writes get NOT_MASTER for the moment it takes."""
+        resp: PromoteResponse = await self._core.request(
+            PromoteRequest(replica_id=replica_id, timeout_ms=int(timeout_s * 1000)), broker_id,
+            timeout_s=timeout_s + 20)
+        if broker_id is not None:
+            await self._core.metadata.refresh_all()
+        return resp.new_master, resp.epoch
 
     async def lookup_message(self, message_id: MessageId | str) -> MessageLocation:
         """Where a message id points: (topic, partition, offset), asked of the broker the id names."""

@@ -245,6 +245,10 @@ class SyncAdmin:
     def lookup_message(self, message_id: MessageId | str) -> MessageLocation:
         return self._lt.run(self.admin.lookup_message(message_id))
 
+    def promote(self, *, broker_id: int | None = None, replica_id: int = -1,
+                timeout_s: float = 30.0) -> tuple[int, int]:
+        return self._lt.run(self.admin.promote(broker_id=broker_id, replica_id=replica_id, timeout_s=timeout_s))
+
     def list_offsets(self, topic: str, partition: PartitionKey, timestamp_ms: int = -1) -> int:
         return self._lt.run(self.admin.list_offsets(topic, partition, timestamp_ms))
 

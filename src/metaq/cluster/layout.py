@@ -192,10 +192,14 @@ class ReplicaGroupState:
     epoch: int
     master: int
     isr: tuple[int, ...] = ()
+    successor: int = -1
+    """Set by a master handing over (``metaq admin promote``): the one slave that should take over."""
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"epoch": self.epoch, "master": self.master, "isr": sorted(self.isr)},
-                          separators=(",", ":")).encode()
+        doc: dict[str, object] = {"epoch": self.epoch, "master": self.master, "isr": sorted(self.isr)}
+        if self.successor >= 0:
+            doc["successor"] = self.successor
+        return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> ReplicaGroupState:
@@ -208,7 +212,10 @@ class ReplicaGroupState:
         except (UnicodeDecodeError, ValueError, KeyError, TypeError):
             raise LayoutError(f"replica group state {data[:100]!r} is not "
                               '{"epoch":E,"master":M,"isr":[...]}') from None
-        return cls(epoch, master, tuple(sorted(set(isr))))
+        successor = value.get("successor", -1)
+        if not isinstance(successor, int):
+            raise LayoutError(f"replica group state {data[:100]!r}: successor is not a number")
+        return cls(epoch, master, tuple(sorted(set(isr))), successor)
 
 
 # -- partitions, consumers and offsets ------------------------------------------------------------

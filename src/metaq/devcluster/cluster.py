@@ -73,7 +73,7 @@ class DevCluster:
     def __init__(self, directory: str | Path, brokers: int = 3, *, port: int = 0, zk_port: int = 0,
                  zk_root: str = DEFAULT_ROOT, partitions: int = 2, session_timeout_ms: int = 10_000,
                  system: Mapping[str, Any] | None = None, topics: str = "", ready_timeout_s: float = 60.0,
-                 slaves: int = 0) -> None:
+                 slaves: int = 0, ha: bool = False) -> None:
         if not 1 <= brokers <= BROKERS_MAX:
             raise DevClusterError(f"a local cluster has 1 to {BROKERS_MAX} brokers, not {brokers}")
         self.directory = Path(directory).resolve()
@@ -85,16 +85,20 @@ class DevCluster:
         self.system = {"numPartitions": partitions, "unflushThreshold": 0, **(system or {})}
         """group commit: every acknowledged message is on disk, at a fraction of fsync-per-batch's cost"""
         self.topics = topics
+        self.ha = ha
+        """HA mode (docs/replication.md): every replica gets a replica id, the master 0 and slave s s + 1; the
+        caller puts syncReplication / autoFailover in ``system``."""
         self.brokers: dict[int, DetachedBroker] = {
             b: DetachedBroker(self.directory / f"broker-{b}", port=port + b - 1 if port else 0,
-                              ready_timeout_s=ready_timeout_s, log_path=self.directory / f"broker-{b}.log")
+                              ready_timeout_s=ready_timeout_s, log_path=self.directory / f"broker-{b}.log",
+                              args=["--slave-id", "0"] if ha else [])
             for b in range(1, brokers + 1)}
         if not 0 <= slaves <= SLAVES_MAX:
             raise DevClusterError(f"a local cluster has 0 to {SLAVES_MAX} slaves per broker, not {slaves}")
         self.slaves: dict[tuple[int, int], DetachedBroker] = {
             (b, s): DetachedBroker(self.directory / f"broker-{b}-slave-{s}", ready_timeout_s=ready_timeout_s,
                                    log_path=self.directory / f"broker-{b}-slave-{s}.log",
-                                   args=["--slave", "--slave-id", str(s)])
+                                   args=["--slave", "--slave-id", str(s + 1 if ha else s)])
             for b in range(1, brokers + 1) for s in range(slaves)}
         """Async slaves (docs/replication.md): slave ``s`` of broker ``b``, started after the masters."""
         self._reported_exits: set[int] = set()

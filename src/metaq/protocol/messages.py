@@ -559,6 +559,28 @@ class VerifyResponse(_Base):
     FIELDS: ClassVar = (*_ERR, Field("report_json", BYTES))
 
 
+# -- 19 Promote ----------------------------------------------------------------------------------
+
+@dataclass
+class PromoteRequest(_Base):
+    replica_id: int = -1
+    """The slave (its slaveId) to hand the mastership to; -1: any in-sync slave."""
+    timeout_ms: int = 30_000
+    """How long the master may wait for the slave to hold everything (writes are refused meanwhile)."""
+    FIELDS: ClassVar = (Field("replica_id", INT32), Field("timeout_ms", INT32))
+
+
+@dataclass
+class PromoteResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    new_master: int = -1
+    """The replica id now master of the broker id."""
+    epoch: int = -1
+    """Its epoch."""
+    FIELDS: ClassVar = (*_ERR, Field("new_master", INT32), Field("epoch", INT32))
+
+
 _api(0, "ApiVersions", ApiVersionsRequest, ApiVersionsResponse)
 _api(1, "Metadata", MetadataRequest, MetadataResponse)
 _api(2, "CreateTopic", CreateTopicRequest, CreateTopicResponse)
@@ -578,6 +600,7 @@ _api(15, "PartitionState", PartitionStateRequest, PartitionStateResponse)
 _api(16, "Reload", ReloadRequest, ReloadResponse)
 _api(17, "LookupMessage", LookupMessageRequest, LookupMessageResponse)
 _api(18, "Verify", VerifyRequest, VerifyResponse)
+_api(19, "Promote", PromoteRequest, PromoteResponse)
 
 
 def spec_for(obj_or_cls: Any) -> ApiSpec:

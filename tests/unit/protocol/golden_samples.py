@@ -142,4 +142,8 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
         m.VerifyResponse(error_code=0, error_message=None,
                          report_json=b'[{"topic": "orders", "partition": 2, "ok": true}]'),
     ),
+    ("Promote", 0): (
+        m.PromoteRequest(replica_id=2, timeout_ms=30_000),
+        m.PromoteResponse(error_code=0, error_message=None, new_master=2, epoch=8),
+    ),
 }

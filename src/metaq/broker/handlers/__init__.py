@@ -12,6 +12,7 @@ produce            Produce
 fetch              Fetch, ListOffsets
 topics             Metadata, CreateTopic, DeleteTopic, PartitionState, Reload
 diagnostics        ApiVersions, Stats, LookupMessage, Verify
+replication        Promote
 groups             JoinGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, ListGroups,
                    DescribeGroup (the group coordinator)
 =================  ===========================================================================
@@ -22,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from metaq.broker.core import Handler
-from metaq.broker.handlers import diagnostics, fetch, groups, produce, topics
+from metaq.broker.handlers import diagnostics, fetch, groups, produce, replication, topics
 from metaq.protocol import messages as m
 
 __all__ = ["REQUEST_HANDLERS"]
@@ -39,5 +40,6 @@ def _registry(*tables: Mapping[type, Handler]) -> dict[type, Handler]:
 
 
 REQUEST_HANDLERS: Mapping[type, Handler] = _registry(
-    produce.HANDLERS, fetch.HANDLERS, topics.HANDLERS, diagnostics.HANDLERS, groups.HANDLERS)
+    produce.HANDLERS, fetch.HANDLERS, topics.HANDLERS, diagnostics.HANDLERS, groups.HANDLERS,
+    replication.HANDLERS)
 """Every request this broker serves (all of :data:`metaq.protocol.messages.APIS`)."""

@@ -79,6 +79,10 @@ class FollowerState:
     stalled: str = ""
     """Why the partition cannot continue without an operator (a diverged log), '' when it can."""
     connected_to: str = ""
+    high_watermark: int = -1
+    last_reply_at: float = -1.0
+    """time.monotonic() of the last reply from the master (-1: none yet)."""
+    """The master's high watermark in its last reply (sync replication; -1: not tracked)."""
     truncated_messages: int = 0
     """Messages cut because a deposed master had written them alone (HA mode)."""
 
@@ -171,6 +175,7 @@ class PartitionFollower:
             self._diverged(exc.response, offset)
             raise
         self.state.fetches += 1
+        self.state.last_reply_at = time.monotonic()
         if epochs is not None and history is not None and reply.master_epoch >= 0:
             if reply.master_epoch < epochs.known_epoch():
                 raise FencedEpochError(f"{conn.address} answers in epoch {reply.master_epoch}, older than epoch "
@@ -195,6 +200,7 @@ class PartitionFollower:
                 self._on_append(self.topic, self.partition)
         self.state.stalled = ""
         self.state.master_end_offset = reply.log_end_offset
+        self.state.high_watermark = reply.high_watermark
         self.state.lag_messages = max(0, reply.log_end_offset - self.plog.log_end_offset)
         if self.state.lag_messages == 0:
             self.state.caught_up_at = time.monotonic()

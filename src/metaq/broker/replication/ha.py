@@ -35,7 +35,12 @@ from metaq.broker.replication.slave import SlaveReplicator
 from metaq.broker.slave_config import SlaveConfig
 from metaq.cluster.layout import ReplicaGroupState
 from metaq.cluster.registry import Address, ReplicaGroupChanged
-from metaq.errors import FencedEpochError, NotEnoughReplicasAfterAppendError, NotMasterError
+from metaq.errors import (
+    FencedEpochError,
+    InvalidRequestError,
+    NotEnoughReplicasAfterAppendError,
+    NotMasterError,
+)
 from metaq.protocol import messages as m
 from metaq.storage import PartitionLog
 from metaq.storage.epochs import NO_EPOCH, EpochHistory
@@ -82,6 +87,10 @@ class HighAvailability:
         self._tasks: list[asyncio.Task[None]] = []
         self._role_changed = asyncio.Event()
         self._deposed_reason = ""
+        self.handing_over = False
+        self.last_takeover: dict[str, Any] = {}
+        """What the last promotion of this replica found: the old master, the epoch, and how many messages
+        the old master had (as of this replica's last fetch) that this replica did not."""
 
     # -- epochs ---------------------------------------------------------------------------------------
 
@@ -226,6 +235,56 @@ class HighAvailability:
                 await asyncio.sleep(1.0)
         self._reannounce()
 
+    # -- planned switchover (metaq admin promote) -------------------------------------------------------
+
+    async def hand_over(self, replica_id: int, timeout_s: float) -> tuple[int, int]:
+        """Refuse writes, wait until the slave holds everything, name it the successor in ZooKeeper and step
+        down; the slave takes over. (new master, its epoch). Nothing acked is lost (the slave holds every
+        batch) and nothing is written twice (writes are refused with NOT_MASTER, before any append)."""
+        master = self.master
+        if master is None:
+            raise NotMasterError(f"broker {self.broker_id} here is slave {self.replica_id}: send the promote request "
+                                 "to the master")
+        isr = set(master.isr)
+        if replica_id >= 0 and replica_id not in isr:
+            raise InvalidRequestError(f"replica {replica_id} is not in the in-sync set {sorted(isr)} of broker "
+                                      f"{self.broker_id}: it may lack messages; wait until it has caught up")
+        candidates = sorted(isr) if replica_id < 0 else [replica_id]
+        if not candidates:
+            raise InvalidRequestError(f"broker {self.broker_id} has no in-sync slave to hand over to")
+        old_epoch = self.epoch
+        deadline = time.monotonic() + timeout_s
+        self.handing_over = True
+        master.frozen = True
+        try:
+            while True:
+                ready = [c for c in candidates if master.holds_everything(c)]
+                if ready and not master.isr_change_pending:
+                    break
+                if time.monotonic() > deadline:
+                    raise InvalidRequestError(f"no slave of {candidates} held every message within {timeout_s:g}s; "
+                                              "nothing changed, the master takes writes again")
+                await asyncio.sleep(0.01)
+            target = ready[0]
+            state = ReplicaGroupState(self.epoch, self.replica_id, tuple(sorted(master.isr)), successor=target)
+            master.version = await asyncio.to_thread(self.registry.write_replica_group, self.broker_id, state,
+                                                     master.version)
+        except BaseException:
+            self.handing_over = False
+            master.frozen = False
+            raise
+        log.warning("broker %d: replica %d hands the mastership over to replica %d (it holds every message)",
+                    self.broker_id, self.replica_id, target)
+        self._deposed(f"handed over to replica {target} (metaq admin promote)")
+        while time.monotonic() < deadline + 10:
+            now, _ = await asyncio.to_thread(self.registry.read_replica_group, self.broker_id)
+            if now is not None and now.epoch > old_epoch:
+                return now.master, now.epoch
+            await asyncio.sleep(0.05)
+        raise InvalidRequestError(f"replica {target} was named successor but has not taken over yet; see its log")
+
+    # -- slave ------------------------------------------------------------------------------------------
+
     async def _run_slave(self, wake: asyncio.Event) -> None:
         self.broker.slave = self.replica
         with contextlib.suppress(Exception):  # the current epoch, so a deposed master is refused at once
@@ -236,11 +295,19 @@ class HighAvailability:
         self.replicator = replicator
         task = asyncio.get_running_loop().create_task(replicator.run(), name="metaq-slave")
         self._tasks.append(task)
+        absent_since: float | None = None
         try:
             while True:
                 wake.clear()
-                if self.broker.config.auto_failover and self.broker.cluster.master_address() is None:
-                    eligible = await self._eligible_state()
+                if self.broker.cluster.master_address() is not None:
+                    absent_since = None
+                else:
+                    if absent_since is None:
+                        absent_since = time.monotonic()
+                        log.info("broker %d: its master is not registered; replica %d checks whether to take over "
+                                 "(autoFailover=%s)", self.broker_id, self.replica_id,
+                                 str(self.broker.config.auto_failover).lower())
+                    eligible = await self._eligible_state(time.monotonic() - absent_since)
                     if eligible is not None:
                         task.cancel()  # stop fetching from the old master before claiming its place
                         with contextlib.suppress(asyncio.CancelledError):
@@ -260,13 +327,24 @@ class HighAvailability:
                 self._tasks.remove(task)
             self.replicator = None
 
-    async def _eligible_state(self) -> tuple[ReplicaGroupState, int] | None:
+    async def _eligible_state(self, absent_s: float) -> tuple[ReplicaGroupState, int] | None:
+        """The state to take over from, when this slave should take over now: it is the successor a master
+        handing over named, or (autoFailover) it is in the in-sync set and no other successor is named (or the
+        named one has not taken over for two session timeouts)."""
         try:
             state, version = await asyncio.to_thread(self.registry.read_replica_group, self.broker_id)
         except Exception as exc:
             log.info("broker %d: cannot read the replica group's state (%s)", self.broker_id, exc)
             return None
-        if state is None or self.replica_id not in state.isr:
+        if state is None:
+            return None
+        if absent_s < ELECTION_CHECK_S:
+            log.info("broker %d: replica group state %s", self.broker_id, state)
+        if state.successor == self.replica_id:
+            return state, version
+        if not self.broker.config.auto_failover or self.replica_id not in state.isr:
+            return None
+        if state.successor >= 0 and absent_s < 2 * self.session_timeout_s:
             return None
         return state, version
 
@@ -274,6 +352,10 @@ class HighAvailability:
         new = ReplicaGroupState(state.epoch + 1, self.replica_id,
                                 tuple(r for r in state.isr if r not in (self.replica_id, state.master)))
         address = Address(self.broker.cluster_host, self.broker.port)
+        behind = self._behind_old_master()
+        replies = [f.state.last_reply_at for f in (self.replicator.followers.values() if self.replicator else ())
+                   if f.state.last_reply_at >= 0]
+        silent_ms = int((time.monotonic() - max(replies)) * 1000) if replies else -1
         try:
             self.version = await asyncio.to_thread(self.registry.take_mastership, self.broker_id, address, new,
                                                    version)
@@ -284,6 +366,19 @@ class HighAvailability:
             log.warning("broker %d: replica %d could not take over (%s)", self.broker_id, self.replica_id, exc)
             return False
         self.promotions += 1
+        lost = sum(behind.values())
+        self.last_takeover = {"epoch": new.epoch, "old_master": state.master, "planned": state.successor >= 0,
+                              "messages_behind_old_master": lost, "ms_since_last_reply": silent_ms,
+                              "partitions_behind": {k: v for k, v in behind.items() if v}}
+        if lost:
+            log.warning("broker %d: replica %d takes over %d message(s) behind the old master (as of its last fetch, "
+                        "per partition: %s); with sync replication these were never acknowledged, with async "
+                        "replication acknowledged ones among them are lost", self.broker_id, self.replica_id, lost,
+                        self.last_takeover["partitions_behind"])
+        if not self.broker.config.sync_replication:
+            log.warning("broker %d: replica %d takes over with async replication; it last heard from the old master "
+                        "%d ms ago: what the old master acked since is lost unless it returns (it then cuts and counts "
+                        "those messages)", self.broker_id, self.replica_id, silent_ms)
         self.broker.cluster.switched_to_master()
         self._become_master_state(new)
         self.lease_until = time.monotonic() + self.session_timeout_s / 2
@@ -291,6 +386,17 @@ class HighAvailability:
         log.warning("broker %d: replica %d took over as master in epoch %d (old master: replica %d; in-sync "
                     "slaves: %s)", self.broker_id, self.replica_id, new.epoch, state.master, list(new.isr) or "none")
         return True
+
+    def _behind_old_master(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        replicator = self.replicator
+        if replicator is None:
+            return out
+        for (topic, partition), follower in replicator.followers.items():
+            end = follower.state.master_end_offset
+            if end >= 0:
+                out[f"{topic}-{partition}"] = max(0, end - follower.plog.log_end_offset)
+        return out
 
     def _reannounce(self) -> None:
         for topic in list(self.broker.topics):
@@ -302,6 +408,9 @@ class HighAvailability:
         if self.master is None:
             raise NotMasterError(f"broker {self.broker_id} here is slave {self.replica_id}: it serves fetches but "
                                  f"refuses {what}; send it to the master of broker id {self.broker_id}")
+        if self.handing_over:
+            raise NotMasterError(f"broker {self.broker_id} replica {self.replica_id} is handing the mastership over "
+                                 f"(metaq admin promote): it refuses {what}; the new master takes them in a moment")
         if time.monotonic() >= self.lease_until:
             raise NotMasterError(f"broker {self.broker_id} replica {self.replica_id} cannot confirm with ZooKeeper "
                                  f"that it is still the master (epoch {self.epoch}); it refuses {what} until it "
@@ -331,9 +440,16 @@ class HighAvailability:
     def visible_end(self, plog: PartitionLog) -> int:
         """Where consumers of this broker may read up to: the high watermark of a sync topic on the master."""
         master = self.master
-        if master is None or not master.sync_topic(plog.topic):
+        if master is not None:
+            return master.high_watermark(plog) if master.sync_topic(plog.topic) else plog.log_end_offset
+        state = self.broker.topics.get(plog.topic)
+        replicator = self.replicator
+        if state is None or not state.settings.sync_replication or replicator is None:
             return plog.log_end_offset
-        return master.high_watermark(plog)
+        follower = replicator.followers.get((plog.topic, plog.partition))  # a slave: the master's watermark
+        if follower is None or follower.state.high_watermark < 0:
+            return plog.log_end_offset
+        return min(plog.log_end_offset, follower.state.high_watermark)
 
     def replica_fetch(self, req: m.FetchRequest, plog: PartitionLog) -> tuple[dict[str, int], int]:
         """Check a slave's fetch: the extra reply fields, and the offset the reply must stop before (-1: the
@@ -363,7 +479,8 @@ class HighAvailability:
                                "epoch": self.epoch, "lease_ms_left": max(0, int((self.lease_until - time.monotonic())
                                                                                  * 1000)),
                                "promotions": self.promotions, "demotions": self.demotions,
-                               "auto_failover": self.broker.config.auto_failover}
+                               "auto_failover": self.broker.config.auto_failover,
+                               "handing_over": self.handing_over, "last_takeover": self.last_takeover}
         if self.master is not None:
             out.update(self.master.describe())
         return out

@@ -74,6 +74,9 @@ class MasterReplication:
         self.degraded_acks = 0
         self.isr_changes = 0
         self.deposed = False
+        self.frozen = False
+        """Set during a hand-over: the in-sync set is not changed any more (the state is being written)."""
+        self._known_since: dict[tuple[str, int], float] = {}
 
     # -- configuration ------------------------------------------------------------------------------
 
@@ -220,26 +223,49 @@ class MasterReplication:
 
     def _partitions(self) -> list[PartitionLog]:
         out = []
+        now = time.monotonic()
         for topic, state in self.broker.topics.items():
             for p in range(state.num_partitions):
                 plog = self.broker.logs.get(topic, p)
                 if plog is not None:
                     out.append(plog)
+                    self._known_since.setdefault((topic, p), now)
         return out
+
+    def holds_everything(self, replica_id: int) -> bool:
+        """Whether slave ``replica_id`` has fetched up to the log end of every partition."""
+        for plog in self._partitions():
+            p = self.progress.get((plog.topic, plog.partition), {}).get(replica_id)
+            if p is None or p.fetch_offset < plog.log_end_offset:
+                return False
+        return True
+
+    @property
+    def isr_change_pending(self) -> bool:
+        return self._pending is not None
 
     def _lagging(self, replica_id: int, now: float, plogs: list[PartitionLog]) -> str:
         """Why ``replica_id`` is out of sync now ('' when it is not)."""
+        if not plogs and replica_id not in self._registered_slaves():
+            return "it is not registered in ZooKeeper"
         bound = now - self.max_lag_s
         for plog in plogs:
             p = self.progress.get((plog.topic, plog.partition), {}).get(replica_id)
-            caught_up_at = p.caught_up_at if p is not None else self.started_at
+            since = max(self.started_at, self._known_since.get((plog.topic, plog.partition), self.started_at))
+            caught_up_at = p.caught_up_at if p is not None else since
             if caught_up_at < bound:
                 at = p.fetch_offset if p is not None else -1
                 return (f"{plog.topic}-{plog.partition} not caught up for {now - caught_up_at:.1f}s (at offset "
                         f"{at}, log end {plog.log_end_offset})")
         return ""
 
+    def _registered_slaves(self) -> set[int]:
+        entry = self.broker.cluster.snapshot().brokers.get(self.broker.config.broker_id)
+        return set(entry.slaves) if entry is not None else set()
+
     def _caught_up(self, replica_id: int, now: float, plogs: list[PartitionLog]) -> bool:
+        if not plogs:  # nothing to copy yet: a registered slave holds everything there is
+            return replica_id in self._registered_slaves()
         if now - self.last_seen.get(replica_id, -1e18) > self.max_lag_s:
             return False
         for plog in plogs:
@@ -254,14 +280,16 @@ class MasterReplication:
         period = min(MAINTAIN_MAX_S, max(MAINTAIN_MIN_S, self.max_lag_s / 10))
         while not self.deposed:
             await asyncio.sleep(period)
+            if self.frozen:
+                continue
             now = time.monotonic()
             plogs = self._partitions()
             keep = {r for r in self.isr if not self._lagging(r, now, plogs)}
             for r in sorted(self.isr - keep):
                 log.warning("slave %d of broker %d leaves the in-sync set: %s", r, self.broker.config.broker_id,
                             self._lagging(r, now, plogs))
-            joining = {r for r in self.last_seen if r not in self.isr and r != self.replica_id
-                       and self._caught_up(r, now, plogs)}
+            joining = {r for r in set(self.last_seen) | self._registered_slaves()
+                       if r not in self.isr and r != self.replica_id and self._caught_up(r, now, plogs)}
             new = frozenset(keep | joining)
             if new == self.isr:
                 continue
