@@ -333,7 +333,10 @@ class Broker:
                 except OSError as exc:
                     raise StorageFailureError(f"cannot store the state of {topic}'s partitions in "
                                               f"{self.partition_states.path}: {exc}") from None
-                if self.topics.get(topic) is not state:
+                if self.topics.get(topic) is not state:  # deleted while we wrote: store it without the topic
+                    with contextlib.suppress(OSError):
+                        await asyncio.get_running_loop().run_in_executor(None, self.partition_states.save,
+                                                                         self._closed_partitions())
                     raise UnknownTopicError(f"topic {topic!r} was deleted meanwhile")
                 state.closed = closed
         self.announce(topic)  # a topic with every partition closed leaves topics-pub

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 from pathlib import Path
 
 from metaq.errors import ConfigError
@@ -32,6 +33,8 @@ class PartitionStateStore:
 
     def __init__(self, directory: str | Path) -> None:
         self.path = Path(directory) / FILE_NAME
+        self._write_lock = threading.Lock()
+        """One writer of the temp file at a time (a worker thread's close/open, the loop's topic delete)."""
 
     def load(self) -> dict[str, set[int]]:
         """The stored closed partitions; ConfigError naming the file when it cannot be read."""
@@ -56,5 +59,6 @@ class PartitionStateStore:
 
     def save(self, closed: dict[str, set[int]]) -> None:
         doc = {"closed": {topic: sorted(parts) for topic, parts in sorted(closed.items()) if parts}}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.path, json.dumps(doc, sort_keys=True).encode() + b"\n")
+        with self._write_lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.path, json.dumps(doc, sort_keys=True).encode() + b"\n")
