@@ -14,6 +14,7 @@ What a user relies on (docs/replication.md):
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import signal
@@ -388,3 +389,37 @@ def test_async_failover_loses_at_most_what_the_old_master_had_alone_and_reports_
         there = at.get((ack.partition, ack.offset))
         assert there is None or (there in load.acked and load.acked[there].at > killed_at), \
             f"{data!r} lost from the middle of {ack.partition} (offset {ack.offset} holds {there!r})"
+
+
+def test_a_slave_killed_under_load_stalls_writes_at_most_the_lag_bound_then_catches_up_and_rejoins(
+        cluster_factory: Callable[..., BrokerProcess], zk_client: Any, zk_root: str, zookeeper: Any) -> None:
+    lag_ms = 2000
+    replicas = Replicas(cluster_factory, 3, inSyncMaxLagMs=lag_ms)
+    wait_isr(zk_client, zk_root, {1, 2})
+    session = {"zk_connect": zookeeper.connect_string, "zk_root": zk_root, "request_timeout_s": 10.0}
+    load = ProduceLoad(session, TOPIC, window=50, time_limit_s=120.0).start()
+    try:
+        wait_until(lambda: len(load.acked) > 1000, 30, 0.01, "acks before the kill")
+        killed_at = time.monotonic()
+        replicas.procs[2].kill()
+        wait_isr(zk_client, zk_root, {1})
+        acked = len(load.acked)
+        wait_until(lambda: len(load.acked) > acked + 1000, 30, 0.01, "acks with one slave")
+        replicas.procs[2].start()
+        wait_isr(zk_client, zk_root, {1, 2})
+        acked = len(load.acked)
+        wait_until(lambda: len(load.acked) > acked + 1000, 30, 0.01, "acks with both slaves again")
+    finally:
+        load.stop(120)
+    times = sorted(a.at for a in load.acked.values())
+    gaps = [b - a for a, b in itertools.pairwise(times) if b > killed_at - 1]
+    stall = max(gaps)
+    print(f"largest gap between acks after the slave's kill: {stall:.2f}s (inSyncMaxLagMs {lag_ms} ms); "
+          f"{len(load.acked)} acked, {len(load.failed)} failed")
+    assert stall < lag_ms / 1000 + 3.0, "writes stalled well past the in-sync bound"  # the bound, plus slack
+    assert not load.failed, f"writes failed although one in-sync slave remained: {list(load.failed.values())[:3]}"
+    wait_same_bytes(replicas.procs, 0)
+    with connect(**session) as sync:
+        read = read_back(sync, TOPIC)
+    problems = check_history(read, load.acked, load.failed)
+    assert not problems, "\n".join(problems[:20])

@@ -10,6 +10,7 @@ offset, payloads) must be on the slave at that offset with those payloads, and n
 from __future__ import annotations
 
 import json
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from metaq.broker.replication.fetcher import whole_batches
-from metaq.errors import NotMasterError, OffsetOutOfRangeError, error_for_code
+from metaq.errors import MetaqError, NotMasterError, OffsetOutOfRangeError, error_for_code
 from metaq.net.blocking import BlockingConnection
 from metaq.net.codec import ConnectionSettings
 from metaq.protocol import messages as m
@@ -441,3 +442,50 @@ def test_a_master_that_lost_data_stalls_the_slave_which_keeps_its_copy(
     entry = stats(slave)["replication"]["partitions"][TOPIC]["0"]
     assert "nothing is truncated automatically" in entry["stalled"]
     assert entry["log_end_offset"] == sum(len(v) for q, _, v in load.acked if q == 0)
+
+
+def test_auto_sync_master_config_makes_the_slave_follow_the_masters_topic_options(
+        cluster_factory: Callable[..., BrokerProcess], zookeeper: Any, zk_root: str, tmp_path: Path) -> None:
+    """MetaQ 1.4.2's autoSyncMasterConfig: the operator edits the master's server.ini and reloads it; the
+    slave applies the master's topic options (here: a topic stops serving consumers, a new topic appears
+    with its own options) without touching its own file."""
+    from metaq.errors import PartitionClosedError
+    from metaq.testing.zookeeper import cluster_config
+
+    master = cluster_factory(1, topics=TOPICS)
+    props = tmp_path / "async_slave.properties"
+    props.write_text("slaveId=0\nautoSyncMasterConfig=true\n")
+    slave = cluster_factory(1, topics=TOPICS, name="broker-1-slave-0", args=["--slave", "--slave-config", str(props)])
+    produce(master, 6)
+    wait_caught_up(master, slave)
+    wait_until(lambda: stats(slave)["replication"]["master_config_applied"] >= 1, 30, 0.05,
+               "the slave to apply the master's topic options once")
+    assert master.config_path is not None
+    master.config_path.write_text(cluster_config(
+        1, zookeeper.connect_string, zk_root, topics=f"{TOPICS}acceptSubscribe=false\n"
+                                                      "[topic=audit]\nnumPartitions=2\nunflushThreshold=1\n"))
+    master.signal(signal.SIGHUP)
+
+    def slave_refuses_consumers() -> bool:
+        conn = open_conn(slave)
+        try:
+            call(conn, m.FetchRequest(topic=TOPIC, partition=0, offset=0, max_bytes=1024))
+        except PartitionClosedError:
+            return True
+        finally:
+            conn.close()
+        return False
+
+    wait_until(slave_refuses_consumers, 30, 0.05, "the slave to stop serving 'orders' as the master does")
+    def slave_has_audit() -> bool:
+        conn = open_conn(slave)
+        try:
+            return call(conn, m.FetchRequest(topic="audit", partition=1, offset=0, max_bytes=16)).log_end_offset == 0
+        except MetaqError:
+            return False
+        finally:
+            conn.close()
+
+    wait_until(slave_has_audit, 30, 0.05, "the slave to create 'audit' with both partitions")
+    assert stats(slave)["replication"]["master_config_error"] == ""
+    assert "acceptSubscribe" not in slave.config_path.read_text()  # the slave's own file is untouched

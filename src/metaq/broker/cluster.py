@@ -124,6 +124,22 @@ class ClusterLink:
         except Exception as exc:  # kept: a lost session's re-registration carries the latest state
             log.error("cannot announce topic %s to the cluster: %s", topic, exc)
 
+    def publish_config(self, document: dict[str, Any]) -> None:
+        """A master's topic options for autoSyncMasterConfig slaves, written in the background (the
+        newest wins: the announcer runs jobs in order)."""
+        if not self._joined:
+            return
+        try:
+            self._announcer.submit(self._publish_config, document)
+        except RuntimeError:  # shutting down
+            pass
+
+    def _publish_config(self, document: dict[str, Any]) -> None:
+        try:
+            self.registry.publish_master_config(self.broker_id, document)
+        except Exception as exc:  # kept: a lost session's re-registration carries the latest state
+            log.error("cannot publish the topic options to the cluster: %s", exc)
+
     # ------------------------------------------------------------------ a change of role (HA)
 
     def switch_to_slave(self, address: Address, slave_id: int) -> None:

@@ -28,6 +28,7 @@ from metaq.broker.config import BrokerConfig, TopicConfig, TopicSettings, diff_t
 from metaq.broker.error_mapping import error_response
 from metaq.broker.groups import GroupCoordinator
 from metaq.broker.ini import load_broker_config, topic_options_text
+from metaq.broker.options import SYSTEM_OPTIONS, TOPIC_ATTRS
 from metaq.broker.partition_state import PartitionStateStore
 from metaq.broker.session import Session
 from metaq.broker.slave_config import SlaveConfig
@@ -133,6 +134,8 @@ class Broker:
         """Set in HA mode (syncReplication or autoFailover): epochs, the in-sync set, the role."""
         """The effective configuration: server.ini and flags, plus the options of created topics."""
         self._file_config = config
+        self._master_topics: tuple[dict[str, TopicConfig], dict[str, str]] | None = None
+        """autoSyncMasterConfig: the master's topic sections and topic defaults, over this slave's file."""
         self.config_path = config_path
         self.cli_overrides = dict(overrides or {})
         self.handlers = dict(handlers)
@@ -181,13 +184,50 @@ class Broker:
         """``file_config`` with the created topics' options as [topic=...] sections under its own.
 
         Where both set a key, server.ini's section wins: the operator's file is what a reload applies.
+        A slave with autoSyncMasterConfig takes its master's topic options instead of its file's.
         """
+        file_config = self._with_master_topics(file_config)
         if not self._created:
             return file_config
         topics = dict(self._created)
         for name, section in file_config.topics.items():
             topics[name] = merge_topic_configs(topics[name], section) if name in topics else section
         return dataclasses.replace(file_config, topics=topics)
+
+    def _with_master_topics(self, file_config: BrokerConfig) -> BrokerConfig:
+        if self._master_topics is None:
+            return file_config
+        topics, defaults = self._master_topics
+        config = file_config.with_overrides(defaults) if defaults else file_config
+        own_filters = {n: t.group_filters for n, t in file_config.topics.items() if t.group_filters}
+        merged = {n: dataclasses.replace(t, group_filters=own_filters.get(n, {})) for n, t in topics.items()}
+        return dataclasses.replace(config, topics=merged)
+
+    def apply_master_topics(self, topics: Mapping[str, TopicConfig], defaults: Mapping[str, str]) -> list[str]:
+        """autoSyncMasterConfig: take the master's topic options (its [topic=...] sections and the topic
+        defaults of its [system]) in place of this slave's own, live, as a reload does; the topics affected.
+        ConfigError (nothing changed) when they do not check out here."""
+        previous = self._master_topics
+        self._master_topics = (dict(topics), dict(defaults))
+        try:
+            return self._apply(self._file_config)
+        except Exception:
+            self._master_topics = previous
+            raise
+
+    def master_topics_document(self) -> dict[str, Any]:
+        """What a master publishes for autoSyncMasterConfig slaves: its effective topic sections (server-side
+        group filters left out: they name code, which a slave runs only from its own file) and the topic
+        defaults of its [system]."""
+        topics = {}
+        for name, section in self.config.topics.items():
+            topics[name] = {k: v for k, v in topic_options_text(section).items() if not k.startswith("group.")}
+        defaults = {}
+        for attr in TOPIC_ATTRS:
+            opt = next(o for o in SYSTEM_OPTIONS.values() if o.attr == attr)
+            value = getattr(self.config, attr)
+            defaults[opt.key] = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        return {"topics": topics, "defaults": defaults}
 
     def reload_from_file(self) -> list[str]:
         """Read server.ini again, with the start's flags over it, and apply its [topic=…] changes live;
@@ -210,7 +250,13 @@ class Broker:
             log.error("reload of %s failed: %s", path, exc)
             raise
         log.info("reloaded %s: topics changed: %s", path, ", ".join(changed) or "none")
+        self.announce_config()
         return changed
+
+    def announce_config(self) -> None:
+        """A master in ZooKeeper mode publishes its topic options (for autoSyncMasterConfig slaves)."""
+        if self.slave is None and self.cluster.mode == "zookeeper":
+            self.cluster.publish_config(self.master_topics_document())
 
     def _apply(self, new_config: BrokerConfig) -> list[str]:
         self._file_config = new_config
@@ -305,7 +351,9 @@ class Broker:
             self._created[topic] = options
             self.config = self._effective(self._file_config)
             try:
-                return self.ensure_topic(topic, options.num_partitions)
+                state = self.ensure_topic(topic, options.num_partitions)
+                self.announce_config()
+                return state
             except Exception:  # no topic: no stored options either
                 del self._created[topic]
                 self.config = self._effective(self._file_config)

@@ -136,9 +136,6 @@ def broker_command(config_file: str | None, event_loop: str, as_slave: bool, sla
         sys.exit(EXIT_BAD_CONFIG)
     for warning in config.warnings:
         click.echo(f"warning: {warning}", err=True)
-    if slave is not None and slave.auto_sync_master_config:
-        click.echo("warning: autoSyncMasterConfig=true is accepted but not acted on yet: the slave keeps its own "
-                   "server.ini (docs/replication.md)", err=True)
     sys.exit(run(config, config_path=config_file, overrides=overrides, event_loop=event_loop, slave=slave,
                  replica=replica))
 

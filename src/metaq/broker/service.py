@@ -173,6 +173,7 @@ class BrokerService:
             except RegistryError as exc:
                 broker.cluster.leave()
                 raise StartupError(f"cannot start a new master epoch: {exc}") from None
+        broker.announce_config()
 
     def _open_data(self) -> None:
         """Create or open the data directory and everything in it (blocking)."""

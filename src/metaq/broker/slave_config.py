@@ -14,7 +14,7 @@ What each key does in metaq (docs/replication.md): ``slaveId`` names the slave's
 that old when the master has new data; ``slaveGroup`` is accepted and only named in the fetcher's client
 id (metaq's replica fetcher reads the master's partitions directly, never through a consumer group, so
 a server-side group filter can never drop replicated messages); ``autoSyncMasterConfig`` is accepted
-and not acted on yet (planned: follow the master's topic options from ZooKeeper).
+and acted on by the replica fetcher (the master's topic options, from ZooKeeper; docs/replication.md).
 """
 
 from __future__ import annotations

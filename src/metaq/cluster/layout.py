@@ -72,6 +72,10 @@ class Paths:
     def broker(self, broker_id: int) -> str:
         return f"{self.broker_ids}/{broker_id}"
 
+    def master_config(self, broker_id: int) -> str:
+        """metaq's addition (autoSyncMasterConfig): ephemeral, the master's topic options as JSON."""
+        return f"{self.root}/brokers/topic-configs/{broker_id}"
+
     @property
     def replica_groups(self) -> str:
         return f"{self.root}/brokers/replica-groups"

@@ -150,6 +150,13 @@ class ClusterRegistry(ABC):
         """Give up the master registration (and its topic nodes) and register as slave ``slave_id``."""
         raise RegistryError("replication epochs and failover need ZooKeeper mode")
 
+    def publish_master_config(self, broker_id: int, document: dict[str, object]) -> None:  # noqa: B027 - optional
+        """A master's topic options for autoSyncMasterConfig slaves (ZooKeeper mode; nothing to do else)."""
+
+    def watch_master_config(self, broker_id: int, listener: Callable[[dict[str, object] | None], None]) -> None:
+        """Call ``listener`` with the master's published topic options now and on each change (None: none)."""
+        raise RegistryError("autoSyncMasterConfig needs ZooKeeper mode")
+
     def master_session_ok(self, broker_id: int) -> bool:
         """One round trip: whether this process's current session holds ``ids/<broker_id>/master``."""
         raise RegistryError("replication epochs and failover need ZooKeeper mode")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import queue
 import threading
@@ -587,6 +588,30 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         for p in mine:
             self._drop(p)
         self.register_broker(broker_id, address, slave_id=slave_id)
+
+    def publish_master_config(self, broker_id: int, document: dict[str, object]) -> None:
+        self._keep(self.paths.master_config(broker_id), json.dumps(document, sort_keys=True).encode())
+
+    def watch_master_config(self, broker_id: int, listener: Callable[[dict[str, object] | None], None]) -> None:
+        path = self.paths.master_config(broker_id)
+
+        def on_data(data: bytes | None, _stat: Any) -> bool:
+            if self._closed:
+                return False
+            document: dict[str, object] | None = None
+            if data:
+                try:
+                    parsed = json.loads(data.decode("utf-8"))
+                except (UnicodeDecodeError, ValueError):
+                    parsed = None
+                if isinstance(parsed, dict):
+                    document = parsed
+                else:
+                    self._bad(path, "not a JSON object")
+            listener(document)
+            return True
+
+        DataWatch(self._client, path, on_data)
 
     def master_session_ok(self, broker_id: int) -> bool:
         try:

@@ -401,6 +401,7 @@ class HighAvailability:
     def _reannounce(self) -> None:
         for topic in list(self.broker.topics):
             self.broker.announce(topic, force=True)
+        self.broker.announce_config()
 
     # -- the core's view --------------------------------------------------------------------------------
 

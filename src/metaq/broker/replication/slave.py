@@ -18,10 +18,11 @@ import time
 from typing import Any
 
 from metaq.broker.core import Broker
+from metaq.broker.ini import parse_topic_options
 from metaq.broker.replication.fetcher import FollowerEpochs, PartitionFollower
 from metaq.broker.slave_config import SlaveConfig
 from metaq.cluster.registry import Address, ClusterSnapshot
-from metaq.errors import MetaqError
+from metaq.errors import ConfigError, MetaqError
 from metaq.net.codec import ConnectionSettings
 
 log = logging.getLogger("metaq.broker.replication")
@@ -43,6 +44,10 @@ class SlaveReplicator:
         self.followers: dict[tuple[str, int], PartitionFollower] = {}
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._master: Address | None = None
+        self._config_watched = False
+        self.master_config_applied = 0
+        """autoSyncMasterConfig: how many times the master's topic options were applied."""
+        self.master_config_error = ""
         self._settings = ConnectionSettings(
             client_id=f"metaq-slave-{self.broker_id}-s{slave.slave_id}/{slave.slave_group}",
             connect_timeout_s=CONNECT_TIMEOUT_S, request_timeout_s=slave.slave_max_delay_ms / 1000 + 10,
@@ -58,6 +63,13 @@ class SlaveReplicator:
 
         self.broker.cluster.registry.add_listener(on_snapshot)
         self.broker.replication = self
+        if self.slave.auto_sync_master_config and not self._config_watched:
+            self._config_watched = True
+
+            def on_config(document: dict[str, Any] | None) -> None:  # the registry's thread: hop to the loop
+                loop.call_soon_threadsafe(self._apply_master_config, document)
+
+            self.broker.cluster.registry.watch_master_config(self.broker_id, on_config)
         self.followers.clear()  # run again after a failed promotion: fresh followers
         self._tasks.clear()
         self._master = None
@@ -76,6 +88,29 @@ class SlaveReplicator:
             for task in self._tasks.values():
                 task.cancel()
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    def _apply_master_config(self, document: dict[str, Any] | None) -> None:
+        """autoSyncMasterConfig: the master published its topic options; apply them as a reload would. A
+        vanished document (the master stopped) keeps what was applied last."""
+        if document is None or self.broker.replication is not self or self.broker.slave is None:
+            return
+        try:
+            topics_raw, defaults = document.get("topics"), document.get("defaults")
+            if not isinstance(topics_raw, dict) or not isinstance(defaults, dict):
+                raise ConfigError("the master's topic options are not {topics: {...}, defaults: {...}}")
+            topics = {str(name): parse_topic_options(str(name), sorted((str(k), str(v)) for k, v in opts.items()),
+                                                     source=f"the master's [topic={name}]", filters=False)
+                      for name, opts in topics_raw.items() if isinstance(opts, dict)}
+            changed = self.broker.apply_master_topics(topics, {str(k): str(v) for k, v in defaults.items()})
+        except (ConfigError, MetaqError) as exc:
+            log.error("slave %d: the master's topic options are not applied (autoSyncMasterConfig): %s",
+                      self.slave.slave_id, exc)
+            self.master_config_error = str(exc)
+            return
+        self.master_config_applied += 1
+        self.master_config_error = ""
+        log.info("slave %d: applied the master's topic options (autoSyncMasterConfig); topics changed: %s",
+                 self.slave.slave_id, ", ".join(changed) or "none")
 
     def _reconcile(self) -> None:
         broker = self.broker
@@ -121,5 +156,6 @@ class SlaveReplicator:
         return {"role": "slave", "mode": "async", "broker_id": self.broker_id, "slave_id": self.slave.slave_id,
                 "slave_group": self.slave.slave_group, "slave_max_delay_ms": self.slave.slave_max_delay_ms,
                 "auto_sync_master_config": self.slave.auto_sync_master_config,
+                "master_config_applied": self.master_config_applied, "master_config_error": self.master_config_error,
                 "master": str(self._master) if self._master is not None else None,
                 "max_lag_messages": max_lag_messages, "max_lag_ms": max_lag_ms, "partitions": partitions}
