@@ -128,7 +128,7 @@ def test_metaq_sample_server_ini_parses() -> None:
 
 def test_every_ignored_metaq_key_is_accepted_with_a_warning() -> None:
     ignored = {
-        "dashboardHttpPort": "8120", "flushTxLogAtCommit": "2", "maxCheckpoints": "3",
+        "flushTxLogAtCommit": "2", "maxCheckpoints": "3",
         "checkpointInterval": "60 * 60 * 1000", "maxTxTimeoutTimerCapacity": "30000",
         "maxTxTimeoutInSeconds": "60", "dataLogPath": "/var/meta-tx", "quartzThreadCount": "5",
         "getProcessThreadCount": "80", "putProcessThreadCount": "80",
@@ -137,6 +137,15 @@ def test_every_ignored_metaq_key_is_accepted_with_a_warning() -> None:
     c = parse_config(text, "s.ini")
     assert [w.split(":")[2].strip() for w in c.warnings] == list(ignored)
     assert c == parse_config("")
+
+
+def test_dashboard_http_port_is_off_unless_set() -> None:
+    assert parse_config("").dashboard_http_port is None  # not MetaQ's 8120: brokers on one host would collide
+    assert parse_config("[system]\ndashboardHttpPort=8120\n").dashboard_http_port == 8120
+    c = parse_config("[system]\ndashboardHttpPort=0\n")
+    assert c.dashboard_http_port == 0 and c.warnings == ()
+    assert refused("[system]\ndashboardHttpPort=70000\n") == (
+        "server.ini:2: dashboardHttpPort: 70000 is out of range; it must be between 0 and 65535")
 
 
 def test_ignored_keys_are_still_checked() -> None:

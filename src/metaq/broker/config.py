@@ -123,6 +123,8 @@ class BrokerConfig:
     max_waiting_fetches_per_connection: int
     max_frame_bytes: int
     max_partial_frames_bytes: int
+    dashboard_http_port: int | None = None
+    """Where /metrics is served over HTTP (0: any free port); None: not served."""
     sync_replication: bool = False
     min_in_sync_slaves: int = 1
     in_sync_max_lag_ms: int = 10_000

@@ -29,6 +29,7 @@ from metaq.broker.error_mapping import error_response
 from metaq.broker.groups import GroupCoordinator
 from metaq.broker.ini import load_broker_config, topic_options_text
 from metaq.broker.options import SYSTEM_OPTIONS, TOPIC_ATTRS
+from metaq.broker.partition_state import PartitionStateStore
 from metaq.broker.session import Session
 from metaq.broker.slave_config import SlaveConfig
 from metaq.broker.stats import BrokerStats
@@ -105,7 +106,8 @@ class TopicState:
     settings: TopicSettings
     num_partitions: int
     closed: set[int] = field(default_factory=set)
-    """Partitions closed for publishing (MetaQ's `metaq topic close`): produce gets 403."""
+    """Partitions closed for publishing (MetaQ's `metaq topic close`): produce gets 403. Kept across
+    restarts in the data directory (:mod:`metaq.broker.partition_state`)."""
 
 
 class Broker:
@@ -145,7 +147,10 @@ class Broker:
         self.stats = BrokerStats()
         self.waiters = FetchWaiters(config.max_waiting_fetches, config.max_waiting_fetches_per_connection)
         self.logs = LogManager(config.data_path, config.broker_id, self._log_config(None),
-                               load_in_parallel=config.load_message_stores_in_parallel, sync=sync)
+                               load_in_parallel=config.load_message_stores_in_parallel,
+                               sync=self.stats.fsync_seconds.timed(sync))
+        self.partition_states = PartitionStateStore(config.data_path)
+        self._partition_state_lock = asyncio.Lock()
         self.topics: dict[str, TopicState] = {}
         self.groups = GroupCoordinator(self.partition_refs, config.data_path, broker_id=config.broker_id)
         self.stopping = False
@@ -276,6 +281,11 @@ class Broker:
             self._topic_state(topic, max(partitions) + 1)
         for topic in self.config.topics:
             self.ensure_topic(topic, None)
+        for topic, closed in self.partition_states.load().items():
+            state = self.topics.get(topic)
+            if state is not None:
+                state.closed |= {p for p in closed if p < state.num_partitions}
+                self.announce(topic)
         self.groups.open()
 
     def partition_refs(self, topic: str) -> list[tuple[int, int]]:
@@ -352,9 +362,41 @@ class Broker:
         finally:
             self.creating.discard(topic)
 
+    def _closed_partitions(self) -> dict[str, set[int]]:
+        return {name: set(state.closed) for name, state in self.topics.items() if state.closed}
+
+    async def set_partitions_open(self, topic: str, partitions: list[int], open_: bool) -> None:
+        """Open or close partitions of ``topic`` for publishing, stored durably (off the event loop)
+        before the change is applied: once answered, a restart keeps it."""
+        async with self._partition_state_lock:  # one write at a time, each from the state before it
+            state = self.topics.get(topic)
+            if state is None:
+                raise UnknownTopicError(f"topic {topic!r} does not exist")
+            closed = (state.closed - set(partitions)) if open_ else (state.closed | set(partitions))
+            if closed != state.closed:
+                wanted = self._closed_partitions()
+                wanted[topic] = closed
+                try:
+                    await asyncio.get_running_loop().run_in_executor(None, self.partition_states.save, wanted)
+                except OSError as exc:
+                    raise StorageFailureError(f"cannot store the state of {topic}'s partitions in "
+                                              f"{self.partition_states.path}: {exc}") from None
+                if self.topics.get(topic) is not state:  # deleted while we wrote: store it without the topic
+                    with contextlib.suppress(OSError):
+                        await asyncio.get_running_loop().run_in_executor(None, self.partition_states.save,
+                                                                         self._closed_partitions())
+                    raise UnknownTopicError(f"topic {topic!r} was deleted meanwhile")
+                state.closed = closed
+        self.announce(topic)  # a topic with every partition closed leaves topics-pub
+
     def delete_topic(self, topic: str) -> None:
         """Remove a topic here: its partitions' files, stored options and counters; its waiting fetches end."""
-        del self.topics[topic]
+        state = self.topics.pop(topic)
+        if state.closed:  # a topic created again later starts with every partition open
+            try:
+                self.partition_states.save(self._closed_partitions())
+            except OSError as exc:
+                log.warning("cannot update %s after deleting topic %s: %s", self.partition_states.path, topic, exc)
         self.announce(topic)  # withdrawn first: producers stop routing here before the files go
         self.logs.delete_topic(topic)
         if self._created.pop(topic, None) is not None:

@@ -77,6 +77,8 @@ async def serve(config: BrokerConfig, *, config_path: str | None = None,
         if service.http is not None:
             http_host, http_port = service.http.address
             print(f"metaq http ready http://{http_host}:{http_port}", flush=True)
+        if service.metrics is not None:
+            print(f"metaq broker metrics {service.metrics.url}", flush=True)
         print(f"metaq broker ready {broker.host}:{broker.port}", flush=True)
     await stop.wait()
     log.info("stopping: no new connections, finishing in-flight requests")

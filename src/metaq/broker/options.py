@@ -375,6 +375,10 @@ OPTIONS: tuple[Option, ...] = (
     _opt("updateConsumerOffsets", "update_consumer_offsets", "bool", "false", _SYSTEM,
          "Move a consumer whose offset is out of range to the newest offset instead of failing "
          "(handy in development, keep false in production).", _boolean),
+    _opt("dashboardHttpPort", "dashboard_http_port", "int", None, _SYSTEM,
+         "HTTP port serving Prometheus metrics at /metrics, on hostName (0: the OS picks a free port; the "
+         "broker logs the address). Off unless set: MetaQ's default 8120 would make two brokers on one "
+         "host collide (docs/operations.md).", _port, default_doc="off (MetaQ: 8120)"),
     _opt("loadMessageStoresInParallel", "load_message_stores_in_parallel", "bool", "false", _SYSTEM,
          "Open partitions in parallel at start-up (faster start, interleaved log lines).", _boolean),
     # -- [system], metaq's extensions --------------------------------------------------------------
@@ -447,8 +451,6 @@ OPTIONS: tuple[Option, ...] = (
     _opt("putProcessThreadCount", "", "int", None, _SYSTEM,
          "Ignored: the broker serves requests on one asyncio event loop.", _positive,
          status="ignored", default_doc="CPUs*10 in MetaQ"),
-    _opt("dashboardHttpPort", "", "int", "8120", _SYSTEM,
-         "Ignored: metaq has no HTTP dashboard.", _port, status="ignored"),
     _opt("flushTxLogAtCommit", "", "int", "1", _SYSTEM,
          "Ignored: no transactions yet (MetaQ's transaction log flushing).", _integer(0, 2),
          status="ignored"),

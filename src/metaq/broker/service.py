@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import socket
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from metaq.broker.background import Job, default_jobs
 from metaq.broker.connections import ConnectionLimits, ConnectionRegistry
@@ -21,6 +23,11 @@ from metaq.broker.transport import listen_tcp
 from metaq.cluster.registry import RegistryError
 from metaq.errors import ConfigError, StorageError
 from metaq.http.listener import HttpListener
+
+if TYPE_CHECKING:
+    from metaq.broker.metrics import MetricsServer
+
+log = logging.getLogger("metaq.broker")
 
 CLOSE_WAIT_S = 1.0
 """How long stop() waits for the listening socket to close."""
@@ -55,6 +62,8 @@ class BrokerService:
         port = broker.config.http_port
         self.http = HttpListener(broker, broker.config.host_name, port) if port >= 0 else None
         """The HTTP API (httpPort >= 0; docs/http.md): bound with the TCP port, serving once the core is."""
+        self.metrics: MetricsServer | None = None
+        """/metrics over HTTP, when dashboardHttpPort is set (:mod:`metaq.broker.metrics`)."""
 
     async def start(self) -> None:
         """Bind, open the data directory (in a worker thread), serve, start the jobs; StartupError when
@@ -82,10 +91,17 @@ class BrokerService:
                                    "docs/replication.md)")
             ha = HighAvailability(self.broker, self.broker.replica)
             self.broker.ha = ha  # writes are refused until the epoch is started (its lease)
+        if config.dashboard_http_port is not None:
+            try:
+                await self._bind_metrics(config.host_name, config.dashboard_http_port)
+            except BaseException:
+                server.close()
+                raise
         try:
             self._bind_http()
         except StartupError:
             server.close()
+            await self._close_metrics()
             raise
         try:
             await loop.run_in_executor(None, self._connect_cluster)
@@ -94,6 +110,7 @@ class BrokerService:
             server.close()
             if self.http is not None:
                 await self.http.close()
+            await self._close_metrics()
             await loop.run_in_executor(None, cluster.close)
             raise
         await server.start_serving()
@@ -108,9 +125,13 @@ class BrokerService:
             server.close()
             if self.http is not None:
                 await self.http.close()
+            await self._close_metrics()
             await loop.run_in_executor(None, self.broker.close)
             await loop.run_in_executor(None, cluster.close)
             raise
+        if self.metrics is not None:
+            self.metrics.serve()
+            log.info("metrics at %s", self.metrics.url)
         self._tasks = [loop.create_task(job(self.broker)) for job in self.jobs]
         if ha is not None:
             self._tasks.append(loop.create_task(ha.run(), name="metaq-ha"))
@@ -130,6 +151,21 @@ class BrokerService:
             if exc.errno == errno.EADDRINUSE:
                 reason = "the address is already in use (choose another httpPort, or 0 for a free one)"
             raise StartupError(f"cannot listen for HTTP on {host}:{port}: {reason}") from None
+    async def _bind_metrics(self, host: str, port: int) -> None:
+        """Take the metrics port now, before the data directory: a taken port leaves nothing behind."""
+        from metaq.broker.metrics import MetricsServer, bind_error  # aiohttp is loaded only when asked for
+
+        metrics = MetricsServer(self.broker)
+        try:
+            await metrics.bind(host, port)
+        except OSError as exc:
+            raise StartupError(bind_error(host, port, exc)) from None
+        self.metrics = metrics
+
+    async def _close_metrics(self) -> None:
+        metrics, self.metrics = self.metrics, None
+        if metrics is not None:
+            await metrics.close()
 
     def _connect_cluster(self) -> None:
         try:
@@ -191,6 +227,7 @@ class BrokerService:
             server.close()
         if self.http is not None:
             await self.http.stop_accepting()
+        await self._close_metrics()
         await self.broker.drain(drain_s)
         if self.http is not None:
             await self.http.close()  # after the drain answered its long polls

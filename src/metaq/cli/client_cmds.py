@@ -188,11 +188,24 @@ TOPIC_POLL_S = 1.0
 """How often `consume --follow` asks whether a missing topic exists yet."""
 
 
+def _parse_headers(ctx: click.Context, param: click.Parameter, specs: tuple[str, ...]) -> list[tuple[str, bytes]]:
+    """``--header NAME=VALUE`` options as (name, value bytes), in the order given."""
+    headers = []
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{spec!r} is not NAME=VALUE (e.g. --header trace-id=abc123)")
+        headers.append((name, value.encode()))
+    return headers
+
+
 @click.command("produce")
 @target_options
 @click.argument("topic")
 @click.option("-k", "--key", default=None, help="Key of every message (with the key-hash selector: one partition).")
 @click.option("-a", "--attribute", default=None, help="MetaQ attribute string of every message.")
+@click.option("-H", "--header", "header_specs", multiple=True, metavar="NAME=VALUE", callback=_parse_headers,
+              help="A header of every message (repeatable; the value is sent as UTF-8 bytes).")
 @click.option("-p", "--partition", type=PARTITION, default=None,
               help="Send every message to this partition: brokerId-partition (a bare number if only one broker "
                    "has it).")
@@ -200,7 +213,8 @@ TOPIC_POLL_S = 1.0
                                                 "each message.")
 @run_async
 async def produce(servers: str, topic: str, key: str | None, attribute: str | None,
-                  partition: PartitionId | int | None, print_ids: bool) -> None:
+                  header_specs: list[tuple[str, bytes]], partition: PartitionId | int | None,
+                  print_ids: bool) -> None:
     """Send each line of standard input to TOPIC as one message (the newline is not sent).
 
     A TOPIC that does not exist is created by the broker if it allows it (autoCreateTopics), except
@@ -235,7 +249,8 @@ async def produce(servers: str, topic: str, key: str | None, attribute: str | No
         futures: deque[asyncio.Future[Any]] = deque()
         try:
             async for data in _stdin_lines():
-                msg = Message(topic, data, attribute=attribute, key=key.encode() if key is not None else None)
+                msg = Message(topic, data, attribute=attribute, key=key.encode() if key is not None else None,
+                              headers=list(header_specs) or None)
                 futures.append(producer.send_async(msg))
                 if len(futures) >= DRAIN_EVERY_MESSAGES:
                     await _drain(futures, print_ids, tally)
@@ -346,9 +361,11 @@ def _parse_offset(value: str) -> Literal["earliest", "latest"] | int:
 @click.option("-n", "--max", "max_messages", type=click.IntRange(1), default=None, help="Stop after N messages.")
 @click.option("-f", "--follow", is_flag=True, help="Keep waiting for new messages (long polling) instead of "
                                                   "stopping at the end; a topic that does not exist yet is "
-                                                  "waited for. Stop with Ctrl-C (exit code 130).")
+                                                  "waited for. Stop with Ctrl-C (a count on stderr, exit code "
+                                                  "130).")
 @click.option("--format", "fmt", type=click.Choice(["value", "json"]), default="value", show_default=True,
-              help="value: the payload as a line; json: one JSON object per message with its metadata.")
+              help="value: the payload as a line; json: one JSON object per message with its metadata "
+                   "(partition, offset, id, timestamp_ms, attribute, key, headers as [name, value] pairs, value).")
 @click.option("--read-from", type=click.Choice(READ_FROM_CHOICES), default="master", show_default=True,
               help="Read each partition from its master, only from a live slave, or from a slave when one is "
                    "live (prefer-slave). Slaves need --zk-connect (docs/replication.md).")
@@ -359,6 +376,9 @@ async def consume(servers: str, topic: str, partition: tuple[PartitionId | int, 
 
     A TOPIC that does not exist is an error (exit code 1); with --follow, a notice on stderr, and the
     command waits until it is created.
+
+    Ctrl-C stops it (the normal way to end --follow): what was received is printed, then a count on
+    stderr, and the exit code is 130, as for produce, bench and broker.
     """
     start = _parse_offset(offset)
     if read_from != "master" and getattr(servers, "zk_connect", None) is None:
@@ -383,6 +403,7 @@ async def consume(servers: str, topic: str, partition: tuple[PartitionId | int, 
 
         tasks = [asyncio.create_task(pump(p)) for p in parts]
         done = printed = 0
+        interrupted = False
         out = sys.stdout.buffer
         try:
             while done < len(tasks):
@@ -397,6 +418,7 @@ async def consume(servers: str, topic: str, partition: tuple[PartitionId | int, 
                         "partition": str(msg.partition_id), "offset": msg.offset, "id": format_message_id(msg.id),
                         "timestamp_ms": msg.timestamp_ms, "attribute": msg.attribute,
                         "key": msg.key.decode(errors="replace") if msg.key is not None else None,
+                        "headers": [[name, bytes(value).decode(errors="replace")] for name, value in msg.headers or ()],
                         "value": bytes(msg.data).decode(errors="replace")}).encode() + b"\n")
                 else:
                     out.write(bytes(msg.data) + b"\n")
@@ -405,11 +427,17 @@ async def consume(servers: str, topic: str, partition: tuple[PartitionId | int, 
                     out.flush()
                 if max_messages is not None and printed >= max_messages:
                     break
+        except asyncio.CancelledError:  # Ctrl-C
+            interrupted = True
+            _uncancel()
         finally:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             out.flush()
+    if interrupted:
+        click.echo(f"consumed {plural(printed, 'message')} from {topic}; interrupted", err=True)
+        raise asyncio.CancelledError  # asyncio.run turns it back into KeyboardInterrupt: exit 130
 
 
 def _resolve_option(topic: str, partitions: list[Any], partition: PartitionId | int) -> PartitionId:

@@ -123,6 +123,7 @@ def _fetch_now(broker: Broker, req: m.FetchRequest, plog: PartitionLog, offset: 
         counters.get_misses += 1
         return _with(m.FetchResponse(log_start_offset=plog.log_start_offset, log_end_offset=plog.log_end_offset,
                                      reset_offset=reset), extra)
+    started = time.perf_counter()
     try:
         try:
             fslice = plog.read(offset, max_bytes)
@@ -132,6 +133,7 @@ def _fetch_now(broker: Broker, req: m.FetchRequest, plog: PartitionLog, offset: 
     except DamagedData as exc:
         counters.corrupt_reads += 1
         return _error_with_range(plog, exc, damaged_offset=exc.offset, resume_offset=exc.resume_offset)
+    broker.stats.fetch_seconds.observe(time.perf_counter() - started)
     response = _with(m.FetchResponse(log_start_offset=plog.log_start_offset, log_end_offset=plog.log_end_offset,
                                      reset_offset=reset), extra)
     if fslice.size == 0:
@@ -145,8 +147,10 @@ def _fetch_now(broker: Broker, req: m.FetchRequest, plog: PartitionLog, offset: 
             fslice.release()
         response.records = cut_before(data, end)
         counters.get_bytes += len(response.records)
+        counters.get_messages += end - offset
         return response
     counters.get_bytes += fslice.size
+    counters.get_messages += fslice.next_offset - offset
     accept = group_filter(broker.topics[req.topic].settings, req.group) if req.group else None
     if accept is not None:
         # a server-side filter for this group ([topic=...] group.NAME=module:callable): the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Awaitable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -66,7 +67,9 @@ def handle_produce(broker: Broker, req: m.ProduceRequest, session: Session | Non
     ha = broker.ha
     if ha is not None:
         ha.before_append(plog)
+    started = time.perf_counter()
     result = plog.append(req.records, header)
+    broker.stats.append_seconds.observe(time.perf_counter() - started)
     counters.put_requests += 1
     counters.put_messages += header.record_count
     counters.put_bytes += header.total_bytes

@@ -107,8 +107,8 @@ def handle_delete_topic(broker: Broker, req: m.DeleteTopicRequest, session: Sess
     return m.DeleteTopicResponse()
 
 
-def handle_partition_state(broker: Broker, req: m.PartitionStateRequest,
-                           session: Session | None) -> m.PartitionStateResponse:
+def handle_partition_state(broker: Broker, req: m.PartitionStateRequest, session: Session | None) -> Any:
+    """A coroutine of the response: the change is stored in the data directory before it is answered."""
     check_topic_name(req.topic)
     state = broker.topics.get(req.topic)
     if state is None:
@@ -119,12 +119,11 @@ def handle_partition_state(broker: Broker, req: m.PartitionStateRequest,
         targets = [req.partition]
     else:
         raise UnknownPartitionError(f"topic {req.topic!r} has no partition {req.partition}")
-    for p in targets:
-        if req.open:
-            state.closed.discard(p)
-        else:
-            state.closed.add(p)
-    broker.announce(req.topic)  # a topic with every partition closed leaves topics-pub
+    return _set_partitions_open(broker, req.topic, targets, req.open)
+
+
+async def _set_partitions_open(broker: Broker, topic: str, partitions: list[int], open_: bool) -> Any:
+    await broker.set_partitions_open(topic, partitions, open_)
     return m.PartitionStateResponse()
 
 
