@@ -94,6 +94,18 @@ def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture
+def zk_client(zookeeper: Any) -> Iterator[Any]:
+    """A kazoo client on the session's ZooKeeper, for tests that read or change znodes themselves."""
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=zookeeper.connect_string)
+    client.start(10)
+    yield client
+    client.stop()
+    client.close()
+
+
+@pytest.fixture
 def zk_root() -> str:
     from metaq.testing.zookeeper import unique_root
 

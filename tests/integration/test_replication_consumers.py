@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import uvloop
 from cli_process import metaq
-from kazoo.client import KazooClient
 from test_replication_ha import TOPIC as HA_TOPIC
 from test_replication_ha import Replicas, group_state, wait_isr
 
@@ -79,15 +78,6 @@ class Produced:
 
     def total(self) -> int:
         return sum(len(v) for v in self.acked.values())
-
-
-@pytest.fixture
-def zk_client(zookeeper: Any) -> Iterator[Any]:
-    client = KazooClient(hosts=zookeeper.connect_string)
-    client.start(10)
-    yield client
-    client.stop()
-    client.close()
 
 
 def start(cluster_factory: Callable[..., BrokerProcess], **system: Any) -> tuple[BrokerProcess, BrokerProcess]:

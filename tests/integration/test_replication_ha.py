@@ -21,12 +21,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kazoo.client import KazooClient
 from test_replication_slave import call, end_offsets, open_conn, stats
 
 from metaq.broker.replication.fetcher import whole_batches
@@ -48,15 +47,6 @@ HA = {"syncReplication": "true", "autoFailover": "true", "minInSyncSlaves": 1, "
 
 def replica_args(replica_id: int, *, slave: bool) -> list[str]:
     return (["--slave"] if slave else []) + ["--slave-id", str(replica_id)]
-
-
-@pytest.fixture
-def zk_client(zookeeper: Any) -> Iterator[Any]:
-    client = KazooClient(hosts=zookeeper.connect_string)
-    client.start(10)
-    yield client
-    client.stop()
-    client.close()
 
 
 def group_state(zk: Any, root: str, broker_id: int = 1) -> dict[str, Any] | None:

@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kazoo.client import KazooClient
 
 from metaq.broker.replication.fetcher import whole_batches
 from metaq.errors import MetaqError, NotMasterError, OffsetOutOfRangeError, error_for_code
@@ -221,15 +220,6 @@ def check_history(master: BrokerProcess, slave: BrokerProcess, acked: list[tuple
 def segment_files(proc: BrokerProcess, partition: int) -> dict[str, bytes]:
     directory = Path(proc.data_dir) / f"{TOPIC}-{partition}"
     return {p.name: p.read_bytes() for p in sorted(directory.glob("*.log"))}
-
-
-@pytest.fixture
-def zk_client(zookeeper: Any) -> Iterator[Any]:
-    client = KazooClient(hosts=zookeeper.connect_string)
-    client.start(10)
-    yield client
-    client.stop()
-    client.close()
 
 
 @pytest.fixture

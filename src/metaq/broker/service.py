@@ -22,7 +22,6 @@ from metaq.broker.replication.ha import HighAvailability, ha_enabled
 from metaq.broker.transport import listen_tcp
 from metaq.cluster.registry import RegistryError
 from metaq.errors import ConfigError, StorageError
-from metaq.http.listener import HttpListener
 
 if TYPE_CHECKING:
     from metaq.broker.metrics import MetricsServer
@@ -60,7 +59,11 @@ class BrokerService:
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         port = broker.config.http_port
-        self.http = HttpListener(broker, broker.config.host_name, port) if port >= 0 else None
+        self.http: HttpListener | None = None
+        if port >= 0:
+            from metaq.http.listener import HttpListener  # aiohttp is loaded only when the API is on
+
+            self.http = HttpListener(broker, broker.config.host_name, port)
         """The HTTP API (httpPort >= 0; docs/http.md): bound with the TCP port, serving once the core is."""
         self.metrics: MetricsServer | None = None
         """/metrics over HTTP, when dashboardHttpPort is set (:mod:`metaq.broker.metrics`)."""
