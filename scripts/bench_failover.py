@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 
 from metaq.client import connect
 from metaq.devcluster import DevCluster
@@ -66,11 +67,19 @@ class Probe(threading.Thread):
 
 
 def state(zk: Any, root: str) -> dict[str, Any] | None:
-    try:
-        data, _ = zk.get(f"{root}/brokers/replica-groups/1")
-    except Exception:
-        return None
-    return dict(json.loads(data))
+    """The replica group's state; None when it does not exist. A failing read (the bench's own ZooKeeper
+    session reconnecting) is tried again for a few seconds."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            data, _ = zk.get(f"{root}/brokers/replica-groups/1")
+            return dict(json.loads(data))
+        except NoNodeError:
+            return None
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def wait(predicate: Any, timeout_s: float, what: str) -> None:
