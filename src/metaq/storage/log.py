@@ -19,7 +19,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import NamedTuple
 
-from metaq.errors import InvalidArgument, StorageError
+from metaq.errors import CorruptRecordError, InvalidArgument, StorageError
 from metaq.protocol.records import STAMPED_BYTES, BatchHeader, decode_batch, stamp_prefix, validate_batch
 from metaq.storage.checkpoint import (
     CLEAN_SHUTDOWN_FILE,
@@ -864,8 +864,8 @@ class PartitionLog:
                                            locate, key, start, from_ms, to_ms, limit, max_key_entries)
                 finally:
                     self._files.release(handle)
-            except (DamagedData, StorageError) as exc:
-                result.problems.append(f"segment {segment.base_offset}: {exc}")
+            except (DamagedData, StorageError, CorruptRecordError) as exc:
+                result.problems.append(f"segment {segment.base_offset}: {exc}; the rest of it was not searched")
                 continue
             finally:
                 self._unpin(segment)

@@ -170,3 +170,24 @@ def test_past_the_bound_the_segment_is_scanned_and_reported(open_log):
     assert index is not None and index.full and len(index) <= 8
     again = log.find_messages(b"key-1", limit=1000, max_key_entries=8)
     assert offsets(again) == where[b"key-1"] and again.scanned_segments == 1
+
+
+def test_damage_is_reported_and_other_segments_are_still_searched(open_log):
+    from metaq.protocol.records import HEADER_BYTES, iter_batches
+
+    log = open_log(segment_bytes_max=2000)
+    where = fill(log)
+    log.close()
+    first = log.directory / f"{0:020d}.log"
+    data = bytearray(first.read_bytes())
+    batches = list(iter_batches(bytes(data)))
+    position, header = batches[2]
+    data[position + HEADER_BYTES + 2] ^= 0xFF  # the offset-delta column of one batch's body
+    first.write_bytes(bytes(data))
+    log = open_log(segment_bytes_max=2000)
+    second_base = log.segment_base_offsets[1]
+    result = log.find_messages(b"key-0", limit=1000)
+    assert result.problems
+    assert [o for o in offsets(result) if o >= second_base] == [o for o in where[b"key-0"] if o >= second_base]
+    assert [o for o in offsets(result) if o < header.base_offset] == \
+        [o for o in where[b"key-0"] if o < header.base_offset]
