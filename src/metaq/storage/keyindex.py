@@ -2,11 +2,12 @@
 
 ``<base>.keyindex`` (derived data, like ``.index`` and ``.timeindex``)::
 
-    header, 16 bytes, big-endian:
+    header, 20 bytes, big-endian:
       0  4  magic           b"MQK1"
       4  4  covered_bytes   u32   the log bytes [0, covered_bytes) whose keyed records are listed
       8  4  entry_count     u32   entries that follow and are valid (bytes past them are ignored)
      12  4  flags           u32   bit 0: FULL, the bound was reached; the rest of the segment is not indexed
+     16  4  entries_crc     u32   CRC-32 of those entries: a torn or damaged file is rebuilt
     entries, 8 bytes each, in offset order:
       0  4  key_hash        u32   CRC-32 of the key
       4  4  relative_offset u32   record offset - segment base offset
@@ -39,7 +40,7 @@ from metaq.storage.scan import iter_headers, pread_exact
 
 KEYINDEX_SUFFIX = ".keyindex"
 MAGIC = b"MQK1"
-HEADER = struct.Struct(">4sIII")
+HEADER = struct.Struct(">4sIIII")
 ENTRY_BYTES = 8
 FLAG_FULL = 1
 DEFAULT_MAX_ENTRIES = 1 << 20
@@ -87,6 +88,8 @@ class KeyIndex:
 
     covered_bytes: int = 0
     full: bool = False
+    crc: int = 0
+    """CRC-32 of the entries as stored (big-endian), continued as entries are appended."""
     hashes: array = field(default_factory=lambda: array("I"))
     relative_offsets: array = field(default_factory=lambda: array("I"))
 
@@ -96,7 +99,17 @@ class KeyIndex:
     def matches(self, hash_value: int) -> list[int]:
         """Relative offsets whose key hash is ``hash_value``, in offset order."""
         rel = self.relative_offsets
-        return [rel[i] for i, h in enumerate(self.hashes) if h == hash_value]
+        raw = self.hashes.tobytes()  # a memcpy; then the search runs at C speed (bytes.find)
+        pattern = array("I", [hash_value]).tobytes()
+        out = []
+        i = raw.find(pattern)
+        while i >= 0:
+            if i % 4 == 0:
+                out.append(rel[i // 4])
+                i = raw.find(pattern, i + 4)
+            else:  # straddles two entries
+                i = raw.find(pattern, i + 1)
+        return out
 
 
 def read_key_index(path: str, log_size_bytes: int) -> KeyIndex | None:
@@ -108,17 +121,17 @@ def read_key_index(path: str, log_size_bytes: int) -> KeyIndex | None:
         return None
     if len(data) < HEADER.size:
         return None
-    magic, covered, count, flags = HEADER.unpack_from(data, 0)
+    magic, covered, count, flags, crc = HEADER.unpack_from(data, 0)
     if magic != MAGIC or covered > log_size_bytes or len(data) < HEADER.size + count * ENTRY_BYTES:
         return None
+    entries = data[HEADER.size:HEADER.size + count * ENTRY_BYTES]
+    if zlib.crc32(entries) != crc:
+        return None  # torn or damaged (the file is never fsynced): rebuild
     both = array("I")
-    both.frombytes(data[HEADER.size:HEADER.size + count * ENTRY_BYTES])
+    both.frombytes(entries)
     if sys.byteorder == "little":
         both.byteswap()
-    index = KeyIndex(covered, bool(flags & FLAG_FULL), both[0::2], both[1::2])
-    if any(a > b for a, b in zip(index.relative_offsets, index.relative_offsets[1:], strict=False)):
-        return None
-    return index
+    return KeyIndex(covered, bool(flags & FLAG_FULL), crc, both[0::2], both[1::2])
 
 
 def _write_entries(path: str, index: KeyIndex, start_entry: int) -> None:
@@ -129,16 +142,18 @@ def _write_entries(path: str, index: KeyIndex, start_entry: int) -> None:
     if sys.byteorder == "little":
         both.byteswap()
     flags = FLAG_FULL if index.full else 0
-    header = HEADER.pack(MAGIC, index.covered_bytes, len(index), flags)
+    entries = both.tobytes()
+    index.crc = zlib.crc32(entries, index.crc if start_entry else 0)
+    header = HEADER.pack(MAGIC, index.covered_bytes, len(index), flags, index.crc)
     if start_entry == 0:
         tmp = path + ".tmp"
         with open(tmp, "wb") as f:
-            f.write(header + both.tobytes())
+            f.write(header + entries)
         os.replace(tmp, path)
         return
     fd = os.open(path, os.O_WRONLY)
     try:
-        os.pwrite(fd, both.tobytes(), HEADER.size + start_entry * ENTRY_BYTES)
+        os.pwrite(fd, entries, HEADER.size + start_entry * ENTRY_BYTES)
         os.pwrite(fd, header, 0)
     finally:
         os.close(fd)

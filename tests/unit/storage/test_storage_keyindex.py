@@ -106,6 +106,11 @@ def test_rebuilt_after_a_crash_and_when_missing_or_damaged(open_log):
     data = bytearray(last.read_bytes())
     data[4:8] = (1 << 30).to_bytes(4, "big")  # claims more bytes than the log holds: stale
     last.write_bytes(bytes(data))
+    middle = log.directory / names[2]
+    data = bytearray(middle.read_bytes())
+    data[HEADER.size + 9] ^= 0xFF  # an entry, as a torn write could leave it
+    middle.write_bytes(bytes(data))
+    assert read_key_index(str(middle), 1 << 20) is None
     assert offsets(log.find_messages(b"key-4", limit=1000)) == where[b"key-4"]
     assert read_key_index(str(last), 1 << 20) is not None
 
@@ -155,7 +160,7 @@ def test_stray_key_index_without_its_log_is_removed_on_open(open_log):
     fill(log, batches=2)
     log.close()
     stray = Path(log.directory) / f"{12345:020d}{KEYINDEX_SUFFIX}"
-    stray.write_bytes(HEADER.pack(b"MQK1", 0, 0, 0))
+    stray.write_bytes(HEADER.pack(b"MQK1", 0, 0, 0, 0))
     log = open_log()
     assert not stray.exists()
 
