@@ -103,3 +103,26 @@ def test_find_by_key_and_time_survives_kill_and_restart(broker_factory) -> None:
         assert reply.status == status, (query, reply)
         assert "error" in reply.json or "message" in reply.json
     assert request(base, "GET", "/topics/no-such/find?key=a").status == 404
+
+
+def test_admin_find_asks_every_broker_holding_the_topic(two_brokers) -> None:
+    b1, b2 = two_brokers
+    servers = f"{b1.servers},{b2.servers}"
+    sent = []
+    with connect(servers) as session:
+        for broker_id in (1, 2):
+            session.admin().create_topic("spread", 2, broker_id=broker_id)
+        producer = session.create_producer()
+        for i in range(40):
+            target = PartitionId(1 + i % 2, (i // 2) % 2)
+            result = producer.send_batch("spread", [Message("spread", b"v%d" % i, key=b"k%d" % (i % 3),
+                                                            timestamp_ms=T0 + i)], partition=target)
+            assert result.success, result
+            [r] = list(result)
+            sent.append((r.partition_id, r.offset, b"k%d" % (i % 3), T0 + i, r.message_id))
+        admin = session.admin()
+        assert found(admin.find("spread", key=b"k1", limit=1000)) == expect(sent, b"k1")
+        assert {f.broker_id for f in admin.find("spread", key=b"k1").messages} == {1, 2}
+        assert found(admin.find("spread", from_ms=T0 + 10, to_ms=T0 + 19)) == expect(sent, None, T0 + 10, T0 + 19)
+        one = admin.find("spread", key=b"k2", partition=PartitionId(2, 1), limit=1000)
+        assert found(one) == [s for s in expect(sent, b"k2") if s[0] == PartitionId(2, 1)]
