@@ -208,10 +208,8 @@ def remove_key_index(path: str) -> None:
     for p in (path, path + ".tmp"):
         try:
             os.unlink(p)
-        except FileNotFoundError:
-            pass
         except OSError:
-            pass
+            pass  # gone already; or left behind: a stale file is detected and rebuilt
 
 
 @dataclass
