@@ -127,6 +127,7 @@ def _invalid_topic_cases(topic: str) -> dict[int, list[tuple[Any, Callable[[Any]
         17: [],
         18: [(m.VerifyRequest(topic, -1), top)],
         19: [],  # Promote names no topic
+        20: [(m.FindMessagesRequest(topic, -1, b"k"), top)],
     }
 
 
@@ -148,6 +149,7 @@ def _bad_partition_cases(partition: int) -> dict[int, list[tuple[Any, Callable[[
         11: fetch_offsets,
         15: [(m.PartitionStateRequest(GOOD, partition, False), top)],
         18: [(m.VerifyRequest(GOOD, partition), top)],
+        20: [(m.FindMessagesRequest(GOOD, partition, b"k"), top)],
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import functools
 import json
 import logging
@@ -553,6 +554,72 @@ async def admin_lookup(servers: str, message_id: str) -> None:
     async with await _session(servers) as session:
         loc = await session.admin().lookup_message(message_id)
     click.echo(f"{loc.topic}\t{loc.partition_id}\t{loc.offset}")
+
+
+def _time_ms(text: str | None, what: str) -> int:
+    """Milliseconds since the epoch, or an ISO 8601 time (without a zone: UTC); None -> -1 (open)."""
+    if text is None:
+        return -1
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is neither milliseconds since the epoch nor an ISO 8601 time "
+                                 "(2026-11-23T13:00:00, 2026-11-23 13:00:00+01:00)", param_hint=what) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return int(when.timestamp() * 1000)
+
+
+def _iso(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).isoformat(timespec="milliseconds")
+
+
+@admin_group.command("find")
+@target_options
+@click.option("--topic", "-t", required=True, help="The topic to search.")
+@click.option("--key", "-k", default=None, help="Only messages with exactly this key (UTF-8).")
+@click.option("--from", "from_text", default=None, metavar="ISO|MS",
+              help="Only messages with a timestamp at or after this (ISO 8601, UTC when no zone; or ms).")
+@click.option("--to", "to_text", default=None, metavar="ISO|MS",
+              help="Only messages with a timestamp at or before this (ISO 8601, UTC when no zone; or ms).")
+@click.option("--partition", "-p", default=None, help="Only this partition (brokerId-partition, or a number).")
+@click.option("-n", "--limit", type=click.IntRange(1, 10_000), default=100, show_default=True,
+              help="At most this many messages.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of tab-separated lines.")
+@run_async
+async def admin_find(servers: str, topic: str, key: str | None, from_text: str | None, to_text: str | None,
+                     partition: str | None, limit: int, as_json: bool) -> None:
+    """Find messages by key (each segment's key index) and/or time range. Prints one line per message:
+    partition (brokerId-partition), offset, message id, timestamp, key; fetch from the offset to read it."""
+    if key is None and from_text is None and to_text is None:
+        raise click.UsageError("give --key, --from or --to (or several)")
+    from_ms, to_ms = _time_ms(from_text, "--from"), _time_ms(to_text, "--to")
+    if from_ms >= 0 and to_ms >= 0 and to_ms < from_ms:
+        raise click.UsageError("--to is before --from")
+    async with await _session(servers) as session:
+        result = await session.admin().find(topic, key=key, from_ms=from_ms, to_ms=to_ms, limit=limit,
+                                            partition=partition_key(partition) if partition is not None else -1)
+    if as_json:
+        click.echo(json.dumps({
+            "topic": topic, "truncated": result.truncated, "scanned_segments": result.scanned_segments,
+            "problems": result.problems,
+            "messages": [{"partition": str(f.partition_id), "offset": f.offset, "id": format_message_id(f.message_id),
+                          "timestamp_ms": f.timestamp_ms,
+                          "key": f.key.decode(errors="replace") if f.key is not None else None}
+                         for f in result.messages]}))
+        return
+    for f in result.messages:
+        shown = f.key.decode(errors="backslashreplace") if f.key is not None else "-"
+        click.echo(f"{f.partition_id}\t{f.offset}\t{format_message_id(f.message_id)}\t{_iso(f.timestamp_ms)}\t{shown}")
+    for problem in result.problems:
+        click.echo(f"damaged, not searched: {problem}", err=True)
+    if result.truncated:
+        click.echo(f"(first {limit} shown; more match: narrow the range or raise -n)", err=True)
+    if not result.messages:
+        click.echo("no messages found", err=True)
 
 
 # -- group ---------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Administration: topics, partition open/close, stats, reload, message lookup.
+"""Administration: topics, partition open/close, stats, reload, message lookup and search.
 
 Every call raises the broker's error (a BrokerError subclass with the wire code) when it fails.
 Calls that concern one broker take ``broker_id`` (None = the session's default broker); calls about a
@@ -20,6 +20,8 @@ from metaq.protocol.messages import (
     CreateTopicRequest,
     CreateTopicResponse,
     DeleteTopicRequest,
+    FindMessagesRequest,
+    FindMessagesResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
     LookupMessageRequest,
@@ -62,6 +64,34 @@ class MessageLocation:
     @property
     def partition_id(self) -> PartitionId:
         return PartitionId(self.broker_id, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class FoundMessage:
+    """One match of :meth:`Admin.find`: where it is (fetch from ``offset`` to read it) and its key."""
+
+    broker_id: int
+    partition: int
+    offset: int
+    message_id: int
+    timestamp_ms: int
+    key: bytes | None
+
+    @property
+    def partition_id(self) -> PartitionId:
+        return PartitionId(self.broker_id, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class FindResult:
+    messages: list[FoundMessage]
+    """In (broker, partition, offset) order."""
+    truncated: bool
+    """More matched than the limit."""
+    scanned_segments: int
+    """Segments searched record by record (their key index was full or damaged)."""
+    problems: list[str]
+    """Damaged stretches the brokers met and could not search."""
 
 
 def _json_document(raw: bytes, what: str, kind: type) -> Any:
@@ -211,6 +241,38 @@ class Admin:
         resp: LookupMessageResponse = await self._core.request(LookupMessageRequest(mid), broker_id)
         return MessageLocation(resp.topic, resp.partition, resp.offset, broker_id)
 
+    async def find(self, topic: str, *, key: bytes | str | None = None, from_ms: int = -1, to_ms: int = -1,
+                   limit: int = 100, partition: PartitionKey = -1, timeout_s: float = 600.0) -> FindResult:
+        """Messages of ``topic`` with this key (any when None) and a timestamp in ``[from_ms, to_ms]``
+        (-1 = open), asked of every broker holding the topic (or of the one holding ``partition``).
+        At most ``limit`` (1..10000); ``truncated`` says more matched."""
+        validate_topic(topic)
+        if isinstance(key, str):
+            key = key.encode()
+        if partition != -1:
+            p = await self._core.partition(topic, partition)
+            targets: list[tuple[int | None, int]] = [(p.broker_id, p.partition)]
+        else:
+            tm = await self._core.metadata.refresh_topic(topic)
+            targets = [(b, -1) for b in sorted({p.broker_id for p in tm.partitions})] or [(None, -1)]
+        found: list[FoundMessage] = []
+        truncated, scanned = False, 0
+        problems: list[str] = []
+        for broker_id, number in targets:
+            resp: FindMessagesResponse = await self._core.request(
+                FindMessagesRequest(topic, number, key, from_ms, to_ms, limit), broker_id, timeout_s=timeout_s)
+            answered = self._core.default_broker_id if broker_id is None else broker_id
+            found.extend(FoundMessage(answered, f.partition, f.offset, f.message_id, f.timestamp_ms, f.key)
+                         for f in resp.messages)
+            truncated = truncated or resp.truncated
+            scanned += resp.scanned_segments
+            problems.extend(f"broker {answered}: {p}" for p in resp.problems)
+        found.sort(key=lambda f: (f.broker_id, f.partition, f.offset))
+        if len(found) > limit:
+            del found[limit:]
+            truncated = True
+        return FindResult(found, truncated, scanned, problems)
+
     async def list_offsets(self, topic: str, partition: PartitionKey, timestamp_ms: int = -1) -> int:
         """-2: the earliest offset; -1: the latest (next to be written); else the first offset at or after
         the timestamp."""
@@ -221,4 +283,4 @@ class Admin:
         return resp.offset
 
 
-__all__ = ["Admin", "MessageLocation", "PartitionDescription", "TopicDescription"]
+__all__ = ["Admin", "FindResult", "FoundMessage", "MessageLocation", "PartitionDescription", "TopicDescription"]

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
-from metaq.client.admin import Admin, MessageLocation, TopicDescription
+from metaq.client.admin import Admin, FindResult, MessageLocation, TopicDescription
 from metaq.client.config import ClientConfig
 from metaq.client.consumer import (
     DEFAULT_FETCH_MAX_BYTES,
@@ -244,6 +244,11 @@ class SyncAdmin:
 
     def lookup_message(self, message_id: MessageId | str) -> MessageLocation:
         return self._lt.run(self.admin.lookup_message(message_id))
+
+    def find(self, topic: str, *, key: bytes | str | None = None, from_ms: int = -1, to_ms: int = -1,
+             limit: int = 100, partition: PartitionKey = -1, timeout_s: float = 600.0) -> FindResult:
+        return self._lt.run(self.admin.find(topic, key=key, from_ms=from_ms, to_ms=to_ms, limit=limit,
+                                            partition=partition, timeout_s=timeout_s))
 
     def promote(self, *, broker_id: int | None = None, replica_id: int = -1,
                 timeout_s: float = 30.0) -> tuple[int, int]:

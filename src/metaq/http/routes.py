@@ -292,6 +292,29 @@ async def _group_start(request: web.Request, topic: str, partition: int, group: 
 # -- lookups -----------------------------------------------------------------------------------------
 
 
+async def find_messages(request: web.Request) -> web.Response:
+    """Messages of this broker's partitions of a topic by ``key`` and/or timestamp range ``from``..``to`` (ms)."""
+    broker_id = request.app[BROKER_KEY].config.broker_id
+    topic = request.match_info["topic"]
+    key_text = request.query.get("key")
+    from_ms = int_param(request, "from", -1, -1)
+    to_ms = int_param(request, "to", -1, -1)
+    if key_text is None and from_ms < 0 and to_ms < 0:
+        raise HttpInputError("give key, from or to (or several)")
+    limit = int_param(request, "limit", 100, 1, m.MAX_FIND_RESULTS)
+    partition = int_param(request, "partition", -1, -1, 2**31 - 1)
+    key = key_text.encode() if key_text is not None else None
+    found: m.FindMessagesResponse = await call(request, m.FindMessagesRequest(topic, partition, key, from_ms, to_ms,
+                                                                              limit))
+    return web.json_response({
+        "topic": topic, "truncated": found.truncated, "scanned_segments": found.scanned_segments,
+        "problems": found.problems,
+        "messages": [{"id": format_message_id(f.message_id), **partition_ref(broker_id, f.partition),
+                      "offset": f.offset, "timestamp_ms": f.timestamp_ms,
+                      "key": f.key.decode(errors="replace") if f.key is not None else None}
+                     for f in found.messages]})
+
+
 async def lookup_message(request: web.Request) -> web.Response:
     """Where a message id is stored, and the message itself."""
     broker = request.app[BROKER_KEY]
@@ -442,6 +465,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/topics/{topic}/partitions/{partition}/messages", fetch),
     ("GET", "/topics/{topic}/partitions/{partition}/offsets", partition_offsets),
     ("GET", "/messages/{message_id}", lookup_message),
+    ("GET", "/topics/{topic}/find", find_messages),
     ("GET", "/groups", list_groups),
     ("GET", "/groups/{group}", describe_group),
     ("GET", "/groups/{group}/offsets", group_offsets),

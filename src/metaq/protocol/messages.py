@@ -16,6 +16,7 @@ from metaq.protocol.schema import (
     INT16,
     INT32,
     INT64,
+    NULLABLE_BYTES,
     NULLABLE_STRING,
     RECORDS,
     STRING,
@@ -581,6 +582,55 @@ class PromoteResponse(_Base):
     FIELDS: ClassVar = (*_ERR, Field("new_master", INT32), Field("epoch", INT32))
 
 
+# -- 20 FindMessages (metaq admin find) -----------------------------------------------------------
+
+MAX_FIND_RESULTS = 10_000
+
+
+@dataclass
+class FindMessagesRequest(_Base):
+    topic: str = ""
+    partition: int = -1
+    """-1 = every partition of the topic on this broker."""
+    key: bytes | None = None
+    """Only records with exactly this key; None = any record (a time range search)."""
+    from_ms: int = -1
+    """Only records with timestamp >= from_ms; -1 = open."""
+    to_ms: int = -1
+    """Only records with timestamp <= to_ms; -1 = open."""
+    max_results: int = 100
+    """1..MAX_FIND_RESULTS."""
+    FIELDS: ClassVar = (Field("topic", STRING), Field("partition", INT32), Field("key", NULLABLE_BYTES),
+                        Field("from_ms", INT64), Field("to_ms", INT64), Field("max_results", INT32))
+
+
+@dataclass
+class FoundMessage(_Base):
+    partition: int = -1
+    offset: int = -1
+    message_id: int = 0
+    timestamp_ms: int = -1
+    key: bytes | None = None
+    FIELDS: ClassVar = (Field("partition", INT32), Field("offset", INT64), Field("message_id", UINT128),
+                        Field("timestamp_ms", INT64), Field("key", NULLABLE_BYTES))
+
+
+@dataclass
+class FindMessagesResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    messages: list[FoundMessage] = field(default_factory=list)
+    """In (partition, offset) order."""
+    truncated: bool = False
+    """More records matched than max_results."""
+    scanned_segments: int = 0
+    """Segments searched by scanning their records because their key index was full (or damaged)."""
+    problems: list[str] = field(default_factory=list)
+    """Damage met while searching (those stretches were not searched)."""
+    FIELDS: ClassVar = (*_ERR, Field("messages", Array(Struct(FoundMessage))), Field("truncated", BOOL),
+                        Field("scanned_segments", INT32), Field("problems", Array(STRING)))
+
+
 _api(0, "ApiVersions", ApiVersionsRequest, ApiVersionsResponse)
 _api(1, "Metadata", MetadataRequest, MetadataResponse)
 _api(2, "CreateTopic", CreateTopicRequest, CreateTopicResponse)
@@ -601,6 +651,7 @@ _api(16, "Reload", ReloadRequest, ReloadResponse)
 _api(17, "LookupMessage", LookupMessageRequest, LookupMessageResponse)
 _api(18, "Verify", VerifyRequest, VerifyResponse)
 _api(19, "Promote", PromoteRequest, PromoteResponse)
+_api(20, "FindMessages", FindMessagesRequest, FindMessagesResponse)
 
 
 def spec_for(obj_or_cls: Any) -> ApiSpec:

@@ -19,7 +19,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import NamedTuple
 
-from metaq.errors import InvalidArgument, StorageError
+from metaq.errors import CorruptRecordError, InvalidArgument, StorageError
 from metaq.protocol.records import STAMPED_BYTES, BatchHeader, decode_batch, stamp_prefix, validate_batch
 from metaq.storage.checkpoint import (
     CLEAN_SHUTDOWN_FILE,
@@ -33,6 +33,13 @@ from metaq.storage.errors import DamagedData, DiskFull, LogClosedError, OffsetOu
 from metaq.storage.files import FileCache, FileHandle
 from metaq.storage.fileslice import FileSlice
 from metaq.storage.flush import Flusher, new_durable_future, resolve
+from metaq.storage.keyindex import (
+    DEFAULT_MAX_ENTRIES,
+    FindResult,
+    find_in_segment,
+    key_index_path,
+    remove_key_index,
+)
 from metaq.storage.recovery import RecoveryReport, load_segments
 from metaq.storage.replica import ReplicaGap, check_replicated
 from metaq.storage.retention import dispose_segment
@@ -131,6 +138,8 @@ class PartitionLog:
         self._sync = sync
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()
+        self._find_lock = threading.Lock()
+        """One search at a time per partition (searches extend the key index files)."""
         self._segments = segments
         self._bases = [s.base_offset for s in segments]
         self._active = segments[-1]
@@ -449,6 +458,8 @@ class PartitionLog:
                         os.unlink(path)
                     except FileNotFoundError:
                         pass
+                remove_key_index(key_index_path(segment.log_path))
+            remove_key_index(key_index_path(keep.log_path))  # rebuilt from the cut log when next searched
             del self._segments[i + 1:]
             del self._bases[i + 1:]
             os.ftruncate(handle.fd, position)
@@ -806,6 +817,62 @@ class PartitionLog:
             self._files.release(handle)
         return None
 
+    def find_messages(self, key: bytes | None, from_ms: int = -1, to_ms: int = -1, limit: int = 100, *,
+                      max_key_entries: int = DEFAULT_MAX_ENTRIES) -> FindResult:
+        """The records with this key (any key when None) and a timestamp in ``[from_ms, to_ms]`` (-1 =
+        open), in offset order, at most ``limit`` (``truncated`` when more exist). Blocking (disk).
+
+        The start comes from the time index (the first offset with a timestamp >= from_ms); by key, the
+        per-segment key index gives candidates that are checked against the records; by time only, the
+        records from the start are scanned until ``limit`` or the end of the log.
+        """
+        if limit <= 0:
+            raise InvalidArgument(f"limit must be > 0, not {limit}")
+        with self._find_lock:
+            return self._find_locked(key, from_ms, to_ms, limit, max_key_entries)
+
+    def _find_locked(self, key: bytes | None, from_ms: int, to_ms: int, limit: int,
+                     max_key_entries: int) -> FindResult:
+        result = FindResult()
+        start = self.log_start_offset if from_ms < 0 else self.offset_for_timestamp(from_ms)
+        with self._lock:
+            if self._closed:
+                raise LogClosedError(f"{self} is closed")
+            candidates = list(self._segments)
+        for segment in candidates:
+            with self._lock:
+                if segment.base_offset < self._segments[0].base_offset or self._closed \
+                        or segment not in self._segments:
+                    continue  # removed by retention or truncation meanwhile
+                segment.pins += 1
+                size_limit, next_limit = segment.size_bytes, segment.next_offset
+            try:
+                if next_limit <= start:
+                    continue
+                handle = self._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
+                try:
+                    position = 0
+                    if start > segment.base_offset:
+                        position, _ = segment.find_batch(handle.fd, start, size_limit, next_limit)
+                    fd = handle.fd
+
+                    def locate(offset: int, segment: Segment = segment, fd: int = fd, size_limit: int = size_limit,
+                               next_limit: int = next_limit) -> tuple[int, BatchHeader]:
+                        return segment.find_batch(fd, offset, size_limit, next_limit)
+
+                    done = find_in_segment(result, fd, segment.log_path, segment.base_offset, position, size_limit,
+                                           locate, key, start, from_ms, to_ms, limit, max_key_entries)
+                finally:
+                    self._files.release(handle)
+            except (DamagedData, StorageError, CorruptRecordError) as exc:
+                result.problems.append(f"segment {segment.base_offset}: {exc}; the rest of it was not searched")
+                continue
+            finally:
+                self._unpin(segment)
+            if done:
+                break
+        return result
+
     # ------------------------------------------------------------------ damage
 
     @property
@@ -907,7 +974,8 @@ class PartitionLog:
                     self._files.discard(path)
         for i, segment in enumerate(victims):
             try:
-                dispose_segment(segment.log_path, (segment.index_path, segment.timeindex_path), policy)
+                dispose_segment(segment.log_path, (segment.index_path, segment.timeindex_path,
+                                                   key_index_path(segment.log_path)), policy)
             except OSError as exc:
                 if not os.path.exists(segment.log_path):
                     continue  # only an index file is left behind: the next open removes it as an orphan

@@ -25,6 +25,7 @@ from metaq.protocol.records import MAGIC, OLD_MAGICS
 from metaq.storage.checkpoint import CleanState, fsync_directory
 from metaq.storage.files import FileCache
 from metaq.storage.index import IndexCorrupt, OffsetIndex, TimeIndex
+from metaq.storage.keyindex import KEYINDEX_SUFFIX, key_index_path, remove_key_index
 from metaq.storage.scan import CheckResult, check_batches, count_whole_batches, pread_exact
 from metaq.storage.segment import (
     INDEX_SUFFIX,
@@ -172,6 +173,7 @@ def _cut(segment: Segment, result: CheckResult, report: RecoveryReport, sync: Ca
                            f"at byte {result.valid_end_position}, offset {result.next_offset}: {result.problem}")
     report.truncated_bytes += cut
     report.truncated_messages += messages
+    remove_key_index(key_index_path(segment.log_path))  # rebuilt from the cut log when next searched
     handle = segment.files.acquire(segment.log_path)
     try:
         os.ftruncate(handle.fd, result.valid_end_position)
@@ -229,6 +231,7 @@ def _remove_segment_files(segment: Segment) -> None:
             os.unlink(path)
         except FileNotFoundError:
             pass
+    remove_key_index(key_index_path(segment.log_path))
 
 
 def _remove_strays(directory: str, names: list[str], bases: set[int]) -> None:
@@ -237,6 +240,8 @@ def _remove_strays(directory: str, names: list[str], bases: set[int]) -> None:
         base = parse_segment_file_name(name, INDEX_SUFFIX)
         if base is None:
             base = parse_segment_file_name(name, TIMEINDEX_SUFFIX)
+        if base is None:
+            base = parse_segment_file_name(name, KEYINDEX_SUFFIX)
         stray = name.endswith(".tmp") or (base is not None and base not in bases)
         if stray:
             try:

@@ -146,4 +146,12 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
         m.PromoteRequest(replica_id=2, timeout_ms=30_000),
         m.PromoteResponse(error_code=0, error_message=None, new_master=2, epoch=8),
     ),
+    ("FindMessages", 0): (
+        m.FindMessagesRequest(topic="orders", partition=-1, key=b"order-17", from_ms=1_700_000_000_000, to_ms=-1,
+                              max_results=100),
+        m.FindMessagesResponse(error_code=0, error_message=None,
+                               messages=[m.FoundMessage(partition=2, offset=4711, message_id=MESSAGE_ID,
+                                                        timestamp_ms=1_700_000_000_123, key=b"order-17")],
+                               truncated=False, scanned_segments=1, problems=["orders-2: damaged"]),
+    ),
 }

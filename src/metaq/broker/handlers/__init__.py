@@ -11,7 +11,7 @@ module             requests
 produce            Produce
 fetch              Fetch, ListOffsets
 topics             Metadata, CreateTopic, DeleteTopic, PartitionState, Reload
-diagnostics        ApiVersions, Stats, LookupMessage, Verify
+diagnostics        ApiVersions, Stats, LookupMessage, FindMessages, Verify
 replication        Promote
 groups             JoinGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, ListGroups,
                    DescribeGroup (the group coordinator)

@@ -1,4 +1,4 @@
-"""What a broker can say about itself: ApiVersions, Stats, LookupMessage and Verify."""
+"""What a broker can say about itself: ApiVersions, Stats, LookupMessage, FindMessages and Verify."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from metaq import __version__
 from metaq.broker.core import check_topic_name
 from metaq.broker.session import Session
-from metaq.errors import MessageNotFoundError, StorageError, UnknownPartitionError, UnknownTopicError
+from metaq.errors import InvalidArgument, MessageNotFoundError, StorageError, UnknownPartitionError, UnknownTopicError
 from metaq.protocol import messages as m
 
 if TYPE_CHECKING:
@@ -74,6 +74,44 @@ def handle_lookup_message(broker: Broker, req: m.LookupMessageRequest,
     return m.LookupMessageResponse(topic=topic, partition=partition, offset=offset)
 
 
+async def handle_find_messages(broker: Broker, req: m.FindMessagesRequest,
+                               session: Session | None) -> m.FindMessagesResponse:
+    """Search this broker's partitions of a topic by key and/or time range (in a worker thread)."""
+    check_topic_name(req.topic)
+    if req.topic not in broker.topics:
+        raise UnknownTopicError(f"topic {req.topic!r} does not exist")
+    if req.partition < -1:
+        raise UnknownPartitionError(f"partition must be >= 0, or -1 for every partition; got {req.partition}")
+    if not 1 <= req.max_results <= m.MAX_FIND_RESULTS:
+        raise InvalidArgument(f"max_results must be in 1..{m.MAX_FIND_RESULTS}, not {req.max_results}")
+    if req.from_ms < -1 or req.to_ms < -1:
+        raise InvalidArgument("from_ms and to_ms must be >= 0, or -1 for an open end")
+    if req.from_ms >= 0 and req.to_ms >= 0 and req.to_ms < req.from_ms:
+        raise InvalidArgument(f"to_ms {req.to_ms} is before from_ms {req.from_ms}")
+    targets = [plog for plog in sorted(broker.logs.logs(), key=lambda lg: lg.partition)
+               if plog.topic == req.topic and (req.partition < 0 or plog.partition == req.partition)]
+    if req.partition >= 0 and not targets:
+        raise UnknownPartitionError(f"topic {req.topic!r} has no partition {req.partition} on this broker")
+
+    def search() -> m.FindMessagesResponse:
+        resp = m.FindMessagesResponse()
+        for plog in targets:
+            if plog.closed:
+                continue
+            found = plog.find_messages(req.key, req.from_ms, req.to_ms, req.max_results)
+            resp.messages.extend(m.FoundMessage(plog.partition, offset, message_id, ts, key)
+                                 for offset, message_id, key, ts in found.rows)
+            resp.truncated = resp.truncated or found.truncated
+            resp.scanned_segments += found.scanned_segments
+            resp.problems.extend(f"{plog.topic}-{plog.partition}: {p}" for p in found.problems)
+        if len(resp.messages) > req.max_results:
+            del resp.messages[req.max_results:]
+            resp.truncated = True
+        return resp
+
+    return await asyncio.get_running_loop().run_in_executor(None, search)
+
+
 async def handle_verify(broker: Broker, req: m.VerifyRequest, session: Session | None) -> m.VerifyResponse:
     """Scrub partitions (every byte and index entry) in a worker thread; reads go on meanwhile."""
     if req.topic is not None:
@@ -98,4 +136,5 @@ HANDLERS: dict[type, Handler] = {
     m.StatsRequest: handle_stats,
     m.LookupMessageRequest: handle_lookup_message,
     m.VerifyRequest: handle_verify,
+    m.FindMessagesRequest: handle_find_messages,
 }
