@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -22,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from metaq.client import Message, connect
 from metaq.testing import BrokerProcess, wait_until
+from metaq.testing.ports import start_broker_on_a_taken_port
 
 METRICS_LINE = re.compile(r"metaq broker metrics (http://\S+)")
 OPERATIONS_MD = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
@@ -151,14 +149,8 @@ def test_metrics_are_off_unless_configured(broker: BrokerProcess) -> None:
 
 
 def test_a_taken_metrics_port_stops_the_start_before_the_data_directory(tmp_path: Path) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        data = tmp_path / "data"
-        result = subprocess.run([sys.executable, "-m", "metaq.broker", "--serverPort", "0", "--dataPath", str(data),
-                                 "--dashboardHttpPort", str(port)], capture_output=True, text=True, timeout=60,
-                                stdin=subprocess.DEVNULL)
+    data = tmp_path / "data"
+    port, result = start_broker_on_a_taken_port(data, "dashboardHttpPort")
     assert result.returncode == 1
     assert "Traceback" not in result.stderr and "ready" not in result.stdout
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]

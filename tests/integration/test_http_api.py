@@ -11,8 +11,6 @@ from __future__ import annotations
 import base64
 import json
 import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +24,7 @@ from metaq.http.routes import ROUTES
 from metaq.protocol import messages as m
 from metaq.protocol.records import encode_values
 from metaq.testing import BrokerProcess, wait_until
+from metaq.testing.ports import start_broker_on_a_taken_port
 from metaq.testing.raw import RawClient
 from metaq.types import Message
 
@@ -319,14 +318,8 @@ def test_openapi_describes_every_route_and_each_is_served(base: str, doc: dict[s
 
 
 def test_http_port_in_use_is_one_line_before_the_data_directory_is_created(tmp_path: Path) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        data = tmp_path / "data"
-        result = subprocess.run([sys.executable, "-m", "metaq.broker", "--serverPort", "0", "--dataPath", str(data),
-                                 "--httpPort", str(port)], capture_output=True, text=True, timeout=60,
-                                stdin=subprocess.DEVNULL)
+    data = tmp_path / "data"
+    port, result = start_broker_on_a_taken_port(data, "httpPort")
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     [line] = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
     assert f"HTTP on 127.0.0.1:{port}" in line and "httpPort" in line

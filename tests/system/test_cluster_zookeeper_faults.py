@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,30 +34,21 @@ def owner_of(zk: Any, path: str) -> int:
     return int(stat.ephemeralOwner) if stat is not None else 0
 
 
-@pytest.fixture
-def watcher(zookeeper: ZooKeeperServer) -> Iterator[Any]:
-    client = KazooClient(hosts=zookeeper.connect_string)
-    client.start(10)
-    yield client
-    client.stop()
-    client.close()
-
-
 def test_a_paused_broker_loses_its_session_and_registers_again_when_resumed(
-        cluster_factory: Callable[..., BrokerProcess], watcher: Any, zk_root: str) -> None:
+        cluster_factory: Callable[..., BrokerProcess], zk_client: Any, zk_root: str) -> None:
     b1 = cluster_factory(1, zk_session_timeout_ms=2000, topics="[topic=t]\nnumPartitions=2\n")
     b2 = cluster_factory(2, zk_session_timeout_ms=2000, topics="[topic=t]\nnumPartitions=2\n")
     path = f"{zk_root}/brokers/ids/2/master"
-    first_session = owner_of(watcher, path)
+    first_session = owner_of(zk_client, path)
     assert first_session
     b2.signal(signal.SIGSTOP)
     try:
-        wait_until(lambda: owner_of(watcher, path) == 0, 30, message="the paused broker's session to expire")
-        assert watcher.exists(f"{zk_root}/brokers/topics-pub/t/2-m") is None
+        wait_until(lambda: owner_of(zk_client, path) == 0, 30, message="the paused broker's session to expire")
+        assert zk_client.exists(f"{zk_root}/brokers/topics-pub/t/2-m") is None
     finally:
         b2.signal(signal.SIGCONT)
-    wait_until(lambda: owner_of(watcher, path) not in (0, first_session)
-               and owner_of(watcher, f"{zk_root}/brokers/topics-pub/t/2-m") == owner_of(watcher, path), 30,
+    wait_until(lambda: owner_of(zk_client, path) not in (0, first_session)
+               and owner_of(zk_client, f"{zk_root}/brokers/topics-pub/t/2-m") == owner_of(zk_client, path), 30,
                message="the resumed broker to register again on a new session")
     with connect(f"{b1.servers},{b2.servers}") as session:
         result = session.create_producer().send_batch("t", [b"after"], partition="2-1")

@@ -139,6 +139,12 @@ class BrokerConfig:
 
     Not logged here: whoever loads the configuration reports them (the broker command prints them)."""
 
+    @property
+    def ha_mode(self) -> bool:
+        """Replication with epochs and the in-sync set (docs/replication.md): syncReplication for [system] or
+        any topic, or autoFailover. Every replica then needs a replica id (--slave-id)."""
+        return self.auto_failover or self.sync_replication or any(t.sync_replication for t in self.topics.values())
+
     def topic_settings(self, topic: str) -> TopicSettings:
         """Effective settings for ``topic``, configured or dynamic. Raises InvalidArgument for a bad name."""
         validate_topic(topic)

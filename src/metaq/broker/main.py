@@ -122,9 +122,7 @@ def broker_command(config_file: str | None, event_loop: str, as_slave: bool, sla
     replica: SlaveConfig | None = None
     try:
         config = load_broker_config(config_file, overrides)
-        ha_mode = config.auto_failover or config.sync_replication or any(
-            t.sync_replication for t in config.topics.values())
-        if (slave_config_file is not None or slave_id is not None) and not as_slave and not ha_mode:
+        if (slave_config_file is not None or slave_id is not None) and not as_slave and not config.ha_mode:
             raise ConfigError("--slave-config and --slave-id only apply with --slave (or, as the master's replica "
                               "id, with syncReplication or autoFailover)")
         if as_slave or slave_config_file is not None or slave_id is not None:

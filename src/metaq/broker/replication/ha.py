@@ -63,11 +63,7 @@ that confirmed it (ZooKeeper expires the session a whole timeout after it last h
 
 def ha_enabled(broker: Broker) -> bool:
     """Whether this broker uses epochs, the in-sync set and (maybe) failover (ZooKeeper mode only)."""
-    config = broker.config
-    if broker.cluster.mode != "zookeeper":
-        return False
-    return config.auto_failover or config.sync_replication or any(
-        t.sync_replication for t in config.topics.values())
+    return broker.cluster.mode == "zookeeper" and broker.config.ha_mode
 
 
 class HighAvailability:
