@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from test_replication_slave import call, end_offsets, open_conn, stats
 
+from metaq.broker.launcher import BrokerLaunchError
 from metaq.broker.replication.fetcher import whole_batches
 from metaq.client import connect
 from metaq.errors import NotEnoughReplicasError, NotMasterError
@@ -415,3 +416,39 @@ def test_a_slave_killed_under_load_stalls_writes_at_most_the_lag_bound_then_catc
         read = read_back(sync, TOPIC)
     problems = check_history(read, load.acked, load.failed)
     assert not problems, "\n".join(problems[:20])
+
+
+def test_a_replica_outside_the_in_sync_set_refuses_to_start_as_master(
+        cluster_factory: Callable[..., BrokerProcess], zk_client: Any, zk_root: str) -> None:
+    """A replica that was neither the last master nor in its in-sync set may lack acked messages: it will
+    not start as master (one Error line, exit 1); started as a slave it catches up and rejoins."""
+    replicas = Replicas(cluster_factory, 2, minInSyncSlaves=0)
+    old, slave = replicas.procs[0], replicas.procs[1]
+    wait_isr(zk_client, zk_root, {1})
+    old.kill()  # replica 1 takes over; replica 0 is now out of the set
+    wait_until(lambda: (s := group_state(zk_client, zk_root)) is not None and s["master"] == 1, 30, 0.02,
+               "the slave to take over")
+    produce_on_new_master(slave, 0, [b"acked-by-replica-1-alone"])
+    slave.stop()  # no master left: the out-of-sync replica must not fill the gap
+    old.expect_exit_code(1)
+    with pytest.raises(BrokerLaunchError):
+        old.start()
+    assert any("is not in the in-sync set" in line for line in old.log_lines), old.output()
+    slave.start()  # the last master comes back
+    wait_until(lambda: master_url(zk_client, zk_root) is not None, 30, 0.02, "replica 1 to be master again")
+    old.args = replica_args(0, slave=True)
+    old.start()
+    wait_isr(zk_client, zk_root, {0})
+    wait_same_bytes(replicas.procs, 1)
+
+
+def test_degrade_to_async_acks_without_a_slave_and_counts_it(
+        cluster_factory: Callable[..., BrokerProcess], zk_client: Any, zk_root: str) -> None:
+    replicas = Replicas(cluster_factory, 2, degradeToAsync="true")
+    master, slave = replicas.procs[0], replicas.procs[1]
+    wait_isr(zk_client, zk_root, {1})
+    slave.kill()
+    wait_isr(zk_client, zk_root, set())
+    reply = produce_batch(master, 0, [b"acked-without-a-slave"])  # acked alone instead of refused
+    assert reply.base_offset >= 0
+    assert stats(master)["replica_group"]["degraded_acks"] >= 1

@@ -339,8 +339,8 @@ class HighAvailability:
 
     async def _eligible_state(self, absent_s: float) -> tuple[ReplicaGroupState, int] | None:
         """The state to take over from, when this slave should take over now: it is the successor a master
-        handing over named, or (autoFailover) it is in the in-sync set and no other successor is named (or the
-        named one has not taken over for two session timeouts)."""
+        handing over named, or (autoFailover) it is in the in-sync set or was the last master, and no other
+        successor is named (or the named one has not taken over for two session timeouts)."""
         try:
             state, version = await asyncio.to_thread(self.registry.read_replica_group, self.broker_id)
         except Exception as exc:
@@ -352,7 +352,9 @@ class HighAvailability:
             log.info("broker %d: replica group state %s", self.broker_id, state)
         if state.successor == self.replica_id:
             return state, version
-        if not self.broker.config.auto_failover or self.replica_id not in state.isr:
+        # the last master (restarted as a slave) holds every acked message of its epoch, as the set does
+        if not self.broker.config.auto_failover or (self.replica_id not in state.isr
+                                                    and state.master != self.replica_id):
             return None
         if state.successor >= 0 and absent_s < 2 * self.session_timeout_s:
             return None
