@@ -137,8 +137,9 @@ class ClusterLink:
     def _publish_config(self, document: dict[str, Any]) -> None:
         try:
             self.registry.publish_master_config(self.broker_id, document)
-        except Exception as exc:  # kept: a lost session's re-registration carries the latest state
-            log.error("cannot publish the topic options to the cluster: %s", exc)
+        except Exception as exc:  # kept (an owned node): a new session's re-registration carries the latest
+            log.warning("cannot publish the topic options to the cluster now (%s); they are published again "
+                        "when the ZooKeeper session is back", exc or type(exc).__name__)
 
     # ------------------------------------------------------------------ a change of role (HA)
 

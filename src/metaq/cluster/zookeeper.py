@@ -590,7 +590,10 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         self.register_broker(broker_id, address, slave_id=slave_id)
 
     def publish_master_config(self, broker_id: int, document: dict[str, object]) -> None:
-        self._keep(self.paths.master_config(broker_id), json.dumps(document, sort_keys=True).encode())
+        path, data = self.paths.master_config(broker_id), json.dumps(document, sort_keys=True).encode()
+        with self._lock:  # owned first: if the session is lost now, the next session writes it
+            self._owned[path] = data
+        self._create_ephemeral(path, data)
 
     def watch_master_config(self, broker_id: int, listener: Callable[[dict[str, object] | None], None]) -> None:
         path = self.paths.master_config(broker_id)
