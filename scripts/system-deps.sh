@@ -7,6 +7,9 @@ command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
 # ZooKeeper for cluster mode (metaq.devcluster.zookeeper runs its jar with the machine's Java).
 [ -e /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
+# Chromium and its WebDriver for the dashboard's browser tests (metaq.testing.browser).
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 if ((${#need[@]})); then
   if [ "$(id -u)" != 0 ]; then
     echo "missing system packages: ${need[*]} (run as root or install them)" >&2

@@ -192,6 +192,63 @@ class FencedEpochError(BrokerError):
 
 
 @_register
+class OutOfOrderSequenceError(BrokerError):
+    """Idempotent producer: the batch's first sequence number skips past the next one this partition expects
+    (an earlier batch of the producer is not stored yet). Nothing was stored; resend after the earlier one."""
+
+    code = 45
+    name = "OUT_OF_ORDER_SEQUENCE_NUMBER"
+    retriable = True
+    hint = "an earlier batch of this idempotent producer is missing; nothing was stored (resend in order)"
+
+
+@_register
+class DuplicateSequenceError(BrokerError):
+    """Idempotent producer: the batch was stored before, too long ago for its offsets to be remembered.
+    Nothing was stored again; the producer counts it as sent, without offsets."""
+
+    code = 46
+    name = "DUPLICATE_SEQUENCE_NUMBER"
+    hint = "this batch of the idempotent producer was stored before; it was not stored again"
+
+
+@_register
+class InvalidProducerEpochError(BrokerError):
+    """Idempotent producer: the batch comes from an epoch older than one the partition already has (the
+    producer restarted its sequence since). Nothing was stored."""
+
+    code = 47
+    name = "INVALID_PRODUCER_EPOCH"
+    hint = "the producer's sequence was restarted with a newer epoch; this older batch was not stored"
+
+
+@_register
+class InvalidTxnStateError(BrokerError):
+    """A transaction request that does not fit the transaction's state: unknown (never begun, or lost with a
+    broker restart before it was prepared), already finished, timed out and rolled back. The message says
+    which."""
+
+    code = 48
+    name = "INVALID_TXN_STATE"
+    hint = "the transaction is unknown, finished, or was rolled back (timeout, broker restart)"
+
+
+@_register
+class InvalidTransactionTimeoutError(BrokerError):
+    code = 50
+    name = "INVALID_TRANSACTION_TIMEOUT"
+    hint = "the transaction timeout is over the broker's maxTxTimeoutInSeconds (or negative)"
+
+
+@_register
+class ConcurrentTransactionsError(BrokerError):
+    code = 51
+    name = "CONCURRENT_TRANSACTIONS"
+    retriable = True
+    hint = "the broker holds maxTxTimeoutTimerCapacity open transactions; retry once some have finished"
+
+
+@_register
 class MessageTooLargeError(BrokerError):
     code = 10
     name = "MESSAGE_TOO_LARGE"
@@ -299,6 +356,55 @@ class NotCoordinatorError(BrokerError):
 
 
 @_register
+class TopicAuthorizationError(BrokerError):
+    """The principal has no ACL allowing this operation on this topic (or one denies it)."""
+
+    code = 29
+    name = "TOPIC_AUTHORIZATION_FAILED"
+    hint = "ask an administrator for an ACL (metaq acl add; docs/security.md)"
+
+
+@_register
+class GroupAuthorizationError(BrokerError):
+    code = 30
+    name = "GROUP_AUTHORIZATION_FAILED"
+    hint = "ask an administrator for an ACL on the group (metaq acl add --group; docs/security.md)"
+
+
+@_register
+class ClusterAuthorizationError(BrokerError):
+    code = 31
+    name = "CLUSTER_AUTHORIZATION_FAILED"
+    hint = "cluster operations (reload, verify, promote, stats) need a cluster ACL (metaq acl add --cluster)"
+
+
+@_register
+class SaslAuthenticationError(BrokerError):
+    """Authentication failed, or a request came before it on a broker that requires it (authRequired).
+
+    The broker closes the connection after this reply."""
+
+    code = 58
+    name = "SASL_AUTHENTICATION_FAILED"
+    hint = ("authenticate first: set the user and password (sasl_username/sasl_password, METAQ_USER and "
+            "METAQ_PASSWORD for the CLI) or connect with a client certificate (docs/security.md)")
+
+
+@_register
+class UnsupportedSaslMechanismError(BrokerError):
+    code = 33
+    name = "UNSUPPORTED_SASL_MECHANISM"
+    hint = "this broker accepts SCRAM-SHA-256"
+
+
+@_register
+class IllegalSaslStateError(BrokerError):
+    code = 34
+    name = "ILLEGAL_SASL_STATE"
+    hint = "SaslHandshake first, then SaslAuthenticate with the client's first and final SCRAM messages"
+
+
+@_register
 class MessageNotFoundError(BrokerError):
     code = 404
     name = "MESSAGE_NOT_FOUND"
@@ -341,6 +447,14 @@ class TooManyConnectionsError(BrokerError):
     name = "TOO_MANY_CONNECTIONS"
     retriable = True
     hint = "the broker has maxConnections connections open; close idle ones or retry later"
+
+
+@_register
+class DelayTooLongError(BrokerError):
+    code = 90
+    name = "DELAY_TOO_LONG"
+    hint = ("a delayed message is due later than the broker's maxDelayInSeconds allows; send it with a shorter "
+            "delay (or raise maxDelayInSeconds); nothing of the batch was stored")
 
 
 def error_for_code(code: int, message: str = "", response: Any = None) -> BrokerError:

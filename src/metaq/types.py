@@ -45,6 +45,10 @@ _OFFSET_MASK = (1 << OFFSET_BITS) - 1
 
 TOPIC_NAME_MAX_CHARS = 249
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]+")
+DEAD_LETTER_TOPIC_PREFIX = "%DLQ%"
+"""The one reserved use of '%' in a topic name: ``%DLQ%<group>``, a consumer group's dead-letter topic
+(docs/consumers.md), ``<group>`` following the group-name rules (letters, digits, '.', '_', '-', '@')."""
+_GROUP_NAME_RE = re.compile(r"[A-Za-z0-9._@-]+")
 
 DEFAULT_PORT = 8123
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
@@ -95,7 +99,8 @@ def parse_message_id(text: str) -> MessageId:
 def validate_topic(topic: object) -> str:
     """Return the topic name or raise InvalidArgument saying what is wrong with it.
 
-    The rules keep a topic name safe as a directory name: no path separators, no '..', no NUL.
+    The rules keep a topic name safe as a directory name: no path separators, no '..', no NUL. The
+    one name with '%' is a dead-letter topic, ``%DLQ%<group>``.
     """
     if not isinstance(topic, str):
         raise InvalidArgument(f"topic must be a string, not {type(topic).__name__}")
@@ -105,10 +110,17 @@ def validate_topic(topic: object) -> str:
         raise InvalidArgument(f"topic name has {len(topic)} characters; at most {TOPIC_NAME_MAX_CHARS}")
     if topic in (".", ".."):
         raise InvalidArgument(f"topic name {topic!r} is not allowed")
+    if topic.startswith(DEAD_LETTER_TOPIC_PREFIX):
+        group = topic[len(DEAD_LETTER_TOPIC_PREFIX):]
+        if not group or group in (".", "..") or not _GROUP_NAME_RE.fullmatch(group):
+            raise InvalidArgument(f"dead-letter topic name {topic!r}: after {DEAD_LETTER_TOPIC_PREFIX!r} comes a "
+                                  "consumer group name: letters, digits, '-', '_', '.' and '@' (not '.' or '..')")
+        return topic
     if not _TOPIC_RE.fullmatch(topic):
         bad = next(ch for ch in topic if not _TOPIC_RE.fullmatch(ch))
         raise InvalidArgument(
             f"topic name {topic!r} contains {bad!r}; use letters, digits, '-', '_' and '.' only"
+            + (f" ('%' only in a dead-letter topic, {DEAD_LETTER_TOPIC_PREFIX}<group>)" if bad == "%" else "")
         )
     return topic
 
@@ -236,6 +248,10 @@ class Message:
     id: MessageId = -1
     append_time_ms: int = -1
     broker_id: int = -1
+    deliver_at: int | None = None
+    """Delayed delivery (docs/delayed.md): ms since the epoch when consumers may see it (producer side)."""
+    delay_ms: int | None = None
+    """Delayed delivery: ms from the send until consumers may see it; not with ``deliver_at``."""
     # No __post_init__ check on purpose: consumers build millions of these per second, and it would
     # double the cost of each. The producer checks what it is given (InvalidArgument for non-bytes data).
 

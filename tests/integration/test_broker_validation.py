@@ -109,7 +109,8 @@ def _invalid_topic_cases(topic: str) -> dict[int, list[tuple[Any, Callable[[Any]
         2: [(m.CreateTopicRequest(topic, 1), top)],
         3: [(m.DeleteTopicRequest(topic), top)],
         4: [(m.ProduceRequest(topic, 0, 1, 5000, encode_values([b"x"], 1)), top),
-            (m.ProduceRequest(topic, m.ANY_PARTITION, 1, 5000, encode_values([b"x"], 1)), top)],
+            (m.ProduceRequest(topic, m.ANY_PARTITION, 1, 5000, encode_values([b"x"], 1)), top),
+            (m.ProduceRequest(topic, 0, 1, 5000, transaction_id="tx", records=encode_values([b"x"], 1)), top)],
         5: [(m.FetchRequest(topic, 0, 0, 1024, 0), top)],
         6: [(m.ListOffsetsRequest(topic, 0, m.LATEST_TIMESTAMP), top)],
         7: [(m.JoinGroupRequest("g1", "", "c", 10_000, 10_000, [topic]), top),
@@ -128,6 +129,10 @@ def _invalid_topic_cases(topic: str) -> dict[int, list[tuple[Any, Callable[[Any]
         18: [(m.VerifyRequest(topic, -1), top)],
         19: [],  # Promote names no topic
         20: [(m.FindMessagesRequest(topic, -1, b"k"), top)],
+        21: [],  # Transaction names no topic (its batches come in Produce, above)
+        22: [],  # CheckTransactions names a producer group, not a topic
+        30: [],  # SaslHandshake and SaslAuthenticate name no topic
+        31: [],
     }
 
 

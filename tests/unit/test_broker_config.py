@@ -120,19 +120,13 @@ def test_metaq_sample_server_ini_parses() -> None:
     assert c.zookeeper == ZkConfig(connect="localhost:2181")
     assert set(c.topics) == {"test", "meta-test"}
     assert c.topic_settings("test").unflush_threshold == 0
-    # flushTxLogAtCommit is MetaQ's transaction log knob: accepted, with a warning naming the line.
-    assert len(c.warnings) == 1
-    assert c.warnings[0].startswith("server.ini:11: flushTxLogAtCommit: ")
-    assert "ignored" in c.warnings[0]
+    # flushTxLogAtCommit is MetaQ's transaction log knob, and metaq's (docs/transactions.md): no warning.
+    assert c.warnings == ()
+    assert c.flush_tx_log_at_commit == 1
 
 
 def test_every_ignored_metaq_key_is_accepted_with_a_warning() -> None:
-    ignored = {
-        "flushTxLogAtCommit": "2", "maxCheckpoints": "3",
-        "checkpointInterval": "60 * 60 * 1000", "maxTxTimeoutTimerCapacity": "30000",
-        "maxTxTimeoutInSeconds": "60", "dataLogPath": "/var/meta-tx", "quartzThreadCount": "5",
-        "getProcessThreadCount": "80", "putProcessThreadCount": "80",
-    }
+    ignored = {"quartzThreadCount": "5", "getProcessThreadCount": "80", "putProcessThreadCount": "80"}
     text = "[system]\n" + "".join(f"{k}={v}\n" for k, v in ignored.items())
     c = parse_config(text, "s.ini")
     assert [w.split(":")[2].strip() for w in c.warnings] == list(ignored)
@@ -149,9 +143,17 @@ def test_dashboard_http_port_is_off_unless_set() -> None:
 
 
 def test_ignored_keys_are_still_checked() -> None:
+    assert refused("[system]\nquartzThreadCount=0\n").startswith("server.ini:2: quartzThreadCount: ")
+
+
+def test_transaction_keys_are_real_options() -> None:
+    c = parse_config("[system]\nflushTxLogAtCommit=2\nmaxCheckpoints=5\ncheckpointInterval=1000\n"
+                     "maxTxTimeoutTimerCapacity=10\nmaxTxTimeoutInSeconds=30\ndataLogPath=/var/meta-tx\n")
+    assert (c.flush_tx_log_at_commit, c.max_checkpoints, c.checkpoint_interval_ms, c.max_tx_timeout_timer_capacity,
+            c.max_tx_timeout_s, str(c.tx_log_dir)) == (2, 5, 1000, 10, 30, "/var/meta-tx")
+    assert c.warnings == ()
     assert refused("[system]\nflushTxLogAtCommit=7\n") == (
-        "server.ini:2: flushTxLogAtCommit: 7 is out of range; it must be between 0 and 2"
-    )
+        "server.ini:2: flushTxLogAtCommit: 7 is out of range; it must be between 0 and 2")
 
 
 def test_comments_blank_lines_whitespace_crlf_and_bom() -> None:
@@ -455,7 +457,7 @@ def test_with_overrides_applies_and_validates() -> None:
         ({"unflushTreshold": "1"}, "--unflushTreshold: unknown option; did you mean '--unflushThreshold'?"),
         ({"server-port": "1"}, "--server-port: unknown option; did you mean '--serverPort'?"),
         ({"maxMessageSize": "32m"}, "--maxMessageSize: maxMessageSize (33554432) is larger than maxBatchSize"),
-        ({"flushTxLogAtCommit": "1"}, "--flushTxLogAtCommit: unknown option"),
+        ({"flushTxLogAtCommit": "7"}, "--flushTxLogAtCommit: 7 is out of range"),
         ({"zk.zkConnect": "h:1"}, "--zk.zkConnect: unknown option"),
     ],
 )
@@ -466,10 +468,10 @@ def test_with_overrides_errors_name_the_flag(overrides: dict[str, str], expected
 
 
 def test_overriding_transfer_size_recomputes_its_warning() -> None:
-    c = parse_config("[system]\nmaxTransferSize=1k\nflushTxLogAtCommit=1\n", "s.ini")
+    c = parse_config("[system]\nmaxTransferSize=1k\nquartzThreadCount=1\n", "s.ini")
     assert len(c.warnings) == 2
     fixed = c.with_overrides({"maxTransferSize": "4m"})
-    assert len(fixed.warnings) == 1 and "flushTxLogAtCommit" in fixed.warnings[0]
+    assert len(fixed.warnings) == 1 and "quartzThreadCount" in fixed.warnings[0]
     again = fixed.with_overrides({"maxTransferSize": "2k"})
     assert again.warnings[-1].startswith("--maxTransferSize: ")
 

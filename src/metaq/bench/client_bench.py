@@ -55,12 +55,17 @@ class BenchSpec:
     rate: int = 20_000
     """e2e: messages per second the producer offers."""
     compression: str = "none"
+    idempotent: bool = False
+    """produce: an idempotent producer (every batch stamped, duplicates dropped by the broker)."""
     event_loop: str = "uvloop"
     brokers: int = 0
     """> 0: start a local cluster of this many brokers in ZooKeeper mode for the run (servers unset)."""
     zk: str | None = None
     """A running cluster's ZooKeeper (``host:port``): its registered brokers are measured."""
     zk_root: str = "/meta"
+    tls: dict[str, Any] = field(default_factory=dict)
+    """ClientConfig TLS and SASL options (``tls``, ``tls_ca_file``, ``sasl_username``...) for every session of
+    the run; empty: plain TCP, no authentication."""
 
     def flush_threshold(self) -> int:
         if self.flush in FLUSH_MODES:
@@ -120,14 +125,15 @@ def _worker_entry(kind: str, spec: BenchSpec, index: int, progress: Any, out: An
 
 async def _produce_worker(spec: BenchSpec, index: int, progress: Any) -> dict[str, Any]:
     from metaq.client import Message, MessageSessionFactory
+    from metaq.errors import MetaqError
 
     share = spec.count // spec.processes + (1 if index < spec.count % spec.processes else 0)
     payload = bytes(spec.size)
     latencies: list[float] = []
     sent = failures = 0
-    async with await MessageSessionFactory.connect(spec.servers or "") as session:
+    async with await MessageSessionFactory.connect(spec.servers or "", **spec.tls) as session:
         producer = session.create_producer(linger_ms=spec.linger_ms, batch_bytes=spec.batch_bytes,
-                                           compression=spec.compression)
+                                           compression=spec.compression, enable_idempotence=spec.idempotent)
         await producer.send_batch(spec.topic, [payload])  # warm metadata and connections
         start = time.perf_counter()
         deadline = start + spec.duration_s
@@ -185,6 +191,24 @@ async def _produce_worker(spec: BenchSpec, index: int, progress: Any) -> dict[st
                 sent += r.success
                 failures += not r.success
                 progress.value += 1
+        elif spec.api == "transaction":
+            # transactions of --batch messages each, one after another; latency = the commit's round trip
+            async def one_transaction(n: int) -> None:
+                nonlocal sent, failures
+                try:
+                    async with producer.transaction():
+                        for _ in range(n):
+                            await producer.send(Message(spec.topic, payload))
+                        t0 = time.perf_counter()
+                    latencies.append((time.perf_counter() - t0) * 1000)
+                    sent += n
+                except MetaqError:
+                    failures += n
+
+            while sent + failures < share and time.perf_counter() < deadline:
+                n = min(spec.batch, share - sent - failures)
+                await one_transaction(n)
+                progress.value = sent + failures
         else:
             raise ValueError(f"unknown api {spec.api!r}")
         await producer.close()
@@ -210,7 +234,7 @@ async def _consume_worker(spec: BenchSpec, index: int, progress: Any) -> dict[st
     from metaq.client import MessageSessionFactory
 
     got = nbytes = 0
-    async with await MessageSessionFactory.connect(spec.servers or "") as session:
+    async with await MessageSessionFactory.connect(spec.servers or "", **spec.tls) as session:
         every = await session.partitions(spec.topic)  # of every broker: each process takes every n-th
         parts = [p for i, p in enumerate(every) if i % spec.processes == index]
         consumer = session.create_pull_consumer()
@@ -243,7 +267,7 @@ async def _e2e_producer(spec: BenchSpec, index: int, progress: Any) -> dict[str,
 
     sent = failures = 0
     pad = bytes(max(0, spec.size - 8))
-    async with await MessageSessionFactory.connect(spec.servers or "") as session:
+    async with await MessageSessionFactory.connect(spec.servers or "", **spec.tls) as session:
         producer = session.create_producer(linger_ms=spec.linger_ms, batch_bytes=spec.batch_bytes)
         await producer.send(Message(spec.topic, _TS.pack(0) + pad))
         start = time.perf_counter()
@@ -279,7 +303,7 @@ async def _e2e_consumer(spec: BenchSpec, index: int, progress: Any) -> dict[str,
 
     latencies: list[float] = []
     total = min(spec.count, int(spec.rate * spec.duration_s))
-    async with await MessageSessionFactory.connect(spec.servers or "") as session:
+    async with await MessageSessionFactory.connect(spec.servers or "", **spec.tls) as session:
         parts = await session.partitions(spec.topic)
         consumer = session.create_pull_consumer()
         deadline = time.perf_counter() + spec.duration_s + 30
@@ -372,13 +396,15 @@ def _preload(spec: BenchSpec, show: _Progress) -> None:
     _run_workers("produce", load, 1, show)
 
 
-def servers_from_zookeeper(zk: str, root: str) -> str:
-    """The masters registered in a cluster's ZooKeeper, ``host:port,...`` (ValueError if none)."""
+def servers_from_zookeeper(zk: str, root: str, *, tls: bool = False) -> str:
+    """The masters registered in a cluster's ZooKeeper, ``host:port,...`` (their TLS ports with ``tls``;
+    ValueError if none)."""
     from metaq.cluster.zookeeper import ZooKeeperRegistry  # kazoo only for --zk
 
     registry = ZooKeeperRegistry(zk, root, connection_timeout_ms=10_000, read_only=True).start()
     try:
-        servers = registry.snapshot().servers()
+        snapshot = registry.snapshot()
+        servers = (snapshot.over_tls() if tls else snapshot).servers()
     finally:
         registry.close()
     if not servers:
@@ -394,7 +420,7 @@ def run_bench(spec: BenchSpec, *, progress: bool = False) -> BenchResult:
     given = spec.servers
     tmp = None
     if spec.zk is not None:
-        spec.servers = servers_from_zookeeper(spec.zk, spec.zk_root)
+        spec.servers = servers_from_zookeeper(spec.zk, spec.zk_root, tls=bool(spec.tls.get("tls")))
     elif spec.servers is None:
         tmp = tempfile.TemporaryDirectory(prefix="metaq-bench-")
         system = {"unflushThreshold": spec.flush_threshold(), "maxTransferSize": 1024 * 1024}
@@ -423,7 +449,7 @@ def _create_topic(spec: BenchSpec) -> None:
         from metaq.client import MessageSessionFactory
         from metaq.errors import TopicExistsError
 
-        async with await MessageSessionFactory.connect(spec.servers or "") as session:
+        async with await MessageSessionFactory.connect(spec.servers or "", **spec.tls) as session:
             admin = session.admin()
             for broker_id in await admin.broker_ids():  # the topic spread over every broker
                 try:

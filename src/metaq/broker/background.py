@@ -32,6 +32,11 @@ def default_jobs(config: BrokerConfig) -> list[Job]:
     jobs: list[Job] = [roll_stats, schedule_retention]
     if config.verify_after_unclean_start:
         jobs.append(verify_unclean)
+    jobs.append(transaction_timers)
+    if config.acl_enabled:
+        from metaq.broker.authorization import refresh_acls
+
+        jobs.append(refresh_acls)
     return jobs
 
 
@@ -100,3 +105,28 @@ async def schedule_retention(broker: Broker) -> None:
             next_due[expr] = next_run_ms(expr, int(time.time() * 1000))
         wait_ms = min([d - int(time.time() * 1000) for d in next_due.values()], default=RETENTION_RESCHEDULE_S * 1000)
         await asyncio.sleep(max(0.0, min(wait_ms / 1000, RETENTION_RESCHEDULE_S)))
+
+
+TRANSACTION_TICK_S = 0.5
+
+
+async def transaction_timers(broker: Broker) -> None:
+    """Roll back transactions past their timeout, fsync the transaction log once a second with
+    flushTxLogAtCommit=2, checkpoint it when due (docs/transactions.md). Nothing until the log exists."""
+    loop = asyncio.get_running_loop()
+    last_sync = time.monotonic()
+    while True:
+        await asyncio.sleep(TRANSACTION_TICK_S)
+        coordinator = broker.transactions
+        if coordinator is None:
+            continue
+        try:
+            coordinator.expire()
+            coordinator.offer_checks()
+            if coordinator.flush_at_commit == 2 and time.monotonic() - last_sync >= 1.0:
+                last_sync = time.monotonic()
+                await loop.run_in_executor(None, coordinator.txlog.sync)
+            if coordinator.checkpoint_due():
+                coordinator.checkpoint()  # on the loop: the log must not change meanwhile (rare, small)
+        except StorageError as exc:
+            log.error("transaction log: %s", exc)

@@ -66,9 +66,11 @@ class ClusterLink:
         if start is not None:
             start()
 
-    def join(self, host: str, port: int, topics: dict[str, tuple[int, bool, bool]]) -> None:
-        """Register this broker at ``host:port`` and announce ``topics`` (name -> (partitions, publish?,
-        subscribe?)). RegistryError (BrokerIdTaken) when another live broker has this id."""
+    def join(self, host: str, port: int, topics: dict[str, tuple[int, bool, bool]], *,
+             tls_port: int | None = None) -> None:
+        """Register this broker at ``host:port`` (and its TLS port, sslPort) and announce ``topics`` (name ->
+        (partitions, publish?, subscribe?)). RegistryError (BrokerIdTaken) when another live broker has this id."""
+        self.registry.tls_port = tls_port
         self.registry.register_broker(self.broker_id, Address(host, port), slave_id=self.slave_id)
         for topic, (count, pub, sub) in sorted(topics.items()):
             self.registry.publish_topic(topic, count, accept_publish=pub, accept_subscribe=sub)
@@ -163,6 +165,10 @@ class ClusterLink:
     def master_address(self) -> Address | None:
         """Where this broker id's master is registered now (a slave follows it); None while it is not."""
         return self.snapshot().address(self.broker_id)
+
+    def master_tls_address(self) -> Address | None:
+        """The master's TLS address (sslReplication); None while it is not registered with an sslPort."""
+        return self.snapshot().over_tls().address(self.broker_id)
 
     def master_topics(self) -> dict[str, int]:
         """Topic -> partition count the master of this broker id announces (publish or subscribe)."""

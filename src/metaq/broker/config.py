@@ -131,6 +131,31 @@ class BrokerConfig:
     degrade_to_async: bool = False
     auto_failover: bool = False
     http_port: int = -1
+    flush_tx_log_at_commit: int = 1
+    max_checkpoints: int = 3
+    checkpoint_interval_ms: int = 3_600_000
+    max_tx_timeout_timer_capacity: int = 30_000
+    max_tx_timeout_s: int = 60
+    transaction_check_interval_ms: int = 6000
+    transaction_check_max: int = 15
+    data_log_path: Path | None = None
+    """The transaction log's directory (MetaQ's dataLogPath); None: ``data_path / ".txlog"``."""
+    max_delay_s: int = 604_800
+    """The longest delay of a delayed message (docs/delayed.md)."""
+    ssl_port: int | None = None
+    """The TLS client port (docs/security.md); None: no TLS listener."""
+    ssl_cert_file: Path | None = None
+    ssl_key_file: Path | None = None
+    ssl_ca_file: Path | None = None
+    ssl_client_auth: str = "none"
+    ssl_http: bool = True
+    ssl_replication: bool = False
+    auth_required: bool = False
+    sasl_users_file: Path | None = None
+    replication_user: str | None = None
+    acl_enabled: bool = False
+    acl_file: Path | None = None
+    super_users: tuple[str, ...] = ()
     topics: dict[str, TopicConfig] = field(default_factory=dict)
     zookeeper: ZkConfig | None = None
     source_path: Path | None = None
@@ -138,6 +163,10 @@ class BrokerConfig:
     """Things accepted but worth telling the operator (ignored MetaQ options, odd combinations).
 
     Not logged here: whoever loads the configuration reports them (the broker command prints them)."""
+
+    @property
+    def tx_log_dir(self) -> Path:
+        return self.data_log_path if self.data_log_path is not None else self.data_path / ".txlog"
 
     @property
     def ha_mode(self) -> bool:

@@ -23,8 +23,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from metaq.broker import authorization
 from metaq.broker.cluster import ClusterLink
 from metaq.broker.config import BrokerConfig, TopicConfig, TopicSettings, diff_topics, merge_topic_configs
+from metaq.broker.delay.store import DelayStore
 from metaq.broker.error_mapping import error_response
 from metaq.broker.groups import GroupCoordinator
 from metaq.broker.ini import load_broker_config, topic_options_text
@@ -34,6 +36,7 @@ from metaq.broker.session import Session
 from metaq.broker.slave_config import SlaveConfig
 from metaq.broker.stats import BrokerStats
 from metaq.broker.topic_options import TopicOptionsStore
+from metaq.broker.transactions import TransactionCoordinator
 from metaq.broker.waiters import FetchWaiters
 from metaq.errors import (
     BrokerStoppingError,
@@ -42,13 +45,16 @@ from metaq.errors import (
     InvalidRequestError,
     InvalidTopicError,
     NotMasterError,
+    SaslAuthenticationError,
     StorageError,
     StorageFailureError,
     UnknownPartitionError,
     UnknownTopicError,
 )
 from metaq.protocol import messages as m
+from metaq.security.acl import Acls
 from metaq.storage import LogConfig, LogManager, PartitionLog
+from metaq.storage.txlog import TransactionLog
 from metaq.types import validate_topic
 
 log = logging.getLogger("metaq.broker")
@@ -57,6 +63,10 @@ Handler = Callable[["Broker", Any, Session | None], Any]
 """A request handler: (broker, request, session) -> the response, a FileReply, or a coroutine of one."""
 
 REFUSED_WHILE_STOPPING: frozenset[type] = frozenset({m.ProduceRequest, m.FetchRequest})
+BEFORE_AUTHENTICATION: frozenset[type] = frozenset({m.ApiVersionsRequest, m.SaslHandshakeRequest,
+                                                    m.SaslAuthenticateRequest})
+"""What an unauthenticated connection may send when authRequired is set; anything else is refused and
+the connection closed."""
 """Requests a draining broker answers with BROKER_STOPPING (the others still work while it drains)."""
 
 
@@ -149,6 +159,16 @@ class Broker:
         self.logs = LogManager(config.data_path, config.broker_id, self._log_config(None),
                                load_in_parallel=config.load_message_stores_in_parallel,
                                sync=self.stats.fsync_seconds.timed(sync))
+        self.delay = DelayStore(config.data_path, config.broker_id, self._log_config(None),
+                                max_delay_ms=config.max_delay_s * 1000, flusher=self.logs.flusher,
+                                files=self.logs.files, sync=self.stats.fsync_seconds.timed(sync))
+        """Delayed messages until due (docs/delayed.md); its deliverer runs as a service task."""
+        self.stats.delayed = self.delay.describe
+        self.transactions: TransactionCoordinator | None = None
+        """The transaction log and the transactions' states (docs/transactions.md): opened at start when
+        the log exists, else by the first transaction request."""
+        self._tx_sync = sync
+        self.stats.transactions = lambda: self.transactions.describe() if self.transactions is not None else None
         self.partition_states = PartitionStateStore(config.data_path)
         self._partition_state_lock = asyncio.Lock()
         self.topics: dict[str, TopicState] = {}
@@ -160,6 +180,12 @@ class Broker:
         self.host = config.host_name
         """Where clients reach this broker (Metadata advertises it): the transport sets it once bound."""
         self.port = 0
+        self.acls = Acls((), config.super_users)
+        """The ACLs in force (aclEnabled): swapped in by metaq.broker.authorization.refresh_acls."""
+        self.credentials: Callable[[str], Any] | None = None
+        """How SASL finds a user's stored credential (blocking; set on first use, metaq.broker.handlers.sasl)."""
+        self.tls_port: int | None = None
+        """The TLS port (sslPort) once bound; registered in ZooKeeper beside the plaintext one."""
         self.cluster_host = config.host_name
         """The host registered in the cluster (the service sets it at join)."""
         self.cluster = cluster if cluster is not None else ClusterLink.for_config(
@@ -287,6 +313,34 @@ class Broker:
                 state.closed |= {p for p in closed if p < state.num_partitions}
                 self.announce(topic)
         self.groups.open()
+        self.delay.open(self.logs.get, self._delivered)
+        if self.config.tx_log_dir.is_dir():
+            self._open_transactions()
+
+    def tx_coordinator(self) -> TransactionCoordinator:
+        """The transactions, the log opened (created) on first use."""
+        if self.transactions is None:
+            self._open_transactions()
+            assert self.transactions is not None
+        return self.transactions
+
+    def _open_transactions(self) -> None:
+        from metaq.broker.handlers.transactions import reapply_on_open
+
+        c = self.config
+        coordinator = TransactionCoordinator(
+            TransactionLog(c.tx_log_dir, max_checkpoints=c.max_checkpoints, sync=self._tx_sync),
+            max_timeout_s=c.max_tx_timeout_s, capacity=c.max_tx_timeout_timer_capacity,
+            flush_at_commit=c.flush_tx_log_at_commit, checkpoint_interval_ms=c.checkpoint_interval_ms,
+            check_interval_ms=c.transaction_check_interval_ms, check_max=c.transaction_check_max)
+        self.transactions = coordinator
+        for tx in coordinator.open():  # COMMIT logged, not all applied: finish it (duplicates are dropped)
+            reapply_on_open(self, tx)
+
+    def _delivered(self, topic: str, partition: int, count: int) -> None:
+        """Delayed messages were appended to a partition: wake its long polls, count them in."""
+        self.stats.partition(topic, partition).put_messages += count
+        self.waiters.notify(topic, partition)
 
     def partition_refs(self, topic: str) -> list[tuple[int, int]]:
         """(broker id, partition) of a topic's partitions here, for the group coordinator."""
@@ -437,7 +491,16 @@ class Broker:
         to the caller.
         """
         kind = type(request)
+        if (session is not None and session.principal is None and self.config.auth_required
+                and kind not in BEFORE_AUTHENTICATION):
+            session.close_after_reply = True
+            name = getattr(kind, "API_NAME", kind.__name__)
+            return m.error_response(getattr(kind, "API_KEY", -1), SaslAuthenticationError.code,
+                                    f"{name} refused: this broker requires authentication (authRequired) and "
+                                    f"the connection has not authenticated; {SaslAuthenticationError.hint}")
         try:
+            if session is not None and self.config.acl_enabled and session.principal is not None:
+                authorization.check(self.acls, session.principal, request)
             handler = self.handlers.get(kind)
             if handler is None:
                 raise InvalidRequestError(f"{kind.API_NAME} is not served by this broker version")
@@ -477,4 +540,9 @@ class Broker:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
 
     def close(self) -> None:
-        self.logs.close()
+        try:
+            self.delay.close()
+            if self.transactions is not None:
+                self.transactions.txlog.close()
+        finally:
+            self.logs.close()

@@ -195,6 +195,9 @@ def parse_config(text: str, source: str = "<string>", base_dir: Path | None = No
         values[opt.attr] = value
         where[key] = loc
     values["data_path"] = _absolute(values["data_path"], base_dir)
+    for attr in ("ssl_cert_file", "ssl_key_file", "ssl_ca_file", "sasl_users_file", "acl_file"):
+        if values.get(attr) is not None:
+            values[attr] = _absolute(values[attr], base_dir)
     cross_check(values, where, warnings)
 
     zookeeper = None

@@ -23,12 +23,16 @@ from typing import IO, Any, Self
 
 from metaq.errors import MetaqError
 
-__all__ = ["HTTP_READY_RE", "READY_RE", "BrokerLaunchError", "BrokerLauncher"]
+__all__ = ["HTTP_READY_RE", "METRICS_RE", "READY_RE", "TLS_READY_RE", "BrokerLaunchError", "BrokerLauncher"]
 
 READY_RE = re.compile(r"metaq broker ready (\S+):(\d+)")
 """The line ``metaq broker`` prints once it serves (see metaq.broker.main)."""
-HTTP_READY_RE = re.compile(r"metaq http ready (http://\S+)")
+HTTP_READY_RE = re.compile(r"metaq http ready (https?://\S+)")
 """The line printed before it when httpPort is set: where the HTTP API is (docs/http.md)."""
+TLS_READY_RE = re.compile(r"metaq broker tls ready (\S+):(\d+)")
+"""The line printed before it when sslPort is set: where the TLS port is (docs/security.md)."""
+METRICS_RE = re.compile(r"metaq broker metrics (https?://\S+)")
+"""The line printed before it when dashboardHttpPort is set."""
 OUTPUT_SHOWN_LINES = 200
 """How much of the broker's output :meth:`BrokerLauncher.output` (and so an error) shows."""
 
@@ -67,6 +71,10 @@ class BrokerLauncher:
         self.log_lines: list[str] = []
         self.http_url: str | None = None
         """``http://host:port`` of the HTTP API once ready, when the broker serves one (httpPort)."""
+        self.tls_port: int | None = None
+        """The TLS port once ready, when the broker serves one (sslPort); a restart keeps it."""
+        self.metrics_url: str | None = None
+        """The /metrics URL once ready, when the broker serves it (dashboardHttpPort)."""
         self._ready = threading.Event()
         """Set by the output reader at the ready line, or when the output ends (the broker exited)."""
         self._ready_seen = False
@@ -89,6 +97,8 @@ class BrokerLauncher:
             self.config_path.write_text(self.config_text)
             cmd += ["-f", str(self.config_path)]
         for key, value in self.options.items():
+            if key == "sslPort" and self.tls_port is not None:
+                value = self.tls_port
             if isinstance(value, bool):
                 value = "true" if value else "false"
             cmd += [f"--{key}", str(value)]
@@ -145,6 +155,12 @@ class BrokerLauncher:
             http = HTTP_READY_RE.search(line)
             if http:
                 self.http_url = http.group(1)
+            tls = TLS_READY_RE.search(line)
+            if tls:
+                self.tls_port = int(tls.group(2))
+            metrics = METRICS_RE.search(line)
+            if metrics:
+                self.metrics_url = metrics.group(1)
             match = READY_RE.search(line)
             if match:
                 self.host, self.port = match.group(1), int(match.group(2))

@@ -59,6 +59,7 @@ async def serve(config: BrokerConfig, *, config_path: str | None = None,
 
     def on_reload() -> None:
         broker.handle(m.ReloadRequest())  # as `metaq admin reload` does; what it did, or why not, is logged
+        service.reload_tls()  # new TLS connections get the certificate files as they are now
 
     stopped_by: list[int] = []
 
@@ -76,9 +77,11 @@ async def serve(config: BrokerConfig, *, config_path: str | None = None,
     if ready_line:
         if service.http is not None:
             http_host, http_port = service.http.address
-            print(f"metaq http ready http://{http_host}:{http_port}", flush=True)
+            print(f"metaq http ready {service.http.scheme}://{http_host}:{http_port}", flush=True)
         if service.metrics is not None:
             print(f"metaq broker metrics {service.metrics.url}", flush=True)
+        if service.tls_port is not None:
+            print(f"metaq broker tls ready {broker.host}:{service.tls_port}", flush=True)
         print(f"metaq broker ready {broker.host}:{broker.port}", flush=True)
     await stop.wait()
     log.info("stopping: no new connections, finishing in-flight requests")

@@ -7,17 +7,15 @@ of the groups this broker coordinates and a slave's replication state, and :func
 copy into the text format. So a broker that is never scraped pays nothing for its metrics, and one
 that is pays on the scrape, not on produce or fetch.
 
-The HTTP server is aiohttp, on the broker's own event loop. The snapshot is taken on the loop (the
-thread that changes the state, so no lock is needed); the formatting, which for thousands of
-partitions takes tens of milliseconds, runs in a worker thread so that it does not stall requests.
-It serves ``/metrics`` (the text exposition format) and ``/`` (a line saying where the metrics are);
-everything else is 404. See docs/operations.md, "Metrics", for the list.
+The HTTP server is :mod:`metaq.broker.dashboard.server` (aiohttp, on the broker's own event loop),
+which serves ``/metrics`` beside the web dashboard. The snapshot is taken on the loop (the thread that
+changes the state, so no lock is needed); the formatting, which for thousands of partitions takes tens
+of milliseconds, runs in a worker thread so that it does not stall requests. The dashboard reads the
+same snapshots. See docs/operations.md, "Metrics", for the list.
 """
 
 from __future__ import annotations
 
-import asyncio
-import errno
 import logging
 import os
 import time
@@ -25,8 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
@@ -90,6 +87,8 @@ class Snapshot:
     """(topic, partition label, lag messages, lag seconds, stalled 0/1, errors)."""
     replica_group: dict[str, Any] | None = None
     """The replica group's state (sync replication, failover: ``metaq stats`` ``replica_group``)."""
+    delayed: tuple[int, Cumulative] | None = None
+    """Delayed messages pending, and their lateness at delivery (docs/delayed.md)."""
 
 
 COUNTER_FIELDS = ("put_messages", "put_bytes", "put_requests", "put_failures", "get_messages", "get_bytes",
@@ -151,7 +150,8 @@ def take_snapshot(broker: Broker) -> Snapshot:
         waiting_fetches=broker.waiters.waiting, waiting_fetches_max=broker.waiters.max_waiting,
         counters=counters, logs=logs, append=stats.append_seconds.cumulative(),
         fetch=stats.fetch_seconds.cumulative(), fsync=stats.fsync_seconds.cumulative(),
-        group_offsets=group_offsets, group_members=members, replication=replication, replica_group=replica_group)
+        group_offsets=group_offsets, group_members=members, replication=replication, replica_group=replica_group,
+        delayed=(broker.delay.pending, broker.delay.lateness.cumulative()))
 
 
 class SnapshotCollector(Collector):
@@ -229,6 +229,12 @@ class SnapshotCollector(Collector):
                          "the long-poll wait, nor sending them).", snap.fetch)
         yield _histogram("metaq_fsync_duration_seconds", "Each fdatasync of the partition logs (data, indexes, "
                          "directories).", snap.fsync)
+        if snap.delayed is not None:
+            pending = _gauge("metaq_delayed_pending", "Delayed messages stored, not yet delivered (docs/delayed.md).")
+            pending.add_metric([], snap.delayed[0])
+            yield pending
+            yield _histogram("metaq_delayed_lateness_duration_seconds", "How late each delayed message was "
+                             "appended to its partition after its due time.", snap.delayed[1])
 
     def _group_families(self) -> Iterator[Metric]:
         """Groups coordinated by this broker (standalone mode). In ZooKeeper mode the offsets are in
@@ -303,63 +309,3 @@ def render(snap: Snapshot) -> bytes:
 def exposition(broker: Broker) -> bytes:
     """The metrics of ``broker`` in Prometheus's text format, all at once (on the broker's loop)."""
     return render(take_snapshot(broker))
-
-
-class MetricsServer:
-    """``/metrics`` over HTTP. :meth:`bind` takes the port (before the data directory is opened, so a
-    taken port leaves nothing behind); scrapes get 503 until :meth:`serve` says the broker is serving."""
-
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.serving = False
-        self.host = ""
-        self.port = 0
-        self._runner: web.AppRunner | None = None
-
-    async def bind(self, host: str, port: int) -> None:
-        """Listen on host:port (0: any free port); OSError as the socket raised it."""
-        app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/", self._index)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_address=False)
-        try:
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        addresses = runner.addresses  # the bound port, when 0 was asked for
-        self.host, self.port = addresses[0][:2] if addresses else (host, port)
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
-
-    def serve(self) -> None:
-        self.serving = True
-
-    async def close(self) -> None:
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        if not self.serving:
-            return web.Response(status=503, text="the broker is starting: no metrics yet\n")
-        snap = take_snapshot(self.broker)
-        body = await asyncio.get_running_loop().run_in_executor(None, render, snap)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    async def _index(self, request: web.Request) -> web.Response:
-        return web.Response(text=f"metaq broker {self.broker.config.broker_id}: metrics at /metrics\n")
-
-
-def bind_error(host: str, port: int, exc: OSError) -> str:
-    """The one line a broker prints when it cannot listen for metrics."""
-    reason = exc.strerror or str(exc)
-    if exc.errno == errno.EADDRINUSE:
-        reason = "the address is already in use (another broker? choose another dashboardHttpPort, or 0)"
-    return f"cannot listen for metrics on {host}:{port} (dashboardHttpPort): {reason}"

@@ -153,6 +153,25 @@ def _is_host(text: str) -> bool:
     return len(text) <= 253 and all(_HOST_LABEL_RE.fullmatch(label) for label in text.split("."))
 
 
+def _choice(*choices: str) -> Converter:
+    def convert(text: str) -> str:
+        low = _text(text).lower()
+        if low not in choices:
+            raise InvalidValue(f"{text!r} is not one of {', '.join(choices)}")
+        return low
+
+    return convert
+
+
+def _principals(text: str) -> tuple[str, ...]:
+    from metaq.security.acl import parse_super_users
+
+    try:
+        return parse_super_users(text)
+    except ValueError as exc:
+        raise InvalidValue(str(exc)) from None
+
+
 def _host(text: str) -> str:
     if not _is_host(_text(text)):
         raise InvalidValue(f"{text!r} is not an IP address or host name")
@@ -376,9 +395,9 @@ OPTIONS: tuple[Option, ...] = (
          "Move a consumer whose offset is out of range to the newest offset instead of failing "
          "(handy in development, keep false in production).", _boolean),
     _opt("dashboardHttpPort", "dashboard_http_port", "int", None, _SYSTEM,
-         "HTTP port serving Prometheus metrics at /metrics, on hostName (0: the OS picks a free port; the "
-         "broker logs the address). Off unless set: MetaQ's default 8120 would make two brokers on one "
-         "host collide (docs/operations.md).", _port, default_doc="off (MetaQ: 8120)"),
+         "HTTP port serving the web dashboard at / and Prometheus metrics at /metrics, on hostName (0: the "
+         "OS picks a free port; the broker logs the address). Off unless set: MetaQ's default 8120 would make "
+         "two brokers on one host collide (docs/operations.md).", _port, default_doc="off (MetaQ: 8120)"),
     _opt("loadMessageStoresInParallel", "load_message_stores_in_parallel", "bool", "false", _SYSTEM,
          "Open partitions in parallel at start-up (faster start, interleaved log lines).", _boolean),
     # -- [system], metaq's extensions --------------------------------------------------------------
@@ -423,6 +442,59 @@ OPTIONS: tuple[Option, ...] = (
          "Port of the HTTP API (docs/http.md), on hostName: -1 = off, 0 = a free port (the bound address "
          "is logged and printed). MetaQ's jettyBroker plugin took it as serverPort in its own file.",
          _integer(-1, 65535), status="extension"),
+    _opt("maxDelayInSeconds", "max_delay_s", "int", "604800", _SYSTEM,
+         "The longest delay of a delayed message (docs/delayed.md), counted from its arrival; a longer one "
+         "is refused with DELAY_TOO_LONG.", _integer(0, _JAVA_INT_MAX), status="extension"),
+    # -- [system], TLS (docs/security.md) -----------------------------------------------------------
+    _opt("sslPort", "ssl_port", "int", None, _SYSTEM,
+         "TLS port for clients and slaves, on hostName beside the plaintext serverPort (0: the OS picks a free "
+         "port; the ready line prints it). Needs sslCertFile. Off unless set.", _port, status="extension",
+         default_doc="off"),
+    _opt("sslCertFile", "ssl_cert_file", "path", None, _SYSTEM,
+         "The broker's certificate chain (PEM; the key may be in it too) for sslPort, and for the HTTP API "
+         "and /metrics when sslHttp is true. Re-read on SIGHUP: new connections get the new certificate.",
+         _path, status="extension", default_doc="none"),
+    _opt("sslKeyFile", "ssl_key_file", "path", None, _SYSTEM,
+         "The private key of sslCertFile (PEM, not password-protected); none: the key is in sslCertFile.",
+         _path, status="extension", default_doc="none"),
+    _opt("sslCaFile", "ssl_ca_file", "path", None, _SYSTEM,
+         "CA certificates (PEM) that client certificates are checked against (sslClientAuth), and that a "
+         "slave checks its master's certificate against (sslReplication).", _path, status="extension",
+         default_doc="none"),
+    _opt("sslClientAuth", "ssl_client_auth", "choice", "none", _SYSTEM,
+         "Client certificates on TLS listeners (mTLS): none = not asked; want = asked and checked when "
+         "sent; need = a connection without a valid one is refused. want/need need sslCaFile.",
+         _choice("none", "want", "need"), status="extension"),
+    _opt("sslHttp", "ssl_http", "bool", "true", _SYSTEM,
+         "With sslCertFile set: the HTTP API (httpPort) and /metrics (dashboardHttpPort) serve HTTPS with the "
+         "same certificate; false keeps them plain HTTP.", _boolean, status="extension"),
+    _opt("sslReplication", "ssl_replication", "bool", "false", _SYSTEM,
+         "A slave fetches from its master's TLS port (registered in ZooKeeper), verifying it against sslCaFile "
+         "and presenting sslCertFile/sslKeyFile as its client certificate.", _boolean, status="extension"),
+    # -- [system], authentication (docs/security.md) -------------------------------------------------
+    _opt("authRequired", "auth_required", "bool", "false", _SYSTEM,
+         "Every connection must authenticate (SASL SCRAM-SHA-256, or a client certificate on the TLS port) "
+         "before any request but ApiVersions and the SASL handshake; others get SASL_AUTHENTICATION_FAILED "
+         "and the connection is closed. The HTTP API then refuses every request (HTTP authentication is "
+         "not built).", _boolean, status="extension"),
+    _opt("saslUsersFile", "sasl_users_file", "path", None, _SYSTEM,
+         "Embedded mode: the users file (hashed SCRAM credentials, `metaq acl user add --users-file`); "
+         "re-read when it changes. ZooKeeper mode keeps users in ZooKeeper instead.", _path,
+         status="extension", default_doc="dataPath/users.json"),
+    _opt("aclEnabled", "acl_enabled", "bool", "false", _SYSTEM,
+         "Check every request against the ACLs (`metaq acl add`; a file in embedded mode, ZooKeeper in cluster "
+         "mode; re-read every second). No matching allow, or any matching deny: *_AUTHORIZATION_FAILED. Needs "
+         "authRequired.", _boolean, status="extension"),
+    _opt("aclFile", "acl_file", "path", None, _SYSTEM,
+         "Embedded mode: the ACL file (`metaq acl add --acl-file`).", _path, status="extension",
+         default_doc="dataPath/acls.json"),
+    _opt("superUsers", "super_users", "principals", "", _SYSTEM,
+         "Principals allowed everything whatever the ACLs say: User:NAME;User:NAME (a client certificate's CN "
+         "is User:CN too).", _principals, status="extension", default_doc="none"),
+    _opt("replicationUser", "replication_user", "text", None, _SYSTEM,
+         "The user a slave authenticates as to its master (password from the METAQ_REPLICATION_PASSWORD "
+         "environment variable); none: no SASL (a client certificate, sslReplication, may do).", _text,
+         status="extension", default_doc="none"),
     # -- [system], replication (docs/replication.md) ----------------------------------------------------
     _opt("syncReplication", "sync_replication", "bool", "false", _SYSTEM_AND_TOPIC,
          "Sync replication (MetaQ's 同步复制): a produce is acked only once every in-sync slave holds the "
@@ -451,22 +523,31 @@ OPTIONS: tuple[Option, ...] = (
     _opt("putProcessThreadCount", "", "int", None, _SYSTEM,
          "Ignored: the broker serves requests on one asyncio event loop.", _positive,
          status="ignored", default_doc="CPUs*10 in MetaQ"),
-    _opt("flushTxLogAtCommit", "", "int", "1", _SYSTEM,
-         "Ignored: no transactions yet (MetaQ's transaction log flushing).", _integer(0, 2),
-         status="ignored"),
-    _opt("maxCheckpoints", "", "int", "3", _SYSTEM,
-         "Ignored: no transactions yet (transaction log checkpoints kept).", _positive,
-         status="ignored"),
-    _opt("checkpointInterval", "", "int", "3600000", _SYSTEM,
-         "Ignored: no transactions yet (ms between transaction checkpoints).",
-         _integer(1, 2**63 - 1), status="ignored"),
-    _opt("maxTxTimeoutTimerCapacity", "", "int", "30000", _SYSTEM,
-         "Ignored: no transactions yet (transaction timeout timers).", _positive, status="ignored"),
-    _opt("maxTxTimeoutInSeconds", "", "int", "60", _SYSTEM,
-         "Ignored: no transactions yet (longest transaction, seconds).", _positive, status="ignored"),
-    _opt("dataLogPath", "", "path", None, _SYSTEM,
-         "Ignored: no transaction log yet (MetaQ's transaction log directory).", _path,
-         status="ignored", default_doc="dataPath"),
+    _opt("flushTxLogAtCommit", "flush_tx_log_at_commit", "int", "1", _SYSTEM,
+         "When the transaction log is fsynced: 0 = left to the OS; 1 = at every commit (and every XA "
+         "prepare), before the commit is applied; 2 = once a second (a crash may lose the last second's "
+         "commits). docs/transactions.md", _integer(0, 2)),
+    _opt("maxCheckpoints", "max_checkpoints", "int", "3", _SYSTEM,
+         "Transaction log generations kept; each checkpoint starts a new one holding only the live "
+         "transactions, and the oldest beyond this is deleted.", _positive),
+    _opt("checkpointInterval", "checkpoint_interval_ms", "int", "3600000", _SYSTEM,
+         "ms between transaction log checkpoints (also taken when the log passes 256 MiB).",
+         _integer(1, 2**63 - 1)),
+    _opt("maxTxTimeoutTimerCapacity", "max_tx_timeout_timer_capacity", "int", "30000", _SYSTEM,
+         "Most transactions open (or prepared) at once; a begin past it is refused with "
+         "CONCURRENT_TRANSACTIONS (retriable).", _positive),
+    _opt("maxTxTimeoutInSeconds", "max_tx_timeout_s", "int", "60", _SYSTEM,
+         "Longest a transaction may stay open or prepared: then it is rolled back, and a later commit "
+         "is told so. A client may ask for less, not more.", _positive),
+    _opt("transactionCheckInterval", "transaction_check_interval_ms", "int", "6000", _SYSTEM,
+         "Half messages (RocketMQ's name): a transaction prepared with a producer group and not finished this "
+         "many ms after its prepare (or its last check) is offered to the group's checker.",
+         _integer(1, _JAVA_INT_MAX), status="extension"),
+    _opt("transactionCheckMax", "transaction_check_max", "int", "15", _SYSTEM,
+         "Half messages: checks without a decision before the transaction is rolled back.", _positive,
+         status="extension"),
+    _opt("dataLogPath", "data_log_path", "path", None, _SYSTEM,
+         "Directory of the transaction log (MetaQ's dataLogPath).", _path, default_doc="dataPath/.txlog"),
     _opt("quartzThreadCount", "", "int", None, _SYSTEM,
          "Ignored: deleteWhen runs on the event loop, not a Quartz thread pool.", _positive,
          status="ignored", default_doc="Quartz's default"),
@@ -573,6 +654,19 @@ def cross_check(values: dict[str, Any], where: Mapping[str, str], warnings: list
             f"({values['max_partial_frames_bytes']}) must be at least maxFrameSize ({values['max_frame_bytes']}) "
             "so that a whole frame can be received"
         )
+    if values.get("ssl_port") is not None and values.get("ssl_cert_file") is None:
+        raise ConfigError(f"{at('sslCertFile', 'sslPort')}: sslPort needs sslCertFile (the broker's certificate)")
+    if values.get("ssl_client_auth", "none") != "none" and values.get("ssl_ca_file") is None:
+        raise ConfigError(f"{at('sslCaFile', 'sslClientAuth')}: sslClientAuth={values['ssl_client_auth']} needs "
+                          "sslCaFile (the CA that signs client certificates)")
+    if values.get("ssl_key_file") is not None and values.get("ssl_cert_file") is None:
+        raise ConfigError(f"{at('sslCertFile', 'sslKeyFile')}: sslKeyFile needs sslCertFile")
+    if values.get("acl_enabled") and not values.get("auth_required"):
+        raise ConfigError(f"{at('authRequired', 'aclEnabled')}: aclEnabled needs authRequired=true (ACLs name "
+                          "authenticated principals)")
+    if values.get("ssl_replication") and values.get("ssl_ca_file") is None:
+        raise ConfigError(f"{at('sslCaFile', 'sslReplication')}: sslReplication needs sslCaFile (the CA the "
+                          "master's certificate is checked against)")
     if values["max_transfer_bytes"] < values["max_message_bytes"]:
         warnings.append(
             f"{at('maxMessageSize', 'maxTransferSize')}: maxTransferSize ({values['max_transfer_bytes']}) is "

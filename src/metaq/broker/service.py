@@ -10,21 +10,26 @@ import asyncio
 import contextlib
 import errno
 import logging
+import os
 import socket
+import ssl
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from metaq.broker.background import Job, default_jobs
+from metaq.broker.config import BrokerConfig
 from metaq.broker.connections import ConnectionLimits, ConnectionRegistry
 from metaq.broker.core import Broker
 from metaq.broker.replication import SlaveReplicator
 from metaq.broker.replication.ha import HighAvailability, ha_enabled
+from metaq.broker.replication.slave import REPLICATION_PASSWORD_ENV
 from metaq.broker.transport import listen_tcp
 from metaq.cluster.registry import RegistryError
 from metaq.errors import ConfigError, StorageError
+from metaq.net.tls import ClientAuth, ServerTls
 
 if TYPE_CHECKING:
-    from metaq.broker.metrics import MetricsServer
+    from metaq.broker.dashboard.server import MetricsServer
 
 log = logging.getLogger("metaq.broker")
 
@@ -37,6 +42,40 @@ def advertised_host(bound_host: str) -> str:
     if bound_host in ("", "0.0.0.0", "::"):
         return socket.gethostname()
     return bound_host
+
+
+def server_tls(config: BrokerConfig) -> ServerTls | None:
+    """The TLS certificate of a broker's listeners (sslCertFile...), or None. StartupError when a file is
+    missing or unusable: said at start, not at the first client's handshake."""
+    if config.ssl_cert_file is None:
+        return None
+    try:
+        return ServerTls(str(config.ssl_cert_file), None if config.ssl_key_file is None else str(config.ssl_key_file),
+                         None if config.ssl_ca_file is None else str(config.ssl_ca_file),
+                         cast(ClientAuth, config.ssl_client_auth))
+    except ConfigError as exc:
+        raise StartupError(str(exc)) from None
+
+
+class _Servers:
+    """The plaintext and the TLS listening sockets, closed and started together."""
+
+    def __init__(self, plain: asyncio.Server, tls: asyncio.Server) -> None:
+        self.plain = plain
+        self.tls = tls
+        self.sockets = plain.sockets
+
+    def close(self) -> None:
+        self.plain.close()
+        self.tls.close()
+
+    async def start_serving(self) -> None:
+        await self.plain.start_serving()
+        await self.tls.start_serving()
+
+    async def wait_closed(self) -> None:
+        await self.plain.wait_closed()
+        await self.tls.wait_closed()
 
 
 class StartupError(Exception):
@@ -56,23 +95,33 @@ class BrokerService:
         self.broker = broker
         self.registry = ConnectionRegistry(ConnectionLimits.from_config(broker.config), broker.stats)
         self.jobs = list(default_jobs(broker.config) if jobs is None else jobs)
-        self._server: asyncio.Server | None = None
+        self._server: asyncio.Server | _Servers | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        tls = server_tls(broker.config)
+        http_tls = tls.context if tls is not None and broker.config.ssl_http else None
         port = broker.config.http_port
         self.http: HttpListener | None = None
         if port >= 0:
             from metaq.http.listener import HttpListener  # aiohttp is loaded only when the API is on
 
-            self.http = HttpListener(broker, broker.config.host_name, port)
+            self.http = HttpListener(broker, broker.config.host_name, port, ssl_context=http_tls)
         """The HTTP API (httpPort >= 0; docs/http.md): bound with the TCP port, serving once the core is."""
         self.metrics: MetricsServer | None = None
-        """/metrics over HTTP, when dashboardHttpPort is set (:mod:`metaq.broker.metrics`)."""
+        """/metrics and the dashboard over HTTP, when dashboardHttpPort is set (:mod:`metaq.broker.dashboard`)."""
+        self.tls: ServerTls | None = tls
+        """The TLS listeners' certificate (sslCertFile), reloaded by :meth:`reload_tls` (SIGHUP)."""
+        self.tls_port: int | None = None
+        """The bound TLS port (sslPort), once started."""
+        self._tls_server: asyncio.Server | None = None
+        self.http_ssl_context: ssl.SSLContext | None = http_tls
+        """What the HTTP API, /metrics and the dashboard serve HTTPS with (None: plain HTTP)."""
 
     async def start(self) -> None:
         """Bind, open the data directory (in a worker thread), serve, start the jobs; StartupError when
         the broker cannot. The port is bound first: a port in use leaves no data directory behind."""
         loop = asyncio.get_running_loop()
         config = self.broker.config
+        server: asyncio.Server | _Servers
         try:
             server = await listen_tcp(self.broker, self.registry, config.host_name, config.server_port)
         except OSError as exc:
@@ -80,6 +129,22 @@ class BrokerService:
             if exc.errno == errno.EADDRINUSE:
                 reason = "the address is already in use (another broker? choose another serverPort)"
             raise StartupError(f"cannot listen on {config.host_name}:{config.server_port}: {reason}") from None
+        if config.ssl_port is not None:
+            assert self.tls is not None  # the option check makes sslPort need sslCertFile
+            try:
+                self._tls_server = await listen_tcp(self.broker, self.registry, config.host_name, config.ssl_port,
+                                                    ssl_context=self.tls.context)
+            except OSError as exc:
+                server.close()
+                reason = exc.strerror or str(exc)
+                if exc.errno == errno.EADDRINUSE:
+                    reason = "the address is already in use (choose another sslPort, or 0 for a free one)"
+                raise StartupError(f"cannot listen for TLS on {config.host_name}:{config.ssl_port}: {reason}") from None
+            server = _Servers(server, self._tls_server)
+        if config.replication_user and not os.environ.get(REPLICATION_PASSWORD_ENV):
+            server.close()
+            raise StartupError(f"replicationUser={config.replication_user} needs its password in the "
+                               f"{REPLICATION_PASSWORD_ENV} environment variable")
         cluster = self.broker.cluster
         if self.broker.slave is not None and cluster.mode != "zookeeper":
             server.close()
@@ -109,6 +174,7 @@ class BrokerService:
         try:
             await loop.run_in_executor(None, self._connect_cluster)
             await loop.run_in_executor(None, self._open_data)
+            await loop.run_in_executor(None, self._load_acls)
         except BaseException:
             server.close()
             if self.http is not None:
@@ -121,6 +187,11 @@ class BrokerService:
             await self.http.start()
         self._server = server
         self.broker.host, self.broker.port = server.sockets[0].getsockname()[:2]
+        if self._tls_server is not None:
+            self.tls_port = self._tls_server.sockets[0].getsockname()[1]
+            self.broker.tls_port = self.tls_port
+            log.info("TLS clients on %s:%d (client certificates: %s)", self.broker.host, self.tls_port,
+                     config.ssl_client_auth)
         try:
             # registered only once serving: a client that finds the broker can reach it
             await loop.run_in_executor(None, self._join_cluster)
@@ -136,6 +207,8 @@ class BrokerService:
             self.metrics.serve()
             log.info("metrics at %s", self.metrics.url)
         self._tasks = [loop.create_task(job(self.broker)) for job in self.jobs]
+        if self.broker.slave is None:
+            self._tasks.append(loop.create_task(self.broker.delay.run(), name="metaq-delay"))
         if ha is not None:
             self._tasks.append(loop.create_task(ha.run(), name="metaq-ha"))
         elif self.broker.slave is not None:
@@ -156,11 +229,11 @@ class BrokerService:
             raise StartupError(f"cannot listen for HTTP on {host}:{port}: {reason}") from None
     async def _bind_metrics(self, host: str, port: int) -> None:
         """Take the metrics port now, before the data directory: a taken port leaves nothing behind."""
-        from metaq.broker.metrics import MetricsServer, bind_error  # aiohttp is loaded only when asked for
+        from metaq.broker.dashboard.server import MetricsServer, bind_error  # aiohttp is loaded only when asked for
 
         metrics = MetricsServer(self.broker)
         try:
-            await metrics.bind(host, port)
+            await metrics.bind(host, port, ssl_context=self.http_ssl_context)
         except OSError as exc:
             raise StartupError(bind_error(host, port, exc)) from None
         self.metrics = metrics
@@ -169,6 +242,32 @@ class BrokerService:
         metrics, self.metrics = self.metrics, None
         if metrics is not None:
             await metrics.close()
+
+    def reload_tls(self) -> bool:
+        """Read the certificate files again (SIGHUP): new TLS connections use them, open ones keep theirs.
+        A file that cannot be loaded is logged and the old certificate kept. False when there is no TLS."""
+        if self.tls is None:
+            return False
+        try:
+            self.tls.reload()
+        except ConfigError as exc:
+            log.error("TLS certificate not reloaded, the old one is still served: %s", exc)
+            return False
+        log.info("TLS certificate reloaded from %s (reload %d)", self.tls.cert_file, self.tls.reloads)
+        return True
+
+    def _load_acls(self) -> None:
+        """aclEnabled: the ACLs as stored now, before the first request (refresh_acls follows changes)."""
+        if not self.broker.config.acl_enabled:
+            return
+        from metaq.broker.authorization import acl_source
+        from metaq.security.acl import decode_acls
+
+        try:
+            _, data = acl_source(self.broker)()
+            self.broker.acls = decode_acls(data, self.broker.config.super_users)
+        except (ConfigError, RegistryError) as exc:
+            raise StartupError(f"cannot load the ACLs: {exc}") from None
 
     def _connect_cluster(self) -> None:
         try:
@@ -193,7 +292,7 @@ class BrokerService:
             topics[name] = (state.num_partitions, state.settings.accept_publish and not every_partition_closed,
                             state.settings.accept_subscribe)
         try:
-            broker.cluster.join(broker.cluster_host, broker.port, topics)
+            broker.cluster.join(broker.cluster_host, broker.port, topics, tls_port=broker.tls_port)
         except RegistryError as exc:
             raise StartupError(str(exc)) from None
         if as_master:

@@ -19,6 +19,16 @@ class Session:
     """A client connection as the request handlers see it: who it is, and what it holds of the broker."""
 
     peer: str = "?"
+    tls: bool = False
+    """The connection came in on the TLS port (sslPort)."""
+    peer_cn: str | None = None
+    """The subject CN of the client's verified certificate (mTLS), if it sent one."""
+    principal: str | None = None
+    """Who the connection acts as once authenticated (``User:alice``): by SASL, or by its certificate's CN."""
+    sasl: object | None = None
+    """The SCRAM exchange in progress (:mod:`metaq.broker.handlers.sasl`)."""
+    close_after_reply: bool = False
+    """Set by the core when the connection must be closed once its reply is out (an authentication failure)."""
     waiting_fetches: int = 0
     """Long polls of this connection waiting now (bounded by maxWaitingFetchesPerConnection)."""
 

@@ -81,6 +81,8 @@ class PartitionCounters:
     """Fetches that returned nothing (after any long poll)."""
     corrupt_reads: int = 0
     """Fetches answered STORED_DATA_CORRUPT (a damaged stored batch where the fetch started)."""
+    duplicates_dropped: int = 0
+    """Retried batches of idempotent producers answered with the original's offsets, not stored again."""
 
 
 class BrokerStats:
@@ -107,6 +109,10 @@ class BrokerStats:
         """Time to find a fetch reply's batches in the log (not the long-poll wait, nor reading or sending them)."""
         self.fsync_seconds = LatencyHistogram()
         """Each fdatasync of the partition logs (segment data, indexes and directories)."""
+        self.delayed: Callable[[], dict[str, Any]] | None = None
+        """The delay store's state for the snapshot (docs/delayed.md), once the broker has one."""
+        self.transactions: Callable[[], dict[str, Any] | None] | None = None
+        """The transactions' counts (docs/transactions.md), once the transaction log is open."""
 
     def partition(self, topic: str, partition: int) -> PartitionCounters:
         key = (topic, partition)
@@ -154,4 +160,5 @@ class BrokerStats:
                 "latency": {name: {"count": h.count, "sum_s": round(h.sum_s, 6)} for name, h in
                             (("append", self.append_seconds), ("fetch", self.fetch_seconds),
                              ("fsync", self.fsync_seconds))},
-                "topics": topics}
+                "topics": topics, **({"delayed": self.delayed()} if self.delayed is not None else {}),
+                **({"transactions": tx} if self.transactions is not None and (tx := self.transactions()) else {})}

@@ -21,6 +21,7 @@ import functools
 import logging
 import os
 import socket
+import ssl
 from collections import deque
 from typing import Any
 
@@ -38,6 +39,7 @@ from metaq.errors import (
 from metaq.protocol import messages as m
 from metaq.protocol import schema
 from metaq.protocol.codec import NEED_DATA, BadRequest, RequestEvent, RequestHeader, ServerConnection
+from metaq.security.principal import peer_common_name, user_principal
 from metaq.storage import FileSlice
 
 log = logging.getLogger("metaq.broker")
@@ -45,6 +47,8 @@ log = logging.getLogger("metaq.broker")
 MAX_PIPELINED_REQUESTS = 1024
 """Per connection; past it the broker stops reading the socket until replies drain (backpressure)."""
 _PRODUCE = m.ProduceRequest.API_KEY
+TLS_HANDSHAKE_TIMEOUT_S = 30.0
+"""A TLS connection whose handshake has not finished by then is closed (asyncio's own default: 60 s)."""
 
 
 class _Reply:
@@ -105,6 +109,8 @@ class BrokerProtocol(asyncio.Protocol):
         self.paused = False
         self.closed = False
         self.refused = False
+        self.closing = False
+        """The core asked to close once the replies owed are out (an authentication failure)."""
         """Over maxConnections: only the first request's header is read, to answer it with the refusal."""
         self.handshaken = False
         """A whole request has arrived (before that, the handshake timeout applies)."""
@@ -125,6 +131,11 @@ class BrokerProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.session.peer = self._peer()
+        if transport.get_extra_info("sslcontext") is not None:
+            self.session.tls = True
+            self.session.peer_cn = peer_common_name(transport.get_extra_info("peercert"))
+            if self.session.peer_cn is not None:  # a verified client certificate: its CN is who this is
+                self.session.principal = user_principal(self.session.peer_cn)
         if not self.registry.admit(self):
             self._start_refusal()
             return
@@ -172,6 +183,8 @@ class BrokerProtocol(asyncio.Protocol):
                 continue
             assert isinstance(event, RequestEvent)
             self._handle(event)
+            if self.closing:
+                return  # refused (authentication): nothing more is read from this connection
         partial = self.codec.partial_frame_bytes
         if partial != self.partial_bytes:
             self.registry.partial_changed(self, partial)
@@ -242,10 +255,21 @@ class BrokerProtocol(asyncio.Protocol):
             task.add_done_callback(functools.partial(self._task_done, reply=reply, api_key=event.header.api_key))
         elif reply is not None:
             self._complete(reply, result)
+        self._check_closing()
+
+    def _check_closing(self) -> None:
+        """Once the core said to close (``session.close_after_reply``): read no more, close after the replies."""
+        if self.session.close_after_reply and not self.closing and self.transport is not None:
+            self.closing = True
+            self.transport.pause_reading()
+            self._pump()
 
     def _task_done(self, task: asyncio.Task[Any], *, reply: _Reply | None, api_key: int) -> None:
         self.broker.request_finished()
         self.tasks.discard(task)
+        if self.session.close_after_reply and not self.closing and self.transport is not None:
+            self.closing = True
+            self.transport.pause_reading()
         if task.cancelled():
             result: Any = m.error_response(api_key, BrokerStoppingError.code, "request cancelled")
         elif task.exception() is not None:  # a safety net: the core answers the errors of its coroutines
@@ -255,6 +279,8 @@ class BrokerProtocol(asyncio.Protocol):
         if reply is None:
             if isinstance(result, FileReply):
                 result.file_slice.release()
+            if self.closing:
+                self._pump()
             return
         self._complete(reply, result)
 
@@ -301,6 +327,10 @@ class BrokerProtocol(asyncio.Protocol):
         if out:
             self.transport.write(b"".join(out) if len(out) > 1 else out[0])
             self.last_active = self.registry.clock()
+        if self.closing:
+            if not self.replies and not self.tasks:
+                self.transport.close()  # after what was written
+            return
         if self.paused and len(self.replies) <= MAX_PIPELINED_REQUESTS // 2:
             self.paused = False
             self.transport.resume_reading()
@@ -343,10 +373,18 @@ def _oneway_produce(header: RequestHeader, body_head: bytes) -> bool:
 
 
 async def listen_tcp(broker: Broker, registry: ConnectionRegistry, host: str, port: int, *,
-                     backlog: int = 4096) -> asyncio.Server:
+                     backlog: int = 4096, ssl_context: ssl.SSLContext | None = None,
+                     handshake_timeout_s: float = TLS_HANDSHAKE_TIMEOUT_S) -> asyncio.Server:
     """Bind ``host:port`` (port 0: the kernel picks one), not serving yet: ``start_serving()`` once the
-    core is open. Raises OSError when the address cannot be bound."""
+    core is open. Raises OSError when the address cannot be bound.
+
+    With ``ssl_context`` (:class:`metaq.net.tls.ServerTls`) every connection is TLS; a failed handshake
+    (wrong CA, no client certificate where one is needed, a plaintext client) closes it before the
+    core sees anything."""
     loop = asyncio.get_running_loop()
+    extra: dict[str, Any] = {}
+    if ssl_context is not None:
+        extra = {"ssl": ssl_context, "ssl_handshake_timeout": handshake_timeout_s}
     return await loop.create_server(lambda: BrokerProtocol(broker, registry), host, port, backlog=backlog,
-                                    reuse_address=True, start_serving=False)
+                                    reuse_address=True, start_serving=False, **extra)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from metaq.cli.options import credentials_from_env, tls_config, tls_options
 from metaq.cli.text import plural
 
 
@@ -43,7 +44,7 @@ def _common(fn: Any) -> Any:
     ]
     for option in reversed(options):
         fn = option(fn)
-    return fn
+    return tls_options(fn)
 
 
 def _run(mode: str, as_json: bool, no_progress: bool, brokers: int | None, **kwargs: Any) -> None:
@@ -51,7 +52,11 @@ def _run(mode: str, as_json: bool, no_progress: bool, brokers: int | None, **kwa
 
     if sum(x is not None for x in (kwargs["servers"], brokers, kwargs["zk"])) > 1:
         raise click.UsageError("give at most one of --servers, --brokers and --zk")
-    spec = BenchSpec(mode=mode, brokers=brokers or 0, **kwargs)
+    tls = tls_config(kwargs.pop("tls"), kwargs.pop("ca_file"), kwargs.pop("cert_file"), kwargs.pop("key_file"))
+    tls.update(credentials_from_env())
+    if tls.get("tls") and kwargs["servers"] is None and kwargs["zk"] is None:
+        raise click.UsageError("--tls measures running TLS brokers: give --servers HOST:SSLPORT (or --zk)")
+    spec = BenchSpec(mode=mode, brokers=brokers or 0, tls=tls, **kwargs)
     try:
         result = run_bench(spec, progress=not (as_json or no_progress))
     except ValueError as exc:  # --zk: no broker registered
@@ -60,12 +65,13 @@ def _run(mode: str, as_json: bool, no_progress: bool, brokers: int | None, **kwa
         click.echo(json.dumps(asdict(result)))
         return
     lat = result.latency_ms
-    click.echo(f"{mode} api={result.api} size={spec.size}B brokers={len(result.broker.split(','))} "
+    api = result.api + (" idempotent" if spec.idempotent else "")
+    click.echo(f"{mode} api={api} size={spec.size}B brokers={len(result.broker.split(','))} "
                f"partitions={spec.partitions} per broker flush={spec.flush} processes={spec.processes}")
     click.echo(f"  {result.messages} messages in {result.seconds:.2f}s: {result.msgs_per_s:,.0f} msg/s, "
                f"{result.mb_per_s:.1f} MB/s" + (f", {result.failures} failed" if result.failures else ""))
     if lat:
-        what = "append-to-delivery" if mode == "e2e" else "ack"
+        what = "append-to-delivery" if mode == "e2e" else "commit" if result.api == "transaction" else "ack"
         click.echo(f"  {what} latency ms: p50 {lat['p50']}  p99 {lat['p99']}  p999 {lat['p999']}  max {lat['max']}")
 
 
@@ -76,12 +82,15 @@ def bench_group() -> None:
 
 @bench_group.command("produce")
 @_common
-@click.option("--api", type=click.Choice(["batch", "async", "sync", "oneway"]), default="batch", show_default=True,
-              help="batch: send_batch; async: send_async per message; sync: send and wait; oneway: no acks.")
+@click.option("--api", type=click.Choice(["batch", "async", "sync", "oneway", "transaction"]), default="batch",
+              show_default=True, help="batch: send_batch; async: send_async per message; sync: send and wait; "
+              "oneway: no acks; transaction: local transactions of --batch messages, committed one after another.")
 @click.option("--batch", type=click.IntRange(1), default=1000, show_default=True,
-              help="Messages per send_batch call (--api batch).")
+              help="Messages per send_batch call (--api batch), or per transaction (--api transaction).")
 @click.option("--concurrency", type=click.IntRange(1, 256), default=8, show_default=True,
               help="send_batch calls in flight per process.")
+@click.option("--idempotent", is_flag=True, help="An idempotent producer (enable_idempotence: batches stamped, "
+              "retried duplicates dropped by the broker).")
 def bench_produce(**kwargs: Any) -> None:
     """Producer throughput and ack latency."""
     _run("produce", **kwargs)

@@ -9,6 +9,7 @@ import functools
 import json
 import logging
 import os
+import re
 import sys
 import threading
 from collections import deque
@@ -17,7 +18,15 @@ from typing import Any, Literal, TypeVar
 
 import click
 
-from metaq.cli.options import Target, servers_option, target_options, zk_connect_option, zk_root_option
+from metaq.cli.options import (
+    Target,
+    servers_option,
+    target_options,
+    tls_config,
+    tls_options,
+    zk_connect_option,
+    zk_root_option,
+)
 from metaq.cli.replication_text import replication_lines
 from metaq.cli.text import plural
 from metaq.client import Message, MessageSessionFactory
@@ -66,6 +75,7 @@ async def _session(servers: str, **config: Any) -> MessageSessionFactory:
     """A session on ``--servers``, or on the cluster in ZooKeeper (a :class:`Target` with ``zk_connect``);
     ``config``: more ClientConfig options."""
     zk_connect = getattr(servers, "zk_connect", None)
+    config = {**getattr(servers, "client_options", {}), **config}
     if zk_connect is None:
         return await MessageSessionFactory.connect(servers, **config)
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # its reconnection chatter; failures are ours to say
@@ -212,10 +222,15 @@ def _parse_headers(ctx: click.Context, param: click.Parameter, specs: tuple[str,
                    "has it).")
 @click.option("--print-ids", is_flag=True, help="Print partition (brokerId-partition), offset and message id of "
                                                 "each message.")
+@click.option("--delay", "delay_text", default=None, metavar="DURATION",
+              help="Delayed delivery (docs/delayed.md): consumers see each message this long after it is sent "
+                   "(500ms, 10s, 5m, 2h, 1d; a bare number is seconds).")
+@click.option("--deliver-at", "deliver_at_text", default=None, metavar="ISO|MS",
+              help="Delayed delivery at this time: ISO 8601 (without a zone: UTC) or ms since the epoch.")
 @run_async
 async def produce(servers: str, topic: str, key: str | None, attribute: str | None,
                   header_specs: list[tuple[str, bytes]], partition: PartitionId | int | None,
-                  print_ids: bool) -> None:
+                  print_ids: bool, delay_text: str | None, deliver_at_text: str | None) -> None:
     """Send each line of standard input to TOPIC as one message (the newline is not sent).
 
     A TOPIC that does not exist is created by the broker if it allows it (autoCreateTopics), except
@@ -226,6 +241,10 @@ async def produce(servers: str, topic: str, key: str | None, attribute: str | No
     """
     from metaq.client.selectors import KeyHashSelector
 
+    if delay_text is not None and deliver_at_text is not None:
+        raise click.UsageError("give --delay or --deliver-at, not both")
+    delay_ms = _duration_ms(delay_text, "--delay") if delay_text is not None else None
+    deliver_at = _time_ms(deliver_at_text, "--deliver-at") if deliver_at_text is not None else None
     target: PartitionId | None = None
 
     def fixed(_topic: str, partitions: Any, _message: Message) -> Any:
@@ -251,7 +270,7 @@ async def produce(servers: str, topic: str, key: str | None, attribute: str | No
         try:
             async for data in _stdin_lines():
                 msg = Message(topic, data, attribute=attribute, key=key.encode() if key is not None else None,
-                              headers=list(header_specs) or None)
+                              headers=list(header_specs) or None, deliver_at=deliver_at, delay_ms=delay_ms)
                 futures.append(producer.send_async(msg))
                 if len(futures) >= DRAIN_EVERY_MESSAGES:
                     await _drain(futures, print_ids, tally)
@@ -294,7 +313,8 @@ async def _drain(futures: deque[asyncio.Future[Any]], print_ids: bool, tally: _T
         if r.success:
             tally.sent += 1
             if print_ids:
-                click.echo(f"{r.partition_id}\t{r.offset}\t{format_message_id(r.message_id)}")
+                mid = format_message_id(r.message_id) if r.message_id >= 0 else "-1 (delayed: assigned at delivery)"
+                click.echo(f"{r.partition_id}\t{r.offset}\t{mid}")
         else:
             tally.failed += 1
             text = str(r.error)
@@ -573,6 +593,17 @@ def _time_ms(text: str | None, what: str) -> int:
     return int(when.timestamp() * 1000)
 
 
+_DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _duration_ms(text: str, what: str) -> int:
+    """``500ms``, ``10s``, ``5m``, ``2h``, ``1d``; a bare number is seconds."""
+    match = re.fullmatch(r"\s*(\d+)\s*(ms|s|m|h|d)?\s*", text)
+    if match is None:
+        raise click.BadParameter(f"{text!r} is not a duration (500ms, 10s, 5m, 2h, 1d)", param_hint=what)
+    return int(match.group(1)) * _DURATION_UNITS_MS[match.group(2) or "s"]
+
+
 def _iso(ms: int) -> str:
     return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).isoformat(timespec="milliseconds")
 
@@ -632,19 +663,33 @@ async def _group_session(servers: str, zk_connect: str | None, zk_root: str) -> 
     """A standalone session on --servers, or a cluster-mode one on ZooKeeper (its groups live there)."""
     if zk_connect:
         return await MessageSessionFactory.connect(zk_connect=zk_connect, zk_root=zk_root,
-                                                   zk_connection_timeout_ms=10_000)
+                                                   zk_connection_timeout_ms=10_000,
+                                                   **getattr(servers, "client_options", {}))
     return await _session(servers)
+
+
+def _with_tls(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The TLS flags (:func:`metaq.cli.options.tls_options`) on a command taking a plain ``servers``."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, servers: str, tls: bool, ca_file: str | None, cert_file: str | None,
+                key_file: str | None, **kwargs: Any) -> Any:
+        options = tls_config(tls, ca_file, cert_file, key_file)
+        return fn(*args, servers=Target(servers, client_options=options), **kwargs)
+
+    return tls_options(wrapper)
 
 
 @click.group("group")
 def group_group() -> None:
-    """Consumer groups: members, assignments, committed offsets, lag; reset offsets (MetaQ's 回溯)."""
+    """Consumer groups: members, assignments, committed offsets, lag; reset offsets (MetaQ's 回溯); dead letters."""
 
 
 @group_group.command("list")
 @servers_option
 @_group_zk_connect
 @zk_root_option
+@_with_tls
 @run_async
 async def group_list(servers: str, zk_connect: str | None, zk_root: str) -> None:
     """Groups with members or committed offsets."""
@@ -659,6 +704,7 @@ async def group_list(servers: str, zk_connect: str | None, zk_root: str) -> None
 @servers_option
 @_group_zk_connect
 @zk_root_option
+@_with_tls
 @click.argument("group")
 @click.option("-t", "--topic", "topics", multiple=True, help="Only these topics (default: those the group has).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -687,6 +733,7 @@ async def group_describe(servers: str, zk_connect: str | None, zk_root: str, gro
 @servers_option
 @_group_zk_connect
 @zk_root_option
+@_with_tls
 @click.argument("group")
 @click.argument("topic")
 @click.option("--to", "to", default="earliest", show_default=True,
@@ -711,6 +758,117 @@ async def group_reset(servers: str, zk_connect: str | None, zk_root: str, group:
         click.echo(f"{topic}\t{partition}\t{old} -> {new}")
     click.echo(("would reset" if dry_run else "reset")
                + f" {plural(len(moved), 'partition')} of {topic} for group {group}", err=True)
+
+
+@group_group.command("dlq")
+@servers_option
+@_group_zk_connect
+@zk_root_option
+@click.argument("group")
+@click.option("-t", "--topic", default=None, help="Only messages dead-lettered from this topic.")
+@click.option("-n", "--limit", type=click.IntRange(1), default=None, help="At most this many.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document per line (headers as an object).")
+@run_async
+async def group_dlq(servers: str, zk_connect: str | None, zk_root: str, group: str, topic: str | None,
+                    limit: int | None, as_json: bool) -> None:
+    """List GROUP's dead letters (the topic %DLQ%GROUP): where each came from, its deliveries, the last error,
+    when, and its other headers. Reads only."""
+    from metaq.client.group import dead_letter as dl
+
+    count = 0
+    async with await _group_session(servers, zk_connect, zk_root) as session:
+        if not as_json:
+            click.echo("partition\toffset\ttopic\tfrom\tdeliveries\tdead_lettered\terror\tkey\theaders")
+        async for letter in dl.dead_letters(session, group, topic=topic, limit=limit):
+            count += 1
+            if as_json:
+                click.echo(json.dumps(letter.as_dict()))
+                continue
+            msg = letter.message
+            when = letter.header(dl.H_TIME)
+            error = f"{letter.header(dl.H_ERROR_TYPE)}: {letter.header(dl.H_ERROR_MESSAGE) or ''}"
+            error = error.replace("\n", "\\n").replace("\t", " ")
+            if len(error) > 200:
+                error = error[:197] + "..."
+            others = " ".join(f"{k}={bytes(v).decode(errors='backslashreplace')}" for k, v in letter.original_headers)
+            key = msg.key.decode(errors="backslashreplace") if msg.key is not None else "-"
+            click.echo(f"{msg.partition_id}\t{msg.offset}\t{letter.original_topic or '-'}\t"
+                       f"{letter.header(dl.H_PARTITION) or '-'}@{letter.header(dl.H_OFFSET) or '-'}\t"
+                       f"{letter.header(dl.H_DELIVERIES) or '-'}\t"
+                       f"{_iso(int(when)) if when and when.isdigit() else '-'}\t{error}\t{key}\t{others or '-'}")
+    if not count:
+        click.echo(f"no dead letters in {dl.dead_letter_topic(group)}" + (f" from {topic}" if topic else ""),
+                   err=True)
+
+
+class _RedriveProgress:
+    """A transient progress bar on stderr while a redrive runs (as ``metaq bench`` shows one), only on a
+    terminal and never with --json or --no-progress."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self._bar: Any = None
+        self._task: Any = None
+
+    def update(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self._bar is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(TextColumn("redrive"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 transient=True, console=Console(stderr=True))
+            self._bar.start()
+            self._task = self._bar.add_task("redrive", total=total)
+        self._bar.update(self._task, completed=min(done, total), total=total)
+
+    def stop(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+@group_group.command("redrive")
+@servers_option
+@_group_zk_connect
+@zk_root_option
+@click.argument("group")
+@click.option("-t", "--topic", default=None,
+              help="Only messages dead-lettered from this topic (the others are passed over for good).")
+@click.option("-n", "--limit", type=click.IntRange(1), default=None, help="Send back at most this many.")
+@click.option("--dry-run", is_flag=True, help="Count what would be sent back; send and commit nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@run_async
+async def group_redrive(servers: str, zk_connect: str | None, zk_root: str, group: str, topic: str | None,
+                        limit: int | None, dry_run: bool, as_json: bool, no_progress: bool) -> None:
+    """Send GROUP's dead letters (%DLQ%GROUP) back to their original topics: same key, payload, attribute and
+    headers, the dlq-* headers removed, metaq-redrive-count added. Progress is committed as the group
+    GROUP@dlq-redrive, so running it again sends only what was dead-lettered since."""
+    from metaq.client.group.dead_letter import dead_letter_topic, redrive, redrive_group
+
+    bar = _RedriveProgress(not (as_json or no_progress))
+    try:
+        async with await _group_session(servers, zk_connect, zk_root) as session:
+            result = await redrive(session, group, topic=topic, limit=limit, dry_run=dry_run, progress=bar.update)
+    finally:
+        bar.stop()
+    if as_json:
+        click.echo(json.dumps(result.as_dict()))
+    else:
+        for name, count in sorted(result.redriven.items()):
+            click.echo(f"{name}\t{count}")
+        verb = "would send back" if dry_run else "sent back"
+        extra = [f"{result.skipped} of other topics passed over"] if result.skipped else []
+        if result.remaining:
+            extra.append(f"{result.remaining} left for the next run")
+        click.echo(f"{verb} {plural(result.total, 'message')} from {dead_letter_topic(group)}"
+                   + (f" ({'; '.join(extra)})" if extra else "")
+                   + ("" if dry_run else f"; progress committed as group {redrive_group(group)}"), err=True)
+        for error in result.errors:
+            click.echo(f"error: {error}", err=True)
+    if result.errors:
+        raise click.exceptions.Exit(1)
 
 
 def register(cli: click.Group) -> None:

@@ -46,7 +46,11 @@ def cluster_group(ctx: click.Context, zk_connect: str, zk_root: str, timeout_s: 
 
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # its reconnection chatter; failures are ours to say
     try:
-        status = read_cluster_status(zk_connect, zk_root, timeout_s=timeout_s)
+        from metaq.cli.options import credentials_from_env
+
+        user = credentials_from_env()
+        status = read_cluster_status(zk_connect, zk_root, timeout_s=timeout_s, username=user.get("sasl_username"),
+                                     password=user.get("sasl_password"))
     except MetaqError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:

@@ -42,27 +42,82 @@ zk_root_option = click.option("--zk-root", default=DEFAULT_ZK_ROOT, show_default
 
 class Target(str):
     """Where a command's session goes, passed as its ``servers`` argument: the servers text, or (cluster
-    mode, ``zk_connect`` set) a description of the ZooKeeper cluster for messages."""
+    mode, ``zk_connect`` set) a description of the ZooKeeper cluster for messages. ``client_options`` holds
+    the ClientConfig TLS options (``--tls``, ``--ca-file``...) and the user of METAQ_USER/METAQ_PASSWORD."""
 
     zk_connect: str | None
     zk_root: str
+    client_options: dict[str, Any]
 
-    def __new__(cls, servers: str, zk_connect: str | None = None, zk_root: str = DEFAULT_ZK_ROOT) -> Target:
+    def __new__(cls, servers: str, zk_connect: str | None = None, zk_root: str = DEFAULT_ZK_ROOT,
+                client_options: dict[str, Any] | None = None) -> Target:
         text = servers if zk_connect is None else f"the cluster in ZooKeeper {zk_connect} (root {zk_root})"
         target = super().__new__(cls, text)
         target.zk_connect = zk_connect
         target.zk_root = zk_root
+        target.client_options = {**(client_options or {}), **credentials_from_env()}
         return target
 
 
+def credentials_from_env() -> dict[str, Any]:
+    """``sasl_username``/``sasl_password`` from METAQ_USER and METAQ_PASSWORD (a password is never a flag:
+    it would show in process lists); empty without METAQ_USER."""
+    user = os.environ.get("METAQ_USER") or None
+    if user is None:
+        return {}
+    password = os.environ.get("METAQ_PASSWORD")
+    if not password:
+        raise click.UsageError("METAQ_USER is set but METAQ_PASSWORD is not: export the password in "
+                               "METAQ_PASSWORD (never on the command line)")
+    return {"sasl_username": user, "sasl_password": password}
+
+
+def tls_config(tls: bool, ca_file: str | None, cert_file: str | None, key_file: str | None,
+               no_verify_hostname: bool = False) -> dict[str, Any]:
+    """The ClientConfig options of the TLS flags (an empty dict: plain TCP)."""
+    if not (tls or ca_file or cert_file or key_file):
+        return {}
+    if key_file and not cert_file:
+        raise click.UsageError("--key-file needs --cert-file (env METAQ_TLS_CERT_FILE)")
+    out: dict[str, Any] = {"tls": True, "tls_ca_file": ca_file, "tls_cert_file": cert_file, "tls_key_file": key_file}
+    if no_verify_hostname:
+        out["tls_check_hostname"] = False
+    return out
+
+
+def tls_options(fn: F) -> F:
+    """``--tls``, ``--ca-file``, ``--cert-file``, ``--key-file`` (env METAQ_TLS, METAQ_TLS_CA_FILE,
+    METAQ_TLS_CERT_FILE, METAQ_TLS_KEY_FILE): the command gets them as keyword arguments ``tls``,
+    ``ca_file``, ``cert_file``, ``key_file``; :func:`tls_config` turns them into ClientConfig options."""
+    path = click.Path(exists=True, dir_okay=False)
+    options = [
+        click.option("--tls", is_flag=True, default=False, envvar="METAQ_TLS",
+                     help="Connect over TLS (the brokers' sslPort; env METAQ_TLS=1). Implied by --ca-file, "
+                          "--cert-file or --key-file."),
+        click.option("--ca-file", type=path, default=None, envvar="METAQ_TLS_CA_FILE",
+                     help="CA certificates (PEM) the broker's certificate is checked against (env "
+                          "METAQ_TLS_CA_FILE); default: the system's trusted CAs."),
+        click.option("--cert-file", type=path, default=None, envvar="METAQ_TLS_CERT_FILE",
+                     help="Client certificate (PEM) for brokers that ask for one (mTLS; env METAQ_TLS_CERT_FILE)."),
+        click.option("--key-file", type=path, default=None, envvar="METAQ_TLS_KEY_FILE",
+                     help="Key of --cert-file (PEM; env METAQ_TLS_KEY_FILE); default: inside --cert-file."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
 def target_options(fn: F) -> F:
-    """``--servers``, or ``--zk-connect``/``--zk-root`` (cluster mode): the command gets one ``servers``
-    argument, a :class:`Target`. A flag on the command line wins over the environment; with both
-    variables set (as ``metaq cluster up`` suggests) ZooKeeper is used; both flags at once is an error."""
+    """``--servers``, or ``--zk-connect``/``--zk-root`` (cluster mode), and the TLS flags (:func:`tls_options`):
+    the command gets one ``servers`` argument, a :class:`Target`. A flag on the command line wins over the
+    environment; with both variables set (as ``metaq cluster up`` suggests) ZooKeeper is used; both flags at
+    once is an error."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, servers: str, zk_connect: str | None, zk_root: str, **kwargs: Any) -> Any:
+    def wrapper(*args: Any, servers: str, zk_connect: str | None, zk_root: str, tls: bool, ca_file: str | None,
+                cert_file: str | None, key_file: str | None, **kwargs: Any) -> Any:
         ctx = click.get_current_context()
+        tls_settings = tls_config(tls, ca_file, cert_file, key_file)
         if zk_connect is not None:
             from_line = {name: ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
                          for name in ("servers", "zk_connect")}
@@ -70,9 +125,9 @@ def target_options(fn: F) -> F:
                 raise click.UsageError("give --servers or --zk-connect, not both")
             if from_line["servers"]:
                 zk_connect = None
-        return fn(*args, servers=Target(servers, zk_connect, zk_root), **kwargs)
+        return fn(*args, servers=Target(servers, zk_connect, zk_root, tls_settings), **kwargs)
 
     help_text = ("ZooKeeper host:port[,host:port] of a cluster (env METAQ_ZK_CONNECT), instead of --servers: "
                  "the brokers are the ones registered there.")
-    decorated = servers_option(zk_connect_option(None, help_text)(zk_root_option(wrapper)))
+    decorated = servers_option(zk_connect_option(None, help_text)(zk_root_option(tls_options(wrapper))))
     return decorated  # type: ignore[return-value]

@@ -19,11 +19,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from metaq.errors import InvalidArgument
-from metaq.protocol.records import HEADER_BYTES, RECORD_PREFIX_BYTES, Compression, encode_columns
+from metaq.protocol.delayed import mark_delayed
+from metaq.protocol.records import HEADER_BYTES, RECORD_PREFIX_BYTES, Compression, ProducerStamp, encode_columns
 from metaq.types import Message
 
-BatchKey = tuple[str, int, int, int]
-"""(topic, partition or -1 for any, broker id, acks)."""
+BatchKey = tuple[str, int, int, int] | tuple[str, int, int, int, bool]
+"""(topic, partition or -1 for any, broker id, acks), and True for delayed messages (docs/delayed.md): they
+travel in batches of their own, with attribute bit 7 set."""
 
 
 def record_size(message: Message) -> int:
@@ -61,6 +63,7 @@ class ProducerBatch:
         "created_ms",
         "created_s",
         "deadline_s",
+        "delayed",
         "headers",
         "key",
         "keys",
@@ -68,6 +71,8 @@ class ProducerBatch:
         "payload",
         "pinned",
         "size_bytes",
+        "stamp",
+        "stamped",
         "timestamps",
         "topic",
         "tried",
@@ -77,7 +82,8 @@ class ProducerBatch:
 
     def __init__(self, key: BatchKey, created_s: float, deadline_s: float) -> None:
         self.key = key
-        self.topic, self.partition, self.broker_id, self.acks = key
+        self.topic, self.partition, self.broker_id, self.acks = key[0], key[1], key[2], key[3]
+        self.delayed = len(key) > 4
         self.created_s = created_s
         self.created_ms = int(time.time() * 1000)
         self.deadline_s = deadline_s
@@ -97,6 +103,10 @@ class ProducerBatch:
         """The caller named the partition (send_batch(partition=...)): never moved to another one."""
         self.tried: tuple[tuple[int, int], ...] = ()
         """(broker id, partition) of the partitions this batch was moved away from (metaq.client.routing)."""
+        self.stamp: ProducerStamp | None = None
+        """Idempotent producer: the producer id, epoch and first sequence given at the batch's first write."""
+        self.stamped: bytes | None = None
+        """The payload with its producer block: what every attempt sends."""
 
     @classmethod
     def prebuilt(cls, key: BatchKey, payload: bytes, count: int, waiter: Any, now_s: float) -> ProducerBatch:
@@ -136,6 +146,8 @@ class ProducerBatch:
         if self.payload is None:
             self.payload = encode_columns(self.values, self.timestamps, keys=self.keys, attributes=self.attributes,
                                           headers=self.headers, compression=compression)
+            if self.delayed:
+                self.payload = mark_delayed(self.payload)
             self.values, self.timestamps, self.keys, self.attributes, self.headers = [], [], None, None, None
         return self.payload
 

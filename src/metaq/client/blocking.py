@@ -39,6 +39,7 @@ from metaq.errors import (
 from metaq.net.blocking import BlockingConnection, BlockingPool
 from metaq.net.codec import ConnectionSettings, raise_for_error
 from metaq.net.servers import DEFAULT_SERVERS, Address, parse_servers
+from metaq.net.tls import ClientTls
 from metaq.protocol.codec import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_IN_FLIGHT
 from metaq.protocol.messages import (
     FetchRequest,
@@ -85,11 +86,16 @@ class BlockingClient:
     """
 
     def __init__(self, servers: str = DEFAULT_SERVERS, *, client_id: str = "metaq-blocking",
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 30.0, tls: ClientTls | None = None, username: str | None = None,
+                 password: str | None = None) -> None:
+        """``tls``: connect over TLS (the brokers' sslPort) with these CA and client certificate files;
+        ``username``/``password``: authenticate every connection (SASL SCRAM-SHA-256)."""
         self.servers = servers
         self.client_id = client_id
         self.timeout_s = timeout_s
-        settings = ConnectionSettings(client_id, timeout_s, timeout_s, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_FRAME_BYTES)
+        settings = ConnectionSettings(client_id, timeout_s, timeout_s, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_FRAME_BYTES,
+                                      ssl_context=tls.context() if tls is not None else None,
+                                      sasl_username=username, sasl_password=password)
         self._pool = BlockingPool(settings, parse_servers(servers))
         self._advertised: dict[int, Address] = {}
         """broker id -> the address metadata gives for it (used when no server answered as that id)."""

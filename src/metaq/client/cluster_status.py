@@ -185,9 +185,11 @@ class ClusterStatus:
         }
 
 
-def read_cluster_status(zk_connect: str, zk_root: str = DEFAULT_ROOT, *, timeout_s: float = 10.0) -> ClusterStatus:
+def read_cluster_status(zk_connect: str, zk_root: str = DEFAULT_ROOT, *, timeout_s: float = 10.0,
+                        username: str | None = None, password: str | None = None) -> ClusterStatus:
     """Read the cluster from ZooKeeper and the log ends from its brokers (RegistryError if ZooKeeper
-    cannot be reached within ``timeout_s``)."""
+    cannot be reached within ``timeout_s``); ``username``/``password``: authenticate to the brokers."""
+    credentials = (username, password)
     registry = ZooKeeperRegistry(zk_connect, zk_root, connection_timeout_ms=int(timeout_s * 1000),
                                  read_only=True).start()
     try:
@@ -201,8 +203,8 @@ def read_cluster_status(zk_connect: str, zk_root: str = DEFAULT_ROOT, *, timeout
     finally:
         registry.close()
     status = ClusterStatus(zk_connect, registry.paths.root or "/", brokers, topics, groups)
-    _fill_log_ends(status, snapshot, timeout_s)
-    status.replication = [_replica_group(b, status.problems, timeout_s, ha_states.get(b.broker_id))
+    _fill_log_ends(status, snapshot, timeout_s, credentials)
+    status.replication = [_replica_group(b, status.problems, timeout_s, ha_states.get(b.broker_id), credentials)
                           for b in brokers if b.slaves]
     return status
 
@@ -215,7 +217,8 @@ def _ha_state(registry: ZooKeeperRegistry, broker_id: int) -> ReplicaGroupState 
 
 
 def _replica_group(broker: BrokerStatus, problems: list[str], timeout_s: float,
-                   ha: ReplicaGroupState | None = None) -> ReplicaGroupStatus:
+                   ha: ReplicaGroupState | None = None,
+                   credentials: tuple[str | None, str | None] = (None, None)) -> ReplicaGroupStatus:
     if broker.master is None:
         problems.append(f"broker {broker.broker_id} has no registered master: its slaves "
                         f"({', '.join(f'slave{s}' for s in broker.slaves)}) serve reads, and replicate nothing "
@@ -223,7 +226,7 @@ def _replica_group(broker: BrokerStatus, problems: list[str], timeout_s: float,
     slaves = []
     for slave_id, address in sorted(broker.slaves.items()):
         try:
-            doc = _stats(address, timeout_s)
+            doc = _stats(address, timeout_s, credentials)
         except (MetaqError, OSError, ValueError) as exc:
             problems.append(f"broker {broker.broker_id} slave{slave_id} at {address}: replication lag unknown ({exc})")
             slaves.append(SlaveStatus(slave_id, address, error=str(exc)))
@@ -232,9 +235,11 @@ def _replica_group(broker: BrokerStatus, problems: list[str], timeout_s: float,
     return ReplicaGroupStatus(broker.broker_id, broker.master, slaves, ha)
 
 
-def _stats(address: str, timeout_s: float) -> dict[str, Any]:
+def _stats(address: str, timeout_s: float,
+           credentials: tuple[str | None, str | None] = (None, None)) -> dict[str, Any]:
     host, _, port = address.rpartition(":")
-    settings = ConnectionSettings(STATS_CLIENT_ID, timeout_s, timeout_s, 1, 64 << 20)
+    settings = ConnectionSettings(STATS_CLIENT_ID, timeout_s, timeout_s, 1, 64 << 20,
+                                  sasl_username=credentials[0], sasl_password=credentials[1])
     conn = BlockingConnection.open((host.strip("[]"), int(port)), settings)
     try:
         reply = raise_for_error(conn.call(StatsRequest()))
@@ -279,7 +284,8 @@ def _group(registry: ZooKeeperRegistry, snapshot: ClusterSnapshot, group: str) -
     return GroupStatus(group, members, rows)
 
 
-def _fill_log_ends(status: ClusterStatus, snapshot: ClusterSnapshot, timeout_s: float) -> None:
+def _fill_log_ends(status: ClusterStatus, snapshot: ClusterSnapshot, timeout_s: float,
+                   credentials: tuple[str | None, str | None] = (None, None)) -> None:
     """Ask each partition's broker for its log end: per broker, so that one broker down costs only its own."""
     wanted: dict[tuple[str, int], set[PartitionId]] = {}
     for g in status.groups:
@@ -293,7 +299,8 @@ def _fill_log_ends(status: ClusterStatus, snapshot: ClusterSnapshot, timeout_s: 
         status.problems.append("no broker is registered: log end offsets, hence lags, unknown")
         return
     try:
-        client = BlockingClient(servers, client_id="metaq-cluster-status", timeout_s=timeout_s)
+        client = BlockingClient(servers, client_id="metaq-cluster-status", timeout_s=timeout_s,
+                                username=credentials[0], password=credentials[1])
     except MetaqError as exc:
         status.problems.append(f"log end offsets, hence lags, unknown: {exc}")
         return

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import ssl
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from metaq.client.replicas import READ_FROM_CHOICES, ReadFrom
 from metaq.errors import ConfigError
 from metaq.net.codec import ConnectionSettings
 from metaq.net.retry import RetryPolicy
+from metaq.net.tls import ClientTls
 from metaq.protocol.records import Compression
 from metaq.types import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_MESSAGE_BYTES
 
@@ -62,13 +64,33 @@ class ClientConfig:
     anything but ``"master"`` needs ``zk_connect``. A slave may be behind its master: an offset past
     its log end waits, never jumps (docs/replication.md#consumers-reading-from-slaves)."""
 
+    tls: bool = False
+    """Connect over TLS (the brokers' sslPort; in cluster mode the TLS ports registered in ZooKeeper). Implied
+    by any tls_* file. The broker's certificate is always verified (docs/security.md)."""
+    tls_ca_file: str | None = None
+    """CA certificates (PEM) the broker's certificate is checked against; None: the system's trusted CAs."""
+    tls_cert_file: str | None = None
+    """This client's certificate (PEM chain), sent when the broker asks (mTLS, sslClientAuth)."""
+    tls_key_file: str | None = None
+    """The key of tls_cert_file (PEM, not password-protected); None: it is in tls_cert_file."""
+    tls_check_hostname: bool = True
+    """Check that the broker's certificate names the host connected to. False only for test setups."""
+    sasl_username: str | None = None
+    """Authenticate every connection as this user (SASL SCRAM-SHA-256; docs/security.md); None: do not."""
+    sasl_password: str | None = field(default=None, repr=False)
+    """The user's password: used to compute the SCRAM proof, never sent."""
+
     def __post_init__(self) -> None:
+        if not self.tls and (self.tls_ca_file or self.tls_cert_file or self.tls_key_file):
+            object.__setattr__(self, "tls", True)
         _positive(self, "connect_timeout_s", "request_timeout_s", "max_in_flight", "write_buffer_high_bytes",
                   "max_frame_bytes", "metadata_max_age_s",
                   "unreachable_avoid_s", "broker_restart_wait_s", "zk_session_timeout_ms", "zk_connection_timeout_ms")
         _non_negative(self, "reconnect_backoff_s", "reconnect_backoff_max_s", "metadata_min_interval_s")
         if self.reconnect_attempts < 1:
             raise ConfigError(f"reconnect_attempts must be >= 1, not {self.reconnect_attempts}")
+        if (self.sasl_username is None) != (self.sasl_password is None):
+            raise ConfigError("sasl_username and sasl_password go together")
         if self.read_from not in READ_FROM_CHOICES:
             raise ConfigError(f"read_from must be one of {', '.join(READ_FROM_CHOICES)}, not {self.read_from!r}")
         if self.read_from != "master" and self.zk_connect is None:
@@ -76,15 +98,28 @@ class ClientConfig:
                               "slaves in ZooKeeper (docs/replication.md)")
 
     def connection_settings(self) -> ConnectionSettings:
-        """How the session's connections are opened (no TLS: :mod:`metaq.net.tls`)."""
+        """How the session's connections are opened (TLS when ``tls``: :mod:`metaq.net.tls`). ConfigError when
+        a TLS file cannot be loaded."""
         return ConnectionSettings(self.client_id, self.connect_timeout_s, self.request_timeout_s, self.max_in_flight,
-                                  self.max_frame_bytes, self.write_buffer_high_bytes)
+                                  self.max_frame_bytes, self.write_buffer_high_bytes, self.ssl_context(),
+                                  self.sasl_username, self.sasl_password)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context of this configuration (None: plain TCP)."""
+        if not self.tls:
+            return None
+        return ClientTls(self.tls_ca_file, self.tls_cert_file, self.tls_key_file, self.tls_check_hostname).context()
 
     def reconnect_retry(self, max_attempts: int | None = None) -> RetryPolicy:
         """How connections are tried again: ``reconnect_attempts`` attempts in all (or ``max_attempts``),
         waiting ``reconnect_backoff_s`` doubling up to ``reconnect_backoff_max_s``, jittered x0.5 to x1.0."""
         return RetryPolicy(self.reconnect_backoff_s, self.reconnect_backoff_max_s, jitter=0.5,
                            max_attempts=self.reconnect_attempts if max_attempts is None else max_attempts)
+
+
+IDEMPOTENT_RETRIES = 30
+"""Retries of an idempotent producer unless ``retries`` says otherwise (with the 100 ms back-off and the
+connection's own reconnect attempts, about half a minute of broker downtime is ridden out)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,17 +140,32 @@ class ProducerConfig:
     """1: the broker answers after its flush policy; 0: one-way for every send (MetaQ's async producer)."""
     request_timeout_s: float | None = None
     """None: the session's request_timeout_s."""
-    retries: int = 0
-    """Resends of a batch after a retriable failure. 0 as MetaQ: a retry after a timeout or a lost
-    connection can store the batch twice (see docs/client.md)."""
+    retries: int | None = None
+    """Resends of a batch after a retriable failure. None: 0 as MetaQ (a retry after a timeout or a lost
+    connection can store the batch twice, see docs/client.md), or :data:`IDEMPOTENT_RETRIES` with
+    ``enable_idempotence``, where a retry cannot store a batch twice."""
     retry_backoff_ms: float = 100.0
+    enable_idempotence: bool = False
+    """Stamp every batch with this producer's id and a sequence number per partition, so that the broker
+    stores a retried batch once and answers with the original offsets (docs/transactions.md). Needs
+    acks=1; retries default to :data:`IDEMPOTENT_RETRIES`."""
+
+    @property
+    def effective_retries(self) -> int:
+        if self.retries is not None:
+            return self.retries
+        return IDEMPOTENT_RETRIES if self.enable_idempotence else 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compression", Compression.parse(self.compression))
         _positive(self, "batch_bytes", "max_buffered_bytes", "max_message_bytes")
-        _non_negative(self, "linger_ms", "retries", "retry_backoff_ms")
+        _non_negative(self, "linger_ms", "retry_backoff_ms")
+        if self.retries is not None:
+            _non_negative(self, "retries")
         if self.acks not in (0, 1):
             raise ConfigError(f"acks must be 0 (one-way) or 1, not {self.acks!r}")
+        if self.enable_idempotence and self.acks != 1:
+            raise ConfigError("enable_idempotence needs acks=1: a one-way send gets no answer to retry on")
         if self.request_timeout_s is not None and self.request_timeout_s <= 0:
             raise ConfigError(f"request_timeout_s must be > 0, not {self.request_timeout_s!r}")
         if self.batch_bytes > DEFAULT_MAX_BATCH_BYTES:

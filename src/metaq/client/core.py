@@ -114,7 +114,7 @@ class ClientCore:
             raise ConnectionClosedError(f"zk_connect={zk_connect!r}: {exc}") from None
         self.registry = registry  # closed by close() from here on, whatever happens next
         self._loop = asyncio.get_running_loop()
-        snapshot = registry.snapshot()
+        snapshot = self._view(registry.snapshot())
         servers = [(e.master.host, e.master.port) for _, e in sorted(snapshot.brokers.items()) if e.master is not None]
         if not servers:
             raise ConnectionClosedError(f"no metaq broker is registered in ZooKeeper at {zk_connect} under "
@@ -125,6 +125,10 @@ class ClientCore:
         self.metadata.cache.update(_from_snapshot(snapshot, None))
         registry.add_listener(self._on_snapshot)
 
+    def _view(self, snapshot: ClusterSnapshot) -> ClusterSnapshot:
+        """The cluster as this session reaches it: at the brokers' TLS ports (registered as sslPort) when TLS is on."""
+        return snapshot.over_tls() if self.config.tls else snapshot
+
     def _set_servers(self, servers: list[Address]) -> None:
         self.servers = servers
         self.pool.servers = ServerBook(servers)
@@ -134,7 +138,7 @@ class ClientCore:
         loop = self._loop
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the loop is closing
-                loop.call_soon_threadsafe(self._apply_snapshot, snapshot)
+                loop.call_soon_threadsafe(self._apply_snapshot, self._view(snapshot))
 
     def _apply_snapshot(self, snapshot: ClusterSnapshot) -> None:
         """The cluster changed: every cached topic's metadata is replaced from the snapshot now.
@@ -262,7 +266,7 @@ class ClientCore:
                 return ReadReplica(broker_id, -1, self.address(broker_id))
             except UnknownServerError as exc:
                 raise ConnectionClosedError(str(exc)) from None
-        snapshot = self.registry.snapshot()
+        snapshot = self._view(self.registry.snapshot())
         entry = snapshot.brokers.get(broker_id)
         master = (entry.master.host, entry.master.port) if entry is not None and entry.master is not None else None
         chosen = self.replicas.choose(snapshot, topic, partition, master)
@@ -325,7 +329,7 @@ class ClientCore:
         """Metadata from every server, merged; the servers that fail are left out unless all do. In
         cluster mode, from the registry's snapshot (no request)."""
         if self.registry is not None:
-            return _from_snapshot(self.registry.snapshot(), request.topics)
+            return _from_snapshot(self._view(self.registry.snapshot()), request.topics)
         if len(self.servers) == 1:
             conn = await self.connection(None)
             return raise_for_error(await conn.request(request))

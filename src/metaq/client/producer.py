@@ -29,6 +29,7 @@ import asyncio
 import bisect
 import itertools
 import logging
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -39,22 +40,44 @@ from typing import Any, overload
 from metaq.client.accumulator import Accumulator, BatchKey, ProducerBatch, record_size
 from metaq.client.config import ProducerConfig
 from metaq.client.core import ClientCore
+from metaq.client.delayed import check_delay, delayed_headers
 from metaq.client.exceptions import BufferFullError, ClientClosedError
 from metaq.client.metadata import Partition, TopicMetadata
 from metaq.client.routing import BROKER_UNAVAILABLE, REFUSED_BEFORE_APPEND, not_stored
 from metaq.client.selectors import PartitionSelector, RoundRobinSelector
+from metaq.client.transaction import (
+    COMMIT,
+    ROLLBACK,
+    LocalTransaction,
+    TransactionChecker,
+    TransactionError,
+    TransactionResult,
+    Xid,
+    decide,
+)
 from metaq.errors import (
     BrokerError,
     ConnectionClosedError,
+    DuplicateSequenceError,
     InvalidArgument,
     MetaqError,
+    OutOfOrderSequenceError,
     RequestTimeoutError,
     UnknownServerError,
     error_for_code,
 )
 from metaq.net.connection import BrokerConnection
+from metaq.protocol import messages as m
 from metaq.protocol.messages import ANY_PARTITION, ProduceRequest, ProduceResponse
-from metaq.protocol.records import HEADER_BYTES, RECORD_PREFIX_BYTES, encode_messages, encode_values
+from metaq.protocol.records import (
+    HEADER_BYTES,
+    RECORD_PREFIX_BYTES,
+    SEQUENCE_LIMIT,
+    ProducerStamp,
+    encode_messages,
+    encode_values,
+    with_producer_stamp,
+)
 from metaq.types import Message, PartitionId, PartitionKey, SendResult, validate_topic
 
 log = logging.getLogger(__name__)
@@ -63,6 +86,45 @@ SendCallback = Callable[[SendResult], object]
 
 _PLAIN_TYPES = frozenset({bytes, bytearray, memoryview})
 _RECORD_PREFIX = RECORD_PREFIX_BYTES
+
+
+class _Sequence:
+    """An idempotent producer's sequence on one partition: the epoch and the next sequence number."""
+
+    __slots__ = ("epoch", "next")
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.next = 0
+
+
+def _new_producer_id() -> int:
+    """A random 62-bit producer id (> 0): two producers share one with odds of about 2**-62 per pair, so
+    no broker has to hand ids out (docs/transactions.md)."""
+    return secrets.randbits(62) + 1
+
+
+def _sent_before(a: ProducerStamp, b: ProducerStamp) -> bool:
+    """Whether stamp ``a`` was given before ``b`` on the same partition (epochs, then wrapping sequences)."""
+    if a.producer_epoch != b.producer_epoch:
+        return a.producer_epoch < b.producer_epoch
+    return 0 < (b.base_sequence - a.base_sequence) % SEQUENCE_LIMIT < SEQUENCE_LIMIT // 2
+
+
+class _TransactionScope:
+    def __init__(self, producer: Producer, timeout_s: float | None, producer_group: str) -> None:
+        self.producer, self.timeout_s, self.producer_group = producer, timeout_s, producer_group
+        self.result: TransactionResult | None = None
+
+    async def __aenter__(self) -> _TransactionScope:
+        await self.producer.begin_transaction(self.timeout_s, self.producer_group)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if exc_type is None:
+            self.result = await self.producer.commit()
+        else:
+            await self.producer.rollback()
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,10 +250,142 @@ class Producer:
         either changes, so the hot path does not filter per message."""
         self.rerouted_batches = 0
         """Batches moved to another partition after a failure that proved they were not stored."""
+        self._retries = config.effective_retries
+        self._idempotent = config.enable_idempotence
+        self.producer_id = _new_producer_id() if self._idempotent else -1
+        """Idempotent producer: the id in every batch's producer block (-1 otherwise)."""
+        self._any_partition_id = _new_producer_id() if self._idempotent else -1
+        """The id used for batches the broker places (partition -1: a topic with no known partitions yet),
+        whose sequences the broker keeps on the partition it picks for this id."""
+        self._sequences: dict[tuple[int, str, int], _Sequence] = {}
+        self._checkers: list[TransactionChecker] = []
+        self._tx: LocalTransaction | None = None
+        """The open local transaction: ``send`` goes into it (docs/transactions.md)."""
         self._closed = False
         self._closing = False
 
     # -- public API ---------------------------------------------------------------------------
+
+    # -- local transactions (docs/transactions.md) -----------------------------------------------
+
+    def transaction(self, timeout_s: float | None = None, producer_group: str = "") -> _TransactionScope:
+        """``async with producer.transaction(): await producer.send(...)``: commit on exit, roll back on an
+        exception. ``timeout_s``: the broker rolls it back if not committed by then (at most the broker's
+        maxTxTimeoutInSeconds; None: that maximum)."""
+        return _TransactionScope(self, timeout_s, producer_group)
+
+    async def begin_transaction(self, timeout_s: float | None = None, producer_group: str = "") -> None:
+        """Start a local transaction: ``send`` puts messages into it until :meth:`commit` or :meth:`rollback`."""
+        self._check_open()
+        if self._tx is not None:
+            raise TransactionError("a transaction is already open on this producer")
+        self._tx = LocalTransaction(self, timeout_s, producer_group)
+
+    async def commit(self) -> TransactionResult:
+        """Make the transaction's messages visible, all at once; where they were stored."""
+        tx = self._open_tx()
+        try:
+            return await tx.commit()
+        finally:
+            self._tx = None
+
+    async def rollback(self) -> None:
+        """Drop the transaction's messages; none is ever visible."""
+        tx = self._open_tx()
+        try:
+            await tx.rollback()
+        finally:
+            self._tx = None
+
+    # -- half messages (RocketMQ's transactional messages; docs/transactions.md) ----------------------
+
+    async def send_in_transaction(self, message: Message, execute: Callable[..., Any], producer_group: str,
+                                  timeout_s: float | None = None) -> tuple[str, str]:
+        """Send ``message`` as a half message (stored on the broker, invisible), run
+        ``execute(message, transaction_id)`` (your local transaction: returns "commit", "rollback" or
+        "unknown"; may be a coroutine function), and commit or roll back the message as it says.
+        "unknown" (or an exception) leaves the decision to the producer group's checker
+        (:meth:`start_transaction_checker`). Returns (transaction id, decision)."""
+        await self.begin_transaction(timeout_s, producer_group)
+        tx = self._open_tx()
+        try:
+            await tx.add(message)
+            await tx.prepare()
+        except BaseException:
+            await self.rollback()
+            raise
+        decision = await decide(execute, message, tx.transaction_id)
+        if decision == COMMIT:
+            await self.commit()
+        elif decision == ROLLBACK:
+            await self.rollback()
+        else:
+            tx.finished = True
+            self._tx = None
+        return tx.transaction_id, decision
+
+    async def start_transaction_checker(self, producer_group: str, check: Callable[[str], Any]) -> TransactionChecker:
+        """Answer the brokers' check-backs for ``producer_group``'s undecided half messages with
+        ``check(transaction_id)`` -> "commit" / "rollback" / "unknown". Stop it with ``await checker.stop()``."""
+        checker = await TransactionChecker(self, producer_group, check).start()
+        self._checkers.append(checker)
+        return checker
+
+    # -- XA: the DB-API two-phase-commit interface (docs/transactions.md, "XA") -------------------
+
+    async def tpc_begin(self, xid: Any, timeout_s: float | None = None) -> None:
+        """Start a transaction branch named by ``xid`` (an :class:`Xid`, psycopg's Xid, a 3-tuple or a
+        string); then ``send``, :meth:`tpc_prepare`, :meth:`tpc_commit` / :meth:`tpc_rollback`."""
+        self._check_open()
+        if self._tx is not None:
+            raise TransactionError("a transaction is already open on this producer")
+        self._tx = LocalTransaction(self, timeout_s, "", Xid.of(xid).key)
+
+    async def tpc_prepare(self) -> None:
+        await self._open_tx().prepare()
+
+    async def tpc_commit(self, xid: Any = None) -> None:
+        """Without ``xid``: commit the current branch (two-phase after tpc_prepare, else one-phase).
+        With one: commit that prepared branch, found with :meth:`tpc_recover` (after a crash)."""
+        if xid is None:
+            await self.commit()
+        else:
+            await self._end_recovered(Xid.of(xid), m.TX_COMMIT)
+
+    async def tpc_rollback(self, xid: Any = None) -> None:
+        if xid is None:
+            await self.rollback()
+        else:
+            await self._end_recovered(Xid.of(xid), m.TX_ROLLBACK)
+
+    async def tpc_recover(self) -> list[Xid]:
+        """The prepared branches on every broker this session knows (MetaQ's recover())."""
+        return [Xid.parse(key) for _broker, key in await self._prepared()]
+
+    async def _prepared(self) -> list[tuple[int, str]]:
+        await self._core.metadata.refresh_all()
+        found: list[tuple[int, str]] = []
+        for broker_id in sorted(set(self._core.metadata.cache.brokers) | set(self._core.server_ids.values())):
+            response = await self._core.request(m.TransactionRequest(m.TX_RECOVER), broker_id)
+            found.extend((broker_id, key) for key in response.xids)
+        return found
+
+    async def _end_recovered(self, xid: Xid, op: int) -> None:
+        holders = [b for b, key in await self._prepared() if key == xid.key]
+        if not holders:
+            raise TransactionError(f"no broker holds a prepared transaction {xid.key} (finished already, or "
+                                   "rolled back after maxTxTimeoutInSeconds)")
+        for broker_id in holders:
+            await self._core.request(m.TransactionRequest(op, xid.key), broker_id)
+
+    def _not_in_transaction(self, what: str) -> None:
+        if self._tx is not None:
+            raise TransactionError(f"{what} cannot be used inside a transaction: use send (docs/transactions.md)")
+
+    def _open_tx(self) -> LocalTransaction:
+        if self._tx is None:
+            raise TransactionError("no transaction is open on this producer (begin_transaction first)")
+        return self._tx
 
     @property
     def buffered_bytes(self) -> int:
@@ -216,6 +410,8 @@ class Producer:
         ``timeout_s`` bounds the whole wait; when it passes the result is a failure with
         RequestTimeoutError, though the message may still be stored later.
         """
+        if self._tx is not None:
+            return await self._tx.add(message)
         acks = self.config.acks
         size = self._check(message)
         if self._buffered + size > self.config.max_buffered_bytes and self._buffered:
@@ -241,6 +437,7 @@ class Producer:
 
         Does not wait: with the buffer full the result is an immediate failure with BufferFullError.
         """
+        self._not_in_transaction("send_async")
         size = self._check(message)
         fut: asyncio.Future[SendResult] = self._loop.create_future()
         if callback is not None:
@@ -260,6 +457,7 @@ class Producer:
         The result's partition, offset and message id are -1. ``success`` is False only when the
         message was not even accepted (buffer full); a later failure is counted, never reported.
         """
+        self._not_in_transaction("send_oneway")
         size = self._check(message)
         if self._buffered + size > self.config.max_buffered_bytes and self._buffered:
             return SendResult(False, error=self._full(), topic=message.topic)
@@ -276,11 +474,15 @@ class Producer:
         if given, else to the partition the selector picks for the chunk's first message. Order is
         kept within a partition. Waits for buffer room chunk by chunk.
         """
+        self._not_in_transaction("send_batch")
         self._check_open()
         self._check_topic(topic)
         values = items if isinstance(items, (list, tuple)) else list(items)
         if not values:
             return BatchSendResult(topic, [])
+        if any(type(v) is Message and (v.deliver_at is not None or v.delay_ms is not None) for v in values):
+            raise InvalidArgument("send_batch does not take delayed messages (deliver_at / delay_ms); send them "
+                                  "with send or send_async")
         chunks = self._chunk(topic, values)
         target: Partition | None = None
         if partition is not None:
@@ -369,6 +571,8 @@ class Producer:
         if self._closed:
             return
         self._closing = True
+        for checker in self._checkers:
+            await checker.stop()
         try:
             await self.flush()
         finally:
@@ -410,6 +614,8 @@ class Producer:
             size = RECORD_PREFIX_BYTES + len(message.data)
         else:
             size = record_size(message)
+        if message.deliver_at is not None or message.delay_ms is not None:
+            size += check_delay(message)
         if size > self.config.max_message_bytes:
             raise InvalidArgument(
                 f"message is {size} bytes encoded (payload {len(message.data)} bytes); max_message_bytes is "
@@ -489,9 +695,13 @@ class Producer:
         else:
             key = (topic, ANY_PARTITION, self._core.default_broker_id, acks)
         acc = self._acc
+        headers = message.headers
+        if message.deliver_at is not None or message.delay_ms is not None:  # a batch of its own, bit 7
+            key = (*key, True)
+            headers = delayed_headers(message)
         # a message without a timestamp gets its batch's creation time (ProducerBatch.add)
         sealed = acc.append(key, message.timestamp_ms, message.data, message.key, message.attribute,
-                            message.headers, waiter, self._linger_s if self._busy.get(key) else 0.0, size)
+                            headers, waiter, self._linger_s if self._busy.get(key) else 0.0, size)
         self._buffered += size
         for batch in sealed:
             self._dispatch(batch)
@@ -603,8 +813,10 @@ class Producer:
         Any other error (a frame over the limit, say) fails the batch itself.
         """
         try:
-            request = ProduceRequest(batch.topic, batch.partition, batch.acks, self._timeout_ms,
-                                     batch.build(self.config.compression))
+            payload = batch.build(self.config.compression)
+            if self._idempotent and batch.acks and not batch.delayed:  # a delayed batch never meets a partition's
+                payload = self._stamped(batch, payload)               # sequence: the delay store appends it later
+            request = ProduceRequest(batch.topic, batch.partition, batch.acks, self._timeout_ms, payload)
             if batch.acks == 0:
                 conn.send_oneway(request)
                 reply = None
@@ -619,6 +831,37 @@ class Producer:
             self._complete_ok(batch, None)
         else:
             reply.add_done_callback(partial(self._on_reply, batch))
+
+    def _stamped(self, batch: ProducerBatch, payload: bytes) -> bytes:
+        """The batch with its producer block: given at its first write, the same bytes on every retry (so
+        the broker knows a retry), and given anew only after a proof that the batch was not stored."""
+        seq = self._sequences.get((batch.broker_id, batch.topic, batch.partition))
+        if seq is None:
+            seq = self._sequences[(batch.broker_id, batch.topic, batch.partition)] = _Sequence()
+        if batch.stamped is not None and batch.stamp is not None and batch.stamp.producer_epoch == seq.epoch:
+            return batch.stamped
+        pid = self._any_partition_id if batch.partition == ANY_PARTITION else self.producer_id
+        batch.stamp = ProducerStamp(pid, seq.epoch, seq.next)
+        seq.next = (seq.next + batch.count) % SEQUENCE_LIMIT
+        batch.stamped = with_producer_stamp(payload, batch.stamp)
+        return batch.stamped
+
+    def _sequence_broken(self, batch: ProducerBatch) -> None:
+        """A stamped batch failed for good: its sequence number will never be stored, so the partition
+        starts a new epoch at sequence 0 (the broker takes a newer epoch from 0). Batches in flight with
+        the old epoch are refused as out of order and re-stamped; none can be stored twice."""
+        stamp = batch.stamp
+        seq = self._sequences.get((batch.broker_id, batch.topic, batch.partition))
+        if stamp is None or seq is None or stamp.producer_epoch != seq.epoch:
+            return
+        seq.epoch += 1
+        seq.next = 0
+        if seq.epoch >= 1 << 15:  # epochs are 15 bits: a new id starts over
+            self.producer_id, self._any_partition_id = _new_producer_id(), _new_producer_id()
+            self._sequences.clear()
+        log.warning("idempotent producer %d: a batch to %s:%d-%d failed for good; that partition's sequence "
+                    "starts again with epoch %d", self.producer_id, batch.topic, batch.broker_id, batch.partition,
+                    seq.epoch)
 
     async def _send_loop(self, broker_id: int, queue: deque[ProducerBatch]) -> None:
         """Write the broker's queued batches in order, as fast as the connection takes them."""
@@ -670,7 +913,7 @@ class Producer:
         False (the failure is the result) for a pinned or key-hash batch, a topic without known
         partitions, or when no other partition is left."""
         if (batch.pinned or not self._reroutable or batch.partition == ANY_PARTITION
-                or isinstance(exc, ClientClosedError)):
+                or batch.stamp is not None or isinstance(exc, ClientClosedError)):
             return False
         tm = self._core.metadata.cache.get(batch.topic)
         if tm is None:
@@ -689,7 +932,8 @@ class Producer:
         flush_waiters = self._outstanding.pop(batch, None)
         old_key = batch.key
         batch.tried = tried
-        batch.key = (batch.topic, p.partition, p.broker_id, batch.acks)
+        batch.key = (batch.topic, p.partition, p.broker_id, batch.acks, True) if batch.delayed else \
+            (batch.topic, p.partition, p.broker_id, batch.acks)
         batch.partition, batch.broker_id = p.partition, p.broker_id
         self.rerouted_batches += 1
         self._dispatch(batch)
@@ -711,6 +955,10 @@ class Producer:
                     self._complete_ok(batch, resp)
                     return
                 exc = error_for_code(resp.error_code, resp.error_message or "")
+                if isinstance(exc, DuplicateSequenceError):  # stored before; its offsets are forgotten
+                    log.warning("idempotent producer: %s (a retry of a batch stored long ago)", exc)
+                    self._complete_ok(batch, ProduceResponse(partition=batch.partition))
+                    return
             else:
                 exc = err
         if isinstance(exc, BrokerError) and exc.refresh_metadata:
@@ -722,7 +970,11 @@ class Producer:
                 self._unavailable.avoid_partition(batch.topic, PartitionId(batch.broker_id, batch.partition))
         if not_stored(exc, written=True) and self._reroute(batch, exc):
             return
-        if batch.attempts < self.config.retries and getattr(exc, "retriable", False) and not self._closed:
+        if isinstance(exc, OutOfOrderSequenceError) and batch.stamp is not None:
+            seq = self._sequences.get((batch.broker_id, batch.topic, batch.partition))
+            if seq is not None and seq.epoch != batch.stamp.producer_epoch:
+                batch.stamped = None  # proven not stored, from an epoch given up: stamped anew when resent
+        if batch.attempts < self._retries and getattr(exc, "retriable", False) and not self._closed:
             batch.attempts += 1
             log.debug("retrying %r after %s (attempt %d)", batch, exc, batch.attempts)
             self._loop.call_later(self.config.retry_backoff_ms / 1000.0, self._retry, batch)
@@ -731,7 +983,17 @@ class Producer:
 
     def _retry(self, batch: ProducerBatch) -> None:
         queue = self._queues.setdefault(batch.broker_id, deque())
-        queue.appendleft(batch)
+        if batch.stamp is None:
+            queue.appendleft(batch)
+        else:  # before the partition's later batches and after its earlier retries: in sequence order
+            position = 0
+            for i, other in enumerate(queue):
+                if other.key != batch.key:
+                    continue
+                if other.stamp is None or not _sent_before(other.stamp, batch.stamp):
+                    break
+                position = i + 1
+            queue.insert(position, batch)
         if batch.broker_id not in self._senders:
             self._senders[batch.broker_id] = asyncio.ensure_future(self._send_loop(batch.broker_id, queue))
 
@@ -751,8 +1013,8 @@ class Producer:
             broker_id = batch.broker_id
             for i, w in enumerate(batch.waiters):
                 if w is not None and not w.done():
-                    w.set_result(SendResult(True, base_id + i if has_id else -1, partition, base_offset + i,
-                                            None, topic, broker_id))
+                    w.set_result(SendResult(True, base_id + i if has_id else -1, partition,
+                                            base_offset + i if has_id else -1, None, topic, broker_id))
         if batch.partition == ANY_PARTITION:
             tm = self._core.metadata.cache.get(topic)
             if tm is None or not tm.partitions:
@@ -761,6 +1023,8 @@ class Producer:
 
     def _complete_error(self, batch: ProducerBatch, exc: BaseException) -> None:
         topic = batch.topic
+        if batch.stamp is not None:
+            self._sequence_broken(batch)
         if batch.batch_waiter is not None:
             w = batch.batch_waiter
             if not w.done():

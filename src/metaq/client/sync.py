@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
@@ -31,6 +32,7 @@ from metaq.client.metadata import Partition
 from metaq.client.producer import BatchSendResult, Producer
 from metaq.client.selectors import PartitionSelector
 from metaq.client.session import MessageSessionFactory
+from metaq.client.transaction import TransactionChecker, TransactionResult, Xid
 from metaq.errors import InvalidArgument
 from metaq.types import Message, MessageId, PartitionKey, SendResult
 
@@ -126,6 +128,55 @@ class SyncProducer:
     def send_batch(self, topic: str, items: Iterable[bytes | bytearray | Message], *,
                    partition: PartitionKey | None = None, timeout_s: float | None = None) -> BatchSendResult:
         return self._lt.run(self.producer.send_batch(topic, items, partition=partition, timeout_s=timeout_s))
+
+    @contextlib.contextmanager
+    def transaction(self, timeout_s: float | None = None, producer_group: str = "") -> Iterator[None]:
+        """``with producer.transaction(): producer.send(...)``: commit on exit, roll back on an exception."""
+        self.begin_transaction(timeout_s, producer_group)
+        try:
+            yield
+        except BaseException:
+            self.rollback()
+            raise
+        self.commit()
+
+    def begin_transaction(self, timeout_s: float | None = None, producer_group: str = "") -> None:
+        self._lt.run(self.producer.begin_transaction(timeout_s, producer_group))
+
+    def commit(self) -> TransactionResult:
+        return self._lt.run(self.producer.commit())
+
+    def rollback(self) -> None:
+        self._lt.run(self.producer.rollback())
+
+    # half messages (docs/transactions.md)
+    def send_in_transaction(self, message: Message, execute: Callable[..., Any], producer_group: str,
+                            timeout_s: float | None = None) -> tuple[str, str]:
+        """``execute(message, transaction_id)`` runs in a worker thread of the client."""
+        return self._lt.run(self.producer.send_in_transaction(message, execute, producer_group, timeout_s))
+
+    def start_transaction_checker(self, producer_group: str, check: Callable[[str], Any]) -> TransactionChecker:
+        """``check(transaction_id)`` runs in a worker thread of the client."""
+        return self._lt.run(self.producer.start_transaction_checker(producer_group, check))
+
+    def stop_transaction_checker(self, checker: TransactionChecker) -> None:
+        self._lt.run(checker.stop())
+
+    # XA: the DB-API two-phase-commit interface (docs/transactions.md)
+    def tpc_begin(self, xid: Any, timeout_s: float | None = None) -> None:
+        self._lt.run(self.producer.tpc_begin(xid, timeout_s))
+
+    def tpc_prepare(self) -> None:
+        self._lt.run(self.producer.tpc_prepare())
+
+    def tpc_commit(self, xid: Any = None) -> None:
+        self._lt.run(self.producer.tpc_commit(xid))
+
+    def tpc_rollback(self, xid: Any = None) -> None:
+        self._lt.run(self.producer.tpc_rollback(xid))
+
+    def tpc_recover(self) -> list[Xid]:
+        return self._lt.run(self.producer.tpc_recover())
 
     @property
     def rerouted_batches(self) -> int:

@@ -69,7 +69,8 @@ class EmbeddedRegistry(ClusterRegistry):
     def _publish(self) -> None:
         with self._lock:
             b = self._broker_id
-            brokers = {b: BrokerEntry(b, self._address)} if self._address is not None else {}
+            tls = MappingProxyType({-1: self.tls_port} if self.tls_port is not None else {})
+            brokers = {b: BrokerEntry(b, self._address, tls_ports=tls)} if self._address is not None else {}
             topics = {name: TopicEntry(name, MappingProxyType({b: n} if pub else {}),
                                        MappingProxyType({b: n} if sub else {}))
                       for name, (n, pub, sub) in self._topics.items() if self._address is not None}

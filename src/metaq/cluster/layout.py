@@ -72,6 +72,19 @@ class Paths:
     def broker(self, broker_id: int) -> str:
         return f"{self.broker_ids}/{broker_id}"
 
+    @property
+    def users(self) -> str:
+        """metaq's addition (SASL/SCRAM): one persistent node per user, its hashed credential as JSON."""
+        return f"{self.root}/metaq-security/users"
+
+    def user(self, name: str) -> str:
+        return f"{self.users}/{name}"
+
+    @property
+    def acls(self) -> str:
+        """metaq's addition: the ACL document (persistent JSON, metaq.security.acl)."""
+        return f"{self.root}/metaq-security/acls"
+
     def master_config(self, broker_id: int) -> str:
         """metaq's addition (autoSyncMasterConfig): ephemeral, the master's topic options as JSON."""
         return f"{self.root}/brokers/topic-configs/{broker_id}"
@@ -117,11 +130,25 @@ class Paths:
 
 # -- brokers ------------------------------------------------------------------------------------
 
-def broker_url(host: str, port: int) -> str:
-    """What ``ids/<id>/master`` holds: MetaQ's Broker.getZKString, ``meta://host:port``."""
+def broker_url(host: str, port: int, tls_port: int | None = None) -> str:
+    """What ``ids/<id>/master`` holds: MetaQ's Broker.getZKString, ``meta://host:port``; with a TLS port
+    (sslPort), ``meta://host:port?sslPort=N``: a query MetaQ's readers (and older metaq) ignore."""
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"  # an IPv6 literal
-    return f"meta://{host}:{port}"
+    return f"meta://{host}:{port}" + (f"?sslPort={tls_port}" if tls_port is not None else "")
+
+
+_SSL_PORT = re.compile(r"[?&]sslPort=(?P<port>\d{1,5})(?:&|$)")
+
+
+def parse_broker_tls_port(data: bytes | str) -> int | None:
+    """The ``sslPort`` of a broker URL (:func:`broker_url`), None when it has none or it is not a port."""
+    text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+    match = _SSL_PORT.search(text.strip())
+    if match is None:
+        return None
+    port = int(match.group("port"))
+    return port if 0 < port < 65536 else None
 
 
 def parse_broker_url(data: bytes | str) -> tuple[str, int]:

@@ -16,6 +16,7 @@ Everything here is plain data and abstract methods: no I/O, no threads, no async
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -50,6 +51,18 @@ class BrokerEntry:
     broker_id: int
     master: Address | None
     slaves: Mapping[int, Address] = field(default_factory=lambda: MappingProxyType({}))
+    tls_ports: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
+    """Replica (-1: the master, else the slave id) -> its TLS port (sslPort), for those that have one."""
+
+    def over_tls(self) -> BrokerEntry:
+        """The same replicas at their TLS addresses; a replica without a TLS port is left out (a TLS client
+        cannot reach it)."""
+        master = self.master
+        if master is not None:
+            tls = self.tls_ports.get(-1)
+            master = Address(master.host, tls) if tls is not None else None
+        slaves = {s: Address(a.host, self.tls_ports[s]) for s, a in self.slaves.items() if s in self.tls_ports}
+        return BrokerEntry(self.broker_id, master, MappingProxyType(slaves), self.tls_ports)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +95,11 @@ class ClusterSnapshot:
         entry = self.brokers.get(broker_id)
         return entry.master if entry is not None else None
 
+    def over_tls(self) -> ClusterSnapshot:
+        """The cluster as a TLS client sees it: every replica at its TLS port (:meth:`BrokerEntry.over_tls`)."""
+        brokers = {b: e.over_tls() for b, e in self.brokers.items()}
+        return dataclasses.replace(self, brokers=MappingProxyType(brokers))
+
     def servers(self) -> str:
         """Every registered master as ``host:port,...`` in broker id order ('' if none): a client's ``servers``."""
         return ",".join(str(e.master) for _, e in sorted(self.brokers.items()) if e.master is not None)
@@ -107,6 +125,9 @@ class ClusterRegistry(ABC):
 
     @abstractmethod
     def add_listener(self, listener: SnapshotListener) -> None: ...
+
+    tls_port: int | None = None
+    """This broker's TLS port (sslPort), registered with its address (set before registering)."""
 
     @abstractmethod
     def register_broker(self, broker_id: int, address: Address, *, slave_id: int = -1) -> None:

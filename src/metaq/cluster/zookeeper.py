@@ -91,6 +91,8 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         """The slave id this process registered as (-1: a master)."""
         """Ephemeral nodes this process keeps registered: path -> data (made again after an expiry)."""
         self._brokers: dict[int, dict[str, Address]] = {}
+        self._tls_ports: dict[tuple[int, str], int] = {}
+        """(broker id, node name) -> the sslPort its URL carries."""
         self._topics: dict[bool, dict[str, dict[str, int]]] = {True: {}, False: {}}
         """publish? -> topic -> registration node name (``<id>-m``) -> partition count."""
         self._watches: dict[str, int] = {}
@@ -237,9 +239,11 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
 
     def _on_broker_node(self, broker_id: int, name: str, path: str, data: bytes | None) -> None:
         address: Address | None = None
+        tls_port: int | None = None
         if data is not None:
             try:
                 address = Address(*layout.parse_broker_url(data))
+                tls_port = layout.parse_broker_tls_port(data)
             except LayoutError as exc:
                 self._bad(path, str(exc))
         with self._lock:
@@ -252,6 +256,10 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
                     self._forget_watch(path)
             else:
                 nodes[name] = address
+            if address is None or tls_port is None:
+                self._tls_ports.pop((broker_id, name), None)
+            else:
+                self._tls_ports[(broker_id, name)] = tls_port
         self._publish()
 
     def _on_topics(self, publish: bool, topics: list[str]) -> None:
@@ -327,7 +335,11 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
                     if slave is not None:
                         slaves[slave] = address
                 if nodes:  # an id whose master and slaves are all gone is no broker (its parent node stays)
-                    brokers[broker_id] = BrokerEntry(broker_id, nodes.get("master"), MappingProxyType(slaves))
+                    tls = {-1 if name == "master" else layout.parse_slave_node(name): port
+                           for (b, name), port in self._tls_ports.items() if b == broker_id and name in nodes}
+                    tls_ports = {r: port for r, port in tls.items() if r is not None}
+                    brokers[broker_id] = BrokerEntry(broker_id, nodes.get("master"), MappingProxyType(slaves),
+                                                     MappingProxyType(tls_ports))
             topics = {}
             for topic in set(self._topics[True]) | set(self._topics[False]):
                 pub: dict[int, int] = {}
@@ -444,7 +456,7 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
 
     def register_broker(self, broker_id: int, address: Address, *, slave_id: int = -1) -> None:
         path = self.paths.broker_node(broker_id, slave_id)
-        data = layout.broker_url(address.host, address.port).encode()
+        data = layout.broker_url(address.host, address.port, self.tls_port).encode()
         self._own_slave_id = slave_id
         deadline = time.monotonic() + self.session_timeout_s + _PREVIOUS_SESSION_SLACK_S
         while True:
@@ -548,7 +560,7 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
     def take_mastership(self, broker_id: int, address: Address, state: ReplicaGroupState, version: int) -> int:
         path = self.paths.replica_group(broker_id)
         master = self.paths.broker_node(broker_id, -1)
-        url = layout.broker_url(address.host, address.port).encode()
+        url = layout.broker_url(address.host, address.port, self.tls_port).encode()
         try:
             self._client.ensure_path(self.paths.replica_groups)
             self._client.ensure_path(self.paths.broker(broker_id))
@@ -810,6 +822,65 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
             except (InvalidArgument, LayoutError) as exc:
                 self._bad(f"{path}/{name}", str(exc))
         return dict(sorted(out.items()))
+
+    # ------------------------------------------------------------------ users (SASL/SCRAM credentials)
+
+    def read_user(self, name: str) -> bytes | None:
+        """The stored credential of user ``name`` (JSON bytes, metaq.security), None if there is none."""
+        try:
+            return bytes(self._client.get(self.paths.user(name))[0])
+        except NoNodeError:
+            return None
+        except KazooException as exc:
+            raise RegistryError(f"cannot read user {name!r} from ZooKeeper: {exc}") from None
+
+    def write_user(self, name: str, data: bytes) -> bool:
+        """Store user ``name``'s credential (persistent); True if the user is new."""
+        path = self.paths.user(name)
+        try:
+            try:
+                self._client.create(path, data, makepath=True)
+                return True
+            except NodeExistsError:
+                self._client.set(path, data)
+                return False
+        except KazooException as exc:
+            raise RegistryError(f"cannot write user {name!r} to ZooKeeper: {exc}") from None
+
+    def delete_user(self, name: str) -> bool:
+        try:
+            self._client.delete(self.paths.user(name))
+            return True
+        except NoNodeError:
+            return False
+        except KazooException as exc:
+            raise RegistryError(f"cannot delete user {name!r} in ZooKeeper: {exc}") from None
+
+    def list_users(self) -> list[str]:
+        return self._children(self.paths.users)
+
+    def read_acls(self) -> tuple[bytes | None, int]:
+        """The ACL document (JSON bytes, metaq.security.acl) and its version (-1: there is none)."""
+        try:
+            data, stat = self._client.get(self.paths.acls)
+            return bytes(data), int(stat.version)
+        except NoNodeError:
+            return None, -1
+        except KazooException as exc:
+            raise RegistryError(f"cannot read the ACLs from ZooKeeper: {exc}") from None
+
+    def write_acls(self, data: bytes, version: int) -> bool:
+        """Replace the ACL document if it is still at ``version`` (-1: create it); False when it moved."""
+        try:
+            if version < 0:
+                self._client.create(self.paths.acls, data, makepath=True)
+            else:
+                self._client.set(self.paths.acls, data, version=version)
+            return True
+        except (NodeExistsError, BadVersionError):
+            return False
+        except KazooException as exc:
+            raise RegistryError(f"cannot write the ACLs to ZooKeeper: {exc}") from None
 
     # ------------------------------------------------------------------ tools
 

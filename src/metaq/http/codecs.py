@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,8 @@ class OutgoingMessage:
     attribute: str | None = None
     headers: list[tuple[str, bytes]] | None = None
     timestamp_ms: int = -1
+    deliver_at: int | None = None
+    """Delayed delivery (docs/delayed.md): ms since the epoch; from ``deliver_at`` or ``delay_ms`` in JSON."""
 
 
 def _decode(value: Any, encoding: str, field: str) -> bytes:
@@ -102,10 +105,18 @@ def _int_field(value: Any, field: str, minimum: int) -> int:
 def message_from_json(obj: Any, default_encoding: str, where: str = "") -> OutgoingMessage:
     if not isinstance(obj, Mapping):
         raise HttpInputError(f"{where or 'the body'} must be a JSON object, not {_json_type(obj)}")
-    unknown = set(obj) - {"payload", "encoding", "key", "attribute", "headers", "timestamp_ms"}
+    unknown = set(obj) - {"payload", "encoding", "key", "attribute", "headers", "timestamp_ms", "deliver_at",
+                          "delay_ms"}
     if unknown:
         raise HttpInputError(f"{where}unknown field(s) {', '.join(sorted(unknown))}; a message has payload, "
-                             "encoding, key, attribute, headers, timestamp_ms")
+                             "encoding, key, attribute, headers, timestamp_ms, deliver_at, delay_ms")
+    if obj.get("deliver_at") is not None and obj.get("delay_ms") is not None:
+        raise HttpInputError(f"{where}give deliver_at or delay_ms, not both")
+    deliver_at = None
+    if obj.get("deliver_at") is not None:
+        deliver_at = _int_field(obj["deliver_at"], f"{where}deliver_at", 0)
+    elif obj.get("delay_ms") is not None:
+        deliver_at = int(time.time() * 1000) + _int_field(obj["delay_ms"], f"{where}delay_ms", 0)
     if "payload" not in obj:
         raise HttpInputError(f"{where}payload is missing")
     encoding = _encoding(obj.get("encoding"), default_encoding, where)
@@ -120,6 +131,7 @@ def message_from_json(obj: Any, default_encoding: str, where: str = "") -> Outgo
         attribute=attribute,
         headers=_headers(obj.get("headers"), encoding, where),
         timestamp_ms=_int_field(timestamp, f"{where}timestamp_ms", 0) if timestamp is not None else -1,
+        deliver_at=deliver_at,
     )
 
 

@@ -48,6 +48,19 @@ STATUS_BY_CODE: dict[int, int] = {
     e.NotEnoughReplicasError.code: 503,
     e.NotEnoughReplicasAfterAppendError.code: 503,
     e.FencedEpochError.code: 409,
+    e.DelayTooLongError.code: 400,
+    e.OutOfOrderSequenceError.code: 409,
+    e.DuplicateSequenceError.code: 409,
+    e.InvalidProducerEpochError.code: 409,
+    e.InvalidTxnStateError.code: 409,
+    e.InvalidTransactionTimeoutError.code: 400,
+    e.ConcurrentTransactionsError.code: 503,
+    e.SaslAuthenticationError.code: 401,
+    e.TopicAuthorizationError.code: 403,
+    e.GroupAuthorizationError.code: 403,
+    e.ClusterAuthorizationError.code: 403,
+    e.UnsupportedSaslMechanismError.code: 400,
+    e.IllegalSaslStateError.code: 400,
 }
 """Wire error code -> HTTP status. Every code of :func:`metaq.errors.all_error_classes` has a row (a unit
 test checks); a code missing here would answer 500."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 from typing import Any
 
 from aiohttp import web
@@ -78,8 +79,10 @@ def make_app(broker: Broker) -> web.Application:
 class HttpListener:
     """``broker``'s HTTP endpoints on ``host:port`` (port 0: a free one; :attr:`address` once bound)."""
 
-    def __init__(self, broker: Broker, host: str, port: int) -> None:
+    def __init__(self, broker: Broker, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None) -> None:
         self.broker = broker
+        self.ssl_context = ssl_context
+        """HTTPS with this context (the broker's sslCertFile, sslHttp); None: plain HTTP."""
         self.host = host
         self.port = port
         self._sock: socket.socket | None = None
@@ -112,11 +115,15 @@ class HttpListener:
         runner = web.AppRunner(make_app(self.broker), handler_cancellation=True, access_log=None,
                                shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await runner.setup()
-        site = web.SockSite(runner, self._sock, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+        site = web.SockSite(runner, self._sock, shutdown_timeout=SHUTDOWN_TIMEOUT_S, ssl_context=self.ssl_context)
         await site.start()
         self._runner, self._site = runner, site
         host, port = self.address
-        log.info("HTTP API on http://%s:%d (OpenAPI at /openapi.json)", host, port)
+        log.info("HTTP API on %s://%s:%d (OpenAPI at /openapi.json)", self.scheme, host, port)
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.ssl_context is None else "https"
 
     async def stop_accepting(self) -> None:
         """Close the listening socket; requests in progress go on (the core's drain answers them)."""

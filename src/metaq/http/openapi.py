@@ -43,8 +43,9 @@ SCHEMAS: dict[str, Any] = {
                                key=_STR, attribute=_STR,
                                headers={"oneOf": [{"type": "object", "additionalProperties": _STR},
                                                   _arr(_arr(_STR))]},
-                               timestamp_ms=_INT),
-                        "description": "encoding applies to payload, key and header values"},
+                               timestamp_ms=_INT, deliver_at=_INT, delay_ms=_INT),
+                        "description": "encoding applies to payload, key and header values; deliver_at (ms since "
+                                       "the epoch) or delay_ms: delayed delivery (docs/delayed.md)"},
     "ProduceBatch": _obj(["messages"], messages=_arr(_ref("OutgoingMessage")),
                          encoding={"type": "string", "enum": ["text", "base64"]}, partition=_INT),
     "ProduceResult": _obj(["topic", "broker_id", "partition", "partition_id", "offset", "id", "count",

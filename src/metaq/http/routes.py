@@ -23,6 +23,7 @@ from metaq.errors import CorruptRecordError, InvalidArgument, OffsetOutOfRangeEr
 from metaq.http.codecs import ENCODINGS, OutgoingMessage, message_from_raw, message_to_json, messages_from_json
 from metaq.http.errors import HttpInputError, WireError
 from metaq.protocol import messages as m
+from metaq.protocol.delayed import DELIVER_AT_HEADER, mark_delayed, pack_ms
 from metaq.protocol.records import BatchBuilder, decode_fetched
 from metaq.types import Message, format_message_id, parse_message_id
 
@@ -197,8 +198,11 @@ async def produce(request: web.Request) -> web.Response:
     response: m.ProduceResponse = await call(
         request, m.ProduceRequest(topic, partition, acks=1, timeout_ms=PRODUCE_TIMEOUT_MS, records=records))
     broker_id = request.app[BROKER_KEY].config.broker_id
-    results = [{"offset": response.base_offset + i, "id": format_message_id(response.base_message_id + i)}
-               for i in range(len(messages))]
+    if response.base_message_id < 0:  # delayed (docs/delayed.md): offsets and ids are assigned at delivery
+        results: list[dict[str, Any]] = [{"offset": -1, "id": "-1"} for _ in messages]
+    else:
+        results = [{"offset": response.base_offset + i, "id": format_message_id(response.base_message_id + i)}
+                   for i in range(len(messages))]
     return web.json_response({"topic": topic, **partition_ref(broker_id, response.partition),
                               "offset": response.base_offset, "id": results[0]["id"], "count": len(messages),
                               "append_time_ms": response.append_time_ms, "messages": results})
@@ -207,11 +211,16 @@ async def produce(request: web.Request) -> web.Response:
 def _batch(messages: list[OutgoingMessage]) -> bytes:
     now_ms = int(time.time() * 1000)
     builder = BatchBuilder(max_bytes=1 << 62)
+    delayed = any(msg.deliver_at is not None for msg in messages)  # then the whole batch is (bit 7)
     try:
         for msg in messages:
+            headers = msg.headers
+            if delayed:
+                due = msg.deliver_at if msg.deliver_at is not None else now_ms
+                headers = [*(headers or ()), (DELIVER_AT_HEADER, pack_ms(due))]
             builder.try_append(msg.timestamp_ms if msg.timestamp_ms >= 0 else now_ms, msg.payload, msg.key,
-                               msg.attribute, msg.headers)
-        return builder.build()
+                               msg.attribute, headers)
+        return mark_delayed(builder.build()) if delayed else builder.build()
     except InvalidArgument as exc:
         raise HttpInputError(str(exc)) from None
 

@@ -9,7 +9,7 @@ codec its connections drive); it imports neither of the packages above it. docs/
 - :mod:`metaq.net.connection` and :mod:`metaq.net.pool`: the asyncio connection and its pool;
 - :mod:`metaq.net.blocking`: the plain-socket connection and pool (Spark executors, scripts);
 - :mod:`metaq.net.discovery`: which server answers as which broker id, and walking the servers;
-- :mod:`metaq.net.tls`: where a TLS context enters (``ssl.SSLContext | None``; none is built yet).
+- :mod:`metaq.net.tls`: the one place TLS contexts are built, client and server side (reloadable).
 
 Nothing is imported here: ``import metaq.net.blocking`` must not pay for asyncio.
 """

@@ -22,14 +22,22 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 from collections.abc import Sequence
 from typing import Any, Final
 
 from metaq.errors import ConnectionClosedError, MetaqError, ProtocolError, RequestTimeoutError
-from metaq.net.codec import ConnectionSettings, agree_versions, handshake_request, raise_for_error
+from metaq.net.codec import (
+    ConnectionSettings,
+    agree_versions,
+    authenticate,
+    handshake_request,
+    plaintext_hint,
+    raise_for_error,
+)
 from metaq.net.discovery import WALK_ERRORS, ServerBook, WalkFailures
 from metaq.net.servers import Address, format_address
-from metaq.net.tls import wrap_socket
+from metaq.net.tls import describe_tls_error, wrap_socket
 from metaq.protocol.codec import ClientConnection, ResponseEvent
 from metaq.protocol.messages import ApiVersionsResponse
 
@@ -49,6 +57,8 @@ class BlockingConnection:
         """The broker's id, from the handshake."""
         self.server_version = ""
         self.closed = False
+        self.principal: str | None = None
+        """Who the broker says this connection is, once authenticated (``User:alice``)."""
 
     @classmethod
     def open(cls, address: Address, settings: ConnectionSettings) -> BlockingConnection:
@@ -66,6 +76,9 @@ class BlockingConnection:
             except BaseException:
                 sock.close()
                 raise
+        except ssl.SSLError as exc:
+            raise ConnectionClosedError(f"cannot connect to broker {format_address(address)}: "
+                                        f"{describe_tls_error(exc)}") from exc
         except OSError as exc:  # TimeoutError included
             raise ConnectionClosedError(
                 f"cannot connect to broker {format_address(address)}: {exc.strerror or exc or 'timed out'}"
@@ -76,7 +89,17 @@ class BlockingConnection:
             conn.codec.set_versions(agree_versions(response))
             conn.broker_id = response.broker_id
             conn.server_version = response.server_version
+            steps = authenticate(settings, conn.address)
+            try:
+                request = next(steps)
+                while True:
+                    request = steps.send(conn.call(request))
+            except StopIteration as done:
+                conn.principal = done.value
             sock.settimeout(settings.request_timeout_s)
+        except ConnectionClosedError as exc:
+            conn.close()
+            raise plaintext_hint(exc, settings) from exc
         except BaseException:
             conn.close()
             raise
@@ -127,6 +150,8 @@ class BlockingConnection:
         self.close()
         if isinstance(exc, TimeoutError):
             return RequestTimeoutError(late)
+        if isinstance(exc, ssl.SSLError):
+            return ConnectionClosedError(f"connection to broker {self.address} failed: {describe_tls_error(exc)}")
         return ConnectionClosedError(f"connection to broker {self.address} failed: {exc}")
 
     def call(self, request: Any) -> Any:

@@ -9,11 +9,19 @@ range, say). Keeping them here is what makes the two connection kinds behave ali
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Generator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from metaq.errors import error_for_code
-from metaq.protocol.messages import APIS, ApiVersionsRequest, ApiVersionsResponse
+from metaq.errors import ConnectionClosedError, SaslAuthenticationError, error_for_code
+from metaq.protocol.messages import (
+    APIS,
+    ApiVersionsRequest,
+    ApiVersionsResponse,
+    SaslAuthenticateRequest,
+    SaslHandshakeRequest,
+)
+from metaq.security.scram import MECHANISM, ScramClient, ScramError
 
 if TYPE_CHECKING:
     import ssl
@@ -38,7 +46,10 @@ class ConnectionSettings:
     write_buffer_high_bytes: int = DEFAULT_WRITE_BUFFER_HIGH_BYTES
     """Bytes queued in an asyncio transport before writers wait for it to drain (asyncio only)."""
     ssl_context: ssl.SSLContext | None = None
-    """TLS for this connection (:mod:`metaq.net.tls`); None: plain TCP, the only mode brokers serve today."""
+    """TLS for this connection (:mod:`metaq.net.tls`); None: plain TCP."""
+    sasl_username: str | None = None
+    """Authenticate as this user (SCRAM-SHA-256) right after the ApiVersions handshake; None: do not."""
+    sasl_password: str | None = field(default=None, repr=False)
 
 
 def handshake_request() -> ApiVersionsRequest:
@@ -70,3 +81,37 @@ def raise_for_error(response: Any, what: str = "") -> Any:
         message = response.error_message or ""
         raise error_for_code(code, f"{what}: {message}" if what else message, response)
     return response
+
+
+def plaintext_hint(exc: ConnectionClosedError, settings: ConnectionSettings) -> ConnectionClosedError:
+    """A connection closed during the handshake: without TLS, say that the port may be a TLS one."""
+    if settings.ssl_context is not None:
+        return exc
+    return ConnectionClosedError(f"{exc} (if this is the broker's TLS port, sslPort, connect with TLS: --tls, "
+                                 "or tls=True)")
+
+
+def authenticate(settings: ConnectionSettings, broker: str) -> Generator[Any, Any, str | None]:
+    """The SASL exchange both connection kinds run after ApiVersions, as a generator: it yields each
+    request, is sent its response, and returns the principal (None: no user configured, nothing sent).
+
+    Raises the broker's error (SaslAuthenticationError for a wrong password), or SaslAuthenticationError
+    when the broker's final message does not prove it holds the user's credential."""
+    if settings.sasl_username is None:
+        return None
+    if settings.sasl_password is None:
+        raise SaslAuthenticationError(f"no password for user {settings.sasl_username!r}")
+    what = f"authenticating to broker {broker} as {settings.sasl_username!r}"
+    scram = ScramClient(settings.sasl_username, settings.sasl_password)
+    raise_for_error((yield SaslHandshakeRequest(MECHANISM)), what)
+    first = raise_for_error((yield SaslAuthenticateRequest(scram.first())), what)
+    try:
+        final = scram.final(first.auth_bytes)
+    except ScramError as exc:
+        raise SaslAuthenticationError(f"{what}: {exc}") from None
+    done = raise_for_error((yield SaslAuthenticateRequest(final)), what)
+    try:
+        scram.verify(done.auth_bytes)
+    except ScramError as exc:
+        raise SaslAuthenticationError(f"{what}: {exc}") from None
+    return str(done.principal or "")

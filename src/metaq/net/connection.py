@@ -23,14 +23,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
 from metaq.errors import ConnectionClosedError, ProtocolError, RequestTimeoutError
-from metaq.net.codec import ConnectionSettings, agree_versions, handshake_request, raise_for_error
+from metaq.net.codec import (
+    ConnectionSettings,
+    agree_versions,
+    authenticate,
+    handshake_request,
+    plaintext_hint,
+    raise_for_error,
+)
 from metaq.net.servers import Address, format_address
+from metaq.net.tls import describe_tls_error
 from metaq.protocol.codec import NEED_DATA, ClientConnection
 from metaq.protocol.messages import ApiVersionsResponse
 
@@ -76,6 +85,9 @@ class BrokerConnection:
         """``host:port`` (an IPv6 host in brackets), for messages."""
         self.request_timeout_s = settings.request_timeout_s
         self.max_in_flight = settings.max_in_flight
+        self._settings = settings
+        self.principal: str | None = None
+        """Who the broker says this connection is, once authenticated (``User:alice``)."""
         self.broker_id = -1
         """The broker's id, from the handshake."""
         self.server_version = ""
@@ -106,6 +118,8 @@ class BrokerConnection:
             async with asyncio.timeout(settings.connect_timeout_s):
                 transport, _ = await loop.create_connection(lambda: _Wire(conn), conn.host, conn.port,
                                                             ssl=settings.ssl_context)
+        except ssl.SSLError as exc:
+            raise ConnectionClosedError(f"cannot connect to broker {conn.address}: {describe_tls_error(exc)}") from exc
         except (OSError, TimeoutError) as exc:
             raise ConnectionClosedError(
                 f"cannot connect to broker {conn.address}: {exc or 'timed out'}"
@@ -119,6 +133,9 @@ class BrokerConnection:
         conn._transport = transport
         try:
             await conn._handshake(settings.connect_timeout_s)
+        except ConnectionClosedError as exc:
+            conn.close()
+            raise plaintext_hint(exc, settings) from exc
         except BaseException:
             conn.close()
             raise
@@ -130,6 +147,13 @@ class BrokerConnection:
         self._codec.set_versions(agree_versions(resp))
         self.broker_id = resp.broker_id
         self.server_version = resp.server_version
+        steps = authenticate(self._settings, self.address)
+        try:
+            request = next(steps)
+            while True:
+                request = steps.send(await self.submit(request, timeout_s))
+        except StopIteration as done:
+            self.principal = done.value
 
     @property
     def closed(self) -> bool:
@@ -256,7 +280,7 @@ class BrokerConnection:
                 w.set_result(None)
 
     def _on_lost(self, exc: Exception | None) -> None:
-        reason = f": {exc}" if exc else ""
+        reason = f": {describe_tls_error(exc) if isinstance(exc, ssl.SSLError) else exc}" if exc else ""
         self._fail(ConnectionClosedError(
             f"connection to broker {self.address} was lost{reason}; requests in flight may or may not "
             f"have been applied"), exc)

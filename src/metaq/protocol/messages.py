@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 from metaq.protocol.schema import (
     BOOL,
     BYTES,
+    INT8,
     INT16,
     INT32,
     INT64,
@@ -240,8 +241,13 @@ class ProduceRequest(_Base):
     timeout_ms: int = 30000
     records: bytes | memoryview = b""
     """Exactly one record batch."""
+    transaction_id: str = ""
+    """v1: non-empty puts the batch into that open transaction of this broker (docs/transactions.md):
+    nothing is visible until the transaction commits. The batch must carry a producer block of the
+    transaction's producer id (its sequences start at 0 per partition)."""
     FIELDS: ClassVar = (Field("topic", STRING), Field("partition", INT32), Field("acks", INT16),
-                        Field("timeout_ms", INT32), Field("records", RECORDS))
+                        Field("timeout_ms", INT32), Field("transaction_id", STRING, since=1),
+                        Field("records", RECORDS))
 
 
 @dataclass
@@ -631,11 +637,117 @@ class FindMessagesResponse(_Base):
                         Field("scanned_segments", INT32), Field("problems", Array(STRING)))
 
 
+# -- 30 SaslHandshake, 31 SaslAuthenticate (docs/security.md) ----------------------------------------
+
+@dataclass
+class SaslHandshakeRequest(_Base):
+    mechanism: str = "SCRAM-SHA-256"
+    FIELDS: ClassVar = (Field("mechanism", STRING),)
+
+
+@dataclass
+class SaslHandshakeResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    mechanisms: list[str] = field(default_factory=list)
+    """The mechanisms this broker accepts."""
+    FIELDS: ClassVar = (*_ERR, Field("mechanisms", Array(STRING)))
+
+
+@dataclass
+class SaslAuthenticateRequest(_Base):
+    auth_bytes: bytes = b""
+    """The client's next SCRAM message."""
+    FIELDS: ClassVar = (Field("auth_bytes", BYTES),)
+
+
+@dataclass
+class SaslAuthenticateResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    auth_bytes: bytes = b""
+    """The server's next SCRAM message."""
+    principal: str | None = None
+    """Once authenticated: the principal the connection acts as (``User:alice``)."""
+    FIELDS: ClassVar = (*_ERR, Field("auth_bytes", BYTES), Field("principal", NULLABLE_STRING))
+
+
+# -- 21 Transaction (local and XA transactions) -------------------------------------------------------
+
+TX_BEGIN = 0
+TX_PREPARE = 1
+TX_COMMIT = 2
+TX_ROLLBACK = 3
+TX_RECOVER = 4
+TX_OPS = {TX_BEGIN: "begin", TX_PREPARE: "prepare", TX_COMMIT: "commit", TX_ROLLBACK: "rollback",
+          TX_RECOVER: "recover"}
+
+
+@dataclass
+class TransactionRequest(_Base):
+    op: int = TX_BEGIN
+    """begin (0), prepare (1: XA phase one), commit (2: one phase from open, or phase two from prepared),
+    rollback (3), recover (4: list the prepared transactions' xids)."""
+    transaction_id: str = ""
+    """The client's name for the transaction (unique; 1-128 characters); unused by recover."""
+    xid: str = ""
+    """prepare: the XA transaction id to remember (what recover lists)."""
+    timeout_ms: int = 0
+    """begin: roll the transaction back if it is not committed within this (0: maxTxTimeoutInSeconds)."""
+    producer_group: str = ""
+    """begin: the producer group (half messages: whose checker is asked; informational otherwise)."""
+    FIELDS: ClassVar = (Field("op", INT8), Field("transaction_id", STRING), Field("xid", STRING),
+                        Field("timeout_ms", INT32), Field("producer_group", STRING))
+
+
+@dataclass
+class CommittedBatch(_Base):
+    topic: str = ""
+    partition: int = -1
+    base_offset: int = -1
+    base_message_id: int = -1
+    record_count: int = 0
+    FIELDS: ClassVar = (Field("topic", STRING), Field("partition", INT32), Field("base_offset", INT64),
+                        Field("base_message_id", UINT128), Field("record_count", INT32))
+
+
+@dataclass
+class TransactionResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    committed: list[CommittedBatch] = field(default_factory=list)
+    """commit: where each batch of the transaction was stored, in the order they were put."""
+    xids: list[str] = field(default_factory=list)
+    """recover: the prepared transactions' xids."""
+    FIELDS: ClassVar = (*_ERR, Field("committed", Array(Struct(CommittedBatch))), Field("xids", Array(STRING)))
+
+
+# -- 22 CheckTransactions (half messages: a producer group's checker asks what to decide) -----------------
+
+@dataclass
+class CheckTransactionsRequest(_Base):
+    producer_group: str = ""
+    max_wait_ms: int = 0
+    """Long poll: answer as soon as a transaction of the group needs a decision, or after this."""
+    max_transactions: int = 100
+    FIELDS: ClassVar = (Field("producer_group", STRING), Field("max_wait_ms", INT32),
+                        Field("max_transactions", INT32))
+
+
+@dataclass
+class CheckTransactionsResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    transaction_ids: list[str] = field(default_factory=list)
+    """Prepared transactions of the group that need the checker's decision (commit or roll back)."""
+    FIELDS: ClassVar = (*_ERR, Field("transaction_ids", Array(STRING)))
+
+
 _api(0, "ApiVersions", ApiVersionsRequest, ApiVersionsResponse)
 _api(1, "Metadata", MetadataRequest, MetadataResponse)
 _api(2, "CreateTopic", CreateTopicRequest, CreateTopicResponse)
 _api(3, "DeleteTopic", DeleteTopicRequest, DeleteTopicResponse)
-_api(4, "Produce", ProduceRequest, ProduceResponse)
+_api(4, "Produce", ProduceRequest, ProduceResponse, max_version=1)
 _api(5, "Fetch", FetchRequest, FetchResponse, max_version=2)
 _api(6, "ListOffsets", ListOffsetsRequest, ListOffsetsResponse)
 _api(7, "JoinGroup", JoinGroupRequest, JoinGroupResponse)
@@ -652,6 +764,10 @@ _api(17, "LookupMessage", LookupMessageRequest, LookupMessageResponse)
 _api(18, "Verify", VerifyRequest, VerifyResponse)
 _api(19, "Promote", PromoteRequest, PromoteResponse)
 _api(20, "FindMessages", FindMessagesRequest, FindMessagesResponse)
+_api(21, "Transaction", TransactionRequest, TransactionResponse)
+_api(22, "CheckTransactions", CheckTransactionsRequest, CheckTransactionsResponse)
+_api(30, "SaslHandshake", SaslHandshakeRequest, SaslHandshakeResponse)
+_api(31, "SaslAuthenticate", SaslAuthenticateRequest, SaslAuthenticateResponse)
 
 
 def spec_for(obj_or_cls: Any) -> ApiSpec:

@@ -13,12 +13,19 @@ All integers are big-endian. A batch (format version 2)::
     41     4     header_crc    u32     broker (stamped; the producer fills it too): CRC32C of bytes [0, 41)
                                        followed by bytes [45, 71): the whole fixed header but itself
     ------------ crc covers everything below ---------------------------------------------------
-    45     2     attributes    i16     bits 0-2: compression of the records (0 none, 1 lz4, 2 zstd)
+    45     2     attributes    i16     bits 0-2: compression of the records (0 none, 1 lz4, 2 zstd);
+                                       bit 3: a producer block follows the header (idempotent producer)
+                                       bit 7: delayed records (ATTR_DELAYED, docs/delayed.md)
     47     4     last_offset_delta i32 record_count - 1
     51     8     first_timestamp i64   ms, the smallest record timestamp
     59     8     max_timestamp i64     ms, the largest record timestamp
     67     4     record_count  i32     >= 1
-    71     ...   records                (compressed as a whole when attributes say so)
+    71     16    producer block        only when attribute bit 3 is set (else the records start at 71):
+                   producer_id   i64   the idempotent producer's id (> 0)
+                   producer_epoch i16  bumped by the producer when it restarts a partition's sequence
+                   base_sequence i32   the sequence number of the first record (per producer and partition)
+                   flags         i16   0 (reserved)
+    71|87  ...   records                (compressed as a whole when attributes say so)
 
 Every byte is covered by a checksum: ``crc`` covers the body [45, end) the producer wrote, and
 ``header_crc`` covers the rest of the fixed header -- the stamped fields, the length, the magic, ``crc``
@@ -50,6 +57,10 @@ reader can hand the payload column to Arrow. For a batch of n records::
 The column arrays are little-endian (unlike the batch header) because they are read and written whole
 with ``array`` in the machine's order, and every machine metaq targets is little-endian (a big-endian one
 byte-swaps). Nothing is padded: the sections add up exactly to the region's length.
+
+The producer block (bit 3) is never compressed and is covered by ``crc`` like the rest of the body, so
+the broker reads it at a fixed place without decompressing anything. It lets the broker drop a
+retried batch it already stored (docs/transactions.md, "Idempotent producer").
 
 The payload (value) is never altered.
 """
@@ -130,6 +141,63 @@ class Compression(IntEnum):
 
 
 _COMPRESSION_MASK = 0x7
+ATTR_DELAYED = 0x80
+"""Attribute bit 7: every record of the batch carries a ``metaq.deliver-at`` header and the broker keeps
+the batch in its delay store until each record is due (docs/delayed.md). Never set in a partition log."""
+PRODUCER_STAMPED = 0x8
+"""Attribute bit 3: the 16-byte producer block follows the fixed header."""
+_KNOWN_ATTRIBUTES = _COMPRESSION_MASK | PRODUCER_STAMPED | ATTR_DELAYED
+PRODUCER_BLOCK_BYTES = 16
+_PRODUCER_BLOCK = struct.Struct(">qhih")
+assert _PRODUCER_BLOCK.size == PRODUCER_BLOCK_BYTES
+SEQUENCE_LIMIT = 1 << 31
+"""Sequence numbers run 0 .. 2**31 - 1 and then wrap to 0."""
+
+
+class ProducerStamp(NamedTuple):
+    """What the producer block of a batch says (attribute bit 3)."""
+
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+
+    def last_sequence(self, record_count: int) -> int:
+        return (self.base_sequence + record_count - 1) % SEQUENCE_LIMIT
+
+
+def producer_stamp(batch: bytes | bytearray | memoryview, header: BatchHeader, pos: int = 0) -> ProducerStamp | None:
+    """The producer block of the batch at ``pos`` (whose header is ``header``), or None without one."""
+    if not header.attributes & PRODUCER_STAMPED:
+        return None
+    producer_id, epoch, sequence, _flags = _PRODUCER_BLOCK.unpack_from(batch, pos + HEADER_BYTES)
+    return ProducerStamp(producer_id, epoch, sequence)
+
+
+def with_producer_stamp(batch: bytes | memoryview, stamp_: ProducerStamp) -> bytes:
+    """A copy of an unstamped producer batch with a producer block (bit 3) and its CRCs recomputed.
+
+    Called once per batch by an idempotent producer, when it first sends the batch; a retry sends the
+    same bytes again, which is what lets the broker recognise it."""
+    header = read_header(batch)
+    if header.attributes & PRODUCER_STAMPED:
+        raise InvalidArgument("the batch already has a producer block")
+    if not 0 < stamp_.producer_id < (1 << 63) or not 0 <= stamp_.producer_epoch < (1 << 15) \
+            or not 0 <= stamp_.base_sequence < SEQUENCE_LIMIT:
+        raise InvalidArgument(f"producer stamp {stamp_} is out of range")
+    view = memoryview(batch)[:header.total_bytes]
+    region = b"".join((_CRC_REGION_HEAD.pack(header.attributes | PRODUCER_STAMPED, header.last_offset_delta,
+                                             header.first_timestamp_ms, header.max_timestamp_ms, header.record_count),
+                       _PRODUCER_BLOCK.pack(stamp_.producer_id, stamp_.producer_epoch, stamp_.base_sequence, 0),
+                       view[HEADER_BYTES:]))
+    return _prefix(header.base_offset, len(region) + STAMPED_BYTES - LENGTH_PREFIX_BYTES, header.base_message_id,
+                   header.append_time_ms, _crc32c.crc32c(region), region[:HEADER_BYTES - STAMPED_BYTES]) + region
+
+
+def _check_attributes(header: BatchHeader) -> None:
+    if header.compression not in (0, 1, 2) or header.attributes & ~_KNOWN_ATTRIBUTES:
+        raise CorruptRecordError(f"record batch attributes {header.attributes:#x} are not understood")
+    if header.attributes & PRODUCER_STAMPED and header.total_bytes < HEADER_BYTES + PRODUCER_BLOCK_BYTES:
+        raise CorruptRecordError("record batch says it has a producer block but is too short for one")
 
 
 class BatchHeader(NamedTuple):
@@ -551,8 +619,7 @@ def validate_batch(batch: bytes | bytearray | memoryview, max_message_bytes: int
     if header.record_count < 1 or header.last_offset_delta != header.record_count - 1:
         raise CorruptRecordError(
             f"record batch count {header.record_count} and last offset delta {header.last_offset_delta} disagree")
-    if header.compression not in (0, 1, 2) or header.attributes & ~_COMPRESSION_MASK:
-        raise CorruptRecordError(f"record batch attributes {header.attributes:#x} are not understood")
+    _check_attributes(header)
     body = _body(batch, header, max_batch_bytes * 4)
     cols = _Columns.parse(body, header, producer=True)
     biggest = cols.max_record_bytes_bound()
@@ -566,7 +633,8 @@ def validate_batch(batch: bytes | bytearray | memoryview, max_message_bytes: int
 
 
 def _body(batch: bytes | bytearray | memoryview, header: BatchHeader, max_bytes: int) -> bytes | memoryview:
-    view = memoryview(batch)[HEADER_BYTES:header.total_bytes]
+    start = HEADER_BYTES + PRODUCER_BLOCK_BYTES if header.attributes & PRODUCER_STAMPED else HEADER_BYTES
+    view = memoryview(batch)[start:header.total_bytes]
     if header.compression and header.record_count:
         return _decompress(header.compression, view, max_bytes)
     return view
@@ -793,8 +861,7 @@ def decode_batch(batch: bytes | memoryview, topic: str = "", partition: int = -1
         view = view[: header.total_bytes]
     if verify and header.crc != compute_crc(view):
         raise CorruptRecordError(f"record batch at offset {header.base_offset} fails its CRC32C check")
-    if header.compression not in (0, 1, 2) or header.attributes & ~_COMPRESSION_MASK:
-        raise CorruptRecordError(f"record batch attributes {header.attributes:#x} are not understood")
+    _check_attributes(header)
     body = _body(view, header, max_uncompressed_bytes)
     raw = body if isinstance(body, bytes) else bytes(body)  # one copy: every field is sliced from it
     cols = _Columns.parse(raw, header, producer=False)
@@ -844,8 +911,7 @@ def batch_columns(batch: bytes | memoryview, header: BatchHeader | None = None, 
         raise CorruptRecordError("record batch is cut off")
     if verify and header.crc != compute_crc(view):
         raise CorruptRecordError(f"record batch at offset {header.base_offset} fails its CRC32C check")
-    if header.compression not in (0, 1, 2) or header.attributes & ~_COMPRESSION_MASK:
-        raise CorruptRecordError(f"record batch attributes {header.attributes:#x} are not understood")
+    _check_attributes(header)
     return header, _Columns.parse(_body(view, header, max_uncompressed_bytes), header, producer=False)
 
 

@@ -48,6 +48,8 @@ class DriverBrokers:
         if opts.zk_connect is None:
             return opts.servers
         snapshot = self._snapshot()
+        if opts.tls is not None:
+            snapshot = snapshot.over_tls()  # the brokers' TLS ports (sslPort), as registered
         brokers = sorted((b, str(e.master)) for b, e in snapshot.brokers.items() if e.master is not None)
         if not brokers:
             raise ConnectionClosedError(f"option 'zkConnect': no metaq broker is registered in ZooKeeper at "

@@ -11,13 +11,14 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from metaq.cluster.layout import DEFAULT_ROOT as DEFAULT_ZK_ROOT
 from metaq.cluster.layout import LayoutError, normalize_root
 from metaq.errors import ConfigError, InvalidArgument
 from metaq.net.servers import DEFAULT_SERVERS, parse_servers
+from metaq.net.tls import ClientTls
 from metaq.protocol.records import Compression
 from metaq.types import DEFAULT_MAX_BATCH_BYTES, PartitionId, validate_topic
 
@@ -57,6 +58,27 @@ def _int_option(options: Mapping[str, str], name: str, default: int | None, mini
     if value < minimum:
         raise ConfigError(f"option {name!r}: must be >= {minimum}; got {value}")
     return value
+
+
+def _credentials(options: Mapping[str, str]) -> dict[str, str | None]:
+    """``user`` and ``password`` (both or neither)."""
+    user, password = _get(options, "user"), _get(options, "password")
+    if (user is None) != (password is None):
+        raise ConfigError("options 'user' and 'password' go together")
+    return {"user": user, "password": password}
+
+
+def _tls(options: Mapping[str, str]) -> ClientTls | None:
+    """The TLS options (``tls``, ``tlsCaFile``, ``tlsCertFile``, ``tlsKeyFile``, ``tlsCheckHostname``): a
+    ClientTls, or None for plain TCP. Files are local paths on the driver and on every executor."""
+    files = {name: _get(options, name) for name in ("tlsCaFile", "tlsCertFile", "tlsKeyFile")}
+    if not _bool_option(options, "tls", False) and not any(files.values()):
+        return None
+    paths = {name: local_path(str(value), name) if value else None for name, value in files.items()}
+    if paths["tlsKeyFile"] and not paths["tlsCertFile"]:
+        raise ConfigError("option 'tlsKeyFile': needs 'tlsCertFile' (the client certificate)")
+    return ClientTls(paths["tlsCaFile"], paths["tlsCertFile"], paths["tlsKeyFile"],
+                     _bool_option(options, "tlsCheckHostname", True))
 
 
 def _bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:
@@ -205,6 +227,11 @@ class ReadOptions:
     timeout_ms: int
     zk_connect: str | None = None
     zk_root: str = DEFAULT_ZK_ROOT
+    tls: ClientTls | None = None
+    """TLS to the brokers (options ``tls``, ``tlsCaFile``, ``tlsCertFile``, ``tlsKeyFile``); None: plain TCP."""
+    user: str | None = None
+    """Authenticate as this user (options ``user`` and ``password``; SASL SCRAM-SHA-256)."""
+    password: str | None = field(default=None, repr=False)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool = False) -> ReadOptions:
@@ -244,6 +271,8 @@ class ReadOptions:
             timeout_ms=timeout_ms,
             zk_connect=zk_connect,
             zk_root=zk_root,
+            tls=_tls(options),
+            **_credentials(options),
         )
 
     def start_file(self) -> str | None:
@@ -265,6 +294,11 @@ class WriteOptions:
     timeout_ms: int
     zk_connect: str | None = None
     zk_root: str = DEFAULT_ZK_ROOT
+    tls: ClientTls | None = None
+    """TLS to the brokers (options ``tls``, ``tlsCaFile``, ``tlsCertFile``, ``tlsKeyFile``); None: plain TCP."""
+    user: str | None = None
+    """Authenticate as this user (options ``user`` and ``password``; SASL SCRAM-SHA-256)."""
+    password: str | None = field(default=None, repr=False)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
@@ -286,4 +320,4 @@ class WriteOptions:
         zk_connect, zk_root = _zookeeper(options)
         return cls(servers=_servers(options), topic=_topic(options, required=False), batch_bytes=batch_bytes,
                    compression=compression, acks=acks, max_in_flight=max_in_flight, timeout_ms=timeout_ms,
-                   zk_connect=zk_connect, zk_root=zk_root)
+                   zk_connect=zk_connect, zk_root=zk_root, tls=_tls(options), **_credentials(options))

@@ -211,7 +211,8 @@ def write_arrow(batches: Iterable[pa.RecordBatch], opts: WriteOptions,
                 client_id: str = "metaq-spark-writer") -> WriteStats:
     """Send every row of ``batches``; returns once the broker acknowledged all of them (acks=1)."""
     stats = WriteStats()
-    with BlockingClient(opts.servers, client_id=client_id, timeout_s=opts.timeout_ms / 1000) as client:
+    with BlockingClient(opts.servers, client_id=client_id, timeout_s=opts.timeout_ms / 1000, tls=opts.tls,
+                        username=opts.user, password=opts.password) as client:
         encoder = BatchEncoder(opts, client.partitions_for)
         sent: deque[tuple[str, PartitionKey, int]] = deque()
 

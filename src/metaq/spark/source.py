@@ -92,7 +92,8 @@ BROKER_DOWN_RETRY_S = 0.2
 
 def _connect(brokers: DriverBrokers, client_id: str) -> BlockingClient:
     try:
-        return BlockingClient(brokers.servers(), client_id=client_id, timeout_s=brokers.opts.timeout_ms / 1000)
+        return BlockingClient(brokers.servers(), client_id=client_id, timeout_s=brokers.opts.timeout_ms / 1000,
+                              tls=brokers.opts.tls, username=brokers.opts.user, password=brokers.opts.password)
     except ConnectionClosedError as exc:
         raise ConnectionClosedError(f"option {brokers.option!r}: {exc}") from None
 
@@ -145,7 +146,8 @@ def _read(opts: ReadOptions, part: InputPartition) -> Iterator[Any]:
     while offset < part.end:
         try:
             with BlockingClient(part.servers or opts.servers, client_id="metaq-spark-reader",
-                                timeout_s=opts.timeout_ms / 1000) as client:
+                                timeout_s=opts.timeout_ms / 1000, tls=opts.tls, username=opts.user,
+                                password=opts.password) as client:
                 for batch in read_range(client, part.topic, part.partition, offset, part.end,
                                         max_bytes=opts.max_bytes_per_fetch,
                                         fail_on_data_loss=opts.fail_on_data_loss, new_partition=new_partition):

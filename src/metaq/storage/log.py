@@ -20,7 +20,17 @@ from pathlib import Path
 from typing import NamedTuple
 
 from metaq.errors import CorruptRecordError, InvalidArgument, StorageError
-from metaq.protocol.records import STAMPED_BYTES, BatchHeader, decode_batch, stamp_prefix, validate_batch
+from metaq.protocol.records import (
+    HEADER_BYTES,
+    PRODUCER_BLOCK_BYTES,
+    PRODUCER_STAMPED,
+    STAMPED_BYTES,
+    BatchHeader,
+    decode_batch,
+    producer_stamp,
+    stamp_prefix,
+    validate_batch,
+)
 from metaq.storage.checkpoint import (
     CLEAN_SHUTDOWN_FILE,
     CleanState,
@@ -39,6 +49,13 @@ from metaq.storage.keyindex import (
     find_in_segment,
     key_index_path,
     remove_key_index,
+)
+from metaq.storage.producers import (
+    ProducerStateTable,
+    list_snapshots,
+    read_snapshot,
+    remove_snapshot,
+    write_snapshot,
 )
 from metaq.storage.recovery import RecoveryReport, load_segments
 from metaq.storage.replica import ReplicaGap, check_replicated
@@ -160,6 +177,8 @@ class PartitionLog:
         self._truncations = 0
         """How many times truncate_to cut this log (a read pinned across a cut is not damage)."""
         self.recovery = recovery
+        self.producers = ProducerStateTable()
+        """The idempotent producers' last batches (storage/producers.py), rebuilt by :meth:`open`."""
 
     @classmethod
     def open(cls, directory: Path, topic: str, partition: int, config: LogConfig, broker_id: int, *,
@@ -188,9 +207,60 @@ class PartitionLog:
         tag = partition_tag(topic, partition)
         segments, report = load_segments(str(directory), files, config.index_interval_bytes, tag,
                                           clean_state or marker_state, sync)
-        return cls(directory, topic, partition, config, broker_id, clock=clock, flusher=flusher,
+        plog = cls(directory, topic, partition, config, broker_id, clock=clock, flusher=flusher,
                    files=files, own_files=own_files, sync=sync, segments=segments, recovery=report,
                    marker_present=marker_state is not None, parent_unsynced=created)
+        try:
+            plog._load_producers()
+        except BaseException:
+            plog._release_files(plog._segments)
+            raise
+        return plog
+
+    def _load_producers(self) -> None:
+        """Rebuild :attr:`producers`: the newest usable snapshot at or below the log end, then the
+        stamped batches stored after it (headers and producer blocks only).
+
+        Without a snapshot only the active segment is read: a roll writes one whenever the log has
+        producers, so older segments hold none that a snapshot does not have (unless that write failed,
+        which was logged; a producer missing from the table is taken at whatever sequence it sends)."""
+        end, start = self._end_offset, self._segments[0].base_offset
+        table: ProducerStateTable | None = None
+        offset = self._active.base_offset
+        for snap in reversed(list_snapshots(self.directory)):
+            if snap > end:  # written for bytes a crash took back
+                remove_snapshot(self.directory, snap)
+                continue
+            table = read_snapshot(self.directory, snap, self.producers.expiration_ms)
+            if table is not None:
+                offset = max(snap, start)
+                break
+        self.producers = table if table is not None else ProducerStateTable()
+        if offset < end:
+            self._scan_producers(offset, end)
+
+    def _scan_producers(self, offset: int, end: int) -> None:
+        i = bisect_right(self._bases, offset) - 1
+        for segment in self._segments[max(i, 0):]:
+            if segment.next_offset <= offset or not segment.size_bytes:
+                continue
+            handle = self._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
+            try:
+                position = 0
+                if offset > segment.base_offset:
+                    position, header = segment.find_batch(handle.fd, offset, segment.size_bytes, segment.next_offset)
+                    if header.base_offset < offset:
+                        position += header.total_bytes
+                for at, header in iter_headers(handle.fd, position, segment.size_bytes):
+                    if header.attributes & PRODUCER_STAMPED:
+                        block = pread_exact(handle.fd, HEADER_BYTES + PRODUCER_BLOCK_BYTES, at)
+                        stamp = producer_stamp(block, header)
+                        assert stamp is not None
+                        self.producers.record(stamp, header.record_count, header.base_offset, header.append_time_ms)
+            except (CorruptRecordError, StorageError) as exc:  # damage is reported where it is read
+                log.warning("%s: producer state not read past damage in %s: %s", self, segment.log_path, exc)
+            finally:
+                self._files.release(handle)
 
     # ------------------------------------------------------------------ properties
 
@@ -282,12 +352,29 @@ class PartitionLog:
                 segment.note_batch(position, header._replace(base_offset=base_offset))
                 self._size_bytes += total
                 self._end_offset = next_offset
+                if header.attributes & PRODUCER_STAMPED:
+                    stamp = producer_stamp(view, header)
+                    assert stamp is not None
+                    self.producers.record(stamp, header.record_count, base_offset, now_ms)
                 policy = self._account_locked(segment, header.record_count, rolled)
             future, wait = self._apply_flush_policy(policy)
             return AppendResult(base_offset, next_offset - 1, message_id, now_ms, header.record_count,
                                 future, wait)
         finally:
             self._appending = False
+
+    def durable_barrier(self) -> tuple[Future[None], bool]:
+        """(future, wait) covering everything appended so far, as the flush policy would answer an append
+        now: what the ack of a retried duplicate waits for, so that it is never acked before the original
+        would have been."""
+        with self._lock:
+            self._check_writable()
+            policy = self._account_locked(self._active, 0, False)
+        return self._apply_flush_policy(policy)
+
+    def message_id(self, offset: int) -> int:
+        """The message id of ``offset`` in this partition (what an append stamps)."""
+        return self._id_base | offset
 
     def append_replicated(self, data: bytes | memoryview) -> AppendResult | None:
         """Store batches already stamped by the master, byte for byte (a follower's append).
@@ -336,6 +423,11 @@ class PartitionLog:
                         segment.note_batch(position + start - run.start, header)
                         self._end_offset = header.next_offset
                         written += header.record_count
+                        if header.attributes & PRODUCER_STAMPED:
+                            stamp = producer_stamp(view, header, start)
+                            assert stamp is not None
+                            self.producers.record(stamp, header.record_count, header.base_offset,
+                                                  header.append_time_ms)
                     self._size_bytes += run.end - run.start
                 policy = self._account_locked(self._active, written, rolled) if written else None
             if policy is not None:
@@ -488,6 +580,10 @@ class PartitionLog:
         self._size_bytes = sum(s.size_bytes for s in self._segments)
         self._unsynced_sealed = [s for s in self._unsynced_sealed if s in self._segments and s is not keep]
         self._damaged = {k: r for k, r in self._damaged.items() if r.first_offset < offset}
+        self.producers.forget_from(offset)
+        for snap in list_snapshots(self.directory):
+            if snap > offset:
+                remove_snapshot(self.directory, snap)
 
     def _account_locked(self, segment: Segment, record_count: int, rolled: bool) -> _FlushPolicy:
         """Apply the flush policy's bookkeeping to an append just written (under ``_lock``)."""
@@ -577,7 +673,16 @@ class PartitionLog:
             self._files.release(handle)
 
     def _roll_locked(self) -> Segment:
-        """Seal the active segment and start a new one at the log end; the old one is synced soon."""
+        """Seal the active segment and start a new one at the log end; the old one is synced soon.
+
+        The producer table is snapshotted at the new base (so an open reads at most the active segment
+        to rebuild it)."""
+        try:
+            if self.producers:
+                self.producers.expire(int(self._clock() * 1000))
+                write_snapshot(self.directory, self.producers, self._end_offset)
+        except OSError as exc:  # only costs a longer scan at the next open
+            log.warning("%s: cannot write the producer snapshot: %s", self, exc)
         segment = Segment(str(self.directory), self._end_offset, self._files, self._config.index_interval_bytes,
                           self._tag)
         try:  # the new file first: if the disk refuses it, nothing has changed
@@ -1026,6 +1131,8 @@ class PartitionLog:
                     active.write_index_bytes(*active.take_pending_index_bytes())
                     active.sync_index_files(self._sync)
                     state = CleanState(active.base_offset, active.size_bytes, self._end_offset)
+                    if self.producers or list_snapshots(self.directory):
+                        write_snapshot(self.directory, self.producers, self._end_offset)
                     if write_marker:
                         write_partition_clean_state(self.directory, state, sync=self._sync)
             except OSError as exc:

@@ -108,6 +108,8 @@ class LogManager:
                 path = self.data_dir / entry
                 if not path.is_dir():
                     continue
+                if entry.startswith("."):  # the broker's own stores (.delay: docs/delayed.md), not partitions
+                    continue
                 if entry.endswith(_DELETING_SUFFIX):
                     shutil.rmtree(path, ignore_errors=True)
                     continue

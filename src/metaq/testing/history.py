@@ -58,6 +58,8 @@ class ProduceLoad:
     time_limit_s: float = 120.0
     window: int = 400
     prefix: bytes = b"m"
+    producer_config: dict[str, Any] = field(default_factory=dict)
+    """ProducerConfig options of the load's producer (``enable_idempotence``, ``retries`` ...)."""
     acked: dict[bytes, Ack] = field(default_factory=dict)
     failed: dict[bytes, BaseException] = field(default_factory=dict)
     by_broker: collections.Counter[int] = field(default_factory=collections.Counter)
@@ -102,7 +104,7 @@ class ProduceLoad:
         deadline = time.monotonic() + self.time_limit_s
         async with await MessageSessionFactory.connect(**self.session) as session:
             selector = self.selector() if self.selector is not None else None
-            producer = session.create_producer(selector)
+            producer = session.create_producer(selector, **self.producer_config)
             pending: set[asyncio.Future[SendResult]] = set()
             n = 0
             while not self._stop.is_set() and n < self.limit and time.monotonic() < deadline:

@@ -9,7 +9,8 @@
 it with ``scripts/system-deps.sh``). PostgreSQL refuses to run as root, so as root the server runs as
 the ``postgres`` system user the package creates (through ``runuser``); as anyone else, as that user.
 It listens on 127.0.0.1 at a free port, with trust authentication for the ``metaq`` superuser, fsync
-off (the tests check our code, not PostgreSQL's durability), and is stopped and deleted on exit.
+off (the tests check our code, not PostgreSQL's durability), ``max_prepared_transactions=20`` (XA), and
+is stopped and deleted on exit.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class PostgresServer:
         self.root: Path | None = None
         self._run_as: list[str] = []
         self._owner: pwd.struct_passwd | None = None
+        self._opts = ""
 
     @property
     def conninfo(self) -> str:
@@ -80,15 +82,24 @@ class PostgresServer:
         for _attempt in range(5):  # the free port can be taken between our probe and the server's bind
             self.port = unused_port()
             opts = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off "
-                    "-c synchronous_commit=off -c full_page_writes=off")
+                    "-c synchronous_commit=off -c full_page_writes=off -c max_prepared_transactions=20")
             try:
                 self._run(str(self.bin / "pg_ctl"), "-D", str(data), "-l", str(self.root / "server.log"), "-o", opts,
                           "-w", "-t", str(int(self.timeout_s)), "start")
+                self._opts = opts
                 return self
             except PostgresUnavailable as exc:
                 last = exc
         self.stop()
         raise PostgresUnavailable(f"PostgreSQL did not start: {last}\n{self.log()}")
+
+    def crash_and_restart(self) -> None:
+        """Stop the server as a crash would (``-m immediate``: no checkpoint) and start it again on its port."""
+        assert self.root is not None
+        data = self.root / "data"
+        self._run(str(self.bin / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
+        self._run(str(self.bin / "pg_ctl"), "-D", str(data), "-l", str(self.root / "server.log"), "-o", self._opts,
+                  "-w", "-t", str(int(self.timeout_s)), "start")
 
     def log(self) -> str:
         try:

@@ -133,4 +133,8 @@ def test_config_names_unknown_options_and_bad_values() -> None:
     with pytest.raises(ConfigError, match="reconnect_attempts"):
         ClientConfig(reconnect_attempts=0)
     assert build_config(ProducerConfig, {"compression": "zstd"}).compression.name == "ZSTD"
-    assert ProducerConfig().retries == 0  # MetaQ never retries a send by itself
+    assert ProducerConfig().effective_retries == 0  # MetaQ never retries a send by itself
+    assert ProducerConfig(enable_idempotence=True).effective_retries > 0  # where a retry cannot duplicate
+    assert ProducerConfig(enable_idempotence=True, retries=0).effective_retries == 0
+    with pytest.raises(ConfigError, match="acks=1"):
+        ProducerConfig(enable_idempotence=True, acks=0)

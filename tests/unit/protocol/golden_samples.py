@@ -58,6 +58,12 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
         m.ProduceResponse(error_code=0, error_message=None, partition=2, base_offset=4711,
                           base_message_id=MESSAGE_ID, append_time_ms=1_700_000_000_123),
     ),
+    ("Produce", 1): (
+        m.ProduceRequest(topic="orders", partition=2, acks=1, timeout_ms=30000, transaction_id="tx-✓-42",
+                         records=RECORDS_BLOB),
+        m.ProduceResponse(error_code=0, error_message=None, partition=2, base_offset=4711,
+                          base_message_id=MESSAGE_ID, append_time_ms=1_700_000_000_123),
+    ),
     ("Fetch", 0): (
         m.FetchRequest(topic="orders", partition=2, offset=4711, max_bytes=1 << 20, max_wait_ms=500,
                        group="billing"),
@@ -153,5 +159,27 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
                                messages=[m.FoundMessage(partition=2, offset=4711, message_id=MESSAGE_ID,
                                                         timestamp_ms=1_700_000_000_123, key=b"order-17")],
                                truncated=False, scanned_segments=1, problems=["orders-2: damaged"]),
+    ),
+    ("SaslHandshake", 0): (
+        m.SaslHandshakeRequest(mechanism="SCRAM-SHA-256"),
+        m.SaslHandshakeResponse(error_code=0, error_message=None, mechanisms=["SCRAM-SHA-256"]),
+    ),
+    ("SaslAuthenticate", 0): (
+        m.SaslAuthenticateRequest(auth_bytes=b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO"),
+        m.SaslAuthenticateResponse(error_code=0, error_message=None,
+                                   auth_bytes=b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=",
+                                   principal="User:user"),
+    ),
+    ("Transaction", 0): (
+        m.TransactionRequest(op=m.TX_PREPARE, transaction_id="tx-✓-42", xid="1:gtrid-ü:bqual", timeout_ms=60000,
+                             producer_group="payments"),
+        m.TransactionResponse(error_code=0, error_message=None,
+                              committed=[m.CommittedBatch(topic="orders", partition=2, base_offset=4711,
+                                                          base_message_id=MESSAGE_ID, record_count=-3)],
+                              xids=["1:gtrid-ü:bqual", ""]),
+    ),
+    ("CheckTransactions", 0): (
+        m.CheckTransactionsRequest(producer_group="payments-ü", max_wait_ms=5000, max_transactions=100),
+        m.CheckTransactionsResponse(error_code=0, error_message=None, transaction_ids=["tx-✓-42", "tx-43"]),
     ),
 }

@@ -13,6 +13,8 @@ fetch              Fetch, ListOffsets
 topics             Metadata, CreateTopic, DeleteTopic, PartitionState, Reload
 diagnostics        ApiVersions, Stats, LookupMessage, FindMessages, Verify
 replication        Promote
+transactions       Transaction (and Produce v1 into a transaction, called from produce)
+sasl               SaslHandshake, SaslAuthenticate (SCRAM-SHA-256)
 groups             JoinGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, ListGroups,
                    DescribeGroup (the group coordinator)
 =================  ===========================================================================
@@ -23,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from metaq.broker.core import Handler
-from metaq.broker.handlers import diagnostics, fetch, groups, produce, replication, topics
+from metaq.broker.handlers import diagnostics, fetch, groups, produce, replication, sasl, topics, transactions
 from metaq.protocol import messages as m
 
 __all__ = ["REQUEST_HANDLERS"]
@@ -41,5 +43,5 @@ def _registry(*tables: Mapping[type, Handler]) -> dict[type, Handler]:
 
 REQUEST_HANDLERS: Mapping[type, Handler] = _registry(
     produce.HANDLERS, fetch.HANDLERS, topics.HANDLERS, diagnostics.HANDLERS, groups.HANDLERS,
-    replication.HANDLERS)
+    replication.HANDLERS, sasl.HANDLERS, transactions.HANDLERS)
 """Every request this broker serves (all of :data:`metaq.protocol.messages.APIS`)."""

@@ -44,8 +44,11 @@ def handle_metadata(broker: Broker, req: m.MetadataRequest, session: Session | N
     broker's from the cluster view (ZooKeeper mode): any broker answers for the whole cluster."""
     own_id = broker.config.broker_id
     snapshot = broker.cluster.snapshot()
+    own_port = broker.port
+    if session is not None and session.tls and broker.tls_port is not None:
+        snapshot, own_port = snapshot.over_tls(), broker.tls_port  # a TLS client is sent to TLS ports only
     addresses = {b: e.master for b, e in snapshot.brokers.items() if e.master is not None and b != own_id}
-    brokers = [m.BrokerInfo(own_id, broker.host, broker.port)] + [
+    brokers = [m.BrokerInfo(own_id, broker.host, own_port)] + [
         m.BrokerInfo(b, address.host, address.port) for b, address in sorted(addresses.items())]
     if req.topics is None:
         names = sorted(set(broker.topics) | {t for t, e in snapshot.topics.items()

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import ssl
 import time
 from typing import Any
 
+from metaq.broker.config import BrokerConfig
 from metaq.broker.core import Broker
 from metaq.broker.ini import parse_topic_options
 from metaq.broker.replication.fetcher import FollowerEpochs, PartitionFollower
@@ -24,13 +27,27 @@ from metaq.cluster.registry import Address, ClusterSnapshot
 from metaq.errors import ConfigError, MetaqError
 from metaq.net.codec import ConnectionSettings
 from metaq.net.retry import wait_event
+from metaq.net.tls import client_context
 
 log = logging.getLogger("metaq.broker.replication")
 
 RECONCILE_S = 1.0
+REPLICATION_PASSWORD_ENV = "METAQ_REPLICATION_PASSWORD"
+"""The password of replicationUser: an environment variable, never a flag or a line of server.ini."""
 CONNECT_TIMEOUT_S = 5.0
 FOLLOWERS_MAX = 10_000
 """One connection each: a limit so a misconfigured master cannot make the slave open without bound."""
+
+
+def replication_tls(config: BrokerConfig) -> ssl.SSLContext | None:
+    """sslReplication: the context a slave fetches from its master with (the master verified against sslCaFile,
+    this broker's sslCertFile presented as its client certificate); None: plain TCP."""
+    if not config.ssl_replication:
+        return None
+    assert config.ssl_ca_file is not None  # the option check makes sslReplication need sslCaFile
+    return client_context(str(config.ssl_ca_file),
+                          None if config.ssl_cert_file is None else str(config.ssl_cert_file),
+                          None if config.ssl_key_file is None else str(config.ssl_key_file))
 
 
 class SlaveReplicator:
@@ -51,7 +68,12 @@ class SlaveReplicator:
         self._settings = ConnectionSettings(
             client_id=f"metaq-slave-{self.broker_id}-s{slave.slave_id}/{slave.slave_group}",
             connect_timeout_s=CONNECT_TIMEOUT_S, request_timeout_s=slave.slave_max_delay_ms / 1000 + 10,
-            max_in_flight=1, max_frame_bytes=broker.config.max_frame_bytes)
+            max_in_flight=1, max_frame_bytes=broker.config.max_frame_bytes, ssl_context=replication_tls(broker.config),
+            sasl_username=broker.config.replication_user,
+            sasl_password=os.environ.get(REPLICATION_PASSWORD_ENV) if broker.config.replication_user else None)
+        self._master_address = (broker.cluster.master_tls_address if broker.config.ssl_replication
+                                else broker.cluster.master_address)
+        """Where the master is fetched from: its TLS port with sslReplication, else its plaintext one."""
 
     async def run(self) -> None:
         """Reconcile followers with the master's topics until cancelled."""
@@ -113,10 +135,12 @@ class SlaveReplicator:
 
     def _reconcile(self) -> None:
         broker = self.broker
-        master = broker.cluster.master_address()
+        master = self._master_address()
         if master != self._master:
             if master is None:
-                log.warning("the master of broker %d is not registered: waiting for it", self.broker_id)
+                log.warning("the master of broker %d is not registered%s: waiting for it", self.broker_id,
+                            " with a TLS port (sslReplication needs sslPort on the master)"
+                            if broker.config.ssl_replication else "")
             else:
                 log.info("the master of broker %d is at %s", self.broker_id, master)
             self._master = master
@@ -135,7 +159,7 @@ class SlaveReplicator:
                               FOLLOWERS_MAX, topic, partition)
                     return
                 _, plog = broker.partition_log(topic, partition)
-                follower = PartitionFollower(plog, self.broker_id, broker.cluster.master_address, self._settings,
+                follower = PartitionFollower(plog, self.broker_id, self._master_address, self._settings,
                                              max_bytes=broker.config.max_transfer_bytes,
                                              max_wait_ms=self.slave.slave_max_delay_ms,
                                              on_append=broker.waiters.notify, epochs=self.ha)

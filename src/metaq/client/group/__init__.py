@@ -1,4 +1,4 @@
-"""Consumer groups: MetaQ's listener consumer, offset storages, the recover store, filters, browser.
+"""Consumer groups: MetaQ's listener consumer, offset storages, the recover store, dead letters, filters, browser.
 
 ::
 
@@ -16,6 +16,7 @@ See docs/consumers.md.
 from metaq.client.group.browser import TopicBrowser
 from metaq.client.group.config import ConsumerConfig
 from metaq.client.group.consumer import ConsumerStats, GroupConsumer, PartitionContext, create_consumer
+from metaq.client.group.dead_letter import DeadLetter, RedriveResult, dead_letter_topic, dead_letters, redrive
 from metaq.client.group.filters import AttributeFilter
 from metaq.client.group.offsets import (
     BrokerOffsetStorage,
@@ -33,15 +34,20 @@ __all__ = [
     "BrokerOffsetStorage",
     "ConsumerConfig",
     "ConsumerStats",
+    "DeadLetter",
     "GroupConsumer",
     "LocalFileOffsetStorage",
     "OffsetStorage",
     "PartitionContext",
     "PostgresOffsetStorage",
     "RecoverStore",
+    "RedriveResult",
     "SqlOffsetStorage",
     "SqliteOffsetStorage",
     "TopicBrowser",
     "ZooKeeperOffsetStorage",
     "create_consumer",
+    "dead_letter_topic",
+    "dead_letters",
+    "redrive",
 ]

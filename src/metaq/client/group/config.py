@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from metaq.errors import ConfigError
+from metaq.errors import ConfigError, InvalidArgument
+from metaq.types import DEAD_LETTER_TOPIC_PREFIX, validate_topic
 
-RejectionPolicy = Literal["recover", "skip"]
+RejectionPolicy = Literal["recover", "skip", "dead-letter"]
+REJECTION_POLICIES: tuple[str, ...] = ("recover", "skip", "dead-letter")
 
 DEFAULT_RECOVER_DIR = Path("~/.meta_recover")
 """MetaQ's local recover directory."""
@@ -50,7 +52,11 @@ class ConsumerConfig:
     rollback-only) before the rejection policy gets it: 1 + max_fetch_retries deliveries in all."""
     rejection_policy: RejectionPolicy = "recover"
     """What happens to a message after its retries: ``recover`` keeps it in the local recover store
-    (retried in the background, survives restarts); ``skip`` drops it (logged)."""
+    (retried in the background, survives restarts); ``skip`` drops it (logged); ``dead-letter`` produces
+    it to the group's dead-letter topic ``%DLQ%<group>`` and moves on only once that is acknowledged
+    (:mod:`metaq.client.group.dead_letter`)."""
+    dead_letter_partitions: int = 1
+    """Partitions of the dead-letter topic when the ``dead-letter`` policy has to create it."""
     recover_message_interval_ms: int = 5 * 60 * 1000
     """MetaQ ``recoverMessageIntervalInMills``: how often the recover store retries its messages."""
     recover_dir: str | Path = DEFAULT_RECOVER_DIR
@@ -74,7 +80,7 @@ class ConsumerConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.group, str) or not self.group:
             raise ConfigError("ConsumerConfig.group is required (the consumer group name)")
-        for name in ("fetch_runner_count", "max_delay_fetch_ms", "commit_offset_period_ms",
+        for name in ("fetch_runner_count", "max_delay_fetch_ms", "commit_offset_period_ms", "dead_letter_partitions",
                      "recover_message_interval_ms", "session_timeout_ms", "rebalance_timeout_ms"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -84,8 +90,15 @@ class ConsumerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"ConsumerConfig.{name} must be an integer >= 0, not {value!r}")
-        if self.rejection_policy not in ("recover", "skip"):
-            raise ConfigError(f"rejection_policy must be 'recover' or 'skip', not {self.rejection_policy!r}")
+        if self.rejection_policy not in REJECTION_POLICIES:
+            raise ConfigError(f"rejection_policy must be 'recover', 'skip' or 'dead-letter', "
+                              f"not {self.rejection_policy!r}")
+        if self.rejection_policy == "dead-letter":
+            try:
+                validate_topic(DEAD_LETTER_TOPIC_PREFIX + self.group)
+            except InvalidArgument as exc:
+                raise ConfigError(f"rejection_policy 'dead-letter' needs a group name that can follow "
+                                  f"{DEAD_LETTER_TOPIC_PREFIX!r} in a topic name: {exc}") from None
         if self.load_balance_strategy not in ("range", "consistent_hash"):
             raise ConfigError(f"load_balance_strategy must be 'range' or 'consistent_hash', "
                               f"not {self.load_balance_strategy!r}")

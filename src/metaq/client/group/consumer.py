@@ -47,7 +47,9 @@ Failures: a listener that raises, or marks the message rollback-only, gets the m
 away, up to ``max_fetch_retries`` more times (1 + max_fetch_retries deliveries in all, MetaQ's
 maxFetchRetries); then the rejection policy takes it — ``skip`` (logged) or ``recover``: the local
 :class:`~metaq.client.group.recover.RecoverStore` keeps it on disk and offers it to the listener again
-every ``recover_message_interval_ms`` until accepted — and the partition moves on.
+every ``recover_message_interval_ms`` until accepted — and the partition moves on. ``dead-letter``
+produces it to ``%DLQ%<group>`` (:mod:`~metaq.client.group.dead_letter`); the partition moves on only
+once that produce is acknowledged, and waits (retrying) while it fails.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ from metaq.client.consumer import Fetcher, FetchResult, read_request
 from metaq.client.core import ClientCore
 from metaq.client.exceptions import ClientClosedError
 from metaq.client.group.config import ConsumerConfig
+from metaq.client.group.dead_letter import DeadLetterSender
 from metaq.client.group.filters import MessageFilter, as_predicate
 from metaq.client.group.membership import BrokerMembership, Membership, ZooKeeperMembership, metaq_consumer_id
 from metaq.client.group.offsets import (
@@ -246,6 +249,8 @@ class _Worker:
     replica: ReadReplica | None = None
     """The copy (master or slave) ``conn`` reaches."""
     empty_fetches: int = 0
+    last_error: BaseException | None = None
+    """The failure of the message being rejected (None: it was marked rollback-only)."""
 
 
 _CALL = "call"
@@ -290,6 +295,9 @@ class GroupConsumer:
         self.storage_group = f"{config.group}-{self.consumer_id}" if config.broadcast else config.group
         """The key offsets are stored under: the group, or group-consumerId for a broadcast member."""
         self.recover = recover_store or RecoverStore(config.recover_dir, self.storage_group)
+        self.dead_letters = DeadLetterSender(core, config.group, config.dead_letter_partitions) \
+            if config.rejection_policy == "dead-letter" else None
+        """The ``dead-letter`` rejection policy's producer (None under the other policies)."""
         self.fetcher = Fetcher(core)
         self.subscriptions: dict[str, Subscription] = {}
         self.workers: dict[TopicPartition, _Worker] = {}
@@ -759,8 +767,10 @@ class GroupConsumer:
                     return
                 continue  # deliver the same message again
             del w.retries[msg.offset]
+            w.last_error = error
+            if (yield (_REJECT, msg)) is not None:
+                return  # not dead-lettered before the partition was given up: its next owner gets it again
             self.stats.rejected += 1
-            yield (_REJECT, msg)
             w.position = msg.offset + 1
             if ctx.auto_ack:
                 self._ack(w)
@@ -789,18 +799,24 @@ class GroupConsumer:
         w.position = w.acked
         w.txn_ids.clear()
 
-    async def _reject(self, msg: Message) -> None:
+    async def _reject(self, w: _Worker, msg: Message) -> BaseException | None:
+        """Apply the rejection policy; an exception (sent into :meth:`_steps`) if the message must stay."""
+        if self.dead_letters is not None:
+            sent = await self.dead_letters.send(msg, w.last_error, self.config.max_fetch_retries + 1,
+                                                lambda: w.stopping or self._closed)
+            return None if sent else ClientClosedError("the partition was given up before the dead letter was sent")
         if self.config.rejection_policy == "recover":
             try:
                 if await self.recover.put(msg):
                     log.warning("%s:%d-%d: offset %d failed %d times; kept in the recover store", msg.topic,
                                 msg.broker_id, msg.partition, msg.offset, self.config.max_fetch_retries + 1)
-                    return
+                    return None
             except OSError as exc:
                 log.error("recover store: cannot keep %s:%d-%d@%d: %s", msg.topic, msg.broker_id, msg.partition,
                           msg.offset, exc)
         log.error("%s:%d-%d: offset %d failed %d times; skipped (rejection policy)", msg.topic, msg.broker_id,
                   msg.partition, msg.offset, self.config.max_fetch_retries + 1)
+        return None
 
     async def _deliver_async(self, w: _Worker, result: FetchResult) -> None:
         steps = self._steps(w, result)
@@ -809,8 +825,7 @@ class GroupConsumer:
             action, msg = next(steps)
             while True:
                 if action == _REJECT:
-                    await self._reject(msg)
-                    action, msg = steps.send(None)
+                    action, msg = steps.send(await self._reject(w, msg))
                     continue
                 err: BaseException | None = None
                 try:
@@ -836,8 +851,7 @@ class GroupConsumer:
             action, msg = next(steps)
             while True:
                 if action == _REJECT:
-                    asyncio.run_coroutine_threadsafe(self._reject(msg), loop).result()
-                    action, msg = steps.send(None)
+                    action, msg = steps.send(asyncio.run_coroutine_threadsafe(self._reject(w, msg), loop).result())
                     continue
                 err: BaseException | None = None
                 try:
@@ -909,6 +923,8 @@ class GroupConsumer:
             await self.offsets.close()
         self._threads.shutdown(wait=False)
         self.recover.close()
+        if self.dead_letters is not None:
+            await self.dead_letters.close()
 
     async def __aenter__(self) -> GroupConsumer:
         return self

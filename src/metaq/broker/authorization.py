@@ -1,0 +1,128 @@
+"""Which ACL each request needs, checked at the one dispatch point (:meth:`metaq.broker.core.Broker.handle`).
+
+:func:`required` maps a request to the (resource type, name, operation) triples it needs; a request
+needing several (a FetchRequest of one topic needs one; others may name no resource) is allowed only if
+every one is. The ACLs themselves (:class:`metaq.security.acl.Acls`) are swapped in by
+:func:`refresh_acls`, a background job re-reading the ACL file or ZooKeeper node every
+``ACL_REFRESH_S``: a change applies within that time, without a restart.
+
+Request types this table does not know (an API added later) need ``admin`` on the cluster: nothing new
+is open by default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from metaq.errors import (
+    BrokerError,
+    ClusterAuthorizationError,
+    ConfigError,
+    GroupAuthorizationError,
+    MetaqError,
+    TopicAuthorizationError,
+)
+from metaq.protocol import messages as m
+from metaq.security.acl import ACL_FILE_NAME, CLUSTER_NAME, AclFile, Acls, decode_acls
+
+if TYPE_CHECKING:
+    from metaq.broker.core import Broker
+
+log = logging.getLogger("metaq.broker.auth")
+
+ACL_REFRESH_S: Final = 1.0
+Need = tuple[str, str, str]
+"""(resource type, resource name, operation)."""
+
+_TOPIC_OPERATION: dict[type, str] = {
+    m.ProduceRequest: "produce",
+    m.FetchRequest: "consume",
+    m.ListOffsetsRequest: "describe",
+    m.FindMessagesRequest: "consume",
+    m.CreateTopicRequest: "admin",
+    m.DeleteTopicRequest: "admin",
+    m.PartitionStateRequest: "admin",
+}
+_GROUP_OPERATION: dict[type, str] = {
+    m.JoinGroupRequest: "consume",
+    m.HeartbeatRequest: "consume",
+    m.LeaveGroupRequest: "consume",
+    m.OffsetCommitRequest: "consume",
+    m.OffsetFetchRequest: "describe",
+    m.DescribeGroupRequest: "describe",
+}
+_CLUSTER_OPERATION: dict[type, str] = {
+    m.StatsRequest: "describe",
+    m.ListGroupsRequest: "describe",
+    m.LookupMessageRequest: "describe",
+    m.ReloadRequest: "admin",
+    m.VerifyRequest: "admin",
+    m.PromoteRequest: "admin",
+}
+FREE: frozenset[type] = frozenset({m.ApiVersionsRequest, m.SaslHandshakeRequest, m.SaslAuthenticateRequest,
+                                   m.MetadataRequest})
+"""Needing no ACL: the handshake, and Metadata (topic names and partitions are visible to every
+authenticated principal; docs/security.md says so)."""
+_ERRORS: dict[str, type[BrokerError]] = {"topic": TopicAuthorizationError, "group": GroupAuthorizationError,
+                                         "cluster": ClusterAuthorizationError}
+
+
+def required(request: Any) -> list[Need]:
+    kind = type(request)
+    if kind in FREE:
+        return []
+    if kind in _TOPIC_OPERATION:
+        return [("topic", str(request.topic), _TOPIC_OPERATION[kind])]
+    if kind in _GROUP_OPERATION:
+        return [("group", str(request.group), _GROUP_OPERATION[kind])]
+    return [("cluster", CLUSTER_NAME, _CLUSTER_OPERATION.get(kind, "admin"))]
+
+
+def check(acls: Acls, principal: str, request: Any) -> None:
+    """Raise the matching *_AUTHORIZATION_FAILED error unless ``principal`` may send ``request``."""
+    for resource_type, name, operation in required(request):
+        if not acls.allows(principal, resource_type, name, operation):
+            what = name if resource_type != "cluster" else "the cluster"
+            raise _ERRORS[resource_type](
+                f"{principal} may not {operation} {resource_type} {what!r}" if resource_type != "cluster"
+                else f"{principal} may not {operation} {what} ({type(request).__name__.removesuffix('Request')})")
+
+
+def acl_source(broker: Broker) -> Callable[[], tuple[object, bytes | None]]:
+    """A blocking function giving (a stamp that changes with the ACLs, their bytes) for ``broker``."""
+    registry = broker.cluster.registry
+    read_acls = getattr(registry, "read_acls", None)
+    if broker.cluster.mode == "zookeeper" and read_acls is not None:
+        def from_zookeeper() -> tuple[object, bytes | None]:
+            data, version = read_acls()
+            return version, data
+
+        return from_zookeeper
+    config = broker.config
+    acl_file = AclFile(config.acl_file or config.data_path / ACL_FILE_NAME)
+
+    def from_file() -> tuple[object, bytes | None]:
+        stamp = acl_file.stamp()
+        return stamp, acl_file.read_bytes() if stamp is not None else None
+
+    return from_file
+
+
+async def refresh_acls(broker: Broker) -> None:
+    """Keep ``broker.acls`` in step with the stored ACLs (a background job when aclEnabled is set)."""
+    source = acl_source(broker)
+    seen: object = object()
+    while True:
+        try:
+            stamp, data = await asyncio.to_thread(source)
+            if stamp != seen:
+                broker.acls = decode_acls(data, broker.config.super_users)
+                log.info("ACLs loaded: %d entries, %d super-users", len(broker.acls.entries),
+                         len(broker.acls.super_users))
+                seen = stamp
+        except (ConfigError, MetaqError, OSError) as exc:
+            log.error("ACLs not reloaded, the ones in force stay: %s", exc)
+        await asyncio.sleep(ACL_REFRESH_S)

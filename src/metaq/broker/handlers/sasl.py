@@ -1,0 +1,119 @@
+"""SaslHandshake and SaslAuthenticate: SCRAM-SHA-256 on a connection (docs/security.md).
+
+A connection that fails (a wrong password, an unknown user, a malformed or out-of-order message, an
+unsupported mechanism) gets the error and is closed (``session.close_after_reply``): a client cannot
+try passwords on one connection, and nothing it sends can do more than that. Credentials are looked up
+off the event loop: in the users file of an embedded broker, in ZooKeeper in cluster mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from metaq.broker.session import Session
+from metaq.errors import (
+    ConfigError,
+    IllegalSaslStateError,
+    InvalidRequestError,
+    MetaqError,
+    SaslAuthenticationError,
+    UnsupportedSaslMechanismError,
+)
+from metaq.protocol import messages as m
+from metaq.security.credentials import USERS_FILE_NAME, UsersFile
+from metaq.security.principal import user_principal
+from metaq.security.scram import MECHANISM, ScramCredential, ScramError, ScramServer
+
+if TYPE_CHECKING:
+    from metaq.broker.core import Broker, Handler
+
+log = logging.getLogger("metaq.broker.auth")
+
+CredentialLookup = Callable[[str], ScramCredential | None]
+
+
+def credential_lookup(broker: Broker) -> CredentialLookup:
+    """Where ``broker`` finds a user's credential (blocking): ZooKeeper in cluster mode, else its users file."""
+    read_user = getattr(broker.cluster.registry, "read_user", None)
+    if broker.cluster.mode == "zookeeper" and read_user is not None:
+        def from_zookeeper(name: str) -> ScramCredential | None:
+            data = read_user(name)
+            if data is None:
+                return None
+            try:
+                return ScramCredential.from_json(json.loads(data))
+            except ValueError as exc:
+                raise ConfigError(f"user {name!r} in ZooKeeper is damaged: {exc}") from None
+
+        return from_zookeeper
+    config = broker.config
+    return UsersFile(config.sasl_users_file or config.data_path / USERS_FILE_NAME).lookup
+
+
+def _refuse(session: Session, exc: MetaqError) -> MetaqError:
+    session.close_after_reply = True
+    session.sasl = None
+    return exc
+
+
+def handle_sasl_handshake(broker: Broker, req: m.SaslHandshakeRequest, session: Session | None) -> Any:
+    if session is None:
+        raise InvalidRequestError("SaslHandshake is for connections")
+    if session.principal is not None or session.sasl is not None:
+        raise _refuse(session, IllegalSaslStateError(
+            "SaslHandshake again on a connection that " + ("is authenticated" if session.principal
+                                                           else "has an exchange in progress")))
+    if req.mechanism != MECHANISM:
+        raise _refuse(session, UnsupportedSaslMechanismError(
+            f"mechanism {req.mechanism[:50]!r} is not supported; this broker accepts {MECHANISM}"))
+    session.sasl = ScramServer()
+    return m.SaslHandshakeResponse(mechanisms=[MECHANISM])
+
+
+def handle_sasl_authenticate(broker: Broker, req: m.SaslAuthenticateRequest, session: Session | None) -> Any:
+    if session is None:
+        raise InvalidRequestError("SaslAuthenticate is for connections")
+    scram = session.sasl
+    if not isinstance(scram, ScramServer):
+        raise _refuse(session, IllegalSaslStateError("SaslAuthenticate before SaslHandshake"))
+    if scram.stage == "start":
+        try:
+            name = scram.parse_first(req.auth_bytes)
+        except ScramError as exc:
+            raise _refuse(session, SaslAuthenticationError(f"authentication failed: {exc}")) from None
+        return _first(broker, session, scram, name)
+    try:
+        server_final = scram.final(req.auth_bytes)
+    except ScramError as exc:
+        log.warning("authentication of %r from %s failed: %s", scram.username, session.peer, exc)
+        raise _refuse(session, SaslAuthenticationError(str(exc))) from None
+    session.sasl = None
+    session.principal = user_principal(scram.username)
+    log.info("%s authenticated as %s", session.peer, session.principal)
+    return m.SaslAuthenticateResponse(auth_bytes=server_final, principal=session.principal)
+
+
+async def _first(broker: Broker, session: Session, scram: ScramServer, name: str) -> m.SaslAuthenticateResponse:
+    if broker.credentials is None:
+        broker.credentials = credential_lookup(broker)
+    lookup: CredentialLookup = broker.credentials
+    try:
+        credential = await asyncio.to_thread(lookup, name)
+    except (ConfigError, MetaqError) as exc:
+        log.error("cannot look up user %r: %s", name, exc)
+        raise _refuse(session, SaslAuthenticationError(
+            "the broker cannot read its users now; try again later")) from None
+    try:
+        return m.SaslAuthenticateResponse(auth_bytes=scram.first(credential))
+    except ScramError as exc:
+        raise _refuse(session, SaslAuthenticationError(str(exc))) from None
+
+
+HANDLERS: dict[type, Handler] = {
+    m.SaslHandshakeRequest: handle_sasl_handshake,
+    m.SaslAuthenticateRequest: handle_sasl_authenticate,
+}
