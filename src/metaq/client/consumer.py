@@ -179,6 +179,8 @@ async def read_request(core: ClientCore, topic: str, partition: Partition, reque
     """A ListOffsets to the copy consumers read (``read_from``): the master, or a slave, whose earliest and
     latest are its own (a slave's latest may be behind the master's)."""
     if not core.reads_slaves:
+        if core.registry is not None:
+            core.read_replica(topic, partition)  # ConnectionClosedError (retriable) while its broker is unregistered
         response: ListOffsetsResponse = await core.request(request, partition.broker_id)
         return response
     replica = core.read_replica(topic, partition)
@@ -255,12 +257,11 @@ class PullConsumer:
         if on_out_of_range not in ("raise", "earliest", "latest"):
             raise InvalidArgument(f"on_out_of_range must be 'raise', 'earliest' or 'latest', not {on_out_of_range!r}")
         p = await self._core.partition(topic, partition)
-        if offset == "earliest" or offset == "latest":
-            earliest, latest = await self.offsets(topic, p)
-            position = earliest if offset == "earliest" else latest
-        elif isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0:
+        position: int | None = None
+        """None until "earliest"/"latest" is resolved: in the retry loop, as a broker restarting may not answer."""
+        if isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0:
             position = offset
-        else:
+        elif offset != "earliest" and offset != "latest":
             raise InvalidArgument(f"offset must be an int >= 0, 'earliest' or 'latest', not {offset!r}")
         remaining = max_messages
         if remaining == 0:
@@ -285,6 +286,9 @@ class PullConsumer:
                 wait = 0 if stop_at_end else max_wait_ms
                 seen = self._core.snapshots_applied
                 try:
+                    if position is None:
+                        earliest, latest = await self.offsets(topic, p)
+                        position = earliest if offset == "earliest" else latest
                     chosen = self._core.read_replica(topic, p)
                     if conn is None or conn.closed or chosen != replica:
                         if conn is not None:
