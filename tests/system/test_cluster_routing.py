@@ -167,11 +167,15 @@ def test_zookeeper_stopped_and_restarted_under_load_producing_and_consuming_go_o
         finally:
             stop_consuming.set()
             load.stop()
+            with connect(**session_options) as session:  # wakes the reader's long poll: it sees the stop
+                session.create_producer(lambda topic, partitions, message: next(
+                    p for p in partitions if (p.broker_id, p.partition) == (1, 0))).send(Message("t", b"wake"))
             reader.join(30)
+        assert not reader.is_alive()
         assert not load.failed, collections.Counter(map(repr, load.failed.values()))
         assert {a.partition.broker_id for a in load.acked.values()} == {1, 2}
         with connect(**session_options) as session:
-            assert check_history(read_back(session, "t"), load.acked, load.failed) == []
+            assert check_history(read_back(session, "t"), load.acked, load.failed, other=[b"wake"]) == []
 
 
 def test_a_pull_consumer_follows_its_broker_through_a_restart_on_another_port(
