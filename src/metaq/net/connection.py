@@ -298,7 +298,14 @@ class BrokerConnection:
         until = self._loop.time() + throttle_ms / 1000
         if until > self.throttled_until:
             self.throttled_until = until
-            self._loop.call_at(until, self._wake_writers)
+            self._loop.call_at(until, self._throttle_over, until)
+
+    def _throttle_over(self, until: float) -> None:
+        # asyncio runs a timer up to its clock resolution early: comparing loop.time() with the deadline
+        # here could leave the connection unwritable with nobody left to wake its writers
+        if self.throttled_until <= until:  # no later throttle came meanwhile (that one has its own timer)
+            self.throttled_until = 0.0
+            self._wake_writers()
 
     def _wake_writers(self) -> None:
         waiters = self._waiters
