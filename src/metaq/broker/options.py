@@ -488,8 +488,9 @@ OPTIONS: tuple[Option, ...] = (
          "and the connection is closed. The HTTP API then needs HTTP Basic credentials of a stored user, over "
          "HTTPS (401 without them).", _boolean, status="extension"),
     _opt("httpBasicAuthOverPlaintext", "http_basic_auth_over_plaintext", "bool", "false", _SYSTEM,
-         "With authRequired: accept HTTP Basic credentials on a plain-HTTP httpPort (they travel in clear "
-         "text: a trusted network only); false refuses them with 403 unless the HTTP API serves HTTPS.",
+         "With authRequired: accept HTTP Basic credentials on plain HTTP (httpPort, and the dashboard on "
+         "dashboardHttpPort; they travel in clear text: a trusted network only); false refuses them with 403 "
+         "unless the port serves HTTPS.",
          _boolean, status="extension"),
     _opt("saslUsersFile", "sasl_users_file", "path", None, _SYSTEM,
          "Embedded mode: the users file (hashed SCRAM credentials, `metaq acl user add --users-file`); "
