@@ -12,6 +12,8 @@ authenticates to its master as replicationUser.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
 import random
 import socket
@@ -212,14 +214,67 @@ def test_a_fuzzed_handshake_never_crashes_the_broker(auth_broker: BrokerProcess)
     conn.close()
 
 
-def test_http_api_refuses_everything_when_authentication_is_required(
-        broker_factory: Callable[..., BrokerProcess]) -> None:
-    proc = broker_factory({"authRequired": True, "httpPort": 0})
-    assert proc.http_url is not None
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(f"{proc.http_url}/topics", timeout=10)
-    assert refused.value.code == 401
-    assert b"SASL_AUTHENTICATION_FAILED" in refused.value.read()
+def _http(url: str, user: str | None = None, password: str = PASSWORD, context: Any = None,
+          body: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+    headers = {"Content-Type": "application/json"}
+    if user is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+    req = urllib.request.Request(url, data=body, headers=headers, method="POST" if body is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=context) as reply:
+            return reply.status, dict(reply.headers), reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_http_api_takes_basic_credentials_over_https_and_applies_the_acls(
+        broker_factory: Callable[..., BrokerProcess], tmp_path: Path) -> None:
+    pytest.importorskip("cryptography")
+    import ssl
+
+    from metaq.testing.certs import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    data = tmp_path / "broker"
+    for user in ("alice", "bob"):
+        add_user(user, PASSWORD, "--data-path", str(data))
+    done = metaq("acl", "add", "--principal", "User:alice", "--topic", "orders", "-o", "produce", "-o", "consume",
+                 "--data-path", str(data))
+    assert done.returncode == 0, done.stderr
+    proc = broker_factory({"authRequired": True, "aclEnabled": True, "httpPort": 0, "sslPort": 0,
+                           "sslCertFile": str(pki.server_cert), "sslKeyFile": str(pki.server_key)})
+    proc.allow_log(r"HTTP authentication from .* failed")
+    assert proc.http_url is not None and proc.http_url.startswith("https://")
+    ctx = ssl.create_default_context(cafile=str(pki.ca))
+    url = proc.http_url
+    status, headers, body = _http(f"{url}/topics", context=ctx)
+    assert status == 401 and headers.get("WWW-Authenticate", "").startswith("Basic")
+    assert b"SASL_AUTHENTICATION_FAILED" in body
+    assert _http(f"{url}/topics", "alice", "wrong", context=ctx)[0] == 401
+    assert _http(f"{url}/topics", "nobody", context=ctx)[0] == 401
+    message = json.dumps({"payload": "hi over https"}).encode()
+    status, _, body = _http(f"{url}/topics/orders/partitions/0/messages", "alice", context=ctx, body=message)
+    assert status == 200, body
+    status, _, body = _http(f"{url}/topics/orders/partitions/0/messages?offset=0", "alice", context=ctx)
+    assert status == 200 and b"hi over https" in body, body
+    status, _, body = _http(f"{url}/topics/orders/partitions/0/messages", "bob", context=ctx, body=message)
+    assert status == 403 and b"TOPIC_AUTHORIZATION_FAILED" in body  # the same ACLs as on TCP
+    assert json.loads(_http(f"{url}/topics", "bob", context=ctx)[2])["topics"] == []  # filtered metadata
+    names = [t["name"] for t in json.loads(_http(f"{url}/topics", "alice", context=ctx)[2])["topics"]]
+    assert names == ["orders"]
+
+
+def test_http_basic_credentials_are_refused_on_plain_http_unless_allowed(
+        broker_factory: Callable[..., BrokerProcess], tmp_path: Path) -> None:
+    add_user("alice", PASSWORD, "--data-path", str(tmp_path / "plain"))
+    add_user("alice", PASSWORD, "--data-path", str(tmp_path / "allowed"))
+    plain = broker_factory({"authRequired": True, "httpPort": 0}, name="plain")
+    status, _, body = _http(f"{plain.http_url}/topics", "alice")
+    assert status == 403 and b"plain HTTP" in body
+    allowed = broker_factory({"authRequired": True, "httpPort": 0, "httpBasicAuthOverPlaintext": True},
+                             name="allowed")
+    assert _http(f"{allowed.http_url}/topics", "alice")[0] == 200
+    assert _http(f"{allowed.http_url}/topics")[0] == 401
 
 
 def test_a_client_certificate_authenticates_on_the_tls_port(broker_factory: Callable[..., BrokerProcess],

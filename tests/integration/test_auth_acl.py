@@ -176,3 +176,20 @@ def test_async_producer_gets_the_authorization_error(acl_broker: BrokerProcess) 
     ok, refused = asyncio.run(main())
     assert ok.success
     assert not refused.success and "TOPIC_AUTHORIZATION_FAILED" in str(refused.error)
+
+
+def test_metadata_shows_only_the_topics_a_principal_may_describe(acl_broker: BrokerProcess) -> None:
+    with client(acl_broker, "root") as root:
+        for topic in ("a", "b", "logs-web", "logs-secret"):
+            produce(root, topic, topic.encode())
+        assert {"a", "b", "logs-web", "logs-secret"} <= {t.name for t in root.request(m.MetadataRequest()).topics}
+    with client(acl_broker, "alice") as alice:
+        every = alice.request(m.MetadataRequest())
+        # b: no allow; logs-secret: its deny is of consume, and the logs- prefix's consume implies describe
+        assert sorted(t.name for t in every.topics) == ["a", "logs-secret", "logs-web"]
+        named = {t.name: t for t in alice.request(m.MetadataRequest(topics=["a", "b", "nothing-here"])).topics}
+        assert named["a"].error_code == 0 and named["a"].partitions
+        for hidden in ("b", "nothing-here"):  # refused alike: whether it exists is not told
+            assert named[hidden].error_code == TopicAuthorizationError.code and not named[hidden].partitions
+    with client(acl_broker, "bob") as bob:
+        assert bob.request(m.MetadataRequest()).topics == []

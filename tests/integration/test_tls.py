@@ -348,3 +348,80 @@ def test_a_slave_replicates_over_tls_and_tls_clients_use_registered_tls_ports(
                message="the slave holds every message, fetched from the master over TLS")
     # the slave fetched from the master's TLS port (the one registered as sslPort), not its plaintext one
     assert any(f"the master of broker 1 is at 127.0.0.1:{master.tls_port}" in line for line in slave.log_lines)
+
+
+# -- a TLS-only broker (serverPort=-1) ---------------------------------------------------------------
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` listens on (from /proc: its socket inodes in LISTEN state)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_a_tls_only_broker_listens_on_its_tls_port_alone(broker_factory: Callable[..., BrokerProcess],
+                                                         pki: Pki) -> None:
+    from metaq.protocol import messages as m
+
+    proc = broker_factory({"serverPort": -1, "numPartitions": 1, **tls_options(pki.server_cert, pki.server_key)})
+    assert proc.tls_port is not None and proc.port == proc.tls_port  # the ready line names the TLS port
+    assert listening_ports(proc.pid) == {proc.tls_port}
+    values = [b"only over tls"]
+    assert asyncio.run(produce_and_consume(tls_servers(proc), "tls-only", values, tls_ca_file=str(pki.ca))) == values
+    with BlockingClient(tls_servers(proc), tls=ClientTls(ca_file=str(pki.ca))) as client:
+        assert [b.port for b in client.request(m.MetadataRequest()).brokers] == [proc.tls_port]
+    # a plaintext client on the one port is refused, the broker goes on
+    with pytest.raises(ConnectionClosedError):
+        BlockingClient(tls_servers(proc), timeout_s=5)
+    assert asyncio.run(produce_and_consume(tls_servers(proc), "tls-only-2", values, tls_ca_file=str(pki.ca))) == values
+    # serverPort=-1 without a TLS port is refused at start, saying why
+    portless = broker_factory({"serverPort": -1}, start=False, name="portless")
+    portless.expect_exit_code(2)
+    with pytest.raises(Exception, match=r"serverPort=-1 .* sslPort"):
+        portless.start()
+
+
+@pytest.mark.slow
+def test_tls_only_brokers_in_cluster_mode_are_found_through_zookeeper(
+        cluster_factory: Callable[..., BrokerProcess], pki: Pki, zookeeper: Any, zk_client: Any,
+        zk_root: str) -> None:
+    common = {"sslCaFile": str(pki.ca), "sslReplication": True, **tls_options(pki.server_cert, pki.server_key)}
+    topics = "[topic=orders]\nnumPartitions=1\n"
+    tls_only = ["--serverPort", "-1"]  # after the harness's own --serverPort: the last flag wins
+    master = cluster_factory(1, topics=topics, args=tls_only, **common)
+    slave = cluster_factory(1, topics=topics, name="broker-1-slave-0", args=["--slave", *tls_only], **common)
+    assert listening_ports(master.pid) == {master.tls_port}
+    data = zk_client.get(f"{zk_root}/brokers/ids/1/master")[0].decode()
+    assert data == f"meta://127.0.0.1:{master.tls_port}?sslPort={master.tls_port}"
+
+    async def produce() -> int:
+        async with await MessageSessionFactory.connect(zk_connect=zookeeper.connect_string, zk_root=zk_root,
+                                                       tls_ca_file=str(pki.ca)) as session:
+            producer = session.create_producer()
+            for i in range(10):
+                assert (await producer.send(Message("orders", f"m{i}".encode()))).success
+            return 10
+
+    assert asyncio.run(produce()) == 10
+
+    def on_slave() -> list[bytes]:
+        with BlockingClient(tls_servers(slave), tls=ClientTls(ca_file=str(pki.ca))) as client:
+            fetched = client.fetch("orders", "1-0", 0, 1 << 20)
+            return [bytes(r.data) for r in decode_fetched(fetched.records, "orders", 0, 0)[0]]
+
+    wait_until(lambda: on_slave() == [f"m{i}".encode() for i in range(10)], 30,
+               message="the TLS-only slave follows its TLS-only master")

@@ -13,6 +13,7 @@ is open by default.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
@@ -27,6 +28,8 @@ from metaq.errors import (
 )
 from metaq.protocol import messages as m
 from metaq.security.acl import ACL_FILE_NAME, CLUSTER_NAME, AclFile, Acls, decode_acls
+from metaq.security.credentials import USERS_FILE_NAME, UsersFile
+from metaq.security.scram import ScramCredential
 
 if TYPE_CHECKING:
     from metaq.broker.core import Broker
@@ -64,8 +67,8 @@ _CLUSTER_OPERATION: dict[type, str] = {
 }
 FREE: frozenset[type] = frozenset({m.ApiVersionsRequest, m.SaslHandshakeRequest, m.SaslAuthenticateRequest,
                                    m.MetadataRequest})
-"""Needing no ACL: the handshake, and Metadata (topic names and partitions are visible to every
-authenticated principal; docs/security.md says so)."""
+"""Needing no ACL to be sent: the handshake, and Metadata (its answer is filtered instead:
+:func:`filter_metadata`)."""
 _ERRORS: dict[str, type[BrokerError]] = {"topic": TopicAuthorizationError, "group": GroupAuthorizationError,
                                          "cluster": ClusterAuthorizationError}
 
@@ -89,6 +92,44 @@ def check(acls: Acls, principal: str, request: Any) -> None:
             raise _ERRORS[resource_type](
                 f"{principal} may not {operation} {resource_type} {what!r}" if resource_type != "cluster"
                 else f"{principal} may not {operation} {what} ({type(request).__name__.removesuffix('Request')})")
+
+
+def filter_metadata(acls: Acls, principal: str, request: m.MetadataRequest, response: Any) -> Any:
+    """``response`` (a MetadataResponse) showing only the topics ``principal`` may describe (describe is
+    implied by produce, consume and admin). A topic asked for by name and not allowed is answered
+    TOPIC_AUTHORIZATION_FAILED with no partitions, whether it exists or not (its existence is not told);
+    in a list of every topic it is left out."""
+    if not isinstance(response, m.MetadataResponse) or response.error_code:
+        return response
+    shown = []
+    for info in response.topics:
+        if acls.allows(principal, "topic", info.name, "describe"):
+            shown.append(info)
+        elif request.topics is not None:
+            shown.append(m.TopicInfo(info.name, TopicAuthorizationError.code, []))
+    response.topics = shown
+    return response
+
+
+CredentialLookup = Callable[[str], ScramCredential | None]
+
+
+def credential_lookup(broker: Broker) -> CredentialLookup:
+    """Where ``broker`` finds a user's credential (blocking): ZooKeeper in cluster mode, else its users file."""
+    read_user = getattr(broker.cluster.registry, "read_user", None)
+    if broker.cluster.mode == "zookeeper" and read_user is not None:
+        def from_zookeeper(name: str) -> ScramCredential | None:
+            data = read_user(name)
+            if data is None:
+                return None
+            try:
+                return ScramCredential.from_json(json.loads(data))
+            except ValueError as exc:
+                raise ConfigError(f"user {name!r} in ZooKeeper is damaged: {exc}") from None
+
+        return from_zookeeper
+    config = broker.config
+    return UsersFile(config.sasl_users_file or config.data_path / USERS_FILE_NAME).lookup
 
 
 def acl_source(broker: Broker) -> Callable[[], tuple[object, bytes | None]]:

@@ -156,6 +156,12 @@ class BrokerConfig:
     acl_enabled: bool = False
     acl_file: Path | None = None
     super_users: tuple[str, ...] = ()
+    http_basic_auth_over_plaintext: bool = False
+    quota_producer_byte_rate: int = 0
+    quota_consumer_byte_rate: int = 0
+    quota_max_connections: int = 0
+    quota_overrides: dict[str, Any] = field(default_factory=dict)
+    """Per-principal quotas (metaq.broker.quotas.QuotaOverride by principal) over the three defaults."""
     topics: dict[str, TopicConfig] = field(default_factory=dict)
     zookeeper: ZkConfig | None = None
     source_path: Path | None = None

@@ -32,7 +32,8 @@ from metaq.broker.groups import GroupCoordinator
 from metaq.broker.ini import load_broker_config, topic_options_text
 from metaq.broker.options import SYSTEM_OPTIONS, TOPIC_ATTRS
 from metaq.broker.partition_state import PartitionStateStore
-from metaq.broker.session import Session
+from metaq.broker.quotas import FETCH, PRODUCE, Quotas
+from metaq.broker.session import FileReply, Session
 from metaq.broker.slave_config import SlaveConfig
 from metaq.broker.stats import BrokerStats
 from metaq.broker.topic_options import TopicOptionsStore
@@ -63,6 +64,8 @@ Handler = Callable[["Broker", Any, Session | None], Any]
 """A request handler: (broker, request, session) -> the response, a FileReply, or a coroutine of one."""
 
 REFUSED_WHILE_STOPPING: frozenset[type] = frozenset({m.ProduceRequest, m.FetchRequest})
+METERED: frozenset[type] = frozenset({m.ProduceRequest, m.FetchRequest})
+"""Requests whose bytes count against the principal's quotas (metaq.broker.quotas); slaves' fetches do not."""
 BEFORE_AUTHENTICATION: frozenset[type] = frozenset({m.ApiVersionsRequest, m.SaslHandshakeRequest,
                                                     m.SaslAuthenticateRequest})
 """What an unauthenticated connection may send when authRequired is set; anything else is refused and
@@ -184,6 +187,8 @@ class Broker:
         """The ACLs in force (aclEnabled): swapped in by metaq.broker.authorization.refresh_acls."""
         self.credentials: Callable[[str], Any] | None = None
         """How SASL finds a user's stored credential (blocking; set on first use, metaq.broker.handlers.sasl)."""
+        self.quotas = Quotas(lambda: self.config)
+        """Byte rates and connection counts per principal (quota* options; docs/security.md#quotas)."""
         self.tls_port: int | None = None
         """The TLS port (sslPort) once bound; registered in ZooKeeper beside the plaintext one."""
         self.cluster_host = config.host_name
@@ -507,17 +512,40 @@ class Broker:
             if self.stopping and kind in REFUSED_WHILE_STOPPING:
                 raise BrokerStoppingError(BrokerStoppingError.hint)
             result = handler(self, request, session)
+            if kind is m.MetadataRequest and session is not None and self.config.acl_enabled \
+                    and session.principal is not None:
+                result = authorization.filter_metadata(self.acls, session.principal, request, result)
         except Exception as exc:
-            return error_response(kind.API_KEY, exc)
+            result = error_response(kind.API_KEY, exc)
+        metered = session is not None and kind in METERED and getattr(request, "replica_id", -1) < 0
         if inspect.iscoroutine(result):
-            return self._answer(kind.API_KEY, result)
+            return self._answer(kind.API_KEY, result, request if metered else None, session)
+        if metered:
+            assert session is not None
+            self._meter(request, result, session)
         return result
 
-    async def _answer(self, api_key: int, pending: Awaitable[Any]) -> Any:
+    async def _answer(self, api_key: int, pending: Awaitable[Any], metered: Any = None,
+                      session: Session | None = None) -> Any:
         try:
-            return await pending
+            result = await pending
         except Exception as exc:
-            return error_response(api_key, exc)
+            result = error_response(api_key, exc)
+        if metered is not None and session is not None:
+            self._meter(metered, result, session)
+        return result
+
+    def _meter(self, request: Any, result: Any, session: Session) -> None:
+        """Count a produce's or a fetch's bytes against the principal's quota; the throttle into the reply."""
+        if isinstance(request, m.ProduceRequest):
+            throttle_ms = self.quotas.record(session, PRODUCE, len(request.records))
+        else:
+            nbytes = result.file_slice.size if isinstance(result, FileReply) else len(getattr(result, "records", b""))
+            throttle_ms = self.quotas.record(session, FETCH, nbytes)
+        if throttle_ms:
+            response = result.response if isinstance(result, FileReply) else result
+            if hasattr(response, "throttle_time_ms"):
+                response.throttle_time_ms = throttle_ms
 
     # -- lifecycle ----------------------------------------------------------------------------
 

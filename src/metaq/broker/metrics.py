@@ -89,6 +89,8 @@ class Snapshot:
     """The replica group's state (sync replication, failover: ``metaq stats`` ``replica_group``)."""
     delayed: tuple[int, Cumulative] | None = None
     """Delayed messages pending, and their lateness at delivery (docs/delayed.md)."""
+    quotas: dict[str, Any] | None = None
+    """Per principal: connections, bytes and throttles (metaq.broker.quotas.Quotas.describe)."""
 
 
 COUNTER_FIELDS = ("put_messages", "put_bytes", "put_requests", "put_failures", "get_messages", "get_bytes",
@@ -151,7 +153,7 @@ def take_snapshot(broker: Broker) -> Snapshot:
         counters=counters, logs=logs, append=stats.append_seconds.cumulative(),
         fetch=stats.fetch_seconds.cumulative(), fsync=stats.fsync_seconds.cumulative(),
         group_offsets=group_offsets, group_members=members, replication=replication, replica_group=replica_group,
-        delayed=(broker.delay.pending, broker.delay.lateness.cumulative()))
+        delayed=(broker.delay.pending, broker.delay.lateness.cumulative()), quotas=broker.quotas.describe())
 
 
 class SnapshotCollector(Collector):
@@ -167,6 +169,28 @@ class SnapshotCollector(Collector):
         yield from self._group_families()
         yield from self._replication_families()
         yield from self._replica_group_families()
+        yield from self._quota_families()
+
+    def _quota_families(self) -> Iterator[Metric]:
+        """Per principal (docs/security.md#quotas): what it moved, and how long it was throttled."""
+        labels = ["principal", "direction"]
+        moved = _counter("metaq_quota_bytes_total", "Bytes produced or fetched per principal (replica fetches "
+                         "excluded).", labels)
+        throttle = _counter("metaq_quota_throttle_seconds_total", "Throttle time given to a principal over its "
+                            "byte rate (quotaProducerByteRate, quotaConsumerByteRate, quotaOverrides).", labels)
+        throttled = _counter("metaq_quota_throttled_total", "Replies that carried a throttle.", labels)
+        conns = _gauge("metaq_quota_connections", "Connections open per principal (quotaMaxConnections).",
+                       ["principal"])
+        refused = _counter("metaq_quota_connections_refused_total", "Connections refused for a principal's "
+                           "quotaMaxConnections.", ["principal"])
+        for principal, usage in (self.snap.quotas or {}).items():
+            for direction in ("produce", "fetch"):
+                moved.add_metric([principal, direction], usage["bytes"].get(direction, 0))
+                throttle.add_metric([principal, direction], usage["throttle_ms"].get(direction, 0) / 1000)
+                throttled.add_metric([principal, direction], usage["throttled"].get(direction, 0))
+            conns.add_metric([principal], usage["connections"])
+            refused.add_metric([principal], usage["connections_refused"])
+        yield from (moved, throttle, throttled, conns, refused)
 
     def _broker_families(self) -> Iterator[Metric]:
         snap = self.snap

@@ -172,6 +172,15 @@ def _principals(text: str) -> tuple[str, ...]:
         raise InvalidValue(str(exc)) from None
 
 
+def _quota_overrides(text: str) -> dict[str, Any]:
+    from metaq.broker.quotas import parse_quota_overrides
+
+    try:
+        return dict(parse_quota_overrides(text))
+    except ValueError as exc:
+        raise InvalidValue(str(exc)) from None
+
+
 def _host(text: str) -> str:
     if not _is_host(_text(text)):
         raise InvalidValue(f"{text!r} is not an IP address or host name")
@@ -361,7 +370,8 @@ OPTIONS: tuple[Option, ...] = (
          "Directory holding one TOPIC-PARTITION directory per partition. ~ is expanded; "
          "relative paths in a file are relative to the file's directory, in a flag to the current one.", _path),
     _opt("serverPort", "server_port", "int", "8123", _SYSTEM,
-         "TCP port clients and other brokers connect to (0: the OS picks a free port).", _port),
+         "TCP port clients and other brokers connect to (0: the OS picks a free port; -1: no plaintext port, "
+         "a TLS-only broker serving sslPort alone, as httpPort=-1 turns the HTTP API off).", _integer(-1, 65535)),
     _opt("hostName", "host_name", "host", "127.0.0.1", _SYSTEM,
          "Address the broker listens on and advertises. MetaQ defaults to the machine's IP; "
          "metaq defaults to loopback, so set it to serve other machines.", _host),
@@ -475,8 +485,13 @@ OPTIONS: tuple[Option, ...] = (
     _opt("authRequired", "auth_required", "bool", "false", _SYSTEM,
          "Every connection must authenticate (SASL SCRAM-SHA-256, or a client certificate on the TLS port) "
          "before any request but ApiVersions and the SASL handshake; others get SASL_AUTHENTICATION_FAILED "
-         "and the connection is closed. The HTTP API then refuses every request (HTTP authentication is "
-         "not built).", _boolean, status="extension"),
+         "and the connection is closed. The HTTP API then needs HTTP Basic credentials of a stored user, over "
+         "HTTPS (401 without them).", _boolean, status="extension"),
+    _opt("httpBasicAuthOverPlaintext", "http_basic_auth_over_plaintext", "bool", "false", _SYSTEM,
+         "With authRequired: accept HTTP Basic credentials on plain HTTP (httpPort, and the dashboard on "
+         "dashboardHttpPort; they travel in clear text: a trusted network only); false refuses them with 403 "
+         "unless the port serves HTTPS.",
+         _boolean, status="extension"),
     _opt("saslUsersFile", "sasl_users_file", "path", None, _SYSTEM,
          "Embedded mode: the users file (hashed SCRAM credentials, `metaq acl user add --users-file`); "
          "re-read when it changes. ZooKeeper mode keeps users in ZooKeeper instead.", _path,
@@ -495,6 +510,25 @@ OPTIONS: tuple[Option, ...] = (
          "The user a slave authenticates as to its master (password from the METAQ_REPLICATION_PASSWORD "
          "environment variable); none: no SASL (a client certificate, sslReplication, may do).", _text,
          status="extension", default_doc="none"),
+    # -- [system], quotas (docs/security.md#quotas) -----------------------------------------------------
+    _opt("quotaProducerByteRate", "quota_producer_byte_rate", "size", "0", _SYSTEM,
+         "Bytes per second each principal may produce to this broker (User:NAME, User:CN of a client "
+         "certificate, User:ANONYMOUS where authRequired is off); over it, replies carry throttle_time_ms and "
+         "the connection is not read for that long. 0 = unlimited. Applied on reload.",
+         _integer(0, _JAVA_INT_MAX, size=True), status="extension", reload="live"),
+    _opt("quotaConsumerByteRate", "quota_consumer_byte_rate", "size", "0", _SYSTEM,
+         "Bytes per second each principal may fetch from this broker (slaves' replica fetches are not "
+         "counted); throttled as quotaProducerByteRate. 0 = unlimited. Applied on reload.",
+         _integer(0, _JAVA_INT_MAX, size=True), status="extension", reload="live"),
+    _opt("quotaMaxConnections", "quota_max_connections", "int", "0", _SYSTEM,
+         "Connections one principal may hold open to this broker at once; one more is refused with "
+         "TOO_MANY_CONNECTIONS (counted when the principal is known: at connect, or at SASL authentication). "
+         "0 = unlimited. Applied on reload to new connections.", _integer(0, 1_000_000), status="extension",
+         reload="live"),
+    _opt("quotaOverrides", "quota_overrides", "quotas", "", _SYSTEM,
+         "Per-principal quotas over the three defaults: User:NAME=produce:BYTES,fetch:BYTES,connections:N;"
+         "User:NAME=... (any of the three keys; 0 = unlimited). Applied on reload.", _quota_overrides,
+         status="extension", reload="live", default_doc="none"),
     # -- [system], replication (docs/replication.md) ----------------------------------------------------
     _opt("syncReplication", "sync_replication", "bool", "false", _SYSTEM_AND_TOPIC,
          "Sync replication (MetaQ's 同步复制): a produce is acked only once every in-sync slave holds the "
@@ -654,6 +688,9 @@ def cross_check(values: dict[str, Any], where: Mapping[str, str], warnings: list
             f"({values['max_partial_frames_bytes']}) must be at least maxFrameSize ({values['max_frame_bytes']}) "
             "so that a whole frame can be received"
         )
+    if values.get("server_port", 0) < 0 and values.get("ssl_port") is None:
+        raise ConfigError(f"{at('sslPort', 'serverPort')}: serverPort=-1 turns the plaintext port off, so sslPort "
+                          "(with sslCertFile) must be set: a broker needs a port")
     if values.get("ssl_port") is not None and values.get("ssl_cert_file") is None:
         raise ConfigError(f"{at('sslCertFile', 'sslPort')}: sslPort needs sslCertFile (the broker's certificate)")
     if values.get("ssl_client_auth", "none") != "none" and values.get("ssl_ca_file") is None:

@@ -121,26 +121,30 @@ class BrokerService:
         the broker cannot. The port is bound first: a port in use leaves no data directory behind."""
         loop = asyncio.get_running_loop()
         config = self.broker.config
-        server: asyncio.Server | _Servers
-        try:
-            server = await listen_tcp(self.broker, self.registry, config.host_name, config.server_port)
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-            if exc.errno == errno.EADDRINUSE:
-                reason = "the address is already in use (another broker? choose another serverPort)"
-            raise StartupError(f"cannot listen on {config.host_name}:{config.server_port}: {reason}") from None
+        server: asyncio.Server | _Servers | None = None
+        plain: asyncio.Server | None = None
+        if config.server_port >= 0:  # serverPort=-1: a TLS-only broker (docs/security.md)
+            try:
+                server = plain = await listen_tcp(self.broker, self.registry, config.host_name, config.server_port)
+            except OSError as exc:
+                reason = exc.strerror or str(exc)
+                if exc.errno == errno.EADDRINUSE:
+                    reason = "the address is already in use (another broker? choose another serverPort)"
+                raise StartupError(f"cannot listen on {config.host_name}:{config.server_port}: {reason}") from None
         if config.ssl_port is not None:
             assert self.tls is not None  # the option check makes sslPort need sslCertFile
             try:
                 self._tls_server = await listen_tcp(self.broker, self.registry, config.host_name, config.ssl_port,
                                                     ssl_context=self.tls.context)
             except OSError as exc:
-                server.close()
+                if server is not None:
+                    server.close()
                 reason = exc.strerror or str(exc)
                 if exc.errno == errno.EADDRINUSE:
                     reason = "the address is already in use (choose another sslPort, or 0 for a free one)"
                 raise StartupError(f"cannot listen for TLS on {config.host_name}:{config.ssl_port}: {reason}") from None
-            server = _Servers(server, self._tls_server)
+            server = _Servers(plain, self._tls_server) if plain is not None else self._tls_server
+        assert server is not None, "serverPort=-1 needs sslPort (the option check)"
         if config.replication_user and not os.environ.get(REPLICATION_PASSWORD_ENV):
             server.close()
             raise StartupError(f"replicationUser={config.replication_user} needs its password in the "

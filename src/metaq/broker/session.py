@@ -31,6 +31,11 @@ class Session:
     """Set by the core when the connection must be closed once its reply is out (an authentication failure)."""
     waiting_fetches: int = 0
     """Long polls of this connection waiting now (bounded by maxWaitingFetchesPerConnection)."""
+    quota_principal: str | None = None
+    """The principal this connection is counted under for quotaMaxConnections (:mod:`metaq.broker.quotas`)."""
+    throttle_ms: int = 0
+    """Set by the core when a reply took the principal over its byte rate: the transport reads nothing more
+    from this connection for that long (then sets it back to 0)."""
 
 
 @dataclass(slots=True)

@@ -28,6 +28,7 @@ from typing import Any
 from metaq.broker.connections import REFUSAL_TIMEOUT_S, REFUSING_CONNECTIONS_MAX, ConnectionRegistry
 from metaq.broker.core import Broker
 from metaq.broker.error_mapping import error_response
+from metaq.broker.quotas import ANONYMOUS
 from metaq.broker.session import FileReply, Session
 from metaq.errors import (
     BrokerStoppingError,
@@ -119,6 +120,10 @@ class BrokerProtocol(asyncio.Protocol):
         self.loop = asyncio.get_event_loop()
         self.opened_at = self.last_active = self.registry.clock()
         self._refusal_timer: asyncio.TimerHandle | None = None
+        self.muted = False
+        """Over a byte-rate quota: nothing is read from the connection until ``_unmute`` (metaq.broker.quotas)."""
+        self._mute_timer: asyncio.TimerHandle | None = None
+        self._refusal_text: str | None = None
         # uvloop has no loop.sendfile (not even its copying fallback): there, file replies are pread
         # and written; asyncio's selector loop sends them with the sendfile(2) system call.
         self.native_sendfile = isinstance(self.loop, asyncio.selector_events.BaseSelectorEventLoop)
@@ -139,6 +144,17 @@ class BrokerProtocol(asyncio.Protocol):
         if not self.registry.admit(self):
             self._start_refusal()
             return
+        if self.session.principal is not None or not self.broker.config.auth_required:
+            # who this is, is known now (a certificate, or nobody where authRequired is off); a SASL
+            # principal is counted when it authenticates
+            principal = self.session.principal or ANONYMOUS
+            refusal = self.broker.quotas.admit(self.session, principal)
+            if refusal is not None:
+                log.warning("refused a connection from %s: %s", self.session.peer, refusal)
+                self.registry.remove(self)
+                self._refusal_text = refusal
+                self._start_refusal()
+                return
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -152,6 +168,9 @@ class BrokerProtocol(asyncio.Protocol):
                 self._refusal_timer.cancel()
             return
         self.registry.remove(self)
+        self.broker.quotas.release(self.session)
+        if self._mute_timer is not None:
+            self._mute_timer.cancel()
         for task in self.tasks:
             task.cancel()  # its reply can never be sent: give back what it holds (a waiting-fetch slot)
         for reply in self.replies:
@@ -166,7 +185,11 @@ class BrokerProtocol(asyncio.Protocol):
             return
         self.last_active = self.registry.clock()
         self.codec.receive_data(data)
-        while True:
+        self._process()
+
+    def _process(self) -> None:
+        """Handle the whole requests buffered, unless (or until) the connection is muted by a throttle."""
+        while not self.muted:
             try:
                 event = self.codec.next_event()
             except ProtocolError as exc:
@@ -185,12 +208,15 @@ class BrokerProtocol(asyncio.Protocol):
             self._handle(event)
             if self.closing:
                 return  # refused (authentication): nothing more is read from this connection
+            if self.session.throttle_ms:
+                self._throttle()
         partial = self.codec.partial_frame_bytes
         if partial != self.partial_bytes:
             self.registry.partial_changed(self, partial)
         if len(self.replies) > MAX_PIPELINED_REQUESTS and not self.paused and self.transport:
             self.paused = True
-            self.transport.pause_reading()
+            if not self.muted:
+                self.transport.pause_reading()
 
     # -- limits ----------------------------------------------------------------------------------
 
@@ -214,9 +240,36 @@ class BrokerProtocol(asyncio.Protocol):
             return
         assert self.transport is not None
         self.transport.pause_reading()
-        response = m.error_response(header.api_key, TooManyConnectionsError.code, self.registry.refusal_message())
+        response = m.error_response(header.api_key, TooManyConnectionsError.code,
+                                    self._refusal_text or self.registry.refusal_message())
         self.transport.write(self.codec.encode_response(header, response))
         self.transport.close()
+
+    def _throttle(self) -> None:
+        """Read nothing more for ``session.throttle_ms`` (the principal went over its byte rate; the reply
+        says so, in ``throttle_time_ms``). Requests already buffered wait too."""
+        until = self.loop.time() + self.session.throttle_ms / 1000
+        self.session.throttle_ms = 0
+        if self.transport is None or self.closed:
+            return
+        if self._mute_timer is not None:
+            if self._mute_timer.when() >= until:
+                return  # muted for longer already
+            self._mute_timer.cancel()
+        if not self.muted:
+            self.muted = True
+            if not self.paused:
+                self.transport.pause_reading()
+        self._mute_timer = self.loop.call_at(until, self._unmute)
+
+    def _unmute(self) -> None:
+        self._mute_timer = None
+        self.muted = False
+        if self.closed or self.closing or self.transport is None:
+            return
+        if not self.paused:
+            self.transport.resume_reading()
+        self._process()
 
     def refuse_partial_frame(self, reason: str) -> None:
         """Drop the unfinished frame being received (the partial-frame budget is spent) and answer it
@@ -270,6 +323,8 @@ class BrokerProtocol(asyncio.Protocol):
         if self.session.close_after_reply and not self.closing and self.transport is not None:
             self.closing = True
             self.transport.pause_reading()
+        if self.session.throttle_ms and not self.closing:
+            self._throttle()
         if task.cancelled():
             result: Any = m.error_response(api_key, BrokerStoppingError.code, "request cancelled")
         elif task.exception() is not None:  # a safety net: the core answers the errors of its coroutines
@@ -333,7 +388,8 @@ class BrokerProtocol(asyncio.Protocol):
             return
         if self.paused and len(self.replies) <= MAX_PIPELINED_REQUESTS // 2:
             self.paused = False
-            self.transport.resume_reading()
+            if not self.muted:
+                self.transport.resume_reading()
 
     async def _sendfile(self, fslice: FileSlice) -> None:
         try:

@@ -63,6 +63,13 @@ class MessageSessionFactory:
         """Id of the default broker (the first server that answered)."""
         return self._core.default_broker_id
 
+    def throttle_stats(self) -> dict[str, int]:
+        """How much the brokers' quotas slowed this session: ``throttle_ms_total`` (the sum of the replies'
+        ``throttle_time_ms``, each waited out before sending more to that broker) and ``throttled_total``
+        (replies that carried one). docs/security.md#quotas."""
+        stats = self._core.pool.throttle
+        return {"throttle_ms_total": stats.throttle_ms_total, "throttled_total": stats.throttled_total}
+
     def _check(self) -> None:
         if self._closed:
             raise ClientClosedError("the session is closed")

@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from metaq.broker.core import Broker
-from metaq.http import errors, routes
+from metaq.http import auth, errors, routes
 from metaq.http.openapi import openapi_document
 
 log = logging.getLogger("metaq.http")
@@ -67,8 +67,10 @@ async def _openapi(request: web.Request) -> web.Response:
 
 
 def make_app(broker: Broker) -> web.Application:
-    app = web.Application(middlewares=[error_middleware], client_max_size=body_bytes_max(broker))
+    app = web.Application(middlewares=[error_middleware, auth.basic_auth_middleware],
+                          client_max_size=body_bytes_max(broker))
     app[routes.BROKER_KEY] = broker
+    app[auth.AUTHENTICATOR_KEY] = auth.BasicAuthenticator(broker)
     app[OPENAPI_KEY] = openapi_document(broker)
     for method, path, handler in routes.ROUTES:
         app.router.add_route(method, path, handler)

@@ -20,6 +20,7 @@ from aiohttp import web
 from metaq.broker.core import Broker
 from metaq.broker.session import FileReply, Session
 from metaq.errors import CorruptRecordError, InvalidArgument, OffsetOutOfRangeError, StoredDataCorruptError
+from metaq.http.auth import PRINCIPAL_KEY
 from metaq.http.codecs import ENCODINGS, OutgoingMessage, message_from_raw, message_to_json, messages_from_json
 from metaq.http.errors import HttpInputError, WireError
 from metaq.protocol import messages as m
@@ -41,13 +42,16 @@ RAW_TYPES = ("application/octet-stream",)
 async def call(request: web.Request, core_request: Any) -> Any:
     """The core's response to ``core_request``; WireError when it carries an error."""
     broker = request.app[BROKER_KEY]
-    result = broker.handle(core_request, Session(peer=request.remote or "?"))
+    session = Session(peer=request.remote or "?", tls=request.secure, principal=request.get(PRINCIPAL_KEY))
+    result = broker.handle(core_request, session)
     if asyncio.iscoroutine(result):
         broker.request_started()
         try:
             result = await result
         finally:
             broker.request_finished()
+    if session.throttle_ms:  # over a byte-rate quota: the reply waits, as a TCP connection is muted
+        await asyncio.sleep(session.throttle_ms / 1000)
     response = result.response if isinstance(result, FileReply) else result
     if response.error_code:
         if isinstance(result, FileReply):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
+import time
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -59,6 +60,10 @@ class BlockingConnection:
         self.closed = False
         self.principal: str | None = None
         """Who the broker says this connection is, once authenticated (``User:alice``)."""
+        self.throttled_until = 0.0
+        """``time.monotonic()`` before which :meth:`send` waits: a reply's ``throttle_time_ms`` (a quota)."""
+        self.throttle_ms_total = 0
+        """Milliseconds of throttle the broker asked for on this connection."""
 
     @classmethod
     def open(cls, address: Address, settings: ConnectionSettings) -> BlockingConnection:
@@ -113,6 +118,11 @@ class BlockingConnection:
         """Write one request; its reply is read by a later :meth:`receive` (replies come in order)."""
         if self.closed:
             raise ConnectionClosedError(f"connection to broker {self.address} is closed")
+        if self.throttled_until:
+            wait_s = self.throttled_until - time.monotonic()
+            self.throttled_until = 0.0
+            if wait_s > 0:
+                time.sleep(wait_s)  # the broker's quota throttle: it would not read us before then anyway
         _cid, data = self.codec.send(request, expect_response=expect_response)
         try:
             self.sock.sendall(data)
@@ -131,6 +141,10 @@ class BlockingConnection:
                 raise ConnectionClosedError(f"broker {self.address} sent a malformed or unexpected reply ({exc}); "
                                             f"connection closed") from exc
             if isinstance(event, ResponseEvent):
+                throttle_ms = getattr(event.response, "throttle_time_ms", 0)
+                if throttle_ms > 0:
+                    self.throttle_ms_total += throttle_ms
+                    self.throttled_until = max(self.throttled_until, time.monotonic() + throttle_ms / 1000)
                 return event.response
             if self.closed:
                 raise ConnectionClosedError(f"connection to broker {self.address} is closed")

@@ -27,6 +27,7 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 from metaq.errors import ConnectionClosedError, ProtocolError, RequestTimeoutError
@@ -46,6 +47,14 @@ from metaq.protocol.messages import ApiVersionsResponse
 _WATCHDOG_TICK_S: Final = 0.05
 _FLUSH_NOW_BYTES: Final = 256 * 1024
 """Frames queued in one loop step are written at once past this size (a tight producer loop)."""
+
+
+@dataclass(slots=True)
+class ThrottleStats:
+    """Quota throttles the brokers asked for (replies' ``throttle_time_ms``): honoured, and counted here."""
+
+    throttle_ms_total: int = 0
+    throttled_total: int = 0
 
 
 class _Pending:
@@ -102,6 +111,11 @@ class BrokerConnection:
         self._closed_exc: BaseException | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         self._close_callbacks: list[Callable[[BrokerConnection], None]] = []
+        self.throttled_until = 0.0
+        """The broker said to send nothing before this ``loop.time()`` (a reply's ``throttle_time_ms``:
+        the principal is over a quota); :attr:`writable` is False until then."""
+        self.throttle = ThrottleStats()
+        """What the brokers' quotas throttled (a pool shares one between its connections)."""
 
     # -- opening and closing ------------------------------------------------------------------
 
@@ -179,7 +193,8 @@ class BrokerConnection:
     @property
     def writable(self) -> bool:
         """A request can be sent now without going over max_in_flight or the write buffer limit."""
-        return len(self._pending) < self.max_in_flight and not self._paused and self._closed_exc is None
+        return (len(self._pending) < self.max_in_flight and not self._paused and self._closed_exc is None
+                and (not self.throttled_until or self._loop.time() >= self.throttled_until))
 
     async def wait_writable(self) -> None:
         """Wait for an in-flight slot and a drained transport; ConnectionClosedError if it closes."""
@@ -263,13 +278,33 @@ class BrokerConnection:
                     break
                 entry = pending.popleft()
                 fut = entry.future
+                response = event.response  # type: ignore[union-attr]
+                if getattr(response, "throttle_time_ms", 0) > 0:
+                    self._throttled(response.throttle_time_ms)
                 if not fut.done():
-                    fut.set_result(event.response)  # type: ignore[union-attr]
+                    fut.set_result(response)
         except ProtocolError as exc:
             self._fail(ConnectionClosedError(
                 f"broker {self.address} sent a malformed or unexpected reply ({exc}); connection closed"), exc)
             return
         if self._waiters and len(pending) < self.max_in_flight:
+            self._wake_writers()
+
+    def _throttled(self, throttle_ms: int) -> None:
+        """Honour a quota throttle: no new request is written before it ends (the broker mutes the
+        connection for that long anyway; waiting here keeps the requests out of its socket buffer)."""
+        self.throttle.throttle_ms_total += throttle_ms
+        self.throttle.throttled_total += 1
+        until = self._loop.time() + throttle_ms / 1000
+        if until > self.throttled_until:
+            self.throttled_until = until
+            self._loop.call_at(until, self._throttle_over, until)
+
+    def _throttle_over(self, until: float) -> None:
+        # asyncio runs a timer up to its clock resolution early: comparing loop.time() with the deadline
+        # here could leave the connection unwritable with nobody left to wake its writers
+        if self.throttled_until <= until:  # no later throttle came meanwhile (that one has its own timer)
+            self.throttled_until = 0.0
             self._wake_writers()
 
     def _wake_writers(self) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from metaq.errors import ClientClosedError, ConnectionClosedError, MetaqError
 from metaq.net.codec import ConnectionSettings
-from metaq.net.connection import BrokerConnection
+from metaq.net.connection import BrokerConnection, ThrottleStats
 from metaq.net.discovery import WALK_ERRORS, ServerBook, WalkFailures
 from metaq.net.retry import Random, RetryPolicy
 from metaq.net.servers import Address
@@ -42,6 +42,8 @@ class ConnectionPool:
         self._dedicated: set[BrokerConnection] = set()
         self._rand = rand
         self._closed = False
+        self.throttle = ThrottleStats()
+        """Quota throttles over every connection of the pool (``metaq.net.connection.ThrottleStats``)."""
 
     def cached(self, address: Address, channel: str = "default") -> BrokerConnection | None:
         """The open shared connection, if there is one (no I/O)."""
@@ -98,6 +100,7 @@ class ConnectionPool:
                 await asyncio.sleep(delay)
                 continue
             self.servers.learn(address, conn.broker_id)
+            conn.throttle = self.throttle
             return conn
 
     async def first_answering(self, addresses: Sequence[Address] | None = None, channel: str = "default", *,

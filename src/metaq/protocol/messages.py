@@ -259,8 +259,12 @@ class ProduceResponse(_Base):
     base_message_id: int = -1
     """Message i of the batch has id base_message_id + i and offset base_offset + i."""
     append_time_ms: int = -1
+    throttle_time_ms: int = 0
+    """v2: how long the broker will not read this connection (the principal is over its produce quota);
+    the client sends nothing more to this broker until then."""
     FIELDS: ClassVar = (*_ERR, Field("partition", INT32), Field("base_offset", INT64),
-                        Field("base_message_id", UINT128), Field("append_time_ms", INT64))
+                        Field("base_message_id", UINT128), Field("append_time_ms", INT64),
+                        Field("throttle_time_ms", INT32, since=2))
 
 
 # -- 5 Fetch ------------------------------------------------------------------------------------
@@ -313,6 +317,8 @@ class FetchResponse(_Base):
     the master's: the last common epoch."""
     diverging_end_offset: int = -1
     """v2: where the slave must cut its log (it holds batches the master never had past it)."""
+    throttle_time_ms: int = 0
+    """v3: as ProduceResponse's, for the principal's fetch quota."""
     records: bytes | memoryview = b""
     """Whole stored batches starting at the one holding the asked offset; the last may be cut off."""
     FIELDS: ClassVar = (*_ERR, Field("log_start_offset", INT64), Field("log_end_offset", INT64),
@@ -320,7 +326,7 @@ class FetchResponse(_Base):
                         Field("resume_offset", INT64, since=1), Field("master_epoch", INT32, since=2),
                         Field("high_watermark", INT64, since=2), Field("records_epoch", INT32, since=2),
                         Field("diverging_epoch", INT32, since=2), Field("diverging_end_offset", INT64, since=2),
-                        Field("records", RECORDS))
+                        Field("throttle_time_ms", INT32, since=3), Field("records", RECORDS))
 
 
 # -- 6 ListOffsets ------------------------------------------------------------------------------
@@ -747,8 +753,8 @@ _api(0, "ApiVersions", ApiVersionsRequest, ApiVersionsResponse)
 _api(1, "Metadata", MetadataRequest, MetadataResponse)
 _api(2, "CreateTopic", CreateTopicRequest, CreateTopicResponse)
 _api(3, "DeleteTopic", DeleteTopicRequest, DeleteTopicResponse)
-_api(4, "Produce", ProduceRequest, ProduceResponse, max_version=1)
-_api(5, "Fetch", FetchRequest, FetchResponse, max_version=2)
+_api(4, "Produce", ProduceRequest, ProduceResponse, max_version=2)
+_api(5, "Fetch", FetchRequest, FetchResponse, max_version=3)
 _api(6, "ListOffsets", ListOffsetsRequest, ListOffsetsResponse)
 _api(7, "JoinGroup", JoinGroupRequest, JoinGroupResponse)
 _api(8, "Heartbeat", HeartbeatRequest, HeartbeatResponse)

@@ -98,6 +98,14 @@ def salted_password(password: str, salt: bytes, iterations: int) -> bytes:
     return hashlib.pbkdf2_hmac("sha256", _normalize(password), salt, iterations)
 
 
+def password_matches(credential: ScramCredential, password: str) -> bool:
+    """Whether ``password`` is the one ``credential`` was made from (HTTP Basic): derive its StoredKey
+    with the credential's salt and iterations and compare in constant time. The cost is the PBKDF2 of
+    the credential's iterations, as for a SCRAM login."""
+    salted = salted_password(password, credential.salt, credential.iterations)
+    return hmac.compare_digest(_h(_hmac(salted, b"Client Key")), credential.stored_key)
+
+
 def make_credential(password: str, *, salt: bytes | None = None,
                     iterations: int = DEFAULT_ITERATIONS) -> ScramCredential:
     """The stored form of ``password``: a fresh random salt unless one is given."""

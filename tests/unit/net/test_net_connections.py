@@ -299,3 +299,44 @@ def test_asyncio_pool_walks_and_reaches_the_servers(servers: Any) -> None:
     finally:
         one.stop()
         two.stop()
+
+
+def throttling(codec: ServerConnection, event: Any) -> bytes:
+    """Answer every produce as stored, with a quota throttle of 200 ms."""
+    return codec.encode_response(event.header, m.ProduceResponse(partition=0, base_offset=0, base_message_id=0,
+                                                                 append_time_ms=0, throttle_time_ms=200))
+
+
+def test_a_throttled_asyncio_connection_holds_new_requests_then_frees_itself(servers: Any) -> None:
+    server = servers(handshake_then(throttling))
+
+    async def main() -> None:
+        conn = await BrokerConnection.open(server.address, SETTINGS)
+        try:
+            reply = await conn.request(m.ProduceRequest(topic="t", partition=0))
+            assert reply.throttle_time_ms == 200
+            assert not conn.writable, "nothing more is sent to a broker that said to wait"
+            assert (conn.throttle.throttle_ms_total, conn.throttle.throttled_total) == (200, 1)
+            async with asyncio.timeout(5):
+                await conn.wait_writable()  # freed by the throttle's end, nothing else
+            # asyncio may run a timer up to its clock resolution early: the end of a throttle must free the
+            # connection even then (it did not, and a producer waited forever)
+            conn._throttled(200)
+            conn._throttle_over(conn.throttled_until)
+            assert conn.writable
+        finally:
+            conn.close()
+
+    asyncio.run(main())
+
+
+def test_a_throttled_blocking_connection_waits_before_its_next_request(servers: Any) -> None:
+    server = servers(handshake_then(throttling))
+    conn = BlockingConnection.open(server.address, SETTINGS)
+    try:
+        assert raise_for_error(conn.call(m.ProduceRequest(topic="t", partition=0))).throttle_time_ms == 200
+        assert conn.throttle_ms_total == 200 and conn.throttled_until > 0
+        conn.call(m.ProduceRequest(topic="t", partition=0))
+        assert conn.throttle_ms_total == 400
+    finally:
+        conn.close()

@@ -64,6 +64,12 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
         m.ProduceResponse(error_code=0, error_message=None, partition=2, base_offset=4711,
                           base_message_id=MESSAGE_ID, append_time_ms=1_700_000_000_123),
     ),
+    ("Produce", 2): (
+        m.ProduceRequest(topic="orders", partition=2, acks=1, timeout_ms=30000, transaction_id="",
+                         records=RECORDS_BLOB),
+        m.ProduceResponse(error_code=0, error_message=None, partition=2, base_offset=4711,
+                          base_message_id=MESSAGE_ID, append_time_ms=1_700_000_000_123, throttle_time_ms=1234),
+    ),
     ("Fetch", 0): (
         m.FetchRequest(topic="orders", partition=2, offset=4711, max_bytes=1 << 20, max_wait_ms=500,
                        group="billing"),
@@ -82,6 +88,14 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
         m.FetchResponse(error_code=0, error_message=None, log_start_offset=100, log_end_offset=4800,
                         reset_offset=-1, damaged_offset=4711, resume_offset=4716, master_epoch=7, high_watermark=4700,
                         records_epoch=5, diverging_epoch=6, diverging_end_offset=4650, records=b""),
+    ),
+    ("Fetch", 3): (
+        m.FetchRequest(topic="orders", partition=2, offset=4714, max_bytes=1 << 20, max_wait_ms=500, group="billing",
+                       replica_id=-1, replica_epoch=9, last_fetched_epoch=8),
+        m.FetchResponse(error_code=0, error_message=None, log_start_offset=100, log_end_offset=4800,
+                        reset_offset=-1, damaged_offset=4711, resume_offset=4716, master_epoch=7, high_watermark=4700,
+                        records_epoch=5, diverging_epoch=6, diverging_end_offset=4650, throttle_time_ms=2500,
+                        records=RECORDS_BLOB),
     ),
     ("ListOffsets", 0): (
         m.ListOffsetsRequest(topic="orders", partition=2, timestamp_ms=-2),

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from metaq.broker.basic_auth import REALM, BasicAuthenticator
 from metaq.broker.dashboard import views
 from metaq.broker.dashboard.cluster import ClusterView
 from metaq.broker.dashboard.history import History
@@ -40,6 +41,8 @@ from metaq.broker.metrics import render, take_snapshot
 if TYPE_CHECKING:
     from metaq.broker.core import Broker
 
+PRINCIPAL_KEY = "metaq.principal"
+"""Where the middleware leaves the authenticated principal on the request."""
 log = logging.getLogger("metaq.broker.dashboard")
 
 REQUEST_BODY_BYTES_MAX = 64 * 1024
@@ -75,6 +78,8 @@ class MetricsServer:
         self.scheme = "http"
         self.history = History(broker)
         self.cluster = ClusterView(broker)
+        self.authenticator = BasicAuthenticator(broker)
+        """With authRequired: who may see the page and its API (HTTP Basic, as the HTTP API)."""
         self._runner: web.AppRunner | None = None
         self._static = {name: _static(name) for name in STATIC_FILES}
 
@@ -146,12 +151,24 @@ class MetricsServer:
                 return _error(DashboardError(503, "BROKER_STARTING", "the broker is starting: try again shortly"))
             return web.Response(status=503, text="the broker is starting: no metrics yet\n")
         config = self.broker.config
+        if config.auth_required and request.path != "/metrics":
+            # the page and its API show topic names and group offsets: the same users as the HTTP API (a
+            # browser asks for them once); /metrics stays open to scrapers (counters only)
+            found = await self.authenticator.authenticate(request.headers.get("Authorization"), request.secure,
+                                                          request.remote or "?")
+            if not isinstance(found, str):
+                refusal = _error(DashboardError(found.status, "SASL_AUTHENTICATION_FAILED", found.message))
+                if found.status == 401:
+                    refusal.headers["WWW-Authenticate"] = REALM
+                return refusal
+            request[PRINCIPAL_KEY] = found
         if request.method == "POST" and (config.auth_required or config.acl_enabled):
-            # the dashboard cannot authenticate yet: with authentication or ACLs on, its admin actions would
-            # bypass them, so they are refused (the CLI, which authenticates, does the same actions)
+            # the dashboard's admin actions do not go through the core's ACL check (they act on the broker
+            # directly): with authentication or ACLs on they are refused (the CLI does the same actions)
             return _error(DashboardError(403, "AUTHENTICATION_NOT_SUPPORTED",
                                          "this broker requires authentication (authRequired / aclEnabled) and the "
-                                         "dashboard cannot authenticate: use the metaq CLI for admin actions"))
+                                         "dashboard's admin actions are not checked against the ACLs: use the metaq "
+                                         "CLI for admin actions"))
         try:
             return await handler(request)
         except DashboardError as exc:
@@ -186,29 +203,38 @@ class MetricsServer:
 
     # -- JSON --------------------------------------------------------------------------------------
 
-    def _views(self) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    def _views(self, request: web.Request) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+        """The views; with aclEnabled only the topics and groups the request's principal may describe."""
         snap = take_snapshot(self.broker)
-        return (views.broker_view(self.broker, snap, self.history),
-                views.topics_view(self.broker, snap, self.history), views.groups_view(self.broker, snap))
+        topics = views.topics_view(self.broker, snap, self.history)
+        groups = views.groups_view(self.broker, snap)
+        principal = request.get(PRINCIPAL_KEY)
+        if self.broker.config.acl_enabled:
+            acls = self.broker.acls
+            topics = [t for t in topics
+                      if principal is not None and acls.allows(principal, "topic", t["name"], "describe")]
+            groups = [g for g in groups
+                      if principal is not None and acls.allows(principal, "group", g["name"], "describe")]
+        return views.broker_view(self.broker, snap, self.history), topics, groups
 
     async def _state(self, request: web.Request) -> web.Response:
-        broker, topics, groups = self._views()
+        broker, topics, groups = self._views(request)
         return _json({"broker": broker, "topics": topics, "groups": groups})
 
     async def _broker(self, request: web.Request) -> web.Response:
-        return _json(self._views()[0])
+        return _json(self._views(request)[0])
 
     async def _topics(self, request: web.Request) -> web.Response:
-        return _json({"topics": self._views()[1]})
+        return _json({"topics": self._views(request)[1]})
 
     async def _topic(self, request: web.Request) -> web.Response:
-        return _json(views.find(self._views()[1], request.match_info["topic"], "topic", "UNKNOWN_TOPIC"))
+        return _json(views.find(self._views(request)[1], request.match_info["topic"], "topic", "UNKNOWN_TOPIC"))
 
     async def _groups(self, request: web.Request) -> web.Response:
-        return _json({"groups": self._views()[2]})
+        return _json({"groups": self._views(request)[2]})
 
     async def _group(self, request: web.Request) -> web.Response:
-        return _json(views.find(self._views()[2], request.match_info["group"], "group", "UNKNOWN_GROUP"))
+        return _json(views.find(self._views(request)[2], request.match_info["group"], "group", "UNKNOWN_GROUP"))
 
     async def _history(self, request: web.Request) -> web.Response:
         since = request.query.get("since", "0")

@@ -9,11 +9,10 @@ off the event loop: in the users file of an embedded broker, in ZooKeeper in clu
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from metaq.broker.authorization import CredentialLookup, credential_lookup
 from metaq.broker.session import Session
 from metaq.errors import (
     ConfigError,
@@ -21,38 +20,17 @@ from metaq.errors import (
     InvalidRequestError,
     MetaqError,
     SaslAuthenticationError,
+    TooManyConnectionsError,
     UnsupportedSaslMechanismError,
 )
 from metaq.protocol import messages as m
-from metaq.security.credentials import USERS_FILE_NAME, UsersFile
 from metaq.security.principal import user_principal
-from metaq.security.scram import MECHANISM, ScramCredential, ScramError, ScramServer
+from metaq.security.scram import MECHANISM, ScramError, ScramServer
 
 if TYPE_CHECKING:
     from metaq.broker.core import Broker, Handler
 
 log = logging.getLogger("metaq.broker.auth")
-
-CredentialLookup = Callable[[str], ScramCredential | None]
-
-
-def credential_lookup(broker: Broker) -> CredentialLookup:
-    """Where ``broker`` finds a user's credential (blocking): ZooKeeper in cluster mode, else its users file."""
-    read_user = getattr(broker.cluster.registry, "read_user", None)
-    if broker.cluster.mode == "zookeeper" and read_user is not None:
-        def from_zookeeper(name: str) -> ScramCredential | None:
-            data = read_user(name)
-            if data is None:
-                return None
-            try:
-                return ScramCredential.from_json(json.loads(data))
-            except ValueError as exc:
-                raise ConfigError(f"user {name!r} in ZooKeeper is damaged: {exc}") from None
-
-        return from_zookeeper
-    config = broker.config
-    return UsersFile(config.sasl_users_file or config.data_path / USERS_FILE_NAME).lookup
-
 
 def _refuse(session: Session, exc: MetaqError) -> MetaqError:
     session.close_after_reply = True
@@ -92,7 +70,12 @@ def handle_sasl_authenticate(broker: Broker, req: m.SaslAuthenticateRequest, ses
         log.warning("authentication of %r from %s failed: %s", scram.username, session.peer, exc)
         raise _refuse(session, SaslAuthenticationError(str(exc))) from None
     session.sasl = None
-    session.principal = user_principal(scram.username)
+    principal = user_principal(scram.username)
+    refusal = broker.quotas.reassign(session, principal)
+    if refusal is not None:  # quotaMaxConnections: the password was right, the connection is one too many
+        log.warning("refused %s from %s: %s", principal, session.peer, refusal)
+        raise _refuse(session, TooManyConnectionsError(refusal))
+    session.principal = principal
     log.info("%s authenticated as %s", session.peer, session.principal)
     return m.SaslAuthenticateResponse(auth_bytes=server_final, principal=session.principal)
 

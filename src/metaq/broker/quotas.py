@@ -1,0 +1,208 @@
+"""Quotas per principal: produce and fetch byte rates, and how many connections one principal may hold.
+
+Kafka's model. Bytes are measured per principal (``User:alice``, ``User:<CN>`` for a client certificate,
+:data:`ANONYMOUS` for a connection that has not authenticated where authRequired is off). A request that
+takes a principal over its rate is answered normally, with ``throttle_time_ms`` in the reply saying for
+how long the connection will not be read (the transport mutes it: :attr:`Session.throttle_ms`); the client
+waits that long before it sends more to that broker. Nobody is dropped.
+
+The rate is measured with a virtual clock per (principal, direction) (GCRA, the generic cell rate
+algorithm, which is a leaky bucket): each request moves the principal's "paid until" time forward by
+``bytes / rate``; what lies more than :data:`QUOTA_WINDOW_S` ahead of now is the throttle. So a principal
+may burst one window's worth of bytes, and over any longer span gets the quota, give or take one
+request. A throttle is at most :data:`THROTTLE_MAX_MS` (the debt is kept, so the next request pays the
+rest); only a single request bigger than that many seconds of quota goes faster than the quota.
+
+Slaves' replica fetches are not counted (replication must keep up whatever clients do). The limits are
+read from the broker's configuration at each request, so a reload applies them without a restart.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from metaq.errors import TooManyConnectionsError
+
+if TYPE_CHECKING:
+    from metaq.broker.config import BrokerConfig
+    from metaq.broker.session import Session
+
+ANONYMOUS: Final = "User:ANONYMOUS"
+"""The principal of a connection that has not authenticated (only possible where authRequired is off)."""
+QUOTA_WINDOW_S: Final = 1.0
+"""The burst a principal may send at once (one second of its rate) before it is throttled."""
+THROTTLE_MAX_MS: Final = 10_000
+"""The longest one throttle mutes a connection (well below the clients' request timeout)."""
+PRODUCE: Final = "produce"
+FETCH: Final = "fetch"
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaLimits:
+    """One principal's limits; 0 = unlimited."""
+
+    produce_bytes_per_s: int = 0
+    fetch_bytes_per_s: int = 0
+    connections_max: int = 0
+
+
+def parse_quota_overrides(text: str) -> dict[str, QuotaOverride]:
+    """``User:alice=produce:1m,fetch:2m,connections:10;User:bob=produce:0`` -> principal -> limits.
+
+    A key not given for a principal takes the [system] default (:func:`limits_for`), so the values here
+    are what is set; 0 means unlimited. ValueError names what is wrong.
+    """
+    from metaq.broker.options import InvalidValue, _parse_number
+
+    out: dict[str, QuotaOverride] = {}
+    for part in text.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        principal, eq, spec = part.partition("=")
+        principal = principal.strip()
+        if not eq or not principal.startswith("User:") or len(principal) == len("User:"):
+            raise ValueError(f"{part!r}: write User:NAME=produce:BYTES,fetch:BYTES,connections:N")
+        values: dict[str, int] = {}
+        for item in spec.split(","):
+            key, colon, number = item.strip().partition(":")
+            key = key.strip()
+            if not colon or key not in _OVERRIDE_KEYS:
+                raise ValueError(f"{item.strip()!r} in {principal}: the keys are produce, fetch and connections "
+                                 "(e.g. produce:1m)")
+            try:
+                value = _parse_number(number.strip(), size=key != "connections")
+            except InvalidValue as exc:
+                raise ValueError(f"{principal} {key}: {exc}") from None
+            if value < 0:
+                raise ValueError(f"{principal} {key}: {value} is negative (0 = unlimited)")
+            values[_OVERRIDE_KEYS[key]] = value
+        if principal in out:
+            raise ValueError(f"{principal} is given twice")
+        out[principal] = QuotaOverride(**values)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaOverride:
+    """What quotaOverrides sets for one principal (None: the default)."""
+
+    produce_bytes_per_s: int | None = None
+    fetch_bytes_per_s: int | None = None
+    connections_max: int | None = None
+
+
+_OVERRIDE_KEYS: Final = {"produce": "produce_bytes_per_s", "fetch": "fetch_bytes_per_s",
+                         "connections": "connections_max"}
+
+
+def limits_for(config: BrokerConfig, principal: str) -> QuotaLimits:
+    """The limits of ``principal``: its quotaOverrides entry, over the [system] defaults."""
+    override = config.quota_overrides.get(principal)
+    produce, fetch, conns = (config.quota_producer_byte_rate, config.quota_consumer_byte_rate,
+                             config.quota_max_connections)
+    if override is not None:
+        produce = produce if override.produce_bytes_per_s is None else override.produce_bytes_per_s
+        fetch = fetch if override.fetch_bytes_per_s is None else override.fetch_bytes_per_s
+        conns = conns if override.connections_max is None else override.connections_max
+    return QuotaLimits(produce, fetch, conns)
+
+
+@dataclass(slots=True)
+class PrincipalUsage:
+    """What one principal has used: for throttling, and for /metrics and ``metaq stats``."""
+
+    connections: int = 0
+    paid_until: dict[str, float] | None = None
+    bytes_total: dict[str, int] | None = None
+    throttle_ms_total: dict[str, int] | None = None
+    throttled_total: dict[str, int] | None = None
+    connections_refused: int = 0
+
+
+class Quotas:
+    """The byte rates and connection counts of every principal, against the broker's configuration.
+
+    ``config`` is called for the configuration in force (the broker's, which a reload replaces).
+    Network-free: the transport and the SASL handler call :meth:`admit` / :meth:`release` /
+    :meth:`reassign`; :meth:`Broker.handle <metaq.broker.core.Broker.handle>` calls :meth:`record`.
+    """
+
+    def __init__(self, config: Callable[[], BrokerConfig], clock: Callable[[], float] = time.monotonic) -> None:
+        self._config = config
+        self.clock = clock
+        self.usage: dict[str, PrincipalUsage] = {}
+
+    def _usage(self, principal: str) -> PrincipalUsage:
+        usage = self.usage.get(principal)
+        if usage is None:
+            usage = self.usage[principal] = PrincipalUsage(0, {}, {}, {}, {})
+        return usage
+
+    # -- connections ----------------------------------------------------------------------------
+
+    def admit(self, session: Session, principal: str) -> str | None:
+        """Count ``session`` as one of ``principal``'s connections; the refusal message when that would be
+        over its limit (then it is not counted)."""
+        limit = limits_for(self._config(), principal).connections_max
+        usage = self._usage(principal)
+        if limit and usage.connections >= limit:
+            usage.connections_refused += 1
+            return (f"{principal} already has {usage.connections} connections open to this broker, its limit "
+                    f"(quotaMaxConnections / quotaOverrides); {TooManyConnectionsError.hint.split('; ', 1)[-1]}")
+        usage.connections += 1
+        session.quota_principal = principal
+        return None
+
+    def release(self, session: Session) -> None:
+        principal = session.quota_principal
+        if principal is not None:
+            session.quota_principal = None
+            self._usage(principal).connections -= 1
+
+    def reassign(self, session: Session, principal: str) -> str | None:
+        """``session`` authenticated as ``principal``: count it there instead (the refusal, if over)."""
+        old = session.quota_principal
+        if old == principal:
+            return None
+        self.release(session)
+        refusal = self.admit(session, principal)
+        if refusal is not None and old is not None:
+            self._usage(old).connections += 1
+            session.quota_principal = old
+        return refusal
+
+    # -- byte rates -----------------------------------------------------------------------------
+
+    def record(self, session: Session, direction: str, nbytes: int) -> int:
+        """Count ``nbytes`` of ``direction`` (PRODUCE or FETCH) for the session's principal; the throttle
+        in ms (0: none), also left in ``session.throttle_ms`` for the transport to mute the connection."""
+        principal = session.principal or ANONYMOUS
+        limits = limits_for(self._config(), principal)
+        rate = limits.produce_bytes_per_s if direction == PRODUCE else limits.fetch_bytes_per_s
+        usage = self._usage(principal)
+        assert usage.bytes_total is not None and usage.paid_until is not None
+        usage.bytes_total[direction] = usage.bytes_total.get(direction, 0) + nbytes
+        if not rate:
+            return 0
+        now = self.clock()
+        paid = max(usage.paid_until.get(direction, now), now) + nbytes / rate
+        usage.paid_until[direction] = paid
+        throttle_ms = min(int((paid - now - QUOTA_WINDOW_S) * 1000), THROTTLE_MAX_MS)
+        if throttle_ms <= 0:
+            return 0
+        assert usage.throttle_ms_total is not None and usage.throttled_total is not None
+        usage.throttle_ms_total[direction] = usage.throttle_ms_total.get(direction, 0) + throttle_ms
+        usage.throttled_total[direction] = usage.throttled_total.get(direction, 0) + 1
+        session.throttle_ms = max(session.throttle_ms, throttle_ms)
+        return throttle_ms
+
+    def describe(self) -> dict[str, Any]:
+        """Per principal: connections, bytes, throttles (``metaq stats`` ``quotas``, /metrics)."""
+        return {p: {"connections": u.connections, "connections_refused": u.connections_refused,
+                    "bytes": dict(u.bytes_total or {}), "throttle_ms": dict(u.throttle_ms_total or {}),
+                    "throttled": dict(u.throttled_total or {})}
+                for p, u in sorted(self.usage.items())}
