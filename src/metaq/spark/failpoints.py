@@ -2,9 +2,10 @@
 
 ``METAQ_SPARK_FAILPOINT=<name>:<batch id>`` and ``METAQ_SPARK_FAILPOINT_DIR=<directory>`` in the
 environment of a Spark driver (its executors and Python workers inherit it): the first time the sink
-reaches ``<name>`` for that batch it creates ``<directory>/<name>-<batch id>`` and then blocks forever,
-so a test waits for the file and SIGKILLs the driver exactly there. Without the variables (always,
-outside tests) :func:`reach` returns at once.
+reaches ``<name>`` for that batch it creates ``<directory>/<name>-<batch id>`` and then waits, until the
+test SIGKILLs the driver exactly there, or creates ``<directory>/<name>-<batch id>.release`` to let it go
+on (after restarting a broker, say). Without the variables (always, outside tests) :func:`reach`
+returns at once.
 
 Names: ``write`` (a task has put its first batch into its transaction and not prepared it),
 ``commit`` (every task prepared; the driver has not committed any transaction of the batch),
@@ -14,11 +15,12 @@ Names: ``write`` (a task has put its first batch into its transaction and not pr
 from __future__ import annotations
 
 import os
-import threading
+import time
 from pathlib import Path
 
 ENV = "METAQ_SPARK_FAILPOINT"
 ENV_DIR = "METAQ_SPARK_FAILPOINT_DIR"
+RELEASE_POLL_S = 0.02
 
 
 def reach(name: str, batch_id: int) -> None:
@@ -31,4 +33,6 @@ def reach(name: str, batch_id: int) -> None:
     except FileExistsError:
         return  # reached before (another task): only the first one stops
     os.close(fd)
-    threading.Event().wait()  # until the test kills the process
+    release = marker.with_name(marker.name + ".release")
+    while not release.exists():  # until the test lets it go, or kills the process
+        time.sleep(RELEASE_POLL_S)

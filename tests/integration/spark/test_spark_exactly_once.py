@@ -119,3 +119,35 @@ def test_exactly_once_after_the_driver_is_killed(spark: Any, broker: BrokerProce
         proc.wait(30)
     _run_to_the_end(spark, broker, checkpoint)
     assert _sink_rows(broker.servers, "dst") == _source_history(produced)
+
+
+@pytest.mark.slow
+def test_exactly_once_across_a_broker_kill_between_prepare_and_commit(spark: Any, broker: BrokerProcess,
+                                                                      tmp_path: Path) -> None:
+    """The broker is killed -9 after the tasks prepared batch 2 and restarted before the driver commits:
+    the prepared transactions survived, the driver commits them, and the query goes on; killing the
+    driver afterwards and restarting changes nothing."""
+    produced = _setup(broker)
+    checkpoint, markers = tmp_path / "checkpoint", tmp_path / "failpoints"
+    markers.mkdir()
+    job = Path(__file__).parent / "spark_eos_job.py"
+    env = {**os.environ, ENV: "commit:2", ENV_DIR: str(markers)}
+    proc = subprocess.Popen([sys.executable, str(job), broker.servers, "src", "dst", str(checkpoint)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        marker = markers / "commit-2"
+        wait_until(lambda: proc.poll() is not None or marker.exists(), 180, 0.02,
+                   "the child query to have batch 2 prepared")
+        broker.kill()
+        broker.start()
+        assert _sink_rows(broker.servers, "dst") == _source_history(produced, _batch_end(checkpoint, 1, "src"))
+        marker.with_name(marker.name + ".release").touch()
+        wait_until(lambda: proc.poll() is not None or _sink_rows(broker.servers, "dst") == _source_history(produced),
+                   180, 0.1, "the child query to commit batch 2 and copy the rest")
+        assert proc.poll() is None, "the streaming job exited (did the commit after the broker restart fail?)"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    _run_to_the_end(spark, broker, checkpoint)
+    assert _sink_rows(broker.servers, "dst") == _source_history(produced)
