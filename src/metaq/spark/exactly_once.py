@@ -25,9 +25,10 @@ What it relies on: the broker remembers finished transactions across restarts (t
 FINISHED_REMEMBERED, carried by its transaction-log checkpoints), and a replayed batch gives each
 Spark partition the same rows (true for metaq's own source and Spark's file and rate sources, which
 plan a batch from the offsets in the checkpoint; a non-deterministic query breaks it, as it breaks
-every exactly-once sink). Prepared transactions the driver never commits are rolled back after their
-timeout (``transactionTimeoutMs``, at most the broker's ``maxTxTimeoutInSeconds``): keep it above the
-time a micro-batch takes.
+every exactly-once sink), and no two attempts of one task write at the same time (Spark's
+speculative execution off, its default: a zombie attempt's prepare is not fenced off). Prepared
+transactions the driver never commits are rolled back after their timeout (``transactionTimeoutMs``,
+at most the broker's ``maxTxTimeoutInSeconds``): keep it above the time a micro-batch takes.
 """
 
 from __future__ import annotations
@@ -227,10 +228,16 @@ def commit_prepared(transactions: list[tuple[int, str]], opts: WriteOptions, bat
         return 0
     with BlockingClient(opts.servers, client_id="metaq-spark-eos-commit", timeout_s=opts.timeout_ms / 1000,
                         tls=opts.tls, username=opts.user, password=opts.password) as client:
-        for i, (broker_id, txid) in enumerate(transactions):
-            _commit_one(client, broker_id, txid, opts.timeout_ms)
-            if i == 0:
-                failpoints.reach("mid-commit", batch_id)
+        (first_broker, first), rest = transactions[0], transactions[1:]
+        _commit_one(client, first_broker, first, opts.timeout_ms)
+        failpoints.reach("mid-commit", batch_id)
+        try:  # the rest pipelined: a window of commits per round trip, not one
+            for _resp in client.iter_requests(((b, m.TransactionRequest(m.TX_COMMIT, txid)) for b, txid in rest),
+                                              window=opts.max_in_flight):
+                pass
+        except MetaqError:  # one was refused: go through them one by one ("committed" is success)
+            for broker_id, txid in rest:
+                _commit_one(client, broker_id, txid, opts.timeout_ms)
     return len(transactions)
 
 
