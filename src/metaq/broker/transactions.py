@@ -30,7 +30,15 @@ from metaq.errors import (
     OutOfOrderSequenceError,
 )
 from metaq.protocol.records import SEQUENCE_LIMIT, ProducerStamp
-from metaq.storage.txlog import CHECKPOINT_BYTES, COMMITTED, ROLLED_BACK, TransactionLog, TxPut, TxState
+from metaq.storage.txlog import (
+    CHECKPOINT_BYTES,
+    COMMITTED,
+    HOW_CHARS_MAX,
+    ROLLED_BACK,
+    TransactionLog,
+    TxPut,
+    TxState,
+)
 
 log = logging.getLogger("metaq.broker.transactions")
 
@@ -227,7 +235,7 @@ class TransactionCoordinator:
     def _end(self, txid: str, how: str) -> None:
         self.live.pop(txid, None)
         self.finished.pop(txid, None)
-        self.finished[txid] = how
+        self.finished[txid] = how[:HOW_CHARS_MAX]  # as the log keeps it: the same answer after a restart
         self._forget_oldest()
 
     def _forget_oldest(self) -> None:
