@@ -213,3 +213,42 @@ def test_kill_9_while_transactions_commit_leaves_each_whole_or_absent(
     assert not broken, f"transactions stored in part or twice: {list(broken.items())[:5]}"
     missing = [n for n in committed if n not in counts]
     assert not missing, f"acknowledged commits lost: {missing[:5]}"
+
+
+def _status(broker: BrokerProcess, txid: str) -> str:
+    (response,) = _call(broker, m.TransactionRequest(m.TX_STATUS, txid))
+    return str(response.xids[0])  # type: ignore[attr-defined]
+
+
+def test_how_a_transaction_ended_survives_kill_9_and_checkpoints(
+        broker_factory: Callable[..., BrokerProcess]) -> None:
+    """The exactly-once Spark sink asks "was X committed?" after a driver or broker restart: the answer
+    must not change with a kill -9, nor when a checkpoint has dropped the records it came from."""
+    broker = broker_factory({"numPartitions": 1, "checkpointInterval": 200})
+    put = {txid: m.ProduceRequest("t", 0, 1, 10_000, transaction_id=txid, records=_stamped([txid.encode()], 5 + i))
+           for i, txid in enumerate(("c-1", "r-1", "o-1", "p-1"))}
+    _call(broker, m.TransactionRequest(m.TX_BEGIN, "c-1"), put["c-1"], m.TransactionRequest(m.TX_COMMIT, "c-1"),
+          m.TransactionRequest(m.TX_BEGIN, "r-1"), put["r-1"], m.TransactionRequest(m.TX_ROLLBACK, "r-1"),
+          m.TransactionRequest(m.TX_BEGIN, "o-1"), put["o-1"],
+          m.TransactionRequest(m.TX_BEGIN, "p-1"), put["p-1"], m.TransactionRequest(m.TX_PREPARE, "p-1", xid="p-1"))
+    expected = {"c-1": "committed", "r-1": "rolled back (rolled back by the client)", "o-1": "open",
+                "p-1": "prepared", "never": "unknown"}
+    assert {txid: _status(broker, txid) for txid in expected} == expected
+    broker.kill()
+    broker.start()
+    expected["o-1"] = "rolled back (the broker restarted before it was prepared or committed)"
+    assert {txid: _status(broker, txid) for txid in expected} == expected
+    # a checkpoint starts a log generation without those records: the outcomes go along (DONE records)
+    checkpoints = _stats(broker)["transactions"]["checkpoints"]
+    wait_until(lambda: _stats(broker)["transactions"]["checkpoints"] >= checkpoints + 2, timeout_s=10,
+               message="two transaction log checkpoints")
+    broker.kill()
+    broker.start()
+    assert {txid: _status(broker, txid) for txid in expected} == expected
+    with pytest.raises(InvalidTxnStateError, match="committed"):  # a committed id is never begun again
+        _call(broker, m.TransactionRequest(m.TX_BEGIN, "c-1"))
+    _call(broker, m.TransactionRequest(m.TX_BEGIN, "r-1"),  # a rolled-back one may be
+          m.ProduceRequest("t", 0, 1, 10_000, transaction_id="r-1", records=_stamped([b"r-1 again"], 99)),
+          m.TransactionRequest(m.TX_COMMIT, "r-1"), m.TransactionRequest(m.TX_COMMIT, "p-1"))
+    assert _status(broker, "r-1") == "committed"
+    assert _read_all(broker, "t") == [b"c-1", b"r-1 again", b"p-1"]

@@ -30,15 +30,29 @@ from metaq.errors import (
     OutOfOrderSequenceError,
 )
 from metaq.protocol.records import SEQUENCE_LIMIT, ProducerStamp
-from metaq.storage.txlog import CHECKPOINT_BYTES, TransactionLog, TxPut, TxState
+from metaq.storage.txlog import (
+    CHECKPOINT_BYTES,
+    COMMITTED,
+    HOW_CHARS_MAX,
+    ROLLED_BACK,
+    TransactionLog,
+    TxPut,
+    TxState,
+)
 
 log = logging.getLogger("metaq.broker.transactions")
 
 MAX_TXID_CHARS = 128
 MAX_TRANSACTION_BYTES = 256 << 20
 """Bytes of batches one transaction may hold (they sit in the transaction log until it ends)."""
-FINISHED_REMEMBERED = 10_000
-"""Finished transactions remembered with how they ended, so that a late commit is told why it failed."""
+FINISHED_REMEMBERED = 100_000
+"""Finished transactions remembered with how they ended: a late commit is told why it failed, and
+"was transaction X committed?" (the Transaction status op; the exactly-once Spark sink asks it after a
+driver restart) is answered for the last this-many finished transactions, across broker restarts
+too (the transaction log's checkpoints carry them). About 100 bytes of memory each."""
+
+OPEN, PREPARED, COMMITTING, UNKNOWN = "open", "prepared", "committing", "unknown"
+"""What the status op answers besides "committed" and "rolled back (reason)"."""
 
 
 @dataclass(slots=True)
@@ -90,9 +104,12 @@ class TransactionCoordinator:
     def open(self) -> list[Transaction]:
         """Replay the log. Open transactions are rolled back (their client is gone with the broker's
         connections); prepared ones stay, with a fresh timeout; committed-but-not-applied ones are
-        returned, for the caller to apply again."""
+        returned, for the caller to apply again. Finished ones are remembered as before the restart."""
         to_apply: list[Transaction] = []
-        for state in self.txlog.open().values():
+        live = self.txlog.open()
+        self.finished = OrderedDict(self.txlog.finished)
+        self._forget_oldest()
+        for state in live.values():
             tx = self._track(state, state.timeout_ms)
             for put in state.puts:
                 tx.sequences.setdefault((put.topic, put.partition), [])
@@ -115,14 +132,17 @@ class TransactionCoordinator:
         if timeout_ms < 0 or timeout_ms > self.max_timeout_ms:
             raise InvalidTransactionTimeoutError(
                 f"transaction timeout {timeout_ms} ms is outside 0..{self.max_timeout_ms} (maxTxTimeoutInSeconds)")
-        if txid in self.live or txid in self.finished:
-            raise InvalidTxnStateError(f"transaction {txid} was begun before; a transaction id is used once")
+        how = self.finished.get(txid)
+        if txid in self.live or (how is not None and not how.startswith(ROLLED_BACK)):
+            raise InvalidTxnStateError(f"transaction {txid} was begun before ({self.status(txid)}); a transaction "
+                                       "id is used once (again only after a rollback)")
         if len(self.live) >= self.capacity:
             raise ConcurrentTransactionsError(f"{len(self.live)} transactions are open on this broker "
                                               f"(maxTxTimeoutTimerCapacity={self.capacity})")
         timeout_ms = timeout_ms or self.max_timeout_ms
         state = TxState(txid, timeout_ms, int(time.time() * 1000), producer_group)
         self.txlog.begin(state)
+        self.finished.pop(txid, None)
         return self._track(state, timeout_ms)
 
     def _track(self, state: TxState, timeout_ms: int) -> Transaction:
@@ -192,21 +212,33 @@ class TransactionCoordinator:
 
     def finish_commit(self, tx: Transaction) -> None:
         self.txlog.applied(tx.txid)
-        self._end(tx.txid, "committed")
+        self._end(tx.txid, COMMITTED)
         self.committed += 1
 
     def rollback(self, txid: str, reason: str) -> None:
         tx = self.get(txid)
         self.txlog.rollback(txid, reason)
-        self._end(tx.txid, f"rolled back ({reason})")
+        self._end(tx.txid, f"{ROLLED_BACK} ({reason})")
         self.rolled_back += 1
+
+    def status(self, txid: str) -> str:
+        """Where a transaction is: open, prepared, committing, committed, "rolled back (reason)", or
+        unknown (never begun here, or finished longer ago than the last FINISHED_REMEMBERED)."""
+        tx = self.live.get(txid)
+        if tx is not None:
+            return COMMITTING if tx.committing else PREPARED if tx.state.xid is not None else OPEN
+        return self.finished.get(txid, UNKNOWN)
 
     def recover(self) -> list[str]:
         return sorted(tx.state.xid for tx in self.live.values() if tx.state.xid is not None and not tx.committing)
 
     def _end(self, txid: str, how: str) -> None:
         self.live.pop(txid, None)
-        self.finished[txid] = how
+        self.finished.pop(txid, None)
+        self.finished[txid] = how[:HOW_CHARS_MAX]  # as the log keeps it: the same answer after a restart
+        self._forget_oldest()
+
+    def _forget_oldest(self) -> None:
         while len(self.finished) > FINISHED_REMEMBERED:
             self.finished.popitem(last=False)
 
@@ -273,7 +305,7 @@ class TransactionCoordinator:
 
     def checkpoint(self) -> None:
         """Blocking (the caller decides where): a new log generation with only the live transactions."""
-        self.txlog.checkpoint([tx.state for tx in self.live.values()])
+        self.txlog.checkpoint([tx.state for tx in self.live.values()], self.finished.items())
         self._last_checkpoint_s = self._clock()
 
     def read_batch(self, put: TxPut) -> bytes:

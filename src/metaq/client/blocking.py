@@ -173,6 +173,11 @@ class BlockingClient:
         """
         yield from self._pipeline(((self._bootstrap(), r) for r in requests), window, check)
 
+    def iter_requests(self, items: Iterable[tuple[int, Any]], *, window: int = DEFAULT_WINDOW) -> Iterator[Any]:
+        """Responses to (broker id, request) pairs in order, pipelined per broker connection (at most
+        ``window`` unanswered); the first error raises after the replies in flight are read."""
+        yield from self._pipeline(((self._connection(broker_id), r) for broker_id, r in items), window, True)
+
     def _pipeline(self, items: Iterable[tuple[BlockingConnection, Any]], window: int, check: bool) -> Iterator[Any]:
         if window < 1:
             raise InvalidArgument(f"window must be >= 1; got {window}")

@@ -685,15 +685,18 @@ TX_PREPARE = 1
 TX_COMMIT = 2
 TX_ROLLBACK = 3
 TX_RECOVER = 4
+TX_STATUS = 5
 TX_OPS = {TX_BEGIN: "begin", TX_PREPARE: "prepare", TX_COMMIT: "commit", TX_ROLLBACK: "rollback",
-          TX_RECOVER: "recover"}
+          TX_RECOVER: "recover", TX_STATUS: "status"}
 
 
 @dataclass
 class TransactionRequest(_Base):
     op: int = TX_BEGIN
     """begin (0), prepare (1: XA phase one), commit (2: one phase from open, or phase two from prepared),
-    rollback (3), recover (4: list the prepared transactions' xids)."""
+    rollback (3), recover (4: list the prepared transactions' xids), status (5: where ``transaction_id``
+    is: open, prepared, committing, committed, "rolled back (reason)" or unknown, as the one string of
+    ``xids``)."""
     transaction_id: str = ""
     """The client's name for the transaction (unique; 1-128 characters); unused by recover."""
     xid: str = ""
@@ -724,7 +727,7 @@ class TransactionResponse(_Base):
     committed: list[CommittedBatch] = field(default_factory=list)
     """commit: where each batch of the transaction was stored, in the order they were put."""
     xids: list[str] = field(default_factory=list)
-    """recover: the prepared transactions' xids."""
+    """recover: the prepared transactions' xids; status: one string, the transaction's state."""
     FIELDS: ClassVar = (*_ERR, Field("committed", Array(Struct(CommittedBatch))), Field("xids", Array(STRING)))
 
 

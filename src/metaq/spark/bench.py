@@ -8,7 +8,12 @@ with ``--rows`` messages of ``--size`` bytes, then times, after one warm-up quer
 - batch read: ``spark.read.format("metaq")...load()`` into the ``noop`` sink;
 - streaming read: ``readStream`` with ``trigger(availableNow=True)`` into ``noop``;
 - batch write: a DataFrame of ``--rows`` binary values (generated in the JVM) into another topic;
-- the same with a key and an attribute per row (the per-row BatchBuilder path).
+- the same with a key and an attribute per row (the per-row BatchBuilder path);
+- streaming copy: ``readStream`` of the filled topic (``maxOffsetsPerTrigger`` = ``--stream-batch-rows``,
+  ``trigger(availableNow=True)``) into a new topic with the sink's ``deliveryGuarantee`` at-least-once,
+  then exactly-once (each micro-batch in prepared transactions the driver commits), same run.
+
+``--sink-only`` runs just the two streaming copies.
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--stream-batch-rows", type=int, default=250_000)
+    ap.add_argument("--sink-only", action="store_true")
     args = ap.parse_args(argv)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -132,10 +139,33 @@ def run(servers: str, args: argparse.Namespace) -> None:
         (keyed.write.format("metaq").option("servers", servers).option("topic", keyed_topic)
          .mode("append").save())
 
-    timed("batch read -> noop", batch_read, args.rows, args.repeat)
-    timed("stream read (availableNow) -> noop", stream_read, args.rows, args.repeat)
-    timed("batch write (spark.range -> metaq)", batch_write, args.rows, args.repeat)
-    timed("batch write with key + attribute (crc32(key) partitioning)", keyed_write, args.rows, args.repeat)
+    def stream_copy(guarantee: str) -> Callable[[], None]:
+        def run_once() -> None:
+            target = f"{topic}-{guarantee}-{uuid.uuid4().hex[:6]}"
+            with BlockingClient(servers) as client:  # exactly-once writes into existing topics only
+                client.request(CreateTopicRequest(target, args.partitions))
+            query = (spark.readStream.format("metaq").option("servers", servers).option("topic", topic)
+                     .option("maxOffsetsPerTrigger", str(args.stream_batch_rows)).load().select("value")
+                     .writeStream.format("metaq").option("servers", servers).option("topic", target)
+                     .option("deliveryGuarantee", guarantee)
+                     .option("checkpointLocation", os.path.join(checkpoints, uuid.uuid4().hex))
+                     .trigger(availableNow=True).start())
+            query.awaitTermination()
+            with BlockingClient(servers) as client:  # the figure counts only if every row arrived, once
+                ends = client.list_offsets_many(target, client.partitions_for(target), -1)
+                stored = sum(r.offset for r in ends.values())
+            if stored != args.rows:
+                raise SystemExit(f"{target}: {stored} messages after copying {args.rows} rows")
+        return run_once
+
+    if not args.sink_only:
+        timed("batch read -> noop", batch_read, args.rows, args.repeat)
+        timed("stream read (availableNow) -> noop", stream_read, args.rows, args.repeat)
+        timed("batch write (spark.range -> metaq)", batch_write, args.rows, args.repeat)
+        timed("batch write with key + attribute (crc32(key) partitioning)", keyed_write, args.rows, args.repeat)
+    for guarantee in ("at-least-once", "exactly-once"):
+        timed(f"stream copy metaq -> metaq sink, deliveryGuarantee={guarantee} "
+              f"(maxOffsetsPerTrigger={args.stream_batch_rows})", stream_copy(guarantee), args.rows, args.repeat)
     spark.stop()
 
 

@@ -34,6 +34,8 @@ DEFAULT_MAX_BYTES_PER_FETCH = 4 * 1024 * 1024
 DEFAULT_BATCH_BYTES = 1024 * 1024
 DEFAULT_TIMEOUT_MS = 30_000
 DEFAULT_MAX_IN_FLIGHT = 16
+AT_LEAST_ONCE, EXACTLY_ONCE = "at-least-once", "exactly-once"
+"""The values of the sink's ``deliveryGuarantee`` option."""
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:
@@ -299,6 +301,15 @@ class WriteOptions:
     user: str | None = None
     """Authenticate as this user (options ``user`` and ``password``; SASL SCRAM-SHA-256)."""
     password: str | None = field(default=None, repr=False)
+    exactly_once: bool = False
+    """Option ``deliveryGuarantee``: ``exactly-once`` writes each task's rows in transactions that the
+    driver commits (docs/spark.md); ``at-least-once`` (the default) appends them as they come."""
+    transaction_timeout_ms: int = 0
+    """Option ``transactionTimeoutMs`` (exactly-once): the brokers roll back a task's transaction that
+    the driver has not committed within this (0: the broker's maxTxTimeoutInSeconds)."""
+    checkpoint_scope: str | None = None
+    """A digest of the ``checkpointLocation`` option: names a query's transactions should Spark not
+    give a task the query's id."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
@@ -318,6 +329,18 @@ class WriteOptions:
         timeout_ms = _int_option(options, "timeoutMs", DEFAULT_TIMEOUT_MS, 1)
         assert max_in_flight is not None and timeout_ms is not None
         zk_connect, zk_root = _zookeeper(options)
+        guarantee = (_get(options, "deliveryGuarantee") or AT_LEAST_ONCE).strip().lower()
+        if guarantee not in (AT_LEAST_ONCE, EXACTLY_ONCE):
+            raise ConfigError(f"option 'deliveryGuarantee': {guarantee!r} is not {AT_LEAST_ONCE} or {EXACTLY_ONCE}")
+        exactly_once = guarantee == EXACTLY_ONCE
+        if exactly_once and acks == 0:
+            raise ConfigError("option 'acks': 0 (one-way) cannot be exactly-once; leave acks at 1")
+        transaction_timeout_ms = _int_option(options, "transactionTimeoutMs", 0, 0)
+        assert transaction_timeout_ms is not None
+        checkpoint = _get(options, "checkpointLocation")
+        checkpoint_scope = hashlib.sha256(checkpoint.encode()).hexdigest()[:32] if checkpoint else None
         return cls(servers=_servers(options), topic=_topic(options, required=False), batch_bytes=batch_bytes,
                    compression=compression, acks=acks, max_in_flight=max_in_flight, timeout_ms=timeout_ms,
-                   zk_connect=zk_connect, zk_root=zk_root, tls=_tls(options), **_credentials(options))
+                   zk_connect=zk_connect, zk_root=zk_root, tls=_tls(options), **_credentials(options),
+                   exactly_once=exactly_once, transaction_timeout_ms=transaction_timeout_ms,
+                   checkpoint_scope=checkpoint_scope)

@@ -51,6 +51,8 @@ class WriteStats:
     rows: int = 0
     batches: int = 0
     ranges: dict[str, list[int]] = field(default_factory=dict)
+    skipped_rows: int = 0
+    """Exactly-once: rows not sent because an earlier run of the batch committed them."""
 
     def add(self, topic: str, partition: PartitionId | None, base_offset: int, count: int) -> None:
         self.rows += count

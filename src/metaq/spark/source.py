@@ -52,6 +52,15 @@ from metaq.errors import ConfigError, ConnectionClosedError, RequestTimeoutError
 from metaq.net.retry import RetryPolicy
 from metaq.spark.arrow import DataLossError, read_range
 from metaq.spark.brokers import DriverBrokers
+from metaq.spark.exactly_once import (
+    TaskTransaction,
+    WriteIdentity,
+    commit_prepared,
+    new_batch_identity,
+    roll_back_prepared,
+    streaming_identity,
+    write_prepared,
+)
 from metaq.spark.offsets import (
     Bounds,
     OffsetRange,
@@ -387,33 +396,66 @@ class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 @dataclass
 class MetaqCommitMessage(WriterCommitMessage):
-    """What one write task appended: rows, batches and [first, last] offsets per topic-partition."""
+    """What one write task appended: rows, batches and [first, last] offsets per topic-partition;
+    exactly-once: the task's transactions as [broker id, txid, committed before], for the driver."""
 
     rows: int
     batches: int
     ranges: dict[str, list[int]]
+    transactions: list[list[Any]] = dataclasses.field(default_factory=list)
+    skipped_rows: int = 0
 
 
-def _commit_message(stats: WriteStats) -> MetaqCommitMessage:
-    return MetaqCommitMessage(stats.rows, stats.batches, stats.ranges)
+def _commit_message(stats: WriteStats, transactions: list[TaskTransaction] | None = None) -> MetaqCommitMessage:
+    txs = [[tx.broker_id, tx.txid, tx.done] for tx in transactions or ()]
+    return MetaqCommitMessage(stats.rows, stats.batches, stats.ranges, txs, stats.skipped_rows)
+
+
+def _prepared(messages: list[WriterCommitMessage | None]) -> list[tuple[int, str]]:
+    """The transactions the tasks prepared (not those an earlier run of the batch committed)."""
+    return [(int(b), str(txid)) for msg in messages if isinstance(msg, MetaqCommitMessage)
+            for b, txid, done in msg.transactions if not done]
 
 
 def _summary(messages: list[WriterCommitMessage | None]) -> str:
     rows = sum(m.rows for m in messages if isinstance(m, MetaqCommitMessage))
-    return f"{rows} rows from {len(messages)} tasks"
+    skipped = sum(m.skipped_rows for m in messages if isinstance(m, MetaqCommitMessage))
+    again = f" ({skipped} more committed by an earlier run)" if skipped else ""
+    return f"{rows} rows{again} from {len(messages)} tasks"
+
+
+def _write_task(iterator: Iterator[Any], opts: WriteOptions, identity: WriteIdentity | None) -> MetaqCommitMessage:
+    if not opts.exactly_once:
+        return _commit_message(write_arrow(iterator, opts))
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    spark_partition = context.partitionId() if context is not None else 0
+    if identity is None:
+        identity = streaming_identity(context, opts.checkpoint_scope)
+    stats, transactions = write_prepared(iterator, opts, identity, spark_partition)
+    return _commit_message(stats, transactions)
 
 
 class MetaqWriter(DataSourceArrowWriter):
     def __init__(self, opts: WriteOptions) -> None:
         self.opts = opts
+        self.identity = new_batch_identity() if opts.exactly_once else None
+        """Exactly-once: made on the driver, so that every task (and its retries) names the same write."""
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
-        return _commit_message(write_arrow(iterator, self.opts))
+        return _write_task(iterator, self.opts, self.identity)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.opts.exactly_once:
+            commit_prepared(_prepared(messages), self.opts, 0)
         log.info("metaq sink: wrote %s", _summary(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.opts.exactly_once:
+            roll_back_prepared(_prepared(messages), self.opts)
+            log.warning("metaq sink: write aborted; the transactions of %s were rolled back", _summary(messages))
+            return
         # Appends cannot be taken back: what the successful tasks sent stays in the topic.
         log.warning("metaq sink: write aborted after %s had been appended", _summary(messages))
 
@@ -423,12 +465,19 @@ class MetaqStreamWriter(DataSourceStreamArrowWriter):
         self.opts = opts
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
-        return _commit_message(write_arrow(iterator, self.opts))
+        return _write_task(iterator, self.opts, None)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        if self.opts.exactly_once:
+            commit_prepared(_prepared(messages), self.opts, batchId)
         log.info("metaq sink: batch %d wrote %s", batchId, _summary(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        if self.opts.exactly_once:
+            roll_back_prepared(_prepared(messages), self.opts)
+            log.warning("metaq sink: batch %d aborted; the transactions of %s were rolled back", batchId,
+                        _summary(messages))
+            return
         log.warning("metaq sink: batch %d aborted after %s had been appended", batchId, _summary(messages))
 
 

@@ -14,15 +14,20 @@ type        payload
 4 COMMIT    txid
 5 ROLLBACK  txid, reason
 6 APPLIED   txid (every batch of the committed transaction is in its partition)
+7 DONE      txid, how (written by a checkpoint: a finished transaction and how it ended)
 ==========  ================================================================================
 
 Strings are ``u16 length + UTF-8``. Replaying the records gives the transactions that are still live:
-open, prepared, or committed but not yet applied.
+open, prepared, or committed but not yet applied, and the finished ones with how they ended
+(``APPLIED``: "committed", ``ROLLBACK``: "rolled back (reason)", ``DONE``: as written), in the order they
+finished: "was transaction X committed?" is answered after a restart too (the exactly-once Spark sink
+relies on it).
 
 **Files and checkpoints.** The log lives in ``<dataPath>/txlog/`` as generations
 ``<20-digit number>.txlog``; only the newest is appended to and replayed. A checkpoint
-(``checkpointInterval``, or when the file grows past :data:`CHECKPOINT_BYTES`) writes the live
-transactions' records into the next generation (a temporary file, fsynced, renamed, directory fsynced)
+(``checkpointInterval``, or when the file grows past :data:`CHECKPOINT_BYTES`) writes the finished
+transactions the caller still remembers (``DONE`` records) and the live transactions' records into the
+next generation (a temporary file, fsynced, renamed, directory fsynced)
 and switches to it, so replay never reads more than the live state plus what came after; the newest
 ``maxCheckpoints`` generations are kept, the older ones deleted.
 
@@ -49,8 +54,15 @@ from metaq.storage.errors import is_disk_full
 
 log = logging.getLogger(__name__)
 
-BEGIN, PUT, PREPARE, COMMIT, ROLLBACK, APPLIED = 1, 2, 3, 4, 5, 6
-_NAMES = {BEGIN: "BEGIN", PUT: "PUT", PREPARE: "PREPARE", COMMIT: "COMMIT", ROLLBACK: "ROLLBACK", APPLIED: "APPLIED"}
+BEGIN, PUT, PREPARE, COMMIT, ROLLBACK, APPLIED, DONE = 1, 2, 3, 4, 5, 6, 7
+_NAMES = {BEGIN: "BEGIN", PUT: "PUT", PREPARE: "PREPARE", COMMIT: "COMMIT", ROLLBACK: "ROLLBACK", APPLIED: "APPLIED",
+          DONE: "DONE"}
+COMMITTED = "committed"
+"""How a committed transaction ended (its ``APPLIED`` is logged)."""
+ROLLED_BACK = "rolled back"
+"""How a rolled-back transaction's ending starts: ``"rolled back (reason)"``."""
+HOW_CHARS_MAX = 300
+"""A finished transaction's ending is kept to this many characters (the reason can be long)."""
 _HEAD = struct.Struct(">II")
 _TYPE = struct.Struct(">B")
 _U16 = struct.Struct(">H")
@@ -178,6 +190,9 @@ class TransactionLog:
         self.truncated_bytes = 0
         """Bytes cut from a torn tail at open."""
         self.checkpoints = 0
+        self.finished: dict[str, str] = {}
+        """After :meth:`open`: the finished transactions the log knows, txid -> how it ended, in the order
+        they finished (the caller bounds how many it keeps, and hands them back to :meth:`checkpoint`)."""
 
     @property
     def path(self) -> Path:
@@ -199,6 +214,7 @@ class TransactionLog:
             raise StorageError(f"cannot open the transaction log {self.path}: {exc}") from exc
         size = os.fstat(self._fd).st_size
         live: dict[str, TxState] = {}
+        self.finished = {}
         end = 0
         for position, kind, payload, payload_at in iter_records(self._fd, size):
             try:
@@ -224,7 +240,14 @@ class TransactionLog:
         if kind == BEGIN:
             timeout_ms, begun_ms = r.i64(), r.i64()
             live[txid] = TxState(txid, timeout_ms, begun_ms, r.s())
+            self.finished.pop(txid, None)  # a rolled-back transaction id begun again
             return
+        if kind in (ROLLBACK, APPLIED, DONE):
+            how = COMMITTED if kind == APPLIED else r.s() if kind == DONE else f"{ROLLED_BACK} ({r.s()})"
+            self.finished.pop(txid, None)
+            self.finished[txid] = how[:HOW_CHARS_MAX]
+            if kind == DONE:
+                return
         state = live.get(txid)
         if state is None:
             if kind not in (ROLLBACK, APPLIED):
@@ -309,11 +332,14 @@ class TransactionLog:
 
     # -- checkpoints -----------------------------------------------------------------------------
 
-    def checkpoint(self, live: Iterable[TxState]) -> None:
-        """Start the next generation holding only the live transactions (their batches copied), then
-        drop generations beyond ``max_checkpoints``. The TxState objects are updated to the new
-        positions. Blocking: the caller runs it where it may block (it is rare)."""
+    def checkpoint(self, live: Iterable[TxState], finished: Iterable[tuple[str, str]] = ()) -> None:
+        """Start the next generation holding only the ``finished`` transactions (txid, how it ended:
+        ``DONE`` records, oldest first) and the live ones (their batches copied), then drop generations
+        beyond ``max_checkpoints``. The TxState objects are updated to the new positions. Blocking: the
+        caller runs it where it may block (it is rare)."""
         states = list(live)
+        done = b"".join(bytes(c) for txid, how in finished
+                        for c in encode_record(DONE, _s(txid), _s(how[:HOW_CHARS_MAX])))
         generation = self._generation + 1
         final = _generation_path(self.directory, generation)
         tmp = final.with_name(final.name + ".tmp")
@@ -321,7 +347,8 @@ class TransactionLog:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                position = 0
+                os.write(fd, done)
+                position = len(done)
                 for state in states:
                     chunks = [encode_record(BEGIN, _s(state.txid), _I64.pack(state.timeout_ms),
                                             _I64.pack(state.begun_ms), _s(state.producer_group))]

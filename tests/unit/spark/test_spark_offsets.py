@@ -178,10 +178,22 @@ def test_streaming_latest_needs_a_checkpoint_location(tmp_path: object) -> None:
     ({"acks": "2"}, "acks"),
     ({"batchBytes": str(64 << 20)}, "batchBytes"),
     ({"topic": "a/b"}, "topic"),
+    ({"deliveryGuarantee": "at-most-once"}, "deliveryGuarantee"),
+    ({"deliveryGuarantee": "exactly-once", "acks": "0"}, "acks"),
+    ({"transactionTimeoutMs": "-1"}, "transactionTimeoutMs"),
 ])
 def test_bad_write_options_name_the_option(options: dict[str, str], option: str) -> None:
     with pytest.raises(ConfigError, match=f"^option '{option}'"):
         WriteOptions.parse(options)
+
+
+def test_the_sink_is_at_least_once_unless_asked_for_exactly_once() -> None:
+    assert not WriteOptions.parse({"topic": "t"}).exactly_once
+    opts = WriteOptions.parse({"topic": "t", "deliveryguarantee": "Exactly-Once", "transactionTimeoutMs": "5000",
+                               "checkpointlocation": "/ck/a"})
+    assert opts.exactly_once and opts.transaction_timeout_ms == 5000
+    # the checkpoint names a query's transactions when Spark does not give its id
+    assert opts.checkpoint_scope != WriteOptions.parse({"topic": "t", "checkpointLocation": "/ck/b"}).checkpoint_scope
 
 
 # -- stream offsets ------------------------------------------------------------------------------

@@ -78,3 +78,28 @@ def test_a_checkpoint_keeps_only_the_live_transactions_and_old_generations_go(tm
     log, again = _open(tmp_path)
     assert set(again) == {"prep", "commit"} and again["prep"].xid == "xid-1"
     assert log.read_batch(again["commit"].puts[0]) == b"batch-of-commit"
+
+
+def test_finished_transactions_are_replayed_with_how_they_ended_also_across_checkpoints(tmp_path: Path) -> None:
+    log, _ = _open(tmp_path)
+    _fill(log)
+    log.rollback("open", "the client asked")
+    again = TxState("open", 60_000, 2, "")  # a rolled-back id may be begun again
+    log.begin(again)
+    log.close()
+    log, live = _open(tmp_path)
+    assert set(live) == {"prep", "commit", "open"}
+    assert log.finished == {"done": "committed"}  # "open" is live again: not finished
+    log.rollback("open", "second time")
+    log.close()
+    log, live = _open(tmp_path)
+    assert log.finished == {"done": "committed", "open": "rolled back (second time)"}
+    # a checkpoint writes only what the caller still remembers, oldest first, with the live ones
+    log.checkpoint(live.values(), [("open", "rolled back (second time)"), ("older", "committed")])
+    log.applied("commit")
+    log.close()
+    log, live = _open(tmp_path)
+    assert set(live) == {"prep"}
+    assert list(log.finished.items()) == [("open", "rolled back (second time)"), ("older", "committed"),
+                                          ("commit", "committed")]
+    assert [log.read_batch(p) for p in live["prep"].puts] == [b"batch-of-prep"]

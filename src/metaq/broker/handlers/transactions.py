@@ -50,6 +50,8 @@ def handle_transaction(broker: Broker, req: m.TransactionRequest, _session: obje
     op = req.op
     if op == m.TX_RECOVER:
         return m.TransactionResponse(xids=coordinator.recover())
+    if op == m.TX_STATUS:
+        return m.TransactionResponse(xids=[coordinator.status(req.transaction_id)])
     broker.refuse_writes_on_slave("transactions")
     if op == m.TX_BEGIN:
         coordinator.begin(req.transaction_id, req.timeout_ms, req.producer_group)
@@ -66,7 +68,8 @@ def handle_transaction(broker: Broker, req: m.TransactionRequest, _session: obje
         return _synced(broker, m.TransactionResponse())  # a prepare is always made durable
     if op == m.TX_COMMIT:
         return _commit(broker, req.transaction_id)
-    raise InvalidRequestError(f"unknown transaction op {op}; 0 begin, 1 prepare, 2 commit, 3 rollback, 4 recover")
+    raise InvalidRequestError(f"unknown transaction op {op}; 0 begin, 1 prepare, 2 commit, 3 rollback, 4 recover, "
+                              "5 status")
 
 
 async def _synced(broker: Broker, response: m.TransactionResponse) -> m.TransactionResponse:
