@@ -62,7 +62,7 @@ log = logging.getLogger("metaq.broker")
 Handler = Callable[["Broker", Any, Session | None], Any]
 """A request handler: (broker, request, session) -> the response, a FileReply, or a coroutine of one."""
 
-REFUSED_WHILE_STOPPING: frozenset[type] = frozenset({m.ProduceRequest, m.FetchRequest})
+REFUSED_WHILE_STOPPING: frozenset[type] = frozenset({m.ProduceRequest, m.FetchRequest, m.MultiFetchRequest})
 BEFORE_AUTHENTICATION: frozenset[type] = frozenset({m.ApiVersionsRequest, m.SaslHandshakeRequest,
                                                     m.SaslAuthenticateRequest})
 """What an unauthenticated connection may send when authRequired is set; anything else is refused and
