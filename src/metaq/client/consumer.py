@@ -173,6 +173,8 @@ class Fetcher:
             log.warning("offset %d of %s:%s was out of range; the broker served from %d", offset, topic, p,
                         got.reset_offset)
         records = got.records
+        if not records:  # most partitions of a long poll's reply: nothing to decode
+            return FetchResult([], start, got.log_start_offset, got.log_end_offset, got.reset_offset)
         messages, next_offset = decode_fetched(records, topic, p.partition, start, self.verify_crc, p.broker_id)
         return FetchResult(messages, next_offset, got.log_start_offset, got.log_end_offset, got.reset_offset,
                            partial=bool(records) and not messages and next_offset == start)

@@ -308,9 +308,10 @@ def _available(plans: list[_Plan]) -> int:
 
 
 def _multi_answer(broker: Broker, req: m.MultiFetchRequest, plans: list[_Plan]) -> m.MultiFetchResponse:
-    """Read every partition, in the request's order, until max_bytes (and maxTransferSize) are used up:
-    the partitions after that answer with no records (the client asks them again)."""
-    budget = min(req.max_bytes, broker.config.max_transfer_bytes)
+    """Read every partition, in the request's order, until max_bytes is used up: the partitions after
+    that answer with no records (the client asks them again). Each partition reads at most
+    maxTransferSize, as a single Fetch; the whole reply at most half the frame limit."""
+    budget = min(req.max_bytes, broker.config.max_frame_bytes // 2)
     out = []
     for plan in plans:
         topic, partition = plan.request.topic, plan.request.partition

@@ -606,8 +606,7 @@ class GroupConsumer:
             else:
                 assert not self.workers, "eager rebalance: everything is revoked before a new assignment"
             stored = await self.offsets.load(self.storage_group, sorted(wanted))
-            for tp in sorted(wanted):
-                await self._start_worker(tp, stored.get(tp))
+            await self._start_workers(sorted(wanted), stored)
             self.stats.rebalances += 1
             self.assigned.set()
 
@@ -618,8 +617,7 @@ class GroupConsumer:
                 return
             wanted = {tp for tp in tps if tp.topic in self.subscriptions and tp not in self.workers}
             stored = await self.offsets.load(self.storage_group, sorted(wanted))
-            for tp in sorted(wanted):
-                await self._start_worker(tp, stored.get(tp))
+            await self._start_workers(sorted(wanted), stored)
             self.stats.rebalances += 1
 
     async def _stop_partitions(self, tps: list[TopicPartition], commit: bool) -> None:
@@ -628,20 +626,29 @@ class GroupConsumer:
             workers = [self.workers.pop(tp) for tp in tps if tp in self.workers]
             await self._stop_workers(workers, commit=commit)
 
-    async def _start_worker(self, tp: TopicPartition, start: int | None) -> None:
-        part = await self._core.partition(tp.topic, tp.partition)
-        if start is None:
+    async def _start_workers(self, tps: list[TopicPartition], stored: dict[TopicPartition, int]) -> None:
+        """Start the workers of ``tps`` from their stored offsets, else from the earliest or latest one.
+
+        Every start position is known before the first worker starts, and those not stored are asked
+        together (pipelined ListOffsets): with a thousand partitions, asking them one by one while the
+        workers already started deliver took longer than the group's session timeout.
+        """
+        async def start_of(tp: TopicPartition) -> tuple[Partition, int, int]:
+            part = await self._core.partition(tp.topic, tp.partition)
+            start = stored.get(tp)
+            if start is not None:
+                return part, start, start
             resp = await read_request(self._core, tp.topic, part,
                                       m.ListOffsetsRequest(tp.topic, part.partition, m.LATEST_TIMESTAMP))
             earliest, latest = resp.log_start_offset, resp.log_end_offset
-            start = latest if self.config.consume_from_max_offset else earliest
-            committed = -1
-        else:
-            committed = start
-        w = _Worker(tp, part, self.subscriptions[tp.topic], start, start, committed,
-                    PartitionContext(tp.topic, tp.partition))
-        self.workers[tp] = w
-        w.task = asyncio.ensure_future(self._run_worker(w))
+            return part, latest if self.config.consume_from_max_offset else earliest, -1
+
+        starts = await asyncio.gather(*(start_of(tp) for tp in tps))
+        for tp, (part, start, committed) in zip(tps, starts, strict=True):
+            w = _Worker(tp, part, self.subscriptions[tp.topic], start, start, committed,
+                        PartitionContext(tp.topic, tp.partition))
+            self.workers[tp] = w
+            w.task = asyncio.ensure_future(self._run_worker(w))
 
     async def _revoke(self, commit: bool) -> None:
         async with self._lock:
