@@ -15,7 +15,7 @@ import uvloop
 from metaq.client import MessageSessionFactory
 from metaq.client.consumer import FetchResult
 from metaq.client.group import ConsumerConfig, create_consumer
-from metaq.errors import OffsetOutOfRangeError
+from metaq.errors import CorruptRecordError, OffsetOutOfRangeError
 from metaq.protocol import messages as m
 from metaq.testing import BrokerProcess
 from metaq.testing.inprocess import InProcessBroker
@@ -89,3 +89,25 @@ def test_a_broker_without_multi_fetch_is_read_partition_by_partition(tmp_path: P
             await session.close()
 
         uvloop.run(main())
+
+
+def test_a_damaged_batch_fails_only_its_own_partition(broker_factory: Callable[..., BrokerProcess]) -> None:
+    broker = broker_factory({"numPartitions": 2})
+
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers) as session:
+            await session.admin().create_topic("dmg", 2)
+            producer = session.create_producer()
+            for p in range(2):
+                assert (await producer.send_batch("dmg", [b"payload-%d" % p] * 3, partition=p)).success
+            segment = sorted((broker.data_dir / "dmg-0").glob("*.log"))[0]
+            data = bytearray(segment.read_bytes())
+            at = data.index(b"payload-0")  # a value byte: the batch's body CRC, checked by the client, fails
+            data[at] ^= 0xFF
+            segment.write_bytes(bytes(data))
+            got = await session.create_pull_consumer().get_many({("dmg", 0): 0, ("dmg", 1): 0})
+            assert isinstance(got[("dmg", PartitionId(0, 0))], CorruptRecordError)
+            healthy = got[("dmg", PartitionId(0, 1))]
+            assert isinstance(healthy, FetchResult) and [bytes(x.data) for x in healthy.messages] == [b"payload-1"] * 3
+
+    uvloop.run(main())

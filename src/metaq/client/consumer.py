@@ -30,7 +30,9 @@ from metaq.client.replicas import ReadReplica
 from metaq.errors import (
     BrokerError,
     ConnectionClosedError,
+    CorruptRecordError,
     InvalidArgument,
+    MetaqError,
     OffsetOutOfRangeError,
     RequestTimeoutError,
 )
@@ -142,13 +144,14 @@ class Fetcher:
 
     async def fetch_many(self, conn: BrokerConnection, wanted: list[tuple[str, Partition, int, int]], *,
                          max_wait_ms: int = 0, max_bytes: int = DEFAULT_MULTI_FETCH_MAX_BYTES, min_bytes: int = 1,
-                         group: str = "") -> list[FetchResult | BrokerError]:
+                         group: str = "") -> list[FetchResult | MetaqError]:
         """One MultiFetch over ``conn`` (a master's connection; ``conn.supports(MULTI_FETCH_API_KEY)``).
 
         ``wanted``: (topic, partition, offset, max_bytes) of partitions of that broker, each at most once.
         Returns, in the same order, each partition's result or its error (OffsetOutOfRangeError with
-        ``earliest``/``latest``, StoredDataCorruptError, ...), as :meth:`fetch` would raise it. An error of
-        the whole request (a limit, a lost connection) is raised.
+        ``earliest``/``latest``, StoredDataCorruptError, a CorruptRecordError of a batch that fails its
+        check here, ...), as :meth:`fetch` would raise it: one partition's error never fails the others.
+        An error of the whole request (a limit, a lost connection) is raised.
         """
         if not wanted:
             return []
@@ -158,11 +161,11 @@ class Fetcher:
         if len(resp.partitions) != len(wanted):
             raise ConnectionClosedError(f"broker {conn.address} answered a MultiFetch of {len(wanted)} partitions "
                                         f"with {len(resp.partitions)}")
-        out: list[FetchResult | BrokerError] = []
+        out: list[FetchResult | MetaqError] = []
         for (topic, p, offset, _pmax), got in zip(wanted, resp.partitions, strict=True):
             try:
                 out.append(self._result(topic, p, offset, got))
-            except BrokerError as exc:
+            except (BrokerError, CorruptRecordError) as exc:
                 out.append(exc)
         return out
 
@@ -272,7 +275,7 @@ class PullConsumer:
     async def get_many(self, positions: Mapping[tuple[str, PartitionKey], int], *,
                        max_bytes: int = DEFAULT_FETCH_MAX_BYTES, max_wait_ms: int = 0,
                        total_max_bytes: int = DEFAULT_MULTI_FETCH_MAX_BYTES
-                       ) -> dict[tuple[str, PartitionId], FetchResult | BrokerError]:
+                       ) -> dict[tuple[str, PartitionId], FetchResult | MetaqError]:
         """Fetch many partitions at once: ``{(topic, partition): offset}`` -> ``{(topic, id): result}``.
 
         One MultiFetch per broker (at most ``max_bytes`` per partition and ``total_max_bytes`` per
@@ -295,22 +298,22 @@ class PullConsumer:
             by_broker.setdefault(p.broker_id, []).append((topic, p, offset, max_bytes))
 
         async def one_broker(broker_id: int, wanted: list[tuple[str, Partition, int, int]]
-                             ) -> list[FetchResult | BrokerError]:
+                             ) -> list[FetchResult | MetaqError]:
             conn = await self._core.connection(broker_id)
             if conn.supports(MULTI_FETCH_API_KEY):
                 return await self.fetcher.fetch_many(conn, wanted, max_wait_ms=max_wait_ms,
                                                      max_bytes=total_max_bytes)
-            out: list[FetchResult | BrokerError] = []
+            out: list[FetchResult | MetaqError] = []
             for topic, p, offset, pmax in wanted:
                 try:
                     out.append(await self.fetcher.fetch(topic, p, offset, max_bytes=pmax, connection=conn))
-                except BrokerError as exc:
+                except (BrokerError, CorruptRecordError) as exc:
                     out.append(exc)
             return out
 
         groups = list(by_broker.items())
         answers = await asyncio.gather(*(one_broker(b, w) for b, w in groups))
-        results: dict[tuple[str, PartitionId], FetchResult | BrokerError] = {}
+        results: dict[tuple[str, PartitionId], FetchResult | MetaqError] = {}
         for (_b, wanted), answer in zip(groups, answers, strict=True):
             for (topic, p, _o, _m), result in zip(wanted, answer, strict=True):
                 results[(topic, p.id)] = result
