@@ -193,3 +193,18 @@ def test_metadata_shows_only_the_topics_a_principal_may_describe(acl_broker: Bro
             assert named[hidden].error_code == TopicAuthorizationError.code and not named[hidden].partitions
     with client(acl_broker, "bob") as bob:
         assert bob.request(m.MetadataRequest()).topics == []
+
+
+def test_a_multi_fetch_needs_consume_on_every_topic_it_names(acl_broker: BrokerProcess) -> None:
+    with client(acl_broker, "root") as root:
+        for topic in ("a", "b", "logs-web"):
+            produce(root, topic, topic.encode())
+    with client(acl_broker, "alice") as alice:
+        allowed = alice.request(m.MultiFetchRequest(0, 1, 1 << 20, "", [
+            m.FetchPartition("a", 0, 0, 1 << 16), m.FetchPartition("logs-web", 0, 0, 1 << 16)]))
+        assert [bytes(r.data) for p in allowed.partitions
+                for r in decode_fetched(p.records, p.topic, 0, 0)[0]] == [b"a", b"logs-web"]
+        # one topic she may not read refuses the whole request, and nothing of "a" is sent either
+        with pytest.raises(TopicAuthorizationError, match="may not consume topic 'b'"):
+            alice.request(m.MultiFetchRequest(0, 1, 1 << 20, "", [
+                m.FetchPartition("a", 0, 0, 1 << 16), m.FetchPartition("b", 0, 0, 1 << 16)]))

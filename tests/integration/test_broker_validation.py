@@ -131,6 +131,8 @@ def _invalid_topic_cases(topic: str) -> dict[int, list[tuple[Any, Callable[[Any]
         20: [(m.FindMessagesRequest(topic, -1, b"k"), top)],
         21: [],  # Transaction names no topic (its batches come in Produce, above)
         22: [],  # CheckTransactions names a producer group, not a topic
+        23: [(m.MultiFetchRequest(0, 1, 1024, "", [m.FetchPartition(topic, 0, 0, 1024)]),
+              lambda r: r.partitions[0].error_code)],  # per partition, as a Fetch of it would answer
         30: [],  # SaslHandshake and SaslAuthenticate name no topic
         31: [],
     }
@@ -155,6 +157,9 @@ def _bad_partition_cases(partition: int) -> dict[int, list[tuple[Any, Callable[[
         15: [(m.PartitionStateRequest(GOOD, partition, False), top)],
         18: [(m.VerifyRequest(GOOD, partition), top)],
         20: [(m.FindMessagesRequest(GOOD, partition, b"k"), top)],
+        23: [(m.MultiFetchRequest(0, 1, 1024, "", [m.FetchPartition(GOOD, 0, 0, 1024),
+                                                   m.FetchPartition(GOOD, partition, 0, 1024)]),
+              lambda r: r.partitions[1].error_code)],
     }
 
 
@@ -166,6 +171,7 @@ def _bad_group_requests(group: str) -> list[Any]:
         m.OffsetCommitRequest(group, m.NO_GENERATION, "", [m.OffsetEntry(GOOD, 0, 0, 1)]),
         m.OffsetFetchRequest(group, None),
         m.DescribeGroupRequest(group),
+        m.MultiFetchRequest(0, 1, 1024, group, [m.FetchPartition(GOOD, 0, 0, 1024)]),
     ]
 
 

@@ -62,3 +62,26 @@ def test_a_notify_wakes_only_that_partition_and_notify_all_wakes_everyone() -> N
         assert waiters.waiting == 0
 
     asyncio.run(scenario())
+
+
+def test_one_waiter_on_many_partitions_wakes_on_any_and_leaves_every_list() -> None:
+    async def scenario() -> None:
+        waiters = FetchWaiters(max_waiting=10, max_waiting_per_owner=10)
+        owner = Owner()
+        poll = asyncio.ensure_future(waiters.wait_any([("t", p) for p in range(1000)], 600, owner))
+        await _settle()
+        # a 1000-partition long poll is ONE waiting fetch of its connection
+        assert (waiters.waiting, owner.waiting_fetches) == (1, 1)
+        waiters.notify("t", 777)
+        await asyncio.wait_for(poll, 5)
+        assert (waiters.waiting, owner.waiting_fetches) == (0, 0)
+        assert waiters._waiting == {}  # gone from the other 999 partitions' lists too
+
+        # cancelled (its connection closed): the same
+        poll = asyncio.ensure_future(waiters.wait_any([("t", 1), ("u", 2), ("t", 1)], 600, owner))
+        await _settle()
+        poll.cancel()
+        await _settle()
+        assert (waiters.waiting, owner.waiting_fetches, waiters._waiting) == (0, 0, {})
+
+    asyncio.run(scenario())

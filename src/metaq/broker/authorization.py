@@ -1,7 +1,8 @@
 """Which ACL each request needs, checked at the one dispatch point (:meth:`metaq.broker.core.Broker.handle`).
 
 :func:`required` maps a request to the (resource type, name, operation) triples it needs; a request
-needing several (a FetchRequest of one topic needs one; others may name no resource) is allowed only if
+needing several (a FetchRequest of one topic needs one, a MultiFetchRequest one per topic it names; others
+may name no resource) is allowed only if
 every one is. The ACLs themselves (:class:`metaq.security.acl.Acls`) are swapped in by
 :func:`refresh_acls`, a background job re-reading the ACL file or ZooKeeper node every
 ``ACL_REFRESH_S``: a change applies within that time, without a restart.
@@ -77,6 +78,8 @@ def required(request: Any) -> list[Need]:
     kind = type(request)
     if kind in FREE:
         return []
+    if kind is m.MultiFetchRequest:  # consume on every topic it names
+        return [("topic", topic, "consume") for topic in dict.fromkeys(p.topic for p in request.partitions)]
     if kind in _TOPIC_OPERATION:
         return [("topic", str(request.topic), _TOPIC_OPERATION[kind])]
     if kind in _GROUP_OPERATION:

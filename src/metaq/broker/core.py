@@ -63,14 +63,15 @@ log = logging.getLogger("metaq.broker")
 Handler = Callable[["Broker", Any, Session | None], Any]
 """A request handler: (broker, request, session) -> the response, a FileReply, or a coroutine of one."""
 
-REFUSED_WHILE_STOPPING: frozenset[type] = frozenset({m.ProduceRequest, m.FetchRequest})
-METERED: frozenset[type] = frozenset({m.ProduceRequest, m.FetchRequest})
-"""Requests whose bytes count against the principal's quotas (metaq.broker.quotas); slaves' fetches do not."""
+REFUSED_WHILE_STOPPING: frozenset[type] = frozenset({m.ProduceRequest, m.FetchRequest, m.MultiFetchRequest})
+"""Requests a draining broker answers with BROKER_STOPPING (the others still work while it drains)."""
+METERED: frozenset[type] = frozenset({m.ProduceRequest, m.FetchRequest, m.MultiFetchRequest})
+"""Requests whose bytes count against the principal's quotas (metaq.broker.quotas); slaves' fetches do not.
+A MultiFetch v0 reply has no throttle_time_ms: its connection is muted all the same, the client not told."""
 BEFORE_AUTHENTICATION: frozenset[type] = frozenset({m.ApiVersionsRequest, m.SaslHandshakeRequest,
                                                     m.SaslAuthenticateRequest})
 """What an unauthenticated connection may send when authRequired is set; anything else is refused and
 the connection closed."""
-"""Requests a draining broker answers with BROKER_STOPPING (the others still work while it drains)."""
 
 
 def check_topic_name(topic: str) -> None:
@@ -539,6 +540,8 @@ class Broker:
         """Count a produce's or a fetch's bytes against the principal's quota; the throttle into the reply."""
         if isinstance(request, m.ProduceRequest):
             throttle_ms = self.quotas.record(session, PRODUCE, len(request.records))
+        elif isinstance(request, m.MultiFetchRequest):
+            throttle_ms = self.quotas.record(session, FETCH, sum(len(p.records) for p in getattr(result, "partitions", ())))
         else:
             nbytes = result.file_slice.size if isinstance(result, FileReply) else len(getattr(result, "records", b""))
             throttle_ms = self.quotas.record(session, FETCH, nbytes)

@@ -4,7 +4,9 @@ It decodes frames with the sans-IO codec, hands each request to the broker core
 (:meth:`metaq.broker.core.Broker.handle`) with the connection's :class:`~metaq.broker.session.Session`,
 and writes the replies. Requests on a connection are handled concurrently (a produce waiting for its
 group-commit fsync does not hold up the next produce: that is what lets one fsync cover many batches)
-but answered strictly in request order, as the protocol requires; past MAX_PIPELINED_REQUESTS replies
+but answered strictly in request order, as the protocol requires -- except the replies of
+``REPLIES_OUT_OF_ORDER`` APIs (MultiFetch), written as soon as they are ready, so that a long-polling
+multi-partition fetch holds up nothing behind it; past MAX_PIPELINED_REQUESTS replies
 owed, the connection stops reading (backpressure). A fetch reply whose records stay in a segment file
 (:class:`~metaq.broker.session.FileReply`) is sent with ``loop.sendfile``.
 
@@ -55,10 +57,12 @@ TLS_HANDSHAKE_TIMEOUT_S = 30.0
 class _Reply:
     """One answer slot; replies leave the connection in slot order."""
 
-    __slots__ = ("data", "done", "file_slice", "header")
+    __slots__ = ("data", "done", "file_slice", "header", "unordered")
 
-    def __init__(self, header: RequestHeader | None) -> None:
+    def __init__(self, header: RequestHeader | None, unordered: bool = False) -> None:
         self.header = header
+        self.unordered = unordered
+        """Not in the ordered queue: written as soon as it is done (REPLIES_OUT_OF_ORDER)."""
         self.done = False
         self.data: bytes = b""
         self.file_slice: FileSlice | None = None
@@ -105,6 +109,8 @@ class BrokerProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.session = Session()
         self.replies: deque[_Reply] = deque()
+        self.ready: list[_Reply] = []
+        """Finished replies of REPLIES_OUT_OF_ORDER requests: written at the next pump, whatever is before them."""
         self.tasks: set[asyncio.Task[Any]] = set()
         self.sending = False
         self.paused = False
@@ -178,6 +184,7 @@ class BrokerProtocol(asyncio.Protocol):
                 reply.file_slice.release()
                 reply.file_slice = None
         self.replies.clear()
+        self.ready.clear()
 
     def data_received(self, data: bytes) -> None:
         if self.refused:
@@ -297,8 +304,8 @@ class BrokerProtocol(asyncio.Protocol):
 
     def _handle(self, event: RequestEvent) -> None:
         oneway = event.header.api_key == _PRODUCE and event.request.acks == 0
-        reply = None if oneway else _Reply(event.header)
-        if reply is not None:
+        reply = None if oneway else _Reply(event.header, event.header.api_key in m.REPLIES_OUT_OF_ORDER)
+        if reply is not None and not reply.unordered:
             self.replies.append(reply)
         result = self.broker.handle(event.request, self.session)
         if asyncio.iscoroutine(result):
@@ -357,6 +364,9 @@ class BrokerProtocol(asyncio.Protocol):
                                                     m.error_response(reply.header.api_key, UnknownServerError.code,
                                                                      str(exc)))
         reply.done = True
+        if reply.unordered:
+            assert reply.file_slice is None, "an out-of-order reply carries its records in memory"
+            self.ready.append(reply)
         self._pump()
 
     def _pump(self) -> None:
@@ -364,6 +374,9 @@ class BrokerProtocol(asyncio.Protocol):
         if self.sending or self.transport is None:
             return
         out: list[bytes] = []
+        if self.ready:
+            out = [r.data for r in self.ready]
+            self.ready.clear()
         while self.replies and self.replies[0].done:
             reply = self.replies.popleft()
             out.append(reply.data)

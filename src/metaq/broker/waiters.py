@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Protocol
 
 from metaq.errors import TooManyRequestsError
@@ -41,6 +42,16 @@ class FetchWaiters:
 
     async def wait(self, topic: str, partition: int, timeout_s: float, owner: WaitOwner | None = None) -> None:
         """Return when the partition is appended to, or after ``timeout_s``, whichever comes first."""
+        await self.wait_any(((topic, partition),), timeout_s, owner)
+
+    async def wait_any(self, partitions: Iterable[tuple[str, int]], timeout_s: float,
+                       owner: WaitOwner | None = None) -> None:
+        """Return when any of ``partitions`` (topic, partition) is appended to, or after ``timeout_s``.
+
+        One future stands in every partition's set (a multi-partition fetch is one waiting fetch of its
+        connection, however many partitions it names); the first append resolves it, and on the way out
+        it leaves every set, so the others are not woken for it later.
+        """
         if self.waiting >= self.max_waiting:
             raise TooManyRequestsError(f"{self.max_waiting} fetches are already waiting (maxWaitingFetches)")
         if owner is not None and owner.waiting_fetches >= self.max_waiting_per_owner:
@@ -49,12 +60,15 @@ class FetchWaiters:
                 f"(maxWaitingFetchesPerConnection={self.max_waiting_per_owner}); spread long polls over "
                 "more connections or wait for some to return")
         loop = asyncio.get_running_loop()
-        key = (topic, partition)
-        waiters = self._waiting.get(key)
-        if waiters is None:
-            waiters = self._waiting[key] = set()
         fut: asyncio.Future[None] = loop.create_future()
-        waiters.add(fut)
+        keys = list(dict.fromkeys(partitions))
+        sets = []
+        for key in keys:
+            waiters = self._waiting.get(key)
+            if waiters is None:
+                waiters = self._waiting[key] = set()
+            waiters.add(fut)
+            sets.append(waiters)
         timer = loop.call_later(timeout_s, _release, fut)
         self.waiting += 1
         if owner is not None:
@@ -63,9 +77,10 @@ class FetchWaiters:
             await fut
         finally:
             timer.cancel()
-            waiters.discard(fut)
-            if not waiters and self._waiting.get(key) is waiters:
-                del self._waiting[key]
+            for key, waiters in zip(keys, sets, strict=True):
+                waiters.discard(fut)
+                if not waiters and self._waiting.get(key) is waiters:
+                    del self._waiting[key]
             self.waiting -= 1
             if owner is not None:
                 owner.waiting_fetches -= 1

@@ -122,24 +122,27 @@ def bench_e2e(**kwargs: Any) -> None:
 @click.option("--partitions", type=click.IntRange(1), default=12, show_default=True)
 @click.option("--listener", type=click.Choice(["async", "sync"]), default="async", show_default=True)
 @click.option("-d", "--duration", "duration_s", type=click.FloatRange(1), default=120.0, show_default=True)
+@click.option("--fetch", type=click.Choice(["multi", "single", "both"]), default="multi", show_default=True,
+              help="multi: MultiFetch over one connection per broker; single: one Fetch per partition (a connection "
+                   "per long-polling partition, the old way); both: single then multi, same run.")
 @click.option("--json", "as_json", is_flag=True)
 def bench_group_consume(servers: str | None, members: tuple[int, ...], count: int, size: int, partitions: int,
-                        listener: str, duration_s: float, as_json: bool) -> None:
+                        listener: str, duration_s: float, fetch: str, as_json: bool) -> None:
     """Group consumption msg/s with 1, 2 and 4 members (each a process) sharing a topic."""
     import tempfile
 
     from metaq.broker.launcher import BrokerLauncher
-    from metaq.client.group.bench import run_group_bench
+    from metaq.client.group.bench import fetch_modes, run_group_bench
 
     results = []
-    for n in members:
+    for n, multi in ((n, multi) for n in members for multi in fetch_modes(fetch)):
         with tempfile.TemporaryDirectory(prefix="metaq-bench-") as tmp:
             broker = None if servers else BrokerLauncher(f"{tmp}/data", {"numPartitions": partitions,
                                                                          "unflushThreshold": 0}).start()
             try:
                 target = servers or (broker.servers if broker else "")
                 results.append(run_group_bench(target, None, n, duration_s, messages=count, message_bytes=size,
-                                               partitions=partitions, listener=listener))
+                                               partitions=partitions, listener=listener, multi_fetch=multi))
             finally:
                 if broker is not None:
                     broker.stop()

@@ -5,9 +5,13 @@ hold it up to ``max_wait_ms`` while nothing is there yet (long polling). The rep
 as they are on disk: the first may start before ``offset`` and the last may be cut off, so the client
 checks every CRC, drops what is below ``offset`` and what is cut off, and computes the next offset.
 
-Replies on a connection come back in order, so a fetch held for long polling delays every reply
-queued behind it. :meth:`PullConsumer.get` (no waiting) uses the session's shared connection;
-:meth:`PullConsumer.iterate` (long polling) opens a connection of its own for its lifetime.
+Replies on a connection come back in order, so a single-partition fetch held for long polling delays
+every reply queued behind it. :meth:`PullConsumer.get` (no waiting) uses the session's shared
+connection; :meth:`PullConsumer.iterate` (long polling) opens a connection of its own for its lifetime.
+
+A multi-partition fetch (:meth:`Fetcher.fetch_many`, :meth:`PullConsumer.get_many`; the MultiFetch API
+of brokers that serve it) asks many partitions of one broker in one request and long-polls until any
+of them has data; its reply may overtake other replies, so it shares a connection without holding it up.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,26 +30,36 @@ from metaq.client.replicas import ReadReplica
 from metaq.errors import (
     BrokerError,
     ConnectionClosedError,
+    CorruptRecordError,
     InvalidArgument,
+    MetaqError,
     OffsetOutOfRangeError,
     RequestTimeoutError,
 )
+from metaq.net.codec import raise_for_error
 from metaq.net.connection import BrokerConnection
 from metaq.net.retry import RetryPolicy
 from metaq.protocol.messages import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
+    FetchedPartition,
+    FetchPartition,
     FetchRequest,
     FetchResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
+    MultiFetchRequest,
+    MultiFetchResponse,
 )
 from metaq.protocol.records import decode_fetched
-from metaq.types import Message, PartitionKey, partition_key, validate_topic
+from metaq.types import Message, PartitionId, PartitionKey, partition_key, validate_topic
 
 log = logging.getLogger(__name__)
 
 DEFAULT_FETCH_MAX_BYTES = 1024 * 1024
+DEFAULT_MULTI_FETCH_MAX_BYTES = 4 * 1024 * 1024
+"""A multi-partition fetch's whole reply (each partition is capped by its own max_bytes too)."""
+MULTI_FETCH_API_KEY = MultiFetchRequest.API_KEY
 DEFAULT_MAX_WAIT_MS = 5000
 """MetaQ's default maxDelayFetchTimeInMills is 5 s."""
 BEHIND_POLL_MIN_S = 0.02
@@ -126,6 +140,46 @@ class Fetcher:
                         resp.reset_offset)
         messages, next_offset = decode_fetched(records, topic, p.partition, start, self.verify_crc, p.broker_id)
         return FetchResult(messages, next_offset, resp.log_start_offset, resp.log_end_offset, resp.reset_offset,
+                           partial=bool(records) and not messages and next_offset == start)
+
+    async def fetch_many(self, conn: BrokerConnection, wanted: list[tuple[str, Partition, int, int]], *,
+                         max_wait_ms: int = 0, max_bytes: int = DEFAULT_MULTI_FETCH_MAX_BYTES, min_bytes: int = 1,
+                         group: str = "") -> list[FetchResult | MetaqError]:
+        """One MultiFetch over ``conn`` (a master's connection; ``conn.supports(MULTI_FETCH_API_KEY)``).
+
+        ``wanted``: (topic, partition, offset, max_bytes) of partitions of that broker, each at most once.
+        Returns, in the same order, each partition's result or its error (OffsetOutOfRangeError with
+        ``earliest``/``latest``, StoredDataCorruptError, a CorruptRecordError of a batch that fails its
+        check here, ...), as :meth:`fetch` would raise it: one partition's error never fails the others.
+        An error of the whole request (a limit, a lost connection) is raised.
+        """
+        if not wanted:
+            return []
+        req = MultiFetchRequest(max_wait_ms, min_bytes, max_bytes, group,
+                                [FetchPartition(t, p.partition, offset, pmax) for t, p, offset, pmax in wanted])
+        resp: MultiFetchResponse = await conn.request(req, self._core.config.request_timeout_s + max_wait_ms / 1000.0)
+        if len(resp.partitions) != len(wanted):
+            raise ConnectionClosedError(f"broker {conn.address} answered a MultiFetch of {len(wanted)} partitions "
+                                        f"with {len(resp.partitions)}")
+        out: list[FetchResult | MetaqError] = []
+        for (topic, p, offset, _pmax), got in zip(wanted, resp.partitions, strict=True):
+            try:
+                out.append(self._result(topic, p, offset, got))
+            except (BrokerError, CorruptRecordError) as exc:
+                out.append(exc)
+        return out
+
+    def _result(self, topic: str, p: Partition, offset: int, got: FetchedPartition) -> FetchResult:
+        raise_for_error(got, f"Fetch {topic}:{p} at offset {offset}")
+        start = got.reset_offset if got.reset_offset >= 0 else offset
+        if got.reset_offset >= 0:
+            log.warning("offset %d of %s:%s was out of range; the broker served from %d", offset, topic, p,
+                        got.reset_offset)
+        records = got.records
+        if not records:  # most partitions of a long poll's reply: nothing to decode
+            return FetchResult([], start, got.log_start_offset, got.log_end_offset, got.reset_offset)
+        messages, next_offset = decode_fetched(records, topic, p.partition, start, self.verify_crc, p.broker_id)
+        return FetchResult(messages, next_offset, got.log_start_offset, got.log_end_offset, got.reset_offset,
                            partial=bool(records) and not messages and next_offset == start)
 
     async def _fetch_slave(self, conn: BrokerConnection, replica: ReadReplica, topic: str, p: Partition, offset: int,
@@ -219,6 +273,53 @@ class PullConsumer:
         """
         self._check(topic, partition)
         return (await self.fetcher.fetch(topic, partition, offset, max_bytes=max_bytes)).messages
+
+    async def get_many(self, positions: Mapping[tuple[str, PartitionKey], int], *,
+                       max_bytes: int = DEFAULT_FETCH_MAX_BYTES, max_wait_ms: int = 0,
+                       total_max_bytes: int = DEFAULT_MULTI_FETCH_MAX_BYTES
+                       ) -> dict[tuple[str, PartitionId], FetchResult | MetaqError]:
+        """Fetch many partitions at once: ``{(topic, partition): offset}`` -> ``{(topic, id): result}``.
+
+        One MultiFetch per broker (at most ``max_bytes`` per partition and ``total_max_bytes`` per
+        reply), sent together over the session's connections; with ``max_wait_ms`` each waits until any
+        of its partitions has data. A partition's error (an offset out of range, ...) is its value, not
+        raised. A broker too old for MultiFetch is asked partition by partition (no waiting).
+        """
+        if self._closed:
+            raise ClientClosedError("the consumer is closed")
+        if max_wait_ms < 0:
+            raise InvalidArgument(f"max_wait_ms must be >= 0, not {max_wait_ms}")
+        if max_bytes <= 0 or total_max_bytes <= 0:
+            raise InvalidArgument("max_bytes and total_max_bytes must be > 0")
+        by_broker: dict[int, list[tuple[str, Partition, int, int]]] = {}
+        for (topic, partition), offset in positions.items():
+            self._check(topic, partition)
+            if not isinstance(offset, int) or offset < 0:
+                raise InvalidArgument(f"offset must be an int >= 0, not {offset!r}")
+            p = await self._core.partition(topic, partition)
+            by_broker.setdefault(p.broker_id, []).append((topic, p, offset, max_bytes))
+
+        async def one_broker(broker_id: int, wanted: list[tuple[str, Partition, int, int]]
+                             ) -> list[FetchResult | MetaqError]:
+            conn = await self._core.connection(broker_id)
+            if conn.supports(MULTI_FETCH_API_KEY):
+                return await self.fetcher.fetch_many(conn, wanted, max_wait_ms=max_wait_ms,
+                                                     max_bytes=total_max_bytes)
+            out: list[FetchResult | MetaqError] = []
+            for topic, p, offset, pmax in wanted:
+                try:
+                    out.append(await self.fetcher.fetch(topic, p, offset, max_bytes=pmax, connection=conn))
+                except (BrokerError, CorruptRecordError) as exc:
+                    out.append(exc)
+            return out
+
+        groups = list(by_broker.items())
+        answers = await asyncio.gather(*(one_broker(b, w) for b, w in groups))
+        results: dict[tuple[str, PartitionId], FetchResult | MetaqError] = {}
+        for (_b, wanted), answer in zip(groups, answers, strict=True):
+            for (topic, p, _o, _m), result in zip(wanted, answer, strict=True):
+                results[(topic, p.id)] = result
+        return results
 
     async def iterate(self, topic: str, partition: PartitionKey, offset: StartOffset = "earliest", *,
                       max_wait_ms: int = DEFAULT_MAX_WAIT_MS, max_bytes: int = DEFAULT_FETCH_MAX_BYTES,

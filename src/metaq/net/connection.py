@@ -1,4 +1,4 @@
-"""One TCP connection to a broker: pipelined requests, replies matched in order, bounded in-flight.
+"""One TCP connection to a broker: pipelined requests, replies matched by correlation id, bounded in-flight.
 
 The sans-IO :class:`~metaq.protocol.codec.ClientConnection` numbers requests and matches replies;
 this class only moves its bytes. It is the hot path of the producer, so:
@@ -9,9 +9,10 @@ this class only moves its bytes. It is the hot path of the producer, so:
 * a reply resolves a plain future; no per-request timer: one watchdog per connection checks
   deadlines every ``_WATCHDOG_TICK_S`` while anything is in flight.
 
-Replies come back in request order, so a request that times out means everything after it is stuck
-too: the connection is closed, the late request fails with RequestTimeoutError and every other one
-with ConnectionClosedError (either may still have been applied by the broker).
+Replies come back in request order (except MultiFetch's, which may overtake the others: the codec
+checks the order and the futures are found by correlation id), so a request that times out means
+everything after it is stuck too: the connection is closed, the late request fails with
+RequestTimeoutError and every other one with ConnectionClosedError (either may still have been applied by the broker).
 
 It is the asyncio twin of :class:`metaq.net.blocking.BlockingConnection`: the same codec, settings,
 handshake and error replies (:mod:`metaq.net.codec`). The client's producers and consumers use it
@@ -101,7 +102,8 @@ class BrokerConnection:
         """The broker's id, from the handshake."""
         self.server_version = ""
         self._codec = ClientConnection(settings.client_id, settings.max_frame_bytes, settings.max_in_flight)
-        self._pending: deque[_Pending] = deque()
+        self._pending: dict[int, _Pending] = {}
+        """Correlation id -> the request's future, oldest first."""
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -169,6 +171,10 @@ class BrokerConnection:
         except StopIteration as done:
             self.principal = done.value
 
+    def supports(self, api_key: int) -> bool:
+        """Whether the broker serves ``api_key`` (from the ApiVersions handshake): an older broker may not."""
+        return self._codec.supports(api_key)
+
     @property
     def closed(self) -> bool:
         return self._closed_exc is not None
@@ -218,10 +224,10 @@ class BrokerConnection:
         """
         if self._closed_exc is not None:
             raise self._closed_exc
-        _, frame = self._codec.send(request)
+        correlation_id, frame = self._codec.send(request)
         fut: asyncio.Future[Any] = self._loop.create_future()
         deadline = time.monotonic() + (self.request_timeout_s if timeout_s is None else timeout_s)
-        self._pending.append(_Pending(fut, deadline))
+        self._pending[correlation_id] = _Pending(fut, deadline)
         self._write(frame)
         if self._watchdog is None:
             self._watchdog = self._loop.call_later(_WATCHDOG_TICK_S, self._check_deadlines)
@@ -276,7 +282,7 @@ class BrokerConnection:
                 event = codec.next_event()
                 if event is NEED_DATA:
                     break
-                entry = pending.popleft()
+                entry = pending.pop(event.correlation_id)  # type: ignore[union-attr]
                 fut = entry.future
                 response = event.response  # type: ignore[union-attr]
                 if getattr(response, "throttle_time_ms", 0) > 0:
@@ -325,7 +331,7 @@ class BrokerConnection:
         if self._closed_exc is not None or not self._pending:
             return
         now = time.monotonic()
-        late = [p for p in self._pending if p.deadline <= now and not p.future.done()]
+        late = [p for p in self._pending.values() if p.deadline <= now and not p.future.done()]
         if late:
             for p in late:
                 p.future.set_exception(RequestTimeoutError(
@@ -347,9 +353,9 @@ class BrokerConnection:
             self._watchdog.cancel()
             self._watchdog = None
         self._wbuf.clear()
-        pending, self._pending = self._pending, deque()
+        pending, self._pending = self._pending, {}
         self._codec.clear()
-        for p in pending:
+        for p in pending.values():
             if not p.future.done():
                 p.future.set_exception(exc)
                 # A caller that gave up (cancelled) never retrieves it: silence the "never retrieved" log.

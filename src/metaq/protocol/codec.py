@@ -12,7 +12,9 @@ The asyncio broker, the asyncio client, the blocking client used by Spark execut
 all drive these same classes.
 
 Correlation is strict: responses come back in request order, and a response whose correlation id is
-not the oldest in flight is a ProtocolError (the connection must be closed).
+not the oldest in flight is a ProtocolError (the connection must be closed). The one exception is the
+APIs in :data:`~metaq.protocol.messages.REPLIES_OUT_OF_ORDER` (MultiFetch): their replies may overtake
+any other and are matched by correlation id; the others keep their order among themselves.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any, Final
 
 from metaq.errors import InvalidArgument, ProtocolError, TooManyRequestsError, UnsupportedVersionError
 from metaq.protocol import schema
-from metaq.protocol.messages import APIS, spec_for
+from metaq.protocol.messages import APIS, REPLIES_OUT_OF_ORDER, spec_for
 
 DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_MAX_IN_FLIGHT: Final = 1024
@@ -290,7 +292,8 @@ class ServerConnection:
 
 
 class ClientConnection:
-    """The client side of one connection: numbers requests and matches responses in order."""
+    """The client side of one connection: numbers requests and matches responses in order (replies of
+    REPLIES_OUT_OF_ORDER APIs by correlation id, whenever they come)."""
 
     def __init__(self, client_id: str = "metaq-python", max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> None:
@@ -300,6 +303,8 @@ class ClientConnection:
         self._frames = FrameBuffer(max_frame_bytes)
         self._next_correlation_id = 1
         self._in_flight: deque[tuple[int, int, Any]] = deque()
+        self._unordered: dict[int, tuple[int, Any]] = {}
+        """Requests whose replies may come in any order: correlation id -> (version, request)."""
         self._client_id_raw = client_id.encode()
         if len(self._client_id_raw) > 0x7FFF:
             raise InvalidArgument(f"client id is {len(self._client_id_raw)} bytes encoded; at most 32767")
@@ -307,18 +312,22 @@ class ClientConnection:
 
     @property
     def in_flight(self) -> int:
-        return len(self._in_flight)
+        return len(self._in_flight) + len(self._unordered)
 
     def set_versions(self, versions: dict[int, int]) -> None:
         """Highest version per api key both sides support (from the ApiVersions handshake)."""
         self._versions = dict(versions)
+
+    def supports(self, api_key: int) -> bool:
+        """Whether the peer serves ``api_key`` at a version this side speaks (after :meth:`set_versions`)."""
+        return api_key in self._versions
 
     def version_for(self, api_key: int) -> int:
         return self._versions.get(api_key, APIS[api_key].max_version)
 
     def send(self, request: Any, *, expect_response: bool = True) -> tuple[int, bytes]:
         """(correlation_id, frame bytes) for ``request``; the caller writes the bytes."""
-        if len(self._in_flight) >= self.max_in_flight:
+        if len(self._in_flight) + len(self._unordered) >= self.max_in_flight:
             raise TooManyRequestsError(f"{self.max_in_flight} requests already in flight on this connection")
         spec = spec_for(request)
         version = self.version_for(spec.key)
@@ -328,7 +337,11 @@ class ClientConnection:
                  self._client_id_raw]
         schema.encode(request, version, parts)
         data = _frame(parts, self.max_frame_bytes)
-        if expect_response:
+        if not expect_response:
+            pass
+        elif spec.key in REPLIES_OUT_OF_ORDER:
+            self._unordered[correlation_id] = (version, request)
+        else:
             self._in_flight.append((correlation_id, version, request))
         return correlation_id, data
 
@@ -342,6 +355,12 @@ class ClientConnection:
         if len(frame) < 4:
             raise ProtocolError("response frame shorter than its header")
         (correlation_id,) = _RESP_HEAD.unpack_from(frame, 0)
+        unordered = self._unordered.get(correlation_id)
+        if unordered is not None:
+            version, request = unordered
+            response = schema.decode(spec_for(request).response, version, frame, 4)
+            del self._unordered[correlation_id]
+            return ResponseEvent(correlation_id, response, request)
         if not self._in_flight:
             raise ProtocolError(f"response {correlation_id} arrived with no request in flight")
         expected, version, request = self._in_flight[0]
@@ -353,8 +372,10 @@ class ClientConnection:
 
     def pending_requests(self) -> list[tuple[int, Any]]:
         """Requests still waiting for a reply, oldest first (to fail them when the connection drops)."""
-        return [(cid, req) for cid, _v, req in self._in_flight]
+        return [(cid, req) for cid, _v, req in self._in_flight] + [
+            (cid, req) for cid, (_v, req) in self._unordered.items()]
 
     def clear(self) -> None:
         self._in_flight.clear()
+        self._unordered.clear()
         self._frames = FrameBuffer(self.max_frame_bytes)

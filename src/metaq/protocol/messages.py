@@ -752,6 +752,69 @@ class CheckTransactionsResponse(_Base):
     FIELDS: ClassVar = (*_ERR, Field("transaction_ids", Array(STRING)))
 
 
+# -- 23 MultiFetch (many partitions in one request; its reply may overtake earlier ones) ---------------
+
+MULTI_FETCH_PARTITIONS_MAX = 10_000
+"""Partitions one MultiFetch may name (a bigger request is INVALID_REQUEST)."""
+
+
+@dataclass
+class FetchPartition:
+    """One partition of a MultiFetch: where to read and how much of it at most."""
+
+    topic: str = ""
+    partition: int = 0
+    offset: int = 0
+    partition_max_bytes: int = 1024 * 1024
+    FIELDS: ClassVar = (Field("topic", STRING), Field("partition", INT32), Field("offset", INT64),
+                        Field("partition_max_bytes", INT32))
+
+
+@dataclass
+class MultiFetchRequest(_Base):
+    max_wait_ms: int = 0
+    """Long polling: hold the request up to this long while none of the partitions has ``min_bytes``."""
+    min_bytes: int = 1
+    """Answer once this many bytes (over all partitions) are there; <= 1: as soon as any partition has data."""
+    max_bytes: int = 4 * 1024 * 1024
+    """The whole reply's records at most (and at most the broker's maxTransferSize)."""
+    group: str = ""
+    """The consumer group, for a server-side filter configured on the broker ('' = none)."""
+    partitions: list[FetchPartition] = field(default_factory=list)
+    FIELDS: ClassVar = (Field("max_wait_ms", INT32), Field("min_bytes", INT32), Field("max_bytes", INT32),
+                        Field("group", STRING), Field("partitions", Array(Struct(FetchPartition))))
+
+
+@dataclass
+class FetchedPartition:
+    """One partition of a MultiFetch reply: what a single Fetch reply of it would say."""
+
+    topic: str = ""
+    partition: int = 0
+    error_code: int = 0
+    error_message: str | None = None
+    log_start_offset: int = -1
+    log_end_offset: int = -1
+    reset_offset: int = -1
+    damaged_offset: int = -1
+    resume_offset: int = -1
+    high_watermark: int = -1
+    records: bytes | memoryview = b""
+    FIELDS: ClassVar = (Field("topic", STRING), Field("partition", INT32), Field("error_code", INT16),
+                        Field("error_message", NULLABLE_STRING), Field("log_start_offset", INT64),
+                        Field("log_end_offset", INT64), Field("reset_offset", INT64), Field("damaged_offset", INT64),
+                        Field("resume_offset", INT64), Field("high_watermark", INT64), Field("records", RECORDS))
+
+
+@dataclass
+class MultiFetchResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    partitions: list[FetchedPartition] = field(default_factory=list)
+    """One entry per partition asked, in the request's order."""
+    FIELDS: ClassVar = (*_ERR, Field("partitions", Array(Struct(FetchedPartition))))
+
+
 _api(0, "ApiVersions", ApiVersionsRequest, ApiVersionsResponse)
 _api(1, "Metadata", MetadataRequest, MetadataResponse)
 _api(2, "CreateTopic", CreateTopicRequest, CreateTopicResponse)
@@ -775,8 +838,14 @@ _api(19, "Promote", PromoteRequest, PromoteResponse)
 _api(20, "FindMessages", FindMessagesRequest, FindMessagesResponse)
 _api(21, "Transaction", TransactionRequest, TransactionResponse)
 _api(22, "CheckTransactions", CheckTransactionsRequest, CheckTransactionsResponse)
+_api(23, "MultiFetch", MultiFetchRequest, MultiFetchResponse)
 _api(30, "SaslHandshake", SaslHandshakeRequest, SaslHandshakeResponse)
 _api(31, "SaslAuthenticate", SaslAuthenticateRequest, SaslAuthenticateResponse)
+
+
+REPLIES_OUT_OF_ORDER: frozenset[int] = frozenset({MultiFetchRequest.API_KEY})
+"""APIs whose replies the broker sends as soon as they are ready, not in request order (matched by
+correlation id); every other reply keeps request order among the others (docs/protocol.md)."""
 
 
 def spec_for(obj_or_cls: Any) -> ApiSpec:

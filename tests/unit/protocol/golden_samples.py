@@ -196,4 +196,13 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
         m.CheckTransactionsRequest(producer_group="payments-ü", max_wait_ms=5000, max_transactions=100),
         m.CheckTransactionsResponse(error_code=0, error_message=None, transaction_ids=["tx-✓-42", "tx-43"]),
     ),
+    ("MultiFetch", 0): (
+        m.MultiFetchRequest(max_wait_ms=5000, min_bytes=1, max_bytes=4 << 20, group="billing-ü",
+                            partitions=[m.FetchPartition("orders", 2, 4711, 1 << 20),
+                                        m.FetchPartition("refünds", 0, -3, 65536)]),
+        m.MultiFetchResponse(error_code=0, error_message=None, partitions=[
+            m.FetchedPartition("orders", 2, 0, None, 100, 4800, -1, -2, -3, 4790, RECORDS_BLOB),
+            m.FetchedPartition("refünds", 0, 1, "offset -3 is out of range ✗", 7, 9, -4, -5, -6, -7, b""),
+        ]),
+    ),
 }

@@ -200,4 +200,156 @@ def handle_list_offsets(broker: Broker, req: m.ListOffsetsRequest, session: Sess
                                  log_end_offset=plog.log_end_offset)
 
 
-HANDLERS: dict[type, Handler] = {m.FetchRequest: handle_fetch, m.ListOffsetsRequest: handle_list_offsets}
+# -- MultiFetch: many partitions, one request, one long poll ----------------------------------------
+
+def handle_multi_fetch(broker: Broker, req: m.MultiFetchRequest, session: Session | None) -> Any:
+    """Every partition of ``req`` read as a single Fetch would read it, in one reply.
+
+    The request as a whole is refused (INVALID_REQUEST) for limits a client sets: no partitions, more
+    than MULTI_FETCH_PARTITIONS_MAX, a partition named twice, max_bytes or a partition_max_bytes <= 0.
+    What depends on a partition's state (unknown, closed, an offset out of range, damaged data) is that
+    partition's own error, as a single Fetch of it would answer. When none has anything to read and
+    ``max_wait_ms`` > 0, one waiter stands on all of them until an append to any, or the time is up.
+    """
+    if req.group:
+        validate_group(req.group)
+    count = len(req.partitions)
+    if not 0 < count <= m.MULTI_FETCH_PARTITIONS_MAX:
+        raise InvalidRequestError(f"a MultiFetch names 1..{m.MULTI_FETCH_PARTITIONS_MAX} partitions; got {count}")
+    if req.max_bytes <= 0:
+        raise InvalidRequestError(f"max_bytes must be > 0; got {req.max_bytes}")
+    seen: set[tuple[str, int]] = set()
+    for p in req.partitions:
+        key = (p.topic, p.partition)
+        if key in seen:
+            raise InvalidRequestError(f"partition {p.topic}-{p.partition} is named twice in one MultiFetch")
+        seen.add(key)
+        if p.partition_max_bytes <= 0:
+            raise InvalidRequestError(
+                f"partition_max_bytes must be > 0; got {p.partition_max_bytes} for {p.topic}-{p.partition}")
+    plans = [_plan(broker, req.group, p) for p in req.partitions]
+    if req.max_wait_ms > 0 and not any(plan.ready() for plan in plans):
+        return _multi_long_poll(broker, req, plans, session)
+    return _multi_answer(broker, req, plans)
+
+
+class _Plan:
+    """One partition of a MultiFetch: its log and where it reads, or the error that answers it."""
+
+    __slots__ = ("bound", "error", "offset", "plog", "request", "reset")
+
+    def __init__(self, request: m.FetchRequest) -> None:
+        self.request = request
+        self.plog: PartitionLog | None = None
+        self.bound: _Bound | None = None
+        self.offset = -1
+        self.reset = -1
+        self.error: m.FetchedPartition | None = None
+
+    def ready(self) -> bool:
+        """Something to answer now: an error, or data past the offset."""
+        return self.error is not None or (self.bound is not None and self.offset < self.bound.end())
+
+
+def _plan(broker: Broker, group: str, p: m.FetchPartition) -> _Plan:
+    plan = _Plan(m.FetchRequest(p.topic, p.partition, p.offset, p.partition_max_bytes, 0, group))
+    try:
+        state, plog = broker.partition_log(p.topic, p.partition)
+        if not state.settings.accept_subscribe:
+            raise PartitionClosedError(f"topic {p.topic!r} does not accept subscribing (acceptSubscribe=false)")
+    except Exception as exc:
+        code, message = wire_error(exc, "MultiFetch")
+        plan.error = m.FetchedPartition(p.topic, p.partition, code, message)
+        return plan
+    plan.plog = plog
+    plan.bound = bound = _Bound(plog)
+    if broker.ha is not None:
+        bound.visible = broker.ha.visible_end
+    try:
+        if p.offset < 0:
+            raise OffsetOutOfRangeError(f"offset must be >= 0; got {p.offset}")
+        plan.offset, plan.reset = _resolve_offset(broker, plog, p.offset)
+    except OffsetOutOfRangeError as exc:
+        plan.error = _fetched(p.topic, p.partition, _error_with_range(plog, exc))
+    return plan
+
+
+async def _multi_long_poll(broker: Broker, req: m.MultiFetchRequest, plans: list[_Plan],
+                           session: Session | None) -> m.MultiFetchResponse:
+    deadline = time.monotonic() + min(req.max_wait_ms, LONG_POLL_MAX_MS) / 1000
+    keys = [(plan.request.topic, plan.request.partition) for plan in plans]
+    while not broker.stopping:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        await broker.waiters.wait_any(keys, remaining, session)
+        for plan in plans:
+            if plan.plog is not None and broker.logs.get(plan.request.topic, plan.request.partition) is not plan.plog:
+                plan.plog = plan.bound = None
+                plan.error = m.FetchedPartition(plan.request.topic, plan.request.partition, UnknownTopicError.code,
+                                                f"topic {plan.request.topic!r} was deleted while the fetch waited")
+        if any(plan.ready() for plan in plans) and (req.min_bytes <= 1 or _available(plans) >= req.min_bytes):
+            break
+    return _multi_answer(broker, req, plans)
+
+
+def _available(plans: list[_Plan]) -> int:
+    """Bytes readable now over the plans, roughly (whole segments' worth is not read to know it)."""
+    total = 0
+    for plan in plans:
+        if plan.plog is not None and plan.bound is not None and plan.offset < plan.bound.end():
+            try:
+                fslice = plan.plog.read(plan.offset, plan.request.max_bytes)
+            except (OffsetOutOfRange, DamagedData):
+                return 1 << 62  # an error to report: answer now
+            total += fslice.size
+            fslice.release()
+    return total
+
+
+def _multi_answer(broker: Broker, req: m.MultiFetchRequest, plans: list[_Plan]) -> m.MultiFetchResponse:
+    """Read every partition, in the request's order, until max_bytes is used up: the partitions after
+    that answer with no records (the client asks them again). Each partition reads at most
+    maxTransferSize, as a single Fetch; the whole reply at most half the frame limit."""
+    budget = min(req.max_bytes, broker.config.max_frame_bytes // 2)
+    out = []
+    for plan in plans:
+        topic, partition = plan.request.topic, plan.request.partition
+        if plan.error is not None:
+            out.append(plan.error)
+            continue
+        assert plan.plog is not None and plan.bound is not None
+        plog = plan.plog
+        if budget <= 0 or plan.offset >= plan.bound.end():
+            out.append(m.FetchedPartition(topic, partition, log_start_offset=plog.log_start_offset,
+                                          log_end_offset=plog.log_end_offset, reset_offset=plan.reset,
+                                          high_watermark=_visible(plan)))
+            continue
+        plan.request.max_bytes = min(plan.request.max_bytes, budget)
+        answer = _fetch_now(broker, plan.request, plog, plan.offset, plan.reset, plan.bound)
+        if isinstance(answer, FileReply):  # several records fields in one reply: read, not sendfile
+            try:
+                answer.response.records = answer.file_slice.read_bytes()
+            finally:
+                answer.file_slice.release()
+            answer = answer.response
+        fetched = _fetched(topic, partition, answer)
+        fetched.high_watermark = _visible(plan)
+        budget -= len(fetched.records)
+        out.append(fetched)
+    return m.MultiFetchResponse(partitions=out)
+
+
+def _visible(plan: _Plan) -> int:
+    """What consumers may read up to when HA holds some of the log back (-1: all of it)."""
+    return plan.bound.end() if plan.bound is not None and plan.bound.visible is not None else -1
+
+
+def _fetched(topic: str, partition: int, resp: m.FetchResponse) -> m.FetchedPartition:
+    return m.FetchedPartition(topic, partition, resp.error_code, resp.error_message, resp.log_start_offset,
+                              resp.log_end_offset, resp.reset_offset, resp.damaged_offset, resp.resume_offset,
+                              records=resp.records)
+
+
+HANDLERS: dict[type, Handler] = {m.FetchRequest: handle_fetch, m.ListOffsetsRequest: handle_list_offsets,
+                                 m.MultiFetchRequest: handle_multi_fetch}

@@ -46,8 +46,8 @@ def children_ignore_sigint() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _member(servers: str, group: str, topic: str, listener_kind: str, fetch_runners: int, out: Any,
-            go: Any, mark: Any, stop: Any) -> None:
+def _member(servers: str, group: str, topic: str, listener_kind: str, fetch_runners: int, multi_fetch: bool,
+            out: Any, go: Any, mark: Any, stop: Any) -> None:
     async def main() -> None:
         session = await MessageSessionFactory.connect(servers)
         count = 0
@@ -70,7 +70,7 @@ def _member(servers: str, group: str, topic: str, listener_kind: str, fetch_runn
 
         cfg = ConsumerConfig(group=group, fetch_runner_count=fetch_runners, session_timeout_ms=6000,
                              rebalance_timeout_ms=20000, max_delay_fetch_ms=200, commit_offset_period_ms=5000,
-                             recover_dir=f"/tmp/metaq-bench-recover-{os.getpid()}")
+                             recover_dir=f"/tmp/metaq-bench-recover-{os.getpid()}", multi_fetch=multi_fetch)
         listener = on_message_async if listener_kind == "async" else on_message_sync
         consumer = create_consumer(session, cfg).subscribe(topic, 1024 * 1024, listener)
         loop = asyncio.get_running_loop()
@@ -124,12 +124,14 @@ async def _produce(servers: str, topic: str, partitions: int, messages: int, siz
 
 def run_group_bench(servers: str, topic: str | None = None, members: int = 1, seconds: float = 60.0, *,
                     messages: int = 2_400_000, message_bytes: int = 100, partitions: int = 12,
-                    listener: str = "async", fetch_runners: int = 2) -> dict[str, Any]:
+                    listener: str = "async", fetch_runners: int = 2, multi_fetch: bool = True) -> dict[str, Any]:
     """Deliver ``messages`` to a fresh group of ``members`` processes; return the figures as a dict.
 
     ``topic`` (default: a fresh one) is created with ``partitions`` partitions if missing; it must be
     empty for the count to be exact. ``seconds`` bounds the whole run. ``listener``: "async" or "sync"
-    (sync listeners run in the consumer's thread pool).
+    (sync listeners run in the consumer's thread pool). ``multi_fetch``: the members fetch with MultiFetch
+    over one connection per broker (ConsumerConfig.multi_fetch), or False: one Fetch per partition, long
+    polls on a connection per partition (the way before MultiFetch).
     """
     topic = topic or f"bench-group-{uuid.uuid4().hex[:8]}"
     group = f"bench-{uuid.uuid4().hex[:8]}"
@@ -146,7 +148,8 @@ def run_group_bench(servers: str, topic: str | None = None, members: int = 1, se
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     go, mark, stop = ctx.Event(), ctx.Event(), ctx.Event()
-    procs = [ctx.Process(target=_member, args=(servers, group, topic, listener, fetch_runners, out, go, mark, stop),
+    procs = [ctx.Process(target=_member, args=(servers, group, topic, listener, fetch_runners, multi_fetch, out, go,
+                                                    mark, stop),
                          daemon=True) for _ in range(members)]
     with children_ignore_sigint():
         for proc in procs:
@@ -161,8 +164,13 @@ def run_group_bench(servers: str, topic: str | None = None, members: int = 1, se
         async def consumed() -> int:
             async with await MessageSessionFactory.connect(servers) as session:
                 deadline = time.monotonic() + seconds
+                done = 0
                 while time.monotonic() < deadline:
-                    d = await describe_group(session, group, [topic])
+                    try:
+                        d = await describe_group(session, group, [topic])
+                    except UnknownGroupError:  # the member's session lapsed before a commit: it rejoins
+                        await asyncio.sleep(0.2)
+                        continue
                     done = sum(max(p.committed, 0) for p in d.partitions)
                     if done >= messages:
                         return done
@@ -194,7 +202,8 @@ def run_group_bench(servers: str, topic: str | None = None, members: int = 1, se
     return {"members": members, "partitions": partitions, "messages": messages, "message_bytes": message_bytes,
             "delivered": total, "measured_messages": measured, "seconds": round(elapsed, 3),
             "msg_per_s": round(measured / elapsed) if elapsed > 0 and measured > 0 else 0, "listener": listener,
-            "fetch_runner_count": fetch_runners, "produce_seconds": round(produce_s, 3),
+            "fetch_runner_count": fetch_runners, "fetch": "multi" if multi_fetch else "single",
+            "produce_seconds": round(produce_s, 3),
             "per_member": [r[0] for r in results]}
 
 
@@ -212,12 +221,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--listener", choices=["async", "sync"], default="async")
     parser.add_argument("--fetch-runners", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=120.0)
+    parser.add_argument("--fetch", choices=["multi", "single", "both"], default="multi")
     args = parser.parse_args(argv)
     for n in args.members:
-        result = run_group_bench(args.servers, None, n, args.seconds, messages=args.messages,
-                                 message_bytes=args.message_bytes, partitions=args.partitions,
-                                 listener=args.listener, fetch_runners=args.fetch_runners)
-        print(json.dumps(result), flush=True)
+        for multi in fetch_modes(args.fetch):
+            result = run_group_bench(args.servers, None, n, args.seconds, messages=args.messages,
+                                     message_bytes=args.message_bytes, partitions=args.partitions,
+                                     listener=args.listener, fetch_runners=args.fetch_runners, multi_fetch=multi)
+            print(json.dumps(result), flush=True)
+
+
+def fetch_modes(choice: str) -> list[bool]:
+    """``--fetch multi|single|both`` as the multi_fetch values to run (both: single first, the baseline)."""
+    return {"multi": [True], "single": [False], "both": [False, True]}[choice]
 
 
 if __name__ == "__main__":

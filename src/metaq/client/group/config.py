@@ -38,8 +38,11 @@ class ConsumerConfig:
     without it, the longest back-off between fetches of an empty partition (each empty reply adds a
     tenth of it)."""
     long_poll: bool = True
-    """Let the broker hold an empty fetch (one connection per owned partition). False: MetaQ's client
-    back-off on one shared connection."""
+    """Let the broker hold an empty fetch (with ``multi_fetch``: one long poll over many partitions; without
+    it, one connection per owned partition). False: MetaQ's client back-off on one shared connection."""
+    multi_fetch: bool = True
+    """Fetch all owned partitions of a broker with MultiFetch requests over ONE connection per broker
+    (brokers that serve it; older ones, and reads from slaves, are fetched partition by partition)."""
     commit_offset_period_ms: int = 5000
     """MetaQ ``commitOffsetPeriodInMills``: how often acknowledged offsets are committed. Offsets are
     also committed before a rebalance gives partitions up and on close. The bound on duplicates after a

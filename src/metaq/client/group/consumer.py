@@ -23,10 +23,14 @@ workers, delivery and commits below are the same for both:
   ZooKeeper, each member computing the assignment (:class:`~metaq.client.group.membership.ZooKeeperMembership`).
 
 Each owned partition has a worker task that fetches (long polling, or MetaQ's back-off when
-``long_poll`` is off) and hands the batch to the listener *in offset order*; different partitions run
-in parallel, at most ``fetch_runner_count`` at once. An ``async def`` listener runs on the event loop; a
-plain function runs in a thread pool of ``fetch_runner_count`` threads (a whole batch per hop), so it
-can block without stalling the loop.
+``long_poll`` is off) and hands the batch to the listener *in offset order*. With ``multi_fetch`` (and a
+broker that serves MultiFetch) the workers of one broker's partitions hand their fetches to that broker's
+:class:`_BrokerFetcher`, which sends them together, in MultiFetch requests over ONE connection (the
+group's own: heartbeats share it, since MultiFetch replies may overtake others) and long-polls on all of
+them at once; each worker still gets only its partition's result, so delivery below is unchanged;
+different partitions run in parallel, at most ``fetch_runner_count`` at once. An ``async def``
+listener runs on the event loop; a plain function runs in a thread pool of ``fetch_runner_count``
+threads (a whole batch per hop), so it can block without stalling the loop.
 
 A listener takes ``(message)`` or ``(message, ctx)``; ``ctx`` is the partition's
 :class:`PartitionContext` (MetaQ's ``Partition.setAutoAck/ack/rollback`` and
@@ -68,7 +72,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from metaq.client.consumer import Fetcher, FetchResult, read_request
+from metaq.client.consumer import (
+    DEFAULT_MULTI_FETCH_MAX_BYTES,
+    MULTI_FETCH_API_KEY,
+    Fetcher,
+    FetchResult,
+    read_request,
+)
 from metaq.client.core import ClientCore
 from metaq.client.exceptions import ClientClosedError
 from metaq.client.group.config import ConsumerConfig
@@ -255,6 +265,93 @@ class _Worker:
 
 _CALL = "call"
 _REJECT = "reject"
+MULTI_FETCHES_IN_FLIGHT_MAX = 16
+"""MultiFetch requests one consumer keeps in flight per broker; partitions asked meanwhile wait for one to
+return. Several are needed: a long poll over idle partitions must not hold up a partition that was just
+delivered and has more to read."""
+MULTI_FETCH_PARTITIONS_PER_REQUEST = 2000
+"""Partitions per MultiFetch request (more queued wait for the next)."""
+
+
+class _BrokerFetcher:
+    """The fetches of one broker's partitions, sent together as MultiFetch requests over one connection.
+
+    A worker calls :meth:`fetch` and awaits its own partition's result. Partitions asked in the same
+    event-loop step go in one request; while MULTI_FETCHES_IN_FLIGHT_MAX requests are out, more wait.
+    A partition is in at most one request at a time (its worker waits for it), so per-partition order
+    is kept. A failure of the whole request (the connection lost, a broker limit) is every worker's
+    failure: each handles it as it would a single fetch's.
+    """
+
+    def __init__(self, consumer: GroupConsumer, broker_id: int) -> None:
+        self.consumer = consumer
+        self.broker_id = broker_id
+        self.queue: list[tuple[_Worker, int, asyncio.Future[FetchResult]]] = []
+        self.in_flight = 0
+        self.requests = 0
+        """MultiFetch requests sent (for tests and the benchmark)."""
+        self._scheduled = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def fetch(self, w: _Worker, max_bytes: int) -> asyncio.Future[FetchResult]:
+        fut: asyncio.Future[FetchResult] = asyncio.get_running_loop().create_future()
+        self.queue.append((w, max_bytes, fut))
+        self._schedule()
+        return fut
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._send)
+
+    def _send(self) -> None:
+        self._scheduled = False
+        while self.queue and self.in_flight < MULTI_FETCHES_IN_FLIGHT_MAX:
+            batch = [entry for entry in self.queue[:MULTI_FETCH_PARTITIONS_PER_REQUEST] if not entry[2].done()]
+            del self.queue[:MULTI_FETCH_PARTITIONS_PER_REQUEST]
+            if not batch:
+                continue
+            self.in_flight += 1
+            task = asyncio.ensure_future(self._run(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, batch: list[tuple[_Worker, int, asyncio.Future[FetchResult]]]) -> None:
+        consumer = self.consumer
+        cfg = consumer.config
+        try:
+            conn = await consumer._fetch_connection(self.broker_id)
+            wanted = [(w.tp.topic, w.part, w.position, max_bytes) for w, max_bytes, _f in batch]
+            self.requests += 1
+            results = await consumer.fetcher.fetch_many(
+                conn, wanted, max_wait_ms=cfg.max_delay_fetch_ms if cfg.long_poll else 0,
+                max_bytes=max(DEFAULT_MULTI_FETCH_MAX_BYTES, max(m for _w, m, _f in batch)), group=cfg.group)
+        except Exception as exc:  # every worker of the batch handles it (retries, backs off)
+            for _w, _m, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+                    fut.exception()  # a worker that gave up never retrieves it
+            return
+        finally:
+            self.in_flight -= 1
+            if self.queue:
+                self._schedule()
+        for (_w, _m, fut), result in zip(batch, results, strict=True):
+            if fut.done():
+                continue  # the worker stopped (its partition was revoked): nothing was delivered
+            if isinstance(result, BaseException):
+                fut.set_exception(result)
+                fut.exception()
+            else:
+                fut.set_result(result)
+
+    def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for _w, _m, fut in self.queue:
+            if not fut.done():
+                fut.cancel()
+        self.queue.clear()
 
 
 class GroupConsumer:
@@ -301,6 +398,8 @@ class GroupConsumer:
         self.fetcher = Fetcher(core)
         self.subscriptions: dict[str, Subscription] = {}
         self.workers: dict[TopicPartition, _Worker] = {}
+        self.broker_fetchers: dict[int, _BrokerFetcher] = {}
+        """MultiFetch batching per broker id (``multi_fetch``)."""
         self.stats = ConsumerStats()
         self.dedup = MessageIdLRU(config.dedup_window)
         self.generation = m.NO_GENERATION
@@ -507,8 +606,7 @@ class GroupConsumer:
             else:
                 assert not self.workers, "eager rebalance: everything is revoked before a new assignment"
             stored = await self.offsets.load(self.storage_group, sorted(wanted))
-            for tp in sorted(wanted):
-                await self._start_worker(tp, stored.get(tp))
+            await self._start_workers(sorted(wanted), stored)
             self.stats.rebalances += 1
             self.assigned.set()
 
@@ -519,8 +617,7 @@ class GroupConsumer:
                 return
             wanted = {tp for tp in tps if tp.topic in self.subscriptions and tp not in self.workers}
             stored = await self.offsets.load(self.storage_group, sorted(wanted))
-            for tp in sorted(wanted):
-                await self._start_worker(tp, stored.get(tp))
+            await self._start_workers(sorted(wanted), stored)
             self.stats.rebalances += 1
 
     async def _stop_partitions(self, tps: list[TopicPartition], commit: bool) -> None:
@@ -529,20 +626,29 @@ class GroupConsumer:
             workers = [self.workers.pop(tp) for tp in tps if tp in self.workers]
             await self._stop_workers(workers, commit=commit)
 
-    async def _start_worker(self, tp: TopicPartition, start: int | None) -> None:
-        part = await self._core.partition(tp.topic, tp.partition)
-        if start is None:
+    async def _start_workers(self, tps: list[TopicPartition], stored: dict[TopicPartition, int]) -> None:
+        """Start the workers of ``tps`` from their stored offsets, else from the earliest or latest one.
+
+        Every start position is known before the first worker starts, and those not stored are asked
+        together (pipelined ListOffsets): with a thousand partitions, asking them one by one while the
+        workers already started deliver took longer than the group's session timeout.
+        """
+        async def start_of(tp: TopicPartition) -> tuple[Partition, int, int]:
+            part = await self._core.partition(tp.topic, tp.partition)
+            start = stored.get(tp)
+            if start is not None:
+                return part, start, start
             resp = await read_request(self._core, tp.topic, part,
                                       m.ListOffsetsRequest(tp.topic, part.partition, m.LATEST_TIMESTAMP))
             earliest, latest = resp.log_start_offset, resp.log_end_offset
-            start = latest if self.config.consume_from_max_offset else earliest
-            committed = -1
-        else:
-            committed = start
-        w = _Worker(tp, part, self.subscriptions[tp.topic], start, start, committed,
-                    PartitionContext(tp.topic, tp.partition))
-        self.workers[tp] = w
-        w.task = asyncio.ensure_future(self._run_worker(w))
+            return part, latest if self.config.consume_from_max_offset else earliest, -1
+
+        starts = await asyncio.gather(*(start_of(tp) for tp in tps))
+        for tp, (part, start, committed) in zip(tps, starts, strict=True):
+            w = _Worker(tp, part, self.subscriptions[tp.topic], start, start, committed,
+                        PartitionContext(tp.topic, tp.partition))
+            self.workers[tp] = w
+            w.task = asyncio.ensure_future(self._run_worker(w))
 
     async def _revoke(self, commit: bool) -> None:
         async with self._lock:
@@ -606,8 +712,24 @@ class GroupConsumer:
 
     # -- fetching -----------------------------------------------------------------------------------
 
+    async def _fetch_connection(self, broker_id: int) -> BrokerConnection:
+        """The one connection this consumer fetches a broker's partitions over (its group channel)."""
+        conn = await self._core.connection(broker_id, self._channel)
+        if conn.broker_id != broker_id:
+            raise ConnectionClosedError(f"broker {broker_id} cannot be reached (its connection reached broker "
+                                        f"{conn.broker_id})")
+        return conn
+
     async def _fetch(self, w: _Worker, max_bytes: int) -> FetchResult:
         cfg = self.config
+        if cfg.multi_fetch and not self._core.reads_slaves:
+            broker_id = w.part.broker_id
+            shared = await self._fetch_connection(broker_id)
+            if shared.supports(MULTI_FETCH_API_KEY):
+                fetcher = self.broker_fetchers.get(broker_id)
+                if fetcher is None:
+                    fetcher = self.broker_fetchers[broker_id] = _BrokerFetcher(self, broker_id)
+                return await fetcher.fetch(w, max_bytes)
         wait = cfg.max_delay_fetch_ms if cfg.long_poll else 0
         # the master, or a slave (read_from); without either, the Fetcher uses the session's connection
         replica = self._core.read_replica(w.tp.topic, w.part) if wait or self._core.reads_slaves else None
@@ -919,6 +1041,12 @@ class GroupConsumer:
         await self._revoke(commit=True)
         if self._started:
             await self.membership.leave()
+        for broker_id, fetcher in self.broker_fetchers.items():
+            fetcher.close()
+            conn = self._core.cached_connection(broker_id, self._channel)
+            if conn is not None:
+                conn.close()
+        self.broker_fetchers.clear()
         if self._owns_storage:
             await self.offsets.close()
         self._threads.shutdown(wait=False)
