@@ -541,7 +541,8 @@ class Broker:
         if isinstance(request, m.ProduceRequest):
             throttle_ms = self.quotas.record(session, PRODUCE, len(request.records))
         elif isinstance(request, m.MultiFetchRequest):
-            throttle_ms = self.quotas.record(session, FETCH, sum(len(p.records) for p in getattr(result, "partitions", ())))
+            fetched = sum(len(p.records) for p in getattr(result, "partitions", ()))
+            throttle_ms = self.quotas.record(session, FETCH, fetched)
         else:
             nbytes = result.file_slice.size if isinstance(result, FileReply) else len(getattr(result, "records", b""))
             throttle_ms = self.quotas.record(session, FETCH, nbytes)
