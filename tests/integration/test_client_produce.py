@@ -101,6 +101,35 @@ def test_send_send_async_oneway_and_batch_round_trip(broker: BrokerProcess, loop
     run(main(), loop)
 
 
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_with_linger_0_a_lone_message_is_on_the_socket_after_one_loop_step(broker: BrokerProcess, loop: str) -> None:
+    """linger_ms=0: a message sent alone is sealed at the end of its loop step and its frame is handed to
+    the socket in that same step, by no timer and no later step (what `metaq bench e2e` latency needs)."""
+
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers) as session:
+            producer = session.create_producer(linger_ms=0)
+            first = await producer.send(Message("lone", b"warm up: metadata and the connection"))
+            assert first.success, first
+            conn = session._core.cached_connection(first.broker_id, "produce")
+            assert conn is not None and conn.in_flight == 0
+            for i in range(3):
+                fut = producer.send_async(Message("lone", b"alone %d" % i))
+                assert producer.unsent_batches == 1
+                await asyncio.sleep(0)  # one loop step: the producer's end-of-step callback runs before this resumes
+                assert producer.unsent_batches == 0
+                assert conn.in_flight == 1, "the batch was not sent in the step it was sealed in"
+                assert conn.unflushed_bytes == 0, "the frame waits for another loop step to reach the socket"
+                result = await fut
+                assert result.success, result
+            consumer = session.create_pull_consumer()
+            got = [bytes(m.data) for p in range(4)
+                   async for m in consumer.iterate("lone", p, "earliest", stop_at_end=True)]
+            assert sorted(got)[:3] == [b"alone 0", b"alone 1", b"alone 2"]
+
+    run(main(), loop)
+
+
 def test_keys_attributes_headers_and_compression_survive(broker: BrokerProcess) -> None:
     async def main() -> None:
         async with await MessageSessionFactory.connect(broker.servers) as session:

@@ -237,6 +237,8 @@ class Producer:
         self._senders: dict[int, asyncio.Task[None]] = {}
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._timer_when = 0.0
+        self._written: list[BrokerConnection] | None = None
+        """While :meth:`_on_timer` dispatches: the connections it wrote to, flushed when it is done."""
         self._cold: dict[str, list[tuple[Message, Any, int, int]]] = {}
         self._cold_tasks: set[asyncio.Task[None]] = set()
         self._outstanding: dict[ProducerBatch, list[asyncio.Future[None]] | None] = {}
@@ -779,8 +781,18 @@ class Producer:
     def _on_timer(self) -> None:
         self._timer = None
         # A little slack: a timer may fire a hair before its time, and re-arming for 0.1 ms is waste.
-        for batch in self._acc.expired(self._loop.time() + 0.0005):
-            self._dispatch(batch)
+        expired = self._acc.expired(self._loop.time() + 0.0005)
+        if expired:
+            # Every batch due now is written first, then each connection written to is flushed: the frames
+            # leave in one write per broker in this loop step, not one step later (linger_ms=0 latency).
+            written = self._written = []
+            try:
+                for batch in expired:
+                    self._dispatch(batch)
+            finally:
+                self._written = None
+                for conn in written:
+                    conn.flush()
         nxt = self._acc.next_deadline()
         if nxt is not None:
             self._arm(nxt)
@@ -800,6 +812,9 @@ class Producer:
             if conn is not None and conn.writable:
                 try:
                     self._write(conn, batch)
+                    written = self._written
+                    if written is not None and conn not in written:
+                        written.append(conn)
                     return
                 except ConnectionClosedError:
                     pass  # not written: the sender below reconnects
