@@ -7,7 +7,8 @@ Records are tuples written as JSON lines to ``$METAQ_TRACE_DIR/<pid>.jsonl``:
 
 producer (keyed by the payload's 8-byte time stamp, ``ts``)
     ("send", ts, t)            send_async called
-    ("sealed", [ts...], t)     the batch was sealed and dispatched (Producer._dispatch)
+    ("sealed", [ts...], t)     the batch was sealed and dispatched (Producer._dispatch; a batch merged into
+                               one queued before it travels with that one)
     ("written", [ts...], t)    its frame was handed to the transport (BrokerConnection._flush)
     ("acked", p, base, [ts...], t)   the ack arrived (Producer._complete_ok): ts i has offset base+i
 broker (keyed by partition and offsets)
@@ -106,6 +107,18 @@ def _patch_producer() -> None:
         return orig_dispatch(self, batch)
 
     pm.Producer._dispatch = dispatch  # type: ignore[method-assign]
+
+    from metaq.client import accumulator as am
+
+    orig_absorb = am.ProducerBatch.absorb
+
+    def absorb(self: Any, other: Any) -> None:
+        mine, theirs = batch_ts.get(id(self)), batch_ts.pop(id(other), None)
+        if mine is not None and theirs is not None:
+            mine.extend(theirs)
+        return orig_absorb(self, other)
+
+    am.ProducerBatch.absorb = absorb  # type: ignore[method-assign]
 
     orig_write = pm.Producer._write
 

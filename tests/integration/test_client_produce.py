@@ -130,6 +130,33 @@ def test_with_linger_0_a_lone_message_is_on_the_socket_after_one_loop_step(broke
     run(main(), loop)
 
 
+def test_batches_sealed_while_the_connection_has_no_room_leave_merged_in_send_order(broker: BrokerProcess) -> None:
+    """max_in_flight=1 and linger_ms=0: while a request is owed, each loop step seals a batch; instead of
+    queueing one frame per step behind the slow reply, they join the last queued batch of their partition."""
+
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers, max_in_flight=1) as session:
+            await session.admin().create_topic("room", 1)
+            producer = session.create_producer(linger_ms=0)
+            assert (await producer.send(Message("room", b"warm up"))).success
+            futures = []
+            for i in range(300):
+                futures.append(producer.send_async(Message("room", b"m%d" % i)))
+                await asyncio.sleep(0)  # one batch sealed per loop step
+            results = [await f for f in futures]
+            assert all(r.success for r in results), [r for r in results if not r.success][:3]
+            assert [r.offset for r in results] == list(range(1, 301))
+            consumer = session.create_pull_consumer()
+            got = [bytes(m.data) async for m in consumer.iterate("room", 0, 1, stop_at_end=True)]
+            assert got == [b"m%d" % i for i in range(300)]
+            stats = (await session.admin().stats(None))["topics"]["room"]["partitions"]
+            requests = sum(p["put_requests"] for p in stats.values())
+            assert requests < 150, f"{requests} produce requests for 301 messages: queued batches were not merged"
+            assert producer.buffered_bytes == 0
+
+    run(main())
+
+
 def test_keys_attributes_headers_and_compression_survive(broker: BrokerProcess) -> None:
     async def main() -> None:
         async with await MessageSessionFactory.connect(broker.servers) as session:

@@ -237,6 +237,10 @@ class Producer:
         self._senders: dict[int, asyncio.Task[None]] = {}
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._timer_when = 0.0
+        self._queued_last: dict[BatchKey, ProducerBatch] = {}
+        """The last batch of each key queued for its broker (not yet written): where a batch sealed while the
+        connection has no room (max_in_flight replies owed, its buffer full) is merged instead of queueing
+        behind it, so a slow broker (fsync per ack) gets fewer, fuller frames rather than a growing queue."""
         self._written: list[BrokerConnection] | None = None
         """While :meth:`_on_timer` dispatches: the connections it wrote to, flushed when it is done."""
         self._cold: dict[str, list[tuple[Message, Any, int, int]]] = {}
@@ -799,6 +803,13 @@ class Producer:
 
     def _dispatch(self, batch: ProducerBatch) -> None:
         key = batch.key
+        last = self._queued_last.get(key)
+        if last is not None:
+            if (last.payload is None and last.key == key and last in self._outstanding and batch.payload is None
+                    and last.size_bytes + batch.size_bytes - HEADER_BYTES <= self.config.batch_bytes):
+                last.absorb(batch)
+                return
+            del self._queued_last[key]
         self._busy[key] = self._busy.get(key, 0) + 1
         self._outstanding[batch] = None
         broker_id = batch.broker_id
@@ -819,6 +830,8 @@ class Producer:
                 except ConnectionClosedError:
                     pass  # not written: the sender below reconnects
         queue.append(batch)
+        if batch.payload is None and batch.batch_waiter is None:
+            self._queued_last[key] = batch
         if broker_id not in self._senders:
             self._senders[broker_id] = asyncio.ensure_future(self._send_loop(broker_id, queue))
 
@@ -827,6 +840,8 @@ class Producer:
 
         Any other error (a frame over the limit, say) fails the batch itself.
         """
+        if self._queued_last.get(batch.key) is batch:
+            del self._queued_last[batch.key]  # leaving: nothing more may join it
         try:
             payload = batch.build(self.config.compression)
             if self._idempotent and batch.acks and not batch.delayed:  # a delayed batch never meets a partition's
