@@ -110,15 +110,17 @@ def _patch_producer() -> None:
 
     from metaq.client import accumulator as am
 
-    orig_absorb = am.ProducerBatch.absorb
+    orig_absorb = getattr(am.ProducerBatch, "absorb", None)  # absent before batches could merge
 
     def absorb(self: Any, other: Any) -> None:
         mine, theirs = batch_ts.get(id(self)), batch_ts.pop(id(other), None)
         if mine is not None and theirs is not None:
             mine.extend(theirs)
+        assert orig_absorb is not None
         return orig_absorb(self, other)
 
-    am.ProducerBatch.absorb = absorb  # type: ignore[method-assign]
+    if orig_absorb is not None:
+        am.ProducerBatch.absorb = absorb  # type: ignore[method-assign]
 
     orig_write = pm.Producer._write
 

@@ -43,45 +43,6 @@ def test_iterate_long_polls_and_returns_a_message_appended_while_it_waits(broker
     run(main())
 
 
-async def until(pred: Any, timeout_s: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
-def test_iterate_keeps_the_next_fetch_in_flight_while_the_application_handles_a_batch(broker: BrokerProcess) -> None:
-    """Prefetch: a message appended while the application still holds the previous batch reaches the
-    consumer without waiting for the application to ask again (one long poll always at the broker)."""
-
-    async def main() -> None:
-        async with await MessageSessionFactory.connect(broker.servers) as session:
-            await session.admin().create_topic("ahead", 1)
-            producer = session.create_producer(linger_ms=0)
-            consumer = session.create_pull_consumer()
-            batches = consumer.iterate_batches("ahead", 0, "latest", max_wait_ms=30_000)
-            waiting = asyncio.ensure_future(anext(batches))
-            await until(lambda: len(consumer._iterators) == 1, what="the iteration's connection")
-            conn = next(iter(consumer._iterators))
-            await until(lambda: conn.in_flight == 1, what="the first long poll")
-            first = await producer.send(Message("ahead", b"first"))
-            got = await asyncio.wait_for(waiting, 10)
-            assert [bytes(m.data) for m in got] == [b"first"]
-            # The application holds the batch: the fetch of what follows is already at the broker ...
-            await until(lambda: conn.in_flight == 1, what="the prefetch sent before the batch was handed over")
-            second = await producer.send(Message("ahead", b"second"))
-            # ... so the next message arrives before the application asks for it.
-            await until(lambda: conn.in_flight == 0, what="the prefetched reply")
-            got = await asyncio.wait_for(anext(batches), 10)
-            assert [(bytes(m.data), m.offset) for m in got] == [(b"second", second.offset)]
-            assert second.offset == first.offset + 1
-            await batches.aclose()
-            assert conn.closed
-
-    run(main())
-
-
 def test_iterate_follows_a_partition_in_order_while_it_is_written(broker: BrokerProcess) -> None:
     async def main() -> None:
         async with await MessageSessionFactory.connect(broker.servers) as session:

@@ -168,16 +168,6 @@ class Fetcher:
             pass
 
 
-def _drop(task: asyncio.Task[FetchResult]) -> None:
-    """Give up a prefetched fetch (the iteration ended or moved to another copy): nothing was consumed by
-    it, since the offsets are the caller's; an error it met is not the caller's any more either."""
-    if task.done():
-        if not task.cancelled():
-            task.exception()  # retrieved: no "never retrieved" log for an error nobody waits for
-    else:
-        task.cancel()
-
-
 async def offsets_of(core: ClientCore, topic: str, partition: Partition) -> tuple[int, int]:
     resp: ListOffsetsResponse = await core.request(
         ListOffsetsRequest(topic, partition.partition, LATEST_TIMESTAMP), partition.broker_id)
@@ -290,10 +280,6 @@ class PullConsumer:
         else:
             policy = cfg.reconnect_retry(cfg.reconnect_attempts + 1)
         backoff = policy.start()
-        prefetched: asyncio.Task[FetchResult] | None = None
-        """The fetch of the next position, sent before a batch is yielded: while the application handles
-        the batch, the broker already holds a long poll for what follows, so a message appended meanwhile
-        leaves at once instead of waiting for the next fetch's round trip."""
         try:
             while True:
                 wait = 0 if stop_at_end else max_wait_ms
@@ -301,9 +287,6 @@ class PullConsumer:
                 try:
                     chosen = self._core.read_replica(topic, p)
                     if conn is None or conn.closed or chosen != replica:
-                        if prefetched is not None:
-                            _drop(prefetched)
-                            prefetched = None
                         if conn is not None:
                             self._iterators.discard(conn)
                             conn.close()
@@ -313,13 +296,8 @@ class PullConsumer:
                         conn = await self._core.read_connection(chosen, own=True)
                         replica = chosen
                         self._iterators.add(conn)
-                    if prefetched is not None:
-                        pending, prefetched = prefetched, None
-                        result = await pending
-                    else:
-                        result = await self.fetcher.fetch(topic, p, position, max_bytes=fetch_bytes,
-                                                          max_wait_ms=wait, group=group, connection=conn,
-                                                          replica=replica)
+                    result = await self.fetcher.fetch(topic, p, position, max_bytes=fetch_bytes, max_wait_ms=wait,
+                                                      group=group, connection=conn, replica=replica)
                 except OffsetOutOfRangeError as exc:
                     earliest = getattr(exc, "earliest", -1)
                     latest = getattr(exc, "latest", -1)
@@ -356,23 +334,16 @@ class PullConsumer:
                 fetch_bytes = max_bytes
                 position = result.next_offset
                 messages = result.messages
-                at_end = stop_at_end and position >= result.log_end_offset
                 if messages:
                     if remaining is not None:
                         if len(messages) >= remaining:
                             yield messages[:remaining]
                             return
                         remaining -= len(messages)
-                    if not at_end:
-                        prefetched = asyncio.ensure_future(self.fetcher.fetch(
-                            topic, p, position, max_bytes=fetch_bytes, max_wait_ms=wait, group=group,
-                            connection=conn, replica=replica))
                     yield messages
-                if at_end:
+                if stop_at_end and position >= result.log_end_offset:
                     return
         finally:
-            if prefetched is not None:
-                _drop(prefetched)
             if conn is not None:
                 self._iterators.discard(conn)
                 conn.close()
