@@ -129,6 +129,23 @@ def test_bench_logging_reports_the_cost_of_a_logging_call(broker: BrokerProcess)
     assert len(_values(broker.servers, "bench-logging")) == 500
 
 
+def test_bench_e2e_with_fsync_per_ack_measures_the_disks_fdatasync_in_the_same_run() -> None:
+    # an embedded broker with unflushThreshold=1: the figure to hold the e2e latency against comes along
+    done = metaq("bench", "e2e", "--flush", "sync", "--rate", "1000", "-n", "300", "-d", "1", "--linger-ms", "0",
+                 "--partitions", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["messages"] == 300 and doc["failures"] == 0
+    assert set(doc["fdatasync_ms"]) == {"p50", "p99", "p999", "max"}
+    assert 0 < doc["fdatasync_ms"]["p50"] <= doc["fdatasync_ms"]["max"]
+    assert doc["latency_ms"]["p50"] > 0
+    # without fsync per ack there is nothing to compare with
+    done = metaq("bench", "e2e", "--flush", "1000", "--rate", "1000", "-n", "100", "-d", "1", "--partitions", "1",
+                 "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["fdatasync_ms"] == {}
+
+
 def test_produce_to_a_partition_of_a_missing_topic_is_an_error(broker: BrokerProcess) -> None:
     # before, the broker placed the lines of a topic it was creating: `-p 0` spread them over 4 partitions
     s = ["-s", broker.servers]

@@ -101,6 +101,62 @@ def test_send_send_async_oneway_and_batch_round_trip(broker: BrokerProcess, loop
     run(main(), loop)
 
 
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_with_linger_0_a_lone_message_is_on_the_socket_after_one_loop_step(broker: BrokerProcess, loop: str) -> None:
+    """linger_ms=0: a message sent alone is sealed at the end of its loop step and its frame is handed to
+    the socket in that same step, by no timer and no later step (what `metaq bench e2e` latency needs)."""
+
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers) as session:
+            producer = session.create_producer(linger_ms=0)
+            first = await producer.send(Message("lone", b"warm up: metadata and the connection"))
+            assert first.success, first
+            conn = session._core.cached_connection(first.broker_id, "produce")
+            assert conn is not None and conn.in_flight == 0
+            for i in range(3):
+                fut = producer.send_async(Message("lone", b"alone %d" % i))
+                assert producer.unsent_batches == 1
+                await asyncio.sleep(0)  # one loop step: the producer's end-of-step callback runs before this resumes
+                assert producer.unsent_batches == 0
+                assert conn.in_flight == 1, "the batch was not sent in the step it was sealed in"
+                assert conn.unflushed_bytes == 0, "the frame waits for another loop step to reach the socket"
+                result = await fut
+                assert result.success, result
+            consumer = session.create_pull_consumer()
+            got = [bytes(m.data) for p in range(4)
+                   async for m in consumer.iterate("lone", p, "earliest", stop_at_end=True)]
+            assert sorted(got)[:3] == [b"alone 0", b"alone 1", b"alone 2"]
+
+    run(main(), loop)
+
+
+def test_batches_sealed_while_the_connection_has_no_room_leave_merged_in_send_order(broker: BrokerProcess) -> None:
+    """max_in_flight=1 and linger_ms=0: while a request is owed, each loop step seals a batch; instead of
+    queueing one frame per step behind the slow reply, they join the last queued batch of their partition."""
+
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers, max_in_flight=1) as session:
+            await session.admin().create_topic("room", 1)
+            producer = session.create_producer(linger_ms=0)
+            assert (await producer.send(Message("room", b"warm up"))).success
+            futures = []
+            for i in range(300):
+                futures.append(producer.send_async(Message("room", b"m%d" % i)))
+                await asyncio.sleep(0)  # one batch sealed per loop step
+            results = [await f for f in futures]
+            assert all(r.success for r in results), [r for r in results if not r.success][:3]
+            assert [r.offset for r in results] == list(range(1, 301))
+            consumer = session.create_pull_consumer()
+            got = [bytes(m.data) async for m in consumer.iterate("room", 0, 1, stop_at_end=True)]
+            assert got == [b"m%d" % i for i in range(300)]
+            stats = (await session.admin().stats(None))["topics"]["room"]["partitions"]
+            requests = sum(p["put_requests"] for p in stats.values())
+            assert requests < 150, f"{requests} produce requests for 301 messages: queued batches were not merged"
+            assert producer.buffered_bytes == 0
+
+    run(main())
+
+
 def test_keys_attributes_headers_and_compression_survive(broker: BrokerProcess) -> None:
     async def main() -> None:
         async with await MessageSessionFactory.connect(broker.servers) as session:

@@ -122,7 +122,8 @@ def test_lost_acknowledgements_duplicate_plain_retries_but_not_idempotent_ones(
     with connect(broker.servers) as session:
         session.admin().create_topic("idem", 2)
     config = {"enable_idempotence": True} if idempotent else {"retries": 30}
-    with ReplyDroppingProxy(("127.0.0.1", broker.port), drop_every=25) as proxy:
+    # drop_every counts reply chunks: the broker writes the acks of one read together, so chunks are few
+    with ReplyDroppingProxy(("127.0.0.1", broker.port), drop_every=8) as proxy:
         load = ProduceLoad({"servers": proxy.address, "request_timeout_s": 10, "reconnect_attempts": 50,
                             "reconnect_backoff_s": 0.01}, "idem", window=500, time_limit_s=60, limit=30_000,
                            producer_config={**config, "linger_ms": 1, "retry_backoff_ms": 5}).start()

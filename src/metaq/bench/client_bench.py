@@ -87,6 +87,36 @@ class BenchResult:
     failures: int = 0
     spec: dict[str, Any] = field(default_factory=dict)
     broker: str = ""
+    fdatasync_ms: dict[str, float] = field(default_factory=dict)
+    """e2e with an embedded broker and unflushThreshold=1: the disk's own fdatasync latency (p50/p99/p999/max)
+    of a small write in the broker's data directory, measured in the same run (half just before the
+    measured phase, half just after), the floor under every acknowledgement and what the e2e latency is
+    compared with."""
+
+
+FDATASYNC_SAMPLES = 200
+"""fdatasync calls of the disk measurement (split before and after the measured phase)."""
+
+
+def measure_fdatasync(directory: str, count: int, write_bytes: int = 171) -> list[float]:
+    """``count`` times: write ``write_bytes`` (a 100-byte message's batch) at the end of a file in ``directory``
+    and fdatasync it, as the flusher does for each append under unflushThreshold=1. Milliseconds per call."""
+    path = os.path.join(directory, f".fdatasync-probe-{os.getpid()}")
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+    data = bytes(write_bytes)
+    samples: list[float] = []
+    try:
+        position = 0
+        for _ in range(count):
+            os.pwrite(fd, data, position)
+            position += write_bytes
+            t0 = time.perf_counter()
+            os.fdatasync(fd)
+            samples.append((time.perf_counter() - t0) * 1000)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return samples
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:
@@ -432,8 +462,9 @@ def run_bench(spec: BenchSpec, *, progress: bool = False) -> BenchResult:
             broker = BrokerLauncher(os.path.join(tmp.name, "data"), {"numPartitions": spec.partitions, **system,
                                                                      "event-loop": spec.event_loop}).start()
             spec.servers = broker.servers
+    probe_dir = os.path.join(tmp.name, "data") if broker is not None and tmp is not None else None
     try:
-        return _run(spec, progress, spec.servers or "")
+        return _run(spec, progress, spec.servers or "", probe_dir)
     finally:
         if broker is not None:
             broker.stop()
@@ -460,8 +491,10 @@ def _create_topic(spec: BenchSpec) -> None:
     asyncio.run(go())
 
 
-def _run(spec: BenchSpec, progress: bool, servers: str) -> BenchResult:
+def _run(spec: BenchSpec, progress: bool, servers: str, probe_dir: str | None = None) -> BenchResult:
     _create_topic(spec)
+    fsyncs: list[float] = []
+    probe = probe_dir if spec.mode == "e2e" and spec.flush_threshold() == 1 else None
     if spec.mode == "produce":
         with _Progress(progress, spec.count, f"produce ({spec.api})") as show:
             results = _run_workers("produce", spec, spec.processes, show)
@@ -491,9 +524,13 @@ def _run(spec: BenchSpec, progress: bool, servers: str) -> BenchResult:
             while cprog.value != -1 and time.monotonic() < deadline and consumer.is_alive():
                 time.sleep(0.01)
             time.sleep(0.5)  # the consumer's first long polls are in place; not a correctness wait
+            if probe is not None:
+                fsyncs += measure_fdatasync(probe, FDATASYNC_SAMPLES // 2)
             presults = _run_workers("e2e-producer", spec, 1, show)
             cres = out.get(timeout=spec.duration_s + 60)
             consumer.join(10)
+            if probe is not None:
+                fsyncs += measure_fdatasync(probe, FDATASYNC_SAMPLES - FDATASYNC_SAMPLES // 2)
             if "error" in cres:
                 raise RuntimeError("e2e consumer failed: " + cres["error"])
         seconds = presults[0]["seconds"]
@@ -507,4 +544,4 @@ def _run(spec: BenchSpec, progress: bool, servers: str) -> BenchResult:
     seconds = max(seconds, 1e-9)
     return BenchResult(spec.mode, spec.api, messages, nbytes, round(seconds, 3), round(messages / seconds, 1),
                        round(nbytes / seconds / 1e6, 2), percentiles(latencies), failures,
-                       {k: v for k, v in asdict(spec).items() if k != "servers"}, servers)
+                       {k: v for k, v in asdict(spec).items() if k != "servers"}, servers, percentiles(fsyncs))

@@ -25,6 +25,7 @@ import os
 import socket
 import ssl
 from collections import deque
+from collections.abc import Coroutine
 from typing import Any
 
 from metaq.broker.connections import REFUSAL_TIMEOUT_S, REFUSING_CONNECTIONS_MAX, ConnectionRegistry
@@ -123,6 +124,8 @@ class BrokerProtocol(asyncio.Protocol):
         """A whole request has arrived (before that, the handshake timeout applies)."""
         self.partial_bytes = 0
         """Bytes of the unfinished frame buffered (kept in step with the registry's sum)."""
+        self.receiving = False
+        """Requests of one read are being handled: their replies are written together at its end."""
         self.loop = asyncio.get_event_loop()
         self.opened_at = self.last_active = self.registry.clock()
         self._refusal_timer: asyncio.TimerHandle | None = None
@@ -195,28 +198,36 @@ class BrokerProtocol(asyncio.Protocol):
         self._process()
 
     def _process(self) -> None:
-        """Handle the whole requests buffered, unless (or until) the connection is muted by a throttle."""
-        while not self.muted:
-            try:
-                event = self.codec.next_event()
-            except ProtocolError as exc:
-                log.warning("closing connection from %s: %s", self.session.peer, exc)
-                self._abort()
-                return
-            if event is NEED_DATA:
-                break
-            self.handshaken = True
-            if isinstance(event, BadRequest):
-                reply = _Reply(event.header)
-                self.replies.append(reply)
-                self._complete(reply, m.error_response(event.header.api_key, event.error_code, str(event.error)))
-                continue
-            assert isinstance(event, RequestEvent)
-            self._handle(event)
-            if self.closing:
-                return  # refused (authentication): nothing more is read from this connection
-            if self.session.throttle_ms:
-                self._throttle()
+        """Handle the whole requests buffered, unless (or until) the connection is muted by a throttle. The
+        replies answered meanwhile (produce acks, above all) leave in one write at the end, not one each."""
+        self.receiving = True
+        try:
+            while not self.muted:
+                try:
+                    event = self.codec.next_event()
+                except ProtocolError as exc:
+                    log.warning("closing connection from %s: %s", self.session.peer, exc)
+                    self._abort()
+                    return
+                if event is NEED_DATA:
+                    break
+                self.handshaken = True
+                if isinstance(event, BadRequest):
+                    reply = _Reply(event.header)
+                    self.replies.append(reply)
+                    self._complete(reply, m.error_response(event.header.api_key, event.error_code,
+                                                           str(event.error)))
+                    continue
+                assert isinstance(event, RequestEvent)
+                self._handle(event)
+                if self.closing:
+                    return  # refused (authentication): nothing more is read from this connection
+                if self.session.throttle_ms:
+                    self._throttle()
+        finally:
+            self.receiving = False
+            if self.transport is not None and not self.transport.is_closing():
+                self._pump()
         partial = self.codec.partial_frame_bytes
         if partial != self.partial_bytes:
             self.registry.partial_changed(self, partial)
@@ -310,9 +321,10 @@ class BrokerProtocol(asyncio.Protocol):
         result = self.broker.handle(event.request, self.session)
         if asyncio.iscoroutine(result):
             self.broker.request_started()
-            task = self.loop.create_task(result)
+            task = self.loop.create_task(self._serve(result, reply, event.header.api_key))
             self.tasks.add(task)
-            task.add_done_callback(functools.partial(self._task_done, reply=reply, api_key=event.header.api_key))
+            task.add_done_callback(functools.partial(self._task_done, pending=result, reply=reply,
+                                                     api_key=event.header.api_key))
         elif reply is not None:
             self._complete(reply, result)
         self._check_closing()
@@ -324,20 +336,35 @@ class BrokerProtocol(asyncio.Protocol):
             self.transport.pause_reading()
             self._pump()
 
-    def _task_done(self, task: asyncio.Task[Any], *, reply: _Reply | None, api_key: int) -> None:
+    async def _serve(self, pending: Coroutine[Any, Any, Any], reply: _Reply | None, api_key: int) -> None:
+        """Run a request's coroutine and answer it from the same task, so that the reply is written in the
+        loop step its answer is ready in (a woken long poll, a durable ack), not a step later from a done
+        callback."""
+        try:
+            result = await pending
+        except asyncio.CancelledError:  # the connection closed, or the broker is stopping
+            self._answer(reply, m.error_response(api_key, BrokerStoppingError.code, "request cancelled"))
+            raise
+        except Exception as exc:  # a safety net: the core answers the errors of its coroutines
+            result = error_response(api_key, exc)
+        self._answer(reply, result)
+
+    def _task_done(self, task: asyncio.Task[Any], *, pending: Coroutine[Any, Any, Any], reply: _Reply | None,
+                   api_key: int) -> None:
         self.broker.request_finished()
         self.tasks.discard(task)
+        pending.close()  # a no-op, unless the task was cancelled before it started (then it never ran)
+        if task.cancelled() and reply is not None and not reply.done:
+            self._answer(reply, m.error_response(api_key, BrokerStoppingError.code, "request cancelled"))
+        elif self.closing:
+            self._pump()  # a connection closing after its replies: this was maybe the last request running
+
+    def _answer(self, reply: _Reply | None, result: Any) -> None:
         if self.session.close_after_reply and not self.closing and self.transport is not None:
             self.closing = True
             self.transport.pause_reading()
         if self.session.throttle_ms and not self.closing:
             self._throttle()
-        if task.cancelled():
-            result: Any = m.error_response(api_key, BrokerStoppingError.code, "request cancelled")
-        elif task.exception() is not None:  # a safety net: the core answers the errors of its coroutines
-            result = error_response(api_key, task.exception())  # type: ignore[arg-type]
-        else:
-            result = task.result()
         if reply is None:
             if isinstance(result, FileReply):
                 result.file_slice.release()
@@ -371,7 +398,7 @@ class BrokerProtocol(asyncio.Protocol):
 
     def _pump(self) -> None:
         """Write every finished reply at the head of the queue; a file reply hands over to sendfile."""
-        if self.sending or self.transport is None:
+        if self.sending or self.receiving or self.transport is None:
             return
         out: list[bytes] = []
         if self.ready:

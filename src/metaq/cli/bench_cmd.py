@@ -73,6 +73,10 @@ def _run(mode: str, as_json: bool, no_progress: bool, brokers: int | None, **kwa
     if lat:
         what = "append-to-delivery" if mode == "e2e" else "commit" if result.api == "transaction" else "ack"
         click.echo(f"  {what} latency ms: p50 {lat['p50']}  p99 {lat['p99']}  p999 {lat['p999']}  max {lat['max']}")
+    sync = result.fdatasync_ms
+    if sync:
+        click.echo(f"  the disk's fdatasync ms (same run, the broker's data directory): p50 {sync['p50']}  "
+                   f"p99 {sync['p99']}  max {sync['max']}")
 
 
 @click.group("bench")

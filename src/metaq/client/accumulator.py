@@ -142,6 +142,29 @@ class ProducerBatch:
         self.count = i + 1
         self.size_bytes += size
 
+    def absorb(self, other: ProducerBatch) -> None:
+        """Take ``other``'s records after this batch's own (both unbuilt, same key): batches sealed while their
+        broker's connection had no room travel as one frame instead of queueing one frame each."""
+        n, m = self.count, other.count
+        self.values.extend(other.values)
+        self.timestamps.extend(other.timestamps)
+        if self.keys is not None or other.keys is not None:
+            keys: list[bytes | None] = list(self.keys) if self.keys is not None else [None] * n
+            keys.extend(other.keys if other.keys is not None else [None] * m)
+            self.keys = keys
+        if self.attributes is not None or other.attributes is not None:
+            attributes: list[str | None] = list(self.attributes) if self.attributes is not None else [None] * n
+            attributes.extend(other.attributes if other.attributes is not None else [None] * m)
+            self.attributes = attributes
+        if self.headers is not None or other.headers is not None:
+            headers: list[Sequence[tuple[str, bytes]] | None] = (
+                list(self.headers) if self.headers is not None else [None] * n)
+            headers.extend(other.headers if other.headers is not None else [None] * m)
+            self.headers = headers
+        self.waiters.extend(other.waiters)
+        self.count = n + m
+        self.size_bytes += other.size_bytes - HEADER_BYTES
+
     def build(self, compression: Compression) -> bytes:
         if self.payload is None:
             self.payload = encode_columns(self.values, self.timestamps, keys=self.keys, attributes=self.attributes,

@@ -237,6 +237,12 @@ class Producer:
         self._senders: dict[int, asyncio.Task[None]] = {}
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._timer_when = 0.0
+        self._queued_last: dict[BatchKey, ProducerBatch] = {}
+        """The last batch of each key queued for its broker (not yet written): where a batch sealed while the
+        connection has no room (max_in_flight replies owed, its buffer full) is merged instead of queueing
+        behind it, so a slow broker (fsync per ack) gets fewer, fuller frames rather than a growing queue."""
+        self._written: list[BrokerConnection] | None = None
+        """While :meth:`_on_timer` dispatches: the connections it wrote to, flushed when it is done."""
         self._cold: dict[str, list[tuple[Message, Any, int, int]]] = {}
         self._cold_tasks: set[asyncio.Task[None]] = set()
         self._outstanding: dict[ProducerBatch, list[asyncio.Future[None]] | None] = {}
@@ -779,14 +785,31 @@ class Producer:
     def _on_timer(self) -> None:
         self._timer = None
         # A little slack: a timer may fire a hair before its time, and re-arming for 0.1 ms is waste.
-        for batch in self._acc.expired(self._loop.time() + 0.0005):
-            self._dispatch(batch)
+        expired = self._acc.expired(self._loop.time() + 0.0005)
+        if expired:
+            # Every batch due now is written first, then each connection written to is flushed: the frames
+            # leave in one write per broker in this loop step, not one step later (linger_ms=0 latency).
+            written = self._written = []
+            try:
+                for batch in expired:
+                    self._dispatch(batch)
+            finally:
+                self._written = None
+                for conn in written:
+                    conn.flush()
         nxt = self._acc.next_deadline()
         if nxt is not None:
             self._arm(nxt)
 
     def _dispatch(self, batch: ProducerBatch) -> None:
         key = batch.key
+        last = self._queued_last.get(key)
+        if last is not None:
+            if (last.payload is None and last.key == key and last in self._outstanding and batch.payload is None
+                    and last.size_bytes + batch.size_bytes - HEADER_BYTES <= self.config.batch_bytes):
+                last.absorb(batch)
+                return
+            del self._queued_last[key]
         self._busy[key] = self._busy.get(key, 0) + 1
         self._outstanding[batch] = None
         broker_id = batch.broker_id
@@ -800,10 +823,15 @@ class Producer:
             if conn is not None and conn.writable:
                 try:
                     self._write(conn, batch)
+                    written = self._written
+                    if written is not None and conn not in written:
+                        written.append(conn)
                     return
                 except ConnectionClosedError:
                     pass  # not written: the sender below reconnects
         queue.append(batch)
+        if batch.payload is None and batch.batch_waiter is None:
+            self._queued_last[key] = batch
         if broker_id not in self._senders:
             self._senders[broker_id] = asyncio.ensure_future(self._send_loop(broker_id, queue))
 
@@ -812,6 +840,8 @@ class Producer:
 
         Any other error (a frame over the limit, say) fails the batch itself.
         """
+        if self._queued_last.get(batch.key) is batch:
+            del self._queued_last[batch.key]  # leaving: nothing more may join it
         try:
             payload = batch.build(self.config.compression)
             if self._idempotent and batch.acks and not batch.delayed:  # a delayed batch never meets a partition's

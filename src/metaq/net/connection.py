@@ -3,8 +3,9 @@
 The sans-IO :class:`~metaq.protocol.codec.ClientConnection` numbers requests and matches replies;
 this class only moves its bytes. It is the hot path of the producer, so:
 
-* frames written in one event-loop step leave in one ``writelines`` call (one syscall), and the
-  writer waits only when the transport's buffer is over its high-water mark;
+* frames written in one event-loop step leave in one ``writelines`` call (one syscall) at the end of
+  the step, or at once when the writer says it has nothing more (:meth:`BrokerConnection.flush`), and
+  the writer waits only when the transport's buffer is over its high-water mark;
 * the reader is the protocol's ``data_received`` callback: no task, no stream copies;
 * a reply resolves a plain future; no per-request timer: one watchdog per connection checks
   deadlines every ``_WATCHDOG_TICK_S`` while anything is in flight.
@@ -249,6 +250,16 @@ class BrokerConnection:
         if not self.writable:
             await self.wait_writable()
         return raise_for_error(await self.submit(request, timeout_s))
+
+    @property
+    def unflushed_bytes(self) -> int:
+        """Bytes of requests sent in this loop step and not yet handed to the transport."""
+        return self._wbuf_bytes
+
+    def flush(self) -> None:
+        """Hand the frames queued in this loop step to the transport now, instead of at the end of the
+        step: a producer that has written every batch it had calls it to save one loop step of latency."""
+        self._flush()
 
     def _write(self, frame: bytes) -> None:
         wbuf = self._wbuf

@@ -157,3 +157,24 @@ def test_a_built_batch_is_valid_and_decodes_to_what_went_in(compression: Compres
     assert [(m.data, m.key, m.attribute, m.headers, m.timestamp_ms) for m in got] == \
            [(m.data, m.key, m.attribute, m.headers, m.timestamp_ms) for m in sent]
     assert [m.offset for m in got] == list(range(50))
+
+
+def test_an_absorbed_batch_follows_the_first_one_in_order_with_its_fields_and_waiters() -> None:
+    """What the producer does with batches sealed while their connection has no room: one frame, in order."""
+    acc, _ = make(batch_bytes=1 << 20)
+    sent = [Message("t", b"v%d" % i, attribute="a" if i % 4 == 3 else None, key=b"k%d" % i if 5 <= i < 8 else None,
+                    headers=[("h", b"%d" % i)] if i == 9 else None, timestamp_ms=1000 + i) for i in range(12)]
+    batches = []
+    for part in (sent[:4], sent[4:5], sent[5:12]):  # plain + attributes, plain only, keys and headers
+        for m in part:
+            acc.append(K0, m.timestamp_ms, m.data, m.key, m.attribute, m.headers, m.data, 1.0)
+        batches.extend(acc.seal_all())
+    first, second, third = batches
+    sizes = sum(b.size_bytes - HEADER_BYTES for b in batches)
+    first.absorb(second)
+    first.absorb(third)
+    assert first.count == 12 and first.size_bytes == HEADER_BYTES + sizes
+    assert first.waiters == [m.data for m in sent]
+    got = decode_batch(first.build(Compression.NONE), "t", 0)
+    assert [(m.data, m.key, m.attribute, m.headers, m.timestamp_ms) for m in got] == \
+           [(m.data, m.key, m.attribute, m.headers, m.timestamp_ms) for m in sent]

@@ -1,0 +1,290 @@
+"""A temporary instrumentation of one e2e run: wraps metaq's private functions in every process of the run
+(producer, broker, consumer) and records ``time.perf_counter_ns()`` (CLOCK_MONOTONIC: one clock for every
+process of the machine) at each stage a message passes. Nothing of this is in metaq's hot paths; it is
+loaded only through ``scripts/e2e_trace/sitecustomize.py`` when METAQ_TRACE_DIR is set.
+
+Records are tuples written as JSON lines to ``$METAQ_TRACE_DIR/<pid>.jsonl``:
+
+producer (keyed by the payload's 8-byte time stamp, ``ts``)
+    ("send", ts, t)            send_async called
+    ("sealed", [ts...], t)     the batch was sealed and dispatched (Producer._dispatch; a batch merged into
+                               one queued before it travels with that one)
+    ("written", [ts...], t)    its frame was handed to the transport (BrokerConnection._flush)
+    ("acked", p, base, [ts...], t)   the ack arrived (Producer._complete_ok): ts i has offset base+i
+broker (keyed by partition and offsets)
+    ("append", p, base, last, t_read, t_handle, t_appended)
+    ("flush", p, end_before, t_start, t_end)
+    ("ack", p, base, t)        the produce reply was queued for writing (BrokerProtocol._complete)
+    ("woken", p, t)            a long-poll waiter resumed
+    ("reply", p, first, last, t)   a fetch reply was queued for writing
+consumer
+    ("recv", p, [offsets], t_data, t_decoded)   bytes arrived / the fetch call returned
+    ("yield", p, [offsets], t) the batch was handed to the application
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import struct
+import time
+from typing import Any
+
+_now = time.perf_counter_ns
+_TS = struct.Struct(">q")
+_records: list[Any] = []
+_path = ""
+_state: dict[str, Any] = {"read": 0, "handle": 0, "data": 0}
+
+
+def _rec(*item: Any) -> None:
+    _records.append(item)
+    if len(_records) >= 5_000_000:  # written at exit: a mid-run dump would stall the run
+        _dump()
+
+
+def _dump() -> None:
+    if not _records:
+        return
+    with open(_path, "a") as f:
+        for r in _records:
+            f.write(json.dumps(r))
+            f.write("\n")
+    _records.clear()
+
+
+def _ts(data: Any) -> int:
+    return int(_TS.unpack_from(data)[0]) if len(data) >= 8 else 0
+
+
+def install(directory: str) -> None:
+    global _path
+    os.makedirs(directory, exist_ok=True)
+    _path = os.path.join(directory, f"{os.getpid()}.jsonl")
+    atexit.register(_dump)
+    import signal
+
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum: int, frame: Any) -> None:
+        _dump()
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            raise SystemExit(0)
+
+    # the broker installs its own SIGTERM handler on its loop later; this only covers processes that do not
+    signal.signal(signal.SIGTERM, on_term)
+    _patch_producer()
+    _patch_broker()
+    _patch_consumer()
+
+
+def _patch_producer() -> None:
+    from metaq.client import producer as pm
+    from metaq.net import connection as cm
+
+    batch_ts: dict[int, list[int]] = {}
+
+    orig_send_async = pm.Producer.send_async
+
+    def send_async(self: Any, message: Any, *a: Any, **k: Any) -> Any:
+        ts = _ts(message.data)
+        if ts:
+            _rec("send", ts, _now())
+        return orig_send_async(self, message, *a, **k)
+
+    pm.Producer.send_async = send_async  # type: ignore[method-assign]
+
+    orig_dispatch = pm.Producer._dispatch
+
+    def dispatch(self: Any, batch: Any) -> None:
+        if batch.payload is None and id(batch) not in batch_ts:
+            tss = [_ts(v) for v in batch.values]
+            batch_ts[id(batch)] = tss
+            _rec("sealed", tss, _now())
+        return orig_dispatch(self, batch)
+
+    pm.Producer._dispatch = dispatch  # type: ignore[method-assign]
+
+    from metaq.client import accumulator as am
+
+    orig_absorb = getattr(am.ProducerBatch, "absorb", None)  # absent before batches could merge
+
+    def absorb(self: Any, other: Any) -> None:
+        mine, theirs = batch_ts.get(id(self)), batch_ts.pop(id(other), None)
+        if mine is not None and theirs is not None:
+            mine.extend(theirs)
+        assert orig_absorb is not None
+        return orig_absorb(self, other)
+
+    if orig_absorb is not None:
+        am.ProducerBatch.absorb = absorb  # type: ignore[method-assign]
+
+    orig_write = pm.Producer._write
+
+    def write(self: Any, conn: Any, batch: Any) -> None:
+        tss = batch_ts.get(id(batch))
+        orig_write(self, conn, batch)
+        if tss is not None:
+            pending = conn.__dict__.setdefault("_trace_pending", [])
+            pending.append(tss)
+
+    pm.Producer._write = write  # type: ignore[method-assign]
+
+    orig_flush = cm.BrokerConnection._flush
+
+    def flush(self: Any) -> None:
+        t = _now()
+        orig_flush(self)
+        pending = self.__dict__.get("_trace_pending")
+        if pending:
+            for tss in pending:
+                _rec("written", tss, t)
+            pending.clear()
+
+    cm.BrokerConnection._flush = flush  # type: ignore[method-assign]
+
+    orig_ok = pm.Producer._complete_ok
+
+    def complete_ok(self: Any, batch: Any, resp: Any) -> None:
+        t = _now()
+        tss = batch_ts.pop(id(batch), None)
+        if tss is not None and resp is not None:
+            _rec("acked", resp.partition, resp.base_offset, tss, t)
+        return orig_ok(self, batch, resp)
+
+    pm.Producer._complete_ok = complete_ok  # type: ignore[method-assign]
+
+    orig_on_data = cm.BrokerConnection._on_data
+
+    def on_data(self: Any, data: bytes) -> None:
+        _state["data"] = _now()
+        return orig_on_data(self, data)
+
+    cm.BrokerConnection._on_data = on_data  # type: ignore[method-assign]
+
+
+def _patch_broker() -> None:
+    from metaq.broker import transport as tm
+    from metaq.broker import waiters as wm
+    from metaq.broker.session import FileReply
+    from metaq.protocol import messages as m
+    from metaq.protocol.records import peek_length
+    from metaq.storage import log as lm
+
+    orig_received = tm.BrokerProtocol.data_received
+
+    def data_received(self: Any, data: bytes) -> None:
+        _state["read"] = _now()
+        return orig_received(self, data)
+
+    tm.BrokerProtocol.data_received = data_received  # type: ignore[method-assign]
+
+    reply_part: dict[int, int] = {}
+    orig_handle = tm.BrokerProtocol._handle
+
+    def handle(self: Any, event: Any) -> None:
+        _state["handle"] = _now()
+        req = event.request
+        if isinstance(req, m.FetchRequest):
+            n = len(self.replies)
+            orig_handle(self, event)
+            # the reply slot it appended (if not answered at once)
+            for r in list(self.replies)[n:]:
+                reply_part[id(r)] = req.partition
+            if len(self.replies) <= n:
+                pass
+            return None
+        return orig_handle(self, event)
+
+    tm.BrokerProtocol._handle = handle  # type: ignore[method-assign]
+
+    orig_complete = tm.BrokerProtocol._complete
+
+    def complete(self: Any, reply: Any, result: Any) -> None:
+        t = _now()
+        if isinstance(result, m.ProduceResponse):
+            _rec("ack", result.partition, result.base_offset, t)
+        else:
+            p = reply_part.pop(id(reply), None)
+            records = None
+            if isinstance(result, FileReply):
+                records = result.file_slice.read_bytes()
+            elif isinstance(result, m.FetchResponse):
+                records = result.records
+            if p is not None and records:
+                first = last = -1
+                pos = 0
+                while True:
+                    peeked = peek_length(records, pos)
+                    if peeked is None or pos + peeked[1] > len(records):
+                        break
+                    if first < 0:
+                        first = peeked[0]
+                    # record count: bytes [67, 71) of a batch? use the next batch's base, else the log end
+                    last = peeked[0]
+                    pos += peeked[1]
+                _rec("reply", p, first, last, result.response.log_end_offset if isinstance(result, FileReply)
+                     else result.log_end_offset, t)
+        return orig_complete(self, reply, result)
+
+    tm.BrokerProtocol._complete = complete  # type: ignore[method-assign]
+
+    orig_append = lm.PartitionLog.append
+
+    def append(self: Any, batch: Any, header: Any = None, **k: Any) -> Any:
+        r = orig_append(self, batch, header, **k)
+        _rec("append", self.partition, r.base_offset, r.last_offset, _state["read"], _state["handle"], _now())
+        return r
+
+    lm.PartitionLog.append = append  # type: ignore[method-assign]
+
+    orig_flush_pending = lm.PartitionLog.flush_pending
+
+    def flush_pending(self: Any, *a: Any, **k: Any) -> Any:
+        end = self.log_end_offset
+        t0 = _now()
+        try:
+            return orig_flush_pending(self, *a, **k)
+        finally:
+            _rec("flush", self.partition, end, t0, _now())
+
+    lm.PartitionLog.flush_pending = flush_pending  # type: ignore[method-assign]
+
+    orig_wait = wm.FetchWaiters.wait
+
+    async def wait(self: Any, topic: str, partition: int, *a: Any, **k: Any) -> None:
+        await orig_wait(self, topic, partition, *a, **k)
+        _rec("woken", partition, _now())
+
+    wm.FetchWaiters.wait = wait  # type: ignore[method-assign]
+
+
+def _patch_consumer() -> None:
+    from metaq.client import consumer as cm
+
+    orig_fetch = cm.Fetcher.fetch
+
+    async def fetch(self: Any, *a: Any, **k: Any) -> Any:
+        r = await orig_fetch(self, *a, **k)
+        if r.messages:
+            _rec("recv", r.messages[0].partition, [x.offset for x in r.messages], _state["data"], _now())
+        return r
+
+    cm.Fetcher.fetch = fetch  # type: ignore[method-assign]
+
+    orig_iter = cm.PullConsumer.iterate_batches
+
+    async def iterate_batches(self: Any, *a: Any, **k: Any) -> Any:
+        gen = orig_iter(self, *a, **k)
+        try:
+            async for batch in gen:
+                if batch:
+                    _rec("yield", batch[0].partition, [x.offset for x in batch], _now())
+                yield batch
+        finally:
+            await gen.aclose()
+
+    cm.PullConsumer.iterate_batches = iterate_batches  # type: ignore[method-assign]
