@@ -81,7 +81,9 @@ def produce_case(partitions: int, apis: list[str], args: argparse.Namespace, wor
     rows = []
     data_dir = work / f"produce-{partitions}"
     extra = {"maxOpenFiles": args.max_open_files} if args.max_open_files else None
-    with broker(data_dir, partitions, extra) as launcher:
+    launcher = broker(data_dir, partitions, extra)
+    start_s, _opened = timed_start(launcher)
+    try:
         rss0, fd0 = proc_stats(launcher.pid)
         for api in apis:
             spec = BenchSpec(mode="produce", servers=launcher.servers, topic=TOPIC, partitions=partitions,
@@ -96,6 +98,14 @@ def produce_case(partitions: int, apis: list[str], args: argparse.Namespace, wor
             print(f"  produce partitions={partitions} api={api}: {result.msgs_per_s:,.0f} msg/s "
                   f"({result.messages} messages, {result.failures} failed); RSS {rss0 / 1024:.1f} -> "
                   f"{rss1 / 1024:.1f} MiB, fds {fd0} -> {fd1}", flush=True)
+    finally:
+        t_stop = time.perf_counter()
+        launcher.stop_or_kill(600)
+    stop_s = time.perf_counter() - t_stop
+    print(f"  partitions={partitions}: a new broker creating them ready in {start_s:.2f}s; clean stop after "
+          f"producing {stop_s:.2f}s", flush=True)
+    for row in rows:
+        row.update(start_s=start_s, stop_s=stop_s)
     return rows
 
 
@@ -175,21 +185,24 @@ def main(argv: list[str] | None = None) -> int:
         startup_rows = startup_case(args, work) if args.fill_bytes > 0 else []
     if produce_rows:
         print("\n| partitions | api | msg/s | vs small | ack p99 ms | RSS start MiB | RSS after MiB | fds start "
-              "| fds after |")
-        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+              "| fds after | new broker ready s | stop after producing s |")
+        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         base = {r["api"]: r["msgs_per_s"] for r in produce_rows if r["partitions"] == args.small}
         for r in produce_rows:
             ratio = r["msgs_per_s"] / base[r["api"]] if base.get(r["api"]) else 0.0
             print(f"| {r['partitions']:,} | {r['api']} | {r['msgs_per_s']:,.0f} | {ratio:.0%} | {r['p99_ms']} "
-                  f"| {r['rss_start_mib']:.1f} | {r['rss_after_mib']:.1f} | {r['fds_start']} | {r['fds_after']} |")
+                  f"| {r['rss_start_mib']:.1f} | {r['rss_after_mib']:.1f} | {r['fds_start']} | {r['fds_after']} "
+                  f"| {r['start_s']:.2f} | {r['stop_s']:.2f} |")
         small = [r for r in produce_rows if r["partitions"] == args.small]
         large = [r for r in produce_rows if r["partitions"] == args.large]
         if small and large and args.large > args.small:
             extra = args.large - args.small
-            print(f"\nper extra partition: RSS at start {(large[0]['rss_start_mib'] - small[0]['rss_start_mib']) * 1024 / extra:.1f} KiB, "
-                  f"after producing {(large[-1]['rss_after_mib'] - small[-1]['rss_after_mib']) * 1024 / extra:.1f} KiB; "
-                  f"fds at start {(large[0]['fds_start'] - small[0]['fds_start']) / extra:.3f}, "
-                  f"after producing {(large[-1]['fds_after'] - small[-1]['fds_after']) / extra:.3f}")
+            rss_start = (large[0]["rss_start_mib"] - small[0]["rss_start_mib"]) * 1024 / extra
+            rss_after = (large[-1]["rss_after_mib"] - small[-1]["rss_after_mib"]) * 1024 / extra
+            fds_start = (large[0]["fds_start"] - small[0]["fds_start"]) / extra
+            fds_after = (large[-1]["fds_after"] - small[-1]["fds_after"]) / extra
+            print(f"\nper extra partition: RSS at start {rss_start:.1f} KiB, after producing {rss_after:.1f} KiB; "
+                  f"fds at start {fds_start:.3f}, after producing {fds_after:.3f}")
     if startup_rows:
         print(f"\nstart-up with {args.large:,} partitions, {args.fill_bytes / 1e9:.2f} GB:")
         print("| start | spawn to ready s | opened in s | RSS MiB | fds |")
