@@ -10,6 +10,7 @@ numPartitions):
   processes): ``batch`` is send_batch of --batch messages (each call goes to the next partition),
   ``async`` is send_async per message (the default round-robin selector, batched per partition by the
   producer's accumulator);
+- a new broker's time to create the partitions, and its clean stop after producing;
 - start-up of a broker holding --large partitions and --fill-bytes of data: the data directory is
   filled through the storage library (not measured), then the broker is started after a clean close,
   stopped with SIGTERM and started again (clean), then killed with SIGKILL and started again (every
@@ -20,9 +21,10 @@ Every loop is bounded by a count and a deadline. A quick run:
 
     .venv/bin/python scripts/bench_partitions.py --large 1000 -n 200000 -d 10 --fill-bytes 50e6
 
-The figures of docs/benchmarks.md ("10,000 partitions"):
+The figures of docs/benchmarks.md ("10,000 partitions"; the code before a change is measured in the same
+run by putting its ``src`` first on PYTHONPATH):
 
-    .venv/bin/python scripts/bench_partitions.py --large 10000 -n 2000000 -d 30 --fill-bytes 1e9
+    .venv/bin/python scripts/bench_partitions.py --large 10000 -n 2000000 --batch 100 -d 20 --fill-bytes 1e9
 """
 
 from __future__ import annotations
