@@ -113,6 +113,7 @@ class BrokerConfig:
     update_consumer_offsets: bool
     load_message_stores_in_parallel: bool
     verify_after_unclean_start: bool
+    max_open_files: int
     max_message_bytes: int
     max_batch_bytes: int
     auto_create_topics: bool

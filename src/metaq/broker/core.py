@@ -162,7 +162,7 @@ class Broker:
         self.waiters = FetchWaiters(config.max_waiting_fetches, config.max_waiting_fetches_per_connection)
         self.logs = LogManager(config.data_path, config.broker_id, self._log_config(None),
                                load_in_parallel=config.load_message_stores_in_parallel,
-                               sync=self.stats.fsync_seconds.timed(sync))
+                               max_open_files=config.max_open_files, sync=self.stats.fsync_seconds.timed(sync))
         self.delay = DelayStore(config.data_path, config.broker_id, self._log_config(None),
                                 max_delay_ms=config.max_delay_s * 1000, flusher=self.logs.flusher,
                                 files=self.logs.files, sync=self.stats.fsync_seconds.timed(sync))

@@ -421,6 +421,12 @@ OPTIONS: tuple[Option, ...] = (
          "After a start that was not preceded by a clean stop, check every stored byte of the partitions "
          "it recovered, in the background (damage is logged and shown in stats; `metaq admin verify` does "
          "the same on demand).", _boolean, status="extension"),
+    _opt("maxOpenFiles", "max_open_files", "int", "1024", _SYSTEM,
+         "Descriptors the broker keeps open for segment and index files (an LRU: the least recently used "
+         "idle one is closed past it, and any idle for 60 s). A partition costs about one while it is "
+         "written or read, so keep it above the partitions in use at once; at start the broker raises its "
+         "soft RLIMIT_NOFILE (up to the hard one) to this plus maxConnections plus 256 "
+         "(docs/operations.md).", _integer(16, 1_000_000), status="extension"),
     _opt("autoCreateTopics", "auto_create_topics", "bool", "true", _SYSTEM,
          "MetaQ's dynamic topics: a topic with no [topic=...] section is created on first publish; "
          "false refuses it.", _boolean, status="extension"),

@@ -27,6 +27,7 @@ from metaq.broker.transport import listen_tcp
 from metaq.cluster.registry import RegistryError
 from metaq.errors import ConfigError, StorageError
 from metaq.net.tls import ClientAuth, ServerTls
+from metaq.storage.files import raise_descriptor_limit
 
 if TYPE_CHECKING:
     from metaq.broker.dashboard.server import MetricsServer
@@ -35,6 +36,9 @@ log = logging.getLogger("metaq.broker")
 
 CLOSE_WAIT_S = 1.0
 """How long stop() waits for the listening socket to close."""
+DESCRIPTORS_RESERVED = 256
+"""Descriptors besides segment files and client connections: listeners, the data directory lock, offset and
+transaction logs, ZooKeeper, replica fetchers, the HTTP API, Python itself."""
 
 
 def advertised_host(bound_host: str) -> str:
@@ -310,9 +314,17 @@ class BrokerService:
 
     def _open_data(self) -> None:
         """Create or open the data directory and everything in it (blocking)."""
-        path = self.broker.config.data_path
+        config = self.broker.config
+        path = config.data_path
         if path.exists() and not path.is_dir():
             raise StartupError(f"dataPath {path} is not a directory")
+        wanted = config.max_open_files + config.max_connections + DESCRIPTORS_RESERVED
+        limit = raise_descriptor_limit(wanted)
+        if limit < wanted:
+            log.warning("the open-files limit is %d, below maxOpenFiles %d + maxConnections %d + %d: raise it "
+                        "(ulimit -n, or LimitNOFILE= in a systemd unit) or lower those options, else opening a "
+                        "file or accepting a connection fails with 'Too many open files' (docs/operations.md)",
+                        limit, config.max_open_files, config.max_connections, DESCRIPTORS_RESERVED)
         try:
             self.broker.open()
         except (OSError, StorageError, ConfigError) as exc:

@@ -14,12 +14,30 @@ is closed at once when nobody holds it, or when its last holder releases it.
 from __future__ import annotations
 
 import os
+import resource
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 
 _OPEN_FLAGS = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
+
+
+def raise_descriptor_limit(wanted: int) -> int:
+    """Raise this process's soft RLIMIT_NOFILE to ``wanted`` if it is lower (never above the hard limit,
+    never lowering it); returns the soft limit in force afterwards. A Linux default of 1024 would make
+    a FileCache of 1024 plus the sockets fail with EMFILE long before the budget says so."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return soft if soft != resource.RLIM_INFINITY else wanted
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
 
 
 class FileHandle:

@@ -138,6 +138,15 @@ class AppendResult(NamedTuple):
 class PartitionLog:
     """The log of one partition. Create with :meth:`open`."""
 
+    # A broker holds thousands of these: slots save about 1.2 KiB each (of ~4.4 KiB, tracemalloc).
+    __slots__ = (
+        "_abandoned", "_active", "_appending", "_bases", "_clock", "_closed", "_config", "_damaged",
+        "_end_offset", "_failure", "_files", "_find_lock", "_first_unflushed_ms", "_flush_requested",
+        "_flusher", "_id_base", "_lock", "_marker_present", "_own_files", "_parent_unsynced", "_partition",
+        "_pending_future", "_segments", "_size_bytes", "_sync", "_sync_lock", "_tag", "_topic", "_truncations",
+        "_unflushed_messages", "_unsynced_sealed", "directory", "producers", "recovery",
+    )
+
     def __init__(self, directory: Path, topic: str, partition: int, config: LogConfig, broker_id: int, *,
                  clock: Callable[[], float], flusher: Flusher | None, files: FileCache, own_files: bool,
                  sync: Callable[[int], None], segments: list[Segment], recovery: RecoveryReport,

@@ -190,13 +190,24 @@ class LogManager:
         errors: list[str] = []
         with self._lock:
             logs = list(self._logs.values())
-        for partition_log in logs:
+
+        def close_one(partition_log: PartitionLog) -> tuple[PartitionLog, CleanState | None, str | None]:
             try:
-                state = partition_log.close(write_marker=False)
+                return partition_log, partition_log.close(write_marker=False), None
             except StorageError as exc:
-                errors.append(str(exc))
-                continue
-            if state is not None:
+                return partition_log, None, str(exc)
+
+        # Each close may fdatasync the log and fsync its index files: one after another, 10,000 partitions
+        # took minutes on a busy disk; side by side the filesystem journal merges the syncs.
+        if len(logs) > 1:
+            with ThreadPoolExecutor(max_workers=self._load_workers, thread_name_prefix="metaq-close") as pool:
+                closed = list(pool.map(close_one, logs))
+        else:
+            closed = [close_one(partition_log) for partition_log in logs]
+        for partition_log, state, error in closed:
+            if error is not None:
+                errors.append(error)
+            elif state is not None:
                 states[partition_log.directory.name] = state.to_json()
         self.flusher.stop()
         try:
