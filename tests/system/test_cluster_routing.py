@@ -175,6 +175,10 @@ def test_zookeeper_stopped_and_restarted_under_load_producing_and_consuming_go_o
         assert not load.failed, collections.Counter(map(repr, load.failed.values()))
         assert {a.partition.broker_id for a in load.acked.values()} == {1, 2}
         with connect(**session_options) as session:
+            # A broker whose ZooKeeper session expired while the server was down (it could not reconnect
+            # in time: the restarted server was slow to answer) registers again with a new session; until
+            # then its partitions are not in the cluster's metadata, so read back once both are there.
+            wait_until(lambda: len(session.partitions("t")) == 4, 30, message="both brokers registered again")
             assert check_history(read_back(session, "t"), load.acked, load.failed, other=[b"wake"]) == []
 
 

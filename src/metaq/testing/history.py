@@ -173,5 +173,8 @@ def check_history(read: Mapping[PartitionId, list[tuple[int, bytes]]], acked: Ma
                 problems.append(f"{data!r} read at {pid}@{offset} was never sent")
     lost = [d for d in acked if d not in seen]
     if lost:
-        problems.append(f"{len(lost)} acknowledged messages not read back, e.g. {lost[:3]}")
+        by_partition = collections.Counter(str(acked[d].partition) for d in lost)
+        unread = sorted(str(p) for p in {acked[d].partition for d in lost} if p not in read)
+        problems.append(f"{len(lost)} acknowledged messages not read back, e.g. {lost[:3]}; by partition "
+                        f"{dict(sorted(by_partition.items()))}" + (f"; not read at all: {unread}" if unread else ""))
     return problems
