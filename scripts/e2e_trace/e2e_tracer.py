@@ -261,6 +261,16 @@ def _patch_broker() -> None:
 
     wm.FetchWaiters.wait = wait  # type: ignore[method-assign]
 
+    if hasattr(wm.FetchWaiters, "park"):  # waiters woken by a callback inside the append's notify
+        orig_wake = wm.FetchWaiters._wake
+
+        def wake(self: Any, waiter: Any, timed_out: bool) -> None:
+            if not timed_out and waiter.armed and not waiter.finished and len(waiter.keys) == 1:
+                _rec("woken", waiter.keys[0][1], _now())
+            orig_wake(self, waiter, timed_out)
+
+        wm.FetchWaiters._wake = wake  # type: ignore[method-assign]
+
 
 def _patch_consumer() -> None:
     from metaq.client import consumer as cm

@@ -5,10 +5,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
+from metaq.broker.session import Session
 from metaq.protocol import messages as m
 from metaq.protocol.records import decode_fetched, encode_values
 from metaq.testing import BrokerProcess, wait_until
+from metaq.testing.inprocess import InProcessBroker
 from metaq.testing.raw import RawClient
 
 
@@ -64,3 +68,57 @@ def test_out_of_range_fetch_names_the_valid_range_or_serves_the_nearest(
     assert lenient.call(m.ProduceRequest("r", 0, 1, 5000, encode_values([b"a", b"b"], 1))).error_code == 0
     reply = lenient.call(m.FetchRequest("r", 0, 50, 1 << 20, 0))
     assert reply.error_code == 0 and reply.reset_offset == 2  # MetaQ: moved to the nearest valid offset
+
+
+def test_a_waiting_fetch_is_answered_inside_the_append_that_wakes_it(tmp_path: Path) -> None:
+    """The reply of a woken long poll (Fetch and MultiFetch) is decided in the append's own loop step:
+    by the time the produce handler returns, the waiting fetches hold their records and gave their
+    waiting slots back (docs/benchmarks.md, "End-to-end latency": the wake path)."""
+    with InProcessBroker(tmp_path / "b", {"numPartitions": 2, "unflushThreshold": 1000}) as b:
+        core = b.broker
+
+        def produce(partition: int, value: bytes) -> None:
+            assert core.handle(m.ProduceRequest("wake", partition, 1, 5000, encode_values([value], 1))).error_code == 0
+
+        def scenario() -> tuple[Any, ...]:
+            produce(0, b"a")
+            produce(1, b"b")
+            single, multi = Session(), Session()
+            fetch = core.handle(m.FetchRequest("wake", 0, 1, 1 << 20, 60_000), single, deferred=True)
+            many = core.handle(m.MultiFetchRequest(60_000, 1, 1 << 20, "", [m.FetchPartition("wake", 0, 1),
+                                                                           m.FetchPartition("wake", 1, 1)]),
+                               multi, deferred=True)
+            parked = (fetch.done, many.done, core.waiters.waiting, single.waiting_fetches, multi.waiting_fetches)
+            produce(1, b"to partition 1")  # wakes the MultiFetch only
+            after_one = (fetch.done, many.done, core.waiters.waiting)
+            produce(0, b"to partition 0")
+            return parked, after_one, fetch.result, many.result, core.waiters.waiting, single.waiting_fetches
+
+        parked, after_one, fetched, many, waiting, slots = b.call(scenario)
+        assert parked == (False, False, 2, 1, 1)
+        assert after_one == (False, True, 1)
+        assert (waiting, slots) == (0, 0)
+        messages, _ = decode_fetched(fetched.records, "wake", 0, 1)
+        assert [bytes(x.data) for x in messages] == [b"to partition 0"]
+        assert [len(p.records) > 0 for p in many.partitions] == [False, True]
+        messages, _ = decode_fetched(many.partitions[1].records, "wake", 1, 1)
+        assert [bytes(x.data) for x in messages] == [b"to partition 1"]
+
+
+def test_a_waiting_fetch_of_a_closed_connection_gives_its_slot_back_and_is_never_answered(tmp_path: Path) -> None:
+    with InProcessBroker(tmp_path / "b", {"numPartitions": 1, "unflushThreshold": 1000}) as b:
+        core = b.broker
+
+        def scenario() -> tuple[Any, ...]:
+            assert core.handle(m.ProduceRequest("gone", 0, 1, 5000, encode_values([b"x"], 1))).error_code == 0
+            session = Session()
+            fetch = core.handle(m.FetchRequest("gone", 0, 1, 1 << 20, 60_000), session, deferred=True)
+            answered: list[Any] = []
+            fetch.on_done(answered.append)
+            before = (core.waiters.waiting, session.waiting_fetches)
+            fetch.cancel()  # what the transport does when the connection closes
+            assert core.handle(m.ProduceRequest("gone", 0, 1, 5000, encode_values([b"y"], 1))).error_code == 0
+            return before, (core.waiters.waiting, session.waiting_fetches), answered
+
+        before, after, answered = b.call(scenario)
+        assert before == (1, 1) and after == (0, 0) and answered == []

@@ -16,6 +16,7 @@ import os
 import signal
 import time
 import urllib.request
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import pytest
 from cli_process import metaq
 
 from metaq.client import Message, MessageSessionFactory
+from metaq.client.group import ConsumerConfig, create_consumer
 from metaq.errors import TooManyConnectionsError
 from metaq.net.blocking import BlockingConnection
 from metaq.net.codec import ConnectionSettings
@@ -67,7 +69,7 @@ def test_a_producer_over_its_quota_is_slowed_to_about_it_and_loses_nothing(
                     sends.append((value, producer.send(Message("quota", value))))
                 for value, fut in sends:
                     result = await fut
-                    assert result.success, result.error  # slowed, never refused
+                    assert result.success, [r for r in result if not r.success][:1]  # slowed, never refused
                     acked.append(value)
             elapsed = time.monotonic() - start
             rate = sum(len(v) for v in acked) / elapsed
@@ -108,6 +110,44 @@ def test_a_consumer_over_its_quota_is_slowed_to_about_it(broker_factory: Callabl
     assert got == count
     assert rate < 2 * QUOTA, f"{rate:.0f} B/s fetched with a quota of {QUOTA} B/s"
     assert throttle["throttled_total"] > 0, throttle
+
+
+def test_a_group_consumer_fetching_with_multi_fetch_is_slowed_and_told(
+        broker_factory: Callable[..., BrokerProcess], tmp_path: Path) -> None:
+    broker = broker_factory({"numPartitions": 4, "unflushThreshold": 0, "quotaConsumerByteRate": QUOTA})
+    per_partition = 100  # ~400 kB over 4 partitions: about 3 s at the quota, after its one-second burst
+
+    async def main() -> tuple[float, dict[int, list[int]], dict[str, int], int]:
+        async with await MessageSessionFactory.connect(broker.servers) as session:
+            await session.admin().create_topic("quota", 4)
+            producer = session.create_producer()
+            for p in range(4):
+                for first in range(0, per_partition, 20):
+                    values = [b"%08d" % i + PAYLOAD for i in range(first, first + 20)]
+                    result = await producer.send_batch("quota", values, partition=p)
+                    assert result.success, [r for r in result if not r.success][:1]
+            seen: dict[int, list[int]] = defaultdict(list)
+            consumer = create_consumer(session, ConsumerConfig(
+                group="slowed", recover_dir=tmp_path / "recover", max_delay_fetch_ms=100,
+                commit_offset_period_ms=500, multi_fetch=True))
+            consumer.subscribe("quota", 16 * 1024, lambda msg: seen[msg.partition].append(msg.offset))
+            start = time.monotonic()
+            await consumer.complete_subscribe()
+            deadline = start + 60
+            while sum(map(len, seen.values())) < 4 * per_partition:
+                assert time.monotonic() < deadline, {p: len(v) for p, v in seen.items()}
+                await asyncio.sleep(0.02)
+            elapsed = time.monotonic() - start
+            multi = len(consumer.broker_fetchers)
+            await consumer.close()
+            return 4 * per_partition * (8 + len(PAYLOAD)) / elapsed, dict(seen), session.throttle_stats(), multi
+
+    rate, seen, throttle, multi = asyncio.run(main())
+    assert multi == 1  # the partitions were fetched with MultiFetch, over one connection
+    assert seen == {p: list(range(per_partition)) for p in range(4)}
+    assert rate < 2 * QUOTA, f"{rate:.0f} B/s fetched with a quota of {QUOTA} B/s"
+    # told: MultiFetch v1 replies carried throttle_time_ms and the client waited them out
+    assert throttle["throttled_total"] > 0 and throttle["throttle_ms_total"] > 0, throttle
 
 
 def _settings(user: str | None = None) -> ConnectionSettings:

@@ -85,3 +85,30 @@ def test_one_waiter_on_many_partitions_wakes_on_any_and_leaves_every_list() -> N
         assert (waiters.waiting, owner.waiting_fetches, waiters._waiting) == (0, 0, {})
 
     asyncio.run(scenario())
+
+
+def test_a_parked_waiter_is_woken_inside_notify_can_rearm_and_its_timer_ends_it() -> None:
+    async def scenario() -> None:
+        waiters = FetchWaiters(max_waiting=10)
+        owner = Owner()
+        woken: list[bool] = []
+
+        def on_wake(timed_out: bool) -> None:
+            woken.append(timed_out)
+            if not timed_out and len(woken) == 1:
+                waiters.rearm(waiter)  # nothing it may answer yet (a high watermark that did not move)
+
+        waiter = waiters.park([("t", 0), ("t", 1)], 0.05, owner, on_wake)
+        waiters.notify("t", 1)
+        assert woken == [False]  # called in notify itself, not a loop step later
+        assert (waiters.waiting, owner.waiting_fetches, set(waiters._waiting)) == (1, 1, {("t", 0), ("t", 1)})
+        waiters.notify("t", 0)
+        assert woken == [False, False] and waiters._waiting == {}  # not rearmed: out of every set
+        assert waiters.waiting == 1  # the slot is held until the fetch is finished (or its time is up)
+        for _ in range(200):
+            if waiters.waiting == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert woken == [False, False, True] and (waiters.waiting, owner.waiting_fetches) == (0, 0)
+
+    asyncio.run(scenario())

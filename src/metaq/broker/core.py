@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import inspect
 import logging
 import os
@@ -33,7 +34,7 @@ from metaq.broker.ini import load_broker_config, topic_options_text
 from metaq.broker.options import SYSTEM_OPTIONS, TOPIC_ATTRS
 from metaq.broker.partition_state import PartitionStateStore
 from metaq.broker.quotas import FETCH, PRODUCE, Quotas
-from metaq.broker.session import FileReply, Session
+from metaq.broker.session import DeferredReply, FileReply, Session
 from metaq.broker.slave_config import SlaveConfig
 from metaq.broker.stats import BrokerStats
 from metaq.broker.topic_options import TopicOptionsStore
@@ -67,7 +68,7 @@ REFUSED_WHILE_STOPPING: frozenset[type] = frozenset({m.ProduceRequest, m.FetchRe
 """Requests a draining broker answers with BROKER_STOPPING (the others still work while it drains)."""
 METERED: frozenset[type] = frozenset({m.ProduceRequest, m.FetchRequest, m.MultiFetchRequest})
 """Requests whose bytes count against the principal's quotas (metaq.broker.quotas); slaves' fetches do not.
-A MultiFetch v0 reply has no throttle_time_ms: its connection is muted all the same, the client not told."""
+A MultiFetch v0 reply has no throttle_time_ms (v1 has): its connection is muted all the same, the client not told."""
 BEFORE_AUTHENTICATION: frozenset[type] = frozenset({m.ApiVersionsRequest, m.SaslHandshakeRequest,
                                                     m.SaslAuthenticateRequest})
 """What an unauthenticated connection may send when authRequired is set; anything else is refused and
@@ -489,12 +490,14 @@ class Broker:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def handle(self, request: Any, session: Session | None = None) -> Any:
+    def handle(self, request: Any, session: Session | None = None, *, deferred: bool = False) -> Any:
         """The response to ``request``, or a coroutine of it; never raises (see error_mapping).
 
         ``session`` is the connection the request came on, as the handlers see it (a fetch counts its
         long polls against it). A coroutine answers its own errors too; only its cancellation is left
-        to the caller.
+        to the caller. With ``deferred`` a waiting fetch comes back as a
+        :class:`~metaq.broker.waiters.DeferredReply`, resolved (metered first) in the step of the append
+        that wakes it; without it, as a coroutine awaiting that reply.
         """
         kind = type(request)
         if (session is not None and session.principal is None and self.config.auth_required
@@ -519,6 +522,11 @@ class Broker:
         except Exception as exc:
             result = error_response(kind.API_KEY, exc)
         metered = session is not None and kind in METERED and getattr(request, "replica_id", -1) < 0
+        if isinstance(result, DeferredReply):
+            if metered:
+                assert session is not None
+                result.on_done(functools.partial(self._meter, request, session=session))
+            return result if deferred else self._answer(kind.API_KEY, result.wait())
         if inspect.iscoroutine(result):
             return self._answer(kind.API_KEY, result, request if metered else None, session)
         if metered:

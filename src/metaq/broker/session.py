@@ -3,15 +3,22 @@
 A transport (TCP today, :mod:`metaq.broker.transport`; an HTTP transport and the replica fetcher later)
 creates one :class:`Session` per client connection and hands it to :meth:`Broker.handle
 <metaq.broker.core.Broker.handle>` with each request. A fetch may be answered with a
-:class:`FileReply`, whose records stay in the segment file until the transport sends them.
+:class:`FileReply`, whose records stay in the segment file until the transport sends them; a fetch that
+waits for data with a :class:`DeferredReply`, resolved by the append that wakes it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from metaq.protocol import messages as m
 from metaq.storage import FileSlice
+
+log = logging.getLogger("metaq.broker")
 
 
 @dataclass(slots=True)
@@ -48,3 +55,70 @@ class FileReply:
 
     response: m.FetchResponse
     file_slice: FileSlice
+
+
+class DeferredReply:
+    """A reply completed by a callback in the very step its answer is ready, not by a coroutine.
+
+    A long-polling fetch used to be a coroutine awaiting a future: the append that woke it set the
+    future, and the fetch's task ran a loop step later (behind the rest of the read that carried the
+    append, and every other callback of that step), re-planned and answered. A fetch that waits returns
+    one of these instead; the waiter's wake-up callback reads the partition and calls :meth:`resolve`
+    right inside the append's ``notify``, and whoever holds the reply (the transport) writes it from its
+    :meth:`on_done` callback, in the same step. Callers that would rather await use :meth:`wait`.
+
+    :meth:`cancel` is for the holder that can no longer deliver it (its connection closed): the waiter's
+    slot is given back at once and the done callbacks are never called.
+    """
+
+    __slots__ = ("_callbacks", "done", "on_cancel", "result")
+
+    def __init__(self) -> None:
+        self._callbacks: list[Callable[[Any], None]] = []
+        self.done = False
+        self.result: Any = None
+        self.on_cancel: Callable[[], None] | None = None
+
+    def on_done(self, callback: Callable[[Any], None]) -> None:
+        """Call ``callback(result)`` when resolved (now, if it is); callbacks run in the order added."""
+        if self.done:
+            callback(self.result)
+        else:
+            self._callbacks.append(callback)
+
+    def resolve(self, result: Any) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.result = result
+        callbacks, self._callbacks = self._callbacks, []
+        self.on_cancel = None
+        for callback in callbacks:
+            try:
+                callback(result)
+            except Exception:  # one holder's failure must not break the append that woke this reply
+                log.exception("a deferred reply's callback failed")
+
+    def cancel(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        self._callbacks = []
+        on_cancel, self.on_cancel = self.on_cancel, None
+        if on_cancel is not None:
+            on_cancel()
+
+    async def wait(self) -> Any:
+        """The result, for a caller that awaits; cancelling the wait cancels the reply."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def answered(result: Any) -> None:
+            if not fut.done():
+                fut.set_result(result)
+
+        self.on_done(answered)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self.cancel()
+            raise

@@ -32,7 +32,7 @@ from metaq.broker.connections import REFUSAL_TIMEOUT_S, REFUSING_CONNECTIONS_MAX
 from metaq.broker.core import Broker
 from metaq.broker.error_mapping import error_response
 from metaq.broker.quotas import ANONYMOUS
-from metaq.broker.session import FileReply, Session
+from metaq.broker.session import DeferredReply, FileReply, Session
 from metaq.errors import (
     BrokerStoppingError,
     ProtocolError,
@@ -113,6 +113,8 @@ class BrokerProtocol(asyncio.Protocol):
         self.ready: list[_Reply] = []
         """Finished replies of REPLIES_OUT_OF_ORDER requests: written at the next pump, whatever is before them."""
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.deferred: set[DeferredReply] = set()
+        """Waiting fetches answered by a callback (:class:`DeferredReply`): cancelled when the connection closes."""
         self.sending = False
         self.paused = False
         self.closed = False
@@ -140,7 +142,7 @@ class BrokerProtocol(asyncio.Protocol):
     @property
     def idle(self) -> bool:
         """Nothing in progress: no reply owed, no request running (a waiting long poll is running)."""
-        return not self.replies and not self.tasks and not self.sending
+        return not self.replies and not self.tasks and not self.deferred and not self.sending
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -182,6 +184,10 @@ class BrokerProtocol(asyncio.Protocol):
             self._mute_timer.cancel()
         for task in self.tasks:
             task.cancel()  # its reply can never be sent: give back what it holds (a waiting-fetch slot)
+        deferred, self.deferred = self.deferred, set()
+        for pending in deferred:
+            pending.cancel()  # the same for a waiting fetch: its slot back, its callbacks never called
+            self.broker.request_finished()
         for reply in self.replies:
             if reply.file_slice is not None:
                 reply.file_slice.release()
@@ -318,8 +324,12 @@ class BrokerProtocol(asyncio.Protocol):
         reply = None if oneway else _Reply(event.header, event.header.api_key in m.REPLIES_OUT_OF_ORDER)
         if reply is not None and not reply.unordered:
             self.replies.append(reply)
-        result = self.broker.handle(event.request, self.session)
-        if asyncio.iscoroutine(result):
+        result = self.broker.handle(event.request, self.session, deferred=True)
+        if isinstance(result, DeferredReply):  # a waiting fetch: answered from the append that wakes it
+            self.broker.request_started()
+            self.deferred.add(result)
+            result.on_done(functools.partial(self._deferred_done, result, reply))
+        elif asyncio.iscoroutine(result):
             self.broker.request_started()
             task = self.loop.create_task(self._serve(result, reply, event.header.api_key))
             self.tasks.add(task)
@@ -347,6 +357,13 @@ class BrokerProtocol(asyncio.Protocol):
             raise
         except Exception as exc:  # a safety net: the core answers the errors of its coroutines
             result = error_response(api_key, exc)
+        self._answer(reply, result)
+
+    def _deferred_done(self, pending: DeferredReply, reply: _Reply | None, result: Any) -> None:
+        """A waiting fetch answered, in the loop step that woke it: written now (with the rest of the read
+        when it was woken by a request of this same connection)."""
+        self.deferred.discard(pending)
+        self.broker.request_finished()
         self._answer(reply, result)
 
     def _task_done(self, task: asyncio.Task[Any], *, pending: Coroutine[Any, Any, Any], reply: _Reply | None,
@@ -423,7 +440,7 @@ class BrokerProtocol(asyncio.Protocol):
             self.transport.write(b"".join(out) if len(out) > 1 else out[0])
             self.last_active = self.registry.clock()
         if self.closing:
-            if not self.replies and not self.tasks:
+            if not self.replies and not self.tasks and not self.deferred:
                 self.transport.close()  # after what was written
             return
         if self.paused and len(self.replies) <= MAX_PIPELINED_REQUESTS // 2:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from metaq.errors import TooManyRequestsError
+
+log = logging.getLogger("metaq.broker")
 
 
 class WaitOwner(Protocol):
@@ -15,18 +18,32 @@ class WaitOwner(Protocol):
     waiting_fetches: int
 
 
-def _release(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
+class Waiter:
+    """One waiting fetch: in the sets of the partitions it waits on while armed; it holds its waiting-fetch
+    slots (and its timer) from :meth:`FetchWaiters.park` until :meth:`FetchWaiters.finish`."""
+
+    __slots__ = ("armed", "finished", "keys", "on_wake", "owner", "timer")
+
+    def __init__(self, keys: list[tuple[str, int]], owner: WaitOwner | None,
+                 on_wake: Callable[[bool], None]) -> None:
+        self.keys = keys
+        self.owner = owner
+        self.on_wake = on_wake
+        """Called with ``timed_out``; the waiter is disarmed by then: finish it, or rearm it."""
+        self.armed = False
+        self.finished = False
+        self.timer: asyncio.TimerHandle | None = None
 
 
 class FetchWaiters:
-    """Each waiting fetch has its own future in its partition's set; an append resolves the set.
+    """Each waiting fetch is a :class:`Waiter` in its partitions' sets; an append wakes the set at once.
 
-    Waking is per partition and costs one dict lookup per append when nobody waits. A fetch that ends
-    another way (its timer, or cancelled because its connection closed) leaves the set in O(1), so ten
-    thousand polls of a closed connection are released in milliseconds (with one future per partition
-    shared through ``asyncio.shield``, each cancellation scanned every waiter's callback).
+    Waking is per partition and costs one dict lookup per append when nobody waits. A woken waiter's
+    callback runs inside ``notify`` (the append's own step): it answers its fetch then and there, or
+    rearms when there is still nothing it may return (the high watermark has not moved, a MultiFetch's
+    min_bytes). A fetch that ends another way (its timer, or cancelled because its connection closed)
+    leaves the sets in O(1) each, so ten thousand polls of a closed connection are released in
+    milliseconds.
 
     The number of waiting fetches is bounded twice: in all (``max_waiting``) and per owner, a
     connection (``max_waiting_per_owner``), so that one connection cannot take every slot. Past either
@@ -38,20 +55,15 @@ class FetchWaiters:
         self.max_waiting = max_waiting
         self.max_waiting_per_owner = min(max_waiting, max_waiting_per_owner or max_waiting)
         self.waiting = 0
-        self._waiting: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
+        self._waiting: dict[tuple[str, int], set[Waiter]] = {}
 
-    async def wait(self, topic: str, partition: int, timeout_s: float, owner: WaitOwner | None = None) -> None:
-        """Return when the partition is appended to, or after ``timeout_s``, whichever comes first."""
-        await self.wait_any(((topic, partition),), timeout_s, owner)
+    def park(self, partitions: Iterable[tuple[str, int]], timeout_s: float, owner: WaitOwner | None,
+             on_wake: Callable[[bool], None]) -> Waiter:
+        """Wait on ``partitions`` (topic, partition): ``on_wake(False)`` at the first append to any of
+        them (or ``notify_all``), ``on_wake(True)`` after ``timeout_s``. One waiter stands in every
+        partition's set: a multi-partition fetch is one waiting fetch of its connection.
 
-    async def wait_any(self, partitions: Iterable[tuple[str, int]], timeout_s: float,
-                       owner: WaitOwner | None = None) -> None:
-        """Return when any of ``partitions`` (topic, partition) is appended to, or after ``timeout_s``.
-
-        One future stands in every partition's set (a multi-partition fetch is one waiting fetch of its
-        connection, however many partitions it names); the first append resolves it, and on the way out
-        it leaves every set, so the others are not woken for it later.
-        """
+        Raises TooManyRequestsError past maxWaitingFetches or maxWaitingFetchesPerConnection."""
         if self.waiting >= self.max_waiting:
             raise TooManyRequestsError(f"{self.max_waiting} fetches are already waiting (maxWaitingFetches)")
         if owner is not None and owner.waiting_fetches >= self.max_waiting_per_owner:
@@ -59,40 +71,95 @@ class FetchWaiters:
                 f"this connection already has {owner.waiting_fetches} fetches waiting "
                 f"(maxWaitingFetchesPerConnection={self.max_waiting_per_owner}); spread long polls over "
                 "more connections or wait for some to return")
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        keys = list(dict.fromkeys(partitions))
-        sets = []
-        for key in keys:
-            waiters = self._waiting.get(key)
-            if waiters is None:
-                waiters = self._waiting[key] = set()
-            waiters.add(fut)
-            sets.append(waiters)
-        timer = loop.call_later(timeout_s, _release, fut)
+        waiter = Waiter(list(dict.fromkeys(partitions)), owner, on_wake)
+        waiter.timer = asyncio.get_running_loop().call_later(timeout_s, self._time_up, waiter)
         self.waiting += 1
         if owner is not None:
             owner.waiting_fetches += 1
+        self.rearm(waiter)
+        return waiter
+
+    def rearm(self, waiter: Waiter) -> None:
+        """Wait again (woken, but with nothing it may answer yet); its timer keeps running."""
+        if waiter.armed or waiter.finished:
+            return
+        waiter.armed = True
+        for key in waiter.keys:
+            waiters = self._waiting.get(key)
+            if waiters is None:
+                waiters = self._waiting[key] = set()
+            waiters.add(waiter)
+
+    def finish(self, waiter: Waiter) -> None:
+        """The fetch is answered (or cancelled): out of every set, timer stopped, slots given back."""
+        if waiter.finished:
+            return
+        waiter.finished = True
+        self._disarm(waiter)
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+            waiter.timer = None
+        self.waiting -= 1
+        if waiter.owner is not None:
+            waiter.owner.waiting_fetches -= 1
+
+    def _disarm(self, waiter: Waiter) -> None:
+        if not waiter.armed:
+            return
+        waiter.armed = False
+        for key in waiter.keys:
+            waiters = self._waiting.get(key)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._waiting[key]
+
+    def _wake(self, waiter: Waiter, timed_out: bool) -> None:
+        if waiter.finished or (not waiter.armed and not timed_out):
+            return
+        self._disarm(waiter)
+        try:
+            waiter.on_wake(timed_out)
+        except Exception:  # the callback answers its own errors; this is a safety net for the append
+            log.exception("a waiting fetch's wake-up failed")
+            self.finish(waiter)
+
+    def _time_up(self, waiter: Waiter) -> None:
+        waiter.timer = None
+        self._wake(waiter, True)
+        self.finish(waiter)  # whatever the callback did, the time is up
+
+    async def wait(self, topic: str, partition: int, timeout_s: float, owner: WaitOwner | None = None) -> None:
+        """Return when the partition is appended to, or after ``timeout_s``, whichever comes first."""
+        await self.wait_any(((topic, partition),), timeout_s, owner)
+
+    async def wait_any(self, partitions: Iterable[tuple[str, int]], timeout_s: float,
+                       owner: WaitOwner | None = None) -> None:
+        """Return when any of ``partitions`` (topic, partition) is appended to, or after ``timeout_s``:
+        :meth:`park` for a coroutine (it resumes a loop step after the wake-up)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def woken(timed_out: bool) -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        waiter = self.park(partitions, timeout_s, owner, woken)
         try:
             await fut
         finally:
-            timer.cancel()
-            for key, waiters in zip(keys, sets, strict=True):
-                waiters.discard(fut)
-                if not waiters and self._waiting.get(key) is waiters:
-                    del self._waiting[key]
-            self.waiting -= 1
-            if owner is not None:
-                owner.waiting_fetches -= 1
+            self.finish(waiter)
 
     def notify(self, topic: str, partition: int) -> None:
+        """An append (or a high watermark) moved: wake the partition's waiters, here and now."""
         waiters = self._waiting.pop((topic, partition), None)
         if waiters:
-            for fut in waiters:
-                _release(fut)
+            for waiter in tuple(waiters):
+                self._wake(waiter, False)
 
     def notify_all(self) -> None:
         everyone, self._waiting = self._waiting, {}
+        woken: dict[Waiter, None] = {}
         for waiters in everyone.values():
-            for fut in waiters:
-                _release(fut)
+            woken.update(dict.fromkeys(waiters))
+        for waiter in woken:
+            self._wake(waiter, False)

@@ -812,7 +812,11 @@ class MultiFetchResponse(_Base):
     error_message: str | None = None
     partitions: list[FetchedPartition] = field(default_factory=list)
     """One entry per partition asked, in the request's order."""
-    FIELDS: ClassVar = (*_ERR, Field("partitions", Array(Struct(FetchedPartition))))
+    throttle_time_ms: int = 0
+    """Since v1: 0, or how long the broker reads nothing from this connection (the principal went over
+    its fetch byte rate); the client sends nothing more to this broker before then."""
+    FIELDS: ClassVar = (*_ERR, Field("throttle_time_ms", INT32, since=1),
+                        Field("partitions", Array(Struct(FetchedPartition))))
 
 
 _api(0, "ApiVersions", ApiVersionsRequest, ApiVersionsResponse)
@@ -838,7 +842,7 @@ _api(19, "Promote", PromoteRequest, PromoteResponse)
 _api(20, "FindMessages", FindMessagesRequest, FindMessagesResponse)
 _api(21, "Transaction", TransactionRequest, TransactionResponse)
 _api(22, "CheckTransactions", CheckTransactionsRequest, CheckTransactionsResponse)
-_api(23, "MultiFetch", MultiFetchRequest, MultiFetchResponse)
+_api(23, "MultiFetch", MultiFetchRequest, MultiFetchResponse, max_version=1)
 _api(30, "SaslHandshake", SaslHandshakeRequest, SaslHandshakeResponse)
 _api(31, "SaslAuthenticate", SaslAuthenticateRequest, SaslAuthenticateResponse)
 

@@ -205,4 +205,11 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
             m.FetchedPartition("refünds", 0, 1, "offset -3 is out of range ✗", 7, 9, -4, -5, -6, -7, b""),
         ]),
     ),
+    ("MultiFetch", 1): (
+        m.MultiFetchRequest(max_wait_ms=5000, min_bytes=1, max_bytes=4 << 20, group="billing-ü",
+                            partitions=[m.FetchPartition("orders", 2, 4711, 1 << 20)]),
+        m.MultiFetchResponse(error_code=0, error_message=None, throttle_time_ms=2500, partitions=[
+            m.FetchedPartition("orders", 2, 0, None, 100, 4800, -1, -2, -3, 4790, RECORDS_BLOB),
+        ]),
+    ),
 }

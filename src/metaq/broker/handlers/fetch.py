@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from metaq.broker.error_mapping import wire_error
+from metaq.broker.error_mapping import error_response, wire_error
 from metaq.broker.filters import filter_fetched, group_filter
 from metaq.broker.groups import validate_group
-from metaq.broker.session import FileReply, Session
+from metaq.broker.session import DeferredReply, FileReply, Session
 from metaq.errors import InvalidRequestError, OffsetOutOfRangeError, PartitionClosedError, UnknownTopicError
 from metaq.protocol import messages as m
 from metaq.protocol.records import peek_length
@@ -99,17 +99,30 @@ def _resolve_offset(broker: Broker, plog: PartitionLog, offset: int) -> tuple[in
     return nearest, nearest
 
 
-async def _long_poll(broker: Broker, req: m.FetchRequest, plog: PartitionLog, offset: int, reset: int,
-                     session: Session | None, bound: _Bound) -> Any:
+def _long_poll(broker: Broker, req: m.FetchRequest, plog: PartitionLog, offset: int, reset: int,
+               session: Session | None, bound: _Bound) -> DeferredReply:
+    """Wait at the end of the partition. The reply is answered by the waiter's wake-up callback inside
+    the append's notify (the same loop step), as soon as there is something this fetch may return:
+    past ``bound`` (the high watermark under HA), which is checked again at every wake-up."""
     deadline = time.monotonic() + min(req.max_wait_ms, LONG_POLL_MAX_MS) / 1000
-    while offset >= bound.end() and not broker.stopping:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            break
-        await broker.waiters.wait(req.topic, req.partition, remaining, session)
-        if broker.logs.get(req.topic, req.partition) is not plog:
-            raise UnknownTopicError(f"topic {req.topic!r} was deleted while the fetch waited")
-    return _fetch_now(broker, req, plog, offset, reset, bound)
+    reply = DeferredReply()
+
+    def woken(timed_out: bool) -> None:
+        try:
+            if broker.logs.get(req.topic, req.partition) is not plog:
+                raise UnknownTopicError(f"topic {req.topic!r} was deleted while the fetch waited")
+            if offset >= bound.end() and not (timed_out or broker.stopping or time.monotonic() >= deadline):
+                broker.waiters.rearm(waiter)  # woken, but nothing it may see yet (the watermark)
+                return
+            answer = _fetch_now(broker, req, plog, offset, reset, bound)
+        except Exception as exc:
+            answer = error_response(m.FetchRequest.API_KEY, exc)
+        broker.waiters.finish(waiter)
+        reply.resolve(answer)
+
+    waiter = broker.waiters.park(((req.topic, req.partition),), deadline - time.monotonic(), session, woken)
+    reply.on_cancel = lambda: broker.waiters.finish(waiter)
+    return reply
 
 
 def _fetch_now(broker: Broker, req: m.FetchRequest, plog: PartitionLog, offset: int, reset: int,
@@ -274,23 +287,35 @@ def _plan(broker: Broker, group: str, p: m.FetchPartition) -> _Plan:
     return plan
 
 
-async def _multi_long_poll(broker: Broker, req: m.MultiFetchRequest, plans: list[_Plan],
-                           session: Session | None) -> m.MultiFetchResponse:
+def _multi_long_poll(broker: Broker, req: m.MultiFetchRequest, plans: list[_Plan],
+                     session: Session | None) -> DeferredReply:
+    """One waiter on every partition; answered inside the notify of the append that gives it enough."""
     deadline = time.monotonic() + min(req.max_wait_ms, LONG_POLL_MAX_MS) / 1000
     keys = [(plan.request.topic, plan.request.partition) for plan in plans]
-    while not broker.stopping:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            break
-        await broker.waiters.wait_any(keys, remaining, session)
-        for plan in plans:
-            if plan.plog is not None and broker.logs.get(plan.request.topic, plan.request.partition) is not plan.plog:
-                plan.plog = plan.bound = None
-                plan.error = m.FetchedPartition(plan.request.topic, plan.request.partition, UnknownTopicError.code,
-                                                f"topic {plan.request.topic!r} was deleted while the fetch waited")
-        if any(plan.ready() for plan in plans) and (req.min_bytes <= 1 or _available(plans) >= req.min_bytes):
-            break
-    return _multi_answer(broker, req, plans)
+    reply = DeferredReply()
+
+    def woken(timed_out: bool) -> None:
+        try:
+            for plan in plans:
+                if plan.plog is not None and \
+                        broker.logs.get(plan.request.topic, plan.request.partition) is not plan.plog:
+                    plan.plog = plan.bound = None
+                    plan.error = m.FetchedPartition(
+                        plan.request.topic, plan.request.partition, UnknownTopicError.code,
+                        f"topic {plan.request.topic!r} was deleted while the fetch waited")
+            enough = any(plan.ready() for plan in plans) and (req.min_bytes <= 1 or _available(plans) >= req.min_bytes)
+            if not (enough or timed_out or broker.stopping or time.monotonic() >= deadline):
+                broker.waiters.rearm(waiter)
+                return
+            answer = _multi_answer(broker, req, plans)
+        except Exception as exc:
+            answer = error_response(m.MultiFetchRequest.API_KEY, exc)
+        broker.waiters.finish(waiter)
+        reply.resolve(answer)
+
+    waiter = broker.waiters.park(keys, deadline - time.monotonic(), session, woken)
+    reply.on_cancel = lambda: broker.waiters.finish(waiter)
+    return reply
 
 
 def _available(plans: list[_Plan]) -> int:

@@ -67,7 +67,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -182,13 +182,23 @@ class MessageIdLRU:
             return message_id in self._ids
 
     def add(self, message_id: int) -> None:
-        if self.capacity <= 0 or message_id < 0:
+        self.add_many((message_id,))
+
+    def add_many(self, message_ids: Iterable[int]) -> None:
+        """Add the ids of a batch under one lock (it was a lock, a move and a length check per message)."""
+        if self.capacity <= 0:
             return
+        ids = self._ids
         with self._lock:
-            self._ids[message_id] = None
-            self._ids.move_to_end(message_id)
-            while len(self._ids) > self.capacity:
-                self._ids.popitem(last=False)
+            for message_id in message_ids:
+                if message_id < 0:
+                    continue
+                if message_id in ids:
+                    ids.move_to_end(message_id)
+                else:
+                    ids[message_id] = None
+            for _ in range(len(ids) - self.capacity):
+                ids.popitem(last=False)
 
 
 @dataclass
@@ -402,6 +412,9 @@ class GroupConsumer:
         """MultiFetch batching per broker id (``multi_fetch``)."""
         self.stats = ConsumerStats()
         self.dedup = MessageIdLRU(config.dedup_window)
+        self._dedup_high: dict[TopicPartition, int] = {}
+        """Per partition, past every offset whose id this consumer put in ``dedup``: a message at or past it
+        cannot be a redelivery of one acknowledged here, so the LRU is not asked about it."""
         self.generation = m.NO_GENERATION
         self.member_id = ""
         self._coordinator: int | None = None
@@ -840,9 +853,19 @@ class GroupConsumer:
         Yields ("call", message) — the driver calls the listener and sends back the exception or None —
         and ("reject", message) for the rejection policy. Only this partition's worker touches ``w``.
         """
+        acked_ids: list[int] = []
+        try:
+            yield from self._batch_steps(w, result, acked_ids)
+        finally:  # the batch's acknowledged ids go into the LRU together
+            if acked_ids:
+                self.dedup.add_many(acked_ids)
+
+    def _batch_steps(self, w: _Worker, result: FetchResult,
+                     acked_ids: list[int]) -> Generator[tuple[str, Message], BaseException | None, None]:
         cfg = self.config
         ctx = w.ctx
         msgs = result.messages
+        dedup_below = self._dedup_high.get(w.tp, 0)
         i = 0
         while i < len(msgs):
             if w.stopping or not self.membership.may_fetch():
@@ -853,12 +876,12 @@ class GroupConsumer:
                 continue
             if w.sub.filter is not None and not w.sub.filter(msg):
                 self.stats.filtered += 1
-                self._advance(w, msg)
+                self._advance(w, msg, acked_ids)
                 i += 1
                 continue
-            if self.dedup.seen(msg.id):
+            if msg.offset < dedup_below and self.dedup.seen(msg.id):
                 self.stats.duplicates_dropped += 1
-                self._advance(w, msg)
+                self._advance(w, msg, acked_ids)
                 i += 1
                 continue
             ctx._begin(msg)
@@ -869,7 +892,7 @@ class GroupConsumer:
                 w.position = msg.offset + 1
                 if ctx.auto_ack or ctx._ack:
                     w.txn_ids.append(msg.id)
-                    self._ack(w)
+                    self._ack(w, acked_ids)
                 elif ctx._rollback:
                     self._rollback(w)
                     return
@@ -895,26 +918,34 @@ class GroupConsumer:
             self.stats.rejected += 1
             w.position = msg.offset + 1
             if ctx.auto_ack:
-                self._ack(w)
+                self._ack(w, acked_ids)
             i += 1
         if not w.stopping and result.next_offset > w.position and msgs and w.position > msgs[-1].offset:
             # trailing messages the server-side filter removed
             w.position = result.next_offset
             if ctx.auto_ack:
-                self._ack(w)
+                self._ack(w, acked_ids)
 
-    def _advance(self, w: _Worker, msg: Message) -> None:
+    def _advance(self, w: _Worker, msg: Message, acked_ids: list[int] | None = None) -> None:
         """Past a message the listener never sees (filtered out, or a duplicate)."""
         w.position = msg.offset + 1
         if w.ctx.auto_ack:
-            self._ack(w)
+            self._ack(w, acked_ids)
 
-    def _ack(self, w: _Worker) -> None:
+    def _ack(self, w: _Worker, acked_ids: list[int] | None = None) -> None:
+        """Everything before ``w.position`` is acknowledged (what a commit stores); the ids go into the
+        dedup LRU now, or into ``acked_ids`` for the end of the batch being delivered."""
         w.acked = w.position
-        for mid in w.txn_ids:
-            self.dedup.add(mid)
-        self.stats.acked += len(w.txn_ids)
-        w.txn_ids.clear()
+        txn_ids = w.txn_ids
+        if txn_ids:
+            if acked_ids is None:
+                self.dedup.add_many(txn_ids)
+            else:
+                acked_ids.extend(txn_ids)
+            self.stats.acked += len(txn_ids)
+            txn_ids.clear()
+            if w.acked > self._dedup_high.get(w.tp, 0):
+                self._dedup_high[w.tp] = w.acked
 
     def _rollback(self, w: _Worker) -> None:
         self.stats.rollbacks += 1
