@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import gc
 import itertools
 import logging
 import secrets
@@ -114,7 +115,23 @@ def _sent_before(a: ProducerStamp, b: ProducerStamp) -> bool:
 def _resolve_ok(waiters: list[Any], start: int, base_id: int, base_offset: int, partition: int, topic: str,
                 broker_id: int) -> None:
     """Give ``waiters[start:]`` their SendResult (id and offset base+i, or -1 without ids) in one pass; a
-    future the caller cancelled is skipped (rare: caught and the pass resumed after it)."""
+    future the caller cancelled is skipped (rare: caught and the pass resumed after it).
+
+    The cyclic GC is paused for the pass (as decode_batch does): a batch allocates thousands of results
+    while the caller holds thousands of futures, and collections triggered in the middle of it cost more
+    than the resolving (0.36-0.45 us per message against 0.13-0.14 us paused, in a loop of 2,000-result
+    batches). set_result only schedules callbacks, so no other code runs while it is paused."""
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        _resolve_ok_pass(waiters, start, base_id, base_offset, partition, topic, broker_id)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _resolve_ok_pass(waiters: list[Any], start: int, base_id: int, base_offset: int, partition: int, topic: str,
+                     broker_id: int) -> None:
     i = start
     try:
         if base_id >= 0:
@@ -128,7 +145,7 @@ def _resolve_ok(waiters: list[Any], start: int, base_id: int, base_offset: int, 
                     w.set_result(SendResult(True, -1, partition, -1, None, topic, broker_id))
                 i += 1
     except asyncio.InvalidStateError:  # this one was cancelled (or resolved) by its caller
-        _resolve_ok(waiters, i + 1, base_id, base_offset, partition, topic, broker_id)
+        _resolve_ok_pass(waiters, i + 1, base_id, base_offset, partition, topic, broker_id)
 
 
 class _TransactionScope:
@@ -472,7 +489,8 @@ class Producer:
 
         Does not wait: with the buffer full the result is an immediate failure with BufferFullError.
         """
-        self._not_in_transaction("send_async")
+        if self._tx is not None:
+            self._not_in_transaction("send_async")
         size = self._check(message)
         fut: asyncio.Future[SendResult] = self._loop.create_future()
         if callback is not None:
@@ -480,10 +498,15 @@ class Producer:
         if self._buffered + size > self.config.max_buffered_bytes and self._buffered:
             fut.set_result(SendResult(False, error=self._full(), topic=message.topic))
             return fut
-        if self.config.acks == 0:
+        acks = self.config.acks
+        if acks == 0:
             fut.set_result(self._enqueue(message, None, size, 0))
+            return fut
+        partitions = self._hot.get(message.topic)
+        if partitions is not None:  # _queue's first lines, one call less on the common path
+            self._place(message, partitions, fut, size, acks)
         else:
-            self._queue(message, fut, size, self.config.acks)
+            self._queue(message, fut, size, acks)
         return fut
 
     def send_oneway(self, message: Message) -> SendResult:
