@@ -91,7 +91,9 @@ def produce_case(partitions: int, apis: list[str], args: argparse.Namespace, wor
             # "async-sticky": send_async with StickyRoundRobinSelector (the field is left out otherwise, so
             # the code before it can run this script too)
             base_api, _, selector = api.partition("-")
-            more = {"selector": selector} if selector else {}
+            more: dict[str, Any] = {"selector": selector} if selector else {}
+            if args.batch_bytes:
+                more["batch_bytes"] = args.batch_bytes
             spec = BenchSpec(mode="produce", servers=launcher.servers, topic=TOPIC, partitions=partitions,
                              api=base_api, count=args.count, duration_s=args.duration, size=args.size,
                              batch=args.batch, concurrency=args.concurrency, **more)
@@ -173,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-d", "--duration", type=float, default=20.0, help="Upper bound of a produce case, s.")
     parser.add_argument("--size", type=int, default=100, help="Payload bytes of produced messages.")
     parser.add_argument("--batch", type=int, default=1000, help="Messages per send_batch call.")
+    parser.add_argument("--batch-bytes", type=int, default=0,
+                        help="The producer's batch_bytes (0: the bench's default, 256 KiB).")
     parser.add_argument("--concurrency", type=int, default=8, help="send_batch calls in flight.")
     parser.add_argument("--apis", default="batch,async", help="Producer APIs to measure (batch,async,async-sticky: "
                         "send_async with StickyRoundRobinSelector).")
