@@ -89,3 +89,25 @@ def test_keyed_messages_keep_their_partition_under_a_sticky_fallback(broker: Bro
                 assert numbers == sorted(numbers), f"partition {p} out of send order"
 
     uvloop.run(main())
+
+
+def test_a_local_transaction_under_the_sticky_selector_commits_every_message_in_order(broker: BrokerProcess) -> None:
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers) as session:
+            await session.admin().create_topic("sticky-tx", PARTITIONS)
+            producer = session.create_producer(StickyRoundRobinSelector(), batch_bytes=1024)
+            async with producer.transaction():
+                for i in range(200):
+                    assert (await producer.send(Message("sticky-tx", b"x%03d" % i))).success
+            # and plain sends afterwards still spread by batch
+            results = await asyncio.gather(*[producer.send_async(Message("sticky-tx", b"y%03d" % i))
+                                             for i in range(200)])
+            assert all(r.success for r in results)
+            assert len({r.partition for r in results}) > 1
+            log = await read_all(session, "sticky-tx")
+            xs = [v for vs in log.values() for v in vs if v.startswith(b"x")]
+            assert sorted(xs) == [b"x%03d" % i for i in range(200)]
+            for values in log.values():
+                assert values == sorted(values)
+
+    uvloop.run(main())
