@@ -261,3 +261,27 @@ def test_futures_the_caller_cancelled_leave_the_rest_of_their_batch_resolved(bro
             assert all(got[i].id == mid for i, mid in ids.items())
 
     run(main())
+
+
+def test_send_async_fast_path_still_refuses_misuse(broker: BrokerProcess) -> None:
+    """The checks hold for a topic already sent to in this loop step (the common-case path): an oversized
+    message and non-bytes data raise InvalidArgument, a closed producer raises ClientClosedError."""
+    from metaq.client.exceptions import ClientClosedError
+    from metaq.errors import InvalidArgument
+
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers) as session:
+            await session.admin().create_topic("misuse", 1)
+            producer = session.create_producer(max_message_bytes=1000, batch_bytes=1000)
+            assert (await producer.send(Message("misuse", b"warm up"))).success
+            ok = producer.send_async(Message("misuse", b"fits"))
+            with pytest.raises(InvalidArgument, match="max_message_bytes"):
+                producer.send_async(Message("misuse", bytes(2000)))
+            with pytest.raises(InvalidArgument, match="bytes"):
+                producer.send_async(Message("misuse", "text"))  # type: ignore[arg-type]
+            assert (await ok).success
+            await producer.close()
+            with pytest.raises(ClientClosedError):
+                producer.send_async(Message("misuse", b"late"))
+
+    run(main())

@@ -265,6 +265,7 @@ class Producer:
         self._acc = Accumulator(batch_bytes=config.batch_bytes, max_message_bytes=config.max_message_bytes,
                                 clock=self._loop.time)
         self._linger_s = config.linger_ms / 1000.0
+        self._max_message_bytes = config.max_message_bytes
         self._timeout_s = config.request_timeout_s or core.config.request_timeout_s
         self._timeout_ms = int(self._timeout_s * 1000)
         self._buffered = 0
@@ -491,7 +492,15 @@ class Producer:
         """
         if self._tx is not None:
             self._not_in_transaction("send_async")
-        size = self._check(message)
+        if (type(message) is Message and type(message.data) is bytes and message.key is None
+                and message.attribute is None and not message.headers and message.deliver_at is None
+                and message.delay_ms is None and message.topic in self._hot and not self._closing):
+            # _check for the common case (a topic already used in this loop iteration is valid and open)
+            size = _RECORD_PREFIX + len(message.data)
+            if size > self._max_message_bytes:
+                size = self._check(message)  # raises
+        else:
+            size = self._check(message)
         fut: asyncio.Future[SendResult] = self._loop.create_future()
         if callback is not None:
             fut.add_done_callback(lambda f: None if f.cancelled() else callback(f.result()))
