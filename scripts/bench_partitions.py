@@ -9,7 +9,7 @@ numPartitions):
 - produce msg/s round robin through the real client, as `metaq bench produce` measures it (child
   processes): ``batch`` is send_batch of --batch messages (each call goes to the next partition),
   ``async`` is send_async per message (the default round-robin selector, batched per partition by the
-  producer's accumulator);
+  producer's accumulator); ``async-sticky`` the same with StickyRoundRobinSelector (a partition per batch);
 - a new broker's time to create the partitions, and its clean stop after producing;
 - start-up of a broker holding --large partitions and --fill-bytes of data: the data directory is
   filled through the storage library (not measured), then the broker is started after a clean close,
@@ -88,9 +88,15 @@ def produce_case(partitions: int, apis: list[str], args: argparse.Namespace, wor
     try:
         rss0, fd0 = proc_stats(launcher.pid)
         for api in apis:
+            # "async-sticky": send_async with StickyRoundRobinSelector (the field is left out otherwise, so
+            # the code before it can run this script too)
+            base_api, _, selector = api.partition("-")
+            more: dict[str, Any] = {"selector": selector} if selector else {}
+            if args.batch_bytes:
+                more["batch_bytes"] = args.batch_bytes
             spec = BenchSpec(mode="produce", servers=launcher.servers, topic=TOPIC, partitions=partitions,
-                             api=api, count=args.count, duration_s=args.duration, size=args.size,
-                             batch=args.batch, concurrency=args.concurrency)
+                             api=base_api, count=args.count, duration_s=args.duration, size=args.size,
+                             batch=args.batch, concurrency=args.concurrency, **more)
             result = run_bench(spec)
             rss1, fd1 = proc_stats(launcher.pid)
             rows.append({"partitions": partitions, "api": api, "msgs_per_s": result.msgs_per_s,
@@ -169,8 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-d", "--duration", type=float, default=20.0, help="Upper bound of a produce case, s.")
     parser.add_argument("--size", type=int, default=100, help="Payload bytes of produced messages.")
     parser.add_argument("--batch", type=int, default=1000, help="Messages per send_batch call.")
+    parser.add_argument("--batch-bytes", type=int, default=0,
+                        help="The producer's batch_bytes (0: the bench's default, 256 KiB).")
     parser.add_argument("--concurrency", type=int, default=8, help="send_batch calls in flight.")
-    parser.add_argument("--apis", default="batch,async", help="Producer APIs to measure (batch,async).")
+    parser.add_argument("--apis", default="batch,async", help="Producer APIs to measure (batch,async,async-sticky: "
+                        "send_async with StickyRoundRobinSelector).")
     parser.add_argument("--fill-bytes", type=float, default=1e9, help="Data for the start-up cases (0: skip them).")
     parser.add_argument("--fill-message-bytes", type=int, default=1000, help="Payload bytes of the filled data.")
     parser.add_argument("--max-open-files", type=int, default=0, help="The broker's maxOpenFiles (0: its default).")

@@ -232,3 +232,56 @@ def test_a_message_the_broker_finds_too_large_fails_with_message_too_large(broke
             assert (await producer.send(Message("small", b"ok"))).success
 
     run(main())
+
+
+def test_futures_the_caller_cancelled_leave_the_rest_of_their_batch_resolved(broker: BrokerProcess) -> None:
+    """A batch's futures are resolved in one pass; a cancelled one is skipped, the others get their own
+    offsets and ids (cancelling does not take the message back: it is stored all the same)."""
+
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers) as session:
+            await session.admin().create_topic("cancelled", 1)
+            producer = session.create_producer(linger_ms=50)
+            assert (await producer.send(Message("cancelled", b"warm up"))).success
+            futures = [producer.send_async(Message("cancelled", b"c%d" % i)) for i in range(100)]
+            cancelled = {0, 1, 50, 99}
+            for i in cancelled:
+                futures[i].cancel()
+            await producer.flush()
+            for i, f in enumerate(futures):
+                if i in cancelled:
+                    assert f.cancelled()
+                    continue
+                r = f.result()
+                assert r.success and r.offset == i + 1, (i, r)
+            consumer = session.create_pull_consumer()
+            got = [m async for m in consumer.iterate("cancelled", 0, 1, stop_at_end=True)]
+            assert [bytes(m.data) for m in got] == [b"c%d" % i for i in range(100)]
+            ids = {i: futures[i].result().message_id for i in range(100) if i not in cancelled}
+            assert all(got[i].id == mid for i, mid in ids.items())
+
+    run(main())
+
+
+def test_send_async_fast_path_still_refuses_misuse(broker: BrokerProcess) -> None:
+    """The checks hold for a topic already sent to in this loop step (the common-case path): an oversized
+    message and non-bytes data raise InvalidArgument, a closed producer raises ClientClosedError."""
+    from metaq.client.exceptions import ClientClosedError
+    from metaq.errors import InvalidArgument
+
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers) as session:
+            await session.admin().create_topic("misuse", 1)
+            producer = session.create_producer(max_message_bytes=1000, batch_bytes=1000)
+            assert (await producer.send(Message("misuse", b"warm up"))).success
+            ok = producer.send_async(Message("misuse", b"fits"))
+            with pytest.raises(InvalidArgument, match="max_message_bytes"):
+                producer.send_async(Message("misuse", bytes(2000)))
+            with pytest.raises(InvalidArgument, match="bytes"):
+                producer.send_async(Message("misuse", "text"))  # type: ignore[arg-type]
+            assert (await ok).success
+            await producer.close()
+            with pytest.raises(ClientClosedError):
+                producer.send_async(Message("misuse", b"late"))
+
+    run(main())

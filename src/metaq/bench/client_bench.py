@@ -55,6 +55,9 @@ class BenchSpec:
     rate: int = 20_000
     """e2e: messages per second the producer offers."""
     compression: str = "none"
+    selector: str = "roundrobin"
+    """produce: the producer's partition selector, ``roundrobin`` (RoundRobinSelector, the default) or ``sticky``
+    (StickyRoundRobinSelector: one partition until its batch is full or sent)."""
     idempotent: bool = False
     """produce: an idempotent producer (every batch stamped, duplicates dropped by the broker)."""
     event_loop: str = "uvloop"
@@ -162,8 +165,9 @@ async def _produce_worker(spec: BenchSpec, index: int, progress: Any) -> dict[st
     latencies: list[float] = []
     sent = failures = 0
     async with await MessageSessionFactory.connect(spec.servers or "", **spec.tls) as session:
-        producer = session.create_producer(linger_ms=spec.linger_ms, batch_bytes=spec.batch_bytes,
-                                           compression=spec.compression, enable_idempotence=spec.idempotent)
+        producer = session.create_producer(_selector(spec.selector), linger_ms=spec.linger_ms,
+                                           batch_bytes=spec.batch_bytes, compression=spec.compression,
+                                           enable_idempotence=spec.idempotent)
         await producer.send_batch(spec.topic, [payload])  # warm metadata and connections
         start = time.perf_counter()
         deadline = start + spec.duration_s
@@ -244,6 +248,15 @@ async def _produce_worker(spec: BenchSpec, index: int, progress: Any) -> dict[st
         await producer.close()
         elapsed = time.perf_counter() - start
     return {"messages": sent, "failures": failures, "seconds": elapsed, "latencies": latencies}
+
+
+def _selector(name: str) -> Any:
+    from metaq.client.selectors import RoundRobinSelector, StickyRoundRobinSelector
+
+    selectors = {"roundrobin": RoundRobinSelector, "sticky": StickyRoundRobinSelector}
+    if name not in selectors:
+        raise ValueError(f"unknown selector {name!r} (roundrobin or sticky)")
+    return selectors[name]()
 
 
 def _tally(pending: list[asyncio.Future[Any]], sent: int, failures: int) -> tuple[int, int]:

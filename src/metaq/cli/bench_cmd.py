@@ -95,6 +95,9 @@ def bench_group() -> None:
               help="send_batch calls in flight per process.")
 @click.option("--idempotent", is_flag=True, help="An idempotent producer (enable_idempotence: batches stamped, "
               "retried duplicates dropped by the broker).")
+@click.option("--selector", type=click.Choice(["roundrobin", "sticky"]), default="roundrobin", show_default=True,
+              help="Partition selector: roundrobin (RoundRobinSelector, per message) or sticky "
+              "(StickyRoundRobinSelector, per batch).")
 def bench_produce(**kwargs: Any) -> None:
     """Producer throughput and ack latency."""
     _run("produce", **kwargs)

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from metaq.client.exceptions import BufferFullError, ClientClosedError
     from metaq.client.metadata import Partition
     from metaq.client.producer import BatchSendResult, Producer
-    from metaq.client.selectors import KeyHashSelector, RandomSelector, RoundRobinSelector
+    from metaq.client.selectors import KeyHashSelector, RandomSelector, RoundRobinSelector, StickyRoundRobinSelector
     from metaq.client.session import MessageSessionFactory
     from metaq.client.sync import SyncSessionFactory, connect
     from metaq.types import Message, PartitionId, SendResult
@@ -55,6 +55,7 @@ _EXPORTS: dict[str, str] = {
     "PullConsumer": "metaq.client.consumer",
     "RandomSelector": "metaq.client.selectors",
     "RoundRobinSelector": "metaq.client.selectors",
+    "StickyRoundRobinSelector": "metaq.client.selectors",
     "SendResult": "metaq.types",
     "SyncSessionFactory": "metaq.client.sync",
     "connect": "metaq.client.sync",
@@ -79,6 +80,7 @@ __all__ = [
     "RandomSelector",
     "RoundRobinSelector",
     "SendResult",
+    "StickyRoundRobinSelector",
     "SyncSessionFactory",
     "connect",
     "selectors",

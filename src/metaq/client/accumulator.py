@@ -188,13 +188,14 @@ class Accumulator:
         self.batch_bytes = batch_bytes
         self.max_message_bytes = max_message_bytes
         self._clock = clock
-        self._open: dict[BatchKey, ProducerBatch] = {}
+        self.batches: dict[BatchKey, ProducerBatch] = {}
+        """The open batches. The producer's fast path appends to one here and pops it when full."""
 
     def __len__(self) -> int:
-        return len(self._open)
+        return len(self.batches)
 
     def open_batch(self, key: BatchKey) -> ProducerBatch | None:
-        return self._open.get(key)
+        return self.batches.get(key)
 
     def append(self, key: BatchKey, timestamp_ms: int, value: bytes, msg_key: bytes | None,
                attribute: str | None, headers: Sequence[tuple[str, bytes]] | None, waiter: Any,
@@ -209,16 +210,16 @@ class Accumulator:
             size = _size_of(value, msg_key, attribute, headers)
         if size > self.max_message_bytes:
             raise InvalidArgument(self._too_large(size, value))
-        batch = self._open.get(key)
+        batch = self.batches.get(key)
         if batch is not None and batch.size_bytes + size > self.batch_bytes:
-            del self._open[key]
+            del self.batches[key]
             more = self._start(key, timestamp_ms, value, msg_key, attribute, headers, waiter, linger_s, size)
             return (batch, *more)
         if batch is None:
             return self._start(key, timestamp_ms, value, msg_key, attribute, headers, waiter, linger_s, size)
         batch.add(timestamp_ms, value, msg_key, attribute, headers, waiter, size)
         if batch.size_bytes >= self.batch_bytes:
-            del self._open[key]
+            del self.batches[key]
             return (batch,)
         return _NONE
 
@@ -230,7 +231,7 @@ class Accumulator:
         batch.add(timestamp_ms, value, msg_key, attribute, headers, waiter, size)
         if batch.size_bytes >= self.batch_bytes:
             return (batch,)
-        self._open[key] = batch
+        self.batches[key] = batch
         return _NONE
 
     def _too_large(self, size: int, value: bytes) -> str:
@@ -240,20 +241,20 @@ class Accumulator:
 
     def next_deadline(self) -> float | None:
         """The earliest deadline of an open batch, or None when nothing is open."""
-        if not self._open:
+        if not self.batches:
             return None
-        return min(b.deadline_s for b in self._open.values())
+        return min(b.deadline_s for b in self.batches.values())
 
     def expired(self, now_s: float | None = None) -> list[ProducerBatch]:
         """Seal and return every open batch whose deadline is at or before ``now_s``."""
         now = self._clock() if now_s is None else now_s
-        due = [k for k, b in self._open.items() if b.deadline_s <= now]
-        return [self._open.pop(k) for k in due]
+        due = [k for k, b in self.batches.items() if b.deadline_s <= now]
+        return [self.batches.pop(k) for k in due]
 
     def seal(self, key: BatchKey) -> ProducerBatch | None:
-        return self._open.pop(key, None)
+        return self.batches.pop(key, None)
 
     def seal_all(self) -> list[ProducerBatch]:
-        batches = list(self._open.values())
-        self._open.clear()
+        batches = list(self.batches.values())
+        self.batches.clear()
         return batches

@@ -7,6 +7,11 @@ sending task, so it must be fast and must not block.
 
 * :class:`RoundRobinSelector` (the default): the open partitions in order, from the start again after
   the last, as MetaQ's producer walks its sorted partition list.
+* :class:`StickyRoundRobinSelector`: round robin by *batch* instead of by message (Kafka's KIP-480
+  sticky partitioner): every message goes to one open partition until the batch the producer fills
+  there is full or leaves, then to the next partition in the same order. Over time every open partition
+  gets its turn; at a moment, one partition takes the messages, so requests carry whole batches even
+  when a topic has thousands of partitions.
 * :class:`RandomSelector`: an open partition at random.
 * :class:`KeyHashSelector`: ``crc32(message.key) % len(partitions)`` over *all* partitions, for
   ordered messages. Closed partitions are not skipped: skipping would send a key somewhere else and
@@ -33,7 +38,11 @@ from metaq.types import Message
 class PartitionSelector(Protocol):
     """``reroutable`` (optional attribute, False when absent): the producer may move a batch this
     selector placed to another partition when its broker cannot be reached (docs/cluster.md#routing),
-    and leaves unreachable partitions out of the ``partitions`` it passes."""
+    and leaves unreachable partitions out of the ``partitions`` it passes.
+
+    ``batch_done(topic, broker_id, partition)`` (optional method): the producer calls it when a batch of
+    ``topic`` leaves for that partition, or when the next message would not fit into the batch open there
+    (and then asks the selector again for that message). Sticky selectors move on when it is called."""
 
     def __call__(self, topic: str, partitions: Sequence[Partition], message: Message) -> Partition: ...
 
@@ -78,6 +87,46 @@ class RoundRobinSelector:
         return candidates[n % len(candidates)]
 
 
+class StickyRoundRobinSelector:
+    """Round robin by batch (KIP-480): one open partition per topic takes every message until the producer
+    says its batch is done (:meth:`batch_done`: full, or sent), then the next one in (broker id, partition)
+    order takes over. The producer calls :meth:`batch_done` itself; used elsewhere (a plain function call
+    per message, no producer) it stays on one partition."""
+
+    __slots__ = ("_counters", "_current", "_open")
+    reroutable: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self._counters: dict[str, int] = {}
+        self._current: dict[str, tuple[Sequence[Partition], Partition]] = {}
+        """topic -> (the partitions sequence it was chosen from, the partition taking messages now)"""
+        self._open: dict[str, tuple[Sequence[Partition], Sequence[Partition]]] = {}
+
+    def __call__(self, topic: str, partitions: Sequence[Partition], message: Message) -> Partition:
+        current = self._current.get(topic)
+        if current is not None and current[0] is partitions:
+            return current[1]
+        # First message, or the candidates changed (metadata refreshed, a broker left out): next partition.
+        cached = self._open.get(topic)
+        if cached is not None and cached[0] is partitions:
+            candidates = cached[1]
+        else:
+            candidates = _open(topic, partitions)
+            self._open[topic] = (partitions, candidates)
+        n = self._counters.get(topic, 0)
+        self._counters[topic] = n + 1
+        chosen = candidates[n % len(candidates)]
+        self._current[topic] = (partitions, chosen)
+        return chosen
+
+    def batch_done(self, topic: str, broker_id: int, partition: int) -> None:
+        """The batch on that partition is full or sent: the topic's next message goes to the next partition
+        (nothing changes when another partition's batch is meant)."""
+        current = self._current.get(topic)
+        if current is not None and current[1].partition == partition and current[1].broker_id == broker_id:
+            del self._current[topic]
+
+
 class RandomSelector:
     """An open partition chosen at random (``rng`` injectable for tests)."""
 
@@ -111,6 +160,12 @@ class KeyHashSelector:
 
     def __init__(self, fallback: PartitionSelector | None = None) -> None:
         self._fallback = fallback
+
+    def batch_done(self, topic: str, broker_id: int, partition: int) -> None:
+        """Passed on to ``fallback`` (a sticky fallback moves on for key-less messages)."""
+        done = getattr(self._fallback, "batch_done", None)
+        if done is not None:
+            done(topic, broker_id, partition)
 
     def __call__(self, topic: str, partitions: Sequence[Partition], message: Message) -> Partition:
         key = message.key

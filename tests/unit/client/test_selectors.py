@@ -12,7 +12,13 @@ from collections.abc import Collection
 import pytest
 
 from metaq.client.metadata import Partition
-from metaq.client.selectors import KeyHashSelector, RandomSelector, RoundRobinSelector, key_hash
+from metaq.client.selectors import (
+    KeyHashSelector,
+    RandomSelector,
+    RoundRobinSelector,
+    StickyRoundRobinSelector,
+    key_hash,
+)
 from metaq.errors import InvalidArgument, PartitionClosedError
 from metaq.types import Message
 
@@ -123,3 +129,51 @@ def test_any_callable_is_a_selector() -> None:
 
     sel: PartitionSelector = last
     assert sel("t", parts((0, 0), (0, 1)), msg()) == Partition(0, 1)
+
+
+def test_sticky_round_robin_stays_on_one_partition_until_its_batch_is_done() -> None:
+    ps = parts((0, 0), (0, 1), (1, 0))
+    sel = StickyRoundRobinSelector()
+    assert {str(sel("t", ps, msg())) for _ in range(50)} == {"0-0"}
+    sel.batch_done("t", 0, 1)  # another partition's batch: no move
+    assert str(sel("t", ps, msg())) == "0-0"
+    sel.batch_done("t", 0, 0)
+    assert str(sel("t", ps, msg())) == "0-1"
+
+
+def test_sticky_round_robin_visits_every_open_partition_in_order_over_time() -> None:
+    ps = parts((0, 0), (0, 1), (1, 0), (1, 1), closed=[(1, 0)])
+    sel = StickyRoundRobinSelector()
+    seen = []
+    for _ in range(9):
+        p = sel("t", ps, msg())
+        seen.append(str(p))
+        sel.batch_done("t", p.broker_id, p.partition)
+    assert seen == ["0-0", "0-1", "1-1"] * 3
+
+
+def test_sticky_round_robin_moves_on_when_the_partition_list_changes() -> None:
+    sel = StickyRoundRobinSelector()
+    first = parts((0, 0), (0, 1))
+    assert str(sel("t", first, msg())) == "0-0"
+    # A refresh (or a broker left out) hands a new list: the stuck partition is not kept blindly.
+    refreshed = parts((0, 1))
+    assert str(sel("t", refreshed, msg())) == "0-1"
+    assert str(sel("other", first, msg())) == "0-0"  # a counter and a partition per topic
+
+
+def test_sticky_round_robin_refuses_when_every_partition_is_closed() -> None:
+    with pytest.raises(PartitionClosedError):
+        StickyRoundRobinSelector()("t", parts((0, 0), closed=[(0, 0)]), msg())
+
+
+def test_key_hash_with_a_sticky_fallback_keeps_keys_and_passes_batch_done_on() -> None:
+    ps = parts((0, 0), (0, 1), (0, 2))
+    fallback = StickyRoundRobinSelector()
+    sel = KeyHashSelector(fallback=fallback)
+    keyed = {str(sel("t", ps, msg(b"user-7"))) for _ in range(10)}
+    assert keyed == {str(ps[key_hash(b"user-7") % 3])}
+    first = sel("t", ps, msg())
+    sel.batch_done("t", first.broker_id, first.partition)
+    assert sel("t", ps, msg()) != first
+    assert {str(sel("t", ps, msg(b"user-7"))) for _ in range(10)} == keyed
