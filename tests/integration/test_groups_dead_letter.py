@@ -24,7 +24,7 @@ from metaq.client.group.admin import describe_group
 from metaq.client.group.dead_letter import DeadLetter, dead_letters, redrive
 from metaq.client.selectors import KeyHashSelector
 from metaq.errors import ConfigError, InvalidArgument, InvalidTopicError
-from metaq.testing.broker import BrokerProcess
+from metaq.testing.broker import BrokerProcess, until
 from metaq.types import format_message_id, validate_topic
 
 FAST = {"session_timeout_ms": 1500, "rebalance_timeout_ms": 6000, "commit_offset_period_ms": 200,
@@ -33,17 +33,6 @@ FAST = {"session_timeout_ms": 1500, "rebalance_timeout_ms": 6000, "commit_offset
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
     uvloop.run(coro)
-
-
-async def until(pred: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def config(group: str, tmp: Path, **kw: Any) -> ConsumerConfig:

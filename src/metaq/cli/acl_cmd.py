@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -89,17 +89,23 @@ def _store(data_path: str | None, users_file: str | None, zk_connect: str | None
     yield UsersFile(path)
 
 
-def _where(fn: Any) -> Any:
-    options = [
-        click.option("--data-path", default=None, help=f"Embedded broker: its dataPath ({USERS_FILE_NAME} in it)."),
-        click.option("--users-file", default=None, help="Embedded broker: its saslUsersFile."),
-        click.option("-z", "--zk-connect", default=None, envvar="METAQ_ZK_CONNECT",
-                     help="Cluster mode: ZooKeeper host:port[,host:port] (env METAQ_ZK_CONNECT)."),
-        click.option("--zk-root", default=DEFAULT_ZK_ROOT, show_default=True, envvar="METAQ_ZK_ROOT"),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+def _store_options(file_name: str, file_option: str, file_help: str) -> Callable[[Any], Any]:
+    """Where the users or ACLs are kept: an embedded broker's file, or ZooKeeper in cluster mode."""
+    def decorate(fn: Any) -> Any:
+        options = [
+            click.option("--data-path", default=None, help=f"Embedded broker: its dataPath ({file_name} in it)."),
+            click.option(file_option, default=None, help=file_help),
+            click.option("-z", "--zk-connect", default=None, envvar="METAQ_ZK_CONNECT",
+                         help="Cluster mode: ZooKeeper host:port[,host:port] (env METAQ_ZK_CONNECT)."),
+            click.option("--zk-root", default=DEFAULT_ZK_ROOT, show_default=True, envvar="METAQ_ZK_ROOT"),
+        ]
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+    return decorate
+
+
+_where = _store_options(USERS_FILE_NAME, "--users-file", "Embedded broker: its saslUsersFile.")
 
 
 @click.group("acl")
@@ -210,17 +216,7 @@ def _acl_store(data_path: str | None, acl_file: str | None, zk_connect: str | No
         raise click.ClickException(str(exc)) from None
 
 
-def _acl_where(fn: Any) -> Any:
-    options = [
-        click.option("--data-path", default=None, help=f"Embedded broker: its dataPath ({ACL_FILE_NAME} in it)."),
-        click.option("--acl-file", default=None, help="Embedded broker: its aclFile."),
-        click.option("-z", "--zk-connect", default=None, envvar="METAQ_ZK_CONNECT",
-                     help="Cluster mode: ZooKeeper host:port[,host:port] (env METAQ_ZK_CONNECT)."),
-        click.option("--zk-root", default=DEFAULT_ZK_ROOT, show_default=True, envvar="METAQ_ZK_ROOT"),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+_acl_where = _store_options(ACL_FILE_NAME, "--acl-file", "Embedded broker: its aclFile.")
 
 
 def _entry_options(fn: Any) -> Any:

@@ -14,6 +14,7 @@ can check all of them, including the ones a test started directly.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
 import subprocess
@@ -97,6 +98,19 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, interval_s
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {message}")
         time.sleep(interval_s)
+
+
+async def until(predicate: Callable[[], Any], timeout_s: float = 30.0, interval_s: float = 0.01,
+                what: str = "condition") -> Any:
+    """:func:`wait_until` for a coroutine: polls without blocking the event loop."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(interval_s)
 
 
 class BrokerProcess(BrokerLauncher):
