@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from metaq.testing.broker import BrokerProcess, track_brokers
+from metaq.testing.broker import LOG_RECORD_RE, BrokerProcess, track_brokers
 
 pytest_plugins = ["pytester"]
 
@@ -38,11 +38,39 @@ def _check_session_brokers() -> Iterator[None]:
     _stop_and_check(brokers)
 
 
+_TEST_FAILED = pytest.StashKey[bool]()
+NOTABLE_LOG_LINES = 60
+"""How many of each broker's WARNING-or-worse records a failed test prints (what CI shows of a flaky run)."""
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.when == "call" and report.failed:
+        item.stash[_TEST_FAILED] = True
+    return report
+
+
+def _print_notable_lines(brokers: list[BrokerProcess]) -> None:
+    """The brokers' warnings, errors and the lines following them, for a test that failed: a failover's
+    or a fault's story is there (printed to the test's captured output, shown with the failure)."""
+    for proc in brokers:
+        notable = [line for line in proc.log_lines
+                   if (m := LOG_RECORD_RE.match(line)) is not None and m.group("level") != "INFO"
+                   and m.group("level") != "DEBUG"]
+        print(f"-- {proc.data_dir}: the last {min(len(notable), NOTABLE_LOG_LINES)} of {len(notable)} "
+              "WARNING/ERROR records --")
+        print("\n".join(notable[-NOTABLE_LOG_LINES:]))
+
+
 @pytest.fixture(autouse=True)
 def _check_test_brokers(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Brokers started while a test ran (its fixtures included): stopped and checked at its end."""
+    """Brokers started while a test ran (its fixtures included): stopped and checked at its end; when the
+    test failed, their warnings are printed first."""
     with track_brokers() as brokers:
         yield
+    if request.node.stash.get(_TEST_FAILED, False):
+        _print_notable_lines(brokers)
     _stop_and_check(brokers)
 
 

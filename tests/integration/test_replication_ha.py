@@ -314,6 +314,9 @@ def test_admin_promote_hands_over_under_load_without_loss_or_duplicates(
             # and back to replica 0, which now follows replica 2
             wait_isr(zk_client, zk_root, {0, 1})
             assert admin_session.admin().promote(broker_id=1, replica_id=0) == (0, 3)
+            # master again after handing over once: it takes writes (it refused them all once, for good)
+            acked = len(load.acked)
+            wait_until(lambda: len(load.acked) > acked + 200, 30, 0.01, "acks from replica 0, master again")
     finally:
         load.stop(120)
     print(f"switchover took {took:.2f}s")

@@ -38,7 +38,6 @@ from metaq.cluster.registry import Address, ReplicaGroupChanged
 from metaq.errors import (
     FencedEpochError,
     InvalidRequestError,
-    NotEnoughReplicasAfterAppendError,
     NotMasterError,
 )
 from metaq.net.retry import wait_event
@@ -137,6 +136,7 @@ class HighAvailability:
 
     def _become_master_state(self, state: ReplicaGroupState) -> None:
         self.epoch = state.epoch
+        self.handing_over = False  # a handover of an earlier mastership (it ended when this replica stepped down)
         self.broker.slave = None
         self.master = MasterReplication(self.broker, replica_id=self.replica_id, state=state, version=self.version,
                                         write_state=self._write_state, on_deposed=self._deposed)
@@ -217,6 +217,7 @@ class HighAvailability:
         """Master -> slave of whoever is master now (in this process)."""
         master, self.master = self.master, None
         self.lease_until = 0.0
+        self.handing_over = False  # done: a slave refuses writes anyway
         self.demotions += 1
         if master is not None:
             master.deposed = True
@@ -247,7 +248,8 @@ class HighAvailability:
             raise NotMasterError(f"broker {self.broker_id} here is slave {self.replica_id}: send the promote request "
                                  "to the master")
         isr = set(master.isr)
-        if replica_id >= 0 and replica_id not in isr:
+        joining = master.isr_joining  # already recorded in ZooKeeper, perhaps: waited for below
+        if replica_id >= 0 and replica_id not in isr | joining:
             raise InvalidRequestError(f"replica {replica_id} is not in the in-sync set {sorted(isr)} of broker "
                                       f"{self.broker_id}: it may lack messages; wait until it has caught up")
         candidates = sorted(isr) if replica_id < 0 else [replica_id]
@@ -441,15 +443,11 @@ class HighAvailability:
         master = self.master
         if master is None:
             return None
-        pending = master.wait_replicated(plog, end_offset)
-        if pending is None:
-            return None
-        return self._confirmed(pending)
-
-    async def _confirmed(self, pending: Awaitable[None]) -> None:
-        await pending
-        if self.master is None:
-            raise NotEnoughReplicasAfterAppendError("the master was deposed before the batch was confirmed")
+        # Ends once every member of the in-sync set holds the batch, or raises NOT_ENOUGH_REPLICAS_AFTER_APPEND
+        # when this master is deposed first (fail_waiting). Confirmed and then deposed is still confirmed: the
+        # successor comes from that set and holds the batch. (The produce awaits this only after the batch
+        # is durable here, so a planned switchover may well step down in between.)
+        return master.wait_replicated(plog, end_offset)
 
     def visible_end(self, plog: PartitionLog) -> int:
         """Where consumers of this broker may read up to: the high watermark of a sync topic on the master."""

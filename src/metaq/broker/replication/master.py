@@ -250,6 +250,11 @@ class MasterReplication:
     def isr_change_pending(self) -> bool:
         return self._pending is not None
 
+    @property
+    def isr_joining(self) -> frozenset[int]:
+        """Slaves whose entry into the in-sync set is being written to ZooKeeper (empty when none is)."""
+        return self._pending - self.isr if self._pending is not None else frozenset()
+
     def _lagging(self, replica_id: int, now: float, plogs: list[PartitionLog]) -> str:
         """Why ``replica_id`` is out of sync now ('' when it is not)."""
         if not plogs and replica_id not in self._registered_slaves():
