@@ -44,6 +44,8 @@ class BenchSpec:
     batch: int = 1000
     """Messages per send_batch call (api=batch)."""
     api: str = "batch"
+    """produce: batch, async, sync, oneway or transaction; consume: fetch (``Fetcher.fetch``, a list of Messages
+    per fetch), iterate (``PullConsumer.iterate``, one Message at a time) or columns (``iterate_columns``)."""
     linger_ms: float = 5.0
     batch_bytes: int = 256 * 1024
     partitions: int = 4
@@ -297,7 +299,37 @@ async def _consume_worker(spec: BenchSpec, index: int, progress: Any) -> dict[st
                 progress.value += n
                 offset = result.next_offset
 
-        await asyncio.gather(*(drain(p) for p in parts))
+        async def drain_iterate(p: Any) -> None:
+            """The per-message iterator: one Message at a time, its payload read."""
+            nonlocal got, nbytes
+            start_offset = (await consumer.offsets(spec.topic, p))[0]
+            n = size = 0
+            async for message in consumer.iterate(spec.topic, p, start_offset, max_messages=ends[p] - start_offset,
+                                                  stop_at_end=True):
+                n += 1
+                size += len(message.data)
+                if not n & 4095:
+                    progress.value += 4096
+                    if time.perf_counter() >= deadline:
+                        break
+            got += n
+            nbytes += size
+
+        async def drain_columns(p: Any) -> None:
+            """The column view: one MessageBatch per stored batch, payload lengths from its memoryviews."""
+            nonlocal got, nbytes
+            start_offset = (await consumer.offsets(spec.topic, p))[0]
+            async for batch in consumer.iterate_columns(spec.topic, p, start_offset,
+                                                        max_messages=ends[p] - start_offset, stop_at_end=True):
+                n = len(batch)
+                got += n
+                nbytes += sum(map(len, batch.payloads))
+                progress.value += n
+                if time.perf_counter() >= deadline:
+                    break
+
+        drain_fn = {"iterate": drain_iterate, "columns": drain_columns}.get(spec.api, drain)  # fetch (and the default)
+        await asyncio.gather(*(drain_fn(p) for p in parts))
         elapsed = time.perf_counter() - start
     return {"messages": got, "bytes": nbytes, "failures": 0, "seconds": elapsed, "latencies": []}
 

@@ -106,6 +106,10 @@ def bench_produce(**kwargs: Any) -> None:
 @bench_group.command("consume")
 @_common
 @click.option("--batch", type=click.IntRange(1), default=1000, show_default=True, help="Preload batch size.")
+@click.option("--api", type=click.Choice(["fetch", "iterate", "columns"]), default="fetch", show_default=True,
+              help="fetch: Fetcher.fetch, a list of Messages per 1 MiB fetch; iterate: PullConsumer.iterate, one "
+              "Message at a time; columns: PullConsumer.iterate_columns, one MessageBatch (columns, payloads as "
+              "memoryviews) per stored batch.")
 def bench_consume(**kwargs: Any) -> None:
     """Consumer throughput: preload --count messages, then read them all back."""
     _run("consume", **kwargs)
