@@ -70,6 +70,8 @@ def _run(mode: str, as_json: bool, no_progress: bool, brokers: int | None, **kwa
                f"partitions={spec.partitions} per broker flush={spec.flush} processes={spec.processes}")
     click.echo(f"  {result.messages} messages in {result.seconds:.2f}s: {result.msgs_per_s:,.0f} msg/s, "
                f"{result.mb_per_s:.1f} MB/s" + (f", {result.failures} failed" if result.failures else ""))
+    if result.client_msgs_per_cpu_s:
+        click.echo(f"  client CPU: {result.client_msgs_per_cpu_s:,.0f} msg per CPU second of the client processes")
     if lat:
         what = "append-to-delivery" if mode == "e2e" else "commit" if result.api == "transaction" else "ack"
         click.echo(f"  {what} latency ms: p50 {lat['p50']}  p99 {lat['p99']}  p999 {lat['p999']}  max {lat['max']}")
