@@ -160,14 +160,14 @@ class Fetcher:
 
     async def fetch_many(self, conn: BrokerConnection, wanted: list[tuple[str, Partition, int, int]], *,
                          max_wait_ms: int = 0, max_bytes: int = DEFAULT_MULTI_FETCH_MAX_BYTES, min_bytes: int = 1,
-                         group: str = "") -> list[FetchResult | MetaqError]:
+                         group: str = "", columns: bool = False) -> list[FetchResult | MetaqError]:
         """One MultiFetch over ``conn`` (a master's connection; ``conn.supports(MULTI_FETCH_API_KEY)``).
 
         ``wanted``: (topic, partition, offset, max_bytes) of partitions of that broker, each at most once.
         Returns, in the same order, each partition's result or its error (OffsetOutOfRangeError with
         ``earliest``/``latest``, StoredDataCorruptError, a CorruptRecordError of a batch that fails its
         check here, ...), as :meth:`fetch` would raise it: one partition's error never fails the others.
-        An error of the whole request (a limit, a lost connection) is raised.
+        An error of the whole request (a limit, a lost connection) is raised. ``columns``: as for :meth:`fetch`.
         """
         if not wanted:
             return []
@@ -180,12 +180,13 @@ class Fetcher:
         out: list[FetchResult | MetaqError] = []
         for (topic, p, offset, _pmax), got in zip(wanted, resp.partitions, strict=True):
             try:
-                out.append(self._result(topic, p, offset, got))
+                out.append(self._result(topic, p, offset, got, columns))
             except (BrokerError, CorruptRecordError) as exc:
                 out.append(exc)
         return out
 
-    def _result(self, topic: str, p: Partition, offset: int, got: FetchedPartition) -> FetchResult:
+    def _result(self, topic: str, p: Partition, offset: int, got: FetchedPartition,
+                columns: bool = False) -> FetchResult:
         raise_for_error(got, f"Fetch {topic}:{p} at offset {offset}")
         start = got.reset_offset if got.reset_offset >= 0 else offset
         if got.reset_offset >= 0:
@@ -194,7 +195,8 @@ class Fetcher:
         records = got.records
         if not records:  # most partitions of a long poll's reply: nothing to decode
             return FetchResult([], start, got.log_start_offset, got.log_end_offset, got.reset_offset)
-        return self._decoded(records, topic, p, start, got.log_start_offset, got.log_end_offset, got.reset_offset)
+        return self._decoded(records, topic, p, start, got.log_start_offset, got.log_end_offset, got.reset_offset,
+                             columns)
 
     async def _fetch_slave(self, conn: BrokerConnection, replica: ReadReplica, topic: str, p: Partition, offset: int,
                            max_bytes: int, max_wait_ms: int, group: str) -> FetchResponse | FetchResult:
