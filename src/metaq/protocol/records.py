@@ -1005,10 +1005,9 @@ class MessageBatch:
     def _payload_bytes(self) -> list[bytes]:
         values = self._values
         if values is None:
-            cols = self._cols
-            if not isinstance(cols.body, bytes):
-                cols.body = self._bytes()
-            values = self._values = self._window(cols.values())
+            raw = self._bytes()  # payloads as bytes (Message.data); the columns keep the fetched memory
+            ends = list(accumulate(self._cols.vlens, initial=self._cols.values_at))
+            values = self._values = self._window([raw[a:b] for a, b in pairwise(ends)])
         return values
 
     def __iter__(self) -> Iterator[Message]:

@@ -105,6 +105,7 @@ def test_head_keeps_the_first_records_and_says_where_to_go_on(sent: list[Message
 def test_payloads_are_slices_of_the_fetched_bytes_not_copies() -> None:
     body = stamped(encode_messages([Message("t", b"one"), Message("t", b"two", key=b"k")]), 0)
     (view,), _ = decode_fetched_batches(body, "t", 0)
+    assert [m.data for m in view] == [b"one", b"two"]  # Messages built first: the view still slices the reply
     payloads = view.payloads
     assert [bytes(p) for p in payloads] == [b"one", b"two"]
     assert all(p.obj is body and p.readonly for p in payloads)
