@@ -70,6 +70,8 @@ def _run(mode: str, as_json: bool, no_progress: bool, brokers: int | None, **kwa
                f"partitions={spec.partitions} per broker flush={spec.flush} processes={spec.processes}")
     click.echo(f"  {result.messages} messages in {result.seconds:.2f}s: {result.msgs_per_s:,.0f} msg/s, "
                f"{result.mb_per_s:.1f} MB/s" + (f", {result.failures} failed" if result.failures else ""))
+    if result.client_msgs_per_cpu_s:
+        click.echo(f"  client CPU: {result.client_msgs_per_cpu_s:,.0f} msg per CPU second of the client processes")
     if lat:
         what = "append-to-delivery" if mode == "e2e" else "commit" if result.api == "transaction" else "ack"
         click.echo(f"  {what} latency ms: p50 {lat['p50']}  p99 {lat['p99']}  p999 {lat['p999']}  max {lat['max']}")
@@ -106,6 +108,10 @@ def bench_produce(**kwargs: Any) -> None:
 @bench_group.command("consume")
 @_common
 @click.option("--batch", type=click.IntRange(1), default=1000, show_default=True, help="Preload batch size.")
+@click.option("--api", type=click.Choice(["fetch", "iterate", "columns"]), default="fetch", show_default=True,
+              help="fetch: Fetcher.fetch, a list of Messages per 1 MiB fetch; iterate: PullConsumer.iterate, one "
+              "Message at a time; columns: PullConsumer.iterate_columns, one MessageBatch (columns, payloads as "
+              "memoryviews) per stored batch.")
 def bench_consume(**kwargs: Any) -> None:
     """Consumer throughput: preload --count messages, then read them all back."""
     _run("consume", **kwargs)

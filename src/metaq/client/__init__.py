@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from metaq.client.selectors import KeyHashSelector, RandomSelector, RoundRobinSelector, StickyRoundRobinSelector
     from metaq.client.session import MessageSessionFactory
     from metaq.client.sync import SyncSessionFactory, connect
+    from metaq.protocol.records import MessageBatch
     from metaq.types import Message, PartitionId, SendResult
 
 _EXPORTS: dict[str, str] = {
@@ -48,6 +49,7 @@ _EXPORTS: dict[str, str] = {
     "Fetcher": "metaq.client.consumer",
     "KeyHashSelector": "metaq.client.selectors",
     "Message": "metaq.types",
+    "MessageBatch": "metaq.protocol.records",
     "MessageSessionFactory": "metaq.client.session",
     "Partition": "metaq.client.metadata",
     "PartitionId": "metaq.types",
@@ -72,6 +74,7 @@ __all__ = [
     "Fetcher",
     "KeyHashSelector",
     "Message",
+    "MessageBatch",
     "MessageSessionFactory",
     "Partition",
     "PartitionId",

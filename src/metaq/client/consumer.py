@@ -20,8 +20,8 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from metaq.client.core import ClientCore
 from metaq.client.exceptions import ClientClosedError
@@ -51,7 +51,7 @@ from metaq.protocol.messages import (
     MultiFetchRequest,
     MultiFetchResponse,
 )
-from metaq.protocol.records import decode_fetched
+from metaq.protocol.records import MessageBatch, decode_fetched, decode_fetched_batches
 from metaq.types import Message, PartitionId, PartitionKey, partition_key, validate_topic
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,9 @@ class FetchResult:
     behind: bool = False
     """Read from a slave whose log still ends before the asked offset (``log_end_offset`` is the slave's):
     nothing to read there yet; fetch the same offset again."""
+    batches: list[MessageBatch] = field(default_factory=list)
+    """With ``fetch(..., columns=True)``: the records as checked :class:`MessageBatch` views, in offset
+    order (``messages`` is then empty: iterate the views for Messages)."""
 
 
 class Fetcher:
@@ -98,7 +101,8 @@ class Fetcher:
 
     async def fetch(self, topic: str, partition: PartitionKey, offset: int, *,
                     max_bytes: int = DEFAULT_FETCH_MAX_BYTES, max_wait_ms: int = 0, group: str = "",
-                    connection: BrokerConnection | None = None, replica: ReadReplica | None = None) -> FetchResult:
+                    connection: BrokerConnection | None = None, replica: ReadReplica | None = None,
+                    columns: bool = False) -> FetchResult:
         """Fetch once. Raises OffsetOutOfRangeError carrying ``earliest``/``latest`` when the offset
         is outside the partition (and the broker does not reset it), and the broker's other errors.
 
@@ -106,6 +110,8 @@ class Fetcher:
         either, the copy the session's ``read_from`` chooses). From a slave, an offset past the slave's
         log end is not out of range: the slave is behind, so the fetch waits for it up to
         ``max_wait_ms`` and returns no messages (``behind``) if it has not caught up by then.
+
+        ``columns``: return the records as :class:`MessageBatch` views (``batches``) instead of Messages.
         """
         if max_bytes <= 0:
             raise InvalidArgument(f"max_bytes must be > 0, not {max_bytes}")
@@ -138,20 +144,30 @@ class Fetcher:
         if resp.reset_offset >= 0:
             log.warning("offset %d of %s:%s was out of range; the broker served from %d", offset, topic, p,
                         resp.reset_offset)
+        return self._decoded(records, topic, p, start, resp.log_start_offset, resp.log_end_offset, resp.reset_offset,
+                             columns)
+
+    def _decoded(self, records: bytes | memoryview, topic: str, p: Partition, start: int, log_start: int,
+                 log_end: int, reset_offset: int, columns: bool = False) -> FetchResult:
+        if columns:
+            batches, next_offset = decode_fetched_batches(records, topic, p.partition, start, self.verify_crc,
+                                                          p.broker_id)
+            return FetchResult([], next_offset, log_start, log_end, reset_offset,
+                               partial=bool(records) and not batches and next_offset == start, batches=batches)
         messages, next_offset = decode_fetched(records, topic, p.partition, start, self.verify_crc, p.broker_id)
-        return FetchResult(messages, next_offset, resp.log_start_offset, resp.log_end_offset, resp.reset_offset,
+        return FetchResult(messages, next_offset, log_start, log_end, reset_offset,
                            partial=bool(records) and not messages and next_offset == start)
 
     async def fetch_many(self, conn: BrokerConnection, wanted: list[tuple[str, Partition, int, int]], *,
                          max_wait_ms: int = 0, max_bytes: int = DEFAULT_MULTI_FETCH_MAX_BYTES, min_bytes: int = 1,
-                         group: str = "") -> list[FetchResult | MetaqError]:
+                         group: str = "", columns: bool = False) -> list[FetchResult | MetaqError]:
         """One MultiFetch over ``conn`` (a master's connection; ``conn.supports(MULTI_FETCH_API_KEY)``).
 
         ``wanted``: (topic, partition, offset, max_bytes) of partitions of that broker, each at most once.
         Returns, in the same order, each partition's result or its error (OffsetOutOfRangeError with
         ``earliest``/``latest``, StoredDataCorruptError, a CorruptRecordError of a batch that fails its
         check here, ...), as :meth:`fetch` would raise it: one partition's error never fails the others.
-        An error of the whole request (a limit, a lost connection) is raised.
+        An error of the whole request (a limit, a lost connection) is raised. ``columns``: as for :meth:`fetch`.
         """
         if not wanted:
             return []
@@ -164,12 +180,13 @@ class Fetcher:
         out: list[FetchResult | MetaqError] = []
         for (topic, p, offset, _pmax), got in zip(wanted, resp.partitions, strict=True):
             try:
-                out.append(self._result(topic, p, offset, got))
+                out.append(self._result(topic, p, offset, got, columns))
             except (BrokerError, CorruptRecordError) as exc:
                 out.append(exc)
         return out
 
-    def _result(self, topic: str, p: Partition, offset: int, got: FetchedPartition) -> FetchResult:
+    def _result(self, topic: str, p: Partition, offset: int, got: FetchedPartition,
+                columns: bool = False) -> FetchResult:
         raise_for_error(got, f"Fetch {topic}:{p} at offset {offset}")
         start = got.reset_offset if got.reset_offset >= 0 else offset
         if got.reset_offset >= 0:
@@ -178,9 +195,8 @@ class Fetcher:
         records = got.records
         if not records:  # most partitions of a long poll's reply: nothing to decode
             return FetchResult([], start, got.log_start_offset, got.log_end_offset, got.reset_offset)
-        messages, next_offset = decode_fetched(records, topic, p.partition, start, self.verify_crc, p.broker_id)
-        return FetchResult(messages, next_offset, got.log_start_offset, got.log_end_offset, got.reset_offset,
-                           partial=bool(records) and not messages and next_offset == start)
+        return self._decoded(records, topic, p, start, got.log_start_offset, got.log_end_offset, got.reset_offset,
+                             columns)
 
     async def _fetch_slave(self, conn: BrokerConnection, replica: ReadReplica, topic: str, p: Partition, offset: int,
                            max_bytes: int, max_wait_ms: int, group: str) -> FetchResponse | FetchResult:
@@ -220,6 +236,17 @@ class Fetcher:
             exc.earliest, exc.latest = await offsets_of(self._core, topic, p)
         except Exception:  # the range is a courtesy; the out-of-range error is what matters
             pass
+
+
+def _first(batches: list[MessageBatch], count: int) -> list[MessageBatch]:
+    """The first ``count`` records of ``batches`` (non-empty views), as views."""
+    out = []
+    for batch in batches:
+        if count <= 0:
+            break
+        out.append(batch.head(count))
+        count -= len(batch)
+    return out
 
 
 async def offsets_of(core: ClientCore, topic: str, partition: Partition) -> tuple[int, int]:
@@ -334,15 +361,18 @@ class PullConsumer:
         request); ``on_out_of_range`` says what an offset outside the partition does: raise, or jump
         to the earliest or latest offset.
         """
-        batches = self.iterate_batches(topic, partition, offset, max_wait_ms=max_wait_ms, max_bytes=max_bytes,
-                                       max_messages=max_messages, stop_at_end=stop_at_end,
-                                       on_out_of_range=on_out_of_range, group=group)
+        # Messages are built one at a time from the checked columns of each fetch: one the caller drops
+        # is freed at once, so the cyclic GC never scans a fetch's worth of fresh objects.
+        fetches = self._iterate(topic, partition, offset, max_wait_ms=max_wait_ms, max_bytes=max_bytes,
+                                max_messages=max_messages, stop_at_end=stop_at_end, on_out_of_range=on_out_of_range,
+                                group=group, columns=True)
         try:
-            async for messages in batches:
-                for message in messages:
-                    yield message
+            async for batches in fetches:
+                for batch in batches:
+                    for message in batch:
+                        yield message
         finally:
-            await batches.aclose()
+            await fetches.aclose()
 
     async def iterate_batches(self, topic: str, partition: PartitionKey, offset: StartOffset = "earliest", *,
                               max_wait_ms: int = DEFAULT_MAX_WAIT_MS, max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
@@ -350,6 +380,40 @@ class PullConsumer:
                               on_out_of_range: OutOfRangePolicy = "raise", group: str = ""
                               ) -> AsyncGenerator[list[Message], None]:
         """As :meth:`iterate`, one non-empty list of messages per fetch (cheaper per message)."""
+        fetches = self._iterate(topic, partition, offset, max_wait_ms=max_wait_ms, max_bytes=max_bytes,
+                                max_messages=max_messages, stop_at_end=stop_at_end, on_out_of_range=on_out_of_range,
+                                group=group, columns=False)
+        try:
+            async for messages in fetches:
+                yield messages
+        finally:
+            await fetches.aclose()
+
+    async def iterate_columns(self, topic: str, partition: PartitionKey, offset: StartOffset = "earliest", *,
+                              max_wait_ms: int = DEFAULT_MAX_WAIT_MS, max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
+                              max_messages: int | None = None, stop_at_end: bool = False,
+                              on_out_of_range: OutOfRangePolicy = "raise", group: str = ""
+                              ) -> AsyncGenerator[MessageBatch, None]:
+        """As :meth:`iterate`, one :class:`~metaq.protocol.records.MessageBatch` per stored batch: the
+        records' columns (offsets, payloads as memoryview slices of the fetched bytes, keys, timestamps...)
+        with no Message built until asked for (iterating a MessageBatch gives its Messages). For bulk
+        readers. Every batch is checked (CRC, columns) as for :meth:`iterate`; none is empty."""
+        fetches = self._iterate(topic, partition, offset, max_wait_ms=max_wait_ms, max_bytes=max_bytes,
+                                max_messages=max_messages, stop_at_end=stop_at_end, on_out_of_range=on_out_of_range,
+                                group=group, columns=True)
+        try:
+            async for batches in fetches:
+                for batch in batches:
+                    yield batch
+        finally:
+            await fetches.aclose()
+
+    async def _iterate(self, topic: str, partition: PartitionKey, offset: StartOffset, *, max_wait_ms: int,
+                       max_bytes: int, max_messages: int | None, stop_at_end: bool,
+                       on_out_of_range: OutOfRangePolicy, group: str, columns: bool
+                       ) -> AsyncGenerator[list[Any], None]:
+        """The fetch loop of the iterators: per fetch, a non-empty list of Messages, or of MessageBatch
+        views with ``columns``."""
         self._check(topic, partition)
         if max_wait_ms < 0:
             raise InvalidArgument(f"max_wait_ms must be >= 0, not {max_wait_ms}")
@@ -402,7 +466,7 @@ class PullConsumer:
                         replica = chosen
                         self._iterators.add(conn)
                     result = await self.fetcher.fetch(topic, p, position, max_bytes=fetch_bytes, max_wait_ms=wait,
-                                                      group=group, connection=conn, replica=replica)
+                                                      group=group, connection=conn, replica=replica, columns=columns)
                 except OffsetOutOfRangeError as exc:
                     earliest = getattr(exc, "earliest", -1)
                     latest = getattr(exc, "latest", -1)
@@ -438,14 +502,25 @@ class PullConsumer:
                     continue
                 fetch_bytes = max_bytes
                 position = result.next_offset
-                messages = result.messages
-                if messages:
-                    if remaining is not None:
-                        if len(messages) >= remaining:
-                            yield messages[:remaining]
-                            return
-                        remaining -= len(messages)
-                    yield messages
+                if columns:
+                    batches = result.batches
+                    if batches:
+                        if remaining is not None:
+                            count = sum(map(len, batches))
+                            if count >= remaining:
+                                yield _first(batches, remaining)
+                                return
+                            remaining -= count
+                        yield batches
+                else:
+                    messages = result.messages
+                    if messages:
+                        if remaining is not None:
+                            if len(messages) >= remaining:
+                                yield messages[:remaining]
+                                return
+                            remaining -= len(messages)
+                        yield messages
                 if stop_at_end and position >= result.log_end_offset:
                     return
         finally:

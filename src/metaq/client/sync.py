@@ -15,7 +15,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
 from metaq.client.admin import Admin, FindResult, MessageLocation, TopicDescription
@@ -34,6 +34,7 @@ from metaq.client.selectors import PartitionSelector
 from metaq.client.session import MessageSessionFactory
 from metaq.client.transaction import TransactionChecker, TransactionResult, Xid
 from metaq.errors import InvalidArgument
+from metaq.protocol.records import MessageBatch
 from metaq.types import Message, MessageId, PartitionKey, SendResult
 
 T = TypeVar("T")
@@ -212,10 +213,37 @@ class SyncPullConsumer:
                 max_messages: int | None = None, stop_at_end: bool = False,
                 on_out_of_range: OutOfRangePolicy = "raise", group: str = "") -> Iterator[Message]:
         """A blocking generator over :meth:`PullConsumer.iterate` (one thread crossing per fetch)."""
-        for batch in self.iterate_batches(topic, partition, offset, max_wait_ms=max_wait_ms, max_bytes=max_bytes,
-                                          max_messages=max_messages, stop_at_end=stop_at_end,
-                                          on_out_of_range=on_out_of_range, group=group):
-            yield from batch
+        agen = self.consumer._iterate(topic, partition, offset, max_wait_ms=max_wait_ms, max_bytes=max_bytes,
+                                      max_messages=max_messages, stop_at_end=stop_at_end,
+                                      on_out_of_range=on_out_of_range, group=group, columns=True)
+        for batches in self._blocking(agen):
+            for batch in batches:
+                yield from batch  # Messages built one at a time (see PullConsumer.iterate)
+
+    def iterate_columns(self, topic: str, partition: PartitionKey, offset: StartOffset = "earliest", *,
+                        max_wait_ms: int = DEFAULT_MAX_WAIT_MS, max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
+                        max_messages: int | None = None, stop_at_end: bool = False,
+                        on_out_of_range: OutOfRangePolicy = "raise", group: str = "") -> Iterator[MessageBatch]:
+        """A blocking generator over :meth:`PullConsumer.iterate_columns` (one thread crossing per fetch)."""
+        agen = self.consumer._iterate(topic, partition, offset, max_wait_ms=max_wait_ms, max_bytes=max_bytes,
+                                      max_messages=max_messages, stop_at_end=stop_at_end,
+                                      on_out_of_range=on_out_of_range, group=group, columns=True)
+        for batches in self._blocking(agen):
+            yield from batches
+
+    def _blocking(self, agen: AsyncGenerator[Any, None]) -> Iterator[Any]:
+        async def step() -> Any:
+            try:
+                return await agen.__anext__()
+            except StopAsyncIteration:
+                return None
+
+        try:
+            while (item := self._lt.run(step())) is not None:
+                yield item
+        finally:
+            if not self._lt.stopped:
+                self._lt.run(agen.aclose())
 
     def iterate_batches(self, topic: str, partition: PartitionKey, offset: StartOffset = "earliest", *,
                         max_wait_ms: int = DEFAULT_MAX_WAIT_MS, max_bytes: int = DEFAULT_FETCH_MAX_BYTES,

@@ -72,10 +72,11 @@ import gc
 import struct
 import sys
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from itertools import accumulate, pairwise
+from itertools import accumulate, pairwise, repeat
 from typing import Any, NamedTuple
 
 import crc32c as _crc32c
@@ -83,7 +84,7 @@ import lz4.frame as _lz4
 import zstandard as _zstd
 
 from metaq.errors import CorruptRecordError, InvalidArgument, ProtocolError
-from metaq.types import Message
+from metaq.types import Message, PartitionId
 
 MAGIC = 2
 OLD_MAGICS = {1: "metaq 0.1"}
@@ -654,10 +655,12 @@ def _non_negative(column: memoryview, width: int) -> bool:
 class _Columns:
     """The parsed, checked columns of one batch body (see the module docstring for the layout)."""
 
-    __slots__ = ("alens", "attrs_at", "body", "deltas", "hcounts", "headers_at", "keys_at", "klens", "n",
+    __slots__ = ("alens", "attrs_at", "body", "deltas", "dense", "hcounts", "headers_at", "keys_at", "klens", "n",
                  "no_attrs", "no_headers", "no_keys", "timestamps", "values_at", "vlens")
     body: bytes | memoryview
     n: int
+    dense: bool
+    """The offset deltas are 0, 1, ..., n-1 (every batch a producer wrote; not one a server-side filter thinned)."""
     deltas: array
     timestamps: array
     klens: array
@@ -694,10 +697,10 @@ class _Columns:
         if n == 0:
             if size:
                 raise CorruptRecordError("an empty record batch has a non-empty records region")
-            self.no_keys = self.no_attrs = self.no_headers = True
+            self.no_keys = self.no_attrs = self.no_headers = self.dense = True
             self.keys_at = self.values_at = self.attrs_at = self.headers_at = 0
             return self
-        dense = view[0:4 * n] == _dense_deltas(n)  # 0..n-1: every produced (unfiltered) batch
+        dense = self.dense = view[0:4 * n] == _dense_deltas(n)  # 0..n-1: every produced (unfiltered) batch
         if producer:
             if not dense:
                 raise CorruptRecordError("offset deltas of a produced batch must be 0, 1, ..., n-1")
@@ -714,16 +717,17 @@ class _Columns:
         n_no_attr = self.alens.count(-1)
         self.no_keys = n_no_key == n
         self.no_attrs = n_no_attr == n
-        keys_len = sum(self.klens) + n_no_key
+        keys_len = 0 if self.no_keys else sum(self.klens) + n_no_key  # (no sum over a column of -1s)
         values_len = sum(self.vlens)
-        attrs_len = sum(self.alens) + n_no_attr
+        attrs_len = 0 if self.no_attrs else sum(self.alens) + n_no_attr
         self.keys_at = fixed
         self.values_at = fixed + keys_len
         self.attrs_at = self.values_at + values_len
         self.headers_at = self.attrs_at + attrs_len
         if self.headers_at > size:
             raise CorruptRecordError("record columns claim more bytes than the records region holds")
-        n_headers = sum(self.hcounts)
+        # all-zero header counts: one C-level byte count instead of a sum over the column
+        n_headers = 0 if view[22 * n:24 * n].tobytes().count(0) == 2 * n else sum(self.hcounts)
         self.no_headers = n_headers == 0
         if self.no_headers:
             if self.headers_at != size:
@@ -843,15 +847,10 @@ def iter_batches(buf: bytes | bytearray | memoryview, pos: int = 0) -> Iterator[
         pos += header.total_bytes
 
 
-def decode_batch(batch: bytes | memoryview, topic: str = "", partition: int = -1,
-                 header: BatchHeader | None = None, verify: bool = True,
-                 max_uncompressed_bytes: int = 1 << 30, broker_id: int = -1) -> list[Message]:
-    """Every message of one whole batch, with offset, id and append time filled in (and ``topic``,
-    ``partition`` and ``broker_id``: the partition the caller read it from).
-
-    ``verify`` checks the CRC first (consumers should; the broker already did on append). The columns
-    are always checked, so a damaged batch raises CorruptRecordError rather than yielding garbage.
-    """
+def _checked_columns(batch: bytes | memoryview, header: BatchHeader | None, verify: bool,
+                     max_uncompressed_bytes: int) -> tuple[BatchHeader, _Columns]:
+    """The header and checked columns of one whole batch (CRC first when ``verify``); the body is the
+    batch's own memory when it is not compressed (no copy), else the inflated bytes."""
     if header is None:
         header = read_header(batch)
     view = memoryview(batch)
@@ -862,39 +861,217 @@ def decode_batch(batch: bytes | memoryview, topic: str = "", partition: int = -1
     if verify and header.crc != compute_crc(view):
         raise CorruptRecordError(f"record batch at offset {header.base_offset} fails its CRC32C check")
     _check_attributes(header)
-    body = _body(view, header, max_uncompressed_bytes)
-    raw = body if isinstance(body, bytes) else bytes(body)  # one copy: every field is sliced from it
-    cols = _Columns.parse(raw, header, producer=False)
-    if not cols.n:
-        return []
-    # Messages hold bytes, str, ints and tuples only: building them cannot create reference cycles, yet
-    # every 700 allocations the cyclic GC would scan them (about a third of decoding time). Pause it
-    # for the loop and restore whatever state it was in.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return _messages(cols, raw, header, topic, partition, broker_id)
-    finally:
-        if gc_was_enabled:
+    return header, _Columns.parse(_body(view, header, max_uncompressed_bytes), header, producer=False)
+
+
+class MessageBatch:
+    """The records of one stored batch, checked, as columns: what a bulk reader takes without a
+    :class:`~metaq.types.Message` per record, and what the per-message paths build Messages from.
+
+    Built by :func:`message_batch` and :func:`decode_fetched_batches` (and so by the consumer's
+    ``iterate_columns``): the CRC and every column have been checked, exactly as for decoded Messages.
+    It holds the records at or after the offset the reader asked for (a fetch starts at the batch
+    holding it), at most ``max_messages`` of them when the reader gave a limit.
+
+    Columns (one entry per record, in offset order): :attr:`offsets`, :attr:`ids`, :attr:`timestamps`,
+    :attr:`payloads` (``memoryview`` slices of the fetched bytes: no copy; they keep the fetch reply
+    alive), :attr:`keys`, :attr:`attributes`, :attr:`headers`. Iterating yields Messages one at a time,
+    built when asked for: a message the caller drops is freed at once, and the cyclic GC never has
+    thousands of fresh objects to scan. :meth:`messages` builds them all.
+    """
+
+    __slots__ = ("_cols", "_hi", "_lo", "_raw", "_values", "broker_id", "header", "partition", "topic")
+
+    topic: str
+    partition: int
+    broker_id: int
+    """The partition it was read from (``partition_id``: ``brokerId-partition``)."""
+    header: BatchHeader
+    """The stored batch's header: ``base_offset``, ``next_offset``, ``append_time_ms``, ``compression``..."""
+
+    def __init__(self, header: BatchHeader, columns: _Columns, topic: str = "", partition: int = -1,
+                 broker_id: int = -1, lo: int = 0, hi: int | None = None) -> None:
+        self.header = header
+        self.topic = topic
+        self.partition = partition
+        self.broker_id = broker_id
+        self._cols = columns
+        self._lo = lo
+        self._hi = columns.n if hi is None else hi
+        self._raw: bytes | None = None
+        self._values: list[bytes] | None = None
+
+    def __len__(self) -> int:
+        return self._hi - self._lo
+
+    def __bool__(self) -> bool:
+        return self._hi > self._lo
+
+    def __repr__(self) -> str:
+        return (f"MessageBatch({self.topic}:{self.broker_id}-{self.partition}, {len(self)} messages, "
+                f"offsets {self.first_offset}..{self.next_offset - 1})")
+
+    @property
+    def partition_id(self) -> PartitionId:
+        return PartitionId(self.broker_id, self.partition)
+
+    @property
+    def first_offset(self) -> int:
+        """The offset of the first record here (``next_offset`` when there is none)."""
+        if self._hi <= self._lo:
+            return self.next_offset
+        return self.header.base_offset + self._cols.deltas[self._lo]
+
+    @property
+    def next_offset(self) -> int:
+        """The offset to read after these records: past the whole stored batch, or, when a limit cut it
+        short, the offset of the first record left out."""
+        if self._hi >= self._cols.n:
+            return self.header.next_offset
+        return self.header.base_offset + self._cols.deltas[self._hi]
+
+    @property
+    def append_time_ms(self) -> int:
+        """When the broker appended the batch (ms since the epoch): the same for every record of it."""
+        return self.header.append_time_ms
+
+    def _span(self, base: int) -> Sequence[int]:
+        lo, hi = self._lo, self._hi
+        if self._cols.dense:
+            return range(base + lo, base + hi)
+        return [base + d for d in self._cols.deltas[lo:hi]]
+
+    @property
+    def offsets(self) -> Sequence[int]:
+        """Each record's offset (a ``range`` when they are consecutive, as produced)."""
+        return self._span(self.header.base_offset)
+
+    @property
+    def ids(self) -> Sequence[int]:
+        """Each record's message id (``base_message_id`` + its offset delta)."""
+        return self._span(self.header.base_message_id)
+
+    @property
+    def timestamps(self) -> array:
+        """Each record's timestamp (ms since the epoch, the producer's clock), an ``array('q')``."""
+        ts = self._cols.timestamps
+        return ts if self._lo == 0 and self._hi == len(ts) else ts[self._lo:self._hi]
+
+    @property
+    def payloads(self) -> list[memoryview]:
+        """Each record's payload: a read-only ``memoryview`` slice of the fetched bytes (inflated bytes for
+        a compressed batch). ``bytes(p)`` copies one out."""
+        cols = self._cols
+        body = memoryview(cols.body).toreadonly()
+        ends = list(accumulate(cols.vlens[:self._hi], initial=cols.values_at))
+        with _gc_paused():  # memoryviews are tracked by the cyclic GC: not a scan per 700 of them
+            return [body[a:b] for a, b in pairwise(ends[self._lo:])]
+
+    @property
+    def keys(self) -> list[bytes | None]:
+        """Each record's key (None: no key)."""
+        cols = self._cols
+        if cols.no_keys:
+            return [None] * len(self)
+        return self._window(_split(self._bytes(), cols.keys_at, cols.klens))
+
+    @property
+    def attributes(self) -> list[str | None]:
+        """Each record's attribute (None: no attribute)."""
+        cols = self._cols
+        if cols.no_attrs:
+            return [None] * len(self)
+        return self._window([a.decode() if a is not None else None
+                             for a in _split(self._bytes(), cols.attrs_at, cols.alens)])
+
+    @property
+    def headers(self) -> list[list[tuple[str, bytes]] | None]:
+        """Each record's headers, ``(name, value)`` pairs in order (None: no headers)."""
+        cols = self._cols
+        if cols.no_headers:
+            return [None] * len(self)
+        return self._window(_decode_headers(self._bytes(), cols.headers_at, cols.hcounts))
+
+    def _window(self, column: list[Any]) -> list[Any]:
+        return column if self._lo == 0 and self._hi == len(column) else column[self._lo:self._hi]
+
+    def _bytes(self) -> bytes:
+        raw = self._raw
+        if raw is None:
+            body = self._cols.body
+            raw = self._raw = body if isinstance(body, bytes) else bytes(body)  # one copy; fields slice it
+        return raw
+
+    def _payload_bytes(self) -> list[bytes]:
+        values = self._values
+        if values is None:
+            raw = self._bytes()  # payloads as bytes (Message.data); the columns keep the fetched memory
+            ends = list(accumulate(self._cols.vlens, initial=self._cols.values_at))
+            values = self._values = self._window([raw[a:b] for a, b in pairwise(ends)])
+        return values
+
+    def __iter__(self) -> Iterator[Message]:
+        """Messages one at a time, each built when the iteration reaches it."""
+        n = len(self)
+        if not n:
+            return iter(())
+        cols, header = self._cols, self.header
+        return map(Message, repeat(self.topic, n), self._payload_bytes(),
+                   repeat(None, n) if cols.no_attrs else self.attributes,
+                   repeat(None, n) if cols.no_keys else self.keys,
+                   repeat(None, n) if cols.no_headers else self.headers, self.timestamps,
+                   repeat(self.partition, n), self.offsets, self.ids, repeat(header.append_time_ms, n),
+                   repeat(self.broker_id, n))
+
+    def messages(self) -> list[Message]:
+        """Every record as a Message (the cyclic GC paused meanwhile: Messages cannot form cycles)."""
+        with _gc_paused():
+            return list(self)
+
+    def head(self, count: int) -> MessageBatch:
+        """The first ``count`` records (all of them if there are fewer)."""
+        if count >= len(self):
+            return self
+        return MessageBatch(self.header, self._cols, self.topic, self.partition, self.broker_id, self._lo,
+                            self._lo + max(count, 0))
+
+
+class _gc_paused:
+    """Pause the cyclic GC for a block and restore whatever state it was in.
+
+    Decoded Messages hold bytes, str, ints and tuples only: building them cannot create reference
+    cycles, yet every 700 allocations the collector would scan them all (about a third of decoding
+    time when thousands are built at once)."""
+
+    __slots__ = ("_was",)
+
+    def __enter__(self) -> None:
+        self._was = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._was:
             gc.enable()
 
 
-def _messages(cols: _Columns, raw: bytes, header: BatchHeader, topic: str, partition: int,
-              broker_id: int) -> list[Message]:
-    values = cols.values()
-    base_offset, base_id, append_time = header.base_offset, header.base_message_id, header.append_time_ms
-    if cols.no_keys and cols.no_attrs and cols.no_headers:
-        return [Message(topic, v, None, None, None, ts, partition, base_offset + d, base_id + d, append_time,
-                        broker_id)
-                for v, ts, d in zip(values, cols.timestamps, cols.deltas, strict=True)]
-    keys = [None] * cols.n if cols.no_keys else _split(raw, cols.keys_at, cols.klens)
-    if cols.no_attrs:
-        attrs: list[str | None] = [None] * cols.n
-    else:
-        attrs = [a.decode() if a is not None else None for a in _split(raw, cols.attrs_at, cols.alens)]
-    headers = [None] * cols.n if cols.no_headers else _decode_headers(raw, cols.headers_at, cols.hcounts)
-    return [Message(topic, v, a, k, h, ts, partition, base_offset + d, base_id + d, append_time, broker_id)
-            for v, a, k, h, ts, d in zip(values, attrs, keys, headers, cols.timestamps, cols.deltas, strict=True)]
+def message_batch(batch: bytes | memoryview, topic: str = "", partition: int = -1,
+                  header: BatchHeader | None = None, verify: bool = True,
+                  max_uncompressed_bytes: int = 1 << 30, broker_id: int = -1) -> MessageBatch:
+    """One whole batch as a :class:`MessageBatch`, with the same checks (and errors) as :func:`decode_batch`."""
+    header, cols = _checked_columns(batch, header, verify, max_uncompressed_bytes)
+    return MessageBatch(header, cols, topic, partition, broker_id)
+
+
+def decode_batch(batch: bytes | memoryview, topic: str = "", partition: int = -1,
+                 header: BatchHeader | None = None, verify: bool = True,
+                 max_uncompressed_bytes: int = 1 << 30, broker_id: int = -1) -> list[Message]:
+    """Every message of one whole batch, with offset, id and append time filled in (and ``topic``,
+    ``partition`` and ``broker_id``: the partition the caller read it from).
+
+    ``verify`` checks the CRC first (consumers should; the broker already did on append). The columns
+    are always checked, so a damaged batch raises CorruptRecordError rather than yielding garbage.
+    """
+    return message_batch(batch, topic, partition, header, verify, max_uncompressed_bytes, broker_id).messages()
 
 
 def batch_columns(batch: bytes | memoryview, header: BatchHeader | None = None, *, verify: bool = True,
@@ -903,16 +1080,9 @@ def batch_columns(batch: bytes | memoryview, header: BatchHeader | None = None, 
 
     The columns object has ``n``, ``deltas``, ``timestamps``, ``klens``, ``vlens``, ``alens``, ``hcounts``
     (arrays), ``body`` and the section starts ``keys_at``, ``values_at``, ``attrs_at``, ``headers_at``.
+    :class:`MessageBatch` is the public view over the same columns.
     """
-    if header is None:
-        header = read_header(batch)
-    view = memoryview(batch)[: header.total_bytes]
-    if len(view) < header.total_bytes:
-        raise CorruptRecordError("record batch is cut off")
-    if verify and header.crc != compute_crc(view):
-        raise CorruptRecordError(f"record batch at offset {header.base_offset} fails its CRC32C check")
-    _check_attributes(header)
-    return header, _Columns.parse(_body(view, header, max_uncompressed_bytes), header, producer=False)
+    return _checked_columns(batch, header, verify, max_uncompressed_bytes)
 
 
 def fetched_batches(buf: bytes | memoryview, from_offset: int = 0) -> Iterator[tuple[int, BatchHeader]]:
@@ -948,6 +1118,37 @@ def damaged_batch_error(exc: CorruptRecordError, header: BatchHeader, from_offse
                               offset=at, resume_offset=header.next_offset)
 
 
+def decode_fetched_batches(buf: bytes | memoryview, topic: str, partition: int, from_offset: int = 0,
+                           verify: bool = True, broker_id: int = -1) -> tuple[list[MessageBatch], int]:
+    """The checked batches of a fetch body as :class:`MessageBatch` views of the records at or after
+    ``from_offset``, and the offset to fetch next; the same rules and errors as :func:`decode_fetched`.
+
+    Batches with no record left (all below ``from_offset``, or a server-side filter emptied them) are
+    not returned, but ``next_offset`` moves past them.
+    """
+    out: list[MessageBatch] = []
+    next_offset = from_offset
+    view = memoryview(buf)
+    try:
+        for pos, header in fetched_batches(view, from_offset):
+            try:
+                hdr, cols = _checked_columns(view[pos:pos + header.total_bytes], header, verify, 1 << 30)
+            except CorruptRecordError as exc:
+                where = f"{topic}:{broker_id}-{partition}" if broker_id >= 0 else f"{topic}-{partition}"
+                raise damaged_batch_error(exc, header, from_offset, where) from None
+            lo = 0
+            if header.base_offset < from_offset:
+                lo = bisect_left(cols.deltas, from_offset - header.base_offset)
+            if lo < cols.n:
+                out.append(MessageBatch(hdr, cols, topic, partition, broker_id, lo))
+            next_offset = header.next_offset
+    except CorruptRecordError:
+        if next_offset > from_offset:
+            return out, next_offset  # deliver what is intact; the next fetch starts at the damage
+        raise
+    return out, next_offset
+
+
 def decode_fetched(buf: bytes | memoryview, topic: str, partition: int, from_offset: int = 0,
                    verify: bool = True, broker_id: int = -1) -> tuple[list[Message], int]:
     """Messages at or after ``from_offset`` from a fetch body, and the offset to fetch next.
@@ -957,25 +1158,13 @@ def decode_fetched(buf: bytes | memoryview, topic: str, partition: int, from_off
     reply: the messages of the intact batches before it are returned, and only when there are none
     does it raise CorruptRecordError, whose ``offset`` (and, when known, ``resume_offset``) say where.
     """
+    batches, next_offset = decode_fetched_batches(buf, topic, partition, from_offset, verify, broker_id)
+    if len(batches) == 1:
+        return batches[0].messages(), next_offset
     out: list[Message] = []
-    next_offset = from_offset
-    view = memoryview(buf)
-    try:
-        for pos, header in fetched_batches(view, from_offset):
-            try:
-                messages = decode_batch(view[pos:pos + header.total_bytes], topic, partition, header, verify,
-                                        broker_id=broker_id)
-            except CorruptRecordError as exc:
-                where = f"{topic}:{broker_id}-{partition}" if broker_id >= 0 else f"{topic}-{partition}"
-                raise damaged_batch_error(exc, header, from_offset, where) from None
-            if header.base_offset < from_offset:
-                messages = [m for m in messages if m.offset >= from_offset]
-            out.extend(messages)
-            next_offset = header.next_offset
-    except CorruptRecordError:
-        if next_offset > from_offset:
-            return out, next_offset  # deliver what is intact; the next fetch starts at the damage
-        raise
+    with _gc_paused():  # once for the whole reply, not per batch (see _gc_paused)
+        for batch in batches:
+            out.extend(batch)
     return out, next_offset
 
 

@@ -67,9 +67,10 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from metaq.client.consumer import (
@@ -335,7 +336,8 @@ class _BrokerFetcher:
             self.requests += 1
             results = await consumer.fetcher.fetch_many(
                 conn, wanted, max_wait_ms=cfg.max_delay_fetch_ms if cfg.long_poll else 0,
-                max_bytes=max(DEFAULT_MULTI_FETCH_MAX_BYTES, max(m for _w, m, _f in batch)), group=cfg.group)
+                max_bytes=max(DEFAULT_MULTI_FETCH_MAX_BYTES, max(m for _w, m, _f in batch)), group=cfg.group,
+                columns=True)
         except Exception as exc:  # every worker of the batch handles it (retries, backs off)
             for _w, _m, fut in batch:
                 if not fut.done():
@@ -757,7 +759,7 @@ class GroupConsumer:
             w.replica = replica
         conn = w.conn if wait else None
         return await self.fetcher.fetch(w.tp.topic, w.part, w.position, max_bytes=max_bytes, max_wait_ms=wait,
-                                        group=cfg.group, connection=conn, replica=replica)
+                                        group=cfg.group, connection=conn, replica=replica, columns=True)
 
     async def _run_worker(self, w: _Worker) -> None:
         cfg = self.config
@@ -820,7 +822,7 @@ class GroupConsumer:
                     await asyncio.sleep(cfg.max_delay_fetch_ms / 1000)
                 continue
             max_bytes, growths = w.sub.max_size, 0
-            if not result.messages:
+            if not result.messages and not result.batches:
                 if result.next_offset > w.position:  # a batch the server-side filter emptied
                     w.position = result.next_offset
                     if w.ctx.auto_ack:
@@ -864,25 +866,31 @@ class GroupConsumer:
                      acked_ids: list[int]) -> Generator[tuple[str, Message], BaseException | None, None]:
         cfg = self.config
         ctx = w.ctx
-        msgs = result.messages
+        # Messages are built one at a time from the fetch's column views (FetchResult.batches): one that
+        # has been delivered is freed at once, so the cyclic GC never scans a fetch's worth of them.
+        if result.messages:
+            items: Iterator[Message] = iter(result.messages)
+            last_offset = result.messages[-1].offset
+        else:
+            items = chain.from_iterable(result.batches)
+            last_offset = result.batches[-1].offsets[-1] if result.batches else -1
         dedup_below = self._dedup_high.get(w.tp, 0)
-        i = 0
-        while i < len(msgs):
+        msg = next(items, None)
+        while msg is not None:
             if w.stopping or not self.membership.may_fetch():
                 return  # (the lease ran out mid-batch: the rest waits at the worker's gate, from w.position)
-            msg = msgs[i]
             if msg.offset < w.position:
-                i += 1
+                msg = next(items, None)
                 continue
             if w.sub.filter is not None and not w.sub.filter(msg):
                 self.stats.filtered += 1
                 self._advance(w, msg, acked_ids)
-                i += 1
+                msg = next(items, None)
                 continue
             if msg.offset < dedup_below and self.dedup.seen(msg.id):
                 self.stats.duplicates_dropped += 1
                 self._advance(w, msg, acked_ids)
-                i += 1
+                msg = next(items, None)
                 continue
             ctx._begin(msg)
             self.stats.delivered += 1
@@ -898,7 +906,7 @@ class GroupConsumer:
                     return
                 else:
                     w.txn_ids.append(msg.id)
-                i += 1
+                msg = next(items, None)
                 continue
             # failed: the listener raised or marked the message rollback-only
             self.stats.failures += 1
@@ -919,8 +927,8 @@ class GroupConsumer:
             w.position = msg.offset + 1
             if ctx.auto_ack:
                 self._ack(w, acked_ids)
-            i += 1
-        if not w.stopping and result.next_offset > w.position and msgs and w.position > msgs[-1].offset:
+            msg = next(items, None)
+        if not w.stopping and result.next_offset > w.position and last_offset >= 0 and w.position > last_offset:
             # trailing messages the server-side filter removed
             w.position = result.next_offset
             if ctx.auto_ack:
