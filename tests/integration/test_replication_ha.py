@@ -168,13 +168,25 @@ def replica_bytes(proc: BrokerProcess, partition: int) -> bytes:
 
 
 def wait_same_bytes(replicas: dict[int, BrokerProcess], reference: int) -> None:
-    """Every replica serves exactly the reference replica's bytes, on every partition (within a deadline:
-    a slave's readable end follows the master's high watermark one fetch reply later)."""
+    """Every replica serves exactly the reference replica's bytes, on every partition, up to the log end
+    (within a deadline: a new master's high watermark follows its slaves' next fetches, and a slave's
+    readable end follows the master's high watermark one fetch reply later)."""
+    ends = end_offsets(replicas[reference])
     for p in range(PARTITIONS):
-        want = replica_bytes(replicas[reference], p)
-        for r, proc in replicas.items():
-            wait_until(lambda proc=proc: replica_bytes(proc, p) == want, 10, 0.05,  # noqa: B023 - p is this loop's
-                       f"replica {r}, partition {p} to serve the same bytes as replica {reference}")
+        served: dict[int, bytes] = {}
+
+        def same(p: int = p, served: dict[int, bytes] = served) -> bool:
+            served.clear()
+            served.update({r: replica_bytes(proc, p) for r, proc in replicas.items()})
+            want = served[reference]
+            return (decode_fetched(want, TOPIC, p, 0)[1] == ends[p]
+                    and all(data == want for data in served.values()))
+
+        try:
+            wait_until(same, 10, 0.05, f"every replica to serve partition {p} up to offset {ends[p]}, the same bytes")
+        except AssertionError as exc:
+            sizes = {r: (len(data), decode_fetched(data, TOPIC, p, 0)[1]) for r, data in served.items()}
+            raise AssertionError(f"{exc}; served (bytes, end offset) per replica: {sizes}") from None
 
 
 def describe_replicas(replicas: Replicas) -> None:

@@ -124,7 +124,7 @@ class ClusterLink:
                 count, pub, sub = what
                 self.registry.publish_topic(topic, count, accept_publish=pub, accept_subscribe=sub)
         except Exception as exc:  # kept: a lost session's re-registration carries the latest state
-            log.error("cannot announce topic %s to the cluster: %s", topic, exc)
+            log.error("cannot announce topic %s to the cluster: %s", topic, exc or type(exc).__name__)
 
     def publish_config(self, document: dict[str, Any]) -> None:
         """A master's topic options for autoSyncMasterConfig slaves, written in the background (the

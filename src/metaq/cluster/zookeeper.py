@@ -429,20 +429,41 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         if owned:
             log.info("registered %d ZooKeeper nodes again on the new session", len(owned))
 
-    def _create_ephemeral(self, path: str, data: bytes) -> None:
-        """Create (or take over, if this session already owns it) an ephemeral node holding ``data``."""
-        try:
-            self._client.create(path, data, ephemeral=True, makepath=True)
-        except NodeExistsError:
-            _, stat = self._client.get(path)
-            if stat.ephemeralOwner != self.session_id:
-                raise
-            self._client.set(path, data)
+    def _create_ephemeral(self, path: str, data: bytes, *, wait_for_owner_s: float = 0.0) -> None:
+        """Create (or take over, if this session already owns it) an ephemeral node holding ``data``.
 
-    def _keep(self, path: str, data: bytes) -> None:
-        self._create_ephemeral(path, data)
+        A node another session holds raises NodeExistsError, after waiting up to ``wait_for_owner_s``
+        for it to go: a master handing over deletes its topic nodes a moment after its successor
+        registers, and a killed broker's nodes go with its session."""
+        deadline = time.monotonic() + wait_for_owner_s
+        while True:
+            try:
+                self._client.create(path, data, ephemeral=True, makepath=True)
+                return
+            except NodeExistsError:
+                try:
+                    _, stat = self._client.get(path)
+                except NoNodeError:
+                    continue  # it just went: create it again
+                if stat.ephemeralOwner == self.session_id:
+                    self._client.set(path, data)
+                    return
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise
+                gone = threading.Event()
+                if self._client.exists(path, watch=lambda _e, g=gone: g.set()) is not None:
+                    gone.wait(remaining)
+
+    def _keep(self, path: str, data: bytes, *, wait_for_owner_s: float = 0.0) -> None:
+        self._create_ephemeral(path, data, wait_for_owner_s=wait_for_owner_s)
         with self._lock:
             self._owned[path] = data
+
+    @property
+    def _handover_wait_s(self) -> float:
+        """How long a node of this broker id held by another session is waited for (see _create_ephemeral)."""
+        return self.session_timeout_s + _PREVIOUS_SESSION_SLACK_S
 
     def _drop(self, path: str) -> None:
         with self._lock:
@@ -495,7 +516,7 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         for publish, wanted in ((True, accept_publish and slave_id < 0), (False, accept_subscribe)):
             path = self.paths.topic_broker(topic, broker_id, slave_id, publish=publish)
             if wanted:
-                self._keep(path, data)
+                self._keep(path, data, wait_for_owner_s=self._handover_wait_s)
             else:
                 self._drop(path)
 
@@ -605,7 +626,7 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         path, data = self.paths.master_config(broker_id), json.dumps(document, sort_keys=True).encode()
         with self._lock:  # owned first: if the session is lost now, the next session writes it
             self._owned[path] = data
-        self._create_ephemeral(path, data)
+        self._create_ephemeral(path, data, wait_for_owner_s=self._handover_wait_s)
 
     def watch_master_config(self, broker_id: int, listener: Callable[[dict[str, object] | None], None]) -> None:
         path = self.paths.master_config(broker_id)
