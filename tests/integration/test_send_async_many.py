@@ -211,3 +211,20 @@ def test_one_way_producer_results_are_accepted_with_no_offsets(broker: BrokerPro
             assert got == [b"o%d" % i for i in range(50)] + [b"single"]
 
     uvloop.run(main())
+
+
+def test_a_message_the_selector_refuses_fails_alone(broker: BrokerProcess) -> None:
+    """KeyHashSelector refuses a message without a key: send_async raises, send_async_many makes it that
+    message's failed result and sends the others."""
+
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers) as session:
+            await session.admin().create_topic("hash", 4)
+            producer = session.create_producer(KeyHashSelector())
+            result = await producer.send_async_many(
+                [Message("hash", b"a", key=b"k"), Message("hash", b"no key"), Message("hash", b"b", key=b"k")])
+            assert [r.success for r in result] == [True, False, True]
+            assert isinstance(result[1].error, InvalidArgument) and result.failures == 1
+            assert result[2].offset == result[0].offset + 1
+
+    uvloop.run(main())

@@ -701,10 +701,33 @@ class Producer:
         if acks == 0:
             fut.set_result(self._enqueue(message, None, size, 0))
             return fut
-        if partitions is not None:  # _queue's first lines, one call less on the common path
-            self._place(message, partitions, fut, size, acks)
-        else:
+        if partitions is None:
             self._queue(message, fut, size, acks)
+            return fut
+        # _place for a plain message of a hot topic, inlined: the selector's partition, then its open batch
+        topic = message.topic
+        try:
+            p = self.selector(topic, partitions, message)
+        except InvalidArgument:
+            raise
+        except MetaqError as exc:
+            fut.set_result(SendResult(False, error=exc, topic=topic))
+            return fut
+        key: BatchKey = (topic, p.partition, p.broker_id, acks)
+        batch = self._acc.batches.get(key)
+        if (batch is not None and batch.size_bytes + size <= self._batch_bytes and batch.keys is None
+                and batch.attributes is None and batch.headers is None):
+            batch.values.append(message.data)
+            ts = message.timestamp_ms
+            batch.timestamps.append(ts if ts >= 0 else batch.created_ms)
+            batch.waiters.append(fut)
+            batch.count += 1
+            batch.size_bytes += size
+            self._buffered += size
+            if batch.size_bytes >= self._batch_bytes:
+                self._dispatch(self._acc.batches.pop(key))
+        else:
+            self._place_at(message, partitions, key, batch, fut, size, acks)
         return fut
 
     def send_async_many(self, messages: Iterable[Message], callback: Callable[[ManySendResult], object] | None = None
@@ -714,8 +737,10 @@ class Producer:
 
         The future is resolved when every message has its result: a :class:`ManySendResult`, message ``i``'s
         SendResult built when read. ``callback(result)`` runs on the event loop after that. Misuse raises
-        before any message is queued. Does not wait: with the buffer full every message fails with
-        BufferFullError. Cancelling the future does not withdraw the messages.
+        before any message is queued (not a Message, data not bytes, a bad topic, over max_message_bytes);
+        a selector refusing a message (KeyHashSelector and no key) is that message's failed result. Does not
+        wait: with the buffer full every message fails with BufferFullError. Cancelling the future does not
+        withdraw the messages.
         """
         if self._tx is not None:
             self._not_in_transaction("send_async_many")
@@ -756,13 +781,40 @@ class Producer:
                 self._queue(message, None, sizes[i], 0)
                 many.set_result(i, self._oneway_result(message.topic))
             return fut
-        hot, place, queue = self._hot, self._place, self._queue
+        hot, batches, select = self._hot, self._acc.batches, self.selector
+        batch_bytes = self._batch_bytes
         for token, message, size in zip(range(many.base, many.base + len(msgs)), msgs, sizes, strict=True):
-            partitions = hot.get(message.topic)
-            if partitions is not None:
-                place(message, partitions, token, size, acks)
+            topic = message.topic
+            partitions = hot.get(topic)
+            if (partitions is None or type(message) is not Message or message.key is not None
+                    or message.attribute is not None or message.headers or message.deliver_at is not None
+                    or message.delay_ms is not None):
+                try:
+                    self._queue(message, token, size, acks)
+                except MetaqError as exc:  # a selector's refusal (KeyHashSelector, no key): this message's result
+                    many.set_result(token - many.base, SendResult(False, error=exc, topic=topic))
+                continue
+            # as in send_async: the selector's partition, then its open batch
+            try:
+                p = select(topic, partitions, message)
+            except MetaqError as exc:  # InvalidArgument included: this message fails, the others were queued
+                many.set_result(token - many.base, SendResult(False, error=exc, topic=topic))
+                continue
+            key: BatchKey = (topic, p.partition, p.broker_id, acks)
+            batch = batches.get(key)
+            if (batch is not None and batch.size_bytes + size <= batch_bytes and batch.keys is None
+                    and batch.attributes is None and batch.headers is None):
+                batch.values.append(message.data)
+                ts = message.timestamp_ms
+                batch.timestamps.append(ts if ts >= 0 else batch.created_ms)
+                batch.waiters.append(token)
+                batch.count += 1
+                batch.size_bytes += size
+                self._buffered += size
+                if batch.size_bytes >= batch_bytes:
+                    self._dispatch(batches.pop(key))
             else:
-                queue(message, token, size, acks)
+                self._place_at(message, partitions, key, batch, token, size, acks)
         return fut
 
     def send_oneway(self, message: Message) -> SendResult:
@@ -1054,7 +1106,11 @@ class Producer:
             self._resolve(waiter, SendResult(False, error=exc, topic=topic))
             return
         key: BatchKey = (topic, p.partition, p.broker_id, acks)
-        batch = self._acc.batches.get(key)
+        self._place_at(message, partitions, key, self._acc.batches.get(key), waiter, size, acks)
+
+    def _place_at(self, message: Message, partitions: Sequence[Partition], key: BatchKey, batch: ProducerBatch | None,
+                  waiter: Any, size: int, acks: int) -> None:
+        """:meth:`_place` once the selector chose ``key``'s partition; ``batch``: the batch open there, if any."""
         if batch is not None and message.deliver_at is None and message.delay_ms is None:  # delayed: own batches
             if batch.size_bytes + size <= self._acc.batch_bytes:
                 if (message.key is None and message.attribute is None and not message.headers
@@ -1074,6 +1130,7 @@ class Producer:
                 # Full for this message: it leaves now, and a sticky selector moves on (KIP-480: the message
                 # that would open a new batch goes to the next partition instead).
                 self._dispatch(self._acc.batches.pop(key))
+                topic = message.topic
                 try:
                     p = self.selector(topic, partitions, message)
                 except InvalidArgument:
