@@ -228,3 +228,32 @@ def test_a_message_the_selector_refuses_fails_alone(broker: BrokerProcess) -> No
             assert result[2].offset == result[0].offset + 1
 
     uvloop.run(main())
+
+
+def test_a_plain_list_lands_where_round_robin_puts_it_one_by_one(broker: BrokerProcess) -> None:
+    """A list of plain messages of one topic under the default selector is placed a partition at a time:
+    message j goes where the j-th send_async would have gone, across batch boundaries, behind a keyed
+    batch already open for a partition, keeping given timestamps and giving the others their batch's."""
+
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers) as session:
+            await session.admin().create_topic("bulk", 4)
+            producer = session.create_producer(batch_bytes=2048, linger_ms=20)
+            assert (await producer.send(Message("bulk", b"warm up"))).success  # partition 0; next: 1
+            keyed = producer.send_async(Message("bulk", b"keyed", key=b"k"))  # partition 1, a keyed batch
+            payloads = [b"p%04d" % i + bytes(i % 50) for i in range(1001)]
+            msgs = [Message("bulk", p, timestamp_ms=1_000_000 + i if i % 7 == 0 else -1)
+                    for i, p in enumerate(payloads)]
+            result = await producer.send_async_many(msgs)
+            after = await producer.send_async(Message("bulk", b"after"))
+            assert (await keyed).partition == 1 and result.success
+            assert [r.partition for r in result] == [(2 + j) % 4 for j in range(1001)]
+            assert after.partition == (2 + 1001) % 4  # the selector's counter moved past the whole list
+            log = await read_log(session.create_pull_consumer(), "bulk", 4)
+            check_against_log(list(zip(payloads, result, strict=True)), log)
+            for i, r in enumerate(result):
+                stamp = log[(r.partition, r.offset)].timestamp_ms
+                assert stamp == 1_000_000 + i if i % 7 == 0 else stamp > 1_000_000_000_000
+            assert log[(1, (await keyed).offset)].key == b"k"
+
+    uvloop.run(main())

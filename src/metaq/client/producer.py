@@ -750,7 +750,8 @@ class Producer:
         self._check_open()
         valid, prefix, max_bytes, check = self._valid_topics, _RECORD_PREFIX, self._max_message_bytes, self._check
         sizes: list[int] = []
-        total = 0
+        total = plain = 0
+        first_topic = msgs[0].topic if msgs and type(msgs[0]) is Message else None
         for message in msgs:
             if (type(message) is Message and type(message.data) is bytes and message.key is None
                     and message.attribute is None and not message.headers and message.deliver_at is None
@@ -758,6 +759,8 @@ class Producer:
                 size = prefix + len(message.data)
                 if size > max_bytes:
                     size = check(message)
+                if message.topic == first_topic:
+                    plain += 1
             else:
                 size = check(message)
             sizes.append(size)
@@ -781,41 +784,84 @@ class Producer:
                 self._queue(message, None, sizes[i], 0)
                 many.set_result(i, self._oneway_result(message.topic))
             return fut
-        hot, batches, select = self._hot, self._acc.batches, self.selector
-        batch_bytes = self._batch_bytes
-        for token, message, size in zip(range(many.base, many.base + len(msgs)), msgs, sizes, strict=True):
+        hot = self._hot
+        start = 0
+        if plain == len(msgs) and type(self.selector) is RoundRobinSelector:
+            # One topic, plain messages, the default selector: placed a partition at a time (_place_many)
+            assert first_topic is not None
+            if first_topic not in hot:  # the first message finds the topic's partitions, as send_async would
+                self._queue(msgs[0], many.base, sizes[0], acks)
+                start = 1
+            partitions = hot.get(first_topic)
+            if partitions is not None:
+                self._place_many(first_topic, partitions, msgs, sizes, many, start)
+                return fut
+        # Anything else (several topics, keys, delays, another selector): one message at a time, as send_async
+        for token, message, size in zip(range(many.base + start, many.base + len(msgs)), msgs[start:], sizes[start:],
+                                        strict=True):
             topic = message.topic
             partitions = hot.get(topic)
-            if (partitions is None or type(message) is not Message or message.key is not None
-                    or message.attribute is not None or message.headers or message.deliver_at is not None
-                    or message.delay_ms is not None):
-                try:
-                    self._queue(message, token, size, acks)
-                except MetaqError as exc:  # a selector's refusal (KeyHashSelector, no key): this message's result
-                    many.set_result(token - many.base, SendResult(False, error=exc, topic=topic))
-                continue
-            # as in send_async: the selector's partition, then its open batch
             try:
-                p = select(topic, partitions, message)
-            except MetaqError as exc:  # InvalidArgument included: this message fails, the others were queued
+                if (partitions is None or message.key is not None or message.attribute is not None
+                        or message.headers or message.deliver_at is not None or message.delay_ms is not None):
+                    self._queue(message, token, size, acks)
+                else:
+                    self._place_plain(message, partitions, token, size, acks)
+            except MetaqError as exc:  # a selector's refusal (KeyHashSelector, no key): this message's result
                 many.set_result(token - many.base, SendResult(False, error=exc, topic=topic))
-                continue
+        return fut
+
+    def _place_many(self, topic: str, partitions: Sequence[Partition], msgs: Sequence[Message], sizes: list[int],
+                    many: _Many, start: int) -> None:
+        """``msgs[start:]`` (plain, one topic) placed as RoundRobinSelector would place them one by one: message
+        ``j`` to candidate ``(first + j) % k``; each partition's share is appended to its open batch a run at a
+        time (list slices and extends, no call per message), a batch that fills leaving as in :meth:`_place`."""
+        assert isinstance(self.selector, RoundRobinSelector)
+        count = len(msgs) - start
+        if count <= 0:
+            return
+        candidates, first = self.selector.reserve(topic, partitions, count)
+        k = len(candidates)
+        batches, batch_bytes, acks = self._acc.batches, self._batch_bytes, self._acks
+        base = many.base + start
+        for r in range(min(k, count)):
+            p = candidates[(first + r) % k]
             key: BatchKey = (topic, p.partition, p.broker_id, acks)
-            batch = batches.get(key)
-            if (batch is not None and batch.size_bytes + size <= batch_bytes and batch.keys is None
-                    and batch.attributes is None and batch.headers is None):
-                batch.values.append(message.data)
-                ts = message.timestamp_ms
-                batch.timestamps.append(ts if ts >= 0 else batch.created_ms)
-                batch.waiters.append(token)
-                batch.count += 1
-                batch.size_bytes += size
-                self._buffered += size
+            sub = msgs[start + r::k]
+            sub_sizes = sizes[start + r::k]
+            tokens = range(base + r, base + count, k)
+            ends = list(itertools.accumulate(sub_sizes))  # ends[i]: bytes of sub[0..i]
+            stamps = [m.timestamp_ms for m in sub]
+            stamped = max(stamps) >= 0  # usually none: every record takes its batch's creation time
+            i, m = 0, len(sub)
+            while i < m:
+                batch = batches.get(key)
+                if batch is None or batch.keys is not None or batch.attributes is not None or batch.headers is not None:
+                    if batch is not None:  # not plain: it leaves first, in order
+                        self._dispatch(batches.pop(key))
+                    self._place_at(sub[i], partitions, key, None, tokens[i], sub_sizes[i], acks)  # opens a batch
+                    i += 1
+                    continue
+                before = ends[i - 1] if i else 0
+                j = bisect.bisect_right(ends, before + batch_bytes - batch.size_bytes, i)
+                if j == i:  # full for the next message: it leaves, the next round opens a new one
+                    self._dispatch(batches.pop(key))
+                    continue
+                n = j - i
+                batch.values.extend([msg.data for msg in sub[i:j]])
+                if stamped:
+                    created = batch.created_ms
+                    batch.timestamps.extend([t if t >= 0 else created for t in stamps[i:j]])
+                else:
+                    batch.timestamps.extend(itertools.repeat(batch.created_ms, n))
+                batch.waiters.extend(tokens[i:j])
+                batch.count += n
+                added = ends[j - 1] - before
+                batch.size_bytes += added
+                self._buffered += added
                 if batch.size_bytes >= batch_bytes:
                     self._dispatch(batches.pop(key))
-            else:
-                self._place_at(message, partitions, key, batch, token, size, acks)
-        return fut
+                i = j
 
     def send_oneway(self, message: Message) -> SendResult:
         """Send without waiting for or getting an acknowledgement (acks=0, MetaQ's async producer).
@@ -839,7 +885,7 @@ class Producer:
         if self._buffered + size > self._max_buffered and self._buffered:
             return SendResult(False, error=self._full(), topic=topic)
         if partitions is not None:
-            self._place(message, partitions, None, size, 0)
+            self._place_plain(message, partitions, None, size, 0)
         else:
             self._queue(message, None, size, 0)
         result = self._oneway_ok.get(topic)
@@ -1107,6 +1153,34 @@ class Producer:
             return
         key: BatchKey = (topic, p.partition, p.broker_id, acks)
         self._place_at(message, partitions, key, self._acc.batches.get(key), waiter, size, acks)
+
+    def _place_plain(self, message: Message, partitions: Sequence[Partition], waiter: Any, size: int,
+                     acks: int) -> None:
+        """:meth:`_place` for a message known to have no key, attribute, headers or delay (send_async inlines
+        the same lines)."""
+        topic = message.topic
+        try:
+            p = self.selector(topic, partitions, message)
+        except InvalidArgument:
+            raise
+        except MetaqError as exc:
+            self._resolve(waiter, SendResult(False, error=exc, topic=topic))
+            return
+        key: BatchKey = (topic, p.partition, p.broker_id, acks)
+        batch = self._acc.batches.get(key)
+        if (batch is not None and batch.size_bytes + size <= self._batch_bytes and batch.keys is None
+                and batch.attributes is None and batch.headers is None):
+            batch.values.append(message.data)
+            ts = message.timestamp_ms
+            batch.timestamps.append(ts if ts >= 0 else batch.created_ms)
+            batch.waiters.append(waiter)
+            batch.count += 1
+            batch.size_bytes += size
+            self._buffered += size
+            if batch.size_bytes >= self._batch_bytes:
+                self._dispatch(self._acc.batches.pop(key))
+        else:
+            self._place_at(message, partitions, key, batch, waiter, size, acks)
 
     def _place_at(self, message: Message, partitions: Sequence[Partition], key: BatchKey, batch: ProducerBatch | None,
                   waiter: Any, size: int, acks: int) -> None:
