@@ -257,3 +257,23 @@ def test_a_plain_list_lands_where_round_robin_puts_it_one_by_one(broker: BrokerP
             assert log[(1, (await keyed).offset)].key == b"k"
 
     uvloop.run(main())
+
+
+def test_an_idempotent_producer_stamps_its_batches_as_any_others(broker: BrokerProcess) -> None:
+    """Batches filled by send_async_many are stamped at their first write like every batch: each message is
+    stored once, in order, with the offsets its result names."""
+
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers) as session:
+            await session.admin().create_topic("idem", 2)
+            producer = session.create_producer(enable_idempotence=True, batch_bytes=1024)
+            assert (await producer.send(Message("idem", b"warm up"))).success
+            payloads = [b"i%04d" % i for i in range(600)]
+            first = producer.send_async_many([Message("idem", p) for p in payloads[:300]])
+            second = producer.send_async_many([Message("idem", p) for p in payloads[300:]])
+            results = [*(await first), *(await second)]
+            log = await read_log(session.create_pull_consumer(), "idem", 2)
+            assert len(log) == 601
+            check_against_log(list(zip(payloads, results, strict=True)), log)
+
+    uvloop.run(main())
