@@ -42,7 +42,7 @@ class BenchSpec:
     duration_s: float = 60.0
     """Upper bound on the measured phase, whichever of count and duration comes first."""
     batch: int = 1000
-    """Messages per send_batch call (api=batch)."""
+    """Messages per send_batch call (api=batch), per send_async_many call (api=many), per transaction."""
     api: str = "batch"
     """produce: batch, async, sync, oneway or transaction; consume: fetch (``Fetcher.fetch``, a list of Messages
     per fetch), iterate (``PullConsumer.iterate``, one Message at a time) or columns (``iterate_columns``)."""
@@ -100,6 +100,20 @@ class BenchResult:
     client_msgs_per_cpu_s: float = 0.0
     """consume: messages per second of the client processes' own CPU time (summed over them): the client's
     cost per message, steadier than ``msgs_per_s`` when other work shares the machine."""
+    cpu_us_per_msg: dict[str, float] = field(default_factory=dict)
+    """produce: CPU time per message of the client processes (their measured phase) and, for an embedded broker,
+    of the broker process (over the workers' run): on a shared machine a steadier figure than msg/s, and it
+    says which side is the floor."""
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process (Linux /proc), or None where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 FDATASYNC_SAMPLES = 200
@@ -174,6 +188,7 @@ async def _produce_worker(spec: BenchSpec, index: int, progress: Any) -> dict[st
                                            batch_bytes=spec.batch_bytes, compression=spec.compression,
                                            enable_idempotence=spec.idempotent)
         await producer.send_batch(spec.topic, [payload])  # warm metadata and connections
+        cpu_start = time.process_time()
         start = time.perf_counter()
         deadline = start + spec.duration_s
         if spec.api == "batch":
@@ -222,6 +237,27 @@ async def _produce_worker(spec: BenchSpec, index: int, progress: Any) -> dict[st
             sent, failures = _tally(pending, sent, failures)
             progress.value = i
             latencies = done_at
+        elif spec.api == "many":
+            # send_async_many: the same Message per message as async, --batch of them per call, one future
+            # per call (latency: each call's, from the call until its future is done).
+            calls: list[asyncio.Future[Any]] = []
+            done_at = []
+            window = 50_000
+            i = 0
+            while i < share and time.perf_counter() < deadline:
+                n = min(spec.batch, share - i)
+                call = producer.send_async_many([Message(spec.topic, payload) for _ in range(n)])
+                call.add_done_callback(functools.partial(_record_latency, done_at, time.perf_counter()))
+                calls.append(call)
+                i += n
+                if i % window < n:
+                    await producer.flush()
+                    sent, failures = _tally_many(calls, sent, failures)
+                    progress.value = i
+            await producer.flush()
+            sent, failures = _tally_many(calls, sent, failures)
+            progress.value = i
+            latencies = done_at
         elif spec.api == "sync":
             while sent + failures < share and time.perf_counter() < deadline:
                 t0 = time.perf_counter()
@@ -252,7 +288,8 @@ async def _produce_worker(spec: BenchSpec, index: int, progress: Any) -> dict[st
             raise ValueError(f"unknown api {spec.api!r}")
         await producer.close()
         elapsed = time.perf_counter() - start
-    return {"messages": sent, "failures": failures, "seconds": elapsed, "latencies": latencies}
+        cpu_s = time.process_time() - cpu_start
+    return {"messages": sent, "failures": failures, "seconds": elapsed, "latencies": latencies, "cpu_s": cpu_s}
 
 
 def _selector(name: str) -> Any:
@@ -271,6 +308,15 @@ def _tally(pending: list[asyncio.Future[Any]], sent: int, failures: int) -> tupl
         else:
             failures += 1
     pending.clear()
+    return sent, failures
+
+
+def _tally_many(calls: list[asyncio.Future[Any]], sent: int, failures: int) -> tuple[int, int]:
+    for fut in calls:
+        result = fut.result()
+        failures += result.failures
+        sent += len(result) - result.failures
+    calls.clear()
     return sent, failures
 
 
@@ -514,7 +560,7 @@ def run_bench(spec: BenchSpec, *, progress: bool = False) -> BenchResult:
             spec.servers = broker.servers
     probe_dir = os.path.join(tmp.name, "data") if broker is not None and tmp is not None else None
     try:
-        return _run(spec, progress, spec.servers or "", probe_dir)
+        return _run(spec, progress, spec.servers or "", probe_dir, broker.pid if broker is not None else None)
     finally:
         if broker is not None:
             broker.stop()
@@ -541,16 +587,24 @@ def _create_topic(spec: BenchSpec) -> None:
     asyncio.run(go())
 
 
-def _run(spec: BenchSpec, progress: bool, servers: str, probe_dir: str | None = None) -> BenchResult:
+def _run(spec: BenchSpec, progress: bool, servers: str, probe_dir: str | None = None,
+         broker_pid: int | None = None) -> BenchResult:
     _create_topic(spec)
     fsyncs: list[float] = []
     client_rate = 0.0
+    cpu: dict[str, float] = {}
     probe = probe_dir if spec.mode == "e2e" and spec.flush_threshold() == 1 else None
     if spec.mode == "produce":
+        broker_cpu = process_cpu_s(broker_pid) if broker_pid is not None else None
         with _Progress(progress, spec.count, f"produce ({spec.api})") as show:
             results = _run_workers("produce", spec, spec.processes, show)
         seconds = max(r["seconds"] for r in results)
         messages = sum(r["messages"] for r in results)
+        if messages:
+            cpu["client"] = round(sum(r["cpu_s"] for r in results) / messages * 1e6, 3)
+            broker_end = process_cpu_s(broker_pid) if broker_pid is not None else None
+            if broker_cpu is not None and broker_end is not None:
+                cpu["broker"] = round((broker_end - broker_cpu) / messages * 1e6, 3)
         latencies = [x for r in results for x in r["latencies"]]
         nbytes = messages * spec.size
     elif spec.mode == "consume":
@@ -598,4 +652,4 @@ def _run(spec: BenchSpec, progress: bool, servers: str, probe_dir: str | None = 
     return BenchResult(spec.mode, spec.api, messages, nbytes, round(seconds, 3), round(messages / seconds, 1),
                        round(nbytes / seconds / 1e6, 2), percentiles(latencies), failures,
                        {k: v for k, v in asdict(spec).items() if k != "servers"}, servers, percentiles(fsyncs),
-                       client_rate)
+                       client_rate, cpu)

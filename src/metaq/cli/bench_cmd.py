@@ -75,6 +75,8 @@ def _run(mode: str, as_json: bool, no_progress: bool, brokers: int | None, **kwa
     if lat:
         what = "append-to-delivery" if mode == "e2e" else "commit" if result.api == "transaction" else "ack"
         click.echo(f"  {what} latency ms: p50 {lat['p50']}  p99 {lat['p99']}  p999 {lat['p999']}  max {lat['max']}")
+    if result.cpu_us_per_msg:
+        click.echo("  CPU us per message: " + ", ".join(f"{k} {v}" for k, v in result.cpu_us_per_msg.items()))
     sync = result.fdatasync_ms
     if sync:
         click.echo(f"  the disk's fdatasync ms (same run, the broker's data directory): p50 {sync['p50']}  "
@@ -88,11 +90,13 @@ def bench_group() -> None:
 
 @bench_group.command("produce")
 @_common
-@click.option("--api", type=click.Choice(["batch", "async", "sync", "oneway", "transaction"]), default="batch",
-              show_default=True, help="batch: send_batch; async: send_async per message; sync: send and wait; "
-              "oneway: no acks; transaction: local transactions of --batch messages, committed one after another.")
+@click.option("--api", type=click.Choice(["batch", "async", "many", "sync", "oneway", "transaction"]), default="batch",
+              show_default=True, help="batch: send_batch; async: send_async per message; many: send_async_many, "
+              "--batch messages per call; sync: send and wait; oneway: no acks; transaction: local transactions of "
+              "--batch messages, committed one after another.")
 @click.option("--batch", type=click.IntRange(1), default=1000, show_default=True,
-              help="Messages per send_batch call (--api batch), or per transaction (--api transaction).")
+              help="Messages per send_batch call (--api batch), per send_async_many call (--api many), or per "
+              "transaction (--api transaction).")
 @click.option("--concurrency", type=click.IntRange(1, 256), default=8, show_default=True,
               help="send_batch calls in flight per process.")
 @click.option("--idempotent", is_flag=True, help="An idempotent producer (enable_idempotence: batches stamped, "

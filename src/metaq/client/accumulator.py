@@ -49,7 +49,8 @@ def _size_of(value: bytes, key: bytes | None, attribute: str | None,
 class ProducerBatch:
     """Records for one partition that will travel in one produce frame.
 
-    ``waiters[i]`` is what learns the result of record ``i``: an asyncio future, or None (one-way).
+    ``waiters[i]`` is what learns the result of record ``i``: an asyncio future (send_async, send), None
+    (one-way), or an int naming a ``send_async_many`` call's message (the producer's ``_ManyTable``).
     A batch from ``send_batch`` has ``payload`` built up front and a single ``batch_waiter`` instead.
     """
 

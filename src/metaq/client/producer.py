@@ -113,7 +113,7 @@ def _sent_before(a: ProducerStamp, b: ProducerStamp) -> bool:
 
 
 def _resolve_ok(waiters: list[Any], start: int, base_id: int, base_offset: int, partition: int, topic: str,
-                broker_id: int) -> None:
+                broker_id: int, manys: _ManyTable | None = None) -> None:
     """Give ``waiters[start:]`` their SendResult (id and offset base+i, or -1 without ids) in one pass; a
     future the caller cancelled is skipped (rare: caught and the pass resumed after it).
 
@@ -124,7 +124,10 @@ def _resolve_ok(waiters: list[Any], start: int, base_id: int, base_offset: int, 
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        _resolve_ok_pass(waiters, start, base_id, base_offset, partition, topic, broker_id)
+        if manys:  # a send_async_many call is unresolved: its messages may be in this batch
+            _resolve_mixed(waiters, (partition, base_offset, base_id, None, topic, broker_id), manys)
+        else:
+            _resolve_ok_pass(waiters, start, base_id, base_offset, partition, topic, broker_id)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -146,6 +149,183 @@ def _resolve_ok_pass(waiters: list[Any], start: int, base_id: int, base_offset: 
                 i += 1
     except asyncio.InvalidStateError:  # this one was cancelled (or resolved) by its caller
         _resolve_ok_pass(waiters, i + 1, base_id, base_offset, partition, topic, broker_id)
+
+
+_Outcome = tuple[int, int, int, "BaseException | None", str, int]
+"""A batch's outcome as :class:`ManySendResult` keeps it: (partition, base offset, base message id, error,
+topic, broker id); the SendResult of message ``i`` of the batch is made from it when read."""
+
+
+def _resolve_mixed(waiters: list[Any], outcome: _Outcome, manys: _ManyTable) -> None:
+    """Resolve a batch whose waiters may include ``send_async_many`` entries (ints, see :class:`_ManyTable`):
+    those get the batch's outcome and their position in it, no SendResult; futures get theirs as in
+    :func:`_resolve_ok_pass`. Used only while a ``send_async_many`` call is unresolved, and for failures."""
+    partition, base_offset, base_id, error, topic, broker_id = outcome
+    many: _Many | None = None
+    lo = hi = 0
+    for i, w in enumerate(waiters):
+        if w is None:
+            continue
+        if type(w) is int:
+            if not lo <= w < hi:  # usually the previous message's call
+                many = manys.find(w)
+                if many is None:
+                    continue
+                lo, hi = many.base, many.base + len(many.outcomes)
+            assert many is not None
+            index = w - lo
+            if many.outcomes[index] is None:
+                many.outcomes[index] = outcome
+                many.positions[index] = i
+                many.pending -= 1
+                if not many.pending:
+                    many.finish()
+        elif not w.done():
+            if error is not None:
+                w.set_result(SendResult(False, -1, partition, -1, error, topic, broker_id))
+            elif base_id >= 0:
+                w.set_result(SendResult(True, base_id + i, partition, base_offset + i, None, topic, broker_id))
+            else:
+                w.set_result(SendResult(True, -1, partition, -1, None, topic, broker_id))
+
+
+class ManySendResult(Sequence[SendResult]):
+    """The result of :meth:`Producer.send_async_many`: message ``i``'s SendResult is built when read.
+
+    ``success``: every message was stored; ``errors``: the distinct errors of those that were not, in
+    message order; ``failures``: how many were not.
+    """
+
+    __slots__ = ("_many",)
+
+    def __init__(self, many: _Many) -> None:
+        self._many = many
+
+    def __len__(self) -> int:
+        return len(self._many.outcomes)
+
+    @property
+    def success(self) -> bool:
+        return self._many.failures == 0
+
+    @property
+    def failures(self) -> int:
+        return self._many.failures
+
+    @property
+    def errors(self) -> list[BaseException]:
+        seen: list[BaseException] = []
+        for r in self:
+            if r.error is not None and not any(r.error is e for e in seen):
+                seen.append(r.error)
+        return seen
+
+    @overload
+    def __getitem__(self, index: int) -> SendResult: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[SendResult]: ...
+
+    def __getitem__(self, index: int | slice) -> SendResult | list[SendResult]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        many = self._many
+        n = len(many.outcomes)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(index)
+        return many.result(index)
+
+    def __iter__(self) -> Iterator[SendResult]:
+        result = self._many.result
+        for i in range(len(self._many.outcomes)):
+            yield result(i)
+
+    def __repr__(self) -> str:
+        return f"<ManySendResult {len(self)} messages, {self.failures} failed>"
+
+
+class _ManyTable:
+    """The unresolved ``send_async_many`` calls of a producer. Each call takes the next ``n`` numbers of a
+    counter, and message ``i`` waits in its batch as the int ``base + i``: an int is not tracked by the
+    cyclic GC, where a per-message tuple or future made collections cost as much as the rest of the call."""
+
+    __slots__ = ("_bases", "_by_base", "_next")
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._bases: list[int] = []
+        self._by_base: dict[int, _Many] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_base)
+
+    def add(self, many: _Many) -> None:
+        many.base = self._next
+        self._next += len(many.outcomes) + 1  # +1: an empty call still gets a base of its own
+        self._bases.append(many.base)  # increasing: appended in order
+        self._by_base[many.base] = many
+
+    def remove(self, many: _Many) -> None:
+        del self._by_base[many.base]
+        i = bisect.bisect_left(self._bases, many.base)
+        del self._bases[i]
+
+    def find(self, token: int) -> _Many | None:
+        i = bisect.bisect_right(self._bases, token) - 1
+        if i < 0:
+            return None
+        many = self._by_base[self._bases[i]]
+        return many if token < many.base + len(many.outcomes) else None
+
+
+class _Many:
+    """One ``send_async_many`` call: each message's batch outcome and position, filled in as batches complete
+    (``batch.waiters`` holds ``base + index`` for its messages); the future is resolved by the last one."""
+
+    __slots__ = ("base", "failures", "future", "outcomes", "pending", "positions", "table")
+
+    def __init__(self, table: _ManyTable, n: int, future: asyncio.Future[ManySendResult]) -> None:
+        self.table = table
+        self.base = 0
+        self.future = future
+        self.outcomes: list[_Outcome | SendResult | None] = [None] * n
+        """Per message: its batch's outcome, or its SendResult when it failed before joining a batch."""
+        self.positions: list[int] = [0] * n
+        self.pending = n
+        self.failures = 0
+
+    def set_result(self, index: int, result: SendResult) -> None:
+        """A message that failed (or, one-way, was accepted) without a batch outcome."""
+        if self.outcomes[index] is None:
+            self.outcomes[index] = result
+            self.pending -= 1
+            if not self.pending:
+                self.finish()
+
+    def finish(self) -> None:
+        self.table.remove(self)
+        failures = 0
+        for o in self.outcomes:
+            if (o[3] is not None) if type(o) is tuple else not o.success:  # type: ignore[union-attr]
+                failures += 1
+        self.failures = failures
+        if not self.future.done():
+            self.future.set_result(ManySendResult(self))
+
+    def result(self, i: int) -> SendResult:
+        o = self.outcomes[i]
+        if type(o) is not tuple:
+            assert isinstance(o, SendResult), "read before the result was complete"
+            return o
+        partition, base_offset, base_id, error, topic, broker_id = o
+        if error is not None:
+            return SendResult(False, -1, partition, -1, error, topic, broker_id)
+        if base_id >= 0:
+            pos = self.positions[i]
+            return SendResult(True, base_id + pos, partition, base_offset + pos, None, topic, broker_id)
+        return SendResult(True, -1, partition, -1, None, topic, broker_id)
 
 
 class _TransactionScope:
@@ -266,6 +446,13 @@ class Producer:
                                 clock=self._loop.time)
         self._linger_s = config.linger_ms / 1000.0
         self._max_message_bytes = config.max_message_bytes
+        self._max_buffered = config.max_buffered_bytes
+        self._acks = config.acks
+        self._batch_bytes = config.batch_bytes
+        self._oneway_ok: dict[str, SendResult] = {}
+        """topic -> the one SendResult every accepted one-way send of it returns (read-only, -1 fields)."""
+        self._manys = _ManyTable()
+        """send_async_many calls not yet resolved: while any is, batches are resolved by _resolve_mixed."""
         self._timeout_s = config.request_timeout_s or core.config.request_timeout_s
         self._timeout_ms = int(self._timeout_s * 1000)
         self._buffered = 0
@@ -494,29 +681,187 @@ class Producer:
             self._not_in_transaction("send_async")
         if (type(message) is Message and type(message.data) is bytes and message.key is None
                 and message.attribute is None and not message.headers and message.deliver_at is None
-                and message.delay_ms is None and message.topic in self._hot and not self._closing):
-            # _check for the common case (a topic already used in this loop iteration is valid and open)
+                and message.delay_ms is None):
+            partitions = self._hot.get(message.topic)
+            # _check for the common case: a topic already used in this loop iteration is valid, and the
+            # producer is not closing (close() empties _hot, and _queue does not fill it while closing)
             size = _RECORD_PREFIX + len(message.data)
-            if size > self._max_message_bytes:
-                size = self._check(message)  # raises
+            if partitions is None or size > self._max_message_bytes:
+                size = self._check(message)  # raises for misuse
         else:
+            partitions = None
             size = self._check(message)
         fut: asyncio.Future[SendResult] = self._loop.create_future()
         if callback is not None:
             fut.add_done_callback(lambda f: None if f.cancelled() else callback(f.result()))
-        if self._buffered + size > self.config.max_buffered_bytes and self._buffered:
+        if self._buffered + size > self._max_buffered and self._buffered:
             fut.set_result(SendResult(False, error=self._full(), topic=message.topic))
             return fut
-        acks = self.config.acks
+        acks = self._acks
         if acks == 0:
             fut.set_result(self._enqueue(message, None, size, 0))
             return fut
-        partitions = self._hot.get(message.topic)
-        if partitions is not None:  # _queue's first lines, one call less on the common path
-            self._place(message, partitions, fut, size, acks)
-        else:
+        if partitions is None:
             self._queue(message, fut, size, acks)
+            return fut
+        # _place for a plain message of a hot topic, inlined: the selector's partition, then its open batch
+        topic = message.topic
+        try:
+            p = self.selector(topic, partitions, message)
+        except InvalidArgument:
+            raise
+        except MetaqError as exc:
+            fut.set_result(SendResult(False, error=exc, topic=topic))
+            return fut
+        key: BatchKey = (topic, p.partition, p.broker_id, acks)
+        batch = self._acc.batches.get(key)
+        if (batch is not None and batch.size_bytes + size <= self._batch_bytes and batch.keys is None
+                and batch.attributes is None and batch.headers is None):
+            batch.values.append(message.data)
+            ts = message.timestamp_ms
+            batch.timestamps.append(ts if ts >= 0 else batch.created_ms)
+            batch.waiters.append(fut)
+            batch.count += 1
+            batch.size_bytes += size
+            self._buffered += size
+            if batch.size_bytes >= self._batch_bytes:
+                self._dispatch(self._acc.batches.pop(key))
+        else:
+            self._place_at(message, partitions, key, batch, fut, size, acks)
         return fut
+
+    def send_async_many(self, messages: Iterable[Message], callback: Callable[[ManySendResult], object] | None = None
+                        ) -> asyncio.Future[ManySendResult]:
+        """Queue many messages, each as ``send_async`` would (its partition chosen by the selector, any topic,
+        key, attribute, headers or delay), with one future for all of them instead of one per message.
+
+        The future is resolved when every message has its result: a :class:`ManySendResult`, message ``i``'s
+        SendResult built when read. ``callback(result)`` runs on the event loop after that. Misuse raises
+        before any message is queued (not a Message, data not bytes, a bad topic, over max_message_bytes);
+        a selector refusing a message (KeyHashSelector and no key) is that message's failed result. Does not
+        wait: with the buffer full every message fails with BufferFullError. Cancelling the future does not
+        withdraw the messages.
+        """
+        if self._tx is not None:
+            self._not_in_transaction("send_async_many")
+        msgs = messages if isinstance(messages, (list, tuple)) else list(messages)
+        # Every message is checked before any is queued; for a plain message of a topic already checked,
+        # _check comes down to its size.
+        self._check_open()
+        valid, prefix, max_bytes, check = self._valid_topics, _RECORD_PREFIX, self._max_message_bytes, self._check
+        sizes: list[int] = []
+        total = plain = 0
+        first_topic = msgs[0].topic if msgs and type(msgs[0]) is Message else None
+        for message in msgs:
+            if (type(message) is Message and type(message.data) is bytes and message.key is None
+                    and message.attribute is None and not message.headers and message.deliver_at is None
+                    and message.delay_ms is None and message.topic in valid):
+                size = prefix + len(message.data)
+                if size > max_bytes:
+                    size = check(message)
+                if message.topic == first_topic:
+                    plain += 1
+            else:
+                size = check(message)
+            sizes.append(size)
+            total += size
+        fut: asyncio.Future[ManySendResult] = self._loop.create_future()
+        if callback is not None:
+            fut.add_done_callback(lambda f: None if f.cancelled() else callback(f.result()))
+        many = _Many(self._manys, len(msgs), fut)
+        self._manys.add(many)
+        if not msgs:
+            many.finish()
+            return fut
+        if self._buffered + total > self._max_buffered and self._buffered:
+            full = self._full()
+            for i, message in enumerate(msgs):
+                many.set_result(i, SendResult(False, error=full, topic=message.topic))
+            return fut
+        acks = self._acks
+        if acks == 0:
+            for i, message in enumerate(msgs):
+                self._queue(message, None, sizes[i], 0)
+                many.set_result(i, self._oneway_result(message.topic))
+            return fut
+        hot = self._hot
+        start = 0
+        if plain == len(msgs) and type(self.selector) is RoundRobinSelector:
+            # One topic, plain messages, the default selector: placed a partition at a time (_place_many)
+            assert first_topic is not None
+            if first_topic not in hot:  # the first message finds the topic's partitions, as send_async would
+                self._queue(msgs[0], many.base, sizes[0], acks)
+                start = 1
+            partitions = hot.get(first_topic)
+            if partitions is not None:
+                self._place_many(first_topic, partitions, msgs, sizes, many, start)
+                return fut
+        # Anything else (several topics, keys, delays, another selector): one message at a time, as send_async
+        for token, message, size in zip(range(many.base + start, many.base + len(msgs)), msgs[start:], sizes[start:],
+                                        strict=True):
+            topic = message.topic
+            partitions = hot.get(topic)
+            try:
+                if (partitions is None or message.key is not None or message.attribute is not None
+                        or message.headers or message.deliver_at is not None or message.delay_ms is not None):
+                    self._queue(message, token, size, acks)
+                else:
+                    self._place_plain(message, partitions, token, size, acks)
+            except MetaqError as exc:  # a selector's refusal (KeyHashSelector, no key): this message's result
+                many.set_result(token - many.base, SendResult(False, error=exc, topic=topic))
+        return fut
+
+    def _place_many(self, topic: str, partitions: Sequence[Partition], msgs: Sequence[Message], sizes: list[int],
+                    many: _Many, start: int) -> None:
+        """``msgs[start:]`` (plain, one topic) placed as RoundRobinSelector would place them one by one: message
+        ``j`` to candidate ``(first + j) % k``; each partition's share is appended to its open batch a run at a
+        time (list slices and extends, no call per message), a batch that fills leaving as in :meth:`_place`."""
+        assert isinstance(self.selector, RoundRobinSelector)
+        count = len(msgs) - start
+        if count <= 0:
+            return
+        candidates, first = self.selector.reserve(topic, partitions, count)
+        k = len(candidates)
+        batches, batch_bytes, acks = self._acc.batches, self._batch_bytes, self._acks
+        base = many.base + start
+        for r in range(min(k, count)):
+            p = candidates[(first + r) % k]
+            key: BatchKey = (topic, p.partition, p.broker_id, acks)
+            sub = msgs[start + r::k]
+            sub_sizes = sizes[start + r::k]
+            tokens = range(base + r, base + count, k)
+            ends = list(itertools.accumulate(sub_sizes))  # ends[i]: bytes of sub[0..i]
+            stamps = [m.timestamp_ms for m in sub]
+            stamped = max(stamps) >= 0  # usually none: every record takes its batch's creation time
+            i, m = 0, len(sub)
+            while i < m:
+                batch = batches.get(key)
+                if batch is None or batch.keys is not None or batch.attributes is not None or batch.headers is not None:
+                    if batch is not None:  # not plain: it leaves first, in order
+                        self._dispatch(batches.pop(key))
+                    self._place_at(sub[i], partitions, key, None, tokens[i], sub_sizes[i], acks)  # opens a batch
+                    i += 1
+                    continue
+                before = ends[i - 1] if i else 0
+                j = bisect.bisect_right(ends, before + batch_bytes - batch.size_bytes, i)
+                if j == i:  # full for the next message: it leaves, the next round opens a new one
+                    self._dispatch(batches.pop(key))
+                    continue
+                n = j - i
+                batch.values.extend([msg.data for msg in sub[i:j]])
+                if stamped:
+                    created = batch.created_ms
+                    batch.timestamps.extend([t if t >= 0 else created for t in stamps[i:j]])
+                else:
+                    batch.timestamps.extend(itertools.repeat(batch.created_ms, n))
+                batch.waiters.extend(tokens[i:j])
+                batch.count += n
+                added = ends[j - 1] - before
+                batch.size_bytes += added
+                self._buffered += added
+                if batch.size_bytes >= batch_bytes:
+                    self._dispatch(batches.pop(key))
+                i = j
 
     def send_oneway(self, message: Message) -> SendResult:
         """Send without waiting for or getting an acknowledgement (acks=0, MetaQ's async producer).
@@ -525,10 +870,33 @@ class Producer:
         message was not even accepted (buffer full); a later failure is counted, never reported.
         """
         self._not_in_transaction("send_oneway")
-        size = self._check(message)
-        if self._buffered + size > self.config.max_buffered_bytes and self._buffered:
-            return SendResult(False, error=self._full(), topic=message.topic)
-        return self._enqueue(message, None, size, 0)
+        if (type(message) is Message and type(message.data) is bytes and message.key is None
+                and message.attribute is None and not message.headers and message.deliver_at is None
+                and message.delay_ms is None):
+            topic = message.topic
+            partitions = self._hot.get(topic)
+            size = _RECORD_PREFIX + len(message.data)
+            if partitions is None or size > self._max_message_bytes:
+                size = self._check(message)  # raises for misuse
+        else:
+            topic = message.topic
+            partitions = None
+            size = self._check(message)
+        if self._buffered + size > self._max_buffered and self._buffered:
+            return SendResult(False, error=self._full(), topic=topic)
+        if partitions is not None:
+            self._place_plain(message, partitions, None, size, 0)
+        else:
+            self._queue(message, None, size, 0)
+        result = self._oneway_ok.get(topic)
+        return result if result is not None else self._oneway_result(topic)
+
+    def _oneway_result(self, topic: str) -> SendResult:
+        """The SendResult of an accepted one-way send: one object per topic, shared by every such send."""
+        result = self._oneway_ok.get(topic)
+        if result is None:
+            result = self._oneway_ok[topic] = SendResult(True, topic=topic)
+        return result
 
     async def send_batch(self, topic: str, items: Iterable[bytes | bytearray | Message], *,
                          partition: PartitionKey | None = None, timeout_s: float | None = None
@@ -638,6 +1006,7 @@ class Producer:
         if self._closed:
             return
         self._closing = True
+        self._hot.clear()  # send_async's fast path takes only hot topics: from now on every send goes to _check
         for checker in self._checkers:
             await checker.stop()
         try:
@@ -706,7 +1075,7 @@ class Producer:
     def _enqueue(self, message: Message, waiter: Any, size: int, acks: int) -> SendResult:
         """Queue a message; the SendResult returned is what a one-way send reports (-1 fields)."""
         self._queue(message, waiter, size, acks)
-        return SendResult(True, topic=message.topic)
+        return self._oneway_result(message.topic)
 
     def _queue(self, message: Message, waiter: Any, size: int, acks: int) -> None:
         """Queue a message for its partition's batch (the hot path: creates nothing per message)."""
@@ -729,9 +1098,10 @@ class Producer:
             return
         if tm.partitions:
             partitions = self._usable_partitions(topic, tm.partitions) if self._reroutable else tm.partitions
-            self._hot[topic] = partitions
-            if self._hot_reset is None:
-                self._hot_reset = self._loop.call_soon(self._end_hot)
+            if not self._closing:  # closing: every send must reach _check (send_async's fast path skips it)
+                self._hot[topic] = partitions
+                if self._hot_reset is None:
+                    self._hot_reset = self._loop.call_soon(self._end_hot)
             self._place(message, partitions, waiter, size, acks)
             return
         self._route(message, tm, waiter, size, acks)
@@ -782,7 +1152,39 @@ class Producer:
             self._resolve(waiter, SendResult(False, error=exc, topic=topic))
             return
         key: BatchKey = (topic, p.partition, p.broker_id, acks)
+        self._place_at(message, partitions, key, self._acc.batches.get(key), waiter, size, acks)
+
+    def _place_plain(self, message: Message, partitions: Sequence[Partition], waiter: Any, size: int,
+                     acks: int) -> None:
+        """:meth:`_place` for a message known to have no key, attribute, headers or delay (send_async inlines
+        the same lines)."""
+        topic = message.topic
+        try:
+            p = self.selector(topic, partitions, message)
+        except InvalidArgument:
+            raise
+        except MetaqError as exc:
+            self._resolve(waiter, SendResult(False, error=exc, topic=topic))
+            return
+        key: BatchKey = (topic, p.partition, p.broker_id, acks)
         batch = self._acc.batches.get(key)
+        if (batch is not None and batch.size_bytes + size <= self._batch_bytes and batch.keys is None
+                and batch.attributes is None and batch.headers is None):
+            batch.values.append(message.data)
+            ts = message.timestamp_ms
+            batch.timestamps.append(ts if ts >= 0 else batch.created_ms)
+            batch.waiters.append(waiter)
+            batch.count += 1
+            batch.size_bytes += size
+            self._buffered += size
+            if batch.size_bytes >= self._batch_bytes:
+                self._dispatch(self._acc.batches.pop(key))
+        else:
+            self._place_at(message, partitions, key, batch, waiter, size, acks)
+
+    def _place_at(self, message: Message, partitions: Sequence[Partition], key: BatchKey, batch: ProducerBatch | None,
+                  waiter: Any, size: int, acks: int) -> None:
+        """:meth:`_place` once the selector chose ``key``'s partition; ``batch``: the batch open there, if any."""
         if batch is not None and message.deliver_at is None and message.delay_ms is None:  # delayed: own batches
             if batch.size_bytes + size <= self._acc.batch_bytes:
                 if (message.key is None and message.attribute is None and not message.headers
@@ -802,6 +1204,7 @@ class Producer:
                 # Full for this message: it leaves now, and a sticky selector moves on (KIP-480: the message
                 # that would open a new batch goes to the next partition instead).
                 self._dispatch(self._acc.batches.pop(key))
+                topic = message.topic
                 try:
                     p = self.selector(topic, partitions, message)
                 except InvalidArgument:
@@ -1154,7 +1557,8 @@ class Producer:
             if not w.done():
                 w.set_result(BatchChunk(partition, base_offset, base_id, batch.count, None, batch.broker_id))
         elif resp is not None:
-            _resolve_ok(batch.waiters, 0, base_id, base_offset, partition, topic, batch.broker_id)
+            _resolve_ok(batch.waiters, 0, base_id, base_offset, partition, topic, batch.broker_id,
+                        self._manys)
         if batch.partition == ANY_PARTITION:
             tm = self._core.metadata.cache.get(topic)
             if tm is None or not tm.partitions:
@@ -1173,13 +1577,15 @@ class Producer:
             if batch.acks == 0:
                 log.warning("one-way batch of %d messages to %s:%d-%d was dropped: %s", batch.count, topic,
                             batch.broker_id, batch.partition, exc)
-            for w in batch.waiters:
-                if w is not None and not w.done():
-                    w.set_result(SendResult(False, -1, batch.partition, -1, exc, topic, batch.broker_id))
+            _resolve_mixed(batch.waiters, (batch.partition, -1, -1, exc, topic, batch.broker_id), self._manys)
         self._finish(batch)
 
     def _resolve(self, waiter: Any, result: SendResult) -> None:
-        if waiter is not None and not waiter.done():
+        if type(waiter) is int:  # a send_async_many message
+            many = self._manys.find(waiter)
+            if many is not None:
+                many.set_result(waiter - many.base, result)
+        elif waiter is not None and not waiter.done():
             waiter.set_result(result)
 
     def _finish(self, batch: ProducerBatch) -> None:

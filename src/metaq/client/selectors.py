@@ -86,6 +86,20 @@ class RoundRobinSelector:
         self._counters[topic] = n + 1
         return candidates[n % len(candidates)]
 
+    def reserve(self, topic: str, partitions: Sequence[Partition], count: int) -> tuple[Sequence[Partition], int]:
+        """``count`` calls at once, for messages that need no look at: the open partitions and the counter of
+        the first; message ``j`` goes to ``candidates[(first + j) % len(candidates)]``, as ``count`` calls
+        would have chosen (the producer's send_async_many places a plain list this way)."""
+        cached = self._open.get(topic)
+        if cached is not None and cached[0] is partitions:
+            candidates = cached[1]
+        else:
+            candidates = _open(topic, partitions)
+            self._open[topic] = (partitions, candidates)
+        first = self._counters.get(topic, 0)
+        self._counters[topic] = first + count
+        return candidates, first
+
 
 class StickyRoundRobinSelector:
     """Round robin by batch (KIP-480): one open partition per topic takes every message until the producer

@@ -138,3 +138,42 @@ def test_config_names_unknown_options_and_bad_values() -> None:
     assert ProducerConfig(enable_idempotence=True, retries=0).effective_retries == 0
     with pytest.raises(ConfigError, match="acks=1"):
         ProducerConfig(enable_idempotence=True, acks=0)
+
+
+def test_send_async_many_tokens_find_their_call_while_calls_come_and_go() -> None:
+    """Each send_async_many call owns a range of waiter numbers; a number finds its call until the call is
+    resolved, whichever order calls are resolved in, and never another call's."""
+    from metaq.client.producer import _Many, _ManyTable
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        table = _ManyTable()
+        calls = [_Many(table, n, loop.create_future()) for n in (3, 0, 5, 1)]
+        for many in calls:
+            table.add(many)
+        a, empty, b, c = calls
+        assert [table.find(a.base + i) for i in range(3)] == [a, a, a]
+        assert [table.find(b.base + i) for i in range(5)] == [b] * 5
+        assert table.find(c.base) is c and table.find(c.base + 1) is None
+        assert table.find(empty.base) is None  # an empty call owns no number
+        for i in range(5):  # b resolved first (its batch came back first)
+            b.set_result(i, SendResultFactory.ok(i))
+        assert b.future.done() and len(b.future.result()) == 5 and b.future.result().success
+        assert table.find(b.base) is None and table.find(a.base + 2) is a and table.find(c.base) is c
+        c.set_result(0, SendResultFactory.failed())
+        assert c.future.result().failures == 1 and not c.future.result().success
+        assert len(table) == 2  # a and the empty one: an empty call is resolved by send_async_many itself
+
+    asyncio.run(main())
+
+
+class SendResultFactory:
+    @staticmethod
+    def ok(i: int) -> Any:
+        from metaq.types import SendResult
+        return SendResult(True, i, 0, i, None, "t", 0)
+
+    @staticmethod
+    def failed() -> Any:
+        from metaq.types import SendResult
+        return SendResult(False, error=InvalidArgument("x"), topic="t")

@@ -62,6 +62,19 @@ def test_round_robin_keeps_a_counter_per_topic() -> None:
     assert sel("a", ps, msg()).partition == 1
 
 
+def test_round_robin_reserve_chooses_what_as_many_calls_would() -> None:
+    """reserve(n) (send_async_many's plain lists) gives the partitions n calls would have given, skips closed
+    ones, and the next call continues after them."""
+    ps = parts((0, 0), (0, 1), (1, 0), (1, 1), closed={(0, 1)})
+    one_by_one, reserving = RoundRobinSelector(), RoundRobinSelector()
+    expected = [one_by_one("t", ps, msg()) for _ in range(3 + 7)]
+    assert reserving("t", ps, msg()) == expected[0]
+    candidates, first = reserving.reserve("t", ps, 7)
+    assert [candidates[(first + j) % len(candidates)] for j in range(7)] == expected[1:8]
+    assert [reserving("t", ps, msg()) for _ in range(2)] == expected[8:10]
+    assert reserving.reserve("other", ps, 2)[1] == 0  # a counter per topic, as calls keep
+
+
 def test_every_partition_closed_is_partition_closed_error() -> None:
     ps = parts((0, 0), (0, 1), closed={(0, 0), (0, 1)})
     with pytest.raises(PartitionClosedError, match="closed"):
