@@ -41,7 +41,7 @@ from metaq.storage.checkpoint import (
 from metaq.storage.config import LogConfig
 from metaq.storage.errors import DamagedData, DiskFull, LogClosedError, OffsetOutOfRange, is_disk_full
 from metaq.storage.files import FileCache, FileHandle
-from metaq.storage.fileslice import FileSlice
+from metaq.storage.fileslice import FileSlice, hint_readahead
 from metaq.storage.flush import Flusher, new_durable_future, resolve
 from metaq.storage.keyindex import (
     DEFAULT_MAX_ENTRIES,
@@ -843,6 +843,7 @@ class PartitionLog:
                                                exc.resume_offset, exc.problem))
             raise
         pinned_handle = handle
+        hint_readahead(pinned_handle.fd, position, size, size_limit)
 
         def release() -> None:
             self._files.release(pinned_handle)
