@@ -124,10 +124,11 @@ def run_case(loop: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         row.update(consume_mb_s=result.mb_per_s, messages=result.messages, consume_s=result.seconds)
         print(f"[{loop}] consume: {result.messages} messages, {result.bytes / 1e6:,.0f} MB of payload in "
               f"{result.seconds:.2f}s: {result.mb_per_s:,.1f} MB/s", flush=True)
-        raw = raw_fetch(launcher.servers, TOPIC, args.partitions, args.duration)
+        raw = raw_fetch(launcher.servers, TOPIC, args.partitions, args.duration) if args.raw else {"mb_s": 0.0}
         row["raw_mb_s"] = raw["mb_s"]
-        print(f"[{loop}] raw fetch of the same (blocking client, records not decoded): {raw['bytes'] / 1e6:,.0f} MB "
-              f"in {raw['seconds']:.2f}s: {raw['mb_s']:,.1f} MB/s", flush=True)
+        if args.raw:
+            print(f"[{loop}] raw fetch of the same (blocking client, records not decoded): "
+                  f"{raw['bytes'] / 1e6:,.0f} MB in {raw['seconds']:.2f}s: {raw['mb_s']:,.1f} MB/s", flush=True)
     files = segment_files(data_dir)
     stored = sum(p.stat().st_size for p in files)
     for how in args.baselines.split(","):
@@ -148,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-d", "--duration", type=float, default=120.0, help="Upper bound of each phase, s.")
     parser.add_argument("--loops", default="uvloop,asyncio", help="Broker event loops, one fresh broker each.")
     parser.add_argument("--baselines", default="sendfile,pread", help="Raw sends of the segment files.")
+    parser.add_argument("--no-raw", dest="raw", action="store_false", help="Skip the raw fetch.")
     parser.add_argument("--work-dir", default=None, help="Where the data directories go (default: a temp dir).")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="metaq-large-", dir=args.work_dir) as tmp:
