@@ -1,11 +1,16 @@
 """Fetch and ListOffsets: reading a partition, long polling at its end, and finding offsets in it.
 
 A fetch reply's records are the stored bytes, unchanged: a :class:`~metaq.broker.session.FileReply`
-that the TCP transport sends with sendfile, or (small replies, group filters) bytes read here.
+that the TCP transport sends with sendfile, or (small replies, group filters) bytes read here. A Fetch
+reply whose bytes are not in the page cache (old data: a consumer reading a backlog) is read in a worker
+thread instead, so that the disk read does not stop the event loop (and every producer with it).
 """
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -17,7 +22,7 @@ from metaq.broker.session import DeferredReply, FileReply, Session
 from metaq.errors import InvalidRequestError, OffsetOutOfRangeError, PartitionClosedError, UnknownTopicError
 from metaq.protocol import messages as m
 from metaq.protocol.records import peek_length
-from metaq.storage import OffsetOutOfRange, PartitionLog
+from metaq.storage import FileSlice, OffsetOutOfRange, PartitionLog
 from metaq.storage.errors import DamagedData
 
 if TYPE_CHECKING:
@@ -27,6 +32,9 @@ SENDFILE_MIN_BYTES = 16 * 1024
 """Smaller fetch replies are read into memory and written in one go: cheaper than a sendfile round."""
 LONG_POLL_MAX_MS = 600_000
 """A fetch's max_wait_ms is cut to this."""
+_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
+"""preadv2's flag that fails with EAGAIN instead of reading from the disk (Linux); None: not available
+(or the filesystem refused it once), and every reply is sent from the loop as before."""
 
 
 def handle_fetch(broker: Broker, req: m.FetchRequest, session: Session | None) -> Any:
@@ -56,7 +64,7 @@ def handle_fetch(broker: Broker, req: m.FetchRequest, session: Session | None) -
         return _error_with_range(plog, exc)
     if offset >= bound.end() and req.max_wait_ms > 0:
         return _long_poll(broker, req, plog, offset, reset, session, bound)
-    return _fetch_now(broker, req, plog, offset, reset, bound)
+    return _fetch_now(broker, req, plog, offset, reset, bound, off_loop=True)
 
 
 class _Bound:
@@ -126,7 +134,9 @@ def _long_poll(broker: Broker, req: m.FetchRequest, plog: PartitionLog, offset: 
 
 
 def _fetch_now(broker: Broker, req: m.FetchRequest, plog: PartitionLog, offset: int, reset: int,
-               bound: _Bound | None = None) -> Any:
+               bound: _Bound | None = None, *, off_loop: bool = False) -> Any:
+    """The reply to a fetch at ``offset``: a FetchResponse, a FileReply, or (``off_loop``, for a slice not in
+    the page cache) a coroutine of the FetchResponse with the bytes read in a worker thread."""
     max_bytes = min(req.max_bytes, broker.config.max_transfer_bytes)
     counters = broker.stats.partition(req.topic, req.partition)
     counters.get_requests += 1
@@ -180,7 +190,39 @@ def _fetch_now(broker: Broker, req: m.FetchRequest, plog: PartitionLog, offset: 
         finally:
             fslice.release()
         return response
+    if off_loop and not _cached(fslice):
+        return _read_off_loop(response, fslice)
     return FileReply(response, fslice)
+
+
+def _cached(fslice: FileSlice) -> bool:
+    """Whether the first and the last byte of ``fslice`` are in the page cache (a non-blocking preadv2 of
+    each): if so the reply is sent from the loop as usual; the pages between them are read ahead
+    (storage asks for readahead past every read), so the two ends stand for the whole."""
+    global _NOWAIT
+    if _NOWAIT is None:
+        return True
+    probe = bytearray(1)
+    try:
+        for position in (fslice.position, fslice.position + fslice.size - 1):
+            if os.preadv(fslice.fileno(), [probe], position, _NOWAIT) != 1:
+                return False
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # this kernel or filesystem has no RWF_NOWAIT
+            _NOWAIT = None
+        return True  # anything else: the send reports it, as before
+    return True
+
+
+async def _read_off_loop(response: m.FetchResponse, fslice: FileSlice) -> m.FetchResponse:
+    """``response`` with the slice's bytes, read in the loop's default executor (a disk read off the loop)."""
+    try:
+        response.records = await asyncio.get_running_loop().run_in_executor(None, fslice.read_bytes)
+    finally:
+        fslice.release()
+    return response
 
 
 def _with(response: m.FetchResponse, extra: dict[str, int]) -> m.FetchResponse:

@@ -1,0 +1,171 @@
+"""Large messages: 1 MB fetches through the broker against raw sendfile of the same files, same run.
+
+Issue 13: "1 MB fetches at >= 80% of the machine's sendfile bandwidth (measure both in one run)". For each
+event loop asked for (a fresh broker each, group commit, one topic of --partitions partitions):
+
+- ``metaq bench consume`` as it runs (metaq.bench.client_bench.run_bench, mode consume): --count messages
+  of --size bytes are produced with send_batch (not measured), then one consumer process reads them back
+  from the first offset with the pull consumer, one fetch of max_bytes 1 MiB per request and one request
+  in flight per partition, every record checked (CRC) and turned into a Message: MB/s of payload;
+- then, on the same segment files (in the page cache, as the consumer read them), the baseline: a sender in
+  this process pushes every segment file to a receiver process over a loopback TCP connection with
+  ``os.sendfile``, 1 MiB per call (what the broker's sendfile path does, without protocol or client), the
+  receiver ``recv_into`` a 1 MiB buffer and answers with the byte count at EOF. MB/s of file bytes; also
+  ``pread`` + ``sendall`` (what the broker does under uvloop, which has no loop.sendfile);
+- and between the two, the same messages read through the broker by the blocking client's raw Fetch (one
+  thread per partition, 1 MiB per request, batch headers walked, nothing decoded or checked): the broker
+  and the socket without the consumer's per-record work (CRC check, payload copies).
+
+The broker's event loop matters here: asyncio's selector loop sends fetch replies with sendfile(2), uvloop
+reads them with pread and writes them (docs/storage.md). Every phase is bounded by a count and a deadline;
+loopback only. Example (the figures in docs/benchmarks.md, "Large messages"):
+
+    .venv/bin/python scripts/bench_large.py --count 2000 --size 1000000 --loops uvloop,asyncio
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from metaq.bench.client_bench import BenchSpec, run_bench
+from metaq.broker.launcher import BrokerLauncher
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_backlog import raw_fetch  # a sibling script
+
+TOPIC = "large"
+CHUNK_BYTES = 1 << 20
+"""Bytes per sendfile / pread / recv call of the baselines: the consumer's max_bytes per fetch."""
+
+
+def _receive(port_out: Any, done: Any) -> None:
+    """Child: accept one connection, read it to EOF into one reused buffer, answer with the byte count."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port_out.put(server.getsockname()[1])
+        conn, _ = server.accept()
+        with conn:
+            buf = bytearray(CHUNK_BYTES)
+            view = memoryview(buf)
+            total = 0
+            while True:
+                n = conn.recv_into(view)
+                if not n:
+                    break
+                total += n
+            conn.sendall(total.to_bytes(8, "big"))
+    done.put(total)
+
+
+def raw_send(files: list[Path], how: str, deadline_s: float) -> tuple[int, float]:
+    """(bytes, seconds) of pushing ``files`` over loopback TCP to a receiver process, ``how`` being
+    ``sendfile`` or ``pread`` (pread + sendall), CHUNK_BYTES per call; timed to the receiver's answer."""
+    ctx = mp.get_context("spawn")
+    port_q, done_q = ctx.Queue(), ctx.Queue()
+    receiver = ctx.Process(target=_receive, args=(port_q, done_q), daemon=True)
+    receiver.start()
+    port = port_q.get(timeout=60)
+    sent = 0
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        out = conn.fileno()
+        start = time.perf_counter()
+        deadline = start + deadline_s
+        for path in files:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                size = os.fstat(fd).st_size
+                position = 0
+                while position < size and time.perf_counter() < deadline:
+                    if how == "sendfile":
+                        n = os.sendfile(out, fd, position, min(CHUNK_BYTES, size - position))
+                    else:
+                        data = os.pread(fd, min(CHUNK_BYTES, size - position), position)
+                        conn.sendall(data)
+                        n = len(data)
+                    if n == 0:
+                        break
+                    position += n
+                    sent += n
+            finally:
+                os.close(fd)
+        conn.shutdown(socket.SHUT_WR)
+        got = int.from_bytes(conn.recv(8), "big")
+        seconds = time.perf_counter() - start
+    receiver.join(30)
+    if got != sent:
+        raise RuntimeError(f"receiver counted {got} bytes, {sent} were sent")
+    return sent, seconds
+
+
+def segment_files(data_dir: Path) -> list[Path]:
+    return sorted(data_dir.glob(f"{TOPIC}-*/*.log"))
+
+
+def run_case(loop: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    data_dir = work / f"data-{loop}"
+    options: dict[str, Any] = {"unflushThreshold": 0, "maxTransferSize": 1 << 20, "event-loop": loop}
+    config = f"[system]\nnumPartitions=1\n\n[topic={TOPIC}]\nnumPartitions={args.partitions}\n"
+    row: dict[str, Any] = {"loop": loop}
+    with BrokerLauncher(data_dir, options, config_text=config, ready_timeout_s=120) as launcher:
+        spec = BenchSpec(mode="consume", servers=launcher.servers, topic=TOPIC, partitions=args.partitions,
+                         size=args.size, count=args.count, batch=args.batch, concurrency=args.concurrency,
+                         duration_s=args.duration)
+        print(f"[{loop}] produce {args.count} x {args.size:,} B (not measured), then consume ...", flush=True)
+        result = run_bench(spec)
+        row.update(consume_mb_s=result.mb_per_s, messages=result.messages, consume_s=result.seconds)
+        print(f"[{loop}] consume: {result.messages} messages, {result.bytes / 1e6:,.0f} MB of payload in "
+              f"{result.seconds:.2f}s: {result.mb_per_s:,.1f} MB/s", flush=True)
+        raw = raw_fetch(launcher.servers, TOPIC, args.partitions, args.duration) if args.raw else {"mb_s": 0.0}
+        row["raw_mb_s"] = raw["mb_s"]
+        if args.raw:
+            print(f"[{loop}] raw fetch of the same (blocking client, records not decoded): "
+                  f"{raw['bytes'] / 1e6:,.0f} MB in {raw['seconds']:.2f}s: {raw['mb_s']:,.1f} MB/s", flush=True)
+    files = segment_files(data_dir)
+    stored = sum(p.stat().st_size for p in files)
+    for how in args.baselines.split(","):
+        nbytes, seconds = raw_send(files, how, args.duration)
+        row[f"{how}_mb_s"] = nbytes / seconds / 1e6
+        print(f"[{loop}] raw {how} of the same {len(files)} segment files ({stored / 1e6:,.0f} MB): "
+              f"{nbytes / 1e6:,.0f} MB in {seconds:.2f}s = {nbytes / seconds / 1e6:,.1f} MB/s", flush=True)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-n", "--count", type=int, default=1000, help="Messages produced and consumed.")
+    parser.add_argument("--size", type=int, default=1_000_000, help="Payload bytes per message.")
+    parser.add_argument("--partitions", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=4, help="Messages per send_batch call of the preload.")
+    parser.add_argument("--concurrency", type=int, default=2, help="send_batch calls in flight (preload).")
+    parser.add_argument("-d", "--duration", type=float, default=120.0, help="Upper bound of each phase, s.")
+    parser.add_argument("--loops", default="uvloop,asyncio", help="Broker event loops, one fresh broker each.")
+    parser.add_argument("--baselines", default="sendfile,pread", help="Raw sends of the segment files.")
+    parser.add_argument("--no-raw", dest="raw", action="store_false", help="Skip the raw fetch.")
+    parser.add_argument("--work-dir", default=None, help="Where the data directories go (default: a temp dir).")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="metaq-large-", dir=args.work_dir) as tmp:
+        rows = [run_case(loop, args, Path(tmp)) for loop in args.loops.split(",") if loop]
+    print(f"\n{args.count} messages of {args.size:,} B, {args.partitions} partition(s); MB/s (10^6 B/s):")
+    print("| broker loop | consume MB/s | raw fetch MB/s | raw sendfile MB/s | consume / sendfile "
+          "| raw fetch / sendfile | raw pread+send MB/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        sf = r.get("sendfile_mb_s", 0.0)
+        ratio = f"{r['consume_mb_s'] / sf:.0%}" if sf else ""
+        raw_ratio = f"{r['raw_mb_s'] / sf:.0%}" if sf else ""
+        print(f"| {r['loop']} | {r['consume_mb_s']:,.1f} | {r['raw_mb_s']:,.1f} | {sf:,.1f} | {ratio} | {raw_ratio} "
+              f"| {r.get('pread_mb_s', 0.0):,.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Messages at the size limit through a real broker: a message of exactly maxMessageSize comes back whole
+and intact (CRC checked) from Fetch and MultiFetch, under both event loops (asyncio's sends fetch replies
+with sendfile, uvloop's reads and writes them), even when the consumer's max_bytes is smaller, and in
+order with the small messages around it; the client consumer reads it too. And fetches of data that is
+no longer in the page cache (read off the event loop) return the stored bytes, across segments."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from metaq.client import Message, MessageSessionFactory
+from metaq.protocol import messages as m
+from metaq.protocol.records import RECORD_OVERHEAD_BYTES, decode_fetched, encode_values
+from metaq.testing import BrokerProcess
+from metaq.testing.raw import RawClient
+from metaq.types import DEFAULT_MAX_MESSAGE_BYTES
+
+BIG = (bytes(range(256)) * (DEFAULT_MAX_MESSAGE_BYTES // 256))[:DEFAULT_MAX_MESSAGE_BYTES - RECORD_OVERHEAD_BYTES]
+"""A payload whose record is maxMessageSize (the default, 1 MiB) to the byte, not all zeros."""
+
+
+def _values(fetched: bytes | memoryview, offset: int) -> list[bytes]:
+    messages, _ = decode_fetched(fetched, "big", 0, offset)  # checks every batch's CRC
+    return [bytes(x.data) for x in messages]
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_message_of_max_message_size_round_trips_through_fetch_and_multi_fetch(
+        broker_factory: Callable[..., BrokerProcess], loop: str) -> None:
+    assert len(BIG) + RECORD_OVERHEAD_BYTES == DEFAULT_MAX_MESSAGE_BYTES
+    c = RawClient.to(broker_factory({"numPartitions": 1, "event-loop": loop}))
+    for values in ([b"before"], [BIG], [b"after-1", b"after-2"]):
+        assert c.call(m.ProduceRequest("big", 0, 1, 5000, encode_values(values, 1))).error_code == 0
+    # the whole batch even though max_bytes is smaller than it (a consumer never stalls on a big message)
+    for max_bytes in (1, 64 * 1024, 1 << 20, 4 << 20):
+        single = c.call(m.FetchRequest("big", 0, 1, max_bytes, 0))
+        assert single.error_code == 0
+        assert _values(single.records, 1)[0] == BIG
+        multi = c.call(m.MultiFetchRequest(0, 1, 8 << 20, "", [m.FetchPartition("big", 0, 1, max_bytes)]))
+        assert multi.partitions[0].error_code == 0
+        assert bytes(multi.partitions[0].records) == bytes(single.records)
+    # from the start: in order, the big one between the small ones (a reply holds at most maxTransferSize,
+    # 1 MiB, past its first batch: the big one comes alone)
+    got: list[bytes] = []
+    offset = 0
+    while offset < 4:
+        reply = c.call(m.FetchRequest("big", 0, offset, 8 << 20, 0))
+        messages, offset = decode_fetched(reply.records, "big", 0, offset)
+        got += [bytes(x.data) for x in messages]
+    assert got == [b"before", BIG, b"after-1", b"after-2"]
+
+
+def test_the_client_consumer_reads_a_message_of_max_message_size(
+        broker_factory: Callable[..., BrokerProcess]) -> None:
+    broker = broker_factory({"numPartitions": 1, "event-loop": "asyncio"})
+
+    async def go() -> list[bytes]:
+        async with await MessageSessionFactory.connect(broker.servers) as session:
+            producer = session.create_producer()
+            for value in (b"before", BIG, b"after"):
+                assert (await producer.send(Message("big", value))).success
+            consumer = session.create_pull_consumer()
+            got = []
+            offset = 0
+            while len(got) < 3:
+                result = await consumer.fetcher.fetch("big", 0, offset, max_bytes=64 * 1024)
+                got += [bytes(x.data) for x in result.messages]
+                offset = result.next_offset
+            return got
+
+    assert asyncio.run(go()) == [b"before", BIG, b"after"]
+
+
+def _evict(directory: Path) -> None:
+    """Drop a partition's files from the page cache (synced first: only clean pages can be dropped)."""
+    for path in directory.iterdir():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise")
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_fetches_of_data_no_longer_in_the_page_cache_return_the_stored_bytes_in_order(
+        broker_factory: Callable[..., BrokerProcess], loop: str) -> None:
+    broker = broker_factory({"numPartitions": 1, "event-loop": loop, "maxSegmentSize": "256k"})
+    c = RawClient.to(broker)
+    expected = []
+    for i in range(40):  # ~1.3 MB over several segments, batches of 32 KiB (above the sendfile size)
+        values = [b"%04d-%04d:" % (i, j) + bytes(1000) for j in range(32)]
+        assert c.call(m.ProduceRequest("cold", 0, 1, 5000, encode_values(values, 1))).error_code == 0
+        expected += values
+    assert len(list((broker.data_dir / "cold-0").glob("*.log"))) > 3
+    for max_bytes in (100_000, 1):  # several batches per reply; one batch per reply
+        _evict(broker.data_dir / "cold-0")
+        got: list[bytes] = []
+        offset = 0
+        while offset < len(expected):
+            reply = c.call(m.FetchRequest("cold", 0, offset, max_bytes, 0))
+            assert reply.error_code == 0 and reply.records
+            messages, offset = decode_fetched(reply.records, "cold", 0, offset)  # CRC checked
+            got += [bytes(x.data) for x in messages]
+        assert got == expected
