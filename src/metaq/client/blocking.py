@@ -77,6 +77,37 @@ class ProduceItem:
     records: bytes
 
 
+class PendingFetch:
+    """A fetch written ahead of its reply (:meth:`BlockingClient.send_fetch`).
+
+    Replies on a connection come in request order, so the reply must be taken (:meth:`result`) or given
+    up (:meth:`cancel`) before anything else is asked of the partition's broker.
+    """
+
+    __slots__ = ("_conn", "_what", "done", "max_bytes", "offset")
+
+    def __init__(self, conn: BlockingConnection, what: str, offset: int, max_bytes: int) -> None:
+        self._conn = conn
+        self._what = what
+        self.offset = offset
+        self.max_bytes = max_bytes
+        self.done = False
+
+    def result(self) -> FetchResponse:
+        """The reply (its error code raised as a BrokerError, like :meth:`BlockingClient.fetch`)."""
+        if self.done:
+            raise InvalidArgument(f"{self._what}: the reply was already taken or given up")
+        self.done = True
+        return raise_for_error(self._conn.receive(), self._what)
+
+    def cancel(self) -> None:
+        """Give the reply up without reading it: the connection is closed (it would otherwise answer the
+        next request with this reply); the client opens a new one when it next needs the broker."""
+        if not self.done:
+            self.done = True
+            self._conn.close()
+
+
 class BlockingClient:
     """A synchronous metaq client on plain sockets (see the module docstring).
 
@@ -285,6 +316,15 @@ class BlockingClient:
         conn, number = self._route(topic, partition)
         response = conn.call(FetchRequest(topic, number, offset, max_bytes, max_wait_ms))
         return raise_for_error(response, f"Fetch {topic}:{conn.broker_id}-{number} at offset {offset}")
+
+    def send_fetch(self, topic: str, partition: PartitionKey, offset: int, max_bytes: int,
+                   max_wait_ms: int = 0) -> PendingFetch:
+        """:meth:`fetch` in two halves: the request is written now and its reply read by ``.result()``, so
+        that the broker serves the next fetch while the caller works on the last one. Take the reply (or
+        ``.cancel()`` it) before asking the same broker anything else."""
+        conn, number = self._route(topic, partition)
+        conn.send(FetchRequest(topic, number, offset, max_bytes, max_wait_ms))
+        return PendingFetch(conn, f"Fetch {topic}:{conn.broker_id}-{number} at offset {offset}", offset, max_bytes)
 
     def produce(self, topic: str, partition: PartitionKey, batch_bytes: bytes, acks: int = 1,
                 timeout_ms: int | None = None) -> ProduceResponse | None:

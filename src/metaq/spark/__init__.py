@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from metaq.spark.arrow import DataLossError
+from metaq.spark.errors import DataLossError
 from metaq.spark.source import (
     SCHEMA,
     MetaqCommitMessage,

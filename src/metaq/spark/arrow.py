@@ -33,8 +33,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from metaq.client.blocking import BlockingClient
-from metaq.errors import CorruptRecordError, MetaqError, OffsetOutOfRangeError
+from metaq.client.blocking import BlockingClient, PendingFetch
+from metaq.errors import BrokerError, CorruptRecordError, MetaqError, OffsetOutOfRangeError
 from metaq.protocol.records import (
     BatchHeader,
     batch_columns,
@@ -43,6 +43,7 @@ from metaq.protocol.records import (
     fetched_batches,
     peek_length,
 )
+from metaq.spark.errors import DataLossError as DataLossError  # its old home: re-exported
 from metaq.types import Message, PartitionId, PartitionKey
 
 HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
@@ -73,10 +74,6 @@ _LITTLE = sys.byteorder == "little"
 
 
 log = logging.getLogger(__name__)
-
-
-class DataLossError(MetaqError):
-    """Messages the query should read are gone (retention, a truncated or recreated topic)."""
 
 
 # -- the columnar path --------------------------------------------------------------------------------
@@ -460,6 +457,19 @@ def _batches_in_range(view: memoryview, start: int, end: int) -> Iterator[tuple[
 
 # -- reading a range --------------------------------------------------------------------------------
 
+def _next_fetch_offset(records: bytes | memoryview, offset: int, end: int) -> int:
+    """Where the fetch after this reply starts if every whole batch in it is intact: the end of its last whole
+    batch below ``end`` (``offset`` if there is none or the headers are damaged). Headers only, no CRC:
+    a guess made before the reply is taken apart, so that the next fetch is on its way meanwhile."""
+    nxt = offset
+    try:
+        for _pos, header in _batches_in_range(memoryview(records), offset, end):
+            nxt = min(header.next_offset, end)
+    except CorruptRecordError:
+        return offset
+    return nxt
+
+
 def read_range(client: BlockingClient, topic: str, partition: PartitionKey, start: int, end: int, *,
                max_bytes: int, fail_on_data_loss: bool = True, new_partition: bool = False,
                stall_timeout_s: float = 30.0) -> Iterator[pa.RecordBatch]:
@@ -471,61 +481,88 @@ def read_range(client: BlockingClient, topic: str, partition: PartitionKey, star
     started, so starting past 0 is not a loss. Missing offsets are recognised from the batch headers
     (the first batch of a reply starting past the offset asked for), so a batch that a server-side filter
     thinned out is not mistaken for a loss.
+
+    Pipelined: as soon as a reply arrives, the fetch after it (from the end of its last whole batch) is
+    sent, so that the broker reads and sends it while this one becomes Arrow and Spark takes it. That
+    fetch is used only if it asked for exactly the offset the reply led to (and the same size); otherwise
+    (damaged data, a gap) its reply is read and dropped and the right offset fetched. At most one fetch is
+    ahead; one still in flight when the caller stops early is given up with its connection.
     """
     offset = start
     fetch_bytes = max_bytes
     stalled_since: float | None = None
     partition = client.resolve(topic, partition)
     where = f"{topic}:{partition}"
-    while offset < end:
-        try:
-            resp = client.fetch(topic, partition, offset, fetch_bytes)
-            if resp.reset_offset < 0 or resp.reset_offset == offset:
-                batches, next_offset, first_base = fetch_to_arrow(resp.records, topic, partition, offset, end)
-        except OffsetOutOfRangeError:
-            bounds = client.list_offsets(topic, partition, -1)
-            offset = _after_loss(where, offset, end, bounds.log_start_offset, bounds.log_end_offset,
-                                 fail_on_data_loss, new_partition)
-            continue
-        except CorruptRecordError as exc:
-            offset = _after_damage(where, offset, end, exc, fail_on_data_loss)
-            continue
-        if resp.reset_offset >= 0 and resp.reset_offset != offset:
-            # a broker with updateConsumerOffsets=true served from its nearest valid offset instead
-            offset = _after_loss(where, offset, end, resp.log_start_offset, resp.log_end_offset,
-                                 fail_on_data_loss, new_partition)
-            continue
-        if first_base > offset:
-            # the first batch we got starts past the offset asked for: the ones between are gone
-            _after_loss(where, offset, end, first_base, resp.log_end_offset, fail_on_data_loss, new_partition)
-        if next_offset > offset:
-            stalled_since = None
-            fetch_bytes = max_bytes
-            yield from batches
-            offset = next_offset
-            continue
-        # no whole batch at `offset` in the reply
-        head = peek_length(resp.records) if len(resp.records) else None
-        if head is not None and head[1] > fetch_bytes:
-            if head[1] > MAX_FETCH_BYTES:
-                raise MetaqError(f"{where}: the stored batch at offset {head[0]} is {head[1]} bytes, more than "
-                                 f"the reader's limit of {MAX_FETCH_BYTES}")
-            fetch_bytes = head[1]
-            continue
-        if resp.log_end_offset >= 0 and resp.log_end_offset <= offset:
-            if fail_on_data_loss:
-                raise DataLossError(
-                    f"{where}: the query expects offsets up to {end}, but the partition ends at "
-                    f"{resp.log_end_offset} (truncated or recreated topic?); set failOnDataLoss=false "
-                    "to skip what is missing")
-            return
-        now = time.monotonic()
-        if stalled_since is None:
-            stalled_since = now
-        elif now - stalled_since > stall_timeout_s:
-            raise MetaqError(f"{where}: no data returned at offset {offset} for {stall_timeout_s}s although "
-                             f"the partition ends at {resp.log_end_offset}")
-        time.sleep(0.01)
+    ahead: PendingFetch | None = None
+    try:
+        while offset < end:
+            pending, ahead = ahead, None
+            try:
+                if pending is not None and (pending.offset, pending.max_bytes) != (offset, fetch_bytes):
+                    _drop(pending)
+                    pending = None
+                resp = pending.result() if pending is not None else client.fetch(topic, partition, offset,
+                                                                                  fetch_bytes)
+                if resp.reset_offset < 0 or resp.reset_offset == offset:
+                    after = _next_fetch_offset(resp.records, offset, end)
+                    if offset < after < end:
+                        ahead = client.send_fetch(topic, partition, after, max_bytes)
+                    batches, next_offset, first_base = fetch_to_arrow(resp.records, topic, partition, offset, end)
+            except OffsetOutOfRangeError:
+                bounds = client.list_offsets(topic, partition, -1)
+                offset = _after_loss(where, offset, end, bounds.log_start_offset, bounds.log_end_offset,
+                                     fail_on_data_loss, new_partition)
+                continue
+            except CorruptRecordError as exc:
+                offset = _after_damage(where, offset, end, exc, fail_on_data_loss)
+                continue
+            if resp.reset_offset >= 0 and resp.reset_offset != offset:
+                # a broker with updateConsumerOffsets=true served from its nearest valid offset instead
+                offset = _after_loss(where, offset, end, resp.log_start_offset, resp.log_end_offset,
+                                     fail_on_data_loss, new_partition)
+                continue
+            if first_base > offset:
+                # the first batch we got starts past the offset asked for: the ones between are gone
+                _after_loss(where, offset, end, first_base, resp.log_end_offset, fail_on_data_loss, new_partition)
+            if next_offset > offset:
+                stalled_since = None
+                fetch_bytes = max_bytes
+                yield from batches
+                offset = next_offset
+                continue
+            # no whole batch at `offset` in the reply
+            head = peek_length(resp.records) if len(resp.records) else None
+            if head is not None and head[1] > fetch_bytes:
+                if head[1] > MAX_FETCH_BYTES:
+                    raise MetaqError(f"{where}: the stored batch at offset {head[0]} is {head[1]} bytes, more "
+                                     f"than the reader's limit of {MAX_FETCH_BYTES}")
+                fetch_bytes = head[1]
+                continue
+            if resp.log_end_offset >= 0 and resp.log_end_offset <= offset:
+                if fail_on_data_loss:
+                    raise DataLossError(
+                        f"{where}: the query expects offsets up to {end}, but the partition ends at "
+                        f"{resp.log_end_offset} (truncated or recreated topic?); set failOnDataLoss=false "
+                        "to skip what is missing")
+                return
+            now = time.monotonic()
+            if stalled_since is None:
+                stalled_since = now
+            elif now - stalled_since > stall_timeout_s:
+                raise MetaqError(f"{where}: no data returned at offset {offset} for {stall_timeout_s}s although "
+                                 f"the partition ends at {resp.log_end_offset}")
+            time.sleep(0.01)
+    finally:
+        if ahead is not None:
+            ahead.cancel()
+
+
+def _drop(pending: PendingFetch) -> None:
+    """Read and drop the reply of a fetch sent ahead that turned out not to be wanted."""
+    try:
+        pending.result()
+    except BrokerError:
+        pass
 
 
 def _after_damage(where: str, offset: int, end: int, exc: CorruptRecordError, fail: bool) -> int:

@@ -13,7 +13,11 @@ with ``--rows`` messages of ``--size`` bytes, then times, after one warm-up quer
   ``trigger(availableNow=True)``) into a new topic with the sink's ``deliveryGuarantee`` at-least-once,
   then exactly-once (each micro-batch in prepared transactions the driver commits), same run.
 
-``--sink-only`` runs just the two streaming copies.
+``--sink-only`` runs just the two streaming copies; ``--cases batch-read,stream-read`` picks cases by name
+(batch-read, stream-read, batch-write, keyed-write, copy-at-least-once, copy-exactly-once). After each
+streaming case it prints the last query's micro-batches (rows, Spark's ``durationMs`` per stage), and at
+the start the ``metaq`` module the driver and a Python worker imported (a before/after pair is run with
+the old ``src`` on ``PYTHONPATH``, which Spark hands on to its workers).
 """
 
 from __future__ import annotations
@@ -47,6 +51,19 @@ def fill(servers: str, topic: str, partitions: int, rows: int, size: int) -> Non
         client.produce_many(items, window=32)
 
 
+CASES = ("batch-read", "stream-read", "batch-write", "keyed-write", "copy-at-least-once", "copy-exactly-once")
+
+
+def progress_summary(query: Any) -> dict[str, Any]:
+    """The micro-batches of a finished query: rows and Spark's durationMs per stage (ms)."""
+    batches = []
+    for p in query.recentProgress:
+        d = p.durationMs if hasattr(p, "durationMs") else p["durationMs"]
+        rows = p.numInputRows if hasattr(p, "numInputRows") else p["numInputRows"]
+        batches.append({"rows": rows, **{k: int(v) for k, v in sorted(dict(d).items())}})
+    return {"micro_batches": batches}
+
+
 def timed(label: str, fn: Callable[[], Any], rows: int, repeat: int) -> dict[str, Any]:
     fn()  # warm-up: Python workers, JIT, first connections
     runs = []
@@ -71,7 +88,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--stream-batch-rows", type=int, default=250_000)
     ap.add_argument("--sink-only", action="store_true")
+    ap.add_argument("--cases", help=f"comma-separated, of: {', '.join(CASES)} (default: all)")
     args = ap.parse_args(argv)
+    cases = list(CASES[-2:]) if args.sink_only else list(CASES)
+    if args.cases:
+        cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+        unknown = sorted(set(cases) - set(CASES))
+        if unknown:
+            ap.error(f"--cases: unknown {unknown}; choose from {', '.join(CASES)}")
+    args.case_list = cases
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     broker = None
@@ -104,6 +129,8 @@ def run(servers: str, args: argparse.Namespace) -> None:
              .config("spark.driver.memory", "2g").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     metaq.spark.register(spark)
+    worker_module = spark.sparkContext.parallelize([0], 1).map(lambda _: __import__("metaq").__file__).collect()[0]
+    print(json.dumps({"driver_metaq": metaq.spark.__file__, "worker_metaq": worker_module}), flush=True)
     print(json.dumps({"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
                       "spark": spark.version, "master": args.master, "partitions": args.partitions,
                       "message_bytes": args.size}), flush=True)
@@ -114,11 +141,14 @@ def run(servers: str, args: argparse.Namespace) -> None:
 
     checkpoints = tempfile.mkdtemp(prefix="metaq-spark-bench-ck-")
 
+    progress: list[dict[str, Any]] = []
+
     def stream_read() -> None:
         query = (spark.readStream.format("metaq").option("servers", servers).option("topic", topic).load()
                  .writeStream.format("noop").option("checkpointLocation", os.path.join(checkpoints, uuid.uuid4().hex))
                  .trigger(availableNow=True).start())
         query.awaitTermination()
+        progress.append(progress_summary(query))
 
     out_topic = f"{topic}-out"
     data = spark.range(args.rows, numPartitions=args.partitions).selectExpr(
@@ -158,14 +188,21 @@ def run(servers: str, args: argparse.Namespace) -> None:
                 raise SystemExit(f"{target}: {stored} messages after copying {args.rows} rows")
         return run_once
 
-    if not args.sink_only:
+    cases = args.case_list
+    if "batch-read" in cases:
         timed("batch read -> noop", batch_read, args.rows, args.repeat)
+    if "stream-read" in cases:
         timed("stream read (availableNow) -> noop", stream_read, args.rows, args.repeat)
+        for i, summary in enumerate(progress):
+            print(json.dumps({"stream read run": "warm-up" if i == 0 else i, **summary}), flush=True)
+    if "batch-write" in cases:
         timed("batch write (spark.range -> metaq)", batch_write, args.rows, args.repeat)
+    if "keyed-write" in cases:
         timed("batch write with key + attribute (crc32(key) partitioning)", keyed_write, args.rows, args.repeat)
     for guarantee in ("at-least-once", "exactly-once"):
-        timed(f"stream copy metaq -> metaq sink, deliveryGuarantee={guarantee} "
-              f"(maxOffsetsPerTrigger={args.stream_batch_rows})", stream_copy(guarantee), args.rows, args.repeat)
+        if f"copy-{guarantee}" in cases:
+            timed(f"stream copy metaq -> metaq sink, deliveryGuarantee={guarantee} "
+                  f"(maxOffsetsPerTrigger={args.stream_batch_rows})", stream_copy(guarantee), args.rows, args.repeat)
     spark.stop()
 
 

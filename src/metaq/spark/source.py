@@ -24,7 +24,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -50,17 +50,8 @@ from pyspark.sql.types import (
 from metaq.client.blocking import BlockingClient
 from metaq.errors import ConfigError, ConnectionClosedError, RequestTimeoutError, UnknownTopicError
 from metaq.net.retry import RetryPolicy
-from metaq.spark.arrow import DataLossError, read_range
 from metaq.spark.brokers import DriverBrokers
-from metaq.spark.exactly_once import (
-    TaskTransaction,
-    WriteIdentity,
-    commit_prepared,
-    new_batch_identity,
-    roll_back_prepared,
-    streaming_identity,
-    write_prepared,
-)
+from metaq.spark.errors import DataLossError
 from metaq.spark.offsets import (
     Bounds,
     OffsetRange,
@@ -72,8 +63,15 @@ from metaq.spark.offsets import (
     stream_offset,
 )
 from metaq.spark.options import ReadOptions, WriteOptions
-from metaq.spark.sink import WriteStats, check_input_schema, write_arrow
 from metaq.types import PartitionId
+
+if TYPE_CHECKING:
+    from metaq.spark.exactly_once import TaskTransaction, WriteIdentity
+    from metaq.spark.sink import WriteStats
+
+# The read path (metaq.spark.arrow: pyarrow.compute) and the sink (metaq.spark.exactly_once, metaq.spark.sink)
+# are imported where they are used: Spark starts a fresh Python process for every streaming query's driver
+# side (it imports pyspark from a zip, uncached) and that process only plans offsets.
 
 log = logging.getLogger("metaq.spark")
 
@@ -148,6 +146,8 @@ def _read(opts: ReadOptions, part: InputPartition) -> Iterator[Any]:
     """
     if not isinstance(part, MetaqInputPartition) or part.end <= part.start:
         return
+    from metaq.spark.arrow import read_range
+
     offset = part.start
     new_partition = part.new_partition
     down = _down_retry(opts).start()
@@ -426,8 +426,12 @@ def _summary(messages: list[WriterCommitMessage | None]) -> str:
 
 def _write_task(iterator: Iterator[Any], opts: WriteOptions, identity: WriteIdentity | None) -> MetaqCommitMessage:
     if not opts.exactly_once:
+        from metaq.spark.sink import write_arrow
+
         return _commit_message(write_arrow(iterator, opts))
     from pyspark import TaskContext
+
+    from metaq.spark.exactly_once import streaming_identity, write_prepared
 
     context = TaskContext.get()
     spark_partition = context.partitionId() if context is not None else 0
@@ -439,6 +443,8 @@ def _write_task(iterator: Iterator[Any], opts: WriteOptions, identity: WriteIden
 
 class MetaqWriter(DataSourceArrowWriter):
     def __init__(self, opts: WriteOptions) -> None:
+        from metaq.spark.exactly_once import new_batch_identity
+
         self.opts = opts
         self.identity = new_batch_identity() if opts.exactly_once else None
         """Exactly-once: made on the driver, so that every task (and its retries) names the same write."""
@@ -448,11 +454,15 @@ class MetaqWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         if self.opts.exactly_once:
+            from metaq.spark.exactly_once import commit_prepared
+
             commit_prepared(_prepared(messages), self.opts, 0)
         log.info("metaq sink: wrote %s", _summary(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         if self.opts.exactly_once:
+            from metaq.spark.exactly_once import roll_back_prepared
+
             roll_back_prepared(_prepared(messages), self.opts)
             log.warning("metaq sink: write aborted; the transactions of %s were rolled back", _summary(messages))
             return
@@ -469,11 +479,15 @@ class MetaqStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         if self.opts.exactly_once:
+            from metaq.spark.exactly_once import commit_prepared
+
             commit_prepared(_prepared(messages), self.opts, batchId)
         log.info("metaq sink: batch %d wrote %s", batchId, _summary(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         if self.opts.exactly_once:
+            from metaq.spark.exactly_once import roll_back_prepared
+
             roll_back_prepared(_prepared(messages), self.opts)
             log.warning("metaq sink: batch %d aborted; the transactions of %s were rolled back", batchId,
                         _summary(messages))
@@ -487,6 +501,8 @@ def _write_options(options: Mapping[str, str], schema: StructType, overwrite: bo
     if overwrite:
         raise ConfigError("metaq topics are append-only: use mode('append') (overwrite is not possible)")
     from pyspark.sql.pandas.types import to_arrow_schema
+
+    from metaq.spark.sink import check_input_schema
 
     opts = WriteOptions.parse(options)
     check_input_schema(to_arrow_schema(schema, timezone="UTC"), opts)

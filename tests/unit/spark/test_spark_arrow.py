@@ -14,11 +14,13 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from metaq.client.blocking import BlockingClient
 from metaq.errors import ConfigError
+from metaq.protocol import messages as m
 from metaq.protocol.records import encode_values
 from metaq.spark.arrow import ARROW_SCHEMA, DataLossError, read_range, to_record_batch
 from metaq.spark.options import WriteOptions
 from metaq.spark.sink import BatchEncoder, check_input_schema
 from metaq.spark.source import SCHEMA
+from metaq.testing import wait_until
 from metaq.types import Message, PartitionId, format_message_id
 from spark_fake_broker import FakeBroker
 
@@ -123,3 +125,51 @@ def test_the_sink_targets_broker_partitions() -> None:
     bad = pa.RecordBatch.from_pydict({"value": [b"a"], "broker_id": [70000], "partition": [0]})
     with pytest.raises(ConfigError, match=r"columns 'broker_id' and 'partition' .* do not name a partition"):
         list(encoder.encode([bad]))
+
+
+def _fetch_offsets(fake: FakeBroker) -> list[int]:
+    return [r.offset for r in list(fake.requests) if isinstance(r, m.FetchRequest)]
+
+
+def test_read_range_fetches_ahead_and_reads_exactly_the_range(fake: FakeBroker) -> None:
+    with BlockingClient(fake.servers) as client:
+        values = _fill(client, 0, batches=20, per_batch=10)
+        fake.requests.clear()
+        # ~3 stored batches per reply: the fetch after each reply goes out before the reply becomes Arrow
+        got = _rows(list(read_range(client, "t", PartitionId(0, 0), 13, 187, max_bytes=3 * 1100)))
+        assert [r["offset"] for r in got] == list(range(13, 187))
+        assert [r["value"] for r in got] == values[13:187]
+        fetched = _fetch_offsets(fake)
+        assert fetched[0] == 13 and fetched == sorted(set(fetched)), fetched  # each offset asked for once
+        assert all(o < 187 for o in fetched)  # nothing fetched past the range
+
+
+def test_a_damaged_batch_mid_range_drops_the_fetch_sent_ahead(fake: FakeBroker) -> None:
+    with BlockingClient(fake.servers) as client:
+        values = _fill(client, 0, batches=12, per_batch=10)
+        damaged = bytearray(fake.topics["t"][0].batches[5])
+        damaged[-1] ^= 0xFF  # offsets 50..59: the header is intact, the CRC is not
+        fake.set_batch("t", 0, 5, bytes(damaged))
+        with pytest.raises(DataLossError, match="offset 50 is damaged"):
+            list(read_range(client, "t", PartitionId(0, 0), 0, 120, max_bytes=4 * 1100))
+        # the fetch sent ahead from the headers (past the damage) is not used: the reader goes back to 50
+        got = _rows(list(read_range(client, "t", PartitionId(0, 0), 0, 120, max_bytes=4 * 1100,
+                                    fail_on_data_loss=False)))
+        assert [r["offset"] for r in got] == [*range(0, 50), *range(60, 120)]
+        assert [r["value"] for r in got] == values[:50] + values[60:]
+
+
+def test_a_read_stopped_early_leaves_the_client_usable(fake: FakeBroker) -> None:
+    with BlockingClient(fake.servers) as client:
+        values = _fill(client, 0, batches=10, per_batch=10)
+        fake.requests.clear()
+        reader = read_range(client, "t", PartitionId(0, 0), 0, 100, max_bytes=2 * 1100)
+        first = next(reader)
+        n = first.num_rows
+        assert first.column("offset").to_pylist() == list(range(0, n))
+        wait_until(lambda: _fetch_offsets(fake) == [0, n], 10, 0.01, "the fetch sent ahead")
+        reader.close()
+        # the reply of the abandoned fetch must not answer the next request
+        assert client.list_offsets("t", PartitionId(0, 0), -1).offset == 100
+        got = _rows(list(read_range(client, "t", PartitionId(0, 0), n, 100, max_bytes=2 * 1100)))
+        assert [r["value"] for r in got] == values[n:100]
