@@ -48,6 +48,7 @@ from metaq.bench.client_bench import BenchSpec, _Progress, _run_workers, run_ben
 from metaq.broker.launcher import BrokerLauncher
 from metaq.protocol.records import encode_values
 from metaq.storage import LogConfig, LogManager
+from metaq.testing.fs import evict_from_page_cache
 
 TOPIC = "backlog"
 READ_BYTES = 1 << 20
@@ -85,13 +86,7 @@ def segment_files(data_dir: Path) -> list[Path]:
 
 def evict(data_dir: Path) -> None:
     """fsync and drop from the page cache every file of ``data_dir`` (clean pages only can be dropped)."""
-    for path in data_files(data_dir):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    evict_from_page_cache(data_files(data_dir))
 
 
 def resident_bytes(files: list[Path]) -> int:

@@ -17,6 +17,7 @@ from metaq.client import Message, MessageSessionFactory
 from metaq.protocol import messages as m
 from metaq.protocol.records import RECORD_OVERHEAD_BYTES, decode_fetched, encode_values
 from metaq.testing import BrokerProcess
+from metaq.testing.fs import evict_from_page_cache
 from metaq.testing.raw import RawClient
 from metaq.types import DEFAULT_MAX_MESSAGE_BYTES
 
@@ -77,14 +78,7 @@ def test_the_client_consumer_reads_a_message_of_max_message_size(
 
 
 def _evict(directory: Path) -> None:
-    """Drop a partition's files from the page cache (synced first: only clean pages can be dropped)."""
-    for path in directory.iterdir():
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    evict_from_page_cache(directory.iterdir())
 
 
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise")

@@ -13,19 +13,14 @@ from metaq.broker.handlers import fetch
 from metaq.protocol import messages as m
 from metaq.protocol.records import encode_values
 from metaq.storage import LogConfig, PartitionLog
+from metaq.testing.fs import evict_from_page_cache
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "posix_fadvise") or fetch._NOWAIT is None,
                                 reason="needs posix_fadvise and preadv2(RWF_NOWAIT)")
 
 
 def _evict(directory: Path) -> None:
-    for path in directory.iterdir():
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    evict_from_page_cache(directory.iterdir())
 
 
 def test_an_evicted_slice_is_not_cached_and_its_off_loop_read_is_the_stored_bytes(tmp_path: Path) -> None:

@@ -704,30 +704,7 @@ class Producer:
         if partitions is None:
             self._queue(message, fut, size, acks)
             return fut
-        # _place for a plain message of a hot topic, inlined: the selector's partition, then its open batch
-        topic = message.topic
-        try:
-            p = self.selector(topic, partitions, message)
-        except InvalidArgument:
-            raise
-        except MetaqError as exc:
-            fut.set_result(SendResult(False, error=exc, topic=topic))
-            return fut
-        key: BatchKey = (topic, p.partition, p.broker_id, acks)
-        batch = self._acc.batches.get(key)
-        if (batch is not None and batch.size_bytes + size <= self._batch_bytes and batch.keys is None
-                and batch.attributes is None and batch.headers is None):
-            batch.values.append(message.data)
-            ts = message.timestamp_ms
-            batch.timestamps.append(ts if ts >= 0 else batch.created_ms)
-            batch.waiters.append(fut)
-            batch.count += 1
-            batch.size_bytes += size
-            self._buffered += size
-            if batch.size_bytes >= self._batch_bytes:
-                self._dispatch(self._acc.batches.pop(key))
-        else:
-            self._place_at(message, partitions, key, batch, fut, size, acks)
+        self._place_plain(message, partitions, fut, size, acks)  # a plain message of a hot topic
         return fut
 
     def send_async_many(self, messages: Iterable[Message], callback: Callable[[ManySendResult], object] | None = None
@@ -1156,8 +1133,8 @@ class Producer:
 
     def _place_plain(self, message: Message, partitions: Sequence[Partition], waiter: Any, size: int,
                      acks: int) -> None:
-        """:meth:`_place` for a message known to have no key, attribute, headers or delay (send_async inlines
-        the same lines)."""
+        """:meth:`_place` for a message known to have no key, attribute, headers or delay (send_async,
+        send_async_many and send_oneway of a hot topic): the selector's partition, then its open batch."""
         topic = message.topic
         try:
             p = self.selector(topic, partitions, message)

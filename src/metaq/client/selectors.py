@@ -63,6 +63,18 @@ def _open(topic: str, partitions: Sequence[Partition]) -> Sequence[Partition]:
     return open_
 
 
+def _open_cached(cache: dict[str, tuple[Sequence[Partition], Sequence[Partition]]], topic: str,
+                 partitions: Sequence[Partition]) -> Sequence[Partition]:
+    """:func:`_open`, kept per topic against the partitions sequence it was computed from: metadata hands
+    out the same tuple until it refreshes, so the filtering runs once per refresh, not per message."""
+    cached = cache.get(topic)
+    if cached is not None and cached[0] is partitions:
+        return cached[1]
+    candidates = _open(topic, partitions)
+    cache[topic] = (partitions, candidates)
+    return candidates
+
+
 class RoundRobinSelector:
     """Open partitions in (broker id, partition) order, one after the other; a counter per topic."""
 
@@ -76,12 +88,7 @@ class RoundRobinSelector:
         self._open: dict[str, tuple[Sequence[Partition], Sequence[Partition]]] = {}
 
     def __call__(self, topic: str, partitions: Sequence[Partition], message: Message) -> Partition:
-        cached = self._open.get(topic)
-        if cached is not None and cached[0] is partitions:
-            candidates = cached[1]
-        else:
-            candidates = _open(topic, partitions)
-            self._open[topic] = (partitions, candidates)
+        candidates = _open_cached(self._open, topic, partitions)
         n = self._counters.get(topic, 0)
         self._counters[topic] = n + 1
         return candidates[n % len(candidates)]
@@ -90,12 +97,7 @@ class RoundRobinSelector:
         """``count`` calls at once, for messages that need no look at: the open partitions and the counter of
         the first; message ``j`` goes to ``candidates[(first + j) % len(candidates)]``, as ``count`` calls
         would have chosen (the producer's send_async_many places a plain list this way)."""
-        cached = self._open.get(topic)
-        if cached is not None and cached[0] is partitions:
-            candidates = cached[1]
-        else:
-            candidates = _open(topic, partitions)
-            self._open[topic] = (partitions, candidates)
+        candidates = _open_cached(self._open, topic, partitions)
         first = self._counters.get(topic, 0)
         self._counters[topic] = first + count
         return candidates, first
@@ -121,12 +123,7 @@ class StickyRoundRobinSelector:
         if current is not None and current[0] is partitions:
             return current[1]
         # First message, or the candidates changed (metadata refreshed, a broker left out): next partition.
-        cached = self._open.get(topic)
-        if cached is not None and cached[0] is partitions:
-            candidates = cached[1]
-        else:
-            candidates = _open(topic, partitions)
-            self._open[topic] = (partitions, candidates)
+        candidates = _open_cached(self._open, topic, partitions)
         n = self._counters.get(topic, 0)
         self._counters[topic] = n + 1
         chosen = candidates[n % len(candidates)]

@@ -3,6 +3,9 @@
 ``with small_disk(path, size_bytes=...) as disk:`` mounts, and unmounts at the end (lazily if a process
 still holds files there). ``disk.fill()`` takes every free byte with a filler file, ``disk.free()``
 gives it back: what an operator does when a disk fills up and is cleaned.
+
+``evict_from_page_cache(files)``: old data as a broker meets it after a while, written, synced and no
+longer in the page cache (``posix_fadvise(DONTNEED)``, no privileges needed).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import contextlib
 import errno
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 
@@ -63,3 +66,14 @@ def small_disk(path: Path, size_bytes: int, *, inodes: int | None = None) -> Ite
     finally:
         if subprocess.run(["umount", str(path)], capture_output=True, check=False).returncode != 0:
             subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+
+
+def evict_from_page_cache(files: Iterable[Path]) -> None:
+    """fsync each file, then drop it from the page cache (only clean pages can be dropped)."""
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)

@@ -11,17 +11,11 @@ from storage_helpers import make_batch, read_all
 
 from metaq.storage import fileslice
 from metaq.storage.fileslice import READAHEAD_AHEAD_BYTES, READAHEAD_STEP_BYTES, hint_readahead
+from metaq.testing.fs import evict_from_page_cache
 
 
 def _evict(directory: Path) -> None:
-    """What a broker's old data looks like after a while: written, synced, dropped from the page cache."""
-    for path in directory.iterdir():
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    evict_from_page_cache(directory.iterdir())
 
 
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise")
