@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import queue
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -469,3 +471,35 @@ def test_degrade_to_async_acks_without_a_slave_and_counts_it(
     reply = produce_batch(master, 0, [b"acked-without-a-slave"])  # acked alone instead of refused
     assert reply.base_offset >= 0
     assert stats(master)["replica_group"]["degraded_acks"] >= 1
+
+
+def test_a_consumer_long_polling_a_slave_is_answered_when_the_watermark_shows_the_message(
+        cluster_factory: Callable[..., BrokerProcess], zk_client: Any, zk_root: str) -> None:
+    """A slave serves consumers up to the master's high watermark, which reaches it one fetch after the
+    message itself (the master's watermark moves when the slave has fetched past it). A consumer's long
+    poll parked on the slave is answered when that watermark arrives, not at its timeout nor at the next
+    message."""
+    replicas = Replicas(cluster_factory, 2)
+    master, slave = replicas.procs[0], replicas.procs[1]
+    wait_isr(zk_client, zk_root, {1})
+    produce_batch(master, 0, [b"first"])
+    wait_until(lambda: end_offsets(slave)[0] == 1, 30, 0.02, "the slave to hold the first message")
+    replies: queue.Queue[Any] = queue.Queue()
+
+    def long_poll() -> None:
+        conn = open_conn(slave)
+        try:
+            replies.put(call(conn, m.FetchRequest(topic=TOPIC, partition=0, offset=1, max_bytes=1 << 20,
+                                                  max_wait_ms=120_000)))
+        except Exception as exc:  # reported below
+            replies.put(exc)
+        finally:
+            conn.close()
+
+    poller = threading.Thread(target=long_poll, daemon=True)
+    poller.start()
+    wait_until(lambda: stats(slave)["waiting_fetches"] == 1, 30, 0.02, "the consumer's fetch to wait on the slave")
+    produce_batch(master, 0, [b"second"])  # acked: the slave holds it; nothing else is produced after it
+    reply = replies.get(timeout=60)  # far below the poll's 120 s: answered when the watermark came
+    assert not isinstance(reply, Exception), reply
+    assert [bytes(x.data) for x in decode_fetched(reply.records, TOPIC, 0)[0]] == [b"second"]

@@ -109,6 +109,9 @@ class ReplicaGroupView(Protocol):
     def replica_fetch(self, req: m.FetchRequest, plog: PartitionLog) -> tuple[dict[str, int], int]:
         """A slave's fetch: extra reply fields, and the offset the reply stops before (-1: none)."""
 
+    def replica_reply(self, req: m.FetchRequest, plog: PartitionLog) -> tuple[dict[str, int], int]:
+        """:meth:`replica_fetch`'s reply fields as of now (a long poll answered later), without its checks."""
+
     async def hand_over(self, replica_id: int, timeout_s: float) -> tuple[int, int]:
         """A planned switchover to ``replica_id`` (-1: any in-sync slave); (new master, its epoch)."""
         raise NotImplementedError

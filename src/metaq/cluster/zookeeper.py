@@ -100,6 +100,9 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         self._generation = 0
         self._snapshot = ClusterSnapshot()
         self._listeners: list[SnapshotListener] = []
+        self._delivery_lock = threading.RLock()
+        """Held while listeners are called (they must not block): one thread at a time, in version order."""
+        self._delivered_version = 0
         self._bad_znodes: set[str] = set()
         self._session_lost = False
         self._session_listeners: list[Callable[[str], None]] = []
@@ -360,12 +363,24 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
             if snapshot.brokers == self._snapshot.brokers and snapshot.topics == self._snapshot.topics:
                 return
             self._snapshot = snapshot
-            listeners = list(self._listeners)
-        for listener in listeners:
-            try:
-                listener(snapshot)
-            except Exception:  # a listener's bug must not stop the watches
-                log.exception("cluster snapshot listener failed")
+        self._deliver()
+
+    def _deliver(self) -> None:
+        """Call the listeners with the newest snapshot, in version order and never an older one after a
+        newer one. Watch callbacks run on more than one thread (kazoo spawns a thread for a node deleted
+        and made again between its reads): two threads that each built a snapshot could otherwise call
+        the listeners in the reverse order, and a listener keeping the last snapshot it was given (the
+        client's metadata) would keep the older one until the next change."""
+        with self._delivery_lock:
+            snapshot = self._snapshot  # the newest: another thread may have built one since ours
+            if snapshot.version <= self._delivered_version:
+                return  # a newer one was delivered (it includes this change)
+            self._delivered_version = snapshot.version
+            for listener in tuple(self._listeners):  # not under _lock: a caller may hold it (lock order)
+                try:
+                    listener(snapshot)
+                except Exception:  # a listener's bug must not stop the watches
+                    log.exception("cluster snapshot listener failed")
 
     # ------------------------------------------------------------------ sessions
 

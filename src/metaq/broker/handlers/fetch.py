@@ -52,8 +52,7 @@ def handle_fetch(broker: Broker, req: m.FetchRequest, session: Session | None) -
             # before the range check: a slave ahead of a new master learns where to cut, not "out of range"
             bound.extra, bound.stop_before = ha.replica_fetch(req, plog)
             if bound.extra.get("diverging_end_offset", -1) >= 0:
-                return _with(m.FetchResponse(log_start_offset=plog.log_start_offset,
-                                             log_end_offset=plog.log_end_offset), bound.extra)
+                return _diverged(plog, bound.extra)
         else:
             bound.visible = ha.visible_end
     try:
@@ -82,6 +81,12 @@ class _Bound:
     def end(self) -> int:
         end = self.plog.log_end_offset if self.visible is None else self.visible(self.plog)
         return end if self.stop_before < 0 else min(end, self.stop_before)
+
+
+def _diverged(plog: PartitionLog, extra: dict[str, int]) -> m.FetchResponse:
+    """A slave's fetch whose log is not a prefix of the master's: where to cut (``extra``), no records."""
+    return _with(m.FetchResponse(log_start_offset=plog.log_start_offset, log_end_offset=plog.log_end_offset),
+                 extra)
 
 
 def _error_with_range(plog: PartitionLog, exc: Exception, damaged_offset: int = -1,
@@ -122,7 +127,14 @@ def _long_poll(broker: Broker, req: m.FetchRequest, plog: PartitionLog, offset: 
             if offset >= bound.end() and not (timed_out or broker.stopping or time.monotonic() >= deadline):
                 broker.waiters.rearm(waiter)  # woken, but nothing it may see yet (the watermark)
                 return
-            answer = _fetch_now(broker, req, plog, offset, reset, bound)
+            answer: Any = None
+            if req.replica_id >= 0 and broker.ha is not None:
+                # a slave's: the records' epoch and the watermark as they are now, not when it came in
+                bound.extra, bound.stop_before = broker.ha.replica_reply(req, plog)
+                if bound.extra.get("diverging_end_offset", -1) >= 0:
+                    answer = _diverged(plog, bound.extra)
+            if answer is None:
+                answer = _fetch_now(broker, req, plog, offset, reset, bound)
         except Exception as exc:
             answer = error_response(m.FetchRequest.API_KEY, exc)
         broker.waiters.finish(waiter)

@@ -190,6 +190,10 @@ class PartitionFollower:
             self._diverged(reply, offset)
             raise ReplicaGap(f"{self.topic}-{self.partition}", offset, reply.reset_offset)
         data = whole_batches(reply.records)
+        # The watermark first: consumers of this slave woken by the append below read up to it.
+        watermark_rose = reply.high_watermark > self.state.high_watermark
+        self.state.high_watermark = reply.high_watermark
+        appended = False
         if data.nbytes:
             if history is not None and reply.records_epoch > history.latest_epoch():
                 history.assign(reply.records_epoch, self.plog.log_end_offset)  # before its first batch
@@ -197,10 +201,11 @@ class PartitionFollower:
             if result is not None:
                 self.state.replicated_messages += result.record_count
                 self.state.replicated_bytes += data.nbytes
-                self._on_append(self.topic, self.partition)
+                appended = True
+        if appended or watermark_rose:  # a rise alone makes messages visible too (sync topics)
+            self._on_append(self.topic, self.partition)
         self.state.stalled = ""
         self.state.master_end_offset = reply.log_end_offset
-        self.state.high_watermark = reply.high_watermark
         self.state.lag_messages = max(0, reply.log_end_offset - self.plog.log_end_offset)
         if self.state.lag_messages == 0:
             self.state.caught_up_at = time.monotonic()

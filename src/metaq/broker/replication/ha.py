@@ -459,8 +459,12 @@ class HighAvailability:
         if state is None or not state.settings.sync_replication or replicator is None:
             return plog.log_end_offset
         follower = replicator.followers.get((plog.topic, plog.partition))  # a slave: the master's watermark
-        if follower is None or follower.state.high_watermark < 0:
+        if follower is None:
             return plog.log_end_offset
+        if follower.state.high_watermark < 0:
+            # No reply from the master yet: nothing here is known to be committed, and a deposed master's
+            # tail may be about to be cut. Its first reply (moments after a start) shows the messages.
+            return plog.log_start_offset
         return min(plog.log_end_offset, follower.state.high_watermark)
 
     def replica_fetch(self, req: m.FetchRequest, plog: PartitionLog) -> tuple[dict[str, int], int]:
@@ -473,6 +477,19 @@ class HighAvailability:
             self._deposed(f"slave {req.replica_id} fetched with epoch {req.replica_epoch} > {self.epoch}")
             raise FencedEpochError(f"epoch {self.epoch} here is older than the slave's {req.replica_epoch}: this "
                                    "master was deposed")
+        extra, stop_before = self.replica_reply(req, plog)
+        if "diverging_end_offset" not in extra:
+            master.on_replica_fetch(plog, req.replica_id, req.offset)
+            extra["high_watermark"] = master.high_watermark(plog)  # this fetch may have moved it
+        return extra, stop_before
+
+    def replica_reply(self, req: m.FetchRequest, plog: PartitionLog) -> tuple[dict[str, int], int]:
+        """The extra reply fields of a slave's fetch and where its records stop, as of now: computed when
+        the fetch comes in and again when a long poll is answered (the epoch of the records and the
+        watermark may have moved meanwhile). NotMasterError if this broker is no longer the master."""
+        master = self.master
+        if master is None:
+            raise NotMasterError(f"broker {self.broker_id} here is a slave: replicas fetch from the master")
         history = self.history(plog)
         extra = {"master_epoch": self.epoch, "high_watermark": master.high_watermark(plog)}
         if req.last_fetched_epoch >= 0:
@@ -481,7 +498,6 @@ class HighAvailability:
                 extra["diverging_epoch"] = epoch
                 extra["diverging_end_offset"] = min(end, req.offset)
                 return extra, -1
-        master.on_replica_fetch(plog, req.replica_id, req.offset)
         epoch, next_start = history.epoch_at(req.offset)
         extra["records_epoch"] = epoch
         return extra, next_start
