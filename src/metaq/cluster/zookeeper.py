@@ -186,14 +186,21 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
 
         ChildrenWatch(self._client, path, watcher)
 
-    def _watch_data(self, path: str, func: Callable[[bytes | None], None]) -> None:
+    def _watch_data(self, path: str, func: Callable[[bytes | None], bool]) -> None:
+        """Watch one child node for good: ``func(data)`` (None: the node is gone) is called for every change,
+        its deletion and its creation again, until it returns False (its parent left the view) or the path
+        is forgotten. Each node's calls come in the order of its reads (kazoo runs them one at a time)."""
         gen = self._next_generation(path)
 
         def watcher(data: bytes | None, stat: Any) -> bool:
             if self._closed or self._watches.get(path) != gen:
                 return False
-            func(data)
-            return True
+            if func(data):
+                return True
+            with self._lock:
+                if self._watches.get(path) == gen:
+                    del self._watches[path]
+            return False
 
         DataWatch(self._client, path, watcher)
 
@@ -203,9 +210,21 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
             self._watches[path] = self._generation
             return self._generation
 
-    def _forget_watch(self, path: str) -> None:
+    def _forget_tree(self, path: str) -> None:
+        """Stop the watches on ``path`` and its children (each stops at its next event): the parent left."""
         with self._lock:
-            self._watches.pop(path, None)
+            for watched in [p for p in self._watches if p == path or p.startswith(path + "/")]:
+                del self._watches[watched]
+
+    def _unwatched(self, parent: str, names: Iterable[str]) -> list[str]:
+        """Those of ``names`` (children of ``parent``) without a live data watch, sorted."""
+        with self._lock:
+            return sorted(n for n in names if f"{parent}/{n}" not in self._watches)
+
+    # Presence of a child node (a broker's master/slave node, a topic's <id>-m node) is decided by its own data
+    # watch alone, never by a children list: kazoo may run a node's data callback on a thread of its own (a node
+    # deleted and made again between two reads), so a children list read before the node came back can be
+    # applied after its data was. The children watches only make sure that each child has a data watch.
 
     def _on_broker_ids(self, children: list[str]) -> None:
         ids = set()
@@ -218,7 +237,7 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
             known = set(self._brokers)
             for gone in known - ids:
                 del self._brokers[gone]
-                self._forget_watch(self.paths.broker(gone))
+                self._forget_tree(self.paths.broker(gone))
             for new in ids - known:
                 self._brokers[new] = {}
         for new in sorted(ids - known):
@@ -227,20 +246,16 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
             self._publish()
 
     def _on_broker_nodes(self, broker_id: int, names: list[str]) -> None:
-        wanted = {n for n in names if n == "master" or layout.parse_slave_node(n) is not None}
+        wanted = [n for n in names if n == "master" or layout.parse_slave_node(n) is not None]
         with self._lock:
-            nodes = self._brokers.get(broker_id)
-            if nodes is None:
+            if broker_id not in self._brokers:
                 return
-            for gone in [n for n in list(nodes) if n not in wanted]:
-                del nodes[gone]
-            watched = {p.rsplit("/", 1)[1] for p in self._watches if p.startswith(self.paths.broker(broker_id) + "/")}
-        for name in sorted(wanted - watched):
-            path = f"{self.paths.broker(broker_id)}/{name}"
+        parent = self.paths.broker(broker_id)
+        for name in self._unwatched(parent, wanted):
+            path = f"{parent}/{name}"
             self._watch_data(path, functools.partial(self._on_broker_node, broker_id, name, path))
-        self._publish()
 
-    def _on_broker_node(self, broker_id: int, name: str, path: str, data: bytes | None) -> None:
+    def _on_broker_node(self, broker_id: int, name: str, path: str, data: bytes | None) -> bool:
         address: Address | None = None
         tls_port: int | None = None
         if data is not None:
@@ -252,11 +267,9 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         with self._lock:
             nodes = self._brokers.get(broker_id)
             if nodes is None:
-                return
+                return False  # the broker id left; a watch is made again if it comes back
             if address is None:
                 nodes.pop(name, None)
-                if data is None:
-                    self._forget_watch(path)
             else:
                 nodes[name] = address
             if address is None or tls_port is None:
@@ -264,6 +277,7 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
             else:
                 self._tls_ports[(broker_id, name)] = tls_port
         self._publish()
+        return True
 
     def _on_topics(self, publish: bool, topics: list[str]) -> None:
         parent = self.paths.topics_pub if publish else self.paths.topics_sub
@@ -271,7 +285,7 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
             known = set(self._topics[publish])
             for gone in known - set(topics):
                 del self._topics[publish][gone]
-                self._forget_watch(f"{parent}/{gone}")
+                self._forget_tree(f"{parent}/{gone}")
             for new in set(topics) - known:
                 self._topics[publish][new] = {}
         for new in sorted(set(topics) - known):
@@ -280,28 +294,22 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
             self._publish()
 
     def _on_topic_nodes(self, publish: bool, topic: str, names: list[str]) -> None:
-        parent = self.paths.topics_pub if publish else self.paths.topics_sub
+        parent = f"{self.paths.topics_pub if publish else self.paths.topics_sub}/{topic}"
         valid = []
         for name in names:
             try:
                 layout.parse_topic_broker_name(name)
                 valid.append(name)
             except LayoutError as exc:
-                self._bad(f"{parent}/{topic}/{name}", str(exc))
+                self._bad(f"{parent}/{name}", str(exc))
         with self._lock:
-            nodes = self._topics[publish].get(topic)
-            if nodes is None:
+            if topic not in self._topics[publish]:
                 return
-            for gone in [n for n in list(nodes) if n not in valid]:
-                del nodes[gone]
-                self._forget_watch(f"{parent}/{topic}/{gone}")
-            watched = {p.rsplit("/", 1)[1] for p in self._watches if p.startswith(f"{parent}/{topic}/")}
-        for name in sorted(set(valid) - watched):
-            path = f"{parent}/{topic}/{name}"
+        for name in self._unwatched(parent, valid):
+            path = f"{parent}/{name}"
             self._watch_data(path, functools.partial(self._on_topic_node, publish, topic, name, path))
-        self._publish()
 
-    def _on_topic_node(self, publish: bool, topic: str, name: str, path: str, data: bytes | None) -> None:
+    def _on_topic_node(self, publish: bool, topic: str, name: str, path: str, data: bytes | None) -> bool:
         count: int | None = None
         if data is not None:
             try:
@@ -311,14 +319,13 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         with self._lock:
             nodes = self._topics[publish].get(topic)
             if nodes is None:
-                return
+                return False  # the topic left; a watch is made again if it comes back
             if count is None:
                 nodes.pop(name, None)
-                if data is None:
-                    self._forget_watch(path)
             else:
                 nodes[name] = count
         self._publish()
+        return True
 
     def _bad(self, path: str, problem: str) -> None:
         with self._lock:

@@ -1,0 +1,111 @@
+"""The ZooKeeper registry's cluster view under the callback orders kazoo can produce.
+
+kazoo runs watch callbacks on more than one thread: a DataWatch spawns a thread when its node is deleted
+and made again between two of its reads, which is what a master handing over does to its broker and topic
+nodes. So (1) a listener must never be handed an older snapshot after a newer one (the client's metadata
+keeps the last one it got), and (2) a children list read before a node came back may be applied after
+the node's own data watch saw it back: the node must stay in the view. Both were seen as a producer
+finding every partition of a topic closed, or a slave not finding its new master, for tens of seconds
+after `metaq admin promote`. The callbacks are called here in those orders (no ZooKeeper needed)."""
+
+from __future__ import annotations
+
+import threading
+
+from metaq.cluster.registry import Address
+from metaq.cluster.zookeeper import ZooKeeperRegistry
+from metaq.testing import wait_until
+
+
+def _change(registry: ZooKeeperRegistry, node: str, partitions: int) -> None:
+    """What a watch callback does: change the watched state under the lock, then publish a snapshot."""
+    with registry._lock:
+        registry._topics[True].setdefault("orders", {})[node] = partitions
+    registry._publish()
+
+
+def test_a_snapshot_built_while_another_is_delivered_reaches_listeners_after_it() -> None:
+    registry = ZooKeeperRegistry("127.0.0.1:1", "/metaq-unit")  # never started: its callbacks are called here
+    seen: list[int] = []
+    newer_delivered = threading.Event()
+    other = threading.Thread(target=_change, args=(registry, "2-m", 4))
+
+    def first_listener(snapshot: object) -> None:
+        version = snapshot.version  # type: ignore[attr-defined]
+        if other.ident is None:  # the first delivery (this thread's): another thread changes the cluster now
+            other.start()
+            wait_until(lambda: registry.snapshot().version > version, 10, message="the other thread's snapshot")
+            # Were it delivered now, the second listener would get it before this older one. It must wait
+            # for this delivery to end; this bounded wait is for the event that must not happen.
+            newer_delivered.wait(1.0)
+
+    def second_listener(snapshot: object) -> None:
+        seen.append(snapshot.version)  # type: ignore[attr-defined]
+        if len(seen) == 1 and snapshot is registry.snapshot() and threading.current_thread() is other:
+            newer_delivered.set()
+
+    registry.add_listener(first_listener)
+    registry.add_listener(second_listener)
+    _change(registry, "1-m", 3)
+    other.join(10)
+    assert not other.is_alive()
+    assert seen == sorted(set(seen)), f"snapshots delivered out of version order: {seen}"
+    assert seen[-1] == registry.snapshot().version == 2, seen
+    assert dict(registry.snapshot().topics["orders"].publish) == {1: 3, 2: 4}
+
+
+
+class Callbacks:
+    """A registry whose watches are recorded instead of set in ZooKeeper; ``zk`` is what a read would see."""
+
+    def __init__(self) -> None:
+        self.registry = ZooKeeperRegistry("127.0.0.1:1", "/v")
+        self.zk: dict[str, bytes] = {}
+        self.data: dict[str, object] = {}
+        self.registry._watch_data = self._watch_data  # type: ignore[method-assign]
+        self.registry._watch_children = self._watch_children  # type: ignore[method-assign]
+
+    def _watch_children(self, path: str, func: object) -> None:
+        self.registry._next_generation(path)  # the test calls the children callbacks itself
+
+    def _watch_data(self, path: str, func: object) -> None:
+        self.registry._next_generation(path)
+        self.data[path] = func
+        func(self.zk.get(path))  # type: ignore[operator]  # a DataWatch reads the node when it is made
+
+
+MASTER = "/v/brokers/ids/1/master"
+PUB = "/v/brokers/topics-pub/orders/1-m"
+PUB_DATA = b'{"numParts":3,"broker":"1-m"}'
+
+
+def test_a_master_node_made_again_stays_in_the_view_whatever_order_the_callbacks_run_in() -> None:
+    c = Callbacks()
+    c.zk[MASTER] = b"meta://127.0.0.1:9001"
+    c.registry._on_broker_ids(["1"])
+    c.registry._on_broker_nodes(1, ["master"])
+    assert c.registry.snapshot().address(1) == Address("127.0.0.1", 9001)
+    # the old master deletes its node, the new one makes it; the children watch read [] in between, but its
+    # callback runs after the data watch's (spawned) read of the new node
+    c.zk[MASTER] = b"meta://127.0.0.1:9002"
+    c.data[MASTER](c.zk[MASTER])  # type: ignore[operator]
+    c.registry._on_broker_nodes(1, [])
+    c.registry._on_broker_nodes(1, ["master"])  # the children watch's next event
+    assert c.registry.snapshot().address(1) == Address("127.0.0.1", 9002)
+    # and a real deletion, reported by the node's own watch, takes it out
+    del c.zk[MASTER]
+    c.data[MASTER](None)  # type: ignore[operator]
+    assert c.registry.snapshot().address(1) is None
+
+
+def test_a_topic_that_leaves_and_comes_back_is_watched_again() -> None:
+    c = Callbacks()
+    c.zk[PUB] = PUB_DATA
+    c.registry._on_topics(True, ["orders"])
+    c.registry._on_topic_nodes(True, "orders", ["1-m"])
+    assert dict(c.registry.snapshot().topics["orders"].publish) == {1: 3}
+    c.registry._on_topics(True, [])
+    assert "orders" not in c.registry.snapshot().topics
+    c.registry._on_topics(True, ["orders"])
+    c.registry._on_topic_nodes(True, "orders", ["1-m"])
+    assert dict(c.registry.snapshot().topics["orders"].publish) == {1: 3}
