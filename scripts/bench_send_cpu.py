@@ -13,6 +13,9 @@ calls then ``flush()`` and reading every result; the median of the rounds. Modes
     many          send_async_many of the round's messages (one call), then the result's failures
     message       only building the round's Message objects (the caller's part of every mode)
 
+--gc-stats adds, per mode, the cyclic GC's share: CPU time inside collections per message, and how many
+collections of each generation ran per 40,000 messages (``gc.callbacks``; medians of the rounds).
+
     .venv/bin/python scripts/bench_send_cpu.py
     PYTHONPATH=/tmp/base/src .venv/bin/python scripts/bench_send_cpu.py --modes async,oneway   # code before
 """
@@ -33,7 +36,28 @@ from typing import Any
 MODES = ("message", "async", "async-nogc", "async-shared", "oneway", "many")
 
 
-async def _rounds(servers: str, mode: str, count: int, rounds: int) -> float:
+class _GcClock:
+    """CPU time spent inside the cyclic GC's collections, and their count per generation (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.counts = [0, 0, 0]
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.process_time()
+        else:
+            self.seconds += time.process_time() - self._t0
+            self.counts[info["generation"]] += 1
+
+    def reset(self) -> None:
+        self.seconds = 0.0
+        self.counts = [0, 0, 0]
+
+
+async def _rounds(servers: str, mode: str, count: int, rounds: int, gc_stats: bool = False
+                  ) -> tuple[float, float, list[float]]:
     from metaq.client import Message, MessageSessionFactory
 
     async with await MessageSessionFactory.connect(servers) as session:
@@ -53,7 +77,13 @@ async def _rounds(servers: str, mode: str, count: int, rounds: int) -> float:
 
             producer_module._resolve_ok_pass = one_result  # type: ignore[assignment]
         samples = []
+        gc_samples: list[float] = []
+        gc_counts: list[list[int]] = []
+        clock = _GcClock()
+        if gc_stats:
+            gc.callbacks.append(clock)
         for _ in range(rounds):
+            clock.reset()
             t0 = time.process_time()
             if mode == "message":
                 kept = [Message("bench", payload) for _ in range(count)]
@@ -81,10 +111,15 @@ async def _rounds(servers: str, mode: str, count: int, rounds: int) -> float:
             else:
                 raise SystemExit(f"unknown mode {mode!r}")
             samples.append((time.process_time() - t0) / count * 1e6)
-        return statistics.median(samples)
+            gc_samples.append(clock.seconds / count * 1e6)
+            gc_counts.append(clock.counts)
+        if gc_stats:
+            gc.callbacks.remove(clock)
+        per_40k = [statistics.median(c[g] for c in gc_counts) * 40_000 / count for g in range(3)]
+        return statistics.median(samples), statistics.median(gc_samples), per_40k
 
 
-def run_one(mode: str, count: int, rounds: int) -> float:
+def run_one(mode: str, count: int, rounds: int, gc_stats: bool = False) -> tuple[float, float, list[float]]:
     import uvloop
 
     from metaq.broker.launcher import BrokerLauncher
@@ -94,7 +129,7 @@ def run_one(mode: str, count: int, rounds: int) -> float:
                                   config_text="[system]\nnumPartitions=1\n\n[topic=bench]\nnumPartitions=4\n")
         launcher.start()
         try:
-            return uvloop.run(_rounds(launcher.servers, mode, count, rounds))
+            return uvloop.run(_rounds(launcher.servers, mode, count, rounds, gc_stats))
         finally:
             launcher.stop_or_kill(60)
 
@@ -105,21 +140,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", "--count", type=int, default=40_000, help="Messages per round.")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--repeat", type=int, default=3, help="Fresh processes per mode, interleaved.")
+    parser.add_argument("--gc-stats", action="store_true", help="Also the GC's CPU time and collections.")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(run_one(args.one, args.count, args.rounds)))
+        print(json.dumps(run_one(args.one, args.count, args.rounds, args.gc_stats)))
         return 0
     modes = [m for m in args.modes.split(",") if m]
     got: dict[str, list[float]] = {m: [] for m in modes}
+    gc_got: dict[str, list[tuple[float, list[float]]]] = {m: [] for m in modes}
     for _ in range(args.repeat):
         for mode in modes:
             out = subprocess.run([sys.executable, __file__, "--one", mode, "-n", str(args.count), "--rounds",
-                                  str(args.rounds)], check=True, capture_output=True, text=True).stdout
-            got[mode].append(json.loads(out.strip().splitlines()[-1]))
+                                  str(args.rounds)] + (["--gc-stats"] if args.gc_stats else []),
+                                 check=True, capture_output=True, text=True).stdout
+            total, gc_us, per_40k = json.loads(out.strip().splitlines()[-1])
+            got[mode].append(total)
+            gc_got[mode].append((gc_us, per_40k))
     for mode in modes:
         runs = " ".join(f"{x:.2f}" for x in got[mode])
-        print(f"{mode:13s} {statistics.median(got[mode]):.2f} us/msg client CPU  (runs: {runs})")
+        line = f"{mode:13s} {statistics.median(got[mode]):.2f} us/msg client CPU  (runs: {runs})"
+        if args.gc_stats:
+            gc_us = statistics.median(g for g, _ in gc_got[mode])
+            gens = "/".join(f"{statistics.median(c[g] for _, c in gc_got[mode]):.0f}" for g in range(3))
+            line += f"  GC {gc_us:.2f} us/msg, collections gen0/1/2 per 40k msgs {gens}"
+        print(line)
     return 0
 
 

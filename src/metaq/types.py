@@ -254,6 +254,9 @@ class Message:
     """Delayed delivery: ms from the send until consumers may see it; not with ``deliver_at``."""
     # No __post_init__ check on purpose: consumers build millions of these per second, and it would
     # double the cost of each. The producer checks what it is given (InvalidArgument for non-bytes data).
+    # The consumer's decoder (metaq.protocol.records._build_plain / _build) skips __init__ too: it assigns
+    # every slot of an empty instance itself. A new field must be assigned there as well
+    # (tests/unit/protocol/test_message_build.py fails until it is).
 
     @property
     def partition_id(self) -> PartitionId:
@@ -267,6 +270,10 @@ class SendResult:
 
     ``broker_id`` and ``partition`` say where the message was stored (``partition_id`` together).
     """
+
+    # The producer's resolving pass (metaq.client.producer._resolve_ok_pass) builds the successes of a batch
+    # without __init__, assigning every slot itself: a new field must be assigned there as well
+    # (tests/integration/test_send_results.py fails until it is).
 
     success: bool
     message_id: MessageId = -1

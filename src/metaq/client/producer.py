@@ -133,14 +133,29 @@ def _resolve_ok(waiters: list[Any], start: int, base_id: int, base_offset: int, 
             gc.enable()
 
 
+_new_result = SendResult.__new__
+
+
 def _resolve_ok_pass(waiters: list[Any], start: int, base_id: int, base_offset: int, partition: int, topic: str,
                      broker_id: int) -> None:
+    """The SendResults are built without ``SendResult.__init__``: an empty instance and its slots assigned
+    here (no Python call with 7 arguments per message). Every field of SendResult must be assigned here
+    (tests/integration/test_send_results.py checks that)."""
     i = start
     try:
         if base_id >= 0:
+            new, cls = _new_result, SendResult
             for w in itertools.islice(waiters, start, None):
                 if w is not None:
-                    w.set_result(SendResult(True, base_id + i, partition, base_offset + i, None, topic, broker_id))
+                    r = new(cls)
+                    r.success = True
+                    r.message_id = base_id + i
+                    r.partition = partition
+                    r.offset = base_offset + i
+                    r.error = None
+                    r.topic = topic
+                    r.broker_id = broker_id
+                    w.set_result(r)
                 i += 1
         else:
             for w in itertools.islice(waiters, start, None):

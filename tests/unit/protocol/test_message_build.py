@@ -1,0 +1,114 @@
+"""Messages a consumer reads: built by the decoder without ``Message.__init__`` (it assigns every slot of an
+empty instance), they must behave exactly as Messages an application builds itself: every field there,
+equality, repr, pickling, ``dataclasses`` helpers, mutation."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pickle
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from protocol_strategies import examples, messages
+
+from metaq.protocol import records as rec
+from metaq.types import Message, PartitionId
+
+BASE_ID = (7 << 112) | (0xABCDEF << 64)
+APPEND_MS = 1_700_000_000_123
+FIELDS = [f.name for f in dataclasses.fields(Message)]
+
+
+def stored(sent: list[Message], base_offset: int, compression: rec.Compression = rec.Compression.NONE) -> bytes:
+    batch = bytearray(rec.encode_messages(sent, compression))
+    rec.stamp(batch, base_offset, BASE_ID + base_offset, APPEND_MS)
+    return bytes(batch)
+
+
+def as_read(m: Message, offset: int, partition: int = 3, broker_id: int = 7) -> Message:
+    """What a consumer of partition ``broker_id-partition`` must get for sent message ``m`` at ``offset``."""
+    return Message(m.topic, m.data, attribute=m.attribute, key=m.key, headers=m.headers or None,  # [] is stored as none
+                   timestamp_ms=m.timestamp_ms, partition=partition, offset=offset, id=BASE_ID + offset,
+                   append_time_ms=APPEND_MS, broker_id=broker_id)
+
+
+def check_plain_object(m: Message) -> None:
+    """Every field is set and of a plain type; repr, asdict, replace, copy and pickle work on it."""
+    assert type(m) is Message
+    values = {name: getattr(m, name) for name in FIELDS}  # AttributeError for a slot the decoder left unset
+    assert dataclasses.asdict(m) == values
+    assert type(m.data) is bytes
+    assert repr(m) == "Message(" + ", ".join(f"{k}={v!r}" for k, v in values.items()) + ")"
+    assert pickle.loads(pickle.dumps(m)) == m
+    assert copy.copy(m) == m and copy.deepcopy(m) == m
+    assert dataclasses.replace(m, offset=m.offset + 1) != m
+    assert dataclasses.replace(m) == m
+
+
+@pytest.mark.parametrize("compression", list(rec.Compression))
+def test_plain_messages_read_back_equal_the_sent_ones_with_every_field(compression: rec.Compression) -> None:
+    sent = [Message("orders", b"payload-%d" % i, timestamp_ms=1000 + i) for i in range(50)]
+    got, next_offset = rec.decode_fetched(stored(sent, 100, compression), "orders", 3, 100, True, 7)
+    assert next_offset == 150
+    assert got == [as_read(m, 100 + i) for i, m in enumerate(sent)]
+    for m in got:
+        check_plain_object(m)
+        assert m.partition_id == PartitionId(7, 3)
+        assert m.deliver_at is None and m.delay_ms is None
+
+
+def test_keys_attributes_and_headers_read_back_equal_the_sent_ones() -> None:
+    sent = [Message("orders", b"v%d" % i, attribute="attr" if i % 2 else None, key=b"k%d" % i if i % 3 else None,
+                    headers=[("h", b"%d" % i), ("x", b"")] if i % 4 else None, timestamp_ms=5 + i)
+            for i in range(40)]
+    batches, _ = rec.decode_fetched_batches(stored(sent, 0), "orders", 3, 0, True, 7)
+    got = [m for batch in batches for m in batch]
+    assert got == [as_read(m, i) for i, m in enumerate(sent)]
+    for m in got:
+        check_plain_object(m)
+
+
+def test_a_fetch_starting_inside_a_batch_and_a_cut_batch_build_only_their_window() -> None:
+    first = [Message("t", b"a%d" % i, timestamp_ms=1) for i in range(10)]
+    second = [Message("t", b"b%d" % i, key=b"k", timestamp_ms=2) for i in range(10)]
+    reply = stored(first, 0) + stored(second, 10)
+    batches, next_offset = rec.decode_fetched_batches(reply, "t", 3, 4, True, 7)
+    assert next_offset == 20
+    assert [m for b in batches for m in b] == [as_read(m, i) for i, m in enumerate(first + second)][4:]
+    head = batches[1].head(3)
+    assert list(head) == [as_read(m, 10 + i) for i, m in enumerate(second)][:3]
+    assert list(head) == list(head)  # iterating twice gives equal, separate Messages
+    assert next(iter(head)) is not next(iter(head))
+
+
+def test_messages_read_back_are_ordinary_mutable_messages() -> None:
+    (m,) = rec.decode_batch(stored([Message("t", b"x", timestamp_ms=9)], 0), "t", 3, broker_id=7)
+    built = Message("t", b"x", timestamp_ms=9, partition=3, offset=0, id=BASE_ID, append_time_ms=APPEND_MS,
+                    broker_id=7)
+    assert m == built and built == m
+    m.attribute = "changed"
+    m.offset = 42
+    assert m != built and (m.attribute, m.offset) == ("changed", 42)
+    with pytest.raises(AttributeError):
+        m.not_a_field = 1  # type: ignore[attr-defined]
+
+
+def test_keyword_construction_and_its_defaults_are_unchanged() -> None:
+    m = Message(topic="t", data=b"d")
+    assert [getattr(m, f) for f in FIELDS] == ["t", b"d", None, None, None, -1, -1, -1, -1, -1, -1, None, None]
+    assert Message("t", b"d", "a", b"k") == Message(topic="t", data=b"d", attribute="a", key=b"k")
+    assert Message("t", b"d") != Message("t", b"e")
+    assert Message("t", b"d") != ("t", b"d")
+    assert repr(Message("t", b"d")).startswith("Message(topic='t', data=b'd', attribute=None, key=None,")
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sent=st.lists(messages("topic"), min_size=1, max_size=8), base=st.integers(0, 1 << 40))
+def test_any_messages_read_back_equal_the_sent_ones(sent: list[Message], base: int) -> None:
+    got = rec.decode_batch(stored(sent, base), "topic", 3, broker_id=7)
+    assert got == [as_read(m, base + i) for i, m in enumerate(sent)]
+    for m in got:
+        assert dataclasses.asdict(m).keys() == set(FIELDS)
+        assert pickle.loads(pickle.dumps(m)) == m
