@@ -118,7 +118,7 @@ def run_case(loop: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     with BrokerLauncher(data_dir, options, config_text=config, ready_timeout_s=120) as launcher:
         spec = BenchSpec(mode="consume", servers=launcher.servers, topic=TOPIC, partitions=args.partitions,
                          size=args.size, count=args.count, batch=args.batch, concurrency=args.concurrency,
-                         duration_s=args.duration)
+                         duration_s=args.duration, api=args.api)
         print(f"[{loop}] produce {args.count} x {args.size:,} B (not measured), then consume ...", flush=True)
         result = run_bench(spec)
         row.update(consume_mb_s=result.mb_per_s, messages=result.messages, consume_s=result.seconds)
@@ -147,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=4, help="Messages per send_batch call of the preload.")
     parser.add_argument("--concurrency", type=int, default=2, help="send_batch calls in flight (preload).")
     parser.add_argument("-d", "--duration", type=float, default=120.0, help="Upper bound of each phase, s.")
+    parser.add_argument("--api", default="fetch", choices=["fetch", "iterate", "columns"],
+                        help="The consumer's read: Fetcher.fetch in a loop (one request at a time), or the pull "
+                             "consumer's iterate / iterate_columns (which fetch ahead while a reply is handed out).")
     parser.add_argument("--loops", default="uvloop,asyncio", help="Broker event loops, one fresh broker each.")
     parser.add_argument("--baselines", default="sendfile,pread", help="Raw sends of the segment files.")
     parser.add_argument("--no-raw", dest="raw", action="store_false", help="Skip the raw fetch.")
@@ -154,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="metaq-large-", dir=args.work_dir) as tmp:
         rows = [run_case(loop, args, Path(tmp)) for loop in args.loops.split(",") if loop]
-    print(f"\n{args.count} messages of {args.size:,} B, {args.partitions} partition(s); MB/s (10^6 B/s):")
+    print(f"\n{args.count} messages of {args.size:,} B, {args.partitions} partition(s), consumer api {args.api}; "
+          f"MB/s (10^6 B/s):")
     print("| broker loop | consume MB/s | raw fetch MB/s | raw sendfile MB/s | consume / sendfile "
           "| raw fetch / sendfile | raw pread+send MB/s |")
     print("|---|---:|---:|---:|---:|---:|---:|")
