@@ -37,6 +37,8 @@ SCRATCH_BYTES: Final = 64 * 1024
 DEFAULT_BIG_FRAME_BYTES: Final = 64 * 1024
 """Clients receive a reply frame at least this large into a buffer of its own (FrameBuffer)."""
 
+_VIEW_COPY_BYTES: Final = 64 * 1024
+"""From this size a frame is copied out of the stream buffer through a memoryview (once, not twice)."""
 _SIZE = struct.Struct(">I")
 _REQ_HEAD = struct.Struct(">hhi")
 _RESP_HEAD = struct.Struct(">i")
@@ -259,8 +261,11 @@ class FrameBuffer:
         end = pos + 4 + size
         if len(buf) < end:
             return None
-        with memoryview(buf) as view:  # one copy, and no export left behind to block the buffer's resizing
-            frame = bytes(view[pos + 4:end])
+        if size < _VIEW_COPY_BYTES:
+            frame = bytes(buf[pos + 4:end])  # two short copies cost less than making a view
+        else:
+            with memoryview(buf) as view:  # one copy, and no export left behind to block the buffer's resizing
+                frame = bytes(view[pos + 4:end])
         self._pos = end
         if end == len(buf):
             buf.clear()
