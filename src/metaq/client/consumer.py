@@ -539,7 +539,7 @@ class PullConsumer:
                         result = answer
                     else:
                         after = _whole_batches_end(answer, position)
-                        if (after > position and after < answer.log_end_offset and not conn.closed
+                        if (after > position and after < answer.log_end_offset and conn.writable  # not throttled
                                 and (replica is None or not replica.is_slave)
                                 and (remaining is None or remaining > after - position)):
                             ahead_offset = after
