@@ -5,8 +5,11 @@ event loop asked for (a fresh broker each, group commit, one topic of --partitio
 
 - ``metaq bench consume`` as it runs (metaq.bench.client_bench.run_bench, mode consume): --count messages
   of --size bytes are produced with send_batch (not measured), then one consumer process reads them back
-  from the first offset with the pull consumer, one fetch of max_bytes 1 MiB per request and one request
-  in flight per partition, every record checked (CRC) and turned into a Message: MB/s of payload;
+  from the first offset with the pull consumer, every record checked (CRC): MB/s of payload. ``--api
+  fetch`` (the default): ``Fetcher.fetch`` in a loop, one fetch of max_bytes 1 MiB per request and one
+  request in flight per partition, a list of Messages per fetch; ``--api iterate``: ``PullConsumer.iterate``
+  (a Message at a time; it sends the next fetch before handing out a reply); ``--api columns``:
+  ``iterate_columns`` (payloads as views of the received reply, nothing copied);
 - then, on the same segment files (in the page cache, as the consumer read them), the baseline: a sender in
   this process pushes every segment file to a receiver process over a loopback TCP connection with
   ``os.sendfile``, 1 MiB per call (what the broker's sendfile path does, without protocol or client), the
@@ -20,7 +23,7 @@ The broker's event loop matters here: asyncio's selector loop sends fetch replie
 reads them with pread and writes them (docs/storage.md). Every phase is bounded by a count and a deadline;
 loopback only. Example (the figures in docs/benchmarks.md, "Large messages"):
 
-    .venv/bin/python scripts/bench_large.py --count 2000 --size 1000000 --loops uvloop,asyncio
+    .venv/bin/python scripts/bench_large.py --count 2000 --size 1000000 --loops uvloop,asyncio [--api iterate]
 """
 
 from __future__ import annotations
