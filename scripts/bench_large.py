@@ -5,8 +5,11 @@ event loop asked for (a fresh broker each, group commit, one topic of --partitio
 
 - ``metaq bench consume`` as it runs (metaq.bench.client_bench.run_bench, mode consume): --count messages
   of --size bytes are produced with send_batch (not measured), then one consumer process reads them back
-  from the first offset with the pull consumer, one fetch of max_bytes 1 MiB per request and one request
-  in flight per partition, every record checked (CRC) and turned into a Message: MB/s of payload;
+  from the first offset with the pull consumer, every record checked (CRC): MB/s of payload. ``--api
+  fetch`` (the default): ``Fetcher.fetch`` in a loop, one fetch of max_bytes 1 MiB per request and one
+  request in flight per partition, a list of Messages per fetch; ``--api iterate``: ``PullConsumer.iterate``
+  (a Message at a time; it sends the next fetch before handing out a reply); ``--api columns``:
+  ``iterate_columns`` (payloads as views of the received reply, nothing copied);
 - then, on the same segment files (in the page cache, as the consumer read them), the baseline: a sender in
   this process pushes every segment file to a receiver process over a loopback TCP connection with
   ``os.sendfile``, 1 MiB per call (what the broker's sendfile path does, without protocol or client), the
@@ -20,7 +23,7 @@ The broker's event loop matters here: asyncio's selector loop sends fetch replie
 reads them with pread and writes them (docs/storage.md). Every phase is bounded by a count and a deadline;
 loopback only. Example (the figures in docs/benchmarks.md, "Large messages"):
 
-    .venv/bin/python scripts/bench_large.py --count 2000 --size 1000000 --loops uvloop,asyncio
+    .venv/bin/python scripts/bench_large.py --count 2000 --size 1000000 --loops uvloop,asyncio [--api iterate]
 """
 
 from __future__ import annotations
@@ -118,7 +121,7 @@ def run_case(loop: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     with BrokerLauncher(data_dir, options, config_text=config, ready_timeout_s=120) as launcher:
         spec = BenchSpec(mode="consume", servers=launcher.servers, topic=TOPIC, partitions=args.partitions,
                          size=args.size, count=args.count, batch=args.batch, concurrency=args.concurrency,
-                         duration_s=args.duration)
+                         duration_s=args.duration, api=args.api)
         print(f"[{loop}] produce {args.count} x {args.size:,} B (not measured), then consume ...", flush=True)
         result = run_bench(spec)
         row.update(consume_mb_s=result.mb_per_s, messages=result.messages, consume_s=result.seconds)
@@ -147,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=4, help="Messages per send_batch call of the preload.")
     parser.add_argument("--concurrency", type=int, default=2, help="send_batch calls in flight (preload).")
     parser.add_argument("-d", "--duration", type=float, default=120.0, help="Upper bound of each phase, s.")
+    parser.add_argument("--api", default="fetch", choices=["fetch", "iterate", "columns"],
+                        help="The consumer's read: Fetcher.fetch in a loop (one request at a time), or the pull "
+                             "consumer's iterate / iterate_columns (which fetch ahead while a reply is handed out).")
     parser.add_argument("--loops", default="uvloop,asyncio", help="Broker event loops, one fresh broker each.")
     parser.add_argument("--baselines", default="sendfile,pread", help="Raw sends of the segment files.")
     parser.add_argument("--no-raw", dest="raw", action="store_false", help="Skip the raw fetch.")
@@ -154,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="metaq-large-", dir=args.work_dir) as tmp:
         rows = [run_case(loop, args, Path(tmp)) for loop in args.loops.split(",") if loop]
-    print(f"\n{args.count} messages of {args.size:,} B, {args.partitions} partition(s); MB/s (10^6 B/s):")
+    print(f"\n{args.count} messages of {args.size:,} B, {args.partitions} partition(s), consumer api {args.api}; "
+          f"MB/s (10^6 B/s):")
     print("| broker loop | consume MB/s | raw fetch MB/s | raw sendfile MB/s | consume / sendfile "
           "| raw fetch / sendfile | raw pread+send MB/s |")
     print("|---|---:|---:|---:|---:|---:|---:|")

@@ -101,6 +101,25 @@ def test_blocking_client_round_trip_over_tls(tls_broker: BrokerProcess, pki: Pki
     assert [bytes(r.data) for r in got] == [b"a", b"b"]
 
 
+def test_large_replies_over_tls_arrive_whole_in_both_clients(tls_broker: BrokerProcess, pki: Pki) -> None:
+    """Replies from 64 KiB up are received into buffers of their own (BufferedProtocol, recv_into): over TLS
+    too, with asyncio's and uvloop's SSL transports and the blocking client's SSL socket."""
+    import uvloop
+
+    values = [bytes([i]) * 200_000 for i in range(12)]
+    servers = tls_servers(tls_broker)
+    assert asyncio.run(produce_and_consume(servers, "tls-big", values, tls_ca_file=str(pki.ca))) == values
+    assert uvloop.run(produce_and_consume(servers, "tls-big-uv", values, tls_ca_file=str(pki.ca))) == values
+    with BlockingClient(servers, tls=ClientTls(ca_file=str(pki.ca))) as client:
+        got: list[bytes] = []
+        offset = 0
+        while offset < len(values):
+            fetched = client.fetch("tls-big", "0-0", offset, 300_000)
+            records, offset = decode_fetched(fetched.records, "tls-big", 0, offset)
+            got += [bytes(r.data) for r in records]
+    assert got == values
+
+
 def test_cli_round_trip_over_tls_with_flags_and_with_env(tls_broker: BrokerProcess, pki: Pki) -> None:
     s = ["-s", tls_servers(tls_broker)]
     sent = metaq("produce", "tls-cli", *s, "--ca-file", str(pki.ca), input="one\ntwo\n")

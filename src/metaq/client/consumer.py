@@ -51,7 +51,7 @@ from metaq.protocol.messages import (
     MultiFetchRequest,
     MultiFetchResponse,
 )
-from metaq.protocol.records import MessageBatch, decode_fetched, decode_fetched_batches
+from metaq.protocol.records import MessageBatch, decode_fetched, decode_fetched_batches, iter_batches
 from metaq.types import Message, PartitionId, PartitionKey, partition_key, validate_topic
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,16 @@ class Fetcher:
 
         ``columns``: return the records as :class:`MessageBatch` views (``batches``) instead of Messages.
         """
+        answer, p = await self._response(topic, partition, offset, max_bytes, max_wait_ms, group, connection, replica)
+        if isinstance(answer, FetchResult):
+            return answer
+        return self.decode_response(answer, topic, p, offset, columns)
+
+    async def _response(self, topic: str, partition: PartitionKey, offset: int, max_bytes: int, max_wait_ms: int,
+                        group: str, connection: BrokerConnection | None, replica: ReadReplica | None
+                        ) -> tuple[FetchResponse | FetchResult, Partition]:
+        """The first half of :meth:`fetch`: the broker's reply, records not checked yet (a slave still behind
+        ``offset``: the empty ``behind`` result), and the partition. :meth:`decode_response` is the second."""
         if max_bytes <= 0:
             raise InvalidArgument(f"max_bytes must be > 0, not {max_bytes}")
         if offset < 0:
@@ -127,18 +137,36 @@ class Fetcher:
         else:
             conn = await self._core.connection(p.broker_id)
         if replica is not None and replica.is_slave:
-            answer = await self._fetch_slave(conn, replica, topic, p, offset, max_bytes, max_wait_ms, group)
-            if isinstance(answer, FetchResult):
-                return answer
-            resp = answer
-        else:
-            timeout_s = self._core.config.request_timeout_s + max_wait_ms / 1000.0
-            req = FetchRequest(topic, p.partition, offset, max_bytes, max_wait_ms, group)
-            try:
-                resp = await conn.request(req, timeout_s)
-            except OffsetOutOfRangeError as exc:
-                await self._attach_range(exc, topic, p)
-                raise
+            return await self._fetch_slave(conn, replica, topic, p, offset, max_bytes, max_wait_ms, group), p
+        timeout_s = self._core.config.request_timeout_s + max_wait_ms / 1000.0
+        req = FetchRequest(topic, p.partition, offset, max_bytes, max_wait_ms, group)
+        try:
+            resp: FetchResponse = await conn.request(req, timeout_s)
+        except OffsetOutOfRangeError as exc:
+            await self._attach_range(exc, topic, p)
+            raise
+        return resp, p
+
+    def _submit(self, conn: BrokerConnection, topic: str, p: Partition, offset: int, max_bytes: int,
+                max_wait_ms: int, group: str) -> asyncio.Future[Any]:
+        """Write a fetch to a master now (on the socket before this returns, not at the end of the loop
+        step); :meth:`_submitted` awaits its reply."""
+        req = FetchRequest(topic, p.partition, offset, max_bytes, max_wait_ms, group)
+        future = conn.submit(req, self._core.config.request_timeout_s + max_wait_ms / 1000.0)
+        conn.flush()
+        return future
+
+    async def _submitted(self, future: asyncio.Future[Any], topic: str, p: Partition) -> FetchResponse:
+        try:
+            resp: FetchResponse = raise_for_error(await future)
+        except OffsetOutOfRangeError as exc:
+            await self._attach_range(exc, topic, p)
+            raise
+        return resp
+
+    def decode_response(self, resp: FetchResponse, topic: str, p: Partition, offset: int,
+                        columns: bool = False) -> FetchResult:
+        """The records of a fetch reply to ``offset`` checked and decoded (the second half of :meth:`fetch`)."""
         start = resp.reset_offset if resp.reset_offset >= 0 else offset
         records = resp.records
         if resp.reset_offset >= 0:
@@ -236,6 +264,31 @@ class Fetcher:
             exc.earliest, exc.latest = await offsets_of(self._core, topic, p)
         except Exception:  # the range is a courtesy; the out-of-range error is what matters
             pass
+
+
+def _whole_batches_end(resp: FetchResponse, offset: int) -> int:
+    """The offset after the last whole batch of a fetch reply to ``offset`` (``offset`` when there is none,
+    or when the reply is one to read again: reset, or a damaged header, which decoding then reports): where
+    the next fetch starts, known from the batch headers before the records are checked."""
+    if resp.reset_offset >= 0:
+        return offset
+    end = offset
+    try:
+        for _pos, header in iter_batches(resp.records):
+            end = max(end, header.next_offset)
+    except CorruptRecordError:
+        return offset
+    return end
+
+
+def _drop(future: asyncio.Future[Any]) -> None:
+    """Forget a fetch sent ahead that is not wanted (its reply is read and discarded when it comes; the
+    connection stays in step); its error, if it has one, is nobody's."""
+    if future.done():
+        if not future.cancelled():
+            future.exception()
+    else:
+        future.cancel()
 
 
 def _first(batches: list[MessageBatch], count: int) -> list[MessageBatch]:
@@ -446,6 +499,12 @@ class PullConsumer:
         else:
             policy = cfg.reconnect_retry(cfg.reconnect_attempts + 1)
         backoff = policy.start()
+        ahead: asyncio.Future[Any] | None = None
+        """The next fetch, written (at ``ahead_offset``) before this one's records are checked and handed out,
+        when this reply says more is there (from a master): the broker reads and sends it meanwhile. The
+        same request as the one the loop would send next, only earlier; dropped (its reply read and
+        discarded) if the loop goes another way."""
+        ahead_offset = -1
         try:
             while True:
                 wait = 0 if stop_at_end else max_wait_ms
@@ -455,6 +514,10 @@ class PullConsumer:
                         earliest, latest = await self.offsets(topic, p)
                         position = earliest if offset == "earliest" else latest
                     chosen = self._core.read_replica(topic, p)
+                    if ahead is not None and (ahead_offset != position or conn is None or conn.closed
+                                              or chosen != replica or fetch_bytes != max_bytes):
+                        _drop(ahead)
+                        ahead = None
                     if conn is None or conn.closed or chosen != replica:
                         if conn is not None:
                             self._iterators.discard(conn)
@@ -465,8 +528,26 @@ class PullConsumer:
                         conn = await self._core.read_connection(chosen, own=True)
                         replica = chosen
                         self._iterators.add(conn)
-                    result = await self.fetcher.fetch(topic, p, position, max_bytes=fetch_bytes, max_wait_ms=wait,
-                                                      group=group, connection=conn, replica=replica, columns=columns)
+                    answer: FetchResponse | FetchResult
+                    if ahead is not None:
+                        pending, ahead = ahead, None
+                        answer = await self.fetcher._submitted(pending, topic, p)
+                    else:
+                        answer, _ = await self.fetcher._response(topic, p, position, fetch_bytes, wait, group, conn,
+                                                                 replica)
+                    if isinstance(answer, FetchResult):
+                        result = answer
+                    else:
+                        after = _whole_batches_end(answer, position)
+                        if (after > position and after < answer.log_end_offset and conn.writable  # not throttled
+                                and (replica is None or not replica.is_slave)
+                                and (remaining is None or remaining > after - position)):
+                            ahead_offset = after
+                            ahead = self.fetcher._submit(conn, topic, p, after, max_bytes, wait, group)
+                        result = self.fetcher.decode_response(answer, topic, p, position, columns)
+                        if ahead is not None and result.next_offset != ahead_offset:
+                            _drop(ahead)
+                            ahead = None
                 except OffsetOutOfRangeError as exc:
                     earliest = getattr(exc, "earliest", -1)
                     latest = getattr(exc, "latest", -1)
@@ -524,6 +605,8 @@ class PullConsumer:
                 if stop_at_end and position >= result.log_end_offset:
                     return
         finally:
+            if ahead is not None:
+                _drop(ahead)
             if conn is not None:
                 self._iterators.discard(conn)
                 conn.close()

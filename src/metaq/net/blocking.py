@@ -25,7 +25,7 @@ import socket
 import ssl
 import time
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any
 
 from metaq.errors import ConnectionClosedError, MetaqError, ProtocolError, RequestTimeoutError
 from metaq.net.codec import (
@@ -41,8 +41,6 @@ from metaq.net.servers import Address, format_address
 from metaq.net.tls import describe_tls_error, wrap_socket
 from metaq.protocol.codec import ClientConnection, ResponseEvent
 from metaq.protocol.messages import ApiVersionsResponse
-
-_RECV_BYTES: Final = 1 << 20
 
 
 class BlockingConnection:
@@ -149,14 +147,15 @@ class BlockingConnection:
             if self.closed:
                 raise ConnectionClosedError(f"connection to broker {self.address} is closed")
             try:
-                data = self.sock.recv(_RECV_BYTES)
+                # into the codec's memory: the rest of a big reply straight into the buffer it decodes from
+                n = self.sock.recv_into(codec.get_buffer())
             except OSError as exc:
                 raise self._broken(exc, f"broker {self.address} sent no reply within {self.request_timeout_s}s"
                                    ) from None
-            if not data:
+            if not n:
                 self.close()
                 raise ConnectionClosedError(f"broker {self.address} closed the connection")
-            codec.receive_data(data)
+            codec.buffer_updated(n)
 
     def _broken(self, exc: OSError, late: str) -> MetaqError:
         """Close after a socket error; what to raise: RequestTimeoutError saying ``late`` for a timeout (every

@@ -6,7 +6,8 @@ this class only moves its bytes. It is the hot path of the producer, so:
 * frames written in one event-loop step leave in one ``writelines`` call (one syscall) at the end of
   the step, or at once when the writer says it has nothing more (:meth:`BrokerConnection.flush`), and
   the writer waits only when the transport's buffer is over its high-water mark;
-* the reader is the protocol's ``data_received`` callback: no task, no stream copies;
+* the reader is the protocol's ``buffer_updated`` callback (a buffered protocol: a big reply is received
+  straight into its own buffer): no task, no stream copies;
 * a reply resolves a plain future; no per-request timer: one watchdog per connection checks
   deadlines every ``_WATCHDOG_TICK_S`` while anything is in flight.
 
@@ -67,14 +68,22 @@ class _Pending:
         self.deadline = deadline
 
 
-class _Wire(asyncio.Protocol):
-    """Forwards transport callbacks to its BrokerConnection (kept apart so they are not public API)."""
+class _Wire(asyncio.BufferedProtocol):
+    """Forwards transport callbacks to its BrokerConnection (kept apart so they are not public API).
+
+    A buffered protocol: the transport receives into memory the codec lends (``get_buffer``), so the
+    rest of a big reply (a 1 MB fetch) goes from the kernel straight into the buffer it is decoded from,
+    with no bytes object per read and no copy into a stream buffer.
+    """
 
     def __init__(self, conn: BrokerConnection) -> None:
         self.conn = conn
 
-    def data_received(self, data: bytes) -> None:
-        self.conn._on_data(data)
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.conn._codec.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.conn._on_data(nbytes)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.conn._on_lost(exc)
@@ -284,9 +293,9 @@ class BrokerConnection:
 
     # -- receiving ----------------------------------------------------------------------------
 
-    def _on_data(self, data: bytes) -> None:
+    def _on_data(self, nbytes: int) -> None:
         codec = self._codec
-        codec.receive_data(data)
+        codec.buffer_updated(nbytes)
         pending = self._pending
         try:
             while True:

@@ -32,7 +32,13 @@ DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_MAX_IN_FLIGHT: Final = 1024
 PARTIAL_HEAD_BYTES: Final = 64 * 1024 + 64
 """Bytes of a discarded frame kept for answering it: the header with its client id, a topic name, a few fields."""
+SCRATCH_BYTES: Final = 64 * 1024
+"""What a FrameBuffer lends the socket per receive when the bytes go to its stream buffer."""
+DEFAULT_BIG_FRAME_BYTES: Final = 64 * 1024
+"""Clients receive a reply frame at least this large into a buffer of its own (FrameBuffer)."""
 
+_VIEW_COPY_BYTES: Final = 64 * 1024
+"""From this size a frame is copied out of the stream buffer through a memoryview (once, not twice)."""
 _SIZE = struct.Struct(">I")
 _REQ_HEAD = struct.Struct(">hhi")
 _RESP_HEAD = struct.Struct(">i")
@@ -80,15 +86,37 @@ class ResponseEvent:
 
 
 class FrameBuffer:
-    """Accumulates bytes and yields whole frame bodies; refuses a frame over ``max_frame_bytes``."""
+    """Accumulates bytes and yields whole frame bodies; refuses a frame over ``max_frame_bytes``.
 
-    __slots__ = ("_buf", "_pos", "_skip", "max_frame_bytes")
+    Two ways in: :meth:`feed` (bytes the caller already holds) or, to receive straight from a socket,
+    :meth:`get_buffer` + :meth:`buffer_updated` (asyncio's ``BufferedProtocol`` and ``recv_into``).
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    ``big_frame_bytes`` (0: off) is for readers of large replies: a frame of at least that many bytes whose
+    size prefix has arrived without the rest gets a buffer of its own, the frame's size, that
+    :meth:`get_buffer` hands to the socket, so the kernel copies the rest once, into the memory it is
+    decoded from; :meth:`next_frame` returns it as a read-only memoryview of that buffer, which is never
+    written again (values sliced from it, such as a fetch's payloads, stay valid). It allocates the
+    frame's whole size when the prefix arrives, so it is meant for a client reading its broker, not for a
+    server reading strangers. Other frames (smaller, or whole in one read) are bytes, copied once out of
+    the stream buffer.
+    """
+
+    __slots__ = ("_big", "_big_filled", "_buf", "_into_big", "_pos", "_scratch", "_skip", "big_frame_bytes",
+                 "max_frame_bytes")
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, big_frame_bytes: int = 0) -> None:
         self._buf = bytearray()
         self._pos = 0
         self._skip = 0
         self.max_frame_bytes = max_frame_bytes
+        self.big_frame_bytes = big_frame_bytes
+        self._big: bytearray | None = None
+        """The body of the frame at the head of the stream, received into its own buffer (big frames)."""
+        self._big_filled = 0
+        self._scratch: bytearray | None = None
+        """What :meth:`get_buffer` lends the socket when the bytes go to the stream buffer (allocated once)."""
+        self._into_big = False
+        """The last :meth:`get_buffer` lent the big frame's buffer (so :meth:`buffer_updated` counts into it)."""
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._skip:
@@ -97,14 +125,77 @@ class FrameBuffer:
             data = memoryview(data)[n:]
             if not data:
                 return
+        big = self._big
+        if big is not None and self._big_filled < len(big):
+            filled = self._big_filled
+            n = min(len(data), len(big) - filled)
+            big[filled:filled + n] = memoryview(data)[:n]
+            self._big_filled = filled + n
+            if n == len(data):
+                return
+            data = memoryview(data)[n:]
+        elif big is None and self.big_frame_bytes and self._pos == len(self._buf) and len(data) >= 4:
+            # the head of a big frame at the start of what came in: straight into the frame's own buffer
+            (size,) = _SIZE.unpack_from(data, 0)
+            if self.big_frame_bytes <= size <= self.max_frame_bytes and len(data) < 4 + size:
+                big = self._big = bytearray(size)
+                big[:len(data) - 4] = memoryview(data)[4:]
+                self._big_filled = len(data) - 4
+                return
         if self._pos and self._pos >= len(self._buf) // 2:
             del self._buf[: self._pos]
             self._pos = 0
         self._buf += data
+        if self.big_frame_bytes and self._big is None:
+            self._go_big()
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Memory for the next bytes from the socket (``BufferedProtocol.get_buffer``); then call
+        :meth:`buffer_updated` with the count written. The rest of a big frame goes straight into its
+        own buffer; anything else into a scratch buffer that :meth:`buffer_updated` feeds on."""
+        if self.big_frame_bytes and self._big is None:
+            self._go_big()
+        big = self._big
+        if big is not None and self._big_filled < len(big) and not self._skip:
+            self._into_big = True
+            return memoryview(big)[self._big_filled:]
+        self._into_big = False
+        if self._scratch is None:
+            self._scratch = bytearray(SCRATCH_BYTES)
+        return memoryview(self._scratch)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """``nbytes`` were written at the start of the memory the last :meth:`get_buffer` returned."""
+        if self._into_big:
+            self._into_big = False
+            self._big_filled += nbytes
+            return
+        assert self._scratch is not None, "buffer_updated without get_buffer"
+        with memoryview(self._scratch) as view:
+            self.feed(view[:nbytes])
+
+    def _go_big(self) -> None:
+        """Move an unfinished big frame at the head of the stream into a buffer of its own size."""
+        buf, pos = self._buf, self._pos
+        avail = len(buf) - pos
+        if avail < 4:
+            return
+        (size,) = _SIZE.unpack_from(buf, pos)
+        if size < self.big_frame_bytes or size > self.max_frame_bytes or avail >= 4 + size:
+            return  # small, refused by next_frame, or already whole
+        big = bytearray(size)
+        with memoryview(buf) as view:
+            big[:avail - 4] = view[pos + 4:]
+        self._big, self._big_filled = big, avail - 4
+        buf.clear()
+        self._pos = 0
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._buf) - self._pos
+        n = len(self._buf) - self._pos
+        if self._big is not None:
+            n += 4 + self._big_filled
+        return n
 
     @property
     def skipping_bytes(self) -> int:
@@ -118,6 +209,14 @@ class FrameBuffer:
         Returns its first ``keep_bytes`` bytes (size prefix included) so the caller can still answer it;
         the stream stays in sync. The buffer's memory is released.
         """
+        big = self._big
+        if big is not None:  # then the stream buffer is empty: everything since is the big frame's
+            filled = self._big_filled
+            head = _SIZE.pack(len(big)) + bytes(big[:min(filled, max(0, keep_bytes - 4))])
+            self._skip = len(big) - filled
+            self._big = None
+            self._big_filled = 0
+            return head
         buf, pos = self._buf, self._pos
         head = bytes(buf[pos:pos + keep_bytes])
         if len(buf) - pos >= 4:
@@ -135,11 +234,24 @@ class FrameBuffer:
 
     def peek(self, n: int) -> bytes | None:
         """The next ``n`` buffered bytes without consuming them, or None if fewer are buffered."""
+        big = self._big
+        if big is not None:
+            if 4 + self._big_filled < n:
+                return None
+            return (_SIZE.pack(len(big)) + bytes(big[:max(0, n - 4)]))[:n]
         if len(self._buf) - self._pos < n:
             return None
         return bytes(self._buf[self._pos:self._pos + n])
 
-    def next_frame(self) -> bytes | None:
+    def next_frame(self) -> bytes | memoryview | None:
+        """The next whole frame's body, or None; a big frame (see the class) as a read-only memoryview."""
+        big = self._big
+        if big is not None:
+            if self._big_filled < len(big):
+                return None
+            self._big = None
+            self._big_filled = 0
+            return memoryview(big).toreadonly()
         buf, pos = self._buf, self._pos
         if len(buf) - pos < 4:
             return None
@@ -149,7 +261,11 @@ class FrameBuffer:
         end = pos + 4 + size
         if len(buf) < end:
             return None
-        frame = bytes(buf[pos + 4:end])
+        if size < _VIEW_COPY_BYTES:
+            frame = bytes(buf[pos + 4:end])  # two short copies cost less than making a view
+        else:
+            with memoryview(buf) as view:  # one copy, and no export left behind to block the buffer's resizing
+                frame = bytes(view[pos + 4:end])
         self._pos = end
         if end == len(buf):
             buf.clear()
@@ -296,11 +412,14 @@ class ClientConnection:
     REPLIES_OUT_OF_ORDER APIs by correlation id, whenever they come)."""
 
     def __init__(self, client_id: str = "metaq-python", max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> None:
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, big_frame_bytes: int = DEFAULT_BIG_FRAME_BYTES) -> None:
         self.client_id = client_id
         self.max_frame_bytes = max_frame_bytes
         self.max_in_flight = max_in_flight
-        self._frames = FrameBuffer(max_frame_bytes)
+        self.big_frame_bytes = big_frame_bytes
+        """Replies this large are received into buffers of their own (:class:`FrameBuffer`); their RECORDS
+        then decode as read-only memoryviews of that buffer instead of bytes."""
+        self._frames = FrameBuffer(max_frame_bytes, big_frame_bytes)
         self._next_correlation_id = 1
         self._in_flight: deque[tuple[int, int, Any]] = deque()
         self._unordered: dict[int, tuple[int, Any]] = {}
@@ -348,6 +467,14 @@ class ClientConnection:
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         self._frames.feed(data)
 
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Memory to receive the next bytes into (``recv_into``, ``BufferedProtocol``): a big reply's rest
+        goes straight into its own buffer. Call :meth:`buffer_updated` with the count received."""
+        return self._frames.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._frames.buffer_updated(nbytes)
+
     def next_event(self) -> ResponseEvent | _NeedData:
         frame = self._frames.next_frame()
         if frame is None:
@@ -378,4 +505,4 @@ class ClientConnection:
     def clear(self) -> None:
         self._in_flight.clear()
         self._unordered.clear()
-        self._frames = FrameBuffer(self.max_frame_bytes)
+        self._frames = FrameBuffer(self.max_frame_bytes, self.big_frame_bytes)
