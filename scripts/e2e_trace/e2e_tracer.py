@@ -16,8 +16,14 @@ broker (keyed by partition and offsets)
     ("flush", p, end_before, t_start, t_end)
     ("ack", p, base, t)        the produce reply was queued for writing (BrokerProtocol._complete)
     ("woken", p, t)            a long-poll waiter resumed
+    ("fetchreq", p, offset, t_handle, parked)   a Fetch request handled (parked: it long-polls)
+    ("rearm", p, t)            a woken waiter found nothing it may see and waits again
+    ("timeup", p, t)           a waiter's timer fired (answered by its timeout, maybe empty)
     ("reply", p, first, last, t)   a fetch reply was queued for writing
+every process
+    ("gc", generation, t_start, t_end, collected)   a garbage collection
 consumer
+    ("fetch", p, offset, t)    the fetch call started (before the request is written)
     ("recv", p, [offsets], t_data, t_decoded)   bytes arrived / the fetch call returned
     ("yield", p, [offsets], t) the batch was handed to the application
 """
@@ -76,9 +82,26 @@ def install(directory: str) -> None:
 
     # the broker installs its own SIGTERM handler on its loop later; this only covers processes that do not
     signal.signal(signal.SIGTERM, on_term)
+    _patch_gc()
     _patch_producer()
     _patch_broker()
     _patch_consumer()
+
+
+def _patch_gc() -> None:
+    """Every garbage collection of the process: ("gc", generation, t_start, t_end, objects tracked before it)."""
+    import gc
+
+    started = [0, 0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = _now()
+            started[1] = sum(gc.get_count()) if info["generation"] < 2 else -1
+        else:
+            _rec("gc", info["generation"], started[0], _now(), info["collected"])
+
+    gc.callbacks.append(on_gc)
 
 
 def _patch_producer() -> None:
@@ -190,7 +213,9 @@ def _patch_broker() -> None:
         req = event.request
         if isinstance(req, m.FetchRequest):
             n = len(self.replies)
+            deferred = len(self.deferred)
             orig_handle(self, event)
+            _rec("fetchreq", req.partition, req.offset, _state["handle"], len(self.deferred) > deferred)
             # the reply slot it appended (if not answered at once)
             for r in list(self.replies)[n:]:
                 reply_part[id(r)] = req.partition
@@ -271,6 +296,36 @@ def _patch_broker() -> None:
 
         wm.FetchWaiters._wake = wake  # type: ignore[method-assign]
 
+        orig_rearm = wm.FetchWaiters.rearm
+
+        def rearm(self: Any, waiter: Any) -> None:
+            if not _state.get("parking") and not waiter.armed and not waiter.finished:  # not the first arming
+                for key in waiter.keys:
+                    _rec("rearm", key[1], _now())
+            orig_rearm(self, waiter)
+
+        wm.FetchWaiters.rearm = rearm  # type: ignore[method-assign]
+
+        orig_park = wm.FetchWaiters.park
+
+        def park(self: Any, *a: Any, **k: Any) -> Any:
+            _state["parking"] = True
+            try:
+                return orig_park(self, *a, **k)
+            finally:
+                _state["parking"] = False
+
+        wm.FetchWaiters.park = park  # type: ignore[method-assign]
+
+        orig_time_up = wm.FetchWaiters._time_up
+
+        def time_up(self: Any, waiter: Any) -> None:
+            for key in waiter.keys:
+                _rec("timeup", key[1], _now())
+            orig_time_up(self, waiter)
+
+        wm.FetchWaiters._time_up = time_up  # type: ignore[method-assign]
+
 
 def _patch_consumer() -> None:
     from metaq.client import consumer as cm
@@ -278,6 +333,8 @@ def _patch_consumer() -> None:
     orig_fetch = cm.Fetcher.fetch
 
     async def fetch(self: Any, *a: Any, **k: Any) -> Any:
+        if len(a) >= 3:
+            _rec("fetch", getattr(a[1], "partition", a[1]), a[2], _now())
         r = await orig_fetch(self, *a, **k)
         if r.messages:
             _rec("recv", r.messages[0].partition, [x.offset for x in r.messages], _state["data"], _now())
