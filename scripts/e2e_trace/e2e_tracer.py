@@ -232,6 +232,11 @@ def _patch_broker() -> None:
         t = _now()
         if isinstance(result, m.ProduceResponse):
             _rec("ack", result.partition, result.base_offset, t)
+        elif isinstance(result, m.MultiFetchResponse):
+            for fetched in result.partitions:
+                first, last = _batch_range(fetched.records)
+                if first >= 0:
+                    _rec("reply", fetched.partition, first, last, fetched.log_end_offset, t)
         else:
             p = reply_part.pop(id(reply), None)
             records = None
@@ -290,8 +295,10 @@ def _patch_broker() -> None:
         orig_wake = wm.FetchWaiters._wake
 
         def wake(self: Any, waiter: Any, timed_out: bool) -> None:
-            if not timed_out and waiter.armed and not waiter.finished and len(waiter.keys) == 1:
-                _rec("woken", waiter.keys[0][1], _now())
+            if not timed_out and waiter.armed and not waiter.finished:
+                t = _now()
+                for key in waiter.keys:
+                    _rec("woken", key[1], t)
             orig_wake(self, waiter, timed_out)
 
         wm.FetchWaiters._wake = wake  # type: ignore[method-assign]
@@ -327,6 +334,22 @@ def _patch_broker() -> None:
         wm.FetchWaiters._time_up = time_up  # type: ignore[method-assign]
 
 
+def _batch_range(records: bytes) -> tuple[int, int]:
+    """Base offsets of the first and the last whole batch in ``records`` (-1, -1: none)."""
+    from metaq.protocol.records import peek_length
+
+    first = last = -1
+    pos = 0
+    while True:
+        peeked = peek_length(records, pos)
+        if peeked is None or pos + peeked[1] > len(records):
+            return first, last
+        if first < 0:
+            first = peeked[0]
+        last = peeked[0]
+        pos += peeked[1]
+
+
 def _patch_consumer() -> None:
     from metaq.client import consumer as cm
 
@@ -341,6 +364,23 @@ def _patch_consumer() -> None:
         return r
 
     cm.Fetcher.fetch = fetch  # type: ignore[method-assign]
+
+    orig_many = cm.Fetcher.fetch_many
+
+    async def fetch_many(self: Any, conn: Any, wanted: Any, *a: Any, **k: Any) -> Any:
+        # the bench's `--consumer multi`: what a MultiFetch returns is handed to the application at once
+        for _topic, p, offset, _max in wanted:
+            _rec("fetch", p.partition, offset, _now())
+        results = await orig_many(self, conn, wanted, *a, **k)
+        t = _now()
+        for r in results:
+            if getattr(r, "messages", None):
+                offsets = [x.offset for x in r.messages]
+                _rec("recv", r.messages[0].partition, offsets, _state["data"], t)
+                _rec("yield", r.messages[0].partition, offsets, t)
+        return results
+
+    cm.Fetcher.fetch_many = fetch_many  # type: ignore[method-assign]
 
     orig_iter = cm.PullConsumer.iterate_batches
 

@@ -146,6 +146,12 @@ def test_bench_e2e_with_fsync_per_ack_measures_the_disks_fdatasync_in_the_same_r
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["fdatasync_ms"] == {} and doc["spec"]["gc_freeze"] is False and doc["messages"] == 100
+    # --consumer multi: one MultiFetch loop over every partition delivers them all
+    done = metaq("bench", "e2e", "--flush", "1000", "--rate", "1000", "-n", "200", "-d", "1", "--partitions", "3",
+                 "--consumer", "multi", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert (doc["messages"], doc["failures"], doc["spec"]["consumer"]) == (200, 0, "multi")
 
 
 def test_produce_to_a_partition_of_a_missing_topic_is_an_error(broker: BrokerProcess) -> None:

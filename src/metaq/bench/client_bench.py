@@ -57,6 +57,9 @@ class BenchSpec:
     """Calls in flight per process (api=batch) — pipelining."""
     rate: int = 20_000
     """e2e: messages per second the producer offers."""
+    consumer: str = "partition"
+    """e2e: ``partition``, one ``iterate_batches`` per partition (a connection and a long poll each), or ``multi``,
+    one ``PullConsumer.get_many`` loop over every partition (one connection, one MultiFetch long poll)."""
     gc_freeze: bool = True
     """e2e: the producer and consumer processes call ``gc.freeze()`` once connected, before the measured phase (as
     the broker does after start-up; what a latency-sensitive application does): a full collection then walks only
@@ -456,7 +459,30 @@ async def _e2e_consumer(spec: BenchSpec, index: int, progress: Any) -> dict[str,
                 if len(latencies) >= total or time.perf_counter() > deadline:
                     return
 
-        tasks = [asyncio.create_task(follow(p)) for p in parts]
+        async def follow_many() -> None:
+            positions: dict[tuple[str, Any], int] = {}
+            for p in parts:
+                positions[(spec.topic, p)] = (await consumer.offsets(spec.topic, p))[1]
+            key_of = {(spec.topic, p.id): (spec.topic, p) for p in parts}
+            while True:
+                results = await consumer.get_many(positions, max_wait_ms=500)
+                now = time.time_ns()
+                for key, result in results.items():
+                    if isinstance(result, Exception):
+                        raise result
+                    for m in result.messages:
+                        ts = _TS.unpack_from(m.data)[0]
+                        if ts:
+                            latencies.append((now - ts) / 1e6)
+                    positions[key_of[key]] = result.next_offset
+                progress.value = len(latencies)
+                if len(latencies) >= total or time.perf_counter() > deadline:
+                    return
+
+        if spec.consumer == "multi":
+            tasks = [asyncio.create_task(follow_many())]
+        else:
+            tasks = [asyncio.create_task(follow(p)) for p in parts]
         await asyncio.sleep(0)  # the iterators started (their connections are made as they go)
         _settle_gc(spec)
         progress.value = -1  # tells the parent the consumer is positioned at the end: start producing
