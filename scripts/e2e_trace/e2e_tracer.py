@@ -16,8 +16,14 @@ broker (keyed by partition and offsets)
     ("flush", p, end_before, t_start, t_end)
     ("ack", p, base, t)        the produce reply was queued for writing (BrokerProtocol._complete)
     ("woken", p, t)            a long-poll waiter resumed
+    ("fetchreq", p, offset, t_handle, parked)   a Fetch request handled (parked: it long-polls)
+    ("rearm", p, t)            a woken waiter found nothing it may see and waits again
+    ("timeup", p, t)           a waiter's timer fired (answered by its timeout, maybe empty)
     ("reply", p, first, last, t)   a fetch reply was queued for writing
+every process
+    ("gc", generation, t_start, t_end, collected)   a garbage collection
 consumer
+    ("fetch", p, offset, t)    the fetch call started (before the request is written)
     ("recv", p, [offsets], t_data, t_decoded)   bytes arrived / the fetch call returned
     ("yield", p, [offsets], t) the batch was handed to the application
 """
@@ -76,9 +82,26 @@ def install(directory: str) -> None:
 
     # the broker installs its own SIGTERM handler on its loop later; this only covers processes that do not
     signal.signal(signal.SIGTERM, on_term)
+    _patch_gc()
     _patch_producer()
     _patch_broker()
     _patch_consumer()
+
+
+def _patch_gc() -> None:
+    """Every garbage collection of the process: ("gc", generation, t_start, t_end, objects tracked before it)."""
+    import gc
+
+    started = [0, 0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = _now()
+            started[1] = sum(gc.get_count()) if info["generation"] < 2 else -1
+        else:
+            _rec("gc", info["generation"], started[0], _now(), info["collected"])
+
+    gc.callbacks.append(on_gc)
 
 
 def _patch_producer() -> None:
@@ -190,7 +213,9 @@ def _patch_broker() -> None:
         req = event.request
         if isinstance(req, m.FetchRequest):
             n = len(self.replies)
+            deferred = len(self.deferred)
             orig_handle(self, event)
+            _rec("fetchreq", req.partition, req.offset, _state["handle"], len(self.deferred) > deferred)
             # the reply slot it appended (if not answered at once)
             for r in list(self.replies)[n:]:
                 reply_part[id(r)] = req.partition
@@ -207,6 +232,11 @@ def _patch_broker() -> None:
         t = _now()
         if isinstance(result, m.ProduceResponse):
             _rec("ack", result.partition, result.base_offset, t)
+        elif isinstance(result, m.MultiFetchResponse):
+            for fetched in result.partitions:
+                first, last = _batch_range(fetched.records)
+                if first >= 0:
+                    _rec("reply", fetched.partition, first, last, fetched.log_end_offset, t)
         else:
             p = reply_part.pop(id(reply), None)
             records = None
@@ -265,11 +295,59 @@ def _patch_broker() -> None:
         orig_wake = wm.FetchWaiters._wake
 
         def wake(self: Any, waiter: Any, timed_out: bool) -> None:
-            if not timed_out and waiter.armed and not waiter.finished and len(waiter.keys) == 1:
-                _rec("woken", waiter.keys[0][1], _now())
+            if not timed_out and waiter.armed and not waiter.finished:
+                t = _now()
+                for key in waiter.keys:
+                    _rec("woken", key[1], t)
             orig_wake(self, waiter, timed_out)
 
         wm.FetchWaiters._wake = wake  # type: ignore[method-assign]
+
+        orig_rearm = wm.FetchWaiters.rearm
+
+        def rearm(self: Any, waiter: Any) -> None:
+            if not _state.get("parking") and not waiter.armed and not waiter.finished:  # not the first arming
+                for key in waiter.keys:
+                    _rec("rearm", key[1], _now())
+            orig_rearm(self, waiter)
+
+        wm.FetchWaiters.rearm = rearm  # type: ignore[method-assign]
+
+        orig_park = wm.FetchWaiters.park
+
+        def park(self: Any, *a: Any, **k: Any) -> Any:
+            _state["parking"] = True
+            try:
+                return orig_park(self, *a, **k)
+            finally:
+                _state["parking"] = False
+
+        wm.FetchWaiters.park = park  # type: ignore[method-assign]
+
+        orig_time_up = wm.FetchWaiters._time_up
+
+        def time_up(self: Any, waiter: Any) -> None:
+            for key in waiter.keys:
+                _rec("timeup", key[1], _now())
+            orig_time_up(self, waiter)
+
+        wm.FetchWaiters._time_up = time_up  # type: ignore[method-assign]
+
+
+def _batch_range(records: bytes) -> tuple[int, int]:
+    """Base offsets of the first and the last whole batch in ``records`` (-1, -1: none)."""
+    from metaq.protocol.records import peek_length
+
+    first = last = -1
+    pos = 0
+    while True:
+        peeked = peek_length(records, pos)
+        if peeked is None or pos + peeked[1] > len(records):
+            return first, last
+        if first < 0:
+            first = peeked[0]
+        last = peeked[0]
+        pos += peeked[1]
 
 
 def _patch_consumer() -> None:
@@ -278,12 +356,31 @@ def _patch_consumer() -> None:
     orig_fetch = cm.Fetcher.fetch
 
     async def fetch(self: Any, *a: Any, **k: Any) -> Any:
+        if len(a) >= 3:
+            _rec("fetch", getattr(a[1], "partition", a[1]), a[2], _now())
         r = await orig_fetch(self, *a, **k)
         if r.messages:
             _rec("recv", r.messages[0].partition, [x.offset for x in r.messages], _state["data"], _now())
         return r
 
     cm.Fetcher.fetch = fetch  # type: ignore[method-assign]
+
+    orig_many = cm.Fetcher.fetch_many
+
+    async def fetch_many(self: Any, conn: Any, wanted: Any, *a: Any, **k: Any) -> Any:
+        # the bench's `--consumer multi`: what a MultiFetch returns is handed to the application at once
+        for _topic, p, offset, _max in wanted:
+            _rec("fetch", p.partition, offset, _now())
+        results = await orig_many(self, conn, wanted, *a, **k)
+        t = _now()
+        for r in results:
+            if getattr(r, "messages", None):
+                offsets = [x.offset for x in r.messages]
+                _rec("recv", r.messages[0].partition, offsets, _state["data"], t)
+                _rec("yield", r.messages[0].partition, offsets, t)
+        return results
+
+    cm.Fetcher.fetch_many = fetch_many  # type: ignore[method-assign]
 
     orig_iter = cm.PullConsumer.iterate_batches
 

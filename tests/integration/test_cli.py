@@ -139,11 +139,19 @@ def test_bench_e2e_with_fsync_per_ack_measures_the_disks_fdatasync_in_the_same_r
     assert set(doc["fdatasync_ms"]) == {"p50", "p99", "p999", "max"}
     assert 0 < doc["fdatasync_ms"]["p50"] <= doc["fdatasync_ms"]["max"]
     assert doc["latency_ms"]["p50"] > 0
-    # without fsync per ack there is nothing to compare with
+    assert doc["spec"]["gc_freeze"] is True  # the clients freeze their start-up objects, as the broker does
+    # without fsync per ack there is nothing to compare with; --no-gc-freeze measures clients that do not freeze
     done = metaq("bench", "e2e", "--flush", "1000", "--rate", "1000", "-n", "100", "-d", "1", "--partitions", "1",
-                 "--json")
+                 "--no-gc-freeze", "--json")
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["fdatasync_ms"] == {}
+    doc = json.loads(done.stdout)
+    assert doc["fdatasync_ms"] == {} and doc["spec"]["gc_freeze"] is False and doc["messages"] == 100
+    # --consumer multi: one MultiFetch loop over every partition delivers them all
+    done = metaq("bench", "e2e", "--flush", "1000", "--rate", "1000", "-n", "200", "-d", "1", "--partitions", "3",
+                 "--consumer", "multi", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert (doc["messages"], doc["failures"], doc["spec"]["consumer"]) == (200, 0, "multi")
 
 
 def test_produce_to_a_partition_of_a_missing_topic_is_an_error(broker: BrokerProcess) -> None:

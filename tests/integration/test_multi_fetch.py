@@ -199,3 +199,42 @@ def test_a_group_member_consumes_1000_partitions_exactly_once_in_order_over_one_
         await session.close()
 
     uvloop.run(main())
+
+
+def test_a_burst_of_produces_in_one_write_reaches_a_waiting_multi_fetch_in_one_reply(
+        broker_factory: Callable[..., BrokerProcess]) -> None:
+    # a producer's burst (one batch per partition, one write) woke the MultiFetch at its first append and
+    # the other partitions waited a consumer round trip; now the reply leaves once the burst is handled
+    broker = broker_factory({"numPartitions": 4})
+    stats, consumer = RawClient.to(broker), RawClient.to(broker)
+    result: dict[str, Any] = {}
+    _produce(stats, "burst", 0, [b"x"])  # creates the topic; the poll waits after this message
+
+    def poll_after_first() -> None:
+        result["reply"] = consumer.call(m.MultiFetchRequest(60_000, 1, 1 << 20, "", [
+            m.FetchPartition("burst", 0, 1, 1 << 16), *(m.FetchPartition("burst", p, 0, 1 << 16) for p in (1, 2, 3))]))
+
+    t = threading.Thread(target=poll_after_first)
+    t.start()
+    wait_until(lambda: _stats(stats).get("waiting_fetches", 0) == 1, message="the MultiFetch waiting")
+    sock = socket.create_connection((broker.host, broker.port), timeout=30)
+    codec = ClientConnection("producer")
+    frames = b"".join(codec.send(m.ProduceRequest("burst", p, 1, 5000, encode_values([b"p%d" % p], 1)))[1]
+                      for p in range(4))
+    sock.sendall(frames)  # one write, read by the broker in one go
+    t.join(30)
+    assert not t.is_alive(), "the long poll was not woken by the burst"
+    reply = result["reply"]
+    assert reply.error_code == 0
+    assert {p.partition: _values("burst", p, 1 if p.partition == 0 else 0) for p in reply.partitions} == {
+        p: [b"p%d" % p] for p in range(4)}
+    acks = 0
+    while acks < 4:  # and the burst's acks came too
+        while (event := codec.next_event()) is not NEED_DATA:
+            assert event.response.error_code == 0
+            acks += 1
+        if acks < 4:
+            chunk = sock.recv(1 << 16)
+            assert chunk, "the broker closed the connection"
+            codec.receive_data(chunk)
+    sock.close()

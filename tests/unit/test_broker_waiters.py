@@ -112,3 +112,39 @@ def test_a_parked_waiter_is_woken_inside_notify_can_rearm_and_its_timer_ends_it(
         assert woken == [False, False, True] and (waiters.waiting, owner.waiting_fetches) == (0, 0)
 
     asyncio.run(scenario())
+
+
+def test_a_multi_partition_waiter_woken_during_a_read_is_answered_once_at_its_end() -> None:
+    async def scenario() -> None:
+        waiters = FetchWaiters(max_waiting=10)
+        calls: list[str] = []
+        multi = waiters.park([("t", 0), ("t", 1), ("t", 2)], 600, None, lambda timed_out: calls.append("multi"))
+        single = waiters.park([("t", 1)], 600, None, lambda timed_out: calls.append("single"))
+        waiters.hold()  # a transport handles one read: three produces, to partitions 0, 1 and 2
+        waiters.notify("t", 0)
+        waiters.notify("t", 1)
+        assert calls == ["single"]  # a single-partition fetch is answered inside its append
+        waiters.notify("t", 2)
+        waiters.release()
+        assert calls == ["single", "multi"]  # once, with what the whole read appended
+        waiters.finish(multi)
+        waiters.finish(single)
+        assert waiters.waiting == 0
+
+        # a waiter that rearms (nothing it may see yet) is in its partitions' sets again, and finished while
+        # held (its connection closed during the read) it is never called back
+        rearmed = waiters.park([("t", 0), ("t", 1)], 600, None, lambda timed_out: waiters.rearm(rearmed))
+        waiters.hold()
+        waiters.notify("t", 0)
+        waiters.release()
+        assert rearmed.armed and not rearmed.finished
+        dropped = waiters.park([("u", 0), ("u", 1)], 600, None, lambda timed_out: calls.append("dropped"))
+        waiters.hold()
+        waiters.notify("u", 1)
+        waiters.finish(dropped)
+        waiters.release()
+        assert calls == ["single", "multi"]
+        waiters.finish(rearmed)
+        assert waiters.waiting == 0
+
+    asyncio.run(scenario())

@@ -205,8 +205,11 @@ class BrokerProtocol(asyncio.Protocol):
 
     def _process(self) -> None:
         """Handle the whole requests buffered, unless (or until) the connection is muted by a throttle. The
-        replies answered meanwhile (produce acks, above all) leave in one write at the end, not one each."""
+        replies answered meanwhile (produce acks, above all) leave in one write at the end, not one each;
+        the multi-partition fetches its appends woke are answered just before (``FetchWaiters.hold``)."""
         self.receiving = True
+        waiters = self.broker.waiters
+        waiters.hold()
         try:
             while not self.muted:
                 try:
@@ -231,6 +234,7 @@ class BrokerProtocol(asyncio.Protocol):
                 if self.session.throttle_ms:
                     self._throttle()
         finally:
+            waiters.release()
             self.receiving = False
             if self.transport is not None and not self.transport.is_closing():
                 self._pump()

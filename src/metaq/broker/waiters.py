@@ -45,6 +45,12 @@ class FetchWaiters:
     leaves the sets in O(1) each, so ten thousand polls of a closed connection are released in
     milliseconds.
 
+    A waiter on several partitions (a MultiFetch) woken while a transport handles one read
+    (:meth:`hold` ... :meth:`release`) is answered at the end of that read, still before the read's
+    acks are written: the produces of one read (a producer's burst, one batch per partition) then
+    leave in ONE reply, not the first partition now and the others a consumer round trip later. A
+    single-partition waiter has nothing to gain from waiting and is answered inside the append.
+
     The number of waiting fetches is bounded twice: in all (``max_waiting``) and per owner, a
     connection (``max_waiting_per_owner``), so that one connection cannot take every slot. Past either
     limit a fetch gets TOO_MANY_REQUESTS instead of holding memory and a socket. A waiting fetch gives
@@ -56,6 +62,9 @@ class FetchWaiters:
         self.max_waiting_per_owner = min(max_waiting, max_waiting_per_owner or max_waiting)
         self.waiting = 0
         self._waiting: dict[tuple[str, int], set[Waiter]] = {}
+        self._holding = 0
+        self._held: list[Waiter] = []
+        """Multi-partition waiters woken while holding: answered by :meth:`release`."""
 
     def park(self, partitions: Iterable[tuple[str, int]], timeout_s: float, owner: WaitOwner | None,
              on_wake: Callable[[bool], None]) -> Waiter:
@@ -150,11 +159,33 @@ class FetchWaiters:
             self.finish(waiter)
 
     def notify(self, topic: str, partition: int) -> None:
-        """An append (or a high watermark) moved: wake the partition's waiters, here and now."""
+        """An append (or a high watermark) moved: wake the partition's waiters, here and now (a
+        multi-partition waiter, while holding: at :meth:`release`)."""
         waiters = self._waiting.pop((topic, partition), None)
         if waiters:
             for waiter in tuple(waiters):
+                if self._holding and len(waiter.keys) > 1:
+                    if waiter.armed and not waiter.finished:
+                        self._disarm(waiter)
+                        self._held.append(waiter)
+                    continue
                 self._wake(waiter, False)
+
+    def hold(self) -> None:
+        """A transport starts handling the requests of one read (calls nest; each needs its :meth:`release`)."""
+        self._holding += 1
+
+    def release(self) -> None:
+        """The read is handled: answer the multi-partition waiters its appends woke, once each."""
+        self._holding -= 1
+        if self._holding or not self._held:
+            return
+        held, self._held = self._held, []
+        for waiter in held:
+            if waiter.finished:
+                continue
+            waiter.armed = True  # as it was when woken: _wake disarms it again and calls it back
+            self._wake(waiter, False)
 
     def notify_all(self) -> None:
         everyone, self._waiting = self._waiting, {}

@@ -125,6 +125,12 @@ def bench_consume(**kwargs: Any) -> None:
 @_common
 @click.option("--rate", type=click.IntRange(1), default=20_000, show_default=True,
               help="Messages per second the producer offers.")
+@click.option("--consumer", type=click.Choice(["partition", "multi"]), default="partition", show_default=True,
+              help="partition: one iterate_batches per partition (a connection and a long poll each); multi: one "
+                   "PullConsumer.get_many loop over every partition (one MultiFetch long poll, one connection).")
+@click.option("--gc-freeze/--no-gc-freeze", default=True, show_default=True,
+              help="The producer and consumer processes freeze what is alive once connected (gc.freeze(), as the "
+                   "broker does after start-up), so that a full garbage collection does not stop them for 10-30 ms.")
 def bench_e2e(**kwargs: Any) -> None:
     """End-to-end latency (producer append to consumer delivery) at a fixed offered rate."""
     _run("e2e", **kwargs)

@@ -394,7 +394,10 @@ class PullConsumer:
             return out
 
         groups = list(by_broker.items())
-        answers = await asyncio.gather(*(one_broker(b, w) for b, w in groups))
+        if len(groups) == 1:  # one broker: awaited here, without gather's task (a loop step per call)
+            answers = [await one_broker(*groups[0])]
+        else:
+            answers = await asyncio.gather(*(one_broker(b, w) for b, w in groups))
         results: dict[tuple[str, PartitionId], FetchResult | MetaqError] = {}
         for (_b, wanted), answer in zip(groups, answers, strict=True):
             for (topic, p, _o, _m), result in zip(wanted, answer, strict=True):

@@ -4,10 +4,15 @@ waiting for an append's acknowledgement (the flush policy, then sync replication
 from __future__ import annotations
 
 import asyncio
+import functools
+import weakref
+from collections import deque
 from collections.abc import Awaitable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from metaq.broker.error_mapping import error_response
+from metaq.broker.session import DeferredReply
 from metaq.errors import (
     CorruptMessageError,
     DuplicateSequenceError,
@@ -15,6 +20,7 @@ from metaq.errors import (
     OutOfOrderSequenceError,
     StorageFailureError,
 )
+from metaq.protocol import messages as m
 from metaq.protocol.records import ProducerStamp
 from metaq.storage.log import PartitionLog
 from metaq.storage.producers import StoredBatch
@@ -51,3 +57,54 @@ async def await_ack(durable: Future[Any] | None, replicated: Awaitable[None] | N
     return response
 
 
+
+
+def ack_when_durable(durable: Future[Any], response: m.ProduceResponse) -> DeferredReply:
+    """The produce's ack as a :class:`DeferredReply`, resolved on the event loop once ``durable`` is (its
+    fsync done): what :func:`await_ack` does for a produce with no sync replication, without a task.
+
+    The acks whose fsyncs finish together (one flusher round) are answered from ONE loop callback, woken
+    by one ``call_soon_threadsafe``: not one wake-up, then one task step, per ack."""
+    reply = DeferredReply()
+    acks = _DURABLE_ACKS.get(loop := asyncio.get_running_loop())
+    if acks is None:
+        acks = _DURABLE_ACKS[loop] = _DurableAcks(loop)
+    durable.add_done_callback(functools.partial(acks.done, reply, response))
+    return reply
+
+
+class _DurableAcks:
+    """Durable futures completed in the flusher's threads, handed to the loop in batches."""
+
+    __slots__ = ("__weakref__", "_loop", "_ready", "_scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._ready: deque[tuple[DeferredReply, m.ProduceResponse, Future[Any]]] = deque()
+        self._scheduled = False
+
+    def done(self, reply: DeferredReply, response: m.ProduceResponse, durable: Future[Any]) -> None:
+        """In the thread that completed ``durable``: queue the ack, wake the loop unless already woken."""
+        self._ready.append((reply, response, durable))
+        if not self._scheduled:
+            self._scheduled = True  # two threads racing here wake the loop twice: harmless
+            try:
+                self._loop.call_soon_threadsafe(self._answer)
+            except RuntimeError:  # the loop is closed (the broker stopped): nobody is left to answer
+                pass
+
+    def _answer(self) -> None:
+        self._scheduled = False  # before draining: an ack queued from now on wakes the loop again
+        ready = self._ready
+        while ready:
+            reply, response, durable = ready.popleft()
+            exc = durable.exception()
+            if exc is None:
+                reply.resolve(response)
+            else:
+                reply.resolve(error_response(m.ProduceRequest.API_KEY, StorageFailureError(
+                    f"the batch was written but not made durable: {exc}")))
+
+
+_DURABLE_ACKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _DurableAcks] = weakref.WeakKeyDictionary()
+"""One per event loop (a test process runs several brokers, each on its own loop)."""

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from metaq.broker.core import check_topic_name
 from metaq.broker.delay.handler import produce_delayed
-from metaq.broker.handlers.appending import await_ack, check_sequence
+from metaq.broker.handlers.appending import ack_when_durable, await_ack, check_sequence
 from metaq.broker.handlers.transactions import put_into_transaction
 from metaq.broker.session import Session
 from metaq.errors import (
@@ -92,8 +92,10 @@ def handle_produce(broker: Broker, req: m.ProduceRequest, session: Session | Non
                                  base_message_id=result.base_message_id, append_time_ms=result.append_time_ms)
     durable = result.durable if result.wait_for_durable and not result.durable.done() else None
     replicated = ha.after_append(plog, result.last_offset + 1) if ha is not None else None
-    if durable is not None or replicated is not None:
+    if replicated is not None:
         return await_ack(durable, replicated, response)
+    if durable is not None:
+        return ack_when_durable(durable, response)
     return response
 
 
