@@ -182,9 +182,9 @@ def _patch_producer() -> None:
 
     orig_on_data = cm.BrokerConnection._on_data
 
-    def on_data(self: Any, data: bytes) -> None:
+    def on_data(self: Any, nbytes: int) -> None:  # the client's receive hook (bytes received into its buffer)
         _state["data"] = _now()
-        return orig_on_data(self, data)
+        return orig_on_data(self, nbytes)
 
     cm.BrokerConnection._on_data = on_data  # type: ignore[method-assign]
 
