@@ -63,6 +63,8 @@ from metaq.types import PartitionId
 
 log = logging.getLogger("metaq.cluster.zookeeper")
 
+RECHECK_AFTER_DELETE_S = (1.0, 3.0, 10.0)
+"""After a watched broker or topic node is deleted, when to look whether it is back (see _check_later)."""
 _PREVIOUS_SESSION_SLACK_S = 5.0
 """After a kill -9, the old session's ephemeral nodes live until its timeout: wait that long plus this."""
 
@@ -187,22 +189,49 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         ChildrenWatch(self._client, path, watcher)
 
     def _watch_data(self, path: str, func: Callable[[bytes | None], bool]) -> None:
-        """Watch one child node for good: ``func(data)`` (None: the node is gone) is called for every change,
-        its deletion and its creation again, until it returns False (its parent left the view) or the path
-        is forgotten. Each node's calls come in the order of its reads (kazoo runs them one at a time)."""
+        """Watch one child node for good: ``func(data)`` (None: the node is gone) applies each change to the
+        watched state, under the lock, and returns False when its parent left the view (the watch stops).
+        A newer watch of the same path (:meth:`_rewatch`) silences this one at once: the generation is checked
+        under the lock with the change, so an older watch can never apply a change after a newer one."""
         gen = self._next_generation(path)
 
         def watcher(data: bytes | None, stat: Any) -> bool:
-            if self._closed or self._watches.get(path) != gen:
-                return False
-            if func(data):
-                return True
             with self._lock:
-                if self._watches.get(path) == gen:
+                if self._closed or self._watches.get(path) != gen:
+                    return False
+                keep = func(data)
+                if not keep:
                     del self._watches[path]
-            return False
+            self._publish()
+            return keep
 
         DataWatch(self._client, path, watcher)
+
+    def _rewatch(self, path: str, func: Callable[[bytes | None], bool]) -> None:
+        """A new data watch of ``path`` (it reads the node now and applies what is there); the old one stops."""
+        if not self._closed:
+            self._watch_data(path, func)
+
+    def _check_later(self, path: str, func: Callable[[bytes | None], bool], present: Callable[[], bool]) -> None:
+        """After a watched node was deleted: look again a few times whether it is back while the view still
+        lacks it, and watch it anew if so. A master handing over deletes its nodes and its successor makes
+        them again at once; were the watch's event for the new node ever missed, the view would lack it until
+        the next change (seen once in a test, tens of seconds without a publishable partition)."""
+        def check() -> None:
+            if self._closed or path not in self._watches or present():
+                return
+            try:
+                there = self._client.exists(path) is not None
+            except KazooException:
+                return  # the session's own recovery reads everything again
+            if there and not present():
+                log.info("ZooKeeper node %s is back but its watch has not said so: watching it anew", path)
+                self._rewatch(path, func)
+
+        for delay in RECHECK_AFTER_DELETE_S:
+            timer = threading.Timer(delay, self._work.put, args=(check,))
+            timer.daemon = True
+            timer.start()
 
     def _next_generation(self, path: str) -> int:
         with self._lock:
@@ -247,15 +276,18 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
 
     def _on_broker_nodes(self, broker_id: int, names: list[str]) -> None:
         wanted = [n for n in names if n == "master" or layout.parse_slave_node(n) is not None]
-        with self._lock:
-            if broker_id not in self._brokers:
-                return
         parent = self.paths.broker(broker_id)
-        for name in self._unwatched(parent, wanted):
+        with self._lock:
+            nodes = self._brokers.get(broker_id)
+            if nodes is None:
+                return
+            missing = [n for n in wanted if n not in nodes and f"{parent}/{n}" in self._watches]
+        for name in self._unwatched(parent, wanted) + missing:  # missing: listed but not in the view, read anew
             path = f"{parent}/{name}"
             self._watch_data(path, functools.partial(self._on_broker_node, broker_id, name, path))
 
     def _on_broker_node(self, broker_id: int, name: str, path: str, data: bytes | None) -> bool:
+        """Apply a broker node's data (None: deleted) to the watched state; called under the lock."""
         address: Address | None = None
         tls_port: int | None = None
         if data is not None:
@@ -264,19 +296,19 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
                 tls_port = layout.parse_broker_tls_port(data)
             except LayoutError as exc:
                 self._bad(path, str(exc))
-        with self._lock:
-            nodes = self._brokers.get(broker_id)
-            if nodes is None:
-                return False  # the broker id left; a watch is made again if it comes back
-            if address is None:
-                nodes.pop(name, None)
-            else:
-                nodes[name] = address
-            if address is None or tls_port is None:
-                self._tls_ports.pop((broker_id, name), None)
-            else:
-                self._tls_ports[(broker_id, name)] = tls_port
-        self._publish()
+        nodes = self._brokers.get(broker_id)
+        if nodes is None:
+            return False  # the broker id left; a watch is made again if it comes back
+        if address is None:
+            if nodes.pop(name, None) is not None and data is None:
+                self._check_later(path, functools.partial(self._on_broker_node, broker_id, name, path),
+                                  lambda: name in self._brokers.get(broker_id, {}))
+        else:
+            nodes[name] = address
+        if address is None or tls_port is None:
+            self._tls_ports.pop((broker_id, name), None)
+        else:
+            self._tls_ports[(broker_id, name)] = tls_port
         return True
 
     def _on_topics(self, publish: bool, topics: list[str]) -> None:
@@ -303,28 +335,31 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
             except LayoutError as exc:
                 self._bad(f"{parent}/{name}", str(exc))
         with self._lock:
-            if topic not in self._topics[publish]:
+            nodes = self._topics[publish].get(topic)
+            if nodes is None:
                 return
-        for name in self._unwatched(parent, valid):
+            missing = [n for n in valid if n not in nodes and f"{parent}/{n}" in self._watches]
+        for name in self._unwatched(parent, valid) + missing:  # missing: listed but not in the view, read anew
             path = f"{parent}/{name}"
             self._watch_data(path, functools.partial(self._on_topic_node, publish, topic, name, path))
 
     def _on_topic_node(self, publish: bool, topic: str, name: str, path: str, data: bytes | None) -> bool:
+        """Apply a topic node's data (None: deleted) to the watched state; called under the lock."""
         count: int | None = None
         if data is not None:
             try:
                 count = layout.parse_topic_broker_data(data)
             except LayoutError as exc:
                 self._bad(path, str(exc))
-        with self._lock:
-            nodes = self._topics[publish].get(topic)
-            if nodes is None:
-                return False  # the topic left; a watch is made again if it comes back
-            if count is None:
-                nodes.pop(name, None)
-            else:
-                nodes[name] = count
-        self._publish()
+        nodes = self._topics[publish].get(topic)
+        if nodes is None:
+            return False  # the topic left; a watch is made again if it comes back
+        if count is None:
+            if nodes.pop(name, None) is not None and data is None:
+                self._check_later(path, functools.partial(self._on_topic_node, publish, topic, name, path),
+                                  lambda: name in self._topics[publish].get(topic, {}))
+        else:
+            nodes[name] = count
         return True
 
     def _bad(self, path: str, problem: str) -> None:
