@@ -69,6 +69,16 @@ _PREVIOUS_SESSION_SLACK_S = 5.0
 """After a kill -9, the old session's ephemeral nodes live until its timeout: wait that long plus this."""
 
 
+def _disagreeing(listed: list[str], in_view: Mapping[str, object], parent: str,
+                 watches: Mapping[str, int]) -> list[str]:
+    """Watched children on which a children list and the view disagree (listed but not in the view, or in
+    the view but not listed): each is read anew (a new data watch), which settles it either way. The read
+    comes after the list's, so it is the newer word; normally the node's own watch has already said the same."""
+    names = set(listed)
+    odd = [n for n in listed if n not in in_view] + [n for n in in_view if n not in names]
+    return sorted(n for n in odd if f"{parent}/{n}" in watches)
+
+
 class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
     """MetaQ's znodes under ``root`` on the ZooKeeper ensemble ``connect`` (``host:port[,host:port]``)."""
 
@@ -281,8 +291,8 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
             nodes = self._brokers.get(broker_id)
             if nodes is None:
                 return
-            missing = [n for n in wanted if n not in nodes and f"{parent}/{n}" in self._watches]
-        for name in self._unwatched(parent, wanted) + missing:  # missing: listed but not in the view, read anew
+            disagree = _disagreeing(wanted, nodes, parent, self._watches)
+        for name in self._unwatched(parent, wanted) + disagree:
             path = f"{parent}/{name}"
             self._watch_data(path, functools.partial(self._on_broker_node, broker_id, name, path))
 
@@ -338,8 +348,8 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
             nodes = self._topics[publish].get(topic)
             if nodes is None:
                 return
-            missing = [n for n in valid if n not in nodes and f"{parent}/{n}" in self._watches]
-        for name in self._unwatched(parent, valid) + missing:  # missing: listed but not in the view, read anew
+            disagree = _disagreeing(valid, nodes, parent, self._watches)
+        for name in self._unwatched(parent, valid) + disagree:
             path = f"{parent}/{name}"
             self._watch_data(path, functools.partial(self._on_topic_node, publish, topic, name, path))
 
