@@ -238,10 +238,13 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
                 log.info("ZooKeeper node %s is back but its watch has not said so: watching it anew", path)
                 self._rewatch(path, func)
 
-        for delay in RECHECK_AFTER_DELETE_S:
-            timer = threading.Timer(delay, self._work.put, args=(check,))
-            timer.daemon = True
-            timer.start()
+        def schedule() -> None:  # on the worker thread: never start threads under the lock in a watch callback
+            for delay in RECHECK_AFTER_DELETE_S:
+                timer = threading.Timer(delay, self._work.put, args=(check,))
+                timer.daemon = True
+                timer.start()
+
+        self._work.put(schedule)
 
     def _next_generation(self, path: str) -> int:
         with self._lock:
