@@ -63,8 +63,10 @@ from metaq.types import PartitionId
 
 log = logging.getLogger("metaq.cluster.zookeeper")
 
-RECHECK_AFTER_DELETE_S = (1.0, 3.0, 10.0)
+RECHECK_AFTER_DELETE_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
 """After a watched broker or topic node is deleted, when to look whether it is back (see _check_later)."""
+OWNER_POLL_S = 0.2
+"""While a node held by another session is waited for (a handover), how often it is looked at again."""
 _PREVIOUS_SESSION_SLACK_S = 5.0
 """After a kill -9, the old session's ephemeral nodes live until its timeout: wait that long plus this."""
 
@@ -523,7 +525,9 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
                     raise
                 gone = threading.Event()
                 if self._client.exists(path, watch=lambda _e, g=gone: g.set()) is not None:
-                    gone.wait(remaining)
+                    # woken by the watch, and looking again every OWNER_POLL_S anyway: a handover must not
+                    # hang on one watch event (a missed one cost seconds of "every partition closed")
+                    gone.wait(min(remaining, OWNER_POLL_S))
 
     def _keep(self, path: str, data: bytes, *, wait_for_owner_s: float = 0.0) -> None:
         self._create_ephemeral(path, data, wait_for_owner_s=wait_for_owner_s)
