@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import heapq
 import json
 import logging
 import queue
@@ -68,6 +69,8 @@ RECHECK_AFTER_DELETE_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
 OWNER_POLL_S = 0.2
 """While a node held by another session is waited for (a handover), how often it is looked at again."""
 _PREVIOUS_SESSION_SLACK_S = 5.0
+_WAKE: Callable[[], None] = lambda: None  # noqa: E731
+"""Queued to wake the worker for its delayed jobs."""
 """After a kill -9, the old session's ephemeral nodes live until its timeout: wait that long plus this."""
 
 
@@ -124,6 +127,9 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         """group ids path -> the listeners of its one watch"""
         self._closed = False
         self._work: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._later: list[tuple[float, int, Callable[[], None]]] = []
+        """Delayed jobs (due time.monotonic(), sequence, job), a heap the worker runs them from."""
+        self._seq = 0
         self._worker = threading.Thread(target=self._run_worker, name="metaq-zk-worker", daemon=True)
 
     # ------------------------------------------------------------------ lifecycle
@@ -240,13 +246,13 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
                 log.info("ZooKeeper node %s is back but its watch has not said so: watching it anew", path)
                 self._rewatch(path, func)
 
-        def schedule() -> None:  # on the worker thread: never start threads under the lock in a watch callback
+        now = time.monotonic()
+        with self._lock:
             for delay in RECHECK_AFTER_DELETE_S:
-                timer = threading.Timer(delay, self._work.put, args=(check,))
-                timer.daemon = True
-                timer.start()
-
-        self._work.put(schedule)
+                self._seq += 1
+                heapq.heappush(self._later, (now + delay, self._seq, check))
+        self._work.put(_WAKE)  # the worker runs them when due (one thread for all: a broker leaving with
+        # a thousand topics must not start thousands of timers in every client)
 
     def _next_generation(self, path: str) -> int:
         with self._lock:
@@ -481,14 +487,26 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         return path.startswith(self.paths.consumers + "/") and "/owners/" in path
 
     def _run_worker(self) -> None:
+        """Run the queued jobs, and the delayed ones (:meth:`_check_later`) when they are due."""
         while True:
-            job = self._work.get()
+            with self._lock:
+                wait = max(0.0, self._later[0][0] - time.monotonic()) if self._later else None
+            try:
+                job = self._work.get(timeout=wait)
+            except queue.Empty:
+                job = _WAKE
             if job is None:
                 return
-            try:
-                job()
-            except Exception:
-                log.exception("ZooKeeper registry job failed")
+            jobs = [job] if job is not _WAKE else []
+            with self._lock:
+                now = time.monotonic()
+                while self._later and self._later[0][0] <= now:
+                    jobs.append(heapq.heappop(self._later)[2])
+            for run in jobs:
+                try:
+                    run()
+                except Exception:
+                    log.exception("ZooKeeper registry job failed")
 
     def _restore_registrations(self) -> None:
         with self._lock:
