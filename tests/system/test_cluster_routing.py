@@ -168,6 +168,9 @@ def test_zookeeper_stopped_and_restarted_under_load_producing_and_consuming_go_o
             stop_consuming.set()
             load.stop()
             with connect(**session_options) as session:  # wakes the reader's long poll: it sees the stop
+                # (broker 1 may still be registering again after a session expiry: see the read back below)
+                wait_until(lambda: any((p.broker_id, p.partition) == (1, 0) for p in session.partitions("t")), 30,
+                           message="partition 1-0 in the cluster's metadata again")
                 session.create_producer(lambda topic, partitions, message: next(
                     p for p in partitions if (p.broker_id, p.partition) == (1, 0))).send(Message("t", b"wake"))
             reader.join(30)
