@@ -3,13 +3,14 @@ and what ZooKeeper reports (a broker joining or leaving) reaches the session's m
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from metaq.client import Message, connect
-from metaq.errors import ConfigError, ConnectionClosedError
+from metaq.client import Message, MessageSessionFactory, connect
+from metaq.errors import ConfigError, ConnectionClosedError, PartitionClosedError
 from metaq.testing import BrokerProcess, wait_until
 from metaq.types import PartitionId as P
 
@@ -41,3 +42,50 @@ def test_cluster_mode_refusals_are_clear(zookeeper: Any, zk_root: str) -> None:
         connect("127.0.0.1:1", zk_connect=zookeeper.connect_string)
     with pytest.raises(ConnectionClosedError, match="no metaq broker is registered"):
         connect(zk_connect=zookeeper.connect_string, zk_root=zk_root + "-empty", zk_connection_timeout_ms=5000)
+
+
+def test_a_send_while_every_partition_is_closed_waits_for_one_to_open_in_cluster_mode(
+        cluster_factory: Callable[..., BrokerProcess], zookeeper: Any, zk_root: str) -> None:
+    """In cluster mode "every partition closed" is also how a master's handover looks for a moment (the old
+    master's topic node gone, the new one's not yet there): a send then waits for the view to change, in order,
+    up to the producer's request timeout, instead of failing at once (and a caller's retry loop spinning)."""
+    cluster_factory(1, topics="[topic=gate]\nnumPartitions=2\n")
+
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(zk_connect=zookeeper.connect_string, zk_root=zk_root) as session:
+            admin = session.admin()
+
+            async def close_every_partition() -> None:
+                await admin.close_partition("gate")
+                # the broker's topic node leaves ZooKeeper, then the session's view follows
+                while any(p.accept_publish for p in await session.partitions("gate")):
+                    await session._core.cluster_changed(10.0)
+
+            producer = session.create_producer()
+            assert (await producer.send(Message("gate", b"before"))).success
+            await close_every_partition()
+            held = [producer.send_async(Message("gate", b"held-%d" % i)) for i in range(6)]
+            await asyncio.sleep(0)
+            assert not any(f.done() for f in held), "a send failed at once although the topic may reopen"
+            await admin.open_partition("gate")
+            results = await asyncio.wait_for(asyncio.gather(*held), 30)
+            assert all(r.success for r in results), [r.error for r in results]
+            consumer = session.create_pull_consumer()
+            stored = {p: [bytes(m.data) for m in await consumer.get("gate", p, 0)] for p in (0, 1)}
+            # every held message stored once, where its result says, in send order within its partition
+            assert sorted(stored[0] + stored[1]) == sorted([b"before", *(b"held-%d" % i for i in range(6))])
+            for i, r in enumerate(results):
+                assert b"held-%d" % i in stored[r.partition]
+            for msgs in stored.values():
+                held_here = [x for x in msgs if x.startswith(b"held-")]
+                assert held_here == sorted(held_here), stored
+
+            # Still closed when the producer's request timeout passes: the sends fail, in order, with the reason.
+            short = session.create_producer(request_timeout_s=1.0)
+            await close_every_partition()
+            late = [short.send_async(Message("gate", b"late-%d" % i)) for i in range(3)]
+            outcomes = await asyncio.wait_for(asyncio.gather(*late), 30)
+            assert all(not r.success and isinstance(r.error, PartitionClosedError) for r in outcomes), outcomes
+            assert "stayed closed" in str(outcomes[0].error)
+
+    asyncio.run(main())

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import gc
 import itertools
 import logging
@@ -63,6 +64,7 @@ from metaq.errors import (
     InvalidArgument,
     MetaqError,
     OutOfOrderSequenceError,
+    PartitionClosedError,
     RequestTimeoutError,
     UnknownServerError,
     error_for_code,
@@ -518,6 +520,8 @@ class Producer:
         """The open local transaction: ``send`` goes into it (docs/transactions.md)."""
         self._closed = False
         self._closing = False
+        self._releasing_held = False
+        """While :meth:`_await_open` routes the messages it held: a refusal is their result, not a new wait."""
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -786,8 +790,11 @@ class Producer:
                 start = 1
             partitions = hot.get(first_topic)
             if partitions is not None:
-                self._place_many(first_topic, partitions, msgs, sizes, many, start)
-                return fut
+                try:
+                    self._place_many(first_topic, partitions, msgs, sizes, many, start)
+                    return fut
+                except PartitionClosedError:  # nothing placed: each message below gets its result (or waits)
+                    pass
         # Anything else (several topics, keys, delays, another selector): one message at a time, as send_async
         for token, message, size in zip(range(many.base + start, many.base + len(msgs)), msgs[start:], sizes[start:],
                                         strict=True):
@@ -1132,6 +1139,67 @@ class Producer:
             return
         self._append(message, (topic, ANY_PARTITION, self._core.default_broker_id, acks), waiter, size)
 
+    def _refused(self, message: Message, waiter: Any, size: int, acks: int, exc: MetaqError) -> None:
+        """The selector took no partition for ``message``: its failed result, except in cluster mode when
+        every partition of the topic is closed for publishing. That is how a master's handover looks
+        between the old master's topic node going and the new one's coming (docs/cluster.md), so the
+        message waits for the view to change (:meth:`_hold`), as a Kafka producer waits for a leader."""
+        if (isinstance(exc, PartitionClosedError) and self._core.registry is not None and not self._closing
+                and not self._releasing_held):
+            self._hold(message, waiter, size, acks)
+            return
+        self._resolve(waiter, SendResult(False, error=exc, topic=message.topic))
+
+    def _hold(self, message: Message, waiter: Any, size: int, acks: int) -> None:
+        """Keep ``message`` back, in order with its topic's later messages, until a partition of its topic
+        opens or the producer's request timeout passes (then it fails with PartitionClosedError)."""
+        topic = message.topic
+        self._hot.pop(topic, None)  # the topic's next sends go through _queue, behind this one
+        self._buffered += size
+        held = self._cold.get(topic)
+        if held is not None:
+            held.append((message, waiter, size, acks))
+            return
+        self._cold[topic] = [(message, waiter, size, acks)]
+        task = asyncio.ensure_future(self._await_open(topic))
+        self._cold_tasks.add(task)
+        task.add_done_callback(self._cold_tasks.discard)
+
+    async def _await_open(self, topic: str) -> None:
+        """:meth:`_hold`'s wait: on every cluster change applied, until the topic has an open partition."""
+        core, loop = self._core, self._loop
+        deadline = loop.time() + self._timeout_s
+        while True:
+            since = core.snapshots_applied
+            tm = core.metadata.cache.get(topic)
+            if tm is None:  # dropped from the cache (an admin call, a refused request): a snapshot leaves it out
+                with contextlib.suppress(MetaqError):
+                    tm = await core.metadata.refresh_topic(topic)
+            if tm is not None and any(p.accept_publish for p in tm.partitions):
+                break
+            remaining = deadline - loop.time()
+            if remaining <= 0 or self._closing:
+                tm = None
+                break
+            await core.cluster_changed(remaining, since)
+        held = self._cold.pop(topic, [])
+        self._releasing_held = True  # a message refused again now gets its failure, not another wait
+        try:
+            for message, waiter, size, acks in held:
+                self._buffered -= size
+                if tm is None:
+                    error = PartitionClosedError(f"every partition of topic {topic!r} stayed closed for publishing "
+                                                 f"for {self._timeout_s:g} s (request_timeout_s)")
+                    self._resolve(waiter, SendResult(False, error=error, topic=topic))
+                    continue
+                try:
+                    self._route(message, tm, waiter, size, acks)
+                except Exception as exc:
+                    self._resolve(waiter, SendResult(False, error=exc, topic=topic))
+        finally:
+            self._releasing_held = False
+        self._release_room()
+
     def _place(self, message: Message, partitions: Sequence[Partition], waiter: Any, size: int, acks: int) -> None:
         """The selector's partition, then its open batch. The common case -- no key, attribute, headers or
         delay, and room in an open batch without keys -- appends to the batch's columns right here."""
@@ -1141,7 +1209,7 @@ class Producer:
         except InvalidArgument:
             raise
         except MetaqError as exc:
-            self._resolve(waiter, SendResult(False, error=exc, topic=topic))
+            self._refused(message, waiter, size, acks, exc)
             return
         key: BatchKey = (topic, p.partition, p.broker_id, acks)
         self._place_at(message, partitions, key, self._acc.batches.get(key), waiter, size, acks)
@@ -1156,7 +1224,7 @@ class Producer:
         except InvalidArgument:
             raise
         except MetaqError as exc:
-            self._resolve(waiter, SendResult(False, error=exc, topic=topic))
+            self._refused(message, waiter, size, acks, exc)
             return
         key: BatchKey = (topic, p.partition, p.broker_id, acks)
         batch = self._acc.batches.get(key)
@@ -1202,7 +1270,7 @@ class Producer:
                 except InvalidArgument:
                     raise
                 except MetaqError as exc:
-                    self._resolve(waiter, SendResult(False, error=exc, topic=topic))
+                    self._refused(message, waiter, size, acks, exc)
                     return
                 key = (topic, p.partition, p.broker_id, acks)
         self._append(message, key, waiter, size)
