@@ -411,7 +411,8 @@ async def _e2e_producer(spec: BenchSpec, index: int, progress: Any) -> dict[str,
             all_acked.set()
 
     async with await MessageSessionFactory.connect(spec.servers or "", **spec.tls) as session:
-        producer = session.create_producer(linger_ms=spec.linger_ms, batch_bytes=spec.batch_bytes)
+        producer = session.create_producer(_selector(spec.selector), linger_ms=spec.linger_ms,
+                                           batch_bytes=spec.batch_bytes)
         await producer.send(Message(spec.topic, _TS.pack(0) + pad))
         _settle_gc(spec)
         start = time.perf_counter()

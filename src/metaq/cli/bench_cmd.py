@@ -88,6 +88,12 @@ def bench_group() -> None:
     """Measure throughput and latency against a real broker (embedded unless --servers)."""
 
 
+_selector_option = click.option(
+    "--selector", type=click.Choice(["roundrobin", "sticky"]), default="roundrobin", show_default=True,
+    help="Partition selector: roundrobin (RoundRobinSelector, per message) or sticky (StickyRoundRobinSelector, "
+         "per batch).")
+
+
 @bench_group.command("produce")
 @_common
 @click.option("--api", type=click.Choice(["batch", "async", "many", "sync", "oneway", "transaction"]), default="batch",
@@ -101,9 +107,7 @@ def bench_group() -> None:
               help="send_batch calls in flight per process.")
 @click.option("--idempotent", is_flag=True, help="An idempotent producer (enable_idempotence: batches stamped, "
               "retried duplicates dropped by the broker).")
-@click.option("--selector", type=click.Choice(["roundrobin", "sticky"]), default="roundrobin", show_default=True,
-              help="Partition selector: roundrobin (RoundRobinSelector, per message) or sticky "
-              "(StickyRoundRobinSelector, per batch).")
+@_selector_option
 def bench_produce(**kwargs: Any) -> None:
     """Producer throughput and ack latency."""
     _run("produce", **kwargs)
@@ -128,6 +132,7 @@ def bench_consume(**kwargs: Any) -> None:
 @click.option("--consumer", type=click.Choice(["partition", "multi"]), default="partition", show_default=True,
               help="partition: one iterate_batches per partition (a connection and a long poll each); multi: one "
                    "PullConsumer.get_many loop over every partition (one MultiFetch long poll, one connection).")
+@_selector_option
 @click.option("--gc-freeze/--no-gc-freeze", default=True, show_default=True,
               help="The producer and consumer processes freeze what is alive once connected (gc.freeze(), as the "
                    "broker does after start-up), so that a full garbage collection does not stop them for 10-30 ms.")
