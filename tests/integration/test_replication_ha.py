@@ -37,7 +37,7 @@ from metaq.errors import NotEnoughReplicasError, NotMasterError
 from metaq.protocol import messages as m
 from metaq.protocol.records import decode_fetched, encode_values
 from metaq.testing import BrokerProcess, wait_until
-from metaq.testing.history import ProduceLoad, check_history, maybe_stored, read_back
+from metaq.testing.history import ProduceLoad, check_history, read_back
 
 TOPIC = "orders"
 PARTITIONS = 3
@@ -328,11 +328,12 @@ def test_admin_promote_hands_over_under_load_without_loss_or_duplicates(
             # and back to replica 0, which now follows replica 2
             wait_isr(zk_client, zk_root, {0, 1})
             assert admin_session.admin().promote(broker_id=1, replica_id=0) == (0, 3)
+            acked = len(load.acked)
+            wait_until(lambda: len(load.acked) > acked + 200, 30, 0.01, "acks from replica 0, master again")
             # master again after handing over once: no handover of its earlier mastership left pending (it
-            # refused every write for good). Asked of the broker: the load's client may not see the new
-            # master's topic node for a while (a stale cluster view after a handover, an open bug)
-            wait_until(lambda: (g := stats(replicas.procs[0])["replica_group"])["role"] == "master"
-                       and g["handing_over"] is False, 30, 0.05, "replica 0 to be master, taking writes")
+            # refused every write for good)
+            g = stats(replicas.procs[0])["replica_group"]
+            assert g["role"] == "master" and g["handing_over"] is False, g
     finally:
         load.stop(120)
     print(f"switchover took {took:.2f}s")
@@ -353,8 +354,9 @@ def test_admin_promote_hands_over_under_load_without_loss_or_duplicates(
     print(f"history: {len(load.acked)} acked, {len(load.failed)} failed {kinds}, "
           f"{sum(len(v) for v in read.values())} read back")
     assert not problems, "\n".join(problems[:20])
-    # refused before anything was written (NOT_MASTER, or every partition avoided for a moment): never in doubt
-    assert all(not maybe_stored(e) for e in load.failed.values()), kinds
+    # a planned switchover fails no send: batches the old master refuses (NOT_MASTER) wait for the new one, and
+    # sends that find the topic without an open partition wait for the view to show one (docs/cluster.md)
+    assert not load.failed, sorted({str(e)[:160] for e in load.failed.values()})
 
 
 def test_async_failover_loses_at_most_what_the_old_master_had_alone_and_reports_it(

@@ -63,6 +63,7 @@ from metaq.errors import (
     DuplicateSequenceError,
     InvalidArgument,
     MetaqError,
+    NotMasterError,
     OutOfOrderSequenceError,
     PartitionClosedError,
     RequestTimeoutError,
@@ -70,6 +71,7 @@ from metaq.errors import (
     error_for_code,
 )
 from metaq.net.connection import BrokerConnection
+from metaq.net.servers import format_address
 from metaq.protocol import messages as m
 from metaq.protocol.messages import ANY_PARTITION, ProduceRequest, ProduceResponse
 from metaq.protocol.records import (
@@ -297,6 +299,22 @@ class _ManyTable:
         return many if token < many.base + len(many.outcomes) else None
 
 
+class _MasterWait:
+    """A broker id whose master answered NOT_MASTER (cluster mode): its batches wait for the new master.
+
+    ``batches``: the refused ones, in the order their refusals came (their send order), put back at the front
+    of the broker's queue; nothing of that queue is written until :meth:`Producer._await_master` ends the
+    wait, so a partition's later batches cannot overtake them."""
+
+    __slots__ = ("address", "batches", "deadline", "over")
+
+    def __init__(self, address: str, deadline: float, over: asyncio.Future[None]) -> None:
+        self.address = address
+        self.deadline = deadline
+        self.batches: list[ProducerBatch] = []
+        self.over = over
+
+
 class _Many:
     """One ``send_async_many`` call: each message's batch outcome and position, filled in as batches complete
     (``batch.waiters`` holds ``base + index`` for its messages); the future is resolved by the last one."""
@@ -520,6 +538,8 @@ class Producer:
         """The open local transaction: ``send`` goes into it (docs/transactions.md)."""
         self._closed = False
         self._closing = False
+        self._master_waits: dict[int, _MasterWait] = {}
+        """Cluster mode: broker ids whose batches wait for a new master (NOT_MASTER), see :meth:`_wait_for_master`."""
         self._releasing_held = False
         """While :meth:`_await_open` routes the messages it held: a refusal is their result, not a new wait."""
 
@@ -1438,7 +1458,7 @@ class Producer:
         if reply is None:
             self._complete_ok(batch, None)
         else:
-            reply.add_done_callback(partial(self._on_reply, batch))
+            reply.add_done_callback(partial(self._on_reply, batch, conn.address))
 
     def _stamped(self, batch: ProducerBatch, payload: bytes) -> bytes:
         """The batch with its producer block: given at its first write, the same bytes on every retry (so
@@ -1477,6 +1497,10 @@ class Producer:
         closed_in_a_row = 0
         try:
             while queue:
+                waiting = self._master_waits.get(broker_id)
+                if waiting is not None:
+                    await waiting.over
+                    continue
                 try:
                     # The pool reconnects with bounded, backed-off attempts; past those, give up.
                     conn = await core.connection(broker_id, "produce")
@@ -1492,6 +1516,8 @@ class Producer:
                             self._fail_unwritten(broker_id, queue, exc)
                             return
                         continue
+                if broker_id in self._master_waits:  # began while this loop waited for the connection
+                    continue
                 batch = queue.popleft()
                 try:
                     self._write(conn, batch)
@@ -1514,6 +1540,60 @@ class Producer:
             batch = queue.popleft()
             if not self._reroute(batch, exc):
                 self._complete_error(batch, exc)
+
+    def _wait_for_master(self, batch: ProducerBatch, address: str) -> bool:
+        """NOT_MASTER from ``address`` (cluster mode): the broker id's master is being handed over (a promote, a
+        failover), and the batch was certainly not stored. It goes back to the front of its broker's queue, in
+        order with the others refused, to be sent again to the master ZooKeeper names (:meth:`_await_master`),
+        within the request timeout counted from the batch's creation. False (the refusal is the result):
+        standalone mode, a closed producer, a one-way batch, or that time passed."""
+        if self._core.registry is None or self._closed or batch.acks == 0:
+            return False
+        deadline = batch.created_s + self._timeout_s
+        if self._loop.time() >= deadline:
+            return False
+        broker_id = batch.broker_id
+        queue = self._queues.setdefault(broker_id, deque())
+        waiting = self._master_waits.get(broker_id)
+        if waiting is None:
+            waiting = self._master_waits[broker_id] = _MasterWait(address, deadline, self._loop.create_future())
+            task = asyncio.ensure_future(self._await_master(broker_id, waiting, queue))
+            self._cold_tasks.add(task)
+            task.add_done_callback(self._cold_tasks.discard)
+            log.info("broker %d: %s is no longer its master; its batches wait for the next one", broker_id, address)
+        queue.insert(len(waiting.batches), batch)
+        waiting.batches.append(batch)
+        if broker_id not in self._senders:  # it waits for the new master, then sends them first
+            self._senders[broker_id] = asyncio.ensure_future(self._send_loop(broker_id, queue))
+        return True
+
+    async def _await_master(self, broker_id: int, waiting: _MasterWait, queue: deque[ProducerBatch]) -> None:
+        """Until ZooKeeper names a master at another address, or, when one is named, a retry back-off has passed
+        (a master just named may refuse for a moment while it takes over); then the batches go (to whichever
+        address is named). Past the deadline they fail with NotMasterError."""
+        core, loop = self._core, self._loop
+        backoff_s = self.config.retry_backoff_ms / 1000.0
+        waited = False
+        try:
+            while True:
+                since = core.snapshots_applied
+                current = core.metadata.cache.address(broker_id)
+                if current is not None and (waited or format_address(current) != waiting.address):
+                    return
+                remaining = waiting.deadline - loop.time()
+                if remaining <= 0:
+                    error = NotMasterError(f"broker {broker_id}: no master took the batch within "
+                                           f"{self._timeout_s:g} s (request_timeout_s; {waiting.address} refused it)")
+                    for batch in waiting.batches:
+                        with contextlib.suppress(ValueError):
+                            queue.remove(batch)
+                            self._complete_error(batch, error)
+                    return
+                await core.cluster_changed(min(remaining, backoff_s), since)
+                waited = True
+        finally:
+            del self._master_waits[broker_id]
+            waiting.over.set_result(None)
 
     def _reroute(self, batch: ProducerBatch, exc: BaseException) -> bool:
         """Move a batch that was certainly not stored to another usable partition it has not tried.
@@ -1552,7 +1632,7 @@ class Producer:
 
     # -- results ------------------------------------------------------------------------------
 
-    def _on_reply(self, batch: ProducerBatch, fut: asyncio.Future[ProduceResponse]) -> None:
+    def _on_reply(self, batch: ProducerBatch, address: str, fut: asyncio.Future[ProduceResponse]) -> None:
         if fut.cancelled():
             exc: BaseException = ConnectionClosedError("the produce request was cancelled")
         else:
@@ -1571,6 +1651,8 @@ class Producer:
                 exc = err
         if isinstance(exc, BrokerError) and exc.refresh_metadata:
             self._core.metadata.refresh_soon(batch.topic)
+        if isinstance(exc, NotMasterError) and self._wait_for_master(batch, address):
+            return
         if batch.partition != ANY_PARTITION:
             if isinstance(exc, (ConnectionClosedError, *BROKER_UNAVAILABLE)):
                 self._unavailable.avoid_broker(batch.broker_id)
