@@ -15,7 +15,7 @@ import pytest
 
 from metaq.client import Message, MessageSessionFactory
 from metaq.protocol import messages as m
-from metaq.protocol.records import RECORD_OVERHEAD_BYTES, decode_fetched, encode_values
+from metaq.protocol.records import RECORD_OVERHEAD_BYTES, decode_fetched, encode_values, iter_batches
 from metaq.testing import BrokerProcess
 from metaq.testing.fs import evict_from_page_cache
 from metaq.testing.raw import RawClient
@@ -54,6 +54,46 @@ def test_a_message_of_max_message_size_round_trips_through_fetch_and_multi_fetch
         messages, offset = decode_fetched(reply.records, "big", 0, offset)
         got += [bytes(x.data) for x in messages]
     assert got == [b"before", BIG, b"after-1", b"after-2"]
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_fetch_reply_ends_at_the_last_whole_batch_that_fits(
+        broker_factory: Callable[..., BrokerProcess], loop: str) -> None:
+    """A reply is never cut inside a batch: it holds the whole batches from the one at the offset that fit in
+    max_bytes (and in maxTransferSize, 1 MiB), or that first batch alone when even it does not fit. So a
+    consumer of 1,000,000 B messages reading 1 MiB at a time moves every stored byte once."""
+    c = RawClient.to(broker_factory({"numPartitions": 1, "event-loop": loop}))
+    sizes = []
+    for i, size in enumerate([1_000_000, 1_000_000, 300_000, 300_000, 300_000, 500_000, 10]):
+        assert c.call(m.ProduceRequest("edges", 0, 1, 5000, encode_values([bytes([i]) * size], 1))).error_code == 0
+        sizes.append(size + 71 + RECORD_OVERHEAD_BYTES)  # one stored batch each: its header and one record
+
+    def expected(offset: int, max_bytes: int) -> int:
+        """The bytes of the whole batches from ``offset`` that fit in ``max_bytes`` (at least the first)."""
+        fit = sizes[offset]
+        for size in sizes[offset + 1:]:
+            if fit + size > min(max_bytes, 1 << 20):
+                break
+            fit += size
+        return fit
+
+    three = sum(sizes[2:5])
+    for offset, max_bytes in [(0, 1 << 20), (0, 600_000), (0, 8 << 20), (1, 1 << 20), (2, 1 << 20), (2, three),
+                              (2, three - 1), (2, 8 << 20), (5, 1 << 20), (6, 1 << 20)]:
+        want = expected(offset, max_bytes)
+        single = c.call(m.FetchRequest("edges", 0, offset, max_bytes, 0))
+        multi = c.call(m.MultiFetchRequest(0, 1, 8 << 20, "", [m.FetchPartition("edges", 0, offset, max_bytes)]))
+        for records in (bytes(single.records), bytes(multi.partitions[0].records)):
+            walked = [(pos, h.total_bytes) for pos, h in iter_batches(records)]
+            assert (len(records), walked[-1][0] + walked[-1][1]) == (want, want), (offset, max_bytes)
+    assert expected(2, three) == three and expected(2, three - 1) == sum(sizes[2:4])  # the limit is inclusive
+    # reading the partition 1 MiB at a time moves every stored byte exactly once
+    moved, offset = 0, 0
+    while offset < len(sizes):
+        records = c.call(m.FetchRequest("edges", 0, offset, 1 << 20, 0)).records
+        _, offset = decode_fetched(records, "edges", 0, offset)  # every batch whole and CRC-checked
+        moved += len(records)
+    assert moved == sum(sizes)
 
 
 def test_the_client_consumer_reads_a_message_of_max_message_size(

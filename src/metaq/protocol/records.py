@@ -1044,7 +1044,13 @@ def _build_plain(topic: str, raw: bytes, ends: list[int], timestamps: Iterable[i
     the message is built. In process (scripts/bench_decode.py, ``lazy``) that is ~0.12 us a message less
     than a ``map`` calling the dataclass ``__init__`` with 11 arguments over a list of sliced payloads.
     Every field of :class:`~metaq.types.Message` must be assigned here and in :func:`_build`
-    (tests/unit/protocol/test_message_build.py checks that)."""
+    (tests/unit/protocol/test_message_build.py checks that).
+
+    The 13 assignments repeat :func:`_build`'s on purpose (a measured decision, docs/benchmarks.md, "Issue 13
+    review leftovers"): folding this into ``_build`` fed ``repeat(None)`` for the three missing columns (a
+    zip of 8 instead of 5) cost the plain iterator 7-15 ns a message in five of five interleaved pairs
+    (335 -> 348 ns, +3-4%, best of 40 CPU-time rounds of 7,000 messages; the keyed path, unchanged code,
+    moved -2 to -21 ns either way), more than the noise, on the path ``iterate`` runs per message."""
     new, cls = _new_message, Message
     for start, end, timestamp_ms, offset, message_id in zip(ends, ends[1:], timestamps, offsets, ids,
                                                             strict=False):  # ends: one more than the rest

@@ -112,3 +112,29 @@ def test_any_messages_read_back_equal_the_sent_ones(sent: list[Message], base: i
     for m in got:
         assert dataclasses.asdict(m).keys() == set(FIELDS)
         assert pickle.loads(pickle.dumps(m)) == m
+
+
+@pytest.mark.parametrize("compression", [rec.Compression.NONE, rec.Compression.LZ4])
+@pytest.mark.parametrize("keyed", [False, True])
+def test_large_payloads_read_back_as_bytes_of_their_own_with_every_field(compression: rec.Compression,
+                                                                        keyed: bool) -> None:
+    """Large payloads, plain or with keys, attributes and headers, compressed or not: each is bytes of its own,
+    equal to what was sent, and holds nothing of the fetched reply (which may be reused once the Messages
+    are built). A guard for any change to how payloads are copied out of a reply (docs/benchmarks.md,
+    "Issue 13 review leftovers": copying each from the reply's view was tried)."""
+    sizes = [70_000, 1_000_000, 3, 200_001]
+    sent = [Message("big", bytes([i + 1]) * size, attribute="a" if keyed and i % 2 else None,
+                    key=b"k%d" % i if keyed else None, headers=[("h", b"%d" % i)] if keyed and i != 1 else None,
+                    timestamp_ms=10 + i) for i, size in enumerate(sizes)]
+    reply = bytearray(stored(sent, 40, compression))
+    batches, next_offset = rec.decode_fetched_batches(memoryview(reply), "big", 3, 41, True, 7)
+    assert next_offset == 44
+    got = [m for batch in batches for m in batch]
+    assert got == [as_read(m, 40 + i) for i, m in enumerate(sent)][1:]
+    assert batches[0].keys == [m.key for m in sent[1:]] and batches[0].headers == [m.headers for m in sent[1:]]
+    assert batches[0].attributes == [m.attribute for m in sent[1:]]
+    for m in got:
+        check_plain_object(m)
+    del batches
+    reply[:] = bytes(len(reply))  # the fetched buffer overwritten: the Messages' payloads are their own
+    assert [m.data for m in got] == [m.data for m in sent[1:]]
