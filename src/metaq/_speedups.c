@@ -397,7 +397,7 @@ static PyMethodDef SendResult_methods[] = {
 };
 
 PyDoc_STRVAR(SendResult_doc,
-"SendResult(success, message_id=-1, partition=-1, offset=-1, error=None, topic='', broker_id=-1)\n\n"
+"SendResult(success, message_id=-1, partition=-1, offset=-1, error=None, topic='', broker_id=-1)\n--\n\n"
 "What a send returns. A one-way (async) send returns partition, offset and id of -1, as MetaQ.\n\n"
 "``broker_id`` and ``partition`` say where the message was stored (``partition_id`` together).");
 
