@@ -8,7 +8,8 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 
 .PHONY: venv test test-fast lint demo bench clean system-deps
 
-$(STAMP): pyproject.toml
+# setup.py builds the one compiled module (metaq._speedups): a change to its C source reinstalls (rebuilds) it.
+$(STAMP): pyproject.toml setup.py src/metaq/_speedups.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test,spark,postgres,zookeeper]'
@@ -38,4 +39,4 @@ bench: $(STAMP)
 	$(BIN)/metaq bench produce --json
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info src/metaq/*.so

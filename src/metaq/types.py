@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from metaq.errors import InvalidArgument
 
@@ -273,7 +274,8 @@ class SendResult:
 
     # The producer's resolving pass (metaq.client.producer._resolve_ok_pass) builds the successes of a batch
     # without __init__, assigning every slot itself: a new field must be assigned there as well
-    # (tests/integration/test_send_results.py fails until it is).
+    # (tests/integration/test_send_results.py fails until it is), and in the compiled SendResult
+    # (src/metaq/_speedups.c, below: tests/unit/test_send_result_impl.py fails until it is).
 
     success: bool
     message_id: MessageId = -1
@@ -291,3 +293,26 @@ class SendResult:
     @property
     def message_id_hex(self) -> str:
         return format_message_id(self.message_id) if self.message_id >= 0 else "-1"
+
+
+_PySendResult = SendResult
+"""The pure-Python SendResult: what ``SendResult`` is without the compiled module (or with
+``METAQ_NO_SPEEDUPS=1`` in the environment)."""
+
+SPEEDUPS = False
+"""Whether ``SendResult`` is the compiled one (metaq._speedups.SendResult)."""
+
+if not TYPE_CHECKING and not os.environ.get("METAQ_NO_SPEEDUPS"):
+    # The compiled SendResult behaves as the dataclass above (same attributes, equality, repr, properties,
+    # pickling, dataclasses helpers: tests/unit/test_send_result_impl.py runs both), but the cyclic GC does
+    # not track a success: a window of tens of thousands of live results no longer makes full collections
+    # (docs/benchmarks.md). mypy checks against the dataclass.
+    try:
+        from metaq import _speedups
+    except ImportError:  # not built (no C compiler at install): the dataclass
+        pass
+    else:
+        _speedups.bind(PartitionId, format_message_id, _PySendResult)
+        SendResult = _speedups.SendResult
+        SPEEDUPS = True
+        _PySendResult.__qualname__ = _PySendResult.__name__ = "_PySendResult"  # pickled by its own name

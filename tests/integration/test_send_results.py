@@ -1,14 +1,18 @@
 """SendResults as the producer hands them out, and Messages as a consumer reads them back, against a real
 broker: every field set and right, equality, repr, pickling, ``dataclasses`` helpers. The producer builds a
-batch's successes without ``SendResult.__init__`` (it assigns every slot itself) and the consumer builds
-Messages without ``Message.__init__``: these are the checks that they are still ordinary objects."""
+batch's successes without ``SendResult.__init__`` (it assigns every slot itself, or metaq._speedups builds
+them in C) and the consumer builds Messages without ``Message.__init__``: these are the checks that they are
+still ordinary objects. The last test runs the others again without the compiled SendResult."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
 import dataclasses
+import os
 import pickle
+import subprocess
+import sys
 from typing import Any
 
 import uvloop
@@ -16,7 +20,7 @@ import uvloop
 from metaq.client import Message, MessageSessionFactory, SendResult
 from metaq.errors import MessageTooLargeError
 from metaq.testing.broker import BrokerProcess
-from metaq.types import PartitionId, format_message_id, split_message_id
+from metaq.types import SPEEDUPS, PartitionId, format_message_id, split_message_id
 
 RESULT_FIELDS = [f.name for f in dataclasses.fields(SendResult)]
 MESSAGE_FIELDS = [f.name for f in dataclasses.fields(Message)]
@@ -121,3 +125,14 @@ def test_one_way_and_failed_results(broker_factory: Any) -> None:
             await producer.flush()
 
     uvloop.run(main())
+
+
+def test_the_same_with_the_pure_python_send_result() -> None:
+    """METAQ_NO_SPEEDUPS=1: the dataclass and the Python resolving pass, as where the extension is not built."""
+    if not SPEEDUPS:
+        return  # this run is already the pure-Python one
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "not pure_python"], env={**os.environ, "METAQ_NO_SPEEDUPS": "1"}, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "3 passed" in done.stdout, done.stdout[-2000:]

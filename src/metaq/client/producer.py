@@ -83,7 +83,7 @@ from metaq.protocol.records import (
     encode_values,
     with_producer_stamp,
 )
-from metaq.types import Message, PartitionId, PartitionKey, SendResult, validate_topic
+from metaq.types import SPEEDUPS, Message, PartitionId, PartitionKey, SendResult, validate_topic
 
 log = logging.getLogger(__name__)
 
@@ -140,11 +140,12 @@ def _resolve_ok(waiters: list[Any], start: int, base_id: int, base_offset: int, 
 _new_result = SendResult.__new__
 
 
-def _resolve_ok_pass(waiters: list[Any], start: int, base_id: int, base_offset: int, partition: int, topic: str,
-                     broker_id: int) -> None:
+def _resolve_ok_pass_py(waiters: list[Any], start: int, base_id: int, base_offset: int, partition: int, topic: str,
+                        broker_id: int) -> None:
     """The SendResults are built without ``SendResult.__init__``: an empty instance and its slots assigned
     here (no Python call with 7 arguments per message). Every field of SendResult must be assigned here
-    (tests/integration/test_send_results.py checks that)."""
+    (tests/integration/test_send_results.py checks that). With the compiled SendResult (metaq.types.SPEEDUPS)
+    the pass is metaq._speedups.resolve_ok instead, below."""
     i = start
     try:
         if base_id >= 0:
@@ -167,7 +168,22 @@ def _resolve_ok_pass(waiters: list[Any], start: int, base_id: int, base_offset: 
                     w.set_result(SendResult(True, -1, partition, -1, None, topic, broker_id))
                 i += 1
     except asyncio.InvalidStateError:  # this one was cancelled (or resolved) by its caller
-        _resolve_ok_pass(waiters, i + 1, base_id, base_offset, partition, topic, broker_id)
+        _resolve_ok_pass_py(waiters, i + 1, base_id, base_offset, partition, topic, broker_id)
+
+
+if SPEEDUPS:
+    from metaq._speedups import resolve_ok as _compiled_resolve_ok
+
+    def _resolve_ok_pass_c(waiters: list[Any], start: int, base_id: int, base_offset: int, partition: int,
+                           topic: str, broker_id: int) -> None:
+        """The same pass in one C call (metaq._speedups.resolve_ok): each result built and its future's
+        ``set_result`` called in C; the results are the compiled SendResult, which the cyclic GC never sees."""
+        _compiled_resolve_ok(waiters, start, base_id, base_offset, partition, topic, broker_id,
+                             asyncio.InvalidStateError)
+
+    _resolve_ok_pass = _resolve_ok_pass_c
+else:
+    _resolve_ok_pass = _resolve_ok_pass_py
 
 
 _Outcome = tuple[int, int, int, "BaseException | None", str, int]

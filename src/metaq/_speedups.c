@@ -1,0 +1,573 @@
+/* metaq._speedups: the producer's per-message SendResult, compiled (issue 13).
+ *
+ * Why compiled: of send_async's ~2.2 us of client CPU per message, the SendResult made per message and the
+ * full collections it causes were ~0.5 us (docs/benchmarks.md, "send_async: a SendResult the GC does not
+ * track"). Every instance of a Python class is tracked by the cyclic GC, so the window's tens of thousands
+ * of live results (each held by its future, held by the caller) were walked by every full collection and
+ * pushed one every ~40,000 messages. No way of building a Python object avoids that; a C type can.
+ *
+ * SendResult here behaves as the dataclass metaq.types._PySendResult (the pure-Python fallback, used when
+ * this module is missing or METAQ_NO_SPEEDUPS=1): the same seven attributes, readable, writable and
+ * deletable; equality and repr as the dataclass makes them; unhashable; partition_id and message_id_hex;
+ * pickling, copy and the dataclasses helpers (metaq.types binds the dataclass's field table to this type).
+ * tests/unit/test_send_result_impl.py runs the same checks against both.
+ *
+ * The cyclic GC and an error: a failed result holds an exception, and an exception can reference a
+ * traceback -> frames -> their locals, which may hold the result itself: a cycle. An object the collector
+ * does not know cannot be part of a collected cycle, so such a cycle would never be freed (a leak of one
+ * traceback's frames per failure). And a GC-capable type whose instances are merely left untracked (what
+ * CPython does for dicts and tuples of atomic values) is not enough: every GC object's allocation still
+ * counts towards the next collection, and with a result per message that alone kept one full collection
+ * per ~40,000 messages (measured: 0.36 us of GC per message against 0.07 with no result per message). So
+ * this type has both kinds of instance, as `type` itself does (static types are not GC objects, heap
+ * types are): Py_TPFLAGS_HAVE_GC with a tp_is_gc that answers per instance.
+ *
+ *  - An instance built with an argument of a GC type (an exception, a container: every failure the
+ *    producer makes, SendResult(False, error=exc)) or with no arguments at all (SendResult.__new__, then
+ *    fields set one by one, as unpickling an old pickle does) is a GC object: allocated with the GC
+ *    header, tracked, tp_traverse/tp_clear over its fields. A cycle through its error is collected like any
+ *    Python object's.
+ *  - Every other one (every success: bool, int, str and None only) is a plain object: no GC header, never
+ *    seen by the collector, not counted towards its collections. It holds nothing that can reference
+ *    anything, so it cannot be part of a cycle.
+ *
+ * The one case this does not cover: assigning, afterwards, an object of a GC type to a field of a plain
+ * instance (r.error = exc on a success), where that object then leads back to the result (exc's traceback
+ * holds a frame whose locals hold r). That cycle is never freed (a leak of that cycle, not a crash). The
+ * producer never does it; the dataclass fallback has no such case.
+ *
+ * resolve_ok(): the producer's resolving pass for a batch's successes (metaq.client.producer._resolve_ok_pass)
+ * in one call: build each waiter's result and call its future's set_result.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *success;
+    PyObject *message_id;
+    PyObject *partition;
+    PyObject *offset;
+    PyObject *error;
+    PyObject *topic;
+    PyObject *broker_id;
+    int is_gc;  /* allocated with the GC header (see above); a subclass's instances always are */
+} SendResultObject;
+
+#define N_FIELDS 7
+static const char *const field_names[N_FIELDS] = {
+    "success", "message_id", "partition", "offset", "error", "topic", "broker_id",
+};
+#define FIELDS(o) (&((SendResultObject *)(o))->success)
+
+static PyTypeObject SendResult_Type;
+
+/* Bound by metaq.types (bind()): PartitionId, format_message_id. */
+static PyObject *partition_id_cls = NULL;
+static PyObject *format_message_id_fn = NULL;
+
+static PyObject *str_set_result = NULL;
+static PyObject *minus_one = NULL;
+static PyObject *zero = NULL;
+static PyObject *empty_str = NULL;
+
+/* A plain instance of the exact type (no GC header), every field NULL. */
+static SendResultObject *
+new_plain(void)
+{
+    SendResultObject *r = (SendResultObject *)PyObject_Malloc(sizeof(SendResultObject));
+    if (r == NULL) {
+        return (SendResultObject *)PyErr_NoMemory();
+    }
+    PyObject_Init((PyObject *)r, &SendResult_Type);
+    memset(FIELDS(r), 0, N_FIELDS * sizeof(PyObject *));
+    r->is_gc = 0;
+    return r;
+}
+
+/* A GC instance of the exact type, every field NULL, tracked. */
+static SendResultObject *
+new_gc(void)
+{
+    SendResultObject *r = PyObject_GC_New(SendResultObject, &SendResult_Type);
+    if (r == NULL) {
+        return NULL;
+    }
+    memset(FIELDS(r), 0, N_FIELDS * sizeof(PyObject *));
+    r->is_gc = 1;
+    PyObject_GC_Track(r);
+    return r;
+}
+
+static int
+SendResult_is_gc(PyObject *self)
+{
+    return ((SendResultObject *)self)->is_gc;
+}
+
+static void
+SendResult_free(void *self)
+{
+    if (((SendResultObject *)self)->is_gc) {
+        PyObject_GC_Del(self);
+    }
+    else {
+        PyObject_Free(self);
+    }
+}
+
+/* Whether the instance must be a GC object: an argument of a GC type, or no arguments (fields set later). */
+static int
+needs_gc(PyObject *args, PyObject *kwds)
+{
+    Py_ssize_t n = args == NULL ? 0 : PyTuple_GET_SIZE(args);
+    Py_ssize_t nk = kwds == NULL ? 0 : PyDict_GET_SIZE(kwds);
+    if (n == 0 && nk == 0) {
+        return 1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyObject_IS_GC(PyTuple_GET_ITEM(args, i))) {
+            return 1;
+        }
+    }
+    if (nk) {
+        PyObject *key, *value;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(kwds, &pos, &key, &value)) {
+            if (PyObject_IS_GC(value)) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+SendResult_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    /* Like the dataclass's __new__: an instance with its fields unset (__init__ fills them). */
+    SendResultObject *r;
+    if (type != &SendResult_Type) {
+        r = (SendResultObject *)type->tp_alloc(type, 0);  /* a subclass: a heap type, always GC */
+        if (r != NULL) {
+            r->is_gc = 1;
+        }
+    }
+    else {
+        r = needs_gc(args, kwds) ? new_gc() : new_plain();
+    }
+    return (PyObject *)r;
+}
+
+static int
+SendResult_init(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"success", "message_id", "partition", "offset", "error", "topic", "broker_id", NULL};
+    PyObject *v[N_FIELDS] = {NULL, minus_one, minus_one, minus_one, Py_None, empty_str, minus_one};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|OOOOOO:SendResult", kwlist,
+                                     &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6])) {
+        return -1;
+    }
+    PyObject **f = FIELDS(self);
+    for (int i = 0; i < N_FIELDS; i++) {
+        Py_INCREF(v[i]);
+        Py_XSETREF(f[i], v[i]);
+    }
+    return 0;
+}
+
+static int
+SendResult_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    PyObject **f = FIELDS(self);
+    for (int i = 0; i < N_FIELDS; i++) {
+        Py_VISIT(f[i]);
+    }
+    return 0;  /* a static type: a heap subclass's traverse visits its type itself */
+}
+
+static int
+SendResult_clear(PyObject *self)
+{
+    PyObject **f = FIELDS(self);
+    for (int i = 0; i < N_FIELDS; i++) {
+        Py_CLEAR(f[i]);
+    }
+    return 0;
+}
+
+static void
+SendResult_dealloc(PyObject *self)
+{
+    if (((SendResultObject *)self)->is_gc) {
+        PyObject_GC_UnTrack(self);
+    }
+    PyObject **f = FIELDS(self);
+    for (int i = 0; i < N_FIELDS; i++) {
+        Py_CLEAR(f[i]);
+    }
+    Py_TYPE(self)->tp_free(self);
+}
+
+/* Attributes: get/set/delete as a dataclass slot (AttributeError when unset). */
+static PyObject *
+field_get(PyObject *self, void *closure)
+{
+    Py_ssize_t i = (Py_ssize_t)closure;
+    PyObject *v = FIELDS(self)[i];
+    if (v == NULL) {
+        PyErr_Format(PyExc_AttributeError, "'%s' object has no attribute '%s'", Py_TYPE(self)->tp_name,
+                     field_names[i]);
+        return NULL;
+    }
+    return Py_NewRef(v);
+}
+
+static int
+field_set(PyObject *self, PyObject *value, void *closure)
+{
+    Py_ssize_t i = (Py_ssize_t)closure;
+    PyObject **slot = &FIELDS(self)[i];
+    if (value == NULL && *slot == NULL) {
+        PyErr_Format(PyExc_AttributeError, "'%s' object has no attribute '%s'", Py_TYPE(self)->tp_name,
+                     field_names[i]);
+        return -1;
+    }
+    Py_XINCREF(value);
+    Py_XSETREF(*slot, value);  /* a plain instance stays plain: see the top of this file */
+    return 0;
+}
+
+static PyObject *
+get_partition_id(PyObject *self, void *closure)
+{
+    SendResultObject *r = (SendResultObject *)self;
+    if (partition_id_cls == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "metaq._speedups is not bound (import metaq.types)");
+        return NULL;
+    }
+    if (r->broker_id == NULL || r->partition == NULL) {
+        return field_get(self, (void *)(Py_ssize_t)(r->broker_id == NULL ? 6 : 2));
+    }
+    PyObject *args[2] = {r->broker_id, r->partition};
+    return PyObject_Vectorcall(partition_id_cls, args, 2, NULL);
+}
+
+static PyObject *
+get_message_id_hex(PyObject *self, void *closure)
+{
+    SendResultObject *r = (SendResultObject *)self;
+    if (format_message_id_fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "metaq._speedups is not bound (import metaq.types)");
+        return NULL;
+    }
+    if (r->message_id == NULL) {
+        return field_get(self, (void *)1);
+    }
+    int nonneg = PyObject_RichCompareBool(r->message_id, zero, Py_GE);
+    if (nonneg < 0) {
+        return NULL;
+    }
+    if (!nonneg) {
+        return PyUnicode_FromString("-1");
+    }
+    return PyObject_CallOneArg(format_message_id_fn, r->message_id);
+}
+
+static PyGetSetDef SendResult_getset[] = {
+    {"success", field_get, field_set, NULL, (void *)0},
+    {"message_id", field_get, field_set, NULL, (void *)1},
+    {"partition", field_get, field_set, NULL, (void *)2},
+    {"offset", field_get, field_set, NULL, (void *)3},
+    {"error", field_get, field_set, NULL, (void *)4},
+    {"topic", field_get, field_set, NULL, (void *)5},
+    {"broker_id", field_get, field_set, NULL, (void *)6},
+    {"partition_id", get_partition_id, NULL,
+     "``brokerId-partition`` the message was stored in (InvalidArgument if it was not stored).", NULL},
+    {"message_id_hex", get_message_id_hex, NULL, NULL, NULL},
+    {NULL},
+};
+
+static PyObject *
+SendResult_repr(PyObject *self)
+{
+    /* As the dataclass: Name(success=..., ...), '...' for a result met again inside its own repr. */
+    int rc = Py_ReprEnter(self);
+    if (rc != 0) {
+        return rc > 0 ? PyUnicode_FromString("...") : NULL;
+    }
+    PyObject *result = NULL;
+    PyObject *name = PyType_GetQualName(Py_TYPE(self));
+    if (name == NULL) {
+        goto done;
+    }
+    PyObject **f = FIELDS(self);
+    for (int i = 0; i < N_FIELDS; i++) {
+        if (f[i] == NULL) {
+            Py_DECREF(name);
+            field_get(self, (void *)(Py_ssize_t)i);
+            goto done;
+        }
+    }
+    result = PyUnicode_FromFormat("%U(success=%R, message_id=%R, partition=%R, offset=%R, error=%R, topic=%R, "
+                                  "broker_id=%R)", name, f[0], f[1], f[2], f[3], f[4], f[5], f[6]);
+    Py_DECREF(name);
+done:
+    Py_ReprLeave(self);
+    return result;
+}
+
+static PyObject *
+SendResult_richcompare(PyObject *a, PyObject *b, int op)
+{
+    /* As the dataclass: equal when of the same class and the field tuples are equal; no ordering. */
+    if ((op != Py_EQ && op != Py_NE) || Py_TYPE(a) != Py_TYPE(b)) {
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    PyObject **fa = FIELDS(a), **fb = FIELDS(b);
+    for (int i = 0; i < N_FIELDS; i++) {
+        if (fa[i] == NULL || fb[i] == NULL) {
+            return field_get(fa[i] == NULL ? a : b, (void *)(Py_ssize_t)i);
+        }
+        int eq = PyObject_RichCompareBool(fa[i], fb[i], Py_EQ);
+        if (eq < 0) {
+            return NULL;
+        }
+        if (!eq) {
+            return PyBool_FromLong(op == Py_NE);
+        }
+    }
+    return PyBool_FromLong(op == Py_EQ);
+}
+
+static PyObject *
+SendResult_reduce(PyObject *self, PyObject *unused)
+{
+    /* (class, the seven fields): unpickles into this type or, without the extension, the dataclass. */
+    PyObject **f = FIELDS(self);
+    for (int i = 0; i < N_FIELDS; i++) {
+        if (f[i] == NULL) {
+            return field_get(self, (void *)(Py_ssize_t)i);
+        }
+    }
+    return Py_BuildValue("O(OOOOOOO)", (PyObject *)Py_TYPE(self), f[0], f[1], f[2], f[3], f[4], f[5], f[6]);
+}
+
+static int
+set_from_dict(PyObject *self, PyObject *d)
+{
+    if (d == Py_None) {
+        return 0;
+    }
+    if (!PyDict_Check(d)) {
+        PyErr_SetString(PyExc_TypeError, "SendResult state must be (None, {field: value})");
+        return -1;
+    }
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(d, &pos, &key, &value)) {
+        if (PyObject_SetAttr(self, key, value) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+SendResult_setstate(PyObject *self, PyObject *state)
+{
+    /* What a pickle of the dataclass carries (object's default state for __slots__: (None, {field: value})),
+     * so results pickled without the extension load into this type. */
+    if (PyTuple_Check(state) && PyTuple_GET_SIZE(state) == 2) {
+        if (set_from_dict(self, PyTuple_GET_ITEM(state, 0)) < 0 || set_from_dict(self, PyTuple_GET_ITEM(state, 1)) < 0) {
+            return NULL;
+        }
+    }
+    else if (set_from_dict(self, state) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef SendResult_methods[] = {
+    {"__reduce__", SendResult_reduce, METH_NOARGS, NULL},
+    {"__setstate__", SendResult_setstate, METH_O, NULL},
+    {NULL},
+};
+
+PyDoc_STRVAR(SendResult_doc,
+"SendResult(success, message_id=-1, partition=-1, offset=-1, error=None, topic='', broker_id=-1)\n--\n\n"
+"What a send returns. A one-way (async) send returns partition, offset and id of -1, as MetaQ.\n\n"
+"``broker_id`` and ``partition`` say where the message was stored (``partition_id`` together).");
+
+static PyTypeObject SendResult_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "metaq.types.SendResult",
+    .tp_basicsize = sizeof(SendResultObject),
+    .tp_dealloc = SendResult_dealloc,
+    .tp_repr = SendResult_repr,
+    .tp_hash = PyObject_HashNotImplemented,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = SendResult_doc,
+    .tp_traverse = SendResult_traverse,
+    .tp_clear = SendResult_clear,
+    .tp_richcompare = SendResult_richcompare,
+    .tp_methods = SendResult_methods,
+    .tp_getset = SendResult_getset,
+    .tp_init = SendResult_init,
+    .tp_new = SendResult_new,
+    .tp_free = SendResult_free,
+    .tp_is_gc = SendResult_is_gc,
+};
+
+/* resolve_ok(waiters, start, base_id, base_offset, partition, topic, broker_id, invalid_state_error)
+ *
+ * For each waiter at index i >= start that is not None: a success SendResult (id base_id + i and offset
+ * base_offset + i, or -1 for both when base_id < 0), given to waiter.set_result. A waiter that raises
+ * invalid_state_error (a future its caller cancelled) is skipped. */
+static PyObject *
+resolve_ok(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "resolve_ok takes 8 arguments");
+        return NULL;
+    }
+    PyObject *waiters = args[0];
+    if (!PyList_Check(waiters)) {
+        PyErr_SetString(PyExc_TypeError, "resolve_ok: waiters must be a list");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *base_id = args[2];
+    long long base_offset = PyLong_AsLongLong(args[3]);
+    if (base_offset == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *partition = args[4], *topic = args[5], *broker_id = args[6], *invalid_state = args[7];
+    int with_ids = PyObject_RichCompareBool(base_id, zero, Py_GE);
+    if (with_ids < 0) {
+        return NULL;
+    }
+    /* A field holding a GC object would make every result tracked; the producer passes an int and a str. */
+    if (PyObject_IS_GC(partition) || PyObject_IS_GC(topic) || PyObject_IS_GC(broker_id) || PyObject_IS_GC(base_id)) {
+        PyErr_SetString(PyExc_TypeError, "resolve_ok: partition, topic, broker_id and base_id must be atomic");
+        return NULL;
+    }
+    for (Py_ssize_t i = start < 0 ? 0 : start; i < PyList_GET_SIZE(waiters); i++) {
+        PyObject *w = PyList_GET_ITEM(waiters, i);
+        if (w == Py_None) {
+            continue;
+        }
+        SendResultObject *r = new_plain();
+        if (r == NULL) {
+            return NULL;
+        }
+        if (with_ids) {
+            PyObject *index = PyLong_FromSsize_t(i);
+            if (index == NULL) {
+                Py_DECREF(r);
+                return NULL;
+            }
+            r->message_id = PyNumber_Add(base_id, index);
+            Py_DECREF(index);
+            r->offset = PyLong_FromLongLong(base_offset + (long long)i);
+            if (r->message_id == NULL || r->offset == NULL) {
+                Py_DECREF(r);
+                return NULL;
+            }
+        }
+        else {
+            r->message_id = Py_NewRef(minus_one);
+            r->offset = Py_NewRef(minus_one);
+        }
+        r->success = Py_NewRef(Py_True);
+        r->partition = Py_NewRef(partition);
+        r->error = Py_NewRef(Py_None);
+        r->topic = Py_NewRef(topic);
+        r->broker_id = Py_NewRef(broker_id);
+        Py_INCREF(w);
+        PyObject *callargs[2] = {w, (PyObject *)r};
+        PyObject *res = PyObject_VectorcallMethod(str_set_result, callargs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(w);
+        Py_DECREF(r);
+        if (res == NULL) {
+            if (PyErr_ExceptionMatches(invalid_state)) {  /* cancelled (or resolved) by its caller */
+                PyErr_Clear();
+                continue;
+            }
+            return NULL;
+        }
+        Py_DECREF(res);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+bind(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    /* bind(PartitionId, format_message_id, dataclass): what the properties call, and the dataclass's field
+     * table, params and __match_args__ copied onto the type (dataclasses.fields/asdict/replace work). */
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "bind takes 3 arguments");
+        return NULL;
+    }
+    Py_XSETREF(partition_id_cls, Py_NewRef(args[0]));
+    Py_XSETREF(format_message_id_fn, Py_NewRef(args[1]));
+    static const char *const copied[] = {"__dataclass_fields__", "__dataclass_params__", "__match_args__", NULL};
+    for (int i = 0; copied[i] != NULL; i++) {
+        PyObject *v = PyObject_GetAttrString(args[2], copied[i]);
+        if (v == NULL) {
+            return NULL;
+        }
+        int rc = PyDict_SetItemString(SendResult_Type.tp_dict, copied[i], v);
+        Py_DECREF(v);
+        if (rc < 0) {
+            return NULL;
+        }
+    }
+    PyType_Modified(&SendResult_Type);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"resolve_ok", (PyCFunction)(void (*)(void))resolve_ok, METH_FASTCALL,
+     "resolve_ok(waiters, start, base_id, base_offset, partition, topic, broker_id, invalid_state_error)"},
+    {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL, NULL},
+    {NULL},
+};
+
+static struct PyModuleDef speedups_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "metaq._speedups",
+    .m_doc = "Compiled helpers of the producer's per-message path (a SendResult the cyclic GC does not track).",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    if (PyType_Ready(&SendResult_Type) < 0) {
+        return NULL;
+    }
+    str_set_result = PyUnicode_InternFromString("set_result");
+    minus_one = PyLong_FromLong(-1);
+    zero = PyLong_FromLong(0);
+    empty_str = PyUnicode_FromString("");
+    if (str_set_result == NULL || minus_one == NULL || zero == NULL || empty_str == NULL) {
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&speedups_module);
+    if (m == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(m, "SendResult", (PyObject *)&SendResult_Type) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
