@@ -510,3 +510,39 @@ def test_a_consumer_long_polling_a_slave_is_answered_when_the_watermark_shows_th
     reply = replies.get(timeout=60)  # far below the poll's 120 s: answered when the watermark came
     assert not isinstance(reply, Exception), reply
     assert [bytes(x.data) for x in decode_fetched(reply.records, TOPIC, 0)[0]] == [b"second"]
+
+
+def test_a_slave_restarted_while_its_master_is_paused_shows_nothing_of_a_sync_topic_until_the_master_answers(
+        cluster_factory: Callable[..., BrokerProcess], zk_client: Any, zk_root: str) -> None:
+    """A slave learns what is committed only from its master's replies (the watermark). Started while its master
+    cannot answer (paused here; no failover), it holds messages it cannot vouch for (as a deposed master's tail
+    about to be cut would be), so consumers reading it see none of them until the master answers."""
+    system = {**HA, "autoFailover": "false"}
+    procs = [cluster_factory(1, topics=TOPICS, zk_session_timeout_ms=30_000, name=f"replica-{r}",
+                             args=replica_args(r, slave=r > 0), **system) for r in (0, 1)]
+    for proc in procs:
+        proc.allow_log(r"replica \S+: |cannot|deposed|no longer master|took over")
+    master, slave = procs
+    wait_isr(zk_client, zk_root, {1})
+    values = [b"m%d" % i for i in range(10)]
+    produce_batch(master, 0, values)  # acknowledged: the slave holds it
+
+    def consumer_fetch() -> tuple[list[bytes], int]:
+        conn = open_conn(slave)
+        try:
+            reply = call(conn, m.FetchRequest(topic=TOPIC, partition=0, offset=0, max_bytes=1 << 20))
+        finally:
+            conn.close()
+        found, _ = decode_fetched(reply.records, TOPIC, 0, 0)
+        return [bytes(x.data) for x in found], reply.log_end_offset
+
+    wait_until(lambda: consumer_fetch()[0] == values, 30, 0.05, "the slave to show the acknowledged messages")
+    master.signal(signal.SIGSTOP)
+    try:
+        slave.restart()
+        shown, held = consumer_fetch()
+        assert held == len(values), "the restarted slave lost its copy"
+        assert shown == [], "a slave with no reply from its master yet showed messages to a consumer"
+    finally:
+        master.signal(signal.SIGCONT)
+    wait_until(lambda: consumer_fetch()[0] == values, 30, 0.05, "the slave to show them once its master answers")

@@ -455,15 +455,14 @@ class HighAvailability:
         if master is not None:
             return master.high_watermark(plog) if master.sync_topic(plog.topic) else plog.log_end_offset
         state = self.broker.topics.get(plog.topic)
-        replicator = self.replicator
-        if state is None or not state.settings.sync_replication or replicator is None:
+        if state is None or not state.settings.sync_replication:
             return plog.log_end_offset
-        follower = replicator.followers.get((plog.topic, plog.partition))  # a slave: the master's watermark
-        if follower is None:
-            return plog.log_end_offset
-        if follower.state.high_watermark < 0:
-            # No reply from the master yet: nothing here is known to be committed, and a deposed master's
-            # tail may be about to be cut. Its first reply (moments after a start) shows the messages.
+        replicator = self.replicator  # a slave: the master's watermark
+        follower = replicator.followers.get((plog.topic, plog.partition)) if replicator is not None else None
+        if follower is None or follower.state.high_watermark < 0:
+            # Neither master nor following yet (starting, the master not found yet), or no reply from the master
+            # yet: nothing here is known to be committed, and a deposed master's tail may be about to be cut.
+            # The master's first reply (moments after a start) shows the messages.
             return plog.log_start_offset
         return min(plog.log_end_offset, follower.state.high_watermark)
 
