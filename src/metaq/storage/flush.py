@@ -13,8 +13,11 @@ N > 1                   acks do not wait; a log is synced when it has N unflushe
 
 The flusher only schedules: the log does the syncing (``flush_pending``) and resolves its durable
 futures. A failing sync fails those futures and never stops the thread. The thread also closes file
-descriptors left idle (``idle_hook``). Within a round, different logs are synced side by side on a
-small pool (``sync_workers``); one log's jobs always run in order. Threads, never asyncio: storage
+descriptors left idle (``idle_hook``). A round with few logs (``inline_max_logs``, default 2) is synced
+in the flusher's own thread, one log after the other: no hand-off to another thread, which is what an
+ack with unflush_threshold=1 waits on when the broker serves a few busy partitions. A larger round syncs
+its logs side by side on a small pool (``sync_workers``), the flusher's thread taking one of them
+itself; one log's jobs always run in order. Threads, never asyncio: storage
 knows nothing of event loops; the broker awaits the durable futures with ``asyncio.wrap_future``.
 """
 
@@ -25,7 +28,6 @@ import itertools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any, Protocol
@@ -48,22 +50,25 @@ class Flusher:
 
     def __init__(self, *, clock: Callable[[], float] = time.time,
                  idle_hook: Callable[[], None] | None = None, idle_interval_seconds: float = 10.0,
-                 sync_workers: int = 4, name: str = "metaq-flusher") -> None:
+                 sync_workers: int = 4, inline_max_logs: int = 2, name: str = "metaq-flusher") -> None:
         self._clock = clock
         self._sync_workers = max(1, sync_workers)
+        self._inline_max_logs = max(1, inline_max_logs)
         self._pool: ThreadPoolExecutor | None = None
         self._idle_hook = idle_hook
         self._idle_interval_seconds = idle_interval_seconds
         self._name = name
         self._cond = threading.Condition(threading.Lock())
-        self._singles: deque[tuple[SyncTarget, Any, Future[None]]] = deque()
-        self._soon: dict[SyncTarget, None] = {}
+        # Jobs waiting for their log's next sync, in arrival order: (segment, future) for an
+        # unflush_threshold=1 append, (None, None) for "sync whatever is pending" (at most one per log).
+        self._queued: dict[SyncTarget, list[tuple[Any, Future[None] | None]]] = {}
+        self._soon: set[SyncTarget] = set()
+        self._running: set[SyncTarget] = set()  # logs whose sync is in progress (their new jobs wait)
         self._deadlines: list[tuple[int, int, SyncTarget]] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._stopped = False
-        self._busy = False
         self.rounds = 0
         self.errors = 0
 
@@ -109,7 +114,7 @@ class Flusher:
         """Wait until nothing is queued or in progress (deadlines in the future do not count)."""
         end = time.monotonic() + timeout
         with self._cond:
-            while self._singles or self._soon or self._busy:
+            while self._queued or self._running:
                 left = end - time.monotonic()
                 if left <= 0:
                     return False
@@ -122,16 +127,22 @@ class Flusher:
         """unflush_threshold == 1: one fdatasync of ``segment`` for this one append."""
         with self._cond:
             self._check_open()
-            self._singles.append((target, segment, future))
-            self._cond.notify()
+            self._queued.setdefault(target, []).append((segment, future))
+            if target not in self._running:
+                self._cond.notify_all()  # all: drain() waits on this condition too
 
     def flush_soon(self, target: SyncTarget) -> None:
-        """Group commit, a threshold reached, a roll: sync ``target`` in the next round."""
+        """Group commit, a threshold reached, a roll: sync ``target`` in its next sync."""
         with self._cond:
             self._check_open()
-            if target not in self._soon:
-                self._soon[target] = None
-                self._cond.notify()
+            self._soon_locked(target)
+
+    def _soon_locked(self, target: SyncTarget) -> None:
+        if target not in self._soon:
+            self._soon.add(target)
+            self._queued.setdefault(target, []).append((None, None))
+            if target not in self._running:
+                self._cond.notify_all()
 
     def flush_at(self, target: SyncTarget, deadline_ms: int) -> None:
         """Sync ``target`` at ``deadline_ms`` (the injected clock, in ms) unless synced before."""
@@ -151,12 +162,21 @@ class Flusher:
         return int(self._clock() * 1000)
 
     def _run(self) -> None:
+        """Hand each log with queued jobs to a sync as soon as that log's previous sync is over.
+
+        There is no round barrier: a log whose appends arrive while other logs are being synced starts
+        its own sync at once (on the pool), instead of waiting for the slowest log of a round. One log
+        is never synced by two threads at once, so its jobs run in order.
+        """
         last_idle = time.monotonic()
         while True:
             with self._cond:
                 while True:
-                    due = self._pop_due_locked()
-                    if self._singles or self._soon or due or self._stopping:
+                    for target in self._pop_due_locked():
+                        self._soon_locked(target)
+                    if any(target not in self._running for target in self._queued):
+                        break
+                    if self._stopping and not self._queued and not self._running:
                         break
                     timeout = _IDLE_TICK_SECONDS
                     if self._deadlines:
@@ -164,49 +184,50 @@ class Flusher:
                     self._cond.wait(timeout)
                     if time.monotonic() - last_idle >= self._idle_interval_seconds:
                         break
-                singles = self._singles
-                self._singles = deque()
-                targets = list(self._soon)
-                self._soon = {}
-                for target in due:
-                    if target not in targets:
-                        targets.append(target)
-                finished = self._stopping and not singles and not targets
-                self._busy = bool(singles or targets)
+                work = {target: jobs for target, jobs in self._queued.items() if target not in self._running}
+                for target in work:
+                    del self._queued[target]
+                    self._soon.discard(target)
+                self._running.update(work)
+                finished = self._stopping and not work and not self._queued and not self._running
             if finished:
                 self._run_idle_hook()
                 with self._cond:
                     self._cond.notify_all()
                 return
-            if singles or targets:
+            if work:
                 self.rounds += 1
-                self._run_round(singles, targets)
-            with self._cond:
-                self._busy = False
-                self._cond.notify_all()
+                self._run_round(work)
             if time.monotonic() - last_idle >= self._idle_interval_seconds:
                 last_idle = time.monotonic()
                 self._run_idle_hook()
 
-    def _run_round(self, singles: deque[tuple[SyncTarget, Any, Future[None]]],
-                   targets: list[SyncTarget]) -> None:
-        """One round: each log's jobs in order, different logs in parallel.
+    def _run_round(self, work: dict[SyncTarget, list[tuple[Any, Future[None] | None]]]) -> None:
+        """Sync the logs taken together: few of them in this thread, more side by side on the pool.
 
         fdatasync releases the GIL and a filesystem journal merges concurrent commits, so syncing
-        the logs of a round side by side costs about one sync instead of one per log.
+        many logs side by side costs about one sync instead of one per log. One or two logs gain
+        little from that and pay the hand-offs (a pool thread waking, then waiting for the GIL the
+        event loop holds), so this thread syncs them itself. With the pool, this thread takes one log
+        too (it would only wait otherwise) and then goes back to handing out work: it does not wait
+        for the pool's logs, whose next jobs are handed out as soon as each is done.
         """
-        work: dict[SyncTarget, list[tuple[Any, Future[None] | None]]] = {}
-        for target, segment, future in singles:
-            work.setdefault(target, []).append((segment, future))
-        for target in targets:
-            work.setdefault(target, []).append((None, None))
-        if self._pool is None or len(work) == 1:
-            for target, jobs in work.items():
-                self._sync_all(target, jobs)
-            return
-        waits = [self._pool.submit(self._sync_all, target, jobs) for target, jobs in work.items()]
-        for wait in waits:
-            wait.result()
+        items = list(work.items())
+        if self._pool is not None and len(items) > self._inline_max_logs:
+            for target, jobs in items[1:]:
+                self._pool.submit(self._sync_lane, target, jobs)
+            items = items[:1]
+        for target, jobs in items:
+            self._sync_lane(target, jobs)
+
+    def _sync_lane(self, target: SyncTarget, jobs: list[tuple[Any, Future[None] | None]]) -> None:
+        try:
+            self._sync_all(target, jobs)
+        finally:
+            with self._cond:
+                self._running.discard(target)
+                if target in self._queued or not self._running:  # its next jobs, or drain() and stop()
+                    self._cond.notify_all()
 
     def _sync_all(self, target: SyncTarget, jobs: list[tuple[Any, Future[None] | None]]) -> None:
         """Sync one log for this round.
