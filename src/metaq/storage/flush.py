@@ -1,24 +1,30 @@
-"""The flusher: one background thread that makes appended batches durable, per MetaQ's flush knobs.
+"""The flusher: background threads that make appended batches durable, per MetaQ's flush knobs.
 
 =====================  =========================================================================
 unflush_threshold       what the flusher does
 =====================  =========================================================================
 1                       every append queues its own job; each job is one fdatasync; acks wait
-<= 0 (group commit)     appends mark their log pending; one round fdatasyncs every pending log
-                        once and resolves every ack waiting on it; appends arriving during a round
-                        join the next round, which is where the coalescing comes from
+<= 0 (group commit)     appends mark their log pending; one sync of that log covers every append
+                        pending when it starts and resolves every ack waiting on it; appends
+                        arriving during a log's sync join its next one, which is where the
+                        coalescing comes from
 N > 1                   acks do not wait; a log is synced when it has N unflushed messages or its
                         oldest unflushed append is ``unflush_interval_ms`` old, whichever is first
 =====================  =========================================================================
 
 The flusher only schedules: the log does the syncing (``flush_pending``) and resolves its durable
-futures. A failing sync fails those futures and never stops the thread. The thread also closes file
-descriptors left idle (``idle_hook``). A round with few logs (``inline_max_logs``, default 2) is synced
-in the flusher's own thread, one log after the other: no hand-off to another thread, which is what an
-ack with unflush_threshold=1 waits on when the broker serves a few busy partitions. A larger round syncs
-its logs side by side on a small pool (``sync_workers``), the flusher's thread taking one of them
-itself; one log's jobs always run in order. Threads, never asyncio: storage
-knows nothing of event loops; the broker awaits the durable futures with ``asyncio.wrap_future``.
+futures. A failing sync fails those futures and never stops a thread.
+
+``sync_workers`` threads (the flusher's own thread and ``sync_workers - 1`` helpers) take the logs
+that have jobs queued, at most ``inline_max_logs`` (2) logs per take, and sync each taken log's jobs in
+order, one log after the other. Whichever thread is idle takes the work: an append that finds one
+waiting costs one thread wake-up (no hand-off from a scheduling thread to a pool and back), and a
+log's next sync starts as soon as its previous one ended, not when the slowest log of a "round" is
+done. Many busy logs are synced side by side by all the threads (fdatasync releases the GIL and a
+filesystem journal merges concurrent commits). A log is never synced by two threads at once, so its
+jobs always run in order. The flusher's own thread also runs the ``flush_at`` deadlines and closes
+file descriptors left idle (``idle_hook``). Threads, never asyncio: storage knows nothing of event
+loops; the broker awaits the durable futures.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, Protocol
 
 from metaq.errors import StorageError
@@ -37,6 +43,10 @@ from metaq.errors import StorageError
 log = logging.getLogger(__name__)
 
 _IDLE_TICK_SECONDS = 1.0
+
+_Jobs = list[tuple[Any, "Future[None] | None"]]
+"""One log's queued jobs, in arrival order: (segment, future) for an unflush_threshold=1 append,
+(None, None) for "sync whatever is pending" (at most one queued per log)."""
 
 
 class SyncTarget(Protocol):
@@ -54,19 +64,19 @@ class Flusher:
         self._clock = clock
         self._sync_workers = max(1, sync_workers)
         self._inline_max_logs = max(1, inline_max_logs)
-        self._pool: ThreadPoolExecutor | None = None
         self._idle_hook = idle_hook
         self._idle_interval_seconds = idle_interval_seconds
         self._name = name
-        self._cond = threading.Condition(threading.Lock())
-        # Jobs waiting for their log's next sync, in arrival order: (segment, future) for an
-        # unflush_threshold=1 append, (None, None) for "sync whatever is pending" (at most one per log).
-        self._queued: dict[SyncTarget, list[tuple[Any, Future[None] | None]]] = {}
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # the syncing threads wait here for work
+        self._idle = threading.Condition(lock)  # drain() waits here for nothing queued or running
+        self._queued: dict[SyncTarget, _Jobs] = {}
         self._soon: set[SyncTarget] = set()
-        self._running: set[SyncTarget] = set()  # logs whose sync is in progress (their new jobs wait)
+        self._running: set[SyncTarget] = set()  # logs being synced (their new jobs wait their turn)
         self._deadlines: list[tuple[int, int, SyncTarget]] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
+        self._helpers: list[threading.Thread] = []
         self._stopping = False
         self._stopped = False
         self.rounds = 0
@@ -78,21 +88,21 @@ class Flusher:
         with self._cond:
             if self._thread is not None:
                 return
-            if self._sync_workers > 1:
-                self._pool = ThreadPoolExecutor(self._sync_workers, thread_name_prefix=f"{self._name}-sync")
             self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-            self._thread.start()
+            self._helpers = [threading.Thread(target=self._help, name=f"{self._name}-sync_{i}", daemon=True)
+                             for i in range(self._sync_workers - 1)]
+            for thread in [self._thread, *self._helpers]:
+                thread.start()
 
     def stop(self, timeout: float | None = 30.0) -> None:
-        """Finish every queued job, then end the thread. Later submissions raise StorageError."""
+        """Finish every queued job, then end the threads. Later submissions raise StorageError."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            threads = [t for t in (self._thread, *self._helpers) if t is not None]
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout)
         with self._cond:
             self._stopped = True
 
@@ -113,12 +123,12 @@ class Flusher:
     def drain(self, timeout: float = 30.0) -> bool:
         """Wait until nothing is queued or in progress (deadlines in the future do not count)."""
         end = time.monotonic() + timeout
-        with self._cond:
+        with self._idle:
             while self._queued or self._running:
                 left = end - time.monotonic()
                 if left <= 0:
                     return False
-                self._cond.wait(left)
+                self._idle.wait(left)
         return True
 
     # ------------------------------------------------------------------ submissions (any thread)
@@ -129,7 +139,7 @@ class Flusher:
             self._check_open()
             self._queued.setdefault(target, []).append((segment, future))
             if target not in self._running:
-                self._cond.notify_all()  # all: drain() waits on this condition too
+                self._cond.notify()  # one idle thread takes it (a running log is taken again by its thread)
 
     def flush_soon(self, target: SyncTarget) -> None:
         """Group commit, a threshold reached, a roll: sync ``target`` in its next sync."""
@@ -142,7 +152,7 @@ class Flusher:
             self._soon.add(target)
             self._queued.setdefault(target, []).append((None, None))
             if target not in self._running:
-                self._cond.notify_all()
+                self._cond.notify()
 
     def flush_at(self, target: SyncTarget, deadline_ms: int) -> None:
         """Sync ``target`` at ``deadline_ms`` (the injected clock, in ms) unless synced before."""
@@ -150,33 +160,28 @@ class Flusher:
             self._check_open()
             heapq.heappush(self._deadlines, (deadline_ms, next(self._seq), target))
             if self._deadlines[0][2] is target:
-                self._cond.notify()
+                self._cond.notify_all()  # the flusher's own thread keeps the deadlines
 
     def _check_open(self) -> None:
         if self._stopping:
             raise StorageError("the flusher is stopped; the log manager is closing")
 
-    # ------------------------------------------------------------------ the thread
+    # ------------------------------------------------------------------ the threads
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
     def _run(self) -> None:
-        """Hand each log with queued jobs to a sync as soon as that log's previous sync is over.
-
-        There is no round barrier: a log whose appends arrive while other logs are being synced starts
-        its own sync at once (on the pool), instead of waiting for the slowest log of a round. One log
-        is never synced by two threads at once, so its jobs run in order.
-        """
+        """The flusher's own thread: syncs like the helpers, and also keeps the deadlines and the idle
+        hook; it is the last to end at a stop (after every queued and running job)."""
         last_idle = time.monotonic()
         while True:
             with self._cond:
                 while True:
                     for target in self._pop_due_locked():
                         self._soon_locked(target)
-                    if any(target not in self._running for target in self._queued):
-                        break
-                    if self._stopping and not self._queued and not self._running:
+                    work = self._take_locked()
+                    if work or (self._stopping and not self._queued and not self._running):
                         break
                     timeout = _IDLE_TICK_SECONDS
                     if self._deadlines:
@@ -184,50 +189,66 @@ class Flusher:
                     self._cond.wait(timeout)
                     if time.monotonic() - last_idle >= self._idle_interval_seconds:
                         break
-                work = {target: jobs for target, jobs in self._queued.items() if target not in self._running}
-                for target in work:
-                    del self._queued[target]
-                    self._soon.discard(target)
-                self._running.update(work)
-                finished = self._stopping and not work and not self._queued and not self._running
+                finished = not work and self._stopping and not self._queued and not self._running
             if finished:
                 self._run_idle_hook()
                 with self._cond:
-                    self._cond.notify_all()
+                    self._idle.notify_all()
                 return
             if work:
-                self.rounds += 1
                 self._run_round(work)
             if time.monotonic() - last_idle >= self._idle_interval_seconds:
                 last_idle = time.monotonic()
                 self._run_idle_hook()
 
-    def _run_round(self, work: dict[SyncTarget, list[tuple[Any, Future[None] | None]]]) -> None:
-        """Sync the logs taken together: few of them in this thread, more side by side on the pool.
-
-        fdatasync releases the GIL and a filesystem journal merges concurrent commits, so syncing
-        many logs side by side costs about one sync instead of one per log. One or two logs gain
-        little from that and pay the hand-offs (a pool thread waking, then waiting for the GIL the
-        event loop holds), so this thread syncs them itself. With the pool, this thread takes one log
-        too (it would only wait otherwise) and then goes back to handing out work: it does not wait
-        for the pool's logs, whose next jobs are handed out as soon as each is done.
-        """
-        items = list(work.items())
-        if self._pool is not None and len(items) > self._inline_max_logs:
-            for target, jobs in items[1:]:
-                self._pool.submit(self._sync_lane, target, jobs)
-            items = items[:1]
-        for target, jobs in items:
-            self._sync_lane(target, jobs)
-
-    def _sync_lane(self, target: SyncTarget, jobs: list[tuple[Any, Future[None] | None]]) -> None:
-        try:
-            self._sync_all(target, jobs)
-        finally:
+    def _help(self) -> None:
+        """A helper thread: takes work like the flusher's own thread; ends at a stop once nothing is
+        left to take (the flusher's own thread stays for the jobs of logs still running)."""
+        while True:
             with self._cond:
-                self._running.discard(target)
-                if target in self._queued or not self._running:  # its next jobs, or drain() and stop()
-                    self._cond.notify_all()
+                while True:
+                    work = self._take_locked()
+                    if work:
+                        break
+                    if self._stopping and not self._queued:
+                        return
+                    self._cond.wait()
+            self._run_round(work)
+
+    def _take_locked(self) -> dict[SyncTarget, _Jobs]:
+        """Up to ``inline_max_logs`` queued logs that no thread is syncing, marked running."""
+        work: dict[SyncTarget, _Jobs] = {}
+        more = False
+        for target in self._queued:
+            if target not in self._running:
+                if len(work) == self._inline_max_logs:
+                    more = True
+                    break
+                work[target] = self._queued[target]
+        for target in work:
+            del self._queued[target]
+            self._soon.discard(target)
+        self._running.update(work)
+        if more:
+            self._cond.notify()  # another idle thread takes the rest side by side
+        return work
+
+    def _run_round(self, work: dict[SyncTarget, _Jobs]) -> None:
+        """Sync the taken logs one after the other in this thread."""
+        self.rounds += 1
+        for target, jobs in work.items():
+            try:
+                self._sync_all(target, jobs)
+            finally:
+                with self._cond:
+                    self._running.discard(target)
+                    if target in self._queued:
+                        self._cond.notify()  # its next jobs arrived meanwhile: an idle thread takes them
+                    elif not self._running:
+                        if not self._queued:
+                            self._idle.notify_all()
+                        if self._stopping:
+                            self._cond.notify_all()  # the flusher's own thread ends after the last job
 
     def _sync_all(self, target: SyncTarget, jobs: list[tuple[Any, Future[None] | None]]) -> None:
         """Sync one log for this round.

@@ -94,7 +94,11 @@ def test_threshold_one_without_flusher_is_durable_on_return(tmp_path):
     log.close()
 
 
-def test_group_commit_coalesces_pending_appends_into_one_round(tmp_path, flusher):
+def test_group_commit_coalesces_pending_appends_into_one_round(tmp_path):
+    # One syncing thread: held in g0's sync, it takes nothing else, so what piles up meanwhile on every
+    # log waits for one next sync per log (with helper threads, g1 and g2 would start their syncs at once).
+    flusher = Flusher(sync_workers=1)
+    flusher.start()
     sync = CountingSync()
     logs = [open_with(tmp_path, f"g{i}", 0, flusher, sync) for i in range(3)]
     for log in logs:
@@ -115,6 +119,7 @@ def test_group_commit_coalesces_pending_appends_into_one_round(tmp_path, flusher
     assert len({id(r.durable) for r in later}) == len(logs)
     for log in logs:
         log.close()
+    flusher.stop()
 
 
 def test_threshold_n_acks_at_once_and_syncs_after_n_messages(tmp_path, flusher):
@@ -214,3 +219,117 @@ def test_close_flushes_and_stop_finishes_queued_work(tmp_path):
         r.durable.result(WAIT_S)
     with pytest.raises(StorageError):
         flusher.flush_soon(log)
+
+
+class CoverageSync:
+    """An fdatasync that records, once it returned, which file it synced and how long that file was when
+    it started: an ack is only honest if such a record covers its batch. Syncs of one chosen file can
+    be held at a gate."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.done: list[tuple[int, int, str]] = []  # (inode, size at the start, thread name)
+        self.held_inode = -1
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+
+    def __call__(self, fd: int) -> None:
+        st = os.fstat(fd)
+        if st.st_ino == self.held_inode:
+            self.entered.set()
+            assert self.gate.wait(WAIT_S)
+        os.fdatasync(fd)
+        with self.lock:
+            self.done.append((st.st_ino, st.st_size, threading.current_thread().name))
+
+    def covered(self, inode: int, size: int) -> bool:
+        with self.lock:
+            return any(i == inode and s >= size for i, s, _ in self.done)
+
+
+def _segment_file(tmp_path: Path, name: str) -> Path:
+    (path,) = (tmp_path / f"{name}-0").glob("*.log")
+    return path
+
+
+def _append_checked(log: PartitionLog, path: Path, sync: CoverageSync, early: list[str]):
+    """Append one batch; when its ack resolves, check a finished fdatasync of its file started after it."""
+    result = log.append(make_batch()[0])
+    st = os.stat(path)  # this test's thread is the log's only writer: the file ends with this batch
+
+    def check(_future: object) -> None:
+        if not sync.covered(st.st_ino, st.st_size):
+            early.append(f"{log} offset {result.base_offset} acked before a sync covering it")
+
+    result.durable.add_done_callback(check)
+    return result
+
+
+@pytest.mark.parametrize(("sync_workers", "inline_max_logs"), [(1, 2), (4, 1), (4, 2), (4, 8)])
+def test_threshold_one_every_ack_follows_a_sync_of_its_batch_whatever_the_threads(tmp_path, sync_workers,
+                                                                                  inline_max_logs):
+    """One log or many per take, one syncing thread or several: every waiter completes, and none before
+    an fdatasync of its log file that started after its batch was written."""
+    flusher = Flusher(sync_workers=sync_workers, inline_max_logs=inline_max_logs)
+    flusher.start()
+    sync = CoverageSync()
+    names = [f"m{i}" for i in range(6)]
+    logs = [open_with(tmp_path, name, 1, flusher, sync) for name in names]  # type: ignore[arg-type]
+    for log in logs:
+        log.append(make_batch()[0]).durable.result(WAIT_S)
+    paths = [_segment_file(tmp_path, name) for name in names]
+    early: list[str] = []
+    results: list = []
+
+    def writer(pairs: list[tuple[PartitionLog, Path]]) -> None:
+        for _ in range(40):
+            for log, path in pairs:
+                results.append(_append_checked(log, path, sync, early))
+
+    pairs = list(zip(logs, paths, strict=True))
+    writers = [threading.Thread(target=writer, args=(pairs[i::3],)) for i in range(3)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join(WAIT_S)
+    assert len(results) == 6 * 40
+    for result in results:
+        assert result.wait_for_durable
+        assert result.durable.result(WAIT_S) is None
+    assert early == []
+    assert flusher.drain(WAIT_S)
+    if sync_workers == 1:  # no helper threads: every sync ran in the flusher's own thread
+        assert {thread for _, _, thread in sync.done} == {"metaq-flusher"}
+    for log in logs:
+        log.close()
+    flusher.stop()
+
+
+@pytest.mark.parametrize("inline_max_logs", [1, 2])
+def test_a_log_whose_sync_is_slow_does_not_hold_back_another_logs_acks(tmp_path, inline_max_logs):
+    """No round barrier: while log a's fdatasync hangs, log b's appends are synced and acked by another
+    thread; a's acks (the one in the hung sync and those piled behind it) wait for a's own syncs."""
+    flusher = Flusher(sync_workers=2, inline_max_logs=inline_max_logs)
+    flusher.start()
+    sync = CoverageSync()
+    a, b = (open_with(tmp_path, name, 1, flusher, sync) for name in ("a", "b"))  # type: ignore[arg-type]
+    for log in (a, b):
+        log.append(make_batch()[0]).durable.result(WAIT_S)
+    path_a, path_b = _segment_file(tmp_path, "a"), _segment_file(tmp_path, "b")
+    early: list[str] = []
+    sync.held_inode = os.stat(path_a).st_ino
+    sync.gate.clear()
+    held = _append_checked(a, path_a, sync, early)
+    assert sync.entered.wait(WAIT_S)  # a's sync has started and hangs
+    piled = [_append_checked(a, path_a, sync, early) for _ in range(5)]
+    for _ in range(5):
+        _append_checked(b, path_b, sync, early).durable.result(WAIT_S)  # b is acked meanwhile
+    assert not held.durable.done() and not any(r.durable.done() for r in piled)
+    sync.gate.set()
+    for result in [held, *piled]:
+        assert result.durable.result(WAIT_S) is None
+    assert early == []
+    a.close()
+    b.close()
+    flusher.stop()
