@@ -17,8 +17,8 @@ futures. A failing sync fails those futures and never stops a thread.
 
 ``sync_workers`` threads (the flusher's own thread and ``sync_workers - 1`` helpers) take the logs
 that have jobs queued, at most ``inline_max_logs`` (2) logs per take, and sync each taken log's jobs in
-order, one log after the other. Whichever thread is idle takes the work: an append that finds one
-waiting costs one thread wake-up (no hand-off from a scheduling thread to a pool and back), and a
+order, one log after the other. Whichever thread is idle takes the work: the appends of a burst wake
+one waiting thread (no hand-off from a scheduling thread to a pool and back), and a
 log's next sync starts as soon as its previous one ended, not when the slowest log of a "round" is
 done. Many busy logs are synced side by side by all the threads (fdatasync releases the GIL and a
 filesystem journal merges concurrent commits). A log is never synced by two threads at once, so its
@@ -73,6 +73,8 @@ class Flusher:
         self._queued: dict[SyncTarget, _Jobs] = {}
         self._soon: set[SyncTarget] = set()
         self._running: set[SyncTarget] = set()  # logs being synced (their new jobs wait their turn)
+        self._waiting = 0  # syncing threads waiting for work
+        self._wake_pending = False  # a waiting thread was woken and has not taken work yet
         self._deadlines: list[tuple[int, int, SyncTarget]] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
@@ -139,7 +141,7 @@ class Flusher:
             self._check_open()
             self._queued.setdefault(target, []).append((segment, future))
             if target not in self._running:
-                self._cond.notify()  # one idle thread takes it (a running log is taken again by its thread)
+                self._wake_one_locked()
 
     def flush_soon(self, target: SyncTarget) -> None:
         """Group commit, a threshold reached, a roll: sync ``target`` in its next sync."""
@@ -152,7 +154,16 @@ class Flusher:
             self._soon.add(target)
             self._queued.setdefault(target, []).append((None, None))
             if target not in self._running:
-                self._cond.notify()
+                self._wake_one_locked()
+
+    def _wake_one_locked(self) -> None:
+        """Wake one waiting thread for new work, unless one is already woken (it takes all that is queued
+        by the time it runs, up to ``inline_max_logs`` logs) or none waits (a busy thread takes it next).
+        The appends of one burst so wake one thread, not one each: every wake-up is a thread that then
+        waits for the GIL the event loop holds."""
+        if self._waiting and not self._wake_pending:
+            self._wake_pending = True
+            self._cond.notify()
 
     def flush_at(self, target: SyncTarget, deadline_ms: int) -> None:
         """Sync ``target`` at ``deadline_ms`` (the injected clock, in ms) unless synced before."""
@@ -183,12 +194,16 @@ class Flusher:
                     work = self._take_locked()
                     if work or (self._stopping and not self._queued and not self._running):
                         break
+                    if time.monotonic() - last_idle >= self._idle_interval_seconds:
+                        break
                     timeout = _IDLE_TICK_SECONDS
                     if self._deadlines:
                         timeout = min(timeout, max(0.0, (self._deadlines[0][0] - self._now_ms()) / 1000))
-                    self._cond.wait(timeout)
-                    if time.monotonic() - last_idle >= self._idle_interval_seconds:
-                        break
+                    self._waiting += 1
+                    try:
+                        self._cond.wait(timeout)
+                    finally:
+                        self._waiting -= 1
                 finished = not work and self._stopping and not self._queued and not self._running
             if finished:
                 self._run_idle_hook()
@@ -212,11 +227,16 @@ class Flusher:
                         break
                     if self._stopping and not self._queued:
                         return
-                    self._cond.wait()
+                    self._waiting += 1
+                    try:
+                        self._cond.wait()
+                    finally:
+                        self._waiting -= 1
             self._run_round(work)
 
     def _take_locked(self) -> dict[SyncTarget, _Jobs]:
         """Up to ``inline_max_logs`` queued logs that no thread is syncing, marked running."""
+        self._wake_pending = False  # whoever was woken, this thread takes what is there
         work: dict[SyncTarget, _Jobs] = {}
         more = False
         for target in self._queued:
@@ -230,7 +250,7 @@ class Flusher:
             self._soon.discard(target)
         self._running.update(work)
         if more:
-            self._cond.notify()  # another idle thread takes the rest side by side
+            self._wake_one_locked()  # another idle thread takes the rest side by side
         return work
 
     def _run_round(self, work: dict[SyncTarget, _Jobs]) -> None:
@@ -243,7 +263,7 @@ class Flusher:
                 with self._cond:
                     self._running.discard(target)
                     if target in self._queued:
-                        self._cond.notify()  # its next jobs arrived meanwhile: an idle thread takes them
+                        self._wake_one_locked()  # its next jobs arrived meanwhile: an idle thread takes them
                     elif not self._running:
                         if not self._queued:
                             self._idle.notify_all()
