@@ -288,9 +288,9 @@ def _patch_broker() -> None:
     orig_run_round = fm.Flusher._run_round
 
     def run_round(self: Any, *a: Any) -> Any:
-        if len(a) == 2:  # before the flusher lost its round barrier: (singles, targets)
+        if len(a) == 2:  # (singles, targets): the flusher's rounds
             logs = len({id(t) for t, _s, _f in a[0]} | {id(t) for t in a[1]})
-        else:  # {log: jobs}
+        else:  # {log: jobs}: the no-barrier experiment (commits c225bce..4a2794c)
             logs = len(a[0])
         t0 = _now()
         try:

@@ -1,30 +1,24 @@
-"""The flusher: background threads that make appended batches durable, per MetaQ's flush knobs.
+"""The flusher: one background thread that makes appended batches durable, per MetaQ's flush knobs.
 
 =====================  =========================================================================
 unflush_threshold       what the flusher does
 =====================  =========================================================================
 1                       every append queues its own job; each job is one fdatasync; acks wait
-<= 0 (group commit)     appends mark their log pending; one sync of that log covers every append
-                        pending when it starts and resolves every ack waiting on it; appends
-                        arriving during a log's sync join its next one, which is where the
-                        coalescing comes from
+<= 0 (group commit)     appends mark their log pending; one round fdatasyncs every pending log
+                        once and resolves every ack waiting on it; appends arriving during a round
+                        join the next round, which is where the coalescing comes from
 N > 1                   acks do not wait; a log is synced when it has N unflushed messages or its
                         oldest unflushed append is ``unflush_interval_ms`` old, whichever is first
 =====================  =========================================================================
 
 The flusher only schedules: the log does the syncing (``flush_pending``) and resolves its durable
-futures. A failing sync fails those futures and never stops a thread.
-
-``sync_workers`` threads (the flusher's own thread and ``sync_workers - 1`` helpers) take the logs
-that have jobs queued, at most ``inline_max_logs`` (2) logs per take, and sync each taken log's jobs in
-order, one log after the other. Whichever thread is idle takes the work: the appends of a burst wake
-one waiting thread (no hand-off from a scheduling thread to a pool and back), and a
-log's next sync starts as soon as its previous one ended, not when the slowest log of a "round" is
-done. Many busy logs are synced side by side by all the threads (fdatasync releases the GIL and a
-filesystem journal merges concurrent commits). A log is never synced by two threads at once, so its
-jobs always run in order. The flusher's own thread also runs the ``flush_at`` deadlines and closes
-file descriptors left idle (``idle_hook``). Threads, never asyncio: storage knows nothing of event
-loops; the broker awaits the durable futures.
+futures. A failing sync fails those futures and never stops the thread. The thread also closes file
+descriptors left idle (``idle_hook``). A round with few logs (``inline_max_logs``, default 2) is synced
+in the flusher's own thread, one log after the other: no hand-off to another thread, which is what an
+ack with unflush_threshold=1 waits on when the broker serves a few busy partitions. A larger round syncs
+its logs side by side on a small pool (``sync_workers``), the flusher's thread taking one of them
+itself; one log's jobs always run in order. Threads, never asyncio: storage
+knows nothing of event loops; the broker awaits the durable futures with ``asyncio.wrap_future``.
 """
 
 from __future__ import annotations
@@ -34,8 +28,9 @@ import itertools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any, Protocol
 
 from metaq.errors import StorageError
@@ -43,10 +38,6 @@ from metaq.errors import StorageError
 log = logging.getLogger(__name__)
 
 _IDLE_TICK_SECONDS = 1.0
-
-_Jobs = list[tuple[Any, "Future[None] | None"]]
-"""One log's queued jobs, in arrival order: (segment, future) for an unflush_threshold=1 append,
-(None, None) for "sync whatever is pending" (at most one queued per log)."""
 
 
 class SyncTarget(Protocol):
@@ -64,23 +55,19 @@ class Flusher:
         self._clock = clock
         self._sync_workers = max(1, sync_workers)
         self._inline_max_logs = max(1, inline_max_logs)
+        self._pool: ThreadPoolExecutor | None = None
         self._idle_hook = idle_hook
         self._idle_interval_seconds = idle_interval_seconds
         self._name = name
-        lock = threading.Lock()
-        self._cond = threading.Condition(lock)  # the syncing threads wait here for work
-        self._idle = threading.Condition(lock)  # drain() waits here for nothing queued or running
-        self._queued: dict[SyncTarget, _Jobs] = {}
-        self._soon: set[SyncTarget] = set()
-        self._running: set[SyncTarget] = set()  # logs being synced (their new jobs wait their turn)
-        self._waiting = 0  # syncing threads waiting for work
-        self._wake_pending = False  # a waiting thread was woken and has not taken work yet
+        self._cond = threading.Condition(threading.Lock())
+        self._singles: deque[tuple[SyncTarget, Any, Future[None]]] = deque()
+        self._soon: dict[SyncTarget, None] = {}
         self._deadlines: list[tuple[int, int, SyncTarget]] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
-        self._helpers: list[threading.Thread] = []
         self._stopping = False
         self._stopped = False
+        self._busy = False
         self.rounds = 0
         self.errors = 0
 
@@ -90,21 +77,21 @@ class Flusher:
         with self._cond:
             if self._thread is not None:
                 return
+            if self._sync_workers > 1:
+                self._pool = ThreadPoolExecutor(self._sync_workers, thread_name_prefix=f"{self._name}-sync")
             self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-            self._helpers = [threading.Thread(target=self._help, name=f"{self._name}-sync_{i}", daemon=True)
-                             for i in range(self._sync_workers - 1)]
-            for thread in [self._thread, *self._helpers]:
-                thread.start()
+            self._thread.start()
 
     def stop(self, timeout: float | None = 30.0) -> None:
-        """Finish every queued job, then end the threads. Later submissions raise StorageError."""
+        """Finish every queued job, then end the thread. Later submissions raise StorageError."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-            threads = [t for t in (self._thread, *self._helpers) if t is not None]
-        for thread in threads:
-            if thread is not threading.current_thread():
-                thread.join(timeout)
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         with self._cond:
             self._stopped = True
 
@@ -125,12 +112,12 @@ class Flusher:
     def drain(self, timeout: float = 30.0) -> bool:
         """Wait until nothing is queued or in progress (deadlines in the future do not count)."""
         end = time.monotonic() + timeout
-        with self._idle:
-            while self._queued or self._running:
+        with self._cond:
+            while self._singles or self._soon or self._busy:
                 left = end - time.monotonic()
                 if left <= 0:
                     return False
-                self._idle.wait(left)
+                self._cond.wait(left)
         return True
 
     # ------------------------------------------------------------------ submissions (any thread)
@@ -139,31 +126,16 @@ class Flusher:
         """unflush_threshold == 1: one fdatasync of ``segment`` for this one append."""
         with self._cond:
             self._check_open()
-            self._queued.setdefault(target, []).append((segment, future))
-            if target not in self._running:
-                self._wake_one_locked()
+            self._singles.append((target, segment, future))
+            self._cond.notify()
 
     def flush_soon(self, target: SyncTarget) -> None:
-        """Group commit, a threshold reached, a roll: sync ``target`` in its next sync."""
+        """Group commit, a threshold reached, a roll: sync ``target`` in the next round."""
         with self._cond:
             self._check_open()
-            self._soon_locked(target)
-
-    def _soon_locked(self, target: SyncTarget) -> None:
-        if target not in self._soon:
-            self._soon.add(target)
-            self._queued.setdefault(target, []).append((None, None))
-            if target not in self._running:
-                self._wake_one_locked()
-
-    def _wake_one_locked(self) -> None:
-        """Wake one waiting thread for new work, unless one is already woken (it takes all that is queued
-        by the time it runs, up to ``inline_max_logs`` logs) or none waits (a busy thread takes it next).
-        The appends of one burst so wake one thread, not one each: every wake-up is a thread that then
-        waits for the GIL the event loop holds."""
-        if self._waiting and not self._wake_pending:
-            self._wake_pending = True
-            self._cond.notify()
+            if target not in self._soon:
+                self._soon[target] = None
+                self._cond.notify()
 
     def flush_at(self, target: SyncTarget, deadline_ms: int) -> None:
         """Sync ``target`` at ``deadline_ms`` (the injected clock, in ms) unless synced before."""
@@ -171,104 +143,79 @@ class Flusher:
             self._check_open()
             heapq.heappush(self._deadlines, (deadline_ms, next(self._seq), target))
             if self._deadlines[0][2] is target:
-                self._cond.notify_all()  # the flusher's own thread keeps the deadlines
+                self._cond.notify()
 
     def _check_open(self) -> None:
         if self._stopping:
             raise StorageError("the flusher is stopped; the log manager is closing")
 
-    # ------------------------------------------------------------------ the threads
+    # ------------------------------------------------------------------ the thread
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
     def _run(self) -> None:
-        """The flusher's own thread: syncs like the helpers, and also keeps the deadlines and the idle
-        hook; it is the last to end at a stop (after every queued and running job)."""
         last_idle = time.monotonic()
         while True:
             with self._cond:
                 while True:
-                    for target in self._pop_due_locked():
-                        self._soon_locked(target)
-                    work = self._take_locked()
-                    if work or (self._stopping and not self._queued and not self._running):
-                        break
-                    if time.monotonic() - last_idle >= self._idle_interval_seconds:
+                    due = self._pop_due_locked()
+                    if self._singles or self._soon or due or self._stopping:
                         break
                     timeout = _IDLE_TICK_SECONDS
                     if self._deadlines:
                         timeout = min(timeout, max(0.0, (self._deadlines[0][0] - self._now_ms()) / 1000))
-                    self._waiting += 1
-                    try:
-                        self._cond.wait(timeout)
-                    finally:
-                        self._waiting -= 1
-                finished = not work and self._stopping and not self._queued and not self._running
+                    self._cond.wait(timeout)
+                    if time.monotonic() - last_idle >= self._idle_interval_seconds:
+                        break
+                singles = self._singles
+                self._singles = deque()
+                targets = list(self._soon)
+                self._soon = {}
+                for target in due:
+                    if target not in targets:
+                        targets.append(target)
+                finished = self._stopping and not singles and not targets
+                self._busy = bool(singles or targets)
             if finished:
                 self._run_idle_hook()
                 with self._cond:
-                    self._idle.notify_all()
+                    self._cond.notify_all()
                 return
-            if work:
-                self._run_round(work)
+            if singles or targets:
+                self.rounds += 1
+                self._run_round(singles, targets)
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
             if time.monotonic() - last_idle >= self._idle_interval_seconds:
                 last_idle = time.monotonic()
                 self._run_idle_hook()
 
-    def _help(self) -> None:
-        """A helper thread: takes work like the flusher's own thread; ends at a stop once nothing is
-        left to take (the flusher's own thread stays for the jobs of logs still running)."""
-        while True:
-            with self._cond:
-                while True:
-                    work = self._take_locked()
-                    if work:
-                        break
-                    if self._stopping and not self._queued:
-                        return
-                    self._waiting += 1
-                    try:
-                        self._cond.wait()
-                    finally:
-                        self._waiting -= 1
-            self._run_round(work)
+    def _run_round(self, singles: deque[tuple[SyncTarget, Any, Future[None]]],
+                   targets: list[SyncTarget]) -> None:
+        """One round: each log's jobs in order; the logs of a large round in parallel.
 
-    def _take_locked(self) -> dict[SyncTarget, _Jobs]:
-        """Up to ``inline_max_logs`` queued logs that no thread is syncing, marked running."""
-        self._wake_pending = False  # whoever was woken, this thread takes what is there
-        work: dict[SyncTarget, _Jobs] = {}
-        more = False
-        for target in self._queued:
-            if target not in self._running:
-                if len(work) == self._inline_max_logs:
-                    more = True
-                    break
-                work[target] = self._queued[target]
-        for target in work:
-            del self._queued[target]
-            self._soon.discard(target)
-        self._running.update(work)
-        if more:
-            self._wake_one_locked()  # another idle thread takes the rest side by side
-        return work
-
-    def _run_round(self, work: dict[SyncTarget, _Jobs]) -> None:
-        """Sync the taken logs one after the other in this thread."""
-        self.rounds += 1
-        for target, jobs in work.items():
-            try:
+        fdatasync releases the GIL and a filesystem journal merges concurrent commits, so syncing
+        the logs of a large round side by side costs about one sync instead of one per log. A round of
+        one or two logs gains little from that and pays the hand-offs (the pool's threads waking, each
+        waiting for the GIL the event loop holds), so the flusher syncs it itself.
+        """
+        work: dict[SyncTarget, list[tuple[Any, Future[None] | None]]] = {}
+        for target, segment, future in singles:
+            work.setdefault(target, []).append((segment, future))
+        for target in targets:
+            work.setdefault(target, []).append((None, None))
+        if self._pool is None or len(work) <= self._inline_max_logs:
+            for target, jobs in work.items():
                 self._sync_all(target, jobs)
-            finally:
-                with self._cond:
-                    self._running.discard(target)
-                    if target in self._queued:
-                        self._wake_one_locked()  # its next jobs arrived meanwhile: an idle thread takes them
-                    elif not self._running:
-                        if not self._queued:
-                            self._idle.notify_all()
-                        if self._stopping:
-                            self._cond.notify_all()  # the flusher's own thread ends after the last job
+            return
+        items = iter(work.items())
+        own_target, own_jobs = next(items)
+        waits = [self._pool.submit(self._sync_all, target, jobs) for target, jobs in items]
+        self._sync_all(own_target, own_jobs)  # this thread would only wait: it takes one log itself
+        for wait in waits:
+            wait.result()
 
     def _sync_all(self, target: SyncTarget, jobs: list[tuple[Any, Future[None] | None]]) -> None:
         """Sync one log for this round.

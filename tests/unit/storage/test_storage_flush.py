@@ -269,8 +269,9 @@ def _append_checked(log: PartitionLog, path: Path, sync: CoverageSync, early: li
 @pytest.mark.parametrize(("sync_workers", "inline_max_logs"), [(1, 2), (4, 1), (4, 2), (4, 8)])
 def test_threshold_one_every_ack_follows_a_sync_of_its_batch_whatever_the_threads(tmp_path, sync_workers,
                                                                                   inline_max_logs):
-    """One log or many per take, one syncing thread or several: every waiter completes, and none before
-    an fdatasync of its log file that started after its batch was written."""
+    """Rounds synced in the flusher's own thread (few logs, or no pool) or on the pool (more logs than
+    inline_max_logs): every waiter completes, and none before an fdatasync of its log file that started
+    after its batch was written."""
     flusher = Flusher(sync_workers=sync_workers, inline_max_logs=inline_max_logs)
     flusher.start()
     sync = CoverageSync()
@@ -299,37 +300,47 @@ def test_threshold_one_every_ack_follows_a_sync_of_its_batch_whatever_the_thread
         assert result.durable.result(WAIT_S) is None
     assert early == []
     assert flusher.drain(WAIT_S)
-    if sync_workers == 1:  # no helper threads: every sync ran in the flusher's own thread
-        assert {thread for _, _, thread in sync.done} == {"metaq-flusher"}
+    threads = {thread for _, _, thread in sync.done}
+    if sync_workers == 1 or inline_max_logs >= len(logs):  # every round was synced in the flusher's thread
+        assert threads == {"metaq-flusher"}
     for log in logs:
         log.close()
     flusher.stop()
 
 
-@pytest.mark.parametrize("inline_max_logs", [1, 2])
-def test_a_log_whose_sync_is_slow_does_not_hold_back_another_logs_acks(tmp_path, inline_max_logs):
-    """No round barrier: while log a's fdatasync hangs, log b's appends are synced and acked by another
-    thread; a's acks (the one in the hung sync and those piled behind it) wait for a's own syncs."""
-    flusher = Flusher(sync_workers=2, inline_max_logs=inline_max_logs)
+@pytest.mark.parametrize("n_logs", [2, 3])
+def test_threshold_one_a_small_round_syncs_in_the_flusher_thread_a_larger_one_on_the_pool(tmp_path, n_logs):
+    """While log 0's sync hangs, appends pile up on every log; the next round holds them all. Two logs
+    (inline_max_logs) are synced in the flusher's own thread, three on the pool with the flusher taking
+    one; either way each ack waits for a sync of its own log that began after its batch was written."""
+    flusher = Flusher(sync_workers=4, inline_max_logs=2)
     flusher.start()
     sync = CoverageSync()
-    a, b = (open_with(tmp_path, name, 1, flusher, sync) for name in ("a", "b"))  # type: ignore[arg-type]
-    for log in (a, b):
+    names = [f"r{i}" for i in range(n_logs)]
+    logs = [open_with(tmp_path, name, 1, flusher, sync) for name in names]  # type: ignore[arg-type]
+    for log in logs:
         log.append(make_batch()[0]).durable.result(WAIT_S)
-    path_a, path_b = _segment_file(tmp_path, "a"), _segment_file(tmp_path, "b")
+    paths = [_segment_file(tmp_path, name) for name in names]
     early: list[str] = []
-    sync.held_inode = os.stat(path_a).st_ino
+    sync.held_inode = os.stat(paths[0]).st_ino
     sync.gate.clear()
-    held = _append_checked(a, path_a, sync, early)
-    assert sync.entered.wait(WAIT_S)  # a's sync has started and hangs
-    piled = [_append_checked(a, path_a, sync, early) for _ in range(5)]
-    for _ in range(5):
-        _append_checked(b, path_b, sync, early).durable.result(WAIT_S)  # b is acked meanwhile
+    held = _append_checked(logs[0], paths[0], sync, early)
+    assert sync.entered.wait(WAIT_S)  # round 1 (log 0 alone) hangs in its fdatasync
+    piled = [_append_checked(log, path, sync, early) for _ in range(3) for log, path in zip(logs, paths, strict=True)]
     assert not held.durable.done() and not any(r.durable.done() for r in piled)
+    with sync.lock:
+        before = len(sync.done)
     sync.gate.set()
     for result in [held, *piled]:
         assert result.durable.result(WAIT_S) is None
     assert early == []
-    a.close()
-    b.close()
+    assert flusher.drain(WAIT_S)
+    with sync.lock:
+        threads = {thread for _, _, thread in sync.done[before:]}
+    if n_logs <= 2:
+        assert threads == {"metaq-flusher"}
+    else:
+        assert "metaq-flusher" in threads and any(t.startswith("metaq-flusher-sync") for t in threads)
+    for log in logs:
+        log.close()
     flusher.stop()
