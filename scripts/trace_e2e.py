@@ -70,6 +70,7 @@ STAGES = [
 """The delivery path; each stage's time is measured from the previous stage present."""
 ACK_STAGES = [
     ("appended", "broker: appended (pwrite done)"),
+    ("sync_start", "broker: sync covering it started"),
     ("flushed", "broker: fdatasync covering it done"),
     ("ack", "broker: ack queued to write"),
     ("acked", "producer: ack arrived"),
@@ -140,7 +141,7 @@ def analyse(kinds: dict[str, list[Any]], skip_s: float = 1.0) -> dict[str, Any]:
                     while i < len(fl) and fl[i][2] <= o:
                         i += 1
                     if i < len(fl):
-                        row["flushed"] = fl[i][1]
+                        row["sync_start"], row["flushed"] = fl[i][0], fl[i][1]
                 if (p, base) in acks:
                     row["ack"] = acks[(p, base)]
                 ws = woken.get(p, [])
@@ -157,7 +158,7 @@ def analyse(kinds: dict[str, list[Any]], skip_s: float = 1.0) -> dict[str, Any]:
                     row["recv"], row["decoded"] = recv[(p, o)]
                 row["acked"] = acked_at.get(ts, 0)
                 if "flushed" in row and row.get("ack", 0) < row["flushed"]:
-                    del row["flushed"]  # the ack did not wait for it (unflushThreshold > 1)
+                    del row["flushed"], row["sync_start"]  # the ack did not wait for it (unflushThreshold > 1)
                 rows.append(row)
     if not rows:
         raise SystemExit("no traced message was delivered")
@@ -170,6 +171,13 @@ def analyse(kinds: dict[str, list[Any]], skip_s: float = 1.0) -> dict[str, Any]:
     acked = [(r["acked"] - r["send"]) / 1000 for r in rows if r.get("acked")]
     if acked:
         out["send_to_ack"] = {"p50_us": round(pct(acked, 0.5), 1), "p99_us": round(pct(acked, 0.99), 1)}
+    if kinds.get("round"):  # the flusher's rounds: how many logs each synced
+        sizes: dict[int, int] = defaultdict(int)
+        for n, _t0, _t1 in kinds["round"]:
+            sizes[n] += 1
+        out["flusher_rounds"] = {str(n): sizes[n] for n in sorted(sizes)}
+        durations = [(t1 - t0) / 1000 for _n, t0, t1 in kinds["round"]]
+        out["flusher_round_us"] = {"p50": round(pct(durations, 0.5), 1), "p99": round(pct(durations, 0.99), 1)}
     no_wait = sum(1 for r in rows if "woken" not in r)
     out["served_without_long_poll_wait"] = no_wait
     return out
@@ -219,6 +227,9 @@ def main() -> None:
     for s in result["ack_stages"]:
         print(f"{s['stage']:48} {s['p50_us']:9.1f} {s['p99_us']:9.1f}  ({s['n']} messages)")
     print(f"{'total, send_async -> yielded':48} {result['total']['p50_us']:9.1f} {result['total']['p99_us']:9.1f}")
+    if "flusher_rounds" in result:
+        print(f"flusher rounds by number of logs synced: {result['flusher_rounds']}; a round takes "
+              f"{result['flusher_round_us']['p50']} us p50, {result['flusher_round_us']['p99']} us p99")
     if "send_to_ack" in result:
         print(f"{'(producer: send_async -> ack arrived)':48} {result['send_to_ack']['p50_us']:9.1f} "
               f"{result['send_to_ack']['p99_us']:9.1f}")

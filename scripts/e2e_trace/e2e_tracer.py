@@ -283,6 +283,23 @@ def _patch_broker() -> None:
 
     lm.PartitionLog.flush_pending = flush_pending  # type: ignore[method-assign]
 
+    from metaq.storage import flush as fm
+
+    orig_run_round = fm.Flusher._run_round
+
+    def run_round(self: Any, *a: Any) -> Any:
+        if len(a) == 2:  # (singles, targets): the flusher's rounds
+            logs = len({id(t) for t, _s, _f in a[0]} | {id(t) for t in a[1]})
+        else:  # {log: jobs}: the no-barrier experiment (commits c225bce..4a2794c)
+            logs = len(a[0])
+        t0 = _now()
+        try:
+            return orig_run_round(self, *a)
+        finally:
+            _rec("round", logs, t0, _now())
+
+    fm.Flusher._run_round = run_round  # type: ignore[method-assign]
+
     orig_wait = wm.FetchWaiters.wait
 
     async def wait(self: Any, topic: str, partition: int, *a: Any, **k: Any) -> None:

@@ -13,8 +13,11 @@ N > 1                   acks do not wait; a log is synced when it has N unflushe
 
 The flusher only schedules: the log does the syncing (``flush_pending``) and resolves its durable
 futures. A failing sync fails those futures and never stops the thread. The thread also closes file
-descriptors left idle (``idle_hook``). Within a round, different logs are synced side by side on a
-small pool (``sync_workers``); one log's jobs always run in order. Threads, never asyncio: storage
+descriptors left idle (``idle_hook``). A round with few logs (``inline_max_logs``, default 2) is synced
+in the flusher's own thread, one log after the other: no hand-off to another thread, which is what an
+ack with unflush_threshold=1 waits on when the broker serves a few busy partitions. A larger round syncs
+its logs side by side on a small pool (``sync_workers``), the flusher's thread taking one of them
+itself; one log's jobs always run in order. Threads, never asyncio: storage
 knows nothing of event loops; the broker awaits the durable futures with ``asyncio.wrap_future``.
 """
 
@@ -48,9 +51,10 @@ class Flusher:
 
     def __init__(self, *, clock: Callable[[], float] = time.time,
                  idle_hook: Callable[[], None] | None = None, idle_interval_seconds: float = 10.0,
-                 sync_workers: int = 4, name: str = "metaq-flusher") -> None:
+                 sync_workers: int = 4, inline_max_logs: int = 2, name: str = "metaq-flusher") -> None:
         self._clock = clock
         self._sync_workers = max(1, sync_workers)
+        self._inline_max_logs = max(1, inline_max_logs)
         self._pool: ThreadPoolExecutor | None = None
         self._idle_hook = idle_hook
         self._idle_interval_seconds = idle_interval_seconds
@@ -190,21 +194,26 @@ class Flusher:
 
     def _run_round(self, singles: deque[tuple[SyncTarget, Any, Future[None]]],
                    targets: list[SyncTarget]) -> None:
-        """One round: each log's jobs in order, different logs in parallel.
+        """One round: each log's jobs in order; the logs of a large round in parallel.
 
         fdatasync releases the GIL and a filesystem journal merges concurrent commits, so syncing
-        the logs of a round side by side costs about one sync instead of one per log.
+        the logs of a large round side by side costs about one sync instead of one per log. A round of
+        one or two logs gains little from that and pays the hand-offs (the pool's threads waking, each
+        waiting for the GIL the event loop holds), so the flusher syncs it itself.
         """
         work: dict[SyncTarget, list[tuple[Any, Future[None] | None]]] = {}
         for target, segment, future in singles:
             work.setdefault(target, []).append((segment, future))
         for target in targets:
             work.setdefault(target, []).append((None, None))
-        if self._pool is None or len(work) == 1:
+        if self._pool is None or len(work) <= self._inline_max_logs:
             for target, jobs in work.items():
                 self._sync_all(target, jobs)
             return
-        waits = [self._pool.submit(self._sync_all, target, jobs) for target, jobs in work.items()]
+        items = iter(work.items())
+        own_target, own_jobs = next(items)
+        waits = [self._pool.submit(self._sync_all, target, jobs) for target, jobs in items]
+        self._sync_all(own_target, own_jobs)  # this thread would only wait: it takes one log itself
         for wait in waits:
             wait.result()
 

@@ -94,7 +94,11 @@ def test_threshold_one_without_flusher_is_durable_on_return(tmp_path):
     log.close()
 
 
-def test_group_commit_coalesces_pending_appends_into_one_round(tmp_path, flusher):
+def test_group_commit_coalesces_pending_appends_into_one_round(tmp_path):
+    # One syncing thread: held in g0's sync, it takes nothing else, so what piles up meanwhile on every
+    # log waits for one next sync per log (with helper threads, g1 and g2 would start their syncs at once).
+    flusher = Flusher(sync_workers=1)
+    flusher.start()
     sync = CountingSync()
     logs = [open_with(tmp_path, f"g{i}", 0, flusher, sync) for i in range(3)]
     for log in logs:
@@ -115,6 +119,7 @@ def test_group_commit_coalesces_pending_appends_into_one_round(tmp_path, flusher
     assert len({id(r.durable) for r in later}) == len(logs)
     for log in logs:
         log.close()
+    flusher.stop()
 
 
 def test_threshold_n_acks_at_once_and_syncs_after_n_messages(tmp_path, flusher):
@@ -214,3 +219,128 @@ def test_close_flushes_and_stop_finishes_queued_work(tmp_path):
         r.durable.result(WAIT_S)
     with pytest.raises(StorageError):
         flusher.flush_soon(log)
+
+
+class CoverageSync:
+    """An fdatasync that records, once it returned, which file it synced and how long that file was when
+    it started: an ack is only honest if such a record covers its batch. Syncs of one chosen file can
+    be held at a gate."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.done: list[tuple[int, int, str]] = []  # (inode, size at the start, thread name)
+        self.held_inode = -1
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+
+    def __call__(self, fd: int) -> None:
+        st = os.fstat(fd)
+        if st.st_ino == self.held_inode:
+            self.entered.set()
+            assert self.gate.wait(WAIT_S)
+        os.fdatasync(fd)
+        with self.lock:
+            self.done.append((st.st_ino, st.st_size, threading.current_thread().name))
+
+    def covered(self, inode: int, size: int) -> bool:
+        with self.lock:
+            return any(i == inode and s >= size for i, s, _ in self.done)
+
+
+def _segment_file(tmp_path: Path, name: str) -> Path:
+    (path,) = (tmp_path / f"{name}-0").glob("*.log")
+    return path
+
+
+def _append_checked(log: PartitionLog, path: Path, sync: CoverageSync, early: list[str]):
+    """Append one batch; when its ack resolves, check a finished fdatasync of its file started after it."""
+    result = log.append(make_batch()[0])
+    st = os.stat(path)  # this test's thread is the log's only writer: the file ends with this batch
+
+    def check(_future: object) -> None:
+        if not sync.covered(st.st_ino, st.st_size):
+            early.append(f"{log} offset {result.base_offset} acked before a sync covering it")
+
+    result.durable.add_done_callback(check)
+    return result
+
+
+@pytest.mark.parametrize(("sync_workers", "inline_max_logs"), [(1, 2), (4, 1), (4, 2), (4, 8)])
+def test_threshold_one_every_ack_follows_a_sync_of_its_batch_whatever_the_threads(tmp_path, sync_workers,
+                                                                                  inline_max_logs):
+    """Rounds synced in the flusher's own thread (few logs, or no pool) or on the pool (more logs than
+    inline_max_logs): every waiter completes, and none before an fdatasync of its log file that started
+    after its batch was written."""
+    flusher = Flusher(sync_workers=sync_workers, inline_max_logs=inline_max_logs)
+    flusher.start()
+    sync = CoverageSync()
+    names = [f"m{i}" for i in range(6)]
+    logs = [open_with(tmp_path, name, 1, flusher, sync) for name in names]  # type: ignore[arg-type]
+    for log in logs:
+        log.append(make_batch()[0]).durable.result(WAIT_S)
+    paths = [_segment_file(tmp_path, name) for name in names]
+    early: list[str] = []
+    results: list = []
+
+    def writer(pairs: list[tuple[PartitionLog, Path]]) -> None:
+        for _ in range(40):
+            for log, path in pairs:
+                results.append(_append_checked(log, path, sync, early))
+
+    pairs = list(zip(logs, paths, strict=True))
+    writers = [threading.Thread(target=writer, args=(pairs[i::3],)) for i in range(3)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join(WAIT_S)
+    assert len(results) == 6 * 40
+    for result in results:
+        assert result.wait_for_durable
+        assert result.durable.result(WAIT_S) is None
+    assert early == []
+    assert flusher.drain(WAIT_S)
+    threads = {thread for _, _, thread in sync.done}
+    if sync_workers == 1 or inline_max_logs >= len(logs):  # every round was synced in the flusher's thread
+        assert threads == {"metaq-flusher"}
+    for log in logs:
+        log.close()
+    flusher.stop()
+
+
+@pytest.mark.parametrize("n_logs", [2, 3])
+def test_threshold_one_a_small_round_syncs_in_the_flusher_thread_a_larger_one_on_the_pool(tmp_path, n_logs):
+    """While log 0's sync hangs, appends pile up on every log; the next round holds them all. Two logs
+    (inline_max_logs) are synced in the flusher's own thread, three on the pool with the flusher taking
+    one; either way each ack waits for a sync of its own log that began after its batch was written."""
+    flusher = Flusher(sync_workers=4, inline_max_logs=2)
+    flusher.start()
+    sync = CoverageSync()
+    names = [f"r{i}" for i in range(n_logs)]
+    logs = [open_with(tmp_path, name, 1, flusher, sync) for name in names]  # type: ignore[arg-type]
+    for log in logs:
+        log.append(make_batch()[0]).durable.result(WAIT_S)
+    paths = [_segment_file(tmp_path, name) for name in names]
+    early: list[str] = []
+    sync.held_inode = os.stat(paths[0]).st_ino
+    sync.gate.clear()
+    held = _append_checked(logs[0], paths[0], sync, early)
+    assert sync.entered.wait(WAIT_S)  # round 1 (log 0 alone) hangs in its fdatasync
+    piled = [_append_checked(log, path, sync, early) for _ in range(3) for log, path in zip(logs, paths, strict=True)]
+    assert not held.durable.done() and not any(r.durable.done() for r in piled)
+    with sync.lock:
+        before = len(sync.done)
+    sync.gate.set()
+    for result in [held, *piled]:
+        assert result.durable.result(WAIT_S) is None
+    assert early == []
+    assert flusher.drain(WAIT_S)
+    with sync.lock:
+        threads = {thread for _, _, thread in sync.done[before:]}
+    if n_logs <= 2:
+        assert threads == {"metaq-flusher"}
+    else:
+        assert "metaq-flusher" in threads and any(t.startswith("metaq-flusher-sync") for t in threads)
+    for log in logs:
+        log.close()
+    flusher.stop()
