@@ -1152,8 +1152,11 @@ class Producer:
             error: BaseException | None = None
         except Exception as exc:
             tm, error = None, exc
-        pending = self._cold.pop(topic, [])
-        for message, waiter, size, acks in pending:
+        self._route_waiting(topic, tm, error)
+
+    def _route_waiting(self, topic: str, tm: TopicMetadata | None, error: BaseException | None) -> None:
+        """The topic's messages waiting in ``_cold``, in order: routed with ``tm``, or failed with ``error``."""
+        for message, waiter, size, acks in self._cold.pop(topic, []):
             self._buffered -= size
             if tm is None:
                 assert error is not None
@@ -1218,23 +1221,14 @@ class Producer:
                 tm = None
                 break
             await core.cluster_changed(remaining, since)
-        held = self._cold.pop(topic, [])
+        error = None if tm is not None else PartitionClosedError(
+            f"every partition of topic {topic!r} stayed closed for publishing for {self._timeout_s:g} s "
+            "(request_timeout_s)")
         self._releasing_held = True  # a message refused again now gets its failure, not another wait
         try:
-            for message, waiter, size, acks in held:
-                self._buffered -= size
-                if tm is None:
-                    error = PartitionClosedError(f"every partition of topic {topic!r} stayed closed for publishing "
-                                                 f"for {self._timeout_s:g} s (request_timeout_s)")
-                    self._resolve(waiter, SendResult(False, error=error, topic=topic))
-                    continue
-                try:
-                    self._route(message, tm, waiter, size, acks)
-                except Exception as exc:
-                    self._resolve(waiter, SendResult(False, error=exc, topic=topic))
+            self._route_waiting(topic, tm, error)
         finally:
             self._releasing_held = False
-        self._release_room()
 
     def _place(self, message: Message, partitions: Sequence[Partition], waiter: Any, size: int, acks: int) -> None:
         """The selector's partition, then its open batch. The common case -- no key, attribute, headers or
