@@ -16,7 +16,6 @@ macOS, Windows) it does nothing and says so at debug level.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import sys
@@ -70,6 +69,8 @@ def tune_allocator(trim_threshold: int = DEFAULT_TRIM_THRESHOLD,
     if version is None:
         log.debug("allocator tuning skipped: the C library is not glibc (%s)", sys.platform)
         return False
+    import ctypes  # here: `import metaq` stays free of it
+
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
