@@ -24,6 +24,13 @@ reads them with pread and writes them (docs/storage.md). Every phase is bounded 
 loopback only. Example (the figures in docs/benchmarks.md, "Large messages"):
 
     .venv/bin/python scripts/bench_large.py --count 2000 --size 1000000 --loops uvloop,asyncio [--api iterate]
+
+The broker's resident set (VmRSS) is printed idle and after the consume, and the CPU seconds and minor page
+faults the broker spent on the produce and the consume (from /proc). ``--malloc-env
+none|broker|consumer|both`` puts glibc's ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` into the
+environment of the broker, the consumer, both or neither (this script's own are not passed on);
+``--tune-allocator`` has the consumer call ``metaq.tune_allocator()``, and ``--broker-option
+mallocTrimThreshold=0`` etc. sets the broker's (docs/benchmarks.md, "1 MB messages: glibc's heap trimming").
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_backlog import raw_fetch  # a sibling script
 
 TOPIC = "large"
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "134217728"}
+"""glibc's heap tuning by environment (``--malloc-env``): read once, at a process's start."""
 CHUNK_BYTES = 1 << 20
 """Bytes per sendfile / pread / recv call of the baselines: the consumer's max_bytes per fetch."""
 
@@ -113,17 +122,55 @@ def segment_files(data_dir: Path) -> list[Path]:
     return sorted(data_dir.glob(f"{TOPIC}-*/*.log"))
 
 
+def broker_rss_mib(pid: int | None) -> float:
+    """The broker's resident set (VmRSS) in MiB, 0.0 where /proc is absent."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def broker_cpu_faults(pid: int | None) -> tuple[float, int]:
+    """The broker's CPU seconds (user + system) and minor page faults so far, from /proc (0 where absent)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0, 0
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks, int(fields[7])
+
+
 def run_case(loop: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     data_dir = work / f"data-{loop}"
     options: dict[str, Any] = {"unflushThreshold": 0, "maxTransferSize": 1 << 20, "event-loop": loop}
     config = f"[system]\nnumPartitions=1\n\n[topic={TOPIC}]\nnumPartitions={args.partitions}\n"
     row: dict[str, Any] = {"loop": loop}
-    with BrokerLauncher(data_dir, options, config_text=config, ready_timeout_s=120) as launcher:
+    broker_env = MALLOC_ENV if args.malloc_env in ("broker", "both") else {}
+    consumer_env = MALLOC_ENV if args.malloc_env in ("consumer", "both") else {}
+    for key in MALLOC_ENV:  # neither the broker nor the consumer inherits this process's setting
+        os.environ.pop(key, None)
+    options.update(dict(kv.split("=", 1) for kv in args.broker_option))
+    with BrokerLauncher(data_dir, options, config_text=config, ready_timeout_s=120, env=broker_env) as launcher:
+        row["rss_idle_mib"] = broker_rss_mib(launcher.pid)
         spec = BenchSpec(mode="consume", servers=launcher.servers, topic=TOPIC, partitions=args.partitions,
                          size=args.size, count=args.count, batch=args.batch, concurrency=args.concurrency,
-                         duration_s=args.duration, api=args.api)
+                         duration_s=args.duration, api=args.api,
+                         **({"tune_allocator": True} if args.tune_allocator else {}))  # older BenchSpecs lack it
         print(f"[{loop}] produce {args.count} x {args.size:,} B (not measured), then consume ...", flush=True)
-        result = run_bench(spec)
+        os.environ.update(consumer_env)  # the spawned consumer process inherits it
+        cpu_before, faults_before = broker_cpu_faults(launcher.pid)
+        try:
+            result = run_bench(spec)
+        finally:
+            for key in consumer_env:
+                os.environ.pop(key, None)
+        row["rss_after_mib"] = broker_rss_mib(launcher.pid)
+        cpu_after, faults_after = broker_cpu_faults(launcher.pid)
+        # the produce (preload) and the consume together: the broker's share of a run
+        row["broker_cpu_s"], row["broker_faults"] = cpu_after - cpu_before, faults_after - faults_before
         row.update(consume_mb_s=result.mb_per_s, messages=result.messages, consume_s=result.seconds)
         print(f"[{loop}] consume: {result.messages} messages, {result.bytes / 1e6:,.0f} MB of payload in "
               f"{result.seconds:.2f}s: {result.mb_per_s:,.1f} MB/s", flush=True)
@@ -132,6 +179,10 @@ def run_case(loop: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         if args.raw:
             print(f"[{loop}] raw fetch of the same (blocking client, records not decoded): "
                   f"{raw['bytes'] / 1e6:,.0f} MB in {raw['seconds']:.2f}s: {raw['mb_s']:,.1f} MB/s", flush=True)
+        row["rss_end_mib"] = broker_rss_mib(launcher.pid)
+        print(f"[{loop}] broker RSS: {row['rss_idle_mib']:.1f} MiB idle, {row['rss_after_mib']:.1f} after the "
+              f"consume, {row['rss_end_mib']:.1f} at the end; produce + consume cost the broker "
+              f"{row['broker_cpu_s']:.2f} CPU s and {row['broker_faults']:,} minor page faults", flush=True)
     files = segment_files(data_dir)
     stored = sum(p.stat().st_size for p in files)
     for how in args.baselines.split(","):
@@ -156,21 +207,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loops", default="uvloop,asyncio", help="Broker event loops, one fresh broker each.")
     parser.add_argument("--baselines", default="sendfile,pread", help="Raw sends of the segment files.")
     parser.add_argument("--no-raw", dest="raw", action="store_false", help="Skip the raw fetch.")
+    parser.add_argument("--malloc-env", default="none", choices=["none", "broker", "consumer", "both"],
+                        help="Which processes get MALLOC_MMAP_THRESHOLD_=32 MiB and MALLOC_TRIM_THRESHOLD_=128 MiB "
+                             "in their environment (this script's own setting is not passed on).")
+    parser.add_argument("--tune-allocator", action="store_true",
+                        help="The consumer process calls metaq.tune_allocator() "
+                             "(metaq bench consume --tune-allocator).")
+    parser.add_argument("--broker-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="A further broker option (server.ini key), repeatable.")
     parser.add_argument("--work-dir", default=None, help="Where the data directories go (default: a temp dir).")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="metaq-large-", dir=args.work_dir) as tmp:
         rows = [run_case(loop, args, Path(tmp)) for loop in args.loops.split(",") if loop]
-    print(f"\n{args.count} messages of {args.size:,} B, {args.partitions} partition(s), consumer api {args.api}; "
-          f"MB/s (10^6 B/s):")
+    tuned = ", consumer tune_allocator()" if args.tune_allocator else ""
+    print(f"\n{args.count} messages of {args.size:,} B, {args.partitions} partition(s), consumer api {args.api}, "
+          f"malloc env {args.malloc_env}{tuned}; MB/s (10^6 B/s); broker RSS MiB idle / after the consume:")
     print("| broker loop | consume MB/s | raw fetch MB/s | raw sendfile MB/s | consume / sendfile "
-          "| raw fetch / sendfile | raw pread+send MB/s |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "| raw fetch / sendfile | raw pread+send MB/s | broker RSS | broker CPU s | broker minor faults |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         sf = r.get("sendfile_mb_s", 0.0)
         ratio = f"{r['consume_mb_s'] / sf:.0%}" if sf else ""
         raw_ratio = f"{r['raw_mb_s'] / sf:.0%}" if sf else ""
         print(f"| {r['loop']} | {r['consume_mb_s']:,.1f} | {r['raw_mb_s']:,.1f} | {sf:,.1f} | {ratio} | {raw_ratio} "
-              f"| {r.get('pread_mb_s', 0.0):,.1f} |")
+              f"| {r.get('pread_mb_s', 0.0):,.1f} | {r['rss_idle_mib']:.0f} / {r['rss_after_mib']:.0f} "
+              f"| {r['broker_cpu_s']:.2f} | {r['broker_faults']:,} |")
     return 0
 
 

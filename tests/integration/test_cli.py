@@ -129,6 +129,16 @@ def test_bench_logging_reports_the_cost_of_a_logging_call(broker: BrokerProcess)
     assert len(_values(broker.servers, "bench-logging")) == 500
 
 
+def test_bench_consume_with_a_tuned_allocator_reads_every_message(broker: BrokerProcess) -> None:
+    # --tune-allocator: the consumer process fixes glibc's heap thresholds first (a no-op without glibc)
+    done = metaq("bench", "consume", "-s", broker.servers, "-n", "40", "--size", "300000", "--batch", "4",
+                 "--partitions", "1", "--api", "iterate", "--tune-allocator", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    # the 40 and the preload's warm-up message, read back from the first offset
+    assert (doc["messages"], doc["failures"], doc["spec"]["tune_allocator"]) == (41, 0, True)
+
+
 def test_bench_e2e_with_fsync_per_ack_measures_the_disks_fdatasync_in_the_same_run() -> None:
     # an embedded broker with unflushThreshold=1: the figure to hold the e2e latency against comes along
     done = metaq("bench", "e2e", "--flush", "sync", "--rate", "1000", "-n", "300", "-d", "1", "--linger-ms", "0",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from metaq.allocator import glibc_version
 from metaq.client import Message, MessageSessionFactory
 from metaq.protocol import messages as m
 from metaq.protocol.records import RECORD_OVERHEAD_BYTES, decode_fetched, encode_values, iter_batches
@@ -115,6 +116,34 @@ def test_the_client_consumer_reads_a_message_of_max_message_size(
             return got
 
     assert asyncio.run(go()) == [b"before", BIG, b"after"]
+
+
+GLIBC_LINE = "glibc heap: trim threshold"
+"""The broker's start-up line once it has fixed glibc's heap thresholds (mallocTrimThreshold, mallocMmapThreshold)."""
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+@pytest.mark.parametrize("thresholds", [{"mallocTrimThreshold": "128m", "mallocMmapThreshold": "32m"},
+                                        {"mallocTrimThreshold": "1g"}, {}])
+def test_a_broker_with_its_heap_thresholds_serves_1_mb_messages_to_the_iterator(
+        broker_factory: Callable[..., BrokerProcess], loop: str, thresholds: dict[str, object]) -> None:
+    # fixed thresholds (those for ~1 MB messages, a trim threshold alone) and the default (glibc's own, moving
+    # thresholds): the same messages either way, and the broker says when it has set them
+    broker = broker_factory({"numPartitions": 1, "event-loop": loop, **thresholds})
+    values = [bytes([i]) * 1000 + BIG[:999_000] for i in range(8)] + [b"small"]
+
+    async def go() -> list[bytes]:
+        async with await MessageSessionFactory.connect(broker.servers) as session:
+            producer = session.create_producer()
+            for value in values:
+                assert (await producer.send(Message("big", value))).success
+            consumer = session.create_pull_consumer()
+            return [bytes(x.data) async for x in consumer.iterate("big", 0, 0, max_bytes=1 << 20,
+                                                                     stop_at_end=True)]
+
+    assert asyncio.run(go()) == values
+    tuned = any(GLIBC_LINE in line for line in broker.log_lines)
+    assert tuned is (glibc_version() is not None and bool(thresholds)), broker.log_lines
 
 
 def _evict(directory: Path) -> None:

@@ -624,3 +624,21 @@ def test_topic_options_as_pairs_use_the_ini_validator_and_round_trip() -> None:
     section = parse_config("[topic=orders]\nacceptPublish=true\n").topics["orders"]
     merged = merge_topic_configs(tc, section)
     assert (merged.accept_publish, merged.num_partitions, merged.group_filters) == (True, 4, {"billing": "a.b:c"})
+
+
+# -- glibc's heap thresholds (mallocTrimThreshold, mallocMmapThreshold) ------------------------------
+
+
+def test_malloc_thresholds_default_to_glibcs_own() -> None:
+    c = parse_config("")
+    assert (c.malloc_trim_threshold_bytes, c.malloc_mmap_threshold_bytes) == (0, 0)
+    c = parse_config("[system]\nmallocTrimThreshold=128m\nmallocMmapThreshold=32m\n")
+    assert (c.malloc_trim_threshold_bytes, c.malloc_mmap_threshold_bytes) == (128 << 20, 32 << 20)
+    c = parse_config("[system]\nmallocTrimThreshold=1g\nmallocMmapThreshold=4m\n")
+    assert (c.malloc_trim_threshold_bytes, c.malloc_mmap_threshold_bytes) == (1 << 30, 4 << 20)
+
+
+@pytest.mark.parametrize("line", ["mallocMmapThreshold=33554433", "mallocMmapThreshold=64m",
+                                  "mallocTrimThreshold=-1", "mallocTrimThreshold=lots"])
+def test_malloc_thresholds_glibc_would_refuse_are_refused_at_parse(line: str) -> None:
+    assert line.split("=")[0] in refused(f"[system]\n{line}\n")

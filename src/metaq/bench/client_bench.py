@@ -64,6 +64,9 @@ class BenchSpec:
     """e2e: the producer and consumer processes call ``gc.freeze()`` once connected, before the measured phase (as
     the broker does after start-up; what a latency-sensitive application does): a full collection then walks only
     what was made since, not the ~26,000 objects of the imported client (10-30 ms with the loop stopped)."""
+    tune_allocator: bool = False
+    """consume: the consumer processes call :func:`metaq.allocator.tune_allocator` first (glibc's trim and mmap
+    thresholds fixed; what an application reading ~1 MB messages may do), not by default."""
     compression: str = "none"
     selector: str = "roundrobin"
     """produce: the producer's partition selector, ``roundrobin`` (RoundRobinSelector, the default) or ``sticky``
@@ -175,6 +178,10 @@ def _install_loop(kind: str) -> None:
 
 def _worker_entry(kind: str, spec: BenchSpec, index: int, progress: Any, out: Any) -> None:
     _install_loop(spec.event_loop)
+    if spec.tune_allocator and kind in ("consume", "e2e-consumer"):
+        from metaq.allocator import tune_allocator
+
+        tune_allocator()
     fn = {"produce": _produce_worker, "consume": _consume_worker, "e2e-producer": _e2e_producer,
           "e2e-consumer": _e2e_consumer}[kind]
     try:

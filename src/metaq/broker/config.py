@@ -143,6 +143,10 @@ class BrokerConfig:
     """The transaction log's directory (MetaQ's dataLogPath); None: ``data_path / ".txlog"``."""
     max_delay_s: int = 604_800
     """The longest delay of a delayed message (docs/delayed.md)."""
+    malloc_trim_threshold_bytes: int = 0
+    """glibc's trim threshold, set at start-up (mallopt); 0: glibc's own."""
+    malloc_mmap_threshold_bytes: int = 0
+    """glibc's mmap threshold, set at start-up (mallopt); 0: glibc's own."""
     ssl_port: int | None = None
     """The TLS client port (docs/security.md); None: no TLS listener."""
     ssl_cert_file: Path | None = None

@@ -461,6 +461,17 @@ OPTIONS: tuple[Option, ...] = (
     _opt("maxDelayInSeconds", "max_delay_s", "int", "604800", _SYSTEM,
          "The longest delay of a delayed message (docs/delayed.md), counted from its arrival; a longer one "
          "is refused with DELAY_TOO_LONG.", _integer(0, _JAVA_INT_MAX), status="extension"),
+    _opt("mallocTrimThreshold", "malloc_trim_threshold_bytes", "size", "0", _SYSTEM,
+         "Linux with glibc: free heap glibc keeps before giving memory back to the kernel, fixed at start-up "
+         "(mallopt M_TRIM_THRESHOLD, as MALLOC_TRIM_THRESHOLD_ does; 128m suits ~1 MB messages: the broker's "
+         "1 MB read buffers are then not handed back and faulted in again). 0 = glibc's own, moving "
+         "threshold; ignored elsewhere (docs/operations.md).", _integer(0, _JAVA_INT_MAX, size=True),
+         status="extension", default_doc="0 (glibc's)"),
+    _opt("mallocMmapThreshold", "malloc_mmap_threshold_bytes", "size", "0", _SYSTEM,
+         "Linux with glibc: blocks at least this large get an mmap of their own, fixed at start-up (mallopt "
+         "M_MMAP_THRESHOLD, as MALLOC_MMAP_THRESHOLD_ does; at most 32m, older glibc's limit; 32m with "
+         "mallocTrimThreshold=128m for ~1 MB messages). 0 = glibc's own, moving threshold; ignored elsewhere.",
+         _integer(0, 32 * _KIB**2, size=True), status="extension", default_doc="0 (glibc's)"),
     # -- [system], TLS (docs/security.md) -----------------------------------------------------------
     _opt("sslPort", "ssl_port", "int", None, _SYSTEM,
          "TLS port for clients and slaves, on hostName beside the plaintext serverPort (0: the OS picks a free "

@@ -16,6 +16,7 @@ import ssl
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
+from metaq.allocator import tune_allocator
 from metaq.broker.background import Job, default_jobs
 from metaq.broker.config import BrokerConfig
 from metaq.broker.connections import ConnectionLimits, ConnectionRegistry
@@ -318,6 +319,12 @@ class BrokerService:
         path = config.data_path
         if path.exists() and not path.is_dir():
             raise StartupError(f"dataPath {path} is not a directory")
+        # glibc's heap thresholds fixed when asked (mallocTrimThreshold, mallocMmapThreshold; off by default, a
+        # no-op without glibc): docs/benchmarks.md, "1 MB messages: glibc's heap trimming, broker and consumer"
+        if (config.malloc_trim_threshold_bytes or config.malloc_mmap_threshold_bytes) and tune_allocator(
+                config.malloc_trim_threshold_bytes, config.malloc_mmap_threshold_bytes):
+            log.info("glibc heap: trim threshold %s, mmap threshold %s (mallocTrimThreshold, mallocMmapThreshold)",
+                     config.malloc_trim_threshold_bytes or "glibc's", config.malloc_mmap_threshold_bytes or "glibc's")
         wanted = config.max_open_files + config.max_connections + DESCRIPTORS_RESERVED
         limit = raise_descriptor_limit(wanted)
         if limit < wanted:

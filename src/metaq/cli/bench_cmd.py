@@ -120,6 +120,10 @@ def bench_produce(**kwargs: Any) -> None:
               help="fetch: Fetcher.fetch, a list of Messages per 1 MiB fetch; iterate: PullConsumer.iterate, one "
               "Message at a time; columns: PullConsumer.iterate_columns, one MessageBatch (columns, payloads as "
               "memoryviews) per stored batch.")
+@click.option("--tune-allocator", is_flag=True,
+              help="The consumer process fixes glibc's heap trim and mmap thresholds first (metaq.tune_allocator(); "
+              "Linux with glibc only): with ~1 MB messages glibc otherwise gives the freed reply buffers back to the "
+              "kernel and faults them in again for each message (docs/client.md, \"Large messages\").")
 def bench_consume(**kwargs: Any) -> None:
     """Consumer throughput: preload --count messages, then read them all back."""
     _run("consume", **kwargs)
