@@ -181,9 +181,17 @@ class Quotas:
         """Count ``nbytes`` of ``direction`` (PRODUCE or FETCH) for the session's principal; the throttle
         in ms (0: none), also left in ``session.throttle_ms`` for the transport to mute the connection."""
         principal = session.principal or ANONYMOUS
-        limits = limits_for(self._config(), principal)
-        rate = limits.produce_bytes_per_s if direction == PRODUCE else limits.fetch_bytes_per_s
-        usage = self._usage(principal)
+        config = self._config()
+        override = config.quota_overrides.get(principal) if config.quota_overrides else None
+        if direction == PRODUCE:  # limits_for, without building the limits per request
+            rate = config.quota_producer_byte_rate
+            if override is not None and override.produce_bytes_per_s is not None:
+                rate = override.produce_bytes_per_s
+        else:
+            rate = config.quota_consumer_byte_rate
+            if override is not None and override.fetch_bytes_per_s is not None:
+                rate = override.fetch_bytes_per_s
+        usage = self.usage.get(principal) or self._usage(principal)
         assert usage.bytes_total is not None and usage.paid_until is not None
         usage.bytes_total[direction] = usage.bytes_total.get(direction, 0) + nbytes
         if not rate:

@@ -324,24 +324,30 @@ class BrokerProtocol(asyncio.Protocol):
             self.transport.close()
 
     def _handle(self, event: RequestEvent) -> None:
-        oneway = event.header.api_key == _PRODUCE and event.request.acks == 0
-        reply = None if oneway else _Reply(event.header, event.header.api_key in m.REPLIES_OUT_OF_ORDER)
-        if reply is not None and not reply.unordered:
+        header, request = event.header, event.request
+        api_key = header.api_key
+        if api_key == _PRODUCE and request.acks == 0:
+            reply = None  # one-way
+        elif api_key in m.REPLIES_OUT_OF_ORDER:
+            reply = _Reply(header, True)
+        else:
+            reply = _Reply(header)
             self.replies.append(reply)
-        result = self.broker.handle(event.request, self.session, deferred=True)
+        result = self.broker.handle(request, self.session, deferred=True)
         if isinstance(result, DeferredReply):  # a waiting fetch: answered from the append that wakes it
             self.broker.request_started()
             self.deferred.add(result)
             result.on_done(functools.partial(self._deferred_done, result, reply))
         elif asyncio.iscoroutine(result):
             self.broker.request_started()
-            task = self.loop.create_task(self._serve(result, reply, event.header.api_key))
+            task = self.loop.create_task(self._serve(result, reply, api_key))
             self.tasks.add(task)
             task.add_done_callback(functools.partial(self._task_done, pending=result, reply=reply,
-                                                     api_key=event.header.api_key))
+                                                     api_key=api_key))
         elif reply is not None:
             self._complete(reply, result)
-        self._check_closing()
+        if self.session.close_after_reply:
+            self._check_closing()
 
     def _check_closing(self) -> None:
         """Once the core said to close (``session.close_after_reply``): read no more, close after the replies."""

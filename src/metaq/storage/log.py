@@ -582,6 +582,7 @@ class PartitionLog:
         keep.next_offset = offset
         keep.max_timestamp_ms = max_ts
         keep.last_batch_base_offset = last_base
+        keep.tail = None
         keep.index, keep.time_index = index, time_index
         keep.rewrite_index_files()
         keep.sync_index_files(self._sync)

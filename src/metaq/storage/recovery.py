@@ -149,6 +149,7 @@ def _check_segment(segment: Segment, tag: int, *, from_start: bool) -> CheckResu
     segment.next_offset = segment.base_offset + relative
     segment.max_timestamp_ms = time_index.max_timestamp_ms
     segment.last_batch_base_offset = -1
+    segment.tail = None
     handle = segment.files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
     try:
         result = check_batches(handle.fd, position, file_size, segment.next_offset, tag, segment.note_batch)

@@ -47,8 +47,8 @@ class Segment:
     __slots__ = (
         "_load_lock", "base_offset", "dir_synced", "directory", "files", "index", "index_file_bytes",
         "index_interval_bytes", "index_path", "last_batch_base_offset", "log_path", "max_timestamp_ms",
-        "next_offset", "pins", "sealed", "size_bytes", "synced_bytes", "tag", "time_index", "timeindex_file_bytes",
-        "timeindex_path",
+        "next_offset", "pins", "sealed", "size_bytes", "synced_bytes", "tag", "tail", "time_index",
+        "timeindex_file_bytes", "timeindex_path",
     )
 
     def __init__(self, directory: str, base_offset: int, files: FileCache, index_interval_bytes: int, tag: int, *,
@@ -73,6 +73,9 @@ class Segment:
         self.timeindex_file_bytes = 0
         self.max_timestamp_ms = -1
         self.last_batch_base_offset = -1
+        self.tail: tuple[int, int] | None = None
+        """(base offset, position) of the last batch written: where a fetch at the log end starts its walk
+        (one tuple, replaced whole, so a reader never pairs an offset with another batch's position)."""
         self.pins = 0
         self.dir_synced = True
         self._load_lock = threading.Lock()
@@ -95,6 +98,7 @@ class Segment:
         self.max_timestamp_ms = index_batch(index, time_index, self.index_interval_bytes, self.base_offset,
                                             position, header, self.max_timestamp_ms)
         self.last_batch_base_offset = header.base_offset
+        self.tail = (header.base_offset, position)
         self.size_bytes = position + header.total_bytes
         self.next_offset = header.base_offset + header.last_offset_delta + 1
 
@@ -237,11 +241,18 @@ class Segment:
         batch is stepped over; :class:`DamagedData` when ``offset`` itself lies in one. A sealed segment
         whose index leads to a bad position gets its indexes rebuilt once.
         """
+        tail = self.tail
         for attempt in (0, 1):
-            index, _ = self.loaded_indexes()
-            entry_relative, position = index.floor(offset - self.base_offset, size_limit)
+            if tail is not None and tail[0] <= offset and tail[1] < size_limit and not self.sealed and not attempt:
+                # a fetch at the end of the active segment, the common case: start at the last batch
+                # written, not at the index entry before it (up to index_interval_bytes of headers to read)
+                start, position = tail
+            else:
+                index, _ = self.loaded_indexes()
+                entry_relative, position = index.floor(offset - self.base_offset, size_limit)
+                start = self.base_offset + entry_relative
             try:
-                return self._walk_to(fd, offset, position, self.base_offset + entry_relative, size_limit,
+                return self._walk_to(fd, offset, position, start, size_limit,
                                      next_offset_at_limit, trust_entry=attempt == 1 or not self.sealed)
             except IndexCorrupt as exc:
                 if attempt:

@@ -294,3 +294,37 @@ def test_read_header_refuses_short_or_foreign_bytes() -> None:
     with pytest.raises(CorruptRecordError, match=r"format version 1, written by metaq 0\.1"):
         read_header(batch[:12] + b"\x01" + batch[13:])
     assert rec.is_protocol_error(CorruptRecordError("x"))
+
+
+@pytest.mark.parametrize("message", [
+    Message("t", b"x" * 100),
+    Message("t", b""),
+    Message("t", b"v", key=b"k" * 30),
+    Message("t", b"v", key=b""),
+    Message("t", b"v", attribute="tag"),
+    Message("t", b"v", headers=[("h", b"1")]),
+])
+def test_a_one_message_batch_is_checked_as_a_longer_one(message: Message) -> None:
+    """One-message batches take a shorter check: the same batches pass, the same size limit and the same
+    damage are refused."""
+    batch = encode_messages([message])
+    size = RECORD_OVERHEAD_BYTES + len(message.key or b"") + len(message.data) + len(
+        (message.attribute or "").encode())
+    if not message.headers:
+        validate_batch(batch, max_message_bytes=size, max_batch_bytes=len(batch))
+        with pytest.raises(InvalidArgument):
+            validate_batch(batch, max_message_bytes=size - 1, max_batch_bytes=len(batch))
+    validate_batch(batch, max_message_bytes=1 << 20, max_batch_bytes=len(batch))
+    body = HEADER_BYTES
+    for field_at, bad in ((0, (1).to_bytes(4, "little")),                 # offset delta not 0
+                          (16, (len(message.data) + 1).to_bytes(4, "little")),  # value length past the end
+                          (16, (-1).to_bytes(4, "little", signed=True)),    # negative value length
+                          (12, (-2).to_bytes(4, "little", signed=True)),    # key length below -1
+                          (22, (len(message.headers or ()) + 1).to_bytes(2, "little"))):  # a header too many
+        damaged = bytearray(batch)
+        damaged[body + field_at:body + field_at + len(bad)] = bad
+        damaged[STAMPED_BYTES - 8:STAMPED_BYTES - 4] = rec.compute_crc(damaged).to_bytes(4, "big")  # body crc
+        head = read_header(batch)
+        stamp(damaged, head.base_offset, head.base_message_id, head.append_time_ms)  # and header_crc
+        with pytest.raises(CorruptRecordError):
+            validate_batch(bytes(damaged), max_message_bytes=1 << 20, max_batch_bytes=len(batch))

@@ -327,3 +327,32 @@ def test_delete_removes_the_directory(open_log):
     log.append(make_batch()[0])
     log.delete()
     assert not log.directory.exists()
+
+
+def test_a_read_at_the_last_batch_follows_appends_truncation_and_reopen(open_log):
+    """A fetch at the end of the log starts at the last batch written (not at the index entry before it):
+    each offset of that batch, after every append, after a truncation and new appends, and after a reopen."""
+    log = open_log()
+    sent: list[bytes] = []
+    for i in range(40):  # many batches past the last index entry (index_interval_bytes 256)
+        batch, values = make_batch(count=1 + i % 3)
+        base = log.append(batch).base_offset
+        sent.extend(values)
+        for offset in range(base, log.log_end_offset):
+            piece = decode_batch(log.read_bytes(offset, 1 << 20))
+            assert [m.data for m in piece if m.offset >= offset] == sent[offset:]
+    cut = log.log_end_offset - 4  # the last batches: 4 messages of counts 3 and 1 (i = 38, 39)
+    log.truncate_to(cut)
+    del sent[cut:]
+    assert decode_batch(log.read_bytes(cut - 1, 1 << 20))[-1].data == sent[cut - 1]
+    batch, values = make_batch(count=2)
+    log.append(batch)
+    sent.extend(values)
+    assert [m.data for m in decode_batch(log.read_bytes(cut, 1 << 20))] == values
+    log.close()
+    log = open_log()
+    assert [m.data for m in decode_batch(log.read_bytes(cut + 1, 1 << 20)) if m.offset >= cut + 1] == values[1:]
+    batch, values = make_batch(count=1)
+    log.append(batch)
+    assert [m.data for m in decode_batch(log.read_bytes(cut + 2, 1 << 20))] == values
+    assert [m.data for m in read_all(log)] == [*sent, *values]

@@ -37,8 +37,9 @@ def handle_produce(broker: Broker, req: m.ProduceRequest, session: Session | Non
     """
     topic, partition = req.topic, req.partition
     broker.refuse_writes_on_slave("produce requests")
-    check_topic_name(topic)
     state = broker.topics.get(topic)
+    if state is None:  # a topic that exists had its name checked when it was created
+        check_topic_name(topic)
     if partition < m.ANY_PARTITION:  # refused before a dynamic topic is created for it
         valid = f"partitions 0..{state.num_partitions - 1} or" if state is not None else "a partition >= 0 or"
         raise UnknownPartitionError(f"topic {topic!r} takes {valid} -1 (any open partition); got {partition}")
@@ -65,7 +66,9 @@ def handle_produce(broker: Broker, req: m.ProduceRequest, session: Session | Non
         partition = open_parts[stamp.producer_id % len(open_parts)] if stamp else random.choice(open_parts)
     elif partition in state.closed:
         raise PartitionClosedError(f"partition {topic}-{partition} is closed for publishing")
-    _state, plog = broker.partition_log(topic, partition)
+    plog = broker.logs.get(topic, partition) if 0 <= partition < state.num_partitions else None
+    if plog is None:  # not opened yet, or not a partition of the topic (the error comes from partition_log)
+        _state, plog = broker.partition_log(topic, partition)
     counters = broker.stats.partition(topic, partition)
     if req.transaction_id:  # into the transaction log until commit (docs/transactions.md)
         if header.attributes & ATTR_DELAYED:

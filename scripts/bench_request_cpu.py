@@ -1,0 +1,169 @@
+"""The broker's CPU per small request: one-message produce requests, one in flight (issue 13).
+
+A fresh broker process (uvloop, ``unflushThreshold`` 1000 by default, 4 partitions) and a blocking raw-socket
+client in this process that sends one 100 B message per ProduceRequest and waits for its ack before the
+next one, so the broker handles one request per loop step: its fixed cost per request (read, frame
+parse, validation, the append's write, the reply), with nothing to amortise it over. The broker's CPU time
+(utime + stime of its process, from /proc) over the measured requests, divided by their number, is the
+figure; wall time per request is printed too (it includes the client's own work and two process
+wake-ups per round trip).
+
+``--fetch`` adds a long-polling consumer on a second connection: before each produce a Fetch for the next
+offset is parked at the broker (``max_wait_ms`` 5 s), the produce's append wakes it, and the client reads
+both replies; the CPU per round then includes parking the fetch, waking it and the fetch reply (what the
+e2e bench's consumer costs the broker per message).
+
+``--cprofile FILE`` runs the broker under cProfile (pstats file; its CPU figure is then inflated by the
+profiler). ``--profile FILE`` records the broker with py-spy (speedscope JSON, ``--rate`` samples per s) during the
+measured phase.
+
+    .venv/bin/python scripts/bench_request_cpu.py [--count 20000] [--fetch] [--repeat 3]
+    PYTHONPATH=/tmp/old/src .venv/bin/python scripts/bench_request_cpu.py     # the code before
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from metaq.broker.launcher import BrokerLauncher
+from metaq.protocol import messages as m
+from metaq.protocol.codec import NEED_DATA, ClientConnection, ResponseEvent
+from metaq.protocol.records import encode_values
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of the process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) / _TICKS, int(fields[12]) / _TICKS
+
+
+class _Conn:
+    def __init__(self, host: str, port: int) -> None:
+        self.sock = socket.create_connection((host, port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.codec = ClientConnection("bench-request-cpu")
+        self.codec.set_versions({key: spec.max_version for key, spec in m.APIS.items()})
+
+    def send(self, request: object) -> None:
+        _cid, frame = self.codec.send(request)
+        self.sock.sendall(frame)
+
+    def receive(self) -> object:
+        while True:
+            event = self.codec.next_event()
+            if event is not NEED_DATA:
+                assert isinstance(event, ResponseEvent)
+                return event.response
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("broker closed the connection")
+            self.codec.receive_data(data)
+
+
+class _ProfiledBroker(BrokerLauncher):
+    """The broker under cProfile (its whole life, start-up included): what its Python time goes to."""
+
+    def __init__(self, out: str, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.out = out
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        return [cmd[0], "-m", "cProfile", "-o", self.out, *cmd[1:]]
+
+
+def _run(args: argparse.Namespace) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="metaq-reqcpu-") as tmp:
+        options = {"numPartitions": 4, "unflushThreshold": args.flush, "event-loop": "uvloop"}
+        if args.cprofile:
+            broker = _ProfiledBroker(args.cprofile, os.path.join(tmp, "data"), options).start()
+        else:
+            broker = BrokerLauncher(os.path.join(tmp, "data"), options).start()
+        try:
+            producer = _Conn(broker.host, broker.port)
+            consumer = _Conn(broker.host, broker.port) if args.fetch else None
+            topic = "reqcpu"
+            payload = b"x" * args.size
+            offset = 0
+
+            def one(i: int) -> None:
+                nonlocal offset
+                if consumer is not None:
+                    consumer.send(m.FetchRequest(topic=topic, partition=0, offset=offset, max_wait_ms=5000,
+                                                 max_bytes=1 << 20))
+                batch = encode_values([payload], int(time.time() * 1000))
+                producer.send(m.ProduceRequest(topic=topic, partition=0, acks=1, records=batch))
+                reply = producer.receive()
+                assert reply.error_code == 0, reply  # type: ignore[attr-defined]
+                if consumer is not None:
+                    fetched = consumer.receive()
+                    assert fetched.error_code == 0, fetched  # type: ignore[attr-defined]
+                    offset = fetched.log_end_offset  # type: ignore[attr-defined]
+
+            producer.send(m.ProduceRequest(topic=topic, partition=0, acks=1,
+                                           records=encode_values([payload], int(time.time() * 1000))))
+            offset = producer.receive().base_offset + 1  # type: ignore[attr-defined]  # the topic exists now
+            for i in range(args.warmup):
+                one(i)
+            spy = None
+            if args.profile:
+                spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "-r", str(args.rate),
+                                        "-p", str(broker.pid), "-f", "speedscope", "-o", args.profile, "--nonblocking"],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(1.0)  # py-spy attaches
+            cpu0, wall0 = _cpu_s(broker.pid), time.perf_counter()
+            for i in range(args.count):
+                one(i)
+            cpu1, wall1 = _cpu_s(broker.pid), time.perf_counter()
+            if spy is not None:
+                spy.send_signal(2)
+                spy.wait(60)
+        finally:
+            broker.stop()
+    n = args.count
+    user, system = (cpu1[0] - cpu0[0]) / n * 1e6, (cpu1[1] - cpu0[1]) / n * 1e6
+    return {"broker_cpu_us": user + system, "user_us": user, "system_us": system, "wall_us": (wall1 - wall0) / n * 1e6}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--count", type=int, default=20000)
+    parser.add_argument("--warmup", type=int, default=2000)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--flush", default="1000", help="the broker's unflushThreshold")
+    parser.add_argument("--fetch", action="store_true", help="a long-polling fetch woken by each produce")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--profile", default="", help="py-spy speedscope output file (one repeat)")
+    parser.add_argument("--rate", type=int, default=1000)
+    parser.add_argument("--cprofile", default="", help="run the broker under cProfile, stats to this file")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    runs = [_run(args) for _ in range(args.repeat)]
+    cpu = [r["broker_cpu_us"] for r in runs]
+    wall = [r["wall_us"] for r in runs]
+    result = {"broker_cpu_us": statistics.median(cpu), "wall_us": statistics.median(wall),
+              "user_us": statistics.median(r["user_us"] for r in runs),
+              "system_us": statistics.median(r["system_us"] for r in runs),
+              "runs_cpu_us": [round(c, 2) for c in cpu], "runs_wall_us": [round(w, 2) for w in wall]}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"broker CPU per {'produce+fetch round' if args.fetch else 'produce request'}: "
+              f"{result['broker_cpu_us']:.1f} us (user {result['user_us']:.1f}, system {result['system_us']:.1f}; "
+              f"runs {result['runs_cpu_us']}); wall per round "
+              f"{result['wall_us']:.1f} us")
+
+
+if __name__ == "__main__":
+    main()
