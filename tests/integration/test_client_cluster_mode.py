@@ -65,20 +65,25 @@ def test_a_send_while_every_partition_is_closed_waits_for_one_to_open_in_cluster
             assert (await producer.send(Message("gate", b"before"))).success
             await close_every_partition()
             held = [producer.send_async(Message("gate", b"held-%d" % i)) for i in range(6)]
+            many = producer.send_async_many([Message("gate", b"many-%d" % i) for i in range(4)])
             await asyncio.sleep(0)
             assert not any(f.done() for f in held), "a send failed at once although the topic may reopen"
+            assert not many.done(), "send_async_many failed at once although the topic may reopen"
             await admin.open_partition("gate")
             results = await asyncio.wait_for(asyncio.gather(*held), 30)
             assert all(r.success for r in results), [r.error for r in results]
+            many_result = await asyncio.wait_for(many, 30)
+            assert many_result.success, many_result.errors
             consumer = session.create_pull_consumer()
             stored = {p: [bytes(m.data) for m in await consumer.get("gate", p, 0)] for p in (0, 1)}
             # every held message stored once, where its result says, in send order within its partition
-            assert sorted(stored[0] + stored[1]) == sorted([b"before", *(b"held-%d" % i for i in range(6))])
+            assert sorted(stored[0] + stored[1]) == sorted([b"before", *(b"held-%d" % i for i in range(6)),
+                                                            *(b"many-%d" % i for i in range(4))])
             for i, r in enumerate(results):
                 assert b"held-%d" % i in stored[r.partition]
-            for msgs in stored.values():
-                held_here = [x for x in msgs if x.startswith(b"held-")]
-                assert held_here == sorted(held_here), stored
+            for msgs in stored.values():  # send order within each partition: the held ones, then send_async_many's
+                held_here = [x for x in msgs if x.startswith((b"held-", b"many-"))]
+                assert held_here == sorted(held_here, key=lambda x: (x.startswith(b"many-"), x)), stored
 
             # Still closed when the producer's request timeout passes: the sends fail, in order, with the reason.
             short = session.create_producer(request_timeout_s=1.0)
