@@ -819,6 +819,65 @@ class MultiFetchResponse(_Base):
                         Field("partitions", Array(Struct(FetchedPartition))))
 
 
+# -- 24 MultiProduce (one record batch for each of many partitions, in one request) ---------------
+
+MULTI_PRODUCE_PARTITIONS_MAX = 10_000
+"""Batches one MultiProduce may carry (a bigger request is INVALID_REQUEST)."""
+
+
+@dataclass
+class ProducePartition:
+    """One batch of a MultiProduce: what a single Produce of it would carry."""
+
+    topic: str = ""
+    partition: int = ANY_PARTITION
+    records: bytes | memoryview = b""
+    """Exactly one record batch, as for Produce."""
+    FIELDS: ClassVar = (Field("topic", STRING), Field("partition", INT32), Field("records", RECORDS))
+
+
+@dataclass
+class MultiProduceRequest(_Base):
+    acks: int = 1
+    """As Produce's, for every batch: 1 = answer once every batch is acknowledged by the flush policy (and sync
+    replication); 0 = one-way, no response."""
+    timeout_ms: int = 30000
+    transaction_id: str = ""
+    """As Produce v1's, for every batch of the request ('' = ordinary appends)."""
+    partitions: list[ProducePartition] = field(default_factory=list)
+    FIELDS: ClassVar = (Field("acks", INT16), Field("timeout_ms", INT32), Field("transaction_id", STRING),
+                        Field("partitions", Array(Struct(ProducePartition))))
+
+
+@dataclass
+class ProducedPartition:
+    """One batch of a MultiProduce reply: what a single Produce reply of it would say."""
+
+    topic: str = ""
+    partition: int = -1
+    """Where the batch went (the partition asked, or the one the broker chose for -1)."""
+    error_code: int = 0
+    error_message: str | None = None
+    base_offset: int = -1
+    base_message_id: int = -1
+    append_time_ms: int = -1
+    FIELDS: ClassVar = (Field("topic", STRING), Field("partition", INT32), Field("error_code", INT16),
+                        Field("error_message", NULLABLE_STRING), Field("base_offset", INT64),
+                        Field("base_message_id", UINT128), Field("append_time_ms", INT64))
+
+
+@dataclass
+class MultiProduceResponse(_Base):
+    error_code: int = 0
+    """Non-zero: the whole request failed (no batch of it was stored) and ``partitions`` is empty."""
+    error_message: str | None = None
+    throttle_time_ms: int = 0
+    """As Produce v2's: the principal went over its produce byte rate (all the request's records count)."""
+    partitions: list[ProducedPartition] = field(default_factory=list)
+    """One entry per batch of the request, in the request's order."""
+    FIELDS: ClassVar = (*_ERR, Field("throttle_time_ms", INT32), Field("partitions", Array(Struct(ProducedPartition))))
+
+
 _api(0, "ApiVersions", ApiVersionsRequest, ApiVersionsResponse)
 _api(1, "Metadata", MetadataRequest, MetadataResponse)
 _api(2, "CreateTopic", CreateTopicRequest, CreateTopicResponse)
@@ -843,6 +902,7 @@ _api(20, "FindMessages", FindMessagesRequest, FindMessagesResponse)
 _api(21, "Transaction", TransactionRequest, TransactionResponse)
 _api(22, "CheckTransactions", CheckTransactionsRequest, CheckTransactionsResponse)
 _api(23, "MultiFetch", MultiFetchRequest, MultiFetchResponse, max_version=1)
+_api(24, "MultiProduce", MultiProduceRequest, MultiProduceResponse)
 _api(30, "SaslHandshake", SaslHandshakeRequest, SaslHandshakeResponse)
 _api(31, "SaslAuthenticate", SaslAuthenticateRequest, SaslAuthenticateResponse)
 

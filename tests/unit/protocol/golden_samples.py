@@ -212,4 +212,12 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
             m.FetchedPartition("orders", 2, 0, None, 100, 4800, -1, -2, -3, 4790, RECORDS_BLOB),
         ]),
     ),
+    ("MultiProduce", 0): (
+        m.MultiProduceRequest(acks=1, timeout_ms=30000, transaction_id="tx-ü", partitions=[
+            m.ProducePartition("orders", 3, RECORDS_BLOB), m.ProducePartition("refünds", -1, RECORDS_BLOB)]),
+        m.MultiProduceResponse(error_code=0, error_message=None, throttle_time_ms=250, partitions=[
+            m.ProducedPartition("orders", 3, 0, None, 4711, (7 << 112) | 4711, 1_700_000_000_123),
+            m.ProducedPartition("refünds", 1, 13, "partition refünds-1 is closed ✗", -2, -1, -4),
+        ]),
+    ),
 }
