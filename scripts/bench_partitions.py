@@ -82,7 +82,9 @@ def timed_start(launcher: BrokerLauncher) -> tuple[float, float]:
 def produce_case(partitions: int, apis: list[str], args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     rows = []
     data_dir = work / f"produce-{partitions}"
-    extra = {"maxOpenFiles": args.max_open_files} if args.max_open_files else None
+    extra: dict[str, Any] = {"maxOpenFiles": args.max_open_files} if args.max_open_files else {}
+    if args.unflush_threshold is not None:
+        extra["unflushThreshold"] = args.unflush_threshold
     launcher = broker(data_dir, partitions, extra)
     start_s, _opened = timed_start(launcher)
     try:
@@ -94,6 +96,8 @@ def produce_case(partitions: int, apis: list[str], args: argparse.Namespace, wor
             more: dict[str, Any] = {"selector": selector} if selector else {}
             if args.batch_bytes:
                 more["batch_bytes"] = args.batch_bytes
+            if args.no_multi_produce:
+                more["multi_produce"] = False
             spec = BenchSpec(mode="produce", servers=launcher.servers, topic=TOPIC, partitions=partitions,
                              api=base_api, count=args.count, duration_s=args.duration, size=args.size,
                              batch=args.batch, concurrency=args.concurrency, **more)
@@ -183,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fill-bytes", type=float, default=1e9, help="Data for the start-up cases (0: skip them).")
     parser.add_argument("--fill-message-bytes", type=int, default=1000, help="Payload bytes of the filled data.")
     parser.add_argument("--max-open-files", type=int, default=0, help="The broker's maxOpenFiles (0: its default).")
+    parser.add_argument("--unflush-threshold", type=int, default=None,
+                        help="The broker's unflushThreshold (default 0: group commit, every ack after its fsync).")
+    parser.add_argument("--no-multi-produce", action="store_true",
+                        help="One Produce request per batch (the producer's multi_produce=False), as before MultiProduce.")
     parser.add_argument("--skip-produce", action="store_true")
     parser.add_argument("--work-dir", default=None, help="Where the data directories go (default: a temp dir).")
     args = parser.parse_args(argv)

@@ -71,6 +71,8 @@ class BenchSpec:
     selector: str = "roundrobin"
     """produce: the producer's partition selector, ``roundrobin`` (RoundRobinSelector, the default) or ``sticky``
     (StickyRoundRobinSelector: one partition until its batch is full or sent)."""
+    multi_produce: bool = True
+    """produce, e2e: the producer's ``multi_produce`` (a broker's batches that leave together in one MultiProduce)."""
     idempotent: bool = False
     """produce: an idempotent producer (every batch stamped, duplicates dropped by the broker)."""
     event_loop: str = "uvloop"
@@ -201,7 +203,7 @@ async def _produce_worker(spec: BenchSpec, index: int, progress: Any) -> dict[st
     async with await MessageSessionFactory.connect(spec.servers or "", **spec.tls) as session:
         producer = session.create_producer(_selector(spec.selector), linger_ms=spec.linger_ms,
                                            batch_bytes=spec.batch_bytes, compression=spec.compression,
-                                           enable_idempotence=spec.idempotent)
+                                           enable_idempotence=spec.idempotent, multi_produce=spec.multi_produce)
         await producer.send_batch(spec.topic, [payload])  # warm metadata and connections
         cpu_start = time.process_time()
         start = time.perf_counter()
@@ -419,7 +421,7 @@ async def _e2e_producer(spec: BenchSpec, index: int, progress: Any) -> dict[str,
 
     async with await MessageSessionFactory.connect(spec.servers or "", **spec.tls) as session:
         producer = session.create_producer(_selector(spec.selector), linger_ms=spec.linger_ms,
-                                           batch_bytes=spec.batch_bytes)
+                                           batch_bytes=spec.batch_bytes, multi_produce=spec.multi_produce)
         await producer.send(Message(spec.topic, _TS.pack(0) + pad))
         _settle_gc(spec)
         start = time.perf_counter()

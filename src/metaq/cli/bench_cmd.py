@@ -92,6 +92,10 @@ _selector_option = click.option(
     "--selector", type=click.Choice(["roundrobin", "sticky"]), default="roundrobin", show_default=True,
     help="Partition selector: roundrobin (RoundRobinSelector, per message) or sticky (StickyRoundRobinSelector, "
          "per batch).")
+_multi_produce_option = click.option(
+    "--multi-produce/--no-multi-produce", default=True, show_default=True,
+    help="The producer sends the batches of several partitions that leave together as one MultiProduce request "
+         "(multi_produce); --no-multi-produce: one Produce per batch, as before.")
 
 
 @bench_group.command("produce")
@@ -108,6 +112,7 @@ _selector_option = click.option(
 @click.option("--idempotent", is_flag=True, help="An idempotent producer (enable_idempotence: batches stamped, "
               "retried duplicates dropped by the broker).")
 @_selector_option
+@_multi_produce_option
 def bench_produce(**kwargs: Any) -> None:
     """Producer throughput and ack latency."""
     _run("produce", **kwargs)
@@ -137,6 +142,7 @@ def bench_consume(**kwargs: Any) -> None:
               help="partition: one iterate_batches per partition (a connection and a long poll each); multi: one "
                    "PullConsumer.get_many loop over every partition (one MultiFetch long poll, one connection).")
 @_selector_option
+@_multi_produce_option
 @click.option("--gc-freeze/--no-gc-freeze", default=True, show_default=True,
               help="The producer and consumer processes freeze what is alive once connected (gc.freeze(), as the "
                    "broker does after start-up), so that a full garbage collection does not stop them for 10-30 ms.")

@@ -145,6 +145,10 @@ class ProducerConfig:
     connection can store the batch twice, see docs/client.md), or :data:`IDEMPOTENT_RETRIES` with
     ``enable_idempotence``, where a retry cannot store a batch twice."""
     retry_backoff_ms: float = 100.0
+    multi_produce: bool = True
+    """Batches for several partitions of one broker that leave together (a burst spread round robin, a
+    resend after a reconnect) go as one MultiProduce request with one reply, when the broker serves it
+    (docs/protocol.md); False: one Produce request per batch, as older versions did."""
     enable_idempotence: bool = False
     """Stamp every batch with this producer's id and a sequence number per partition, so that the broker
     stores a retried batch once and answers with the original offsets (docs/transactions.md). Needs

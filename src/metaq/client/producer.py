@@ -66,6 +66,7 @@ from metaq.errors import (
     NotMasterError,
     OutOfOrderSequenceError,
     PartitionClosedError,
+    ProtocolError,
     RequestTimeoutError,
     UnknownServerError,
     error_for_code,
@@ -73,7 +74,15 @@ from metaq.errors import (
 from metaq.net.connection import BrokerConnection
 from metaq.net.servers import format_address
 from metaq.protocol import messages as m
-from metaq.protocol.messages import ANY_PARTITION, ProduceRequest, ProduceResponse
+from metaq.protocol.messages import (
+    ANY_PARTITION,
+    MultiProduceRequest,
+    MultiProduceResponse,
+    ProducedPartition,
+    ProducePartition,
+    ProduceRequest,
+    ProduceResponse,
+)
 from metaq.protocol.records import (
     HEADER_BYTES,
     RECORD_PREFIX_BYTES,
@@ -90,6 +99,27 @@ log = logging.getLogger(__name__)
 SendCallback = Callable[[SendResult], object]
 
 _PLAIN_TYPES = frozenset({bytes, bytearray, memoryview})
+_MULTI_PRODUCE = MultiProduceRequest.API_KEY
+_MULTI_PRODUCE_MAX_BATCHES = 1000
+"""Batches one MultiProduce of this client carries at most (the protocol allows MULTI_PRODUCE_PARTITIONS_MAX)."""
+_MULTI_PRODUCE_MAX_BYTES = 1 << 20
+"""Their bytes at most, unless one batch is larger (it goes alone): the reply waits for the slowest batch, so
+big batches, which pay their request's fixed cost many times over, gain nothing from sharing one."""
+
+
+class _MultiLimit:
+    """``takewhile`` predicate: the batches that fit one MultiProduce, from the first on."""
+
+    __slots__ = ("size",)
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def __call__(self, batch: ProducerBatch) -> bool:
+        if not batch.acks or (self.size and self.size + batch.size_bytes > _MULTI_PRODUCE_MAX_BYTES):
+            return False
+        self.size += batch.size_bytes
+        return True
 _RECORD_PREFIX = RECORD_PREFIX_BYTES
 
 
@@ -517,8 +547,11 @@ class Producer:
         """The last batch of each key queued for its broker (not yet written): where a batch sealed while the
         connection has no room (max_in_flight replies owed, its buffer full) is merged instead of queueing
         behind it, so a slow broker (fsync per ack) gets fewer, fuller frames rather than a growing queue."""
-        self._written: list[BrokerConnection] | None = None
-        """While :meth:`_on_timer` dispatches: the connections it wrote to, flushed when it is done."""
+        self._gathered: dict[BrokerConnection, list[ProducerBatch]] | None = None
+        """While :meth:`_on_timer` dispatches (or a MultiProduce reply releases partitions): the batches that
+        would be written at once, per connection, written together at the end (one MultiProduce each when
+        the broker serves it) and each connection flushed then."""
+        self._multi = config.multi_produce
         self._cold: dict[str, list[tuple[Message, Any, int, int]]] = {}
         self._cold_tasks: set[asyncio.Task[None]] = set()
         self._outstanding: dict[ProducerBatch, list[asyncio.Future[None]] | None] = {}
@@ -540,6 +573,10 @@ class Producer:
         """topic -> (metadata's partitions, Unavailable version, the usable ones): recomputed only when
         either changes, so the hot path does not filter per message."""
         self.rerouted_batches = 0
+        self.multi_produce_requests = 0
+        """MultiProduce requests written (several partitions' batches in one request, ``multi_produce``)."""
+        self.multi_produced_batches = 0
+        """Batches that went in those requests (the others went one Produce each)."""
         """Batches moved to another partition after a failure that proved they were not stored."""
         self._retries = config.effective_retries
         self._idempotent = config.enable_idempotence
@@ -1393,16 +1430,15 @@ class Producer:
         # A little slack: a timer may fire a hair before its time, and re-arming for 0.1 ms is waste.
         expired = self._acc.expired(self._loop.time() + 0.0005)
         if expired:
-            # Every batch due now is written first, then each connection written to is flushed: the frames
-            # leave in one write per broker in this loop step, not one step later (linger_ms=0 latency).
-            written = self._written = []
+            # Every batch due now is gathered first, then written per connection (one MultiProduce for a
+            # broker's batches) and each connection flushed: the frames leave in one write per broker in
+            # this loop step, not one step later (linger_ms=0 latency).
+            gathered = self._gather()
             try:
                 for batch in expired:
                     self._dispatch(batch)
             finally:
-                self._written = None
-                for conn in written:
-                    conn.flush()
+                self._write_gathered(gathered)
         nxt = self._acc.next_deadline()
         if nxt is not None:
             self._arm(nxt)
@@ -1429,11 +1465,16 @@ class Producer:
             # without a task hop.
             conn = self._core.cached_connection(broker_id, "produce")
             if conn is not None and conn.writable:
+                gathered = self._gathered
+                if gathered is not None:  # written with the others at the end of the gathering
+                    pending = gathered.get(conn)
+                    if pending is None:
+                        gathered[conn] = [batch]
+                    else:
+                        pending.append(batch)
+                    return
                 try:
                     self._write(conn, batch)
-                    written = self._written
-                    if written is not None and conn not in written:
-                        written.append(conn)
                     return
                 except ConnectionClosedError:
                     pass  # not written: the sender below reconnects
@@ -1469,6 +1510,91 @@ class Producer:
             self._complete_ok(batch, None)
         else:
             reply.add_done_callback(partial(self._on_reply, batch, conn.address))
+
+    def _gather(self) -> dict[BrokerConnection, list[ProducerBatch]] | None:
+        """Start gathering the batches dispatched from now on; None when a gathering is already open (the
+        outer one writes them). Always paired with :meth:`_write_gathered`."""
+        if self._gathered is not None:
+            return None
+        gathered: dict[BrokerConnection, list[ProducerBatch]] = {}
+        self._gathered = gathered
+        return gathered
+
+    def _write_gathered(self, gathered: dict[BrokerConnection, list[ProducerBatch]] | None) -> None:
+        """End the gathering :meth:`_gather` opened: each connection's batches written, then flushed."""
+        if gathered is None:
+            return
+        self._gathered = None
+        for conn, batches in gathered.items():
+            try:
+                while batches:
+                    self._write_some(conn, batches)
+            except ConnectionClosedError:
+                # none of ``batches`` was written: they go first in the broker's queue, its sender reconnects
+                broker_id = batches[0].broker_id
+                queue = self._queues.setdefault(broker_id, deque())
+                queue.extendleft(reversed(batches))
+                if broker_id not in self._senders:
+                    self._senders[broker_id] = asyncio.ensure_future(self._send_loop(broker_id, queue))
+            conn.flush()
+
+    def _write_some(self, conn: BrokerConnection, batches: list[ProducerBatch] | deque[ProducerBatch]) -> None:
+        """Write the first batch of ``batches`` (removed from it), or the first several as one MultiProduce
+        when the broker serves it; ConnectionClosedError leaves the unwritten ones in ``batches``, in order."""
+        first = batches[0]
+        if len(batches) == 1 or not first.acks or not self._multi or not conn.supports(_MULTI_PRODUCE):
+            group = [first]
+        else:
+            group = list(itertools.takewhile(_MultiLimit(), itertools.islice(batches, _MULTI_PRODUCE_MAX_BATCHES)))
+        for _ in group:  # taken out before writing: a completion inside may queue more behind them
+            if isinstance(batches, deque):
+                batches.popleft()
+            else:
+                del batches[0]
+        try:
+            if len(group) == 1:
+                self._write(conn, first)
+            else:
+                self._write_multi(conn, group)
+        except ConnectionClosedError:
+            if isinstance(batches, deque):
+                batches.extendleft(reversed(group))
+            else:
+                batches[:0] = group
+            raise
+
+    def _write_multi(self, conn: BrokerConnection, group: list[ProducerBatch]) -> None:
+        """Hand several batches (acks=1, one broker) to the connection as one MultiProduce. A batch that cannot
+        be built fails alone; ConnectionClosedError means nothing was written (``group`` is then the batches
+        still to send)."""
+        parts: list[ProducePartition] = []
+        sent: list[ProducerBatch] = []
+        for batch in group:
+            if self._queued_last.get(batch.key) is batch:
+                del self._queued_last[batch.key]  # leaving: nothing more may join it
+            try:
+                payload = batch.build(self.config.compression)
+                if self._idempotent and not batch.delayed:
+                    payload = self._stamped(batch, payload)
+            except Exception as exc:
+                self._complete_error(batch, exc)
+                continue
+            parts.append(ProducePartition(batch.topic, batch.partition, payload))
+            sent.append(batch)
+        group[:] = sent
+        if not sent:
+            return
+        try:
+            reply = conn.submit(MultiProduceRequest(1, self._timeout_ms, "", parts), self._timeout_s)
+        except ConnectionClosedError:
+            raise
+        except Exception as exc:
+            for batch in sent:
+                self._complete_error(batch, exc)
+            return
+        self.multi_produce_requests += 1
+        self.multi_produced_batches += len(sent)
+        reply.add_done_callback(partial(self._on_multi_reply, sent, conn.address))
 
     def _stamped(self, batch: ProducerBatch, payload: bytes) -> bytes:
         """The batch with its producer block: given at its first write, the same bytes on every retry (so
@@ -1528,12 +1654,10 @@ class Producer:
                         continue
                 if broker_id in self._master_waits:  # began while this loop waited for the connection
                     continue
-                batch = queue.popleft()
                 try:
-                    self._write(conn, batch)
+                    self._write_some(conn, queue)  # the first batch, or the first several as one MultiProduce
                     closed_in_a_row = 0
-                except ConnectionClosedError as exc:
-                    queue.appendleft(batch)  # never written: safe to send again on a new connection
+                except ConnectionClosedError as exc:  # never written (back in the queue): safe to send again
                     closed_in_a_row += 1
                     if closed_in_a_row > core.config.reconnect_attempts:
                         self._fail_unwritten(broker_id, queue, exc)
@@ -1653,12 +1777,50 @@ class Producer:
                     self._complete_ok(batch, resp)
                     return
                 exc = error_for_code(resp.error_code, resp.error_message or "")
-                if isinstance(exc, DuplicateSequenceError):  # stored before; its offsets are forgotten
-                    log.warning("idempotent producer: %s (a retry of a batch stored long ago)", exc)
-                    self._complete_ok(batch, ProduceResponse(partition=batch.partition))
-                    return
             else:
                 exc = err
+        self._on_failure(batch, address, exc)
+
+    def _on_multi_reply(self, batches: list[ProducerBatch], address: str,
+                        fut: asyncio.Future[MultiProduceResponse]) -> None:
+        """A MultiProduce's reply: each batch's entry is what a Produce reply of it would have said. The
+        partitions it releases send what waited for them in one gathering (one MultiProduce again)."""
+        if fut.cancelled():
+            exc: BaseException = ConnectionClosedError("the produce request was cancelled")
+        else:
+            err = fut.exception()
+            if err is None:
+                resp = fut.result()
+                if not resp.error_code and len(resp.partitions) == len(batches):
+                    gathered = self._gather()
+                    try:
+                        for batch, entry in zip(batches, resp.partitions, strict=True):
+                            if not entry.error_code:
+                                self._complete_ok(batch, entry)
+                            else:
+                                self._on_failure(batch, address,
+                                                 error_for_code(entry.error_code, entry.error_message or ""))
+                    finally:
+                        self._write_gathered(gathered)
+                    return
+                exc = error_for_code(resp.error_code, resp.error_message or "") if resp.error_code else \
+                    ProtocolError(f"a MultiProduce reply from {address} has {len(resp.partitions)} results for "
+                                  f"{len(batches)} batches")
+            else:
+                exc = err
+        gathered = self._gather()
+        try:
+            for batch in batches:
+                self._on_failure(batch, address, exc)
+        finally:
+            self._write_gathered(gathered)
+
+    def _on_failure(self, batch: ProducerBatch, address: str, exc: BaseException) -> None:
+        """A batch's request failed, or the broker refused the batch: retried, moved, or its result."""
+        if isinstance(exc, DuplicateSequenceError):  # stored before; its offsets are forgotten
+            log.warning("idempotent producer: %s (a retry of a batch stored long ago)", exc)
+            self._complete_ok(batch, ProduceResponse(partition=batch.partition))
+            return
         if isinstance(exc, BrokerError) and exc.refresh_metadata:
             self._core.metadata.refresh_soon(batch.topic)
         if isinstance(exc, NotMasterError) and self._wait_for_master(batch, address):
@@ -1697,7 +1859,7 @@ class Producer:
         if batch.broker_id not in self._senders:
             self._senders[batch.broker_id] = asyncio.ensure_future(self._send_loop(batch.broker_id, queue))
 
-    def _complete_ok(self, batch: ProducerBatch, resp: ProduceResponse | None) -> None:
+    def _complete_ok(self, batch: ProducerBatch, resp: ProduceResponse | ProducedPartition | None) -> None:
         topic = batch.topic
         if resp is None:  # one-way
             partition, base_offset, base_id = batch.partition, -1, -1
