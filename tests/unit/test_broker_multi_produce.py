@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from metaq.broker.core import Broker
 from metaq.broker.handlers import REQUEST_HANDLERS
 from metaq.broker.ini import load_broker_config
 from metaq.broker.session import DeferredReply, Session
+from metaq.broker.transport import _oneway_produce
 from metaq.errors import (
     BrokerStoppingError,
     CorruptMessageError,
@@ -30,7 +32,9 @@ from metaq.errors import (
     UnknownPartitionError,
 )
 from metaq.protocol import messages as m
-from metaq.protocol.records import ProducerStamp, decode_fetched, encode_values, with_producer_stamp
+from metaq.protocol.codec import NEED_DATA, ClientConnection, ServerConnection
+from metaq.protocol.delayed import DELIVER_AT_HEADER, mark_delayed, pack_ms
+from metaq.protocol.records import ProducerStamp, decode_fetched, encode_columns, encode_values, with_producer_stamp
 
 
 def _broker(tmp_path: Path, sync: Callable[[int], None] | None = None, **options: str) -> Broker:
@@ -170,6 +174,18 @@ def test_a_transaction_takes_every_batch_and_shows_none_before_commit(broker: Br
     assert _stored(broker, "t", 0) == [b"creates the topic", b"in-tx-0"] and _stored(broker, "t", 1) == [b"in-tx-1"]
 
 
+def test_a_delayed_batch_goes_to_the_delay_store_and_the_others_to_their_partitions(broker: Broker) -> None:
+    due = int(time.time() * 1000) + 3_600_000
+    delayed = mark_delayed(encode_columns([b"later"], [1], headers=[[(DELIVER_AT_HEADER, pack_ms(due))]]))
+    reply = _answer(broker, _multi(("t", 0, _batch(b"now")), ("t", 1, delayed), ("t", 0, _batch(b"now too"))))
+    now, later, too = reply.partitions
+    assert (now.error_code, now.base_offset, too.base_offset) == (0, 0, 1)
+    assert (later.partition, later.error_code, later.base_offset, later.base_message_id) == (1, 0, -1, -1)
+    assert later.append_time_ms > 0  # answered as a delayed Produce is: its offset comes when it is delivered
+    assert _stored(broker, "t", 0) == [b"now", b"now too"] and _stored(broker, "t", 1) == []
+    assert broker.delay.describe()["pending"] == 1
+
+
 class _HeldSync:
     """An fdatasync that, once held, waits until released (and may fail): acks that wait for it cannot be answered."""
 
@@ -262,3 +278,24 @@ def test_a_failed_fsync_is_the_error_of_its_batches_only(tmp_path: Path) -> None
         held.release.set()
         with pytest.raises(StorageError, match="offline until restart"):  # the log stays offline after EIO
             broker.close()
+
+
+@pytest.mark.parametrize(("request_", "oneway"), [
+    (m.ProduceRequest("t", 0, 0, 5000, _batch(b"x")), True),
+    (m.ProduceRequest("t", 0, 1, 5000, _batch(b"x")), False),
+    (_multi(("t", 0, _batch(b"x")), ("t", 1, _batch(b"y")), acks=0), True),
+    (_multi(("t", 0, _batch(b"x")), acks=1), False),
+    (m.FetchRequest("t", 0, 0, 1024, 0), False),
+], ids=["produce-acks0", "produce-acks1", "multi-acks0", "multi-acks1", "fetch"])
+def test_an_unfinished_frame_refused_is_answered_unless_it_is_a_one_way_produce(request_: Any, oneway: bool) -> None:
+    """The transport refuses the biggest unfinished frame (maxPartialFramesSize) from its leading bytes; a
+    one-way Produce or MultiProduce expects no reply, so none is written for it."""
+    client = ClientConnection("partial")
+    client.set_versions({key: spec.max_version for key, spec in m.APIS.items()})
+    _cid, frame = client.send(request_, expect_response=not oneway)
+    server = ServerConnection()
+    server.receive_data(frame[:-1])
+    assert server.next_event() is NEED_DATA
+    dropped = server.discard_partial_frame()
+    assert dropped is not None
+    assert _oneway_produce(*dropped) is oneway
