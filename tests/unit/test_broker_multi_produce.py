@@ -106,11 +106,13 @@ def test_a_refused_batch_fails_alone_and_the_others_are_stored(broker: Broker) -
     too_large = _batch(b"x" * ((1 << 20) + 1))  # over maxMessageSize (1 MiB)
     reply = _answer(broker, _multi(("t", 0, _batch(b"first")), ("t", 1, _batch(b"closed")),
                                    ("t", 2, bytes(corrupt)), ("t", 3, too_large), ("t", 9, _batch(b"nowhere")),
-                                   ("t", -7, _batch(b"negative")), ("t", 2, _batch(b"last"))))
+                                   ("t", -7, _batch(b"negative")), ("t", 3, b""), ("t", 3, _batch(b"two") * 2),
+                                   ("t", 2, _batch(b"last"))))
     codes = [(p.partition, p.error_code) for p in reply.partitions]
     assert codes == [(0, 0), (1, PartitionClosedError.code), (2, CorruptMessageError.code),
                      (3, MessageTooLargeError.code), (9, UnknownPartitionError.code),
-                     (-7, UnknownPartitionError.code), (2, 0)]
+                     (-7, UnknownPartitionError.code), (3, CorruptMessageError.code), (3, CorruptMessageError.code),
+                     (2, 0)]
     assert all(p.error_message for p in reply.partitions if p.error_code)
     assert all(p.base_offset == -1 for p in reply.partitions if p.error_code)
     assert _stored(broker, "t", 0) == [b"creates the topic", b"first"]
