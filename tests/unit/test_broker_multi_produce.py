@@ -230,6 +230,30 @@ def test_acks_wait_for_the_fsync_of_every_batch(tmp_path: Path) -> None:
         broker.close()
 
 
+def test_a_reply_cancelled_before_the_fsync_is_never_answered(tmp_path: Path) -> None:
+    held = _HeldSync()
+    broker = _broker(tmp_path, held, unflushThreshold="1")
+
+    async def main() -> None:
+        held.release.clear()
+        result = broker.handle(_multi(("t", 0, _batch(b"a")), ("t", 1, _batch(b"b"))), Session(), deferred=True)
+        assert isinstance(result, DeferredReply)
+        answered: list[object] = []
+        result.on_done(answered.append)
+        result.cancel()  # the transport lost the connection before the sync finished
+        held.release.set()
+        marker = broker.handle(_multi(("t", 2, _batch(b"c"))), Session(), deferred=True)
+        await asyncio.wait_for(marker.wait(), 10)  # acks are answered in order: the cancelled ones came first
+        assert answered == []
+
+    try:
+        asyncio.run(main())
+        assert _stored(broker, "t", 0) == [b"a"]  # stored all the same: only the reply is dropped
+    finally:
+        held.release.set()
+        broker.close()
+
+
 def test_a_duplicate_waiting_for_its_original_fsync_holds_the_reply_too(tmp_path: Path) -> None:
     held = _HeldSync()
     broker = _broker(tmp_path, held, unflushThreshold="1")

@@ -179,14 +179,20 @@ class _MultiAck:
     """The reply of a MultiProduce whose waiting batches are all DeferredReplies (the flush policy's acks,
     answered on the loop by :func:`ack_when_durable`): resolved by the last of them, without a task."""
 
-    __slots__ = ("left", "reply", "response")
+    __slots__ = ("left", "reply", "response", "waiting")
 
     def __init__(self, response: m.MultiProduceResponse, waiting: list[tuple[m.ProducedPartition, Any]]) -> None:
         self.response = response
+        self.waiting = waiting
         self.reply = DeferredReply()
+        self.reply.on_cancel = self._cancel  # the connection closed: nobody is left to answer
         self.left = len(waiting)
         for entry, pending in waiting:
             pending.on_done(lambda result, entry=entry: self._answered(entry, result))
+
+    def _cancel(self) -> None:
+        for _entry, pending in self.waiting:
+            pending.cancel()
 
     def _answered(self, entry: m.ProducedPartition, result: Any) -> None:
         _fill(entry, result)
