@@ -13,11 +13,18 @@ offset is parked at the broker (``max_wait_ms`` 5 s), the produce's append wakes
 both replies; the CPU per round then includes parking the fetch, waking it and the fetch reply (what the
 e2e bench's consumer costs the broker per message).
 
+``--multi N`` compares, in the same run (alternating, ``--repeat`` times each), two ways of sending a burst
+of N one-message batches to partitions 0..N-1 (N <= 4): N Produce requests one at a time (each waits for
+the previous one's ack); N Produce requests written together (one write) and their N replies; one
+MultiProduce (API 24) of the N batches and its one reply. The broker's CPU is then given per burst and per
+batch. ``--count`` counts bursts.
+
 ``--cprofile FILE`` runs the broker under cProfile (pstats file; its CPU figure is then inflated by the
 profiler). ``--profile FILE`` records the broker with py-spy (speedscope JSON, ``--rate`` samples per s) during the
 measured phase.
 
     .venv/bin/python scripts/bench_request_cpu.py [--count 20000] [--fetch] [--repeat 3]
+    .venv/bin/python scripts/bench_request_cpu.py --multi 4 --count 10000 --repeat 3
     PYTHONPATH=/tmp/old/src .venv/bin/python scripts/bench_request_cpu.py     # the code before
 """
 
@@ -32,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from metaq.broker.launcher import BrokerLauncher
@@ -59,6 +67,10 @@ class _Conn:
         _cid, frame = self.codec.send(request)
         self.sock.sendall(frame)
 
+    def send_all(self, requests: Sequence[object]) -> None:
+        """Several requests in one write (a client's buffered burst)."""
+        self.sock.sendall(b"".join(self.codec.send(r)[1] for r in requests))
+
     def receive(self) -> object:
         while True:
             event = self.codec.next_event()
@@ -83,7 +95,9 @@ class _ProfiledBroker(BrokerLauncher):
         return [cmd[0], "-m", "cProfile", "-o", self.out, *cmd[1:]]
 
 
-def _run(args: argparse.Namespace) -> dict[str, float]:
+def _run(args: argparse.Namespace, mode: str = "produce") -> dict[str, float]:
+    """``mode``: "produce" (one Produce per round, the default measure); "serial", "produces" or "multi"
+    (``--multi``)."""
     with tempfile.TemporaryDirectory(prefix="metaq-reqcpu-") as tmp:
         options = {"numPartitions": 4, "unflushThreshold": args.flush, "event-loop": "uvloop"}
         if args.cprofile:
@@ -97,8 +111,35 @@ def _run(args: argparse.Namespace) -> dict[str, float]:
             payload = b"x" * args.size
             offset = 0
 
+            parts = range(args.multi)
+
+            def burst(i: int) -> None:
+                now_ms = int(time.time() * 1000)
+                if mode == "multi":
+                    producer.send(m.MultiProduceRequest(1, 30000, "", [
+                        m.ProducePartition(topic, p, encode_values([payload], now_ms)) for p in parts]))
+                    reply = producer.receive()
+                    assert reply.error_code == 0 and not any(  # type: ignore[attr-defined]
+                        p.error_code for p in reply.partitions), reply  # type: ignore[attr-defined]
+                    return
+                produces = [m.ProduceRequest(topic=topic, partition=p, acks=1, records=encode_values([payload], now_ms))
+                            for p in parts]
+                if mode == "serial":  # each waits for the previous one's ack
+                    for request in produces:
+                        producer.send(request)
+                        produced = producer.receive()
+                        assert produced.error_code == 0, produced  # type: ignore[attr-defined]
+                    return
+                producer.send_all(produces)
+                for _ in parts:
+                    produced = producer.receive()
+                    assert produced.error_code == 0, produced  # type: ignore[attr-defined]
+
             def one(i: int) -> None:
                 nonlocal offset
+                if mode != "produce":
+                    burst(i)
+                    return
                 if consumer is not None:
                     consumer.send(m.FetchRequest(topic=topic, partition=0, offset=offset, max_wait_ms=5000,
                                                  max_bytes=1 << 20))
@@ -148,7 +189,12 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--cprofile", default="", help="run the broker under cProfile, stats to this file")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--multi", type=int, default=0,
+                        help="N Produces against one MultiProduce of N one-message batches (N partitions, <= 4)")
     args = parser.parse_args()
+    if args.multi:
+        _compare_multi(args)
+        return
     runs = [_run(args) for _ in range(args.repeat)]
     cpu = [r["broker_cpu_us"] for r in runs]
     wall = [r["wall_us"] for r in runs]
@@ -163,6 +209,31 @@ def main() -> None:
               f"{result['broker_cpu_us']:.1f} us (user {result['user_us']:.1f}, system {result['system_us']:.1f}; "
               f"runs {result['runs_cpu_us']}); wall per round "
               f"{result['wall_us']:.1f} us")
+
+
+def _compare_multi(args: argparse.Namespace) -> None:
+    if not 1 <= args.multi <= 4:
+        raise SystemExit("--multi takes 1..4 (the bench topic has 4 partitions)")
+    runs: dict[str, list[dict[str, float]]] = {"serial": [], "produces": [], "multi": []}
+    for _ in range(args.repeat):  # alternating: both modes see the same machine state
+        for mode in runs:
+            runs[mode].append(_run(args, mode))
+    n = args.multi
+    result = {}
+    for mode, rs in runs.items():
+        cpu = statistics.median(r["broker_cpu_us"] for r in rs)
+        result[mode] = {"broker_cpu_us_per_burst": cpu, "broker_cpu_us_per_batch": cpu / n,
+                        "wall_us_per_burst": statistics.median(r["wall_us"] for r in rs),
+                        "runs_cpu_us": [round(r["broker_cpu_us"], 2) for r in rs]}
+    if args.json:
+        print(json.dumps(result))
+        return
+    names = {"serial": f"{n} Produces, one at a time", "produces": f"{n} Produces in one write",
+             "multi": f"1 MultiProduce of {n} batches"}
+    for mode, r in result.items():
+        print(f"{names[mode]:>28}: broker CPU {r['broker_cpu_us_per_burst']:.1f} us per burst of {n} messages, "
+              f"{r['broker_cpu_us_per_batch']:.1f} us per batch (runs {r['runs_cpu_us']}); wall per burst "
+              f"{r['wall_us_per_burst']:.1f} us")
 
 
 if __name__ == "__main__":

@@ -85,14 +85,15 @@ def test_every_api_is_refused_before_authentication_and_the_connection_closed(au
             conn.close()
     assert "Produce" in refused and "Fetch" in refused and "DeleteTopic" in refused and "Reload" in refused
     assert len(refused) == len(m.APIS) - len(ALLOWED_BEFORE_AUTH)
-    # a one-way produce (no reply expected) is dropped and its connection closed too
-    conn = BlockingConnection.open(address, settings())
-    try:
-        conn.send(m.ProduceRequest(topic="t", partition=0, acks=0, records=encode_values([b"x"], 1)),
-                  expect_response=False)
-        assert closed_by_broker(conn)
-    finally:
-        conn.close()
+    # a one-way produce (no reply expected) is dropped and its connection closed too, a MultiProduce's as well
+    for oneway in (m.ProduceRequest(topic="t", partition=0, acks=0, records=encode_values([b"x"], 1)),
+                   m.MultiProduceRequest(acks=0, partitions=[m.ProducePartition("t", 0, encode_values([b"x"], 1))])):
+        conn = BlockingConnection.open(address, settings())
+        try:
+            conn.send(oneway, expect_response=False)
+            assert closed_by_broker(conn)
+        finally:
+            conn.close()
     # and nothing was written by any of them
     with BlockingClient(auth_broker.servers, username="alice", password=PASSWORD) as client:
         assert "t" not in {t.name for t in client.metadata().topics}

@@ -208,3 +208,21 @@ def test_a_multi_fetch_needs_consume_on_every_topic_it_names(acl_broker: BrokerP
         with pytest.raises(TopicAuthorizationError, match="may not consume topic 'b'"):
             alice.request(m.MultiFetchRequest(0, 1, 1 << 20, "", [
                 m.FetchPartition("a", 0, 0, 1 << 16), m.FetchPartition("b", 0, 0, 1 << 16)]))
+
+
+def test_a_multi_produce_needs_produce_on_every_topic_it_names(acl_broker: BrokerProcess) -> None:
+    def request(*topics: str) -> m.MultiProduceRequest:
+        return m.MultiProduceRequest(1, 5000, "", [m.ProducePartition(t, 0, encode_values([t.encode()], 1))
+                                                   for t in topics])
+
+    with client(acl_broker, "alice") as alice:
+        allowed = alice.request(request("a", "a"))
+        assert [(p.topic, p.error_code, p.base_offset) for p in allowed.partitions] == [("a", 0, 0), ("a", 0, 1)]
+        # one topic she may not write (consume on logs-* is not produce) refuses the whole request:
+        # nothing of "a" is stored either
+        for refused in (request("a", "logs-web"), request("b", "a")):
+            with pytest.raises(TopicAuthorizationError, match=r"may not produce topic '(logs-web|b)'"):
+                alice.request(refused)
+        assert fetch(alice, "a") == [b"a", b"a"]
+    with client(acl_broker, "root") as root:  # a super-user may write anywhere
+        assert [p.error_code for p in root.request(request("b", "logs-web")).partitions] == [0, 0]

@@ -133,6 +133,8 @@ def _invalid_topic_cases(topic: str) -> dict[int, list[tuple[Any, Callable[[Any]
         22: [],  # CheckTransactions names a producer group, not a topic
         23: [(m.MultiFetchRequest(0, 1, 1024, "", [m.FetchPartition(topic, 0, 0, 1024)]),
               lambda r: r.partitions[0].error_code)],  # per partition, as a Fetch of it would answer
+        24: [(m.MultiProduceRequest(1, 5000, "", [m.ProducePartition(topic, p, encode_values([b"x"], 1))]),
+              lambda r: r.partitions[0].error_code) for p in (0, m.ANY_PARTITION)],  # per batch, as a Produce
         30: [],  # SaslHandshake and SaslAuthenticate name no topic
         31: [],
     }
@@ -160,6 +162,8 @@ def _bad_partition_cases(partition: int) -> dict[int, list[tuple[Any, Callable[[
         23: [(m.MultiFetchRequest(0, 1, 1024, "", [m.FetchPartition(GOOD, 0, 0, 1024),
                                                    m.FetchPartition(GOOD, partition, 0, 1024)]),
               lambda r: r.partitions[1].error_code)],
+        24: [(m.MultiProduceRequest(1, 5000, "", [m.ProducePartition(GOOD, partition, encode_values([b"x"], 1))]),
+              lambda r: r.partitions[0].error_code)],
     }
 
 

@@ -84,6 +84,16 @@ def produce_batch(proc: BrokerProcess, partition: int, values: list[bytes]) -> m
         conn.close()
 
 
+def multi_produce(proc: BrokerProcess, values: list[bytes]) -> m.MultiProduceResponse:
+    """One MultiProduce of a one-message batch per partition (``values[p]`` to partition p)."""
+    conn = open_conn(proc)
+    try:
+        return call(conn, m.MultiProduceRequest(1, 30_000, "", [
+            m.ProducePartition(TOPIC, p, encode_values([v], 1000)) for p, v in enumerate(values)]))
+    finally:
+        conn.close()
+
+
 def produce_on_new_master(proc: BrokerProcess, partition: int, values: list[bytes]) -> m.ProduceResponse:
     """Produce once ``proc`` takes writes (it answers NOT_MASTER until its promotion is complete)."""
     done: list[m.ProduceResponse] = []
@@ -132,6 +142,10 @@ def test_sync_replication_acks_only_what_the_slave_holds_and_refuses_writes_with
         reply = produce_batch(master, n % PARTITIONS, [f"a{n}-{i}".encode() for i in range(10)])
         end = reply.base_offset + 10
         assert end_offsets(slave)[n % PARTITIONS] >= end, f"acked {end} but the slave does not hold it"
+    multi = multi_produce(master, [f"m{p}".encode() for p in range(PARTITIONS)])  # one reply for every batch
+    assert [p.error_code for p in multi.partitions] == [0] * PARTITIONS
+    held = end_offsets(slave)
+    assert all(held[p.partition] >= p.base_offset + 1 for p in multi.partitions), "a MultiProduce acked too early"
 
     slave.kill()
     started = time.monotonic()
@@ -142,6 +156,8 @@ def test_sync_replication_acks_only_what_the_slave_holds_and_refuses_writes_with
     wait_isr(zk_client, zk_root, set())
     with pytest.raises(NotEnoughReplicasError):
         produce_batch(master, 1, [b"refused"])
+    refused = multi_produce(master, [b"refused"] * PARTITIONS)  # each batch refused as a Produce of it is
+    assert [p.error_code for p in refused.partitions] == [NotEnoughReplicasError.code] * PARTITIONS
 
     slave.start()
     wait_isr(zk_client, zk_root, {1})

@@ -259,6 +259,9 @@ def test_slave_registers_copies_byte_for_byte_refuses_writes_and_serves_reads(
             call(conn, m.ProduceRequest(topic=TOPIC, partition=0, records=encode_values([b"x"], 1)))
         with pytest.raises(NotMasterError):
             call(conn, m.CreateTopicRequest(topic="fresh", num_partitions=1))
+        multi = conn.call(m.MultiProduceRequest(1, 5000, "", [
+            m.ProducePartition(TOPIC, p, encode_values([b"x"], 1)) for p in (0, 1, m.ANY_PARTITION)]))
+        assert multi.error_code == 0 and [p.error_code for p in multi.partitions] == [NotMasterError.code] * 3
     finally:
         conn.close()
     assert end_offsets(slave) == end_offsets(master)

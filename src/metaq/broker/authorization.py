@@ -1,11 +1,10 @@
 """Which ACL each request needs, checked at the one dispatch point (:meth:`metaq.broker.core.Broker.handle`).
 
 :func:`required` maps a request to the (resource type, name, operation) triples it needs; a request
-needing several (a FetchRequest of one topic needs one, a MultiFetchRequest one per topic it names; others
-may name no resource) is allowed only if
-every one is. The ACLs themselves (:class:`metaq.security.acl.Acls`) are swapped in by
-:func:`refresh_acls`, a background job re-reading the ACL file or ZooKeeper node every
-``ACL_REFRESH_S``: a change applies within that time, without a restart.
+needing several (a FetchRequest of one topic needs one, a MultiFetchRequest or MultiProduceRequest one per
+topic it names; others may name no resource) is allowed only if every one is. The ACLs themselves
+(:class:`metaq.security.acl.Acls`) are swapped in by :func:`refresh_acls`, a background job re-reading the
+ACL file or ZooKeeper node every ``ACL_REFRESH_S``: a change applies within that time, without a restart.
 
 Request types this table does not know (an API added later) need ``admin`` on the cluster: nothing new
 is open by default.
@@ -80,6 +79,8 @@ def required(request: Any) -> list[Need]:
         return []
     if kind is m.MultiFetchRequest:  # consume on every topic it names
         return [("topic", topic, "consume") for topic in dict.fromkeys(p.topic for p in request.partitions)]
+    if kind is m.MultiProduceRequest:  # produce on every topic it names
+        return [("topic", topic, "produce") for topic in dict.fromkeys(p.topic for p in request.partitions)]
     if kind in _TOPIC_OPERATION:
         return [("topic", str(request.topic), _TOPIC_OPERATION[kind])]
     if kind in _GROUP_OPERATION:

@@ -64,9 +64,10 @@ log = logging.getLogger("metaq.broker")
 Handler = Callable[["Broker", Any, Session | None], Any]
 """A request handler: (broker, request, session) -> the response, a FileReply, or a coroutine of one."""
 
-REFUSED_WHILE_STOPPING: frozenset[type] = frozenset({m.ProduceRequest, m.FetchRequest, m.MultiFetchRequest})
+REFUSED_WHILE_STOPPING: frozenset[type] = frozenset({m.ProduceRequest, m.MultiProduceRequest, m.FetchRequest,
+                                                     m.MultiFetchRequest})
 """Requests a draining broker answers with BROKER_STOPPING (the others still work while it drains)."""
-METERED: frozenset[type] = frozenset({m.ProduceRequest, m.FetchRequest, m.MultiFetchRequest})
+METERED: frozenset[type] = frozenset({m.ProduceRequest, m.MultiProduceRequest, m.FetchRequest, m.MultiFetchRequest})
 """Requests whose bytes count against the principal's quotas (metaq.broker.quotas); slaves' fetches do not.
 A MultiFetch v0 reply has no throttle_time_ms (v1 has): its connection is muted all the same, the client not told."""
 BEFORE_AUTHENTICATION: frozenset[type] = frozenset({m.ApiVersionsRequest, m.SaslHandshakeRequest,
@@ -551,6 +552,8 @@ class Broker:
         """Count a produce's or a fetch's bytes against the principal's quota; the throttle into the reply."""
         if isinstance(request, m.ProduceRequest):
             throttle_ms = self.quotas.record(session, PRODUCE, len(request.records))
+        elif isinstance(request, m.MultiProduceRequest):  # every batch's records, as that many Produces
+            throttle_ms = self.quotas.record(session, PRODUCE, sum(len(p.records) for p in request.partitions))
         elif isinstance(request, m.MultiFetchRequest):
             fetched = sum(len(p.records) for p in getattr(result, "partitions", ()))
             throttle_ms = self.quotas.record(session, FETCH, fetched)

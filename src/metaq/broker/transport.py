@@ -51,6 +51,8 @@ log = logging.getLogger("metaq.broker")
 MAX_PIPELINED_REQUESTS = 1024
 """Per connection; past it the broker stops reading the socket until replies drain (backpressure)."""
 _PRODUCE = m.ProduceRequest.API_KEY
+_MULTI_PRODUCE = m.MultiProduceRequest.API_KEY
+_PRODUCES = (_PRODUCE, _MULTI_PRODUCE)
 TLS_HANDSHAKE_TIMEOUT_S = 30.0
 """A TLS connection whose handshake has not finished by then is closed (asyncio's own default: 60 s)."""
 
@@ -311,7 +313,7 @@ class BrokerProtocol(asyncio.Protocol):
         header, body_head = dropped
         log.warning("refused a request of %s from %s: %s", m.APIS[header.api_key].name
                     if header.api_key in m.APIS else header.api_key, self.session.peer, reason)
-        if header.api_key == _PRODUCE and _oneway_produce(header, body_head):
+        if _oneway_produce(header, body_head):
             return  # a one-way produce expects no reply: the message is dropped, as on any failure
         reply = _Reply(header)
         self.replies.append(reply)
@@ -326,7 +328,7 @@ class BrokerProtocol(asyncio.Protocol):
     def _handle(self, event: RequestEvent) -> None:
         header, request = event.header, event.request
         api_key = header.api_key
-        if api_key == _PRODUCE and request.acks == 0:
+        if api_key in _PRODUCES and request.acks == 0:
             reply = None  # one-way
         elif api_key in m.REPLIES_OUT_OF_ORDER:
             reply = _Reply(header, True)
@@ -485,11 +487,17 @@ class BrokerProtocol(asyncio.Protocol):
 
 
 def _oneway_produce(header: RequestHeader, body_head: bytes) -> bool:
-    """Whether a produce request, from its leading fields (topic, partition, acks), expects no reply."""
+    """Whether a request is a produce that expects no reply, from its leading fields (Produce: topic,
+    partition, acks; MultiProduce: acks)."""
     try:
-        _topic, pos = schema.STRING.decode(body_head, 0)
-        _partition, pos = schema.INT32.decode(body_head, pos)
-        acks, _ = schema.INT16.decode(body_head, pos)
+        if header.api_key == _MULTI_PRODUCE:
+            acks, _ = schema.INT16.decode(body_head, 0)
+        elif header.api_key == _PRODUCE:
+            _topic, pos = schema.STRING.decode(body_head, 0)
+            _partition, pos = schema.INT32.decode(body_head, pos)
+            acks, _ = schema.INT16.decode(body_head, pos)
+        else:
+            return False
     except ProtocolError:
         return False
     return bool(acks == 0)

@@ -8,7 +8,7 @@ never looks here: it calls :meth:`metaq.broker.core.Broker.handle`.
 =================  ===========================================================================
 module             requests
 =================  ===========================================================================
-produce            Produce
+produce            Produce, MultiProduce
 fetch              Fetch, ListOffsets
 topics             Metadata, CreateTopic, DeleteTopic, PartitionState, Reload
 diagnostics        ApiVersions, Stats, LookupMessage, FindMessages, Verify

@@ -102,8 +102,10 @@ class _DurableAcks:
             if exc is None:
                 reply.resolve(response)
             else:
-                reply.resolve(error_response(m.ProduceRequest.API_KEY, StorageFailureError(
-                    f"the batch was written but not made durable: {exc}")))
+                failed = error_response(m.ProduceRequest.API_KEY, StorageFailureError(
+                    f"the batch was written but not made durable: {exc}"))
+                failed.partition = response.partition
+                reply.resolve(failed)
 
 
 _DURABLE_ACKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _DurableAcks] = weakref.WeakKeyDictionary()

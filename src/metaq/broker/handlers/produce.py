@@ -1,19 +1,23 @@
-"""Produce: one record batch, checked and appended with one write, acknowledged per the flush policy."""
+"""Produce: one record batch, checked and appended with one write, acknowledged per the flush policy.
+MultiProduce: a batch for each of many partitions, each handled as a Produce of it, one reply for all."""
 
 from __future__ import annotations
 
 import random
 import time
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from metaq.broker.core import check_topic_name
 from metaq.broker.delay.handler import produce_delayed
+from metaq.broker.error_mapping import wire_error
 from metaq.broker.handlers.appending import ack_when_durable, await_ack, check_sequence
 from metaq.broker.handlers.transactions import put_into_transaction
-from metaq.broker.session import Session
+from metaq.broker.session import DeferredReply, Session
 from metaq.errors import (
     CorruptMessageError,
     InvalidArgument,
+    InvalidRequestError,
     MessageTooLargeError,
     PartitionClosedError,
     ProtocolError,
@@ -30,12 +34,19 @@ if TYPE_CHECKING:
 
 
 def handle_produce(broker: Broker, req: m.ProduceRequest, session: Session | None) -> Any:
-    """The response, or (when the batch must be durable first) a coroutine of it.
+    """The response, or (when the batch must be durable first) a DeferredReply or a coroutine of it.
 
     Per-batch work only: the batch header and columns are checked without a loop per message, the
     broker stamps the header, and the bytes are written as they came.
     """
-    topic, partition = req.topic, req.partition
+    return produce_batch(broker, req.topic, req.partition, req.records, req.transaction_id)[1]
+
+
+def produce_batch(broker: Broker, topic: str, partition: int, records: bytes | memoryview,
+                  transaction_id: str) -> tuple[int, Any]:
+    """One produced batch (a Produce's, or one of a MultiProduce's): the partition it went to, and its
+    ProduceResponse, or a DeferredReply or coroutine of it when its ack waits (flush policy, sync
+    replication). Raises for a batch refused before anything was stored."""
     broker.refuse_writes_on_slave("produce requests")
     state = broker.topics.get(topic)
     if state is None:  # a topic that exists had its name checked when it was created
@@ -50,14 +61,15 @@ def handle_produce(broker: Broker, req: m.ProduceRequest, session: Session | Non
     if not state.settings.accept_publish:
         raise PartitionClosedError(f"topic {topic!r} does not accept publishing (acceptPublish=false)")
     try:
-        header = validate_batch(req.records, broker.config.max_message_bytes, broker.config.max_batch_bytes)
-        stamp = producer_stamp(req.records, header)
+        header = validate_batch(records, broker.config.max_message_bytes, broker.config.max_batch_bytes)
+        stamp = producer_stamp(records, header)
     except InvalidArgument as exc:
         broker.stats.partition(topic, max(partition, 0)).put_failures += 1
         raise MessageTooLargeError(str(exc)) from None
     except ProtocolError as exc:
         broker.stats.partition(topic, max(partition, 0)).put_failures += 1
         raise CorruptMessageError(str(exc)) from None
+    asked = partition
     if partition == m.ANY_PARTITION:
         open_parts = [p for p in range(state.num_partitions) if p not in state.closed]
         if not open_parts:
@@ -70,12 +82,12 @@ def handle_produce(broker: Broker, req: m.ProduceRequest, session: Session | Non
     if plog is None:  # not opened yet, or not a partition of the topic (the error comes from partition_log)
         _state, plog = broker.partition_log(topic, partition)
     counters = broker.stats.partition(topic, partition)
-    if req.transaction_id:  # into the transaction log until commit (docs/transactions.md)
+    if transaction_id:  # into the transaction log until commit (docs/transactions.md)
         if header.attributes & ATTR_DELAYED:
             raise InvalidArgument("delayed messages cannot be sent in a transaction")
-        return put_into_transaction(broker, req, header, stamp)
+        return partition, put_into_transaction(broker, transaction_id, topic, asked, records, header, stamp)
     if header.attributes & ATTR_DELAYED:  # kept in the delay store until due (docs/delayed.md)
-        return produce_delayed(broker, topic, partition, req.records, header)
+        return partition, produce_delayed(broker, topic, partition, records, header)
     ha = broker.ha
     if ha is not None:
         ha.before_append(plog)
@@ -83,9 +95,9 @@ def handle_produce(broker: Broker, req: m.ProduceRequest, session: Session | Non
         duplicate = check_sequence(plog, stamp, header.record_count)
         if duplicate is not None:
             counters.duplicates_dropped += 1
-            return _answer_duplicate(broker, plog, partition, duplicate)
+            return partition, _answer_duplicate(broker, plog, partition, duplicate)
     started = time.perf_counter()
-    result = plog.append(req.records, header)
+    result = plog.append(records, header)
     broker.stats.append_seconds.observe(time.perf_counter() - started)
     counters.put_requests += 1
     counters.put_messages += header.record_count
@@ -96,10 +108,10 @@ def handle_produce(broker: Broker, req: m.ProduceRequest, session: Session | Non
     durable = result.durable if result.wait_for_durable and not result.durable.done() else None
     replicated = ha.after_append(plog, result.last_offset + 1) if ha is not None else None
     if replicated is not None:
-        return await_ack(durable, replicated, response)
+        return partition, await_ack(durable, replicated, response)
     if durable is not None:
-        return ack_when_durable(durable, response)
-    return response
+        return partition, ack_when_durable(durable, response)
+    return partition, response
 
 
 def _answer_duplicate(broker: Broker, plog: PartitionLog, partition: int, original: StoredBatch) -> Any:
@@ -117,4 +129,96 @@ def _answer_duplicate(broker: Broker, plog: PartitionLog, partition: int, origin
     return response
 
 
-HANDLERS: dict[type, Handler] = {m.ProduceRequest: handle_produce}
+# -- 24 MultiProduce ------------------------------------------------------------------------------
+
+_MULTI = m.MultiProduceRequest.API_NAME
+
+
+def handle_multi_produce(broker: Broker, req: m.MultiProduceRequest, session: Session | None) -> Any:
+    """Each batch as :func:`produce_batch` handles a Produce of it, in the request's order, each with its own
+    result (a refused batch does not stop the others). The reply is immediate when no batch waits for an
+    ack; else a DeferredReply resolved by the last batch's answer (a coroutine, when a batch's ack is one:
+    sync replication, a delayed or a duplicate batch waiting for its fsync)."""
+    batches = req.partitions
+    if not batches or len(batches) > m.MULTI_PRODUCE_PARTITIONS_MAX:
+        raise InvalidRequestError(f"a MultiProduce carries 1..{m.MULTI_PRODUCE_PARTITIONS_MAX} batches; "
+                                  f"got {len(batches)}")
+    entries: list[m.ProducedPartition] = []
+    waiting: list[tuple[m.ProducedPartition, Any]] = []
+    txid = req.transaction_id
+    for batch in batches:
+        entry = m.ProducedPartition(batch.topic, batch.partition)
+        entries.append(entry)
+        try:
+            entry.partition, result = produce_batch(broker, batch.topic, batch.partition, batch.records, txid)
+        except Exception as exc:
+            entry.error_code, entry.error_message = wire_error(exc, _MULTI)
+            continue
+        if isinstance(result, m.ProduceResponse):
+            _fill(entry, result)
+        else:
+            waiting.append((entry, result))
+    response = m.MultiProduceResponse(partitions=entries)
+    if not waiting:
+        return response
+    if any(not isinstance(result, DeferredReply) for _entry, result in waiting):
+        return _await_all(response, waiting)
+    return _MultiAck(response, waiting).reply
+
+
+def _fill(entry: m.ProducedPartition, result: Any) -> None:
+    """A batch's ProducedPartition from its ProduceResponse (its error, or where it was stored)."""
+    if result.error_code:
+        entry.error_code, entry.error_message = result.error_code, result.error_message
+    else:
+        entry.base_offset, entry.base_message_id = result.base_offset, result.base_message_id
+        entry.append_time_ms = result.append_time_ms
+
+
+class _MultiAck:
+    """The reply of a MultiProduce whose waiting batches are all DeferredReplies (the flush policy's acks,
+    answered on the loop by :func:`ack_when_durable`): resolved by the last of them, without a task."""
+
+    __slots__ = ("left", "reply", "response", "waiting")
+
+    def __init__(self, response: m.MultiProduceResponse, waiting: list[tuple[m.ProducedPartition, Any]]) -> None:
+        self.response = response
+        self.waiting = waiting
+        self.reply = DeferredReply()
+        self.reply.on_cancel = self._cancel  # the connection closed: nobody is left to answer
+        self.left = len(waiting)
+        for entry, pending in waiting:
+            pending.on_done(lambda result, entry=entry: self._answered(entry, result))
+
+    def _cancel(self) -> None:
+        for _entry, pending in self.waiting:
+            pending.cancel()
+
+    def _answered(self, entry: m.ProducedPartition, result: Any) -> None:
+        _fill(entry, result)
+        self.left -= 1
+        if self.left == 0:
+            self.reply.resolve(self.response)
+
+
+async def _await_all(response: m.MultiProduceResponse, waiting: list[tuple[m.ProducedPartition, Any]]) -> Any:
+    """Every waiting batch's answer (each already under way: awaiting them in turn costs no time), a failure
+    as that batch's error entry."""
+    try:
+        for entry, pending in waiting:
+            try:
+                result = await (pending.wait() if isinstance(pending, DeferredReply) else pending)
+            except Exception as exc:
+                entry.error_code, entry.error_message = wire_error(exc, _MULTI)
+                continue
+            _fill(entry, result)
+    finally:  # cancelled (the connection closed, the broker stops): the acks not awaited yet are dropped
+        for _entry, pending in waiting:
+            if isinstance(pending, Coroutine):
+                pending.close()
+            elif isinstance(pending, DeferredReply):
+                pending.cancel()
+    return response
+
+
+HANDLERS: dict[type, Handler] = {m.ProduceRequest: handle_produce, m.MultiProduceRequest: handle_multi_produce}

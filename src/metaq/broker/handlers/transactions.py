@@ -33,16 +33,16 @@ if TYPE_CHECKING:
     from metaq.broker.transactions import Transaction
 
 
-def put_into_transaction(broker: Broker, req: m.ProduceRequest, header: Any, stamp: ProducerStamp | None) -> Any:
-    """A Produce v1 with ``transaction_id``: the batch goes into the transaction log."""
-    if req.partition < 0:
+def put_into_transaction(broker: Broker, transaction_id: str, topic: str, partition: int, records: bytes | memoryview,
+                         header: Any, stamp: ProducerStamp | None) -> Any:
+    """A Produce v1 with ``transaction_id`` (or a MultiProduce's batch): the batch goes into the transaction log."""
+    if partition < 0:
         raise UnknownPartitionError("a transaction's batch names its partition (-1 is not taken)")
-    state, _plog = broker.partition_log(req.topic, req.partition)
-    if req.partition in state.closed:
-        raise PartitionClosedError(f"partition {req.topic}-{req.partition} is closed for publishing")
-    broker.tx_coordinator().put(req.transaction_id, req.topic, req.partition, req.records, stamp,
-                                header.record_count)
-    return m.ProduceResponse(partition=req.partition)
+    state, _plog = broker.partition_log(topic, partition)
+    if partition in state.closed:
+        raise PartitionClosedError(f"partition {topic}-{partition} is closed for publishing")
+    broker.tx_coordinator().put(transaction_id, topic, partition, records, stamp, header.record_count)
+    return m.ProduceResponse(partition=partition)
 
 
 def handle_transaction(broker: Broker, req: m.TransactionRequest, _session: object) -> Any:
