@@ -156,6 +156,18 @@ def _patch_producer() -> None:
 
     pm.Producer._write = write  # type: ignore[method-assign]
 
+    orig_write_multi = getattr(pm.Producer, "_write_multi", None)
+
+    def write_multi(self: Any, conn: Any, group: Any) -> None:  # several batches in one MultiProduce
+        tss = [batch_ts.get(id(batch)) for batch in group]
+        assert orig_write_multi is not None
+        orig_write_multi(self, conn, group)
+        pending = conn.__dict__.setdefault("_trace_pending", [])
+        pending.extend(t for t in tss if t is not None)
+
+    if orig_write_multi is not None:
+        pm.Producer._write_multi = write_multi  # type: ignore[method-assign]
+
     orig_flush = cm.BrokerConnection._flush
 
     def flush(self: Any) -> None:
@@ -232,6 +244,9 @@ def _patch_broker() -> None:
         t = _now()
         if isinstance(result, m.ProduceResponse):
             _rec("ack", result.partition, result.base_offset, t)
+        elif type(result).__name__ == "MultiProduceResponse":
+            for produced in result.partitions:
+                _rec("ack", produced.partition, produced.base_offset, t)
         elif isinstance(result, m.MultiFetchResponse):
             for fetched in result.partitions:
                 first, last = _batch_range(fetched.records)
