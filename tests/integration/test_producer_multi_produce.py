@@ -68,3 +68,30 @@ def test_a_batch_the_broker_refuses_fails_alone_and_the_others_of_its_request_ar
             assert stored == {b"warm up", b"small-0", b"small-2", b"small-3"}
 
     uvloop.run(main())
+
+
+@pytest.mark.parametrize("multi", [True, False])
+def test_more_partitions_due_at_once_than_requests_allowed_in_flight_are_all_sent_in_order(
+        broker_factory: Any, multi: bool) -> None:
+    """16 partitions' batches due in one loop step over a connection that takes 4 requests in flight: with one
+    Produce per batch the ones past the limit wait in the broker's queue for room (none fails), and with
+    MultiProduce they go in one request."""
+    proc = broker_factory({"numPartitions": 16, "unflushThreshold": 0})
+
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(proc.servers, max_in_flight=4) as session:
+            await session.admin().create_topic("wide", 16)
+            producer = session.create_producer(linger_ms=0, multi_produce=multi)
+            assert (await producer.send(Message("wide", b"warm up"))).success
+            sent: list[tuple[bytes, SendResult]] = []
+            for b in range(10):
+                payloads = [b"wide-%d-%02d" % (b, i) for i in range(64)]  # four per partition, round robin
+                results = await asyncio.gather(*(producer.send_async(Message("wide", p)) for p in payloads))
+                assert all(r.success for r in results), [r.error for r in results if not r.success][:3]
+                sent.extend(zip(payloads, results, strict=True))
+            assert (producer.multi_produce_requests > 0) is multi
+            log = await read_all(session.create_pull_consumer(), "wide", 16)
+            check_results_match_log(sent, log)
+            assert sum(len(msgs) for msgs in log.values()) == len(sent) + 1
+
+    uvloop.run(main())

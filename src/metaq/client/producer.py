@@ -120,6 +120,8 @@ class _MultiLimit:
             return False
         self.size += batch.size_bytes
         return True
+
+
 _RECORD_PREFIX = RECORD_PREFIX_BYTES
 
 
@@ -573,11 +575,11 @@ class Producer:
         """topic -> (metadata's partitions, Unavailable version, the usable ones): recomputed only when
         either changes, so the hot path does not filter per message."""
         self.rerouted_batches = 0
+        """Batches moved to another partition after a failure that proved they were not stored."""
         self.multi_produce_requests = 0
         """MultiProduce requests written (several partitions' batches in one request, ``multi_produce``)."""
         self.multi_produced_batches = 0
         """Batches that went in those requests (the others went one Produce each)."""
-        """Batches moved to another partition after a failure that proved they were not stored."""
         self._retries = config.effective_retries
         self._idempotent = config.enable_idempotence
         self.producer_id = _new_producer_id() if self._idempotent else -1
@@ -1526,11 +1528,12 @@ class Producer:
             return
         self._gathered = None
         for conn, batches in gathered.items():
-            try:
-                while batches:
+            with contextlib.suppress(ConnectionClosedError):
+                while batches and conn.writable:
                     self._write_some(conn, batches)
-            except ConnectionClosedError:
-                # none of ``batches`` was written: they go first in the broker's queue, its sender reconnects
+            if batches:
+                # not written (the connection closed, or it has no room: max_in_flight replies owed, its buffer
+                # full): they go first in the broker's queue, whose sender waits for room or reconnects
                 broker_id = batches[0].broker_id
                 queue = self._queues.setdefault(broker_id, deque())
                 queue.extendleft(reversed(batches))
