@@ -98,7 +98,7 @@ COUNTER_FIELDS = ("put_messages", "put_bytes", "put_requests", "put_failures", "
 COUNTERS = (
     ("metaq_messages_in_total", "Messages appended by producers."),
     ("metaq_bytes_in_total", "Bytes of record batches appended by producers."),
-    ("metaq_produce_requests_total", "Produce requests appended."),
+    ("metaq_produce_requests_total", "Batches appended: one per Produce request, one per batch of a MultiProduce."),
     ("metaq_produce_failures_total", "Produce requests refused as too large or corrupt."),
     ("metaq_messages_out_total", "Messages sent in fetch replies (from the offset asked for; slaves' replica "
      "fetches included)."),
