@@ -125,6 +125,14 @@ class _MultiLimit:
 _RECORD_PREFIX = RECORD_PREFIX_BYTES
 
 
+def _outcome(fut: asyncio.Future[Any]) -> tuple[Any, BaseException | None]:
+    """A produce reply future's response and None, or None and the error that stands for it."""
+    if fut.cancelled():
+        return None, ConnectionClosedError("the produce request was cancelled")
+    err = fut.exception()
+    return (fut.result(), None) if err is None else (None, err)
+
+
 class _Sequence:
     """An idempotent producer's sequence on one partition: the epoch and the next sequence number."""
 
@@ -1770,47 +1778,37 @@ class Producer:
     # -- results ------------------------------------------------------------------------------
 
     def _on_reply(self, batch: ProducerBatch, address: str, fut: asyncio.Future[ProduceResponse]) -> None:
-        if fut.cancelled():
-            exc: BaseException = ConnectionClosedError("the produce request was cancelled")
-        else:
-            err = fut.exception()
-            if err is None:
-                resp = fut.result()
-                if not resp.error_code:
-                    self._complete_ok(batch, resp)
-                    return
-                exc = error_for_code(resp.error_code, resp.error_message or "")
-            else:
-                exc = err
+        resp, exc = _outcome(fut)
+        if resp is not None:
+            if not resp.error_code:
+                self._complete_ok(batch, resp)
+                return
+            exc = error_for_code(resp.error_code, resp.error_message or "")
+        assert exc is not None
         self._on_failure(batch, address, exc)
 
     def _on_multi_reply(self, batches: list[ProducerBatch], address: str,
                         fut: asyncio.Future[MultiProduceResponse]) -> None:
         """A MultiProduce's reply: each batch's entry is what a Produce reply of it would have said. The
         partitions it releases send what waited for them in one gathering (one MultiProduce again)."""
-        if fut.cancelled():
-            exc: BaseException = ConnectionClosedError("the produce request was cancelled")
-        else:
-            err = fut.exception()
-            if err is None:
-                resp = fut.result()
-                if not resp.error_code and len(resp.partitions) == len(batches):
-                    gathered = self._gather()
-                    try:
-                        for batch, entry in zip(batches, resp.partitions, strict=True):
-                            if not entry.error_code:
-                                self._complete_ok(batch, entry)
-                            else:
-                                self._on_failure(batch, address,
-                                                 error_for_code(entry.error_code, entry.error_message or ""))
-                    finally:
-                        self._write_gathered(gathered)
-                    return
-                exc = error_for_code(resp.error_code, resp.error_message or "") if resp.error_code else \
-                    ProtocolError(f"a MultiProduce reply from {address} has {len(resp.partitions)} results for "
-                                  f"{len(batches)} batches")
-            else:
-                exc = err
+        resp, exc = _outcome(fut)
+        if resp is not None:
+            if not resp.error_code and len(resp.partitions) == len(batches):
+                gathered = self._gather()
+                try:
+                    for batch, entry in zip(batches, resp.partitions, strict=True):
+                        if not entry.error_code:
+                            self._complete_ok(batch, entry)
+                        else:
+                            self._on_failure(batch, address, error_for_code(entry.error_code,
+                                                                            entry.error_message or ""))
+                finally:
+                    self._write_gathered(gathered)
+                return
+            exc = error_for_code(resp.error_code, resp.error_message or "") if resp.error_code else \
+                ProtocolError(f"a MultiProduce reply from {address} has {len(resp.partitions)} results for "
+                              f"{len(batches)} batches")
+        assert exc is not None
         gathered = self._gather()
         try:
             for batch in batches:
