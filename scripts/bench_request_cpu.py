@@ -19,12 +19,20 @@ the previous one's ack); N Produce requests written together (one write) and the
 MultiProduce (API 24) of the N batches and its one reply. The broker's CPU is then given per burst and per
 batch. ``--count`` counts bursts.
 
+``--multi N --multi-fetch`` measures, the same way, the broker's side of a consumer's long poll woken by
+such a MultiProduce: the MultiProduce alone; with N Fetches (one per partition, on a second connection)
+parked before it and woken by it; with one MultiFetch of the N partitions parked before it and woken by
+it (answered once, at the end of the read that carried the MultiProduce). The difference to the first
+is what the consumer's fetches cost the broker per burst. ``--only MODE`` runs one of the cases (to
+profile it with ``--cprofile``).
+
 ``--cprofile FILE`` runs the broker under cProfile (pstats file; its CPU figure is then inflated by the
 profiler). ``--profile FILE`` records the broker with py-spy (speedscope JSON, ``--rate`` samples per s) during the
 measured phase.
 
     .venv/bin/python scripts/bench_request_cpu.py [--count 20000] [--fetch] [--repeat 3]
     .venv/bin/python scripts/bench_request_cpu.py --multi 4 --count 10000 --repeat 3
+    .venv/bin/python scripts/bench_request_cpu.py --multi 4 --multi-fetch --count 10000 --repeat 3
     PYTHONPATH=/tmp/old/src .venv/bin/python scripts/bench_request_cpu.py     # the code before
 """
 
