@@ -210,10 +210,11 @@ class Struct:
     """A nested dataclass whose FIELDS are encoded inline (versionless: bump the outer message).
 
     Structs are the per-item cost of an array (a MultiFetch reply's partitions, a MultiProduce's
-    batches), so each runs of adjacent fixed-width fields (FetchedPartition's six int64s) as one
-    ``struct`` pack/unpack: the same bytes, a few calls an item instead of one per field. A run that does
-    not fit (cut off, a value out of range) is done again field by field, so that the error is exactly
-    the field's own.
+    batches), so each run of adjacent fixed-width fields (FetchedPartition's six int64s) is one
+    ``struct`` pack/unpack: the same bytes, a few calls an item instead of one per field (a 4-entry
+    MultiFetchResponse decodes in 7 µs instead of 12.5, docs/benchmarks.md). A run that does not fit
+    (cut off, a value out of range) is done again field by field, so that the error is exactly the
+    field's own.
     """
 
     def __init__(self, cls: Any) -> None:

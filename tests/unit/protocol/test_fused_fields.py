@@ -10,7 +10,8 @@ fast path.
 from __future__ import annotations
 
 import struct
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import given
@@ -127,3 +128,24 @@ def test_a_one_batch_reply_decodes_as_the_general_walk_does(from_offset: int, da
         messages, next_offset = decode_fetched(buf, "t", 3, from_offset, True, 2)
         assert [x.offset for x in messages] == [o for o in range(40, 44) if o >= from_offset]
         assert next_offset == (44 if from_offset < 44 else from_offset)
+
+
+@dataclass
+class _Reordered:
+    """FIELDS in another order than the dataclass's own: built by name, not by position."""
+
+    a: int = 0
+    b: int = 0
+    c: str = ""
+    FIELDS: ClassVar = (schema.Field("c", schema.STRING), schema.Field("b", schema.INT64),
+                        schema.Field("a", schema.INT32))
+
+
+def test_a_struct_whose_fields_are_in_another_order_is_built_by_name() -> None:
+    codec = schema.Struct(_Reordered)
+    value = _Reordered(1, -2, "x")
+    out: list[bytes] = []
+    codec.encode(value, out)
+    raw = b"".join(out)
+    assert raw == _reference_encode(value)
+    assert codec.decode(raw, 0) == (value, len(raw)) == codec._decode_fields(raw, 0)
