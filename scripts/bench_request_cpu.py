@@ -19,12 +19,20 @@ the previous one's ack); N Produce requests written together (one write) and the
 MultiProduce (API 24) of the N batches and its one reply. The broker's CPU is then given per burst and per
 batch. ``--count`` counts bursts.
 
+``--multi N --multi-fetch`` measures, the same way, the broker's side of a consumer's long poll woken by
+such a MultiProduce: the MultiProduce alone; with N Fetches (one per partition, on a second connection)
+parked before it and woken by it; with one MultiFetch of the N partitions parked before it and woken by
+it (answered once, at the end of the read that carried the MultiProduce). The difference to the first
+is what the consumer's fetches cost the broker per burst. ``--only MODE`` runs one of the cases (to
+profile it with ``--cprofile``).
+
 ``--cprofile FILE`` runs the broker under cProfile (pstats file; its CPU figure is then inflated by the
 profiler). ``--profile FILE`` records the broker with py-spy (speedscope JSON, ``--rate`` samples per s) during the
 measured phase.
 
     .venv/bin/python scripts/bench_request_cpu.py [--count 20000] [--fetch] [--repeat 3]
     .venv/bin/python scripts/bench_request_cpu.py --multi 4 --count 10000 --repeat 3
+    .venv/bin/python scripts/bench_request_cpu.py --multi 4 --multi-fetch --count 10000 --repeat 3
     PYTHONPATH=/tmp/old/src .venv/bin/python scripts/bench_request_cpu.py     # the code before
 """
 
@@ -106,21 +114,40 @@ def _run(args: argparse.Namespace, mode: str = "produce") -> dict[str, float]:
             broker = BrokerLauncher(os.path.join(tmp, "data"), options).start()
         try:
             producer = _Conn(broker.host, broker.port)
-            consumer = _Conn(broker.host, broker.port) if args.fetch else None
+            consumer = _Conn(broker.host, broker.port) if args.fetch or mode in ("multi_fetch", "fetches") else None
             topic = "reqcpu"
             payload = b"x" * args.size
             offset = 0
 
             parts = range(args.multi)
+            positions = dict.fromkeys(parts, 0)
 
             def burst(i: int) -> None:
                 now_ms = int(time.time() * 1000)
-                if mode == "multi":
+                if mode in ("multi", "multi_fetch", "fetches"):
+                    assert consumer is not None or mode == "multi"
+                    if mode == "multi_fetch":  # one MultiFetch of the N partitions, parked
+                        consumer.send(m.MultiFetchRequest(5000, 1, 4 << 20, "", [  # type: ignore[union-attr]
+                            m.FetchPartition(topic, p, positions[p], 1 << 20) for p in parts]))
+                    elif mode == "fetches":  # one Fetch per partition, parked
+                        consumer.send_all([m.FetchRequest(topic, p, positions[p], 1 << 20, 5000)  # type: ignore[union-attr]
+                                           for p in parts])
                     producer.send(m.MultiProduceRequest(1, 30000, "", [
                         m.ProducePartition(topic, p, encode_values([payload], now_ms)) for p in parts]))
                     reply = producer.receive()
                     assert reply.error_code == 0 and not any(  # type: ignore[attr-defined]
                         p.error_code for p in reply.partitions), reply  # type: ignore[attr-defined]
+                    if mode == "multi_fetch":
+                        fetched = consumer.receive()  # type: ignore[union-attr]
+                        assert fetched.error_code == 0, fetched  # type: ignore[attr-defined]
+                        for entry in fetched.partitions:  # type: ignore[attr-defined]
+                            assert entry.error_code == 0 and entry.records, entry
+                            positions[entry.partition] = entry.log_end_offset
+                    elif mode == "fetches":
+                        for p in parts:  # replies in request order
+                            got = consumer.receive()  # type: ignore[union-attr]
+                            assert got.error_code == 0 and got.records, got  # type: ignore[attr-defined]
+                            positions[p] = got.log_end_offset  # type: ignore[attr-defined]
                     return
                 produces = [m.ProduceRequest(topic=topic, partition=p, acks=1, records=encode_values([payload], now_ms))
                             for p in parts]
@@ -155,6 +182,7 @@ def _run(args: argparse.Namespace, mode: str = "produce") -> dict[str, float]:
             producer.send(m.ProduceRequest(topic=topic, partition=0, acks=1,
                                            records=encode_values([payload], int(time.time() * 1000))))
             offset = producer.receive().base_offset + 1  # type: ignore[attr-defined]  # the topic exists now
+            positions[0] = offset
             for i in range(args.warmup):
                 one(i)
             spy = None
@@ -191,6 +219,11 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--multi", type=int, default=0,
                         help="N Produces against one MultiProduce of N one-message batches (N partitions, <= 4)")
+    parser.add_argument("--only", choices=("serial", "produces", "multi", "fetches", "multi_fetch"), default="",
+                        help="with --multi: this one case (e.g. to profile it)")
+    parser.add_argument("--multi-fetch", action="store_true",
+                        help="with --multi: the MultiProduce alone, with N parked Fetches it wakes, and with one "
+                             "parked MultiFetch of the N partitions it wakes")
     args = parser.parse_args()
     if args.multi:
         _compare_multi(args)
@@ -214,7 +247,10 @@ def main() -> None:
 def _compare_multi(args: argparse.Namespace) -> None:
     if not 1 <= args.multi <= 4:
         raise SystemExit("--multi takes 1..4 (the bench topic has 4 partitions)")
-    runs: dict[str, list[dict[str, float]]] = {"serial": [], "produces": [], "multi": []}
+    modes = ("multi", "fetches", "multi_fetch") if args.multi_fetch else ("serial", "produces", "multi")
+    if args.only:
+        modes = (args.only,)
+    runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     for _ in range(args.repeat):  # alternating: both modes see the same machine state
         for mode in runs:
             runs[mode].append(_run(args, mode))
@@ -229,7 +265,8 @@ def _compare_multi(args: argparse.Namespace) -> None:
         print(json.dumps(result))
         return
     names = {"serial": f"{n} Produces, one at a time", "produces": f"{n} Produces in one write",
-             "multi": f"1 MultiProduce of {n} batches"}
+             "multi": f"1 MultiProduce of {n} batches", "fetches": f"+ {n} woken Fetches",
+             "multi_fetch": f"+ 1 woken MultiFetch of {n}"}
     for mode, r in result.items():
         print(f"{names[mode]:>28}: broker CPU {r['broker_cpu_us_per_burst']:.1f} us per burst of {n} messages, "
               f"{r['broker_cpu_us_per_batch']:.1f} us per batch (runs {r['runs_cpu_us']}); wall per burst "

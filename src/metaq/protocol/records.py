@@ -1197,9 +1197,13 @@ def decode_fetched_batches(buf: bytes | memoryview, topic: str, partition: int, 
     Batches with no record left (all below ``from_offset``, or a server-side filter emptied them) are
     not returned, but ``next_offset`` moves past them.
     """
+    view = memoryview(buf)
+    if len(view) >= HEADER_BYTES:
+        one = _one_fetched_batch(view, topic, partition, from_offset, verify, broker_id)
+        if one is not None:
+            return one
     out: list[MessageBatch] = []
     next_offset = from_offset
-    view = memoryview(buf)
     try:
         for pos, header in fetched_batches(view, from_offset):
             try:
@@ -1218,6 +1222,25 @@ def decode_fetched_batches(buf: bytes | memoryview, topic: str, partition: int, 
             return out, next_offset  # deliver what is intact; the next fetch starts at the damage
         raise
     return out, next_offset
+
+
+def _one_fetched_batch(view: memoryview, topic: str, partition: int, from_offset: int, verify: bool,
+                       broker_id: int) -> tuple[list[MessageBatch], int] | None:
+    """:func:`decode_fetched_batches` of a reply that is exactly one whole, intact batch reaching past
+    ``from_offset`` (what a caught-up consumer's long poll gets, a MultiFetch reply once per partition),
+    without the general walk's two generators. None for anything else, damage included: the general
+    walk then answers it, errors and all (this path has no effect of its own to undo)."""
+    try:
+        header = read_header(view)
+        if header.total_bytes != len(view) or header.next_offset <= from_offset:
+            return None
+        hdr, cols = _checked_columns(view, header, verify, 1 << 30)
+    except CorruptRecordError:
+        return None
+    lo = 0
+    if header.base_offset < from_offset:
+        lo = bisect_left(cols.deltas, from_offset - header.base_offset)
+    return ([MessageBatch(hdr, cols, topic, partition, broker_id, lo)] if lo < cols.n else []), header.next_offset
 
 
 def decode_fetched(buf: bytes | memoryview, topic: str, partition: int, from_offset: int = 0,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, fields, is_dataclass
+from operator import attrgetter
 from typing import Any, ClassVar, Protocol
 
 from metaq.errors import InvalidArgument, ProtocolError
@@ -206,21 +207,102 @@ class Array:
 
 
 class Struct:
-    """A nested dataclass whose FIELDS are encoded inline (versionless: bump the outer message)."""
+    """A nested dataclass whose FIELDS are encoded inline (versionless: bump the outer message).
+
+    Structs are the per-item cost of an array (a MultiFetch reply's partitions, a MultiProduce's
+    batches), so each run of adjacent fixed-width fields (FetchedPartition's six int64s) is one
+    ``struct`` pack/unpack: the same bytes, a few calls an item instead of one per field (a 4-entry
+    MultiFetchResponse decodes in 7 µs instead of 12.5, docs/benchmarks.md). A run that does not fit
+    (cut off, a value out of range) is done again field by field, so that the error is exactly the
+    field's own.
+    """
 
     def __init__(self, cls: Any) -> None:
         self.cls = cls
         self.name = cls.__name__
+        self._steps: tuple[tuple[struct.Struct | None, WireType, tuple[str, ...], Callable[[Any], Any]], ...] = ()
+        self._positional = False
+        """The dataclass takes the decoded values positionally (FIELDS are its first init fields, in order)."""
+
+    def _compile(self) -> None:
+        """The steps (a fused run, or one field) from FIELDS; done at first use, FIELDS complete by then."""
+        steps: list[tuple[struct.Struct | None, WireType, tuple[str, ...], Callable[[Any], Any]]] = []
+        run: list[Field] = []
+
+        def flush() -> None:
+            if len(run) == 1:
+                steps.append((None, run[0].type, (run[0].name,), attrgetter(run[0].name)))
+            elif run:
+                names = tuple(f.name for f in run)
+                fmt = ">" + "".join(f.type._st.format[1:] for f in run)  # type: ignore[attr-defined]
+                steps.append((struct.Struct(fmt), _FusedRun(run), names, attrgetter(*names)))
+            run.clear()
+
+        for f in self.cls.FIELDS:
+            if type(f.type) is _Fixed:
+                run.append(f)
+                continue
+            flush()
+            steps.append((None, f.type, (f.name,), attrgetter(f.name)))
+        flush()
+        init = [f.name for f in fields(self.cls) if f.init]
+        self._positional = init[:len(self.cls.FIELDS)] == [f.name for f in self.cls.FIELDS]
+        self._steps = tuple(steps)
 
     def encode(self, value: Any, out: list[bytes]) -> None:
-        for f in self.cls.FIELDS:
-            f.type.encode(getattr(value, f.name), out)
+        if not self._steps:
+            self._compile()
+        for packer, wire, _names, get in self._steps:
+            if packer is None:
+                wire.encode(get(value), out)
+                continue
+            try:
+                out.append(packer.pack(*get(value)))
+            except (struct.error, TypeError, ValueError, OverflowError):
+                wire.encode(value, out)  # field by field: raises that field's own error
 
     def decode(self, buf: Buffer, pos: int) -> tuple[Any, int]:
+        if not self._steps:
+            self._compile()
+        start = pos
+        size = len(buf)
+        values: list[Any] = []
+        for packer, wire, _names, _get in self._steps:
+            if packer is None:
+                value, pos = wire.decode(buf, pos)
+                values.append(value)
+                continue
+            end = pos + packer.size
+            if end > size:
+                return self._decode_fields(buf, start)  # raises the cut-off field's own error
+            values += packer.unpack_from(buf, pos)
+            pos = end
+        if self._positional:
+            return self.cls(*values), pos
+        return self.cls(**dict(zip((n for step in self._steps for n in step[2]), values, strict=True))), pos
+
+    def _decode_fields(self, buf: Buffer, pos: int) -> tuple[Any, int]:
+        """One field at a time, as the fields' own types do it (the reference the fused runs must equal)."""
         kwargs = {}
         for f in self.cls.FIELDS:
             kwargs[f.name], pos = f.type.decode(buf, pos)
         return self.cls(**kwargs), pos
+
+
+class _FusedRun:
+    """Adjacent fixed-width fields of a :class:`Struct`, encoded one by one: the fallback of a fused pack
+    that failed, so that the error (and the field it names) is the one the field alone gives."""
+
+    def __init__(self, run: list[Field]) -> None:
+        self.fields = tuple(run)
+        self.name = "+".join(f.type.name for f in run)
+
+    def encode(self, value: Any, out: list[bytes]) -> None:
+        for f in self.fields:
+            f.type.encode(getattr(value, f.name), out)
+
+    def decode(self, buf: Buffer, pos: int) -> tuple[Any, int]:
+        raise AssertionError("a fused run is decoded by Struct.decode")  # never called
 
 
 INT8 = _Fixed("int8", "b")
