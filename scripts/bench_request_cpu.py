@@ -117,6 +117,7 @@ def _run(args: argparse.Namespace, mode: str = "produce") -> dict[str, float]:
             consumer = _Conn(broker.host, broker.port) if args.fetch or mode in ("multi_fetch", "fetches") else None
             topic = "reqcpu"
             payload = b"x" * args.size
+            payloads = [payload] * args.messages
             offset = 0
 
             parts = range(args.multi)
@@ -133,7 +134,7 @@ def _run(args: argparse.Namespace, mode: str = "produce") -> dict[str, float]:
                         consumer.send_all([m.FetchRequest(topic, p, positions[p], 1 << 20, 5000)  # type: ignore[union-attr]
                                            for p in parts])
                     producer.send(m.MultiProduceRequest(1, 30000, "", [
-                        m.ProducePartition(topic, p, encode_values([payload], now_ms)) for p in parts]))
+                        m.ProducePartition(topic, p, encode_values(payloads, now_ms)) for p in parts]))
                     reply = producer.receive()
                     assert reply.error_code == 0 and not any(  # type: ignore[attr-defined]
                         p.error_code for p in reply.partitions), reply  # type: ignore[attr-defined]
@@ -149,7 +150,7 @@ def _run(args: argparse.Namespace, mode: str = "produce") -> dict[str, float]:
                             assert got.error_code == 0 and got.records, got  # type: ignore[attr-defined]
                             positions[p] = got.log_end_offset  # type: ignore[attr-defined]
                     return
-                produces = [m.ProduceRequest(topic=topic, partition=p, acks=1, records=encode_values([payload], now_ms))
+                produces = [m.ProduceRequest(topic=topic, partition=p, acks=1, records=encode_values(payloads, now_ms))
                             for p in parts]
                 if mode == "serial":  # each waits for the previous one's ack
                     for request in produces:
@@ -170,7 +171,7 @@ def _run(args: argparse.Namespace, mode: str = "produce") -> dict[str, float]:
                 if consumer is not None:
                     consumer.send(m.FetchRequest(topic=topic, partition=0, offset=offset, max_wait_ms=5000,
                                                  max_bytes=1 << 20))
-                batch = encode_values([payload], int(time.time() * 1000))
+                batch = encode_values(payloads, int(time.time() * 1000))
                 producer.send(m.ProduceRequest(topic=topic, partition=0, acks=1, records=batch))
                 reply = producer.receive()
                 assert reply.error_code == 0, reply  # type: ignore[attr-defined]
@@ -210,6 +211,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=20000)
     parser.add_argument("--warmup", type=int, default=2000)
     parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--messages", type=int, default=1, help="messages per batch (each --size bytes)")
     parser.add_argument("--flush", default="1000", help="the broker's unflushThreshold")
     parser.add_argument("--fetch", action="store_true", help="a long-polling fetch woken by each produce")
     parser.add_argument("--repeat", type=int, default=1)

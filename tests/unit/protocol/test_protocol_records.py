@@ -328,3 +328,66 @@ def test_a_one_message_batch_is_checked_as_a_longer_one(message: Message) -> Non
         stamp(damaged, head.base_offset, head.base_message_id, head.append_time_ms)  # and header_crc
         with pytest.raises(CorruptRecordError):
             validate_batch(bytes(damaged), max_message_bytes=1 << 20, max_batch_bytes=len(batch))
+
+
+def _rechecksummed(batch: bytearray) -> bytes:
+    """``batch`` with its body crc and header_crc made to match its (edited) bytes again."""
+    head = read_header(batch)  # before the crc changes: the header_crc covers it
+    batch[STAMPED_BYTES - 8:STAMPED_BYTES - 4] = rec.compute_crc(batch).to_bytes(4, "big")
+    stamp(batch, head.base_offset, head.base_message_id, head.append_time_ms)
+    return bytes(batch)
+
+
+def _verdict(batch: bytes, max_message_bytes: int, *, small_path: bool) -> str:
+    """What validate_batch says of ``batch``: "ok" or the error's class, with or without the small-batch check."""
+    with pytest.MonkeyPatch.context() as patch:
+        if not small_path:
+            patch.setattr(rec, "_SMALL_BATCH_RECORDS_MAX", 0)
+        try:
+            validate_batch(batch, max_message_bytes=max_message_bytes, max_batch_bytes=len(batch))
+        except (CorruptRecordError, InvalidArgument) as exc:
+            return type(exc).__name__
+    return "ok"
+
+
+@pytest.mark.parametrize("values", [
+    [b"x" * 100] * 5,
+    [b"", b"a", b"bb"],
+    [b"v"] * rec._SMALL_BATCH_RECORDS_MAX,
+])
+@pytest.mark.parametrize("keys", [False, True])
+def test_a_small_batch_is_checked_as_a_longer_one(values: list[bytes], keys: bool) -> None:
+    """Batches of a few plain messages take a shorter check: the same batches pass, the same size limit and
+    the same damage in every column are refused."""
+    sent = [Message("t", v, key=(b"k" * i if keys else None)) for i, v in enumerate(values)]
+    batch = encode_messages(sent)
+    n = len(sent)
+    largest = max(RECORD_OVERHEAD_BYTES + len(m.key or b"") + len(m.data) for m in sent)
+    validate_batch(batch, max_message_bytes=largest, max_batch_bytes=len(batch))
+    with pytest.raises(InvalidArgument):
+        validate_batch(batch, max_message_bytes=largest - 1, max_batch_bytes=len(batch))
+    body = HEADER_BYTES
+    last = n - 1
+    for field_at, bad in ((4 * last, (last + 1).to_bytes(4, "little")),                    # offset deltas not 0..n-1
+                          (16 * n + 4 * last, (len(values[-1]) + 1).to_bytes(4, "little")),  # value past the end
+                          (16 * n, (-1).to_bytes(4, "little", signed=True)),               # negative value length
+                          (12 * n + 4 * last, (-2).to_bytes(4, "little", signed=True)),    # key length below -1
+                          (20 * n + 2 * last, (3).to_bytes(2, "little")),                  # an attribute past the end
+                          (22 * n + 2 * last, (1).to_bytes(2, "little"))):                 # a header too many
+        damaged = bytearray(batch)
+        damaged[body + field_at:body + field_at + len(bad)] = bad
+        with pytest.raises(CorruptRecordError):
+            validate_batch(_rechecksummed(damaged), max_message_bytes=1 << 20, max_batch_bytes=len(batch))
+
+
+@RECORDS
+@given(sent=st.lists(messages("t"), min_size=2, max_size=12), data=st.data())
+def test_the_small_batch_check_agrees_with_the_general_one(sent: list[Message], data: st.DataObject) -> None:
+    """Any batch of a few messages (attributes and headers included), with any byte of its records region
+    changed and its checksums made to match: the same verdict with and without the small-batch check."""
+    batch = bytearray(encode_messages(sent))
+    at = data.draw(st.integers(HEADER_BYTES, len(batch) - 1))
+    batch[at] = data.draw(st.integers(0, 255))
+    damaged = _rechecksummed(batch)
+    limit = data.draw(st.sampled_from([1 << 20, RECORD_OVERHEAD_BYTES + max(len(m.data) for m in sent)]))
+    assert _verdict(damaged, limit, small_path=True) == _verdict(damaged, limit, small_path=False)
