@@ -26,12 +26,16 @@ it (answered once, at the end of the read that carried the MultiProduce). The di
 is what the consumer's fetches cost the broker per burst. ``--only MODE`` runs one of the cases (to
 profile it with ``--cprofile``).
 
+``--messages N`` puts N messages (each ``--size`` bytes) in every batch instead of one (a producer's burst of a
+few messages to one partition: what a batch holds when many partitions are produced round robin).
+
 ``--cprofile FILE`` runs the broker under cProfile (pstats file; its CPU figure is then inflated by the
 profiler). ``--profile FILE`` records the broker with py-spy (speedscope JSON, ``--rate`` samples per s) during the
 measured phase.
 
     .venv/bin/python scripts/bench_request_cpu.py [--count 20000] [--fetch] [--repeat 3]
     .venv/bin/python scripts/bench_request_cpu.py --multi 4 --count 10000 --repeat 3
+    .venv/bin/python scripts/bench_request_cpu.py --multi 4 --messages 5 --count 10000 --repeat 3
     .venv/bin/python scripts/bench_request_cpu.py --multi 4 --multi-fetch --count 10000 --repeat 3
     PYTHONPATH=/tmp/old/src .venv/bin/python scripts/bench_request_cpu.py     # the code before
 """
