@@ -67,6 +67,7 @@ class ProduceLoad:
     """broker id -> time.monotonic() of its first acknowledgement (read these, not ``acked``, while running)."""
     sent: int = 0
     rerouted: int = 0
+    """The producer's ``rerouted_batches``, kept up to date while the load runs."""
     error: BaseException | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -112,6 +113,7 @@ class ProduceLoad:
                 fut = producer.send_async(Message(self.topic, data, key=self.key(n)))
                 n += 1
                 self.sent = n
+                self.rerouted = producer.rerouted_batches
                 fut.add_done_callback(functools.partial(self._done, data))
                 pending.add(fut)
                 fut.add_done_callback(pending.discard)
