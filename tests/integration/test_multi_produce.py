@@ -58,7 +58,8 @@ def test_one_request_stores_a_batch_in_each_partition_and_a_consumer_reads_them(
         # a request with no batch is refused whole, and the connection goes on
         empty = conn.call(m.MultiProduceRequest(1, 5000, "", []))
         assert empty.error_code == InvalidRequestError.code and empty.partitions == []
-        assert conn.call(_request(("mp", 2, [b"c0"]))).partitions[0].base_offset == 0
+        after_any = 1 if anywhere.partition == 2 else 0  # the -1 batch went to a random partition, maybe 2
+        assert conn.call(_request(("mp", 2, [b"c0"]))).partitions[0].base_offset == after_any
     finally:
         conn.close()
 
