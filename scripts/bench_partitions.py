@@ -85,6 +85,7 @@ def produce_case(partitions: int, apis: list[str], args: argparse.Namespace, wor
     extra: dict[str, Any] = {"maxOpenFiles": args.max_open_files} if args.max_open_files else {}
     if args.unflush_threshold is not None:
         extra["unflushThreshold"] = args.unflush_threshold
+    extra.update(broker_options(args))
     launcher = broker(data_dir, partitions, extra)
     start_s, _opened = timed_start(launcher)
     try:
@@ -119,6 +120,17 @@ def produce_case(partitions: int, apis: list[str], args: argparse.Namespace, wor
     for row in rows:
         row.update(start_s=start_s, stop_s=stop_s)
     return rows
+
+
+def broker_options(args: argparse.Namespace) -> dict[str, str]:
+    """--broker-option NAME=VALUE pairs, as the broker's command line takes them."""
+    options = {}
+    for item in args.broker_option:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--broker-option wants NAME=VALUE, not {item!r}")
+        options[name] = value
+    return options
 
 
 def fill(data_dir: Path, partitions: int, total_bytes: int, message_bytes: int) -> tuple[int, int]:
@@ -191,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="The broker's unflushThreshold (default 0: group commit, every ack after its fsync).")
     parser.add_argument("--no-multi-produce", action="store_true",
                         help="One Produce request per batch (the producer's multi_produce=False), as before MultiProduce.")
+    parser.add_argument("--broker-option", action="append", default=[], metavar="NAME=VALUE",
+                        help="Another broker option for the produce cases (repeatable), e.g. unflushInterval=60000.")
     parser.add_argument("--skip-produce", action="store_true")
     parser.add_argument("--work-dir", default=None, help="Where the data directories go (default: a temp dir).")
     args = parser.parse_args(argv)

@@ -12,9 +12,11 @@ from collections.abc import Callable
 Sync = Callable[[int], None]
 
 
-def fsync_directory(directory: str | os.PathLike[str], sync: Sync = os.fsync) -> None:
-    """Make the directory's entries (new, renamed or removed files) durable."""
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+def fsync_directory(directory: str | os.PathLike[str], sync: Sync = os.fsync, *,
+                    opener: Callable[[str | os.PathLike[str], int], int] = os.open) -> None:
+    """Make the directory's entries (new, renamed or removed files) durable. ``opener`` opens it (the
+    storage passes its descriptor pool's, which sheds idle descriptors when the process has none left)."""
+    fd = opener(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         sync(fd)
     finally:

@@ -1,10 +1,13 @@
 """Many partitions on one broker with a small descriptor budget (maxOpenFiles): every partition is written
 and read correctly, the broker's open descriptors stay under the budget plus what a broker with one
-partition holds, and a kill -9 under load loses nothing that was acknowledged (history check)."""
+partition holds, and a kill -9 under load loses nothing that was acknowledged (history check). And a
+broker whose open-files limit falls below what its budget assumed sheds descriptors instead of failing
+appends or taking partitions offline."""
 
 from __future__ import annotations
 
 import os
+import resource
 from collections.abc import Callable
 
 from metaq.client import connect
@@ -72,3 +75,34 @@ def test_a_broker_capped_at_16_open_files_writes_and_reads_200_partitions_and_su
     assert len(load.acked) + len(load.failed) == load.sent
     assert max(seen) <= bound, f"{max(seen)} descriptors open; a broker with one partition holds {base}, " \
                                f"the budget is {MAX_OPEN_FILES}"
+
+
+def test_a_broker_out_of_file_descriptors_sheds_idle_ones_and_fails_no_append(
+        broker_factory: Callable[..., BrokerProcess]) -> None:
+    """The default budget (1,024) with the process's open-files limit cut, under load, to 60 below what it
+    holds, and 1 KiB segments so that rolls keep opening files (a low ``ulimit -n``, or connections taking
+    the rest): every open of a segment, index or directory then fails with EMFILE until the storage's pool
+    closes idle descriptors. Nothing may fail: no refused append, no partition taken offline by a flush
+    that could not open its file; every acknowledged message reads back in order."""
+    # small segments: rolls keep opening new segment, index and directory descriptors under the cut limit
+    broker = broker_factory({"unflushThreshold": 0, "maxSegmentSize": 1024}, config_text=_config(PARTITIONS))
+    load = ProduceLoad({"servers": broker.servers, "request_timeout_s": 10}, "wide", window=800,
+                       time_limit_s=60, limit=200_000).start()
+    limits = resource.prlimit(broker.pid, resource.RLIMIT_NOFILE)
+    try:
+        wait_until(lambda: len(load.acked) >= 2 * PARTITIONS, timeout_s=30,
+                   message="acknowledged messages in every partition")
+        resource.prlimit(broker.pid, resource.RLIMIT_NOFILE, (_fds(broker) - 60, limits[1]))
+        before = len(load.acked)
+        wait_until(lambda: len(load.acked) >= before + 40 * PARTITIONS, timeout_s=30,
+                   message="acknowledged messages with the limit cut")
+    finally:
+        load.stop()
+        resource.prlimit(broker.pid, resource.RLIMIT_NOFILE, limits)
+    assert "out of file descriptors" in broker.output(), "the cut limit was never reached"
+    assert not load.failed, list(load.failed.items())[:5]
+    with connect(broker.servers) as session:
+        read = read_back(session, "wide")
+    problems = check_history(read, load.acked, load.failed)
+    assert not problems, problems[:10]
+    assert len(load.acked) == load.sent

@@ -91,6 +91,8 @@ class Snapshot:
     """Delayed messages pending, and their lateness at delivery (docs/delayed.md)."""
     quotas: dict[str, Any] | None = None
     """Per principal: connections, bytes and throttles (metaq.broker.quotas.Quotas.describe)."""
+    open_files: tuple[int, int, int] = (0, 0, 0)
+    """The storage's descriptor pool: open now, the budget in force, shortages (metaq.storage.files)."""
 
 
 COUNTER_FIELDS = ("put_messages", "put_bytes", "put_requests", "put_failures", "get_messages", "get_bytes",
@@ -112,6 +114,7 @@ COUNTERS = (
 def take_snapshot(broker: Broker) -> Snapshot:
     """Copy what a scrape reports; on the event loop (the thread that changes it), so no lock is needed."""
     stats = broker.stats
+    files = broker.logs.files
     own = broker.config.broker_id
     counters = [(topic, f"{own}-{partition}", tuple(getattr(c, f) for f in COUNTER_FIELDS))
                 for (topic, partition), c in sorted(stats.counters.items())]
@@ -153,7 +156,8 @@ def take_snapshot(broker: Broker) -> Snapshot:
         counters=counters, logs=logs, append=stats.append_seconds.cumulative(),
         fetch=stats.fetch_seconds.cumulative(), fsync=stats.fsync_seconds.cumulative(),
         group_offsets=group_offsets, group_members=members, replication=replication, replica_group=replica_group,
-        delayed=(broker.delay.pending, broker.delay.lateness.cumulative()), quotas=broker.quotas.describe())
+        delayed=(broker.delay.pending, broker.delay.lateness.cumulative()), quotas=broker.quotas.describe(),
+        open_files=(files.open_count, files.max_open_files, files.shortages))
 
 
 class SnapshotCollector(Collector):
@@ -198,8 +202,13 @@ class SnapshotCollector(Collector):
                       ["broker_id", "role", "version"])
         info.add_metric([str(snap.broker_id), snap.role, __version__], 1)
         yield info
+        open_files, budget, shortages = snap.open_files
         for name, doc, value in (
                 ("metaq_broker_uptime_seconds", "Seconds since the broker started.", snap.uptime_s),
+                ("metaq_storage_open_files", "Segment, index and directory descriptors the storage holds open now.",
+                 open_files),
+                ("metaq_storage_open_files_budget", "The storage's descriptor budget in force: maxOpenFiles, or less "
+                 "after a descriptor shortage until the next idle sweep.", budget),
                 ("metaq_connections", "Client connections open now.", snap.connections),
                 ("metaq_waiting_fetches", "Long-polling fetches waiting for data now.", snap.waiting_fetches),
                 ("metaq_waiting_fetches_max", "maxWaitingFetches: more long polls get TOO_MANY_REQUESTS.",
@@ -214,7 +223,9 @@ class SnapshotCollector(Collector):
                 ("metaq_connections_timed_out_total", "Connections closed by connectionIdleTimeoutSeconds or "
                  "connectionHandshakeTimeoutSeconds.", snap.connections_timed_out),
                 ("metaq_partial_frames_refused_total", "Requests refused because maxPartialFramesSize was "
-                 "reached while they arrived.", snap.partial_frames_refused)):
+                 "reached while they arrived.", snap.partial_frames_refused),
+                ("metaq_storage_descriptor_shortages_total", "Opens of a storage file that found the process out of "
+                 "descriptors (EMFILE) and closed idle ones to go on.", shortages)):
             counter = _counter(name, doc)
             counter.add_metric([], value)
             yield counter

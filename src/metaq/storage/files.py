@@ -7,12 +7,21 @@ its holder. If every descriptor is pinned the pool goes over its budget rather t
 failing a reader: the budget is a soft limit, and ``overshoot_count`` says how often it was passed.
 Descriptors unused for a while are closed by ``close_idle`` (the flusher thread calls it).
 
+Running out of descriptors is not a storage failure. When an open fails with EMFILE or ENFILE (the
+process's or the system's open-files limit is below what the budget assumed: a low ``ulimit -n``, or
+sockets using the rest) the pool closes idle descriptors, a quarter at a time, until the open succeeds,
+and lowers its budget to what is left open; ``shortages`` counts these, and each is logged. ``close_idle`` gives the
+budget back (the shortage may have been a burst of connections). Only with no idle descriptor to close
+does the error reach the caller.
+
 The pool is keyed by path. A path can be ``discard``-ed (segment deleted, log closed): the descriptor
 is closed at once when nobody holds it, or when its last holder releases it.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import resource
 import threading
@@ -21,6 +30,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 _OPEN_FLAGS = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
+_SHORTAGE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
+
+log = logging.getLogger(__name__)
 
 
 def raise_descriptor_limit(wanted: int) -> int:
@@ -62,11 +74,15 @@ class FileCache:
         if max_open_files < 1:
             raise ValueError(f"max_open_files must be >= 1, not {max_open_files}")
         self.max_open_files = max_open_files
+        """The budget in force: ``configured_max_open_files``, or less after a descriptor shortage."""
+        self.configured_max_open_files = max_open_files
         self._clock = clock
         self._lock = threading.Lock()
         self._open: OrderedDict[str, FileHandle] = OrderedDict()
         self.open_calls = 0
         self.overshoot_count = 0
+        self.shortages = 0
+        """Opens refused for want of descriptors (EMFILE, ENFILE) that shed idle ones and then succeeded."""
 
     @property
     def open_count(self) -> int:
@@ -84,8 +100,7 @@ class FileCache:
         with self._lock:
             handle = self._open.get(path)
             if handle is None:
-                flags = _OPEN_FLAGS | os.O_CREAT if create else _OPEN_FLAGS
-                fd = os.open(path, flags, 0o644)
+                fd = self._open_locked(path, _OPEN_FLAGS | os.O_CREAT if create else _OPEN_FLAGS)
                 self.open_calls += 1
                 handle = FileHandle(path, fd, on_close)
                 handle.refs = 1  # pinned before eviction runs, so it never evicts itself
@@ -96,6 +111,50 @@ class FileCache:
             self._open.move_to_end(path)
             handle.refs += 1
             return handle
+
+    def open_raw(self, path: str | os.PathLike[str], flags: int) -> int:
+        """``os.open`` for a descriptor the caller closes itself (a directory to fsync), with the pool's
+        answer to a descriptor shortage: idle descriptors are shed until the open succeeds."""
+        try:
+            return os.open(path, flags, 0o644)
+        except OSError as exc:
+            if exc.errno not in _SHORTAGE_ERRNOS:
+                raise
+        with self._lock:
+            return self._open_locked(path, flags)
+
+    def _open_locked(self, path: str | os.PathLike[str], flags: int) -> int:
+        shed = 0
+        error = ""
+        while True:
+            try:
+                fd = os.open(path, flags, 0o644)
+                break
+            except OSError as exc:
+                if exc.errno not in _SHORTAGE_ERRNOS:
+                    raise
+                closed = self._shed_locked()
+                if not closed:
+                    raise
+                if not shed:
+                    self.shortages += 1
+                    error = exc.strerror or str(exc)
+                shed += closed
+        if shed:
+            before, self.max_open_files = self.max_open_files, max(1, len(self._open))
+            log.warning("out of file descriptors (%s): closed %d idle ones of the storage's pool and lowered its "
+                        "budget from %d to %d until the next idle sweep; raise the open-files limit (ulimit -n, "
+                        "LimitNOFILE=) or lower maxOpenFiles (docs/operations.md)", error, shed, before,
+                        self.max_open_files)
+        return fd
+
+    def _shed_locked(self) -> int:
+        """Close a quarter of the idle descriptors (at least one), least recently used first; returns how many
+        were closed (0: none idle, nothing to free)."""
+        idle = [path for path, handle in self._open.items() if handle.refs == 0]
+        for path in idle[:max(1, len(idle) // 4)]:
+            self._close_locked(self._open.pop(path))
+        return min(len(idle), max(1, len(idle) // 4))
 
     def release(self, handle: FileHandle) -> None:
         with self._lock:
@@ -117,10 +176,12 @@ class FileCache:
                 handle.doomed = True
 
     def close_idle(self, idle_seconds: float) -> int:
-        """Close descriptors nobody held for ``idle_seconds``; returns how many were closed."""
+        """Close descriptors nobody held for ``idle_seconds``; returns how many were closed. Gives back a
+        budget lowered by a descriptor shortage."""
         cutoff = self._clock() - idle_seconds
         closed = 0
         with self._lock:
+            self.max_open_files = self.configured_max_open_files
             for path in [p for p, h in self._open.items() if h.refs == 0 and h.last_used <= cutoff]:
                 self._close_locked(self._open.pop(path))
                 closed += 1

@@ -478,14 +478,14 @@ class PartitionLog:
                 handle = self._files.acquire(fresh.log_path, create=True, on_close=fresh.on_log_fd_closed)
                 self._files.release(handle)
                 fresh.start_empty_indexes()
-                fsync_directory(self.directory, self._sync)
+                fsync_directory(self.directory, self._sync, opener=self._files.open_raw)
                 for path in (old.log_path, old.index_path, old.timeindex_path):
                     self._files.discard(path)
                     try:
                         os.unlink(path)
                     except FileNotFoundError:
                         pass
-                fsync_directory(self.directory, self._sync)
+                fsync_directory(self.directory, self._sync, opener=self._files.open_raw)
             except OSError as exc:
                 raise _storage_error(f"cannot move {self} to start at offset {offset}", exc) from exc
             self._segments = [fresh]
@@ -586,7 +586,7 @@ class PartitionLog:
         keep.index, keep.time_index = index, time_index
         keep.rewrite_index_files()
         keep.sync_index_files(self._sync)
-        fsync_directory(self.directory, self._sync)
+        fsync_directory(self.directory, self._sync, opener=self._files.open_raw)
         self._active = keep
         self._truncations += 1  # a reader that pinned before this may meet the cut: not damage
         self._end_offset = offset
@@ -770,7 +770,7 @@ class PartitionLog:
     def _sync_segments(self, sealed: list[tuple[Segment, bytes, bytes]], active: Segment, target_bytes: int,
                        active_index: tuple[bytes, bytes], forced: Segment | None) -> None:
         if self._parent_unsynced:
-            fsync_directory(self.directory.parent, self._sync)
+            fsync_directory(self.directory.parent, self._sync, opener=self._files.open_raw)
             self._parent_unsynced = False
         dir_unsynced = not active.dir_synced or any(not s.dir_synced for s, _, _ in sealed)
         for segment, index_bytes, timeindex_bytes in sealed:
@@ -785,7 +785,7 @@ class PartitionLog:
             if target_bytes > active.synced_bytes:
                 active.synced_bytes = target_bytes
         if dir_unsynced:
-            fsync_directory(self.directory, self._sync)
+            fsync_directory(self.directory, self._sync, opener=self._files.open_raw)
             for segment, _, _ in sealed:
                 segment.dir_synced = True
             active.dir_synced = True

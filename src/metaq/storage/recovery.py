@@ -66,7 +66,7 @@ def load_segments(directory: str, files: FileCache, index_interval_bytes: int, t
     _remove_strays(directory, names, set(bases))
     if not bases:
         segment = Segment(directory, 0, files, index_interval_bytes, tag)
-        os.close(os.open(segment.log_path, os.O_WRONLY | os.O_CREAT, 0o644))
+        os.close(files.open_raw(segment.log_path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)))
         segment.start_empty_indexes()
         segment.dir_synced = False
         report.clean = True
