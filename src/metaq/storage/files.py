@@ -9,8 +9,10 @@ Descriptors unused for a while are closed by ``close_idle`` (the flusher thread 
 
 Running out of descriptors is not a storage failure. When an open fails with EMFILE or ENFILE (the
 process's or the system's open-files limit is below what the budget assumed: a low ``ulimit -n``, or
-sockets using the rest) the pool closes idle descriptors, a quarter at a time, until the open succeeds,
-and lowers its budget to what is left open; ``shortages`` counts these, and each is logged. ``close_idle`` gives the
+sockets using the rest) the pool closes idle descriptors, a quarter at a time (at least
+``SHORTAGE_HEADROOM``), until the open succeeds, and lowers its budget to what is left open; ``shortages``
+counts these, and each is logged. Opens outside the pool (a partition's directory listing, a directory to
+fsync) go through ``call``/``open_raw`` for the same answer. ``close_idle`` gives the
 budget back (the shortage may have been a burst of connections). Only with no idle descriptor to close
 does the error reach the caller.
 
@@ -28,9 +30,13 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 _OPEN_FLAGS = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
 _SHORTAGE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
+SHORTAGE_HEADROOM = 16
+"""Descriptors a shortage frees beyond the one the pool needs, for the storage's opens outside the pool."""
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +88,7 @@ class FileCache:
         self.open_calls = 0
         self.overshoot_count = 0
         self.shortages = 0
-        """Opens refused for want of descriptors (EMFILE, ENFILE) that shed idle ones and then succeeded."""
+        """Times the process was found out of descriptors (EMFILE, ENFILE) and idle ones were shed."""
 
     @property
     def open_count(self) -> int:
@@ -114,47 +120,48 @@ class FileCache:
 
     def open_raw(self, path: str | os.PathLike[str], flags: int) -> int:
         """``os.open`` for a descriptor the caller closes itself (a directory to fsync), with the pool's
-        answer to a descriptor shortage: idle descriptors are shed until the open succeeds."""
-        try:
-            return os.open(path, flags, 0o644)
-        except OSError as exc:
-            if exc.errno not in _SHORTAGE_ERRNOS:
-                raise
-        with self._lock:
-            return self._open_locked(path, flags)
+        answer to a descriptor shortage."""
+        return self.call(os.open, path, flags, 0o644)
 
-    def _open_locked(self, path: str | os.PathLike[str], flags: int) -> int:
-        shed = 0
-        error = ""
+    def call(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)``, something that opens descriptors of its own (a directory listing, a partition's
+        open); when it fails with EMFILE or ENFILE, idle descriptors of the pool are shed and it is called
+        again, until it succeeds or nothing idle is left to shed."""
         while True:
             try:
-                fd = os.open(path, flags, 0o644)
-                break
+                return fn(*args)
             except OSError as exc:
                 if exc.errno not in _SHORTAGE_ERRNOS:
                     raise
-                closed = self._shed_locked()
-                if not closed:
+                with self._lock:
+                    if not self._shed_locked(exc):
+                        raise
+
+    def _open_locked(self, path: str | os.PathLike[str], flags: int) -> int:
+        while True:
+            try:
+                return os.open(path, flags, 0o644)
+            except OSError as exc:
+                if exc.errno not in _SHORTAGE_ERRNOS or not self._shed_locked(exc):
                     raise
-                if not shed:
-                    self.shortages += 1
-                    error = exc.strerror or str(exc)
-                shed += closed
-        if shed:
+
+    def _shed_locked(self, exc: OSError) -> int:
+        """The process is out of descriptors: close a quarter of the idle ones, and at least
+        SHORTAGE_HEADROOM (for the opens outside the pool: listings, checkpoints, sockets), least recently
+        used first, and lower the budget to what is left open. Returns how many were closed (0: none was
+        idle, nothing to free)."""
+        idle = [path for path, handle in self._open.items() if handle.refs == 0]
+        victims = idle[:max(SHORTAGE_HEADROOM, len(idle) // 4)]
+        for path in victims:
+            self._close_locked(self._open.pop(path))
+        if victims:
+            self.shortages += 1
             before, self.max_open_files = self.max_open_files, max(1, len(self._open))
             log.warning("out of file descriptors (%s): closed %d idle ones of the storage's pool and lowered its "
                         "budget from %d to %d until the next idle sweep; raise the open-files limit (ulimit -n, "
-                        "LimitNOFILE=) or lower maxOpenFiles (docs/operations.md)", error, shed, before,
-                        self.max_open_files)
-        return fd
-
-    def _shed_locked(self) -> int:
-        """Close a quarter of the idle descriptors (at least one), least recently used first; returns how many
-        were closed (0: none idle, nothing to free)."""
-        idle = [path for path, handle in self._open.items() if handle.refs == 0]
-        for path in idle[:max(1, len(idle) // 4)]:
-            self._close_locked(self._open.pop(path))
-        return min(len(idle), max(1, len(idle) // 4))
+                        "LimitNOFILE=) or lower maxOpenFiles (docs/operations.md)", exc.strerror or exc,
+                        len(victims), before, self.max_open_files)
+        return len(victims)
 
     def release(self, handle: FileHandle) -> None:
         with self._lock:

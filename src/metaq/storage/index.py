@@ -74,6 +74,11 @@ class OffsetIndex:
         self.positions.append(position)
         self._pending += OFFSET_ENTRY.pack(relative_offset, position)
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of the entries appended since the last :meth:`take_pending`."""
+        return len(self._pending)
+
     def take_pending(self) -> bytes:
         """Entries appended since the last call, encoded for the file (the caller writes them)."""
         data = bytes(self._pending)
@@ -166,6 +171,10 @@ class TimeIndex:
         self.timestamps.append(timestamp_ms)
         self.relative_offsets.append(relative_offset)
         self._pending += TIME_ENTRY.pack(timestamp_ms, relative_offset)
+
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._pending)
 
     def take_pending(self) -> bytes:
         data = bytes(self._pending)

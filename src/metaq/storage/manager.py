@@ -8,6 +8,7 @@ and the clean-shutdown checkpoint written once for all partitions at close.
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import os
 import shutil
@@ -276,9 +277,11 @@ class LogManager:
                 raise StorageError(
                     f"cannot create {topic}-{partition}: its message id tag {tag:012x} is taken by "
                     f"{other.topic}-{other.partition}; use another topic name or partition")
-            partition_log = PartitionLog.open(self.data_dir / f"{topic}-{partition}", topic, partition,
-                                              self.config_for(topic), self.broker_id, clock=self._clock,
-                                              flusher=self.flusher, files=self.files, sync=self._sync)
+            # opening the partition lists its directory and reads its files: out of descriptors, the pool
+            # sheds idle ones and the open (which only creates what is missing) runs again
+            partition_log = self.files.call(functools.partial(
+                PartitionLog.open, self.data_dir / f"{topic}-{partition}", topic, partition, self.config_for(topic),
+                self.broker_id, clock=self._clock, flusher=self.flusher, files=self.files, sync=self._sync))
             self._register(partition_log)
             return partition_log
 

@@ -108,8 +108,10 @@ class Segment:
             self.time_index.maybe_append(self.max_timestamp_ms, self.last_batch_base_offset - self.base_offset)
         self.sealed = True
 
-    def take_pending_index_bytes(self) -> tuple[bytes, bytes]:
-        if self.index is None or self.time_index is None:
+    def take_pending_index_bytes(self, at_least: int = 0) -> tuple[bytes, bytes]:
+        """The index entries not written yet, encoded; none unless they hold ``at_least`` bytes."""
+        if self.index is None or self.time_index is None or \
+                self.index.pending_bytes + self.time_index.pending_bytes < at_least:
             return b"", b""
         return self.index.take_pending(), self.time_index.take_pending()
 

@@ -222,3 +222,47 @@ def test_a_bad_partition_record_means_a_full_check(crashed_log: Crashed, open_lo
     log = open_log()
     assert log.recovery.truncated_bytes == crashed_log.torn_batch_bytes or name.startswith("lies")
     assert_fully_checked(log, crashed_log)
+
+
+def _index_file_bytes(directory: Path) -> int:
+    path = directory / "00000000000000000000.index"
+    return path.stat().st_size if path.exists() else 0
+
+
+def test_syncs_write_the_active_segments_index_in_4_kib_runs_and_a_clean_close_writes_the_rest(tmp_path):
+    """A sync of a quiet partition writes no index file (10,000 partitions: two opens and writes each, every
+    round); a clean open still finds every entry (the close wrote them) and a crash loses none that a reader
+    needs (the newest segment is checked whole and its index rebuilt)."""
+    from metaq.storage.log import ACTIVE_INDEX_WRITE_BYTES
+
+    config = LogConfig(unflush_threshold=1, index_interval_bytes=100)
+    directory = tmp_path / "t-0"
+    log = PartitionLog.open(directory, "t", 0, config, 1)
+    sent: list[bytes] = []
+    for _ in range(5):
+        batch, values = make_batch(count=2, size=60)
+        log.append(batch).durable.result(10)
+        sent.extend(values)
+    assert _index_file_bytes(directory) == 0, "synced, but under 4 KiB of entries: nothing written yet"
+    entries = len(log._active.index)  # type: ignore[attr-defined]
+    assert entries >= 3
+    log.close()
+    assert _index_file_bytes(directory) == 8 * entries, "the clean close wrote every entry"
+    log = PartitionLog.open(directory, "t", 0, config, 1)
+    assert log.recovery.clean and [bytes(m.data) for m in read_all(log)] == sent
+    for _ in range(2000):  # enough entries for a run of their own: written by a sync, before any close
+        batch, values = make_batch(count=2, size=60)
+        log.append(batch).durable.result(10)
+        sent.extend(values)
+        if _index_file_bytes(directory) > 8 * entries:
+            break
+    written = _index_file_bytes(directory) - 8 * entries
+    assert written >= ACTIVE_INDEX_WRITE_BYTES // 2, f"a sync wrote {written} bytes of entries, not a 4 KiB run"
+    log.abandon()  # a crash: the entries after the last run were never written
+    log = PartitionLog.open(directory, "t", 0, config, 1)
+    assert [bytes(m.data) for m in read_all(log)] == sent
+    middle = len(sent) // 2
+    assert [bytes(m.data) for m in read_all(log, start=middle)] == sent[middle:], "lookups through the index"
+    assert log.verify().ok
+    log.close()
+    assert _index_file_bytes(directory) == 8 * len(PartitionLog.open(directory, "t", 0, config, 1)._active.index)
