@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 _OPEN_FLAGS = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
-_SHORTAGE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
+SHORTAGE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
 SHORTAGE_HEADROOM = 16
 """Descriptors a shortage frees beyond the one the pool needs, for the storage's opens outside the pool."""
 _T = TypeVar("_T")
@@ -131,7 +131,7 @@ class FileCache:
             try:
                 return fn(*args)
             except OSError as exc:
-                if exc.errno not in _SHORTAGE_ERRNOS:
+                if exc.errno not in SHORTAGE_ERRNOS:
                     raise
                 with self._lock:
                     if not self._shed_locked(exc):
@@ -142,7 +142,7 @@ class FileCache:
             try:
                 return os.open(path, flags, 0o644)
             except OSError as exc:
-                if exc.errno not in _SHORTAGE_ERRNOS or not self._shed_locked(exc):
+                if exc.errno not in SHORTAGE_ERRNOS or not self._shed_locked(exc):
                     raise
 
     def _shed_locked(self, exc: OSError) -> int:

@@ -40,7 +40,7 @@ from metaq.storage.checkpoint import (
 )
 from metaq.storage.config import LogConfig
 from metaq.storage.errors import DamagedData, DiskFull, LogClosedError, OffsetOutOfRange, is_disk_full
-from metaq.storage.files import FileCache, FileHandle
+from metaq.storage.files import SHORTAGE_ERRNOS, FileCache, FileHandle
 from metaq.storage.fileslice import FileSlice, hint_readahead
 from metaq.storage.flush import Flusher, new_durable_future, resolve
 from metaq.storage.keyindex import (
@@ -69,6 +69,8 @@ log = logging.getLogger(__name__)
 
 _OFFSET_MAX = (1 << 63) - 1
 _STANDALONE_MAX_OPEN_FILES = 64
+FLUSH_RETRY_MS = 100
+"""How soon a flush that could not open a file for want of descriptors is tried again."""
 ACTIVE_INDEX_WRITE_BYTES = 4096
 """A sync writes the active segment's new index entries once they hold this much (about 200 entries, some
 800 KiB of log at the default index interval). Only a clean open reads the active segment's index files
@@ -730,7 +732,10 @@ class PartitionLog:
 
         ``forced_segment`` gets an fdatasync even when another sync already covered it (the
         one-sync-per-append rule of unflush_threshold=1); ``future`` is resolved with the rest.
-        Raises StorageError (after failing the futures) when a sync fails; the log goes offline.
+        Raises StorageError (after failing the futures) when a sync fails; the log goes offline. When a
+        file to sync cannot even be opened for want of descriptors (EMFILE/ENFILE with none idle in the
+        pool) nothing failed to sync: the futures fail, the log stays online, and the flush is tried again
+        in FLUSH_RETRY_MS.
         """
         with self._sync_lock:
             with self._lock:
@@ -742,6 +747,7 @@ class PartitionLog:
                 target_bytes = active.size_bytes
                 pending = self._pending_future
                 self._pending_future = None
+                first_unflushed_ms = self._first_unflushed_ms
                 self._unflushed_messages = 0
                 self._first_unflushed_ms = -1
                 self._flush_requested = False
@@ -754,11 +760,14 @@ class PartitionLog:
                     segment.pins += 1
                 failure = self._failure
             error: StorageError | None = failure
+            deferred = False
             try:
                 if error is None:
                     self._sync_segments(sealed, active, target_bytes, active_index, forced_segment)
             except OSError as exc:
-                error = StorageError(f"cannot flush {self}: {exc}; the log is offline until restart")
+                deferred = exc.errno in SHORTAGE_ERRNOS  # from an open: no sync failed
+                error = StorageError(f"cannot flush {self} now: {exc}; tried again in {FLUSH_RETRY_MS} ms"
+                                     if deferred else f"cannot flush {self}: {exc}; the log is offline until restart")
             finally:
                 with self._lock:
                     for segment in pinned:
@@ -766,12 +775,35 @@ class PartitionLog:
                     if error is None:
                         done = {id(s) for s, _, _ in sealed}
                         self._unsynced_sealed = [s for s in self._unsynced_sealed if id(s) not in done]
+                    elif deferred:
+                        self._defer_flush_locked(sealed, active, active_index, first_unflushed_ms)
                     elif self._failure is None:
                         self._failure = error
             resolve(pending, error)
             resolve(future, error)
+            if deferred and self._flusher is not None:
+                try:
+                    self._flusher.flush_at(self, int(self._clock() * 1000) + FLUSH_RETRY_MS)
+                except StorageError:  # the flusher is stopping: the close's own flush takes it
+                    pass
             if error is not None:
                 raise error
+
+    def _defer_flush_locked(self, sealed: list[tuple[Segment, bytes, bytes]], active: Segment,
+                            active_index: tuple[bytes, bytes], first_unflushed_ms: int) -> None:
+        """A flush that could not open a file: what it took must be synced by the next one. Its bytes
+        stay unsynced (``synced_bytes`` only moves after a sync) and its sealed segments listed; index
+        entries it took may not be written, so those index files are dropped, to be written whole from
+        memory by the next sync; the unflushed clock goes back to its start."""
+        for segment, index_bytes, timeindex_bytes in sealed:
+            if index_bytes or timeindex_bytes:
+                segment.drop_index_files()
+        if active_index[0] or active_index[1]:
+            active.drop_index_files()
+        if first_unflushed_ms < 0:
+            first_unflushed_ms = int(self._clock() * 1000)
+        if self._first_unflushed_ms < 0 or first_unflushed_ms < self._first_unflushed_ms:
+            self._first_unflushed_ms = first_unflushed_ms
 
     def _sync_segments(self, sealed: list[tuple[Segment, bytes, bytes]], active: Segment, target_bytes: int,
                        active_index: tuple[bytes, bytes], forced: Segment | None) -> None:

@@ -1,7 +1,7 @@
 """Running out of file descriptors (EMFILE) is not a storage failure: the descriptor pool sheds idle
 descriptors and tries again, so a low ``ulimit -n`` (or sockets taking the rest) costs reopens, never a
 refused append or a partition taken offline. Each case runs in a child process whose soft
-RLIMIT_NOFILE is lowered to a few dozen descriptors above what it already holds: the real limit, real
+RLIMIT_NOFILE is lowered to a few dozen descriptors above what it already holds (or none): the real limit, real
 files."""
 
 from __future__ import annotations
@@ -16,7 +16,15 @@ LOWER_LIMIT = textwrap.dedent("""
     import os, resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     def lower_limit(room):
-        limit = len(os.listdir("/proc/self/fd")) + room
+        # the limit bounds descriptor numbers: from the lowest free one, ``room`` numbers (some may be taken)
+        lowest_free = 0
+        while True:
+            try:
+                os.fstat(lowest_free)
+            except OSError:
+                break
+            lowest_free += 1
+        limit = lowest_free + room
         resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
         return limit
 """)
@@ -121,3 +129,47 @@ def test_a_log_manager_over_the_open_files_limit_acknowledges_every_append_and_t
     assert result["errors"] == 0 and result["acked"] == 360, result
     assert result["shortages"] >= 1, result
     assert result["wrong"] == {}, result
+
+
+def test_a_flush_that_cannot_open_its_file_fails_its_acks_but_keeps_the_partition_online_and_retries(tmp_path):
+    """The edge the pool cannot shed its way out of: every descriptor it holds is in use (a reader's slice)
+    when a flush must open a file. No sync failed, so the partition must not go offline (as after a failed
+    fdatasync): the flush's waiting acks fail, appends go on, and the flusher syncs the bytes by itself
+    once descriptors are back."""
+    result = _run("""
+        import json, sys, time
+        from pathlib import Path
+        from metaq.protocol.records import decode_fetched, encode_values
+        from metaq.storage import LogConfig, LogManager
+        from metaq.errors import StorageError
+        d = Path(sys.argv[1])
+        config = LogConfig(unflush_threshold=1000, unflush_interval_ms=1 << 30)
+        manager = LogManager(d, 0, config, max_open_files=1)
+        manager.open()
+        a, b = manager.get_or_create("t", 0), manager.get_or_create("t", 1)
+        a.flush(); b.flush()
+        a.append(encode_values([b"a0"], 0))
+        b.append(encode_values([b"b0"], 0))  # a budget of one: b's descriptor closed a's
+        reading = b.read(0, 1 << 20)  # and b's is held by a reader: nothing idle in the pool
+        lower_limit(0)  # not one descriptor left
+        flush_error = ""
+        try:
+            a.flush()
+        except StorageError as exc:
+            flush_error = str(exc)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        append_after = a.append(encode_values([b"a1"], 0)).base_offset  # online, not offline
+        reading.release()
+        deadline = time.monotonic() + 10
+        while a._active.synced_bytes < a._active.size_bytes and time.monotonic() < deadline:
+            time.sleep(0.01)
+        synced = a._active.synced_bytes == a._active.size_bytes
+        messages, _ = decode_fetched(a.read_bytes(0, 1 << 20), "t", 0, 0)
+        manager.close()
+        print(json.dumps({"flush_error": flush_error, "append_after": append_after, "synced": synced,
+                          "values": [m.data.decode() for m in messages]}))
+    """, tmp_path)
+    assert "tried again" in result["flush_error"], result
+    assert result["append_after"] == 1, result
+    assert result["synced"], "the flusher retried the flush by itself"
+    assert result["values"] == ["a0", "a1"], result
