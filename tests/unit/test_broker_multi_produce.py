@@ -205,80 +205,77 @@ class _HeldSync:
             raise OSError(5, "Input/output error")
 
 
-def test_acks_wait_for_the_fsync_of_every_batch(tmp_path: Path) -> None:
-    held = _HeldSync()
-    broker = _broker(tmp_path, held, unflushThreshold="1")
+@pytest.fixture
+def held(tmp_path: Path) -> Iterator[tuple[Broker, _HeldSync]]:
+    """A broker with unflushThreshold=1 whose fdatasync the test holds; released and closed after the test."""
+    sync = _HeldSync()
+    held_broker = _broker(tmp_path, sync, unflushThreshold="1")
+    try:
+        yield held_broker, sync
+    finally:
+        sync.release.set()
+        held_broker.close()
+
+
+def test_acks_wait_for_the_fsync_of_every_batch(held: tuple[Broker, _HeldSync]) -> None:
+    broker, held_sync = held
 
     async def main() -> None:
-        held.release.clear()
+        held_sync.release.clear()
         result = broker.handle(_multi(("t", 0, _batch(b"a")), ("t", 1, _batch(b"b")), ("t", 0, _batch(b"c"))),
                                Session(), deferred=True)
         assert isinstance(result, DeferredReply)  # one reply for the request, no task
-        assert await asyncio.to_thread(held.entered.wait, 10)  # the flusher is in the fsync the acks need
+        assert await asyncio.to_thread(held_sync.entered.wait, 10)  # the flusher is in the fsync the acks need
         await asyncio.sleep(0)
         assert not result.done
-        held.release.set()
+        held_sync.release.set()
         reply = await asyncio.wait_for(result.wait(), 10)
         assert [(p.partition, p.error_code, p.base_offset) for p in reply.partitions] == [(0, 0, 0), (1, 0, 0),
                                                                                           (0, 0, 1)]
 
-    try:
-        asyncio.run(main())
-        assert _stored(broker, "t", 0) == [b"a", b"c"]
-    finally:
-        held.release.set()
-        broker.close()
+    asyncio.run(main())
+    assert _stored(broker, "t", 0) == [b"a", b"c"]
 
 
-def test_a_reply_cancelled_before_the_fsync_is_never_answered(tmp_path: Path) -> None:
-    held = _HeldSync()
-    broker = _broker(tmp_path, held, unflushThreshold="1")
+def test_a_reply_cancelled_before_the_fsync_is_never_answered(held: tuple[Broker, _HeldSync]) -> None:
+    broker, held_sync = held
 
     async def main() -> None:
-        held.release.clear()
+        held_sync.release.clear()
         result = broker.handle(_multi(("t", 0, _batch(b"a")), ("t", 1, _batch(b"b"))), Session(), deferred=True)
         assert isinstance(result, DeferredReply)
         answered: list[object] = []
         result.on_done(answered.append)
         result.cancel()  # the transport lost the connection before the sync finished
-        held.release.set()
+        held_sync.release.set()
         marker = broker.handle(_multi(("t", 2, _batch(b"c"))), Session(), deferred=True)
         await asyncio.wait_for(marker.wait(), 10)  # acks are answered in order: the cancelled ones came first
         assert answered == []
 
-    try:
-        asyncio.run(main())
-        assert _stored(broker, "t", 0) == [b"a"]  # stored all the same: only the reply is dropped
-    finally:
-        held.release.set()
-        broker.close()
+    asyncio.run(main())
+    assert _stored(broker, "t", 0) == [b"a"]  # stored all the same: only the reply is dropped
 
 
-def test_a_duplicate_waiting_for_its_original_fsync_holds_the_reply_too(tmp_path: Path) -> None:
-    held = _HeldSync()
-    broker = _broker(tmp_path, held, unflushThreshold="1")
+def test_a_duplicate_waiting_for_its_original_fsync_holds_the_reply_too(held: tuple[Broker, _HeldSync]) -> None:
+    broker, held_sync = held
     first = with_producer_stamp(_batch(b"s0"), ProducerStamp(99, 0, 0))
 
     async def main() -> None:
-        held.release.clear()
+        held_sync.release.clear()
         result = broker.handle(_multi(("t", 0, first), ("t", 1, _batch(b"b")), ("t", 0, first)), Session(),
                                deferred=True)
         assert asyncio.iscoroutine(result)  # the duplicate's ack is a coroutine (await_ack)
         task = asyncio.ensure_future(result)
-        assert await asyncio.to_thread(held.entered.wait, 10)
+        assert await asyncio.to_thread(held_sync.entered.wait, 10)
         await asyncio.sleep(0)
         assert not task.done()
-        held.release.set()
+        held_sync.release.set()
         reply = await asyncio.wait_for(task, 10)
         assert [(p.partition, p.error_code, p.base_offset) for p in reply.partitions] == [(0, 0, 0), (1, 0, 0),
                                                                                           (0, 0, 0)]
 
-    try:
-        asyncio.run(main())
-        assert _stored(broker, "t", 0) == [b"s0"]
-    finally:
-        held.release.set()
-        broker.close()
+    asyncio.run(main())
+    assert _stored(broker, "t", 0) == [b"s0"]
 
 
 def test_a_failed_fsync_is_the_error_of_its_batches_only(tmp_path: Path) -> None:
