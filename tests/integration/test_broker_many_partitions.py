@@ -2,13 +2,15 @@
 and read correctly, the broker's open descriptors stay under the budget plus what a broker with one
 partition holds, and a kill -9 under load loses nothing that was acknowledged (history check). And a
 broker whose open-files limit falls below what its budget assumed sheds descriptors instead of failing
-appends or taking partitions offline."""
+appends or taking partitions offline, and one started under a limit too low for its options gives the
+storage less, so that connections keep room."""
 
 from __future__ import annotations
 
 import os
 import resource
 from collections.abc import Callable
+from pathlib import Path
 
 from metaq.client import connect
 from metaq.testing import BrokerProcess, wait_until
@@ -106,3 +108,41 @@ def test_a_broker_out_of_file_descriptors_sheds_idle_ones_and_fails_no_append(
     problems = check_history(read, load.acked, load.failed)
     assert not problems, problems[:10]
     assert len(load.acked) == load.sent
+
+
+class _LimitedBroker(BrokerProcess):
+    """A broker started under ``prlimit --nofile=N:N``: a hard open-files limit it cannot raise."""
+
+    nofile = 150
+
+    def command(self) -> list[str]:
+        return ["prlimit", f"--nofile={self.nofile}:{self.nofile}", "--", *super().command()]
+
+
+def test_a_broker_under_a_low_open_files_limit_keeps_room_for_connections(tmp_path: Path) -> None:
+    """A hard limit of 150 descriptors against maxOpenFiles 5,000: the broker gives its storage 64 (the least)
+    and says so, writes 200 partitions through them, and 40 more clients still connect. Before, the storage
+    took every descriptor the limit allowed and new connections could not be accepted."""
+    broker = _LimitedBroker(tmp_path / "broker", {"maxOpenFiles": 5000, "unflushThreshold": 0},
+                            config_text=_config(PARTITIONS))
+    broker.start()
+    sessions = []
+    try:
+        assert "the storage keeps at most 64 files open" in broker.output(), broker.output()
+        load = ProduceLoad({"servers": broker.servers, "request_timeout_s": 10}, "wide", window=800,
+                           time_limit_s=60, limit=3 * PARTITIONS).start()
+        wait_until(lambda: len(load.acked) + len(load.failed) >= 3 * PARTITIONS, timeout_s=30,
+                   message="three messages to every partition")
+        load.stop()
+        assert not load.failed and len(load.acked) == 3 * PARTITIONS
+        assert _fds(broker) <= 64 + 40, f"{_fds(broker)} descriptors open with a storage budget of 64"
+        for _ in range(40):
+            session = connect(broker.servers, request_timeout_s=10, reconnect_attempts=1)
+            sessions.append(session)
+            assert len(session.partitions("wide")) == PARTITIONS
+        read = read_back(sessions[0], "wide")
+        assert not check_history(read, load.acked, load.failed)
+    finally:
+        for session in sessions:
+            session.close()
+        broker.stop_or_kill(15)

@@ -425,7 +425,8 @@ OPTIONS: tuple[Option, ...] = (
          "Descriptors the broker keeps open for segment and index files (an LRU: the least recently used "
          "idle one is closed past it, and any idle for 60 s). A partition costs about one while it is "
          "written or read, so keep it above the partitions in use at once; at start the broker raises its "
-         "soft RLIMIT_NOFILE (up to the hard one) to this plus maxConnections plus 256 "
+         "soft RLIMIT_NOFILE (up to the hard one) to this plus maxConnections plus 256; under a lower hard limit "
+         "the storage gets less (room is left for connections; at least 64) and a WARNING says how much "
          "(docs/operations.md).", _integer(16, 1_000_000), status="extension"),
     _opt("autoCreateTopics", "auto_create_topics", "bool", "true", _SYSTEM,
          "MetaQ's dynamic topics: a topic with no [topic=...] section is created on first publish; "

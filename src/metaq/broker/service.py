@@ -40,6 +40,8 @@ CLOSE_WAIT_S = 1.0
 DESCRIPTORS_RESERVED = 256
 """Descriptors besides segment files and client connections: listeners, the data directory lock, offset and
 transaction logs, ZooKeeper, replica fetchers, the HTTP API, Python itself."""
+MIN_STORAGE_DESCRIPTORS = 64
+"""The least descriptor budget the storage is given when the open-files limit is too low for maxOpenFiles."""
 
 
 def advertised_host(bound_host: str) -> str:
@@ -328,10 +330,16 @@ class BrokerService:
         wanted = config.max_open_files + config.max_connections + DESCRIPTORS_RESERVED
         limit = raise_descriptor_limit(wanted)
         if limit < wanted:
-            log.warning("the open-files limit is %d, below maxOpenFiles %d + maxConnections %d + %d: raise it "
-                        "(ulimit -n, or LimitNOFILE= in a systemd unit) or lower those options, else opening a "
-                        "file or accepting a connection fails with 'Too many open files' (docs/operations.md)",
-                        limit, config.max_open_files, config.max_connections, DESCRIPTORS_RESERVED)
+            # the storage's budget gives way, so that connections keep room: maxConnections of them, at most
+            # half of the limit
+            budget = max(MIN_STORAGE_DESCRIPTORS, min(config.max_open_files, limit - DESCRIPTORS_RESERVED
+                                                      - min(config.max_connections, limit // 2)))
+            self.broker.logs.files.set_budget(budget)
+            log.warning("the open-files limit is %d, below maxOpenFiles %d + maxConnections %d + %d: the storage "
+                        "keeps at most %d files open, to leave connections room (each partition written beyond "
+                        "that reopens its file). Raise the limit (ulimit -n, or LimitNOFILE= in a systemd unit) "
+                        "or lower those options (docs/operations.md)", limit, config.max_open_files,
+                        config.max_connections, DESCRIPTORS_RESERVED, budget)
         try:
             self.broker.open()
         except (OSError, StorageError, ConfigError) as exc:

@@ -90,6 +90,15 @@ class FileCache:
         self.shortages = 0
         """Times the process was found out of descriptors (EMFILE, ENFILE) and idle ones were shed."""
 
+    def set_budget(self, max_open_files: int) -> None:
+        """Change the budget (the broker fits it under the process's open-files limit at start)."""
+        if max_open_files < 1:
+            raise ValueError(f"max_open_files must be >= 1, not {max_open_files}")
+        with self._lock:
+            self.max_open_files = self.configured_max_open_files = max_open_files
+            if len(self._open) > max_open_files:
+                self._evict_locked()
+
     @property
     def open_count(self) -> int:
         """Descriptors open now (those discarded but still held are not counted)."""
