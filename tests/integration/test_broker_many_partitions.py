@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -111,18 +112,22 @@ def test_a_broker_out_of_file_descriptors_sheds_idle_ones_and_fails_no_append(
 
 
 class _LimitedBroker(BrokerProcess):
-    """A broker started under ``prlimit --nofile=N:N``: a hard open-files limit it cannot raise."""
+    """A broker started under a hard open-files limit of ``nofile`` it cannot raise (what ``prlimit --nofile=N:N``
+    or ``ulimit -Hn N`` does): a small Python program sets it and execs the broker's command in its place."""
 
     nofile = 150
 
     def command(self) -> list[str]:
-        return ["prlimit", f"--nofile={self.nofile}:{self.nofile}", "--", *super().command()]
+        limited = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, "
+                   f"({self.nofile}, {self.nofile})); os.execv(sys.argv[1], sys.argv[1:])")
+        return [sys.executable, "-c", limited, *super().command()]
 
 
 def test_a_broker_under_a_low_open_files_limit_keeps_room_for_connections(tmp_path: Path) -> None:
-    """A hard limit of 150 descriptors against maxOpenFiles 5,000: the broker gives its storage 64 (the least)
-    and says so, writes 200 partitions through them, and 40 more clients still connect. Before, the storage
-    took every descriptor the limit allowed and new connections could not be accepted."""
+    """A hard limit of 150 descriptors (as ``ulimit -Hn 150`` gives) against maxOpenFiles 5,000: the broker
+    gives its storage 64 (the least) and says so, writes 200 partitions through them, and 40 more clients
+    still connect. Before, the storage took every descriptor the limit allowed and new connections could
+    not be accepted."""
     broker = _LimitedBroker(tmp_path / "broker", {"maxOpenFiles": 5000, "unflushThreshold": 0},
                             config_text=_config(PARTITIONS))
     broker.start()
