@@ -93,6 +93,8 @@ class Snapshot:
     """Per principal: connections, bytes and throttles (metaq.broker.quotas.Quotas.describe)."""
     open_files: tuple[int, int, int] = (0, 0, 0)
     """The storage's descriptor pool: open now, the budget in force, shortages (metaq.storage.files)."""
+    filesystem_syncs: tuple[int, int] = (0, 0)
+    """Flush rounds made durable by one syncfs, and syncfs calls that failed (syncfsMinPartitions)."""
 
 
 COUNTER_FIELDS = ("put_messages", "put_bytes", "put_requests", "put_failures", "get_messages", "get_bytes",
@@ -157,7 +159,8 @@ def take_snapshot(broker: Broker) -> Snapshot:
         fetch=stats.fetch_seconds.cumulative(), fsync=stats.fsync_seconds.cumulative(),
         group_offsets=group_offsets, group_members=members, replication=replication, replica_group=replica_group,
         delayed=(broker.delay.pending, broker.delay.lateness.cumulative()), quotas=broker.quotas.describe(),
-        open_files=(files.open_count, files.max_open_files, files.shortages))
+        open_files=(files.open_count, files.max_open_files, files.shortages),
+        filesystem_syncs=(whole.syncs, whole.failures) if (whole := broker.logs.flusher.filesystem_sync) else (0, 0))
 
 
 class SnapshotCollector(Collector):
@@ -225,7 +228,11 @@ class SnapshotCollector(Collector):
                 ("metaq_partial_frames_refused_total", "Requests refused because maxPartialFramesSize was "
                  "reached while they arrived.", snap.partial_frames_refused),
                 ("metaq_storage_descriptor_shortages_total", "Opens of a storage file that found the process out of "
-                 "descriptors (EMFILE) and closed idle ones to go on.", shortages)):
+                 "descriptors (EMFILE) and closed idle ones to go on.", shortages),
+                ("metaq_storage_filesystem_syncs_total", "Flush rounds of syncfsMinPartitions or more partitions made "
+                 "durable by one syncfs of the data directory's filesystem.", snap.filesystem_syncs[0]),
+                ("metaq_storage_filesystem_sync_failures_total", "Those syncfs calls that failed (each partition of "
+                 "the round then fdatasynced its own files).", snap.filesystem_syncs[1])):
             counter = _counter(name, doc)
             counter.add_metric([], value)
             yield counter

@@ -19,6 +19,13 @@ ack with unflush_threshold=1 waits on when the broker serves a few busy partitio
 its logs side by side on a small pool (``sync_workers``), the flusher's thread taking one of them
 itself; one log's jobs always run in order. Threads, never asyncio: storage
 knows nothing of event loops; the broker awaits the durable futures with ``asyncio.wrap_future``.
+
+A round of many logs (``FilesystemSync.min_logs``, the broker's ``flushSyncfsMinPartitions``) can be made
+durable by ONE sync of the whole filesystem instead of an fdatasync per log (Linux syncfs(2); 10,000
+logs with a few hundred bytes each: ~50 ms instead of ~1 s here): each log takes what it has unsynced
+(``begin_covered_flush``), the flusher syncs the filesystem, each log then marks it synced and resolves its
+acks (``end_covered_flush``). Should the filesystem sync fail, every log of it fdatasyncs its own files, so
+that the error reaches the log it belongs to (and only that one goes offline).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -34,6 +42,7 @@ from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any, Protocol
 
 from metaq.errors import StorageError
+from metaq.fsutil import syncfs
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +53,46 @@ class SyncTarget(Protocol):
     """What the flusher drives: a PartitionLog."""
 
     def flush_pending(self, forced_segment: Any = None, future: Future[None] | None = None) -> None: ...
+
+
+class CoveredTarget(Protocol):
+    """A SyncTarget whose flush can be split around a sync of its whole filesystem (a PartitionLog)."""
+
+    def begin_covered_flush(self, device: int) -> Any: ...
+
+    def end_covered_flush(self, taken: Any, synced: bool) -> None: ...
+
+
+class FilesystemSync:
+    """The filesystem holding a directory, synced whole (syncfs(2)) for a flush round of at least
+    ``min_logs`` logs on it. Holds a descriptor of the directory until :meth:`close`."""
+
+    def __init__(self, directory: str | os.PathLike[str], min_logs: int,
+                 sync_filesystem: Callable[[int], None] = syncfs) -> None:
+        self.min_logs = max(1, min_logs)
+        self._sync_filesystem = sync_filesystem
+        self._fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        self.device = os.fstat(self._fd).st_dev
+        self.syncs = 0
+        """Rounds made durable this way."""
+        self.failures = 0
+
+    def sync(self) -> bool:
+        """Whether the sync succeeded (False: a write-back error somewhere on the filesystem, logged)."""
+        try:
+            self._sync_filesystem(self._fd)
+        except OSError as exc:
+            self.failures += 1
+            log.warning("syncfs of the data directory's filesystem failed (%s): each partition of the round "
+                        "fdatasyncs its own files instead", exc)
+            return False
+        self.syncs += 1
+        return True
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class Flusher:
@@ -70,6 +119,8 @@ class Flusher:
         self._busy = False
         self.rounds = 0
         self.errors = 0
+        self.filesystem_sync: FilesystemSync | None = None
+        """Set before :meth:`start` to sync large rounds with one syncfs (module docstring)."""
 
     # ------------------------------------------------------------------ control
 
@@ -206,6 +257,11 @@ class Flusher:
             work.setdefault(target, []).append((segment, future))
         for target in targets:
             work.setdefault(target, []).append((None, None))
+        filesystem = self.filesystem_sync
+        if filesystem is not None and len(work) >= filesystem.min_logs:
+            work = self._sync_covered(filesystem, work)
+            if not work:
+                return
         if self._pool is None or len(work) <= self._inline_max_logs:
             for target, jobs in work.items():
                 self._sync_all(target, jobs)
@@ -216,6 +272,29 @@ class Flusher:
         self._sync_all(own_target, own_jobs)  # this thread would only wait: it takes one log itself
         for wait in waits:
             wait.result()
+
+    def _sync_covered(self, filesystem: FilesystemSync, work: dict[SyncTarget, list[tuple[Any, Future[None] | None]]],
+                      ) -> dict[SyncTarget, list[tuple[Any, Future[None] | None]]]:
+        """The logs of ``work`` that can be made durable by one sync of their filesystem; the rest (a log with
+        an unflushThreshold=1 job, a sealed segment to sync, on another filesystem, ...) is returned."""
+        taken: list[tuple[CoveredTarget, Any]] = []
+        rest: dict[SyncTarget, list[tuple[Any, Future[None] | None]]] = {}
+        for target, jobs in work.items():
+            begin = getattr(target, "begin_covered_flush", None)
+            flush = begin(filesystem.device) if begin is not None and jobs == _PLAIN_JOBS else None
+            if flush is None:
+                rest[target] = jobs
+            else:
+                taken.append((target, flush))  # type: ignore[arg-type]
+        if taken:
+            synced = filesystem.sync()
+            for covered, flush in taken:
+                try:
+                    covered.end_covered_flush(flush, synced)
+                except Exception:  # the log already failed its futures; the round goes on
+                    self.errors += 1
+                    log.exception("flush of %r failed", covered)
+        return rest
 
     def _sync_all(self, target: SyncTarget, jobs: list[tuple[Any, Future[None] | None]]) -> None:
         """Sync one log for this round.
@@ -258,6 +337,10 @@ class Flusher:
             self._idle_hook()
         except Exception:
             log.exception("idle hook failed")
+
+
+_PLAIN_JOBS = [(None, None)]
+"""A log's jobs in a round when it only has to be synced (no unflushThreshold=1 append forcing a segment)."""
 
 
 def new_durable_future() -> Future[None]:

@@ -143,6 +143,24 @@ class AppendResult(NamedTuple):
     wait_for_durable: bool
 
 
+class _Unsynced(NamedTuple):
+    """What one flush took under the log's lock (:meth:`PartitionLog._take_unsynced_locked`)."""
+
+    sealed: list[tuple[Segment, bytes, bytes]]
+    """Sealed segments not yet synced, each with its index entries not yet written."""
+    active: Segment
+    target_bytes: int
+    """The active segment's size when taken: what the flush makes durable."""
+    active_index: tuple[bytes, bytes]
+    forced: Segment | None
+    pending: Future[None] | None
+    """The acks waiting for this flush."""
+    first_unflushed_ms: int
+    pinned: list[Segment]
+    failure: StorageError | None
+    """The log's failure when taken: nothing is synced, the acks fail with it."""
+
+
 class PartitionLog:
     """The log of one partition. Create with :meth:`open`."""
 
@@ -152,7 +170,7 @@ class PartitionLog:
         "_end_offset", "_failure", "_files", "_find_lock", "_first_unflushed_ms", "_flush_requested",
         "_flusher", "_id_base", "_lock", "_marker_present", "_own_files", "_parent_unsynced", "_partition",
         "_pending_future", "_segments", "_size_bytes", "_sync", "_sync_lock", "_tag", "_topic", "_truncations",
-        "_unflushed_messages", "_unsynced_sealed", "directory", "producers", "recovery",
+        "_unflushed_messages", "_unsynced_sealed", "device", "directory", "producers", "recovery",
     )
 
     def __init__(self, directory: Path, topic: str, partition: int, config: LogConfig, broker_id: int, *,
@@ -160,6 +178,8 @@ class PartitionLog:
                  sync: Callable[[int], None], segments: list[Segment], recovery: RecoveryReport,
                  marker_present: bool, parent_unsynced: bool) -> None:
         self.directory = directory
+        self.device = os.stat(directory).st_dev
+        """The filesystem the log's files are on (a flusher's syncfs round covers only its own)."""
         self._topic = topic
         self._partition = partition
         self._tag = partition_tag(topic, partition)
@@ -743,51 +763,87 @@ class PartitionLog:
                     resolve(future, LogClosedError(f"{self} was abandoned before the flush")
                             if self._abandoned else None)
                     return
-                active = self._active
-                target_bytes = active.size_bytes
-                pending = self._pending_future
-                self._pending_future = None
-                first_unflushed_ms = self._first_unflushed_ms
-                self._unflushed_messages = 0
-                self._first_unflushed_ms = -1
-                self._flush_requested = False
-                sealed = [(s, *s.take_pending_index_bytes()) for s in self._unsynced_sealed]
-                active_index = active.take_pending_index_bytes(ACTIVE_INDEX_WRITE_BYTES)
-                pinned = [s for s, _, _ in sealed] + [active]
-                if forced_segment is not None and forced_segment not in pinned:
-                    pinned.append(forced_segment)
-                for segment in pinned:
-                    segment.pins += 1
-                failure = self._failure
-            error: StorageError | None = failure
-            deferred = False
-            try:
+                taken = self._take_unsynced_locked(forced_segment)
+            self._complete_flush(taken, future, covered=False)
+
+    def begin_covered_flush(self, device: int) -> _Unsynced | None:
+        """The first half of a flush whose sync is one sync of the whole filesystem (the flusher's syncfs
+        round, :class:`~metaq.storage.flush.FilesystemSync`): takes the sync lock and what is unsynced now,
+        which a filesystem sync started after this call covers. None (nothing taken, nothing held) when
+        the log is not on filesystem ``device``, another flush holds it, or this flush needs more than its
+        active segment's bytes (a sealed segment and its index files, a directory entry, a failed or closed
+        log): :meth:`flush_pending` does those. Always follow with :meth:`end_covered_flush`."""
+        if self.device != device or not self._sync_lock.acquire(blocking=False):
+            return None
+        with self._lock:
+            plain = not (self._closed or self._failure is not None or self._parent_unsynced
+                         or self._unsynced_sealed or not self._active.dir_synced)
+            taken = self._take_unsynced_locked(None) if plain else None
+        if taken is None:
+            self._sync_lock.release()
+        return taken
+
+    def end_covered_flush(self, taken: _Unsynced, synced: bool) -> None:
+        """The second half: ``synced`` when the filesystem sync succeeded (the bytes taken are durable);
+        else this log fdatasyncs them itself, so that a write-back error is reported for the file it hit.
+        Resolves the acks taken; raises StorageError as :meth:`flush_pending` does."""
+        try:
+            self._complete_flush(taken, None, covered=synced)
+        finally:
+            self._sync_lock.release()
+
+    def _take_unsynced_locked(self, forced_segment: Segment | None) -> _Unsynced:
+        """What a flush syncs: the unsynced bytes as of now and the acks waiting for them (segments pinned)."""
+        active = self._active
+        pending = self._pending_future
+        self._pending_future = None
+        first_unflushed_ms = self._first_unflushed_ms
+        self._unflushed_messages = 0
+        self._first_unflushed_ms = -1
+        self._flush_requested = False
+        sealed = [(s, *s.take_pending_index_bytes()) for s in self._unsynced_sealed]
+        active_index = active.take_pending_index_bytes(ACTIVE_INDEX_WRITE_BYTES)
+        pinned = [s for s, _, _ in sealed] + [active]
+        if forced_segment is not None and forced_segment not in pinned:
+            pinned.append(forced_segment)
+        for segment in pinned:
+            segment.pins += 1
+        return _Unsynced(sealed, active, active.size_bytes, active_index, forced_segment, pending,
+                         first_unflushed_ms, pinned, self._failure)
+
+    def _complete_flush(self, taken: _Unsynced, future: Future[None] | None, *, covered: bool) -> None:
+        """Sync what was taken (nothing to sync but the bookkeeping when ``covered``: a filesystem sync did
+        it), then resolve its acks and ``future``. Under the sync lock."""
+        sealed, active, active_index = taken.sealed, taken.active, taken.active_index
+        error: StorageError | None = taken.failure
+        deferred = False
+        try:
+            if error is None:
+                self._sync_segments(sealed, active, taken.target_bytes, active_index, taken.forced, covered=covered)
+        except OSError as exc:
+            deferred = exc.errno in SHORTAGE_ERRNOS  # from an open: no sync failed
+            error = StorageError(f"cannot flush {self} now: {exc}; tried again in {FLUSH_RETRY_MS} ms"
+                                 if deferred else f"cannot flush {self}: {exc}; the log is offline until restart")
+        finally:
+            with self._lock:
+                for segment in taken.pinned:
+                    segment.pins -= 1
                 if error is None:
-                    self._sync_segments(sealed, active, target_bytes, active_index, forced_segment)
-            except OSError as exc:
-                deferred = exc.errno in SHORTAGE_ERRNOS  # from an open: no sync failed
-                error = StorageError(f"cannot flush {self} now: {exc}; tried again in {FLUSH_RETRY_MS} ms"
-                                     if deferred else f"cannot flush {self}: {exc}; the log is offline until restart")
-            finally:
-                with self._lock:
-                    for segment in pinned:
-                        segment.pins -= 1
-                    if error is None:
-                        done = {id(s) for s, _, _ in sealed}
-                        self._unsynced_sealed = [s for s in self._unsynced_sealed if id(s) not in done]
-                    elif deferred:
-                        self._defer_flush_locked(sealed, active, active_index, first_unflushed_ms)
-                    elif self._failure is None:
-                        self._failure = error
-            resolve(pending, error)
-            resolve(future, error)
-            if deferred and self._flusher is not None:
-                try:
-                    self._flusher.flush_at(self, int(self._clock() * 1000) + FLUSH_RETRY_MS)
-                except StorageError:  # the flusher is stopping: the close's own flush takes it
-                    pass
-            if error is not None:
-                raise error
+                    done = {id(s) for s, _, _ in sealed}
+                    self._unsynced_sealed = [s for s in self._unsynced_sealed if id(s) not in done]
+                elif deferred:
+                    self._defer_flush_locked(sealed, active, active_index, taken.first_unflushed_ms)
+                elif self._failure is None:
+                    self._failure = error
+        resolve(taken.pending, error)
+        resolve(future, error)
+        if deferred and self._flusher is not None:
+            try:
+                self._flusher.flush_at(self, int(self._clock() * 1000) + FLUSH_RETRY_MS)
+            except StorageError:  # the flusher is stopping: the close's own flush takes it
+                pass
+        if error is not None:
+            raise error
 
     def _defer_flush_locked(self, sealed: list[tuple[Segment, bytes, bytes]], active: Segment,
                             active_index: tuple[bytes, bytes], first_unflushed_ms: int) -> None:
@@ -806,7 +862,9 @@ class PartitionLog:
             self._first_unflushed_ms = first_unflushed_ms
 
     def _sync_segments(self, sealed: list[tuple[Segment, bytes, bytes]], active: Segment, target_bytes: int,
-                       active_index: tuple[bytes, bytes], forced: Segment | None) -> None:
+                       active_index: tuple[bytes, bytes], forced: Segment | None, *, covered: bool = False) -> None:
+        """``covered``: a sync of the whole filesystem, started after the flush took its state, made the
+        active segment's bytes durable (only a flush with no sealed segment, directory or forced sync)."""
         if self._parent_unsynced:
             fsync_directory(self.directory.parent, self._sync, opener=self._files.open_raw)
             self._parent_unsynced = False
@@ -818,10 +876,10 @@ class PartitionLog:
             self._write_indexes(segment, index_bytes, timeindex_bytes, sync_files=True)
         if forced is not None and forced is not active and all(forced is not s for s, _, _ in sealed):
             self._fdatasync(forced)
-        if active.synced_bytes < target_bytes or forced is active:
+        if not covered and (active.synced_bytes < target_bytes or forced is active):
             self._fdatasync(active)
-            if target_bytes > active.synced_bytes:
-                active.synced_bytes = target_bytes
+        if target_bytes > active.synced_bytes:
+            active.synced_bytes = target_bytes
         if dir_unsynced:
             fsync_directory(self.directory, self._sync, opener=self._files.open_raw)
             for segment, _, _ in sealed:

@@ -20,12 +20,13 @@ from pathlib import Path
 from types import TracebackType
 
 from metaq.errors import InvalidArgument, StorageError
+from metaq.fsutil import syncfs_available
 from metaq.protocol.records import MAGIC
 from metaq.storage.checkpoint import CleanState, fsync_directory, read_json, remove_file, write_json
 from metaq.storage.config import LogConfig
 from metaq.storage.errors import LogClosedError, MessageNotFound
 from metaq.storage.files import FileCache
-from metaq.storage.flush import Flusher
+from metaq.storage.flush import FilesystemSync, Flusher
 from metaq.storage.log import PartitionLog
 from metaq.storage.retention import RetentionOutcome
 from metaq.types import (
@@ -65,7 +66,11 @@ class LogManager:
                  topic_configs: dict[str, LogConfig] | None = None, *, load_in_parallel: bool = False,
                  max_open_files: int = 1024, clock: Callable[[], float] = time.time,
                  sync: Callable[[int], None] = os.fdatasync, idle_close_seconds: float = 60.0,
-                 load_workers: int = 8) -> None:
+                 load_workers: int = 8, syncfs_min_logs: int = 0,
+                 sync_filesystem: Callable[[int], None] | None = None) -> None:
+        """``syncfs_min_logs`` > 0: a flush round of at least that many partitions syncs the data directory's
+        filesystem once instead of each partition (storage/flush.py), where the kernel reports write-back
+        errors to syncfs (Linux 5.8+); ``sync_filesystem`` replaces syncfs(2) (inject to count or fail)."""
         if not isinstance(broker_id, int) or not 0 <= broker_id <= BROKER_ID_MAX:
             raise InvalidArgument(f"broker id {broker_id!r} is outside 0..{BROKER_ID_MAX}")
         self.data_dir = Path(data_dir)
@@ -76,6 +81,8 @@ class LogManager:
         self._load_workers = load_workers
         self._clock = clock
         self._sync = sync
+        self._syncfs_min_logs = syncfs_min_logs
+        self._sync_filesystem = sync_filesystem
         self._idle_close_seconds = idle_close_seconds
         self.files = FileCache(max_open_files)
         self.flusher = Flusher(clock=clock, idle_hook=self._close_idle_files,
@@ -127,9 +134,10 @@ class LogManager:
                     write_json(self.data_dir / FORMAT_FILE, {"record_batch_format": MAGIC}, sync=self._sync)
                 except OSError as exc:  # a full disk must not keep the broker from starting read-only
                     log.warning("cannot write %s (%s); it is written at the next start", FORMAT_FILE, exc)
-            self.flusher.start()
+            self._start_flusher()
             self._opened = True
         except BaseException:
+            self._close_filesystem_sync()
             for partition_log in list(self._logs.values()):
                 partition_log.abandon()
             self._logs.clear()
@@ -211,6 +219,7 @@ class LogManager:
             elif state is not None:
                 states[partition_log.directory.name] = state.to_json()
         self.flusher.stop()
+        self._close_filesystem_sync()
         try:
             write_json(self.data_dir / CHECKPOINT_FILE, {"broker_id": self.broker_id, "partitions": states},
                        sync=self._sync)
@@ -220,6 +229,22 @@ class LogManager:
         self._unlock_data_dir()
         if errors:
             raise StorageError("closing the logs failed: " + "; ".join(errors))
+
+    def _start_flusher(self) -> None:
+        if self._syncfs_min_logs > 0:
+            if self._sync_filesystem is not None:
+                self.flusher.filesystem_sync = FilesystemSync(self.data_dir, self._syncfs_min_logs,
+                                                              self._sync_filesystem)
+            elif syncfs_available():
+                self.flusher.filesystem_sync = FilesystemSync(self.data_dir, self._syncfs_min_logs)
+            else:
+                log.info("syncfs is not available here (Linux 5.8 or later): every partition of a flush round is "
+                         "fdatasynced on its own")
+        self.flusher.start()
+
+    def _close_filesystem_sync(self) -> None:
+        if self.flusher.filesystem_sync is not None:
+            self.flusher.filesystem_sync.close()
 
     def __enter__(self) -> LogManager:
         return self.open()

@@ -1,0 +1,217 @@
+"""A flush round of many partitions made durable by one sync of their filesystem (syncfs(2)) instead of an
+fdatasync each (storage/flush.py, FilesystemSync; the broker's syncfsMinPartitions).
+
+What a user relies on: an ack of such a round comes only after a filesystem sync that began after its
+append; an append made during that sync waits for a later one; a failed filesystem sync does not pass
+for a success (each partition then syncs its own files, and only the one whose file fails goes offline);
+what the round cannot cover (a sealed segment, a new directory, unflushThreshold=1) is still fdatasynced.
+The syncs are the real ones (the kernel's syncfs and fdatasync), wrapped to count, hold or fail them."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+
+import pytest
+from storage_helpers import make_batch, read_all
+
+from metaq.errors import StorageError
+from metaq.fsutil import syncfs, syncfs_available
+from metaq.storage import Flusher, LogConfig, LogManager, PartitionLog
+from metaq.storage.flush import FilesystemSync
+
+pytestmark = pytest.mark.skipif(not syncfs_available(), reason="needs Linux 5.8+ (syncfs reports write-back errors)")
+
+WAIT_S = 10
+
+
+def _path_of(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+class Recorder:
+    """A real sync (fdatasync or syncfs) that records the file of each call, and can be held or made to fail."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+        self.paths: list[str] = []
+        self.lock = threading.Lock()
+        self.gate: threading.Event | None = None
+        self.entered = threading.Event()
+        self.fail_under: str | None = None
+        """Calls on a file whose path contains this fail with EIO."""
+
+    def __call__(self, fd: int) -> None:
+        path = _path_of(fd)
+        with self.lock:
+            self.paths.append(path)
+        self.entered.set()
+        if self.gate is not None:
+            assert self.gate.wait(WAIT_S)
+        if self.fail_under is not None and self.fail_under in path:
+            raise OSError(errno.EIO, "Input/output error")
+        self.real(fd)
+
+    def logs_synced(self) -> list[str]:
+        """The partition directories whose .log files were synced, in order."""
+        with self.lock:
+            return [os.path.basename(os.path.dirname(p)) for p in self.paths if p.endswith(".log")]
+
+
+def _open_logs(tmp_path: Path, count: int, flusher: Flusher, fdatasync: Recorder, threshold: int = 0,
+               segment_bytes_max: int = 1 << 20) -> list[PartitionLog]:
+    config = LogConfig(unflush_threshold=threshold, segment_bytes_max=segment_bytes_max)
+    return [PartitionLog.open(tmp_path / f"p-{i}", "p", i, config, 1, flusher=flusher, sync=fdatasync)
+            for i in range(count)]
+
+
+def _settled_logs(tmp_path: Path, count: int, flusher: Flusher, **options: int,
+                  ) -> tuple[list[PartitionLog], Recorder, Recorder]:
+    """``count`` logs each flushed once (what a new log's first flush does, its directory entries, done
+    beforehand, so that a round finds it plain), and the fdatasync and syncfs they are to use, reset."""
+    fdatasync, whole = Recorder(os.fdatasync), Recorder(syncfs)
+    logs = _open_logs(tmp_path, count, flusher, fdatasync, **options)
+    for plog in logs:
+        batch, _ = make_batch()
+        plog.append(batch)
+        plog.flush()
+    fdatasync.paths.clear()
+    return logs, fdatasync, whole
+
+
+@pytest.fixture
+def flusher():
+    f = Flusher()
+    yield f
+    f.stop()
+
+
+def _durable(plog: PartitionLog) -> tuple[Future[None], list[bytes]]:
+    batch, values = make_batch()
+    result = plog.append(batch)
+    assert result.wait_for_durable
+    return result.durable, values
+
+
+def test_a_round_is_acknowledged_after_one_filesystem_sync_that_began_after_its_appends(tmp_path, flusher):
+    logs, fdatasync, whole = _settled_logs(tmp_path, 20, flusher)
+    acks = [_durable(plog)[0] for plog in logs]  # queued: the flusher is not started yet, so ONE round takes all
+    whole.gate = threading.Event()
+    flusher.filesystem_sync = FilesystemSync(tmp_path, 8, whole)
+    flusher.start()
+    try:
+        assert whole.entered.wait(WAIT_S)
+        assert not any(ack.done() for ack in acks)  # nothing acknowledged before the filesystem sync returns
+        later, _ = _durable(logs[0])  # appended while the round's sync runs: that sync may not cover it
+    finally:
+        whole.gate.set()
+    for ack in acks:
+        assert ack.result(WAIT_S) is None
+    assert later.result(WAIT_S) is None
+    assert len(whole.paths) == 1 and flusher.filesystem_sync.syncs == 1
+    # the round fdatasynced none of its 20 logs; the later append was synced by a round of its own
+    assert fdatasync.logs_synced() == ["p-0"]
+    flusher.filesystem_sync.close()
+
+
+def test_a_failed_filesystem_sync_makes_each_partition_sync_its_own_files_and_only_the_failing_one_goes_offline(
+        tmp_path, flusher):
+    logs, fdatasync, whole = _settled_logs(tmp_path, 12, flusher)
+    pending = [_durable(plog) for plog in logs]
+    whole.fail_under = str(tmp_path)  # syncfs on the data directory fails (a write-back error somewhere)
+    fdatasync.fail_under = "/p-3/"  # ... in partition 3's file
+    flusher.filesystem_sync = FilesystemSync(tmp_path, 8, whole)
+    flusher.start()
+    for i, (ack, _values) in enumerate(pending):
+        if i == 3:
+            with pytest.raises(StorageError, match="offline"):
+                ack.result(WAIT_S)
+        else:
+            assert ack.result(WAIT_S) is None
+    assert flusher.filesystem_sync.failures == 1 and flusher.filesystem_sync.syncs == 0
+    assert sorted(fdatasync.logs_synced()) == sorted(f"p-{i}" for i in range(12))  # each synced its own
+    with pytest.raises(StorageError):
+        logs[3].append(make_batch()[0])
+    fdatasync.fail_under = None
+    ack, values = _durable(logs[5])  # the others stay online
+    assert ack.result(WAIT_S) is None
+    assert [bytes(m.data) for m in read_all(logs[5])][-3:] == values
+    flusher.filesystem_sync.close()
+
+
+def test_what_a_filesystem_round_cannot_cover_is_fdatasynced_and_everything_reads_back(tmp_path, flusher):
+    logs, fdatasync, whole = _settled_logs(tmp_path, 10, flusher, segment_bytes_max=600)
+    fresh = PartitionLog.open(tmp_path / "q-0", "q", 0, LogConfig(unflush_threshold=0), 1, flusher=flusher,
+                              sync=fdatasync)  # its directory entries not synced yet
+    written: dict[str, list[bytes]] = {}
+    acks = []
+    for plog in [*logs, fresh]:
+        ack, values = _durable(plog)
+        acks.append(ack)
+        written[plog.directory.name] = values
+    rolled = logs[7]
+    batch, values = make_batch(count=20, size=40)  # past segment_bytes_max: the next append starts a segment
+    rolled.append(batch)
+    ack, more = _durable(rolled)
+    acks.append(ack)
+    written["p-7"] += values + more
+    assert len(list(rolled.directory.glob("*.log"))) >= 2
+    flusher.filesystem_sync = FilesystemSync(tmp_path, 8, whole)
+    flusher.start()
+    for ack in acks:
+        assert ack.result(WAIT_S) is None
+    assert len(whole.paths) == 1
+    assert sorted(set(fdatasync.logs_synced())) == ["p-7", "q-0"]  # the sealed segment, the new directory
+    for plog in [*logs, fresh]:
+        plog.close()
+    for name, values in written.items():
+        topic, partition = name.split("-")
+        reopened = PartitionLog.open(tmp_path / name, topic, int(partition), LogConfig(), 1)
+        try:
+            assert reopened.recovery.clean
+            assert [bytes(m.data) for m in read_all(reopened)][-len(values):] == values
+        finally:
+            reopened.close()
+    flusher.filesystem_sync.close()
+
+
+def test_unflush_threshold_one_still_syncs_each_append_itself(tmp_path, flusher):
+    logs, fdatasync, whole = _settled_logs(tmp_path, 10, flusher, threshold=1)
+    acks = [_durable(plog)[0] for plog in logs]
+    flusher.filesystem_sync = FilesystemSync(tmp_path, 1, whole)
+    flusher.start()
+    for ack in acks:
+        assert ack.result(WAIT_S) is None
+    assert whole.paths == []
+    assert sorted(fdatasync.logs_synced()) == sorted(f"p-{i}" for i in range(10))
+    flusher.filesystem_sync.close()
+
+
+def test_a_log_manager_with_syncfs_acknowledges_every_append_and_keeps_no_descriptor_after_close(tmp_path):
+    whole = Recorder(syncfs)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    manager = LogManager(tmp_path / "data", 0, LogConfig(unflush_threshold=0), syncfs_min_logs=4,
+                         sync_filesystem=whole)
+    manager.open()
+    written: dict[int, list[bytes]] = {}
+    try:
+        logs = [manager.get_or_create("t", p) for p in range(40)]
+        for _ in range(3):
+            acks = []
+            for plog in logs:
+                ack, values = _durable(plog)
+                acks.append(ack)
+                written.setdefault(plog.partition, []).extend(values)
+            for ack in acks:
+                assert ack.result(WAIT_S) is None
+        assert manager.flusher.filesystem_sync is not None
+    finally:
+        manager.close()
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+    with LogManager(tmp_path / "data", 0, LogConfig()) as reopened:
+        for partition, values in written.items():
+            plog = reopened.get("t", partition)
+            assert plog is not None and [bytes(m.data) for m in read_all(plog)] == values
