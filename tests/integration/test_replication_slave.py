@@ -9,7 +9,9 @@ offset, payloads) must be on the slave at that offset with those payloads, and n
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import signal
 import threading
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 
 from metaq.broker.replication.fetcher import whole_batches
+from metaq.client import Message, MessageSessionFactory
 from metaq.errors import MetaqError, NotMasterError, OffsetOutOfRangeError, error_for_code
 from metaq.net.blocking import BlockingConnection
 from metaq.net.codec import ConnectionSettings
@@ -482,3 +485,56 @@ def test_auto_sync_master_config_makes_the_slave_follow_the_masters_topic_option
     wait_until(slave_has_audit, 30, 0.05, "the slave to create 'audit' with both partitions")
     assert stats(slave)["replication"]["master_config_error"] == ""
     assert "acceptSubscribe" not in slave.config_path.read_text()  # the slave's own file is untouched
+
+
+def test_a_send_refused_by_the_named_master_fails_when_no_other_is_named_within_its_timeout(
+        master_and_slave: tuple[BrokerProcess, BrokerProcess], zookeeper: Any, zk_client: Any, zk_root: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A stale registration: ZooKeeper names the slave as broker 1's master. A cluster-mode producer's batch
+    is refused there (NOT_MASTER), so it waits for ZooKeeper to name another master; the node then goes and
+    none is named within the producer's request_timeout_s: the send fails with NotMasterError saying so, and
+    nothing is written anywhere. Once the master is named again, the producer sends to it."""
+    master, slave = master_and_slave
+    node = f"{zk_root}/brokers/ids/1/master"
+    master_url = zk_client.get(node)[0]
+    before = end_offsets(master)
+    caplog.set_level(logging.INFO, logger="metaq.client")
+
+    def named_port(session: Any) -> int | None:
+        address = session._core.metadata.cache.address(1)
+        return None if address is None else int(address[1])
+
+    async def named(session: Any, port: int | None) -> None:
+        """Until the session's view names ``port`` (None: no one) as broker 1's master."""
+        deadline = asyncio.get_running_loop().time() + 20
+        while named_port(session) != port:
+            assert asyncio.get_running_loop().time() < deadline, f"broker 1's master never became {port}"
+            await session._core.cluster_changed(0.5)
+
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(zk_connect=zookeeper.connect_string, zk_root=zk_root) as session:
+            producer = session.create_producer(request_timeout_s=3.0)
+            assert (await producer.send(Message(TOPIC, b"before"))).success
+            zk_client.set(node, f"meta://127.0.0.1:{slave.port}".encode())
+            await named(session, slave.port)
+            refused = producer.send_async(Message(TOPIC, b"refused"))
+            deadline = asyncio.get_running_loop().time() + 10
+            while "is no longer its master" not in caplog.text:  # NOT_MASTER came back: the batch waits
+                assert asyncio.get_running_loop().time() < deadline, "the slave never refused the batch"
+                await asyncio.sleep(0.01)
+            zk_client.delete(node)
+            await named(session, None)
+            result = await asyncio.wait_for(refused, 15)
+            assert not result.success and isinstance(result.error, NotMasterError)
+            assert "no master took the batch within 3 s" in str(result.error)
+            assert sum(end_offsets(master)) == sum(before) + 1  # "before" only: the refused batch is nowhere
+            zk_client.create(node, master_url)
+            await named(session, master.port)
+            assert (await producer.send(Message(TOPIC, b"after"))).success
+
+    asyncio.run(main())
+    stored = [d for p in range(PARTITIONS) for _, _, d in messages(master, p)]
+    assert b"refused" not in stored and b"before" in stored and b"after" in stored
+    assert sum(end_offsets(master)) == sum(before) + 2
+    wait_caught_up(master, slave)
+    assert b"refused" not in [d for p in range(PARTITIONS) for _, _, d in messages(slave, p)]
