@@ -273,15 +273,6 @@ class Flusher:
         for wait in waits:
             wait.result()
 
-    def sync_covered(self, targets: list[SyncTarget]) -> list[SyncTarget]:
-        """Make ``targets`` durable by one sync of their filesystem where they can be (a clean close of many
-        logs), in the calling thread; the others (all of them without a :class:`FilesystemSync`, or fewer
-        than its ``min_logs``) are returned, to be flushed on their own."""
-        filesystem = self.filesystem_sync
-        if filesystem is None or len(targets) < filesystem.min_logs:
-            return targets
-        return list(self._sync_covered(filesystem, {target: list(_PLAIN_JOBS) for target in targets}))
-
     def _sync_covered(self, filesystem: FilesystemSync, work: dict[SyncTarget, list[tuple[Any, Future[None] | None]]],
                       ) -> dict[SyncTarget, list[tuple[Any, Future[None] | None]]]:
         """The logs of ``work`` that can be made durable by one sync of their filesystem; the rest (a log with

@@ -1217,11 +1217,10 @@ class PartitionLog:
         if pending and self._flusher is not None and self._flusher.running:
             self._flusher.flush_soon(self)
 
-    def close(self, *, write_marker: bool = True, sync_indexes: bool = True) -> CleanState | None:
+    def close(self, *, write_marker: bool = True) -> CleanState | None:
         """Flush, sync the indexes, and record a clean shutdown; returns the clean state (None if the
         log had failed). ``write_marker=False`` leaves the recording to the caller (the LogManager
-        writes one checkpoint for all partitions); ``sync_indexes=False`` leaves the active segment's index
-        files unsynced too, for the caller to sync (the LogManager: one syncfs for every partition)."""
+        writes one checkpoint for all partitions)."""
         if self._closed:
             return None
         error: StorageError | None = None
@@ -1240,8 +1239,7 @@ class PartitionLog:
             try:
                 if error is None:
                     active.write_index_bytes(*active.take_pending_index_bytes())
-                    if sync_indexes:
-                        active.sync_index_files(self._sync)
+                    active.sync_index_files(self._sync)
                     state = CleanState(active.base_offset, active.size_bytes, self._end_offset)
                     if self.producers or list_snapshots(self.directory):
                         write_snapshot(self.directory, self.producers, self._end_offset)

@@ -200,16 +200,9 @@ class LogManager:
         with self._lock:
             logs = list(self._logs.values())
 
-        # Many logs on a filesystem that can be synced whole: their data made durable by one syncfs, their
-        # index files written by each close and made durable by one more, before the checkpoint says "clean".
-        filesystem = self.flusher.filesystem_sync
-        whole = filesystem is not None and len(logs) >= filesystem.min_logs
-        if whole:
-            self.flusher.sync_covered(list(logs))
-
         def close_one(partition_log: PartitionLog) -> tuple[PartitionLog, CleanState | None, str | None]:
             try:
-                return partition_log, partition_log.close(write_marker=False, sync_indexes=not whole), None
+                return partition_log, partition_log.close(write_marker=False), None
             except StorageError as exc:
                 return partition_log, None, str(exc)
 
@@ -226,17 +219,10 @@ class LogManager:
             elif state is not None:
                 states[partition_log.directory.name] = state.to_json()
         self.flusher.stop()
-        checkpoint = True
-        if whole and filesystem is not None and not filesystem.sync():
-            # the closes' index files may not be durable: no checkpoint, the next start recovers as after a crash
-            errors.append("cannot sync the index files the close wrote (syncfs failed); no clean-shutdown "
-                          "checkpoint is written")
-            checkpoint = False
         self._close_filesystem_sync()
         try:
-            if checkpoint:
-                write_json(self.data_dir / CHECKPOINT_FILE, {"broker_id": self.broker_id, "partitions": states},
-                           sync=self._sync)
+            write_json(self.data_dir / CHECKPOINT_FILE, {"broker_id": self.broker_id, "partitions": states},
+                       sync=self._sync)
         except OSError as exc:
             errors.append(f"cannot write the clean-shutdown checkpoint: {exc}")
         self.files.close_all()

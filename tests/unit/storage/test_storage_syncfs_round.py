@@ -43,18 +43,15 @@ class Recorder:
         self.entered = threading.Event()
         self.fail_under: str | None = None
         """Calls on a file whose path contains this fail with EIO."""
-        self.fail_calls: set[int] = set()
-        """Calls (numbered from 1) that fail with EIO."""
 
     def __call__(self, fd: int) -> None:
         path = _path_of(fd)
         with self.lock:
             self.paths.append(path)
-            number = len(self.paths)
         self.entered.set()
         if self.gate is not None:
             assert self.gate.wait(WAIT_S)
-        if (self.fail_under is not None and self.fail_under in path) or number in self.fail_calls:
+        if self.fail_under is not None and self.fail_under in path:
             raise OSError(errno.EIO, "Input/output error")
         self.real(fd)
 
@@ -218,49 +215,3 @@ def test_a_log_manager_with_syncfs_acknowledges_every_append_and_keeps_no_descri
         for partition, values in written.items():
             plog = reopened.get("t", partition)
             assert plog is not None and [bytes(m.data) for m in read_all(plog)] == values
-
-
-def _manager_with_unsynced_data(tmp_path: Path, fdatasync: Recorder, whole: Recorder,
-                                ) -> tuple[LogManager, dict[int, list[bytes]]]:
-    """A manager (syncfs for 4 logs or more) with 30 partitions written and nothing synced since their creation."""
-    manager = LogManager(tmp_path / "data", 0, LogConfig(unflush_threshold=1_000_000, index_interval_bytes=64),
-                         syncfs_min_logs=4, sync=fdatasync, sync_filesystem=whole)
-    manager.open()
-    written: dict[int, list[bytes]] = {}
-    for partition in range(30):
-        plog = manager.get_or_create("t", partition)
-        plog.flush()  # its directory entries
-        for _ in range(5):
-            batch, values = make_batch()
-            plog.append(batch)
-            written.setdefault(partition, []).extend(values)
-    fdatasync.paths.clear()
-    return manager, written
-
-
-def test_a_clean_close_of_many_partitions_syncs_their_filesystem_instead_of_each_file(tmp_path):
-    fdatasync, whole = Recorder(os.fdatasync), Recorder(syncfs)
-    manager, written = _manager_with_unsynced_data(tmp_path, fdatasync, whole)
-    manager.close()
-    # one syncfs for the data, one for the index files the closes wrote; no fdatasync of a partition's file
-    assert len(whole.paths) == 2
-    assert not [p for p in fdatasync.paths if "/t-" in p], fdatasync.paths
-    with LogManager(tmp_path / "data", 0, LogConfig()) as reopened:
-        for partition, values in written.items():
-            plog = reopened.get("t", partition)
-            assert plog is not None and plog.recovery.clean  # the checkpoint says clean, and its indexes serve
-            assert [bytes(m.data) for m in read_all(plog)] == values
-            assert plog.offset_for_timestamp(0) == 0
-
-
-def test_a_close_whose_last_syncfs_fails_writes_no_clean_checkpoint_and_nothing_is_lost(tmp_path):
-    fdatasync, whole = Recorder(os.fdatasync), Recorder(syncfs)
-    manager, written = _manager_with_unsynced_data(tmp_path, fdatasync, whole)
-    whole.fail_calls = {len(whole.paths) + 2}  # the data's syncfs succeeds, the index files' fails
-    with pytest.raises(StorageError, match="syncfs failed"):
-        manager.close()
-    with LogManager(tmp_path / "data", 0, LogConfig()) as reopened:
-        for partition, values in written.items():
-            plog = reopened.get("t", partition)
-            assert plog is not None and not plog.recovery.clean  # recovered as after a crash
-            assert [bytes(m.data) for m in read_all(plog)] == values
