@@ -3,7 +3,19 @@
 Every segment and index file is opened through a FileCache when it is used and stays open while it
 is used again soon. Past ``max_open_files`` the least recently used descriptor that nobody holds is
 closed; a pinned descriptor (a reader's slice being sent, a write in progress) is never closed under
-its holder. If every descriptor is pinned the pool goes over its budget rather than blocking or
+its holder.
+
+A plain LRU thrashes when more files are used in turn than the budget holds (a producer going round robin
+over more partitions than ``maxOpenFiles``): each file is the least recently used one just before it is
+needed again, so every use reopens it, even with the budget one file short. So once the pool is full, a
+newly opened descriptor goes in at the least recently used end, first in line to be closed unless it is used
+again before the next open, and only one in ``INSERT_RECENT_EVERY``, drawn at random, at the most recently
+used end (bimodal insertion, BIP: Qureshi et al., "Adaptive insertion policies for high performance
+caching", 2007; at random, because a fixed every-n-th would never pick a file whose opens alternate in step
+with others).
+Files used in turn then keep about ``max_open_files`` of them open (a hit rate of budget / files instead of
+0); a file used again soon still stays open, after at most a few dozen reopens; a pool with room behaves
+as before. If every descriptor is pinned the pool goes over its budget rather than blocking or
 failing a reader: the budget is a soft limit, and ``overshoot_count`` says how often it was passed.
 Descriptors unused for a while are closed by ``close_idle`` (the flusher thread calls it).
 
@@ -25,6 +37,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import random
 import resource
 import threading
 import time
@@ -35,6 +48,9 @@ from typing import Any, TypeVar
 _OPEN_FLAGS = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
 SHORTAGE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
 SHORTAGE_HEADROOM = 16
+INSERT_RECENT_EVERY = 32
+"""Of the descriptors opened into a full pool, one in this many (at random) goes in as the most recently used,
+the others as the least recently used: see the module docstring."""
 """Descriptors a shortage frees beyond the one the pool needs, for the storage's opens outside the pool."""
 _T = TypeVar("_T")
 
@@ -73,7 +89,7 @@ class FileHandle:
 
 
 class FileCache:
-    """LRU of open descriptors with a soft budget. Thread-safe."""
+    """LRU of open descriptors with a soft budget (and bimodal insertion once full). Thread-safe."""
 
     def __init__(self, max_open_files: int = 1024, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -86,6 +102,7 @@ class FileCache:
         self._lock = threading.Lock()
         self._open: OrderedDict[str, FileHandle] = OrderedDict()
         self.open_calls = 0
+        self._random = random.Random()
         self.overshoot_count = 0
         self.shortages = 0
         """Times the process was found out of descriptors (EMFILE, ENFILE) and idle ones were shed."""
@@ -121,6 +138,8 @@ class FileCache:
                 handle.refs = 1  # pinned before eviction runs, so it never evicts itself
                 self._open[path] = handle
                 if len(self._open) > self.max_open_files:
+                    if self._random.randrange(INSERT_RECENT_EVERY):
+                        self._open.move_to_end(path, last=False)  # next in line, unless used again first
                     self._evict_locked()
                 return handle
             self._open.move_to_end(path)
