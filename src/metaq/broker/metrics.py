@@ -232,7 +232,7 @@ class SnapshotCollector(Collector):
                 ("metaq_storage_filesystem_syncs_total", "Flush rounds of syncfsMinPartitions or more partitions made "
                  "durable by one syncfs of the data directory's filesystem.", snap.filesystem_syncs[0]),
                 ("metaq_storage_filesystem_sync_failures_total", "Those syncfs calls that failed (each partition of "
-                 "the round then fdatasynced its own files).", snap.filesystem_syncs[1])):
+                 "the round then fdatasynced its own files, and every flush since).", snap.filesystem_syncs[1])):
             counter = _counter(name, doc)
             counter.add_metric([], value)
             yield counter

@@ -431,8 +431,9 @@ OPTIONS: tuple[Option, ...] = (
     _opt("syncfsMinPartitions", "syncfs_min_partitions", "int", "32", _SYSTEM,
          "A flush round with at least this many partitions to sync makes them durable with one syncfs of the "
          "data directory's filesystem instead of an fdatasync each (Linux 5.8+, whose syncfs reports write-back "
-         "errors; should it fail, each partition fdatasyncs its own files). It also writes back whatever else "
-         "is dirty on that filesystem: set 0 (never) when the broker shares a disk with heavy writers.",
+         "errors; should one fail, each partition fdatasyncs its own files, and every flush does until a restart). "
+         "It also writes back whatever else is dirty on that filesystem: set 0 (never) when the broker shares a "
+         "disk with heavy writers.",
          _integer(0, 1_000_000), status="extension"),
     _opt("autoCreateTopics", "auto_create_topics", "bool", "true", _SYSTEM,
          "MetaQ's dynamic topics: a topic with no [topic=...] section is created on first publish; "

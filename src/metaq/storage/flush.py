@@ -20,12 +20,14 @@ its logs side by side on a small pool (``sync_workers``), the flusher's thread t
 itself; one log's jobs always run in order. Threads, never asyncio: storage
 knows nothing of event loops; the broker awaits the durable futures with ``asyncio.wrap_future``.
 
-A round of many logs (``FilesystemSync.min_logs``, the broker's ``flushSyncfsMinPartitions``) can be made
+A round of many logs (``FilesystemSync.min_logs``, the broker's ``syncfsMinPartitions``) can be made
 durable by ONE sync of the whole filesystem instead of an fdatasync per log (Linux syncfs(2); 10,000
 logs with a few hundred bytes each: ~50 ms instead of ~1 s here): each log takes what it has unsynced
 (``begin_covered_flush``), the flusher syncs the filesystem, each log then marks it synced and resolves its
-acks (``end_covered_flush``). Should the filesystem sync fail, every log of it fdatasyncs its own files, so
-that the error reaches the log it belongs to (and only that one goes offline).
+acks (``end_covered_flush``). Should the filesystem sync fail, every log of the round fdatasyncs its own
+files, so that the error reaches the log it belongs to (and only that one goes offline), and the flusher
+fdatasyncs every log on its own from then on: syncfs reports a write-back error once, and the file it
+belongs to may be in a later round, whose fdatasync then reports it to its log (a syncfs would not again).
 """
 
 from __future__ import annotations
@@ -76,15 +78,19 @@ class FilesystemSync:
         self.syncs = 0
         """Rounds made durable this way."""
         self.failures = 0
+        self.failed = False
+        """A sync failed: not used again (module docstring)."""
 
     def sync(self) -> bool:
-        """Whether the sync succeeded (False: a write-back error somewhere on the filesystem, logged)."""
+        """Whether the sync succeeded (False: a write-back error somewhere on the filesystem, logged; from
+        then on :attr:`failed`)."""
         try:
             self._sync_filesystem(self._fd)
         except OSError as exc:
             self.failures += 1
-            log.warning("syncfs of the data directory's filesystem failed (%s): each partition of the round "
-                        "fdatasyncs its own files instead", exc)
+            self.failed = True
+            log.error("syncfs of the data directory's filesystem failed (%s): each partition of the round "
+                      "fdatasyncs its own files instead, and every flush does so until the broker restarts", exc)
             return False
         self.syncs += 1
         return True
@@ -258,7 +264,7 @@ class Flusher:
         for target in targets:
             work.setdefault(target, []).append((None, None))
         filesystem = self.filesystem_sync
-        if filesystem is not None and len(work) >= filesystem.min_logs:
+        if filesystem is not None and len(work) >= filesystem.min_logs and not filesystem.failed:
             work = self._sync_covered(filesystem, work)
             if not work:
                 return

@@ -79,6 +79,7 @@ def _settled_logs(tmp_path: Path, count: int, flusher: Flusher, **options: int,
         plog.append(batch)
         plog.flush()
     fdatasync.paths.clear()
+    fdatasync.entered.clear()
     return logs, fdatasync, whole
 
 
@@ -215,3 +216,31 @@ def test_a_log_manager_with_syncfs_acknowledges_every_append_and_keeps_no_descri
         for partition, values in written.items():
             plog = reopened.get("t", partition)
             assert plog is not None and [bytes(m.data) for m in read_all(plog)] == values
+
+
+def test_after_a_failed_filesystem_sync_every_round_fdatasyncs_so_an_error_of_a_later_partition_reaches_it(
+        tmp_path, flusher):
+    """syncfs reports a write-back error once. When the file it belongs to is not in the round whose syncfs
+    reported it (the kernel wrote it back on its own), only that file's own fdatasync will report it again:
+    a later round synced by syncfs would acknowledge its partition's batches as durable."""
+    logs, fdatasync, whole = _settled_logs(tmp_path, 20, flusher)
+    first = [_durable(plog)[0] for plog in logs[:10]]
+    whole.fail_under = str(tmp_path)  # the first round's syncfs reports an error of partition 15's file
+    fdatasync.gate = threading.Event()
+    flusher.filesystem_sync = FilesystemSync(tmp_path, 8, whole)
+    flusher.start()
+    assert fdatasync.entered.wait(WAIT_S)  # the round's partitions fdatasync their own files (held here) ...
+    later = [_durable(plog)[0] for plog in logs[10:]]  # ... while partitions 10-19 queue up for the next round
+    whole.fail_under = None  # a syncfs would succeed now: the error was reported once
+    fdatasync.fail_under = "/p-15/"  # the file's own fdatasync still reports it
+    fdatasync.gate.set()
+    for ack in first:
+        assert ack.result(WAIT_S) is None
+    for i, ack in enumerate(later, start=10):
+        if i == 15:
+            with pytest.raises(StorageError, match="offline"):
+                ack.result(WAIT_S)
+        else:
+            assert ack.result(WAIT_S) is None
+    assert flusher.filesystem_sync.failed and len(whole.paths) == 1  # no syncfs after the failed one
+    flusher.filesystem_sync.close()
