@@ -7,7 +7,6 @@ without the client importing storage.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import functools
 import os
@@ -43,7 +42,7 @@ def syncfs_available() -> bool:
 @functools.cache
 def _libc_syncfs() -> Callable[[int], int] | None:
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)  # the process's own symbols: libc's among them
         function = libc.syncfs
     except (OSError, AttributeError):
         return None

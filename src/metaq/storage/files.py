@@ -12,10 +12,11 @@ newly opened descriptor goes in at the least recently used end, first in line to
 again before the next open, and only one in ``INSERT_RECENT_EVERY``, drawn at random, at the most recently
 used end (bimodal insertion, BIP: Qureshi et al., "Adaptive insertion policies for high performance
 caching", 2007; at random, because a fixed every-n-th would never pick a file whose opens alternate in step
-with others).
-Files used in turn then keep about ``max_open_files`` of them open (a hit rate of budget / files instead of
-0); a file used again soon still stays open, after at most a few dozen reopens; a pool with room behaves
-as before. If every descriptor is pinned the pool goes over its budget rather than blocking or
+with others). Files used in turn then keep about ``max_open_files`` of them open (a hit rate of budget /
+files instead of 0); a file used again soon still stays open, after a few dozen reopens at most; a pool
+with room behaves as before.
+
+If every descriptor is pinned the pool goes over its budget rather than blocking or
 failing a reader: the budget is a soft limit, and ``overshoot_count`` says how often it was passed.
 Descriptors unused for a while are closed by ``close_idle`` (the flusher thread calls it).
 
@@ -48,10 +49,10 @@ from typing import Any, TypeVar
 _OPEN_FLAGS = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
 SHORTAGE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
 SHORTAGE_HEADROOM = 16
+"""Descriptors a shortage frees beyond the one the pool needs, for the storage's opens outside the pool."""
 INSERT_RECENT_EVERY = 32
 """Of the descriptors opened into a full pool, one in this many (at random) goes in as the most recently used,
 the others as the least recently used: see the module docstring."""
-"""Descriptors a shortage frees beyond the one the pool needs, for the storage's opens outside the pool."""
 _T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
