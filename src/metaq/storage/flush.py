@@ -86,7 +86,7 @@ class FilesystemSync:
         then on :attr:`failed`)."""
         try:
             self._sync_filesystem(self._fd)
-        except OSError as exc:
+        except Exception as exc:  # an OSError from syncfs(2); anything else is no sync either
             self.failures += 1
             self.failed = True
             log.error("syncfs of the data directory's filesystem failed (%s): each partition of the round "
@@ -285,15 +285,17 @@ class Flusher:
         an unflushThreshold=1 job, a sealed segment to sync, on another filesystem, ...) is returned."""
         taken: list[tuple[CoveredTarget, Any]] = []
         rest: dict[SyncTarget, list[tuple[Any, Future[None] | None]]] = {}
-        for target, jobs in work.items():
-            begin = getattr(target, "begin_covered_flush", None)
-            flush = begin(filesystem.device) if begin is not None and jobs == _PLAIN_JOBS else None
-            if flush is None:
-                rest[target] = jobs
-            else:
-                taken.append((target, flush))  # type: ignore[arg-type]
-        if taken:
-            synced = filesystem.sync()
+        synced = False
+        try:
+            for target, jobs in work.items():
+                begin = getattr(target, "begin_covered_flush", None)
+                flush = begin(filesystem.device) if begin is not None and jobs == _PLAIN_JOBS else None
+                if flush is None:
+                    rest[target] = jobs
+                else:
+                    taken.append((target, flush))  # type: ignore[arg-type]
+            synced = bool(taken) and filesystem.sync()
+        finally:  # whatever happened, each log taken is given back (synced, or syncing itself) and unlocked
             for covered, flush in taken:
                 try:
                     covered.end_covered_flush(flush, synced)

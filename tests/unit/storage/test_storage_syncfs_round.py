@@ -244,3 +244,25 @@ def test_after_a_failed_filesystem_sync_every_round_fdatasyncs_so_an_error_of_a_
             assert ack.result(WAIT_S) is None
     assert flusher.filesystem_sync.failed and len(whole.paths) == 1  # no syncfs after the failed one
     flusher.filesystem_sync.close()
+
+
+def test_a_filesystem_sync_that_breaks_leaves_no_partition_locked_and_the_flusher_running(tmp_path, flusher):
+    """Not an OSError (a bug, an injected fault): the round's partitions still sync themselves and are
+    unlocked, their acks resolve, and the flusher keeps serving later rounds."""
+    logs, fdatasync, _ = _settled_logs(tmp_path, 10, flusher)
+    acks = [_durable(plog)[0] for plog in logs]
+
+    def broken(fd: int) -> None:
+        raise RuntimeError("not a sync")
+
+    flusher.filesystem_sync = FilesystemSync(tmp_path, 8, broken)
+    flusher.start()
+    for ack in acks:
+        assert ack.result(WAIT_S) is None
+    assert sorted(fdatasync.logs_synced()) == sorted(f"p-{i}" for i in range(10))
+    for plog in logs:  # a flush takes each partition's sync lock: none is left held
+        plog.flush()
+    later, _ = _durable(logs[4])
+    assert later.result(WAIT_S) is None and flusher.running
+    assert flusher.filesystem_sync.failed
+    flusher.filesystem_sync.close()
