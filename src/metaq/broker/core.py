@@ -53,7 +53,7 @@ from metaq.errors import (
     UnknownPartitionError,
     UnknownTopicError,
 )
-from metaq.fsutil import syncfs, syncfs_available
+from metaq.fsutil import syncfs
 from metaq.protocol import messages as m
 from metaq.security.acl import Acls
 from metaq.storage import LogConfig, LogManager, PartitionLog
@@ -170,7 +170,7 @@ class Broker:
                                load_in_parallel=config.load_message_stores_in_parallel,
                                max_open_files=config.max_open_files, sync=self.stats.fsync_seconds.timed(sync),
                                syncfs_min_logs=config.syncfs_min_partitions,
-                               sync_filesystem=self.stats.fsync_seconds.timed(syncfs) if syncfs_available() else None)
+                               sync_filesystem=self.stats.fsync_seconds.timed(syncfs))
         self.delay = DelayStore(config.data_path, config.broker_id, self._log_config(None),
                                 max_delay_ms=config.max_delay_s * 1000, flusher=self.logs.flusher,
                                 files=self.logs.files, sync=self.stats.fsync_seconds.timed(sync))

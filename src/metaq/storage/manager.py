@@ -20,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 
 from metaq.errors import InvalidArgument, StorageError
-from metaq.fsutil import syncfs_available
+from metaq.fsutil import syncfs, syncfs_available
 from metaq.protocol.records import MAGIC
 from metaq.storage.checkpoint import CleanState, fsync_directory, read_json, remove_file, write_json
 from metaq.storage.config import LogConfig
@@ -70,7 +70,8 @@ class LogManager:
                  sync_filesystem: Callable[[int], None] | None = None) -> None:
         """``syncfs_min_logs`` > 0: a flush round of at least that many partitions syncs the data directory's
         filesystem once instead of each partition (storage/flush.py), where the kernel reports write-back
-        errors to syncfs (Linux 5.8+); ``sync_filesystem`` replaces syncfs(2) (inject to count or fail)."""
+        errors to syncfs (Linux 5.8+); ``sync_filesystem`` wraps or replaces syncfs(2) there (to time, count or
+        fail it)."""
         if not isinstance(broker_id, int) or not 0 <= broker_id <= BROKER_ID_MAX:
             raise InvalidArgument(f"broker id {broker_id!r} is outside 0..{BROKER_ID_MAX}")
         self.data_dir = Path(data_dir)
@@ -232,11 +233,9 @@ class LogManager:
 
     def _start_flusher(self) -> None:
         if self._syncfs_min_logs > 0:
-            if self._sync_filesystem is not None:
+            if syncfs_available():
                 self.flusher.filesystem_sync = FilesystemSync(self.data_dir, self._syncfs_min_logs,
-                                                              self._sync_filesystem)
-            elif syncfs_available():
-                self.flusher.filesystem_sync = FilesystemSync(self.data_dir, self._syncfs_min_logs)
+                                                              self._sync_filesystem or syncfs)
             else:
                 log.info("syncfs is not available here (Linux 5.8 or later): every partition of a flush round is "
                          "fdatasynced on its own")
