@@ -5,13 +5,17 @@ still holds files there). ``disk.fill()`` takes every free byte with a filler fi
 gives it back: what an operator does when a disk fills up and is cleaned.
 
 ``evict_from_page_cache(files)``: old data as a broker meets it after a while, written, synced and no
-longer in the page cache (``posix_fadvise(DONTNEED)``, no privileges needed).
+longer in the page cache (``posix_fadvise(DONTNEED)``, no privileges needed). ``resident_pages(path)``:
+which of a file's pages are in the page cache, asked with mincore(2), which reads nothing (a probing read,
+even with RWF_NOWAIT, may start the kernel's readahead, up to ``read_ahead_kb`` of the file).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import mmap
 import os
 import subprocess
 from collections.abc import Iterable, Iterator
@@ -77,3 +81,32 @@ def evict_from_page_cache(files: Iterable[Path]) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.mmap.restype = ctypes.c_void_p
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+
+
+def resident_pages(path: Path) -> list[bool]:
+    """For each page of ``path``, whether it is in the page cache (mincore(2) on a mapping nobody touches)."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return []
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if address in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap of {path} failed")
+        try:
+            vector = (ctypes.c_ubyte * pages)()
+            if _libc.mincore(address, size, vector) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore of {path} failed")
+            return [bool(v & 1) for v in vector]
+        finally:
+            _libc.munmap(address, size)
+    finally:
+        os.close(fd)
