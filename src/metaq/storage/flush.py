@@ -39,7 +39,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -265,7 +265,7 @@ class Flusher:
             work.setdefault(target, []).append((None, None))
         filesystem = self.filesystem_sync
         if filesystem is not None and len(work) >= filesystem.min_logs and not filesystem.failed:
-            work = self._sync_covered(filesystem, work)
+            work, _covered = self._sync_covered(filesystem, work)
             if not work:
                 return
         if self._pool is None or len(work) <= self._inline_max_logs:
@@ -279,10 +279,22 @@ class Flusher:
         for wait in waits:
             wait.result()
 
+    def sync_covered(self, targets: Sequence[SyncTarget]) -> list[SyncTarget]:
+        """A clean close of many logs, in the calling thread once the flusher is stopped: the logs whose
+        unsynced bytes one successful sync of their filesystem made durable (with everything written to
+        that filesystem before it, index files too). Empty without a usable :class:`FilesystemSync` or with
+        fewer than its ``min_logs`` logs; each log not covered still has its bytes to sync itself."""
+        filesystem = self.filesystem_sync
+        if filesystem is None or filesystem.failed or len(targets) < filesystem.min_logs:
+            return []
+        rest, synced = self._sync_covered(filesystem, {target: list(_PLAIN_JOBS) for target in targets})
+        return [target for target in targets if target not in rest] if synced else []
+
     def _sync_covered(self, filesystem: FilesystemSync, work: dict[SyncTarget, list[tuple[Any, Future[None] | None]]],
-                      ) -> dict[SyncTarget, list[tuple[Any, Future[None] | None]]]:
-        """The logs of ``work`` that can be made durable by one sync of their filesystem; the rest (a log with
-        an unflushThreshold=1 job, a sealed segment to sync, on another filesystem, ...) is returned."""
+                      ) -> tuple[dict[SyncTarget, list[tuple[Any, Future[None] | None]]], bool]:
+        """The logs of ``work`` that can be made durable by one sync of their filesystem are; the rest (a log
+        with an unflushThreshold=1 job, a sealed segment to sync, on another filesystem, ...) is returned, with
+        whether the sync succeeded (each log taken syncs itself when it did not)."""
         taken: list[tuple[CoveredTarget, Any]] = []
         rest: dict[SyncTarget, list[tuple[Any, Future[None] | None]]] = {}
         synced = False
@@ -302,7 +314,7 @@ class Flusher:
                 except Exception:  # the log already failed its futures; the round goes on
                     self.errors += 1
                     log.exception("flush of %r failed", covered)
-        return rest
+        return rest, synced
 
     def _sync_all(self, target: SyncTarget, jobs: list[tuple[Any, Future[None] | None]]) -> None:
         """Sync one log for this round.

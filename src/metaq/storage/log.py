@@ -71,12 +71,17 @@ _OFFSET_MAX = (1 << 63) - 1
 _STANDALONE_MAX_OPEN_FILES = 64
 FLUSH_RETRY_MS = 100
 """How soon a flush that could not open a file for want of descriptors is tried again."""
+CLEAN_OPEN_WALK_BYTES = 1 << 20
+"""A clean close writes the active segment's pending index entries when the log after the last entry on
+disk holds this much or more; otherwise the next clean open reads that stretch's batch headers instead."""
 ACTIVE_INDEX_WRITE_BYTES = 4096
 """A sync writes the active segment's new index entries once they hold this much (about 200 entries, some
-800 KiB of log at the default index interval). Only a clean open reads the active segment's index files
-(after a crash the newest segment is checked whole and its indexes rebuilt), and a clean close writes
-every entry, so writing fewer, larger runs loses nothing; a sync of a quiet partition among 10,000 then
-opens and writes no index file (two opens, two writes and usually two evictions a partition a round)."""
+800 KiB of log at the default index interval), at a seal, and never at a clean close. Only a clean open
+reads the active segment's index files (after a crash the newest segment is checked whole and its indexes
+rebuilt), and it checks every batch after their last entry and indexes them again, so an entry not
+written costs that walk at the next open, never an answer; a sync of a quiet partition among 10,000 then
+opens and writes no index file (two opens, two writes and usually two evictions a partition a round),
+and neither does its clean close (two creates and two fsyncs a partition)."""
 
 
 def _storage_error(what: str, exc: OSError) -> StorageError:
@@ -1217,10 +1222,20 @@ class PartitionLog:
         if pending and self._flusher is not None and self._flusher.running:
             self._flusher.flush_soon(self)
 
-    def close(self, *, write_marker: bool = True) -> CleanState | None:
-        """Flush, sync the indexes, and record a clean shutdown; returns the clean state (None if the
+    def close_writes_index_files(self) -> bool:
+        """Whether :meth:`close` is to write (and fsync) the active segment's pending index entries."""
+        return self._active.unindexed_bytes() >= CLEAN_OPEN_WALK_BYTES
+
+    def close(self, *, write_marker: bool = True, sync_indexes: bool = True) -> CleanState | None:
+        """Flush, sync the index files, and record a clean shutdown; returns the clean state (None if the
         log had failed). ``write_marker=False`` leaves the recording to the caller (the LogManager
-        writes one checkpoint for all partitions)."""
+        writes one checkpoint for all partitions); ``sync_indexes=False`` when a sync of the whole
+        filesystem, after the last index write, already made the index files durable.
+
+        The active segment's index entries not written yet (fewer than ``ACTIVE_INDEX_WRITE_BYTES``) are
+        written only when they cover ``CLEAN_OPEN_WALK_BYTES`` of log or more: a clean open walks the
+        batches after the last entry on disk anyway, and writing them here created two files per
+        partition at the close of many small ones (seconds for 10,000)."""
         if self._closed:
             return None
         error: StorageError | None = None
@@ -1238,8 +1253,11 @@ class PartitionLog:
                 segments = list(self._segments)
             try:
                 if error is None:
-                    active.write_index_bytes(*active.take_pending_index_bytes())
-                    active.sync_index_files(self._sync)
+                    written = self.close_writes_index_files()
+                    if written:
+                        active.write_index_bytes(*active.take_pending_index_bytes())
+                    if written or sync_indexes:
+                        active.sync_index_files(self._sync, create=False)
                     state = CleanState(active.base_offset, active.size_bytes, self._end_offset)
                     if self.producers or list_snapshots(self.directory):
                         write_snapshot(self.directory, self.producers, self._end_offset)

@@ -32,6 +32,8 @@ from metaq.storage.segment import (
     LOG_SUFFIX,
     TIMEINDEX_SUFFIX,
     Segment,
+    headers_stepping_over_damage,
+    index_batch,
     parse_segment_file_name,
 )
 
@@ -82,10 +84,10 @@ def load_segments(directory: str, files: FileCache, index_interval_bytes: int, t
     newest = segments[-1]
     if clean_state is not None and clean_state.segment_base_offset == newest.base_offset \
             and clean_state.size_bytes == newest.size_bytes:
-        result = _check_segment(newest, tag, from_start=False)
+        result = _check_segment(newest, tag, from_start=False, index_unwritten=True)
         if result.problem is None and result.next_offset == clean_state.log_end_offset:
             report.clean = True
-            if _index_files_stale(newest):
+            if not _index_files_lag_only(newest):
                 _rewrite_indexes(newest, None)
             return segments, report
         report.problems.append(f"clean shutdown state did not hold: {result.problem}")
@@ -125,8 +127,14 @@ def load_segments(directory: str, files: FileCache, index_interval_bytes: int, t
     return segments, report
 
 
-def _check_segment(segment: Segment, tag: int, *, from_start: bool) -> CheckResult:
-    """Check a segment's batches (all, or from its last index entry) and rebuild its in-memory state."""
+def _check_segment(segment: Segment, tag: int, *, from_start: bool, index_unwritten: bool = False) -> CheckResult:
+    """Check a segment's batches (all, or from its last index entry) and rebuild its in-memory state.
+
+    ``index_unwritten``: a cleanly closed active segment, whose index file may stop short of its log (the
+    entries not yet due to be written): the batches after the file's last entry are indexed from their
+    headers (stepping over a damaged one, as a rebuild does: a clean close left no torn tail, so damage
+    there is bit rot, reported by the reads that meet it) and checked whole only after the last entry, as
+    when the file held every entry."""
     file_size = segment.size_bytes
     index, time_index = OffsetIndex(), TimeIndex()
     if not from_start:
@@ -137,21 +145,33 @@ def _check_segment(segment: Segment, tag: int, *, from_start: bool) -> CheckResu
             segment.timeindex_file_bytes = 12 * len(time_index)
         except (OSError, IndexCorrupt):
             index, time_index = OffsetIndex(), TimeIndex()
-    relative, position = index.last()
-    # Time entries past the last offset entry (a seal entry) are recomputed by the walk below.
-    while len(time_index) and time_index.relative_offsets[-1] > relative:
-        time_index.timestamps.pop()
-        time_index.relative_offsets.pop()
-    index.take_pending()
-    time_index.take_pending()
-    segment.index, segment.time_index = index, time_index
-    segment.size_bytes = position
-    segment.next_offset = segment.base_offset + relative
-    segment.max_timestamp_ms = time_index.max_timestamp_ms
-    segment.last_batch_base_offset = -1
-    segment.tail = None
+            # No files (a clean close writes none for a small active segment): written when entries are
+            # due; unreadable or bad files: rewritten whole.
+            missing = not os.path.exists(segment.index_path) and not os.path.exists(segment.timeindex_path)
+            segment.index_file_bytes = segment.timeindex_file_bytes = 0 if missing else -1
     handle = segment.files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
     try:
+        if index_unwritten and not from_start:
+            max_ts = time_index.max_timestamp_ms
+            relative, position = index.last()
+            for at, header in headers_stepping_over_damage(handle.fd, position, file_size,
+                                                           segment.base_offset + relative, tag):
+                max_ts = index_batch(index, time_index, segment.index_interval_bytes, segment.base_offset, at,
+                                     header, max_ts)
+        relative, position = index.last()
+        # Time entries past the last offset entry (a seal entry) are recomputed by the walk below.
+        while len(time_index) and time_index.relative_offsets[-1] > relative:
+            time_index.timestamps.pop()
+            time_index.relative_offsets.pop()
+        if not index_unwritten:
+            index.take_pending()
+            time_index.take_pending()
+        segment.index, segment.time_index = index, time_index
+        segment.size_bytes = position
+        segment.next_offset = segment.base_offset + relative
+        segment.max_timestamp_ms = time_index.max_timestamp_ms
+        segment.last_batch_base_offset = -1
+        segment.tail = None
         result = check_batches(handle.fd, position, file_size, segment.next_offset, tag, segment.note_batch)
     finally:
         segment.files.release(handle)
@@ -217,6 +237,14 @@ def _rewrite_indexes(segment: Segment, sync: Callable[[int], None] | None) -> No
         segment.drop_index_files()
         log.warning("cannot write the indexes of %s (%s); they are kept in memory and written later",
                     segment.log_path, exc)
+
+
+def _index_files_lag_only(segment: Segment) -> bool:
+    """Whether the index files hold exactly the entries before the pending ones (a clean open's walk past
+    the last entry on disk adds pending entries: the flushes write them, no rewrite needed)."""
+    assert segment.index is not None and segment.time_index is not None
+    return segment.index_file_bytes == 8 * len(segment.index) - segment.index.pending_bytes and \
+        segment.timeindex_file_bytes == 12 * len(segment.time_index) - segment.time_index.pending_bytes
 
 
 def _index_files_stale(segment: Segment) -> bool:

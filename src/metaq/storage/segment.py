@@ -108,6 +108,12 @@ class Segment:
             self.time_index.maybe_append(self.max_timestamp_ms, self.last_batch_base_offset - self.base_offset)
         self.sealed = True
 
+    def unindexed_bytes(self) -> int:
+        """Log bytes after the last entry of the offset index file: what a clean open walks."""
+        on_disk = self.index_file_bytes // 8 if self.index_file_bytes > 0 else 0
+        last = self.index.positions[on_disk - 1] if on_disk and self.index is not None else 0
+        return self.size_bytes - last
+
     def take_pending_index_bytes(self, at_least: int = 0) -> tuple[bytes, bytes]:
         """The index entries not written yet, encoded; none unless they hold ``at_least`` bytes."""
         if self.index is None or self.time_index is None or \
@@ -155,14 +161,15 @@ class Segment:
                 pass
         self.index_file_bytes = self.timeindex_file_bytes = -1
 
-    def sync_index_files(self, sync: Callable[[int], None]) -> None:
-        """fsync both index files (at seal and clean close, so a clean reopen can trust them)."""
+    def sync_index_files(self, sync: Callable[[int], None], *, create: bool = True) -> None:
+        """fsync both index files (at a seal, so that a reopen can trust them; at a clean close, what earlier
+        flushes wrote). ``create=False``: a file that does not exist is left so (a clean close)."""
         for path, size in ((self.index_path, self.index_file_bytes),
                            (self.timeindex_path, self.timeindex_file_bytes)):
             try:
                 # An empty segment needs no index files: creating and syncing two per partition made
                 # the first close of 10,000 new partitions take seconds.
-                handle = self.files.acquire(path, create=bool(self.size_bytes or size))
+                handle = self.files.acquire(path, create=create and bool(self.size_bytes or size))
             except FileNotFoundError:
                 continue
             try:
@@ -218,7 +225,7 @@ class Segment:
         last_base = -1
         handle = self.files.acquire(self.log_path, on_close=self.on_log_fd_closed)
         try:
-            for position, header in _headers_stepping_over_damage(handle.fd, 0, self.size_bytes, self.base_offset,
+            for position, header in headers_stepping_over_damage(handle.fd, 0, self.size_bytes, self.base_offset,
                                                                   self.tag):
                 if header.base_offset < self.base_offset or header.last_offset >= self.next_offset:
                     break
@@ -356,7 +363,7 @@ def index_batch(index: OffsetIndex, time_index: TimeIndex, interval_bytes: int, 
     return max_ts
 
 
-def _headers_stepping_over_damage(fd: int, position: int, end_position: int, expected: int,
+def headers_stepping_over_damage(fd: int, position: int, end_position: int, expected: int,
                                  tag: int) -> Iterator[tuple[int, BatchHeader]]:
     """The intact headers of a file in order, resyncing past damaged stretches (for index rebuilds)."""
     while True:

@@ -266,3 +266,80 @@ def test_a_filesystem_sync_that_breaks_leaves_no_partition_locked_and_the_flushe
     assert later.result(WAIT_S) is None and flusher.running
     assert flusher.filesystem_sync.failed
     flusher.filesystem_sync.close()
+
+
+def _manager_with_unsynced_data(tmp_path: Path, fdatasync: Recorder, whole: Recorder,
+                                ) -> tuple[LogManager, dict[int, list[bytes]]]:
+    """A manager (syncfs for 4 logs or more) with 30 partitions written and nothing synced since their
+    first flush; partition 0 holds over 1 MiB after its last index entry on disk (CLEAN_OPEN_WALK_BYTES),
+    partition 1 has index files a flush wrote (a 4 KiB run of entries) and nothing fsynced."""
+    manager = LogManager(tmp_path / "data", 0, LogConfig(unflush_threshold=1_000_000, index_interval_bytes=64),
+                         syncfs_min_logs=4, sync=fdatasync, sync_filesystem=whole)
+    manager.open()
+    written: dict[int, list[bytes]] = {}
+    for partition in range(30):
+        plog = manager.get_or_create("t", partition)
+        plog.flush()  # its directory entries
+        for _ in range({0: 12, 1: 600}.get(partition, 5)):
+            batch, values = make_batch(count=2, size=50_000 if partition == 0 else 100)
+            plog.append(batch)
+            written.setdefault(partition, []).extend(values)
+        if partition == 1:
+            plog.flush()
+            assert (plog.directory / "00000000000000000000.index").stat().st_size >= 4096 // 2
+        for _ in range(5):  # and something unsynced
+            batch, values = make_batch()
+            plog.append(batch)
+            written[partition].extend(values)
+    fdatasync.paths.clear()
+    whole.paths.clear()
+    return manager, written
+
+
+def _index_files_synced(fdatasync: Recorder) -> list[str]:
+    with fdatasync.lock:
+        return sorted(os.path.relpath(p, os.path.dirname(os.path.dirname(p))) for p in fdatasync.paths
+                      if "index" in p)
+
+
+def _reopened_clean_with(tmp_path: Path, written: dict[int, list[bytes]]) -> None:
+    with LogManager(tmp_path / "data", 0, LogConfig(index_interval_bytes=64)) as reopened:
+        for partition, values in written.items():
+            plog = reopened.get("t", partition)
+            assert plog is not None and plog.recovery.clean, partition
+            assert [bytes(m.data) for m in read_all(plog)] == values
+            middle = len(values) // 2
+            assert [bytes(m.data) for m in read_all(plog, start=middle)] == values[middle:]
+            assert plog.offset_for_timestamp(0) == 0
+
+
+def test_a_clean_close_of_many_partitions_is_one_filesystem_sync_and_creates_no_index_file(tmp_path):
+    """10,000 partitions closed with an fdatasync of each log and two index files created and fsynced each
+    took 3-8 s; now one syncfs covers every log (and what earlier flushes wrote to index files), and a small
+    active segment's index entries are left to the clean open's walk. A partition with 1 MiB or more after
+    its last entry on disk still gets them written, and fsynced, since the syncfs came before."""
+    fdatasync, whole = Recorder(os.fdatasync), Recorder(syncfs)
+    manager, written = _manager_with_unsynced_data(tmp_path, fdatasync, whole)
+    manager.close()
+    assert len(whole.paths) == 1
+    assert not [p for p in fdatasync.paths if p.endswith(".log")], fdatasync.paths
+    data = tmp_path / "data"
+    assert sorted(str(p.relative_to(data)) for p in data.glob("t-*/*index")) == [
+        "t-0/00000000000000000000.index", "t-0/00000000000000000000.timeindex",
+        "t-1/00000000000000000000.index", "t-1/00000000000000000000.timeindex"]
+    assert (data / "t-0" / "00000000000000000000.index").stat().st_size >= 8 * 11
+    assert _index_files_synced(fdatasync) == ["t-0/00000000000000000000.index", "t-0/00000000000000000000.timeindex"]
+    _reopened_clean_with(tmp_path, written)
+
+
+def test_a_clean_close_whose_filesystem_sync_fails_syncs_each_partition_itself(tmp_path):
+    fdatasync, whole = Recorder(os.fdatasync), Recorder(syncfs)
+    manager, written = _manager_with_unsynced_data(tmp_path, fdatasync, whole)
+    whole.fail_under = str(tmp_path)
+    manager.close()  # each partition synced its own log: nothing failed that a partition owns
+    assert len(whole.paths) == 1
+    assert sorted(fdatasync.logs_synced()) == sorted(f"t-{p}" for p in range(30))
+    assert _index_files_synced(fdatasync) == [  # what the flush wrote to t-1's files: no syncfs covered it
+        "t-0/00000000000000000000.index", "t-0/00000000000000000000.timeindex",
+        "t-1/00000000000000000000.index", "t-1/00000000000000000000.timeindex"]
+    _reopened_clean_with(tmp_path, written)
