@@ -76,12 +76,13 @@ CLEAN_OPEN_WALK_BYTES = 1 << 20
 disk holds this much or more; otherwise the next clean open reads that stretch's batch headers instead."""
 ACTIVE_INDEX_WRITE_BYTES = 4096
 """A sync writes the active segment's new index entries once they hold this much (about 200 entries, some
-800 KiB of log at the default index interval), at a seal, and never at a clean close. Only a clean open
-reads the active segment's index files (after a crash the newest segment is checked whole and its indexes
-rebuilt), and it checks every batch after their last entry and indexes them again, so an entry not
-written costs that walk at the next open, never an answer; a sync of a quiet partition among 10,000 then
-opens and writes no index file (two opens, two writes and usually two evictions a partition a round),
-and neither does its clean close (two creates and two fsyncs a partition)."""
+800 KiB of log at the default index interval), at a seal, and at a clean close only past
+``CLEAN_OPEN_WALK_BYTES``. Only a clean open reads the active segment's index files (after a crash the
+newest segment is checked whole and its indexes rebuilt), and it indexes the batches after their last
+entry again from their headers, so an entry not written costs that walk at the next open, never an
+answer; a sync of a quiet partition among 10,000 then opens and writes no index file (two opens, two
+writes and usually two evictions a partition a round), and neither does its clean close (two creates and
+two fsyncs a partition)."""
 
 
 def _storage_error(what: str, exc: OSError) -> StorageError:
