@@ -63,8 +63,7 @@ def test_a_broker_capped_at_16_open_files_writes_and_reads_200_partitions_and_su
         seen.append(_fds(broker))
         return seen[-1]
 
-    load = ProduceLoad({"servers": broker.servers, "request_timeout_s": 10, "reconnect_attempts": 50},
-                       "wide", window=800, time_limit_s=60, limit=200_000).start()
+    load = _wide_load(broker)
     try:  # round robin: every 200 acknowledged messages touch every partition once
         wait_until(lambda: sample() and len(load.acked) >= 6 * PARTITIONS, timeout_s=30,
                    message="acknowledged messages in every partition")
@@ -168,8 +167,7 @@ def test_group_commit_rounds_synced_by_syncfs_lose_no_acknowledged_message_acros
     acknowledged message reads back in order, nothing fails and no partition goes offline."""
     broker = broker_factory({"unflushThreshold": 0, "syncfsMinPartitions": 8, "dashboardHttpPort": 0},
                             config_text=_config(PARTITIONS))
-    load = ProduceLoad({"servers": broker.servers, "request_timeout_s": 10, "reconnect_attempts": 50},
-                       "wide", window=800, time_limit_s=60, limit=200_000).start()
+    load = _wide_load(broker)
     try:
         wait_until(lambda: len(load.acked) >= 6 * PARTITIONS and _filesystem_syncs(broker) > 0, timeout_s=30,
                    message="acknowledged messages in every partition, and a round synced by syncfs")
@@ -180,12 +178,7 @@ def test_group_commit_rounds_synced_by_syncfs_lose_no_acknowledged_message_acros
                    timeout_s=30, message="acknowledged messages after the restart, and a round synced by syncfs")
     finally:
         load.stop()
-    with connect(broker.servers) as session:
-        read = read_back(session, "wide")
-    problems = check_history(read, load.acked, load.failed)
-    assert not problems, problems[:10]
-    assert all(read[pid] for pid in read) and len(read) == PARTITIONS, "every partition holds messages"
-    assert len(load.acked) + len(load.failed) == load.sent
+    _assert_every_acknowledged_message_reads_back(broker, load)
     assert _samples(broker)["metaq_storage_filesystem_sync_failures_total"] == 0
 
 
@@ -196,8 +189,7 @@ def test_a_clean_stop_of_many_partitions_under_load_loses_nothing_and_the_restar
     them clean; the restart trusts that record (no recovery), and every acknowledged message reads back in
     order, through another kill -9 too."""
     broker = broker_factory({"unflushThreshold": 0}, config_text=_config(PARTITIONS))
-    load = ProduceLoad({"servers": broker.servers, "request_timeout_s": 10, "reconnect_attempts": 50},
-                       "wide", window=800, time_limit_s=60, limit=200_000).start()
+    load = _wide_load(broker)
     try:
         wait_until(lambda: len(load.acked) >= 6 * PARTITIONS, timeout_s=30,
                    message="acknowledged messages in every partition")
@@ -222,6 +214,17 @@ def test_a_clean_stop_of_many_partitions_under_load_loses_nothing_and_the_restar
         assert unclean, "the start after kill -9 did not say it recovered partitions"
     finally:
         load.stop()
+    _assert_every_acknowledged_message_reads_back(broker, load)
+
+
+def _wide_load(broker: BrokerProcess) -> ProduceLoad:
+    """Produce to every partition of ``wide``, through restarts, until stopped (bounded in count and time)."""
+    return ProduceLoad({"servers": broker.servers, "request_timeout_s": 10, "reconnect_attempts": 50},
+                       "wide", window=800, time_limit_s=60, limit=200_000).start()
+
+
+def _assert_every_acknowledged_message_reads_back(broker: BrokerProcess, load: ProduceLoad) -> None:
+    """The history check: every acknowledged message read back in order per partition, none that was not."""
     with connect(broker.servers) as session:
         read = read_back(session, "wide")
     problems = check_history(read, load.acked, load.failed)

@@ -230,6 +230,16 @@ def _index_file_bytes(directory: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
+def _append_durably(log: PartitionLog, batches: int) -> list[bytes]:
+    """Append ``batches`` batches of two 60-byte messages, each waited for until durable; their payloads."""
+    sent: list[bytes] = []
+    for _ in range(batches):
+        batch, values = make_batch(count=2, size=60)
+        log.append(batch).durable.result(10)
+        sent.extend(values)
+    return sent
+
+
 def _index_entries(log: PartitionLog) -> list[tuple[int, int]]:
     index = log._active.index  # type: ignore[attr-defined]
     return list(zip(index.relative_offsets, index.positions, strict=True))
@@ -245,11 +255,7 @@ def test_the_active_segments_index_is_written_in_4_kib_runs_and_a_clean_open_ind
     config = LogConfig(unflush_threshold=1, index_interval_bytes=100)
     directory = tmp_path / "t-0"
     log = PartitionLog.open(directory, "t", 0, config, 1)
-    sent: list[bytes] = []
-    for _ in range(5):
-        batch, values = make_batch(count=2, size=60)
-        log.append(batch).durable.result(10)
-        sent.extend(values)
+    sent = _append_durably(log, 5)
     assert _index_file_bytes(directory) == 0, "synced, but under 4 KiB of entries: nothing written yet"
     entries = _index_entries(log)
     assert len(entries) >= 3
@@ -276,10 +282,7 @@ def test_the_active_segments_index_is_written_in_4_kib_runs_and_a_clean_open_ind
     middle = len(sent) // 2
     assert [bytes(m.data) for m in read_all(log, start=middle)] == sent[middle:], "lookups through the index"
     assert log.verify().ok
-    for _ in range(30):  # past the last run: entries in memory only
-        batch, values = make_batch(count=2, size=60)
-        log.append(batch).durable.result(10)
-        sent.extend(values)
+    sent += _append_durably(log, 30)  # past the last run: entries in memory only
     everything = _index_entries(log)
     assert _index_file_bytes(directory) < 8 * len(everything)
     log.close()
@@ -290,7 +293,6 @@ def test_the_active_segments_index_is_written_in_4_kib_runs_and_a_clean_open_ind
     log.close()
 
 
-
 def test_recovery_after_a_crash_creates_no_index_files_for_a_small_active_segment(tmp_path):
     """A start after kill -9 of 10,000 partitions created two index files each (7-13 s instead of 1.3 s):
     the newest segment's entries, rebuilt by its whole check, now wait for a 4 KiB run as after a clean
@@ -298,11 +300,7 @@ def test_recovery_after_a_crash_creates_no_index_files_for_a_small_active_segmen
     config = LogConfig(unflush_threshold=1, index_interval_bytes=100)
     directory = tmp_path / "t-0"
     log = PartitionLog.open(directory, "t", 0, config, 1)
-    sent: list[bytes] = []
-    for _ in range(8):
-        batch, values = make_batch(count=2, size=60)
-        log.append(batch).durable.result(10)
-        sent.extend(values)
+    sent = _append_durably(log, 8)
     entries = _index_entries(log)
     assert len(entries) >= 5
     log.abandon()
