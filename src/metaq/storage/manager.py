@@ -216,10 +216,9 @@ class LogManager:
         # closes sync nothing (unless one writes its index entries) and run here. Otherwise each close
         # fdatasyncs its log (and fsyncs index files earlier flushes wrote): one after another, 10,000
         # partitions took minutes on a busy disk; side by side the filesystem journal merges the syncs.
-        quiet = [plog for plog in logs if plog in covered and not plog.close_writes_index_files()]
-        closed = [close_one(partition_log) for partition_log in quiet]
-        quiet_set = set(quiet)
-        syncing = [partition_log for partition_log in logs if partition_log not in quiet_set]
+        quiet = {plog for plog in logs if plog in covered and not plog.close_writes_index_files()}
+        closed = [close_one(partition_log) for partition_log in logs if partition_log in quiet]
+        syncing = [partition_log for partition_log in logs if partition_log not in quiet]
         if len(syncing) > 1:
             with ThreadPoolExecutor(max_workers=self._load_workers, thread_name_prefix="metaq-close") as pool:
                 closed += pool.map(close_one, syncing)
