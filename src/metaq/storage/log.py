@@ -775,15 +775,16 @@ class PartitionLog:
     def begin_covered_flush(self, device: int) -> _Unsynced | None:
         """The first half of a flush whose sync is one sync of the whole filesystem (the flusher's syncfs
         round, :class:`~metaq.storage.flush.FilesystemSync`): takes the sync lock and what is unsynced now,
-        which a filesystem sync started after this call covers. None (nothing taken, nothing held) when
-        the log is not on filesystem ``device``, another flush holds it, or this flush needs more than its
-        active segment's bytes (a sealed segment and its index files, a directory entry, a failed or closed
-        log): :meth:`flush_pending` does those. Always follow with :meth:`end_covered_flush`."""
+        which a filesystem sync started after this call covers: the active segment's bytes, and the
+        directory entries of a new partition or segment (syncfs writes the filesystem's metadata too, so
+        the first flush of 10,000 new partitions needs no directory fsync). None (nothing taken, nothing
+        held) when the log is not on filesystem ``device``, another flush holds it, or this flush needs
+        more than that (a sealed segment and its index files, a failed or closed log): :meth:`flush_pending`
+        does those. Always follow with :meth:`end_covered_flush`."""
         if self.device != device or not self._sync_lock.acquire(blocking=False):
             return None
         with self._lock:
-            plain = not (self._closed or self._failure is not None or self._parent_unsynced
-                         or self._unsynced_sealed or not self._active.dir_synced)
+            plain = not (self._closed or self._failure is not None or self._unsynced_sealed)
             taken = self._take_unsynced_locked(None) if plain else None
         if taken is None:
             self._sync_lock.release()
@@ -870,9 +871,13 @@ class PartitionLog:
     def _sync_segments(self, sealed: list[tuple[Segment, bytes, bytes]], active: Segment, target_bytes: int,
                        active_index: tuple[bytes, bytes], forced: Segment | None, *, covered: bool = False) -> None:
         """``covered``: a sync of the whole filesystem, started after the flush took its state, made the
-        active segment's bytes durable (only a flush with no sealed segment, directory or forced sync)."""
+        active segment's bytes durable, and the directory entries made before (the partition's in the data
+        directory, the active segment's in the partition's): only a flush with no sealed segment or forced
+        sync is covered. The flags say which entries are durable; a flush that is not covered fsyncs the
+        directories itself."""
         if self._parent_unsynced:
-            fsync_directory(self.directory.parent, self._sync, opener=self._files.open_raw)
+            if not covered:
+                fsync_directory(self.directory.parent, self._sync, opener=self._files.open_raw)
             self._parent_unsynced = False
         dir_unsynced = not active.dir_synced or any(not s.dir_synced for s, _, _ in sealed)
         for segment, index_bytes, timeindex_bytes in sealed:
@@ -887,7 +892,8 @@ class PartitionLog:
         if target_bytes > active.synced_bytes:
             active.synced_bytes = target_bytes
         if dir_unsynced:
-            fsync_directory(self.directory, self._sync, opener=self._files.open_raw)
+            if not covered:
+                fsync_directory(self.directory, self._sync, opener=self._files.open_raw)
             for segment, _, _ in sealed:
                 segment.dir_synced = True
             active.dir_synced = True

@@ -4,7 +4,8 @@ fdatasync each (storage/flush.py, FilesystemSync; the broker's syncfsMinPartitio
 What a user relies on: an ack of such a round comes only after a filesystem sync that began after its
 append; an append made during that sync waits for a later one; a failed filesystem sync does not pass
 for a success (each partition then syncs its own files, and only the one whose file fails goes offline);
-what the round cannot cover (a sealed segment, a new directory, unflushThreshold=1) is still fdatasynced.
+what the round cannot cover (a sealed segment, unflushThreshold=1) is still fdatasynced; the directory entries
+of new partitions are covered by the syncfs, and fsynced by each partition when the syncfs fails.
 The syncs are the real ones (the kernel's syncfs and fdatasync), wrapped to count, hold or fail them."""
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ class Recorder:
         """The partition directories whose .log files were synced, in order."""
         with self.lock:
             return [os.path.basename(os.path.dirname(p)) for p in self.paths if p.endswith(".log")]
+
+    def directories_synced(self) -> list[str]:
+        """The directories fsynced (their entries made durable), by name, in order."""
+        with self.lock:
+            return [os.path.basename(p) for p in self.paths if os.path.isdir(p)]
 
 
 def _open_logs(tmp_path: Path, count: int, flusher: Flusher, fdatasync: Recorder, threshold: int = 0,
@@ -146,7 +152,7 @@ def test_a_failed_filesystem_sync_makes_each_partition_sync_its_own_files_and_on
 def test_what_a_filesystem_round_cannot_cover_is_fdatasynced_and_everything_reads_back(tmp_path, flusher):
     logs, fdatasync, whole = _settled_logs(tmp_path, 10, flusher, segment_bytes_max=600)
     fresh = PartitionLog.open(tmp_path / "q-0", "q", 0, LogConfig(unflush_threshold=0), 1, flusher=flusher,
-                              sync=fdatasync)  # its directory entries not synced yet
+                              sync=fdatasync)  # its directory entries not synced yet: the syncfs covers them
     written: dict[str, list[bytes]] = {}
     acks = []
     for plog in [*logs, fresh]:
@@ -165,7 +171,8 @@ def test_what_a_filesystem_round_cannot_cover_is_fdatasynced_and_everything_read
     for ack in acks:
         assert ack.result(WAIT_S) is None
     assert len(whole.paths) == 1
-    assert sorted(set(fdatasync.logs_synced())) == ["p-7", "q-0"]  # the sealed segment, the new directory
+    assert sorted(set(fdatasync.logs_synced())) == ["p-7"]  # the sealed segment (and its new file's entry)
+    assert fdatasync.directories_synced() == ["p-7"]
     for plog in [*logs, fresh]:
         plog.close()
     for name, values in written.items():
@@ -176,6 +183,67 @@ def test_what_a_filesystem_round_cannot_cover_is_fdatasynced_and_everything_read
             assert [bytes(m.data) for m in read_all(reopened)][-len(values):] == values
         finally:
             reopened.close()
+    flusher.filesystem_sync.close()
+
+
+def _new_logs_each_with_an_ack(tmp_path: Path, count: int, flusher: Flusher, fdatasync: Recorder,
+                               ) -> tuple[list[PartitionLog], list[Future[None]], dict[str, list[bytes]]]:
+    data = tmp_path / "data"
+    data.mkdir()
+    config = LogConfig(unflush_threshold=0)
+    logs = [PartitionLog.open(data / f"n-{i}", "n", i, config, 1, flusher=flusher, sync=fdatasync)
+            for i in range(count)]
+    acks, written = [], {}
+    for plog in logs:
+        ack, values = _durable(plog)
+        acks.append(ack)
+        written[plog.directory.name] = values
+    return logs, acks, written
+
+
+def test_the_first_flush_of_new_partitions_is_one_filesystem_sync_with_no_directory_fsync(tmp_path, flusher):
+    """A new partition's first flush made its directory entries durable with two directory fsyncs (the
+    partition's directory in the data directory, its first segment file in the partition's directory):
+    20,000 for 10,000 new partitions. A syncfs writes the filesystem's metadata as well: the round needs none."""
+    fdatasync, whole = Recorder(os.fdatasync), Recorder(syncfs)
+    logs, acks, written = _new_logs_each_with_an_ack(tmp_path, 20, flusher, fdatasync)
+    flusher.filesystem_sync = FilesystemSync(tmp_path, 8, whole)
+    flusher.start()
+    for ack in acks:
+        assert ack.result(WAIT_S) is None
+    assert len(whole.paths) == 1
+    assert fdatasync.paths == []  # no fdatasync, no directory fsync
+    # marked durable: a later flush of one partition, too small a round for a syncfs, syncs its log only
+    later, more = _durable(logs[3])
+    assert later.result(WAIT_S) is None
+    assert fdatasync.logs_synced() == ["n-3"] and fdatasync.directories_synced() == []
+    written["n-3"] += more
+    for plog in logs:
+        plog.close()
+    for name, values in written.items():
+        reopened = PartitionLog.open(tmp_path / "data" / name, "n", int(name.split("-")[1]), LogConfig(), 1)
+        try:
+            assert reopened.recovery.clean and [bytes(m.data) for m in read_all(reopened)] == values
+        finally:
+            reopened.close()
+    flusher.filesystem_sync.close()
+
+
+def test_new_partitions_whose_filesystem_sync_fails_fsync_their_directories_themselves(tmp_path, flusher):
+    fdatasync, whole = Recorder(os.fdatasync), Recorder(syncfs)
+    logs, acks, _written = _new_logs_each_with_an_ack(tmp_path, 12, flusher, fdatasync)
+    whole.fail_under = str(tmp_path)
+    flusher.filesystem_sync = FilesystemSync(tmp_path, 8, whole)
+    flusher.start()
+    for ack in acks:
+        assert ack.result(WAIT_S) is None
+    assert sorted(fdatasync.logs_synced()) == sorted(f"n-{i}" for i in range(12))
+    directories = fdatasync.directories_synced()
+    # each partition's own directory (its segment file's entry) and the data directory (its directory's entry)
+    assert sorted(d for d in directories if d != "data") == sorted(f"n-{i}" for i in range(12))
+    assert directories.count("data") == 12
+    for plog in logs:
+        plog.close()
     flusher.filesystem_sync.close()
 
 
