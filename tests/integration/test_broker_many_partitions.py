@@ -3,7 +3,8 @@ and read correctly, the broker's open descriptors stay under the budget plus wha
 partition holds, and a kill -9 under load loses nothing that was acknowledged (history check). And a
 broker whose open-files limit falls below what its budget assumed sheds descriptors instead of failing
 appends or taking partitions offline, and one started under a limit too low for its options gives the
-storage less, so that connections keep room. And group commit rounds synced by one syncfs lose nothing
+storage less, so that connections keep room; by default (maxOpenFiles=auto) a broker raises its soft limit
+to the hard one and gives the storage what that leaves. And group commit rounds synced by one syncfs lose nothing
 across a kill -9, nor does a clean stop made durable by one syncfs (and trusted by the next start)."""
 
 from __future__ import annotations
@@ -88,11 +89,11 @@ def test_a_broker_capped_at_16_open_files_writes_and_reads_200_partitions_and_su
 
 def test_a_broker_out_of_file_descriptors_sheds_idle_ones_and_fails_no_append(
         broker_factory: Callable[..., BrokerProcess]) -> None:
-    """The default budget (1,024) with the process's open-files limit cut, under load, to 60 below what it
-    holds, and 1 KiB segments so that rolls keep opening files (a low ``ulimit -n``, or connections taking
-    the rest): every open of a segment, index or directory then fails with EMFILE until the storage's pool
-    closes idle descriptors. Nothing may fail: no refused append, no partition taken offline by a flush
-    that could not open its file; every acknowledged message reads back in order."""
+    """The default budget (auto: what the open-files limit leaves) with the process's limit cut, under load,
+    to 60 below what it holds, and 1 KiB segments so that rolls keep opening files (a low ``ulimit -n``, or
+    connections taking the rest): every open of a segment, index or directory then fails with EMFILE until
+    the storage's pool closes idle descriptors. Nothing may fail: no refused append, no partition taken
+    offline by a flush that could not open its file; every acknowledged message reads back in order."""
     # small segments: rolls keep opening new segment, index and directory descriptors under the cut limit
     broker = broker_factory({"unflushThreshold": 0, "maxSegmentSize": 1024}, config_text=_config(PARTITIONS))
     load = ProduceLoad({"servers": broker.servers, "request_timeout_s": 10}, "wide", window=800,
@@ -122,11 +123,55 @@ class _LimitedBroker(BrokerProcess):
     or ``ulimit -Hn N`` does): a small Python program sets it and execs the broker's command in its place."""
 
     nofile = 150
+    nofile_soft: int | None = None
+    """The soft limit it starts with (the hard one when None)."""
 
     def command(self) -> list[str]:
+        soft = self.nofile if self.nofile_soft is None else self.nofile_soft
         limited = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, "
-                   f"({self.nofile}, {self.nofile})); os.execv(sys.argv[1], sys.argv[1:])")
+                   f"({soft}, {self.nofile})); os.execv(sys.argv[1], sys.argv[1:])")
         return [sys.executable, "-c", limited, *super().command()]
+
+
+def _three_messages_to_every_partition(broker: BrokerProcess, partitions: int) -> ProduceLoad:
+    """Round robin until each of the topic's partitions has three messages; all acknowledged."""
+    load = ProduceLoad({"servers": broker.servers, "request_timeout_s": 10}, "wide", window=800,
+                       time_limit_s=60, limit=3 * partitions).start()
+    wait_until(lambda: len(load.acked) + len(load.failed) >= 3 * partitions, timeout_s=60,
+               message="three messages to every partition")
+    load.stop()
+    assert not load.failed and len(load.acked) == 3 * partitions
+    return load
+
+
+def _soft_nofile(pid: int) -> int:
+    return resource.prlimit(pid, resource.RLIMIT_NOFILE)[0]
+
+
+def test_by_default_a_broker_takes_the_descriptors_its_hard_limit_allows(tmp_path: Path) -> None:
+    """maxOpenFiles=auto (the default) under a soft limit of 1,024 and a hard one of 3,000 (systemd's soft
+    default below a larger hard one): the broker raises its soft limit to the hard one, as MetaQ's JVM does,
+    and gives the storage what is left after connections (at most half) and 256: 1,244 descriptors, no
+    WARNING. 1,100 partitions written in turn then all keep their file open (with a budget of 1,024, as
+    before, about a hundred of them reopened theirs at every write), and every message reads back."""
+    partitions = 1100
+    broker = _LimitedBroker(tmp_path / "broker", {"unflushThreshold": 0, "dashboardHttpPort": 0},
+                            config_text=_config(partitions))
+    broker.nofile, broker.nofile_soft = 3000, 1024
+    broker.start()
+    try:
+        assert _soft_nofile(broker.pid) == 3000
+        assert "maxOpenFiles=auto: the open-files limit is 3000; the storage keeps up to 1244 files open" \
+            in broker.output(), broker.output()
+        assert "WARNING" not in broker.output()
+        load = _three_messages_to_every_partition(broker, partitions)
+        samples = _samples(broker)
+        assert samples["metaq_storage_open_files_budget"] == 1244
+        assert samples["metaq_storage_open_files"] >= partitions  # every partition's segment still open
+        with connect(broker.servers) as session:
+            assert not check_history(read_back(session, "wide"), load.acked, load.failed)
+    finally:
+        broker.stop_or_kill(15)
 
 
 def test_a_broker_under_a_low_open_files_limit_keeps_room_for_connections(tmp_path: Path) -> None:
@@ -140,12 +185,7 @@ def test_a_broker_under_a_low_open_files_limit_keeps_room_for_connections(tmp_pa
     sessions = []
     try:
         assert "the storage keeps at most 64 files open" in broker.output(), broker.output()
-        load = ProduceLoad({"servers": broker.servers, "request_timeout_s": 10}, "wide", window=800,
-                           time_limit_s=60, limit=3 * PARTITIONS).start()
-        wait_until(lambda: len(load.acked) + len(load.failed) >= 3 * PARTITIONS, timeout_s=30,
-                   message="three messages to every partition")
-        load.stop()
-        assert not load.failed and len(load.acked) == 3 * PARTITIONS
+        load = _three_messages_to_every_partition(broker, PARTITIONS)
         assert _fds(broker) <= 64 + 40, f"{_fds(broker)} descriptors open with a storage budget of 64"
         for _ in range(40):
             session = connect(broker.servers, request_timeout_s=10, reconnect_attempts=1)

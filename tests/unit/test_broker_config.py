@@ -133,6 +133,17 @@ def test_every_ignored_metaq_key_is_accepted_with_a_warning() -> None:
     assert c == parse_config("")
 
 
+def test_max_open_files_is_auto_unless_set_to_a_number() -> None:
+    """auto (the default; 0 in the config): the budget follows the open-files limit at start."""
+    assert parse_config("").max_open_files == 0
+    assert parse_config("[system]\nmaxOpenFiles=auto\n").max_open_files == 0
+    assert parse_config("[system]\nmaxOpenFiles=AUTO\n").max_open_files == 0
+    assert parse_config("[system]\nmaxOpenFiles=16384\n").max_open_files == 16384
+    assert refused("[system]\nmaxOpenFiles=8\n") == (
+        "server.ini:2: maxOpenFiles: 8 is out of range; it must be between 16 and 1000000, or auto")
+    assert "or auto" in refused("[system]\nmaxOpenFiles=many\n")
+
+
 def test_dashboard_http_port_is_off_unless_set() -> None:
     assert parse_config("").dashboard_http_port is None  # not MetaQ's 8120: brokers on one host would collide
     assert parse_config("[system]\ndashboardHttpPort=8120\n").dashboard_http_port == 8120

@@ -114,6 +114,7 @@ class BrokerConfig:
     load_message_stores_in_parallel: bool
     verify_after_unclean_start: bool
     max_open_files: int
+    """0: auto (options.MAX_OPEN_FILES_AUTO; the broker's service sets the budget from the open-files limit)."""
     syncfs_min_partitions: int
     max_message_bytes: int
     max_batch_bytes: int

@@ -31,7 +31,7 @@ from metaq.broker.delay.store import DelayStore
 from metaq.broker.error_mapping import error_response
 from metaq.broker.groups import GroupCoordinator
 from metaq.broker.ini import load_broker_config, topic_options_text
-from metaq.broker.options import SYSTEM_OPTIONS, TOPIC_ATTRS
+from metaq.broker.options import MAX_OPEN_FILES_PROVISIONAL, SYSTEM_OPTIONS, TOPIC_ATTRS
 from metaq.broker.partition_state import PartitionStateStore
 from metaq.broker.quotas import FETCH, PRODUCE, Quotas
 from metaq.broker.session import DeferredReply, FileReply, Session
@@ -168,7 +168,8 @@ class Broker:
         self.waiters = FetchWaiters(config.max_waiting_fetches, config.max_waiting_fetches_per_connection)
         self.logs = LogManager(config.data_path, config.broker_id, self._log_config(None),
                                load_in_parallel=config.load_message_stores_in_parallel,
-                               max_open_files=config.max_open_files, sync=self.stats.fsync_seconds.timed(sync),
+                               max_open_files=config.max_open_files or MAX_OPEN_FILES_PROVISIONAL,
+                               sync=self.stats.fsync_seconds.timed(sync),
                                syncfs_min_logs=config.syncfs_min_partitions,
                                sync_filesystem=self.stats.fsync_seconds.timed(syncfs))
         self.delay = DelayStore(config.data_path, config.broker_id, self._log_config(None),

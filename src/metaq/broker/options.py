@@ -357,6 +357,24 @@ def _opt(
     return Option(key, attr, kind, default, sections, help, convert, status, reload, default_doc)
 
 
+MAX_OPEN_FILES_AUTO = 0
+"""maxOpenFiles=auto in BrokerConfig.max_open_files: the budget follows the open-files limit (broker/service.py)."""
+MAX_OPEN_FILES_MAX = 1_000_000
+MAX_OPEN_FILES_PROVISIONAL = 1024
+"""The storage's budget under maxOpenFiles=auto until the broker's start has read the open-files limit."""
+_open_files_number = _integer(16, MAX_OPEN_FILES_MAX)
+
+
+def _open_files(text: str) -> int:
+    """``auto`` (MAX_OPEN_FILES_AUTO) or a number of descriptors, 16..1000000."""
+    if text.strip().lower() == "auto":
+        return MAX_OPEN_FILES_AUTO
+    try:
+        return _open_files_number(text)
+    except InvalidValue as exc:
+        raise InvalidValue(f"{exc}, or auto") from None
+
+
 _port = _integer(0, 65535)
 _java_int = _integer(-(2**31), _JAVA_INT_MAX)
 _positive = _integer(1, _JAVA_INT_MAX)
@@ -421,13 +439,14 @@ OPTIONS: tuple[Option, ...] = (
          "After a start that was not preceded by a clean stop, check every stored byte of the partitions "
          "it recovered, in the background (damage is logged and shown in stats; `metaq admin verify` does "
          "the same on demand).", _boolean, status="extension"),
-    _opt("maxOpenFiles", "max_open_files", "int", "1024", _SYSTEM,
+    _opt("maxOpenFiles", "max_open_files", "int", "auto", _SYSTEM,
          "Descriptors the broker keeps open for segment and index files (an LRU: the least recently used "
          "idle one is closed past it, and any idle for 60 s). A partition costs about one while it is "
-         "written or read, so keep it above the partitions in use at once; at start the broker raises its "
-         "soft RLIMIT_NOFILE (up to the hard one) to this plus maxConnections plus 256; under a lower hard limit "
-         "the storage gets less (room is left for connections; at least 64) and a WARNING says how much "
-         "(docs/operations.md).", _integer(16, 1_000_000), status="extension"),
+         "written or read. auto: the broker raises its soft RLIMIT_NOFILE to the hard one at start (as "
+         "MetaQ's JVM does) and keeps what that leaves after maxConnections (at most half of it) and 256, "
+         "up to 1000000. A number: the soft limit is raised (up to the hard one) to it plus maxConnections "
+         "plus 256; under a lower hard limit the storage gets less (room is left for connections; at least "
+         "64) and a WARNING says how much (docs/operations.md).", _open_files, status="extension"),
     _opt("syncfsMinPartitions", "syncfs_min_partitions", "int", "32", _SYSTEM,
          "A flush round with at least this many partitions to sync makes them durable with one syncfs of the "
          "data directory's filesystem instead of an fdatasync each (Linux 5.8+, whose syncfs reports write-back "

@@ -21,6 +21,7 @@ from metaq.broker.background import Job, default_jobs
 from metaq.broker.config import BrokerConfig
 from metaq.broker.connections import ConnectionLimits, ConnectionRegistry
 from metaq.broker.core import Broker
+from metaq.broker.options import MAX_OPEN_FILES_AUTO, MAX_OPEN_FILES_MAX
 from metaq.broker.replication import SlaveReplicator
 from metaq.broker.replication.ha import HighAvailability, ha_enabled
 from metaq.broker.replication.slave import REPLICATION_PASSWORD_ENV
@@ -327,19 +328,7 @@ class BrokerService:
                 config.malloc_trim_threshold_bytes, config.malloc_mmap_threshold_bytes):
             log.info("glibc heap: trim threshold %s, mmap threshold %s (mallocTrimThreshold, mallocMmapThreshold)",
                      config.malloc_trim_threshold_bytes or "glibc's", config.malloc_mmap_threshold_bytes or "glibc's")
-        wanted = config.max_open_files + config.max_connections + DESCRIPTORS_RESERVED
-        limit = raise_descriptor_limit(wanted)
-        if limit < wanted:
-            # the storage's budget gives way, so that connections keep room: maxConnections of them, at most
-            # half of the limit
-            budget = max(MIN_STORAGE_DESCRIPTORS, min(config.max_open_files, limit - DESCRIPTORS_RESERVED
-                                                      - min(config.max_connections, limit // 2)))
-            self.broker.logs.files.set_budget(budget)
-            log.warning("the open-files limit is %d, below maxOpenFiles %d + maxConnections %d + %d: the storage "
-                        "keeps at most %d files open, to leave connections room (each partition written beyond "
-                        "that reopens its file). Raise the limit (ulimit -n, or LimitNOFILE= in a systemd unit) "
-                        "or lower those options (docs/operations.md)", limit, config.max_open_files,
-                        config.max_connections, DESCRIPTORS_RESERVED, budget)
+        self._budget_descriptors(config)
         try:
             self.broker.open()
         except (OSError, StorageError, ConfigError) as exc:
@@ -348,6 +337,32 @@ class BrokerService:
             else:
                 detail = str(exc)
             raise StartupError(f"cannot open dataPath {path}: {detail}") from None
+
+    def _budget_descriptors(self, config: BrokerConfig) -> None:
+        """Raise the soft open-files limit for the storage's descriptor budget (maxOpenFiles) and the
+        connections, and give the storage what the limit leaves after connections (maxConnections of them,
+        at most half of the limit) and DESCRIPTORS_RESERVED. ``auto``: as far as the hard limit goes (MetaQ's
+        JVM raises its soft limit to the hard one by default, -XX:+MaxFDLimit), the budget being what is
+        left, up to MAX_OPEN_FILES_MAX. A number the limit cannot give is cut, with a WARNING."""
+        files = self.broker.logs.files
+        auto = config.max_open_files == MAX_OPEN_FILES_AUTO
+        asked = MAX_OPEN_FILES_MAX if auto else config.max_open_files
+        wanted = asked + config.max_connections + DESCRIPTORS_RESERVED
+        limit = raise_descriptor_limit(wanted)
+        if limit >= wanted and not auto:
+            return
+        budget = max(MIN_STORAGE_DESCRIPTORS, min(asked, limit - DESCRIPTORS_RESERVED
+                                                  - min(config.max_connections, limit // 2)))
+        files.set_budget(budget)
+        if auto:
+            log.info("maxOpenFiles=auto: the open-files limit is %d; the storage keeps up to %d files open",
+                     limit, budget)
+        else:
+            log.warning("the open-files limit is %d, below maxOpenFiles %d + maxConnections %d + %d: the storage "
+                        "keeps at most %d files open, to leave connections room (each partition written beyond "
+                        "that reopens its file). Raise the limit (ulimit -n, or LimitNOFILE= in a systemd unit) "
+                        "or lower those options (docs/operations.md)", limit, config.max_open_files,
+                        config.max_connections, DESCRIPTORS_RESERVED, budget)
 
     async def stop(self, drain_s: float) -> None:
         """Stop accepting connections, answer what is in flight (for at most ``drain_s``), stop the jobs,
