@@ -162,6 +162,14 @@ def test_bench_e2e_with_fsync_per_ack_measures_the_disks_fdatasync_in_the_same_r
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert (doc["messages"], doc["failures"], doc["spec"]["consumer"]) == (200, 0, "multi")
+    # --pacing even: each message at its own time (start + i/rate), not in millisecond bursts; all delivered,
+    # and not faster than offered (400 at 2,000 msg/s: the last one 0.1995 s after the first)
+    done = metaq("bench", "e2e", "--flush", "1000", "--rate", "2000", "-n", "400", "-d", "1", "--partitions", "3",
+                 "--linger-ms", "0", "--pacing", "even", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert (doc["messages"], doc["failures"], doc["spec"]["pacing"]) == (400, 0, "even")
+    assert doc["seconds"] >= 0.1995 and doc["latency_ms"]["p50"] > 0
 
 
 def test_produce_to_a_partition_of_a_missing_topic_is_an_error(broker: BrokerProcess) -> None:

@@ -19,6 +19,7 @@ import operator
 import os
 import struct
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -57,6 +58,10 @@ class BenchSpec:
     """Calls in flight per process (api=batch) — pipelining."""
     rate: int = 20_000
     """e2e: messages per second the producer offers."""
+    pacing: str = "tick"
+    """e2e: ``tick``, every millisecond the messages due since the last tick, sent together (a burst of about
+    rate/1000: the loop's timers have millisecond resolution), or ``even``, each message at its own time
+    (start + i/rate, woken by a pacing thread), so that a message usually leaves alone."""
     consumer: str = "partition"
     """e2e: ``partition``, one ``iterate_batches`` per partition (a connection and a long poll each), or ``multi``,
     one ``PullConsumer.get_many`` loop over every partition (one connection, one MultiFetch long poll)."""
@@ -425,20 +430,61 @@ async def _e2e_producer(spec: BenchSpec, index: int, progress: Any) -> dict[str,
         await producer.send(Message(spec.topic, _TS.pack(0) + pad))
         _settle_gc(spec)
         start = time.perf_counter()
-        tick_s = 0.001
-        i = 0
-        while i < total:
-            due = int((time.perf_counter() - start) * spec.rate) + 1
-            while i < min(due, total):
+        if spec.pacing == "even":
+            sent = 0
+
+            def send_one() -> None:
+                nonlocal sent
                 producer.send_async(Message(spec.topic, _TS.pack(time.time_ns()) + pad)).add_done_callback(acked)
-                i += 1
-            progress.value = i
-            await asyncio.sleep(tick_s)
+                sent += 1
+                if not sent & 255:
+                    progress.value = sent
+
+            await _send_evenly(send_one, spec.rate, total)
+            progress.value = sent
+        else:
+            tick_s = 0.001
+            i = 0
+            while i < total:
+                due = int((time.perf_counter() - start) * spec.rate) + 1
+                while i < min(due, total):
+                    producer.send_async(Message(spec.topic, _TS.pack(time.time_ns()) + pad)).add_done_callback(acked)
+                    i += 1
+                progress.value = i
+                await asyncio.sleep(tick_s)
         if total:
             await all_acked.wait()
         await producer.close()
         elapsed = time.perf_counter() - start
     return {"messages": tally[0], "failures": tally[1], "seconds": elapsed, "latencies": []}
+
+
+async def _send_evenly(send_one: Callable[[], None], rate: int, total: int) -> None:
+    """Call ``send_one`` on the loop ``total`` times, the i-th at start + i/rate. The loop's own timers have
+    millisecond resolution (epoll's timeout, libuv's timers), so a thread sleeps until each send is due
+    (nanosleep) and hands it to the loop; sends the loop has not run yet when the next is due run in order."""
+    loop = asyncio.get_running_loop()
+    finished: asyncio.Future[None] = loop.create_future()
+    stop = threading.Event()
+
+    def pace() -> None:
+        start = time.perf_counter()
+        for i in range(total):
+            if stop.is_set():
+                return
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            loop.call_soon_threadsafe(send_one)
+        loop.call_soon_threadsafe(finished.set_result, None)  # after the last send_one (callbacks run in order)
+
+    thread = threading.Thread(target=pace, name="metaq-bench-pacer", daemon=True)
+    thread.start()
+    try:
+        await finished
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _settle_gc(spec: BenchSpec) -> None:

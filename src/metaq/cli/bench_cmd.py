@@ -138,6 +138,10 @@ def bench_consume(**kwargs: Any) -> None:
 @_common
 @click.option("--rate", type=click.IntRange(1), default=20_000, show_default=True,
               help="Messages per second the producer offers.")
+@click.option("--pacing", type=click.Choice(["tick", "even"]), default="tick", show_default=True,
+              help="tick: every millisecond, the messages due since the last tick, sent together (bursts of "
+                   "rate/1000); even: each message at its own time, start + i/rate (a pacing thread), so that a "
+                   "message usually leaves alone.")
 @click.option("--consumer", type=click.Choice(["partition", "multi"]), default="partition", show_default=True,
               help="partition: one iterate_batches per partition (a connection and a long poll each); multi: one "
                    "PullConsumer.get_many loop over every partition (one MultiFetch long poll, one connection).")
