@@ -439,7 +439,7 @@ OPTIONS: tuple[Option, ...] = (
          "After a start that was not preceded by a clean stop, check every stored byte of the partitions "
          "it recovered, in the background (damage is logged and shown in stats; `metaq admin verify` does "
          "the same on demand).", _boolean, status="extension"),
-    _opt("maxOpenFiles", "max_open_files", "int", "auto", _SYSTEM,
+    _opt("maxOpenFiles", "max_open_files", "int/auto", "auto", _SYSTEM,
          "Descriptors the broker keeps open for segment and index files (an LRU: the least recently used "
          "idle one is closed past it, and any idle for 60 s). A partition costs about one while it is "
          "written or read. auto: the broker raises its soft RLIMIT_NOFILE to the hard one at start (as "
