@@ -149,6 +149,9 @@ def test_bench_e2e_with_fsync_per_ack_measures_the_disks_fdatasync_in_the_same_r
     assert set(doc["fdatasync_ms"]) == {"p50", "p99", "p999", "max"}
     assert 0 < doc["fdatasync_ms"]["p50"] <= doc["fdatasync_ms"]["max"]
     assert doc["latency_ms"]["p50"] > 0
+    # and the machine's loopback round trip between two processes, the floor under a delivery's two hops
+    assert set(doc["loopback_rtt_ms"]) == {"p50", "p99", "p999", "max"}
+    assert 0 < doc["loopback_rtt_ms"]["p50"] <= doc["loopback_rtt_ms"]["p99"] <= doc["loopback_rtt_ms"]["max"]
     assert doc["spec"]["gc_freeze"] is True  # the clients freeze their start-up objects, as the broker does
     # without fsync per ack there is nothing to compare with; --no-gc-freeze measures clients that do not freeze
     done = metaq("bench", "e2e", "--flush", "1000", "--rate", "1000", "-n", "100", "-d", "1", "--partitions", "1",
@@ -156,6 +159,7 @@ def test_bench_e2e_with_fsync_per_ack_measures_the_disks_fdatasync_in_the_same_r
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["fdatasync_ms"] == {} and doc["spec"]["gc_freeze"] is False and doc["messages"] == 100
+    assert doc["loopback_rtt_ms"]["p50"] > 0  # measured with any embedded broker
     # --consumer multi: one MultiFetch loop over every partition delivers them all
     done = metaq("bench", "e2e", "--flush", "1000", "--rate", "1000", "-n", "200", "-d", "1", "--partitions", "3",
                  "--consumer", "multi", "--json")

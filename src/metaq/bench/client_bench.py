@@ -17,7 +17,10 @@ import gc
 import multiprocessing as mp
 import operator
 import os
+import socket
 import struct
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -115,6 +118,12 @@ class BenchResult:
     of a small write in the broker's data directory, measured in the same run (half just before the
     measured phase, half just after), the floor under every acknowledgement and what the e2e latency is
     compared with."""
+    loopback_rtt_ms: dict[str, float] = field(default_factory=dict)
+    """e2e with an embedded broker: the machine's round trip of a message-sized write between two Python
+    processes over TCP on 127.0.0.1 (p50/p99/p999/max; blocking sockets, nothing else done), measured in the
+    same run: the floor under a delivery, which crosses two such hops (producer to broker, broker to
+    consumer). It moves between machines by tens of percent (how fast a process is woken), and so do the
+    e2e figures with it."""
     client_msgs_per_cpu_s: float = 0.0
     """consume: messages per second of the client processes' own CPU time (summed over them): the client's
     cost per message, steadier than ``msgs_per_s`` when other work shares the machine."""
@@ -156,6 +165,61 @@ def measure_fdatasync(directory: str, count: int, write_bytes: int = 171) -> lis
     finally:
         os.close(fd)
         os.unlink(path)
+    return samples
+
+
+LOOPBACK_SAMPLES = 2000
+"""Round trips of the loopback measurement (split before and after the measured phase)."""
+
+_ECHO_CHILD = """
+import socket, sys
+conn = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+size = int(sys.argv[2])
+while True:
+    data = conn.recv(size)
+    if not data:
+        break
+    while len(data) < size:
+        more = conn.recv(size - len(data))
+        if not more:
+            sys.exit(0)
+        data += more
+    conn.sendall(data)
+"""
+
+
+def measure_loopback_rtt(count: int, size: int = 100, warmup: int = 50) -> list[float]:
+    """``count`` round trips of ``size`` bytes to a child process that echoes them over TCP on 127.0.0.1:
+    milliseconds each (after ``warmup`` unmeasured ones). Each round trip wakes each process once, as a
+    message going from the producer through the broker to the consumer does; no event loop, no protocol."""
+    samples: list[float] = []
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(30)
+        child = subprocess.Popen([sys.executable, "-c", _ECHO_CHILD, str(server.getsockname()[1]), str(size)])
+        try:
+            conn, _ = server.accept()
+            with conn:
+                conn.settimeout(30)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                data = bytes(size)
+                for i in range(warmup + count):
+                    t0 = time.perf_counter()
+                    conn.sendall(data)
+                    got = 0
+                    while got < size:
+                        chunk = conn.recv(size - got)
+                        if not chunk:
+                            raise ConnectionError("the loopback echo process went away")
+                        got += len(chunk)
+                    if i >= warmup:
+                        samples.append((time.perf_counter() - t0) * 1000)
+        finally:
+            try:
+                child.wait(10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
     return samples
 
 
@@ -686,6 +750,7 @@ def _run(spec: BenchSpec, progress: bool, servers: str, probe_dir: str | None = 
          broker_pid: int | None = None) -> BenchResult:
     _create_topic(spec)
     fsyncs: list[float] = []
+    round_trips: list[float] = []
     client_rate = 0.0
     cpu: dict[str, float] = {}
     probe = probe_dir if spec.mode == "e2e" and spec.flush_threshold() == 1 else None
@@ -728,11 +793,15 @@ def _run(spec: BenchSpec, progress: bool, servers: str, probe_dir: str | None = 
             time.sleep(0.5)  # the consumer's first long polls are in place; not a correctness wait
             if probe is not None:
                 fsyncs += measure_fdatasync(probe, FDATASYNC_SAMPLES // 2)
+            if probe_dir is not None:
+                round_trips += measure_loopback_rtt(LOOPBACK_SAMPLES // 2, spec.size)
             presults = _run_workers("e2e-producer", spec, 1, show)
             cres = out.get(timeout=spec.duration_s + 60)
             consumer.join(10)
             if probe is not None:
                 fsyncs += measure_fdatasync(probe, FDATASYNC_SAMPLES - FDATASYNC_SAMPLES // 2)
+            if probe_dir is not None:
+                round_trips += measure_loopback_rtt(LOOPBACK_SAMPLES - LOOPBACK_SAMPLES // 2, spec.size)
             if "error" in cres:
                 raise RuntimeError("e2e consumer failed: " + cres["error"])
         seconds = presults[0]["seconds"]
@@ -747,4 +816,4 @@ def _run(spec: BenchSpec, progress: bool, servers: str, probe_dir: str | None = 
     return BenchResult(spec.mode, spec.api, messages, nbytes, round(seconds, 3), round(messages / seconds, 1),
                        round(nbytes / seconds / 1e6, 2), percentiles(latencies), failures,
                        {k: v for k, v in asdict(spec).items() if k != "servers"}, servers, percentiles(fsyncs),
-                       client_rate, cpu)
+                       percentiles(round_trips), client_rate, cpu)

@@ -81,6 +81,10 @@ def _run(mode: str, as_json: bool, no_progress: bool, brokers: int | None, **kwa
     if sync:
         click.echo(f"  the disk's fdatasync ms (same run, the broker's data directory): p50 {sync['p50']}  "
                    f"p99 {sync['p99']}  max {sync['max']}")
+    rtt = result.loopback_rtt_ms
+    if rtt:
+        click.echo(f"  the machine's loopback round trip ms (same run, two processes, {spec.size} B): "
+                   f"p50 {rtt['p50']}  p99 {rtt['p99']}  max {rtt['max']}")
 
 
 @click.group("bench")
