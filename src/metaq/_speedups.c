@@ -38,6 +38,13 @@
  *
  * resolve_ok(): the producer's resolving pass for a batch's successes (metaq.client.producer._resolve_ok_pass)
  * in one call: build each waiter's result and call its future's set_result.
+ *
+ * BatchMessages: the consumer's per-message iterator over a batch (metaq.protocol.records._build_plain and
+ * _build, its pure-Python twins): each next() builds one metaq.types.Message, an empty instance of the
+ * dataclass (slots=True) whose thirteen slots are filled here, the payload sliced into its own bytes. bind_message() finds each slot's place in the instance once, from the class's member
+ * descriptors, and refuses a class whose fields are not exactly the thirteen it fills (metaq.types then
+ * keeps the Python builder; tests/unit/protocol/test_message_build.py fails). Building the Message was
+ * about half of the per-message iterator's CPU (docs/benchmarks.md, "A compiled Message builder").
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -533,17 +540,297 @@ bind(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------- BatchMessages (consumer side) */
+
+#define N_MESSAGE_SLOTS 13
+enum {
+    M_TOPIC, M_DATA, M_ATTRIBUTE, M_KEY, M_HEADERS, M_TIMESTAMP_MS, M_PARTITION, M_OFFSET, M_ID,
+    M_APPEND_TIME_MS, M_BROKER_ID, M_DELIVER_AT, M_DELAY_MS,
+};
+static const char *const message_slot_names[N_MESSAGE_SLOTS] = {
+    "topic", "data", "attribute", "key", "headers", "timestamp_ms", "partition", "offset", "id",
+    "append_time_ms", "broker_id", "deliver_at", "delay_ms",
+};
+static PyTypeObject *message_type = NULL;
+static Py_ssize_t message_slot_offsets[N_MESSAGE_SLOTS];
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *topic;
+    PyObject *raw;          /* bytes: every payload of the batch, back to back */
+    PyObject *ends;         /* list of int: payload i is raw[ends[i]:ends[i + 1]] */
+    PyObject *attributes;   /* iterators over each record's attribute, key and headers, or NULL: all None */
+    PyObject *keys;
+    PyObject *headers;
+    PyObject *timestamps;   /* iterators over each record's timestamp, offset and id */
+    PyObject *offsets;
+    PyObject *ids;
+    PyObject *partition;
+    PyObject *append_time_ms;
+    PyObject *broker_id;
+    Py_ssize_t next;        /* index into ends of the next payload's start */
+} BatchMessagesObject;
+
+static PyTypeObject BatchMessages_Type;
+
+static PyObject *
+bind_message(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    /* bind_message(Message, field_names): the slot of each field in an instance, from the class's member
+     * descriptors. ValueError (nothing bound) unless field_names are exactly the thirteen filled here and each
+     * is a writable object slot of the class. */
+    if (nargs != 2 || !PyType_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "bind_message(cls, field_names)");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)args[0];
+    PyObject *names = PySequence_Tuple(args[1]);
+    if (names == NULL) {
+        return NULL;
+    }
+    Py_ssize_t offsets[N_MESSAGE_SLOTS];
+    int ok = PyTuple_GET_SIZE(names) == N_MESSAGE_SLOTS && cls->tp_dictoffset == 0;
+    for (int i = 0; ok && i < N_MESSAGE_SLOTS; i++) {
+        PyObject *name = PyTuple_GET_ITEM(names, i);
+        ok = PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, message_slot_names[i]) == 0;
+        if (!ok) {
+            break;
+        }
+        PyObject *descr = PyDict_GetItemWithError(cls->tp_dict, name);  /* borrowed */
+        if (descr == NULL) {
+            if (PyErr_Occurred()) {
+                Py_DECREF(names);
+                return NULL;
+            }
+            ok = 0;
+            break;
+        }
+        ok = Py_IS_TYPE(descr, &PyMemberDescr_Type);
+        if (ok) {
+            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+            ok = member->type == T_OBJECT_EX && !(member->flags & READONLY) && member->offset > 0
+                 && member->offset + (Py_ssize_t)sizeof(PyObject *) <= cls->tp_basicsize;
+            offsets[i] = member->offset;
+        }
+    }
+    Py_DECREF(names);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "the Message class is not the one the compiled builder fills "
+                                          "(its fields or their slots differ)");
+        return NULL;
+    }
+    memcpy(message_slot_offsets, offsets, sizeof(offsets));
+    Py_XSETREF(message_type, (PyTypeObject *)Py_NewRef(cls));
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+iter_or_null(PyObject *column, int *failed)
+{
+    /* an iterator over a column, or NULL for None (a column of None) */
+    if (column == Py_None || *failed) {
+        return NULL;
+    }
+    PyObject *it = PyObject_GetIter(column);
+    *failed = it == NULL;
+    return it;
+}
+
+static PyObject *
+BatchMessages_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    /* BatchMessages(topic, raw, ends, attributes, keys, headers, timestamps, offsets, ids, partition,
+     *               append_time_ms, broker_id); attributes, keys, headers: None when all None */
+    PyObject *topic, *raw, *ends, *attributes, *keys, *headers, *timestamps, *offsets, *ids, *partition;
+    PyObject *append_time_ms, *broker_id;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds) != 0) {
+        PyErr_SetString(PyExc_TypeError, "BatchMessages takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_UnpackTuple(args, "BatchMessages", 12, 12, &topic, &raw, &ends, &attributes, &keys, &headers,
+                           &timestamps, &offsets, &ids, &partition, &append_time_ms, &broker_id)) {
+        return NULL;
+    }
+    if (message_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "bind_message() was not called");
+        return NULL;
+    }
+    if (!PyBytes_Check(raw) || !PyList_Check(ends)) {
+        PyErr_SetString(PyExc_TypeError, "BatchMessages: raw must be bytes and ends a list");
+        return NULL;
+    }
+    BatchMessagesObject *self = PyObject_GC_New(BatchMessagesObject, type);
+    if (self == NULL) {
+        return NULL;
+    }
+    int failed = 0;
+    self->topic = Py_NewRef(topic);
+    self->raw = Py_NewRef(raw);
+    self->ends = Py_NewRef(ends);
+    self->attributes = iter_or_null(attributes, &failed);
+    self->keys = iter_or_null(keys, &failed);
+    self->headers = iter_or_null(headers, &failed);
+    self->timestamps = failed ? NULL : PyObject_GetIter(timestamps);
+    self->offsets = self->timestamps ? PyObject_GetIter(offsets) : NULL;
+    self->ids = self->offsets ? PyObject_GetIter(ids) : NULL;
+    self->partition = Py_NewRef(partition);
+    self->append_time_ms = Py_NewRef(append_time_ms);
+    self->broker_id = Py_NewRef(broker_id);
+    self->next = 0;
+    PyObject_GC_Track(self);
+    if (self->ids == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int
+BatchMessages_traverse(BatchMessagesObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->topic);
+    Py_VISIT(self->raw);
+    Py_VISIT(self->ends);
+    Py_VISIT(self->attributes);
+    Py_VISIT(self->keys);
+    Py_VISIT(self->headers);
+    Py_VISIT(self->timestamps);
+    Py_VISIT(self->offsets);
+    Py_VISIT(self->ids);
+    Py_VISIT(self->partition);
+    Py_VISIT(self->append_time_ms);
+    Py_VISIT(self->broker_id);
+    return 0;
+}
+
+static int
+BatchMessages_clear(BatchMessagesObject *self)
+{
+    Py_CLEAR(self->topic);
+    Py_CLEAR(self->raw);
+    Py_CLEAR(self->ends);
+    Py_CLEAR(self->attributes);
+    Py_CLEAR(self->keys);
+    Py_CLEAR(self->headers);
+    Py_CLEAR(self->timestamps);
+    Py_CLEAR(self->offsets);
+    Py_CLEAR(self->ids);
+    Py_CLEAR(self->partition);
+    Py_CLEAR(self->append_time_ms);
+    Py_CLEAR(self->broker_id);
+    return 0;
+}
+
+static void
+BatchMessages_dealloc(BatchMessagesObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    BatchMessages_clear(self);
+    PyObject_GC_Del(self);
+}
+
+static int
+payload_bound(PyObject *item, Py_ssize_t size, Py_ssize_t *out)
+{
+    /* an entry of ends as an index into raw, clamped to its size as a slice is; ValueError when negative */
+    Py_ssize_t v = PyLong_AsSsize_t(item);
+    if (v == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (v < 0) {
+        PyErr_SetString(PyExc_ValueError, "BatchMessages: a payload bound is negative");
+        return -1;
+    }
+    *out = v < size ? v : size;
+    return 0;
+}
+
+static PyObject *
+next_or_none(PyObject *it)
+{
+    /* the next value of a column's iterator (NULL when it is exhausted or failed), None for a column of None */
+    return it == NULL ? Py_NewRef(Py_None) : PyIter_Next(it);
+}
+
+static PyObject *
+BatchMessages_next(BatchMessagesObject *self)
+{
+    /* zip(ends, ends[1:], attributes, keys, headers, timestamps, offsets, ids) as records._build walks it:
+     * the first column exhausted ends it */
+    if (self->ends == NULL || self->next + 1 >= PyList_GET_SIZE(self->ends)) {
+        return NULL;
+    }
+    Py_ssize_t size = PyBytes_GET_SIZE(self->raw), start, end;
+    if (payload_bound(PyList_GET_ITEM(self->ends, self->next), size, &start) < 0
+            || payload_bound(PyList_GET_ITEM(self->ends, self->next + 1), size, &end) < 0) {
+        return NULL;
+    }
+    PyObject *values[N_MESSAGE_SLOTS] = {NULL};
+    PyObject *const sources[] = {self->attributes, self->keys, self->headers, self->timestamps, self->offsets,
+                                 self->ids};
+    static const int slots[] = {M_ATTRIBUTE, M_KEY, M_HEADERS, M_TIMESTAMP_MS, M_OFFSET, M_ID};
+    for (int i = 0; i < 6; i++) {
+        values[slots[i]] = next_or_none(sources[i]);
+        if (values[slots[i]] == NULL) {
+            goto fail;
+        }
+    }
+    values[M_DATA] = PyBytes_FromStringAndSize(PyBytes_AS_STRING(self->raw) + start, end > start ? end - start : 0);
+    if (values[M_DATA] == NULL) {
+        goto fail;
+    }
+    PyObject *m = message_type->tp_alloc(message_type, 0);
+    if (m == NULL) {
+        goto fail;
+    }
+    self->next++;
+    values[M_TOPIC] = Py_NewRef(self->topic);
+    values[M_PARTITION] = Py_NewRef(self->partition);
+    values[M_APPEND_TIME_MS] = Py_NewRef(self->append_time_ms);
+    values[M_BROKER_ID] = Py_NewRef(self->broker_id);
+    values[M_DELIVER_AT] = Py_NewRef(Py_None);
+    values[M_DELAY_MS] = Py_NewRef(Py_None);
+    for (int i = 0; i < N_MESSAGE_SLOTS; i++) {  /* tp_alloc zeroed the instance: every slot is empty */
+        *(PyObject **)((char *)m + message_slot_offsets[i]) = values[i];
+    }
+    return m;
+fail:
+    for (int i = 0; i < N_MESSAGE_SLOTS; i++) {
+        Py_XDECREF(values[i]);
+    }
+    return NULL;
+}
+
+static PyTypeObject BatchMessages_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "metaq._speedups.BatchMessages",
+    .tp_doc = "BatchMessages(topic, raw, ends, attributes, keys, headers, timestamps, offsets, ids, partition,\n"
+              "append_time_ms, broker_id): the Messages of a batch, built one per next(); attributes, keys and\n"
+              "headers None when all None (the compiled metaq.protocol.records._build_plain and _build).",
+    .tp_basicsize = sizeof(BatchMessagesObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = BatchMessages_new,
+    .tp_dealloc = (destructor)BatchMessages_dealloc,
+    .tp_traverse = (traverseproc)BatchMessages_traverse,
+    .tp_clear = (inquiry)BatchMessages_clear,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)BatchMessages_next,
+};
+
 static PyMethodDef module_methods[] = {
     {"resolve_ok", (PyCFunction)(void (*)(void))resolve_ok, METH_FASTCALL,
      "resolve_ok(waiters, start, base_id, base_offset, partition, topic, broker_id, invalid_state_error)"},
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL, NULL},
+    {"bind_message", (PyCFunction)(void (*)(void))bind_message, METH_FASTCALL,
+     "bind_message(Message, field_names): where BatchMessages puts each field"},
     {NULL},
 };
 
 static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "metaq._speedups",
-    .m_doc = "Compiled helpers of the producer's per-message path (a SendResult the cyclic GC does not track).",
+    .m_doc = "Compiled helpers of the per-message paths: the producer's SendResult the cyclic GC does not track, "
+             "the consumer's Message builder.",
     .m_size = -1,
     .m_methods = module_methods,
 };
@@ -551,7 +838,7 @@ static struct PyModuleDef speedups_module = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (PyType_Ready(&SendResult_Type) < 0) {
+    if (PyType_Ready(&SendResult_Type) < 0 || PyType_Ready(&BatchMessages_Type) < 0) {
         return NULL;
     }
     str_set_result = PyUnicode_InternFromString("set_result");
@@ -565,7 +852,8 @@ PyInit__speedups(void)
     if (m == NULL) {
         return NULL;
     }
-    if (PyModule_AddObjectRef(m, "SendResult", (PyObject *)&SendResult_Type) < 0) {
+    if (PyModule_AddObjectRef(m, "SendResult", (PyObject *)&SendResult_Type) < 0
+            || PyModule_AddObjectRef(m, "BatchMessages", (PyObject *)&BatchMessages_Type) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,8 +1,8 @@
 # The compiled helpers of src/metaq/_speedups.c. SendResult mirrors metaq.types._PySendResult (the dataclass).
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from metaq.types import PartitionId
+from metaq.types import Message, PartitionId
 
 class SendResult:
     success: bool
@@ -22,3 +22,15 @@ class SendResult:
 def resolve_ok(waiters: list[Any], start: int, base_id: int, base_offset: int, partition: int, topic: str,
                broker_id: int, invalid_state_error: type[BaseException], /) -> None: ...
 def bind(partition_id: type[PartitionId], format_message_id: Callable[[int], str], dataclass: type, /) -> None: ...
+
+class BatchMessages:
+    """The Messages of a batch, one per next() (records._build_plain's and _build's twin); attributes, keys and
+    headers None when all None."""
+    def __new__(cls, topic: str, raw: bytes, ends: list[int], attributes: Iterable[str | None] | None,
+                keys: Iterable[bytes | None] | None, headers: Iterable[list[tuple[str, bytes]] | None] | None,
+                timestamps: Iterable[int], offsets: Iterable[int], ids: Iterable[int], partition: int,
+                append_time_ms: int, broker_id: int, /) -> BatchMessages: ...
+    def __iter__(self) -> Iterator[Message]: ...
+    def __next__(self) -> Message: ...
+
+def bind_message(cls: type[Message], field_names: Sequence[str], /) -> None: ...

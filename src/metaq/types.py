@@ -31,8 +31,8 @@ import functools
 import hashlib
 import os
 import re
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from metaq.errors import InvalidArgument
 
@@ -255,9 +255,9 @@ class Message:
     """Delayed delivery: ms from the send until consumers may see it; not with ``deliver_at``."""
     # No __post_init__ check on purpose: consumers build millions of these per second, and it would
     # double the cost of each. The producer checks what it is given (InvalidArgument for non-bytes data).
-    # The consumer's decoder (metaq.protocol.records._build_plain / _build) skips __init__ too: it assigns
-    # every slot of an empty instance itself. A new field must be assigned there as well
-    # (tests/unit/protocol/test_message_build.py fails until it is).
+    # The consumer's decoder (metaq.protocol.records._build_plain / _build, and its compiled twin
+    # metaq._speedups.BatchMessages) skips __init__ too: it assigns every slot of an empty instance itself.
+    # A new field must be assigned there as well (tests/unit/protocol/test_message_build.py fails until it is).
 
     @property
     def partition_id(self) -> PartitionId:
@@ -302,6 +302,10 @@ _PySendResult = SendResult
 SPEEDUPS = False
 """Whether ``SendResult`` is the compiled one (metaq._speedups.SendResult)."""
 
+BATCH_MESSAGES: Any = None
+"""The compiled builder of a consumed batch's Messages (metaq._speedups.BatchMessages, bound to
+:class:`Message`), or None: metaq.protocol.records uses its Python twins ``_build_plain`` and ``_build``."""
+
 if not TYPE_CHECKING and not os.environ.get("METAQ_NO_SPEEDUPS"):
     # The compiled SendResult behaves as the dataclass above (same attributes, equality, repr, properties,
     # pickling, dataclasses helpers: tests/unit/test_send_result_impl.py runs both), but the cyclic GC does
@@ -316,3 +320,11 @@ if not TYPE_CHECKING and not os.environ.get("METAQ_NO_SPEEDUPS"):
         SendResult = _speedups.SendResult
         SPEEDUPS = True
         _PySendResult.__qualname__ = _PySendResult.__name__ = "_PySendResult"  # pickled by its own name
+        # The consumer's Messages, built in C as _build_plain and _build build them; refused (the Python builder stays)
+        # if Message's fields are not the ones it fills (tests/unit/protocol/test_message_build.py fails then).
+        try:
+            _speedups.bind_message(Message, [f.name for f in fields(Message)])
+        except ValueError:
+            pass
+        else:
+            BATCH_MESSAGES = _speedups.BatchMessages

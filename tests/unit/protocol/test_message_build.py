@@ -7,14 +7,23 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pickle
+from array import array
+from itertools import repeat
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from protocol_strategies import examples, messages
 
+from metaq import types
 from metaq.protocol import records as rec
 from metaq.types import Message, PartitionId
+
+try:
+    from metaq import _speedups
+except ImportError:  # not built: test_the_compiled_builder_is_in_use_when_the_extension_is says so
+    _speedups = None  # type: ignore[assignment]
 
 BASE_ID = (7 << 112) | (0xABCDEF << 64)
 APPEND_MS = 1_700_000_000_123
@@ -138,3 +147,84 @@ def test_large_payloads_read_back_as_bytes_of_their_own_with_every_field(compres
     del batches
     reply[:] = bytes(len(reply))  # the fetched buffer overwritten: the Messages' payloads are their own
     assert [m.data for m in got] == [m.data for m in sent[1:]]
+
+
+# -- the compiled builder (metaq._speedups.BatchMessages) against its Python twins (records._build_plain, _build) --
+
+def test_the_compiled_builder_is_in_use_when_the_extension_is() -> None:
+    """CI builds metaq._speedups: the consumer's Messages are built by BatchMessages then, unless
+    METAQ_NO_SPEEDUPS=1 (a silent fallback to the Python builders would go unnoticed otherwise)."""
+    if not types.SPEEDUPS:
+        assert rec.BATCH_MESSAGES is None
+        return
+    assert types.BATCH_MESSAGES is _speedups.BatchMessages and rec.BATCH_MESSAGES is types.BATCH_MESSAGES
+
+
+def _python_builder(topic: str, raw: bytes, ends: list[int], attributes: Any, keys: Any, headers: Any,
+                    *rest: Any) -> Any:
+    """records' own choice without the compiled builder: _build_plain, or _build with None for an absent column."""
+    if attributes is None and keys is None and headers is None:
+        return rec._build_plain(topic, raw, ends, *rest)
+    n = len(ends) - 1
+    return rec._build(topic, raw, ends, *(repeat(None, n) if c is None else c for c in (attributes, keys, headers)),
+                      *rest)
+
+
+def _builders() -> list[Any]:
+    return [_python_builder] + ([_speedups.BatchMessages] if types.BATCH_MESSAGES is not None else [])
+
+
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(payloads=st.lists(st.binary(max_size=40), max_size=12), base=st.integers(0, 1 << 62),
+       short=st.integers(0, 3), which=st.integers(0, 5), keyed=st.booleans())
+def test_both_builders_make_the_same_messages_and_stop_at_the_shortest_column(payloads: list[bytes], base: int,
+                                                                              short: int, which: int,
+                                                                              keyed: bool) -> None:
+    """Same fields, same types, each payload its own bytes; as zip does, the first column to run out ends the
+    batch (ends holds one more entry than the others)."""
+    raw = b"".join(payloads)
+    ends = [0]
+    for p in payloads:
+        ends.append(ends[-1] + len(p))
+    n = len(payloads)
+    columns: list[Any] = [[f"a{i}" if i % 2 else None for i in range(n)] if keyed else None,
+                          [b"k%d" % i for i in range(n)] if keyed else None,
+                          [[("h", b"%d" % i)] if i % 3 else None for i in range(n)] if keyed else None,
+                          array("q", range(1000, 1000 + n)), range(base, base + n), range(base * 2, base * 2 + n)]
+    if columns[which] is not None:
+        columns[which] = columns[which][:max(0, n - short)]
+    expected = min([n] + [len(c) for c in columns if c is not None])
+    built = [list(builder("t", raw, ends, *columns, 3, APPEND_MS, 7)) for builder in _builders()]
+    for got in built:
+        assert len(got) == expected
+        assert [m.data for m in got] == payloads[:expected]
+        for i, m in enumerate(got):
+            check_plain_object(m)
+            assert (m.timestamp_ms, m.offset, m.id) == (1000 + i, base + i, base * 2 + i)
+            assert (m.partition, m.append_time_ms, m.broker_id, m.topic) == (3, APPEND_MS, 7, "t")
+            assert (m.attribute, m.key, m.headers) == ((columns[0][i], columns[1][i], columns[2][i]) if keyed
+                                                       else (None, None, None))
+    assert all(got == built[0] for got in built)
+
+
+@pytest.mark.skipif(types.BATCH_MESSAGES is None, reason="metaq._speedups not in use")
+def test_the_compiled_builder_refuses_what_it_cannot_fill_and_keeps_its_binding() -> None:
+    @dataclasses.dataclass(slots=True)
+    class Other:
+        topic: str
+        data: bytes
+
+    with pytest.raises(ValueError, match="not the one the compiled builder fills"):
+        _speedups.bind_message(Other, ["topic", "data"])
+    with pytest.raises(ValueError):
+        _speedups.bind_message(Message, list(reversed(FIELDS)))  # every field, but not where it belongs
+    build = _speedups.BatchMessages
+    with pytest.raises(ValueError, match="negative"):
+        next(build("t", b"ab", [-1, 2], None, None, None, [1], [1], [1], 0, 0, 0))
+    with pytest.raises(TypeError):
+        build("t", bytearray(b"ab"), [0, 2], None, None, None, [1], [1], [1], 0, 0, 0)
+    with pytest.raises(TypeError):
+        build("t", b"ab", [0, 2], 5, None, None, [1], [1], [1], 0, 0, 0)  # a column that is not iterable
+    # bounds past the payloads are clamped as a slice is; Messages are still of the bound class
+    (m,) = build("t", b"ab", [1, 9], None, ["k"], None, [5], [6], [7], 0, 0, 0)
+    assert type(m) is Message and m.data == b"b" and (m.key, m.timestamp_ms, m.offset, m.id) == ("k", 5, 6, 7)
