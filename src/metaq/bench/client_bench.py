@@ -180,9 +180,7 @@ conn = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 size = int(sys.argv[2])
 while True:
-    data = conn.recv(size)
-    if not data:
-        break
+    data = b""
     while len(data) < size:
         more = conn.recv(size - len(data))
         if not more:
@@ -505,29 +503,25 @@ async def _e2e_producer(spec: BenchSpec, index: int, progress: Any) -> dict[str,
                                            batch_bytes=spec.batch_bytes, multi_produce=spec.multi_produce)
         await producer.send(Message(spec.topic, _TS.pack(0) + pad))
         _settle_gc(spec)
+        sent = 0
+
+        def send_one() -> None:  # stamped with its send time, which the consumer subtracts
+            nonlocal sent
+            producer.send_async(Message(spec.topic, _TS.pack(time.time_ns()) + pad)).add_done_callback(acked)
+            sent += 1
+            if not sent & 255:
+                progress.value = sent
+
         start = time.perf_counter()
         if spec.pacing == "even":
-            sent = 0
-
-            def send_one() -> None:
-                nonlocal sent
-                producer.send_async(Message(spec.topic, _TS.pack(time.time_ns()) + pad)).add_done_callback(acked)
-                sent += 1
-                if not sent & 255:
-                    progress.value = sent
-
             await _send_evenly(send_one, spec.rate, total)
-            progress.value = sent
-        else:
-            tick_s = 0.001
-            i = 0
-            while i < total:
-                due = int((time.perf_counter() - start) * spec.rate) + 1
-                while i < min(due, total):
-                    producer.send_async(Message(spec.topic, _TS.pack(time.time_ns()) + pad)).add_done_callback(acked)
-                    i += 1
-                progress.value = i
-                await asyncio.sleep(tick_s)
+        else:  # every millisecond, what is due since the last tick
+            while sent < total:
+                due = min(int((time.perf_counter() - start) * spec.rate) + 1, total)
+                while sent < due:
+                    send_one()
+                await asyncio.sleep(0.001)
+        progress.value = sent
         if total:
             await all_acked.wait()
         await producer.close()
