@@ -49,6 +49,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <stdint.h>
+#include <string.h>
 
 typedef struct {
     PyObject_HEAD
@@ -558,7 +560,9 @@ typedef struct {
     PyObject_HEAD
     PyObject *topic;
     PyObject *raw;          /* bytes: every payload of the batch, back to back */
-    PyObject *ends;         /* list of int: payload i is raw[ends[i]:ends[i + 1]] */
+    Py_buffer lengths;      /* int32 each (the batch's value-length column): payload i is lengths[i] bytes */
+    Py_ssize_t count;       /* entries of lengths */
+    Py_ssize_t position;    /* where in raw the next payload starts */
     PyObject *attributes;   /* iterators over each record's attribute, key and headers, or NULL: all None */
     PyObject *keys;
     PyObject *headers;
@@ -568,7 +572,7 @@ typedef struct {
     PyObject *partition;
     PyObject *append_time_ms;
     PyObject *broker_id;
-    Py_ssize_t next;        /* index into ends of the next payload's start */
+    Py_ssize_t next;        /* index into lengths of the next payload */
 } BatchMessagesObject;
 
 static PyTypeObject BatchMessages_Type;
@@ -639,34 +643,54 @@ iter_or_null(PyObject *column, int *failed)
 static PyObject *
 BatchMessages_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    /* BatchMessages(topic, raw, ends, attributes, keys, headers, timestamps, offsets, ids, partition,
+    /* BatchMessages(topic, raw, start, lengths, attributes, keys, headers, timestamps, offsets, ids, partition,
      *               append_time_ms, broker_id); attributes, keys, headers: None when all None */
-    PyObject *topic, *raw, *ends, *attributes, *keys, *headers, *timestamps, *offsets, *ids, *partition;
-    PyObject *append_time_ms, *broker_id;
+    PyObject *topic, *raw, *start, *lengths, *attributes, *keys, *headers, *timestamps, *offsets, *ids;
+    PyObject *partition, *append_time_ms, *broker_id;
     if (kwds != NULL && PyDict_GET_SIZE(kwds) != 0) {
         PyErr_SetString(PyExc_TypeError, "BatchMessages takes no keyword arguments");
         return NULL;
     }
-    if (!PyArg_UnpackTuple(args, "BatchMessages", 12, 12, &topic, &raw, &ends, &attributes, &keys, &headers,
-                           &timestamps, &offsets, &ids, &partition, &append_time_ms, &broker_id)) {
+    if (!PyArg_UnpackTuple(args, "BatchMessages", 13, 13, &topic, &raw, &start, &lengths, &attributes, &keys,
+                           &headers, &timestamps, &offsets, &ids, &partition, &append_time_ms, &broker_id)) {
         return NULL;
     }
     if (message_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "bind_message() was not called");
         return NULL;
     }
-    if (!PyBytes_Check(raw) || !PyList_Check(ends)) {
-        PyErr_SetString(PyExc_TypeError, "BatchMessages: raw must be bytes and ends a list");
+    if (!PyBytes_Check(raw)) {
+        PyErr_SetString(PyExc_TypeError, "BatchMessages: raw must be bytes");
+        return NULL;
+    }
+    Py_ssize_t position = PyLong_AsSsize_t(start);
+    if (position == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (position < 0) {
+        PyErr_SetString(PyExc_ValueError, "BatchMessages: start is negative");
+        return NULL;
+    }
+    Py_buffer buffer;
+    if (PyObject_GetBuffer(lengths, &buffer, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        return NULL;
+    }
+    if (buffer.itemsize != 4 || buffer.format == NULL || strcmp(buffer.format, "i") != 0) {
+        PyBuffer_Release(&buffer);
+        PyErr_SetString(PyExc_TypeError, "BatchMessages: lengths must be an array('i')");
         return NULL;
     }
     BatchMessagesObject *self = PyObject_GC_New(BatchMessagesObject, type);
     if (self == NULL) {
+        PyBuffer_Release(&buffer);
         return NULL;
     }
     int failed = 0;
     self->topic = Py_NewRef(topic);
     self->raw = Py_NewRef(raw);
-    self->ends = Py_NewRef(ends);
+    self->lengths = buffer;
+    self->count = buffer.len / 4;
+    self->position = position;
     self->attributes = iter_or_null(attributes, &failed);
     self->keys = iter_or_null(keys, &failed);
     self->headers = iter_or_null(headers, &failed);
@@ -690,7 +714,7 @@ BatchMessages_traverse(BatchMessagesObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->topic);
     Py_VISIT(self->raw);
-    Py_VISIT(self->ends);
+    Py_VISIT(self->lengths.obj);
     Py_VISIT(self->attributes);
     Py_VISIT(self->keys);
     Py_VISIT(self->headers);
@@ -708,7 +732,10 @@ BatchMessages_clear(BatchMessagesObject *self)
 {
     Py_CLEAR(self->topic);
     Py_CLEAR(self->raw);
-    Py_CLEAR(self->ends);
+    if (self->lengths.obj != NULL) {
+        PyBuffer_Release(&self->lengths);
+    }
+    self->count = 0;
     Py_CLEAR(self->attributes);
     Py_CLEAR(self->keys);
     Py_CLEAR(self->headers);
@@ -729,22 +756,6 @@ BatchMessages_dealloc(BatchMessagesObject *self)
     PyObject_GC_Del(self);
 }
 
-static int
-payload_bound(PyObject *item, Py_ssize_t size, Py_ssize_t *out)
-{
-    /* an entry of ends as an index into raw, clamped to its size as a slice is; ValueError when negative */
-    Py_ssize_t v = PyLong_AsSsize_t(item);
-    if (v == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    if (v < 0) {
-        PyErr_SetString(PyExc_ValueError, "BatchMessages: a payload bound is negative");
-        return -1;
-    }
-    *out = v < size ? v : size;
-    return 0;
-}
-
 static PyObject *
 next_or_none(PyObject *it)
 {
@@ -755,16 +766,19 @@ next_or_none(PyObject *it)
 static PyObject *
 BatchMessages_next(BatchMessagesObject *self)
 {
-    /* zip(ends, ends[1:], attributes, keys, headers, timestamps, offsets, ids) as records._build walks it:
-     * the first column exhausted ends it */
-    if (self->ends == NULL || self->next + 1 >= PyList_GET_SIZE(self->ends)) {
+    /* zip(ends, ends[1:], attributes, keys, headers, timestamps, offsets, ids) as records._build walks it, the
+     * ends being start and the running sum of lengths: the first column exhausted ends it */
+    if (self->next >= self->count) {
         return NULL;
     }
-    Py_ssize_t size = PyBytes_GET_SIZE(self->raw), start, end;
-    if (payload_bound(PyList_GET_ITEM(self->ends, self->next), size, &start) < 0
-            || payload_bound(PyList_GET_ITEM(self->ends, self->next + 1), size, &end) < 0) {
+    Py_ssize_t length = ((const int32_t *)self->lengths.buf)[self->next];
+    if (length < 0) {
+        PyErr_SetString(PyExc_ValueError, "BatchMessages: a payload length is negative");
         return NULL;
     }
+    Py_ssize_t size = PyBytes_GET_SIZE(self->raw);  /* bounds past raw are clamped, as a slice's are */
+    Py_ssize_t start = self->position < size ? self->position : size;
+    Py_ssize_t end = self->position + length < size ? self->position + length : size;
     PyObject *values[N_MESSAGE_SLOTS] = {NULL};
     PyObject *const sources[] = {self->attributes, self->keys, self->headers, self->timestamps, self->offsets,
                                  self->ids};
@@ -784,6 +798,7 @@ BatchMessages_next(BatchMessagesObject *self)
         goto fail;
     }
     self->next++;
+    self->position += length;
     values[M_TOPIC] = Py_NewRef(self->topic);
     values[M_PARTITION] = Py_NewRef(self->partition);
     values[M_APPEND_TIME_MS] = Py_NewRef(self->append_time_ms);
@@ -804,9 +819,10 @@ fail:
 static PyTypeObject BatchMessages_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "metaq._speedups.BatchMessages",
-    .tp_doc = "BatchMessages(topic, raw, ends, attributes, keys, headers, timestamps, offsets, ids, partition,\n"
-              "append_time_ms, broker_id): the Messages of a batch, built one per next(); attributes, keys and\n"
-              "headers None when all None (the compiled metaq.protocol.records._build_plain and _build).",
+    .tp_doc = "BatchMessages(topic, raw, start, lengths, attributes, keys, headers, timestamps, offsets, ids,\n"
+              "partition, append_time_ms, broker_id): the Messages of a batch, built one per next(); payload i is\n"
+              "lengths[i] bytes of raw from start on (lengths: an array('i')); attributes, keys and headers None\n"
+              "when all None (the compiled metaq.protocol.records._build_plain and _build).",
     .tp_basicsize = sizeof(BatchMessagesObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = BatchMessages_new,

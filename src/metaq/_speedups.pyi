@@ -1,4 +1,5 @@
 # The compiled helpers of src/metaq/_speedups.c. SendResult mirrors metaq.types._PySendResult (the dataclass).
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -24,9 +25,9 @@ def resolve_ok(waiters: list[Any], start: int, base_id: int, base_offset: int, p
 def bind(partition_id: type[PartitionId], format_message_id: Callable[[int], str], dataclass: type, /) -> None: ...
 
 class BatchMessages:
-    """The Messages of a batch, one per next() (records._build_plain's and _build's twin); attributes, keys and
-    headers None when all None."""
-    def __new__(cls, topic: str, raw: bytes, ends: list[int], attributes: Iterable[str | None] | None,
+    """The Messages of a batch, one per next() (records._build_plain's and _build's twin): payload i is lengths[i]
+    bytes of raw from start on; attributes, keys and headers None when all None."""
+    def __new__(cls, topic: str, raw: bytes, start: int, lengths: array[int], attributes: Iterable[str | None] | None,
                 keys: Iterable[bytes | None] | None, headers: Iterable[list[tuple[str, bytes]] | None] | None,
                 timestamps: Iterable[int], offsets: Iterable[int], ids: Iterable[int], partition: int,
                 append_time_ms: int, broker_id: int, /) -> BatchMessages: ...

@@ -77,7 +77,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from itertools import accumulate, pairwise, repeat
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import crc32c as _crc32c
 import lz4.frame as _lz4
@@ -899,6 +899,10 @@ def _checked_columns(batch: bytes | memoryview, header: BatchHeader | None, veri
     return header, _Columns.parse(_body(view, header, max_uncompressed_bytes), header, producer=False)
 
 
+_Column = TypeVar("_Column", list[Any], array)
+"""A column of a batch's records: decoded values (a list) or a fixed-width field (an array)."""
+
+
 class MessageBatch:
     """The records of one stored batch, checked, as columns: what a bulk reader takes without a
     :class:`~metaq.types.Message` per record, and what the per-message paths build Messages from.
@@ -1026,7 +1030,7 @@ class MessageBatch:
             return [None] * len(self)
         return self._window(_decode_headers(self._bytes(), cols.headers_at, cols.hcounts))
 
-    def _window(self, column: list[Any]) -> list[Any]:
+    def _window(self, column: _Column) -> _Column:
         return column if self._lo == 0 and self._hi == len(column) else column[self._lo:self._hi]
 
     def _bytes(self) -> bytes:
@@ -1049,8 +1053,10 @@ class MessageBatch:
         if not n:
             return iter(())
         cols = self._cols
-        if BATCH_MESSAGES is not None:
-            return BATCH_MESSAGES(self.topic, self._bytes(), self._payload_ends(),
+        if BATCH_MESSAGES is not None:  # the payloads' places from the length column itself, in C
+            vlens = cols.vlens
+            start = cols.values_at + sum(vlens[:self._lo])
+            return BATCH_MESSAGES(self.topic, self._bytes(), start, self._window(vlens),
                                   None if cols.no_attrs else self.attributes, None if cols.no_keys else self.keys,
                                   None if cols.no_headers else self.headers, self.timestamps, self.offsets, self.ids,
                                   self.partition, self.header.append_time_ms, self.broker_id)

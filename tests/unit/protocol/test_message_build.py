@@ -8,7 +8,7 @@ import copy
 import dataclasses
 import pickle
 from array import array
-from itertools import repeat
+from itertools import accumulate, repeat
 from typing import Any
 
 import pytest
@@ -160,9 +160,11 @@ def test_the_compiled_builder_is_in_use_when_the_extension_is() -> None:
     assert types.BATCH_MESSAGES is _speedups.BatchMessages and rec.BATCH_MESSAGES is types.BATCH_MESSAGES
 
 
-def _python_builder(topic: str, raw: bytes, ends: list[int], attributes: Any, keys: Any, headers: Any,
+def _python_builder(topic: str, raw: bytes, start: int, lengths: array, attributes: Any, keys: Any, headers: Any,
                     *rest: Any) -> Any:
-    """records' own choice without the compiled builder: _build_plain, or _build with None for an absent column."""
+    """records' own choice without the compiled builder: _build_plain, or _build with None for an absent column;
+    payload i ends where the running sum of the lengths from ``start`` says."""
+    ends = list(accumulate(lengths, initial=start))
     if attributes is None and keys is None and headers is None:
         return rec._build_plain(topic, raw, ends, *rest)
     n = len(ends) - 1
@@ -176,16 +178,14 @@ def _builders() -> list[Any]:
 
 @settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(payloads=st.lists(st.binary(max_size=40), max_size=12), base=st.integers(0, 1 << 62),
-       short=st.integers(0, 3), which=st.integers(0, 5), keyed=st.booleans())
+       short=st.integers(0, 3), which=st.integers(0, 5), keyed=st.booleans(), prefix=st.binary(max_size=5))
 def test_both_builders_make_the_same_messages_and_stop_at_the_shortest_column(payloads: list[bytes], base: int,
-                                                                              short: int, which: int,
-                                                                              keyed: bool) -> None:
-    """Same fields, same types, each payload its own bytes; as zip does, the first column to run out ends the
-    batch (ends holds one more entry than the others)."""
-    raw = b"".join(payloads)
-    ends = [0]
-    for p in payloads:
-        ends.append(ends[-1] + len(p))
+                                                                              short: int, which: int, keyed: bool,
+                                                                              prefix: bytes) -> None:
+    """Same fields, same types, each payload its own bytes (the payloads start after ``prefix``); as zip does,
+    the first column to run out ends the batch."""
+    raw = prefix + b"".join(payloads)
+    lengths = array("i", [len(p) for p in payloads])
     n = len(payloads)
     columns: list[Any] = [[f"a{i}" if i % 2 else None for i in range(n)] if keyed else None,
                           [b"k%d" % i for i in range(n)] if keyed else None,
@@ -194,7 +194,7 @@ def test_both_builders_make_the_same_messages_and_stop_at_the_shortest_column(pa
     if columns[which] is not None:
         columns[which] = columns[which][:max(0, n - short)]
     expected = min([n] + [len(c) for c in columns if c is not None])
-    built = [list(builder("t", raw, ends, *columns, 3, APPEND_MS, 7)) for builder in _builders()]
+    built = [list(builder("t", raw, len(prefix), lengths, *columns, 3, APPEND_MS, 7)) for builder in _builders()]
     for got in built:
         assert len(got) == expected
         assert [m.data for m in got] == payloads[:expected]
@@ -220,11 +220,15 @@ def test_the_compiled_builder_refuses_what_it_cannot_fill_and_keeps_its_binding(
         _speedups.bind_message(Message, list(reversed(FIELDS)))  # every field, but not where it belongs
     build = _speedups.BatchMessages
     with pytest.raises(ValueError, match="negative"):
-        next(build("t", b"ab", [-1, 2], None, None, None, [1], [1], [1], 0, 0, 0))
+        next(build("t", b"ab", 0, array("i", [-1]), None, None, None, [1], [1], [1], 0, 0, 0))
+    with pytest.raises(ValueError, match="negative"):
+        build("t", b"ab", -1, array("i", [1]), None, None, None, [1], [1], [1], 0, 0, 0)
     with pytest.raises(TypeError):
-        build("t", bytearray(b"ab"), [0, 2], None, None, None, [1], [1], [1], 0, 0, 0)
+        build("t", bytearray(b"ab"), 0, array("i", [2]), None, None, None, [1], [1], [1], 0, 0, 0)
+    with pytest.raises(TypeError, match="array"):
+        build("t", b"ab", 0, array("q", [2]), None, None, None, [1], [1], [1], 0, 0, 0)  # not int32 lengths
     with pytest.raises(TypeError):
-        build("t", b"ab", [0, 2], 5, None, None, [1], [1], [1], 0, 0, 0)  # a column that is not iterable
+        build("t", b"ab", 0, array("i", [2]), 5, None, None, [1], [1], [1], 0, 0, 0)  # a column that is not iterable
     # bounds past the payloads are clamped as a slice is; Messages are still of the bound class
-    (m,) = build("t", b"ab", [1, 9], None, ["k"], None, [5], [6], [7], 0, 0, 0)
+    (m,) = build("t", b"ab", 1, array("i", [8]), None, ["k"], None, [5], [6], [7], 0, 0, 0)
     assert type(m) is Message and m.data == b"b" and (m.key, m.timestamp_ms, m.offset, m.id) == ("k", 5, 6, 7)
