@@ -306,6 +306,14 @@ BATCH_MESSAGES: Any = None
 """The compiled builder of a consumed batch's Messages (metaq._speedups.BatchMessages, bound to
 :class:`Message`), or None: metaq.protocol.records uses its Python twins ``_build_plain`` and ``_build``."""
 
+COMPILED_MESSAGE_CONSTRUCTOR = False
+"""Whether calling :class:`Message` builds the instance in compiled code (metaq._speedups.bind_constructor: the
+same fields, defaults and TypeErrors as the dataclass __init__, which stays for subclasses and direct calls)."""
+
+PLAIN_REGION: Any = None
+"""The compiled records region of a plain batch (metaq._speedups.plain_region), or None: metaq.protocol.records
+builds it from Python column operations instead (``_plain_region_py``)."""
+
 if not TYPE_CHECKING and not os.environ.get("METAQ_NO_SPEEDUPS"):
     # The compiled SendResult behaves as the dataclass above (same attributes, equality, repr, properties,
     # pickling, dataclasses helpers: tests/unit/test_send_result_impl.py runs both), but the cyclic GC does
@@ -319,6 +327,7 @@ if not TYPE_CHECKING and not os.environ.get("METAQ_NO_SPEEDUPS"):
         _speedups.bind(PartitionId, format_message_id, _PySendResult)
         SendResult = _speedups.SendResult
         SPEEDUPS = True
+        PLAIN_REGION = _speedups.plain_region
         _PySendResult.__qualname__ = _PySendResult.__name__ = "_PySendResult"  # pickled by its own name
         # The consumer's Messages, built in C as _build_plain and _build build them; refused (the Python builder stays)
         # if Message's fields are not the ones it fills (tests/unit/protocol/test_message_build.py fails then).
@@ -328,3 +337,11 @@ if not TYPE_CHECKING and not os.environ.get("METAQ_NO_SPEEDUPS"):
             pass
         else:
             BATCH_MESSAGES = _speedups.BatchMessages
+            # Message(...) itself: the instance built in C as the dataclass __init__ builds it (every producer
+            # makes one per send); refused, nothing changed, if __init__'s parameters are not the fields.
+            try:
+                _speedups.bind_constructor(Message)
+            except ValueError:
+                pass
+            else:
+                COMPILED_MESSAGE_CONSTRUCTOR = True

@@ -75,32 +75,53 @@ def _open_cached(cache: dict[str, tuple[Sequence[Partition], Sequence[Partition]
     return candidates
 
 
+class _Rotation:
+    """A topic's round robin: the open partitions of one partitions sequence, and the counter of the next
+    message (kept when the sequence is replaced, so the rotation goes on where it was)."""
+
+    __slots__ = ("candidates", "count", "next", "partitions")
+
+    def __init__(self, partitions: Sequence[Partition], candidates: Sequence[Partition], next_: int) -> None:
+        self.partitions = partitions
+        self.candidates = candidates
+        self.count = len(candidates)
+        self.next = next_
+
+
 class RoundRobinSelector:
     """Open partitions in (broker id, partition) order, one after the other; a counter per topic."""
 
-    __slots__ = ("_counters", "_open")
+    __slots__ = ("_rotations",)
     reroutable: ClassVar[bool] = True
 
     def __init__(self) -> None:
-        self._counters: dict[str, int] = {}
-        # topic -> (the partitions sequence last seen, its open partitions): metadata hands out the
-        # same tuple until it refreshes, so the filtering runs once per refresh, not per message.
-        self._open: dict[str, tuple[Sequence[Partition], Sequence[Partition]]] = {}
+        # topic -> its rotation. Metadata hands out the same partitions tuple until it refreshes, so the
+        # open ones are filtered once per refresh, and a message costs one dict lookup.
+        self._rotations: dict[str, _Rotation] = {}
+
+    def _rotation(self, topic: str, partitions: Sequence[Partition]) -> _Rotation:
+        rotation = self._rotations.get(topic)
+        if rotation is None or rotation.partitions is not partitions:
+            rotation = self._rotations[topic] = _Rotation(partitions, _open(topic, partitions),
+                                                          0 if rotation is None else rotation.next)
+        return rotation
 
     def __call__(self, topic: str, partitions: Sequence[Partition], message: Message) -> Partition:
-        candidates = _open_cached(self._open, topic, partitions)
-        n = self._counters.get(topic, 0)
-        self._counters[topic] = n + 1
-        return candidates[n % len(candidates)]
+        rotation = self._rotations.get(topic)
+        if rotation is None or rotation.partitions is not partitions:
+            rotation = self._rotation(topic, partitions)
+        n = rotation.next
+        rotation.next = n + 1
+        return rotation.candidates[n % rotation.count]
 
     def reserve(self, topic: str, partitions: Sequence[Partition], count: int) -> tuple[Sequence[Partition], int]:
         """``count`` calls at once, for messages that need no look at: the open partitions and the counter of
         the first; message ``j`` goes to ``candidates[(first + j) % len(candidates)]``, as ``count`` calls
         would have chosen (the producer's send_async_many places a plain list this way)."""
-        candidates = _open_cached(self._open, topic, partitions)
-        first = self._counters.get(topic, 0)
-        self._counters[topic] = first + count
-        return candidates, first
+        rotation = self._rotation(topic, partitions)
+        first = rotation.next
+        rotation.next = first + count
+        return rotation.candidates, first
 
 
 class StickyRoundRobinSelector:

@@ -84,7 +84,7 @@ import lz4.frame as _lz4
 import zstandard as _zstd
 
 from metaq.errors import CorruptRecordError, InvalidArgument, ProtocolError
-from metaq.types import BATCH_MESSAGES, Message, PartitionId
+from metaq.types import BATCH_MESSAGES, PLAIN_REGION, Message, PartitionId
 
 MAGIC = 2
 OLD_MAGICS = {1: "metaq 0.1"}
@@ -363,6 +363,47 @@ def _col(typecode: str, items: Iterable[int]) -> bytes:
     return arr.tobytes()
 
 
+_deltas = _col("i", range(4096))
+"""Offset deltas 0, 1, 2, ... as an int32 column: a batch's is a prefix of it (grown when a batch needs more)."""
+
+
+def _deltas_column(n: int) -> bytes:
+    global _deltas
+    if 4 * n > len(_deltas):
+        _deltas = _col("i", range(max(n, len(_deltas) // 2)))
+    return _deltas[:4 * n]
+
+
+def _plain_region_py(values: Sequence[bytes], timestamps: Sequence[int] | int) -> tuple[bytes, int, int]:
+    """:func:`_plain_region` from column operations, for when the compiled one is missing or declines."""
+    n = len(values)
+    if isinstance(timestamps, int):
+        lo = hi = timestamps
+        ts_col = _col("q", [timestamps]) * n
+    elif len(timestamps) != n or not n:
+        raise ValueError("one timestamp per value, and at least one value")
+    elif timestamps.count(timestamps[0]) == n:  # usually: every record has its batch's creation time
+        lo = hi = timestamps[0]
+        ts_col = _col("q", [lo]) * n
+    else:
+        lo, hi = min(timestamps), max(timestamps)
+        ts_col = _col("q", timestamps)
+    region = b"".join((_deltas_column(n), ts_col, _col("i", [-1]) * n, _col("i", list(map(len, values))),
+                       _col("h", [-1]) * n, bytes(2 * n), b"".join(values)))
+    return region, lo, hi
+
+
+def _plain_region(values: Sequence[bytes], timestamps: Sequence[int] | int) -> tuple[bytes, int, int]:
+    """The uncompressed records region of a batch of plain records (no key, attribute or headers), and the
+    smallest and largest timestamp: ``timestamps`` is one per value, or one int for all. One compiled pass
+    (metaq._speedups.plain_region) when there is one and every value is bytes or bytearray."""
+    if PLAIN_REGION is not None:
+        built = PLAIN_REGION(values, timestamps)
+        if built is not None:
+            return built
+    return _plain_region_py(values, timestamps)
+
+
 def _read_col(typecode: str, data: bytes | memoryview) -> array:
     arr = array(typecode)
     arr.frombytes(data)
@@ -419,9 +460,10 @@ def _wrap(body: bytes, record_count: int, last_offset_delta: int, first_ts: int,
     codec = Compression.parse(compression)
     body = _compress(codec, body) if record_count else body
     attributes = (int(codec) if record_count else 0) | attributes_extra
-    region = _CRC_REGION_HEAD.pack(attributes, last_offset_delta, first_ts, max_ts, record_count) + body
-    return _prefix(0, len(region) + STAMPED_BYTES - LENGTH_PREFIX_BYTES, 0, -1, _crc32c.crc32c(region),
-                   region[:HEADER_BYTES - STAMPED_BYTES]) + region
+    head = _CRC_REGION_HEAD.pack(attributes, last_offset_delta, first_ts, max_ts, record_count)  # [45, 71)
+    # one copy of the body, into the batch: the body crc runs over head and body without joining them first
+    return b"".join((_prefix(0, len(head) + len(body) + STAMPED_BYTES - LENGTH_PREFIX_BYTES, 0, -1,
+                             _crc32c.crc32c(body, _crc32c.crc32c(head)), head), head, body))
 
 
 def encode_record(offset_delta: int, timestamp_ms: int, value: bytes, key: bytes | None = None,
@@ -488,14 +530,13 @@ def encode_values(values: Sequence[bytes], timestamp_ms: int,
                   compression: Compression = Compression.NONE) -> bytes:
     """The fast path: a batch of plain payloads (no key, attribute or headers) sharing one timestamp.
 
-    Every step is a C-level operation over whole columns; no Python code runs per message.
+    No Python code runs per message: the region is one compiled pass (or, without it, C-level column
+    operations).
     """
     n = len(values)
     if n < 1:
         raise InvalidArgument("a record batch needs at least one record")
-    minus1 = _col("i", [-1]) * n
-    region = b"".join((_col("i", range(n)), _col("q", [timestamp_ms]) * n, minus1, _col("i", map(len, values)),
-                       _col("h", [-1]) * n, bytes(2 * n), b"".join(values)))
+    region, _, _ = _plain_region(values, timestamp_ms)
     return _wrap(region, n, n - 1, timestamp_ms, timestamp_ms, Compression.parse(compression))
 
 
@@ -512,17 +553,16 @@ def encode_columns(values: Sequence[bytes], timestamps: Sequence[int], *,
     if n < 1:
         raise InvalidArgument("a record batch needs at least one record")
     if keys is None and attributes is None and headers is None:
-        region = b"".join((_col("i", range(n)), _col("q", timestamps), _col("i", [-1]) * n,
-                           _col("i", map(len, values)), _col("h", [-1]) * n, bytes(2 * n), b"".join(values)))
-    else:
-        attrs = [None] * n if attributes is None else [a.encode() if a is not None else None for a in attributes]
-        for a in attrs:
-            if a is not None and len(a) > 0x7FFF:
-                raise InvalidArgument(f"attribute is {len(a)} bytes encoded; at most 32767")
-        hlists = [None] * n if headers is None else headers
-        region = _columns_region(range(n), timestamps, [None] * n if keys is None else keys, values, attrs,
-                                 [_encode_headers(h) if h else b"" for h in hlists],
-                                 [len(h) if h else 0 for h in hlists])
+        region, lo, hi = _plain_region(values, timestamps)
+        return _wrap(region, n, n - 1, lo, hi, Compression.parse(compression))
+    attrs = [None] * n if attributes is None else [a.encode() if a is not None else None for a in attributes]
+    for a in attrs:
+        if a is not None and len(a) > 0x7FFF:
+            raise InvalidArgument(f"attribute is {len(a)} bytes encoded; at most 32767")
+    hlists = [None] * n if headers is None else headers
+    region = _columns_region(range(n), timestamps, [None] * n if keys is None else keys, values, attrs,
+                             [_encode_headers(h) if h else b"" for h in hlists],
+                             [len(h) if h else 0 for h in hlists])
     return _wrap(region, n, n - 1, min(timestamps), max(timestamps), Compression.parse(compression))
 
 

@@ -1,0 +1,88 @@
+"""The records region of a plain batch (no key, attribute or headers): what the producer encodes for every
+``send_async`` batch and every ``send_batch`` chunk. Built in one compiled pass (metaq._speedups.plain_region)
+when the extension is there, from Python column operations otherwise; both must give the same bytes, and the
+batch must read back as what was sent."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from protocol_strategies import examples
+
+from metaq import types
+from metaq.protocol import records as rec
+
+COMPILED = pytest.mark.skipif(rec.PLAIN_REGION is None, reason="metaq._speedups not in use")
+INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
+
+
+def test_the_compiled_region_is_in_use_when_the_extension_is() -> None:
+    if types.SPEEDUPS and not os.environ.get("METAQ_NO_SPEEDUPS"):
+        assert rec.PLAIN_REGION is not None
+    else:
+        assert rec.PLAIN_REGION is None
+
+
+def builders() -> list[Any]:
+    return [rec._plain_region_py] + ([rec.PLAIN_REGION] if rec.PLAIN_REGION is not None else [])
+
+
+@settings(max_examples=examples(150), deadline=None)
+@given(values=st.lists(st.binary(max_size=60), min_size=1, max_size=40), stamps=st.data(),
+       as_bytearray=st.booleans())
+def test_both_builders_give_the_same_region_and_timestamp_range(values: list[bytes], stamps: st.DataObject,
+                                                                as_bytearray: bool) -> None:
+    """One timestamp for all, one each (equal or not): the same bytes, smallest and largest timestamp."""
+    n = len(values)
+    kind = stamps.draw(st.sampled_from(["one", "each", "equal"]))
+    timestamps: Any = (stamps.draw(INT64) if kind == "one" else stamps.draw(st.lists(INT64, min_size=n, max_size=n))
+                       if kind == "each" else [stamps.draw(INT64)] * n)
+    items: list[Any] = [bytearray(v) for v in values] if as_bytearray else values
+    built = [build(items, timestamps) for build in builders()]
+    assert all(b == built[0] for b in built)
+    region, lo, hi = built[0]
+    each = [timestamps] * n if isinstance(timestamps, int) else timestamps
+    assert (lo, hi) == (min(each), max(each))
+    assert len(region) == 24 * n + sum(map(len, values)) and region.endswith(b"".join(values))
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(values=st.lists(st.binary(max_size=80), min_size=1, max_size=30),
+       timestamps=st.lists(st.integers(0, 1 << 45), min_size=30, max_size=30))
+def test_a_plain_batch_reads_back_as_sent(values: list[bytes], timestamps: list[int]) -> None:
+    stamps = timestamps[:len(values)]
+    batch = bytearray(rec.encode_columns(values, stamps))
+    rec.stamp(batch, 100, 5000, 1_700_000_000_000)
+    got = rec.decode_batch(bytes(batch), "t", 2, broker_id=1)
+    assert [(m.data, m.timestamp_ms, m.offset) for m in got] == [
+        (v, t, 100 + i) for i, (v, t) in enumerate(zip(values, stamps, strict=True))]
+    header = rec.read_header(batch)
+    assert (header.first_timestamp_ms, header.max_timestamp_ms) == (min(stamps), max(stamps))
+
+
+def test_a_memoryview_payload_is_encoded_by_the_python_columns() -> None:
+    """send_batch takes memoryviews too: the compiled pass declines them (None) and the batch is still right."""
+    if rec.PLAIN_REGION is not None:
+        assert rec.PLAIN_REGION([b"a", memoryview(b"bc")], 5) is None
+    batch = bytearray(rec.encode_values([b"a", memoryview(b"bc")], 5))  # type: ignore[list-item]
+    rec.stamp(batch, 0, 0, 6)
+    assert [m.data for m in rec.decode_batch(bytes(batch), "t", 0)] == [b"a", b"bc"]
+
+
+@pytest.mark.parametrize("build", [pytest.param(rec._plain_region_py, id="python"),
+                                   pytest.param(rec.PLAIN_REGION, id="compiled", marks=COMPILED)])
+def test_misuse_is_refused_the_same_way(build: Any) -> None:
+    with pytest.raises(ValueError):
+        build([b"a", b"b"], [1])  # a timestamp short
+    with pytest.raises(OverflowError):
+        build([b"a"], [1 << 63])
+    with pytest.raises(OverflowError):
+        build([b"a"], 1 << 63)
+    with pytest.raises(TypeError):
+        build([b"a"], ["1"])
+    with pytest.raises(ValueError):
+        build([], [])
