@@ -49,11 +49,12 @@
  * bind_constructor(): Message(...) itself, the producer's side of the same idea (every send makes one). The class
  * gets a vectorcall (tp_vectorcall, which CPython uses to call a type object when set, and which subclasses do
  * not inherit) that does what type.__call__ does with the dataclass __init__: an instance from tp_alloc, every
- * field from the arguments or the __init__'s own __defaults__ (the same objects), and the same TypeErrors word
- * for word, checked in CPython's order (tests/unit/test_message_constructor.py holds it to the dataclass with
- * hypothesis). It stands in only while the class is unchanged: bound to the class's tp_version_tag, which any
- * assignment to a class attribute (Message.__init__ = ..., a test double) replaces; then, and for any other
- * class, the call goes the generic way, through whatever __init__ is there. 0.18 -> 0.075 us a Message here.
+ * field from the arguments or the __init__'s own __defaults__ (the same objects). A call the __init__ would
+ * refuse goes the generic way, so its TypeError is CPython's own (3.13 words them differently from 3.11);
+ * tests/unit/test_message_constructor.py holds the two to the same outcome with hypothesis. It stands in only
+ * while the class is unchanged: bound to the class's tp_version_tag, which any assignment to a class attribute
+ * (Message.__init__ = ..., a test double) replaces; then, and for any other class, every call goes the generic
+ * way, through whatever __init__ is there. 0.18 -> 0.075 us a Message here.
  *
  * plain_region(): the records region of a batch of plain records (no key, attribute or headers) in one pass:
  * the six columns and the payloads, and the timestamps' range. The Python twin, metaq.protocol.records.
@@ -851,9 +852,7 @@ static PyTypeObject BatchMessages_Type = {
 /* ---------------------------------------------------------------- Message(...) (producer side) */
 
 static PyObject *message_defaults = NULL;   /* the dataclass __init__'s __defaults__: the optional fields' */
-static PyObject *message_init_name = NULL;  /* its __qualname__, "Message.__init__", for error messages */
 static PyObject *message_field_strs[N_MESSAGE_SLOTS];  /* interned field names, for keyword arguments */
-static PyObject *message_self_name = NULL;  /* the name of __init__'s first parameter ("self") */
 static Py_ssize_t message_required = 0;     /* the fields without a default: the first ones */
 static unsigned int message_version = 0;    /* the class's tp_version_tag when bound: any change to the class
                                              * (Message.__init__ = ..., any attribute set) gives it another */
@@ -887,64 +886,23 @@ done:
     return result;
 }
 
-static int
-message_missing(PyObject **values)
-{
-    /* TypeError as the dataclass __init__ raises it for missing required arguments: "missing 1 required
-     * positional argument: 'data'", "... 2 required positional arguments: 'topic' and 'data'" */
-    PyObject *names = PyList_New(0);
-    if (names == NULL) {
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < message_required; i++) {
-        if (values[i] == NULL) {
-            PyObject *quoted = PyUnicode_FromFormat("'%U'", message_field_strs[i]);
-            if (quoted == NULL || PyList_Append(names, quoted) < 0) {
-                Py_XDECREF(quoted);
-                Py_DECREF(names);
-                return -1;
-            }
-            Py_DECREF(quoted);
-        }
-    }
-    Py_ssize_t k = PyList_GET_SIZE(names);
-    PyObject *text = NULL;
-    if (k == 1) {
-        text = Py_NewRef(PyList_GET_ITEM(names, 0));
-    } else {
-        PyObject *head = PyList_GetSlice(names, 0, k - 1);
-        PyObject *sep = PyUnicode_FromString(", ");
-        PyObject *joined = head != NULL && sep != NULL ? PyUnicode_Join(sep, head) : NULL;
-        if (joined != NULL) {
-            text = PyUnicode_FromFormat(k == 2 ? "%U and %U" : "%U, and %U", joined, PyList_GET_ITEM(names, k - 1));
-        }
-        Py_XDECREF(head);
-        Py_XDECREF(sep);
-        Py_XDECREF(joined);
-    }
-    if (text != NULL) {
-        PyErr_Format(PyExc_TypeError, "%U() missing %zd required positional argument%s: %U", message_init_name, k,
-                     k == 1 ? "" : "s", text);
-        Py_DECREF(text);
-    }
-    Py_DECREF(names);
-    return -1;
-}
-
 static PyObject *
 Message_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     /* Message(...): what type.__call__ does with the dataclass __init__ (an instance from tp_alloc, each field
-     * set from the arguments or its default), without running Python code. The class changed since it was
-     * bound (tp_version_tag differs), or another class: the generic call. */
+     * set from the arguments or its default), without running Python code. Anything else goes the generic way
+     * (type.__call__, i.e. __new__ and whatever __init__ is there): another class, the class changed since it
+     * was bound (tp_version_tag differs), and every call the __init__ would refuse (too many positional
+     * arguments, an unknown or repeated keyword, a required one missing), so that its TypeError is the one the
+     * running CPython words. */
     PyTypeObject *type = (PyTypeObject *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (type != message_type || message_version == 0 || type->tp_version_tag != message_version) {
+    if (type != message_type || message_version == 0 || type->tp_version_tag != message_version
+            || nargs > N_MESSAGE_SLOTS) {
         return message_call_generic(callable, args, nargs, kwnames);
     }
     PyObject *values[N_MESSAGE_SLOTS] = {NULL};  /* borrowed */
-    /* in CPython's order of checks: keyword errors first, then too many positional arguments, then missing ones */
-    for (Py_ssize_t i = 0; i < nargs && i < N_MESSAGE_SLOTS; i++) {
+    for (Py_ssize_t i = 0; i < nargs; i++) {
         values[i] = args[i];
     }
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
@@ -956,41 +914,19 @@ Message_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyO
                 found = i;
             }
         }
-        for (int i = 0; i < N_MESSAGE_SLOTS && found < 0; i++) {
-            int eq = PyUnicode_Compare(name, message_field_strs[i]);
-            if (eq == -1 && PyErr_Occurred()) {
-                return NULL;
-            }
-            if (eq == 0) {
+        for (int i = 0; i < N_MESSAGE_SLOTS && found < 0 && PyUnicode_Check(name); i++) {
+            if (PyUnicode_Compare(name, message_field_strs[i]) == 0) {  /* both str: no error */
                 found = i;
             }
         }
-        if (found < 0) {
-            int eq = PyUnicode_Compare(name, message_self_name);  /* __init__(self, ...): self is given already */
-            if (eq == -1 && PyErr_Occurred()) {
-                return NULL;
-            }
-            PyErr_Format(PyExc_TypeError, eq == 0 ? "%U() got multiple values for argument '%S'"
-                                                  : "%U() got an unexpected keyword argument '%S'",
-                         message_init_name, name);
-            return NULL;
-        }
-        if (values[found] != NULL) {
-            PyErr_Format(PyExc_TypeError, "%U() got multiple values for argument '%U'", message_init_name,
-                         message_field_strs[found]);
-            return NULL;
+        if (found < 0 || values[found] != NULL) {
+            return message_call_generic(callable, args, nargs, kwnames);
         }
         values[found] = args[nargs + j];
     }
-    if (nargs > N_MESSAGE_SLOTS) {
-        PyErr_Format(PyExc_TypeError, "%U() takes from %zd to %d positional arguments but %zd were given",
-                     message_init_name, message_required + 1, N_MESSAGE_SLOTS + 1, nargs + 1);
-        return NULL;
-    }
     for (Py_ssize_t i = 0; i < message_required; i++) {
         if (values[i] == NULL) {
-            message_missing(values);
-            return NULL;
+            return message_call_generic(callable, args, nargs, kwnames);
         }
     }
     PyObject *m = type->tp_alloc(type, 0);
@@ -1020,7 +956,7 @@ bind_constructor(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (init == NULL) {
         return NULL;
     }
-    PyObject *defaults = NULL, *qualname = NULL, *self_name = NULL, *names[N_MESSAGE_SLOTS] = {NULL};
+    PyObject *defaults = NULL, *names[N_MESSAGE_SLOTS] = {NULL};
     int ok = PyFunction_Check(init);
     if (ok) {
         PyCodeObject *code = (PyCodeObject *)PyFunction_GET_CODE(init);
@@ -1039,27 +975,14 @@ bind_constructor(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyObject *name = PyTuple_GET_ITEM(varnames, i + 1);
             ok = PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, message_slot_names[i]) == 0;
         }
-        if (ok) {
-            self_name = Py_NewRef(PyTuple_GET_ITEM(varnames, 0));
-            ok = PyUnicode_Check(self_name);
-        }
         Py_DECREF(varnames);
-    }
-    if (ok) {
-        qualname = PyObject_GetAttrString(init, "__qualname__");
-        ok = qualname != NULL && PyUnicode_Check(qualname);
-        if (qualname == NULL) {
-            PyErr_Clear();
-        }
     }
     for (int i = 0; ok && i < N_MESSAGE_SLOTS; i++) {
         names[i] = PyUnicode_InternFromString(message_slot_names[i]);
         ok = names[i] != NULL;
     }
-    if (!ok || !(cls->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) || cls->tp_version_tag == 0) {
+    if (!ok || cls->tp_version_tag == 0) {  /* 0: no valid tag (the flag for it is unused from 3.13 on) */
         Py_DECREF(init);
-        Py_XDECREF(qualname);
-        Py_XDECREF(self_name);
         for (int i = 0; i < N_MESSAGE_SLOTS; i++) {
             Py_XDECREF(names[i]);
         }
@@ -1070,8 +993,6 @@ bind_constructor(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_XSETREF(message_defaults, Py_NewRef(defaults));
-    Py_XSETREF(message_init_name, qualname);
-    Py_XSETREF(message_self_name, self_name);
     for (int i = 0; i < N_MESSAGE_SLOTS; i++) {
         Py_XSETREF(message_field_strs[i], names[i]);
     }

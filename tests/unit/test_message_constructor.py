@@ -1,8 +1,8 @@
 """``Message(...)``: with metaq._speedups built, calling the class builds the instance in compiled code
 (``bind_constructor``, the class's vectorcall) instead of running the dataclass ``__init__``. Every producer makes a
 Message per send, so it must be exactly what the dataclass makes: the same fields and defaults (the very default
-objects), the same TypeErrors with the same words, and nothing changed for subclasses, for ``Message.__init__``
-called directly, or once somebody replaces ``Message.__init__``."""
+objects), the same TypeErrors with the same words (a call the __init__ refuses goes through it), and nothing
+changed for subclasses, for ``Message.__init__`` called directly, or once somebody replaces ``Message.__init__``."""
 
 from __future__ import annotations
 
