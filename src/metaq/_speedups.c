@@ -1128,6 +1128,54 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------- plain_columns_ok (broker side) */
+
+static uint32_t
+get_le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static PyObject *
+plain_columns_ok(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    /* plain_columns_ok(region, n, max_message_bytes) -> bool: whether the records region of an n-record batch
+     * is one a producer writes without attributes or headers, whole and within the size limit: offset deltas
+     * 0..n-1, key lengths >= -1, value lengths >= 0, attribute lengths all -1, header counts all 0, the keys
+     * and values filling the rest of the region exactly, and no record (24 bytes of columns, key, value) over
+     * max_message_bytes. True only for regions the general check (records._Columns.parse) accepts too; False
+     * says nothing: the caller runs that check, which says what is wrong or accepts what this does not cover
+     * (attributes, headers). */
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "plain_columns_ok(region, n, max_message_bytes)");
+        return NULL;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    long long max_bytes = PyLong_AsLongLong(args[2]);
+    if ((n == -1 || max_bytes == -1) && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    int ok = n >= 1 && n <= view.len / 24;
+    const unsigned char *base = view.buf;
+    const unsigned char *deltas = base, *keys = base + 12 * n, *lens = base + 16 * n, *attrs = base + 20 * n;
+    const unsigned char *hcounts = base + 22 * n;
+    long long data = 0;
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        int32_t klen = (int32_t)get_le32(keys + 4 * i), vlen = (int32_t)get_le32(lens + 4 * i);
+        ok = get_le32(deltas + 4 * i) == (uint32_t)i && klen >= -1 && vlen >= 0
+             && attrs[2 * i] == 0xFF && attrs[2 * i + 1] == 0xFF && hcounts[2 * i] == 0 && hcounts[2 * i + 1] == 0
+             && 24 + (long long)(klen > 0 ? klen : 0) + vlen <= max_bytes;
+        data += (klen > 0 ? klen : 0) + (long long)vlen;
+    }
+    ok = ok && 24 * (long long)n + data == (long long)view.len;
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef module_methods[] = {
     {"resolve_ok", (PyCFunction)(void (*)(void))resolve_ok, METH_FASTCALL,
      "resolve_ok(waiters, start, base_id, base_offset, partition, topic, broker_id, invalid_state_error)"},
@@ -1136,6 +1184,8 @@ static PyMethodDef module_methods[] = {
      "bind_message(Message, field_names): where BatchMessages puts each field"},
     {"bind_constructor", (PyCFunction)(void (*)(void))bind_constructor, METH_FASTCALL,
      "bind_constructor(Message): calling the class builds its instances in C"},
+    {"plain_columns_ok", (PyCFunction)(void (*)(void))plain_columns_ok, METH_FASTCALL,
+     "plain_columns_ok(region, n, max_message_bytes) -> bool: a plain produced batch's columns, checked"},
     {"plain_region", (PyCFunction)(void (*)(void))plain_region, METH_FASTCALL,
      "plain_region(values, timestamps) -> (region, min_ts, max_ts) or None: a plain batch's records region"},
     {NULL},

@@ -310,6 +310,10 @@ COMPILED_MESSAGE_CONSTRUCTOR = False
 """Whether calling :class:`Message` builds the instance in compiled code (metaq._speedups.bind_constructor: the
 same fields, defaults and TypeErrors as the dataclass __init__, which stays for subclasses and direct calls)."""
 
+PLAIN_COLUMNS_OK: Any = None
+"""The compiled check of a plain produced batch's columns (metaq._speedups.plain_columns_ok), or None: the broker's
+validate_batch runs only its Python checks."""
+
 PLAIN_REGION: Any = None
 """The compiled records region of a plain batch (metaq._speedups.plain_region), or None: metaq.protocol.records
 builds it from Python column operations instead (``_plain_region_py``)."""
@@ -328,6 +332,7 @@ if not TYPE_CHECKING and not os.environ.get("METAQ_NO_SPEEDUPS"):
         SendResult = _speedups.SendResult
         SPEEDUPS = True
         PLAIN_REGION = _speedups.plain_region
+        PLAIN_COLUMNS_OK = _speedups.plain_columns_ok
         _PySendResult.__qualname__ = _PySendResult.__name__ = "_PySendResult"  # pickled by its own name
         # The consumer's Messages, built in C as _build_plain and _build build them; refused (the Python builder stays)
         # if Message's fields are not the ones it fills (tests/unit/protocol/test_message_build.py fails then).

@@ -86,3 +86,63 @@ def test_misuse_is_refused_the_same_way(build: Any) -> None:
         build([b"a"], ["1"])
     with pytest.raises(ValueError):
         build([], [])
+
+
+# -- the broker's side: metaq._speedups.plain_columns_ok, validate_batch's fast accept --
+
+def _header(n: int) -> rec.BatchHeader:
+    return rec.BatchHeader(0, 0, 0, 0, 0, 0, 0, 0, n - 1, 0, 0, n)
+
+
+def general_check_accepts(region: bytes, n: int, max_message_bytes: int) -> bool:
+    """What validate_batch decides for these columns without the compiled check: the general parse, then each
+    record's size against the limit."""
+    try:
+        cols = rec._Columns.parse(region, _header(n), producer=True)
+    except rec.CorruptRecordError:
+        return False
+    return max(cols.record_bytes(), default=0) <= max_message_bytes
+
+
+def keyed_region(values: list[bytes], keys: list[bytes | None]) -> bytes:
+    batch = rec.encode_columns(values, [7] * len(values), keys=keys)
+    return batch[rec.HEADER_BYTES:]  # uncompressed: the records region follows the header
+
+
+@COMPILED
+def test_the_compiled_check_is_in_use_when_the_extension_is() -> None:
+    assert rec.PLAIN_COLUMNS_OK is not None
+
+
+@COMPILED
+@settings(max_examples=examples(300), deadline=None)
+@given(values=st.lists(st.binary(max_size=30), min_size=1, max_size=20), keyed=st.booleans(), data=st.data())
+def test_what_the_compiled_check_accepts_the_general_check_accepts(values: list[bytes], keyed: bool,
+                                                                   data: st.DataObject) -> None:
+    """A fast accept, never a wrong one: the columns of a plain batch, with any bytes changed, any record count
+    and any size limit; whenever the compiled check says yes the general one says yes too. And it does say yes
+    to what producers send, so that the fast path is really taken."""
+    keys = [data.draw(st.one_of(st.none(), st.binary(max_size=10))) for _ in values] if keyed else [None] * len(values)
+    region = bytearray(keyed_region(values, keys))
+    n = len(values)
+    biggest = max(24 + len(k or b"") + len(v) for k, v in zip(keys, values, strict=True))
+    assert rec.PLAIN_COLUMNS_OK(bytes(region), n, biggest)
+    assert not rec.PLAIN_COLUMNS_OK(bytes(region), n, biggest - 1)  # one record over the limit
+    for _ in range(data.draw(st.integers(0, 3))):
+        at = data.draw(st.integers(0, len(region) - 1))
+        region[at] = data.draw(st.integers(0, 255))
+    count = data.draw(st.sampled_from([n, n, n - 1, n + 1, 0]))
+    limit = data.draw(st.sampled_from([biggest, 1 << 20, 24, 0]))
+    if rec.PLAIN_COLUMNS_OK(bytes(region), count, limit):
+        assert general_check_accepts(bytes(region), count, limit)
+
+
+@COMPILED
+def test_columns_with_attributes_or_headers_are_left_to_the_general_check() -> None:
+    batch = rec.encode_messages([types.Message("t", b"v", attribute="a"), types.Message("t", b"w",
+                                                                                          headers=[("h", b"x")])])
+    region = batch[rec.HEADER_BYTES:]
+    assert not rec.PLAIN_COLUMNS_OK(region, 2, 1 << 20)
+    assert general_check_accepts(region, 2, 1 << 20)
+    header = rec.validate_batch(batch, 1 << 20, 1 << 22)  # accepted by the general check
+    assert header.record_count == 2
