@@ -806,31 +806,7 @@ class Producer:
         if partitions is None:
             self._queue(message, fut, size, acks)
             return fut
-        # A plain message of a hot topic: _place_plain, with its common case (room in the chosen partition's open
-        # batch) inlined here, one call fewer per message.
-        topic = message.topic
-        try:
-            p = self.selector(topic, partitions, message)
-        except InvalidArgument:
-            raise
-        except MetaqError as exc:
-            self._refused(message, fut, size, acks, exc)
-            return fut
-        key: BatchKey = (topic, p.partition, p.broker_id, acks)
-        batch = self._acc.batches.get(key)
-        if (batch is not None and batch.size_bytes + size <= self._batch_bytes and batch.keys is None
-                and batch.attributes is None and batch.headers is None):
-            batch.values.append(message.data)
-            ts = message.timestamp_ms
-            batch.timestamps.append(ts if ts >= 0 else batch.created_ms)
-            batch.waiters.append(fut)
-            batch.count += 1
-            batch.size_bytes += size
-            self._buffered += size
-            if batch.size_bytes >= self._batch_bytes:
-                self._dispatch(self._acc.batches.pop(key))
-        else:
-            self._place_at(message, partitions, key, batch, fut, size, acks)
+        self._place_plain(message, partitions, fut, size, acks)  # a plain message of a hot topic
         return fut
 
     def send_async_many(self, messages: Iterable[Message], callback: Callable[[ManySendResult], object] | None = None

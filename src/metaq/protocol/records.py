@@ -67,7 +67,6 @@ The payload (value) is never altered.
 
 from __future__ import annotations
 
-import functools
 import gc
 import struct
 import sys
@@ -368,6 +367,7 @@ _deltas = _col("i", range(4096))
 
 
 def _deltas_column(n: int) -> bytes:
+    """The offset-delta column of an n-record batch as produced: 0, 1, ..., n-1 (little-endian int32)."""
     global _deltas
     if 4 * n > len(_deltas):
         _deltas = _col("i", range(max(n, len(_deltas) // 2)))
@@ -404,6 +404,27 @@ def _plain_region(values: Sequence[bytes], timestamps: Sequence[int] | int) -> t
     return _plain_region_py(values, timestamps)
 
 
+def _plain_columns_ok_py(region: bytes | memoryview, n: int, max_message_bytes: int) -> bool:
+    """:func:`_plain_columns_ok` without the compiled module, for batches of up to ``_SMALL_BATCH_RECORDS_MAX``
+    records (one struct unpack, then checks over tuples); False for larger ones (the general check decides).
+    Its size check is a bound (the largest key plus the largest value), so it may say no where the compiled
+    one, exact per record, says yes."""
+    if not 1 <= n <= _SMALL_BATCH_RECORDS_MAX or len(region) < RECORD_OVERHEAD_BYTES * n:
+        return False
+    if n == 1:  # the common small produce, one plain message
+        delta, _ts, klen, vlen, alen, hcount = _ONE_RECORD.unpack_from(region, 0)
+        size = RECORD_OVERHEAD_BYTES + (klen if klen > 0 else 0) + vlen
+        return (delta == 0 and klen >= -1 and vlen >= 0 and alen == -1 and hcount == 0 and size == len(region)
+                and size <= max_message_bytes)
+    columns, dense, no_attrs, no_headers = _PLAIN_COLUMNS[n]
+    row = columns.unpack_from(region, 0)
+    klens, vlens = row[2 * n:3 * n], row[3 * n:4 * n]
+    return (row[:n] == dense and row[4 * n:5 * n] == no_attrs and row[5 * n:] == no_headers
+            and min(klens) >= -1 and min(vlens) >= 0
+            and RECORD_OVERHEAD_BYTES * n + sum(klens) + klens.count(-1) + sum(vlens) == len(region)
+            and RECORD_OVERHEAD_BYTES + max(max(klens), 0) + max(vlens) <= max_message_bytes)
+
+
 def _read_col(typecode: str, data: bytes | memoryview) -> array:
     arr = array(typecode)
     arr.frombytes(data)
@@ -429,6 +450,12 @@ def _plain_columns(n: int) -> tuple[struct.Struct, tuple[int, ...], tuple[int, .
 
 
 _PLAIN_COLUMNS = [_plain_columns(n) for n in range(_SMALL_BATCH_RECORDS_MAX + 1)]
+
+_plain_columns_ok = PLAIN_COLUMNS_OK if PLAIN_COLUMNS_OK is not None else _plain_columns_ok_py
+"""Whether a produced batch's records region (``n`` records) is what producers send without attributes or
+headers, whole and within ``max_message_bytes``: metaq._speedups.plain_columns_ok (any n, one pass), or its
+Python twin. Yes only for regions the general check (:meth:`_Columns.parse`) accepts too; no means "not that
+case", and the general check decides."""
 
 
 def _encode_headers(headers: Sequence[tuple[str, bytes]]) -> bytes:
@@ -678,29 +705,8 @@ def validate_batch(batch: bytes | bytearray | memoryview, max_message_bytes: int
     _check_attributes(header)
     body = _body(batch, header, max_batch_bytes * 4)
     n = header.record_count
-    if PLAIN_COLUMNS_OK is not None and PLAIN_COLUMNS_OK(body, n, max_message_bytes):
-        # what producers send (no attributes or headers): every column checked in one compiled pass; False
-        # only means "not that case": the checks below decide
+    if _plain_columns_ok(body, n, max_message_bytes):  # what producers send: no attributes or headers
         return header
-    if n == 1 and not header.compression and len(body) >= RECORD_OVERHEAD_BYTES:
-        # the common small produce (one plain message: no attribute, no headers): its one row of columns
-        # checked in one unpack; anything else (or anything wrong) takes the general path below
-        delta, _ts, klen, vlen, alen, hcount = _ONE_RECORD.unpack_from(body, 0)
-        size = RECORD_OVERHEAD_BYTES + (klen if klen > 0 else 0) + vlen
-        if (delta == 0 and klen >= -1 and vlen >= 0 and alen == -1 and hcount == 0 and size == len(body)
-                and size <= max_message_bytes):
-            return header
-    elif n <= _SMALL_BATCH_RECORDS_MAX and not header.compression and len(body) >= RECORD_OVERHEAD_BYTES * n:
-        # a small plain batch (no attribute, no headers; what a producer's burst of a few messages is): its
-        # columns in one unpack and checked as tuples (C loops over n); anything else takes the general path
-        columns, dense, no_attrs, no_headers = _PLAIN_COLUMNS[n]
-        row = columns.unpack_from(body, 0)
-        klens, vlens = row[2 * n:3 * n], row[3 * n:4 * n]
-        if (row[:n] == dense and row[4 * n:5 * n] == no_attrs and row[5 * n:] == no_headers
-                and min(klens) >= -1 and min(vlens) >= 0
-                and RECORD_OVERHEAD_BYTES * n + sum(klens) + klens.count(-1) + sum(vlens) == len(body)
-                and RECORD_OVERHEAD_BYTES + max(max(klens), 0) + max(vlens) <= max_message_bytes):
-            return header
     cols = _Columns.parse(body, header, producer=True)
     biggest = cols.max_record_bytes_bound()
     if biggest > max_message_bytes:
@@ -718,12 +724,6 @@ def _body(batch: bytes | bytearray | memoryview, header: BatchHeader, max_bytes:
     if header.compression and header.record_count:
         return _decompress(header.compression, view, max_bytes)
     return view
-
-
-@functools.lru_cache(maxsize=64)
-def _dense_deltas(n: int) -> bytes:
-    """The offset-delta column of an n-record batch as produced: 0, 1, ..., n-1 (little-endian int32)."""
-    return _deltas_column(n)
 
 
 def _non_negative(column: memoryview, width: int) -> bool:
@@ -779,7 +779,7 @@ class _Columns:
             self.no_keys = self.no_attrs = self.no_headers = self.dense = True
             self.keys_at = self.values_at = self.attrs_at = self.headers_at = 0
             return self
-        dense = self.dense = view[0:4 * n] == _dense_deltas(n)  # 0..n-1: every produced (unfiltered) batch
+        dense = self.dense = view[0:4 * n] == _deltas_column(n)  # 0..n-1: every produced (unfiltered) batch
         if producer:
             if not dense:
                 raise CorruptRecordError("offset deltas of a produced batch must be 0, 1, ..., n-1")

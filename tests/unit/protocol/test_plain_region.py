@@ -133,8 +133,43 @@ def test_what_the_compiled_check_accepts_the_general_check_accepts(values: list[
         region[at] = data.draw(st.integers(0, 255))
     count = data.draw(st.sampled_from([n, n, n - 1, n + 1, 0]))
     limit = data.draw(st.sampled_from([biggest, 1 << 20, 24, 0]))
-    if rec.PLAIN_COLUMNS_OK(bytes(region), count, limit):
+    compiled = rec.PLAIN_COLUMNS_OK(bytes(region), count, limit)
+    if compiled:
         assert general_check_accepts(bytes(region), count, limit)
+    if rec._plain_columns_ok_py(bytes(region), count, limit):  # the twin's bound is stricter, never looser
+        assert compiled
+
+
+@settings(max_examples=examples(150), deadline=None)
+@given(values=st.lists(st.binary(max_size=30), min_size=1, max_size=40), keyed=st.booleans(), data=st.data())
+def test_validate_batch_decides_the_same_with_either_columns_check(values: list[bytes], keyed: bool,
+                                                                   data: st.DataObject) -> None:
+    """Whole batches (a valid CRC around columns with bytes changed): validate_batch gives the same header or
+    the same error whether the fast check is the compiled one or its Python twin (the install without a
+    compiler), and the Python twin alone says yes only to what the general check accepts."""
+    keys = [data.draw(st.one_of(st.none(), st.binary(max_size=10))) for _ in values] if keyed else [None] * len(values)
+    region = bytearray(keyed_region(values, keys))
+    for _ in range(data.draw(st.integers(0, 2))):
+        region[data.draw(st.integers(0, len(region) - 1))] = data.draw(st.integers(0, 255))
+    n = len(values)
+    batch = rec._wrap(bytes(region), n, n - 1, 7, 7, rec.Compression.NONE)
+    limit = data.draw(st.sampled_from([1 << 20, 40, 24]))
+    if rec._plain_columns_ok_py(bytes(region), n, limit):
+        assert general_check_accepts(bytes(region), n, limit)
+
+    def outcome() -> Any:
+        try:
+            return rec.validate_batch(batch, limit, 1 << 22)
+        except (rec.CorruptRecordError, rec.InvalidArgument) as exc:
+            return type(exc), str(exc)
+
+    first = outcome()
+    in_use = rec._plain_columns_ok
+    rec._plain_columns_ok = rec._plain_columns_ok_py
+    try:
+        assert outcome() == first
+    finally:
+        rec._plain_columns_ok = in_use
 
 
 @COMPILED
