@@ -10,10 +10,11 @@ from typing import Any
 
 from metaq.broker.session import Session
 from metaq.protocol import messages as m
-from metaq.protocol.records import decode_fetched, encode_values
+from metaq.protocol.records import decode_fetched, encode_messages, encode_values
 from metaq.testing import BrokerProcess, wait_until
 from metaq.testing.inprocess import InProcessBroker
 from metaq.testing.raw import RawClient
+from metaq.types import Message
 
 
 def test_waiting_fetch_returns_on_append_not_at_max_wait(broker: BrokerProcess) -> None:
@@ -122,3 +123,41 @@ def test_a_waiting_fetch_of_a_closed_connection_gives_its_slot_back_and_is_never
 
         before, after, answered = b.call(scenario)
         assert before == (1, 1) and after == (0, 0) and answered == []
+
+
+def test_woken_long_polls_answer_with_the_bytes_the_log_holds_and_keep_no_batch_after(tmp_path: Path) -> None:
+    """A woken Fetch and a MultiFetch (held to the end of the read, as the transport does) answer with the
+    batch just appended from memory: the same bytes a later Fetch of the same offset reads from the file,
+    keys, headers and the broker's stamp included; once answered, the log keeps no batch in memory."""
+    with InProcessBroker(tmp_path / "b", {"numPartitions": 2, "unflushThreshold": 1000}) as b:
+        core = b.broker
+
+        def produce(partition: int, batch: bytes) -> None:
+            assert core.handle(m.ProduceRequest("tail", partition, 1, 5000, batch)).error_code == 0
+
+        def scenario() -> tuple[Any, ...]:
+            produce(0, encode_values([b"before"], 1))
+            produce(1, encode_values([b"before"], 1))
+            fetch = core.handle(m.FetchRequest("tail", 0, 1, 1 << 20, 60_000), Session(), deferred=True)
+            many = core.handle(m.MultiFetchRequest(60_000, 1, 1 << 20, "", [m.FetchPartition("tail", 0, 1),
+                                                                           m.FetchPartition("tail", 1, 1)]),
+                               Session(), deferred=True)
+            core.waiters.hold()  # one read of the transport: a producer's burst to both partitions
+            produce(0, encode_messages([Message("tail", b"v0", key=b"k0", headers=[("h", b"x")])]))
+            produce(1, encode_messages([Message("tail", b"v1", key=b"k1"), Message("tail", b"v2")]))
+            held = (fetch.done, many.done)
+            core.waiters.release()
+            logs = [core.logs.get("tail", p) for p in (0, 1)]
+            kept = [log.appended_tail(1) if log is not None else "no log" for log in logs]
+            again = [core.handle(m.FetchRequest("tail", p, 1, 1 << 20, 0)) for p in (0, 1)]
+            return held, fetch.result, many.result, kept, again
+
+        held, fetched, many, kept, again = b.call(scenario)
+        assert held == (True, False)  # the Fetch inside the append, the MultiFetch at the end of the read
+        assert kept == [None, None]
+        assert fetched.records == again[0].records and len(fetched.records) > 0
+        assert [p.records for p in many.partitions] == [again[0].records, again[1].records]
+        assert fetched.log_end_offset == again[0].log_end_offset == 2
+        (message,), _ = decode_fetched(fetched.records, "tail", 0, 1)
+        assert (bytes(message.data), message.key, message.headers, message.offset) == (b"v0", b"k0", [("h", b"x")], 1)
+        assert [bytes(x.data) for x in decode_fetched(many.partitions[1].records, "tail", 1, 1)[0]] == [b"v1", b"v2"]

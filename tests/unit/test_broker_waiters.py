@@ -148,3 +148,31 @@ def test_a_multi_partition_waiter_woken_during_a_read_is_answered_once_at_its_en
         assert waiters.waiting == 0
 
     asyncio.run(scenario())
+
+
+def test_an_appends_answered_callback_runs_once_its_woken_waiters_have_answered() -> None:
+    """notify's ``answered`` (the broker drops the batch it kept in memory for the woken fetches): called
+    inside notify when every waiter it woke answered there, at the end of the read when one is held; and
+    a partition some held waiter covers counts as waited on until then (its next append is kept too)."""
+    async def scenario() -> None:
+        waiters = FetchWaiters(max_waiting=10)
+        events: list[str] = []
+        assert not waiters.waiting_on("t", 0)
+        waiters.notify("t", 0, lambda: events.append("nobody waited"))
+        assert events == ["nobody waited"]
+        waiters.park([("t", 0)], 600, None, lambda timed_out: events.append("single"))
+        multi = waiters.park([("t", 1), ("t", 2)], 600, None, lambda timed_out: events.append("multi"))
+        assert [waiters.waiting_on("t", p) for p in range(4)] == [True, True, True, False]
+        waiters.hold()
+        waiters.notify("t", 0, lambda: events.append("answered 0"))
+        assert events[1:] == ["single", "answered 0"]
+        waiters.notify("t", 1, lambda: events.append("answered 1"))
+        assert waiters.waiting_on("t", 2) and not waiters.waiting_on("t", 0)  # held, not in any set now
+        waiters.notify("t", 2, lambda: events.append("answered 2"))
+        assert events[3:] == []
+        waiters.release()
+        assert events[3:] == ["multi", "answered 1", "answered 2"]
+        assert not waiters.waiting_on("t", 2)
+        waiters.finish(multi)
+
+    asyncio.run(scenario())

@@ -65,6 +65,10 @@ class FetchWaiters:
         self._holding = 0
         self._held: list[Waiter] = []
         """Multi-partition waiters woken while holding: answered by :meth:`release`."""
+        self._held_keys: set[tuple[str, int]] = set()
+        """The partitions of the held waiters."""
+        self._after_release: list[Callable[[], None]] = []
+        """The ``answered`` callbacks of the notifies that held a waiter: called at the end of :meth:`release`."""
 
     def park(self, partitions: Iterable[tuple[str, int]], timeout_s: float, owner: WaitOwner | None,
              on_wake: Callable[[bool], None]) -> Waiter:
@@ -158,18 +162,32 @@ class FetchWaiters:
         finally:
             self.finish(waiter)
 
-    def notify(self, topic: str, partition: int) -> None:
+    def waiting_on(self, topic: str, partition: int) -> bool:
+        """Whether a fetch waits on the partition now: an append to it would wake one, or one woken in this
+        read (held, see :meth:`hold`) will read it when answered."""
+        key = (topic, partition)
+        return key in self._waiting or key in self._held_keys
+
+    def notify(self, topic: str, partition: int, answered: Callable[[], None] | None = None) -> None:
         """An append (or a high watermark) moved: wake the partition's waiters, here and now (a
-        multi-partition waiter, while holding: at :meth:`release`)."""
-        waiters = self._waiting.pop((topic, partition), None)
+        multi-partition waiter, while holding: at :meth:`release`). ``answered`` is called once the waiters
+        this woke have answered: before this returns, or at the end of :meth:`release` when one was held."""
+        key = (topic, partition)
+        waiters = self._waiting.pop(key, None)
         if waiters:
             for waiter in tuple(waiters):
                 if self._holding and len(waiter.keys) > 1:
                     if waiter.armed and not waiter.finished:
                         self._disarm(waiter)
                         self._held.append(waiter)
+                        self._held_keys.update(waiter.keys)
                     continue
                 self._wake(waiter, False)
+        if answered is not None:
+            if key in self._held_keys:
+                self._after_release.append(answered)
+            else:
+                answered()
 
     def hold(self) -> None:
         """A transport starts handling the requests of one read (calls nest; each needs its :meth:`release`)."""
@@ -181,11 +199,17 @@ class FetchWaiters:
         if self._holding or not self._held:
             return
         held, self._held = self._held, []
-        for waiter in held:
-            if waiter.finished:
-                continue
-            waiter.armed = True  # as it was when woken: _wake disarms it again and calls it back
-            self._wake(waiter, False)
+        after, self._after_release = self._after_release, []
+        self._held_keys = set()
+        try:
+            for waiter in held:
+                if waiter.finished:
+                    continue
+                waiter.armed = True  # as it was when woken: _wake disarms it again and calls it back
+                self._wake(waiter, False)
+        finally:
+            for answered in after:
+                answered()
 
     def notify_all(self) -> None:
         everyone, self._waiting = self._waiting, {}

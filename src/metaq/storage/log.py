@@ -175,7 +175,7 @@ class PartitionLog:
         "_abandoned", "_active", "_appending", "_bases", "_clock", "_closed", "_config", "_damaged",
         "_end_offset", "_failure", "_files", "_find_lock", "_first_unflushed_ms", "_flush_requested",
         "_flusher", "_id_base", "_lock", "_marker_present", "_own_files", "_parent_unsynced", "_partition",
-        "_pending_future", "_segments", "_size_bytes", "_sync", "_sync_lock", "_tag", "_topic", "_truncations",
+        "_pending_future", "_segments", "_size_bytes", "_sync", "_sync_lock", "_tag", "_tail", "_topic", "_truncations",
         "_unflushed_messages", "_unsynced_sealed", "device", "directory", "producers", "recovery",
     )
 
@@ -218,6 +218,9 @@ class PartitionLog:
         self._parent_unsynced = parent_unsynced
         self._damaged: dict[int, DamagedRange] = {}
         self._truncations = 0
+        self._tail: tuple[int, int, bytes, memoryview] | None = None
+        """What the last ``append(keep_tail=True)`` wrote: (base offset, next offset, stamped prefix, the rest),
+        until :meth:`drop_tail` (see :meth:`appended_tail`)."""
         """How many times truncate_to cut this log (a read pinned across a cut is not damage)."""
         self.recovery = recovery
         self.producers = ProducerStateTable()
@@ -360,12 +363,13 @@ class PartitionLog:
     # ------------------------------------------------------------------ append
 
     def append(self, batch: bytes | memoryview, header: BatchHeader | None = None, *,
-               now_ms: int | None = None) -> AppendResult:
+               now_ms: int | None = None, keep_tail: bool = False) -> AppendResult:
         """Store one record batch with one write, stamping base offset, base message id and append time.
 
         ``header`` is what ``records.validate_batch`` returned for this batch; without it the batch is
         validated here (InvalidArgument / CorruptRecordError). Raises StorageError if the log cannot
-        write; a failed write leaves no partial batch behind.
+        write; a failed write leaves no partial batch behind. ``keep_tail``: the batch as written stays
+        readable from memory (:meth:`appended_tail`) until :meth:`drop_tail`; it holds ``batch``.
         """
         assert not self._appending, "concurrent appends to one partition"
         self._appending = True
@@ -393,8 +397,11 @@ class PartitionLog:
                 assert next_offset <= _OFFSET_MAX, "offset space exhausted"
                 message_id = self._id_base | base_offset
                 position = segment.size_bytes
-                self._write_locked(segment, (stamp_prefix(header, base_offset, message_id, now_ms),
-                                             view[STAMPED_BYTES:]), position, total)
+                prefix = stamp_prefix(header, base_offset, message_id, now_ms)
+                rest = view[STAMPED_BYTES:]
+                self._write_locked(segment, (prefix, rest), position, total)
+                if keep_tail:
+                    self._tail = (base_offset, next_offset, prefix, rest)
                 segment.note_batch(position, header._replace(base_offset=base_offset))
                 self._size_bytes += total
                 self._end_offset = next_offset
@@ -408,6 +415,20 @@ class PartitionLog:
                                 future, wait)
         finally:
             self._appending = False
+
+    def appended_tail(self, offset: int) -> tuple[bytes, int] | None:
+        """(the bytes, the next offset) of the batch the last ``append(keep_tail=True)`` wrote, as they are in
+        the file, when it begins at ``offset`` and is still the log's last batch: what :meth:`read` of
+        ``offset`` would find, without reading the file (an append's woken long polls answer from it);
+        else None."""
+        tail = self._tail
+        if tail is None or tail[0] != offset or tail[1] != self._end_offset:
+            return None
+        return b"".join((tail[2], tail[3])), tail[1]
+
+    def drop_tail(self) -> None:
+        """Forget what :meth:`appended_tail` gives (and the batch buffer it holds)."""
+        self._tail = None
 
     def durable_barrier(self) -> tuple[Future[None], bool]:
         """(future, wait) covering everything appended so far, as the flush policy would answer an append
@@ -526,6 +547,7 @@ class PartitionLog:
             self._bases = [offset]
             self._active = fresh
             self._end_offset = offset
+            self._tail = None
             self._unsynced_sealed = []
             self._damaged = {}
         if self._marker_present:
@@ -624,6 +646,7 @@ class PartitionLog:
         self._active = keep
         self._truncations += 1  # a reader that pinned before this may meet the cut: not damage
         self._end_offset = offset
+        self._tail = None
         self._size_bytes = sum(s.size_bytes for s in self._segments)
         self._unsynced_sealed = [s for s in self._unsynced_sealed if s in self._segments and s is not keep]
         self._damaged = {k: r for k, r in self._damaged.items() if r.first_offset < offset}

@@ -361,3 +361,31 @@ def test_a_read_at_the_last_batch_follows_appends_truncation_and_reopen(open_log
     log.append(batch)
     assert [m.data for m in decode_batch(log.read_bytes(cut + 2, 1 << 20))] == values
     assert [m.data for m in read_all(log)] == [*sent, *values]
+
+
+def test_an_appended_tail_is_the_batch_as_the_file_holds_it_until_dropped(open_log):
+    """append(keep_tail=True) keeps the batch just written readable from memory (a woken long poll answers
+    with it): byte for byte what a read of its offset returns, only while it is the log's last batch, and
+    never after drop_tail or a truncation."""
+    log = open_log(segment_bytes_max=600)  # small segments: some appends roll first
+    for i in range(12):
+        batch, _values = make_batch(count=1 + i % 4)
+        base = log.log_end_offset
+        result = log.append(batch, now_ms=7000 + i, keep_tail=True)
+        tail = log.appended_tail(base)
+        assert tail == (log.read_bytes(base, 1 << 20), result.last_offset + 1)
+        assert log.appended_tail(base + 1) is None and log.appended_tail(base - 1) is None
+        if i % 3 == 0:
+            log.drop_tail()
+            assert log.appended_tail(base) is None
+    assert len(segment_files(log.directory)) > 1
+    kept_base = log.log_end_offset
+    log.append(make_batch()[0], keep_tail=True)
+    log.append(make_batch()[0])  # a later append without keep_tail: the kept batch is no longer the last
+    assert log.appended_tail(kept_base) is None
+    base = log.log_end_offset
+    log.append(make_batch()[0], keep_tail=True)
+    log.truncate_to(base)
+    assert log.appended_tail(base) is None
+    log.append(make_batch(count=3)[0])  # the same offsets again, other bytes: never the old tail
+    assert log.appended_tail(base) is None

@@ -12,6 +12,7 @@ from metaq.broker.core import check_topic_name
 from metaq.broker.delay.handler import produce_delayed
 from metaq.broker.error_mapping import wire_error
 from metaq.broker.handlers.appending import ack_when_durable, await_ack, check_sequence
+from metaq.broker.handlers.fetch import SENDFILE_MIN_BYTES
 from metaq.broker.handlers.transactions import put_into_transaction
 from metaq.broker.session import DeferredReply, Session
 from metaq.errors import (
@@ -96,13 +97,17 @@ def produce_batch(broker: Broker, topic: str, partition: int, records: bytes | m
         if duplicate is not None:
             counters.duplicates_dropped += 1
             return partition, _answer_duplicate(broker, plog, partition, duplicate)
+    # A small batch some fetch waits for stays readable from memory until its waiters have answered: they answer
+    # with it without reading it back from the file (PartitionLog.appended_tail, _fetch_now).
+    waiters = broker.waiters
+    keep_tail = waiters.waiting_on(topic, partition) and header.total_bytes < SENDFILE_MIN_BYTES
     started = time.perf_counter()
-    result = plog.append(records, header)
+    result = plog.append(records, header, keep_tail=keep_tail)
     broker.stats.append_seconds.observe(time.perf_counter() - started)
     counters.put_requests += 1
     counters.put_messages += header.record_count
     counters.put_bytes += header.total_bytes
-    broker.waiters.notify(topic, partition)
+    waiters.notify(topic, partition, plog.drop_tail if keep_tail else None)
     response = m.ProduceResponse(partition=partition, base_offset=result.base_offset,
                                  base_message_id=result.base_message_id, append_time_ms=result.append_time_ms)
     durable = result.durable if result.wait_for_durable and not result.durable.done() else None
