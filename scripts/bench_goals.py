@@ -1,0 +1,215 @@
+"""Issue 13's goals in one run, each beside its same-run baseline; optionally interleaved with another commit.
+
+    .venv/bin/python scripts/bench_goals.py                      # 3 rounds of every goal, this tree
+    .venv/bin/python scripts/bench_goals.py --against 6a55e60    # the same, alternating with that commit
+    .venv/bin/python scripts/bench_goals.py --only send_async,e2e_rr --rounds 5 --json goals.json
+
+A round runs each goal's ``metaq bench`` command once per tree (this checkout's ``src``, then the ``--against``
+commit's, exported with ``git archive`` and its compiled module built from its own source), so both trees
+meet the machine in the same minutes: on a shared 2-core VM the same code moves 10-15% within minutes, and a
+figure means something only beside a baseline measured at the same time. The baselines printed with the
+goals: the batch API's msg/s (what the per-message producer APIs are compared with), the machine's loopback
+round trip between two processes (the floor under an e2e delivery's two hops), and the disk's fdatasync p50
+(the ``--flush sync`` goal is that + 0.3 ms). The goals are issue 13's, on one broker over loopback, 100 B
+messages. The table is Markdown, for docs/benchmarks.md; ``--json`` keeps every run's whole result. The
+10,000-partition goal takes minutes a case and has its own script (scripts/bench_partitions.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+Result = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Goal:
+    name: str
+    argv: list[str]
+    target: str
+    met: Callable[[Result], bool | None]
+    """None: a baseline, nothing to meet."""
+    show: Callable[[Result], str]
+    versus: str = ""
+    """A goal whose msg/s in the same round and tree this one's is also given as a share of."""
+
+
+def _msgs(r: Result) -> float:
+    return float(r["msgs_per_s"])
+
+
+def _p(r: Result, q: str) -> float:
+    return float(r["latency_ms"][q])
+
+
+def _show_rate(r: Result) -> str:
+    cpu = (r.get("cpu_us_per_msg") or {}).get("client")
+    return f"{_msgs(r):,.0f}" + (f" ({cpu:.2f} µs)" if cpu else "")
+
+
+def _show_e2e(r: Result) -> str:
+    rtt = (r.get("loopback_rtt_ms") or {}).get("p50")
+    return f"{_p(r, 'p50'):.3f} / {_p(r, 'p99'):.2f}" + (f" (rtt {rtt:.3f})" if rtt is not None else "")
+
+
+def _show_sync(r: Result) -> str:
+    return f"{_p(r, 'p50'):.3f} (fdatasync {r['fdatasync_ms']['p50']:.3f})"
+
+
+def _e2e(*extra: str, flush: str = "1000") -> list[str]:
+    return ["e2e", "--flush", flush, "--linger-ms", "0", "--rate", "5000", "-d", "8", *extra]
+
+
+GOALS = [
+    Goal("batch", ["produce", "--api", "batch", "--count", "3000000"], "baseline", lambda r: None, _show_rate),
+    Goal("send_async", ["produce", "--api", "async", "--count", "1000000"], "≥ 500k msg/s",
+         lambda r: _msgs(r) >= 500_000, _show_rate, versus="batch"),
+    Goal("oneway", ["produce", "--api", "oneway", "--count", "1000000"], "≥ 700k msg/s",
+         lambda r: _msgs(r) >= 700_000, _show_rate, versus="batch"),
+    Goal("iterate", ["consume", "--api", "iterate", "--count", "3000000"], "≥ 1.5M msg/s",
+         lambda r: _msgs(r) >= 1_500_000, lambda r: f"{_msgs(r) / 1e6:.2f}M"),
+    Goal("e2e_rr", _e2e(), "p50 ≤ 0.3, p99 ≤ 1 ms",
+         lambda r: _p(r, "p50") <= 0.3 and _p(r, "p99") <= 1.0, _show_e2e),
+    Goal("e2e_sticky", _e2e("--selector", "sticky"), "p50 ≤ 0.3, p99 ≤ 1 ms",
+         lambda r: _p(r, "p50") <= 0.3 and _p(r, "p99") <= 1.0, _show_e2e),
+    Goal("e2e_sync", _e2e(flush="sync"), "p50 ≤ fdatasync + 0.3 ms",
+         lambda r: _p(r, "p50") <= r["fdatasync_ms"]["p50"] + 0.3, _show_sync),
+]
+GOALS_BY_NAME = {g.name: g for g in GOALS}
+
+
+def scaled(argv: list[str], scale: float) -> list[str]:
+    """``argv`` with its --count and -d multiplied by ``scale`` (a quick look, or a smoke test)."""
+    out = list(argv)
+    for flag, kind in (("--count", int), ("-d", float)):
+        if flag in out:
+            i = out.index(flag) + 1
+            out[i] = str(max(kind(1), kind(float(out[i]) * scale)))
+    return out
+
+
+def export_tree(rev: str, into: Path) -> Path:
+    """``rev``'s files under ``into`` (git archive), its compiled module built in place when it has one;
+    returns its src directory."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    source = into / "src" / "metaq" / "_speedups.c"
+    if source.exists():  # compiled as setup.py's Extension would be, with this interpreter's headers
+        target = source.with_name("_speedups" + sysconfig.get_config_var("EXT_SUFFIX"))
+        built = subprocess.run([(sysconfig.get_config_var("CC") or "cc").split()[0], "-shared", "-fPIC", "-O2",
+                                f"-I{sysconfig.get_paths()['include']}", str(source), "-o", str(target)],
+                               capture_output=True, text=True)
+        if built.returncode:
+            print(f"warning: {rev}'s compiled module did not build, it runs pure Python: {built.stderr[-300:]}",
+                  file=sys.stderr)
+    return into / "src"
+
+
+def run_one(src: Path, argv: list[str], timeout_s: float) -> Result:
+    """One ``metaq bench`` command with ``src`` first on the path; its JSON result, or {"error": ...}."""
+    env = dict(os.environ, PYTHONPATH=str(src))
+    cmd = [sys.executable, "-m", "metaq.cli.main", "bench", *argv, "--json", "--no-progress"]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f}s"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode or not lines:
+        return {"error": f"exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-300:]}"}
+    return json.loads(lines[-1])
+
+
+def verdict(goal: Goal, runs: list[Result]) -> str:
+    """'met', 'missed' or 'met in k of n' over the runs that finished; '' for a baseline."""
+    outcomes = [goal.met(r) for r in runs if "error" not in r]
+    if not outcomes or outcomes[0] is None:
+        return ""
+    k = sum(bool(x) for x in outcomes)
+    return "met" if k == len(outcomes) else "missed" if k == 0 else f"met in {k} of {len(outcomes)}"
+
+
+def cell(goal: Goal, r: Result, baseline: Result | None = None) -> str:
+    if "error" in r:
+        return f"error: {r['error']}"
+    text = goal.show(r)
+    if baseline is not None and "error" not in baseline:
+        text += f", {100 * _msgs(r) / _msgs(baseline):.0f}% of {goal.versus}"
+    return text
+
+
+def _baseline(goal: Goal, per_goal: dict[str, list[Result]], i: int) -> Result | None:
+    base = per_goal.get(goal.versus) if goal.versus else None
+    return base[i] if base is not None and i < len(base) else None
+
+
+def table(goals: list[Goal], runs: dict[str, dict[str, list[Result]]], trees: list[str]) -> str:
+    head = "| goal | target | " + " | ".join(f"{t}: each run" for t in trees) + " | " + \
+        " | ".join(f"{t}" for t in trees) + " |"
+    rows = [head, "|" + "---|" * (2 + 2 * len(trees))]
+    for goal in goals:
+        cells = [" · ".join(cell(goal, r, _baseline(goal, runs[t], i)) for i, r in enumerate(runs[t][goal.name]))
+                 for t in trees]
+        verdicts = [verdict(goal, runs[t][goal.name]) for t in trees]
+        rows.append(f"| {goal.name} | {goal.target} | " + " | ".join(cells) + " | " + " | ".join(verdicts) + " |")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3, help="Rounds (each goal once per tree per round).")
+    ap.add_argument("--only", default="", help=f"Comma-separated goals, of: {', '.join(GOALS_BY_NAME)}.")
+    ap.add_argument("--against", metavar="REV", help="Another commit, measured alternately with this tree.")
+    ap.add_argument("--scale", type=float, default=1.0, help="Multiply counts and durations (a quick look).")
+    ap.add_argument("--timeout", type=float, default=900, help="Upper bound of one command, s.")
+    ap.add_argument("--json", metavar="FILE", help="Write every run's result here.")
+    args = ap.parse_args()
+    names = [n for n in args.only.split(",") if n] or list(GOALS_BY_NAME)
+    unknown = [n for n in names if n not in GOALS_BY_NAME]
+    if unknown:
+        ap.error(f"unknown goal(s) {', '.join(unknown)}; known: {', '.join(GOALS_BY_NAME)}")
+    goals = [GOALS_BY_NAME[n] for n in names]
+    trees = {"this tree": ROOT / "src"}
+    with tempfile.TemporaryDirectory(prefix="metaq-goals-") as tmp:
+        if args.against:
+            print(f"exporting {args.against} and building its compiled module ...", file=sys.stderr, flush=True)
+            trees[args.against] = export_tree(args.against, Path(tmp))
+        runs: dict[str, dict[str, list[Result]]] = {t: {g.name: [] for g in goals} for t in trees}
+        started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        for rnd in range(1, args.rounds + 1):
+            order = list(trees.items())
+            if rnd % 2 == 0:
+                order.reverse()  # who goes first alternates: a drifting machine favours neither
+            for goal in goals:
+                for label, src in order:
+                    result = run_one(src, scaled(goal.argv, args.scale), args.timeout)
+                    runs[label][goal.name].append(result)
+                    shown = cell(goal, result, _baseline(goal, runs[label], rnd - 1))
+                    print(f"round {rnd} {goal.name} [{label}]: {shown}", file=sys.stderr, flush=True)
+    ended = time.strftime("%H:%M UTC", time.gmtime())
+    print(f"{started} to {ended}, {os.cpu_count()} CPUs, {args.rounds} rounds"
+          + (f" interleaved with {args.against}" if args.against else "") + ":")
+    print("    " + "\n    ".join(f"metaq bench {' '.join(scaled(g.argv, args.scale))} --json --no-progress"
+                                  for g in goals))
+    print()
+    print(table(goals, runs, list(trees)))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"started": started, "ended": ended, "runs": runs}, indent=1))
+    failed = any("error" in r for per in runs.values() for rs in per.values() for r in rs)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
