@@ -402,7 +402,7 @@ class PartitionLog:
                 self._write_locked(segment, (prefix, rest), position, total)
                 if keep_tail:
                     self._tail = (base_offset, next_offset, prefix, rest)
-                segment.note_batch(position, header._replace(base_offset=base_offset))
+                segment.note_batch(position, header, base_offset)
                 self._size_bytes += total
                 self._end_offset = next_offset
                 if header.attributes & PRODUCER_STAMPED:

@@ -160,7 +160,7 @@ def _check_segment(segment: Segment, tag: int, *, from_start: bool, index_unwrit
             for at, header in headers_stepping_over_damage(handle.fd, position, file_size,
                                                            segment.base_offset + relative, tag):
                 max_ts = index_batch(index, time_index, segment.index_interval_bytes, segment.base_offset, at,
-                                     header, max_ts)
+                                     header.base_offset, header.max_timestamp_ms, max_ts)
         relative, position = index.last()
         # Time entries past the last offset entry (a seal entry) are recomputed by the walk below.
         while len(time_index) and time_index.relative_offsets[-1] > relative:

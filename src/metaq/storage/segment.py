@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from metaq.errors import StorageError
-from metaq.protocol.records import BatchHeader
+from metaq.protocol.records import LENGTH_PREFIX_BYTES, BatchHeader
 from metaq.storage.errors import DamagedData
 from metaq.storage.files import FileCache
 from metaq.storage.index import IndexCorrupt, OffsetIndex, TimeIndex
@@ -90,17 +90,19 @@ class Segment:
         self.index = OffsetIndex()
         self.time_index = TimeIndex()
 
-    def note_batch(self, position: int, header: BatchHeader) -> None:
-        """Account for a batch just written (or found by recovery) at ``position``: sizes and indexes."""
+    def note_batch(self, position: int, header: BatchHeader, base_offset: int | None = None) -> None:
+        """Account for a batch just written (or found by recovery) at ``position``: sizes and indexes.
+        ``base_offset``: the offset it was stored at, when ``header`` is the producer's (an append)."""
         index, time_index = self.index, self.time_index
         assert index is not None and time_index is not None, "indexes of a written segment are loaded"
-        assert header.base_offset == self.next_offset, "offsets must be contiguous"
+        base = header.base_offset if base_offset is None else base_offset
+        assert base == self.next_offset, "offsets must be contiguous"
         self.max_timestamp_ms = index_batch(index, time_index, self.index_interval_bytes, self.base_offset,
-                                            position, header, self.max_timestamp_ms)
-        self.last_batch_base_offset = header.base_offset
-        self.tail = (header.base_offset, position)
-        self.size_bytes = position + header.total_bytes
-        self.next_offset = header.base_offset + header.last_offset_delta + 1
+                                            position, base, header.max_timestamp_ms, self.max_timestamp_ms)
+        self.last_batch_base_offset = base
+        self.tail = (base, position)
+        self.size_bytes = position + LENGTH_PREFIX_BYTES + header.batch_length
+        self.next_offset = base + header.last_offset_delta + 1
 
     def seal(self) -> None:
         """No more writes: record the segment's largest timestamp as the last time index entry."""
@@ -230,7 +232,7 @@ class Segment:
                 if header.base_offset < self.base_offset or header.last_offset >= self.next_offset:
                     break
                 max_ts = index_batch(index, time_index, self.index_interval_bytes, self.base_offset,
-                                     position, header, max_ts)
+                                     position, header.base_offset, header.max_timestamp_ms, max_ts)
                 last_base = header.base_offset
         finally:
             self.files.release(handle)
@@ -350,14 +352,15 @@ class Segment:
 
 
 def index_batch(index: OffsetIndex, time_index: TimeIndex, interval_bytes: int, segment_base_offset: int,
-                position: int, header: BatchHeader, running_max_ms: int) -> int:
-    """Add the index entries due for a batch at ``position``; returns the new running max timestamp.
+                position: int, base_offset: int, max_timestamp_ms: int, running_max_ms: int) -> int:
+    """Add the index entries due for a batch (its base offset and largest timestamp) at ``position``; returns
+    the new running max timestamp.
 
     One rule for appends, recovery and rebuilds, so a rebuilt index equals the one written live.
     """
-    max_ts = header.max_timestamp_ms if header.max_timestamp_ms > running_max_ms else running_max_ms
+    max_ts = max_timestamp_ms if max_timestamp_ms > running_max_ms else running_max_ms
     if position and position - index.last()[1] >= max(interval_bytes, 1):
-        relative = header.base_offset - segment_base_offset
+        relative = base_offset - segment_base_offset
         index.append(relative, position)
         time_index.maybe_append(max_ts, relative)
     return max_ts
