@@ -218,10 +218,10 @@ class PartitionLog:
         self._parent_unsynced = parent_unsynced
         self._damaged: dict[int, DamagedRange] = {}
         self._truncations = 0
+        """How many times truncate_to cut this log (a read pinned across a cut is not damage)."""
         self._tail: tuple[int, int, bytes, memoryview] | None = None
         """What the last ``append(keep_tail=True)`` wrote: (base offset, next offset, stamped prefix, the rest),
         until :meth:`drop_tail` (see :meth:`appended_tail`)."""
-        """How many times truncate_to cut this log (a read pinned across a cut is not damage)."""
         self.recovery = recovery
         self.producers = ProducerStateTable()
         """The idempotent producers' last batches (storage/producers.py), rebuilt by :meth:`open`."""
