@@ -268,8 +268,7 @@ class SnapshotCollector(Collector):
         yield _histogram("metaq_append_duration_seconds", "Time to check and write one produce batch to its log "
                          "(not the wait for its fsync).", snap.append)
         yield _histogram("metaq_fetch_duration_seconds", "Time to find a fetch reply's batches in the log (not "
-                         "the long-poll wait, nor sending them; not a woken long poll's answer from memory).",
-                         snap.fetch)
+                         "the long-poll wait, nor sending them).", snap.fetch)
         yield _histogram("metaq_fsync_duration_seconds", "Each fdatasync of the partition logs (data, indexes, "
                          "directories).", snap.fsync)
         if snap.delayed is not None:

@@ -106,8 +106,7 @@ class BrokerStats:
         self.append_seconds = LatencyHistogram()
         """Time to check and write one produce batch (not the wait for its fsync)."""
         self.fetch_seconds = LatencyHistogram()
-        """Time to find a fetch reply's batches in the log (not the long-poll wait, nor reading or sending them; not
-        observed for a woken long poll answered with the batch just appended, from memory)."""
+        """Time to find a fetch reply's batches in the log (not the long-poll wait, nor reading or sending them)."""
         self.fsync_seconds = LatencyHistogram()
         """Each fdatasync of the partition logs (segment data, indexes and directories)."""
         self.delayed: Callable[[], dict[str, Any]] | None = None

@@ -64,11 +64,13 @@ class FileSlice:
     no descriptor: ``fileno()`` returns -1.
     """
 
-    __slots__ = ("_fd", "_release", "next_offset", "position", "size", "start_offset")
+    __slots__ = ("_data", "_fd", "_release", "next_offset", "position", "size", "start_offset")
 
     def __init__(self, fd: int, position: int, size: int, start_offset: int, next_offset: int,
-                 release: Callable[[], None] | None) -> None:
+                 release: Callable[[], None] | None, data: bytes | None = None) -> None:
         self._fd = fd
+        self._data = data
+        """The slice's bytes when the log has them in memory (a batch just appended): read_bytes gives them."""
         self.position = position
         self.size = size
         self.start_offset = start_offset
@@ -96,6 +98,8 @@ class FileSlice:
             return b""
         if self._release is None:
             raise ValueError("read of a released FileSlice")
+        if self._data is not None:
+            return self._data
         data = pread_exact(self._fd, self.size, self.position)
         if len(data) != self.size:
             raise OSError(f"segment file is shorter than the slice ({len(data)} of {self.size} bytes)")

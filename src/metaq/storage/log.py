@@ -219,9 +219,9 @@ class PartitionLog:
         self._damaged: dict[int, DamagedRange] = {}
         self._truncations = 0
         """How many times truncate_to cut this log (a read pinned across a cut is not damage)."""
-        self._tail: tuple[int, int, bytes, memoryview] | None = None
-        """What the last ``append(keep_tail=True)`` wrote: (base offset, next offset, stamped prefix, the rest),
-        until :meth:`drop_tail` (see :meth:`appended_tail`)."""
+        self._tail: tuple[int, int, Segment, int, bytes, memoryview] | None = None
+        """What the last ``append(keep_tail=True)`` wrote: (base offset, next offset, its segment, its position
+        there, stamped prefix, the rest), until :meth:`drop_tail` (see :meth:`appended_tail`)."""
         self.recovery = recovery
         self.producers = ProducerStateTable()
         """The idempotent producers' last batches (storage/producers.py), rebuilt by :meth:`open`."""
@@ -368,8 +368,9 @@ class PartitionLog:
 
         ``header`` is what ``records.validate_batch`` returned for this batch; without it the batch is
         validated here (InvalidArgument / CorruptRecordError). Raises StorageError if the log cannot
-        write; a failed write leaves no partial batch behind. ``keep_tail``: the batch as written stays
-        readable from memory (:meth:`appended_tail`) until :meth:`drop_tail`; it holds ``batch``.
+        write; a failed write leaves no partial batch behind. ``keep_tail``: while it is the log's last batch
+        and until :meth:`drop_tail`, a :meth:`read` of it takes its bytes from memory, not the file
+        (:meth:`appended_tail`); it holds ``batch``.
         """
         assert not self._appending, "concurrent appends to one partition"
         self._appending = True
@@ -401,7 +402,7 @@ class PartitionLog:
                 rest = view[STAMPED_BYTES:]
                 self._write_locked(segment, (prefix, rest), position, total)
                 if keep_tail:
-                    self._tail = (base_offset, next_offset, prefix, rest)
+                    self._tail = (base_offset, next_offset, segment, position, prefix, rest)
                 segment.note_batch(position, header, base_offset)
                 self._size_bytes += total
                 self._end_offset = next_offset
@@ -424,7 +425,7 @@ class PartitionLog:
         tail = self._tail
         if tail is None or tail[0] != offset or tail[1] != self._end_offset:
             return None
-        return b"".join((tail[2], tail[3])), tail[1]
+        return b"".join((tail[4], tail[5])), tail[1]
 
     def drop_tail(self) -> None:
         """Forget what :meth:`appended_tail` gives (and the batch buffer it holds)."""
@@ -961,10 +962,19 @@ class PartitionLog:
         if segment is None:
             return FileSlice.empty(offset)
         handle: FileHandle | None = None
+        kept = self.appended_tail(offset)
         try:
             handle = self._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
-            position, header = segment.find_batch(handle.fd, offset, size_limit, next_limit)
-            size, next_offset = segment.extent(handle.fd, position, header, max_bytes, size_limit, next_limit)
+            tail = self._tail
+            if kept is not None and tail is not None and tail[2] is segment:
+                # the batch just appended (keep_tail), the log's last: its place and bytes are known
+                data: bytes | None = kept[0]
+                position, size, start_offset, next_offset = tail[3], len(kept[0]), offset, kept[1]
+            else:
+                data = None
+                position, header = segment.find_batch(handle.fd, offset, size_limit, next_limit)
+                size, next_offset = segment.extent(handle.fd, position, header, max_bytes, size_limit, next_limit)
+                start_offset = header.base_offset
         except BaseException as exc:
             if handle is not None:
                 self._files.release(handle)
@@ -978,13 +988,14 @@ class PartitionLog:
                                                exc.resume_offset, exc.problem))
             raise
         pinned_handle = handle
-        hint_readahead(pinned_handle.fd, position, size, size_limit)
+        if data is None:
+            hint_readahead(pinned_handle.fd, position, size, size_limit)
 
         def release() -> None:
             self._files.release(pinned_handle)
             self._unpin(segment)
 
-        return FileSlice(pinned_handle.fd, position, size, header.base_offset, next_offset, release)
+        return FileSlice(pinned_handle.fd, position, size, start_offset, next_offset, release, data)
 
     def read_bytes(self, offset: int, max_bytes: int) -> bytes:
         """``read`` then copy the bytes out (convenience for tests, tools and replication)."""

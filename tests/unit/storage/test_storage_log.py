@@ -365,15 +365,19 @@ def test_a_read_at_the_last_batch_follows_appends_truncation_and_reopen(open_log
 
 def test_an_appended_tail_is_the_batch_as_the_file_holds_it_until_dropped(open_log):
     """append(keep_tail=True) keeps the batch just written readable from memory (a woken long poll answers
-    with it): byte for byte what a read of its offset returns, only while it is the log's last batch, and
-    never after drop_tail or a truncation."""
+    with it): byte for byte what the file holds at the place a read of its offset gives, only while it is the
+    log's last batch, and never after drop_tail or a truncation."""
     log = open_log(segment_bytes_max=600)  # small segments: some appends roll first
     for i in range(12):
         batch, _values = make_batch(count=1 + i % 4)
         base = log.log_end_offset
         result = log.append(batch, now_ms=7000 + i, keep_tail=True)
         tail = log.appended_tail(base)
-        assert tail == (log.read_bytes(base, 1 << 20), result.last_offset + 1)
+        with log.read(base, 1 << 20) as piece:  # carries the kept bytes; its place is the file's
+            in_file = os.pread(piece.fileno(), piece.size, piece.position)
+            assert piece.read_bytes() == in_file
+            assert (piece.start_offset, piece.next_offset) == (base, result.last_offset + 1)
+        assert tail == (in_file, result.last_offset + 1)
         assert log.appended_tail(base + 1) is None and log.appended_tail(base - 1) is None
         if i % 3 == 0:
             log.drop_tail()

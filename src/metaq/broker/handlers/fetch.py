@@ -158,16 +158,6 @@ def _fetch_now(broker: Broker, req: m.FetchRequest, plog: PartitionLog, offset: 
         counters.get_misses += 1
         return _with(m.FetchResponse(log_start_offset=plog.log_start_offset, log_end_offset=plog.log_end_offset,
                                      reset_offset=reset), extra)
-    tail = plog.appended_tail(offset)  # a woken long poll at the batch just appended: from memory
-    if tail is not None and tail[1] <= end and (not req.group or group_filter(broker.topics[req.topic].settings,
-                                                                               req.group) is None):
-        data, next_offset = tail
-        counters.get_bytes += len(data)
-        counters.get_messages += next_offset - offset
-        response = _with(m.FetchResponse(log_start_offset=plog.log_start_offset, log_end_offset=next_offset,
-                                         reset_offset=reset), extra)
-        response.records = data
-        return response
     started = time.perf_counter()
     try:
         try:

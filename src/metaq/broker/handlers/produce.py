@@ -98,7 +98,7 @@ def produce_batch(broker: Broker, topic: str, partition: int, records: bytes | m
             counters.duplicates_dropped += 1
             return partition, _answer_duplicate(broker, plog, partition, duplicate)
     # A small batch some fetch waits for stays readable from memory until its waiters have answered: they answer
-    # with it without reading it back from the file (PartitionLog.appended_tail, _fetch_now).
+    # with it without finding it and reading it back from the file (PartitionLog.append's keep_tail).
     waiters = broker.waiters
     keep_tail = waiters.waiting_on(topic, partition) and header.total_bytes < SENDFILE_MIN_BYTES
     started = time.perf_counter()
