@@ -67,6 +67,16 @@
  * only: it says yes to nothing the Python checks (metaq.protocol.records._Columns.parse) refuse, and no to
  * anything else, which those checks then decide (tests/unit/protocol/test_plain_region.py). validate_batch's
  * share of the broker's loop under the batch API was 26%, most of it Python ints made per column entry.
+ *
+ * PlainPlacer: the producer's send_async and send_oneway for their common case (a plain Message of a topic the
+ * loop step already routed, the default round robin, room in the batch open at the partition it picks) in one
+ * call: the checks, the round robin's step, the appends to the batch's columns and the buffer accounting, as
+ * the Python code (send_async, _place_plain, RoundRobinSelector.__call__) does them, reading and setting the
+ * slots of ProducerBatch and the selector's _Rotation found from their member descriptors. Anything else
+ * (another message, no batch open there, the buffer full, a transaction) returns None before changing
+ * anything, and the Python code runs. That code was ~0.7 us of send_async's ~2.1 us per message, Python
+ * bytecode spread over a dozen lines (docs/benchmarks.md, "A compiled placement of a plain message");
+ * tests/unit/client/test_plain_placer.py holds the two to the same batches, results and accounting.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -599,6 +609,45 @@ typedef struct {
 
 static PyTypeObject BatchMessages_Type;
 
+static int
+object_slot(PyTypeObject *cls, PyObject *name, Py_ssize_t *offset)
+{
+    /* where the writable object slot ``name`` (a str) of cls lives in its instances, from the class's member
+     * descriptor: 1 and *offset set, 0 when cls has no such slot, -1 on an error */
+    PyObject *descr = PyDict_GetItemWithError(cls->tp_dict, name);  /* borrowed */
+    if (descr == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    if (!Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        return 0;
+    }
+    PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+    if (member->type != T_OBJECT_EX || (member->flags & READONLY) || member->offset <= 0
+            || member->offset + (Py_ssize_t)sizeof(PyObject *) > cls->tp_basicsize) {
+        return 0;
+    }
+    *offset = member->offset;
+    return 1;
+}
+
+static int
+object_slots(PyTypeObject *cls, const char *const *names, int n, Py_ssize_t *offsets)
+{
+    /* object_slot() of each of ``names``: 1 when all are found, 0 when one is not, -1 on an error */
+    for (int i = 0; i < n; i++) {
+        PyObject *name = PyUnicode_FromString(names[i]);
+        if (name == NULL) {
+            return -1;
+        }
+        int found = object_slot(cls, name, &offsets[i]);
+        Py_DECREF(name);
+        if (found <= 0) {
+            return found;
+        }
+    }
+    return 1;
+}
+
 static PyObject *
 bind_message(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -622,21 +671,10 @@ bind_message(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (!ok) {
             break;
         }
-        PyObject *descr = PyDict_GetItemWithError(cls->tp_dict, name);  /* borrowed */
-        if (descr == NULL) {
-            if (PyErr_Occurred()) {
-                Py_DECREF(names);
-                return NULL;
-            }
-            ok = 0;
-            break;
-        }
-        ok = Py_IS_TYPE(descr, &PyMemberDescr_Type);
-        if (ok) {
-            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-            ok = member->type == T_OBJECT_EX && !(member->flags & READONLY) && member->offset > 0
-                 && member->offset + (Py_ssize_t)sizeof(PyObject *) <= cls->tp_basicsize;
-            offsets[i] = member->offset;
+        ok = object_slot(cls, name, &offsets[i]);
+        if (ok < 0) {
+            Py_DECREF(names);
+            return NULL;
         }
     }
     Py_DECREF(names);
@@ -1182,6 +1220,369 @@ plain_columns_ok(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(ok);
 }
 
+/* ---------------------------------------------------------------- PlainPlacer (the producer's send path) */
+
+/* The slots of metaq.client.accumulator.ProducerBatch and metaq.client.selectors._Rotation it reads and sets. */
+enum { B_VALUES, B_TIMESTAMPS, B_WAITERS, B_KEYS, B_ATTRIBUTES, B_HEADERS, B_COUNT, B_SIZE_BYTES, B_CREATED_MS,
+       N_BATCH_SLOTS };
+static const char *const batch_slot_names[N_BATCH_SLOTS] = {
+    "values", "timestamps", "waiters", "keys", "attributes", "headers", "count", "size_bytes", "created_ms",
+};
+enum { R_PARTITIONS, R_CANDIDATES, R_COUNT, R_NEXT, N_ROTATION_SLOTS };
+static const char *const rotation_slot_names[N_ROTATION_SLOTS] = {"partitions", "candidates", "count", "next"};
+
+#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
+
+static PyObject *str_tx = NULL, *str_buffered = NULL, *str_dispatch = NULL, *str_partition = NULL,
+                *str_broker_id = NULL;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *producer;       /* its _tx and _buffered are read (and _buffered set) per message, _dispatch per batch */
+    PyObject *create_future;  /* the loop's create_future; None: one-way sends (the waiter is None) */
+    PyObject *hot;            /* producer._hot: topic -> the partitions its messages choose from, this loop step */
+    PyObject *batches;        /* producer._acc.batches: BatchKey -> open ProducerBatch */
+    PyObject *rotations;      /* the RoundRobinSelector's: topic -> _Rotation */
+    PyObject *acks;           /* the acks of every batch key made here */
+    PyObject *keys;           /* topic -> (candidates, the batch key of each candidate): no tuple made per message */
+    PyTypeObject *batch_type;
+    PyTypeObject *rotation_type;
+    Py_ssize_t batch_slots[N_BATCH_SLOTS];
+    Py_ssize_t rotation_slots[N_ROTATION_SLOTS];
+    Py_ssize_t batch_bytes;
+    Py_ssize_t max_message_bytes;
+    Py_ssize_t max_buffered;
+    Py_ssize_t record_prefix;
+} PlainPlacerObject;
+
+static PyTypeObject PlainPlacer_Type;
+
+static PyObject *
+PlainPlacer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *producer, *create_future, *hot, *batches, *rotations, *acks;
+    PyTypeObject *batch_type, *rotation_type;
+    Py_ssize_t batch_bytes, max_message_bytes, max_buffered, record_prefix;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "PlainPlacer takes positional arguments only");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OOO!O!O!O!nnnnO!O!:PlainPlacer", &producer, &create_future, &PyDict_Type, &hot,
+                          &PyDict_Type, &batches, &PyDict_Type, &rotations, &PyLong_Type, &acks, &batch_bytes,
+                          &max_message_bytes, &max_buffered, &record_prefix, &PyType_Type, &batch_type,
+                          &PyType_Type, &rotation_type)) {
+        return NULL;
+    }
+    if (message_type == NULL) {
+        PyErr_SetString(PyExc_ValueError, "PlainPlacer needs the Message class bound first (bind_message)");
+        return NULL;
+    }
+    if (create_future != Py_None && !PyCallable_Check(create_future)) {
+        PyErr_SetString(PyExc_TypeError, "PlainPlacer: create_future must be callable or None");
+        return NULL;
+    }
+    PlainPlacerObject *self = (PlainPlacerObject *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    int found = object_slots(batch_type, batch_slot_names, N_BATCH_SLOTS, self->batch_slots);
+    if (found > 0) {
+        found = object_slots(rotation_type, rotation_slot_names, N_ROTATION_SLOTS, self->rotation_slots);
+    }
+    if (found <= 0) {
+        if (found == 0) {
+            PyErr_SetString(PyExc_ValueError, "PlainPlacer: the batch or rotation class lacks a slot it uses");
+        }
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->keys = PyDict_New();
+    if (self->keys == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->producer = Py_NewRef(producer);
+    self->create_future = Py_NewRef(create_future);
+    self->hot = Py_NewRef(hot);
+    self->batches = Py_NewRef(batches);
+    self->rotations = Py_NewRef(rotations);
+    self->acks = Py_NewRef(acks);
+    self->batch_type = (PyTypeObject *)Py_NewRef(batch_type);
+    self->rotation_type = (PyTypeObject *)Py_NewRef(rotation_type);
+    self->batch_bytes = batch_bytes;
+    self->max_message_bytes = max_message_bytes;
+    self->max_buffered = max_buffered;
+    self->record_prefix = record_prefix;
+    return (PyObject *)self;
+}
+
+static int
+PlainPlacer_traverse(PlainPlacerObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->producer);
+    Py_VISIT(self->create_future);
+    Py_VISIT(self->hot);
+    Py_VISIT(self->batches);
+    Py_VISIT(self->rotations);
+    Py_VISIT(self->acks);
+    Py_VISIT(self->keys);
+    Py_VISIT(self->batch_type);
+    Py_VISIT(self->rotation_type);
+    return 0;
+}
+
+static int
+PlainPlacer_clear(PlainPlacerObject *self)
+{
+    Py_CLEAR(self->producer);
+    Py_CLEAR(self->create_future);
+    Py_CLEAR(self->hot);
+    Py_CLEAR(self->batches);
+    Py_CLEAR(self->rotations);
+    Py_CLEAR(self->acks);
+    Py_CLEAR(self->keys);
+    Py_CLEAR(self->batch_type);
+    Py_CLEAR(self->rotation_type);
+    return 0;
+}
+
+static void
+PlainPlacer_dealloc(PlainPlacerObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    PlainPlacer_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static Py_ssize_t
+small_int(PyObject *value)
+{
+    /* an exact int's value, or -1 (no error set) for anything else or one out of range: the caller falls back */
+    if (value == NULL || !PyLong_CheckExact(value)) {
+        return -1;
+    }
+    Py_ssize_t v = PyLong_AsSsize_t(value);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+    }
+    return v;
+}
+
+static PyObject *
+batch_key(PlainPlacerObject *self, PyObject *topic, PyObject *candidates, Py_ssize_t index, Py_ssize_t count)
+{
+    /* (topic, candidates[index].partition, candidates[index].broker_id, acks), borrowed from the cache, which
+     * holds the keys of all of a topic's candidates while they are the same object; Py_None when candidates
+     * is not a list or tuple of ``count`` entries (the caller falls back), NULL on an error */
+    PyObject *entry = PyDict_GetItemWithError(self->keys, topic);
+    if (entry != NULL && PyTuple_GET_ITEM(entry, 0) == candidates) {
+        return PyTuple_GET_ITEM(PyTuple_GET_ITEM(entry, 1), index);
+    }
+    if (entry == NULL && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!(PyTuple_CheckExact(candidates) || PyList_CheckExact(candidates))
+            || PySequence_Fast_GET_SIZE(candidates) != count) {
+        return Py_None;
+    }
+    PyObject *keys = PyTuple_New(count);
+    if (keys == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (i >= PySequence_Fast_GET_SIZE(candidates)) {  /* a list changed by the attribute reads below */
+            Py_DECREF(keys);
+            return Py_None;
+        }
+        PyObject *p = PySequence_Fast_GET_ITEM(candidates, i);
+        Py_INCREF(p);
+        PyObject *partition = PyObject_GetAttr(p, str_partition);
+        PyObject *broker_id = partition == NULL ? NULL : PyObject_GetAttr(p, str_broker_id);
+        Py_DECREF(p);
+        PyObject *key = broker_id == NULL ? NULL : PyTuple_Pack(4, topic, partition, broker_id, self->acks);
+        Py_XDECREF(partition);
+        Py_XDECREF(broker_id);
+        if (key == NULL) {
+            Py_DECREF(keys);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(keys, i, key);
+    }
+    entry = PyTuple_Pack(2, candidates, keys);
+    Py_DECREF(keys);
+    if (entry == NULL || PyDict_SetItem(self->keys, topic, entry) < 0) {
+        Py_XDECREF(entry);
+        return NULL;
+    }
+    Py_DECREF(entry);  /* the cache holds it */
+    return PyTuple_GET_ITEM(keys, index);
+}
+
+static PyObject *
+PlainPlacer_place(PlainPlacerObject *self, PyObject *message)
+{
+    /* Producer.send_async's (send_oneway's, with create_future None) common case, as its Python code does it: a
+     * plain Message (exact class, bytes data, no key, attribute, headers or delay) of a topic in ``hot``, within
+     * max_message_bytes and the buffer, outside a transaction, placed by the round robin into the batch open
+     * at the partition it picks, with room for it and no keys, attributes or headers. Then: the rotation moves
+     * on, the payload, its timestamp (the batch's creation time for a negative one) and the waiter are
+     * appended, count, size_bytes and the producer's _buffered grow, and a batch that is full leaves
+     * (batches.pop, producer._dispatch). Returns the waiter (a new future; True for one-way).
+     *
+     * Anything else returns None having changed nothing, and the caller's Python code does what it does
+     * (raises for misuse, fails a send when the buffer is full, opens a batch, asks another selector). */
+    if (Py_TYPE(message) != message_type) {
+        Py_RETURN_NONE;
+    }
+    const Py_ssize_t *ms = message_slot_offsets;
+    PyObject *topic = SLOT(message, ms[M_TOPIC]), *data = SLOT(message, ms[M_DATA]);
+    PyObject *ts = SLOT(message, ms[M_TIMESTAMP_MS]);
+    if (topic == NULL || data == NULL || ts == NULL || !PyUnicode_CheckExact(topic) || !PyBytes_CheckExact(data)
+            || !PyLong_CheckExact(ts) || SLOT(message, ms[M_KEY]) != Py_None
+            || SLOT(message, ms[M_ATTRIBUTE]) != Py_None || SLOT(message, ms[M_HEADERS]) != Py_None
+            || SLOT(message, ms[M_DELIVER_AT]) != Py_None || SLOT(message, ms[M_DELAY_MS]) != Py_None) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t size = self->record_prefix + PyBytes_GET_SIZE(data);
+    if (size > self->max_message_bytes) {
+        Py_RETURN_NONE;
+    }
+    PyObject *partitions = PyDict_GetItemWithError(self->hot, topic);
+    if (partitions == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    PyObject *tx = PyObject_GetAttr(self->producer, str_tx);
+    if (tx == NULL) {
+        return NULL;
+    }
+    int in_tx = tx != Py_None;
+    Py_DECREF(tx);
+    PyObject *buffered_obj = PyObject_GetAttr(self->producer, str_buffered);
+    if (buffered_obj == NULL) {
+        return NULL;
+    }
+    Py_ssize_t buffered = small_int(buffered_obj);
+    Py_DECREF(buffered_obj);
+    if (in_tx || buffered < 0 || (buffered + size > self->max_buffered && buffered)) {
+        Py_RETURN_NONE;
+    }
+    PyObject *rotation = PyDict_GetItemWithError(self->rotations, topic);
+    if (rotation == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    if (Py_TYPE(rotation) != self->rotation_type
+            || SLOT(rotation, self->rotation_slots[R_PARTITIONS]) != partitions) {
+        Py_RETURN_NONE;
+    }
+    PyObject *candidates = SLOT(rotation, self->rotation_slots[R_CANDIDATES]);
+    Py_ssize_t count = small_int(SLOT(rotation, self->rotation_slots[R_COUNT]));
+    Py_ssize_t next = small_int(SLOT(rotation, self->rotation_slots[R_NEXT]));
+    if (candidates == NULL || count <= 0 || next < 0 || next == PY_SSIZE_T_MAX) {
+        Py_RETURN_NONE;
+    }
+    PyObject *key = batch_key(self, topic, candidates, next % count, count);
+    if (key == NULL || key == Py_None) {
+        return key == NULL ? NULL : Py_NewRef(Py_None);
+    }
+    PyObject *batch = PyDict_GetItemWithError(self->batches, key);
+    if (batch == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_NONE;  /* no batch open there: the Python code opens one (its selector picks the same partition) */
+    }
+    if (Py_TYPE(batch) != self->batch_type) {
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(key);
+    Py_INCREF(batch);
+    Py_INCREF(rotation);
+    PyObject *waiter = self->create_future == Py_None ? Py_NewRef(Py_True) : PyObject_CallNoArgs(self->create_future);
+    PyObject *result = NULL, *new_next = NULL, *new_count = NULL, *new_size = NULL, *new_buffered = NULL;
+    if (waiter == NULL) {
+        goto done;
+    }
+    /* the batch's slots are read after create_future (which may run Python code) and checked before any change */
+    const Py_ssize_t *bs = self->batch_slots;
+    PyObject *values = SLOT(batch, bs[B_VALUES]), *stamps = SLOT(batch, bs[B_TIMESTAMPS]);
+    PyObject *waiters = SLOT(batch, bs[B_WAITERS]), *created = SLOT(batch, bs[B_CREATED_MS]);
+    Py_ssize_t batch_count = small_int(SLOT(batch, bs[B_COUNT]));
+    Py_ssize_t batch_size = small_int(SLOT(batch, bs[B_SIZE_BYTES]));
+    if (values == NULL || stamps == NULL || waiters == NULL || created == NULL || !PyList_CheckExact(values)
+            || !PyList_CheckExact(stamps) || !PyList_CheckExact(waiters) || SLOT(batch, bs[B_KEYS]) != Py_None
+            || SLOT(batch, bs[B_ATTRIBUTES]) != Py_None || SLOT(batch, bs[B_HEADERS]) != Py_None
+            || batch_count < 0 || batch_size < 0 || batch_size + size > self->batch_bytes
+            || SLOT(rotation, self->rotation_slots[R_NEXT]) == NULL) {
+        result = Py_NewRef(Py_None);  /* the future made is dropped unused */
+        goto done;
+    }
+    int negative = _PyLong_Sign(ts) < 0;
+    new_next = PyLong_FromSsize_t(next + 1);
+    new_count = PyLong_FromSsize_t(batch_count + 1);
+    new_size = PyLong_FromSsize_t(batch_size + size);
+    new_buffered = PyLong_FromSsize_t(buffered + size);
+    if (new_next == NULL || new_count == NULL || new_size == NULL || new_buffered == NULL
+            || PyList_Append(values, data) < 0 || PyList_Append(stamps, negative ? created : ts) < 0
+            || PyList_Append(waiters, self->create_future == Py_None ? Py_None : waiter) < 0) {
+        goto done;
+    }
+    Py_SETREF(SLOT(rotation, self->rotation_slots[R_NEXT]), new_next);
+    Py_SETREF(SLOT(batch, bs[B_COUNT]), new_count);
+    Py_SETREF(SLOT(batch, bs[B_SIZE_BYTES]), new_size);
+    new_next = new_count = new_size = NULL;  /* the slots own them now */
+    if (PyObject_SetAttr(self->producer, str_buffered, new_buffered) < 0) {
+        goto done;
+    }
+    if (batch_size + size >= self->batch_bytes) {  /* full: it leaves, as _place_plain sends it */
+        if (PyDict_DelItem(self->batches, key) < 0) {
+            goto done;
+        }
+        PyObject *sent = PyObject_CallMethodOneArg(self->producer, str_dispatch, batch);
+        if (sent == NULL) {
+            goto done;
+        }
+        Py_DECREF(sent);
+    }
+    result = Py_NewRef(waiter);
+done:
+    Py_XDECREF(waiter);
+    Py_XDECREF(new_next);
+    Py_XDECREF(new_count);
+    Py_XDECREF(new_size);
+    Py_XDECREF(new_buffered);
+    Py_DECREF(rotation);
+    Py_DECREF(batch);
+    Py_DECREF(key);
+    return result;
+}
+
+static PyMethodDef PlainPlacer_methods[] = {
+    {"place", (PyCFunction)PlainPlacer_place, METH_O,
+     "place(message) -> its future (True for one-way), or None: not the common case, nothing changed"},
+    {NULL},
+};
+
+static PyTypeObject PlainPlacer_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "metaq._speedups.PlainPlacer",
+    .tp_doc = "PlainPlacer(producer, create_future, hot, batches, rotations, acks, batch_bytes, max_message_bytes,\n"
+              "max_buffered, record_prefix, batch_class, rotation_class): Producer.send_async's (create_future None:\n"
+              "send_oneway's) common case in one call: place(message).",
+    .tp_basicsize = sizeof(PlainPlacerObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PlainPlacer_new,
+    .tp_dealloc = (destructor)PlainPlacer_dealloc,
+    .tp_traverse = (traverseproc)PlainPlacer_traverse,
+    .tp_clear = (inquiry)PlainPlacer_clear,
+    .tp_methods = PlainPlacer_methods,
+};
+
 static PyMethodDef module_methods[] = {
     {"resolve_ok", (PyCFunction)(void (*)(void))resolve_ok, METH_FASTCALL,
      "resolve_ok(waiters, start, base_id, base_offset, partition, topic, broker_id, invalid_state_error)"},
@@ -1209,7 +1610,17 @@ static struct PyModuleDef speedups_module = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (PyType_Ready(&SendResult_Type) < 0 || PyType_Ready(&BatchMessages_Type) < 0) {
+    if (PyType_Ready(&SendResult_Type) < 0 || PyType_Ready(&BatchMessages_Type) < 0
+            || PyType_Ready(&PlainPlacer_Type) < 0) {
+        return NULL;
+    }
+    str_tx = PyUnicode_InternFromString("_tx");
+    str_buffered = PyUnicode_InternFromString("_buffered");
+    str_dispatch = PyUnicode_InternFromString("_dispatch");
+    str_partition = PyUnicode_InternFromString("partition");
+    str_broker_id = PyUnicode_InternFromString("broker_id");
+    if (str_tx == NULL || str_buffered == NULL || str_dispatch == NULL || str_partition == NULL
+            || str_broker_id == NULL) {
         return NULL;
     }
     str_set_result = PyUnicode_InternFromString("set_result");
@@ -1224,7 +1635,8 @@ PyInit__speedups(void)
         return NULL;
     }
     if (PyModule_AddObjectRef(m, "SendResult", (PyObject *)&SendResult_Type) < 0
-            || PyModule_AddObjectRef(m, "BatchMessages", (PyObject *)&BatchMessages_Type) < 0) {
+            || PyModule_AddObjectRef(m, "BatchMessages", (PyObject *)&BatchMessages_Type) < 0
+            || PyModule_AddObjectRef(m, "PlainPlacer", (PyObject *)&PlainPlacer_Type) < 0) {
         Py_DECREF(m);
         return NULL;
     }

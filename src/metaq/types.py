@@ -318,6 +318,10 @@ PLAIN_REGION: Any = None
 """The compiled records region of a plain batch (metaq._speedups.plain_region), or None: metaq.protocol.records
 builds it from Python column operations instead (``_plain_region_py``)."""
 
+PLAIN_PLACER: Any = None
+"""The producer's compiled placement of a plain message (metaq._speedups.PlainPlacer, which reads Message's slots
+where BatchMessages writes them), or None: send_async and send_oneway run their Python code for every message."""
+
 if not TYPE_CHECKING and not os.environ.get("METAQ_NO_SPEEDUPS"):
     # The compiled SendResult behaves as the dataclass above (same attributes, equality, repr, properties,
     # pickling, dataclasses helpers: tests/unit/test_send_result_impl.py runs both), but the cyclic GC does
@@ -342,6 +346,7 @@ if not TYPE_CHECKING and not os.environ.get("METAQ_NO_SPEEDUPS"):
             pass
         else:
             BATCH_MESSAGES = _speedups.BatchMessages
+            PLAIN_PLACER = _speedups.PlainPlacer
             # Message(...) itself: the instance built in C as the dataclass __init__ builds it (every producer
             # makes one per send); refused, nothing changed, if __init__'s parameters are not the fields.
             try:

@@ -46,7 +46,7 @@ from metaq.client.delayed import check_delay, delayed_headers
 from metaq.client.exceptions import BufferFullError, ClientClosedError
 from metaq.client.metadata import Partition, TopicMetadata
 from metaq.client.routing import BROKER_UNAVAILABLE, REFUSED_BEFORE_APPEND, not_stored
-from metaq.client.selectors import PartitionSelector, RoundRobinSelector
+from metaq.client.selectors import PartitionSelector, RoundRobinSelector, _Rotation
 from metaq.client.transaction import (
     COMMIT,
     ROLLBACK,
@@ -92,7 +92,7 @@ from metaq.protocol.records import (
     encode_values,
     with_producer_stamp,
 )
-from metaq.types import SPEEDUPS, Message, PartitionId, PartitionKey, SendResult, validate_topic
+from metaq.types import PLAIN_PLACER, SPEEDUPS, Message, PartitionId, PartitionKey, SendResult, validate_topic
 
 log = logging.getLogger(__name__)
 
@@ -580,6 +580,9 @@ class Producer:
         self._hot_reset: asyncio.Handle | None = None
         self._batch_done: Callable[[str, int, int], object] | None = getattr(self.selector, "batch_done", None)
         """A sticky selector's hook: told when a batch it placed leaves (StickyRoundRobinSelector)."""
+        self._fast_async = self._plain_placer(self._acks) if self._acks else None
+        self._fast_oneway = self._plain_placer(0)
+        """send_async's and send_oneway's common case in one compiled call each (:meth:`_plain_placer`), or None."""
         """topic -> (metadata's partitions, Unavailable version, the usable ones): recomputed only when
         either changes, so the hot path does not filter per message."""
         self.rerouted_batches = 0
@@ -779,6 +782,13 @@ class Producer:
 
         Does not wait: with the buffer full the result is an immediate failure with BufferFullError.
         """
+        fast = self._fast_async
+        if fast is not None:  # the common case in one compiled call: what the code below does for it
+            placed = fast.place(message)
+            if placed is not None:
+                if callback is not None:
+                    placed.add_done_callback(lambda f: None if f.cancelled() else callback(f.result()))
+                return placed
         if self._tx is not None:
             self._not_in_transaction("send_async")
         if (type(message) is Message and type(message.data) is bytes and message.key is None
@@ -951,6 +961,10 @@ class Producer:
         The result's partition, offset and message id are -1. ``success`` is False only when the
         message was not even accepted (buffer full); a later failure is counted, never reported.
         """
+        fast = self._fast_oneway
+        if fast is not None and fast.place(message) is not None:  # the common case in one compiled call
+            result = self._oneway_ok.get(message.topic)
+            return result if result is not None else self._oneway_result(message.topic)
         self._not_in_transaction("send_oneway")
         if (type(message) is Message and type(message.data) is bytes and message.key is None
                 and message.attribute is None and not message.headers and message.deliver_at is None
@@ -1276,6 +1290,18 @@ class Producer:
             self._route_waiting(topic, tm, error)
         finally:
             self._releasing_held = False
+
+    def _plain_placer(self, acks: int) -> Any:
+        """metaq._speedups.PlainPlacer for sends of ``acks`` (0: one-way), or None: no compiled module, or a
+        selector other than the round robin. Its ``place(message)`` does what send_async (send_oneway) and
+        :meth:`_place_plain` do for a plain message of a hot topic that fits into the batch open at the
+        partition the round robin picks; for any other message it changes nothing and returns None, and the
+        Python code runs (tests/unit/client/test_plain_placer.py holds the two to the same outcome)."""
+        if PLAIN_PLACER is None or type(self.selector) is not RoundRobinSelector:
+            return None
+        return PLAIN_PLACER(self, self._loop.create_future if acks else None, self._hot, self._acc.batches,
+                            self.selector.rotations, acks, self._batch_bytes, self._max_message_bytes,
+                            self._max_buffered, _RECORD_PREFIX, ProducerBatch, _Rotation)
 
     def _place(self, message: Message, partitions: Sequence[Partition], waiter: Any, size: int, acks: int) -> None:
         """The selector's partition, then its open batch. The common case -- no key, attribute, headers or

@@ -106,6 +106,12 @@ class RoundRobinSelector:
                                                           0 if rotation is None else rotation.next)
         return rotation
 
+    @property
+    def rotations(self) -> dict[str, _Rotation]:
+        """topic -> its rotation: what the producer's compiled placement (metaq._speedups.PlainPlacer) reads and
+        moves on, exactly as :meth:`__call__` does."""
+        return self._rotations
+
     def __call__(self, topic: str, partitions: Sequence[Partition], message: Message) -> Partition:
         rotation = self._rotations.get(topic)
         if rotation is None or rotation.partitions is not partitions:
