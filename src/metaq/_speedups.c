@@ -1376,7 +1376,10 @@ batch_key(PlainPlacerObject *self, PyObject *topic, PyObject *candidates, Py_ssi
      * is not a list or tuple of ``count`` entries (the caller falls back), NULL on an error */
     PyObject *entry = PyDict_GetItemWithError(self->keys, topic);
     if (entry != NULL && PyTuple_GET_ITEM(entry, 0) == candidates) {
-        return PyTuple_GET_ITEM(PyTuple_GET_ITEM(entry, 1), index);
+        PyObject *keys = PyTuple_GET_ITEM(entry, 1);
+        /* count is the rotation's, made with its candidates: a list changed since then falls back */
+        return index < PyTuple_GET_SIZE(keys) && PyTuple_GET_SIZE(keys) == count ? PyTuple_GET_ITEM(keys, index)
+                                                                                  : Py_None;
     }
     if (entry == NULL && PyErr_Occurred()) {
         return NULL;
