@@ -69,10 +69,11 @@
  * share of the broker's loop under the batch API was 26%, most of it Python ints made per column entry.
  *
  * PlainPlacer: the producer's send_async and send_oneway for their common case (a plain Message of a topic the
- * loop step already routed, the default round robin, room in the batch open at the partition it picks) in one
- * call: the checks, the round robin's step, the appends to the batch's columns and the buffer accounting, as
- * the Python code (send_async, _place_plain, RoundRobinSelector.__call__) does them, reading and setting the
- * slots of ProducerBatch and the selector's _Rotation found from their member descriptors. Anything else
+ * loop step already routed, the default round robin or the sticky one, room in the batch open at the partition it
+ * picks) in one call: the checks, the selector's step, the appends to the batch's columns and the buffer
+ * accounting, as the Python code (send_async, _place_plain, RoundRobinSelector.__call__,
+ * StickyRoundRobinSelector.__call__) does them, reading and setting the slots of ProducerBatch and the round
+ * robin's _Rotation found from their member descriptors. Anything else
  * (another message, no batch open there, the buffer full, a transaction) returns None before changing
  * anything, and the Python code runs. That code was ~0.7 us of send_async's ~2.1 us per message, Python
  * bytecode spread over a dozen lines (docs/benchmarks.md, "A compiled placement of a plain message");
@@ -1242,7 +1243,9 @@ typedef struct {
     PyObject *create_future;  /* the loop's create_future; None: one-way sends (the waiter is None) */
     PyObject *hot;            /* producer._hot: topic -> the partitions its messages choose from, this loop step */
     PyObject *batches;        /* producer._acc.batches: BatchKey -> open ProducerBatch */
-    PyObject *rotations;      /* the RoundRobinSelector's: topic -> _Rotation */
+    PyObject *table;          /* the selector's: RoundRobinSelector.rotations (topic -> _Rotation), or
+                               * StickyRoundRobinSelector.current (topic -> (partitions, the partition taking messages)) */
+    int sticky;               /* which of the two */
     PyObject *acks;           /* the acks of every batch key made here */
     PyObject *keys;           /* topic -> (candidates, the batch key of each candidate): no tuple made per message */
     PyTypeObject *batch_type;
@@ -1260,15 +1263,16 @@ static PyTypeObject PlainPlacer_Type;
 static PyObject *
 PlainPlacer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    PyObject *producer, *create_future, *hot, *batches, *rotations, *acks;
+    PyObject *producer, *create_future, *hot, *batches, *table, *acks;
     PyTypeObject *batch_type, *rotation_type;
+    int sticky;
     Py_ssize_t batch_bytes, max_message_bytes, max_buffered, record_prefix;
     if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
         PyErr_SetString(PyExc_TypeError, "PlainPlacer takes positional arguments only");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "OOO!O!O!O!nnnnO!O!:PlainPlacer", &producer, &create_future, &PyDict_Type, &hot,
-                          &PyDict_Type, &batches, &PyDict_Type, &rotations, &PyLong_Type, &acks, &batch_bytes,
+    if (!PyArg_ParseTuple(args, "OOO!O!O!pO!nnnnO!O!:PlainPlacer", &producer, &create_future, &PyDict_Type, &hot,
+                          &PyDict_Type, &batches, &PyDict_Type, &table, &sticky, &PyLong_Type, &acks, &batch_bytes,
                           &max_message_bytes, &max_buffered, &record_prefix, &PyType_Type, &batch_type,
                           &PyType_Type, &rotation_type)) {
         return NULL;
@@ -1305,7 +1309,8 @@ PlainPlacer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->create_future = Py_NewRef(create_future);
     self->hot = Py_NewRef(hot);
     self->batches = Py_NewRef(batches);
-    self->rotations = Py_NewRef(rotations);
+    self->table = Py_NewRef(table);
+    self->sticky = sticky;
     self->acks = Py_NewRef(acks);
     self->batch_type = (PyTypeObject *)Py_NewRef(batch_type);
     self->rotation_type = (PyTypeObject *)Py_NewRef(rotation_type);
@@ -1323,7 +1328,7 @@ PlainPlacer_traverse(PlainPlacerObject *self, visitproc visit, void *arg)
     Py_VISIT(self->create_future);
     Py_VISIT(self->hot);
     Py_VISIT(self->batches);
-    Py_VISIT(self->rotations);
+    Py_VISIT(self->table);
     Py_VISIT(self->acks);
     Py_VISIT(self->keys);
     Py_VISIT(self->batch_type);
@@ -1338,7 +1343,7 @@ PlainPlacer_clear(PlainPlacerObject *self)
     Py_CLEAR(self->create_future);
     Py_CLEAR(self->hot);
     Py_CLEAR(self->batches);
-    Py_CLEAR(self->rotations);
+    Py_CLEAR(self->table);
     Py_CLEAR(self->acks);
     Py_CLEAR(self->keys);
     Py_CLEAR(self->batch_type);
@@ -1366,6 +1371,53 @@ small_int(PyObject *value)
         PyErr_Clear();
     }
     return v;
+}
+
+static PyObject *
+partition_key(PlainPlacerObject *self, PyObject *topic, PyObject *p)
+{
+    /* a new reference to (topic, p.partition, p.broker_id, acks): the producer's BatchKey of partition p */
+    Py_INCREF(p);
+    PyObject *partition = PyObject_GetAttr(p, str_partition);
+    PyObject *broker_id = partition == NULL ? NULL : PyObject_GetAttr(p, str_broker_id);
+    Py_DECREF(p);
+    PyObject *key = broker_id == NULL ? NULL : PyTuple_Pack(4, topic, partition, broker_id, self->acks);
+    Py_XDECREF(partition);
+    Py_XDECREF(broker_id);
+    return key;
+}
+
+static PyObject *
+cache_key(PlainPlacerObject *self, PyObject *topic, PyObject *source, PyObject *keys)
+{
+    /* keep (source, keys) as the topic's cache entry; NULL on an error (keys is stolen) */
+    PyObject *entry = PyTuple_Pack(2, source, keys);
+    Py_DECREF(keys);
+    if (entry == NULL || PyDict_SetItem(self->keys, topic, entry) < 0) {
+        Py_XDECREF(entry);
+        return NULL;
+    }
+    Py_DECREF(entry);  /* the cache holds it */
+    return entry;
+}
+
+static PyObject *
+sticky_key(PlainPlacerObject *self, PyObject *topic, PyObject *p)
+{
+    /* the sticky selector's: the BatchKey of p, the partition taking the topic's messages now, borrowed from the
+     * cache (one entry per topic, while p is the same object); NULL on an error */
+    PyObject *entry = PyDict_GetItemWithError(self->keys, topic);
+    if (entry != NULL && PyTuple_GET_ITEM(entry, 0) == p) {
+        return PyTuple_GET_ITEM(entry, 1);
+    }
+    if (entry == NULL && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *key = partition_key(self, topic, p);
+    if (key == NULL || (entry = cache_key(self, topic, p, key)) == NULL) {
+        return NULL;
+    }
+    return PyTuple_GET_ITEM(entry, 1);
 }
 
 static PyObject *
@@ -1397,28 +1449,15 @@ batch_key(PlainPlacerObject *self, PyObject *topic, PyObject *candidates, Py_ssi
             Py_DECREF(keys);
             return Py_None;
         }
-        PyObject *p = PySequence_Fast_GET_ITEM(candidates, i);
-        Py_INCREF(p);
-        PyObject *partition = PyObject_GetAttr(p, str_partition);
-        PyObject *broker_id = partition == NULL ? NULL : PyObject_GetAttr(p, str_broker_id);
-        Py_DECREF(p);
-        PyObject *key = broker_id == NULL ? NULL : PyTuple_Pack(4, topic, partition, broker_id, self->acks);
-        Py_XDECREF(partition);
-        Py_XDECREF(broker_id);
+        PyObject *key = partition_key(self, topic, PySequence_Fast_GET_ITEM(candidates, i));
         if (key == NULL) {
             Py_DECREF(keys);
             return NULL;
         }
         PyTuple_SET_ITEM(keys, i, key);
     }
-    entry = PyTuple_Pack(2, candidates, keys);
-    Py_DECREF(keys);
-    if (entry == NULL || PyDict_SetItem(self->keys, topic, entry) < 0) {
-        Py_XDECREF(entry);
-        return NULL;
-    }
-    Py_DECREF(entry);  /* the cache holds it */
-    return PyTuple_GET_ITEM(keys, index);
+    entry = cache_key(self, topic, candidates, keys);
+    return entry == NULL ? NULL : PyTuple_GET_ITEM(PyTuple_GET_ITEM(entry, 1), index);
 }
 
 static PyObject *
@@ -1426,9 +1465,9 @@ PlainPlacer_place(PlainPlacerObject *self, PyObject *message)
 {
     /* Producer.send_async's (send_oneway's, with create_future None) common case, as its Python code does it: a
      * plain Message (exact class, bytes data, no key, attribute, headers or delay) of a topic in ``hot``, within
-     * max_message_bytes and the buffer, outside a transaction, placed by the round robin into the batch open
-     * at the partition it picks, with room for it and no keys, attributes or headers. Then: the rotation moves
-     * on, the payload, its timestamp (the batch's creation time for a negative one) and the waiter are
+     * max_message_bytes and the buffer, outside a transaction, placed by the round robin (or the sticky selector)
+     * into the batch open at the partition it picks, with room for it and no keys, attributes or headers. Then:
+     * the round robin's rotation moves on, the payload, its timestamp (the batch's creation time for a negative one) and the waiter are
      * appended, count, size_bytes and the producer's _buffered grow, and a batch that is full leaves
      * (batches.pop, producer._dispatch). Returns the waiter (a new future; True for one-way).
      *
@@ -1472,24 +1511,35 @@ PlainPlacer_place(PlainPlacerObject *self, PyObject *message)
     if (in_tx || buffered < 0 || (buffered + size > self->max_buffered && buffered)) {
         Py_RETURN_NONE;
     }
-    PyObject *rotation = PyDict_GetItemWithError(self->rotations, topic);
-    if (rotation == NULL) {
+    PyObject *selected = PyDict_GetItemWithError(self->table, topic);  /* a _Rotation, or (partitions, partition) */
+    if (selected == NULL) {
         if (PyErr_Occurred()) {
             return NULL;
         }
-        Py_RETURN_NONE;
+        Py_RETURN_NONE;  /* the selector has not seen the topic (or the sticky one moves on): its Python code picks */
     }
-    if (Py_TYPE(rotation) != self->rotation_type
-            || SLOT(rotation, self->rotation_slots[R_PARTITIONS]) != partitions) {
-        Py_RETURN_NONE;
+    PyObject *rotation = NULL, *key;
+    Py_ssize_t next = 0;
+    if (self->sticky) {  /* StickyRoundRobinSelector.__call__: the current partition, while chosen from partitions */
+        if (!PyTuple_CheckExact(selected) || PyTuple_GET_SIZE(selected) != 2
+                || PyTuple_GET_ITEM(selected, 0) != partitions) {
+            Py_RETURN_NONE;
+        }
+        key = sticky_key(self, topic, PyTuple_GET_ITEM(selected, 1));
+    } else {  /* RoundRobinSelector.__call__: candidates[next % count], and next moves on */
+        rotation = selected;
+        if (Py_TYPE(rotation) != self->rotation_type
+                || SLOT(rotation, self->rotation_slots[R_PARTITIONS]) != partitions) {
+            Py_RETURN_NONE;
+        }
+        PyObject *candidates = SLOT(rotation, self->rotation_slots[R_CANDIDATES]);
+        Py_ssize_t count = small_int(SLOT(rotation, self->rotation_slots[R_COUNT]));
+        next = small_int(SLOT(rotation, self->rotation_slots[R_NEXT]));
+        if (candidates == NULL || count <= 0 || next < 0 || next == PY_SSIZE_T_MAX) {
+            Py_RETURN_NONE;
+        }
+        key = batch_key(self, topic, candidates, next % count, count);
     }
-    PyObject *candidates = SLOT(rotation, self->rotation_slots[R_CANDIDATES]);
-    Py_ssize_t count = small_int(SLOT(rotation, self->rotation_slots[R_COUNT]));
-    Py_ssize_t next = small_int(SLOT(rotation, self->rotation_slots[R_NEXT]));
-    if (candidates == NULL || count <= 0 || next < 0 || next == PY_SSIZE_T_MAX) {
-        Py_RETURN_NONE;
-    }
-    PyObject *key = batch_key(self, topic, candidates, next % count, count);
     if (key == NULL || key == Py_None) {
         return key == NULL ? NULL : Py_NewRef(Py_None);
     }
@@ -1505,7 +1555,7 @@ PlainPlacer_place(PlainPlacerObject *self, PyObject *message)
     }
     Py_INCREF(key);
     Py_INCREF(batch);
-    Py_INCREF(rotation);
+    Py_XINCREF(rotation);
     PyObject *waiter = self->create_future == Py_None ? Py_NewRef(Py_True) : PyObject_CallNoArgs(self->create_future);
     PyObject *result = NULL, *new_next = NULL, *new_count = NULL, *new_size = NULL, *new_buffered = NULL;
     if (waiter == NULL) {
@@ -1521,12 +1571,12 @@ PlainPlacer_place(PlainPlacerObject *self, PyObject *message)
             || !PyList_CheckExact(stamps) || !PyList_CheckExact(waiters) || SLOT(batch, bs[B_KEYS]) != Py_None
             || SLOT(batch, bs[B_ATTRIBUTES]) != Py_None || SLOT(batch, bs[B_HEADERS]) != Py_None
             || batch_count < 0 || batch_size < 0 || batch_size + size > self->batch_bytes
-            || SLOT(rotation, self->rotation_slots[R_NEXT]) == NULL) {
+            || (rotation != NULL && SLOT(rotation, self->rotation_slots[R_NEXT]) == NULL)) {
         result = Py_NewRef(Py_None);  /* the future made is dropped unused */
         goto done;
     }
     int negative = _PyLong_Sign(ts) < 0;
-    new_next = PyLong_FromSsize_t(next + 1);
+    new_next = rotation == NULL ? Py_NewRef(Py_None) : PyLong_FromSsize_t(next + 1);
     new_count = PyLong_FromSsize_t(batch_count + 1);
     new_size = PyLong_FromSsize_t(batch_size + size);
     new_buffered = PyLong_FromSsize_t(buffered + size);
@@ -1535,10 +1585,13 @@ PlainPlacer_place(PlainPlacerObject *self, PyObject *message)
             || PyList_Append(waiters, self->create_future == Py_None ? Py_None : waiter) < 0) {
         goto done;
     }
-    Py_SETREF(SLOT(rotation, self->rotation_slots[R_NEXT]), new_next);
+    if (rotation != NULL) {
+        Py_SETREF(SLOT(rotation, self->rotation_slots[R_NEXT]), new_next);
+        new_next = NULL;  /* the slot owns it */
+    }
     Py_SETREF(SLOT(batch, bs[B_COUNT]), new_count);
     Py_SETREF(SLOT(batch, bs[B_SIZE_BYTES]), new_size);
-    new_next = new_count = new_size = NULL;  /* the slots own them now */
+    new_count = new_size = NULL;  /* the slots own them now */
     if (PyObject_SetAttr(self->producer, str_buffered, new_buffered) < 0) {
         goto done;
     }
@@ -1559,7 +1612,7 @@ done:
     Py_XDECREF(new_count);
     Py_XDECREF(new_size);
     Py_XDECREF(new_buffered);
-    Py_DECREF(rotation);
+    Py_XDECREF(rotation);
     Py_DECREF(batch);
     Py_DECREF(key);
     return result;
@@ -1574,9 +1627,10 @@ static PyMethodDef PlainPlacer_methods[] = {
 static PyTypeObject PlainPlacer_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "metaq._speedups.PlainPlacer",
-    .tp_doc = "PlainPlacer(producer, create_future, hot, batches, rotations, acks, batch_bytes, max_message_bytes,\n"
+    .tp_doc = "PlainPlacer(producer, create_future, hot, batches, table, sticky, acks, batch_bytes, max_message_bytes,\n"
               "max_buffered, record_prefix, batch_class, rotation_class): Producer.send_async's (create_future None:\n"
-              "send_oneway's) common case in one call: place(message).",
+              "send_oneway's) common case in one call: place(message). table: RoundRobinSelector.rotations, or\n"
+              "StickyRoundRobinSelector.current with sticky true.",
     .tp_basicsize = sizeof(PlainPlacerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PlainPlacer_new,

@@ -44,6 +44,7 @@ class PlainPlacer:
     """Producer.send_async's (``create_future`` None: send_oneway's) common case in one call; ``place`` returns the
     message's future (True for one-way), or None having changed nothing."""
     def __new__(cls, producer: Any, create_future: Callable[[], Any] | None, hot: dict[str, Any],
-                batches: dict[Any, Any], rotations: dict[str, Any], acks: int, batch_bytes: int, max_message_bytes: int,
-                max_buffered: int, record_prefix: int, batch_class: type, rotation_class: type, /) -> PlainPlacer: ...
+                batches: dict[Any, Any], table: dict[str, Any], sticky: bool, acks: int, batch_bytes: int,
+                max_message_bytes: int, max_buffered: int, record_prefix: int, batch_class: type,
+                rotation_class: type, /) -> PlainPlacer: ...
     def place(self, message: Message, /) -> Any: ...

@@ -46,7 +46,7 @@ from metaq.client.delayed import check_delay, delayed_headers
 from metaq.client.exceptions import BufferFullError, ClientClosedError
 from metaq.client.metadata import Partition, TopicMetadata
 from metaq.client.routing import BROKER_UNAVAILABLE, REFUSED_BEFORE_APPEND, not_stored
-from metaq.client.selectors import PartitionSelector, RoundRobinSelector, _Rotation
+from metaq.client.selectors import PartitionSelector, RoundRobinSelector, StickyRoundRobinSelector, _Rotation
 from metaq.client.transaction import (
     COMMIT,
     ROLLBACK,
@@ -1293,15 +1293,22 @@ class Producer:
 
     def _plain_placer(self, acks: int) -> Any:
         """metaq._speedups.PlainPlacer for sends of ``acks`` (0: one-way), or None: no compiled module, or a
-        selector other than the round robin. Its ``place(message)`` does what send_async (send_oneway) and
-        :meth:`_place_plain` do for a plain message of a hot topic that fits into the batch open at the
-        partition the round robin picks; for any other message it changes nothing and returns None, and the
-        Python code runs (tests/unit/client/test_plain_placer.py holds the two to the same outcome)."""
-        if PLAIN_PLACER is None or type(self.selector) is not RoundRobinSelector:
+        selector other than the round robin and the sticky one. Its ``place(message)`` does what send_async
+        (send_oneway) and :meth:`_place_plain` do for a plain message of a hot topic that fits into the batch
+        open at the partition the selector picks; for any other message it changes nothing and returns None, and
+        the Python code runs (tests/unit/client/test_plain_placer.py holds the two to the same outcome)."""
+        selector = self.selector
+        if PLAIN_PLACER is None:
             return None
-        return PLAIN_PLACER(self, self._loop.create_future if acks else None, self._hot, self._acc.batches,
-                            self.selector.rotations, acks, self._batch_bytes, self._max_message_bytes,
-                            self._max_buffered, _RECORD_PREFIX, ProducerBatch, _Rotation)
+        if type(selector) is RoundRobinSelector:
+            table: dict[str, Any] = selector.rotations
+        elif type(selector) is StickyRoundRobinSelector:
+            table = selector.current
+        else:
+            return None
+        return PLAIN_PLACER(self, self._loop.create_future if acks else None, self._hot, self._acc.batches, table,
+                            type(selector) is StickyRoundRobinSelector, acks, self._batch_bytes,
+                            self._max_message_bytes, self._max_buffered, _RECORD_PREFIX, ProducerBatch, _Rotation)
 
     def _place(self, message: Message, partitions: Sequence[Partition], waiter: Any, size: int, acks: int) -> None:
         """The selector's partition, then its open batch. The common case -- no key, attribute, headers or

@@ -145,6 +145,12 @@ class StickyRoundRobinSelector:
         """topic -> (the partitions sequence it was chosen from, the partition taking messages now)"""
         self._open: dict[str, tuple[Sequence[Partition], Sequence[Partition]]] = {}
 
+    @property
+    def current(self) -> dict[str, tuple[Sequence[Partition], Partition]]:
+        """topic -> (the partitions sequence it was chosen from, the partition taking messages now): what the
+        producer's compiled placement (metaq._speedups.PlainPlacer) reads, exactly as :meth:`__call__` does."""
+        return self._current
+
     def __call__(self, topic: str, partitions: Sequence[Partition], message: Message) -> Partition:
         current = self._current.get(topic)
         if current is not None and current[0] is partitions:

@@ -19,7 +19,7 @@ from metaq.client.config import ClientConfig, ProducerConfig, build_config
 from metaq.client.core import ClientCore
 from metaq.client.metadata import Partition
 from metaq.client.producer import Producer
-from metaq.client.selectors import KeyHashSelector, StickyRoundRobinSelector
+from metaq.client.selectors import KeyHashSelector, RandomSelector, RoundRobinSelector, StickyRoundRobinSelector
 from metaq.errors import InvalidArgument
 from metaq.protocol.records import HEADER_BYTES, RECORD_PREFIX_BYTES
 from metaq.types import PLAIN_PLACER, Message
@@ -31,16 +31,22 @@ TOPICS = {
     # a closed partition: the round robin's candidates are a list without it
     "b": (Partition(0, 0), Partition(0, 1, accept_publish=False), Partition(0, 2)),
 }
+REFRESHED = {  # what a metadata refresh may bring: a partition closed, or opened again
+    "a": (Partition(0, 0), Partition(0, 1, accept_publish=False), Partition(1, 0)),
+    "b": (Partition(0, 0), Partition(0, 1), Partition(0, 2)),
+}
 
 
-def run_pair(test: Callable[[Producer, Producer], Coroutine[Any, Any, None]], **options: Any) -> None:
+def run_pair(test: Callable[[Producer, Producer], Coroutine[Any, Any, None]],
+             selector: Callable[[], Any] = RoundRobinSelector, **options: Any) -> None:
     """Two producers of one never-connected session, one with the compiled placement and one without; every
     batch either sends is recorded instead (its ``_dispatch``), so nothing reaches the network."""
 
     async def main() -> None:
         core = ClientCore(ClientConfig(), [("127.0.0.1", 9)])
         config = build_config(ProducerConfig, options)
-        fast, slow = Producer(core, config), Producer(core, config)
+        fast, slow = Producer(core, config, selector()), Producer(core, config, selector())
+        assert fast._fast_async is not None and fast._fast_oneway is not None
         slow._fast_async = slow._fast_oneway = None
         for p in (fast, slow):
             p.sent = []  # type: ignore[attr-defined]
@@ -76,15 +82,21 @@ def outcome(result: Any) -> Any:
     return ("oneway", result.success, type(result.error).__name__, result.topic)
 
 
+def selector_state(selector: Any) -> Any:
+    """The round robin's counters, or the sticky selector's current partitions and counters."""
+    if isinstance(selector, StickyRoundRobinSelector):
+        return {t: c[1] for t, c in selector.current.items()}, dict(selector._counters)
+    return {t: r.next for t, r in selector.rotations.items()}
+
+
 def state(p: Producer, token: dict[int, int]) -> tuple[Any, ...]:
-    rotations = p.selector.rotations  # type: ignore[attr-defined]
     return ([shape(b, token) for b in p.sent],  # type: ignore[attr-defined]
             sorted((shape(b, token) for b in p._acc.batches.values()), key=repr),
-            p.buffered_bytes, {t: r.next for t, r in rotations.items()})
+            p.buffered_bytes, selector_state(p.selector))
 
 
 send = st.fixed_dictionaries({
-    "api": st.sampled_from(["async", "async", "async_cb", "oneway"]),
+    "api": st.sampled_from(["async", "async", "async_cb", "oneway", "refresh"]),
     "topic": st.sampled_from(["a", "a", "b"]),
     "size": st.integers(0, 150),
     "timestamp": st.one_of(st.just(-1), st.just(-1), st.integers(0, 10_000)),
@@ -93,15 +105,22 @@ send = st.fixed_dictionaries({
 })
 
 
+@pytest.mark.parametrize("selector", [RoundRobinSelector, StickyRoundRobinSelector])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sends=st.lists(send, max_size=120), batch_bytes=st.integers(120, 700),
        buffered_batches=st.integers(1, 12))
-def test_compiled_and_python_placement_agree(sends: list[dict[str, Any]], batch_bytes: int,
-                                             buffered_batches: int) -> None:
+def test_compiled_and_python_placement_agree(selector: Callable[[], Any], sends: list[dict[str, Any]],
+                                             batch_bytes: int, buffered_batches: int) -> None:
     async def check(fast: Producer, slow: Producer) -> None:
         tokens: tuple[dict[int, int], dict[int, int]] = ({}, {})
         called: list[tuple[str, int]] = []
         for i, s in enumerate(sends):
+            if s["api"] == "refresh":  # metadata refreshed: a new tuple, maybe another partition closed
+                partitions = (REFRESHED if s["size"] % 2 else TOPICS)[s["topic"]]
+                for p in (fast, slow):
+                    p._hot[s["topic"]] = tuple(list(partitions))
+                assert state(fast, tokens[0]) == state(slow, tokens[1])
+                continue
             outcomes = []
             for p, token in zip((fast, slow), tokens, strict=True):
                 message = Message(s["topic"], bytes(s["size"]), key=s["key"], headers=s["headers"],
@@ -121,7 +140,7 @@ def test_compiled_and_python_placement_agree(sends: list[dict[str, Any]], batch_
         assert sorted(i for who, i in called if who == repr(fast)) == sorted(
             i for who, i in called if who == repr(slow))
 
-    run_pair(check, batch_bytes=batch_bytes, max_buffered_bytes=batch_bytes * buffered_batches)
+    run_pair(check, selector, batch_bytes=batch_bytes, max_buffered_bytes=batch_bytes * buffered_batches)
 
 
 def test_the_compiled_placement_is_what_places_plain_messages_into_open_batches() -> None:
@@ -145,6 +164,19 @@ def test_the_compiled_placement_is_what_places_plain_messages_into_open_batches(
         assert calls == ["python"] * 6
 
     run_pair(check)
+
+
+def test_with_the_sticky_selector_the_compiled_placement_fills_its_partitions_batch() -> None:
+    async def check(fast: Producer, slow: Producer) -> None:
+        calls: list[str] = []
+        original = fast._place_plain
+        fast._place_plain = lambda *a: (calls.append("python"), original(*a))[1]  # type: ignore[method-assign]
+        for _ in range(6):
+            fast.send_async(Message("a", b"x"))
+        assert calls == ["python"]  # the first message picks the partition and opens its batch
+        assert [len(b.values) for b in fast._acc.batches.values()] == [6]
+
+    run_pair(check, StickyRoundRobinSelector)
 
 
 def test_a_batch_the_compiled_placement_fills_leaves_at_once() -> None:
@@ -181,7 +213,7 @@ def test_misuse_still_raises_through_the_python_checks() -> None:
     run_pair(check, max_message_bytes=1000, batch_bytes=1000)
 
 
-@pytest.mark.parametrize("selector", [KeyHashSelector, StickyRoundRobinSelector])
+@pytest.mark.parametrize("selector", [KeyHashSelector, RandomSelector])
 def test_other_selectors_keep_the_python_placement(selector: Callable[[], Any]) -> None:
     async def check() -> None:
         core = ClientCore(ClientConfig(), [("127.0.0.1", 9)])
