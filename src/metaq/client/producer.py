@@ -532,6 +532,7 @@ class Producer:
         self._core = core
         self.config = config
         self.selector: PartitionSelector = selector if selector is not None else RoundRobinSelector()
+        """Fixed at creation: the hooks, rerouting and the compiled placement below are taken from it."""
         self._loop = asyncio.get_running_loop()
         self._acc = Accumulator(batch_bytes=config.batch_bytes, max_message_bytes=config.max_message_bytes,
                                 clock=self._loop.time)
@@ -571,6 +572,8 @@ class Producer:
         """Round robin and random: unreachable partitions are left out and a batch certainly not
         stored is moved to another partition (metaq.client.routing). Key hash and custom selectors: no."""
         self._usable: dict[str, tuple[Sequence[Partition], int, Sequence[Partition]]] = {}
+        """topic -> (metadata's partitions, Unavailable version, the usable ones): recomputed only when
+        either changes, so the hot path does not filter per message."""
         self._hot: dict[str, Sequence[Partition]] = {}
         """topic -> the partitions its messages choose from, as :meth:`_queue` found them in this iteration of
         the event loop (emptied by a call_soon): the messages after the first skip the metadata lookup, its
@@ -583,8 +586,6 @@ class Producer:
         self._fast_async = self._plain_placer(self._acks) if self._acks else None
         self._fast_oneway = self._plain_placer(0)
         """send_async's and send_oneway's common case in one compiled call each (:meth:`_plain_placer`), or None."""
-        """topic -> (metadata's partitions, Unavailable version, the usable ones): recomputed only when
-        either changes, so the hot path does not filter per message."""
         self.rerouted_batches = 0
         """Batches moved to another partition after a failure that proved they were not stored."""
         self.multi_produce_requests = 0
