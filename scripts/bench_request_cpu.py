@@ -30,8 +30,8 @@ profile it with ``--cprofile``).
 few messages to one partition: what a batch holds when many partitions are produced round robin).
 
 ``--cprofile FILE`` runs the broker under cProfile (pstats file; its CPU figure is then inflated by the
-profiler). ``--profile FILE`` records the broker with py-spy (speedscope JSON, ``--rate`` samples per s) during the
-measured phase.
+profiler). ``--profile FILE`` records the broker with py-spy (speedscope JSON, or collapsed stacks for a FILE
+named *.raw; ``--rate`` samples per s) during the measured phase.
 
     .venv/bin/python scripts/bench_request_cpu.py [--count 20000] [--fetch] [--repeat 3]
     .venv/bin/python scripts/bench_request_cpu.py --multi 4 --count 10000 --repeat 3
@@ -192,8 +192,9 @@ def _run(args: argparse.Namespace, mode: str = "produce") -> dict[str, float]:
                 one(i)
             spy = None
             if args.profile:
+                kind = "raw" if args.profile.endswith(".raw") else "speedscope"
                 spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "-r", str(args.rate),
-                                        "-p", str(broker.pid), "-f", "speedscope", "-o", args.profile, "--nonblocking"],
+                                        "-p", str(broker.pid), "-f", kind, "-o", args.profile, "--nonblocking"],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(1.0)  # py-spy attaches
             cpu0, wall0 = _cpu_s(broker.pid), time.perf_counter()
