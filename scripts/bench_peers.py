@@ -23,6 +23,10 @@ garbage once connected, as `metaq bench e2e` does.
 - ``nats``: NATS JetStream (Debian's nats-server, file storage, no sync per message), nats-py: ``publish_async``
   of each message (written together when sent in one loop step; the acks awaited at the end), an ordered push
   consumer.
+- ``relay``: the floor under a broker written in Python, not a product: a uvloop server (in this script) that
+  forwards each produced frame to the consumer's connection and acknowledges it, storing and checking nothing;
+  its clients are asyncio streams, the producer one request in flight as Redis's. What a Python broker's own
+  work adds is what metaq shows above it.
 
     .venv/bin/pip install -e '.[peers]'; apt-get install redis-server nats-server   # once
     .venv/bin/python scripts/bench_peers.py --rounds 3
@@ -49,7 +53,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from metaq.bench.client_bench import measure_loopback_rtt, percentiles, send_paced
 
@@ -57,7 +61,7 @@ _TS = struct.Struct(">Q")
 STREAM_KEY = "bench"
 METAQ_SYSTEMS = {"metaq": ["--flush", "1000"], "metaq-sticky": ["--flush", "1000", "--selector", "sticky"],
                  "metaq-1": ["--flush", "1000", "--partitions", "1"], "metaq-sync": ["--flush", "sync"]}
-PEER_SYSTEMS = ("redis", "redis-4", "redis-always", "nats")
+PEER_SYSTEMS = ("redis", "redis-4", "redis-always", "nats", "relay")
 REDIS_STREAMS = {"redis": 1, "redis-4": 4, "redis-always": 1}
 """Streams a Redis system uses: several are written round robin (a tick's XADDs still one pipeline) and read by
 one XREADGROUP of them all, the shape of metaq's default run (4 partitions round robin)."""
@@ -101,6 +105,8 @@ class Servers:
                     self._start_redis(system)
                 elif system == "nats":
                     self._start_nats()
+                elif system == "relay":
+                    self._start_relay()
         except BaseException:
             self.__exit__()
             raise
@@ -125,6 +131,14 @@ class Servers:
         self._procs.append(proc)
         _wait_port(port, proc, system)
         self.addresses[system] = f"127.0.0.1:{port}"
+
+    def _start_relay(self) -> None:
+        port = _free_port()
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve-relay", str(port)],
+                                stdout=subprocess.DEVNULL)
+        self._procs.append(proc)
+        _wait_port(port, proc, "the relay")
+        self.addresses["relay"] = f"127.0.0.1:{port}"
 
     def _start_nats(self) -> None:
         port = _free_port()
@@ -332,11 +346,130 @@ async def _produce_paced(send: Callable[[list[bytes]], Any], pad: bytes, rate: i
     return sent
 
 
+_LEN = struct.Struct(">I")
+
+
+class _Relay(asyncio.Protocol):
+    """One connection of the relay server. Its first byte names it: ``C`` a consumer (answered ``K`` once it is
+    registered), ``P`` a producer, whose frames (a 4-byte length, then the bytes) are written on to every consumer
+    as they are read, every whole frame of one read in one write, then acknowledged by their count (4 bytes)."""
+
+    consumers: ClassVar[set[asyncio.Transport]] = set()
+
+    def connection_made(self, transport: Any) -> None:
+        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.transport: asyncio.Transport = transport
+        self.buf = bytearray()
+        self.role = b""
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        if not self.role:
+            self.role = bytes(buf[:1])
+            del buf[:1]
+            if self.role == b"C":
+                self.consumers.add(self.transport)
+                self.transport.write(b"K")
+        if self.role != b"P":
+            buf.clear()
+            return
+        pos = count = 0
+        while len(buf) - pos >= 4:
+            end = pos + 4 + _LEN.unpack_from(buf, pos)[0]
+            if end > len(buf):
+                break
+            pos = end
+            count += 1
+        if count:
+            frames = bytes(buf[:pos])
+            del buf[:pos]
+            for consumer in self.consumers:
+                consumer.write(frames)
+            self.transport.write(_LEN.pack(count))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.consumers.discard(self.transport)
+
+
+def serve_relay(port: int) -> None:
+    async def serve() -> None:
+        server = await asyncio.get_running_loop().create_server(_Relay, "127.0.0.1", port)
+        async with server:
+            await server.serve_forever()
+
+    _run_loop(serve())
+
+
+async def _relay_reset(system: str, address: str) -> None:
+    """Nothing is kept between runs (a consumer leaves the relay when its connection closes)."""
+
+
+async def _relay_open(address: str, role: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    writer.write(role)
+    return reader, writer
+
+
+async def _relay_consume(system: str, address: str, total: int, ready: Any, deadline: float) -> list[float]:
+    reader, writer = await _relay_open(address, b"C")
+    latencies: list[float] = []
+    buf = bytearray()
+    try:
+        if await reader.readexactly(1) != b"K":
+            raise RuntimeError("the relay did not register the consumer")
+        _settle()
+        ready.set()
+        while len(latencies) < total and time.perf_counter() < deadline:
+            try:
+                data = await asyncio.wait_for(reader.read(1 << 16), max(0.01, deadline - time.perf_counter()))
+            except TimeoutError:
+                break
+            if not data:
+                break
+            now = time.time_ns()
+            buf += data
+            pos = 0
+            while len(buf) - pos >= 4:
+                end = pos + 4 + _LEN.unpack_from(buf, pos)[0]
+                if end > len(buf):
+                    break
+                ts = _TS.unpack_from(buf, pos + 4)[0]
+                if ts:
+                    latencies.append((now - ts) / 1e6)
+                pos = end
+            del buf[:pos]
+    finally:
+        writer.close()
+    return latencies
+
+
+async def _relay_produce(system: str, address: str, rate: int, total: int, pacing: str, size: int) -> int:
+    reader, writer = await _relay_open(address, b"P")
+    pad = bytes(max(0, size - 8))
+
+    async def send(batch: list[bytes]) -> None:  # one request in flight, as Redis's pipeline
+        writer.write(b"".join(_LEN.pack(len(payload)) + payload for payload in batch))
+        acked = 0
+        while acked < len(batch):
+            acked += _LEN.unpack(await reader.readexactly(4))[0]
+
+    try:
+        await send([_TS.pack(0) + pad])  # the consumer skips a 0 stamp
+        _settle()
+        return await _produce_paced(send, pad, rate, total, pacing)
+    finally:
+        writer.close()
+
+
 _CLIENTS: dict[str, tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]] = {
     "redis": (_redis_reset, _redis_consume, _redis_produce),
     "redis-4": (_redis_reset, _redis_consume, _redis_produce),
     "redis-always": (_redis_reset, _redis_consume, _redis_produce),
     "nats": (_nats_reset, _nats_consume, _nats_produce),
+    "relay": (_relay_reset, _relay_consume, _relay_produce),
 }
 
 
@@ -421,14 +554,19 @@ def _cell(r: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--systems", default="metaq,redis-4,metaq-1,metaq-sticky,redis,nats,metaq-sync,redis-always")
+    parser.add_argument("--systems",
+                        default="metaq,redis-4,metaq-1,metaq-sticky,redis,nats,relay,metaq-sync,redis-always")
     parser.add_argument("--pacing", default="tick,even")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rate", type=int, default=5000)
     parser.add_argument("-d", "--duration", type=float, default=8.0)
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--json", default="", help="every run's result to this file")
+    parser.add_argument("--serve-relay", type=int, default=0, help=argparse.SUPPRESS)  # the relay's own process
     args = parser.parse_args()
+    if args.serve_relay:
+        serve_relay(args.serve_relay)
+        return 0
     systems = [s for s in args.systems.split(",") if s]
     pacings = [p for p in args.pacing.split(",") if p]
     unknown = [s for s in systems if s not in METAQ_SYSTEMS and s not in PEER_SYSTEMS]
