@@ -12,12 +12,16 @@ goals: the batch API's msg/s (what the per-message producer APIs are compared wi
 round trip between two processes (the floor under an e2e delivery's two hops), and the disk's fdatasync p50
 (the ``--flush sync`` goal is that + 0.3 ms). The goals are issue 13's, on one broker over loopback, 100 B
 messages. The table is Markdown, for docs/benchmarks.md; ``--json`` keeps every run's whole result. The
-10,000-partition goal takes minutes a case and has its own script (scripts/bench_partitions.py).
+10,000-partition goal takes minutes a case and has its own script (scripts/bench_partitions.py). ``--peers`` runs,
+once a round, each end-to-end goal's peer of the same shape beside it (scripts/bench_peers.py: Redis Streams with
+four streams round robin for ``e2e_rr``, one stream for ``e2e_sticky``, ``appendfsync always`` for ``e2e_sync``),
+the peers the goals' figures came from: the goals are absolute, the peers say what this machine gives.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -45,6 +49,8 @@ class Goal:
     show: Callable[[Result], str]
     versus: str = ""
     """A goal whose msg/s in the same round and tree this one's is also given as a share of."""
+    peer: str = ""
+    """With --peers: the scripts/bench_peers.py system of the same shape, run once a round beside it."""
 
 
 def _msgs(r: Result) -> float:
@@ -82,11 +88,11 @@ GOALS = [
     Goal("iterate", ["consume", "--api", "iterate", "--count", "3000000"], "≥ 1.5M msg/s",
          lambda r: _msgs(r) >= 1_500_000, lambda r: f"{_msgs(r) / 1e6:.2f}M"),
     Goal("e2e_rr", _e2e(), "p50 ≤ 0.3, p99 ≤ 1 ms",
-         lambda r: _p(r, "p50") <= 0.3 and _p(r, "p99") <= 1.0, _show_e2e),
+         lambda r: _p(r, "p50") <= 0.3 and _p(r, "p99") <= 1.0, _show_e2e, peer="redis-4"),
     Goal("e2e_sticky", _e2e("--selector", "sticky"), "p50 ≤ 0.3, p99 ≤ 1 ms",
-         lambda r: _p(r, "p50") <= 0.3 and _p(r, "p99") <= 1.0, _show_e2e),
+         lambda r: _p(r, "p50") <= 0.3 and _p(r, "p99") <= 1.0, _show_e2e, peer="redis"),
     Goal("e2e_sync", _e2e(flush="sync"), "p50 ≤ fdatasync + 0.3 ms",
-         lambda r: _p(r, "p50") <= r["fdatasync_ms"]["p50"] + 0.3, _show_sync),
+         lambda r: _p(r, "p50") <= r["fdatasync_ms"]["p50"] + 0.3, _show_sync, peer="redis-always"),
 ]
 GOALS_BY_NAME = {g.name: g for g in GOALS}
 
@@ -155,16 +161,39 @@ def _baseline(goal: Goal, per_goal: dict[str, list[Result]], i: int) -> Result |
     return base[i] if base is not None and i < len(base) else None
 
 
-def table(goals: list[Goal], runs: dict[str, dict[str, list[Result]]], trees: list[str]) -> str:
+def _peer_cell(r: Result) -> str:
+    if "error" in r:
+        return f"error: {r['error']}"
+    return f"{_p(r, 'p50'):.3f} / {_p(r, 'p99'):.2f}"
+
+
+def table(goals: list[Goal], runs: dict[str, dict[str, list[Result]]], trees: list[str],
+          peers: dict[str, list[Result]] | None = None) -> str:
     head = "| goal | target | " + " | ".join(f"{t}: each run" for t in trees) + " | " + \
-        " | ".join(f"{t}" for t in trees) + " |"
-    rows = [head, "|" + "---|" * (2 + 2 * len(trees))]
+        " | ".join(f"{t}" for t in trees) + " |" + (" the same shape's peer, same rounds |" if peers else "")
+    rows = [head, "|" + "---|" * (2 + 2 * len(trees) + bool(peers))]
     for goal in goals:
         cells = [" · ".join(cell(goal, r, _baseline(goal, runs[t], i)) for i, r in enumerate(runs[t][goal.name]))
                  for t in trees]
         verdicts = [verdict(goal, runs[t][goal.name]) for t in trees]
-        rows.append(f"| {goal.name} | {goal.target} | " + " | ".join(cells) + " | " + " | ".join(verdicts) + " |")
+        row = f"| {goal.name} | {goal.target} | " + " | ".join(cells) + " | " + " | ".join(verdicts) + " |"
+        if peers:
+            got = peers.get(goal.name) or []
+            row += f" {goal.peer}: {' · '.join(_peer_cell(r) for r in got)} |" if got else "  |"
+        rows.append(row)
     return "\n".join(rows)
+
+
+def run_peer(goal: Goal, address: str, scale: float) -> Result:
+    """The goal's peer (scripts/bench_peers.py) under the goal's own load: its rate and duration, 1 ms ticks."""
+    import bench_peers  # beside this script
+
+    argv = scaled(goal.argv, scale)
+    rate, duration = int(argv[argv.index("--rate") + 1]), float(argv[argv.index("-d") + 1])
+    try:
+        return bench_peers.run_peer(goal.peer, address, rate, duration, "tick", 100)
+    except RuntimeError as exc:
+        return {"error": str(exc)}
 
 
 def main() -> int:
@@ -175,6 +204,9 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=1.0, help="Multiply counts and durations (a quick look).")
     ap.add_argument("--timeout", type=float, default=900, help="Upper bound of one command, s.")
     ap.add_argument("--json", metavar="FILE", help="Write every run's result here.")
+    ap.add_argument("--peers", action="store_true",
+                    help="Once a round, run each e2e goal's peer of the same shape (scripts/bench_peers.py: Redis "
+                         "Streams, with four streams for round robin, with appendfsync always for --flush sync).")
     args = ap.parse_args()
     names = [n for n in args.only.split(",") if n] or list(GOALS_BY_NAME)
     unknown = [n for n in names if n not in GOALS_BY_NAME]
@@ -182,7 +214,14 @@ def main() -> int:
         ap.error(f"unknown goal(s) {', '.join(unknown)}; known: {', '.join(GOALS_BY_NAME)}")
     goals = [GOALS_BY_NAME[n] for n in names]
     trees = {"this tree": ROOT / "src"}
-    with tempfile.TemporaryDirectory(prefix="metaq-goals-") as tmp:
+    with_peers = [g for g in goals if g.peer] if args.peers else []
+    peer_runs: dict[str, list[Result]] = {g.name: [] for g in with_peers}
+    with tempfile.TemporaryDirectory(prefix="metaq-goals-") as tmp, contextlib.ExitStack() as stack:
+        servers = None
+        if with_peers:
+            import bench_peers  # beside this script
+
+            servers = stack.enter_context(bench_peers.Servers(sorted({g.peer for g in with_peers}), Path(tmp)))
         if args.against:
             print(f"exporting {args.against} and building its compiled module ...", file=sys.stderr, flush=True)
             trees[args.against] = export_tree(args.against, Path(tmp))
@@ -198,16 +237,21 @@ def main() -> int:
                     runs[label][goal.name].append(result)
                     shown = cell(goal, result, _baseline(goal, runs[label], rnd - 1))
                     print(f"round {rnd} {goal.name} [{label}]: {shown}", file=sys.stderr, flush=True)
+                if goal.name in peer_runs and servers is not None:
+                    result = run_peer(goal, servers.addresses[goal.peer], args.scale)
+                    peer_runs[goal.name].append(result)
+                    print(f"round {rnd} {goal.name} [{goal.peer}]: {_peer_cell(result)}", file=sys.stderr, flush=True)
     ended = time.strftime("%H:%M UTC", time.gmtime())
     print(f"{started} to {ended}, {os.cpu_count()} CPUs, {args.rounds} rounds"
           + (f" interleaved with {args.against}" if args.against else "") + ":")
     print("    " + "\n    ".join(f"metaq bench {' '.join(scaled(g.argv, args.scale))} --json --no-progress"
                                   for g in goals))
     print()
-    print(table(goals, runs, list(trees)))
+    print(table(goals, runs, list(trees), peer_runs))
     if args.json:
-        Path(args.json).write_text(json.dumps({"started": started, "ended": ended, "runs": runs}, indent=1))
-    failed = any("error" in r for per in runs.values() for rs in per.values() for r in rs)
+        Path(args.json).write_text(json.dumps({"started": started, "ended": ended, "runs": runs, "peers": peer_runs},
+                                              indent=1))
+    failed = any("error" in r for per in [*runs.values(), peer_runs] for rs in per.values() for r in rs)
     return 1 if failed else 0
 
 
