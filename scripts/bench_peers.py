@@ -422,25 +422,27 @@ async def _relay_consume(system: str, address: str, total: int, ready: Any, dead
             raise RuntimeError("the relay did not register the consumer")
         _settle()
         ready.set()
-        while len(latencies) < total and time.perf_counter() < deadline:
-            try:
-                data = await asyncio.wait_for(reader.read(1 << 16), max(0.01, deadline - time.perf_counter()))
-            except TimeoutError:
-                break
-            if not data:
-                break
-            now = time.time_ns()
-            buf += data
-            pos = 0
-            while len(buf) - pos >= 4:
-                end = pos + 4 + _LEN.unpack_from(buf, pos)[0]
-                if end > len(buf):
-                    break
-                ts = _TS.unpack_from(buf, pos + 4)[0]
-                if ts:
-                    latencies.append((now - ts) / 1e6)
-                pos = end
-            del buf[:pos]
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout_at(loop.time() + max(0.0, deadline - time.perf_counter())):
+                while len(latencies) < total:
+                    data = await reader.read(1 << 16)
+                    if not data:
+                        break
+                    now = time.time_ns()
+                    buf += data
+                    pos = 0
+                    while len(buf) - pos >= 4:
+                        end = pos + 4 + _LEN.unpack_from(buf, pos)[0]
+                        if end > len(buf):
+                            break
+                        ts = _TS.unpack_from(buf, pos + 4)[0]
+                        if ts:
+                            latencies.append((now - ts) / 1e6)
+                        pos = end
+                    del buf[:pos]
+        except TimeoutError:
+            pass
     finally:
         writer.close()
     return latencies
