@@ -3,6 +3,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from metaq.protocol.records import BatchHeader
 from metaq.types import Message, PartitionId
 
 class SendResult:
@@ -39,6 +40,11 @@ def bind_constructor(cls: type[Message], /) -> None: ...
 def plain_region(values: Sequence[bytes | bytearray], timestamps: Sequence[int] | int, /
                  ) -> tuple[bytes, int, int] | None: ...
 def plain_columns_ok(region: bytes | bytearray | memoryview, n: int, max_message_bytes: int, /) -> bool: ...
+def bind_batch_header(cls: type[BatchHeader], crc32c: Callable[[bytes | memoryview], int], /) -> None: ...
+def validate_plain(batch: bytes | bytearray | memoryview, max_message_bytes: int, max_batch_bytes: int, /
+                   ) -> BatchHeader | None: ...
+def stamp_prefix(header: BatchHeader, base_offset: int, base_message_id: int, append_time_ms: int, /
+                 ) -> bytes | None: ...
 
 class PlainPlacer:
     """Producer.send_async's (``create_future`` None: send_oneway's) common case in one call; ``place`` returns the

@@ -318,6 +318,18 @@ PLAIN_REGION: Any = None
 """The compiled records region of a plain batch (metaq._speedups.plain_region), or None: metaq.protocol.records
 builds it from Python column operations instead (``_plain_region_py``)."""
 
+VALIDATE_PLAIN: Any = None
+"""The broker's compiled check of a plain produced batch, header and CRCs included (metaq._speedups.validate_plain),
+or None: validate_batch runs only its Python code. metaq.protocol.records binds it to its BatchHeader and crc32c
+(BIND_BATCH_HEADER) before using it."""
+
+STAMP_PREFIX: Any = None
+"""The compiled 45-byte stamped prefix of a batch (metaq._speedups.stamp_prefix), or None: records.stamp_prefix
+packs it in Python."""
+
+BIND_BATCH_HEADER: Any = None
+"""metaq._speedups.bind_batch_header, or None."""
+
 PLAIN_PLACER: Any = None
 """The producer's compiled placement of a plain message (metaq._speedups.PlainPlacer, which reads Message's slots
 where BatchMessages writes them), or None: send_async and send_oneway run their Python code for every message."""
@@ -337,6 +349,9 @@ if not TYPE_CHECKING and not os.environ.get("METAQ_NO_SPEEDUPS"):
         SPEEDUPS = True
         PLAIN_REGION = _speedups.plain_region
         PLAIN_COLUMNS_OK = _speedups.plain_columns_ok
+        VALIDATE_PLAIN = _speedups.validate_plain
+        STAMP_PREFIX = _speedups.stamp_prefix
+        BIND_BATCH_HEADER = _speedups.bind_batch_header
         _PySendResult.__qualname__ = _PySendResult.__name__ = "_PySendResult"  # pickled by its own name
         # The consumer's Messages, built in C as _build_plain and _build build them; refused (the Python builder stays)
         # if Message's fields are not the ones it fills (tests/unit/protocol/test_message_build.py fails then).

@@ -83,7 +83,16 @@ import lz4.frame as _lz4
 import zstandard as _zstd
 
 from metaq.errors import CorruptRecordError, InvalidArgument, ProtocolError
-from metaq.types import BATCH_MESSAGES, PLAIN_COLUMNS_OK, PLAIN_REGION, Message, PartitionId
+from metaq.types import (
+    BATCH_MESSAGES,
+    BIND_BATCH_HEADER,
+    PLAIN_COLUMNS_OK,
+    PLAIN_REGION,
+    STAMP_PREFIX,
+    VALIDATE_PLAIN,
+    Message,
+    PartitionId,
+)
 
 MAGIC = 2
 OLD_MAGICS = {1: "metaq 0.1"}
@@ -231,6 +240,22 @@ class BatchHeader(NamedTuple):
         return self.attributes & _COMPRESSION_MASK
 
 
+_validate_plain: Any = None
+"""metaq._speedups.validate_plain bound to :class:`BatchHeader` (or None): :func:`validate_batch` for an uncompressed
+batch of plain records in one call, header, CRCs and columns (its header, as :func:`read_header` makes it), None for
+anything else, which the Python code then decides (tests/unit/protocol/test_compiled_batch_check.py)."""
+_stamp_prefix_compiled: Any = None
+"""metaq._speedups.stamp_prefix (or None): :func:`stamp_prefix`'s 45 bytes in one call, None for what it leaves to
+the Python code (:func:`_stamp_prefix_py`: a header not a BatchHeader, a field out of its range)."""
+if BIND_BATCH_HEADER is not None:
+    try:
+        BIND_BATCH_HEADER(BatchHeader, _crc32c.crc32c)
+    except ValueError:  # BatchHeader's fields are not the ones the compiled code builds: the Python code only
+        pass
+    else:
+        _validate_plain, _stamp_prefix_compiled = VALIDATE_PLAIN, STAMP_PREFIX
+
+
 def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
     """Parse and check the fixed header at ``pos``: CorruptRecordError unless it is whole, of this format
     version, its ``header_crc`` matches and its length can hold it. The body is not looked at."""
@@ -283,7 +308,17 @@ def _prefix(base_offset: int, batch_length: int, base_message_id: int, append_ti
 
 def stamp_prefix(header: BatchHeader, base_offset: int, base_message_id: int, append_time_ms: int) -> bytes:
     """The 45 bytes that replace the producer's prefix (``os.writev`` them before ``batch[45:]``):
-    the stamped fields, the producer's length, magic and body crc, and the new header_crc."""
+    the stamped fields, the producer's length, magic and body crc, and the new header_crc. Compiled
+    (metaq._speedups.stamp_prefix, the same bytes) when there is the module."""
+    if _stamp_prefix_compiled is not None:
+        prefix = _stamp_prefix_compiled(header, base_offset, base_message_id, append_time_ms)
+        if prefix is not None:
+            return prefix
+    return _stamp_prefix_py(header, base_offset, base_message_id, append_time_ms)
+
+
+def _stamp_prefix_py(header: BatchHeader, base_offset: int, base_message_id: int, append_time_ms: int) -> bytes:
+    """:func:`stamp_prefix` in Python: the fallback, and the reference the compiled one is tested against."""
     tail = _CRC_REGION_HEAD.pack(header.attributes, header.last_offset_delta, header.first_timestamp_ms,
                                  header.max_timestamp_ms, header.record_count)
     return _prefix(base_offset, header.batch_length, base_message_id, append_time_ms, header.crc, tail)
@@ -691,6 +726,10 @@ def validate_batch(batch: bytes | bytearray | memoryview, max_message_bytes: int
     batches carrying headers or non-ASCII attributes walk those sections. Payloads are not copied.
     Raises InvalidArgument (not a protocol error) for a batch or message over the size limits.
     """
+    if _validate_plain is not None:  # what producers send, all of the below in one compiled call; None: not that
+        header = _validate_plain(batch, max_message_bytes, max_batch_bytes)
+        if header is not None:
+            return header
     total = len(batch)
     if total > max_batch_bytes:
         raise InvalidArgument(f"record batch is {total} bytes; the limit is {max_batch_bytes}")
