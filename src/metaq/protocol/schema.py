@@ -351,9 +351,22 @@ def encode(obj: Any, version: int, out: list[bytes] | None = None) -> list[bytes
 
     A value the schema cannot carry is the caller's mistake, found before anything is sent:
     InvalidArgument, not ProtocolError (which means the peer sent bad bytes).
+
+    The work is done by the class's generated encoder (:func:`_compiled`); when it fails (a value it
+    cannot carry) what it appended is taken back and the field-by-field walk below runs, which raises the
+    field's own error.
     """
     if out is None:
         out = []
+    codecs = _CODECS.get((type(obj), version))
+    if codecs is None:
+        codecs = _compiled(type(obj), version)
+    mark = len(out)
+    try:
+        codecs[0](obj, out)
+        return out
+    except Exception:
+        del out[mark:]
     return encode_fields(obj, _active(type(obj), version), out)
 
 
@@ -370,7 +383,27 @@ def encode_fields(obj: Any, active: tuple[Field, ...], out: list[bytes]) -> list
 
 
 def decode(cls: Any, version: int, buf: Buffer, pos: int = 0, *, exact: bool = True) -> Any:
-    """Decode a ``cls`` at ``version`` from ``buf[pos:]``; ProtocolError on any malformed input."""
+    """Decode a ``cls`` at ``version`` from ``buf[pos:]``; ProtocolError on any malformed input.
+
+    The class's generated decoder (:func:`_compiled`) does the work; input it does not take whole (cut
+    off, a bad length, a bool that is not 0 or 1, bad UTF-8, trailing bytes) goes to the field-by-field
+    walk, which says exactly what is wrong.
+    """
+    codecs = _CODECS.get((cls, version))
+    if codecs is None:
+        codecs = _compiled(cls, version)
+    try:
+        obj, end = codecs[1](buf, pos)
+    except Exception:
+        return decode_fields(cls, version, buf, pos, exact=exact)
+    if exact and end != len(buf):
+        return decode_fields(cls, version, buf, pos, exact=exact)
+    return obj
+
+
+def decode_fields(cls: Any, version: int, buf: Buffer, pos: int = 0, *, exact: bool = True) -> Any:
+    """:func:`decode` one field at a time, by the fields' own types: the reference the generated decoders
+    must equal, and what explains malformed input."""
     kwargs: dict[str, Any] = {}
     try:
         for f in _active(cls, version):
@@ -401,3 +434,285 @@ def described(cls: type) -> list[tuple[str, str, int, str]]:
 
 
 FieldDecl = Callable[[type], type]
+
+
+# -- generated codecs ---------------------------------------------------------------------------------
+#
+# The walk above (a method call per field, a tuple per decoded value) is the reference. For each message
+# class and version that is encoded or decoded, one encoder and one decoder are generated from FIELDS, the
+# way ``dataclasses`` generates ``__init__``: straight-line code where adjacent fixed-width fields, and the
+# length or count that follows them, are one ``struct`` call, strings and arrays are read in place, and the
+# items of an array of structs are built in the loop. The generated code only takes what is well formed;
+# anything else raises, and :func:`encode` / :func:`decode` run the reference walk, which raises the field's
+# own error. Tests hold every API's generated codec to the walk's bytes and objects.
+
+_CODECS: dict[tuple[Any, int], tuple[Callable[[Any, list[bytes]], None], Callable[[Buffer, int], tuple[Any, int]]]] = {}
+"""(encoder, decoder) per (message class, version), generated at first use by :func:`_compiled`."""
+
+
+class _Refused(Exception):
+    """Raised by generated code for a value or input that the reference walk must explain."""
+
+
+def _compiled(cls: Any, version: int) -> tuple[Callable[[Any, list[bytes]], None],
+                                                Callable[[Buffer, int], tuple[Any, int]]]:
+    active = _active(cls, version)
+    codecs = (_CodeGen().encoder(cls, active), _CodeGen().decoder(cls, active))
+    _CODECS[(cls, version)] = codecs
+    return codecs
+
+
+def _length_format(wire: Any) -> str | None:
+    """The struct format of the length or count that begins a variable-size field, or None."""
+    if isinstance(wire, _String):
+        return "h"
+    if isinstance(wire, (_Bytes, _Records, Array)):
+        return "i"
+    return None
+
+
+def _constructor(cls: Any, names: list[str], values: list[str]) -> str:
+    """The expression that builds ``cls`` from the variables ``values`` of the fields ``names``: positional
+    when they are the dataclass's first init fields in order, else by keyword."""
+    init = [f.name for f in fields(cls) if f.init]
+    if init[:len(names)] == names:
+        return f"{{cls}}({', '.join(values)})"
+    return f"{{cls}}({', '.join(f'{n}={v}' for n, v in zip(names, values, strict=True))})"
+
+
+class _CodeGen:
+    """The source of one generated encoder or decoder, and the names it uses."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.names: dict[str, Any] = {"_Refused": _Refused, "_str": str, "_bytes": bytes, "_len": len,
+                                      "_range": range, "_isinstance": isinstance, "_I16": _I16, "_I32": _I32}
+        self.count = 0
+
+    def fresh(self, stem: str) -> str:
+        self.count += 1
+        return f"{stem}{self.count}"
+
+    def const(self, value: Any, stem: str) -> str:
+        for name, known in self.names.items():
+            if known is value:
+                return name
+        name = self.fresh("_" + stem)
+        self.names[name] = value
+        return name
+
+    def emit(self, depth: int, line: str) -> None:
+        self.lines.append("    " * depth + line)
+
+    def build(self, name: str, cls: Any) -> Any:
+        source = "\n".join(self.lines)
+        namespace = dict(self.names)
+        exec(compile(source, f"<metaq.protocol.schema {name} of {cls.__name__}>", "exec"), namespace)
+        function = namespace[name]
+        function.__source__ = source  # for reading (and debugging) what was generated
+        return function
+
+    # -- decoding
+
+    def decoder(self, cls: Any, active: tuple[Field, ...]) -> Callable[[Buffer, int], tuple[Any, int]]:
+        self.emit(0, "def decode(buf, pos):")
+        self.emit(1, "size = _len(buf)")
+        values = self.read_fields(active, 1)
+        make = _constructor(cls, [f.name for f in active], values).format(cls=self.const(cls, cls.__name__))
+        self.emit(1, f"return {make}, pos")
+        return self.build("decode", cls)
+
+    def read_fields(self, active: tuple[Field, ...] | list[Field], depth: int) -> list[str]:
+        """Code that reads ``active`` at ``pos`` (advancing it); the variables that hold their values."""
+        values: list[str] = []
+        run: list[tuple[str, str, str]] = []  # (variable, kind, struct format) read by one unpack
+        for f in active:
+            wire = f.type
+            if type(wire) is _Fixed:
+                values.append(self.fresh("v"))
+                run.append((values[-1], "fixed", wire._st.format[1:]))
+                continue
+            if isinstance(wire, _UInt128):
+                values.append(self.fresh("v"))
+                run.append((values[-1], "uint128", "QQ"))
+                continue
+            length = _length_format(wire)
+            if length is not None:  # its length or count joins the run: one unpack for both
+                n = self.fresh("n")
+                run.append((n, "length", length))
+                self.unpack(run, depth)
+                values.append(self.fresh("v"))
+                self.read_sized(wire, n, values[-1], depth)
+                continue
+            self.unpack(run, depth)
+            values.append(self.fresh("v"))
+            self.read_other(wire, values[-1], depth)
+        self.unpack(run, depth)
+        return values
+
+    def unpack(self, run: list[tuple[str, str, str]], depth: int) -> None:
+        if not run:
+            return
+        packer = struct.Struct(">" + "".join(fmt for _v, _k, fmt in run))
+        targets: list[str] = []
+        for variable, kind, _fmt in run:
+            targets += [variable + "_hi", variable + "_lo"] if kind == "uint128" else [variable]
+        self.emit(depth, f"{', '.join(targets)}, = {self.const(packer, 'S')}.unpack_from(buf, pos)")
+        self.emit(depth, f"pos += {packer.size}")
+        for variable, kind, _fmt in run:
+            if kind == "uint128":
+                self.emit(depth, f"{variable} = ({variable}_hi << 64) | {variable}_lo")
+                self.emit(depth, f"if {variable} == {(1 << 128) - 1}:")
+                self.emit(depth + 1, f"{variable} = -1")
+        run.clear()
+
+    def read_sized(self, wire: Any, n: str, value: str, depth: int) -> None:
+        """The body of a variable-size field whose length or count ``n`` was just read."""
+        nullable = getattr(wire, "nullable", False)
+        self.emit(depth, f"if {n} < 0:")
+        if nullable:
+            self.emit(depth + 1, f"if {n} != -1:")
+            self.emit(depth + 2, "raise _Refused")
+            self.emit(depth + 1, f"{value} = None")
+        else:
+            self.emit(depth + 1, "raise _Refused")
+        self.emit(depth, "else:")
+        depth += 1
+        if isinstance(wire, Array):
+            self.emit(depth, f"if {n} > size - pos:")  # every item takes at least one byte
+            self.emit(depth + 1, "raise _Refused")
+            self.emit(depth, f"{value} = []")
+            self.emit(depth, f"for _ in _range({n}):")
+            item = self.read_item(wire.item, depth + 1)
+            self.emit(depth + 1, f"{value}.append({item})")
+            return
+        end = self.fresh("e")
+        self.emit(depth, f"{end} = pos + {n}")
+        self.emit(depth, f"if {end} > size:")
+        self.emit(depth + 1, "raise _Refused")
+        if isinstance(wire, _String):
+            self.emit(depth, f"{value} = _str(buf[pos:{end}], 'utf-8')")
+        elif isinstance(wire, _Bytes):
+            self.emit(depth, f"{value} = _bytes(buf[pos:{end}])")
+        else:  # RECORDS: a slice of the frame, as the reference gives it
+            self.emit(depth, f"{value} = buf[pos:{end}]")
+        self.emit(depth, f"pos = {end}")
+
+    def read_item(self, wire: Any, depth: int) -> str:
+        if isinstance(wire, Struct):
+            names = [f.name for f in wire.cls.FIELDS]
+            values = self.read_fields(wire.cls.FIELDS, depth)
+            item = self.fresh("item")
+            make = _constructor(wire.cls, names, values).format(cls=self.const(wire.cls, wire.cls.__name__))
+            self.emit(depth, f"{item} = {make}")
+            return item
+        return self.read_fields([Field("item", wire)], depth)[0]
+
+    def read_other(self, wire: Any, value: str, depth: int) -> None:
+        if isinstance(wire, _Bool):
+            self.emit(depth, f"{value} = buf[pos]")
+            self.emit(depth, f"if {value} > 1:")
+            self.emit(depth + 1, "raise _Refused")
+            self.emit(depth, f"{value} = {value} == 1")
+            self.emit(depth, "pos += 1")
+        elif isinstance(wire, Struct):
+            item = self.read_item(wire, depth)
+            self.emit(depth, f"{value} = {item}")
+        else:  # a wire type this generator does not know: its own decode
+            self.emit(depth, f"{value}, pos = {self.const(wire, 'T')}.decode(buf, pos)")
+
+    # -- encoding
+
+    def encoder(self, cls: Any, active: tuple[Field, ...]) -> Callable[[Any, list[bytes]], None]:
+        self.emit(0, "def encode(obj, out):")
+        self.emit(1, "_a = out.append")
+        self.write_fields(active, "obj", 1)
+        self.emit(1, "return None")
+        return self.build("encode", cls)
+
+    def write_fields(self, active: tuple[Field, ...] | list[Field], obj: str, depth: int) -> None:
+        run: list[tuple[str, str]] = []  # (expression, struct format) packed by one call
+        for f in active:
+            wire = f.type
+            if isinstance(wire, _Fixed):  # BOOL too: it packs as "?", as its own encode does
+                value = self.fresh("v")
+                self.emit(depth, f"{value} = {obj}.{f.name}")
+                run.append((value, wire._st.format[1:]))
+                continue
+            if isinstance(wire, _UInt128):
+                value = self.fresh("v")
+                self.emit(depth, f"{value} = {obj}.{f.name}")
+                self.emit(depth, f"if {value} < 0:")  # -1 ("no id") travels as all ones
+                self.emit(depth + 1, f"{value} = {(1 << 128) - 1}")
+                run += [(f"{value} >> 64", "Q"), (f"{value} & {(1 << 64) - 1}", "Q")]
+                continue
+            self.pack(run, depth)
+            value = self.fresh("v")
+            self.emit(depth, f"{value} = {obj}.{f.name}")
+            self.write_value(wire, value, depth)
+        self.pack(run, depth)
+
+    def pack(self, run: list[tuple[str, str]], depth: int) -> None:
+        if not run:
+            return
+        packer = struct.Struct(">" + "".join(fmt for _e, fmt in run))
+        self.emit(depth, f"_a({self.const(packer, 'S')}.pack({', '.join(e for e, _f in run)}))")
+        run.clear()
+
+    def write_value(self, wire: Any, value: str, depth: int) -> None:
+        nullable = getattr(wire, "nullable", False)
+        if isinstance(wire, _Records):
+            self.emit(depth, f"if {value} is None:")
+            self.emit(depth + 1, f"{value} = b''")
+            self.emit(depth, f"_a(_I32.pack(_len({value})))")
+            self.emit(depth, f"_a({value} if _isinstance({value}, _bytes) else _bytes({value}))")
+            return
+        if isinstance(wire, (_String, _Bytes, Array)):
+            self.emit(depth, f"if {value} is None:")
+            if nullable:
+                null = _I16.pack(-1) if isinstance(wire, _String) else _I32.pack(-1)
+                self.emit(depth + 1, f"_a({null!r})")
+            else:
+                self.emit(depth + 1, "raise _Refused")
+            self.emit(depth, "else:")
+            depth += 1
+            if isinstance(wire, _String):
+                raw = self.fresh("r")
+                self.emit(depth, f"{raw} = {value}.encode()")
+                self.emit(depth, f"if _len({raw}) > 32767:")
+                self.emit(depth + 1, "raise _Refused")
+                self.emit(depth, f"_a(_I16.pack(_len({raw})))")
+                self.emit(depth, f"_a({raw})")
+            elif isinstance(wire, _Bytes):
+                self.emit(depth, f"_a(_I32.pack(_len({value})))")
+                self.emit(depth, f"_a(_bytes({value}))")
+            else:
+                self.emit(depth, f"_a(_I32.pack(_len({value})))")
+                item = self.fresh("it")
+                self.emit(depth, f"for {item} in {value}:")
+                self.write_item(wire.item, item, depth + 1)
+            return
+        if isinstance(wire, Struct):
+            self.write_fields(wire.cls.FIELDS, value, depth)
+            return
+        self.emit(depth, f"{self.const(wire, 'T')}.encode({value}, out)")
+
+    def write_item(self, wire: Any, item: str, depth: int) -> None:
+        if isinstance(wire, Struct):
+            self.write_fields(wire.cls.FIELDS, item, depth)
+        elif isinstance(wire, (_Fixed, _UInt128)):
+            holder = self.fresh("h")
+            self.emit(depth, f"{holder} = _Item({item})")
+            self.names["_Item"] = _Item
+            self.write_fields([Field("value", wire)], holder, depth)
+        else:
+            self.write_value(wire, item, depth)
+
+
+class _Item:
+    """An array item of a fixed-width type, as the attribute ``value`` (what :meth:`_CodeGen.write_fields` reads)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
