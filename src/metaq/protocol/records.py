@@ -794,6 +794,28 @@ class _Columns:
     no_headers: bool
 
     @classmethod
+    def plain(cls, body: memoryview, n: int) -> _Columns:
+        """The columns of a batch body the compiled check (``_validate_plain``) accepted: n >= 1 records, offset
+        deltas 0..n-1, no attributes or headers, keys and values filling the region: what :meth:`parse` finds
+        there, without its checks."""
+        self = cls()
+        self.body = body
+        self.n = n
+        self.deltas = _read_col("i", body[0:4 * n])
+        self.timestamps = _read_col("q", body[4 * n:12 * n])
+        self.klens = klens = _read_col("i", body[12 * n:16 * n])
+        self.vlens = _read_col("i", body[16 * n:20 * n])
+        self.alens = _read_col("h", body[20 * n:22 * n])
+        self.hcounts = _read_col("h", body[22 * n:24 * n])
+        self.dense = self.no_attrs = self.no_headers = True
+        n_no_key = klens.count(-1)
+        self.no_keys = n_no_key == n
+        self.keys_at = fixed = RECORD_OVERHEAD_BYTES * n
+        self.values_at = fixed if self.no_keys else fixed + sum(klens) + n_no_key
+        self.attrs_at = self.headers_at = len(body)
+        return self
+
+    @classmethod
     def parse(cls, body: bytes | memoryview, header: BatchHeader, *, producer: bool) -> _Columns:
         n = header.record_count
         if n < 0:
@@ -965,10 +987,26 @@ def iter_batches(buf: bytes | bytearray | memoryview, pos: int = 0) -> Iterator[
         pos += header.total_bytes
 
 
+def _plain_batch(batch: bytes | memoryview) -> tuple[BatchHeader, _Columns] | None:
+    """The header and columns of a whole, intact batch of plain records (uncompressed, no attributes or headers),
+    checked in one compiled call (``_validate_plain``: header, CRCs, columns), or None for anything else: the
+    general check then decides."""
+    if _validate_plain is None:
+        return None
+    header = _validate_plain(batch, _NO_LIMIT, _NO_LIMIT)
+    if header is None:
+        return None
+    start = HEADER_BYTES + PRODUCER_BLOCK_BYTES if header.attributes & PRODUCER_STAMPED else HEADER_BYTES
+    return header, _Columns.plain(memoryview(batch)[start:], header.record_count)
+
+
 def _checked_columns(batch: bytes | memoryview, header: BatchHeader | None, verify: bool,
                      max_uncompressed_bytes: int) -> tuple[BatchHeader, _Columns]:
     """The header and checked columns of one whole batch (CRC first when ``verify``); the body is the
     batch's own memory when it is not compressed (no copy), else the inflated bytes."""
+    plain = _plain_batch(batch)
+    if plain is not None:
+        return plain
     if header is None:
         header = read_header(batch)
     view = memoryview(batch)
@@ -981,6 +1019,10 @@ def _checked_columns(batch: bytes | memoryview, header: BatchHeader | None, veri
     _check_attributes(header)
     return header, _Columns.parse(_body(view, header, max_uncompressed_bytes), header, producer=False)
 
+
+_NO_LIMIT = 1 << 62
+"""The size limits a reader's check of a stored batch passes to the compiled one (the broker's limits were checked
+when it was stored)."""
 
 _Column = TypeVar("_Column", list[Any], array)
 """A column of a batch's records: decoded values (a list) or a fixed-width field (an array)."""
@@ -1350,17 +1392,22 @@ def _one_fetched_batch(view: memoryview, topic: str, partition: int, from_offset
     ``from_offset`` (what a caught-up consumer's long poll gets, a MultiFetch reply once per partition),
     without the general walk's two generators. None for anything else, damage included: the general
     walk then answers it, errors and all (this path has no effect of its own to undo)."""
-    try:
-        header = read_header(view)
-        if header.total_bytes != len(view) or header.next_offset <= from_offset:
+    checked = _plain_batch(view)  # what a caught-up reader gets: one compiled check
+    if checked is None:
+        try:
+            header = read_header(view)
+            if header.total_bytes != len(view) or header.next_offset <= from_offset:
+                return None
+            checked = _checked_columns(view, header, verify, 1 << 30)
+        except CorruptRecordError:
             return None
-        hdr, cols = _checked_columns(view, header, verify, 1 << 30)
-    except CorruptRecordError:
+    header, cols = checked
+    if header.next_offset <= from_offset:
         return None
     lo = 0
     if header.base_offset < from_offset:
         lo = bisect_left(cols.deltas, from_offset - header.base_offset)
-    return ([MessageBatch(hdr, cols, topic, partition, broker_id, lo)] if lo < cols.n else []), header.next_offset
+    return ([MessageBatch(header, cols, topic, partition, broker_id, lo)] if lo < cols.n else []), header.next_offset
 
 
 def decode_fetched(buf: bytes | memoryview, topic: str, partition: int, from_offset: int = 0,
