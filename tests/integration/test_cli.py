@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -174,6 +175,29 @@ def test_bench_e2e_with_fsync_per_ack_measures_the_disks_fdatasync_in_the_same_r
     doc = json.loads(done.stdout)
     assert (doc["messages"], doc["failures"], doc["spec"]["pacing"]) == (400, 0, "even")
     assert doc["seconds"] >= 0.1995 and doc["latency_ms"]["p50"] > 0
+
+
+def test_bench_e2e_runs_each_process_on_the_cpus_given() -> None:
+    # --cpus B,P,C pins the embedded broker, the producer and the consumer ('-': left to the scheduler); the
+    # result says where each was allowed to run, and every message is still delivered
+    last = max(os.sched_getaffinity(0))
+    done = metaq("bench", "e2e", "--flush", "1000", "--rate", "1000", "-n", "200", "-d", "1", "--partitions", "2",
+                 "--linger-ms", "0", "--cpus", f"{last},-,0", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert (doc["messages"], doc["failures"]) == (200, 0)
+    everywhere = sorted(os.sched_getaffinity(0))
+    assert doc["placement"] == {"broker": [last], "producer": everywhere, "consumer": [0]}
+    assert doc["spec"]["cpus"] == [last, None, 0]
+    done = metaq("bench", "e2e", "-n", "10", "-d", "1", "--json")  # not pinned: anywhere, and said so
+    assert json.loads(done.stdout)["placement"] == {"broker": everywhere, "producer": everywhere,
+                                                    "consumer": everywhere}
+    for wrong, why in (("0,1", "expected three CPU numbers"), ("0,x,1", "expected three CPU numbers"),
+                       (f"0,{last + 1},0", f"CPU {last + 1} is not one this process may use")):
+        done = metaq("bench", "e2e", "--cpus", wrong)
+        assert done.returncode == 2 and why in done.stderr, done.stderr
+    done = metaq("bench", "e2e", "--cpus", "0,0,0", "--servers", "127.0.0.1:1")
+    assert done.returncode == 2 and "--cpus pins the embedded broker" in done.stderr
 
 
 def test_produce_to_a_partition_of_a_missing_topic_is_an_error(broker: BrokerProcess) -> None:

@@ -79,6 +79,9 @@ class BenchSpec:
     """consume: the consumer processes call :func:`metaq.allocator.tune_allocator` first (glibc's trim and mmap
     thresholds fixed; what an application reading ~1 MB messages may do), not by default."""
     compression: str = "none"
+    cpus: tuple[int | None, int | None, int | None] | None = None
+    """e2e: the CPU the embedded broker, the producer and the consumer each run on (``os.sched_setaffinity``, every
+    thread), None for one the scheduler places: where the kernel's scheduler puts them (docs/benchmarks.md)."""
     selector: str = "roundrobin"
     """produce: the producer's partition selector, ``roundrobin`` (RoundRobinSelector, the default) or ``sticky``
     (StickyRoundRobinSelector: one partition until its batch is full or sent)."""
@@ -134,6 +137,9 @@ class BenchResult:
     """produce: CPU time per message of the client processes (their measured phase) and, for an embedded broker,
     of the broker process (over the workers' run): on a shared machine a steadier figure than msg/s, and it
     says which side is the floor."""
+    placement: dict[str, list[int]] = field(default_factory=dict)
+    """e2e with an embedded broker: the CPUs the broker, the producer and the consumer were allowed to run on
+    (``--cpus``; all of them when not pinned)."""
 
 
 def process_cpu_s(pid: int) -> float | None:
@@ -257,7 +263,21 @@ def _install_loop(kind: str) -> None:
             pass
 
 
+def pin_process(pid: int, cpu: int) -> None:
+    """Run every thread of process ``pid`` (and the threads it starts later) on ``cpu`` only."""
+    try:
+        tasks = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        tasks = [pid]
+    for task in tasks:
+        os.sched_setaffinity(task, {cpu})
+
+
 def _worker_entry(kind: str, spec: BenchSpec, index: int, progress: Any, out: Any) -> None:
+    if spec.cpus is not None and kind in ("e2e-producer", "e2e-consumer"):
+        cpu = spec.cpus[1 if kind == "e2e-producer" else 2]
+        if cpu is not None:
+            pin_process(os.getpid(), cpu)
     _install_loop(spec.event_loop)
     if spec.tune_allocator and kind in ("consume", "e2e-consumer"):
         from metaq.allocator import tune_allocator
@@ -519,7 +539,8 @@ async def _e2e_producer(spec: BenchSpec, index: int, progress: Any) -> dict[str,
             await all_acked.wait()
         await producer.close()
         elapsed = time.perf_counter() - start
-    return {"messages": tally[0], "failures": tally[1], "seconds": elapsed, "latencies": []}
+    return {"messages": tally[0], "failures": tally[1], "seconds": elapsed, "latencies": [],
+            "cpus": sorted(os.sched_getaffinity(0))}
 
 
 async def send_paced(send_one: Callable[[], None], rate: int, total: int, pacing: str = "tick",
@@ -642,7 +663,8 @@ async def _e2e_consumer(spec: BenchSpec, index: int, progress: Any) -> dict[str,
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return {"messages": len(latencies), "failures": total - len(latencies), "seconds": 0.0, "latencies": latencies}
+    return {"messages": len(latencies), "failures": total - len(latencies), "seconds": 0.0, "latencies": latencies,
+            "cpus": sorted(os.sched_getaffinity(0))}
 
 
 # -- orchestration (parent process) -------------------------------------------------------------
@@ -748,6 +770,8 @@ def run_bench(spec: BenchSpec, *, progress: bool = False) -> BenchResult:
             broker = BrokerLauncher(os.path.join(tmp.name, "data"), {"numPartitions": spec.partitions, **system,
                                                                      "event-loop": spec.event_loop}).start()
             spec.servers = broker.servers
+            if spec.cpus is not None and spec.cpus[0] is not None and broker.pid is not None:
+                pin_process(broker.pid, spec.cpus[0])
     probe_dir = os.path.join(tmp.name, "data") if broker is not None and tmp is not None else None
     try:
         return _run(spec, progress, spec.servers or "", probe_dir, broker.pid if broker is not None else None)
@@ -780,6 +804,7 @@ def _create_topic(spec: BenchSpec) -> None:
 def _run(spec: BenchSpec, progress: bool, servers: str, probe_dir: str | None = None,
          broker_pid: int | None = None) -> BenchResult:
     _create_topic(spec)
+    placement: dict[str, list[int]] = {}
     fsyncs: list[float] = []
     round_trips: list[float] = []
     client_rate = 0.0
@@ -840,6 +865,12 @@ def _run(spec: BenchSpec, progress: bool, servers: str, probe_dir: str | None = 
         latencies = cres["latencies"]
         nbytes = messages * spec.size
         results = [*presults, cres]
+        if broker_pid is not None:
+            try:
+                placement["broker"] = sorted(os.sched_getaffinity(broker_pid))
+            except OSError:
+                pass
+            placement.update(producer=presults[0].get("cpus", []), consumer=cres.get("cpus", []))
     else:
         raise ValueError(f"unknown bench mode {spec.mode!r}")
     failures = sum(r.get("failures", 0) for r in results)
@@ -847,4 +878,4 @@ def _run(spec: BenchSpec, progress: bool, servers: str, probe_dir: str | None = 
     return BenchResult(spec.mode, spec.api, messages, nbytes, round(seconds, 3), round(messages / seconds, 1),
                        round(nbytes / seconds / 1e6, 2), percentiles(latencies), failures,
                        {k: v for k, v in asdict(spec).items() if k != "servers"}, servers, percentiles(fsyncs),
-                       percentiles(round_trips), client_rate, cpu)
+                       percentiles(round_trips), client_rate, cpu, placement)

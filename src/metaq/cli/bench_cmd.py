@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from typing import Any
 
@@ -67,7 +68,9 @@ def _run(mode: str, as_json: bool, no_progress: bool, brokers: int | None, **kwa
     lat = result.latency_ms
     api = result.api + (" idempotent" if spec.idempotent else "")
     click.echo(f"{mode} api={api} size={spec.size}B brokers={len(result.broker.split(','))} "
-               f"partitions={spec.partitions} per broker flush={spec.flush} processes={spec.processes}")
+               f"partitions={spec.partitions} per broker flush={spec.flush} processes={spec.processes}"
+               + (" cpus: broker {} producer {} consumer {}".format(*("any" if c is None else c for c in spec.cpus))
+                  if spec.cpus else ""))
     click.echo(f"  {result.messages} messages in {result.seconds:.2f}s: {result.msgs_per_s:,.0f} msg/s, "
                f"{result.mb_per_s:.1f} MB/s" + (f", {result.failures} failed" if result.failures else ""))
     if result.client_msgs_per_cpu_s:
@@ -154,9 +157,32 @@ def bench_consume(**kwargs: Any) -> None:
 @click.option("--gc-freeze/--no-gc-freeze", default=True, show_default=True,
               help="The producer and consumer processes freeze what is alive once connected (gc.freeze(), as the "
                    "broker does after start-up), so that a full garbage collection does not stop them for 10-30 ms.")
+@click.option("--cpus", callback=lambda _ctx, _param, value: _parse_cpus(value), default=None, metavar="B,P,C",
+              help="Run the embedded broker, the producer and the consumer each on one CPU, '-' for where the "
+                   "scheduler puts it (e.g. 0,-,0: the broker and the consumer on CPU 0, the producer anywhere); "
+                   "default: all where the kernel's scheduler puts them (Linux).")
 def bench_e2e(**kwargs: Any) -> None:
     """End-to-end latency (producer append to consumer delivery) at a fixed offered rate."""
+    if kwargs.get("cpus") is not None and (kwargs.get("servers") or kwargs.get("brokers") or kwargs.get("zk")):
+        raise click.UsageError("--cpus pins the embedded broker: give it without --servers, --brokers or --zk")
     _run("e2e", **kwargs)
+
+
+def _parse_cpus(value: str | None) -> tuple[int | None, int | None, int | None] | None:
+    if value is None:
+        return None
+    parts = value.split(",")
+    try:
+        cpus = [None if part.strip() == "-" else int(part) for part in parts]
+    except ValueError:
+        cpus = []
+    if len(cpus) != 3:
+        raise click.BadParameter(f"expected three CPU numbers (or '-') B,P,C; got {value!r}")
+    usable = os.sched_getaffinity(0)
+    unknown = sorted({cpu for cpu in cpus if cpu is not None} - usable)
+    if unknown:
+        raise click.BadParameter(f"CPU {unknown[0]} is not one this process may use ({sorted(usable)})")
+    return cpus[0], cpus[1], cpus[2]
 
 
 @bench_group.command("group")
