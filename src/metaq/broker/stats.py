@@ -6,9 +6,9 @@ Prometheus endpoint (:mod:`metaq.broker.metrics`) and ``metaq stats`` read them 
 
 from __future__ import annotations
 
-import bisect
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -37,7 +37,7 @@ class LatencyHistogram:
         self._lock = threading.Lock()
 
     def observe(self, seconds: float) -> None:
-        i = bisect.bisect_left(self.bounds, seconds)
+        i = bisect_left(self.bounds, seconds)
         with self._lock:
             self.buckets[i] += 1
             self.count += 1

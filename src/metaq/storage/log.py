@@ -70,6 +70,8 @@ log = logging.getLogger(__name__)
 _OFFSET_MAX = (1 << 63) - 1
 _STANDALONE_MAX_OPEN_FILES = 64
 FLUSH_RETRY_MS = 100
+_FAST_APPEND = True
+"""Whether ``append`` takes its flush-policy fast path (a test turns it off to compare with the general path)."""
 """How soon a flush that could not open a file for want of descriptors is tried again."""
 CLEAN_OPEN_WALK_BYTES = 1 << 20
 """A clean close writes the active segment's pending index entries when the log after the last entry on
@@ -410,10 +412,32 @@ class PartitionLog:
                     stamp = producer_stamp(view, header)
                     assert stamp is not None
                     self.producers.record(stamp, header.record_count, base_offset, now_ms)
-                policy = self._account_locked(segment, header.record_count, rolled)
-            future, wait = self._apply_flush_policy(policy)
-            return AppendResult(base_offset, next_offset - 1, message_id, now_ms, header.record_count,
-                                future, wait)
+                record_count = header.record_count
+                flusher = self._flusher
+                pending = self._pending_future
+                threshold = config.unflush_threshold
+                policy: _FlushPolicy | None = None
+                soon: Flusher | None = None
+                if (_FAST_APPEND and not rolled and threshold > 1 and self._first_unflushed_ms >= 0
+                        and pending is not None and flusher is not None and flusher.accepting):
+                    # The common case, an append into a flush interval already under way with a flusher:
+                    # what _account_locked and _apply_flush_policy do then, without building a policy (the
+                    # interval's future, the count, a flush at the threshold). Checked against the general
+                    # path by test_append_fast_path_matches_general_path.
+                    self._unflushed_messages += record_count
+                    if self._unflushed_messages >= threshold and not self._flush_requested:
+                        self._flush_requested = True
+                        soon = flusher
+                else:
+                    policy = self._account_locked(segment, record_count, rolled)
+            if policy is None:
+                assert pending is not None
+                if soon is not None:
+                    soon.flush_soon(self)
+                future, wait = pending, False
+            else:
+                future, wait = self._apply_flush_policy(policy)
+            return AppendResult(base_offset, next_offset - 1, message_id, now_ms, record_count, future, wait)
         finally:
             self._appending = False
 
@@ -719,8 +743,9 @@ class PartitionLog:
 
     def _write_locked(self, segment: Segment, parts: tuple[bytes, memoryview], position: int,
                       total: int) -> None:
+        files = self._files
         try:
-            handle = self._files.acquire(segment.log_path, create=True, on_close=segment.on_log_fd_closed)
+            handle = files.acquire(segment.log_path, create=True, on_close=segment.on_log_fd_closed)
         except OSError as exc:
             raise _storage_error(f"cannot open {segment.log_path}", exc) from exc
         try:
@@ -741,7 +766,7 @@ class PartitionLog:
                 self._failure = StorageError(f"cannot cut a partial write in {segment.log_path}: {cut_exc}")
             raise _storage_error(f"cannot append to {segment.log_path}", exc) from exc
         finally:
-            self._files.release(handle)
+            files.release(handle)
 
     def _roll_locked(self) -> Segment:
         """Seal the active segment and start a new one at the log end; the old one is synced soon.

@@ -359,7 +359,8 @@ def index_batch(index: OffsetIndex, time_index: TimeIndex, interval_bytes: int, 
     One rule for appends, recovery and rebuilds, so a rebuilt index equals the one written live.
     """
     max_ts = max_timestamp_ms if max_timestamp_ms > running_max_ms else running_max_ms
-    if position and position - index.last()[1] >= max(interval_bytes, 1):
+    positions = index.positions  # index.last()'s position, without a call and a tuple per batch
+    if position and position - (positions[-1] if positions else 0) >= max(interval_bytes, 1):
         relative = base_offset - segment_base_offset
         index.append(relative, position)
         time_index.maybe_append(max_ts, relative)

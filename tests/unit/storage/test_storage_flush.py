@@ -11,6 +11,7 @@ import pytest
 from storage_helpers import FakeClock, make_batch, read_all
 
 from metaq.errors import StorageError
+from metaq.protocol.records import encode_values
 from metaq.storage import Flusher, LogConfig, PartitionLog
 
 WAIT_S = 10
@@ -344,3 +345,60 @@ def test_threshold_one_a_small_round_syncs_in_the_flusher_thread_a_larger_one_on
     for log in logs:
         log.close()
     flusher.stop()
+
+
+class RecordingFlusher:
+    """What a log asks of its flusher, recorded (never started: nothing is synced unless the test flushes)."""
+
+    accepting = True
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def flush_at(self, log: PartitionLog, at_ms: int) -> None:
+        self.calls.append(("flush_at", at_ms))
+
+    def flush_soon(self, log: PartitionLog) -> None:
+        self.calls.append(("flush_soon", 0))
+
+    def sync_append(self, log: PartitionLog, segment: object, future: object) -> None:
+        self.calls.append(("sync_append", 0))
+
+
+def _run_appends(tmp_path: Path, name: str, threshold: int) -> tuple[list[object], bytes]:
+    clock = FakeClock()
+    recorder = RecordingFlusher()
+    config = LogConfig(unflush_threshold=threshold, unflush_interval_ms=500, segment_bytes_max=700)
+    directory = tmp_path / name / "t-0"  # the same topic (its tag is in the message ids), another directory
+    directory.parent.mkdir()
+    log = PartitionLog.open(directory, "t", 0, config, 1, flusher=recorder,  # type: ignore[arg-type]
+                            sync=CountingSync(), clock=clock)
+    futures: list[object] = []
+    trace: list[object] = []
+    for i, count in enumerate([3, 3, 1, 2, 4, 1, 1, 5, 2, 3, 3, 1, 2, 2, 6, 1]):
+        clock.advance_ms(7)
+        result = log.append(encode_values([f"{i}:{j}".encode().ljust(20 + i, b"x") for j in range(count)], 1000))
+        if result.durable not in futures:
+            futures.append(result.durable)
+        trace.append((result.base_offset, result.last_offset, result.base_message_id, result.append_time_ms,
+                      result.record_count, futures.index(result.durable), result.wait_for_durable,
+                      log._unflushed_messages, log._flush_requested, log._first_unflushed_ms,
+                      log.segment_base_offsets, tuple(recorder.calls)))
+        if i in (5, 11):
+            log.flush()
+            trace.append(("flushed", [f.done() for f in futures]))  # type: ignore[attr-defined]
+    stored = b"".join((directory / f"{base:020d}.log").read_bytes() for base in log.segment_base_offsets)
+    log.close()
+    return trace, stored
+
+
+@pytest.mark.parametrize("threshold", [0, 1, 4, 6, 7, 9, 1000])
+def test_append_fast_path_matches_general_path(tmp_path, monkeypatch, threshold):
+    """append's flush-policy fast path (an append into a flush interval under way, with a flusher) decides
+    what the general path does: the same offsets, ids, futures, waits, flusher calls and stored bytes."""
+    import metaq.storage.log as log_module
+
+    fast = _run_appends(tmp_path, "fast", threshold)
+    monkeypatch.setattr(log_module, "_FAST_APPEND", False)
+    general = _run_appends(tmp_path, "general", threshold)
+    assert fast == general

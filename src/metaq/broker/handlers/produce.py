@@ -4,8 +4,8 @@ MultiProduce: a batch for each of many partitions, each handled as a Produce of 
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Coroutine
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from metaq.broker.core import check_topic_name
@@ -26,7 +26,7 @@ from metaq.errors import (
     UnknownTopicError,
 )
 from metaq.protocol import messages as m
-from metaq.protocol.records import ATTR_DELAYED, producer_stamp, validate_batch
+from metaq.protocol.records import ATTR_DELAYED, PRODUCER_STAMPED, producer_stamp, validate_batch
 from metaq.storage.log import PartitionLog
 from metaq.storage.producers import StoredBatch
 
@@ -61,9 +61,10 @@ def produce_batch(broker: Broker, topic: str, partition: int, records: bytes | m
         state = broker.ensure_topic(topic, None)
     if not state.settings.accept_publish:
         raise PartitionClosedError(f"topic {topic!r} does not accept publishing (acceptPublish=false)")
+    config = broker.config
     try:
-        header = validate_batch(records, broker.config.max_message_bytes, broker.config.max_batch_bytes)
-        stamp = producer_stamp(records, header)
+        header = validate_batch(records, config.max_message_bytes, config.max_batch_bytes)
+        stamp = producer_stamp(records, header) if header.attributes & PRODUCER_STAMPED else None
     except InvalidArgument as exc:
         broker.stats.partition(topic, max(partition, 0)).put_failures += 1
         raise MessageTooLargeError(str(exc)) from None
@@ -100,14 +101,19 @@ def produce_batch(broker: Broker, topic: str, partition: int, records: bytes | m
     # A small batch some fetch waits for stays readable from memory until its waiters have answered: they answer
     # with it without finding it and reading it back from the file (PartitionLog.append's keep_tail).
     waiters = broker.waiters
-    keep_tail = waiters.waiting_on(topic, partition) and header.total_bytes < SENDFILE_MIN_BYTES
-    started = time.perf_counter()
+    total = header.total_bytes
+    waited_on = waiters.waiting_on(topic, partition)
+    keep_tail = waited_on and total < SENDFILE_MIN_BYTES
+    started = perf_counter()
     result = plog.append(records, header, keep_tail=keep_tail)
-    broker.stats.append_seconds.observe(time.perf_counter() - started)
+    broker.stats.append_seconds.observe(perf_counter() - started)
     counters.put_requests += 1
-    counters.put_messages += header.record_count
-    counters.put_bytes += header.total_bytes
-    waiters.notify(topic, partition, plog.drop_tail if keep_tail else None)
+    counters.put_messages += result.record_count
+    counters.put_bytes += total
+    # With no fetch waiting (or held) on the partition before the append, notify would find none: the append
+    # registers no waiter, and no tail was kept to drop.
+    if waited_on:
+        waiters.notify(topic, partition, plog.drop_tail if keep_tail else None)
     response = m.ProduceResponse(partition=partition, base_offset=result.base_offset,
                                  base_message_id=result.base_message_id, append_time_ms=result.append_time_ms)
     durable = result.durable if result.wait_for_durable and not result.durable.done() else None
