@@ -70,9 +70,9 @@ log = logging.getLogger(__name__)
 _OFFSET_MAX = (1 << 63) - 1
 _STANDALONE_MAX_OPEN_FILES = 64
 FLUSH_RETRY_MS = 100
+"""How soon a flush that could not open a file for want of descriptors is tried again."""
 _FAST_APPEND = True
 """Whether ``append`` takes its flush-policy fast path (a test turns it off to compare with the general path)."""
-"""How soon a flush that could not open a file for want of descriptors is tried again."""
 CLEAN_OPEN_WALK_BYTES = 1 << 20
 """A clean close writes the active segment's pending index entries when the log after the last entry on
 disk holds this much or more; otherwise the next clean open reads that stretch's batch headers instead."""
