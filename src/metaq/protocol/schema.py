@@ -700,19 +700,5 @@ class _CodeGen:
     def write_item(self, wire: Any, item: str, depth: int) -> None:
         if isinstance(wire, Struct):
             self.write_fields(wire.cls.FIELDS, item, depth)
-        elif isinstance(wire, (_Fixed, _UInt128)):
-            holder = self.fresh("h")
-            self.emit(depth, f"{holder} = _Item({item})")
-            self.names["_Item"] = _Item
-            self.write_fields([Field("value", wire)], holder, depth)
-        else:
+        else:  # a string, bytes, an array; a fixed-width item by its type's own encode
             self.write_value(wire, item, depth)
-
-
-class _Item:
-    """An array item of a fixed-width type, as the attribute ``value`` (what :meth:`_CodeGen.write_fields` reads)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
