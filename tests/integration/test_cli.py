@@ -85,6 +85,21 @@ def test_bench_ctrl_c_stops_the_run_and_its_workers_quietly(broker: BrokerProces
     assert proc.stdout == []
 
 
+def test_bench_produce_async_yield_sends_each_message_in_its_own_loop_iteration(broker: BrokerProcess) -> None:
+    # --api async-yield: send_async with the event loop run between two sends, as from request handlers; every
+    # message acknowledged, and the broker stored exactly that many (plus the bench's warm-up message)
+    done = metaq("bench", "produce", "-s", broker.servers, "--api", "async-yield", "-n", "3000", "-d", "30",
+                 "--partitions", "3", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert (doc["messages"], doc["failures"], doc["spec"]["api"]) == (3000, 0, "async-yield")
+    with connect(broker.servers) as session:
+        topics = session.admin().stats(None)["topics"]
+    stored = [t for name, t in topics.items() if name.startswith("bench-produce-")]
+    assert len(stored) == 1
+    assert sum(p["put_messages"] for p in stored[0]["partitions"].values()) == 3001
+
+
 # -- wording --------------------------------------------------------------------------------------
 
 def test_counts_are_pluralised(broker_factory: Callable[..., BrokerProcess]) -> None:
@@ -175,6 +190,34 @@ def test_bench_e2e_with_fsync_per_ack_measures_the_disks_fdatasync_in_the_same_r
     doc = json.loads(done.stdout)
     assert (doc["messages"], doc["failures"], doc["spec"]["pacing"]) == (400, 0, "even")
     assert doc["seconds"] >= 0.1995 and doc["latency_ms"]["p50"] > 0
+    assert doc["latency_by_place_ms"] == {}  # no bursts: nothing to break down by place
+
+
+def test_bench_e2e_breaks_the_latency_down_by_a_message_place_in_its_burst() -> None:
+    # --pacing tick at 5,000 msg/s: bursts of about five; every delivered message is counted at its place, and
+    # each burst has a first message, so no place is reached by more messages than the one before it
+    done = metaq("bench", "e2e", "--flush", "1000", "--rate", "5000", "-n", "600", "-d", "1", "--partitions", "4",
+                 "--linger-ms", "0", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert (doc["messages"], doc["failures"]) == (600, 0)
+    by_place = doc["latency_by_place_ms"]
+    places = [int(p) for p in by_place]
+    assert places == list(range(1, len(places) + 1)) and len(places) >= 2
+    counts = [by_place[str(p)]["count"] for p in places]
+    assert sum(counts) == 600 and counts == sorted(counts, reverse=True)
+    assert len(places) < 30 and counts[0] >= 60  # places restart each millisecond: ~120 bursts of ~5
+    assert all(0 < by_place[str(p)]["p50"] <= by_place[str(p)]["max"] for p in places)
+    # the text output shows the places that most bursts reach
+    done = metaq("bench", "e2e", "--flush", "1000", "--rate", "5000", "-n", "300", "-d", "1", "--partitions", "4",
+                 "--linger-ms", "0", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "by place in its 1 ms burst, p50 ms: #1 " in done.stdout and " #2 " in done.stdout
+    # an 8-byte payload is all timestamp: no place to break down by
+    done = metaq("bench", "e2e", "--flush", "1000", "--rate", "5000", "-n", "100", "-d", "1", "--size", "8", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["messages"] == 100 and doc["latency_by_place_ms"] == {}
 
 
 def test_bench_e2e_runs_each_process_on_the_cpus_given() -> None:

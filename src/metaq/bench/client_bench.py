@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -52,7 +52,8 @@ class BenchSpec:
     batch: int = 1000
     """Messages per send_batch call (api=batch), per send_async_many call (api=many), per transaction."""
     api: str = "batch"
-    """produce: batch, async, sync, oneway or transaction; consume: fetch (``Fetcher.fetch``, a list of Messages
+    """produce: batch, async, async-yield (send_async, each in its own event-loop iteration), sync, oneway or
+    transaction; consume: fetch (``Fetcher.fetch``, a list of Messages
     per fetch), iterate (``PullConsumer.iterate``, one Message at a time) or columns (``iterate_columns``)."""
     linger_ms: float = 5.0
     batch_bytes: int = 256 * 1024
@@ -140,6 +141,12 @@ class BenchResult:
     placement: dict[str, list[int]] = field(default_factory=dict)
     """e2e with an embedded broker: the CPUs the broker, the producer and the consumer were allowed to run on
     (``--cpus``; all of them when not pinned)."""
+    latency_by_place_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    """e2e with ``--pacing tick``: the append-to-delivery latency of the messages by their place in their
+    millisecond's burst ("1" the first sent, "2" the second...; p50/p99/p999/max and ``count``). Round robin puts
+    the places of a burst in different partitions, so it says what each further batch of a burst adds (it
+    appends, wakes and answers after the ones before it). Needs ``--size`` ≥ 9 (the place is the payload's
+    ninth byte)."""
 
 
 def process_cpu_s(pid: int) -> float | None:
@@ -326,12 +333,15 @@ async def _produce_worker(spec: BenchSpec, index: int, progress: Any) -> dict[st
                     progress.value += n
 
             await asyncio.gather(*(lane() for _ in range(spec.concurrency)))
-        elif spec.api in ("async", "oneway"):
+        elif spec.api in ("async", "async-yield", "oneway"):
             # The way an application uses send_async: fire, and look at the results later. Latency is
             # sampled (1 message in 64 gets a done callback) so the harness adds no per-message callback.
+            # async-yield: the event loop runs between two sends (an application sending from callbacks or
+            # request handlers, one message each), where async sends a window of them in one go.
             pending: list[asyncio.Future[Any]] = []
             done_at: list[float] = []
             window = 50_000
+            each_step = spec.api == "async-yield"
             i = 0
             while i < share and time.perf_counter() < deadline:
                 msg = Message(spec.topic, payload)
@@ -343,6 +353,8 @@ async def _produce_worker(spec: BenchSpec, index: int, progress: Any) -> dict[st
                         fut.add_done_callback(functools.partial(_record_latency, done_at, time.perf_counter()))
                     pending.append(fut)
                 i += 1
+                if each_step:
+                    await asyncio.sleep(0)
                 if i % window == 0:
                     await producer.flush()
                     sent, failures = _tally(pending, sent, failures)
@@ -524,16 +536,27 @@ async def _e2e_producer(spec: BenchSpec, index: int, progress: Any) -> dict[str,
         await producer.send(Message(spec.topic, _TS.pack(0) + pad))
         _settle_gc(spec)
         sent = 0
+        place = [0]  # the next message's place in its tick's burst (0-based), when the payload has room for it
+        pad_rest = pad[1:]
 
         def send_one() -> None:  # stamped with its send time, which the consumer subtracts
             nonlocal sent
-            producer.send_async(Message(spec.topic, _TS.pack(time.time_ns()) + pad)).add_done_callback(acked)
+            stamp = _TS.pack(time.time_ns())
+            if pad:
+                stamp += _PLACES[min(place[0], 254)] + pad_rest
+                place[0] += 1
+            else:
+                stamp += pad
+            producer.send_async(Message(spec.topic, stamp)).add_done_callback(acked)
             sent += 1
             if not sent & 255:
                 progress.value = sent
 
+        def end_tick() -> None:
+            place[0] = 0
+
         start = time.perf_counter()
-        await send_paced(send_one, spec.rate, total, spec.pacing)
+        await send_paced(send_one, spec.rate, total, spec.pacing, end_tick=end_tick)
         progress.value = sent
         if total:
             await all_acked.wait()
@@ -614,6 +637,7 @@ async def _e2e_consumer(spec: BenchSpec, index: int, progress: Any) -> dict[str,
     from metaq.client import MessageSessionFactory
 
     latencies: list[float] = []
+    places = bytearray()  # each latency's message's place in its burst, plus one (0: the payload had no room)
     total = min(spec.count, int(spec.rate * spec.duration_s))
     async with await MessageSessionFactory.connect(spec.servers or "", **spec.tls) as session:
         parts = await session.partitions(spec.topic)
@@ -627,6 +651,7 @@ async def _e2e_consumer(spec: BenchSpec, index: int, progress: Any) -> dict[str,
                     ts = _TS.unpack_from(m.data)[0]
                     if ts:
                         latencies.append((now - ts) / 1e6)
+                        places.append(_place_of(m.data))
                 progress.value = len(latencies)
                 if len(latencies) >= total or time.perf_counter() > deadline:
                     return
@@ -646,6 +671,7 @@ async def _e2e_consumer(spec: BenchSpec, index: int, progress: Any) -> dict[str,
                         ts = _TS.unpack_from(m.data)[0]
                         if ts:
                             latencies.append((now - ts) / 1e6)
+                            places.append(_place_of(m.data))
                     positions[key_of[key]] = result.next_offset
                 progress.value = len(latencies)
                 if len(latencies) >= total or time.perf_counter() > deadline:
@@ -664,7 +690,25 @@ async def _e2e_consumer(spec: BenchSpec, index: int, progress: Any) -> dict[str,
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     return {"messages": len(latencies), "failures": total - len(latencies), "seconds": 0.0, "latencies": latencies,
-            "cpus": sorted(os.sched_getaffinity(0))}
+            "places": bytes(places), "cpus": sorted(os.sched_getaffinity(0))}
+
+
+_PLACES = [bytes((i + 1,)) for i in range(255)]
+"""The ninth byte of an e2e payload: its place in its burst plus one (0 is the warm-up message's padding)."""
+
+
+def _place_of(data: bytes) -> int:
+    return data[8] if len(data) > 8 else 0
+
+
+def latency_by_place(latencies: Sequence[float], places: bytes) -> dict[str, dict[str, float]]:
+    """Percentiles (and ``count``) of ``latencies`` grouped by their message's place in its burst (1-based keys,
+    in order); messages without a place (0) are left out."""
+    groups: dict[int, list[float]] = {}
+    for latency, place in zip(latencies, places, strict=True):
+        if place:
+            groups.setdefault(place, []).append(latency)
+    return {str(place): {**percentiles(values), "count": len(values)} for place, values in sorted(groups.items())}
 
 
 # -- orchestration (parent process) -------------------------------------------------------------
@@ -809,6 +853,7 @@ def _run(spec: BenchSpec, progress: bool, servers: str, probe_dir: str | None = 
     round_trips: list[float] = []
     client_rate = 0.0
     cpu: dict[str, float] = {}
+    by_place: dict[str, dict[str, float]] = {}
     probe = probe_dir if spec.mode == "e2e" and spec.flush_threshold() == 1 else None
     if spec.mode == "produce":
         broker_cpu = process_cpu_s(broker_pid) if broker_pid is not None else None
@@ -863,6 +908,8 @@ def _run(spec: BenchSpec, progress: bool, servers: str, probe_dir: str | None = 
         seconds = presults[0]["seconds"]
         messages = cres["messages"]
         latencies = cres["latencies"]
+        if spec.pacing == "tick":
+            by_place = latency_by_place(latencies, cres["places"])
         nbytes = messages * spec.size
         results = [*presults, cres]
         if broker_pid is not None:
@@ -878,4 +925,4 @@ def _run(spec: BenchSpec, progress: bool, servers: str, probe_dir: str | None = 
     return BenchResult(spec.mode, spec.api, messages, nbytes, round(seconds, 3), round(messages / seconds, 1),
                        round(nbytes / seconds / 1e6, 2), percentiles(latencies), failures,
                        {k: v for k, v in asdict(spec).items() if k != "servers"}, servers, percentiles(fsyncs),
-                       percentiles(round_trips), client_rate, cpu, placement)
+                       percentiles(round_trips), client_rate, cpu, placement, by_place)

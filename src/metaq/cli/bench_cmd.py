@@ -78,6 +78,13 @@ def _run(mode: str, as_json: bool, no_progress: bool, brokers: int | None, **kwa
     if lat:
         what = "append-to-delivery" if mode == "e2e" else "commit" if result.api == "transaction" else "ack"
         click.echo(f"  {what} latency ms: p50 {lat['p50']}  p99 {lat['p99']}  p999 {lat['p999']}  max {lat['max']}")
+    by_place = result.latency_by_place_ms
+    first = by_place.get("1", {}).get("count", 0)
+    places = [(place, row) for place, row in by_place.items()
+              if row["count"] * 10 >= first]  # places most bursts reach (a late tick sends more than its share)
+    if len(places) > 1:
+        click.echo("  by place in its 1 ms burst, p50 ms: "
+                   + "  ".join(f"#{place} {row['p50']}" for place, row in places[:8]))
     if result.cpu_us_per_msg:
         click.echo("  CPU us per message: " + ", ".join(f"{k} {v}" for k, v in result.cpu_us_per_msg.items()))
     sync = result.fdatasync_ms
@@ -107,8 +114,10 @@ _multi_produce_option = click.option(
 
 @bench_group.command("produce")
 @_common
-@click.option("--api", type=click.Choice(["batch", "async", "many", "sync", "oneway", "transaction"]), default="batch",
-              show_default=True, help="batch: send_batch; async: send_async per message; many: send_async_many, "
+@click.option("--api", type=click.Choice(["batch", "async", "async-yield", "many", "sync", "oneway", "transaction"]),
+              default="batch", show_default=True,
+              help="batch: send_batch; async: send_async per message; async-yield: send_async, the event loop run "
+              "between two sends (as from request handlers, one message each); many: send_async_many, "
               "--batch messages per call; sync: send and wait; oneway: no acks; transaction: local transactions of "
               "--batch messages, committed one after another.")
 @click.option("--batch", type=click.IntRange(1), default=1000, show_default=True,
