@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from metaq.client.listeners import ChangeListeners
 from metaq.errors import BrokerError, InvalidArgument, UnknownTopicError, error_for_code
 from metaq.net.servers import Address
 from metaq.protocol.messages import MetadataRequest, MetadataResponse, TopicInfo
@@ -126,6 +127,8 @@ class MetadataCache:
         """broker id -> the address this client actually reached it at (wins over the advertised one,
         which may be a wildcard or a name only resolvable elsewhere)."""
         self.topics: dict[str, TopicMetadata] = {}
+        self.listeners = ChangeListeners()
+        """Told after every update and invalidation (a producer's partitions cached between sends are dropped)."""
 
     def update(self, response: MetadataResponse, asked: Iterable[str] | None = None) -> dict[str, TopicMetadata]:
         now = self._clock()
@@ -145,6 +148,7 @@ class MetadataCache:
             self.topics = got
         else:
             self.topics.update(got)
+        self.listeners.changed()
         return got
 
     def get(self, topic: str) -> TopicMetadata | None:
@@ -156,6 +160,7 @@ class MetadataCache:
 
     def invalidate(self, topic: str) -> None:
         self.topics.pop(topic, None)
+        self.listeners.changed()
 
     def address(self, broker_id: int) -> Address | None:
         return self.known_addresses.get(broker_id) or self.brokers.get(broker_id)

@@ -124,6 +124,11 @@ class _MultiLimit:
 
 _RECORD_PREFIX = RECORD_PREFIX_BYTES
 
+HOT_KEEP_S = 0.1
+"""How long a topic's partitions stay cached for the send fast path (Producer._hot) when nothing changes: a
+message sent one per event-loop iteration (from a request handler, say) then takes the compiled path too, and
+the metadata's age is still looked at (a background refresh started when stale) at least this often."""
+
 
 def _outcome(fut: asyncio.Future[Any]) -> tuple[Any, BaseException | None]:
     """A produce reply future's response and None, or None and the error that stands for it."""
@@ -575,12 +580,14 @@ class Producer:
         """topic -> (metadata's partitions, Unavailable version, the usable ones): recomputed only when
         either changes, so the hot path does not filter per message."""
         self._hot: dict[str, Sequence[Partition]] = {}
-        """topic -> the partitions its messages choose from, as :meth:`_queue` found them in this iteration of
-        the event loop (emptied by a call_soon): the messages after the first skip the metadata lookup, its
-        clock read and the Unavailable check. A change made by another callback of the same iteration (a
-        refresh, a broker left out) is seen one iteration late: a send to a broker just left out is rerouted
-        as before."""
+        """topic -> the partitions its messages choose from, as :meth:`_queue` found them: the messages after the
+        first skip the metadata lookup, its clock read and the Unavailable check (send_async's and send_oneway's
+        compiled path takes only hot topics). Emptied when the metadata cache or the set of partitions left out
+        changes (their listeners call :meth:`_end_hot` at once), after HOT_KEEP_S in any case, and at the end of
+        the event-loop iteration while some partition is left out (that ends by the clock, with nobody told)."""
         self._hot_reset: asyncio.Handle | None = None
+        core.metadata.cache.listeners.add(self._end_hot)
+        self._unavailable.listeners.add(self._end_hot)
         self._batch_done: Callable[[str, int, int], object] | None = getattr(self.selector, "batch_done", None)
         """A sticky selector's hook: told when a batch it placed leaves (StickyRoundRobinSelector)."""
         self._fast_async = self._plain_placer(self._acks) if self._acks else None
@@ -1103,7 +1110,9 @@ class Producer:
         if self._closed:
             return
         self._closing = True
-        self._hot.clear()  # send_async's fast path takes only hot topics: from now on every send goes to _check
+        self._end_hot()  # send_async's fast path takes only hot topics: from now on every send goes to _check
+        self._core.metadata.cache.listeners.remove(self._end_hot)
+        self._unavailable.listeners.remove(self._end_hot)
         for checker in self._checkers:
             await checker.stop()
         try:
@@ -1198,13 +1207,19 @@ class Producer:
             if not self._closing:  # closing: every send must reach _check (send_async's fast path skips it)
                 self._hot[topic] = partitions
                 if self._hot_reset is None:
-                    self._hot_reset = self._loop.call_soon(self._end_hot)
+                    if self._reroutable and self._unavailable.avoiding():
+                        self._hot_reset = self._loop.call_soon(self._end_hot)
+                    else:
+                        self._hot_reset = self._loop.call_later(HOT_KEEP_S, self._end_hot)
             self._place(message, partitions, waiter, size, acks)
             return
         self._route(message, tm, waiter, size, acks)
 
     def _end_hot(self) -> None:
-        self._hot_reset = None
+        """Forget the hot topics: their next send looks their partitions up again (:meth:`_queue`)."""
+        reset, self._hot_reset = self._hot_reset, None
+        if reset is not None:
+            reset.cancel()  # told by a listener before its time (harmless when it is the running callback)
         self._hot.clear()
 
     async def _warm(self, topic: str) -> None:

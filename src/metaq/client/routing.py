@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from metaq.client.listeners import ChangeListeners
 from metaq.errors import (
     BrokerStoppingError,
     NotEnoughReplicasError,
@@ -67,6 +68,8 @@ class Unavailable:
         self._partitions: dict[tuple[str, PartitionId], float] = {}
         self.version = 0
         """Changes whenever the set changes: callers cache filtered partition lists against it."""
+        self.listeners = ChangeListeners()
+        """Told whenever the set changes (with :attr:`version`)."""
         self._next_expiry = _NEVER
 
     def avoid_broker(self, broker_id: int) -> None:
@@ -77,10 +80,12 @@ class Unavailable:
 
     def _add(self, table: dict[Any, float], key: object) -> None:
         until = self._clock() + self.avoid_s
-        if key not in table:
-            self.version += 1
+        added = key not in table
         table[key] = until
         self._next_expiry = min(self._next_expiry, until)
+        if added:
+            self.version += 1
+            self.listeners.changed()
 
     def forget_broker(self, broker_id: int) -> None:
         """The broker is back (it registered again, or answered): stop avoiding it and its partitions."""
@@ -90,6 +95,8 @@ class Unavailable:
             changed = True
         if changed:
             self.version += 1
+            self._next_expiry = min([*self._brokers.values(), *self._partitions.values()], default=_NEVER)
+            self.listeners.changed()
 
     def _expire(self) -> None:
         if self._next_expiry == _NEVER:  # nothing avoided: the producer's hot path ends here
@@ -97,6 +104,7 @@ class Unavailable:
         now = self._clock()
         if now < self._next_expiry:
             return
+        version = self.version
         for broker_id in [k for k, until in self._brokers.items() if until <= now]:
             del self._brokers[broker_id]
             self.version += 1
@@ -104,6 +112,13 @@ class Unavailable:
             del self._partitions[key]
             self.version += 1
         self._next_expiry = min([*self._brokers.values(), *self._partitions.values()], default=_NEVER)
+        if self.version != version:
+            self.listeners.changed()
+
+    def avoiding(self) -> bool:
+        """Whether any broker or partition is left out now (expired entries dropped first)."""
+        self._expire()
+        return self._next_expiry != _NEVER
 
     def broker_avoided(self, broker_id: int) -> bool:
         self._expire()
