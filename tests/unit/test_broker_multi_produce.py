@@ -322,3 +322,54 @@ def test_an_unfinished_frame_refused_is_answered_unless_it_is_a_one_way_produce(
     dropped = server.discard_partial_frame()
     assert dropped is not None
     assert _oneway_produce(*dropped) is oneway
+
+
+class _ThreadsSync(_HeldSync):
+    """A held fdatasync that also records which thread made each call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+
+    def __call__(self, fd: int) -> None:
+        self.threads.append(threading.current_thread().name)
+        super().__call__(fd)
+
+
+@pytest.mark.parametrize(("inline", "pool"), [(None, True), ("4", False)])
+def test_sync_inline_max_partitions_decides_who_syncs_a_round_of_four(tmp_path: Path, inline: str | None,
+                                                                       pool: bool) -> None:
+    """unflushThreshold=1: while one sync is held, a MultiProduce of four partitions piles up into one round of four;
+    by default (syncInlineMaxPartitions=2) that round is synced on the flusher's pool, with 4 in the flusher's own
+    thread. Every ack still comes, after its sync."""
+    sync = _ThreadsSync()
+    options = {"unflushThreshold": "1", **({"syncInlineMaxPartitions": inline} if inline else {})}
+    broker = _broker(tmp_path, sync, **options)
+    try:
+        assert broker.logs.flusher._inline_max_logs == int(inline or 2)
+
+        async def main() -> None:
+            warm = broker.handle(_multi(*(("t", p, _batch(b"warm")) for p in range(4))), Session(), deferred=True)
+            assert isinstance(warm, DeferredReply)
+            await asyncio.wait_for(warm.wait(), 10)  # every partition's files exist and were synced once
+            sync.release.clear()
+            first = broker.handle(_multi(("t", 0, _batch(b"first"))), Session(), deferred=True)
+            assert await asyncio.to_thread(sync.entered.wait, 10)  # the flusher is held in partition 0's sync
+            calls = len(sync.threads)
+            burst = broker.handle(_multi(*(("t", p, _batch(b"%d" % p)) for p in range(4))), Session(), deferred=True)
+            sync.release.set()
+            for result in (first, burst):
+                assert isinstance(result, DeferredReply)
+                reply = await asyncio.wait_for(result.wait(), 10)
+                assert all(p.error_code == 0 for p in reply.partitions)
+            round_threads = set(sync.threads[calls:])
+            assert len(sync.threads) - calls >= 4  # the four partitions' syncs (and whatever else their round had)
+            if pool:
+                assert any(name.startswith("metaq-flusher-sync") for name in round_threads), round_threads
+            else:
+                assert round_threads == {"metaq-flusher"}
+
+        asyncio.run(main())
+    finally:
+        sync.release.set()
+        broker.close()

@@ -454,6 +454,13 @@ OPTIONS: tuple[Option, ...] = (
          "It also writes back whatever else is dirty on that filesystem: set 0 (never) when the broker shares a "
          "disk with heavy writers.",
          _integer(0, 1_000_000), status="extension"),
+    _opt("syncInlineMaxPartitions", "sync_inline_max_partitions", "int", "2", _SYSTEM,
+         "A flush round with at most this many partitions to sync fdatasyncs them one after the other in the "
+         "flusher's own thread; a larger one syncs them side by side on a pool of 4 threads. The pool's hand-offs "
+         "cost CPU and wake-ups: with unflushThreshold=1 and a few busy partitions on a small machine, 4 gave a "
+         "lower end-to-end latency (p99 halved on 2 cores) for 10-14% less throughput at saturation "
+         "(docs/benchmarks.md, round 13).",
+         _integer(1, 1_000_000), status="extension"),
     _opt("autoCreateTopics", "auto_create_topics", "bool", "true", _SYSTEM,
          "MetaQ's dynamic topics: a topic with no [topic=...] section is created on first publish; "
          "false refuses it.", _boolean, status="extension"),

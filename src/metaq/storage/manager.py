@@ -67,11 +67,12 @@ class LogManager:
                  max_open_files: int = 1024, clock: Callable[[], float] = time.time,
                  sync: Callable[[int], None] = os.fdatasync, idle_close_seconds: float = 60.0,
                  load_workers: int = 8, syncfs_min_logs: int = 0,
-                 sync_filesystem: Callable[[int], None] | None = None) -> None:
+                 sync_filesystem: Callable[[int], None] | None = None, sync_inline_max_logs: int = 2) -> None:
         """``syncfs_min_logs`` > 0: a flush round of at least that many partitions syncs the data directory's
         filesystem once instead of each partition (storage/flush.py), where the kernel reports write-back
         errors to syncfs (Linux 5.8+); ``sync_filesystem`` wraps or replaces syncfs(2) there (to time, count or
-        fail it)."""
+        fail it). ``sync_inline_max_logs``: the flusher's ``inline_max_logs`` (a round of at most that many
+        partitions is synced in the flusher's own thread, a larger one on its pool)."""
         if not isinstance(broker_id, int) or not 0 <= broker_id <= BROKER_ID_MAX:
             raise InvalidArgument(f"broker id {broker_id!r} is outside 0..{BROKER_ID_MAX}")
         self.data_dir = Path(data_dir)
@@ -87,7 +88,8 @@ class LogManager:
         self._idle_close_seconds = idle_close_seconds
         self.files = FileCache(max_open_files)
         self.flusher = Flusher(clock=clock, idle_hook=self._close_idle_files,
-                               idle_interval_seconds=min(10.0, idle_close_seconds))
+                               idle_interval_seconds=min(10.0, idle_close_seconds),
+                               inline_max_logs=sync_inline_max_logs)
         self._lock = threading.Lock()
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         self._by_tag: dict[int, PartitionLog] = {}
