@@ -644,14 +644,17 @@ async def _e2e_consumer(spec: BenchSpec, index: int, progress: Any) -> dict[str,
         consumer = session.create_pull_consumer()
         deadline = time.perf_counter() + spec.duration_s + 30
 
+        def record(data: bytes, now: int) -> None:  # the warm-up message (timestamp 0) is not counted
+            ts = _TS.unpack_from(data)[0]
+            if ts:
+                latencies.append((now - ts) / 1e6)
+                places.append(_place_of(data))
+
         async def follow(p: Any) -> None:
             async for batch in consumer.iterate_batches(spec.topic, p, "latest", max_wait_ms=500):
                 now = time.time_ns()
                 for m in batch:
-                    ts = _TS.unpack_from(m.data)[0]
-                    if ts:
-                        latencies.append((now - ts) / 1e6)
-                        places.append(_place_of(m.data))
+                    record(m.data, now)
                 progress.value = len(latencies)
                 if len(latencies) >= total or time.perf_counter() > deadline:
                     return
@@ -668,10 +671,7 @@ async def _e2e_consumer(spec: BenchSpec, index: int, progress: Any) -> dict[str,
                     if isinstance(result, Exception):
                         raise result
                     for m in result.messages:
-                        ts = _TS.unpack_from(m.data)[0]
-                        if ts:
-                            latencies.append((now - ts) / 1e6)
-                            places.append(_place_of(m.data))
+                        record(m.data, now)
                     positions[key_of[key]] = result.next_offset
                 progress.value = len(latencies)
                 if len(latencies) >= total or time.perf_counter() > deadline:

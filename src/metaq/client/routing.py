@@ -95,7 +95,7 @@ class Unavailable:
             changed = True
         if changed:
             self.version += 1
-            self._next_expiry = min([*self._brokers.values(), *self._partitions.values()], default=_NEVER)
+            self._next_expiry = self._earliest_expiry()
             self.listeners.changed()
 
     def _expire(self) -> None:
@@ -111,9 +111,12 @@ class Unavailable:
         for key in [k for k, until in self._partitions.items() if until <= now]:
             del self._partitions[key]
             self.version += 1
-        self._next_expiry = min([*self._brokers.values(), *self._partitions.values()], default=_NEVER)
+        self._next_expiry = self._earliest_expiry()
         if self.version != version:
             self.listeners.changed()
+
+    def _earliest_expiry(self) -> float:
+        return min([*self._brokers.values(), *self._partitions.values()], default=_NEVER)
 
     def avoiding(self) -> bool:
         """Whether any broker or partition is left out now (expired entries dropped first)."""
