@@ -62,6 +62,45 @@ def syncfs(fd: int) -> None:
         raise OSError(code, os.strerror(code))
 
 
+class WriteBackGauge:
+    """Bytes this machine's kernel has yet to write to disk: ``Dirty`` plus ``Writeback`` of /proc/meminfo (every
+    filesystem's, not one's). A syncfs(2) writes back the dirty pages of its whole filesystem, so this says what
+    one would cost beyond the caller's own bytes. Holds a descriptor of /proc/meminfo (read again at offset 0:
+    a few microseconds) until :meth:`close`. The kernel folds its per-CPU counts into these figures within a
+    second or a few hundred pages per CPU, so they are approximate."""
+
+    def __init__(self, path: str = "/proc/meminfo") -> None:
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            self._fd = -1
+
+    def __call__(self) -> int | None:
+        """The bytes; None where /proc/meminfo cannot be read or lacks the two lines."""
+        if self._fd < 0:
+            return None
+        try:
+            text = os.pread(self._fd, 16384, 0)
+        except OSError:
+            return None
+        total = 0
+        found = 0
+        for line in text.split(b"\n"):
+            if line.startswith((b"Dirty:", b"Writeback:")):
+                fields = line.split()
+                try:
+                    total += int(fields[1]) * 1024  # "Dirty:  1234 kB"
+                except (IndexError, ValueError):
+                    return None
+                found += 1
+        return total if found == 2 else None
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 def atomic_write(path: str | os.PathLike[str], data: bytes, *, sync: Sync | None = os.fsync,
                  tmp_path: str | os.PathLike[str] | None = None) -> None:
     """Replace ``path`` with ``data`` so a reader sees the old or the new file, never half of one.

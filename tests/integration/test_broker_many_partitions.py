@@ -5,7 +5,8 @@ broker whose open-files limit falls below what its budget assumed sheds descript
 appends or taking partitions offline, and one started under a limit too low for its options gives the
 storage less, so that connections keep room; by default (maxOpenFiles=auto) a broker raises its soft limit
 to the hard one and gives the storage what that leaves. And group commit rounds synced by one syncfs lose nothing
-across a kill -9, nor does a clean stop made durable by one syncfs (and trusted by the next start)."""
+across a kill -9, nor does a clean stop made durable by one syncfs (and trusted by the next start), nor do acks
+per append (unflushThreshold=1) over a few partitions, whose rounds use a syncfs while the machine is quiet."""
 
 from __future__ import annotations
 
@@ -222,6 +223,35 @@ def test_group_commit_rounds_synced_by_syncfs_lose_no_acknowledged_message_acros
     assert _samples(broker)["metaq_storage_filesystem_sync_failures_total"] == 0
 
 
+def test_acks_per_append_over_four_partitions_synced_by_quiet_syncfs_rounds_lose_nothing_across_a_kill_9(
+        broker_factory: Callable[..., BrokerProcess]) -> None:
+    """unflushThreshold=1 over four partitions with the default syncfsQuietMinPartitions (2): a round of two or
+    more is made durable by one syncfs while the machine has little to write back, and by an fdatasync each
+    otherwise (the metrics count both). Either way every ack follows a sync of its batch: through a kill -9
+    and a restart every acknowledged message reads back in order, and nothing fails."""
+    partitions = 4
+    broker = broker_factory({"unflushThreshold": 1, "dashboardHttpPort": 0}, config_text=_config(partitions))
+
+    def rounds_of_several() -> float:
+        samples = _samples(broker)
+        return (samples.get("metaq_storage_filesystem_syncs_total", 0)
+                + samples.get("metaq_storage_filesystem_sync_busy_skips_total", 0))
+
+    load = _wide_load(broker)
+    try:
+        wait_until(lambda: len(load.acked) >= 2000 and rounds_of_several() > 0, timeout_s=30,
+                   message="acknowledged messages, and a round of several partitions")
+        broker.kill()
+        broker.start()
+        before = len(load.acked)
+        wait_until(lambda: len(load.acked) >= before + 2000 and rounds_of_several() > 0, timeout_s=30,
+                   message="acknowledged messages after the restart, and a round of several partitions")
+    finally:
+        load.stop()
+    _assert_every_acknowledged_message_reads_back(broker, load, partitions)
+    assert _samples(broker)["metaq_storage_filesystem_sync_failures_total"] == 0
+
+
 def test_a_clean_stop_of_many_partitions_under_load_loses_nothing_and_the_restart_trusts_it(
         broker_factory: Callable[..., BrokerProcess]) -> None:
     """A SIGTERM under group commit over 200 partitions (the default ``syncfsMinPartitions``, 32): the stop
@@ -263,13 +293,14 @@ def _wide_load(broker: BrokerProcess) -> ProduceLoad:
                        "wide", window=800, time_limit_s=60, limit=200_000).start()
 
 
-def _assert_every_acknowledged_message_reads_back(broker: BrokerProcess, load: ProduceLoad) -> None:
+def _assert_every_acknowledged_message_reads_back(broker: BrokerProcess, load: ProduceLoad,
+                                                  partitions: int = PARTITIONS) -> None:
     """The history check: every acknowledged message read back in order per partition, none that was not."""
     with connect(broker.servers) as session:
         read = read_back(session, "wide")
     problems = check_history(read, load.acked, load.failed)
     assert not problems, problems[:10]
-    assert all(read[pid] for pid in read) and len(read) == PARTITIONS, "every partition holds messages"
+    assert all(read[pid] for pid in read) and len(read) == partitions, "every partition holds messages"
     assert len(load.acked) + len(load.failed) == load.sent
 
 

@@ -116,6 +116,7 @@ class BrokerConfig:
     max_open_files: int
     """0: auto (options.MAX_OPEN_FILES_AUTO; the broker's service sets the budget from the open-files limit)."""
     syncfs_min_partitions: int
+    syncfs_quiet_min_partitions: int
     sync_inline_max_partitions: int
     max_message_bytes: int
     max_batch_bytes: int

@@ -171,6 +171,7 @@ class Broker:
                                max_open_files=config.max_open_files or MAX_OPEN_FILES_PROVISIONAL,
                                sync=self.stats.fsync_seconds.timed(sync),
                                syncfs_min_logs=config.syncfs_min_partitions,
+                               syncfs_quiet_min_logs=config.syncfs_quiet_min_partitions,
                                sync_inline_max_logs=config.sync_inline_max_partitions,
                                sync_filesystem=self.stats.fsync_seconds.timed(syncfs))
         self.delay = DelayStore(config.data_path, config.broker_id, self._log_config(None),

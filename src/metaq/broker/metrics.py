@@ -93,8 +93,9 @@ class Snapshot:
     """Per principal: connections, bytes and throttles (metaq.broker.quotas.Quotas.describe)."""
     open_files: tuple[int, int, int] = (0, 0, 0)
     """The storage's descriptor pool: open now, the budget in force, shortages (metaq.storage.files)."""
-    filesystem_syncs: tuple[int, int] = (0, 0)
-    """Flush rounds made durable by one syncfs, and syncfs calls that failed (syncfsMinPartitions)."""
+    filesystem_syncs: tuple[int, int, int] = (0, 0, 0)
+    """Flush rounds made durable by one syncfs, syncfs calls that failed, and rounds of syncfsQuietMinPartitions
+    that fdatasynced each partition because the machine had dirty pages to write back."""
 
 
 COUNTER_FIELDS = ("put_messages", "put_bytes", "put_requests", "put_failures", "get_messages", "get_bytes",
@@ -160,7 +161,8 @@ def take_snapshot(broker: Broker) -> Snapshot:
         group_offsets=group_offsets, group_members=members, replication=replication, replica_group=replica_group,
         delayed=(broker.delay.pending, broker.delay.lateness.cumulative()), quotas=broker.quotas.describe(),
         open_files=(files.open_count, files.max_open_files, files.shortages),
-        filesystem_syncs=(whole.syncs, whole.failures) if (whole := broker.logs.flusher.filesystem_sync) else (0, 0))
+        filesystem_syncs=((whole.syncs, whole.failures, whole.busy_skips)
+                          if (whole := broker.logs.flusher.filesystem_sync) else (0, 0, 0)))
 
 
 class SnapshotCollector(Collector):
@@ -229,8 +231,12 @@ class SnapshotCollector(Collector):
                  "reached while they arrived.", snap.partial_frames_refused),
                 ("metaq_storage_descriptor_shortages_total", "Opens of a storage file that found the process out of "
                  "descriptors (EMFILE) and closed idle ones to go on.", shortages),
-                ("metaq_storage_filesystem_syncs_total", "Flush rounds of syncfsMinPartitions or more partitions made "
-                 "durable by one syncfs of the data directory's filesystem.", snap.filesystem_syncs[0]),
+                ("metaq_storage_filesystem_syncs_total", "Flush rounds made durable by one syncfs of the data "
+                 "directory's filesystem (syncfsMinPartitions or more partitions, or syncfsQuietMinPartitions or more "
+                 "while the machine had little to write back).", snap.filesystem_syncs[0]),
+                ("metaq_storage_filesystem_sync_busy_skips_total", "Flush rounds of syncfsQuietMinPartitions or more "
+                 "partitions (fewer than syncfsMinPartitions) that fdatasynced each partition because the machine had "
+                 "more than 512 KiB of dirty pages to write back.", snap.filesystem_syncs[2]),
                 ("metaq_storage_filesystem_sync_failures_total", "Those syncfs calls that failed (each partition of "
                  "the round then fdatasynced its own files, and every flush since).", snap.filesystem_syncs[1])):
             counter = _counter(name, doc)

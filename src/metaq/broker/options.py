@@ -451,11 +451,20 @@ OPTIONS: tuple[Option, ...] = (
          "A flush round with at least this many partitions to sync makes them durable with one syncfs of the "
          "data directory's filesystem instead of an fdatasync each (Linux 5.8+, whose syncfs reports write-back "
          "errors; should one fail, each partition fdatasyncs its own files, and every flush does until a restart). "
-         "It also writes back whatever else is dirty on that filesystem: set 0 (never) when the broker shares a "
-         "disk with heavy writers.",
+         "It also writes back whatever else is dirty on that filesystem: set 0 (no syncfs at all, nor "
+         "syncfsQuietMinPartitions) when the broker shares a disk with heavy writers.",
+         _integer(0, 1_000_000), status="extension"),
+    _opt("syncfsQuietMinPartitions", "syncfs_quiet_min_partitions", "int", "2", _SYSTEM,
+         "A flush round with at least this many partitions (and fewer than syncfsMinPartitions) also uses one "
+         "syncfs while the machine has at most 512 KiB of dirty pages to write back (Dirty + Writeback in "
+         "/proc/meminfo); with more, it fdatasyncs each partition, as a syncfs would wait for them. A syncfs of a "
+         "few small appends costs about one fdatasync: with unflushThreshold=1 on 2 cores it cut the end-to-end "
+         "p50 by 0.1 ms and halved p99 (four busy partitions), and raised the produce throughput by 13-24% (4 and "
+         "64 partitions; docs/benchmarks.md, round 14). 0: never.",
          _integer(0, 1_000_000), status="extension"),
     _opt("syncInlineMaxPartitions", "sync_inline_max_partitions", "int", "2", _SYSTEM,
-         "A flush round with at most this many partitions to sync fdatasyncs them one after the other in the "
+         "A flush round that fdatasyncs each partition (one not made durable by a syncfs: syncfsMinPartitions, "
+         "syncfsQuietMinPartitions) with at most this many partitions syncs them one after the other in the "
          "flusher's own thread; a larger one syncs them side by side on a pool of 4 threads. The pool's hand-offs "
          "cost CPU and wake-ups: with unflushThreshold=1 and a few busy partitions on a small machine, 4 gave a "
          "lower end-to-end latency (p99 halved on 2 cores) for 10-14% less throughput at saturation "

@@ -67,12 +67,15 @@ class LogManager:
                  max_open_files: int = 1024, clock: Callable[[], float] = time.time,
                  sync: Callable[[int], None] = os.fdatasync, idle_close_seconds: float = 60.0,
                  load_workers: int = 8, syncfs_min_logs: int = 0,
-                 sync_filesystem: Callable[[int], None] | None = None, sync_inline_max_logs: int = 2) -> None:
+                 sync_filesystem: Callable[[int], None] | None = None, sync_inline_max_logs: int = 2,
+                 syncfs_quiet_min_logs: int = 0) -> None:
         """``syncfs_min_logs`` > 0: a flush round of at least that many partitions syncs the data directory's
         filesystem once instead of each partition (storage/flush.py), where the kernel reports write-back
         errors to syncfs (Linux 5.8+); ``sync_filesystem`` wraps or replaces syncfs(2) there (to time, count or
-        fail it). ``sync_inline_max_logs``: the flusher's ``inline_max_logs`` (a round of at most that many
-        partitions is synced in the flusher's own thread, a larger one on its pool)."""
+        fail it); ``syncfs_quiet_min_logs`` > 0: a round of at least that many does too while the machine has
+        little else to write back (``FilesystemSync``). ``sync_inline_max_logs``: the flusher's
+        ``inline_max_logs`` (a round of at most that many partitions is synced in the flusher's own thread, a
+        larger one on its pool)."""
         if not isinstance(broker_id, int) or not 0 <= broker_id <= BROKER_ID_MAX:
             raise InvalidArgument(f"broker id {broker_id!r} is outside 0..{BROKER_ID_MAX}")
         self.data_dir = Path(data_dir)
@@ -84,6 +87,7 @@ class LogManager:
         self._clock = clock
         self._sync = sync
         self._syncfs_min_logs = syncfs_min_logs
+        self._syncfs_quiet_min_logs = syncfs_quiet_min_logs
         self._sync_filesystem = sync_filesystem
         self._idle_close_seconds = idle_close_seconds
         self.files = FileCache(max_open_files)
@@ -246,7 +250,8 @@ class LogManager:
         if self._syncfs_min_logs > 0:
             if syncfs_available():
                 self.flusher.filesystem_sync = FilesystemSync(self.data_dir, self._syncfs_min_logs,
-                                                              self._sync_filesystem or syncfs)
+                                                              self._sync_filesystem or syncfs,
+                                                              quiet_min_logs=self._syncfs_quiet_min_logs)
             else:
                 log.info("syncfs is not available here (Linux 5.8 or later): every partition of a flush round is "
                          "fdatasynced on its own")

@@ -4,7 +4,8 @@ fdatasync each (storage/flush.py, FilesystemSync; the broker's syncfsMinPartitio
 What a user relies on: an ack of such a round comes only after a filesystem sync that began after its
 append; an append made during that sync waits for a later one; a failed filesystem sync does not pass
 for a success (each partition then syncs its own files, and only the one whose file fails goes offline);
-what the round cannot cover (a sealed segment, unflushThreshold=1) is still fdatasynced; the directory entries
+all of this with unflushThreshold=1 (an ack per append) as with group commit; what the round cannot cover
+(a sealed segment) is still fdatasynced; the directory entries
 of new partitions are covered by the syncfs, and fsynced by each partition when the syncfs fails.
 The syncs are the real ones (the kernel's syncfs and fdatasync), wrapped to count, hold or fail them."""
 
@@ -20,9 +21,10 @@ import pytest
 from storage_helpers import make_batch, read_all
 
 from metaq.errors import StorageError
-from metaq.fsutil import syncfs, syncfs_available
+from metaq.fsutil import WriteBackGauge, syncfs, syncfs_available
 from metaq.storage import Flusher, LogConfig, LogManager, PartitionLog
-from metaq.storage.flush import FilesystemSync
+from metaq.storage.flush import QUIET_WRITE_BACK_BYTES, FilesystemSync
+from metaq.testing import wait_until
 
 pytestmark = pytest.mark.skipif(not syncfs_available(), reason="needs Linux 5.8+ (syncfs reports write-back errors)")
 
@@ -103,8 +105,12 @@ def _durable(plog: PartitionLog) -> tuple[Future[None], list[bytes]]:
     return result.durable, values
 
 
-def test_a_round_is_acknowledged_after_one_filesystem_sync_that_began_after_its_appends(tmp_path, flusher):
-    logs, fdatasync, whole = _settled_logs(tmp_path, 20, flusher)
+BOTH_ACK_MODES = pytest.mark.parametrize("threshold", [0, 1], ids=["group-commit", "unflushThreshold=1"])
+
+
+@BOTH_ACK_MODES
+def test_a_round_is_acknowledged_after_one_filesystem_sync_that_began_after_its_appends(tmp_path, flusher, threshold):
+    logs, fdatasync, whole = _settled_logs(tmp_path, 20, flusher, threshold=threshold)
     acks = [_durable(plog)[0] for plog in logs]  # queued: the flusher is not started yet, so ONE round takes all
     whole.gate = threading.Event()
     flusher.filesystem_sync = FilesystemSync(tmp_path, 8, whole)
@@ -124,9 +130,10 @@ def test_a_round_is_acknowledged_after_one_filesystem_sync_that_began_after_its_
     flusher.filesystem_sync.close()
 
 
+@BOTH_ACK_MODES
 def test_a_failed_filesystem_sync_makes_each_partition_sync_its_own_files_and_only_the_failing_one_goes_offline(
-        tmp_path, flusher):
-    logs, fdatasync, whole = _settled_logs(tmp_path, 12, flusher)
+        tmp_path, flusher, threshold):
+    logs, fdatasync, whole = _settled_logs(tmp_path, 12, flusher, threshold=threshold)
     pending = [_durable(plog) for plog in logs]
     whole.fail_under = str(tmp_path)  # syncfs on the data directory fails (a write-back error somewhere)
     fdatasync.fail_under = "/p-3/"  # ... in partition 3's file
@@ -149,8 +156,9 @@ def test_a_failed_filesystem_sync_makes_each_partition_sync_its_own_files_and_on
     flusher.filesystem_sync.close()
 
 
-def test_what_a_filesystem_round_cannot_cover_is_fdatasynced_and_everything_reads_back(tmp_path, flusher):
-    logs, fdatasync, whole = _settled_logs(tmp_path, 10, flusher, segment_bytes_max=600)
+@BOTH_ACK_MODES
+def test_what_a_filesystem_round_cannot_cover_is_fdatasynced_and_everything_reads_back(tmp_path, flusher, threshold):
+    logs, fdatasync, whole = _settled_logs(tmp_path, 10, flusher, threshold=threshold, segment_bytes_max=600)
     fresh = PartitionLog.open(tmp_path / "q-0", "q", 0, LogConfig(unflush_threshold=0), 1, flusher=flusher,
                               sync=fdatasync)  # its directory entries not synced yet: the syncfs covers them
     written: dict[str, list[bytes]] = {}
@@ -247,15 +255,29 @@ def test_new_partitions_whose_filesystem_sync_fails_fsync_their_directories_them
     flusher.filesystem_sync.close()
 
 
-def test_unflush_threshold_one_still_syncs_each_append_itself(tmp_path, flusher):
-    logs, fdatasync, whole = _settled_logs(tmp_path, 10, flusher, threshold=1)
-    acks = [_durable(plog)[0] for plog in logs]
-    flusher.filesystem_sync = FilesystemSync(tmp_path, 1, whole)
+def test_unflush_threshold_one_acks_of_one_partition_written_during_the_filesystem_sync_wait_for_another(
+        tmp_path, flusher):
+    """unflushThreshold=1: every ack waits for a sync that began after its own append. Appends to a partition
+    made while its round's filesystem sync runs are not acknowledged by it: they wait for the next round."""
+    logs, fdatasync, whole = _settled_logs(tmp_path, 4, flusher, threshold=1)
+    first = [_durable(plog)[0] for plog in logs]
+    whole.gate = threading.Event()
+    flusher.filesystem_sync = FilesystemSync(tmp_path, 2, whole)
     flusher.start()
-    for ack in acks:
-        assert ack.result(WAIT_S) is None
-    assert whole.paths == []
-    assert sorted(fdatasync.logs_synced()) == sorted(f"p-{i}" for i in range(10))
+    try:
+        assert whole.entered.wait(WAIT_S)
+        during = [_durable(plog)[0] for plog in logs[:3]]  # three partitions: the next round is a syncfs too
+        assert not any(ack.done() for ack in first + during)
+        whole.entered.clear()
+        held, whole.gate = whole.gate, threading.Event()  # the next sync is held in its turn
+        held.set()
+        assert all(ack.result(WAIT_S) is None for ack in first)
+        assert whole.entered.wait(WAIT_S)  # the second round's sync has begun ...
+        assert not any(ack.done() for ack in during)  # ... so nothing it covers is acknowledged before it ends
+    finally:
+        whole.gate.set()
+    assert all(ack.result(WAIT_S) is None for ack in during)
+    assert flusher.filesystem_sync.syncs == 2 and fdatasync.paths == []
     flusher.filesystem_sync.close()
 
 
@@ -411,3 +433,97 @@ def test_a_clean_close_whose_filesystem_sync_fails_syncs_each_partition_itself(t
         "t-0/00000000000000000000.index", "t-0/00000000000000000000.timeindex",
         "t-1/00000000000000000000.index", "t-1/00000000000000000000.timeindex"]
     _reopened_clean_with(tmp_path, written)
+
+
+class Gauge:
+    """What the machine has to write back, as the test says (a real WriteBackGauge reads /proc/meminfo)."""
+
+    def __init__(self) -> None:
+        self.value: int | None = 0
+        self.calls = 0
+
+    def __call__(self) -> int | None:
+        self.calls += 1
+        return self.value
+
+
+def test_a_round_of_a_few_partitions_uses_one_filesystem_sync_only_while_little_else_is_to_be_written_back(
+        tmp_path, flusher):
+    """syncfsQuietMinPartitions: a round of 2..31 partitions is made durable by one syncfs while the machine
+    has at most QUIET_WRITE_BACK_BYTES dirty; with more (or when that cannot be read) each partition fdatasyncs,
+    since a syncfs would wait for every other writer's pages. A round of one partition never uses it."""
+    logs, fdatasync, whole = _settled_logs(tmp_path, 4, flusher, threshold=1)
+    gauge = Gauge()
+    flusher.filesystem_sync = FilesystemSync(tmp_path, 32, whole, quiet_min_logs=2, write_back_bytes=gauge)
+    flusher.start()
+
+    def one_round(plogs: list[PartitionLog]) -> None:
+        assert flusher.drain(WAIT_S)
+        fdatasync.paths.clear()
+        whole.paths.clear()
+        held = whole.gate = threading.Event()  # hold the flusher, so that the next appends make ONE round
+        fdatasync.gate = held
+        blocker = _durable(logs[0])[0]  # a round of one: fdatasynced, held there
+        assert fdatasync.entered.wait(WAIT_S)
+        acks = [_durable(plog)[0] for plog in plogs]
+        fdatasync.gate = whole.gate = None
+        held.set()
+        assert blocker.result(WAIT_S) is None
+        assert all(ack.result(WAIT_S) is None for ack in acks)
+        fdatasync.paths[:1] = []  # the blocker's own fdatasync
+        fdatasync.entered.clear()
+
+    one_round(logs)  # quiet: one syncfs for the four
+    assert len(whole.paths) == 1 and fdatasync.logs_synced() == [] and flusher.filesystem_sync.busy_skips == 0
+    gauge.value = QUIET_WRITE_BACK_BYTES + 1  # another writer's pages are waiting
+    one_round(logs)
+    assert whole.paths == [] and sorted(fdatasync.logs_synced()) == [f"p-{i}" for i in range(4)]
+    assert flusher.filesystem_sync.busy_skips == 1
+    gauge.value = None  # /proc/meminfo unreadable: not known to be quiet
+    one_round(logs[1:3])
+    assert whole.paths == [] and sorted(fdatasync.logs_synced()) == ["p-1", "p-2"]
+    assert flusher.filesystem_sync.busy_skips == 2
+    gauge.value = QUIET_WRITE_BACK_BYTES
+    calls = gauge.calls
+    one_round(logs[2:3])  # one partition: its own fdatasync, the gauge not even read
+    assert whole.paths == [] and fdatasync.logs_synced() == ["p-2"] and gauge.calls == calls
+    one_round(logs[2:4])
+    assert len(whole.paths) == 1 and fdatasync.logs_synced() == []
+    flusher.filesystem_sync.close()
+
+
+def test_a_quiet_threshold_at_or_above_the_many_partitions_one_is_off(tmp_path):
+    whole = FilesystemSync(tmp_path, 4, syncfs, quiet_min_logs=4)
+    try:
+        assert whole.quiet_min_logs == 0 and not whole.covers(3) and whole.covers(4)
+    finally:
+        whole.close()
+
+
+def _filesystem_type(path: Path) -> str:
+    best = ("", "")
+    with open("/proc/self/mounts", encoding="utf-8") as mounts:
+        for line in mounts:
+            fields = line.split()
+            mount_point = fields[1].replace("\\040", " ")
+            if str(path.resolve()).startswith(mount_point.rstrip("/") + "/") and len(mount_point) > len(best[0]):
+                best = (mount_point, fields[2])
+    return best[1]
+
+
+def test_the_write_back_gauge_sees_pages_written_and_not_yet_synced(tmp_path):
+    if _filesystem_type(tmp_path) in ("tmpfs", "ramfs", ""):
+        pytest.skip("the temporary directory is in memory: its pages are never dirty")
+    gauge = WriteBackGauge()
+    try:
+        before = gauge()
+        assert before is not None and before >= 0
+        size = 64 << 20
+        with open(tmp_path / "big", "wb") as f:
+            f.write(b"\0" * size)
+            wait_until(lambda: (gauge() or 0) >= before + size // 2, timeout_s=WAIT_S,
+                       message="the 64 MB just written counted as dirty or under write-back")
+            os.fsync(f.fileno())
+    finally:
+        gauge.close()
+    assert gauge() is None  # closed
