@@ -15,6 +15,7 @@ A batch is sealed (taken out to be sent)
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -190,7 +191,13 @@ class Accumulator:
         self.max_message_bytes = max_message_bytes
         self._clock = clock
         self.batches: dict[BatchKey, ProducerBatch] = {}
-        """The open batches. The producer's fast path appends to one here and pops it when full."""
+        """The open batches. The producer's fast paths (and its compiled placer) append to one here and pop it
+        when full, without telling the accumulator."""
+        self._by_linger: dict[float, deque[ProducerBatch]] = {}
+        """The batches opened here, in the order they opened, one queue per linger time: on a clock that does not
+        go back, each queue is in deadline order too (a producer uses two lingers, its own and 0). A batch popped
+        from :attr:`batches` elsewhere stays queued until it reaches the front, and is dropped then: a batch
+        counts while ``batches`` holds it. A heap did the same with a log n cost per batch and was slower."""
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -233,6 +240,10 @@ class Accumulator:
         if batch.size_bytes >= self.batch_bytes:
             return (batch,)
         self.batches[key] = batch
+        queue = self._by_linger.get(linger_s)
+        if queue is None:
+            queue = self._by_linger[linger_s] = deque()
+        queue.append(batch)
         return _NONE
 
     def _too_large(self, size: int, value: bytes) -> str:
@@ -242,15 +253,35 @@ class Accumulator:
 
     def next_deadline(self) -> float | None:
         """The earliest deadline of an open batch, or None when nothing is open."""
-        if not self.batches:
+        batches = self.batches
+        if not batches:
+            for queue in self._by_linger.values():
+                queue.clear()
             return None
-        return min(b.deadline_s for b in self.batches.values())
+        earliest: float | None = None
+        for queue in self._by_linger.values():
+            while queue:
+                batch = queue[0]
+                if batches.get(batch.key) is batch:
+                    if earliest is None or batch.deadline_s < earliest:
+                        earliest = batch.deadline_s
+                    break
+                queue.popleft()
+        return earliest
 
     def expired(self, now_s: float | None = None) -> list[ProducerBatch]:
-        """Seal and return every open batch whose deadline is at or before ``now_s``."""
+        """Seal and return every open batch whose deadline is at or before ``now_s`` (in no particular order).
+        Costs the batches due (and those closed since they opened), not every open one."""
         now = self._clock() if now_s is None else now_s
-        due = [k for k, b in self.batches.items() if b.deadline_s <= now]
-        return [self.batches.pop(k) for k in due]
+        batches = self.batches
+        due: list[ProducerBatch] = []
+        for queue in self._by_linger.values():
+            while queue and queue[0].deadline_s <= now:
+                batch = queue.popleft()
+                if batches.get(batch.key) is batch:
+                    del batches[batch.key]
+                    due.append(batch)
+        return due
 
     def seal(self, key: BatchKey) -> ProducerBatch | None:
         return self.batches.pop(key, None)
@@ -258,4 +289,6 @@ class Accumulator:
     def seal_all(self) -> list[ProducerBatch]:
         batches = list(self.batches.values())
         self.batches.clear()
+        for queue in self._by_linger.values():
+            queue.clear()
         return batches

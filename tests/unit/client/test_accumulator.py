@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from metaq.client.accumulator import Accumulator, BatchKey, ProducerBatch, record_size
 from metaq.errors import InvalidArgument
@@ -93,6 +95,53 @@ def test_linger_seals_a_batch_when_its_deadline_passes() -> None:
     clock.now = 100.01
     assert [b.key for b in acc.expired()] == [K1]
     assert acc.next_deadline() is None
+
+
+def test_a_batch_taken_out_elsewhere_is_neither_due_nor_the_next_deadline() -> None:
+    """The producer's fast paths (and its compiled placer) pop a full batch from ``batches`` themselves: the
+    accumulator must neither seal it a second time nor wake the producer for it."""
+    acc, clock = make()
+    add(acc, K0, b"a", linger_s=0.001)
+    add(acc, K1, b"b", linger_s=0.005)
+    taken = acc.batches.pop(K0)
+    add(acc, K0, b"c", linger_s=0.003)  # a new batch under the same key, due later than the one taken
+    clock.now = 100.002
+    assert acc.expired() == []  # the taken batch's time has come, the new one's not
+    assert acc.next_deadline() == pytest.approx(100.003)
+    clock.now = 100.01
+    due = acc.expired()
+    assert sorted(b.key for b in due) == [K0, K1] and all(b is not taken for b in due)
+    assert [b.count for b in due] == [1, 1] and acc.next_deadline() is None and len(acc) == 0
+
+
+OPS = st.lists(st.tuples(st.sampled_from(["add", "take", "tick", "expire", "seal", "peek"]),
+                         st.integers(0, 2), st.integers(0, 6)), max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(OPS)
+def test_due_batches_and_the_next_deadline_match_a_scan_of_every_open_batch(ops) -> None:
+    """Whatever mix of appends, batches taken out by the producer, time passing and sealing: what is due and the
+    next deadline are those a scan of every open batch gives (the accumulator keeps its batches queued by
+    linger instead, so that a producer over many partitions does not scan them all each time a batch is due)."""
+    acc, clock = make(batch_bytes=HEADER_BYTES + 3 * record_size(Message("t", b"x" * 10, timestamp_ms=1000)))
+    for op, partition, amount in ops:
+        key: BatchKey = ("t", partition, 0, 1)
+        if op == "add":
+            add(acc, key, b"x" * 10, linger_s=amount / 1000)
+        elif op == "take":
+            acc.batches.pop(key, None)
+        elif op == "tick":
+            clock.now += amount / 2000
+        elif op == "seal":
+            acc.seal(key)
+        elif op == "peek":
+            assert acc.next_deadline() == min((b.deadline_s for b in acc.batches.values()), default=None)
+        else:
+            scan = [b for b in acc.batches.values() if b.deadline_s <= clock.now]
+            due = acc.expired()
+            assert len(due) == len(scan) and {id(b) for b in due} == {id(b) for b in scan}
+            assert not any(b.key in acc.batches for b in due)
 
 
 def test_zero_linger_is_due_at_once() -> None:
