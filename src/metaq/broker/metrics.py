@@ -236,7 +236,8 @@ class SnapshotCollector(Collector):
                  "while the machine had little to write back).", snap.filesystem_syncs[0]),
                 ("metaq_storage_filesystem_sync_busy_skips_total", "Flush rounds of syncfsQuietMinPartitions or more "
                  "partitions (fewer than syncfsMinPartitions) that fdatasynced each partition because the machine had "
-                 "more than 512 KiB of dirty pages to write back.", snap.filesystem_syncs[2]),
+                 "more than 512 KiB of dirty pages to write back (more than 4 MiB, or a syncfs in the last second).",
+                 snap.filesystem_syncs[2]),
                 ("metaq_storage_filesystem_sync_failures_total", "Those syncfs calls that failed (each partition of "
                  "the round then fdatasynced its own files, and every flush since).", snap.filesystem_syncs[1])):
             counter = _counter(name, doc)

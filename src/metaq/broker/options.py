@@ -457,7 +457,8 @@ OPTIONS: tuple[Option, ...] = (
     _opt("syncfsQuietMinPartitions", "syncfs_quiet_min_partitions", "int", "2", _SYSTEM,
          "A flush round with at least this many partitions (and fewer than syncfsMinPartitions) also uses one "
          "syncfs while the machine has at most 512 KiB of dirty pages to write back (Dirty + Writeback in "
-         "/proc/meminfo); with more, it fdatasyncs each partition, as a syncfs would wait for them. A syncfs of a "
+         "/proc/meminfo), and once a second with up to 4 MiB (that syncfs writes back what a one-time write left); "
+         "otherwise it fdatasyncs each partition, as a syncfs would wait for those pages. A syncfs of a "
          "few small appends costs about one fdatasync: with unflushThreshold=1 on 2 cores it cut the end-to-end "
          "p50 by 0.1 ms and halved p99 (four busy partitions), and raised the produce throughput by 13-24% (4 and "
          "64 partitions; docs/benchmarks.md, round 14). 0: never.",

@@ -75,18 +75,29 @@ QUIET_WRITE_BACK_BYTES = 512 * 1024
 2-core VM of docs/benchmarks.md (round 14), a syncfs with four small appends took 0.17 ms against 0.75 for their
 four fdatasyncs one after the other and 0.46 side by side; each MB of other dirty data added about 0.5-0.9 ms to it."""
 
+CLEAN_UP_WRITE_BACK_BYTES = 4 << 20
+CLEAN_UP_INTERVAL_S = 1.0
+"""With more than :data:`QUIET_WRITE_BACK_BYTES` but at most :data:`CLEAN_UP_WRITE_BACK_BYTES` to write back, one
+round a second (``CLEAN_UP_INTERVAL_S`` after the last syncfs) still uses a syncfs: a few milliseconds at most, and
+it writes back what a one-time write left (files just deleted or created, another program's small write), which
+would otherwise keep every round on fdatasyncs until the kernel's own write-back, up to 30 s later. A steady
+writer keeps the figure high and pays nothing more; beyond the larger figure a round never waits for it."""
+
 
 class FilesystemSync:
     """The filesystem holding a directory, synced whole (syncfs(2)) for a flush round of at least
     ``min_logs`` logs on it, or of at least ``quiet_min_logs`` (0: never) while the machine has little else to
-    write back (``write_back_bytes`` at most :data:`QUIET_WRITE_BACK_BYTES`): then the syncfs costs about one
-    fdatasync, and a round of a few partitions saves the others. Holds a descriptor of the directory (and,
-    with ``quiet_min_logs``, of /proc/meminfo) until :meth:`close`."""
+    write back (``write_back_bytes`` at most :data:`QUIET_WRITE_BACK_BYTES`, or :data:`CLEAN_UP_WRITE_BACK_BYTES`
+    once a second): then the syncfs costs about one fdatasync, and a round of a few partitions saves the others.
+    Holds a descriptor of the directory (and, with ``quiet_min_logs``, of /proc/meminfo) until :meth:`close`."""
 
     def __init__(self, directory: str | os.PathLike[str], min_logs: int,
                  sync_filesystem: Callable[[int], None] = syncfs, *, quiet_min_logs: int = 0,
-                 write_back_bytes: Callable[[], int | None] | None = None) -> None:
+                 write_back_bytes: Callable[[], int | None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.min_logs = max(1, min_logs)
+        self._clock = clock
+        self._last_sync_s = float("-inf")
         self.quiet_min_logs = max(0, quiet_min_logs) if quiet_min_logs < self.min_logs else 0
         self._sync_filesystem = sync_filesystem
         self._gauge: WriteBackGauge | None = None
@@ -113,10 +124,11 @@ class FilesystemSync:
         if not self.quiet_min_logs or logs < self.quiet_min_logs or self._write_back_bytes is None:
             return False
         pending = self._write_back_bytes()
-        if pending is None or pending > QUIET_WRITE_BACK_BYTES:
-            self.busy_skips += 1
-            return False
-        return True
+        if pending is not None and (pending <= QUIET_WRITE_BACK_BYTES or (
+                pending <= CLEAN_UP_WRITE_BACK_BYTES and self._clock() - self._last_sync_s >= CLEAN_UP_INTERVAL_S)):
+            return True
+        self.busy_skips += 1
+        return False
 
     def sync(self) -> bool:
         """Whether the sync succeeded (False: a write-back error somewhere on the filesystem, logged; from
@@ -130,6 +142,7 @@ class FilesystemSync:
                       "fdatasyncs its own files instead, and every flush does so until the broker restarts", exc)
             return False
         self.syncs += 1
+        self._last_sync_s = self._clock()
         return True
 
     def close(self) -> None:

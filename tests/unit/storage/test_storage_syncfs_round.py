@@ -23,7 +23,12 @@ from storage_helpers import make_batch, read_all
 from metaq.errors import StorageError
 from metaq.fsutil import WriteBackGauge, syncfs, syncfs_available
 from metaq.storage import Flusher, LogConfig, LogManager, PartitionLog
-from metaq.storage.flush import QUIET_WRITE_BACK_BYTES, FilesystemSync
+from metaq.storage.flush import (
+    CLEAN_UP_INTERVAL_S,
+    CLEAN_UP_WRITE_BACK_BYTES,
+    QUIET_WRITE_BACK_BYTES,
+    FilesystemSync,
+)
 from metaq.testing import wait_until
 
 pytestmark = pytest.mark.skipif(not syncfs_available(), reason="needs Linux 5.8+ (syncfs reports write-back errors)")
@@ -451,10 +456,13 @@ def test_a_round_of_a_few_partitions_uses_one_filesystem_sync_only_while_little_
         tmp_path, flusher):
     """syncfsQuietMinPartitions: a round of 2..31 partitions is made durable by one syncfs while the machine
     has at most QUIET_WRITE_BACK_BYTES dirty; with more (or when that cannot be read) each partition fdatasyncs,
-    since a syncfs would wait for every other writer's pages. A round of one partition never uses it."""
+    since a syncfs would wait for every other writer's pages; but with up to CLEAN_UP_WRITE_BACK_BYTES, one round a
+    second still uses one, which writes back what a one-time write left. A round of one partition never uses it."""
     logs, fdatasync, whole = _settled_logs(tmp_path, 4, flusher, threshold=1)
     gauge = Gauge()
-    flusher.filesystem_sync = FilesystemSync(tmp_path, 32, whole, quiet_min_logs=2, write_back_bytes=gauge)
+    now = [1000.0]
+    flusher.filesystem_sync = FilesystemSync(tmp_path, 32, whole, quiet_min_logs=2, write_back_bytes=gauge,
+                                             clock=lambda: now[0])
     flusher.start()
 
     def one_round(plogs: list[PartitionLog]) -> None:
@@ -489,6 +497,20 @@ def test_a_round_of_a_few_partitions_uses_one_filesystem_sync_only_while_little_
     assert whole.paths == [] and fdatasync.logs_synced() == ["p-2"] and gauge.calls == calls
     one_round(logs[2:4])
     assert len(whole.paths) == 1 and fdatasync.logs_synced() == []
+    # a one-time write left more than the quiet figure: one round a second writes it back with its syncfs
+    gauge.value = CLEAN_UP_WRITE_BACK_BYTES
+    now[0] += CLEAN_UP_INTERVAL_S / 2
+    one_round(logs)
+    assert whole.paths == [] and len(fdatasync.logs_synced()) == 4 and flusher.filesystem_sync.busy_skips == 3
+    now[0] += CLEAN_UP_INTERVAL_S / 2
+    one_round(logs)
+    assert len(whole.paths) == 1 and fdatasync.logs_synced() == [] and flusher.filesystem_sync.busy_skips == 3
+    one_round(logs)  # the next second's turn has not come
+    assert whole.paths == [] and len(fdatasync.logs_synced()) == 4 and flusher.filesystem_sync.busy_skips == 4
+    gauge.value = CLEAN_UP_WRITE_BACK_BYTES + 1  # a heavy writer: never waited for
+    now[0] += 10 * CLEAN_UP_INTERVAL_S
+    one_round(logs)
+    assert whole.paths == [] and len(fdatasync.logs_synced()) == 4 and flusher.filesystem_sync.busy_skips == 5
     flusher.filesystem_sync.close()
 
 
