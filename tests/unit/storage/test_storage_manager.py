@@ -119,6 +119,9 @@ def test_delete_topic_and_live_config(tmp_path):
     assert m.get("gone", 0) is None and not (tmp_path / "data" / "gone-0").exists()
     assert m.run_retention().removed == {}
     m.set_topic_config("keep", FAST.with_changes(delete_policy="delete,1s"))
+    # Retention never removes a sealed segment the flusher has not synced yet; sync them all first so
+    # that every sealed segment is a candidate (without this the count raced the background flusher).
+    m.flush_all()
     removed = m.run_retention(now_ms=int(time.time() * 1000) + 10_000).removed
     assert list(removed) == ["keep-0"] and keep.segment_count == 1
     m.set_topic_config("keep", FAST.with_changes(unflush_threshold=1))
