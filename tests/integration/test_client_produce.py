@@ -285,3 +285,44 @@ def test_send_async_fast_path_still_refuses_misuse(broker: BrokerProcess) -> Non
                 producer.send_async(Message("misuse", b"late"))
 
     run(main())
+
+
+def test_flush_waits_for_every_batch_in_flight_however_many_flushes_wait_or_are_cancelled(
+        broker: BrokerProcess) -> None:
+    """flush() returns once each batch in flight at its call is acknowledged, not before: with the broker
+    paused no flush returns; a cancelled flush leaves the others waiting; once the broker runs again every
+    flush returns and every message sent before it has its result."""
+    import signal
+
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers) as session:
+            await session.admin().create_topic("flushed", 16)
+            # one Produce per batch: the batches are acknowledged one reply at a time
+            producer = session.create_producer(linger_ms=0, multi_produce=False)
+            assert (await producer.send(Message("flushed", b"warm up"))).success
+            await producer.flush()  # nothing in flight: returns at once
+            broker.signal(signal.SIGSTOP)
+            try:
+                futures = [producer.send_async(Message("flushed", b"m%d" % i)) for i in range(400)]
+                first, cancelled, second = (asyncio.ensure_future(producer.flush()) for _ in range(3))
+                done, _ = await asyncio.wait([first, cancelled, second], timeout=0.5)
+                assert not done, "a flush returned while its batches could not be acknowledged"
+                cancelled.cancel()
+                late = producer.send_async(Message("flushed", b"late"))
+                third = asyncio.ensure_future(producer.flush())
+                await asyncio.wait([first, second, third], timeout=0.2)
+                assert not (first.done() or second.done() or third.done())
+            finally:
+                broker.signal(signal.SIGCONT)
+            async with asyncio.timeout(30):
+                await first  # checked the moment it returns, before another reply is read
+                assert all(f.done() for f in futures)
+                await asyncio.gather(second, third)
+            assert cancelled.cancelled()
+            assert all(f.done() and f.result().success for f in [*futures, late])
+            consumer = session.create_pull_consumer()
+            stored = await read_all(consumer, "flushed", 16)
+            assert sorted(bytes(m.data) for msgs in stored.values() for m in msgs) == sorted(
+                [b"warm up", b"late", *(b"m%d" % i for i in range(400))])
+
+    run(main())

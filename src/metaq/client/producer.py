@@ -107,6 +107,22 @@ _MULTI_PRODUCE_MAX_BYTES = 1 << 20
 big batches, which pay their request's fixed cost many times over, gain nothing from sharing one."""
 
 
+class _FlushBarrier:
+    """What one :meth:`Producer.flush` waits for: the batches in flight when it was called, counted down as
+    each is acknowledged or fails (one future per flush, not one per batch and a gather over them all)."""
+
+    __slots__ = ("future", "left")
+
+    def __init__(self, future: asyncio.Future[None], left: int) -> None:
+        self.future = future
+        self.left = left
+
+    def batch_done(self) -> None:
+        self.left -= 1
+        if self.left == 0 and not self.future.done():
+            self.future.set_result(None)
+
+
 class _MultiLimit:
     """``takewhile`` predicate: the batches that fit one MultiProduce, from the first on."""
 
@@ -570,7 +586,8 @@ class Producer:
         self._multi = config.multi_produce
         self._cold: dict[str, list[tuple[Message, Any, int, int]]] = {}
         self._cold_tasks: set[asyncio.Task[None]] = set()
-        self._outstanding: dict[ProducerBatch, list[asyncio.Future[None]] | None] = {}
+        self._outstanding: dict[ProducerBatch, list[_FlushBarrier] | None] = {}
+        """The batches in flight, each with the flushes waiting for it (None: none yet)."""
         self._valid_topics: set[str] = set()
         self._unavailable = core.unavailable
         self._reroutable = bool(getattr(self.selector, "reroutable", False))
@@ -1094,16 +1111,16 @@ class Producer:
             await asyncio.gather(*list(self._cold_tasks), return_exceptions=True)
         for batch in self._acc.seal_all():
             self._dispatch(batch)
-        waiters: list[asyncio.Future[None]] = []
-        for batch, lst in self._outstanding.items():
-            w: asyncio.Future[None] = self._loop.create_future()
-            if lst is None:
-                self._outstanding[batch] = [w]
+        outstanding = self._outstanding
+        if not outstanding:
+            return
+        barrier = _FlushBarrier(self._loop.create_future(), len(outstanding))
+        for batch, barriers in outstanding.items():
+            if barriers is None:
+                outstanding[batch] = [barrier]
             else:
-                lst.append(w)
-            waiters.append(w)
-        if waiters:
-            await asyncio.gather(*waiters)
+                barriers.append(barrier)
+        await barrier.future
 
     async def close(self) -> None:
         """Flush, then refuse further sends. Idempotent."""
@@ -1811,7 +1828,7 @@ class Producer:
             return False
         log.info("moving a batch of %d messages from %s:%d-%d to %s after %s", batch.count, batch.topic,
                  batch.broker_id, batch.partition, p, exc)
-        flush_waiters = self._outstanding.pop(batch, None)
+        barriers = self._outstanding.pop(batch, None)
         old_key = batch.key
         batch.tried = tried
         batch.key = (batch.topic, p.partition, p.broker_id, batch.acks, True) if batch.delayed else \
@@ -1819,8 +1836,8 @@ class Producer:
         batch.partition, batch.broker_id = p.partition, p.broker_id
         self.rerouted_batches += 1
         self._dispatch(batch)
-        if flush_waiters:
-            self._outstanding[batch] = flush_waiters
+        if barriers:
+            self._outstanding[batch] = barriers
         self._release(old_key)
         return True
 
@@ -1954,11 +1971,10 @@ class Producer:
 
     def _finish(self, batch: ProducerBatch) -> None:
         self._buffered -= batch.size_bytes if batch.batch_waiter is not None else batch.size_bytes - HEADER_BYTES
-        flush_waiters = self._outstanding.pop(batch, None)
-        if flush_waiters:
-            for w in flush_waiters:
-                if not w.done():
-                    w.set_result(None)
+        barriers = self._outstanding.pop(batch, None)
+        if barriers:
+            for barrier in barriers:
+                barrier.batch_done()
         if self._room_waiters:
             self._release_room()
         self._release(batch.key)
