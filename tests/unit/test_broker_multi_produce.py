@@ -207,9 +207,11 @@ class _HeldSync:
 
 @pytest.fixture
 def held(tmp_path: Path) -> Iterator[tuple[Broker, _HeldSync]]:
-    """A broker with unflushThreshold=1 whose fdatasync the test holds; released and closed after the test."""
+    """A broker with unflushThreshold=1 whose fdatasync the test holds; released and closed after the test.
+    No syncfs (syncfsMinPartitions=0): by default a round of two or more partitions is made durable by one syncfs,
+    not by the fdatasync held here, whenever the machine has little to write back, and nothing would be held."""
     sync = _HeldSync()
-    held_broker = _broker(tmp_path, sync, unflushThreshold="1")
+    held_broker = _broker(tmp_path, sync, unflushThreshold="1", syncfsMinPartitions="0")
     try:
         yield held_broker, sync
     finally:
@@ -343,7 +345,10 @@ def test_sync_inline_max_partitions_decides_who_syncs_a_round_of_four(tmp_path: 
     by default (syncInlineMaxPartitions=2) that round is synced on the flusher's pool, with 4 in the flusher's own
     thread. Every ack still comes, after its sync."""
     sync = _ThreadsSync()
-    options = {"unflushThreshold": "1", **({"syncInlineMaxPartitions": inline} if inline else {})}
+    # No syncfs (syncfsMinPartitions=0): with the default syncfsQuietMinPartitions (2) the round of four is one syncfs,
+    # no fdatasync at all, while the machine has little to write back; this test is about the fdatasyncs' threads.
+    options = {"unflushThreshold": "1", "syncfsMinPartitions": "0",
+               **({"syncInlineMaxPartitions": inline} if inline else {})}
     broker = _broker(tmp_path, sync, **options)
     try:
         assert broker.logs.flusher._inline_max_logs == int(inline or 2)
