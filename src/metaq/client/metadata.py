@@ -116,6 +116,10 @@ def merge_metadata(responses: Sequence[tuple[int, MetadataResponse]]) -> Metadat
     return MetadataResponse(brokers=[brokers[b] for b in sorted(brokers)], topics=out_topics)
 
 
+_STALE_REFRESH_RETRIES = 3
+"""How many times a topic's refresh is asked again when the topic was invalidated while it was out."""
+
+
 class MetadataCache:
     """The pure part: applies MetadataResponses, answers lookups. No I/O."""
 
@@ -127,6 +131,9 @@ class MetadataCache:
         """broker id -> the address this client actually reached it at (wins over the advertised one,
         which may be a wildcard or a name only resolvable elsewhere)."""
         self.topics: dict[str, TopicMetadata] = {}
+        self.invalidations: dict[str, int] = {}
+        """Per topic, how many times :meth:`invalidate` dropped it: a refresh asked before the last one may
+        answer what the change that invalidated it replaced (Metadata._refresh asks again then)."""
         self.listeners = ChangeListeners()
         """Told after every update and invalidation (a producer's partitions cached between sends are dropped)."""
 
@@ -160,6 +167,7 @@ class MetadataCache:
 
     def invalidate(self, topic: str) -> None:
         self.topics.pop(topic, None)
+        self.invalidations[topic] = self.invalidations.get(topic, 0) + 1
         self.listeners.changed()
 
     def address(self, broker_id: int) -> Address | None:
@@ -206,7 +214,14 @@ class Metadata:
         return await asyncio.shield(task)
 
     async def _refresh(self, topic: str) -> TopicMetadata:
-        resp = await self._fetch(MetadataRequest([topic]))
+        # A topic invalidated while the request was out (an admin call that changed it, e.g. reopened its
+        # partitions) may have been answered from before that change: caching the answer would undo the
+        # invalidation until a later refresh. Ask again (a few times at most, then take the last answer).
+        for _ in range(_STALE_REFRESH_RETRIES):
+            asked_after = self.cache.invalidations.get(topic, 0)
+            resp = await self._fetch(MetadataRequest([topic]))
+            if self.cache.invalidations.get(topic, 0) == asked_after:
+                break
         return self.cache.update(resp, [topic])[topic]
 
     def _refreshed(self, topic: str, task: asyncio.Task[TopicMetadata]) -> None:

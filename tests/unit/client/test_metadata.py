@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from metaq.client.metadata import MetadataCache, Partition, merge_metadata
+from metaq.client.metadata import Metadata, MetadataCache, Partition, merge_metadata
 from metaq.errors import InvalidArgument, InvalidTopicError, UnknownTopicError
-from metaq.protocol.messages import BrokerInfo, MetadataResponse, PartitionInfo, TopicInfo
+from metaq.protocol.messages import BrokerInfo, MetadataRequest, MetadataResponse, PartitionInfo, TopicInfo
 from metaq.types import PartitionId
 
 
@@ -102,3 +104,34 @@ def test_merge_prefers_a_partitions_own_broker_over_another_brokers_report() -> 
 def test_merge_of_one_answer_is_that_answer() -> None:
     only = _answer(1, [TopicInfo("t", 0, [PartitionInfo(0, 1)])])
     assert merge_metadata([only]) is only[1]
+
+
+def test_a_refresh_answered_from_before_an_invalidation_is_asked_again_not_cached() -> None:
+    """An admin call (reopening a topic's partitions) invalidates the topic while a background refresh is out:
+    that refresh may be answered from before the change. Cached, it would undo the invalidation (the next sends
+    refused as 'every partition closed' until a later refresh); it is asked again instead."""
+    closed = MetadataResponse(topics=[TopicInfo("gate", 0, [PartitionInfo(0, 0, accept_publish=False)])])
+    reopened = MetadataResponse(topics=[TopicInfo("gate", 0, [PartitionInfo(0, 0)])])
+
+    async def main() -> None:
+        answered = asyncio.get_running_loop().create_future()
+        answers = [answered, reopened]
+        asked = asyncio.Event()
+
+        async def fetch(request: MetadataRequest) -> MetadataResponse:
+            asked.set()
+            answer = answers.pop(0)
+            return await answer if isinstance(answer, asyncio.Future) else answer
+
+        metadata = Metadata(fetch, max_age_s=30.0, min_interval_s=0.05)
+        refresh = asyncio.ensure_future(metadata.refresh_topic("gate"))
+        await asyncio.wait_for(asked.wait(), 10)  # the background refresh is out
+        metadata.cache.invalidate("gate")  # the admin call's change is done: the topic is invalidated
+        answered.set_result(closed)  # ... and the refresh out before it is answered from before the change
+        tm = await refresh
+        assert [p.accept_publish for p in tm.partitions] == [True]
+        cached = metadata.cache.get("gate")
+        assert cached is not None and [p.accept_publish for p in cached.partitions] == [True]
+        assert answers == []
+
+    asyncio.run(main())
