@@ -12,7 +12,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 $(STAMP): pyproject.toml setup.py src/metaq/_speedups.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,spark,postgres,zookeeper,peers]'
+	$(BIN)/python -m pip install -q -e '.[test,spark,postgres,zookeeper,peers,kafka,kafka-clients]'
 	touch $(STAMP)
 
 venv: $(STAMP)

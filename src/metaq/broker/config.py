@@ -158,6 +158,10 @@ class BrokerConfig:
     ssl_ca_file: Path | None = None
     ssl_client_auth: str = "none"
     ssl_http: bool = True
+    kafka_port: int | None = None
+    """The Kafka-protocol listener (docs/kafka.md); None: off."""
+    kafka_ssl_port: int | None = None
+    """The Kafka-protocol listener over TLS (with sslCertFile); None: off."""
     ssl_replication: bool = False
     auth_required: bool = False
     sasl_users_file: Path | None = None

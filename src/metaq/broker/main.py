@@ -98,6 +98,9 @@ async def serve(config: BrokerConfig, *, config_path: str | None = None,
             print(f"metaq broker metrics {service.metrics.url}", flush=True)
         if service.tls_port is not None:
             print(f"metaq broker tls ready {broker.host}:{service.tls_port}", flush=True)
+        if service.kafka is not None:
+            for line in service.kafka.ready_lines():
+                print(line, flush=True)
         print(f"metaq broker ready {broker.host}:{broker.port}", flush=True)
     await stop.wait()
     log.info("stopping: no new connections, finishing in-flight requests")

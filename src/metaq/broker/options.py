@@ -516,6 +516,13 @@ OPTIONS: tuple[Option, ...] = (
          "M_MMAP_THRESHOLD, as MALLOC_MMAP_THRESHOLD_ does; at most 32m, older glibc's limit; 32m with "
          "mallocTrimThreshold=128m for ~1 MB messages). 0 = glibc's own, moving threshold; ignored elsewhere.",
          _integer(0, 32 * _KIB**2, size=True), status="extension", default_doc="0 (glibc's)"),
+    _opt("kafkaPort", "kafka_port", "int", None, _SYSTEM,
+         "Port of the Kafka-protocol listener (docs/kafka.md), on hostName: Kafka clients (kcat, librdkafka, "
+         "kafka-python, ...) produce and consume metaq's topics there. 0 = a free port (the ready line prints "
+         "it). Off unless set.", _port, status="extension", default_doc="off"),
+    _opt("kafkaSslPort", "kafka_ssl_port", "int", None, _SYSTEM,
+         "Port of the Kafka-protocol listener over TLS, with the broker's certificate (sslCertFile, sslClientAuth). "
+         "0 = a free port. Off unless set.", _port, status="extension", default_doc="off"),
     # -- [system], TLS (docs/security.md) -----------------------------------------------------------
     _opt("sslPort", "ssl_port", "int", None, _SYSTEM,
          "TLS port for clients and slaves, on hostName beside the plaintext serverPort (0: the OS picks a free "
@@ -752,6 +759,9 @@ def cross_check(values: dict[str, Any], where: Mapping[str, str], warnings: list
     if values.get("server_port", 0) < 0 and values.get("ssl_port") is None:
         raise ConfigError(f"{at('sslPort', 'serverPort')}: serverPort=-1 turns the plaintext port off, so sslPort "
                           "(with sslCertFile) must be set: a broker needs a port")
+    if values.get("kafka_ssl_port") is not None and values.get("ssl_cert_file") is None:
+        raise ConfigError(f"{at('sslCertFile', 'kafkaSslPort')}: kafkaSslPort needs sslCertFile (the broker's "
+                          "certificate)")
     if values.get("ssl_port") is not None and values.get("ssl_cert_file") is None:
         raise ConfigError(f"{at('sslCertFile', 'sslPort')}: sslPort needs sslCertFile (the broker's certificate)")
     if values.get("ssl_client_auth", "none") != "none" and values.get("ssl_ca_file") is None:

@@ -33,6 +33,7 @@ from metaq.storage.files import raise_descriptor_limit
 
 if TYPE_CHECKING:
     from metaq.broker.dashboard.server import MetricsServer
+    from metaq.kafka.listener import KafkaListener
 
 log = logging.getLogger("metaq.broker")
 
@@ -122,6 +123,8 @@ class BrokerService:
         """The bound TLS port (sslPort), once started."""
         self._tls_server: asyncio.Server | None = None
         self.http_ssl_context: ssl.SSLContext | None = http_tls
+        self.kafka: KafkaListener | None = None
+        """The Kafka-protocol listener (kafkaPort / kafkaSslPort; docs/kafka.md), bound with the others."""
         """What the HTTP API, /metrics and the dashboard serve HTTPS with (None: plain HTTP)."""
 
     async def start(self) -> None:
@@ -179,8 +182,11 @@ class BrokerService:
                 raise
         try:
             self._bind_http()
+            await self._bind_kafka()
         except StartupError:
             server.close()
+            if self.http is not None:
+                await self.http.close()
             await self._close_metrics()
             raise
         try:
@@ -191,12 +197,16 @@ class BrokerService:
             server.close()
             if self.http is not None:
                 await self.http.close()
+            if self.kafka is not None:
+                await self.kafka.close()
             await self._close_metrics()
             await loop.run_in_executor(None, cluster.close)
             raise
         await server.start_serving()
         if self.http is not None:
             await self.http.start()
+        if self.kafka is not None:
+            await self.kafka.start()
         self._server = server
         self.broker.host, self.broker.port = server.sockets[0].getsockname()[:2]
         if self._tls_server is not None:
@@ -211,6 +221,8 @@ class BrokerService:
             server.close()
             if self.http is not None:
                 await self.http.close()
+            if self.kafka is not None:
+                await self.kafka.close()
             await self._close_metrics()
             await loop.run_in_executor(None, self.broker.close)
             await loop.run_in_executor(None, cluster.close)
@@ -239,6 +251,20 @@ class BrokerService:
             if exc.errno == errno.EADDRINUSE:
                 reason = "the address is already in use (choose another httpPort, or 0 for a free one)"
             raise StartupError(f"cannot listen for HTTP on {host}:{port}: {reason}") from None
+    async def _bind_kafka(self) -> None:
+        config = self.broker.config
+        if config.kafka_port is None and config.kafka_ssl_port is None:
+            return
+        from metaq.kafka.listener import KafkaListener, bind_error  # kio is loaded only when the listener is on
+
+        kafka = KafkaListener(self.broker, config.host_name, config.kafka_port, ssl_port=config.kafka_ssl_port,
+                              ssl_context=self.tls.context if self.tls is not None else None)
+        try:
+            await kafka.bind()
+        except OSError as exc:
+            raise StartupError(bind_error(config.host_name, exc)) from None
+        self.kafka = kafka
+
     async def _bind_metrics(self, host: str, port: int) -> None:
         """Take the metrics port now, before the data directory: a taken port leaves nothing behind."""
         from metaq.broker.dashboard.server import MetricsServer, bind_error  # aiohttp is loaded only when asked for
@@ -375,10 +401,14 @@ class BrokerService:
             server.close()
         if self.http is not None:
             await self.http.stop_accepting()
+        if self.kafka is not None:
+            await self.kafka.stop_accepting()
         await self._close_metrics()
         await self.broker.drain(drain_s)
         if self.http is not None:
             await self.http.close()  # after the drain answered its long polls
+        if self.kafka is not None:
+            await self.kafka.close()
         for task in self._tasks:
             task.cancel()
         self._tasks.clear()

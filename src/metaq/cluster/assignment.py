@@ -19,7 +19,10 @@ clockwise from the partition's own hash (of ``"partition:<brokerId-partition>"``
 joins, only the partitions that now fall to the new member move; everything else stays where it was.
 The price is a less even split.
 
-Both functions return an entry for every member (possibly an empty list) and place every partition
+``roundrobin`` — partitions (sorted) dealt to the members (sorted) in turn: Kafka's round-robin assignor
+for one topic (the Kafka listener's groups name it).
+
+Every function returns an entry for every member (possibly an empty list) and place every partition
 with exactly one member; :func:`check_assignment` asserts this and the coordinator calls it on every
 assignment it hands out.
 """
@@ -91,11 +94,24 @@ def consistent_hash_assign(members: Iterable[str], partitions: Iterable[Partitio
     return out
 
 
+def roundrobin_assign(members: Iterable[str], partitions: Iterable[PartitionRef]) -> dict[str, list[PartitionRef]]:
+    """Partitions dealt in turn: the i-th partition (sorted) to the (i mod m)-th member (sorted); Kafka's
+    RoundRobinAssignor's split of one topic, which the Kafka listener's groups use (docs/kafka.md)."""
+    ms = _sorted_unique_members(members)
+    ps = _sorted_unique_partitions(partitions)
+    out: dict[str, list[PartitionRef]] = {m: [] for m in ms}
+    for i, p in enumerate(ps):
+        if ms:
+            out[ms[i % len(ms)]].append(p)
+    return out
+
+
 Strategy = Callable[[Iterable[str], Iterable[PartitionRef]], dict[str, list[PartitionRef]]]
 
 STRATEGIES: Mapping[str, Strategy] = {
     "range": range_assign,
     "consistent_hash": consistent_hash_assign,
+    "roundrobin": roundrobin_assign,
 }
 
 
