@@ -16,7 +16,7 @@ import struct
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -311,3 +311,36 @@ def build_produce(request_cls: type, topic_cls: type, partition_cls: type, topic
     buf = io.BytesIO()
     entity_writer(request_cls)(buf, req)
     return buf.getvalue()
+
+
+# -- a ZooKeeper cluster of three brokers --------------------------------------------------------------
+
+
+def test_kcat_against_a_three_broker_zookeeper_cluster(cluster_factory: Callable[..., BrokerProcess]) -> None:
+    topics = "[topic=spread]\nnumPartitions=2\n"
+    brokers = [cluster_factory(i, topics=topics, kafkaPort=0) for i in (1, 2, 3)]
+    bs = ",".join(bootstrap(b) for b in brokers)
+    listing = ""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # each broker learns the others' topics from ZooKeeper
+        listing = kcat("-b", bootstrap(brokers[0]), "-L", "-t", "spread")
+        if 'topic "spread" with 6 partitions' in listing:
+            break
+        time.sleep(0.2)
+    assert 'topic "spread" with 6 partitions' in listing, listing
+    leaders = [line.split("leader ")[1].split(",")[0] for line in listing.splitlines() if "partition " in line]
+    assert leaders == ["1", "1", "2", "2", "3", "3"]
+    for b in brokers:
+        assert f"broker {brokers.index(b) + 1} at 127.0.0.1:{b.kafka_port}" in listing
+    text = "".join(f"k{i}:v{i}\n" for i in range(120))
+    kcat("-b", bs, "-P", "-t", "spread", "-K:", "-H", "src=kcat", input_text=text)
+    out = kcat("-b", bootstrap(brokers[2]), "-C", "-t", "spread", "-o", "beginning", "-e", "-f", "%p|%k|%s|%h\n")
+    got = [line.split("|") for line in out.splitlines()]
+    assert sorted((k, v) for _p, k, v, _h in got) == sorted((f"k{i}", f"v{i}") for i in range(120))
+    assert {h for *_, h in got} == {"src=kcat"}
+    assert len({p for p, *_ in got}) == 6  # keys spread over every broker's partitions
+    # a key's messages stay in one partition (librdkafka's key hash over the 6 Kafka partitions)
+    by_key: dict[str, set[str]] = {}
+    for p, k, _v, _h in got:
+        by_key.setdefault(k, set()).add(p)
+    assert all(len(ps) == 1 for ps in by_key.values())

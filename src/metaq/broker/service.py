@@ -330,7 +330,8 @@ class BrokerService:
             topics[name] = (state.num_partitions, state.settings.accept_publish and not every_partition_closed,
                             state.settings.accept_subscribe)
         try:
-            broker.cluster.join(broker.cluster_host, broker.port, topics, tls_port=broker.tls_port)
+            broker.cluster.join(broker.cluster_host, broker.port, topics, tls_port=broker.tls_port,
+                                ports=self.kafka.registered_ports() if self.kafka is not None else None)
         except RegistryError as exc:
             raise StartupError(str(exc)) from None
         if as_master:

@@ -109,6 +109,8 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         """Ephemeral nodes this process keeps registered: path -> data (made again after an expiry)."""
         self._brokers: dict[int, dict[str, Address]] = {}
         self._tls_ports: dict[tuple[int, str], int] = {}
+        self._ports: dict[tuple[int, str], dict[str, int]] = {}
+        """(broker id, node name) -> the other named ports its URL carries (kafkaPort...)."""
         """(broker id, node name) -> the sslPort its URL carries."""
         self._topics: dict[bool, dict[str, dict[str, int]]] = {True: {}, False: {}}
         """publish? -> topic -> registration node name (``<id>-m``) -> partition count."""
@@ -315,6 +317,7 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
             try:
                 address = Address(*layout.parse_broker_url(data))
                 tls_port = layout.parse_broker_tls_port(data)
+                self._ports[(broker_id, name)] = layout.parse_broker_ports(data)
             except LayoutError as exc:
                 self._bad(path, str(exc))
         nodes = self._brokers.get(broker_id)
@@ -404,8 +407,11 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
                     tls = {-1 if name == "master" else layout.parse_slave_node(name): port
                            for (b, name), port in self._tls_ports.items() if b == broker_id and name in nodes}
                     tls_ports = {r: port for r, port in tls.items() if r is not None}
+                    named = {-1 if name == "master" else layout.parse_slave_node(name): MappingProxyType(ports)
+                             for (b, name), ports in self._ports.items() if b == broker_id and name in nodes}
+                    named_ports = MappingProxyType({r: p for r, p in named.items() if r is not None})
                     brokers[broker_id] = BrokerEntry(broker_id, nodes.get("master"), MappingProxyType(slaves),
-                                                     MappingProxyType(tls_ports))
+                                                     MappingProxyType(tls_ports), named_ports)
             topics = {}
             for topic in set(self._topics[True]) | set(self._topics[False]):
                 pub: dict[int, int] = {}
@@ -569,7 +575,7 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
 
     def register_broker(self, broker_id: int, address: Address, *, slave_id: int = -1) -> None:
         path = self.paths.broker_node(broker_id, slave_id)
-        data = layout.broker_url(address.host, address.port, self.tls_port).encode()
+        data = layout.broker_url(address.host, address.port, self.tls_port, self.ports).encode()
         self._own_slave_id = slave_id
         deadline = time.monotonic() + self.session_timeout_s + _PREVIOUS_SESSION_SLACK_S
         while True:
@@ -673,7 +679,7 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
     def take_mastership(self, broker_id: int, address: Address, state: ReplicaGroupState, version: int) -> int:
         path = self.paths.replica_group(broker_id)
         master = self.paths.broker_node(broker_id, -1)
-        url = layout.broker_url(address.host, address.port, self.tls_port).encode()
+        url = layout.broker_url(address.host, address.port, self.tls_port, self.ports).encode()
         try:
             self._client.ensure_path(self.paths.replica_groups)
             self._client.ensure_path(self.paths.broker(broker_id))

@@ -352,8 +352,16 @@ async def find_coordinator(ctx: Context, header: RequestHeader, req: Any) -> Any
     if getattr(req, "key_type", 0) != 0:
         return _response(header, {"error_code": COORDINATOR_NOT_AVAILABLE, "node_id": -1, "host": "", "port": -1,
                                   "error_message": "transactions are not served by metaq's Kafka listener"})
+    # one coordinator per cluster, whichever broker a client asks: the lowest broker id serving Kafka (the
+    # broker metaq's own clients pick among their servers), which balances every broker's partitions
+    node_id = ctx.broker.config.broker_id
     host, port = ctx.own_address()
-    return _response(header, {"error_code": 0, "node_id": ctx.broker.config.broker_id, "host": host, "port": port,
+    peers = ctx.peers()
+    lowest = min(peers, default=node_id)
+    if lowest < node_id:
+        phost, pport, ptls = peers[lowest]
+        node_id, host, port = lowest, phost, ptls if ctx.session.tls and ptls is not None else pport
+    return _response(header, {"error_code": 0, "node_id": node_id, "host": host, "port": port,
                               "throttle_time": ctx.throttle_ms()})
 
 

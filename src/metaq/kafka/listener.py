@@ -187,11 +187,24 @@ class KafkaListener:
         self.ssl_port = ssl_port
         self.ssl_context = ssl_context
         self.advertised = Advertised(advertised_host or host, port or 0, None)
-        self.peers = peers or dict
+        self.peers = peers or self._cluster_peers
         self.connections: set[KafkaConnection] = set()
         self._servers: list[asyncio.Server] = []
         self._plain: asyncio.Server | None = None
         self._tls: asyncio.Server | None = None
+
+    def _cluster_peers(self) -> dict[int, tuple[str, int, int | None]]:
+        """The other brokers' Kafka addresses, as they registered them (the master of each broker id)."""
+        out: dict[int, tuple[str, int, int | None]] = {}
+        for broker_id, entry in self.broker.cluster.snapshot().brokers.items():
+            if entry.master is None:
+                continue
+            ports = entry.ports.get(-1, {})
+            plain, tls = ports.get("kafkaPort"), ports.get("kafkaSslPort")
+            port = plain if plain is not None else tls
+            if port is not None:
+                out[broker_id] = (entry.master.host, port, tls)
+        return out
 
     def _factory(self) -> KafkaConnection:
         return KafkaConnection(self.broker, self.advertised, self.peers, self.connections)
@@ -225,6 +238,16 @@ class KafkaListener:
     @property
     def bound_ssl_port(self) -> int | None:
         return self.advertised.tls_port
+
+    def registered_ports(self) -> dict[str, int]:
+        """What the broker registers in the cluster beside its address, so that every broker's Metadata
+        can send Kafka clients to this one (kafkaPort, kafkaSslPort)."""
+        ports = {}
+        if self._plain is not None:
+            ports["kafkaPort"] = self.advertised.port
+        if self._tls is not None and self.advertised.tls_port is not None:
+            ports["kafkaSslPort"] = self.advertised.tls_port
+        return ports
 
     def ready_lines(self) -> list[str]:
         """What `metaq broker` prints once serving (the test harness reads the ports from them)."""
