@@ -344,23 +344,21 @@ _NO_HEADERS = b"\x00"
 
 
 def to_kafka(fetched: bytes | memoryview, from_offset: int, leader_epoch: int = 0) -> tuple[bytes, int]:
-    """The whole metaq batches of a fetch reply as Kafka batches, and the bytes of a cut-off batch at the
-    end (0 when none): the caller fetches that one again with room for it when nothing else came back.
+    """The whole metaq batches of a fetch reply as Kafka batches, and, when there is none but a cut-off
+    one, that batch's size (else 0): the caller fetches it again with room for it (Kafka's rule: a fetch
+    returns at least one whole batch, however large).
 
     Batches that end before ``from_offset`` are skipped; records of the first batch below it are kept
     (Kafka consumers skip them, as they do for Kafka's own batches)."""
-    out: list[bytes] = []
     view = memoryview(fetched)
-    end_pos = 0
-    for pos, header in mrec.fetched_batches(view, from_offset):
-        end_pos = pos + header.total_bytes
-        if end_pos > len(view):
-            return b"".join(out), header.total_bytes
-        out.append(_batch_to_kafka(view[pos:end_pos], header, leader_epoch))
-    if not out and len(view) > end_pos:
-        peek = mrec.peek_length(view, end_pos)
-        if peek is not None:
-            return b"", peek[1]
+    out = [_batch_to_kafka(view[pos:pos + header.total_bytes], header, leader_epoch)
+           for pos, header in mrec.fetched_batches(view, from_offset)]
+    if not any(out):
+        pos = 0
+        while (peek := mrec.peek_length(view, pos)) is not None:
+            if pos + peek[1] > len(view):
+                return b"", peek[1]  # the cut-off batch after the whole ones
+            pos += peek[1]
     return b"".join(out), 0
 
 
