@@ -178,3 +178,62 @@ def test_a_decompression_bomb_is_refused() -> None:
     raw = kafka_batch([(None, b"\0" * 100_000, [], 0)], codec=CODECS["gzip"])
     with pytest.raises(CorruptRecordError, match="more than"):
         list(kr.iter_kafka_batches(raw, 10_000))
+
+
+# -- the compiled conversions give the Python reference's bytes ----------------------------------------
+
+compiled = pytest.mark.skipif(not kr.COMPILED, reason="metaq._kafka_speedups is not built")
+any_record = st.tuples(
+    st.one_of(st.none(), st.binary(max_size=40)),
+    st.binary(max_size=300),
+    st.lists(st.tuples(st.one_of(st.text(min_size=1, max_size=10), st.sampled_from(["metaq.attribute", "h"])),
+                       st.binary(max_size=20)), max_size=3),
+    st.integers(0, 10_000),
+)
+
+
+@compiled
+@settings(max_examples=150, deadline=None)
+@given(st.lists(any_record, min_size=1, max_size=30), st.sampled_from(["none", "lz4", "zstd"]),
+       st.booleans())
+def test_compiled_produce_conversion_gives_the_reference_bytes(recs: list, codec: str, idempotent: bool) -> None:
+    raw = kafka_batch(recs, CODECS[codec], producer=(99, 1, 7) if idempotent else (-1, -1, -1))
+    [batch] = list(kr.iter_kafka_batches(raw, MAX))
+
+    def outcome() -> object:
+        try:
+            return kr.to_metaq(batch)
+        except (CorruptRecordError, InvalidArgument) as exc:  # an attribute that is not UTF-8...
+            return type(exc)
+
+    fast = outcome()
+    saved = kr._records_to_region
+    kr._records_to_region = None
+    try:
+        assert outcome() == fast
+    finally:
+        kr._records_to_region = saved
+
+
+@compiled
+@settings(max_examples=150, deadline=None)
+@given(st.lists(any_record, min_size=1, max_size=30), st.booleans())
+def test_compiled_fetch_conversion_gives_the_reference_bytes(recs: list, attributes: bool) -> None:
+    values = [v for _k, v, _h, _d in recs]
+    timestamps = [1_700_000_000_000 + d for *_x, d in recs]
+    keys = [k for k, *_ in recs]
+    headers = [h or None for _k, _v, h, _d in recs]
+    attrs = [f"a{i}" if i % 2 else None for i in range(len(recs))] if attributes else None
+    batch = mrec.encode_columns(values, timestamps, keys=keys, headers=headers, attributes=attrs)
+    _, cols = mrec.batch_columns(batch)
+    body = bytes(cols.body)
+    assert kr._region_to_records(body, cols.n, min(timestamps)) == kr.region_to_records_py(cols, body, min(timestamps))
+
+
+@compiled
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300), st.integers(-1, 40), st.integers(-(2**40), 2**40))
+def test_compiled_conversions_take_any_bytes_without_failing(data: bytes, n: int, ts: int) -> None:
+    for fn in (kr._records_to_region, kr._region_to_records):
+        assert fn is not None
+        fn(data, n, ts)  # a result or None, never a crash or an exception

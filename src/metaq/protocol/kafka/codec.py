@@ -227,9 +227,10 @@ def encode_response(header: RequestHeader, body: Any) -> bytes:
     if type(body).__flexible__ and header.api_key != API_VERSIONS:
         out.write(b"\0")  # no tagged fields in the response header
     entity_writer(type(body))(out, body)
-    frame = out.getbuffer()
-    frame[0:4] = _SIZE.pack(len(frame) - 4)
-    return bytes(frame)
+    size = out.tell() - 4
+    out.seek(0)
+    out.write(_SIZE.pack(size))
+    return out.getvalue()
 
 
 def encode_unsupported(header: RequestHeader, body: Any | None) -> bytes:

@@ -39,10 +39,11 @@ Pure functions over bytes: no sockets, no files.
 from __future__ import annotations
 
 import gzip
+import os
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import crc32c as _crc32c
 import lz4.frame as _lz4
@@ -50,6 +51,17 @@ import zstandard as _zstd
 
 from metaq.errors import CorruptRecordError, InvalidArgument
 from metaq.protocol import records as mrec
+
+try:
+    if os.environ.get("METAQ_NO_SPEEDUPS"):
+        raise ImportError("METAQ_NO_SPEEDUPS is set")
+    from metaq._kafka_speedups import records_to_region as _records_to_region
+    from metaq._kafka_speedups import region_to_records as _region_to_records
+except ImportError:  # no C compiler at install, or turned off: the Python code below does it all
+    _records_to_region = None
+    _region_to_records = None
+COMPILED = _records_to_region is not None
+"""Whether the conversions run compiled (metaq._kafka_speedups); the Python code is the reference."""
 
 KAFKA_MAGIC = 2
 HEADER_BYTES = 61
@@ -297,19 +309,50 @@ def parse_records(batch: KafkaBatch) -> Columns:
                    headers if any_header else None)
 
 
+_METAQ_CODEC = {LZ4: mrec.Compression.LZ4, ZSTD: mrec.Compression.ZSTD}
+_REGION_HEAD = struct.Struct(">hiqqi")     # metaq batch bytes [45, 71): attributes .. record count
+_STAMP_HEAD = struct.Struct(">qibQQq")     # metaq batch bytes [0, 37): base offset .. append time
+_PRODUCER_BLOCK = struct.Struct(">qhih")
+_U32 = struct.Struct(">I")
+
+
 def to_metaq(batch: KafkaBatch) -> bytes:
     """The metaq batch holding the records of one Kafka batch (lz4 and zstd kept, gzip and snappy stored
     uncompressed: metaq has no such codecs), with the idempotent producer's block when it has one."""
-    cols = parse_records(batch)
-    codec = {LZ4: mrec.Compression.LZ4, ZSTD: mrec.Compression.ZSTD}.get(batch.compression, mrec.Compression.NONE)
-    out = mrec.encode_columns(cols.values, cols.timestamps, keys=cols.keys, attributes=cols.attributes,
-                              headers=cols.headers, compression=codec)
+    stamp = None
     if batch.producer_id >= 0:
         if batch.producer_id == 0:
             raise CorruptRecordError("producer id 0 is not one this broker handed out (InitProducerId)")
-        out = mrec.with_producer_stamp(out, mrec.ProducerStamp(batch.producer_id, batch.producer_epoch,
-                                                               batch.base_sequence))
-    return out
+        stamp = mrec.ProducerStamp(batch.producer_id, batch.producer_epoch, batch.base_sequence)
+    codec = _METAQ_CODEC.get(batch.compression, mrec.Compression.NONE)
+    fast = _records_to_region(batch.records, batch.record_count, batch.base_timestamp) if _records_to_region else None
+    if fast is not None:
+        region, first_ts, max_ts = fast
+        return metaq_batch(region, batch.record_count, first_ts, max_ts, codec, stamp)
+    cols = parse_records(batch)
+    out = mrec.encode_columns(cols.values, cols.timestamps, keys=cols.keys, attributes=cols.attributes,
+                              headers=cols.headers, compression=codec)
+    return mrec.with_producer_stamp(out, stamp) if stamp is not None else out
+
+
+def metaq_batch(region: bytes, count: int, first_ts: int, max_ts: int, codec: mrec.Compression,
+                stamp: mrec.ProducerStamp | None) -> bytes:
+    """A producer's metaq batch (stamped fields left for the broker) around a records region, as
+    :func:`metaq.protocol.records.encode_columns` and ``with_producer_stamp`` make it (the same bytes: tested),
+    from a region built elsewhere. Layout: metaq.protocol.records' module docstring."""
+    if codec == mrec.Compression.LZ4:
+        body = bytes(_lz4.compress(region))
+    elif codec == mrec.Compression.ZSTD:
+        body = bytes(_zstd.ZstdCompressor(level=3).compress(region))
+    else:
+        body = region
+    attributes = int(codec) | (mrec.PRODUCER_STAMPED if stamp is not None else 0)
+    head = _REGION_HEAD.pack(attributes, count - 1, first_ts, max_ts, count)
+    block = _PRODUCER_BLOCK.pack(stamp.producer_id, stamp.producer_epoch, stamp.base_sequence, 0) if stamp else b""
+    crc = _crc32c.crc32c(body, _crc32c.crc32c(block, _crc32c.crc32c(head)))
+    length = mrec.STAMPED_BYTES - mrec.LENGTH_PREFIX_BYTES + len(head) + len(block) + len(body)
+    prefix = _STAMP_HEAD.pack(0, length, mrec.MAGIC, 0, 0, -1) + _U32.pack(crc)
+    return b"".join((prefix, _U32.pack(_crc32c.crc32c(head, _crc32c.crc32c(prefix))), head, block, body))
 
 
 # -- writing Kafka batches ---------------------------------------------------------------------------
@@ -318,11 +361,29 @@ def build_batch(base_offset: int, records: Sequence[bytes], last_offset_delta: i
                 max_timestamp: int, *, producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
                 leader_epoch: int = 0) -> bytes:
     """An uncompressed Kafka batch of encoded records (see :func:`encode_record`)."""
-    body = b"".join(records)
+    return build_batch_of(base_offset, b"".join(records), len(records), last_offset_delta, base_timestamp,
+                          max_timestamp, producer_id=producer_id, producer_epoch=producer_epoch,
+                          base_sequence=base_sequence, leader_epoch=leader_epoch)
+
+
+def build_batch_of(base_offset: int, records: bytes, count: int, last_offset_delta: int, base_timestamp: int,
+                   max_timestamp: int, *, producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
+                   leader_epoch: int = 0) -> bytes:
+    """:func:`build_batch` from the records already joined."""
+    return b"".join(batch_parts(base_offset, records, count, last_offset_delta, base_timestamp, max_timestamp,
+                                producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence,
+                                leader_epoch=leader_epoch))
+
+
+def batch_parts(base_offset: int, records: bytes, count: int, last_offset_delta: int, base_timestamp: int,
+                max_timestamp: int, *, producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
+                leader_epoch: int = 0) -> list[bytes]:
+    """A Kafka batch as [the 21 bytes up to the CRC, the rest of the header, the records]."""
     tail = struct.pack(">hiqqqhii", 0, last_offset_delta, base_timestamp, max_timestamp, producer_id,
-                       producer_epoch, base_sequence, len(records)) + body
-    crc = _crc32c.crc32c(tail)
-    return struct.pack(">qiibI", base_offset, len(tail) + 9, leader_epoch, KAFKA_MAGIC, crc) + tail
+                       producer_epoch, base_sequence, count)
+    crc = _crc32c.crc32c(records, _crc32c.crc32c(tail))
+    return [struct.pack(">qiibI", base_offset, len(tail) + len(records) + 9, leader_epoch, KAFKA_MAGIC, crc), tail,
+            records]
 
 
 def encode_record(offset_delta: int, timestamp_delta: int, value: bytes | None, key: bytes | None = None,
@@ -351,24 +412,36 @@ def to_kafka(fetched: bytes | memoryview, from_offset: int, leader_epoch: int = 
     Batches that end before ``from_offset`` are skipped; records of the first batch below it are kept
     (Kafka consumers skip them, as they do for Kafka's own batches)."""
     view = memoryview(fetched)
-    out = [_batch_to_kafka(view[pos:pos + header.total_bytes], header, leader_epoch)
-           for pos, header in mrec.fetched_batches(view, from_offset)]
-    if not any(out):
+    parts: list[bytes] = []
+    for pos, header in mrec.fetched_batches(view, from_offset):
+        parts += _batch_to_kafka(view[pos:pos + header.total_bytes], header, leader_epoch)
+    if not parts:
         pos = 0
         while (peek := mrec.peek_length(view, pos)) is not None:
             if pos + peek[1] > len(view):
                 return b"", peek[1]  # the cut-off batch after the whole ones
             pos += peek[1]
-    return b"".join(out), 0
+    return b"".join(parts), 0
 
 
-def _batch_to_kafka(batch: memoryview, header: mrec.BatchHeader, leader_epoch: int) -> bytes:
+def _batch_to_kafka(batch: memoryview, header: mrec.BatchHeader, leader_epoch: int) -> list[bytes]:
+    """The parts of one Kafka batch (joined once for the whole reply: no copy per batch)."""
     _, cols = mrec.batch_columns(batch, header)
-    n = cols.n
-    if n == 0:  # emptied by a filter: nothing to hand over, the next fetch starts after it
-        return b""
-    body = cols.body if isinstance(cols.body, bytes) else bytes(cols.body)
+    if cols.n == 0:  # emptied by a filter: nothing to hand over, the next fetch starts after it
+        return []
     base_ts = header.first_timestamp_ms
+    records = _region_to_records(cols.body, cols.n, base_ts) if _region_to_records else None
+    if records is None:
+        body = cols.body if isinstance(cols.body, bytes) else bytes(cols.body)
+        records = region_to_records_py(cols, body, base_ts)
+    return batch_parts(header.base_offset, records, cols.n, header.last_offset_delta, base_ts,
+                       header.max_timestamp_ms, leader_epoch=leader_epoch)
+
+
+def region_to_records_py(cols: Any, body: bytes, base_ts: int) -> bytes:
+    """The Kafka records of a checked metaq batch's columns (the reference of the compiled
+    ``region_to_records``)."""
+    n = cols.n
     deltas, stamps, vlens = cols.deltas, cols.timestamps, cols.vlens
     small = _SMALL
     records: list[bytes] = []
@@ -382,27 +455,26 @@ def _batch_to_kafka(batch: memoryview, header: mrec.BatchHeader, leader_epoch: i
             records.append(b"".join((small[size] if size < 16384 else _zigzag(size), head, body[v:end],
                                      _NO_HEADERS)))
             v = end
-    else:
-        klens, alens = cols.klens, cols.alens
-        k, v, a = cols.keys_at, cols.values_at, cols.attrs_at
-        blobs = cols.header_blobs() if not cols.no_headers else None
-        for i in range(n):
-            klen, vlen, alen = klens[i], vlens[i], alens[i]
-            key = None
-            if klen >= 0:
-                key = body[k:k + klen]
-                k += klen
-            value = body[v:v + vlen]
-            v += vlen
-            hs: list[tuple[str, bytes | None]] = []
-            if alen >= 0:
-                hs.append((ATTRIBUTE_HEADER, body[a:a + alen]))
-                a += alen
-            if blobs is not None and cols.hcounts[i]:
-                hs += _metaq_headers(blobs[i])
-            records.append(encode_record(deltas[i], stamps[i] - base_ts, value, key, hs))
-    return build_batch(header.base_offset, records, header.last_offset_delta, base_ts, header.max_timestamp_ms,
-                       leader_epoch=leader_epoch)
+        return b"".join(records)
+    klens, alens = cols.klens, cols.alens
+    k, v, a = cols.keys_at, cols.values_at, cols.attrs_at
+    blobs = cols.header_blobs() if not cols.no_headers else None
+    for i in range(n):
+        klen, vlen, alen = klens[i], vlens[i], alens[i]
+        key = None
+        if klen >= 0:
+            key = body[k:k + klen]
+            k += klen
+        value = body[v:v + vlen]
+        v += vlen
+        hs: list[tuple[str, bytes | None]] = []
+        if alen >= 0:
+            hs.append((ATTRIBUTE_HEADER, body[a:a + alen]))
+            a += alen
+        if blobs is not None and cols.hcounts[i]:
+            hs += _metaq_headers(blobs[i])
+        records.append(encode_record(deltas[i], stamps[i] - base_ts, value, key, hs))
+    return b"".join(records)
 
 
 _HDR_NAME = struct.Struct("<H")
