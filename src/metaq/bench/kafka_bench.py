@@ -133,39 +133,43 @@ def run_kafka_bench(count: int, size: int, partitions: int, rounds: int, *, prog
         assert broker.kafka_port is not None and broker.pid is not None
         bootstrap = f"127.0.0.1:{broker.kafka_port}"
         ceiling = _in_process(_client_ceiling, count, size)["rate"]
-        out = []
-        for r in range(rounds):
-            rnd = KafkaBenchRound()
-
-            def step(name: str, fn: Any) -> float:
-                before = process_cpu_s(broker.pid or 0)
-                rate, messages = fn()
-                after = process_cpu_s(broker.pid or 0)
-                if before is not None and after is not None and messages:
-                    rnd.broker_cpu_us[name] = round((after - before) / messages * 1e6, 3)
-                if progress:
-                    print(f"round {r + 1}: {name} {rate:,.0f} msg/s", flush=True)
-                return float(rate)
-
-            def native(mode: str, api: str) -> tuple[float, int]:
-                res = run_bench(BenchSpec(mode=mode, api=api, servers=broker.servers, count=count, size=size,
-                                          partitions=partitions, concurrency=16, topic=f"native-{mode}-{r}"))
-                return res.msgs_per_s, res.messages
-
-            def kafka_produce() -> tuple[float, int]:
-                res = _in_process(_kafka_produce, bootstrap, f"kafka-{r}", count, size)
-                return res["messages"] / res["seconds"], res["messages"]
-
-            def kafka_consume() -> tuple[float, int]:
-                res = _in_process(_kafka_consume, bootstrap, f"kafka-{r}", count)
-                return res["messages"] / max(res["seconds"], 1e-9), res["messages"]
-
-            rnd.native_produce = step("native-produce", lambda: native("produce", "batch"))
-            rnd.kafka_produce = step("kafka-produce", kafka_produce)
-            rnd.native_consume = step("native-consume", lambda: native("consume", "iterate"))
-            rnd.kafka_consume = step("kafka-consume", kafka_consume)
-            out.append(rnd)
+        out = [_round(r, broker, bootstrap, count, size, partitions, progress) for r in range(rounds)]
         return KafkaBenchResult(count, size, partitions, out, round(ceiling, 1), os.getloadavg())
     finally:
         broker.stop()
         tmp.cleanup()
+
+
+def _round(r: int, broker: BrokerLauncher, bootstrap: str, count: int, size: int, partitions: int,
+           progress: bool) -> KafkaBenchRound:
+    rnd = KafkaBenchRound()
+    pid = broker.pid or 0
+
+    def step(name: str, fn: Any) -> float:
+        before = process_cpu_s(pid)
+        rate, messages = fn()
+        after = process_cpu_s(pid)
+        if before is not None and after is not None and messages:
+            rnd.broker_cpu_us[name] = round((after - before) / messages * 1e6, 3)
+        if progress:
+            print(f"round {r + 1}: {name} {rate:,.0f} msg/s", flush=True)
+        return float(rate)
+
+    def native(mode: str, api: str) -> tuple[float, int]:
+        res = run_bench(BenchSpec(mode=mode, api=api, servers=broker.servers, count=count, size=size,
+                                  partitions=partitions, concurrency=16, topic=f"native-{mode}-{r}"))
+        return res.msgs_per_s, res.messages
+
+    def kafka_produce() -> tuple[float, int]:
+        res = _in_process(_kafka_produce, bootstrap, f"kafka-{r}", count, size)
+        return res["messages"] / res["seconds"], res["messages"]
+
+    def kafka_consume() -> tuple[float, int]:
+        res = _in_process(_kafka_consume, bootstrap, f"kafka-{r}", count)
+        return res["messages"] / max(res["seconds"], 1e-9), res["messages"]
+
+    rnd.native_produce = step("native-produce", lambda: native("produce", "batch"))
+    rnd.kafka_produce = step("kafka-produce", kafka_produce)
+    rnd.native_consume = step("native-consume", lambda: native("consume", "iterate"))
+    rnd.kafka_consume = step("kafka-consume", kafka_consume)
+    return rnd
