@@ -36,7 +36,7 @@ def kafka_batch(recs: list[tuple[bytes | None, bytes, list[tuple[str, bytes]], i
 
 
 def metaq_messages(batch: bytes) -> list[tuple[bytes | None, bytes, list[tuple[str, bytes]], int, str | None]]:
-    header = mrec.validate_batch(batch, MAX, MAX)
+    mrec.validate_batch(batch, MAX, MAX)  # what the broker checks of a produced batch
     return [(m.key, bytes(m.data), m.headers or [], m.timestamp_ms, m.attribute) for m in mrec.decode_batch(batch)]
 
 
