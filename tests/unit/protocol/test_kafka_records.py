@@ -158,8 +158,9 @@ def test_random_bytes_raise_only_corrupt_record(data: bytes) -> None:
 @given(st.lists(record, min_size=1, max_size=5), st.integers(61, 400), st.binary(min_size=1, max_size=8))
 def test_damaged_records_with_a_matching_crc_raise_only_corrupt_record(recs: list, at: int, junk: bytes) -> None:
     """A producer bug, not line noise: the CRC is right but the records are not."""
-    import crc32c
     import struct
+
+    import crc32c
 
     raw = bytearray(kafka_batch(recs))
     at = min(at, len(raw) - 1)
