@@ -163,14 +163,19 @@ async def metadata(ctx: Context, header: RequestHeader, req: Any) -> Any:
         return _response(header, {"brokers": [], "topics": [], "throttle_time": ctx.throttle_ms()})
     own_id = ctx.broker.config.broker_id
     host, port = ctx.own_address()
-    brokers: list[dict[str, Any]] = [{"node_id": own_id, "host": host, "port": port, "rack": None}]
     peers = ctx.peers()
+    brokers: list[dict[str, Any]] = []
+    if own_id not in peers:  # this process leads its broker id's partitions (else: a slave, its master does)
+        brokers.append({"node_id": own_id, "host": host, "port": port, "rack": None})
     for b in response.brokers:
-        if b.broker_id != own_id and b.broker_id in peers:
+        if b.broker_id in peers and b.broker_id not in {x["node_id"] for x in brokers}:
             phost, pport, ptls = peers[b.broker_id]
             brokers.append({"node_id": b.broker_id, "host": phost,
                             "port": ptls if ctx.session.tls and ptls is not None else pport, "rack": None})
     listed: set[int] = {b["node_id"] for b in brokers}
+    if not listed:  # nothing registered to send clients to yet (a slave before its master's registration)
+        brokers.append({"node_id": own_id, "host": host, "port": port, "rack": None})
+        listed = {own_id}
     out = []
     for t in response.topics:
         layout = layouts.get(t.name)
@@ -358,7 +363,7 @@ async def find_coordinator(ctx: Context, header: RequestHeader, req: Any) -> Any
     host, port = ctx.own_address()
     peers = ctx.peers()
     lowest = min(peers, default=node_id)
-    if lowest < node_id:
+    if lowest < node_id or (lowest == node_id and node_id in peers):
         phost, pport, ptls = peers[lowest]
         node_id, host, port = lowest, phost, ptls if ctx.session.tls and ptls is not None else pport
     return _response(header, {"error_code": 0, "node_id": node_id, "host": host, "port": port,

@@ -26,7 +26,7 @@ from typing import Any
 from metaq.broker.core import Broker
 from metaq.broker.quotas import ANONYMOUS
 from metaq.broker.session import Session
-from metaq.errors import ProtocolError
+from metaq.errors import NotMasterError, ProtocolError
 from metaq.kafka.apis import HANDLERS, Advertised, Context, Peers
 from metaq.protocol.kafka import codec
 from metaq.security.principal import peer_common_name, user_principal
@@ -194,17 +194,38 @@ class KafkaListener:
         self._tls: asyncio.Server | None = None
 
     def _cluster_peers(self) -> dict[int, tuple[str, int, int | None]]:
-        """The other brokers' Kafka addresses, as they registered them (the master of each broker id)."""
+        """The Kafka addresses of the masters of the cluster's broker ids but this process, as they registered
+        them."""
         out: dict[int, tuple[str, int, int | None]] = {}
+        own_id = self.broker.config.broker_id
+        own = (self.broker.cluster_host, self.broker.port)
+        master_here = self._master_here()
         for broker_id, entry in self.broker.cluster.snapshot().brokers.items():
             if entry.master is None:
                 continue
+            if broker_id == own_id and (master_here or (entry.master.host, entry.master.port) == own):
+                continue  # this process is the master of its broker id: it advertises itself
+            # another broker id; or this one's master when this process is a slave of it (HA), whose
+            # partitions Kafka clients must produce to and fetch from there
             ports = entry.ports.get(-1, {})
             plain, tls = ports.get("kafkaPort"), ports.get("kafkaSslPort")
             port = plain if plain is not None else tls
             if port is not None:
                 out[broker_id] = (entry.master.host, port, tls)
         return out
+
+    def _master_here(self) -> bool:
+        """Whether this process takes writes for its broker id now (its own HA state, which knows of a takeover
+        before the cluster view shows the new registration)."""
+        if self.broker.slave is not None and self.broker.ha is None:
+            return False
+        if self.broker.ha is None:
+            return True
+        try:
+            self.broker.ha.check_writable("Kafka clients")
+        except NotMasterError:
+            return False
+        return True
 
     def _factory(self) -> KafkaConnection:
         return KafkaConnection(self.broker, self.advertised, self.peers, self.connections)
