@@ -344,3 +344,45 @@ def test_kcat_against_a_three_broker_zookeeper_cluster(cluster_factory: Callable
     for p, k, _v, _h in got:
         by_key.setdefault(k, set()).add(p)
     assert all(len(ps) == 1 for ps in by_key.values())
+
+
+def test_a_consumer_group_across_a_three_broker_cluster(cluster_factory: Callable[..., BrokerProcess]) -> None:
+    """One coordinator for the group whichever broker a member asks; every broker's partitions assigned and
+    committed."""
+    topics = "[topic=spread]\nnumPartitions=2\n"
+    brokers = [cluster_factory(i, topics=topics, kafkaPort=0) for i in (1, 2, 3)]
+    deadline = time.monotonic() + 30
+    while 'with 6 partitions' not in kcat("-b", bootstrap(brokers[2]), "-L", "-t", "spread"):
+        assert time.monotonic() < deadline, "the brokers never saw each other's partitions"
+        time.sleep(0.2)
+    members = [ck.Consumer({"bootstrap.servers": bootstrap(b), "group.id": "spread-readers",
+                            "auto.offset.reset": "earliest", "enable.auto.commit": False}) for b in brokers[1:]]
+    for c in members:
+        c.subscribe(["spread"])
+    deadline = time.monotonic() + 60
+    while not all(c.assignment() for c in members):  # both in one generation before anything is produced
+        assert time.monotonic() < deadline, "the group never formed with both members"
+        for c in members:
+            c.poll(0.1)
+    producer = ck.Producer({"bootstrap.servers": bootstrap(brokers[1])})
+    for i in range(300):
+        producer.produce("spread", value=b"%d" % i, partition=i % 6)
+    assert producer.flush(30) == 0
+    got: dict[int, list[int]] = {}
+    deadline = time.monotonic() + 90
+    while sum(len(v) for v in got.values()) < 300 and time.monotonic() < deadline:
+        for c in members:
+            msg = c.poll(0.2)
+            if msg is not None and msg.error() is None:
+                got.setdefault(msg.partition(), []).append(int(msg.value()))
+    for c in members:
+        c.commit(asynchronous=False)
+    assignments = [sorted(tp.partition for tp in c.assignment()) for c in members]
+    for c in members:
+        c.close()
+    assert sorted(p for a in assignments for p in a) == list(range(6))  # both members, every partition once
+    assert {p: sorted(v) for p, v in got.items()} == {p: list(range(p, 300, 6)) for p in range(6)}
+    check = ck.Consumer({"bootstrap.servers": bootstrap(brokers[0]), "group.id": "spread-readers"})
+    committed = check.committed([ck.TopicPartition("spread", p) for p in range(6)], timeout=30)
+    check.close()
+    assert [tp.offset for tp in committed] == [50] * 6
