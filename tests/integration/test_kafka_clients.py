@@ -74,6 +74,17 @@ def test_kcat_lists_produces_from_a_file_and_consumes_with_keys_and_headers(kafk
     assert got == [["1", str(i), f"key{i}", f"value {i}", "app=kcat,n=1"] for i in range(50)]
 
 
+def test_acks_zero_produces_get_no_reply_and_are_stored(kafka_broker: BrokerProcess) -> None:
+    """acks=0: the broker answers nothing (a reply would be read as the answer to a later request)."""
+    bs = bootstrap(kafka_broker)
+    topic = topic_name("acks0")
+    text = "".join(f"line {i}\n" for i in range(3000))
+    kcat("-b", bs, "-P", "-t", topic, "-p", "0", "-X", "acks=0", "-X", "linger.ms=1", input_text=text)
+    kcat("-b", bs, "-L", "-t", topic)  # the same connection kind goes on answering in order
+    out = kcat("-b", bs, "-C", "-t", topic, "-p", "0", "-o", "beginning", "-e", "-f", "%s\n")
+    assert out.splitlines() == [f"line {i}" for i in range(3000)]
+
+
 # -- confluent-kafka (librdkafka) ---------------------------------------------------------------------
 
 

@@ -118,9 +118,18 @@ class KafkaConnection(asyncio.Protocol):
                 continue
             assert isinstance(event, codec.KafkaRequest)
             self._handle(event)
-        if len(self.replies) > PIPELINED_REQUESTS_MAX and not self.paused and self.transport is not None:
+        if self._owed() > PIPELINED_REQUESTS_MAX and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
+
+    def _owed(self) -> int:
+        """Requests still running or replies not yet written (a produce with acks=0 has a task but no reply)."""
+        return max(len(self.replies), len(self.tasks))
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if self.paused and not self.replies:
+            self._pump()  # the last one-way produce done: reading resumes
 
     def _handle(self, request: codec.KafkaRequest) -> None:
         header = request.header
@@ -130,7 +139,7 @@ class KafkaConnection(asyncio.Protocol):
             self.replies.append(slot)
         task = asyncio.get_running_loop().create_task(self._serve(request, slot))
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._task_done)
 
     async def _serve(self, request: codec.KafkaRequest, slot: _Slot | None) -> None:
         header = request.header
@@ -169,7 +178,7 @@ class KafkaConnection(asyncio.Protocol):
         if self.closing and not replies:
             transport.close()
             return
-        if self.paused and len(replies) <= PIPELINED_REQUESTS_MAX // 2:
+        if self.paused and self._owed() <= PIPELINED_REQUESTS_MAX // 2:
             self.paused = False
             transport.resume_reading()
 
