@@ -258,7 +258,8 @@ class BrokerService:
         from metaq.kafka.listener import KafkaListener, bind_error  # kio is loaded only when the listener is on
 
         kafka = KafkaListener(self.broker, config.host_name, config.kafka_port, ssl_port=config.kafka_ssl_port,
-                              ssl_context=self.tls.context if self.tls is not None else None)
+                              ssl_context=self.tls.context if self.tls is not None else None,
+                              advertised_host=advertised_host(config.host_name))
         try:
             await kafka.bind()
         except OSError as exc:
