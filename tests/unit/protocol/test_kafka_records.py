@@ -110,8 +110,8 @@ def test_an_idempotent_producers_id_epoch_and_sequence_become_the_producer_block
 
 def test_whole_batches_are_served_and_a_cut_off_one_is_reported() -> None:
     parts = []
-    for base in (0, 3):
-        b = bytearray(mrec.encode_values([b"x" * 50] * 3, 1000))
+    for base, size in ((0, 50), (3, 80)):  # sizes differ: a cut-off batch's size names which one it is
+        b = bytearray(mrec.encode_values([b"x" * size] * 3, 1000))
         mrec.stamp(b, base, 1, 1)
         parts.append(bytes(b))
     whole = parts[0] + parts[1]
