@@ -126,6 +126,29 @@ def test_confluent_idempotent_compressed_producer_and_consumer(kafka_broker: Bro
     assert {p: sorted(v) for p, v in acked.items()} == got
 
 
+def test_a_batch_bigger_than_the_fetch_size_is_served_whole(kafka_broker: BrokerProcess) -> None:
+    """Kafka's rule: a fetch returns at least one whole batch, however small its size limit, or a consumer
+    would never get past it."""
+    bs = bootstrap(kafka_broker)
+    topic = topic_name("big")
+    producer = ck.Producer({"bootstrap.servers": bs, "linger.ms": 50})
+    values = [bytes([i]) * 60_000 for i in range(5)]  # one batch of 300 KB
+    for v in values:
+        producer.produce(topic, v, partition=0)
+    assert producer.flush(30) == 0
+    consumer = ck.Consumer({"bootstrap.servers": bs, "group.id": topic, "auto.offset.reset": "earliest",
+                            "max.partition.fetch.bytes": 10_000, "fetch.max.bytes": 20_000, "message.max.bytes": 20_000})
+    consumer.assign([ck.TopicPartition(topic, 0, 0)])
+    got: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(got) < len(values) and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and msg.error() is None:
+            got.append(msg.value())
+    consumer.close()
+    assert got == values
+
+
 def test_committed_offsets_are_the_metaq_groups_and_survive_a_restart(kafka_broker: BrokerProcess) -> None:
     bs = bootstrap(kafka_broker)
     topic = topic_name("offsets")
