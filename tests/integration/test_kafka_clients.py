@@ -128,7 +128,8 @@ def test_confluent_idempotent_compressed_producer_and_consumer(kafka_broker: Bro
 
 def test_a_batch_bigger_than_the_fetch_size_is_served_whole(kafka_broker: BrokerProcess) -> None:
     """Kafka's rule: a fetch returns at least one whole batch, however small its size limit, or a consumer
-    would never get past it."""
+    would never get past it. (The core's read already returns a first batch whole; the listener's second,
+    larger read is for a reply that would hold only a cut batch, which this test does not reach.)"""
     bs = bootstrap(kafka_broker)
     topic = topic_name("big")
     producer = ck.Producer({"bootstrap.servers": bs, "linger.ms": 50})
