@@ -74,6 +74,17 @@ def test_kcat_lists_produces_from_a_file_and_consumes_with_keys_and_headers(kafk
     assert got == [["1", str(i), f"key{i}", f"value {i}", "app=kcat,n=1"] for i in range(50)]
 
 
+def test_confluent_lists_every_topic(kafka_broker: BrokerProcess) -> None:
+    """An all-topics Metadata request as librdkafka sends it (it failed to decode in version 9)."""
+    from confluent_kafka.admin import AdminClient
+
+    topic = topic_name("listed")
+    kcat("-b", bootstrap(kafka_broker), "-P", "-t", topic, input_text="x\n")
+    listing = AdminClient({"bootstrap.servers": bootstrap(kafka_broker)}).list_topics(timeout=20)
+    assert topic in listing.topics and len(listing.topics[topic].partitions) == 3
+    assert [b.id for b in listing.brokers.values()] == [0]
+
+
 def test_acks_zero_produces_get_no_reply_and_are_stored(kafka_broker: BrokerProcess) -> None:
     """acks=0: the broker answers nothing (a reply would be read as the answer to a later request)."""
     bs = bootstrap(kafka_broker)
@@ -138,7 +149,8 @@ def test_a_batch_bigger_than_the_fetch_size_is_served_whole(kafka_broker: Broker
         producer.produce(topic, v, partition=0)
     assert producer.flush(30) == 0
     consumer = ck.Consumer({"bootstrap.servers": bs, "group.id": topic, "auto.offset.reset": "earliest",
-                            "max.partition.fetch.bytes": 10_000, "fetch.max.bytes": 20_000, "message.max.bytes": 20_000})
+                            "max.partition.fetch.bytes": 10_000, "fetch.max.bytes": 20_000,
+                            "message.max.bytes": 20_000})
     consumer.assign([ck.TopicPartition(topic, 0, 0)])
     got: list[bytes] = []
     deadline = time.monotonic() + 30

@@ -28,6 +28,11 @@ def test_an_idempotent_kafka_producer_through_a_master_kill_loses_nothing_acked(
     bootstrap = ",".join(f"127.0.0.1:{p.kafka_port}" for p in replicas.procs.values())
     producer = ck.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
                             "linger.ms": 2, "message.timeout.ms": 60_000, "topic.metadata.refresh.interval.ms": 1000})
+    # every replica is a node of the cluster (the slaves lead nothing): when the master dies the client still
+    # knows nodes to ask who leads now (librdkafka forgets its bootstrap servers once it has the node list)
+    nodes = producer.list_topics(timeout=20).brokers
+    assert sorted(f"127.0.0.1:{b.port}" for b in nodes.values()) == sorted(bootstrap.split(","))
+    assert 1 in nodes
     acked: dict[int, list[tuple[int, int]]] = {}
     failed: list[str] = []
 

@@ -27,7 +27,7 @@ from metaq.protocol import messages as m
 from metaq.protocol.kafka import consumer as kc
 from metaq.protocol.kafka import records as kr
 from metaq.protocol.kafka.codec import RequestHeader, api_versions_body, build, response_class
-from metaq.types import PartitionId
+from metaq.types import BROKER_ID_MAX, PartitionId
 
 if TYPE_CHECKING:
     from metaq.broker.core import Broker
@@ -172,8 +172,12 @@ async def metadata(ctx: Context, header: RequestHeader, req: Any) -> Any:
             phost, pport, ptls = peers[b.broker_id]
             brokers.append({"node_id": b.broker_id, "host": phost,
                             "port": ptls if ctx.session.tls and ptls is not None else pport, "rack": None})
-    listed: set[int] = {b["node_id"] for b in brokers}
-    if not listed:  # nothing registered to send clients to yet (a slave before its master's registration)
+    for node_id, (phost, pport, ptls) in sorted(peers.items()):  # slaves: nodes that lead nothing (HA)
+        if node_id > BROKER_ID_MAX:
+            brokers.append({"node_id": node_id, "host": phost,
+                            "port": ptls if ctx.session.tls and ptls is not None else pport, "rack": None})
+    listed: set[int] = {b["node_id"] for b in brokers if b["node_id"] <= BROKER_ID_MAX}
+    if not listed:  # no master registered to send clients to yet (a slave before its master's registration)
         brokers.append({"node_id": own_id, "host": host, "port": port, "rack": None})
         listed = {own_id}
     out = []
@@ -362,7 +366,7 @@ async def find_coordinator(ctx: Context, header: RequestHeader, req: Any) -> Any
     node_id = ctx.broker.config.broker_id
     host, port = ctx.own_address()
     peers = ctx.peers()
-    lowest = min(peers, default=node_id)
+    lowest = min((p for p in peers if p <= BROKER_ID_MAX), default=node_id)
     if lowest < node_id or (lowest == node_id and node_id in peers):
         phost, pport, ptls = peers[lowest]
         node_id, host, port = lowest, phost, ptls if ctx.session.tls and ptls is not None else pport

@@ -39,6 +39,17 @@ TLS_HANDSHAKE_TIMEOUT_S = 30.0
 UNKNOWN_SERVER_ERROR = -1
 
 
+REPLICA_NODE_BASE = 0x10000
+"""Kafka node ids from here up are a broker id's slaves (above every broker id, BROKER_ID_MAX)."""
+
+
+def replica_node_id(broker_id: int, slave_id: int) -> int:
+    """The Kafka node id of slave ``slave_id`` of ``broker_id``: a node that leads no partition but answers
+    Metadata, so that a client whose only leader died (one broker id, HA) still knows whom to ask who leads
+    now (Kafka clients forget their bootstrap servers once they have the cluster's list)."""
+    return REPLICA_NODE_BASE + broker_id * 1025 + slave_id
+
+
 class _Slot:
     __slots__ = ("data", "done")
 
@@ -203,8 +214,8 @@ class KafkaListener:
         self._tls: asyncio.Server | None = None
 
     def _cluster_peers(self) -> dict[int, tuple[str, int, int | None]]:
-        """The Kafka addresses of the masters of the cluster's broker ids but this process, as they registered
-        them."""
+        """The Kafka addresses of the masters of the cluster's broker ids but this process, and of every slave
+        (under :func:`replica_node_id`), as they registered them."""
         out: dict[int, tuple[str, int, int | None]] = {}
         own_id = self.broker.config.broker_id
         own = (self.broker.cluster_host, self.broker.port)
@@ -221,6 +232,13 @@ class KafkaListener:
             port = plain if plain is not None else tls
             if port is not None:
                 out[broker_id] = (entry.master.host, port, tls)
+        for broker_id, entry in self.broker.cluster.snapshot().brokers.items():
+            for slave_id, address in entry.slaves.items():
+                ports = entry.ports.get(slave_id, {})
+                plain, tls = ports.get("kafkaPort"), ports.get("kafkaSslPort")
+                port = plain if plain is not None else tls
+                if port is not None:
+                    out[replica_node_id(broker_id, slave_id)] = (address.host, port, tls)
         return out
 
     def _master_here(self) -> bool:

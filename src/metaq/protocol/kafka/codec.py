@@ -55,7 +55,7 @@ SERVED: Mapping[int, tuple[str, int, int]] = {
     0: ("Produce", 3, 9),
     1: ("Fetch", 4, 12),
     2: ("ListOffsets", 1, 6),
-    3: ("Metadata", 0, 9),
+    3: ("Metadata", 0, 8),
     8: ("OffsetCommit", 2, 8),
     9: ("OffsetFetch", 1, 7),
     10: ("FindCoordinator", 0, 3),
