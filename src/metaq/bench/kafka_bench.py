@@ -38,6 +38,8 @@ class KafkaBenchRound:
     kafka_produce: float = 0.0
     native_consume: float = 0.0
     kafka_consume: float = 0.0
+    messages: dict[str, int] = field(default_factory=dict)
+    """Messages each step sent or read (every one acknowledged, or read back)."""
     broker_cpu_us: dict[str, float] = field(default_factory=dict)
     """Broker CPU microseconds per message over each step (native-produce, kafka-produce, ...)."""
 
@@ -149,6 +151,7 @@ def _round(r: int, broker: BrokerLauncher, bootstrap: str, count: int, size: int
         before = process_cpu_s(pid)
         rate, messages = fn()
         after = process_cpu_s(pid)
+        rnd.messages[name] = messages
         if before is not None and after is not None and messages:
             rnd.broker_cpu_us[name] = round((after - before) / messages * 1e6, 3)
         if progress:
