@@ -1,4 +1,4 @@
-"""`metaq bench kafka`: confluent-kafka on the Kafka listener beside metaq's own clients, every message sent and read."""
+"""`metaq bench kafka`: confluent-kafka on the Kafka listener beside metaq's clients, every message sent and read."""
 
 from __future__ import annotations
 
