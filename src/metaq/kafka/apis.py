@@ -77,6 +77,8 @@ class Context:
         self.advertised = advertised
         self.peers = peers
         """broker id -> (host, Kafka port, Kafka TLS port) of the cluster's other brokers that have one."""
+        self.mute_ms = 0
+        """A throttle told in a reply and not yet applied by the connection (it reads nothing that long)."""
 
     async def core(self, request: Any) -> Any:
         """The core's response to ``request`` (errors are in it, never raised)."""
@@ -97,7 +99,10 @@ class Context:
         return result
 
     def throttle_ms(self) -> int:
+        """The throttle the core set for the request just answered (the principal went over a byte-rate quota),
+        for the reply's ``throttle_time_ms``; the connection is then muted as long (KIP-219: the reply first)."""
         ms, self.session.throttle_ms = self.session.throttle_ms, 0
+        self.mute_ms = max(self.mute_ms, ms)
         return ms
 
     def own_address(self) -> tuple[str, int]:

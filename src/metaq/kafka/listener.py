@@ -71,6 +71,10 @@ class KafkaConnection(asyncio.Protocol):
         self.tasks: set[asyncio.Task[Any]] = set()
         self.connections = connections
         self.paused = False
+        """Reading paused for backpressure (too many replies owed)."""
+        self.muted = False
+        """Reading paused for a quota's throttle, until ``_unmute``."""
+        self._mute_timer: asyncio.TimerHandle | None = None
         self.closing = False
         self.admitted = False
 
@@ -102,6 +106,8 @@ class KafkaConnection(asyncio.Protocol):
             self.broker.quotas.release(self.session)
         for task in self.tasks:
             task.cancel()
+        if self._mute_timer is not None:
+            self._mute_timer.cancel()
         self.replies.clear()
         self.transport = None
 
@@ -109,7 +115,11 @@ class KafkaConnection(asyncio.Protocol):
         if self.closing:
             return
         self.codec.receive_data(data)
-        while True:
+        self._process()
+
+    def _process(self) -> None:
+        """Handle the whole requests buffered, unless (or until) the connection is muted by a throttle."""
+        while not self.muted and not self.closing:
             try:
                 event = self.codec.next_event()
             except ProtocolError as exc:
@@ -131,7 +141,8 @@ class KafkaConnection(asyncio.Protocol):
             self._handle(event)
         if self._owed() > PIPELINED_REQUESTS_MAX and not self.paused and self.transport is not None:
             self.paused = True
-            self.transport.pause_reading()
+            if not self.muted:
+                self.transport.pause_reading()
 
     def _owed(self) -> int:
         """Requests still running or replies not yet written (a produce with acks=0 has a task but no reply)."""
@@ -165,11 +176,37 @@ class KafkaConnection(asyncio.Protocol):
             data = codec.encode_unsupported(header, codec.error_body(header, UNKNOWN_SERVER_ERROR))
         if slot is not None:
             self._complete(slot, data)
+        if self.ctx.mute_ms:
+            self._mute(self.ctx.mute_ms)
+            self.ctx.mute_ms = 0
         if self.session.close_after_reply and not self.closing:
             self.closing = True  # the core refused authentication: nothing more is read
             if self.transport is not None:
                 self.transport.pause_reading()
             self._pump()
+
+    def _mute(self, ms: int) -> None:
+        """Read nothing for ``ms`` (over a byte-rate quota; the reply said so in throttle_time_ms)."""
+        if self.transport is None or self.closing:
+            return
+        loop = asyncio.get_running_loop()
+        until = loop.time() + ms / 1000
+        if self._mute_timer is not None:
+            if self._mute_timer.when() >= until:
+                return
+            self._mute_timer.cancel()
+        if not self.muted and not self.paused:
+            self.transport.pause_reading()
+        self.muted = True
+        self._mute_timer = loop.call_at(until, self._unmute)
+
+    def _unmute(self) -> None:
+        self._mute_timer = None
+        self.muted = False
+        if self.transport is not None and not self.closing:
+            self._process()  # the requests that arrived before the mute, then the socket again
+            if not self.paused and not self.muted:
+                self.transport.resume_reading()
 
     def _complete(self, slot: _Slot, data: bytes) -> None:
         slot.data = data
@@ -191,7 +228,8 @@ class KafkaConnection(asyncio.Protocol):
             return
         if self.paused and self._owed() <= PIPELINED_REQUESTS_MAX // 2:
             self.paused = False
-            transport.resume_reading()
+            if not self.muted:
+                transport.resume_reading()
 
 
 class KafkaListener:
