@@ -87,6 +87,28 @@ class PartitionReport:
                 "index_problems": self.index_problems}
 
 
+@dataclass(slots=True)
+class StoreReport:
+    """What a check of one store beside the segments found (the offsets log, the transaction log, ...).
+
+    ``damaged``: one line per damaged record, naming what it held as far as its key tells; nothing
+    is modified by the check."""
+
+    store: str
+    path: str
+    records: int = 0
+    damaged: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.damaged
+
+    def to_json(self) -> dict[str, Any]:
+        return {"store": self.store, "path": self.path, "records": self.records, "ok": self.ok,
+                "damaged": list(self.damaged), "notes": list(self.notes)}
+
+
 def verify_segment(fd: int, base_offset: int, size_bytes: int, next_offset: int, tag: int,
                    index_path: str | None, timeindex_path: str | None) -> SegmentCheck:
     """Check ``size_bytes`` of a segment file holding offsets ``[base_offset, next_offset)``.
