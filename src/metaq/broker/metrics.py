@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from metaq import __version__
+from metaq import __version__, framing
 
 if TYPE_CHECKING:
     from metaq.broker.core import Broker
@@ -96,6 +96,8 @@ class Snapshot:
     filesystem_syncs: tuple[int, int, int] = (0, 0, 0)
     """Flush rounds made durable by one syncfs, syncfs calls that failed, and rounds of syncfsQuietMinPartitions
     that fdatasynced each partition because the machine had dirty pages to write back."""
+    store_damage: dict[str, Any] | None = None
+    """Per store beside the segments: damaged records skipped and torn tails cut (metaq.framing.DAMAGE)."""
 
 
 COUNTER_FIELDS = ("put_messages", "put_bytes", "put_requests", "put_failures", "get_messages", "get_bytes",
@@ -162,7 +164,8 @@ def take_snapshot(broker: Broker) -> Snapshot:
         delayed=(broker.delay.pending, broker.delay.lateness.cumulative()), quotas=broker.quotas.describe(),
         open_files=(files.open_count, files.max_open_files, files.shortages),
         filesystem_syncs=((whole.syncs, whole.failures, whole.busy_skips)
-                          if (whole := broker.logs.flusher.filesystem_sync) else (0, 0, 0)))
+                          if (whole := broker.logs.flusher.filesystem_sync) else (0, 0, 0)),
+        store_damage=framing.DAMAGE.snapshot())
 
 
 class SnapshotCollector(Collector):
@@ -243,6 +246,16 @@ class SnapshotCollector(Collector):
             counter = _counter(name, doc)
             counter.add_metric([], value)
             yield counter
+        damage = snap.store_damage or {}
+        skipped = _counter("metaq_store_damaged_records_total", "Records of a store beside the segments (offsets, "
+                           "txlog, delay, producers, epochs, clean-shutdown, users, acls) found damaged and skipped "
+                           "since the broker started (each an ERROR naming what was lost).", ["store"])
+        tails = _counter("metaq_store_torn_tails_total", "Torn tails (a record cut short by a crash while it was "
+                         "written) cut from a store's log since the broker started.", ["store"])
+        for store in framing.STORES:
+            skipped.add_metric([store], damage.get("damaged_records", {}).get(store, 0))
+            tails.add_metric([store], damage.get("torn_tails", {}).get(store, 0))
+        yield from (skipped, tails)
         try:
             st = os.statvfs(snap.data_path)
         except OSError:

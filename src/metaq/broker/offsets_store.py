@@ -262,6 +262,8 @@ class OffsetsStore:
     def verify(self) -> StoreReport:
         """Check every record of the log as it is on disk (blocking); modifies nothing."""
         report = StoreReport(STORE, str(self.path))
+        report.notes.extend(f"a damaged log was kept as {p} when the records it could not read were skipped"
+                            for p in sorted(self.directory.glob(f"{self.path.name}.damaged-*")))
         with self._lock:
             size = self._size if self._file is not None else None
         try:

@@ -211,8 +211,8 @@ class TransactionCoordinator:
     def start_commit(self, txid: str) -> Transaction:
         """Log COMMIT (the caller then syncs per flushTxLogAtCommit and applies the batches)."""
         tx = self.get(txid)
+        self.txlog.commit(tx.state)  # a failure (a full disk) leaves it as it was: the commit can be retried
         tx.committing = True
-        self.txlog.commit(tx.state)
         return tx
 
     def finish_commit(self, tx: Transaction) -> None:
