@@ -349,5 +349,5 @@ class DamageCounts:
 DAMAGE = DamageCounts()
 """The process's counts (one broker per process)."""
 
-STORES = ("offsets", "txlog", "delay", "producers", "epochs", "clean-shutdown", "users", "acls", "keyindex")
+STORES = ("offsets", "txlog", "delay", "producers", "epochs", "clean-shutdown", "users", "acls")
 """The store names the counts use."""
