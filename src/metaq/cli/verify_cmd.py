@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
-from metaq.cli.client_cmds import PARTITION, _holders, _session, run_async
-from metaq.cli.options import target_options
+from metaq.cli.options import PARTITION, target_options
+from metaq.cli.session import holders, open_session, run_async
 from metaq.types import PartitionId
 
 
@@ -68,13 +68,13 @@ async def admin_verify(servers: str, topic: str | None, partition: PartitionId |
     """
     if partition is not None and topic is None:
         raise click.UsageError("--partition needs --topic")
-    async with await _session(servers) as session:
+    async with await open_session(servers) as session:
         admin = session.admin()
         if partition is not None:
             reports = await admin.verify(topic, partition, timeout_s=timeout_s)
         else:
             reports = []
-            brokers = await _holders(session, topic) if topic is not None else [*await admin.broker_ids()]
+            brokers = await holders(session, topic) if topic is not None else [*await admin.broker_ids()]
             for broker_id in brokers:
                 reports += await admin.verify(topic, broker_id=broker_id, timeout_s=timeout_s)
     if as_json:
