@@ -48,7 +48,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import crc32c as _crc32c
 
@@ -83,18 +83,18 @@ def encode_bytes(key: bytes, body: bytes | bytearray | memoryview = b"") -> byte
     return b"".join(bytes(p) for p in encode(key, body))
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """An intact record: its key, and where its body is (``data[body_at:body_at + body_len]``)."""
+class Record(NamedTuple):
+    """An intact record: its key, and where its body is (``data[body_at:end]``). A tuple: a replay makes one
+    per record."""
 
     position: int
     key: bytes
     body_at: int
-    body_len: int
+    end: int
 
     @property
-    def end(self) -> int:
-        return self.body_at + self.body_len
+    def body_len(self) -> int:
+        return self.end - self.body_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,26 +189,27 @@ def scan(buf: Any, start: int = 0, end: int | None = None) -> list[Record | Dama
 
 
 def _scan(s: _Scanner, p: int, stop: int, out: list[Record | Damage]) -> None:
-    view = s.view
+    view, unpack, crc, append = s.view, HEAD.unpack_from, _crc, out.append
     while p < stop:
-        head = s.head(p)
-        if head is not None:
-            body_len, _key_len, body_crc, key_end = head
-            key = bytes(view[p + HEAD_BYTES:key_end])
-            record_end = key_end + body_len
-            if record_end > stop:
-                out.append(Damage(p, stop - p, key, None, True, "cut off"))
-                return
-            if _crc(view[key_end:record_end]) == body_crc:
-                out.append(Record(p, key, key_end, body_len))
-            else:
-                out.append(Damage(p, record_end - p, key, None, False, "the body fails its checksum"))
-            p = record_end
-            continue
+        if stop - p >= HEAD_BYTES:  # the common case inline: an intact head (its magic not needed)
+            _magic, body_len, key_len, head_crc, body_crc = unpack(view, p)
+            key_end = p + HEAD_BYTES + key_len
+            if key_end <= stop and crc(view[p + HEAD_BYTES:key_end], crc(view[p + 4:p + 10])) == head_crc:
+                key = bytes(view[p + HEAD_BYTES:key_end])
+                record_end = key_end + body_len
+                if record_end > stop:
+                    append(Damage(p, stop - p, key, None, True, "cut off"))
+                    return
+                if crc(view[key_end:record_end]) == body_crc:
+                    append(Record(p, key, key_end, record_end))
+                else:
+                    append(Damage(p, record_end - p, key, None, False, "the body fails its checksum"))
+                p = record_end
+                continue
         q = s.next_head(p)
         named, guess = s.named(p, q)
         problem = "cut off" if q == stop and stop - p < HEAD_BYTES else "the head fails its checksum"
-        out.append(Damage(p, q - p, named, guess, False, problem))
+        append(Damage(p, q - p, named, guess, False, problem))
         p = q
 
 

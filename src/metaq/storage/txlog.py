@@ -342,20 +342,25 @@ class TransactionLog:
         if size == 0:
             return out
         with mmap.mmap(fd, size, prot=mmap.PROT_READ) as data:
+            apply, record_type = self._apply, framing.Record
             for item in framing.scan(data, 0, size):
-                if isinstance(item, framing.Record):
-                    parsed = _parse_key(item.key)
-                    body = data[item.body_at:item.end] if parsed is None or parsed[0] != PUT else \
-                        data[item.body_at:item.body_at + min(item.body_len, 2 + 0xFFFF + 4)]
+                if type(item) is record_type:
+                    position, key, body_at, end = item
+                    parsed = _parse_key(key)
+                    # a PUT's batch stays in the file: only its topic and partition are read
+                    body = data[body_at:end] if parsed is None or parsed[0] != PUT else \
+                        data[body_at:min(end, body_at + 2 + 0xFFFF + 4)]
                     try:
                         if parsed is None:
-                            raise ValueError(f"key {item.key!r} is not a record type, number and txid")
-                        self._apply(out, *parsed, body, item.body_at, item.body_len, item.position)
+                            raise ValueError(f"key {key!r} is not a record type, number and txid")
+                        apply(out, *parsed, body, body_at, end - body_at, position)
                     except (ValueError, struct.error, UnicodeDecodeError) as exc:
-                        self._lost(out, parsed, item.position, item.end, f"it does not parse ({exc})")
+                        self._lost(out, parsed, position, end, f"it does not parse ({exc})")
                     out.records += 1
-                    out.end = item.end
-                elif item.tail:
+                    out.end = end
+                    continue
+                assert isinstance(item, framing.Damage)
+                if item.tail:
                     out.tail = f"the last record, {item.describe_key(_describe_key)}, {item.problem}"
                     break
                 else:
