@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from metaq.errors import CorruptRecordError, InvalidArgument, StorageError
+from metaq.fsutil import datasync
 from metaq.protocol.records import (
     HEADER_BYTES,
     PRODUCER_BLOCK_BYTES,
@@ -231,14 +232,14 @@ class PartitionLog:
     @classmethod
     def open(cls, directory: Path, topic: str, partition: int, config: LogConfig, broker_id: int, *,
              clock: Callable[[], float] = time.time, flusher: Flusher | None = None,
-             files: FileCache | None = None, sync: Callable[[int], None] = os.fdatasync,
+             files: FileCache | None = None, sync: Callable[[int], None] = datasync,
              clean_state: CleanState | None = None) -> PartitionLog:
         """Open (creating if needed) the partition whose own directory is ``directory``, recovering it.
 
         ``directory`` is the partition's directory (``<data_dir>/<topic>-<partition>``), not the data
         dir. Without a ``flusher``, appends that must be durable are fsynced inline. ``files`` shares a
-        descriptor budget between logs (a private pool of 64 otherwise). ``sync`` is the fdatasync to
-        use (inject to count or fail). ``clean_state`` comes from the LogManager's checkpoint; without
+        descriptor budget between logs (a private pool of 64 otherwise). ``sync`` syncs a file's data or
+        a directory's entries (inject to count or fail). ``clean_state`` comes from the LogManager's checkpoint; without
         it the partition's own clean-shutdown file, if any, is used.
         """
         validate_topic(topic)
