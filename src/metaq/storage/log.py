@@ -2,8 +2,9 @@
 
 Threads: one writer appends (the caller guarantees it); any thread may read, flush, run retention
 or close. ``_lock`` guards the segment list and the writer's state and is held only for short,
-non-blocking work (the append's single ``pwritev`` to the page cache included). ``_sync_lock``
-serialises the blocking syncs, which run without ``_lock`` so appends go on during an fdatasync.
+non-blocking work (the append's single ``pwritev`` to the page cache included). The durability
+bookkeeping lives in the partition's flush state (storage/partition_flush.py), whose sync lock serialises
+the blocking syncs, which run without ``_lock`` so appends go on during an fdatasync.
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ from metaq.storage.checkpoint import (
 )
 from metaq.storage.config import LogConfig
 from metaq.storage.errors import DamagedData, DiskFull, LogClosedError, OffsetOutOfRange, is_disk_full
-from metaq.storage.files import SHORTAGE_ERRNOS, FileCache, FileHandle
+from metaq.storage.files import FileCache, FileHandle
 from metaq.storage.fileslice import FileSlice, hint_readahead
-from metaq.storage.flush import Flusher, new_durable_future, resolve
+from metaq.storage.flush import Flusher, resolve
 from metaq.storage.keyindex import (
     DEFAULT_MAX_ENTRIES,
     FindResult,
@@ -51,6 +52,7 @@ from metaq.storage.keyindex import (
     key_index_path,
     remove_key_index,
 )
+from metaq.storage.partition_flush import PartitionFlush, Unsynced
 from metaq.storage.producers import (
     ProducerStateTable,
     list_snapshots,
@@ -70,22 +72,9 @@ log = logging.getLogger(__name__)
 
 _OFFSET_MAX = (1 << 63) - 1
 _STANDALONE_MAX_OPEN_FILES = 64
-FLUSH_RETRY_MS = 100
-"""How soon a flush that could not open a file for want of descriptors is tried again."""
-_FAST_APPEND = True
-"""Whether ``append`` takes its flush-policy fast path (a test turns it off to compare with the general path)."""
 CLEAN_OPEN_WALK_BYTES = 1 << 20
 """A clean close writes the active segment's pending index entries when the log after the last entry on
 disk holds this much or more; otherwise the next clean open reads that stretch's batch headers instead."""
-ACTIVE_INDEX_WRITE_BYTES = 4096
-"""A sync writes the active segment's new index entries once they hold this much (about 200 entries, some
-800 KiB of log at the default index interval), at a seal, and at a clean close only past
-``CLEAN_OPEN_WALK_BYTES``. Only a clean open reads the active segment's index files (after a crash the
-newest segment is checked whole and its indexes rebuilt), and it indexes the batches after their last
-entry again from their headers, so an entry not written costs that walk at the next open, never an
-answer; a sync of a quiet partition among 10,000 then opens and writes no index file (two opens, two
-writes and usually two evictions a partition a round), and neither does its clean close (two creates and
-two fsyncs a partition)."""
 
 
 def _storage_error(what: str, exc: OSError) -> StorageError:
@@ -94,17 +83,6 @@ def _storage_error(what: str, exc: OSError) -> StorageError:
         return DiskFull(f"{what}: the disk is full ({exc.strerror}); nothing was written, reads go on, and "
                         "writes succeed again once space is freed")
     return StorageError(f"{what}: {exc}")
-
-
-class _FlushPolicy(NamedTuple):
-    """What the flush policy decided for one append (computed under the lock, applied after it)."""
-
-    future: Future[None]
-    wait: bool
-    forced: Segment | None
-    request: bool
-    first_unflushed_ms: int
-    flusher: Flusher | None
 
 
 class _Run(NamedTuple):
@@ -152,34 +130,15 @@ class AppendResult(NamedTuple):
     wait_for_durable: bool
 
 
-class _Unsynced(NamedTuple):
-    """What one flush took under the log's lock (:meth:`PartitionLog._take_unsynced_locked`)."""
-
-    sealed: list[tuple[Segment, bytes, bytes]]
-    """Sealed segments not yet synced, each with its index entries not yet written."""
-    active: Segment
-    target_bytes: int
-    """The active segment's size when taken: what the flush makes durable."""
-    active_index: tuple[bytes, bytes]
-    forced: Segment | None
-    pending: Future[None] | None
-    """The acks waiting for this flush."""
-    first_unflushed_ms: int
-    pinned: list[Segment]
-    failure: StorageError | None
-    """The log's failure when taken: nothing is synced, the acks fail with it."""
-
-
 class PartitionLog:
     """The log of one partition. Create with :meth:`open`."""
 
     # A broker holds thousands of these: slots save about 1.2 KiB each (of ~4.4 KiB, tracemalloc).
     __slots__ = (
         "_abandoned", "_active", "_appending", "_bases", "_clock", "_closed", "_config", "_damaged",
-        "_end_offset", "_failure", "_files", "_find_lock", "_first_unflushed_ms", "_flush_requested",
-        "_flusher", "_id_base", "_lock", "_marker_present", "_own_files", "_parent_unsynced", "_partition",
-        "_pending_future", "_segments", "_size_bytes", "_sync", "_sync_lock", "_tag", "_tail", "_topic", "_truncations",
-        "_unflushed_messages", "_unsynced_sealed", "device", "directory", "producers", "recovery",
+        "_end_offset", "_failure", "_files", "_find_lock", "_flush", "_flusher", "_id_base", "_lock",
+        "_marker_present", "_own_files", "_partition", "_segments", "_size_bytes", "_sync", "_tag", "_tail",
+        "_topic", "_truncations", "device", "directory", "producers", "recovery",
     )
 
     def __init__(self, directory: Path, topic: str, partition: int, config: LogConfig, broker_id: int, *,
@@ -200,7 +159,6 @@ class PartitionLog:
         self._own_files = own_files
         self._sync = sync
         self._lock = threading.Lock()
-        self._sync_lock = threading.Lock()
         self._find_lock = threading.Lock()
         """One search at a time per partition (searches extend the key index files)."""
         self._segments = segments
@@ -208,17 +166,13 @@ class PartitionLog:
         self._active = segments[-1]
         self._end_offset = self._active.next_offset
         self._size_bytes = sum(s.size_bytes for s in segments)
-        self._unsynced_sealed: list[Segment] = []
-        self._pending_future: Future[None] | None = None
-        self._unflushed_messages = 0
-        self._first_unflushed_ms = -1
-        self._flush_requested = False
+        self._flush = PartitionFlush(self, parent_unsynced=parent_unsynced)
+        """The partition's durability bookkeeping (storage/partition_flush.py)."""
         self._closed = False
         self._abandoned = False
         self._failure: StorageError | None = None
         self._appending = False
         self._marker_present = marker_present
-        self._parent_unsynced = parent_unsynced
         self._damaged: dict[int, DamagedRange] = {}
         self._truncations = 0
         """How many times truncate_to cut this log (a read pinned across a cut is not damage)."""
@@ -414,30 +368,9 @@ class PartitionLog:
                     assert stamp is not None
                     self.producers.record(stamp, header.record_count, base_offset, now_ms)
                 record_count = header.record_count
-                flusher = self._flusher
-                pending = self._pending_future
-                threshold = config.unflush_threshold
-                policy: _FlushPolicy | None = None
-                soon: Flusher | None = None
-                if (_FAST_APPEND and not rolled and threshold > 1 and self._first_unflushed_ms >= 0
-                        and pending is not None and flusher is not None and flusher.accepting):
-                    # The common case, an append into a flush interval already under way with a flusher:
-                    # what _account_locked and _apply_flush_policy do then, without building a policy (the
-                    # interval's future, the count, a flush at the threshold). Checked against the general
-                    # path by test_append_fast_path_matches_general_path.
-                    self._unflushed_messages += record_count
-                    if self._unflushed_messages >= threshold and not self._flush_requested:
-                        self._flush_requested = True
-                        soon = flusher
-                else:
-                    policy = self._account_locked(segment, record_count, rolled)
-            if policy is None:
-                assert pending is not None
-                if soon is not None:
-                    soon.flush_soon(self)
-                future, wait = pending, False
-            else:
-                future, wait = self._apply_flush_policy(policy)
+                future, wait, handover = self._flush.account_locked(segment, record_count, rolled)
+            if handover is not None:
+                self._flush.hand_over(handover, future, wait)
             return AppendResult(base_offset, next_offset - 1, message_id, now_ms, record_count, future, wait)
         finally:
             self._appending = False
@@ -462,8 +395,10 @@ class PartitionLog:
         would have been."""
         with self._lock:
             self._check_writable()
-            policy = self._account_locked(self._active, 0, False)
-        return self._apply_flush_policy(policy)
+            future, wait, handover = self._flush.account_locked(self._active, 0, False)
+        if handover is not None:
+            self._flush.hand_over(handover, future, wait)
+        return future, wait
 
     def message_id(self, offset: int) -> int:
         """The message id of ``offset`` in this partition (what an append stamps)."""
@@ -522,12 +457,14 @@ class PartitionLog:
                             self.producers.record(stamp, header.record_count, header.base_offset,
                                                   header.append_time_ms)
                     self._size_bytes += run.end - run.start
-                policy = self._account_locked(self._active, written, rolled) if written else None
-            if policy is not None:
-                future, wait = self._apply_flush_policy(policy)
+                accounted = self._flush.account_locked(self._active, written, rolled) if written else None
+            if accounted is not None:
+                future, wait, handover = accounted
+                if handover is not None:
+                    self._flush.hand_over(handover, future, wait)
             if failure is not None:
                 raise failure
-            assert policy is not None
+            assert accounted is not None
             first, last = checked.batches[0][1], checked.batches[-1][1]
             return AppendResult(first.base_offset, last.last_offset, first.base_message_id, last.append_time_ms,
                                 checked.record_count, future, wait)
@@ -546,7 +483,7 @@ class PartitionLog:
         assert not self._appending, "start_empty_at while an append runs"
         if not 0 <= offset <= _OFFSET_MAX:
             raise InvalidArgument(f"offset {offset} is outside 0..{_OFFSET_MAX}")
-        with self._sync_lock, self._lock:
+        with self._flush.sync_lock, self._lock:
             self._check_writable()
             if self._size_bytes or len(self._segments) != 1:
                 raise InvalidArgument(f"{self} holds offsets {self.log_start_offset}..{self._end_offset - 1}: only "
@@ -574,7 +511,7 @@ class PartitionLog:
             self._active = fresh
             self._end_offset = offset
             self._tail = None
-            self._unsynced_sealed = []
+            self._flush.unsynced_sealed = []
             self._damaged = {}
         if self._marker_present:
             self._invalidate_marker()
@@ -605,10 +542,10 @@ class PartitionLog:
                 raise OffsetOutOfRange(offset, start, end, f"{self._topic}-{self._partition}")
             if offset == end:
                 return 0
-            self.flush_pending()
+            self._flush.flush_pending()
             if self._marker_present:
                 self._invalidate_marker()
-            with self._sync_lock, self._lock:
+            with self._flush.sync_lock, self._lock:
                 self._check_writable()
                 try:
                     self._truncate_locked(offset)
@@ -674,56 +611,12 @@ class PartitionLog:
         self._end_offset = offset
         self._tail = None
         self._size_bytes = sum(s.size_bytes for s in self._segments)
-        self._unsynced_sealed = [s for s in self._unsynced_sealed if s in self._segments and s is not keep]
+        self._flush.unsynced_sealed = [s for s in self._flush.unsynced_sealed if s in self._segments and s is not keep]
         self._damaged = {k: r for k, r in self._damaged.items() if r.first_offset < offset}
         self.producers.forget_from(offset)
         for snap in list_snapshots(self.directory):
             if snap > offset:
                 remove_snapshot(self.directory, snap)
-
-    def _account_locked(self, segment: Segment, record_count: int, rolled: bool) -> _FlushPolicy:
-        """Apply the flush policy's bookkeeping to an append just written (under ``_lock``)."""
-        config = self._config
-        flusher = self._flusher if self._flusher is not None and self._flusher.accepting else None
-        forced: Segment | None = None
-        request = rolled and not self._flush_requested
-        threshold = config.unflush_threshold
-        if threshold == 1:
-            future = new_durable_future()
-            forced = segment
-            wait = True
-        else:
-            if self._pending_future is None:
-                self._pending_future = new_durable_future()
-            future = self._pending_future
-            wait = threshold <= 0
-            if wait:
-                request = request or not self._flush_requested
-            else:
-                self._unflushed_messages += record_count
-                if self._unflushed_messages >= threshold and not self._flush_requested:
-                    request = True
-                if self._first_unflushed_ms < 0:
-                    self._first_unflushed_ms = int(self._clock() * 1000)
-                    if flusher is not None:
-                        flusher.flush_at(self, self._first_unflushed_ms + config.unflush_interval_ms)
-        if request:
-            self._flush_requested = True
-        return _FlushPolicy(future, wait, forced, request, self._first_unflushed_ms, flusher)
-
-    def _apply_flush_policy(self, policy: _FlushPolicy) -> tuple[Future[None], bool]:
-        """Outside ``_lock``: hand the append to the flusher, or sync inline when there is none."""
-        future, wait, forced, request, first_unflushed_ms, flusher = policy
-        if flusher is not None:
-            if forced is not None:
-                flusher.sync_append(self, forced, future)
-            elif request:
-                flusher.flush_soon(self)
-        elif forced is not None or wait or request or (
-                first_unflushed_ms >= 0
-                and int(self._clock() * 1000) - first_unflushed_ms >= self._config.unflush_interval_ms):
-            self.flush_pending(forced, future if forced is not None else None)
-        return future, wait
 
     def _check_writable(self) -> None:
         if self._closed:
@@ -789,7 +682,7 @@ class PartitionLog:
         self._files.release(handle)
         old = self._active
         old.seal()
-        self._unsynced_sealed.append(old)
+        self._flush.unsynced_sealed.append(old)
         segment.start_empty_indexes()
         segment.dir_synced = False
         self._segments.append(segment)
@@ -801,174 +694,19 @@ class PartitionLog:
 
     def flush(self) -> None:
         """fdatasync everything appended so far (blocking; never call it on an event loop)."""
-        self.flush_pending()
+        self._flush.flush_pending()
+
+    # The flusher's side (storage/flush.py: SyncTarget, CoveredTarget): the partition's flush state does it.
 
     def flush_pending(self, forced_segment: Segment | None = None, future: Future[None] | None = None) -> None:
-        """Sync whatever is unsynced, then resolve the durable futures it covers.
+        """Sync whatever is unsynced, then resolve the durable futures it covers (PartitionFlush.flush_pending)."""
+        self._flush.flush_pending(forced_segment, future)
 
-        ``forced_segment`` gets an fdatasync even when another sync already covered it (the
-        one-sync-per-append rule of unflush_threshold=1); ``future`` is resolved with the rest.
-        Raises StorageError (after failing the futures) when a sync fails; the log goes offline. When a
-        file to sync cannot even be opened for want of descriptors (EMFILE/ENFILE with none idle in the
-        pool) nothing failed to sync: the futures fail, the log stays online, and the flush is tried again
-        in FLUSH_RETRY_MS.
-        """
-        with self._sync_lock:
-            with self._lock:
-                if self._closed:
-                    resolve(future, LogClosedError(f"{self} was abandoned before the flush")
-                            if self._abandoned else None)
-                    return
-                taken = self._take_unsynced_locked(forced_segment)
-            self._complete_flush(taken, future, covered=False)
+    def begin_covered_flush(self, device: int) -> Unsynced | None:
+        return self._flush.begin_covered_flush(device)
 
-    def begin_covered_flush(self, device: int) -> _Unsynced | None:
-        """The first half of a flush whose sync is one sync of the whole filesystem (the flusher's syncfs
-        round, :class:`~metaq.storage.flush.FilesystemSync`): takes the sync lock and what is unsynced now,
-        which a filesystem sync started after this call covers: the active segment's bytes, and the
-        directory entries of a new partition or segment (syncfs writes the filesystem's metadata too, so
-        the first flush of 10,000 new partitions needs no directory fsync). None (nothing taken, nothing
-        held) when the log is not on filesystem ``device``, another flush holds it, or this flush needs
-        more than that (a sealed segment and its index files, a failed or closed log): :meth:`flush_pending`
-        does those. Always follow with :meth:`end_covered_flush`."""
-        if self.device != device or not self._sync_lock.acquire(blocking=False):
-            return None
-        with self._lock:
-            plain = not (self._closed or self._failure is not None or self._unsynced_sealed)
-            taken = self._take_unsynced_locked(None) if plain else None
-        if taken is None:
-            self._sync_lock.release()
-        return taken
-
-    def end_covered_flush(self, taken: _Unsynced, synced: bool) -> None:
-        """The second half: ``synced`` when the filesystem sync succeeded (the bytes taken are durable);
-        else this log fdatasyncs them itself, so that a write-back error is reported for the file it hit.
-        Resolves the acks taken; raises StorageError as :meth:`flush_pending` does."""
-        try:
-            self._complete_flush(taken, None, covered=synced)
-        finally:
-            self._sync_lock.release()
-
-    def _take_unsynced_locked(self, forced_segment: Segment | None) -> _Unsynced:
-        """What a flush syncs: the unsynced bytes as of now and the acks waiting for them (segments pinned)."""
-        active = self._active
-        pending = self._pending_future
-        self._pending_future = None
-        first_unflushed_ms = self._first_unflushed_ms
-        self._unflushed_messages = 0
-        self._first_unflushed_ms = -1
-        self._flush_requested = False
-        sealed = [(s, *s.take_pending_index_bytes()) for s in self._unsynced_sealed]
-        active_index = active.take_pending_index_bytes(ACTIVE_INDEX_WRITE_BYTES)
-        pinned = [s for s, _, _ in sealed] + [active]
-        if forced_segment is not None and forced_segment not in pinned:
-            pinned.append(forced_segment)
-        for segment in pinned:
-            segment.pins += 1
-        return _Unsynced(sealed, active, active.size_bytes, active_index, forced_segment, pending,
-                         first_unflushed_ms, pinned, self._failure)
-
-    def _complete_flush(self, taken: _Unsynced, future: Future[None] | None, *, covered: bool) -> None:
-        """Sync what was taken (nothing to sync but the bookkeeping when ``covered``: a filesystem sync did
-        it), then resolve its acks and ``future``. Under the sync lock."""
-        sealed, active, active_index = taken.sealed, taken.active, taken.active_index
-        error: StorageError | None = taken.failure
-        deferred = False
-        try:
-            if error is None:
-                self._sync_segments(sealed, active, taken.target_bytes, active_index, taken.forced, covered=covered)
-        except OSError as exc:
-            deferred = exc.errno in SHORTAGE_ERRNOS  # from an open: no sync failed
-            error = StorageError(f"cannot flush {self} now: {exc}; tried again in {FLUSH_RETRY_MS} ms"
-                                 if deferred else f"cannot flush {self}: {exc}; the log is offline until restart")
-        finally:
-            with self._lock:
-                for segment in taken.pinned:
-                    segment.pins -= 1
-                if error is None:
-                    done = {id(s) for s, _, _ in sealed}
-                    self._unsynced_sealed = [s for s in self._unsynced_sealed if id(s) not in done]
-                elif deferred:
-                    self._defer_flush_locked(sealed, active, active_index, taken.first_unflushed_ms)
-                elif self._failure is None:
-                    self._failure = error
-        resolve(taken.pending, error)
-        resolve(future, error)
-        if deferred and self._flusher is not None:
-            try:
-                self._flusher.flush_at(self, int(self._clock() * 1000) + FLUSH_RETRY_MS)
-            except StorageError:  # the flusher is stopping: the close's own flush takes it
-                pass
-        if error is not None:
-            raise error
-
-    def _defer_flush_locked(self, sealed: list[tuple[Segment, bytes, bytes]], active: Segment,
-                            active_index: tuple[bytes, bytes], first_unflushed_ms: int) -> None:
-        """A flush that could not open a file: what it took must be synced by the next one. Its bytes
-        stay unsynced (``synced_bytes`` only moves after a sync) and its sealed segments listed; index
-        entries it took may not be written, so those index files are dropped, to be written whole from
-        memory by the next sync; the unflushed clock goes back to its start."""
-        for segment, index_bytes, timeindex_bytes in sealed:
-            if index_bytes or timeindex_bytes:
-                segment.drop_index_files()
-        if active_index[0] or active_index[1]:
-            active.drop_index_files()
-        if first_unflushed_ms < 0:
-            first_unflushed_ms = int(self._clock() * 1000)
-        if self._first_unflushed_ms < 0 or first_unflushed_ms < self._first_unflushed_ms:
-            self._first_unflushed_ms = first_unflushed_ms
-
-    def _sync_segments(self, sealed: list[tuple[Segment, bytes, bytes]], active: Segment, target_bytes: int,
-                       active_index: tuple[bytes, bytes], forced: Segment | None, *, covered: bool = False) -> None:
-        """``covered``: a sync of the whole filesystem, started after the flush took its state, made the
-        active segment's bytes durable, and the directory entries made before (the partition's in the data
-        directory, the active segment's in the partition's): only a flush with no sealed segment or forced
-        sync is covered. The flags say which entries are durable; a flush that is not covered fsyncs the
-        directories itself."""
-        if self._parent_unsynced:
-            if not covered:
-                fsync_directory(self.directory.parent, self._sync, opener=self._files.open_raw)
-            self._parent_unsynced = False
-        dir_unsynced = not active.dir_synced or any(not s.dir_synced for s, _, _ in sealed)
-        for segment, index_bytes, timeindex_bytes in sealed:
-            if segment.synced_bytes < segment.size_bytes or segment is forced:
-                self._fdatasync(segment)
-                segment.synced_bytes = segment.size_bytes
-            self._write_indexes(segment, index_bytes, timeindex_bytes, sync_files=True)
-        if forced is not None and forced is not active and all(forced is not s for s, _, _ in sealed):
-            self._fdatasync(forced)
-        if not covered and (active.synced_bytes < target_bytes or forced is active):
-            self._fdatasync(active)
-        if target_bytes > active.synced_bytes:
-            active.synced_bytes = target_bytes
-        if dir_unsynced:
-            if not covered:
-                fsync_directory(self.directory, self._sync, opener=self._files.open_raw)
-            for segment, _, _ in sealed:
-                segment.dir_synced = True
-            active.dir_synced = True
-        # Index entries only go to disk after the bytes they point at are synced (see recovery.py).
-        self._write_indexes(active, *active_index, sync_files=False)
-
-    def _write_indexes(self, segment: Segment, index_bytes: bytes, timeindex_bytes: bytes, *,
-                       sync_files: bool) -> None:
-        """Write (and at a seal, fsync) index entries. Indexes are derived data: a failure here (a full
-        disk) drops the segment's index files, to be rebuilt from the log, and is not a log failure."""
-        try:
-            segment.write_index_bytes(index_bytes, timeindex_bytes)
-            if sync_files:
-                segment.sync_index_files(self._sync)
-        except OSError as exc:
-            segment.drop_index_files()
-            log.warning("%s: cannot write the index of segment %d (%s); its index files are dropped and rebuilt "
-                        "from the log when next needed", self, segment.base_offset, exc)
-
-    def _fdatasync(self, segment: Segment) -> None:
-        handle = self._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
-        try:
-            self._sync(handle.fd)
-        finally:
-            self._files.release(handle)
+    def end_covered_flush(self, taken: Unsynced, synced: bool) -> None:
+        self._flush.end_covered_flush(taken, synced)
 
     # ------------------------------------------------------------------ read
 
@@ -1240,7 +978,7 @@ class PartitionLog:
         with self._lock:
             if self._closed:
                 return []
-            unsynced = {id(s) for s in self._unsynced_sealed}
+            unsynced = {id(s) for s in self._flush.unsynced_sealed}
             for segment in self._segments[:-1]:
                 if segment.pins or id(segment) in unsynced:
                     break
@@ -1285,7 +1023,7 @@ class PartitionLog:
             self._config = config
             for segment in self._segments:
                 segment.index_interval_bytes = config.index_interval_bytes
-            pending = self._pending_future is not None or self._unsynced_sealed
+            pending = self._flush.pending
         if pending and self._flusher is not None and self._flusher.running:
             self._flusher.flush_soon(self)
 
@@ -1307,11 +1045,11 @@ class PartitionLog:
             return None
         error: StorageError | None = None
         try:
-            self.flush_pending()
+            self._flush.flush_pending()
         except StorageError as exc:
             error = exc
         state: CleanState | None = None
-        with self._sync_lock:
+        with self._flush.sync_lock:
             with self._lock:
                 if self._closed:
                     return None
@@ -1349,7 +1087,7 @@ class PartitionLog:
                 return
             self._closed = True
             self._abandoned = True
-            pending, self._pending_future = self._pending_future, None
+            pending = self._flush.abandon_locked()
             segments = list(self._segments)
         resolve(pending, LogClosedError(f"{self} was abandoned before the flush"))
         self._release_files(segments)
