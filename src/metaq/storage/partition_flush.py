@@ -54,6 +54,22 @@ writes and usually two evictions a partition a round), and neither does its clea
 two fsyncs a partition)."""
 
 
+class AppendResult(NamedTuple):
+    """What an append assigned, and how to wait for it to be on disk.
+
+    ``durable`` resolves (with None, or StorageError) once the batch is fsynced; it cannot be cancelled.
+    ``wait_for_durable`` says whether the flush policy wants the ack to wait for it.
+    """
+
+    base_offset: int
+    last_offset: int
+    base_message_id: int
+    append_time_ms: int
+    record_count: int
+    durable: Future[None]
+    wait_for_durable: bool
+
+
 class Handover(NamedTuple):
     """What an append's accounting asks for once the log's lock is released (:meth:`PartitionFlush.hand_over`)."""
 
