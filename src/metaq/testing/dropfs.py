@@ -493,7 +493,8 @@ class DropFS:
         """Mount a daemon on the synced state (after :meth:`power_cut`: what a reboot finds)."""
         assert self.proc is None, "already mounted"
         self.mountpoint.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "metaq.testing.dropfs", str(self.mountpoint), str(self.backing)]
+        # the daemon needs only the standard library: run this file itself, wherever metaq is importable
+        command = [sys.executable, os.path.abspath(__file__), str(self.mountpoint), str(self.backing)]
         if not self.strict_directories:
             command.append("--directory-datasync-keeps-entries")
         if not self.real_sync:
