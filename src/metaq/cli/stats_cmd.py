@@ -33,6 +33,9 @@ async def stats(servers: str, topic: str | None, broker_id: int | None, as_json:
     click.echo("topic\tpartition\tput_msgs\tput_bytes\tput_tps\tget_reqs\tget_bytes\tearliest\tlatest")
     for doc in docs:
         click.echo(f"# broker {doc.get('broker_id')} up {doc['uptime_s']:.0f}s, {doc['connections']} connections")
+        if (durability := doc.get("durability")) is not None:  # how its flushes are made durable (docs/storage.md)
+            click.echo(f"# data directory on {durability['filesystem']}: syncfs "
+                       f"{'used' if durability['syncfs'] else 'not used'}: {durability['syncfs_reason']}")
         for tname, t in sorted(doc["topics"].items()):
             for pname, p in sorted(t["partitions"].items(), key=lambda kv: int(kv[0])):
                 click.echo("\t".join(str(x) for x in (
