@@ -93,6 +93,8 @@ class Snapshot:
     """Per principal: connections, bytes and throttles (metaq.broker.quotas.Quotas.describe)."""
     open_files: tuple[int, int, int] = (0, 0, 0)
     """The storage's descriptor pool: open now, the budget in force, shortages (metaq.storage.files)."""
+    syncfs: tuple[str, int] = ("unknown", 0)
+    """The data directory's filesystem, and whether flush rounds may use syncfs there (1) or not (0)."""
     filesystem_syncs: tuple[int, int, int] = (0, 0, 0)
     """Flush rounds made durable by one syncfs, syncfs calls that failed, and rounds of syncfsQuietMinPartitions
     that fdatasynced each partition because the machine had dirty pages to write back."""
@@ -163,6 +165,8 @@ def take_snapshot(broker: Broker) -> Snapshot:
         group_offsets=group_offsets, group_members=members, replication=replication, replica_group=replica_group,
         delayed=(broker.delay.pending, broker.delay.lateness.cumulative()), quotas=broker.quotas.describe(),
         open_files=(files.open_count, files.max_open_files, files.shortages),
+        syncfs=((decision.filesystem, int(decision.used)) if (decision := broker.logs.syncfs_decision)
+                else ("unknown", 0)),
         filesystem_syncs=((whole.syncs, whole.failures, whole.busy_skips)
                           if (whole := broker.logs.flusher.filesystem_sync) else (0, 0, 0)),
         store_damage=framing.DAMAGE.snapshot())
@@ -256,6 +260,11 @@ class SnapshotCollector(Collector):
             skipped.add_metric([store], damage.get("damaged_records", {}).get(store, 0))
             tails.add_metric([store], damage.get("torn_tails", {}).get(store, 0))
         yield from (skipped, tails)
+        syncfs = _gauge("metaq_storage_syncfs_used", "1 where flush rounds may be made durable by one syncfs of "
+                        "the data directory's filesystem (named by the label: syncfs=auto and a filesystem known to "
+                        "honour it), 0 where every partition syncs its own files.", ["filesystem"])
+        syncfs.add_metric([self.snap.syncfs[0]], self.snap.syncfs[1])
+        yield syncfs
         try:
             st = os.statvfs(snap.data_path)
         except OSError:

@@ -110,11 +110,13 @@ class BrokerStats:
         self.fetch_seconds = LatencyHistogram()
         """Time to find a fetch reply's batches in the log (not the long-poll wait, nor reading or sending them)."""
         self.fsync_seconds = LatencyHistogram()
-        """Each fdatasync of the partition logs (segment data, indexes and directories)."""
+        """Each sync of the partition logs (segment data, indexes, directories, and syncfs rounds)."""
         self.delayed: Callable[[], dict[str, Any]] | None = None
         """The delay store's state for the snapshot (docs/delayed.md), once the broker has one."""
         self.transactions: Callable[[], dict[str, Any] | None] | None = None
         """The transactions' counts (docs/transactions.md), once the transaction log is open."""
+        self.durability: Callable[[], dict[str, Any] | None] | None = None
+        """How the data directory's flushes are made durable (LogManager.describe_syncs), once it is open."""
 
     def partition(self, topic: str, partition: int) -> PartitionCounters:
         key = (topic, partition)
@@ -164,4 +166,5 @@ class BrokerStats:
                              ("fsync", self.fsync_seconds))},
                 "topics": topics, "stores": framing.DAMAGE.snapshot(),
                 **({"delayed": self.delayed()} if self.delayed is not None else {}),
-                **({"transactions": tx} if self.transactions is not None and (tx := self.transactions()) else {})}
+                **({"transactions": tx} if self.transactions is not None and (tx := self.transactions()) else {}),
+                **({"durability": d} if self.durability is not None and (d := self.durability()) else {})}

@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from metaq.storage.errors import LogClosedError
 from metaq.storage.index import OFFSET_ENTRY_BYTES, TIME_ENTRY_BYTES, IndexCorrupt, OffsetIndex, TimeIndex
 from metaq.storage.scan import Damage, walk_batches
+
+if TYPE_CHECKING:
+    from metaq.storage.log import PartitionLog
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +223,52 @@ def _check_time_index(path: str, base_offset: int, next_offset: int,
             problems.append(f"{name}: entry ({timestamp}, offset {base_offset + relative}) does not match the "
                             "batches of the log")
     return problems
+
+
+def verify_partition(plog: PartitionLog) -> PartitionReport:
+    """Check every stored byte and index entry of the partition (blocking; minutes for a big log).
+
+    Appends go on meanwhile: the active segment is checked up to its size when its turn comes.
+    The damaged ranges found replace what reads had recorded for the segments checked.
+    """
+    report = PartitionReport(plog._topic, plog._partition)
+    with plog._lock:
+        if plog._closed:
+            raise LogClosedError(f"{plog} is closed")
+        segments = list(plog._segments)
+        report.log_start_offset = plog._segments[0].base_offset
+    for segment in segments:
+        with plog._lock:
+            if plog._closed or segment not in plog._segments:
+                continue  # removed by retention meanwhile
+            segment.pins += 1
+            generation = plog._truncations
+            size_limit, next_limit, sealed = segment.size_bytes, segment.next_offset, segment.sealed
+        try:
+            handle = plog._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
+            try:
+                check = verify_segment(handle.fd, segment.base_offset, size_limit, next_limit, plog._tag,
+                                       segment.index_path if sealed else None,
+                                       segment.timeindex_path if sealed else None)
+            finally:
+                plog._files.release(handle)
+        finally:
+            plog._unpin(segment)
+        if plog._truncations != generation:  # cut while being checked: the part checked no longer exists
+            continue
+        report.add(check)
+        with plog._lock:
+            known = {k for k, r in plog._damaged.items() if r.segment_base_offset == segment.base_offset}
+            for key in known:
+                del plog._damaged[key]
+            for damaged in check.damaged:
+                if damaged.first_offset in known:  # already reported: refresh it quietly
+                    plog._damaged[damaged.first_offset] = damaged
+        for damaged in check.damaged:
+            if damaged.first_offset not in known:
+                plog._note_damage(damaged)
+    report.log_end_offset = plog._end_offset
+    return report
 
 
 def check_partition_files(directory: str | os.PathLike[str]) -> list[str]:
