@@ -73,7 +73,7 @@ import sys
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import IntEnum
 from itertools import accumulate, pairwise, repeat
 from typing import Any, NamedTuple, TypeVar
@@ -82,17 +82,9 @@ import crc32c as _crc32c
 import lz4.frame as _lz4
 import zstandard as _zstd
 
+from metaq import _compiled
 from metaq.errors import CorruptRecordError, InvalidArgument, ProtocolError
-from metaq.types import (
-    BATCH_MESSAGES,
-    BIND_BATCH_HEADER,
-    PLAIN_COLUMNS_OK,
-    PLAIN_REGION,
-    STAMP_PREFIX,
-    VALIDATE_PLAIN,
-    Message,
-    PartitionId,
-)
+from metaq.types import Message, PartitionId
 
 MAGIC = 2
 OLD_MAGICS = {1: "metaq 0.1"}
@@ -107,60 +99,210 @@ STAMPED_BYTES = 45
 LENGTH_PREFIX_BYTES = 12
 """base_offset + batch_length: enough to know where the next batch starts."""
 RECORD_OVERHEAD_BYTES = 24
-"""Fixed bytes per record in a batch (its column entries), on top of key, value, attribute and headers."""
-RECORD_PREFIX_BYTES = RECORD_OVERHEAD_BYTES
-"""Alias kept for size estimates written against the earlier row layout."""
+"""Fixed bytes per record in a batch (its six column entries), on top of key, value, attribute and headers: what
+a record adds to its batch besides those, and counts against maxMessageSize with them."""
 
-_HEADER = struct.Struct(">qibQQqIIhiqqi")
-_STAMP = struct.Struct(">qibQQq")  # bytes [0, 37): the part the broker rewrites (crc stays)
-_LEN_PREFIX = struct.Struct(">qi")
-_U32 = struct.Struct(">I")
-_CRC_REGION_HEAD = struct.Struct(">hiqqi")
-_RECORD = struct.Struct(">iiqiihh")
-_HDR_NAME = struct.Struct(">H")
-_HDR_VALUE = struct.Struct(">i")
-_U64 = (1 << 64) - 1
-
-assert _HEADER.size == HEADER_BYTES
-assert _STAMP.size == 37 and _STAMP.size + 4 == HEADER_CRC_COVERS
-assert STAMPED_BYTES + _CRC_REGION_HEAD.size == HEADER_BYTES
-assert _RECORD.size == 28
-
-
-class Compression(IntEnum):
-    NONE = 0
-    LZ4 = 1
-    ZSTD = 2
-
-    @classmethod
-    def parse(cls, value: str | int | Compression | None) -> Compression:
-        if value is None:
-            return cls.NONE
-        if isinstance(value, Compression):
-            return value
-        if isinstance(value, int):
-            try:
-                return cls(value)
-            except ValueError:
-                raise InvalidArgument(f"unknown compression code {value}; use 0 (none), 1 (lz4), 2 (zstd)") from None
-        try:
-            return cls[value.strip().upper()]
-        except KeyError:
-            raise InvalidArgument(f"unknown compression {value!r}; use none, lz4 or zstd") from None
-
-
-_COMPRESSION_MASK = 0x7
+COMPRESSION_MASK = 0x7
+"""Attribute bits 0-2: the compression of the records (:class:`~metaq.protocol.records.Compression`)."""
 ATTR_DELAYED = 0x80
 """Attribute bit 7: every record of the batch carries a ``metaq.deliver-at`` header and the broker keeps
 the batch in its delay store until each record is due (docs/delayed.md). Never set in a partition log."""
 PRODUCER_STAMPED = 0x8
 """Attribute bit 3: the 16-byte producer block follows the fixed header."""
-_KNOWN_ATTRIBUTES = _COMPRESSION_MASK | PRODUCER_STAMPED | ATTR_DELAYED
+KNOWN_ATTRIBUTES = COMPRESSION_MASK | PRODUCER_STAMPED | ATTR_DELAYED
 PRODUCER_BLOCK_BYTES = 16
-_PRODUCER_BLOCK = struct.Struct(">qhih")
-assert _PRODUCER_BLOCK.size == PRODUCER_BLOCK_BYTES
 SEQUENCE_LIMIT = 1 << 31
 """Sequence numbers run 0 .. 2**31 - 1 and then wrap to 0."""
+
+_HEADER = struct.Struct(">qibQQqIIhiqqi")
+_STAMP = struct.Struct(">qibQQq")  # bytes [0, 37): the part the broker rewrites (crc stays)
+_LEN_PREFIX = struct.Struct(">qi")
+_U32 = struct.Struct(">I")
+CRC_REGION_HEAD = struct.Struct(">hiqqi")
+"""Bytes [45, 71): attributes, last offset delta, first and max timestamp, record count."""
+_PRODUCER_BLOCK = struct.Struct(">qhih")
+_U64 = (1 << 64) - 1
+
+assert _HEADER.size == HEADER_BYTES
+assert _STAMP.size == 37 and _STAMP.size + 4 == HEADER_CRC_COVERS
+assert STAMPED_BYTES + CRC_REGION_HEAD.size == HEADER_BYTES
+assert _PRODUCER_BLOCK.size == PRODUCER_BLOCK_BYTES
+
+
+# ----------------------------------------------------------------------------------------------
+# The records region's columns: little-endian arrays
+
+_LITTLE = sys.byteorder == "little"
+
+
+def column(typecode: str, items: Iterable[int]) -> bytes:
+    """A column of the records region (an ``array`` typecode: i, q, h), little-endian."""
+    arr = array(typecode, items)
+    if not _LITTLE:
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def read_column(typecode: str, data: bytes | memoryview) -> array:
+    """A column of the records region read back into an ``array``."""
+    arr = array(typecode)
+    arr.frombytes(data)
+    if not _LITTLE:
+        arr.byteswap()
+    return arr
+
+
+HEADER_NAME = struct.Struct("<H")
+"""A record header's name length, in the records region's headers section (then the name, UTF-8)."""
+HEADER_VALUE = struct.Struct("<i")
+"""A record header's value length (then the value)."""
+
+_deltas = column("i", range(4096))
+
+
+def deltas_column(n: int) -> bytes:
+    """The offset-delta column of an n-record batch as produced: 0, 1, ..., n-1 (cut from one kept column, grown
+    when a batch needs more)."""
+    global _deltas
+    if 4 * n > len(_deltas):
+        _deltas = column("i", range(max(n, len(_deltas) // 2)))
+    return _deltas[:4 * n]
+
+
+# ----------------------------------------------------------------------------------------------
+# The header
+
+
+class BatchHeader(NamedTuple):
+    base_offset: int
+    batch_length: int
+    magic: int
+    base_message_id: int
+    append_time_ms: int
+    crc: int
+    header_crc: int
+    attributes: int
+    last_offset_delta: int
+    first_timestamp_ms: int
+    max_timestamp_ms: int
+    record_count: int
+
+    @property
+    def total_bytes(self) -> int:
+        return LENGTH_PREFIX_BYTES + self.batch_length
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & COMPRESSION_MASK
+
+    @property
+    def records_start(self) -> int:
+        """Where the records region starts: after the header, and after the producer block when there is one."""
+        return HEADER_BYTES + PRODUCER_BLOCK_BYTES if self.attributes & PRODUCER_STAMPED else HEADER_BYTES
+
+
+def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Parse and check the fixed header at ``pos``: CorruptRecordError unless it is whole, of this format
+    version, its ``header_crc`` matches and its length can hold it. The body is not looked at."""
+    if len(buf) - pos < HEADER_BYTES:
+        raise CorruptRecordError(f"record batch header needs {HEADER_BYTES} bytes, {len(buf) - pos} left")
+    (base_offset, batch_length, magic, id_hi, id_lo, append_time, crc, header_crc, attributes, last_delta,
+     first_ts, max_ts, count) = _HEADER.unpack_from(buf, pos)
+    if magic != MAGIC:
+        if magic in OLD_MAGICS:
+            raise CorruptRecordError(
+                f"record batch is in format version {magic}, written by {OLD_MAGICS[magic]}; this metaq reads "
+                f"version {MAGIC} only (no migration: start from an empty data directory)")
+        raise CorruptRecordError(f"record batch magic is {magic}, expected {MAGIC}")
+    view = memoryview(buf)
+    if _crc32c.crc32c(view[pos + STAMPED_BYTES:pos + HEADER_BYTES],
+                      _crc32c.crc32c(view[pos:pos + HEADER_CRC_COVERS])) != header_crc:
+        raise CorruptRecordError(f"record batch header fails its CRC32C check (base offset field says {base_offset})")
+    if batch_length < HEADER_BYTES - LENGTH_PREFIX_BYTES:
+        raise CorruptRecordError(f"record batch length {batch_length} is shorter than its header")
+    return BatchHeader(base_offset, batch_length, magic, (id_hi << 64) | id_lo, append_time, crc, header_crc,
+                       attributes, last_delta, first_ts, max_ts, count)
+
+
+def check_attributes(header: BatchHeader) -> None:
+    """CorruptRecordError for attribute bits this format does not have, or a producer block that cannot fit."""
+    if header.compression not in (0, 1, 2) or header.attributes & ~KNOWN_ATTRIBUTES:
+        raise CorruptRecordError(f"record batch attributes {header.attributes:#x} are not understood")
+    if header.attributes & PRODUCER_STAMPED and header.total_bytes < HEADER_BYTES + PRODUCER_BLOCK_BYTES:
+        raise CorruptRecordError("record batch says it has a producer block but is too short for one")
+
+
+def peek_length(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[int, int] | None:
+    """(base_offset, total_bytes) of the batch at ``pos``, or None if fewer than 12 bytes remain.
+
+    Unchecked (the header CRC needs the whole header): for sizing a read, never for trusting data."""
+    if len(buf) - pos < LENGTH_PREFIX_BYTES:
+        return None
+    base_offset, batch_length = _LEN_PREFIX.unpack_from(buf, pos)
+    return base_offset, LENGTH_PREFIX_BYTES + batch_length
+
+
+def compute_crc(batch: bytes | bytearray | memoryview) -> int:
+    """The body checksum (``crc``): CRC32C of bytes [45, end)."""
+    return _crc32c.crc32c(memoryview(batch)[STAMPED_BYTES:])
+
+
+def crc_ok(batch: bytes | bytearray | memoryview, header: BatchHeader) -> bool:
+    return compute_crc(batch) == header.crc
+
+
+# ----------------------------------------------------------------------------------------------
+# Stamping: what the broker writes at append, and what an encoder writes first
+
+
+def prefix(base_offset: int, batch_length: int, base_message_id: int, append_time_ms: int, crc: int,
+           fixed_tail: bytes | memoryview) -> bytes:
+    """Bytes [0, 45) of a batch: the given fields and the header_crc over them and ``fixed_tail`` ([45, 71))."""
+    head = _STAMP.pack(base_offset, batch_length, MAGIC, (base_message_id >> 64) & _U64, base_message_id & _U64,
+                       append_time_ms) + _U32.pack(crc)
+    return head + _U32.pack(_crc32c.crc32c(fixed_tail, _crc32c.crc32c(head)))
+
+
+def stamp_prefix_py(header: BatchHeader, base_offset: int, base_message_id: int, append_time_ms: int) -> bytes:
+    """:func:`stamp_prefix` in Python: the reference of the compiled one, and what runs without it."""
+    tail = CRC_REGION_HEAD.pack(header.attributes, header.last_offset_delta, header.first_timestamp_ms,
+                                header.max_timestamp_ms, header.record_count)
+    return prefix(base_offset, header.batch_length, base_message_id, append_time_ms, header.crc, tail)
+
+
+stamp_prefix_compiled = _compiled.speedups.stamp_prefix if _compiled.speedups is not None else None
+"""metaq._speedups.stamp_prefix, or None: the same 45 bytes as :func:`stamp_prefix_py` in one call, or None for a
+field out of the range struct packs it into (the Python code then raises struct.error)."""
+
+
+def stamp_prefix(header: BatchHeader, base_offset: int, base_message_id: int, append_time_ms: int) -> bytes:
+    """The 45 bytes that replace the producer's prefix (``os.writev`` them before ``batch[45:]``): the stamped
+    fields, the producer's length, magic and body crc, and the new header_crc."""
+    if stamp_prefix_compiled is not None:
+        stamped: bytes | None = stamp_prefix_compiled(header, base_offset, base_message_id, append_time_ms)
+        if stamped is not None:
+            return stamped
+    return stamp_prefix_py(header, base_offset, base_message_id, append_time_ms)
+
+
+def stamp(batch: bytearray | memoryview, base_offset: int, base_message_id: int, append_time_ms: int) -> None:
+    """Rewrite the stamped fields of a batch in place, with its header_crc (the body crc is unaffected)."""
+    _, batch_length = _LEN_PREFIX.unpack_from(batch, 0)
+    (crc,) = _U32.unpack_from(batch, HEADER_CRC_COVERS - 4)
+    batch[0:STAMPED_BYTES] = prefix(base_offset, batch_length, base_message_id, append_time_ms, crc,
+                                    bytes(batch[STAMPED_BYTES:HEADER_BYTES]))
+
+
+# ----------------------------------------------------------------------------------------------
+# The producer block (attribute bit 3)
 
 
 class ProducerStamp(NamedTuple):
@@ -194,149 +336,41 @@ def with_producer_stamp(batch: bytes | memoryview, stamp_: ProducerStamp) -> byt
             or not 0 <= stamp_.base_sequence < SEQUENCE_LIMIT:
         raise InvalidArgument(f"producer stamp {stamp_} is out of range")
     view = memoryview(batch)[:header.total_bytes]
-    region = b"".join((_CRC_REGION_HEAD.pack(header.attributes | PRODUCER_STAMPED, header.last_offset_delta,
-                                             header.first_timestamp_ms, header.max_timestamp_ms, header.record_count),
+    region = b"".join((CRC_REGION_HEAD.pack(header.attributes | PRODUCER_STAMPED, header.last_offset_delta,
+                                            header.first_timestamp_ms, header.max_timestamp_ms, header.record_count),
                        _PRODUCER_BLOCK.pack(stamp_.producer_id, stamp_.producer_epoch, stamp_.base_sequence, 0),
                        view[HEADER_BYTES:]))
-    return _prefix(header.base_offset, len(region) + STAMPED_BYTES - LENGTH_PREFIX_BYTES, header.base_message_id,
-                   header.append_time_ms, _crc32c.crc32c(region), region[:HEADER_BYTES - STAMPED_BYTES]) + region
-
-
-def _check_attributes(header: BatchHeader) -> None:
-    if header.compression not in (0, 1, 2) or header.attributes & ~_KNOWN_ATTRIBUTES:
-        raise CorruptRecordError(f"record batch attributes {header.attributes:#x} are not understood")
-    if header.attributes & PRODUCER_STAMPED and header.total_bytes < HEADER_BYTES + PRODUCER_BLOCK_BYTES:
-        raise CorruptRecordError("record batch says it has a producer block but is too short for one")
-
-
-class BatchHeader(NamedTuple):
-    base_offset: int
-    batch_length: int
-    magic: int
-    base_message_id: int
-    append_time_ms: int
-    crc: int
-    header_crc: int
-    attributes: int
-    last_offset_delta: int
-    first_timestamp_ms: int
-    max_timestamp_ms: int
-    record_count: int
-
-    @property
-    def total_bytes(self) -> int:
-        return LENGTH_PREFIX_BYTES + self.batch_length
-
-    @property
-    def last_offset(self) -> int:
-        return self.base_offset + self.last_offset_delta
-
-    @property
-    def next_offset(self) -> int:
-        return self.base_offset + self.last_offset_delta + 1
-
-    @property
-    def compression(self) -> int:
-        return self.attributes & _COMPRESSION_MASK
-
-
-_validate_plain: Any = None
-"""metaq._speedups.validate_plain bound to :class:`BatchHeader` (or None): :func:`validate_batch` for an uncompressed
-batch of plain records in one call, header, CRCs and columns (its header, as :func:`read_header` makes it), None for
-anything else, which the Python code then decides (tests/unit/protocol/test_compiled_batch_check.py)."""
-_stamp_prefix_compiled: Any = None
-"""metaq._speedups.stamp_prefix (or None): :func:`stamp_prefix`'s 45 bytes in one call, None for what it leaves to
-the Python code (:func:`_stamp_prefix_py`: a header not a BatchHeader, a field out of its range)."""
-if BIND_BATCH_HEADER is not None:
-    try:
-        BIND_BATCH_HEADER(BatchHeader, _crc32c.crc32c)
-    except ValueError:  # BatchHeader's fields are not the ones the compiled code builds: the Python code only
-        pass
-    else:
-        _validate_plain, _stamp_prefix_compiled = VALIDATE_PLAIN, STAMP_PREFIX
-
-
-def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
-    """Parse and check the fixed header at ``pos``: CorruptRecordError unless it is whole, of this format
-    version, its ``header_crc`` matches and its length can hold it. The body is not looked at."""
-    if len(buf) - pos < HEADER_BYTES:
-        raise CorruptRecordError(f"record batch header needs {HEADER_BYTES} bytes, {len(buf) - pos} left")
-    (base_offset, batch_length, magic, id_hi, id_lo, append_time, crc, header_crc, attributes, last_delta,
-     first_ts, max_ts, count) = _HEADER.unpack_from(buf, pos)
-    if magic != MAGIC:
-        if magic in OLD_MAGICS:
-            raise CorruptRecordError(
-                f"record batch is in format version {magic}, written by {OLD_MAGICS[magic]}; this metaq reads "
-                f"version {MAGIC} only (no migration: start from an empty data directory)")
-        raise CorruptRecordError(f"record batch magic is {magic}, expected {MAGIC}")
-    view = memoryview(buf)
-    if _crc32c.crc32c(view[pos + STAMPED_BYTES:pos + HEADER_BYTES],
-                      _crc32c.crc32c(view[pos:pos + HEADER_CRC_COVERS])) != header_crc:
-        raise CorruptRecordError(f"record batch header fails its CRC32C check (base offset field says {base_offset})")
-    if batch_length < HEADER_BYTES - LENGTH_PREFIX_BYTES:
-        raise CorruptRecordError(f"record batch length {batch_length} is shorter than its header")
-    return BatchHeader(base_offset, batch_length, magic, (id_hi << 64) | id_lo, append_time, crc, header_crc,
-                       attributes, last_delta, first_ts, max_ts, count)
-
-
-def peek_length(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[int, int] | None:
-    """(base_offset, total_bytes) of the batch at ``pos``, or None if fewer than 12 bytes remain.
-
-    Unchecked (the header CRC needs the whole header): for sizing a read, never for trusting data."""
-    if len(buf) - pos < LENGTH_PREFIX_BYTES:
-        return None
-    base_offset, batch_length = _LEN_PREFIX.unpack_from(buf, pos)
-    return base_offset, LENGTH_PREFIX_BYTES + batch_length
-
-
-def compute_crc(batch: bytes | bytearray | memoryview) -> int:
-    """The body checksum (``crc``): CRC32C of bytes [45, end)."""
-    return _crc32c.crc32c(memoryview(batch)[STAMPED_BYTES:])
-
-
-def crc_ok(batch: bytes | bytearray | memoryview, header: BatchHeader) -> bool:
-    return compute_crc(batch) == header.crc
-
-
-def _prefix(base_offset: int, batch_length: int, base_message_id: int, append_time_ms: int, crc: int,
-            fixed_tail: bytes | memoryview) -> bytes:
-    """Bytes [0, 45) of a batch: the given fields and the header_crc over them and ``fixed_tail`` ([45, 71))."""
-    head = _STAMP.pack(base_offset, batch_length, MAGIC, (base_message_id >> 64) & _U64, base_message_id & _U64,
-                       append_time_ms) + _U32.pack(crc)
-    return head + _U32.pack(_crc32c.crc32c(fixed_tail, _crc32c.crc32c(head)))
-
-
-def stamp_prefix(header: BatchHeader, base_offset: int, base_message_id: int, append_time_ms: int) -> bytes:
-    """The 45 bytes that replace the producer's prefix (``os.writev`` them before ``batch[45:]``):
-    the stamped fields, the producer's length, magic and body crc, and the new header_crc. Compiled
-    (metaq._speedups.stamp_prefix, the same bytes) when there is the module."""
-    if _stamp_prefix_compiled is not None:
-        prefix = _stamp_prefix_compiled(header, base_offset, base_message_id, append_time_ms)
-        if prefix is not None:
-            return prefix
-    return _stamp_prefix_py(header, base_offset, base_message_id, append_time_ms)
-
-
-def _stamp_prefix_py(header: BatchHeader, base_offset: int, base_message_id: int, append_time_ms: int) -> bytes:
-    """:func:`stamp_prefix` in Python: the fallback, and the reference the compiled one is tested against."""
-    tail = _CRC_REGION_HEAD.pack(header.attributes, header.last_offset_delta, header.first_timestamp_ms,
-                                 header.max_timestamp_ms, header.record_count)
-    return _prefix(base_offset, header.batch_length, base_message_id, append_time_ms, header.crc, tail)
-
-
-def stamp(batch: bytearray | memoryview, base_offset: int, base_message_id: int, append_time_ms: int) -> None:
-    """Rewrite the stamped fields of a batch in place, with its header_crc (the body crc is unaffected)."""
-    _, batch_length = _LEN_PREFIX.unpack_from(batch, 0)
-    (crc,) = _U32.unpack_from(batch, HEADER_CRC_COVERS - 4)
-    batch[0:STAMPED_BYTES] = _prefix(base_offset, batch_length, base_message_id, append_time_ms, crc,
-                                     bytes(batch[STAMPED_BYTES:HEADER_BYTES]))
+    return prefix(header.base_offset, len(region) + STAMPED_BYTES - LENGTH_PREFIX_BYTES, header.base_message_id,
+                  header.append_time_ms, _crc32c.crc32c(region), region[:HEADER_BYTES - STAMPED_BYTES]) + region
 
 
 # ----------------------------------------------------------------------------------------------
-# Building batches (producer side)
+# Compression of the records region
 
 
-def _compress(codec: Compression, data: bytes) -> bytes:
+class Compression(IntEnum):
+    NONE = 0
+    LZ4 = 1
+    ZSTD = 2
+
+    @classmethod
+    def parse(cls, value: str | int | Compression | None) -> Compression:
+        if value is None:
+            return cls.NONE
+        if isinstance(value, Compression):
+            return value
+        if isinstance(value, int):
+            try:
+                return cls(value)
+            except ValueError:
+                raise InvalidArgument(f"unknown compression code {value}; use 0 (none), 1 (lz4), 2 (zstd)") from None
+        try:
+            return cls[value.strip().upper()]
+        except KeyError:
+            raise InvalidArgument(f"unknown compression {value!r}; use none, lz4 or zstd") from None
+
+
+def compress(codec: Compression, data: bytes) -> bytes:
     if codec == Compression.LZ4:
         return bytes(_lz4.compress(data))
     if codec == Compression.ZSTD:
@@ -365,7 +399,7 @@ def _lz4_decompress(data: bytes, max_bytes: int) -> bytes:
             raise CorruptRecordError("lz4 frame of the record batch is cut off")
 
 
-def _decompress(codec: int, data: bytes | memoryview, max_bytes: int) -> bytes:
+def decompress(codec: int, data: bytes | memoryview, max_bytes: int) -> bytes:
     """Inflate a batch body, never allocating much more than ``max_bytes`` (a tiny bomb must not OOM us)."""
     try:
         if codec == Compression.LZ4:
@@ -387,145 +421,87 @@ def _decompress(codec: int, data: bytes | memoryview, max_bytes: int) -> bytes:
     return out
 
 
-_LITTLE = sys.byteorder == "little"
+# ----------------------------------------------------------------------------------------------
+# Building batches (producer side)
 
 
-def _col(typecode: str, items: Iterable[int]) -> bytes:
-    arr = array(typecode, items)
-    if not _LITTLE:
-        arr.byteswap()
-    return arr.tobytes()
+_RECORD = struct.Struct(">iiqiihh")
+"""The row form of one record (:func:`encode_record`): length, delta, timestamp, key/value/attribute lengths, header
+count."""
+assert _RECORD.size == RECORD_OVERHEAD_BYTES + 4
 
 
-_deltas = _col("i", range(4096))
-"""Offset deltas 0, 1, 2, ... as an int32 column: a batch's is a prefix of it (grown when a batch needs more)."""
-
-
-def _deltas_column(n: int) -> bytes:
-    """The offset-delta column of an n-record batch as produced: 0, 1, ..., n-1 (little-endian int32)."""
-    global _deltas
-    if 4 * n > len(_deltas):
-        _deltas = _col("i", range(max(n, len(_deltas) // 2)))
-    return _deltas[:4 * n]
-
-
-def _plain_region_py(values: Sequence[bytes], timestamps: Sequence[int] | int) -> tuple[bytes, int, int]:
-    """:func:`_plain_region` from column operations, for when the compiled one is missing or declines."""
-    n = len(values)
-    if isinstance(timestamps, int):
-        lo = hi = timestamps
-        ts_col = _col("q", [timestamps]) * n
-    elif len(timestamps) != n or not n:
-        raise ValueError("one timestamp per value, and at least one value")
-    elif timestamps.count(timestamps[0]) == n:  # usually: every record has its batch's creation time
-        lo = hi = timestamps[0]
-        ts_col = _col("q", [lo]) * n
-    else:
-        lo, hi = min(timestamps), max(timestamps)
-        ts_col = _col("q", timestamps)
-    region = b"".join((_deltas_column(n), ts_col, _col("i", [-1]) * n, _col("i", list(map(len, values))),
-                       _col("h", [-1]) * n, bytes(2 * n), b"".join(values)))
-    return region, lo, hi
-
-
-def _plain_region(values: Sequence[bytes], timestamps: Sequence[int] | int) -> tuple[bytes, int, int]:
-    """The uncompressed records region of a batch of plain records (no key, attribute or headers), and the
-    smallest and largest timestamp: ``timestamps`` is one per value, or one int for all. One compiled pass
-    (metaq._speedups.plain_region) when there is one and every value is bytes or bytearray."""
-    if PLAIN_REGION is not None:
-        built = PLAIN_REGION(values, timestamps)
-        if built is not None:
-            return built
-    return _plain_region_py(values, timestamps)
-
-
-def _plain_columns_ok_py(region: bytes | memoryview, n: int, max_message_bytes: int) -> bool:
-    """:func:`_plain_columns_ok` without the compiled module, for batches of up to ``_SMALL_BATCH_RECORDS_MAX``
-    records (one struct unpack, then checks over tuples); False for larger ones (the general check decides).
-    Its size check is a bound (the largest key plus the largest value), so it may say no where the compiled
-    one, exact per record, says yes."""
-    if not 1 <= n <= _SMALL_BATCH_RECORDS_MAX or len(region) < RECORD_OVERHEAD_BYTES * n:
-        return False
-    if n == 1:  # the common small produce, one plain message
-        delta, _ts, klen, vlen, alen, hcount = _ONE_RECORD.unpack_from(region, 0)
-        size = RECORD_OVERHEAD_BYTES + (klen if klen > 0 else 0) + vlen
-        return (delta == 0 and klen >= -1 and vlen >= 0 and alen == -1 and hcount == 0 and size == len(region)
-                and size <= max_message_bytes)
-    columns, dense, no_attrs, no_headers = _PLAIN_COLUMNS[n]
-    row = columns.unpack_from(region, 0)
-    klens, vlens = row[2 * n:3 * n], row[3 * n:4 * n]
-    return (row[:n] == dense and row[4 * n:5 * n] == no_attrs and row[5 * n:] == no_headers
-            and min(klens) >= -1 and min(vlens) >= 0
-            and RECORD_OVERHEAD_BYTES * n + sum(klens) + klens.count(-1) + sum(vlens) == len(region)
-            and RECORD_OVERHEAD_BYTES + max(max(klens), 0) + max(vlens) <= max_message_bytes)
-
-
-def _read_col(typecode: str, data: bytes | memoryview) -> array:
-    arr = array(typecode)
-    arr.frombytes(data)
-    if not _LITTLE:
-        arr.byteswap()
-    return arr
-
-
-_HDR_NAME_LE = struct.Struct("<H")
-_ONE_RECORD = struct.Struct("<iqiihh")
-"""The column entries of a one-record batch: offset delta, timestamp, key, value and attribute lengths,
-header count (RECORD_OVERHEAD_BYTES)."""
-_HDR_VALUE_LE = struct.Struct("<i")
-
-_SMALL_BATCH_RECORDS_MAX = 32
-"""Batches of up to this many plain records are checked by :func:`validate_batch` from one unpack."""
-
-
-def _plain_columns(n: int) -> tuple[struct.Struct, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    """For an n-record batch: its six columns as one Struct, and what a plain produced batch has in three of
-    them: offset deltas 0..n-1, attribute lengths all -1, header counts all 0."""
-    return struct.Struct(f"<{n}i{n}q{n}i{n}i{n}h{n}h"), tuple(range(n)), (-1,) * n, (0,) * n
-
-
-_PLAIN_COLUMNS = [_plain_columns(n) for n in range(_SMALL_BATCH_RECORDS_MAX + 1)]
-
-_plain_columns_ok = PLAIN_COLUMNS_OK if PLAIN_COLUMNS_OK is not None else _plain_columns_ok_py
-"""Whether a produced batch's records region (``n`` records) is what producers send without attributes or
-headers, whole and within ``max_message_bytes``: metaq._speedups.plain_columns_ok (any n, one pass), or its
-Python twin. Yes only for regions the general check (:meth:`_Columns.parse`) accepts too; no means "not that
-case", and the general check decides."""
-
-
-def _encode_headers(headers: Sequence[tuple[str, bytes]]) -> bytes:
+def encode_headers(headers: Sequence[tuple[str, bytes]]) -> bytes:
+    """One record's headers as the headers section holds them: (name length, name, value length, value) each."""
     parts = []
     for name, hvalue in headers:
         raw = name.encode()
         if len(raw) > 0xFFFF:
             raise InvalidArgument(f"header name is {len(raw)} bytes encoded; at most 65535")
-        parts.append(_HDR_NAME_LE.pack(len(raw)) + raw + _HDR_VALUE_LE.pack(len(hvalue)) + bytes(hvalue))
+        parts.append(HEADER_NAME.pack(len(raw)) + raw + HEADER_VALUE.pack(len(hvalue)) + bytes(hvalue))
     return b"".join(parts)
 
 
-def _columns_region(deltas: Sequence[int], timestamps: Sequence[int], keys: Sequence[bytes | None],
-                    values: Sequence[bytes], attrs: Sequence[bytes | None], header_blobs: Sequence[bytes],
-                    header_counts: Sequence[int]) -> bytes:
-    """The uncompressed records region from per-record fields (see the module docstring)."""
+def columns_region(deltas: Iterable[int], timestamps: Iterable[int], keys: Sequence[bytes | None],
+                   values: Sequence[bytes], attrs: Sequence[bytes | None], header_blobs: Sequence[bytes],
+                   header_counts: Iterable[int]) -> bytes:
+    """The uncompressed records region from per-record fields (see the format's drawing)."""
     return b"".join((
-        _col("i", deltas), _col("q", timestamps),
-        _col("i", [-1 if k is None else len(k) for k in keys]),
-        _col("i", map(len, values)),
-        _col("h", [-1 if a is None else len(a) for a in attrs]),
-        _col("h", header_counts),
+        column("i", deltas), column("q", timestamps),
+        column("i", [-1 if k is None else len(k) for k in keys]),
+        column("i", map(len, values)),
+        column("h", [-1 if a is None else len(a) for a in attrs]),
+        column("h", header_counts),
         b"".join([k for k in keys if k]), b"".join(values), b"".join([a for a in attrs if a]),
         b"".join(header_blobs)))
 
 
-def _wrap(body: bytes, record_count: int, last_offset_delta: int, first_ts: int, max_ts: int,
-          compression: Compression, attributes_extra: int = 0) -> bytes:
+def plain_region_py(values: Sequence[bytes], timestamps: Sequence[int] | int) -> tuple[bytes, int, int]:
+    """The records region of a batch of plain records (no key, attribute or headers) and its smallest and largest
+    timestamp; ``timestamps`` is one per value, or one int for all. The reference of the compiled
+    metaq._speedups.plain_region, and what runs without it."""
+    n = len(values)
+    if n < 1:
+        raise ValueError("a record batch needs at least one record")
+    stamps = [timestamps] * n if isinstance(timestamps, int) else list(timestamps)
+    if len(stamps) != n:
+        raise ValueError("one timestamp per value")
+    region = columns_region(range(n), stamps, [None] * n, values, [None] * n, [b""] * n, [0] * n)
+    return region, min(stamps), max(stamps)
+
+
+plain_region_compiled = _compiled.speedups.plain_region if _compiled.speedups is not None else None
+"""metaq._speedups.plain_region, or None: :func:`plain_region_py` in one pass, or None when a value is not bytes or
+bytearray (a memoryview from ``send_batch``), which the Python code then encodes."""
+
+
+def plain_region(values: Sequence[bytes], timestamps: Sequence[int] | int) -> tuple[bytes, int, int]:
+    """:func:`plain_region_py`, compiled when the module is there: the records region of every ``send_async`` batch
+    and ``send_batch`` chunk."""
+    if plain_region_compiled is not None:
+        built: tuple[bytes, int, int] | None = plain_region_compiled(values, timestamps)
+        if built is not None:
+            return built
+    return plain_region_py(values, timestamps)
+
+
+def wrap(body: bytes, record_count: int, last_offset_delta: int, first_ts: int, max_ts: int,
+         compression: Compression, attributes_extra: int = 0) -> bytes:
+    """The whole batch around an uncompressed records region: compressed as asked, header and both CRCs."""
     codec = Compression.parse(compression)
-    body = _compress(codec, body) if record_count else body
+    body = compress(codec, body) if record_count else body
     attributes = (int(codec) if record_count else 0) | attributes_extra
-    head = _CRC_REGION_HEAD.pack(attributes, last_offset_delta, first_ts, max_ts, record_count)  # [45, 71)
+    head = CRC_REGION_HEAD.pack(attributes, last_offset_delta, first_ts, max_ts, record_count)  # [45, 71)
     # one copy of the body, into the batch: the body crc runs over head and body without joining them first
-    return b"".join((_prefix(0, len(head) + len(body) + STAMPED_BYTES - LENGTH_PREFIX_BYTES, 0, -1,
-                             _crc32c.crc32c(body, _crc32c.crc32c(head)), head), head, body))
+    return b"".join((prefix(0, len(head) + len(body) + STAMPED_BYTES - LENGTH_PREFIX_BYTES, 0, -1,
+                            _crc32c.crc32c(body, _crc32c.crc32c(head)), head), head, body))
+
+
+def _attribute_bytes(attribute: str | None) -> bytes | None:
+    encoded = attribute.encode() if attribute is not None else None
+    if encoded is not None and len(encoded) > 0x7FFF:
+        raise InvalidArgument(f"attribute is {len(encoded)} bytes encoded; at most 32767")
+    return encoded
 
 
 def encode_record(offset_delta: int, timestamp_ms: int, value: bytes, key: bytes | None = None,
@@ -536,13 +512,11 @@ def encode_record(offset_delta: int, timestamp_ms: int, value: bytes, key: bytes
     the 28-byte big-endian prefix (length, delta, timestamp, key/value/attribute lengths, header count),
     then key, value, attribute, and the headers encoded as in the batch.
     """
-    attr = attribute.encode() if attribute is not None else b""
-    if len(attr) > 0x7FFF:
-        raise InvalidArgument(f"attribute is {len(attr)} bytes encoded; at most 32767")
+    attr = _attribute_bytes(attribute) or b""
     if headers and len(headers) > 0x7FFF:
         raise InvalidArgument(f"a message has {len(headers)} headers; at most 32767")
-    hblob = _encode_headers(headers) if headers else b""
-    body_len = 24 + len(key or b"") + len(value) + len(attr) + len(hblob)
+    hblob = encode_headers(headers) if headers else b""
+    body_len = RECORD_OVERHEAD_BYTES + len(key or b"") + len(value) + len(attr) + len(hblob)
     return b"".join((_RECORD.pack(body_len, offset_delta, timestamp_ms, -1 if key is None else len(key),
                                   len(value), -1 if attribute is None else len(attr), len(headers or ())),
                      key or b"", value, attr, hblob))
@@ -563,7 +537,7 @@ def assemble_batch(records: bytes, record_count: int, first_ts: int, max_ts: int
     pos, view = 0, memoryview(records)
     for _ in range(record_count):
         length, delta, ts, klen, vlen, alen, hcount = _RECORD.unpack_from(records, pos)
-        p = pos + 28
+        p = pos + _RECORD.size
         key = None
         if klen >= 0:
             key = bytes(view[p:p + klen])
@@ -584,22 +558,18 @@ def assemble_batch(records: bytes, record_count: int, first_ts: int, max_ts: int
         pos = end
     if pos != len(records):
         raise InvalidArgument("records do not add up to record_count rows")
-    region = _columns_region(deltas, tss, keys, values, attrs, hblobs, hcounts)
-    return _wrap(region, record_count, record_count - 1, first_ts, max_ts, Compression.parse(compression))
+    region = columns_region(deltas, tss, keys, values, attrs, hblobs, hcounts)
+    return wrap(region, record_count, record_count - 1, first_ts, max_ts, Compression.parse(compression))
 
 
 def encode_values(values: Sequence[bytes], timestamp_ms: int,
                   compression: Compression = Compression.NONE) -> bytes:
-    """The fast path: a batch of plain payloads (no key, attribute or headers) sharing one timestamp.
-
-    No Python code runs per message: the region is one compiled pass (or, without it, C-level column
-    operations).
-    """
+    """A batch of plain payloads (no key, attribute or headers) sharing one timestamp."""
     n = len(values)
     if n < 1:
         raise InvalidArgument("a record batch needs at least one record")
-    region, _, _ = _plain_region(values, timestamp_ms)
-    return _wrap(region, n, n - 1, timestamp_ms, timestamp_ms, Compression.parse(compression))
+    region, _, _ = plain_region(values, timestamp_ms)
+    return wrap(region, n, n - 1, timestamp_ms, timestamp_ms, Compression.parse(compression))
 
 
 def encode_columns(values: Sequence[bytes], timestamps: Sequence[int], *,
@@ -615,17 +585,13 @@ def encode_columns(values: Sequence[bytes], timestamps: Sequence[int], *,
     if n < 1:
         raise InvalidArgument("a record batch needs at least one record")
     if keys is None and attributes is None and headers is None:
-        region, lo, hi = _plain_region(values, timestamps)
-        return _wrap(region, n, n - 1, lo, hi, Compression.parse(compression))
-    attrs = [None] * n if attributes is None else [a.encode() if a is not None else None for a in attributes]
-    for a in attrs:
-        if a is not None and len(a) > 0x7FFF:
-            raise InvalidArgument(f"attribute is {len(a)} bytes encoded; at most 32767")
+        region, lo, hi = plain_region(values, timestamps)
+        return wrap(region, n, n - 1, lo, hi, Compression.parse(compression))
+    attrs = [None] * n if attributes is None else [_attribute_bytes(a) for a in attributes]
     hlists = [None] * n if headers is None else headers
-    region = _columns_region(range(n), timestamps, [None] * n if keys is None else keys, values, attrs,
-                             [_encode_headers(h) if h else b"" for h in hlists],
-                             [len(h) if h else 0 for h in hlists])
-    return _wrap(region, n, n - 1, min(timestamps), max(timestamps), Compression.parse(compression))
+    region = columns_region(range(n), timestamps, [None] * n if keys is None else keys, values, attrs,
+                            [encode_headers(h) if h else b"" for h in hlists], [len(h) if h else 0 for h in hlists])
+    return wrap(region, n, n - 1, min(timestamps), max(timestamps), Compression.parse(compression))
 
 
 @dataclass
@@ -654,12 +620,10 @@ class BatchBuilder:
     def try_append(self, timestamp_ms: int, value: bytes, key: bytes | None = None,
                    attribute: str | None = None, headers: Sequence[tuple[str, bytes]] | None = None) -> bool:
         """Append a record if it fits (the first record always fits); False means build and start anew."""
-        attr = attribute.encode() if attribute is not None else None
-        if attr is not None and len(attr) > 0x7FFF:
-            raise InvalidArgument(f"attribute is {len(attr)} bytes encoded; at most 32767")
+        attr = _attribute_bytes(attribute)
         if headers and len(headers) > 0x7FFF:
             raise InvalidArgument(f"a message has {len(headers)} headers; at most 32767")
-        hblob = _encode_headers(headers) if headers else b""
+        hblob = encode_headers(headers) if headers else b""
         size = RECORD_OVERHEAD_BYTES + len(value) + len(key or b"") + len(attr or b"") + len(hblob)
         if self._values and self._size + size > self.max_bytes:
             return False
@@ -676,9 +640,9 @@ class BatchBuilder:
         n = len(self._values)
         if n < 1:
             raise InvalidArgument("a record batch needs at least one record")
-        region = _columns_region(range(n), self._timestamps, self._keys, self._values, self._attrs, self._hblobs,
-                                 self._hcounts)
-        return _wrap(region, n, n - 1, min(self._timestamps), max(self._timestamps), self.compression)
+        region = columns_region(range(n), self._timestamps, self._keys, self._values, self._attrs, self._hblobs,
+                                self._hcounts)
+        return wrap(region, n, n - 1, min(self._timestamps), max(self._timestamps), self.compression)
 
 
 def encode_messages(messages: Iterable[Message], compression: Compression = Compression.NONE,
@@ -700,21 +664,30 @@ def rebuild_batch(batch: bytes | memoryview, header: BatchHeader, kept: Sequence
     """
     base = header.base_offset
     if kept:
-        region = _columns_region([m.offset - base for m in kept], [m.timestamp_ms for m in kept],
-                                 [m.key for m in kept], [bytes(m.data) for m in kept],
-                                 [m.attribute.encode() if m.attribute is not None else None for m in kept],
-                                 [_encode_headers(m.headers) if m.headers else b"" for m in kept],
-                                 [len(m.headers) if m.headers else 0 for m in kept])
+        region = columns_region([m.offset - base for m in kept], [m.timestamp_ms for m in kept],
+                                [m.key for m in kept], [bytes(m.data) for m in kept],
+                                [m.attribute.encode() if m.attribute is not None else None for m in kept],
+                                [encode_headers(m.headers) if m.headers else b"" for m in kept],
+                                [len(m.headers) if m.headers else 0 for m in kept])
     else:
         region = b""
-    out = bytearray(_wrap(region, len(kept), header.last_offset_delta, header.first_timestamp_ms,
-                          header.max_timestamp_ms, Compression(header.compression) if kept else Compression.NONE))
+    out = bytearray(wrap(region, len(kept), header.last_offset_delta, header.first_timestamp_ms,
+                         header.max_timestamp_ms, Compression(header.compression) if kept else Compression.NONE))
     stamp(out, header.base_offset, header.base_message_id, header.append_time_ms)
     return bytes(out)
 
 
 # ----------------------------------------------------------------------------------------------
-# Validating (broker side) and reading (consumer side)
+# Validating a batch's body (broker side, and every reader)
+
+
+validate_plain = _compiled.speedups.validate_plain if _compiled.speedups is not None else None
+"""metaq._speedups.validate_plain, or None: :func:`validate_batch` for what producers send (an uncompressed batch of
+plain records) in one call, header, CRCs and columns: the same header, or None for anything else, which
+validate_batch's Python code (its reference) then decides."""
+
+plain_columns_ok_compiled = _compiled.speedups.plain_columns_ok if _compiled.speedups is not None else None
+"""metaq._speedups.plain_columns_ok, or None: :func:`plain_columns_ok_py` in one pass over the columns."""
 
 
 def validate_batch(batch: bytes | bytearray | memoryview, max_message_bytes: int,
@@ -722,12 +695,11 @@ def validate_batch(batch: bytes | bytearray | memoryview, max_message_bytes: int
     """Check everything the broker must know before storing a batch; CorruptRecordError otherwise.
 
     Length, magic, CRC, count, offset deltas (exactly 0..n-1), and that the columns add up so that a
-    stored batch always decodes. The work is per batch: C-level operations over whole columns; only
-    batches carrying headers or non-ASCII attributes walk those sections. Payloads are not copied.
-    Raises InvalidArgument (not a protocol error) for a batch or message over the size limits.
+    stored batch always decodes. Raises InvalidArgument (not a protocol error) for a batch or message over the
+    size limits. What producers send is checked in one compiled call when the module is there.
     """
-    if _validate_plain is not None:  # what producers send, all of the below in one compiled call; None: not that
-        header = _validate_plain(batch, max_message_bytes, max_batch_bytes)
+    if validate_plain is not None:
+        header: BatchHeader | None = validate_plain(batch, max_message_bytes, max_batch_bytes, BatchHeader)
         if header is not None:
             return header
     total = len(batch)
@@ -741,12 +713,13 @@ def validate_batch(batch: bytes | bytearray | memoryview, max_message_bytes: int
     if header.record_count < 1 or header.last_offset_delta != header.record_count - 1:
         raise CorruptRecordError(
             f"record batch count {header.record_count} and last offset delta {header.last_offset_delta} disagree")
-    _check_attributes(header)
-    body = _body(batch, header, max_batch_bytes * 4)
+    check_attributes(header)
+    body = batch_body(batch, header, max_batch_bytes * 4)
     n = header.record_count
-    if _plain_columns_ok(body, n, max_message_bytes):  # what producers send: no attributes or headers
+    # the compiled columns check of a compressed batch's inflated records (the Python check below is its reference)
+    if plain_columns_ok_compiled is not None and plain_columns_ok_compiled(body, n, max_message_bytes):
         return header
-    cols = _Columns.parse(body, header, producer=True)
+    cols = Columns.parse(body, n, n - 1, producer=True)
     biggest = cols.max_record_bytes_bound()
     if biggest > max_message_bytes:
         exact = cols.record_bytes()
@@ -757,11 +730,24 @@ def validate_batch(batch: bytes | bytearray | memoryview, max_message_bytes: int
     return header
 
 
-def _body(batch: bytes | bytearray | memoryview, header: BatchHeader, max_bytes: int) -> bytes | memoryview:
-    start = HEADER_BYTES + PRODUCER_BLOCK_BYTES if header.attributes & PRODUCER_STAMPED else HEADER_BYTES
-    view = memoryview(batch)[start:header.total_bytes]
+def plain_columns_ok_py(region: bytes | memoryview, n: int, max_message_bytes: int) -> bool:
+    """Whether the records region of an n-record produced batch is one a producer writes without attributes or
+    headers (keys allowed), whole, and with no record over ``max_message_bytes``: what :meth:`Columns.parse`
+    accepts with no attribute and no header in it. The reference of metaq._speedups.plain_columns_ok."""
+    if not isinstance(n, int) or n < 1:
+        return False
+    try:
+        cols = Columns.parse(region, n, n - 1, producer=True)
+    except CorruptRecordError:
+        return False
+    return cols.no_attrs and cols.no_headers and max(cols.record_bytes()) <= max_message_bytes
+
+
+def batch_body(batch: bytes | bytearray | memoryview, header: BatchHeader, max_bytes: int) -> bytes | memoryview:
+    """The records region of a whole batch: a view of its own bytes, or the inflated bytes (at most ``max_bytes``)."""
+    view = memoryview(batch)[header.records_start:header.total_bytes]
     if header.compression and header.record_count:
-        return _decompress(header.compression, view, max_bytes)
+        return decompress(header.compression, view, max_bytes)
     return view
 
 
@@ -770,8 +756,8 @@ def _non_negative(column: memoryview, width: int) -> bool:
     return column[width - 1::width].tobytes().isascii()
 
 
-class _Columns:
-    """The parsed, checked columns of one batch body (see the module docstring for the layout)."""
+class Columns:
+    """The parsed, checked columns of one batch body (see the format's drawing for the layout)."""
 
     __slots__ = ("alens", "attrs_at", "body", "deltas", "dense", "hcounts", "headers_at", "keys_at", "klens", "n",
                  "no_attrs", "no_headers", "no_keys", "timestamps", "values_at", "vlens")
@@ -793,31 +779,38 @@ class _Columns:
     no_attrs: bool
     no_headers: bool
 
-    @classmethod
-    def plain(cls, body: memoryview, n: int) -> _Columns:
-        """The columns of a batch body the compiled check (``_validate_plain``) accepted: n >= 1 records, offset
-        deltas 0..n-1, no attributes or headers, keys and values filling the region: what :meth:`parse` finds
-        there, without its checks."""
-        self = cls()
+    def _read(self, body: bytes | memoryview, n: int) -> memoryview:
+        view = memoryview(body)
         self.body = body
         self.n = n
-        self.deltas = _read_col("i", body[0:4 * n])
-        self.timestamps = _read_col("q", body[4 * n:12 * n])
-        self.klens = klens = _read_col("i", body[12 * n:16 * n])
-        self.vlens = _read_col("i", body[16 * n:20 * n])
-        self.alens = _read_col("h", body[20 * n:22 * n])
-        self.hcounts = _read_col("h", body[22 * n:24 * n])
+        self.deltas = read_column("i", view[0:4 * n])
+        self.timestamps = read_column("q", view[4 * n:12 * n])
+        self.klens = read_column("i", view[12 * n:16 * n])
+        self.vlens = read_column("i", view[16 * n:20 * n])
+        self.alens = read_column("h", view[20 * n:22 * n])
+        self.hcounts = read_column("h", view[22 * n:24 * n])
+        return view
+
+    @classmethod
+    def plain(cls, body: memoryview, n: int) -> Columns:
+        """The columns of a batch body the compiled check (``validate_plain``) accepted: n >= 1 records, offset
+        deltas 0..n-1, no attributes or headers, keys and values filling the region: what :meth:`parse` finds
+        there, without checking it again."""
+        self = cls()
+        self._read(body, n)
         self.dense = self.no_attrs = self.no_headers = True
-        n_no_key = klens.count(-1)
+        n_no_key = self.klens.count(-1)
         self.no_keys = n_no_key == n
         self.keys_at = fixed = RECORD_OVERHEAD_BYTES * n
-        self.values_at = fixed if self.no_keys else fixed + sum(klens) + n_no_key
+        self.values_at = fixed if self.no_keys else fixed + sum(self.klens) + n_no_key
         self.attrs_at = self.headers_at = len(body)
         return self
 
     @classmethod
-    def parse(cls, body: bytes | memoryview, header: BatchHeader, *, producer: bool) -> _Columns:
-        n = header.record_count
+    def parse(cls, body: bytes | memoryview, n: int, last_offset_delta: int, *, producer: bool) -> Columns:
+        """The columns of an n-record body, checked: CorruptRecordError unless they add up and every record is
+        whole. ``producer``: offset deltas must be exactly 0..n-1 (a produced batch; a stored one may have been
+        thinned by a server-side filter and needs only increasing deltas within ``last_offset_delta``)."""
         if n < 0:
             raise CorruptRecordError(f"record count {n} is negative")
         fixed = RECORD_OVERHEAD_BYTES * n
@@ -825,26 +818,18 @@ class _Columns:
         if size < fixed:
             raise CorruptRecordError(f"records region has {size} bytes; {n} records need at least {fixed}")
         self = cls()
-        self.body = body
-        self.n = n
-        view = memoryview(body)
-        self.deltas = _read_col("i", view[0:4 * n])
-        self.timestamps = _read_col("q", view[4 * n:12 * n])
-        self.klens = _read_col("i", view[12 * n:16 * n])
-        self.vlens = _read_col("i", view[16 * n:20 * n])
-        self.alens = _read_col("h", view[20 * n:22 * n])
-        self.hcounts = _read_col("h", view[22 * n:24 * n])
+        view = self._read(body, n)
         if n == 0:
             if size:
                 raise CorruptRecordError("an empty record batch has a non-empty records region")
             self.no_keys = self.no_attrs = self.no_headers = self.dense = True
             self.keys_at = self.values_at = self.attrs_at = self.headers_at = 0
             return self
-        dense = self.dense = view[0:4 * n] == _deltas_column(n)  # 0..n-1: every produced (unfiltered) batch
+        dense = self.dense = view[0:4 * n] == deltas_column(n)  # 0..n-1: every produced (unfiltered) batch
         if producer:
             if not dense:
                 raise CorruptRecordError("offset deltas of a produced batch must be 0, 1, ..., n-1")
-        elif not dense and (self.deltas[0] < 0 or self.deltas[-1] > header.last_offset_delta or (
+        elif not dense and (self.deltas[0] < 0 or self.deltas[-1] > last_offset_delta or (
                 n > 1 and not all(map(int.__lt__, self.deltas, self.deltas[1:])))):
             raise CorruptRecordError("offset deltas must increase and stay within the batch")
         # sign bytes first (C speed): only a column holding a negative value needs an element-wise look
@@ -883,14 +868,14 @@ class _Columns:
         for _ in range(n_headers):
             if p + 2 > end:
                 raise CorruptRecordError("record headers are cut off")
-            (nlen,) = _HDR_NAME_LE.unpack_from(view, p)
+            (nlen,) = HEADER_NAME.unpack_from(view, p)
             if p + 6 + nlen > end:
                 raise CorruptRecordError("record header is cut off")
             try:
                 bytes(view[p + 2:p + 2 + nlen]).decode()
             except UnicodeDecodeError:
                 raise CorruptRecordError("a record header name is not UTF-8") from None
-            (hlen,) = _HDR_VALUE_LE.unpack_from(view, p + 2 + nlen)
+            (hlen,) = HEADER_VALUE.unpack_from(view, p + 2 + nlen)
             if hlen < 0 or p + 6 + nlen + hlen > end:
                 raise CorruptRecordError("a record header value runs past the batch")
             p += 6 + nlen + hlen
@@ -929,16 +914,15 @@ class _Columns:
         for count in self.hcounts:
             start = p
             for _ in range(count):
-                (nlen,) = _HDR_NAME_LE.unpack_from(view, p)
-                (hlen,) = _HDR_VALUE_LE.unpack_from(view, p + 2 + nlen)
+                (nlen,) = HEADER_NAME.unpack_from(view, p)
+                (hlen,) = HEADER_VALUE.unpack_from(view, p + 2 + nlen)
                 p += 6 + nlen + hlen
             out.append(bytes(view[start:p]))
         return out
 
-    def values(self) -> list[bytes]:
-        raw = self.body if isinstance(self.body, bytes) else bytes(self.body)
-        ends = list(accumulate(self.vlens, initial=self.values_at))
-        return [raw[a:b] for a, b in pairwise(ends)]
+
+# ----------------------------------------------------------------------------------------------
+# Reading (consumer side)
 
 
 def _split(raw: bytes, start: int, lengths: array) -> list[bytes | None]:
@@ -962,9 +946,9 @@ def _decode_headers(raw: bytes, start: int, counts: array) -> list[list[tuple[st
             continue
         items = []
         for _ in range(count):
-            (nlen,) = _HDR_NAME_LE.unpack_from(raw, p)
+            (nlen,) = HEADER_NAME.unpack_from(raw, p)
             name = raw[p + 2:p + 2 + nlen].decode()
-            (hlen,) = _HDR_VALUE_LE.unpack_from(raw, p + 2 + nlen)
+            (hlen,) = HEADER_VALUE.unpack_from(raw, p + 2 + nlen)
             p += 6 + nlen
             items.append((name, raw[p:p + hlen]))
             p += hlen
@@ -987,21 +971,20 @@ def iter_batches(buf: bytes | bytearray | memoryview, pos: int = 0) -> Iterator[
         pos += header.total_bytes
 
 
-def _plain_batch(batch: bytes | memoryview) -> tuple[BatchHeader, _Columns] | None:
+def _plain_batch(batch: bytes | memoryview) -> tuple[BatchHeader, Columns] | None:
     """The header and columns of a whole, intact batch of plain records (uncompressed, no attributes or headers),
-    checked in one compiled call (``_validate_plain``: header, CRCs, columns), or None for anything else: the
-    general check then decides."""
-    if _validate_plain is None:
+    checked in one compiled call (``validate_plain``: header, CRCs, columns), or None for anything else (and
+    without the compiled module): the general check then decides."""
+    if validate_plain is None:
         return None
-    header = _validate_plain(batch, _NO_LIMIT, _NO_LIMIT)
+    header: BatchHeader | None = validate_plain(batch, _NO_LIMIT, _NO_LIMIT, BatchHeader)
     if header is None:
         return None
-    start = HEADER_BYTES + PRODUCER_BLOCK_BYTES if header.attributes & PRODUCER_STAMPED else HEADER_BYTES
-    return header, _Columns.plain(memoryview(batch)[start:], header.record_count)
+    return header, Columns.plain(memoryview(batch)[header.records_start:], header.record_count)
 
 
 def _checked_columns(batch: bytes | memoryview, header: BatchHeader | None, verify: bool,
-                     max_uncompressed_bytes: int) -> tuple[BatchHeader, _Columns]:
+                     max_uncompressed_bytes: int) -> tuple[BatchHeader, Columns]:
     """The header and checked columns of one whole batch (CRC first when ``verify``); the body is the
     batch's own memory when it is not compressed (no copy), else the inflated bytes."""
     plain = _plain_batch(batch)
@@ -1016,8 +999,9 @@ def _checked_columns(batch: bytes | memoryview, header: BatchHeader | None, veri
         view = view[: header.total_bytes]
     if verify and header.crc != compute_crc(view):
         raise CorruptRecordError(f"record batch at offset {header.base_offset} fails its CRC32C check")
-    _check_attributes(header)
-    return header, _Columns.parse(_body(view, header, max_uncompressed_bytes), header, producer=False)
+    check_attributes(header)
+    return header, Columns.parse(batch_body(view, header, max_uncompressed_bytes), header.record_count,
+                                 header.last_offset_delta, producer=False)
 
 
 _NO_LIMIT = 1 << 62
@@ -1053,7 +1037,7 @@ class MessageBatch:
     header: BatchHeader
     """The stored batch's header: ``base_offset``, ``next_offset``, ``append_time_ms``, ``compression``..."""
 
-    def __init__(self, header: BatchHeader, columns: _Columns, topic: str = "", partition: int = -1,
+    def __init__(self, header: BatchHeader, columns: Columns, topic: str = "", partition: int = -1,
                  broker_id: int = -1, lo: int = 0, hi: int | None = None) -> None:
         self.header = header
         self.topic = topic
@@ -1165,34 +1149,19 @@ class MessageBatch:
             raw = self._raw = body if isinstance(body, bytes) else bytes(body)  # one copy; fields slice it
         return raw
 
-    def _payload_ends(self) -> list[int]:
-        """Where each payload starts in :meth:`_bytes`, and where the last one ends (``len(self) + 1``)."""
-        cols = self._cols
-        return list(accumulate(cols.vlens[:self._hi], initial=cols.values_at))[self._lo:]
-
     def __iter__(self) -> Iterator[Message]:
-        """Messages one at a time, each built when the iteration reaches it: by the compiled
-        ``metaq._speedups.BatchMessages`` (metaq.types.BATCH_MESSAGES; scripts/bench_decode.py ``lazy`` 2.0M ->
-        3.5M msg/s), or without it by :func:`_build_plain` / :func:`_build`, which build the same Messages."""
-        n = len(self)
-        if not n:
+        """Messages one at a time, each built when the iteration reaches it (:func:`build_messages`, compiled when
+        the module is there)."""
+        if self._hi <= self._lo:
             return iter(())
-        cols = self._cols
-        if BATCH_MESSAGES is not None:  # the payloads' places from the length column itself, in C
-            vlens = cols.vlens
-            start = cols.values_at + sum(vlens[:self._lo])
-            return BATCH_MESSAGES(self.topic, self._bytes(), start, self._window(vlens),
-                                  None if cols.no_attrs else self.attributes, None if cols.no_keys else self.keys,
-                                  None if cols.no_headers else self.headers, self.timestamps, self.offsets, self.ids,
-                                  self.partition, self.header.append_time_ms, self.broker_id)
-        if cols.no_attrs and cols.no_keys and cols.no_headers:
-            return _build_plain(self.topic, self._bytes(), self._payload_ends(), self.timestamps, self.offsets,
-                                self.ids, self.partition, self.header.append_time_ms, self.broker_id)
-        return _build(self.topic, self._bytes(), self._payload_ends(),
-                      repeat(None, n) if cols.no_attrs else self.attributes,
-                      repeat(None, n) if cols.no_keys else self.keys,
-                      repeat(None, n) if cols.no_headers else self.headers, self.timestamps, self.offsets,
-                      self.ids, self.partition, self.header.append_time_ms, self.broker_id)
+        cols, header = self._cols, self.header
+        vlens = cols.vlens
+        start = cols.values_at + (sum(vlens[:self._lo]) if self._lo else 0)
+        return _build(self.topic, self._bytes(), start, self._window(vlens), self._window(cols.deltas),
+                      self._window(cols.timestamps), None if cols.no_attrs else self.attributes,
+                      None if cols.no_keys else self.keys, None if cols.no_headers else self.headers,
+                      header.base_offset, header.base_message_id, self.partition, header.append_time_ms,
+                      self.broker_id)
 
     def messages(self) -> list[Message]:
         """Every record as a Message (the cyclic GC paused meanwhile: Messages cannot form cycles)."""
@@ -1207,66 +1176,45 @@ class MessageBatch:
                             self._lo + max(count, 0))
 
 
-_new_message = Message.__new__
+def build_messages(topic: str, raw: bytes, start: int, lengths: Sequence[int], deltas: Sequence[int],
+                   timestamps: Sequence[int], attributes: Iterable[str | None] | None,
+                   keys: Iterable[bytes | None] | None, headers: Iterable[list[tuple[str, bytes]] | None] | None,
+                   base_offset: int, base_message_id: int, partition: int, append_time_ms: int,
+                   broker_id: int) -> Iterator[Message]:
+    """The Messages of a batch's records, from its columns. Record ``i``: payload the next ``lengths[i]`` bytes of
+    ``raw`` (the first from ``start`` on), copied into bytes of its own; offset ``base_offset + deltas[i]``, id
+    ``base_message_id + deltas[i]``, ``timestamps[i]``; ``attributes``, ``keys`` and ``headers`` None when the whole
+    column is. As ``zip``, the first column to run out ends the batch.
 
-
-def _build_plain(topic: str, raw: bytes, ends: list[int], timestamps: Iterable[int], offsets: Iterable[int],
-                 ids: Iterable[int], partition: int, append_time_ms: int, broker_id: int) -> Iterator[Message]:
-    """Messages with no attribute, key or headers (payload ``i`` is ``raw[ends[i]:ends[i + 1]]``), built
-    without ``Message.__init__``: an empty instance and its slots assigned here, the payload sliced as
-    the message is built. In process (scripts/bench_decode.py, ``lazy``) that is ~0.12 us a message less
-    than a ``map`` calling the dataclass ``__init__`` with 11 arguments over a list of sliced payloads.
-    Every field of :class:`~metaq.types.Message` must be assigned here and in :func:`_build`
-    (tests/unit/protocol/test_message_build.py checks that).
-
-    The 13 assignments repeat :func:`_build`'s on purpose (a measured decision, docs/benchmarks.md, "Issue 13
-    review leftovers"): folding this into ``_build`` fed ``repeat(None)`` for the three missing columns (a
-    zip of 8 instead of 5) cost the plain iterator 7-15 ns a message in five of five interleaved pairs
-    (335 -> 348 ns, +3-4%, best of 40 CPU-time rounds of 7,000 messages; the keyed path, unchanged code,
-    moved -2 to -21 ns either way), more than the noise, on the path ``iterate`` runs per message."""
-    new, cls = _new_message, Message
-    for start, end, timestamp_ms, offset, message_id in zip(ends, ends[1:], timestamps, offsets, ids,
-                                                            strict=False):  # ends: one more than the rest
-        m = new(cls)
+    Each Message is ``Message.__new__(Message)`` with every field set, without ``__init__``. The reference of the
+    compiled metaq._speedups.MessageBuilder, which builds them the same way, and what runs without it."""
+    position = start
+    for length, delta, timestamp_ms, attribute, key, hdrs in zip(
+            lengths, deltas, timestamps, repeat(None) if attributes is None else attributes,
+            repeat(None) if keys is None else keys, repeat(None) if headers is None else headers, strict=False):
+        m = Message.__new__(Message)
         m.topic = topic
-        m.data = raw[start:end]
-        m.attribute = None
-        m.key = None
-        m.headers = None
-        m.timestamp_ms = timestamp_ms
-        m.partition = partition
-        m.offset = offset
-        m.id = message_id
-        m.append_time_ms = append_time_ms
-        m.broker_id = broker_id
-        m.deliver_at = None
-        m.delay_ms = None
-        yield m
-
-
-def _build(topic: str, raw: bytes, ends: list[int], attributes: Iterable[str | None],
-           keys: Iterable[bytes | None], headers: Iterable[list[tuple[str, bytes]] | None],
-           timestamps: Iterable[int], offsets: Iterable[int], ids: Iterable[int], partition: int,
-           append_time_ms: int, broker_id: int) -> Iterator[Message]:
-    """As :func:`_build_plain`, for messages with an attribute, a key or headers."""
-    new, cls = _new_message, Message
-    for start, end, attribute, key, hdrs, timestamp_ms, offset, message_id in zip(
-            ends, ends[1:], attributes, keys, headers, timestamps, offsets, ids, strict=False):
-        m = new(cls)
-        m.topic = topic
-        m.data = raw[start:end]
+        m.data = raw[position:position + length]
         m.attribute = attribute
         m.key = key
         m.headers = hdrs
         m.timestamp_ms = timestamp_ms
         m.partition = partition
-        m.offset = offset
-        m.id = message_id
+        m.offset = base_offset + delta
+        m.id = base_message_id + delta
         m.append_time_ms = append_time_ms
         m.broker_id = broker_id
         m.deliver_at = None
         m.delay_ms = None
+        position += length
         yield m
+
+
+_build: Any = build_messages
+"""What :meth:`MessageBatch.__iter__` builds Messages with: :func:`build_messages`, or the compiled builder's
+``messages`` (bound to :class:`~metaq.types.Message`: a field added to Message without it stops the import)."""
+if _compiled.speedups is not None:
+    _build = _compiled.speedups.MessageBuilder(Message, [f.name for f in fields(Message)]).messages
 
 
 class _gc_paused:
