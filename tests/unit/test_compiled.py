@@ -12,13 +12,14 @@ import pytest
 
 import metaq.types
 from metaq import _compiled
-from metaq.protocol import records as rec
+from metaq.protocol.records import decode, encode, validate
+from metaq.protocol.records import format as record_format
 
 
 def fast_paths() -> dict[str, object]:
-    return {"SendResult": metaq.types.SPEEDUPS or None, "message builder": rec._build is not rec.build_messages
-            or None, "plain_region": rec.plain_region_compiled, "validate_plain": rec.validate_plain,
-            "plain_columns_ok": rec.plain_columns_ok_compiled, "stamp_prefix": rec.stamp_prefix_compiled}
+    return {"SendResult": metaq.types.SPEEDUPS or None, "message builder": decode._build is not decode.build_messages
+            or None, "plain_region": encode.plain_region_compiled, "validate_plain": validate.validate_plain,
+            "plain_columns_ok": validate.plain_columns_ok_compiled, "stamp_prefix": record_format.stamp_prefix_compiled}
 
 
 def test_the_module_is_built_and_in_use_unless_turned_off() -> None:

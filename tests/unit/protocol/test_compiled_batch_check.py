@@ -22,11 +22,14 @@ from protocol_strategies import examples
 from metaq.errors import CorruptRecordError, InvalidArgument
 from metaq.protocol import records as rec
 from metaq.protocol.delayed import DELIVER_AT_HEADER, mark_delayed, pack_ms
+from metaq.protocol.records import format as record_format
+from metaq.protocol.records import validate
+from metaq.protocol.records.validate import Columns
 
-COMPILED = pytest.mark.skipif(rec.validate_plain is None, reason="metaq._speedups not in use")
-VALIDATE_PLAIN = rec.validate_plain
-STAMP_PREFIX = rec.stamp_prefix_compiled
-stamp_prefix_py = rec.stamp_prefix_py
+COMPILED = pytest.mark.skipif(validate.validate_plain is None, reason="metaq._speedups not in use")
+VALIDATE_PLAIN = validate.validate_plain
+STAMP_PREFIX = record_format.stamp_prefix_compiled
+stamp_prefix_py = record_format.stamp_prefix_py
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
 ATTRIBUTE_TEXT = st.text(max_size=6)
 HEADERS = st.lists(st.tuples(st.text(max_size=5), st.binary(max_size=8)), max_size=2)
@@ -42,14 +45,14 @@ def python_only(columns: bool = True) -> Iterator[None]:
     """validate_batch, the readers' check and stamp_prefix with their compiled halves switched off; ``columns``: the
     compiled columns check too (it shares its C with validate_plain), as an install without the module: the
     reference."""
-    saved = rec.validate_plain, rec.stamp_prefix_compiled, rec.plain_columns_ok_compiled
-    rec.validate_plain = rec.stamp_prefix_compiled = None
+    saved = validate.validate_plain, record_format.stamp_prefix_compiled, validate.plain_columns_ok_compiled
+    validate.validate_plain = record_format.stamp_prefix_compiled = None
     if columns:
-        rec.plain_columns_ok_compiled = None
+        validate.plain_columns_ok_compiled = None
     try:
         yield
     finally:
-        rec.validate_plain, rec.stamp_prefix_compiled, rec.plain_columns_ok_compiled = saved
+        validate.validate_plain, record_format.stamp_prefix_compiled, validate.plain_columns_ok_compiled = saved
 
 
 def outcome(batch: Any, max_message_bytes: int, max_batch_bytes: int) -> Any:
@@ -555,6 +558,6 @@ def test_a_reader_gets_the_same_columns_and_messages_with_the_compiled_check_as_
 def test_a_caught_up_reader_takes_the_compiled_path(monkeypatch: pytest.MonkeyPatch) -> None:
     batch = bytearray(rec.encode_values([b"a" * 100, b"b" * 7], 1_700_000_000_000))
     rec.stamp(batch, 40, (5 << 112) | 40, 1_700_000_000_001)
-    monkeypatch.setattr(rec.Columns, "parse", None)  # the general check would fail if it ran
+    monkeypatch.setattr(Columns, "parse", None)  # the general check would fail if it ran
     batches, next_offset = rec.decode_fetched_batches(memoryview(bytes(batch)), "t", 0, 41)
     assert next_offset == 42 and [(m.offset, m.data) for b in batches for m in b] == [(41, b"b" * 7)]

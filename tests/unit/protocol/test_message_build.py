@@ -19,6 +19,7 @@ from protocol_strategies import examples, messages
 
 from metaq import _compiled
 from metaq.protocol import records as rec
+from metaq.protocol.records import decode
 from metaq.types import Message, PartitionId
 
 _speedups = _compiled.speedups
@@ -155,14 +156,14 @@ COMPILED = pytest.mark.skipif(_speedups is None, reason="metaq._speedups not in 
 def test_the_compiled_builder_is_in_use_when_the_module_is() -> None:
     """A silent fallback to the Python builder would go unnoticed otherwise."""
     if _speedups is None:
-        assert rec._build is rec.build_messages
+        assert decode._build is decode.build_messages
     else:
-        assert type(rec._build.__self__) is _speedups.MessageBuilder
+        assert type(decode._build.__self__) is _speedups.MessageBuilder
 
 
 def _builders() -> list[Any]:
     compiled = [_speedups.MessageBuilder(Message, FIELDS).messages] if _speedups is not None else []
-    return [rec.build_messages, *compiled]
+    return [decode.build_messages, *compiled]
 
 
 @settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -16,15 +16,17 @@ from protocol_strategies import examples
 from metaq import types
 from metaq.errors import CorruptRecordError, InvalidArgument
 from metaq.protocol import records as rec
+from metaq.protocol.records import encode, validate
+from metaq.protocol.records.validate import Columns
 
-PLAIN_REGION = rec.plain_region_compiled
-PLAIN_COLUMNS_OK = rec.plain_columns_ok_compiled
+PLAIN_REGION = encode.plain_region_compiled
+PLAIN_COLUMNS_OK = validate.plain_columns_ok_compiled
 COMPILED = pytest.mark.skipif(PLAIN_REGION is None, reason="metaq._speedups not in use")
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
 
 
 def builders() -> list[Any]:
-    return [rec.plain_region_py] + ([PLAIN_REGION] if PLAIN_REGION is not None else [])
+    return [encode.plain_region_py] + ([PLAIN_REGION] if PLAIN_REGION is not None else [])
 
 
 @settings(max_examples=examples(150), deadline=None)
@@ -69,7 +71,7 @@ def test_a_memoryview_payload_is_encoded_by_the_python_columns() -> None:
     assert [m.data for m in rec.decode_batch(bytes(batch), "t", 0)] == [b"a", b"bc"]
 
 
-@pytest.mark.parametrize("build", [pytest.param(rec.plain_region_py, id="python"),
+@pytest.mark.parametrize("build", [pytest.param(encode.plain_region_py, id="python"),
                                    pytest.param(PLAIN_REGION, id="compiled", marks=COMPILED)])
 def test_misuse_is_refused_the_same_way(build: Any) -> None:
     with pytest.raises(ValueError):
@@ -92,7 +94,7 @@ def keyed_region(values: list[bytes], keys: list[bytes | None]) -> bytes:
 
 
 def columns_checks() -> list[Any]:
-    return [rec.plain_columns_ok_py] + ([PLAIN_COLUMNS_OK] if PLAIN_COLUMNS_OK is not None else [])
+    return [validate.plain_columns_ok_py] + ([PLAIN_COLUMNS_OK] if PLAIN_COLUMNS_OK is not None else [])
 
 
 @settings(max_examples=examples(300), deadline=None)
@@ -128,7 +130,7 @@ def test_validate_batch_decides_the_same_with_the_compiled_columns_check_and_wit
     for _ in range(data.draw(st.integers(0, 2))):
         region[data.draw(st.integers(0, len(region) - 1))] = data.draw(st.integers(0, 255))
     n = len(values)
-    batch = rec.wrap(bytes(region), n, n - 1, 7, 7, data.draw(st.sampled_from(list(rec.Compression))))
+    batch = encode.wrap(bytes(region), n, n - 1, 7, 7, data.draw(st.sampled_from(list(rec.Compression))))
     limit = data.draw(st.sampled_from([1 << 20, 40, 24]))
 
     def outcome() -> Any:
@@ -138,12 +140,12 @@ def test_validate_batch_decides_the_same_with_the_compiled_columns_check_and_wit
             return type(exc), str(exc)
 
     first = outcome()
-    saved = rec.validate_plain, rec.plain_columns_ok_compiled
-    rec.validate_plain = rec.plain_columns_ok_compiled = None
+    saved = validate.validate_plain, validate.plain_columns_ok_compiled
+    validate.validate_plain = validate.plain_columns_ok_compiled = None
     try:
         assert outcome() == first
     finally:
-        rec.validate_plain, rec.plain_columns_ok_compiled = saved
+        validate.validate_plain, validate.plain_columns_ok_compiled = saved
 
 
 def test_columns_with_attributes_or_headers_are_left_to_the_general_check() -> None:
@@ -152,7 +154,7 @@ def test_columns_with_attributes_or_headers_are_left_to_the_general_check() -> N
     region = batch[rec.HEADER_BYTES:]
     for check in columns_checks():
         assert not check(region, 2, 1 << 20)
-    cols = rec.Columns.parse(region, 2, 1, producer=True)
+    cols = Columns.parse(region, 2, 1, producer=True)
     assert not cols.no_attrs and not cols.no_headers
     header = rec.validate_batch(batch, 1 << 20, 1 << 22)  # accepted by the general check
     assert header.record_count == 2
