@@ -39,7 +39,6 @@ Pure functions over bytes: no sockets, no files.
 from __future__ import annotations
 
 import gzip
-import os
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
@@ -49,17 +48,12 @@ import crc32c as _crc32c
 import lz4.frame as _lz4
 import zstandard as _zstd
 
+from metaq import _compiled
 from metaq.errors import CorruptRecordError, InvalidArgument
 from metaq.protocol import records as mrec
 
-try:
-    if os.environ.get("METAQ_NO_SPEEDUPS"):
-        raise ImportError("METAQ_NO_SPEEDUPS is set")
-    from metaq._kafka_speedups import records_to_region as _records_to_region
-    from metaq._kafka_speedups import region_to_records as _region_to_records
-except ImportError:  # no C compiler at install, or turned off: the Python code below does it all
-    _records_to_region = None
-    _region_to_records = None
+_records_to_region = _compiled.kafka_speedups.records_to_region if _compiled.kafka_speedups else None
+_region_to_records = _compiled.kafka_speedups.region_to_records if _compiled.kafka_speedups else None
 COMPILED = _records_to_region is not None
 """Whether the conversions run compiled (metaq._kafka_speedups); the Python code is the reference."""
 
