@@ -35,10 +35,11 @@ cli.add_command(broker_command, "broker")
 
 
 def _register_client_commands() -> None:
-    from metaq.cli import acl_cmd, bench_cmd, client_cmds, cluster_cmd, verify_cmd
+    from metaq.cli import acl_cmd, bench_cmd, client_cmds, cluster_cmd, transactions_cmd, verify_cmd
 
     client_cmds.register(cli)
     verify_cmd.register(client_cmds.admin_group)
+    transactions_cmd.register(client_cmds.admin_group)
     bench_cmd.register(cli)
     cluster_cmd.register(cli)
     acl_cmd.register(cli)

@@ -156,8 +156,8 @@ class SyncProducer:
         """``execute(message, transaction_id)`` runs in a worker thread of the client."""
         return self._lt.run(self.producer.send_in_transaction(message, execute, producer_group, timeout_s))
 
-    def start_transaction_checker(self, producer_group: str, check: Callable[[str], Any]) -> TransactionChecker:
-        """``check(transaction_id)`` runs in a worker thread of the client."""
+    def start_transaction_checker(self, producer_group: str, check: Callable[..., Any]) -> TransactionChecker:
+        """``check(message, transaction_id)`` or ``check(transaction_id)`` runs in a worker thread of the client."""
         return self._lt.run(self.producer.start_transaction_checker(producer_group, check))
 
     def stop_transaction_checker(self, checker: TransactionChecker) -> None:
