@@ -4,10 +4,10 @@ everything it never acknowledged is delivered."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 from metaq.client.consumer import FetchResult
+from metaq.client.group.config import ConsumerConfig
 from metaq.client.group.delivery import (
     ConsumerStats,
     Delivery,
@@ -23,7 +23,7 @@ TP = TopicPartition("t", PartitionId(0, 1))
 
 def _consumer(dedup_window: int = 100) -> Any:
     """A GroupConsumer's delivery state only (no session): what ``_steps`` reads and writes."""
-    config: Any = SimpleNamespace(max_fetch_retries=5)
+    config = ConsumerConfig(group="g", retry_backoff_ms=0)  # a failed message is delivered again at once
     return Delivery(config, ConsumerStats(), MessageIdLRU(dedup_window), lambda: True, lambda: False,
                     None, None, None)  # type: ignore[arg-type]
 

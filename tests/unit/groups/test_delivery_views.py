@@ -3,10 +3,10 @@ a list of Messages: same messages, same retries, same positions, a filtered-out 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 from metaq.client.consumer import FetchResult
+from metaq.client.group.config import ConsumerConfig
 from metaq.client.group.delivery import (
     ConsumerStats,
     Delivery,
@@ -29,7 +29,7 @@ TP = TopicPartition("t", PartitionId(0, 1))
 
 
 def _consumer() -> Any:
-    config: Any = SimpleNamespace(max_fetch_retries=5)
+    config = ConsumerConfig(group="g", retry_backoff_ms=0)  # a failed message is delivered again at once
     return Delivery(config, ConsumerStats(), MessageIdLRU(100), lambda: True, lambda: False,
                     None, None, None)  # type: ignore[arg-type]
 

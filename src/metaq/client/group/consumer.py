@@ -48,8 +48,9 @@ group while it was still processing (at most the message in hand per partition),
 design). The LRU of the last ``dedup_window`` acknowledged message ids drops redeliveries that reach
 the *same* consumer (a partition that comes back to it after a rebalance).
 
-Failures: a listener that raises, or marks the message rollback-only, gets the message again right
-away, up to ``max_fetch_retries`` more times (1 + max_fetch_retries deliveries in all, MetaQ's
+Failures: a listener that raises, or marks the message rollback-only, gets the message again after a
+back-off (``retry_backoff_ms``: MetaQ's delayed fetch, a tenth of ``max_delay_fetch_ms`` more each time),
+up to ``max_fetch_retries`` more times (1 + max_fetch_retries deliveries in all, MetaQ's
 maxFetchRetries); then the rejection policy takes it — ``skip`` (logged) or ``recover``: the local
 :class:`~metaq.client.group.recover.RecoverStore` keeps it on disk and offers it to the listener again
 every ``recover_message_interval_ms`` until accepted — and the partition moves on. ``dead-letter``
@@ -65,6 +66,7 @@ import logging
 import random
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -187,6 +189,8 @@ class GroupConsumer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.assigned = asyncio.Event()
         """Set whenever the consumer holds a current assignment (possibly empty); cleared while rebalancing."""
+        self.retry_wait: Callable[[float], Awaitable[object]] = asyncio.sleep
+        """How a partition waits before redelivering a failed message (a test's fake clock replaces it)."""
 
     @property
     def _channel(self) -> str:
@@ -486,6 +490,9 @@ class GroupConsumer:
                     await self.delivery.deliver(w, result)
                 finally:
                     w.busy = False
+            if w.retry_delay_s:  # a failed message: back off (a revoke may cancel this), then fetch it again
+                delay, w.retry_delay_s = w.retry_delay_s, 0.0
+                await self.retry_wait(delay)
 
     # -- recover store ------------------------------------------------------------------------------
 

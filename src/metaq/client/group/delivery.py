@@ -8,9 +8,12 @@ the same retries, acknowledgements and rejections.
 
 A message is *acknowledged* when its listener call returns without raising and without marking it
 rollback-only (auto-ack), or when the listener calls ``ctx.ack()`` (auto-ack off); everything before
-``Worker.acked`` is what a commit stores. A failed message is delivered again right away, up to
+``Worker.acked`` is what a commit stores. A failed message is delivered again, up to
 ``max_fetch_retries`` more times, then handed to the rejection policy (skip, the recover store, or the
-dead-letter topic). The LRU of the last ``dedup_window`` acknowledged message ids drops redeliveries
+dead-letter topic). Before each redelivery the partition backs off (MetaQ's delayed fetch:
+:meth:`~metaq.client.group.config.ConsumerConfig.retry_delay_ms`): delivery stops at the failed
+message and sets ``Worker.retry_delay_s``; the worker waits that long outside the listener slots, then
+fetches again from the failed message. The LRU of the last ``dedup_window`` acknowledged message ids drops redeliveries
 that reach the same consumer (a partition that came back to it from an older commit).
 """
 
@@ -187,6 +190,8 @@ class Worker:
     empty_fetches: int = 0
     last_error: BaseException | None = None
     """The failure of the message being rejected (None: it was marked rollback-only)."""
+    retry_delay_s: float = 0.0
+    """Set when delivery stopped at a failed message: wait this long, then fetch again from it."""
 
 
 _CALL = "call"
@@ -289,10 +294,13 @@ class Delivery:
                             w.retries.get(msg.offset, 0) + 1, cfg.max_fetch_retries + 1, error)
             tries = w.retries[msg.offset] = w.retries.get(msg.offset, 0) + 1
             if tries <= cfg.max_fetch_retries:
+                w.retry_delay_s = cfg.retry_delay_ms(tries) / 1000
                 if not ctx.auto_ack:
                     self._rollback(w)  # a failure inside a transaction rolls it back
                     return
-                continue  # deliver the same message again
+                if w.retry_delay_s > 0:
+                    return  # the worker backs off, then fetches again from this message
+                continue  # deliver the same message again at once
             del w.retries[msg.offset]
             w.last_error = error
             if (yield (_REJECT, msg)) is not None:
