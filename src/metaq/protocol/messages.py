@@ -365,9 +365,8 @@ class JoinGroupRequest(_Base):
     strategy: str = "range"
     """'range' (MetaQ's sorted range split) or 'consistent_hash'."""
     partitions: list[TopicAssignment] = field(default_factory=list)
-    """The subscribed topics' partitions as this member sees them (its metadata, merged from every
-    broker it was given): a standalone coordinator knows only its own partitions and balances those plus
-    the other brokers' partitions its members report."""
+    """The subscribed topics' partitions as this member sees them: informational (checked, not used to
+    balance: each standalone broker assigns only its own partitions)."""
     FIELDS: ClassVar = (Field("group", STRING), Field("member_id", STRING), Field("client_id", STRING),
                         Field("session_timeout_ms", INT32), Field("rebalance_timeout_ms", INT32),
                         Field("topics", Array(STRING)), Field("strategy", STRING),

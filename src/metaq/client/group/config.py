@@ -28,8 +28,10 @@ class ConsumerConfig:
     group: str
     """The consumer group (MetaQ ``group``). Groups are independent: each has its own offsets."""
     consumer_id: str = ""
-    """MetaQ ``consumerId``: names this member in ``metaq group describe``. Broadcast members keep their
-    offsets under it, so give each broadcast member a stable, distinct id ('' = the host name)."""
+    """MetaQ ``consumerId``: names this member in ``metaq group describe``; standalone brokers order the
+    members by it, so it must be unique in the group ('' = MetaQ's ``<group>_<host>-<ms>-<random>``).
+    Broadcast members keep their offsets under it, so give each broadcast member a stable, distinct id
+    ('' = the host name)."""
     fetch_runner_count: int = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)
     """MetaQ ``fetchRunnerCount``: partitions processed at once (listener calls run in parallel across
     partitions, in order within one); also the size of the thread pool for synchronous listeners."""

@@ -16,8 +16,8 @@ and committed offsets are keyed by it, and each partition is fetched from its ow
 partitions this member owns is the job of its :class:`~metaq.client.group.membership.Membership`; the
 workers, delivery and commits below are the same for both:
 
-* standalone mode: the brokers coordinate the group
-  (:class:`~metaq.client.group.standalone.BrokerMembership`);
+* standalone mode: each broker coordinates the group for its own partitions, and keeps their offsets
+  (:class:`~metaq.client.group.standalone.BrokerMembership`: no broker is a single point of failure);
 * cluster mode (the session has a ZooKeeper registry): MetaQ's way, members, owner claims and offsets in
   ZooKeeper, each member computing the assignment (:class:`~metaq.client.group.membership.ZooKeeperMembership`);
 * broadcast: every member owns every partition (:class:`~metaq.client.group.standalone.BroadcastMembership`).
@@ -134,12 +134,11 @@ class GroupConsumer:
         self._core = core
         self.config = config
         registry = core.registry if not config.broadcast else None
-        if registry is not None:
+        if config.broadcast:
+            self.consumer_id = config.consumer_id or socket.gethostname()
+        else:  # unique: standalone brokers balance the members by it, so they order them alike
             self.consumer_id = config.consumer_id or metaq_consumer_id(
                 config.group, socket.gethostname(), int(time.time() * 1000), random.getrandbits(24))
-        else:
-            self.consumer_id = config.consumer_id or (socket.gethostname() if config.broadcast
-                                                      else core.config.client_id)
         self._owns_storage = offset_storage is None
         if offset_storage is None:
             if config.broadcast:
@@ -163,7 +162,7 @@ class GroupConsumer:
             coordinated = BrokerMembership(self, core, self._channel)
             self.membership = coordinated
             if isinstance(offset_storage, BrokerOffsetStorage):
-                offset_storage.bind(coordinated.request)
+                offset_storage.bind_brokers(coordinated.request_to, coordinated.fence)
         self.storage_group = f"{config.group}-{self.consumer_id}" if config.broadcast else config.group
         """The key offsets are stored under: the group, or group-consumerId for a broadcast member."""
         self.recover = recover_store or RecoverStore(config.recover_dir, self.storage_group)
@@ -243,12 +242,18 @@ class GroupConsumer:
 
     @property
     def generation(self) -> int:
-        """The group generation this member consumes in (standalone mode; -1 otherwise)."""
+        """Standalone mode: the group's generation at the lowest broker id where this member holds an
+        assignment (-1 otherwise; :attr:`generations` has every broker's)."""
         return getattr(self.membership, "generation", m.NO_GENERATION)
 
     @property
+    def generations(self) -> dict[int, int]:
+        """Standalone mode: broker id -> the group's generation there (each broker coordinates its partitions)."""
+        return dict(getattr(self.membership, "generations", {}))
+
+    @property
     def member_id(self) -> str:
-        """The member id the coordinating broker gave this member (standalone mode; '' otherwise)."""
+        """Standalone mode: the member id the lowest broker with an assignment gave this member ('' otherwise)."""
         return getattr(self.membership, "member_id", "")
 
     # -- assignment ---------------------------------------------------------------------------------
@@ -367,8 +372,7 @@ class GroupConsumer:
     async def _commit_loop(self) -> None:
         while not self._closed:
             await asyncio.sleep(self.config.commit_offset_period_ms / 1000)
-            if self.assigned.is_set():
-                await self._commit()
+            await self._commit()  # what the workers running now acknowledged (each broker fences its own)
 
     # -- fetching -----------------------------------------------------------------------------------
 

@@ -1,11 +1,14 @@
-"""Standalone mode's memberships: a group coordinated by a broker, and broadcast.
+"""Standalone mode's memberships: a group coordinated by the brokers, and broadcast.
 
-* :class:`BrokerMembership`: the group is coordinated by the broker with the lowest id among the
-  session's servers (:meth:`~metaq.client.core.ClientCore.coordinator`). The member joins it
-  (JoinGroup, waiting for the rebalance to complete), consumes what the answer assigns, heartbeats, and
-  gives everything up (committing first) when a heartbeat says a rebalance started. In every JoinGroup
-  it tells the coordinator which partitions it sees on the other brokers (a standalone broker knows only
-  its own), and rejoins when that view changes.
+* :class:`BrokerMembership`: every standalone broker coordinates the group for its own partitions. The
+  member joins each server it was given (a :class:`BrokerSession` per server: JoinGroup, waiting for
+  the rebalance to complete; heartbeats; LeaveGroup), consumes what each broker assigns of its own
+  partitions, and commits each partition's offsets to its own broker, fenced by that broker's
+  generation. A rebalance on one broker gives up (committing first) only that broker's partitions. A
+  broker that dies takes only its partitions with it: after a session timeout without heartbeats the
+  member gives them up without committing (the broker is gone, or has given them to others), and when
+  the broker is back the member joins it again and resumes them from the offsets that broker kept, at
+  most one commit period behind. No broker is a single point of failure.
 * :class:`BroadcastMembership`: MetaQ's broadcast consumer: every member owns every partition.
 """
 
@@ -29,143 +32,195 @@ from metaq.errors import (
     RequestTimeoutError,
     UnknownMemberError,
 )
+from metaq.net.servers import Address, format_address
 from metaq.protocol import messages as m
-from metaq.types import PartitionId
+from metaq.types import PartitionId, TopicPartition
 
 log = logging.getLogger("metaq.client.group")
 
+_JOIN_ERRORS = (RebalanceInProgressError, NotCoordinatorError, ConnectionClosedError, RequestTimeoutError)
+_UNREACHABLE = (ConnectionClosedError, RequestTimeoutError, NotCoordinatorError)
 
-class BrokerMembership(Membership):
-    """Standalone mode: JoinGroup / Heartbeat / LeaveGroup to the coordinating broker (see the module docstring).
 
-    ``channel`` names the connection the group's requests share (the consumer's MultiFetches use it too).
-    """
+class BrokerSession:
+    """This member in the group as one broker coordinates it: its member id, generation and partitions there."""
 
-    def __init__(self, side: GroupSide, core: ClientCore, channel: str) -> None:
-        self.side = side
-        self.core = core
-        self.channel = channel
-        self.generation = m.NO_GENERATION
+    def __init__(self, membership: BrokerMembership, address: Address) -> None:
+        self.membership = membership
+        self.address = address
+        self.broker_id = -1
+        """The broker at ``address`` (known once it answered)."""
         self.member_id = ""
-        self._coordinator: int | None = None
-        self._coordinator_known = False
-        self._reported: dict[str, tuple[PartitionId, ...]] = {}
-        """The partitions the last JoinGroup reported, per topic."""
+        self.generation = m.NO_GENERATION
+        self.owned: list[TopicPartition] = []
+        self.stable = False
+        """Holds a current assignment of this broker's partitions."""
+        self.down = False
+        """Cannot reach the broker (it is not consuming anything of it): the consumer is not waiting on it."""
 
     async def request(self, request: Any, timeout_s: float | None = None) -> Any:
-        """A request to the group's coordinator (the lowest broker id among the servers)."""
-        if not self._coordinator_known:
-            self._coordinator = await self.core.coordinator()
-            self._coordinator_known = True
-        conn = await self.core.connection(self._coordinator, self.channel)
-        if self._coordinator is not None and conn.broker_id != self._coordinator:
-            # the default broker's connection failed over to another server: that broker does not
-            # coordinate this group, and answering it would split the group in two
-            raise ConnectionClosedError(f"broker {self._coordinator}, the group's coordinator, cannot be reached")
+        conn = await self.membership.core.connection_at(self.address, self.membership.channel)
+        self.broker_id = conn.broker_id
         return await conn.request(request, timeout_s)
 
-    def _coordinator_id(self) -> int:
-        return self.core.default_broker_id if self._coordinator is None else self._coordinator
-
-    async def _view(self, fresh: bool) -> dict[str, tuple[PartitionId, ...]]:
-        """The subscribed topics' partitions as this member's metadata has them (``fresh``: asked now,
-        else the cache, refreshed in the background when old)."""
-        out: dict[str, tuple[PartitionId, ...]] = {}
-        for topic in sorted(self.side.subscriptions):
-            tm = None
-            if fresh:
-                with contextlib.suppress(ConnectionClosedError, RequestTimeoutError, BrokerError):
-                    tm = await self.core.metadata.topic(topic)
-            else:
-                tm = self.core.metadata.cached(topic)
-                if tm is None:  # forgotten (a topic created or deleted through this session): ask again
-                    self.core.metadata.refresh_soon(topic)
-            out[topic] = tuple(p.id for p in tm.partitions) if tm is not None else self._reported.get(topic, ())
-        return out
-
-    def _others(self, view: dict[str, tuple[PartitionId, ...]]) -> dict[str, tuple[PartitionId, ...]]:
-        """The part of a view the coordinator learns only from its members: other brokers' partitions."""
-        coordinator = self._coordinator_id()
-        return {t: tuple(p for p in ps if p.broker_id != coordinator) for t, ps in view.items()}
-
     async def run(self) -> None:
-        side = self.side
+        membership = self.membership
+        side = membership.side
         cfg = side.config
         backoff = ERROR_RETRY.start()
         while not side.closed:
-            self._reported = await self._view(fresh=True)
-            seen = [m.TopicAssignment(t, [m.BrokerPartition(p.broker_id, p.partition) for p in ps])
-                    for t, ps in self._reported.items()]
             req = m.JoinGroupRequest(cfg.group, self.member_id, side.consumer_id, cfg.session_timeout_ms,
-                                     cfg.rebalance_timeout_ms, sorted(side.subscriptions), cfg.load_balance_strategy,
-                                     seen)
+                                     cfg.rebalance_timeout_ms, sorted(side.subscriptions), cfg.load_balance_strategy)
             try:
                 resp: m.JoinGroupResponse = await self.request(
-                    req, cfg.rebalance_timeout_ms / 1000 + self.core.config.request_timeout_s)
+                    req, cfg.rebalance_timeout_ms / 1000 + membership.core.config.request_timeout_s)
             except UnknownMemberError:
                 self.member_id = ""
                 continue
-            except (RebalanceInProgressError, NotCoordinatorError, ConnectionClosedError, RequestTimeoutError) as exc:
-                log.info("group %s: join failed (%s); retrying", cfg.group, exc)
+            except _JOIN_ERRORS as exc:
+                if not self.down:
+                    log.info("group %s: cannot join at %s (%s); retrying", cfg.group, format_address(self.address),
+                             exc)
+                self.down = isinstance(exc, ConnectionClosedError | RequestTimeoutError)
+                membership.settle()
                 await asyncio.sleep(backoff.next_delay_unbounded_s())
                 continue
             backoff.reset()
+            self.down = False
             self.member_id, self.generation = resp.member_id, resp.generation
-            owned = [(a.topic, PartitionId(p.broker_id, p.partition)) for a in resp.assignment for p in a.partitions]
-            log.info("group %s: member %s generation %d owns %d partitions", cfg.group, self.member_id,
-                     self.generation, len(owned))
+            owned = [TopicPartition(a.topic, PartitionId(p.broker_id, p.partition)) for a in resp.assignment
+                     for p in a.partitions if p.broker_id == self.broker_id]
+            log.info("group %s: member %s generation %d of broker %d owns %d partitions", cfg.group, self.member_id,
+                     self.generation, self.broker_id, len(owned))
+            self.owned = owned
             try:
-                await side.assign(owned)
+                await side.start_partitions(owned)
             except MetaqError as exc:
-                log.warning("group %s: cannot start consuming the assignment (%s); rejoining", cfg.group, exc)
-                await asyncio.shield(side.revoke(commit=False))
+                log.warning("group %s: cannot start consuming broker %d's assignment (%s); rejoining", cfg.group,
+                            self.broker_id, exc)
+                await self._give_up(commit=False)
                 await asyncio.sleep(backoff.next_delay_unbounded_s())
                 continue
+            self.stable = True
+            membership.settle()
             await self._heartbeat_until_rebalance()
 
+    async def _give_up(self, commit: bool) -> None:
+        """Stop consuming this broker's partitions (a listener call in progress finishes), commit if asked."""
+        self.stable = False
+        self.membership.side.assigned.clear()
+        owned, self.owned = self.owned, []
+        if owned:
+            await asyncio.shield(self.membership.side.stop_partitions(owned, commit))
+
     async def _heartbeat_until_rebalance(self) -> None:
-        side = self.side
+        side = self.membership.side
         cfg = side.config
         last_ok = time.monotonic()
         while not side.closed:
             await asyncio.sleep(cfg.heartbeat_ms / 1000)
             try:
                 await self.request(m.HeartbeatRequest(cfg.group, self.generation, self.member_id))
-                if self._others(await self._view(fresh=False)) != self._others(self._reported):
-                    # Another broker's partitions changed (it came, went, or grew): only the members can
-                    # tell a standalone coordinator, by rejoining with what they see now.
-                    log.info("group %s: the partitions on other brokers changed; committing and rejoining",
-                             cfg.group)
-                    await asyncio.shield(side.revoke(commit=True))
-                    return
             except (RebalanceInProgressError, IllegalGenerationError) as exc:
-                log.info("group %s: rebalance (%s): committing and giving partitions up", cfg.group, exc.name)
-                await asyncio.shield(side.revoke(commit=True))
+                log.info("group %s: broker %d rebalances (%s): committing and giving its partitions up", cfg.group,
+                         self.broker_id, exc.name)
+                await self._give_up(commit=True)
                 return
             except UnknownMemberError:
-                log.warning("group %s: member %s was dropped from the group (session timeout?)", cfg.group,
-                            self.member_id)
-                await asyncio.shield(side.revoke(commit=False))
+                log.warning("group %s: member %s was dropped by broker %d (session timeout, or a restart)", cfg.group,
+                            self.member_id, self.broker_id)
+                await self._give_up(commit=False)
                 self.member_id = ""
                 return
-            except (ConnectionClosedError, RequestTimeoutError, NotCoordinatorError) as exc:
+            except _UNREACHABLE as exc:
                 if time.monotonic() - last_ok > cfg.session_timeout_ms / 1000:
-                    # Safe mode: the coordinator has surely given our partitions to others by now.
-                    log.warning("group %s: no heartbeat for a session timeout (%s); giving partitions up",
-                                cfg.group, exc)
-                    await asyncio.shield(side.revoke(commit=False))
+                    # Safe mode: the broker has dropped us by now (or is gone): its partitions are not ours.
+                    log.warning("group %s: no heartbeat to broker %d for a session timeout (%s); giving its "
+                                "partitions up", cfg.group, self.broker_id, exc)
+                    await self._give_up(commit=False)
+                    self.down = True
+                    self.member_id = ""
+                    self.membership.settle()
                     return
                 continue
             last_ok = time.monotonic()
 
     async def leave(self) -> None:
-        """LeaveGroup to the coordinator, then its connection closes."""
-        if self.member_id:
+        if self.member_id and not self.down:
             with contextlib.suppress(MetaqError):
-                await self.request(m.LeaveGroupRequest(self.side.config.group, self.member_id))
-        conn = self.core.cached_connection(self._coordinator_id(), self.channel) if self._coordinator_known else None
+                await self.request(m.LeaveGroupRequest(self.membership.side.config.group, self.member_id))
+        self.member_id = ""
+        conn = self.membership.core.pool.cached(self.address, self.membership.channel)
         if conn is not None:
             conn.close()
+
+
+class BrokerMembership(Membership):
+    """Standalone mode: one :class:`BrokerSession` per server (see the module docstring).
+
+    ``channel`` names the connections the group's requests share (one per broker; the consumer's
+    MultiFetches to that broker use it too).
+    """
+
+    def __init__(self, side: GroupSide, core: ClientCore, channel: str) -> None:
+        self.side = side
+        self.core = core
+        self.channel = channel
+        self.sessions = [BrokerSession(self, address) for address in core.servers]
+
+    def session_of(self, broker_id: int) -> BrokerSession | None:
+        return next((s for s in self.sessions if s.broker_id == broker_id), None)
+
+    @property
+    def generations(self) -> dict[int, int]:
+        """broker id -> the group's generation there, for the brokers where this member holds an assignment."""
+        return {s.broker_id: s.generation for s in self.sessions if s.stable}
+
+    @property
+    def generation(self) -> int:
+        """The generation at the lowest broker id where this member holds an assignment (-1: none)."""
+        stable = sorted((s.broker_id, s.generation) for s in self.sessions if s.stable)
+        return stable[0][1] if stable else m.NO_GENERATION
+
+    @property
+    def member_id(self) -> str:
+        """The member id the lowest broker with an assignment gave this member ('' if none)."""
+        stable = sorted((s.broker_id, s.member_id) for s in self.sessions if s.stable)
+        return stable[0][1] if stable else ""
+
+    def settle(self) -> None:
+        """``side.assigned`` is set once every broker's session holds an assignment or cannot reach its broker."""
+        if all(s.stable or s.down for s in self.sessions):
+            self.side.assigned.set()
+
+    def fence(self, broker_id: int) -> tuple[int, str]:
+        """(generation, member id) a commit of ``broker_id``'s partitions carries (the broker refuses a stale one)."""
+        session = self.session_of(broker_id)
+        if session is None:
+            return m.NO_GENERATION, ""
+        return session.generation, session.member_id
+
+    async def request_to(self, broker_id: int, request: Any) -> Any:
+        """A request to ``broker_id`` over the group's connection to it (offsets of its partitions)."""
+        session = self.session_of(broker_id)
+        if session is not None:
+            return await session.request(request)
+        return await (await self.core.connection(broker_id, self.channel)).request(request)
+
+    async def run(self) -> None:
+        tasks = [asyncio.ensure_future(s.run()) for s in self.sessions]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+
+    async def leave(self) -> None:
+        """LeaveGroup to every broker, then their connections close."""
+        await asyncio.gather(*(s.leave() for s in self.sessions), return_exceptions=True)
 
 
 class BroadcastMembership(Membership):
