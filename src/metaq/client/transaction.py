@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from metaq.client.callbacks import takes_two
 from metaq.errors import InvalidArgument, MetaqError
 from metaq.protocol import messages as m
 from metaq.protocol.records import SEQUENCE_LIMIT, ProducerStamp, decode_batch, encode_messages, with_producer_stamp
@@ -258,14 +259,8 @@ async def decide(fn: Callable[..., Any], *args: Any) -> Decision:
 
 
 def wants_message(check: Checker) -> bool:
-    """Whether ``check`` takes the half message and the transaction id (two required positional
-    parameters, or ``*args``), rather than the transaction id alone."""
-    try:
-        params = list(inspect.signature(check).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    required = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
-    return len(required) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+    """Whether ``check`` takes the half message and the transaction id, rather than the id alone."""
+    return takes_two(check)
 
 
 def half_message(half: m.HalfTransaction, broker_id: int) -> Message | None:

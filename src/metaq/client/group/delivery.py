@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
+from metaq.client.callbacks import takes_two
 from metaq.client.consumer import FetchResult
 from metaq.client.exceptions import ClientClosedError
 from metaq.client.group.config import ConsumerConfig
@@ -151,13 +152,8 @@ class ConsumerStats:
 
 
 def wants_ctx(listener: Listener) -> bool:
-    try:
-        params = list(inspect.signature(listener).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    # Parameters with defaults (``lambda msg, box=box: ...``) are the caller's own, not the context.
-    required = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
-    return len(required) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+    """Whether ``listener`` takes the partition context as its second argument."""
+    return takes_two(listener)
 
 
 def is_async(listener: Listener) -> bool:
