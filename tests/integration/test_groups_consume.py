@@ -213,6 +213,45 @@ def test_a_failing_message_is_retried_then_recovered_in_the_background(
     run(main())
 
 
+def test_a_transient_failure_is_outlasted_by_the_retry_back_off(
+        broker_factory: Callable[..., BrokerProcess], tmp_path: Path) -> None:
+    """The listener's database is down for 1 s (of a fake clock the partition's back-off advances): the
+    partition waits 0.5 s, then 1 s (MetaQ's: a tenth of max_delay_fetch_ms more each retry) and the message
+    is delivered once the database is back. With ``skip``, retries with no back-off (all six within a
+    millisecond) would have dropped it."""
+    broker = broker_factory({"numPartitions": 1})
+
+    async def main() -> None:
+        session = await MessageSessionFactory.connect(broker.servers)
+        await session.admin().create_topic("transient", 1)
+        await produce(session, "transient", 5)
+        now_s = 0.0
+        waits: list[float] = []
+        calls: Counter[bytes] = Counter()
+
+        async def fake_wait(delay_s: float) -> None:
+            nonlocal now_s
+            waits.append(delay_s)
+            now_s += delay_s
+
+        def listener(msg: Message) -> None:
+            calls.update([bytes(msg.data)])
+            if msg.data == b"2" and now_s < 1.0:
+                raise ConnectionError("the database is down")
+
+        c = create_consumer(session, config("transient-g", tmp_path, rejection_policy="skip",
+                                            max_delay_fetch_ms=5000)).subscribe("transient", 4096, listener)
+        c.retry_wait = fake_wait
+        await c.complete_subscribe()
+        await until(lambda: calls[b"4"] == 1, what="every message delivered")
+        assert (waits, calls[b"2"], c.stats.rejected, c.stats.failures) == ([0.5, 1.0], 3, 0, 2)
+        assert all(calls[b"%d" % i] == 1 for i in (0, 1, 3, 4))
+        await c.close()
+        await session.close()
+
+    run(main())
+
+
 def test_skip_policy_and_rollback_only(broker_factory: Callable[..., BrokerProcess], tmp_path: Path) -> None:
     broker = broker_factory({"numPartitions": 1})
 

@@ -280,13 +280,13 @@ def test_the_dead_letter_topic_broker_down_holds_the_partition_and_skips_nothing
         assert dlq is not None
         await send(b"poison-0", b"a")
         await until(lambda: dlq.sent == 1 and got == [b"a"], what="the first dead letter")
-        b2.stop()
+        await asyncio.to_thread(b2.stop)  # off the loop: a stop or start blocking it outlasts the session timeout
         await send(b"poison-2", b"b", b"c")
         await until(lambda: dlq.failures >= 3, what="dead-letter produces failing")
         await until(lambda: sum(v[2] for v in c.positions().values()) == 2, what="offsets before poison-2 committed")
         assert got == [b"a"]  # nothing after poison-2 is delivered while it cannot be dead-lettered
         assert (await committed(session, "g", "orders")) == {"1-0": 2}  # the broker's view agrees: not skipped
-        b2.start()
+        await asyncio.to_thread(b2.start)
         await until(lambda: dlq.sent == 2 and got == [b"a", b"b", b"c"], what="poison-2 dead-lettered, b and c")
         await until(lambda: sum(v[2] for v in c.positions().values()) == 5, what="everything committed")
         await c.close()

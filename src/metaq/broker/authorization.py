@@ -61,6 +61,7 @@ _CLUSTER_OPERATION: dict[type, str] = {
     m.StatsRequest: "describe",
     m.ListGroupsRequest: "describe",
     m.LookupMessageRequest: "describe",
+    m.ListTransactionsRequest: "describe",
     m.ReloadRequest: "admin",
     m.VerifyRequest: "admin",
     m.PromoteRequest: "admin",

@@ -143,7 +143,8 @@ class BrokerConfig:
     checkpoint_interval_ms: int = 3_600_000
     max_tx_timeout_timer_capacity: int = 30_000
     max_tx_timeout_s: int = 60
-    transaction_check_interval_ms: int = 6000
+    transaction_first_check_ms: int = 6000
+    transaction_check_interval_ms: int = 60_000
     transaction_check_max: int = 15
     data_log_path: Path | None = None
     """The transaction log's directory (MetaQ's dataLogPath); None: ``data_path / ".txlog"``."""

@@ -351,7 +351,8 @@ class Broker:
             TransactionLog(c.tx_log_dir, max_checkpoints=c.max_checkpoints, sync=self._tx_sync),
             max_timeout_s=c.max_tx_timeout_s, capacity=c.max_tx_timeout_timer_capacity,
             flush_at_commit=c.flush_tx_log_at_commit, checkpoint_interval_ms=c.checkpoint_interval_ms,
-            check_interval_ms=c.transaction_check_interval_ms, check_max=c.transaction_check_max)
+            check_first_ms=c.transaction_first_check_ms, check_interval_ms=c.transaction_check_interval_ms,
+            check_max=c.transaction_check_max)
         self.transactions = coordinator
         for tx in coordinator.open():  # COMMIT logged, not all applied: finish it (duplicates are dropped)
             reapply_on_open(self, tx)

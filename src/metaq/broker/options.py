@@ -645,15 +645,20 @@ OPTIONS: tuple[Option, ...] = (
          "Most transactions open (or prepared) at once; a begin past it is refused with "
          "CONCURRENT_TRANSACTIONS (retriable).", _positive),
     _opt("maxTxTimeoutInSeconds", "max_tx_timeout_s", "int", "60", _SYSTEM,
-         "Longest a transaction may stay open or prepared: then it is rolled back, and a later commit "
-         "is told so. A client may ask for less, not more.", _positive),
-    _opt("transactionCheckInterval", "transaction_check_interval_ms", "int", "6000", _SYSTEM,
-         "Half messages (RocketMQ's name): a transaction prepared with a producer group and not finished this "
-         "many ms after its prepare (or its last check) is offered to the group's checker.",
-         _integer(1, _JAVA_INT_MAX), status="extension"),
+         "Longest a transaction may stay open or prepared: then it is rolled back (an ERROR names it), and a "
+         "later commit is told so. A client may ask for less, not more. Not for a prepared half message, "
+         "which its producer or its group's checker decides.", _positive),
+    _opt("transactionTimeOut", "transaction_first_check_ms", "int", "6000", _SYSTEM,
+         "Half messages (RocketMQ's name and default): ms after its prepare before an undecided half "
+         "transaction is first due for a check by its producer group's checker.",
+         _integer(0, _JAVA_INT_MAX), status="extension"),
+    _opt("transactionCheckInterval", "transaction_check_interval_ms", "int", "60000", _SYSTEM,
+         "Half messages (RocketMQ's name and default): ms between checks of a half transaction still "
+         "undecided.", _integer(1, _JAVA_INT_MAX), status="extension"),
     _opt("transactionCheckMax", "transaction_check_max", "int", "15", _SYSTEM,
-         "Half messages: checks without a decision before the transaction is rolled back.", _positive,
-         status="extension"),
+         "Half messages (RocketMQ's name and default): checks handed to a connected checker of the group "
+         "without a decision before the broker rolls the transaction back (an ERROR names it). A group with "
+         "no checker connected uses up none.", _positive, status="extension"),
     _opt("dataLogPath", "data_log_path", "path", None, _SYSTEM,
          "Directory of the transaction log (MetaQ's dataLogPath).", _path, default_doc="dataPath/.txlog"),
     _opt("quartzThreadCount", "", "int", None, _SYSTEM,

@@ -94,12 +94,12 @@ class FakeConsumer:
         self.running: set[TopicPartition] = set()
         self.registry = registry
 
-    async def _start_partitions(self, tps: list[TopicPartition]) -> None:
+    async def start_partitions(self, tps: list[TopicPartition]) -> None:
         for tp in tps:
             assert self.registry.owners("g", "t").get(tp.partition) == self.consumer_id, "started before claimed"
         self.running.update(tps)
 
-    async def _stop_partitions(self, tps: list[TopicPartition], commit: bool) -> None:
+    async def stop_partitions(self, tps: list[TopicPartition], commit: bool) -> None:
         for tp in tps:
             assert self.registry.owners("g", "t").get(tp.partition) == self.consumer_id, "released before stopped"
         self.running.difference_update(tps)
@@ -168,14 +168,14 @@ def test_an_expired_session_stops_everything_without_commit_and_rejoins() -> Non
         reg = MemoryRegistry()
         a = FakeConsumer("a", reg)
         stops: list[bool] = []
-        original = a._stop_partitions
+        original = a.stop_partitions
 
         async def stop(tps: list[TopicPartition], commit: bool) -> None:
             stops.append(commit)
             reg.release_all("g", "a")  # the expiry removed the owner nodes
             a.running.difference_update(tps)
 
-        a._stop_partitions = stop  # type: ignore[method-assign]
+        a.stop_partitions = stop  # type: ignore[method-assign]
         ma = membership(a, reg)
         task = asyncio.ensure_future(ma.run())
         await until(lambda: len(a.running) == 4 and ma.settled_at is not None)
@@ -185,7 +185,7 @@ def test_an_expired_session_stops_everything_without_commit_and_rejoins() -> Non
         await until(lambda: not ma.may_fetch() or ma.rebalances > before)
         await until(lambda: ma.rebalances > before and len(a.running) == 4)
         assert stops == [False]
-        a._stop_partitions = original  # type: ignore[method-assign]
+        a.stop_partitions = original  # type: ignore[method-assign]
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await ma.leave()

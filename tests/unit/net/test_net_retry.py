@@ -117,7 +117,7 @@ def test_docs_net_md_states_the_policies_the_code_uses() -> None:
     import inspect
     from pathlib import Path
 
-    from metaq.client.group.consumer import _ERROR_RETRY
+    from metaq.client.group.membership import ERROR_RETRY
     from metaq.logging import MetaqHandler
 
     docs = (Path(__file__).resolve().parents[3] / "docs" / "net.md").read_text(encoding="utf-8")
@@ -125,7 +125,7 @@ def test_docs_net_md_states_the_policies_the_code_uses() -> None:
     assert (f"`reconnect_backoff_s` ({cfg.reconnect_backoff_s:g}) doubling to `reconnect_backoff_max_s` "
             f"({cfg.reconnect_backoff_max_s:g}), jitter {cfg.reconnect_retry().jitter:g}, `reconnect_attempts` "
             f"({cfg.reconnect_attempts}) attempts") in docs
-    assert RetryPolicy(0.2, 5.0) == _ERROR_RETRY and "| 0.2 s doubling to 5 s, no jitter, no bound |" in docs
+    assert RetryPolicy(0.2, 5.0) == ERROR_RETRY and "| 0.2 s doubling to 5 s, no jitter, no bound |" in docs
     handler = inspect.signature(MetaqHandler).parameters
     assert (f"`retry_backoff_s` ({handler['retry_backoff_s'].default:g}) doubling to `retry_backoff_max_s` "
             f"({handler['retry_backoff_max_s'].default:g}), no jitter, no bound") in docs

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -149,12 +150,19 @@ def reapply_on_open(broker: Broker, tx: Transaction) -> None:
     broker.tx_coordinator().finish_commit(tx)
 
 
+def _limit(value: int, what: str) -> int:
+    if not 1 <= value <= m.CHECK_TRANSACTIONS_MAX:
+        raise InvalidRequestError(f"{what}.max_transactions must be 1..{m.CHECK_TRANSACTIONS_MAX}; got {value}")
+    return value
+
+
 async def handle_check_transactions(broker: Broker, req: m.CheckTransactionsRequest, _session: object
                                     ) -> m.CheckTransactionsResponse:
-    """A producer group's checker long-polls for half transactions that need its decision."""
+    """A producer group's checker long-polls for half transactions that need its decision; each it is
+    handed counts as one check (docs/transactions.md, "Half messages")."""
     if not req.producer_group:
         raise InvalidRequestError("CheckTransactions needs the producer group")
-    limit = max(1, min(req.max_transactions, 10_000))
+    limit = _limit(req.max_transactions, "CheckTransactions")
     coordinator = broker.tx_coordinator()
     found = coordinator.take_checks(req.producer_group, limit)
     if not found and req.max_wait_ms > 0:
@@ -164,8 +172,54 @@ async def handle_check_transactions(broker: Broker, req: m.CheckTransactionsRequ
             async with asyncio.timeout(min(req.max_wait_ms, 60_000) / 1000):
                 await event.wait()
         found = coordinator.take_checks(req.producer_group, limit)
-    return m.CheckTransactionsResponse(transaction_ids=found)
+    budget = m.CHECK_REPLY_BYTES_MAX
+    halves = []
+    for tx in found:
+        size = tx.state.size_bytes
+        batches = []
+        if size <= budget:
+            budget -= size
+            batches = [m.HalfBatch(put.topic, put.partition, coordinator.read_batch(put)) for put in tx.state.puts]
+        halves.append(m.HalfTransaction(tx.txid, tx.checks, tx.state.begun_ms, batches))
+    return m.CheckTransactionsResponse(transaction_ids=[tx.txid for tx in found], transactions=halves)
+
+
+CHECKER_SEEN_S = 60.0
+"""ListTransactions names the producer groups whose checker asked within this many seconds."""
+
+
+def handle_list_transactions(broker: Broker, req: m.ListTransactionsRequest, _session: object
+                             ) -> m.ListTransactionsResponse:
+    """`metaq admin transactions`: the live transactions and the last ones the broker decided by itself."""
+    limit = _limit(req.max_transactions, "ListTransactions")
+    coordinator = broker.transactions
+    if coordinator is None:  # no transaction ever on this broker: nothing to open a log for
+        return m.ListTransactionsResponse()
+    group = req.producer_group
+    now_s, now_ms = coordinator.clock(), int(time.time() * 1000)
+
+    def wall(at_s: float) -> int:
+        return now_ms + int((at_s - now_s) * 1000)
+
+    live = []
+    for tx in sorted(coordinator.live.values(), key=lambda t: t.state.begun_ms):
+        state = tx.state
+        if group and state.producer_group != group:
+            continue
+        live.append(m.TransactionInfo(
+            tx.txid, coordinator.status(tx.txid), state.producer_group, state.xid, state.begun_ms, -1,
+            -1 if tx.half else wall(tx.deadline_s), wall(tx.next_check_s) if tx.next_check_s else -1, tx.checks,
+            tx.messages, list(dict.fromkeys(f"{p.topic}-{p.partition}" for p in state.puts))))
+        if len(live) >= limit:
+            break
+    timed_out = [m.TransactionInfo(t.txid, f"rolled back ({t.reason})", t.producer_group, t.xid, t.begun_ms,
+                                   t.ended_ms, -1, -1, 0, t.messages, list(t.partitions))
+                 for t in reversed(coordinator.timed_out_recent) if not group or t.producer_group == group][:limit]
+    checkers = sorted(g for g, seen in coordinator.checker_seen_s.items()
+                      if now_s - seen <= CHECKER_SEEN_S)
+    return m.ListTransactionsResponse(live=live, timed_out=timed_out, checkers=checkers)
 
 
 HANDLERS: dict[type, Handler] = {m.TransactionRequest: handle_transaction,
-                                 m.CheckTransactionsRequest: handle_check_transactions}
+                                 m.CheckTransactionsRequest: handle_check_transactions,
+                                 m.ListTransactionsRequest: handle_list_transactions}
