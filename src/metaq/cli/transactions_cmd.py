@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from metaq.cli.session import open_session, run_async
 from metaq.cli.options import target_options
+from metaq.cli.session import open_session, run_async
 from metaq.protocol import messages as m
 
 
