@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from metaq.broker import authorization
 from metaq.broker.cluster import ClusterLink
+from metaq.broker.committing import reapply_on_open
 from metaq.broker.config import BrokerConfig, TopicConfig, TopicSettings, diff_topics, merge_topic_configs
 from metaq.broker.delay.store import DelayStore
 from metaq.broker.error_mapping import error_response
@@ -196,7 +197,7 @@ class Broker:
         """Where clients reach this broker (Metadata advertises it): the transport sets it once bound."""
         self.port = 0
         self.acls = Acls((), config.super_users)
-        """The ACLs in force (aclEnabled): swapped in by metaq.broker.authorization.refresh_acls."""
+        """The ACLs in force (aclEnabled): swapped in by metaq.broker.security_sources.refresh_acls."""
         self.credentials: Callable[[str], Any] | None = None
         """How SASL finds a user's stored credential (blocking; set on first use, metaq.broker.handlers.sasl)."""
         self.quotas = Quotas(lambda: self.config)
@@ -342,8 +343,6 @@ class Broker:
         return self.transactions
 
     def _open_transactions(self) -> None:
-        from metaq.broker.handlers.transactions import reapply_on_open
-
         c = self.config
         coordinator = TransactionCoordinator(
             TransactionLog(c.tx_log_dir, max_checkpoints=c.max_checkpoints, sync=self._tx_sync),

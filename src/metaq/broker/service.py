@@ -272,7 +272,7 @@ class BrokerService:
         """aclEnabled: the ACLs as stored now, before the first request (refresh_acls follows changes)."""
         if not self.broker.config.acl_enabled:
             return
-        from metaq.broker.authorization import acl_source
+        from metaq.broker.security_sources import acl_source
         from metaq.security.acl import decode_acls
 
         try:

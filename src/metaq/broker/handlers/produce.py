@@ -8,10 +8,10 @@ from collections.abc import Coroutine
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
+from metaq.broker.appending import ack_when_durable, await_ack, check_sequence
 from metaq.broker.core import check_topic_name
 from metaq.broker.delay.handler import produce_delayed
 from metaq.broker.error_mapping import wire_error
-from metaq.broker.handlers.appending import ack_when_durable, await_ack, check_sequence
 from metaq.broker.handlers.fetch import SENDFILE_MIN_BYTES
 from metaq.broker.handlers.transactions import put_into_transaction
 from metaq.broker.session import DeferredReply, Session
