@@ -35,8 +35,8 @@ from metaq.broker.ini import load_broker_config, topic_options_text
 from metaq.broker.options import MAX_OPEN_FILES_PROVISIONAL, SYSTEM_OPTIONS, TOPIC_ATTRS
 from metaq.broker.partition_state import PartitionStateStore
 from metaq.broker.quotas import FETCH, PRODUCE, Quotas
+from metaq.broker.replication.slave_config import SlaveConfig
 from metaq.broker.session import DeferredReply, FileReply, Session
-from metaq.broker.slave_config import SlaveConfig
 from metaq.broker.stats import BrokerStats
 from metaq.broker.topic_options import TopicOptionsStore
 from metaq.broker.transactions import TransactionCoordinator

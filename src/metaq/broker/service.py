@@ -22,9 +22,8 @@ from metaq.broker.config import BrokerConfig
 from metaq.broker.connections import ConnectionLimits, ConnectionRegistry
 from metaq.broker.core import Broker
 from metaq.broker.options import MAX_OPEN_FILES_AUTO, MAX_OPEN_FILES_MAX
-from metaq.broker.replication import SlaveReplicator
 from metaq.broker.replication.ha import HighAvailability, ha_enabled
-from metaq.broker.replication.slave import REPLICATION_PASSWORD_ENV
+from metaq.broker.replication.slave import REPLICATION_PASSWORD_ENV, SlaveReplicator
 from metaq.broker.transport import listen_tcp
 from metaq.cluster.registry import RegistryError
 from metaq.errors import ConfigError, StorageError
