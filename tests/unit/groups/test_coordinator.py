@@ -23,21 +23,11 @@ from metaq.errors import (
     UnknownPartitionError,
 )
 from metaq.protocol import messages as m
+from metaq.testing import FakeClock
 from metaq.types import PartitionId
 
 SESSION_MS = 1000
 REBALANCE_MS = 3000
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, ms: float) -> None:
-        self.now += ms
 
 
 class Topics:
@@ -62,9 +52,9 @@ async def settle() -> None:
 
 
 def make(tmp_path: Path, **topics: int) -> tuple[GroupCoordinator, FakeClock, Topics]:
-    clock = FakeClock()
+    clock = FakeClock(now_s=0.0)
     parts = Topics(**(topics or {"t": 12}))
-    coord = GroupCoordinator(parts, tmp_path / "offsets", clock=clock, timer=False)
+    coord = GroupCoordinator(parts, tmp_path / "offsets", clock=clock.ms, timer=False)
     coord.open()
     return coord, clock, parts
 
@@ -139,7 +129,7 @@ async def drive(coord: GroupCoordinator, clock: FakeClock, sims: list[SimMember]
                 and {s.member_id for s in live} == set(group.members)
                 and all(s.generation == group.generation for s in live)):
             return
-        clock.advance(SESSION_MS / 4)
+        clock.advance_ms(SESSION_MS / 4)
         coord.poll()
         for s in live:
             await s.beat()
@@ -207,7 +197,7 @@ async def test_expired_member_is_dropped_and_fenced(tmp_path: Path) -> None:
     coord, clock, _ = make(tmp_path)
     a, b = await form_group(coord, clock, 2)
     for _ in range(5):  # a heartbeats, b is silent (crashed)
-        clock.advance(SESSION_MS / 3)
+        clock.advance_ms(SESSION_MS / 3)
         coord.poll()
         hb = await coord.heartbeat(m.HeartbeatRequest("g", a.generation, a.member_id))
         if hb.error_code:
@@ -233,7 +223,7 @@ async def test_member_that_never_rejoins_is_dropped_at_the_rebalance_deadline(tm
     await settle()
     # a keeps heartbeating (alive) but never rejoins: a stuck consumer
     for _ in range(int(REBALANCE_MS / (SESSION_MS / 4)) + 2):
-        clock.advance(SESSION_MS / 4)
+        clock.advance_ms(SESSION_MS / 4)
         await coord.heartbeat(m.HeartbeatRequest("g", a.generation, a.member_id))
         coord.poll()
         await settle()
@@ -241,7 +231,7 @@ async def test_member_that_never_rejoins_is_dropped_at_the_rebalance_deadline(tm
             break
     b = b_task.result()
     assert b.generation == 2 and owned(b) == {("t", p) for p in range(12)}
-    assert clock.now >= REBALANCE_MS
+    assert clock.ms() >= REBALANCE_MS
     late = await coord.commit_offsets(m.OffsetCommitRequest("g", 1, a.member_id, [m.OffsetEntry("t", 0, 0, 3)]))
     assert late.error_code == UnknownMemberError.code
 
@@ -319,7 +309,7 @@ async def test_runtime_compaction_keeps_every_offset(tmp_path: Path) -> None:
     from metaq.broker.offsets_store import OffsetsStore
 
     store = OffsetsStore(tmp_path / "o", compact_bytes=2000)
-    coord = GroupCoordinator(Topics(t=4), store, clock=FakeClock(), timer=False)
+    coord = GroupCoordinator(Topics(t=4), store, clock=FakeClock().ms, timer=False)
     coord.open()
     for i in range(300):
         await coord.commit_offsets(m.OffsetCommitRequest("g", m.NO_GENERATION, "", [m.OffsetEntry("t", 0, i % 4, i)]))
@@ -338,7 +328,7 @@ async def test_new_partitions_trigger_a_rebalance(tmp_path: Path) -> None:
     a = await coord.join(join_req(topics=["t", "later"]))
     assert owned(a) == {("t", 0), ("t", 1)}
     parts.counts["later"] = 3  # the topic is created after the member subscribed
-    clock.advance(10)
+    clock.advance_ms(10)
     coord.poll()
     hb = await coord.heartbeat(m.HeartbeatRequest("g", a.generation, a.member_id))
     assert hb.error_code == RebalanceInProgressError.code
@@ -445,7 +435,7 @@ def owned_ids(resp: m.JoinGroupResponse) -> list[str]:
 
 def two_broker_coordinator(tmp_path: Path) -> GroupCoordinator:
     coord = GroupCoordinator(lambda topic: [PartitionId(1, p) for p in range(2)] if topic == "t" else [],
-                             tmp_path / "offsets", broker_id=1, clock=FakeClock(), timer=False)
+                             tmp_path / "offsets", broker_id=1, clock=FakeClock().ms, timer=False)
     coord.open()
     return coord
 
