@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -193,12 +194,18 @@ def test_prefer_slave_falls_back_to_the_master_when_the_slave_dies_and_returns_t
 @pytest.mark.parametrize("update_consumer_offsets", [False, True])
 def test_an_offset_past_the_slaves_log_end_is_waited_for_never_jumped_or_reset(
         cluster_factory: Callable[..., BrokerProcess], zookeeper: Any, zk_root: str,
-        update_consumer_offsets: bool) -> None:
+        update_consumer_offsets: bool, caplog: pytest.LogCaptureFixture) -> None:
     """A consumer ahead of the slave (it read further on the master, or the slave is catching up) gets
     nothing until the slave has its offset, then exactly what is there; with updateConsumerOffsets=true
     the slave's own reset to its end (a redelivery) is not taken either."""
     start(cluster_factory, updateConsumerOffsets=update_consumer_offsets)
     p10 = PartitionId(1, 0)
+    caplog.set_level(logging.DEBUG, logger="metaq.client.consumer")
+
+    def told_behind(offset: int) -> bool:
+        """The fetcher was told the slave ends before ``offset`` and waits for it (its debug record)."""
+        return any(r.funcName == "_fetch_slave" and r.args and r.args[-1] == offset  # type: ignore[index]
+                   for r in caplog.records)
 
     async def main() -> None:
         producing = await connect(zookeeper, zk_root)
@@ -218,7 +225,7 @@ def test_an_offset_past_the_slaves_log_end_is_waited_for_never_jumped_or_reset(
             assert await consumer.get(TOPIC, p10, 150) == []
 
             waiting = asyncio.create_task(consumer.fetcher.fetch(TOPIC, p10, 150, max_wait_ms=30_000))
-            await asyncio.sleep(0.3)
+            await until(lambda: waiting.done() or told_behind(150), message="the fetch to be answered or to wait")
             assert not waiting.done(), "the fetch waits for the slave instead of answering"
             more = [await producer.send(Message(TOPIC, b"b%d" % i)) for i in range(60)]
             assert [r.offset for r in more] == list(range(100, 160))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from metaq.errors import (
     UnknownPartitionError,
 )
 from metaq.protocol import messages as m
-from metaq.testing import FakeClock
+from metaq.testing import FakeClock, until
 from metaq.types import PartitionId
 
 SESSION_MS = 1000
@@ -45,10 +45,17 @@ def run(coro_fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
     return wrapper
 
 
-async def settle() -> None:
-    """Let every task that can make progress run (no time passes: the clock is fake)."""
-    for _ in range(20):
-        await asyncio.sleep(0)
+async def settle(coord: GroupCoordinator, joins: Iterable[asyncio.Future[Any] | None]) -> None:
+    """Until each of ``joins`` has its answer or waits in the coordinator for its group's rebalance (a member
+    with an unanswered join). The clock is fake: nothing else can happen meanwhile."""
+    tasks = [j for j in joins if j is not None]
+
+    def settled() -> bool:
+        waiting = sum(1 for group in coord.groups.values() for member in group.members.values()
+                      if member.join is not None and not member.join.done())
+        return sum(not t.done() for t in tasks) == waiting
+
+    await until(settled, 10, message="the joins to be answered or to wait for the rebalance", interval_s=0)
 
 
 def make(tmp_path: Path, **topics: int) -> tuple[GroupCoordinator, FakeClock, Topics]:
@@ -116,7 +123,7 @@ class SimMember:
 async def drive(coord: GroupCoordinator, clock: FakeClock, sims: list[SimMember], steps: int = 400) -> None:
     """Heartbeat, commit and rejoin like real consumers until the group is stable with the live sims."""
     for _step in range(steps):
-        await settle()
+        await settle(coord, [s.join_task for s in sims])
         for s in sims:
             if s.alive:
                 s.collect()
@@ -172,7 +179,7 @@ async def test_join_of_a_new_member_makes_old_members_commit_and_rejoin(tmp_path
     coord, _clock, _ = make(tmp_path)
     a = await coord.join(join_req())
     b_task = asyncio.ensure_future(coord.join(join_req()))
-    await settle()
+    await settle(coord, [b_task])
     assert not b_task.done()
     assert coord.groups["g"].state == PREPARING_REBALANCE
     hb = await coord.heartbeat(m.HeartbeatRequest("g", a.generation, a.member_id))
@@ -220,13 +227,13 @@ async def test_member_that_never_rejoins_is_dropped_at_the_rebalance_deadline(tm
     coord, clock, _ = make(tmp_path)
     a = await coord.join(join_req())
     b_task = asyncio.ensure_future(coord.join(join_req()))
-    await settle()
+    await settle(coord, [b_task])
     # a keeps heartbeating (alive) but never rejoins: a stuck consumer
     for _ in range(int(REBALANCE_MS / (SESSION_MS / 4)) + 2):
         clock.advance_ms(SESSION_MS / 4)
         await coord.heartbeat(m.HeartbeatRequest("g", a.generation, a.member_id))
         coord.poll()
-        await settle()
+        await settle(coord, [b_task])
         if b_task.done():
             break
     b = b_task.result()
@@ -369,7 +376,7 @@ async def test_close_answers_waiting_joins(tmp_path: Path) -> None:
     coord, _clock, _ = make(tmp_path)
     await coord.join(join_req())
     waiting = asyncio.ensure_future(coord.join(join_req()))
-    await settle()
+    await settle(coord, [waiting])
     await coord.close()
     assert (await waiting).error_code == NotCoordinatorError.code
 
@@ -401,7 +408,7 @@ async def test_a_hundred_rebalances_leave_no_partition_unowned(tmp_path: Path, s
             s = rng.choice(live)
             s.alive = False
             s.holding = set()
-            await settle()
+            await settle(coord, [t.join_task for t in sims])
             s.collect()
             if s.member_id:
                 await coord.leave(m.LeaveGroupRequest("g", s.member_id))
@@ -454,7 +461,7 @@ async def test_a_group_over_two_brokers_is_balanced_in_metaq_order(tmp_path: Pat
     first = await coord.join(report_req("", view))
     assert owned_ids(first) == ["t:1-0", "t:1-1", "t:2-0", "t:2-1"]
     joins = [asyncio.ensure_future(coord.join(report_req("", view))) for _ in range(2)]
-    await settle()
+    await settle(coord, joins)
     again = await coord.join(report_req(first.member_id, view))
     resps = [again, *[await j for j in joins]]
     assert len({r.generation for r in resps}) == 1
