@@ -65,6 +65,13 @@ def acl_source(broker: Broker) -> Callable[[], tuple[object, bytes | None]]:
     return from_file
 
 
+def acl_source_name(broker: Broker) -> str:
+    """Where ``broker``'s ACLs are stored, for messages."""
+    if broker.cluster.mode == "zookeeper":
+        return "the ACLs in ZooKeeper"
+    return str(broker.config.acl_file or broker.config.data_path / ACL_FILE_NAME)
+
+
 async def refresh_acls(broker: Broker) -> None:
     """Keep ``broker.acls`` in step with the stored ACLs (a background job when aclEnabled is set)."""
     source = acl_source(broker)
@@ -73,7 +80,7 @@ async def refresh_acls(broker: Broker) -> None:
         try:
             stamp, data = await asyncio.to_thread(source)
             if stamp != seen:
-                broker.acls = decode_acls(data, broker.config.super_users)
+                broker.acls = decode_acls(data, broker.config.super_users, source=acl_source_name(broker))
                 log.info("ACLs loaded: %d entries, %d super-users", len(broker.acls.entries),
                          len(broker.acls.super_users))
                 seen = stamp

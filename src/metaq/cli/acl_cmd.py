@@ -179,7 +179,7 @@ class _FileAcls:
         return self.file.update(change, entry)
 
     def entries(self) -> tuple[AclEntry, ...]:
-        return decode_acls(self.file.read_bytes()).entries
+        return decode_acls(self.file.read_bytes(), source=str(self.file.path)).entries
 
 
 class _ZooKeeperAcls:
