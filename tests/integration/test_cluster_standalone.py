@@ -6,13 +6,9 @@ partition ``brokerId-partition``, and reaches each one at its own broker.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import uvloop
@@ -22,7 +18,7 @@ from metaq.client.group import ConsumerConfig, create_consumer
 from metaq.client.group.admin import describe_group, list_groups
 from metaq.errors import InvalidArgument, UnknownPartitionError
 from metaq.protocol.messages import OffsetFetchRequest
-from metaq.testing.broker import BrokerProcess
+from metaq.testing import BrokerProcess, until
 from metaq.types import TopicPartition
 
 ORDER = [PartitionId(1, 0), PartitionId(1, 1), PartitionId(2, 0), PartitionId(2, 1)]
@@ -89,15 +85,6 @@ FAST = {"session_timeout_ms": 1500, "rebalance_timeout_ms": 6000, "commit_offset
         "max_delay_fetch_ms": 500, "fetch_runner_count": 4}
 
 
-async def until(pred: Callable[[], Any], what: str, timeout_s: float = 30.0) -> None:
-    """Poll a condition the test waits for (a deadline only to fail instead of hanging)."""
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 def test_a_group_over_both_brokers_is_disjoint_complete_and_resumes_per_broker_partition(
         two_brokers: tuple[BrokerProcess, BrokerProcess], tmp_path: Path) -> None:
     b1, b2 = two_brokers
@@ -131,7 +118,7 @@ def test_a_group_over_both_brokers_is_disjoint_complete_and_resumes_per_broker_p
                     and len({tuple(sorted(c.generations.items())) for c in consumers}) == 1
                     and sorted(owned) == everything)
 
-        await until(lambda: stable() and sum(got.values()) >= 60, "a stable group that consumed everything")
+        await until(lambda: stable() and sum(got.values()) >= 60, message="a stable group that consumed everything")
         owned = [set(c.assignment()) for c in consumers]
         assert all(owned) and sum(map(len, owned)) == 6 and set().union(*owned) == set(everything)
         # each broker splits its three partitions among the three (range, starting at member "broker id"):
@@ -165,7 +152,7 @@ def test_a_group_over_both_brokers_is_disjoint_complete_and_resumes_per_broker_p
         resumed = create_consumer(sessions[0], config).subscribe("work", 64 * 1024,
                                                                  lambda msg: later.update([bytes(msg.data)]))
         await resumed.complete_subscribe()
-        await until(lambda: sum(later.values()) >= 12, "the new messages")
+        await until(lambda: sum(later.values()) >= 12, message="the new messages")
         assert sorted(later) == sorted(b"new-%d" % i for i in range(12)) and set(later.values()) == {1}
         assert sorted(resumed.assignment()) == everything
         await resumed.close()
@@ -185,7 +172,7 @@ def test_a_group_takes_up_partitions_that_appear_on_another_broker(
         consumer = create_consumer(session, ConsumerConfig(group="g", recover_dir=tmp_path, **FAST)).subscribe(
             "grow", 4096, lambda msg: got.append(msg.partition_id))
         await consumer.complete_subscribe()
-        await until(lambda: consumer.assigned.is_set(), "the first assignment")
+        await until(lambda: consumer.assigned.is_set(), message="the first assignment")
         assert [str(tp.partition) for tp in consumer.assignment()] == ["1-0", "1-1"]
         generations = consumer.generations
         await session.admin().create_topic("grow", 2, broker_id=2)
@@ -194,7 +181,7 @@ def test_a_group_takes_up_partitions_that_appear_on_another_broker(
         producer = session.create_producer()
         for i in range(4):
             assert (await producer.send(Message("grow", b"%d" % i))).success
-        await until(lambda: len(got) == 4, "a message from each partition")
+        await until(lambda: len(got) == 4, message="a message from each partition")
         assert sorted(got) == [PartitionId(b, p) for b in (1, 2) for p in (0, 1)]
         await consumer.close()
         await session.close()

@@ -177,7 +177,7 @@ class BrokerConfig:
     quota_consumer_byte_rate: int = 0
     quota_max_connections: int = 0
     quota_overrides: dict[str, Any] = field(default_factory=dict)
-    """Per-principal quotas (metaq.broker.quotas.QuotaOverride by principal) over the three defaults."""
+    """Per-principal quotas (metaq.broker.options.QuotaOverride by principal) over the three defaults."""
     topics: dict[str, TopicConfig] = field(default_factory=dict)
     zookeeper: ZkConfig | None = None
     source_path: Path | None = None

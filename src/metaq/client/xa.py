@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from metaq.client.transaction import Xid
+from metaq.errors import MetaqError
 
 log = logging.getLogger("metaq.client.xa")
 
@@ -71,7 +72,7 @@ CrashHook = Callable[[str], None]
 """Called with the step just done (``prepared:<name>``, ``decided``, ``committed:<name>``): for fault tests."""
 
 
-class XAError(Exception):
+class XAError(MetaqError):
     """The global transaction was rolled back (a resource failed before the commit point), or the
     coordinator cannot run (its log is in use by another live coordinator)."""
 

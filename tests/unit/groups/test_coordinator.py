@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +23,11 @@ from metaq.errors import (
     UnknownPartitionError,
 )
 from metaq.protocol import messages as m
+from metaq.testing import FakeClock, until
 from metaq.types import PartitionId
 
 SESSION_MS = 1000
 REBALANCE_MS = 3000
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, ms: float) -> None:
-        self.now += ms
 
 
 class Topics:
@@ -55,16 +45,23 @@ def run(coro_fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
     return wrapper
 
 
-async def settle() -> None:
-    """Let every task that can make progress run (no time passes: the clock is fake)."""
-    for _ in range(20):
-        await asyncio.sleep(0)
+async def settle(coord: GroupCoordinator, joins: Iterable[asyncio.Future[Any] | None]) -> None:
+    """Until each of ``joins`` has its answer or waits in the coordinator for its group's rebalance (a member
+    with an unanswered join). The clock is fake: nothing else can happen meanwhile."""
+    tasks = [j for j in joins if j is not None]
+
+    def settled() -> bool:
+        waiting = sum(1 for group in coord.groups.values() for member in group.members.values()
+                      if member.join is not None and not member.join.done())
+        return sum(not t.done() for t in tasks) == waiting
+
+    await until(settled, 10, message="the joins to be answered or to wait for the rebalance", interval_s=0)
 
 
 def make(tmp_path: Path, **topics: int) -> tuple[GroupCoordinator, FakeClock, Topics]:
-    clock = FakeClock()
+    clock = FakeClock(now_s=0.0)
     parts = Topics(**(topics or {"t": 12}))
-    coord = GroupCoordinator(parts, tmp_path / "offsets", clock=clock, timer=False)
+    coord = GroupCoordinator(parts, tmp_path / "offsets", clock=clock.ms, timer=False)
     coord.open()
     return coord, clock, parts
 
@@ -126,7 +123,7 @@ class SimMember:
 async def drive(coord: GroupCoordinator, clock: FakeClock, sims: list[SimMember], steps: int = 400) -> None:
     """Heartbeat, commit and rejoin like real consumers until the group is stable with the live sims."""
     for _step in range(steps):
-        await settle()
+        await settle(coord, [s.join_task for s in sims])
         for s in sims:
             if s.alive:
                 s.collect()
@@ -139,7 +136,7 @@ async def drive(coord: GroupCoordinator, clock: FakeClock, sims: list[SimMember]
                 and {s.member_id for s in live} == set(group.members)
                 and all(s.generation == group.generation for s in live)):
             return
-        clock.advance(SESSION_MS / 4)
+        clock.advance_ms(SESSION_MS / 4)
         coord.poll()
         for s in live:
             await s.beat()
@@ -182,7 +179,7 @@ async def test_join_of_a_new_member_makes_old_members_commit_and_rejoin(tmp_path
     coord, _clock, _ = make(tmp_path)
     a = await coord.join(join_req())
     b_task = asyncio.ensure_future(coord.join(join_req()))
-    await settle()
+    await settle(coord, [b_task])
     assert not b_task.done()
     assert coord.groups["g"].state == PREPARING_REBALANCE
     hb = await coord.heartbeat(m.HeartbeatRequest("g", a.generation, a.member_id))
@@ -207,7 +204,7 @@ async def test_expired_member_is_dropped_and_fenced(tmp_path: Path) -> None:
     coord, clock, _ = make(tmp_path)
     a, b = await form_group(coord, clock, 2)
     for _ in range(5):  # a heartbeats, b is silent (crashed)
-        clock.advance(SESSION_MS / 3)
+        clock.advance_ms(SESSION_MS / 3)
         coord.poll()
         hb = await coord.heartbeat(m.HeartbeatRequest("g", a.generation, a.member_id))
         if hb.error_code:
@@ -230,18 +227,18 @@ async def test_member_that_never_rejoins_is_dropped_at_the_rebalance_deadline(tm
     coord, clock, _ = make(tmp_path)
     a = await coord.join(join_req())
     b_task = asyncio.ensure_future(coord.join(join_req()))
-    await settle()
+    await settle(coord, [b_task])
     # a keeps heartbeating (alive) but never rejoins: a stuck consumer
     for _ in range(int(REBALANCE_MS / (SESSION_MS / 4)) + 2):
-        clock.advance(SESSION_MS / 4)
+        clock.advance_ms(SESSION_MS / 4)
         await coord.heartbeat(m.HeartbeatRequest("g", a.generation, a.member_id))
         coord.poll()
-        await settle()
+        await settle(coord, [b_task])
         if b_task.done():
             break
     b = b_task.result()
     assert b.generation == 2 and owned(b) == {("t", p) for p in range(12)}
-    assert clock.now >= REBALANCE_MS
+    assert clock.ms() >= REBALANCE_MS
     late = await coord.commit_offsets(m.OffsetCommitRequest("g", 1, a.member_id, [m.OffsetEntry("t", 0, 0, 3)]))
     assert late.error_code == UnknownMemberError.code
 
@@ -319,7 +316,7 @@ async def test_runtime_compaction_keeps_every_offset(tmp_path: Path) -> None:
     from metaq.broker.offsets_store import OffsetsStore
 
     store = OffsetsStore(tmp_path / "o", compact_bytes=2000)
-    coord = GroupCoordinator(Topics(t=4), store, clock=FakeClock(), timer=False)
+    coord = GroupCoordinator(Topics(t=4), store, clock=FakeClock().ms, timer=False)
     coord.open()
     for i in range(300):
         await coord.commit_offsets(m.OffsetCommitRequest("g", m.NO_GENERATION, "", [m.OffsetEntry("t", 0, i % 4, i)]))
@@ -338,7 +335,7 @@ async def test_new_partitions_trigger_a_rebalance(tmp_path: Path) -> None:
     a = await coord.join(join_req(topics=["t", "later"]))
     assert owned(a) == {("t", 0), ("t", 1)}
     parts.counts["later"] = 3  # the topic is created after the member subscribed
-    clock.advance(10)
+    clock.advance_ms(10)
     coord.poll()
     hb = await coord.heartbeat(m.HeartbeatRequest("g", a.generation, a.member_id))
     assert hb.error_code == RebalanceInProgressError.code
@@ -379,7 +376,7 @@ async def test_close_answers_waiting_joins(tmp_path: Path) -> None:
     coord, _clock, _ = make(tmp_path)
     await coord.join(join_req())
     waiting = asyncio.ensure_future(coord.join(join_req()))
-    await settle()
+    await settle(coord, [waiting])
     await coord.close()
     assert (await waiting).error_code == NotCoordinatorError.code
 
@@ -411,7 +408,7 @@ async def test_a_hundred_rebalances_leave_no_partition_unowned(tmp_path: Path, s
             s = rng.choice(live)
             s.alive = False
             s.holding = set()
-            await settle()
+            await settle(coord, [t.join_task for t in sims])
             s.collect()
             if s.member_id:
                 await coord.leave(m.LeaveGroupRequest("g", s.member_id))
@@ -445,7 +442,7 @@ def owned_ids(resp: m.JoinGroupResponse) -> list[str]:
 
 def two_broker_coordinator(tmp_path: Path, partitions: int = 2) -> GroupCoordinator:
     coord = GroupCoordinator(lambda topic: [PartitionId(1, p) for p in range(partitions)] if topic == "t" else [],
-                             tmp_path / "offsets", broker_id=1, clock=FakeClock(), timer=False)
+                             tmp_path / "offsets", broker_id=1, clock=FakeClock().ms, timer=False)
     coord.open()
     return coord
 
@@ -474,7 +471,7 @@ async def test_members_are_balanced_by_consumer_id_from_a_member_that_depends_on
     at member b: with as many one-partition brokers as members, each member gets one partition."""
     async def split(broker_id: int) -> dict[str, list[str]]:
         coord = GroupCoordinator(lambda t: [PartitionId(broker_id, 0)] if t == "t" else [],
-                                 tmp_path / f"offsets-{broker_id}", broker_id=broker_id, clock=FakeClock(),
+                                 tmp_path / f"offsets-{broker_id}", broker_id=broker_id, clock=FakeClock().ms,
                                  timer=False)
         coord.open()
         first = await coord.join(report_req("", [], "consumer-a"))

@@ -6,13 +6,13 @@ import asyncio
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
 from metaq.client.group.config import ConsumerConfig
 from metaq.client.group.membership import ZooKeeperMembership, metaq_consumer_id
 from metaq.cluster.registry import GroupRegistry
+from metaq.testing import until
 from metaq.types import PartitionId, TopicPartition
 
 P = [PartitionId(1, 0), PartitionId(1, 1), PartitionId(2, 0), PartitionId(2, 1)]
@@ -107,14 +107,6 @@ class FakeConsumer:
 
 def membership(consumer: FakeConsumer, registry: MemoryRegistry) -> ZooKeeperMembership:
     return ZooKeeperMembership(consumer, registry, lambda topic: list(P), session_timeout_s=3.0)  # type: ignore[arg-type]
-
-
-async def until(pred: Callable[[], Any], timeout_s: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not pred():
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.005)
 
 
 def test_members_split_the_partitions_claiming_before_starting_and_stopping_before_releasing() -> None:

@@ -9,14 +9,7 @@ from hypothesis import strategies as st
 from metaq.client.config import ClientConfig
 from metaq.errors import InvalidArgument
 from metaq.net.retry import RetryPolicy
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from metaq.testing import FakeClock
 
 
 def delays(policy: RetryPolicy, n: int, rand: float = 1.0) -> list[float | None]:
@@ -62,13 +55,13 @@ def test_max_attempts_counts_the_first_attempt() -> None:
 def test_the_deadline_runs_from_the_first_failure_and_no_wait_passes_it() -> None:
     clock = FakeClock()
     backoff = RetryPolicy.constant(0.4, deadline_s=1.0).start(clock=clock, rand=lambda: 1.0)
-    clock.now += 50  # time before the first failure does not count
+    clock.advance_s(50)  # time before the first failure does not count
     assert backoff.next_delay_s() == 0.4
-    clock.now += 0.4
+    clock.advance_s(0.4)
     assert backoff.next_delay_s() == 0.4
-    clock.now += 0.4
+    clock.advance_s(0.4)
     assert backoff.next_delay_s() == pytest.approx(0.2)  # cut to the deadline
-    clock.now += 0.2
+    clock.advance_s(0.2)
     assert backoff.next_delay_s() is None
     assert backoff.failures == 4
 
@@ -77,10 +70,10 @@ def test_reset_starts_a_new_run() -> None:
     clock = FakeClock()
     backoff = RetryPolicy(0.1, 1.0, max_attempts=3, deadline_s=1.0).start(clock=clock, rand=lambda: 1.0)
     assert [backoff.next_delay_s(), backoff.next_delay_s()] == pytest.approx([0.1, 0.2])
-    clock.now += 0.9
+    clock.advance_s(0.9)
     backoff.reset()
     assert backoff.failures == 0
-    clock.now += 0.5
+    clock.advance_s(0.5)
     assert [backoff.next_delay_s(), backoff.next_delay_s()] == pytest.approx([0.1, 0.2])
     assert backoff.next_delay_s() is None
 

@@ -1,10 +1,9 @@
 """Transaction (API 21) and Produce v1 into a transaction: begin, put, prepare, commit, roll back, recover.
 
-The states and the log are :mod:`metaq.broker.transactions`; this module applies a commit: the
-transaction's batches are copied from the transaction log into their partitions, in put order, with
-no await in between (one step of the event loop: a consumer of this broker sees all or none of them),
-each through the idempotent producer's check so that applying again after a crash stores nothing
-twice. The answer waits for the partitions' flush policy and sync replication, as a produce does.
+The states and the log are :mod:`metaq.broker.transactions`; a commit's batches are copied into their
+partitions by :mod:`metaq.broker.committing` (all in one step of the event loop, each through the
+idempotent producer's check). The answer to a commit waits for the partitions' flush policy and sync
+replication, as a produce does.
 """
 
 from __future__ import annotations
@@ -13,10 +12,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from metaq.broker.handlers.appending import await_ack, check_sequence
+from metaq.broker.appending import await_ack
+from metaq.broker.committing import apply_transaction
 from metaq.errors import (
     InvalidRequestError,
     PartitionClosedError,
@@ -24,8 +23,7 @@ from metaq.errors import (
     UnknownPartitionError,
 )
 from metaq.protocol import messages as m
-from metaq.protocol.records import ProducerStamp, producer_stamp, read_header
-from metaq.storage.log import PartitionLog
+from metaq.protocol.records import ProducerStamp
 
 log = logging.getLogger("metaq.broker.transactions")
 
@@ -104,50 +102,6 @@ async def _apply_after_sync(broker: Broker, tx: Transaction) -> m.TransactionRes
         await await_ack(durable, replicated, m.ProduceResponse())
     coordinator.finish_commit(tx)
     return m.TransactionResponse(committed=committed)
-
-
-def apply_transaction(broker: Broker, tx: Transaction) -> tuple[list[m.CommittedBatch], list[tuple[Any, Any]]]:
-    """Append the transaction's batches to their partitions, synchronously (no await): where each went,
-    and what each ack waits for. A batch already there (applied before a crash) is not appended again."""
-    coordinator = broker.tx_coordinator()
-    committed: list[m.CommittedBatch] = []
-    waits: list[tuple[Future[None] | None, Any]] = []
-    ha = broker.ha
-    for put in tx.state.puts:
-        batch = coordinator.read_batch(put)
-        header = read_header(batch)
-        stamp = producer_stamp(batch, header)
-        _state, plog = broker.partition_log(put.topic, put.partition)
-        if ha is not None:
-            ha.before_append(plog)
-        original = check_sequence(plog, stamp, header.record_count) if stamp is not None else None
-        if original is not None:
-            base_offset, last_offset = original.base_offset, original.last_offset
-        else:
-            result = plog.append(batch, header)
-            base_offset, last_offset = result.base_offset, result.last_offset
-            counters = broker.stats.partition(put.topic, put.partition)
-            counters.put_requests += 1
-            counters.put_messages += header.record_count
-            counters.put_bytes += header.total_bytes
-            broker.waiters.notify(put.topic, put.partition)
-            if result.wait_for_durable and not result.durable.done():
-                waits.append((result.durable, None))
-        replicated = ha.after_append(plog, last_offset + 1) if ha is not None else None
-        if replicated is not None:
-            waits.append((None, replicated))
-        committed.append(m.CommittedBatch(put.topic, put.partition, base_offset, plog.message_id(base_offset),
-                                          header.record_count))
-    return committed, waits
-
-
-def reapply_on_open(broker: Broker, tx: Transaction) -> None:
-    """At start-up (blocking, before serving): finish a transaction whose COMMIT was logged."""
-    _committed, _waits = apply_transaction(broker, tx)
-    logs: set[PartitionLog] = {broker.partition_log(p.topic, p.partition)[1] for p in tx.state.puts}
-    for plog in logs:
-        plog.flush()
-    broker.tx_coordinator().finish_commit(tx)
 
 
 def _limit(value: int, what: str) -> int:
