@@ -6,6 +6,7 @@ partition ``brokerId-partition``, and reaches each one at its own broker.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
 from pathlib import Path
