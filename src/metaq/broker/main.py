@@ -22,8 +22,8 @@ from metaq.broker.config import BrokerConfig
 from metaq.broker.core import Broker
 from metaq.broker.handlers import REQUEST_HANDLERS
 from metaq.broker.ini import load_broker_config
+from metaq.broker.replication.slave_config import SlaveConfig, load_slave_config
 from metaq.broker.service import BrokerService, StartupError
-from metaq.broker.slave_config import SlaveConfig, load_slave_config
 from metaq.errors import ConfigError
 from metaq.protocol import messages as m
 

@@ -22,9 +22,8 @@ from metaq.broker.config import BrokerConfig
 from metaq.broker.connections import ConnectionLimits, ConnectionRegistry
 from metaq.broker.core import Broker
 from metaq.broker.options import MAX_OPEN_FILES_AUTO, MAX_OPEN_FILES_MAX
-from metaq.broker.replication import SlaveReplicator
 from metaq.broker.replication.ha import HighAvailability, ha_enabled
-from metaq.broker.replication.slave import REPLICATION_PASSWORD_ENV
+from metaq.broker.replication.slave import REPLICATION_PASSWORD_ENV, SlaveReplicator
 from metaq.broker.transport import listen_tcp
 from metaq.cluster.registry import RegistryError
 from metaq.errors import ConfigError, StorageError
@@ -299,7 +298,7 @@ class BrokerService:
         """aclEnabled: the ACLs as stored now, before the first request (refresh_acls follows changes)."""
         if not self.broker.config.acl_enabled:
             return
-        from metaq.broker.authorization import acl_source, acl_source_name
+        from metaq.broker.security_sources import acl_source, acl_source_name
         from metaq.security.acl import decode_acls
 
         try:

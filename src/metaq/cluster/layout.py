@@ -23,6 +23,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from metaq.errors import MetaqError
+
 DEFAULT_ROOT = "/meta"
 
 _BROKER_URL = re.compile(r"^meta://(?P<host>[^:/?#\s]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})(?:\?.*)?$")
@@ -30,7 +32,7 @@ _TOPIC_BROKER_NAME = re.compile(r"^(?P<id>\d{1,9})-(?:m|s(?P<slave>\d{1,9}))$")
 _SLAVE_NODE = re.compile(r"^slave(?P<slave>\d{1,9})$")
 
 
-class LayoutError(ValueError):
+class LayoutError(MetaqError, ValueError):
     """A znode name or its data does not follow MetaQ's layout."""
 
 
