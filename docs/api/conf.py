@@ -23,7 +23,7 @@ author = "the metaq authors"
 release = metaq.__version__
 version = release
 
-extensions = ["sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx.ext.viewcode"]
+extensions = ["sphinx.ext.autodoc", "sphinx.ext.viewcode"]
 root_doc = "index"
 exclude_patterns = ["_build"]
 
@@ -36,8 +36,6 @@ autodoc_default_options = {"members": True, "show-inheritance": True}
 # Type hints name private or optional modules (pyspark, kazoo); a hint that cannot be resolved stays as
 # written instead of failing the build.
 autodoc_mock_imports = ["pyspark", "kazoo", "psycopg"]
-napoleon_google_docstring = True
-napoleon_numpy_docstring = False
 
 html_theme = "alabaster"
 html_title = f"metaq {release} API reference"

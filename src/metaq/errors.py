@@ -109,7 +109,10 @@ def _wire_docstring(cls: type[BrokerError]) -> str:
     whether the client refreshes its metadata first. The API reference shows it: one table, no second copy."""
     own = vars(cls).get("__doc__")
     first, _, rest = (own or "").partition("\n")
-    text = f"{first.strip()}\n{textwrap.dedent(rest)}".strip() if own else (cls.hint[:1].upper() + cls.hint[1:] + "." if cls.hint else "")
+    if own:
+        text = f"{first.strip()}\n{textwrap.dedent(rest)}".strip()
+    else:
+        text = cls.hint[:1].upper() + cls.hint[1:] + "." if cls.hint else ""
     flags = "".join(["; retriable" if cls.retriable else "",
                      "; the client refreshes its metadata" if cls.refresh_metadata else ""])
     return f"{text}\n\nWire code {cls.code}, ``{cls.name}``{flags}.".lstrip()

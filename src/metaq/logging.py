@@ -374,6 +374,7 @@ class MetaqHandler(logging.Handler):
         self._dropped += 1
 
     def stats(self) -> HandlerStats:
+        """The handler's counters now: accepted, sent, dropped, spilled, failed, send errors, pending."""
         with self._mu:
             spilled_pending = self._spill.records if self._spill is not None else 0
             return HandlerStats(self._accepted, self._sent, self._dropped, self._spilled, self._failed,
@@ -381,6 +382,7 @@ class MetaqHandler(logging.Handler):
 
     @property
     def pending(self) -> int:
+        """Records accepted and not yet sent (queued, being sent, or spilled to disk)."""
         return self.stats().pending
 
     def drain(self, timeout: float | None = None) -> bool:

@@ -51,12 +51,17 @@ class PartitionDescription:
 
 @dataclass(frozen=True, slots=True)
 class TopicDescription:
+    """A topic's partitions with their offset ranges
+    (:meth:`Admin.describe_topic <metaq.client.Admin.describe_topic>`)."""
+
     topic: str
     partitions: list[PartitionDescription]
 
 
 @dataclass(frozen=True, slots=True)
 class MessageLocation:
+    """Where a message id points (:meth:`Admin.lookup_message <metaq.client.Admin.lookup_message>`)."""
+
     topic: str
     partition: int
     offset: int
@@ -65,6 +70,7 @@ class MessageLocation:
 
     @property
     def partition_id(self) -> PartitionId:
+        """``brokerId-partition`` holding the message."""
         return PartitionId(self.broker_id, self.partition)
 
 
@@ -86,6 +92,8 @@ class FoundMessage:
 
 @dataclass(frozen=True, slots=True)
 class FindResult:
+    """The messages :meth:`Admin.find <metaq.client.Admin.find>` found, and what it could not search."""
+
     messages: list[FoundMessage]
     """In (broker, partition, offset) order."""
     truncated: bool

@@ -119,7 +119,7 @@ class _LoopThread:
 
 
 class SyncProducer:
-    """Blocking wrapper of :class:`~metaq.client.producer.Producer`."""
+    """Blocking wrapper of :class:`~metaq.client.Producer`."""
 
     def __init__(self, lt: _LoopThread, producer: Producer) -> None:
         self._lt = lt
@@ -230,7 +230,7 @@ class SyncProducer:
 
 
 class SyncPullConsumer:
-    """Blocking wrapper of :class:`~metaq.client.consumer.PullConsumer`."""
+    """Blocking wrapper of :class:`~metaq.client.PullConsumer`."""
 
     def __init__(self, lt: _LoopThread, consumer: PullConsumer) -> None:
         self._lt = lt
@@ -248,7 +248,10 @@ class SyncPullConsumer:
                 max_wait_ms: int = DEFAULT_MAX_WAIT_MS, max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
                 max_messages: int | None = None, stop_at_end: bool = False,
                 on_out_of_range: OutOfRangePolicy = "raise", group: str = "") -> Iterator[Message]:
-        """A blocking generator over :meth:`PullConsumer.iterate` (one thread crossing per fetch)."""
+        """A blocking generator over :meth:`PullConsumer.iterate <metaq.client.PullConsumer.iterate>` (one thread
+        crossing per fetch): the messages of one partition in offset order, from ``offset`` (``"earliest"``,
+        ``"latest"`` or a number); ``stop_at_end=True`` ends it at the end of the partition instead of waiting
+        for more (long polling)."""
         agen = self.consumer._iterate(topic, partition, offset, max_wait_ms=max_wait_ms, max_bytes=max_bytes,
                                       max_messages=max_messages, stop_at_end=stop_at_end,
                                       on_out_of_range=on_out_of_range, group=group, columns=True)
@@ -260,7 +263,9 @@ class SyncPullConsumer:
                         max_wait_ms: int = DEFAULT_MAX_WAIT_MS, max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
                         max_messages: int | None = None, stop_at_end: bool = False,
                         on_out_of_range: OutOfRangePolicy = "raise", group: str = "") -> Iterator[MessageBatch]:
-        """A blocking generator over :meth:`PullConsumer.iterate_columns` (one thread crossing per fetch)."""
+        """A blocking generator over
+        :meth:`PullConsumer.iterate_columns <metaq.client.PullConsumer.iterate_columns>` (one thread crossing per
+        fetch): one :class:`~metaq.client.MessageBatch` per stored batch."""
         agen = self.consumer._iterate(topic, partition, offset, max_wait_ms=max_wait_ms, max_bytes=max_bytes,
                                       max_messages=max_messages, stop_at_end=stop_at_end,
                                       on_out_of_range=on_out_of_range, group=group, columns=True)
@@ -330,7 +335,7 @@ class SyncPullConsumer:
 
 
 class SyncAdmin:
-    """Blocking wrapper of :class:`~metaq.client.admin.Admin`."""
+    """Blocking wrapper of :class:`~metaq.client.Admin`."""
 
     def __init__(self, lt: _LoopThread, admin: Admin) -> None:
         self._lt = lt
@@ -447,7 +452,7 @@ class SyncGroupConsumer:
 
 
 class SyncSessionFactory:
-    """Blocking wrapper of :class:`~metaq.client.session.MessageSessionFactory`. Use :func:`connect`."""
+    """Blocking wrapper of :class:`~metaq.client.MessageSessionFactory`. Use :func:`connect`."""
 
     def __init__(self, lt: _LoopThread, session: MessageSessionFactory) -> None:
         self._lt = lt

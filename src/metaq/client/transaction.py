@@ -40,6 +40,7 @@ class TransactionResult:
 
     @property
     def count(self) -> int:
+        """Messages the transaction stored."""
         return sum(b.record_count for b in self.batches)
 
 
@@ -54,10 +55,12 @@ class Xid:
 
     @property
     def key(self) -> str:
+        """The text a broker names the branch by: ``format_id:gtrid:bqual``."""
         return f"{self.format_id}:{self.gtrid}:{self.bqual}"
 
     @classmethod
     def parse(cls, key: str) -> Xid:
+        """The Xid of a :attr:`key` (``"format_id:gtrid:bqual"``)."""
         format_id, gtrid, bqual = key.split(":", 2)
         return cls(int(format_id), gtrid, bqual)
 
@@ -288,6 +291,7 @@ class TransactionChecker:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> TransactionChecker:
+        """Start long-polling every broker the session knows for the group's undecided half messages."""
         core = self.producer._core
         await core.metadata.refresh_all()
         for broker_id in sorted(set(core.metadata.cache.brokers) | set(core.server_ids.values())):
@@ -320,6 +324,7 @@ class TransactionChecker:
                 await asyncio.sleep(1.0)
 
     async def stop(self) -> None:
+        """Stop answering check-backs (the brokers ask another checker of the group, or wait)."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

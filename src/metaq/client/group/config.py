@@ -25,6 +25,10 @@ DEFAULT_RECOVER_DIR = Path("~/.meta_recover")
 
 @dataclass(frozen=True, slots=True)
 class ConsumerConfig:
+    """A group consumer's settings: MetaQ's ``ConsumerConfig`` names in snake case, the unit last.
+
+    :meth:`from_metaq` also takes MetaQ's own names (``fetchRunnerCount``, ``loadBalanceStrategyType``, ...)."""
+
     group: str
     """The consumer group (MetaQ ``group``). Groups are independent: each has its own offsets."""
     consumer_id: str = ""
@@ -124,6 +128,7 @@ class ConsumerConfig:
 
     @property
     def heartbeat_ms(self) -> int:
+        """The heartbeat period in use: ``heartbeat_interval_ms``, or a third of ``session_timeout_ms``."""
         return self.heartbeat_interval_ms or max(1, self.session_timeout_ms // 3)
 
     def retry_delay_ms(self, retry: int) -> int:

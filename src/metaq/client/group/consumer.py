@@ -238,6 +238,7 @@ class GroupConsumer:
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
         return self._closed
 
     @property
@@ -259,6 +260,8 @@ class GroupConsumer:
     # -- assignment ---------------------------------------------------------------------------------
 
     async def assign(self, owned: list[tuple[str, PartitionId]], keep: bool = False) -> None:
+        """Start delivering ``owned`` partitions (its membership calls it after a rebalance; ``keep``: an
+        incremental one that keeps the partitions still owned)."""
         async with self._lock:
             if self._closed:
                 return
@@ -316,6 +319,8 @@ class GroupConsumer:
             w.task = asyncio.ensure_future(self._run_worker(w))
 
     async def revoke(self, commit: bool) -> None:
+        """Stop delivering every partition (its membership calls it before a rebalance), committing first if
+        ``commit``."""
         async with self._lock:
             self.assigned.clear()
             workers = list(self.workers.values())

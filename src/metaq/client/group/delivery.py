@@ -72,19 +72,24 @@ class PartitionContext:
         self._rollback_only = False
 
     def set_auto_ack(self, on: bool) -> None:
+        """``False``: acknowledge only on :meth:`ack` (consume in transactions); ``True``: when the listener returns."""
         self.auto_ack = bool(on)
 
     def ack(self) -> None:
+        """Acknowledge every message delivered so far on the partition (committed with the next commit)."""
         self._ack = True
 
     def rollback(self) -> None:
+        """Deliver again everything since the last :meth:`ack`."""
         self._rollback = True
 
     def set_rollback_only(self) -> None:
+        """Mark the current message failed: it is redelivered as if the listener had raised."""
         self._rollback_only = True
 
     @property
     def rollback_only(self) -> bool:
+        """Whether :meth:`set_rollback_only` was called for the current message."""
         return self._rollback_only
 
     def _begin(self, message: Message) -> None:
@@ -138,6 +143,8 @@ class Subscription:
 
 @dataclass
 class ConsumerStats:
+    """Counters of a group consumer since it started (``consumer.stats``)."""
+
     delivered: int = 0
     """Listener calls (retries included)."""
     acked: int = 0

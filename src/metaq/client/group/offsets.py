@@ -85,6 +85,7 @@ class BrokerOffsetStorage(OffsetStorage):
         self._fence: Fence | None = None
 
     def bind(self, request: Request) -> None:
+        """Give the store the session's request function (the consumer does it when it starts)."""
         self._request = request
 
     def bind_brokers(self, request_to: BrokerRequest, fence: Fence | None = None) -> None:
@@ -229,6 +230,7 @@ class LocalFileOffsetStorage(_ThreadedStorage):
         self._cache: dict[str, dict[TopicPartition, int]] = {}
 
     def path(self, group: str) -> Path:
+        """The file holding ``group``'s offsets (one JSON file per group in ``directory``)."""
         return self.directory / (_SAFE.sub("_", group) + ".json")
 
     def _read(self, group: str) -> dict[TopicPartition, int]:
