@@ -108,3 +108,14 @@ async def admin_find(servers: str, topic: str, key: str | None, from_text: str |
 
 def register(cli: click.Group) -> None:
     cli.add_command(admin_group)
+
+
+def _add_subcommands() -> None:
+    """`admin verify` and `admin transactions` live in their own modules (which import nothing of this one)."""
+    from metaq.cli import transactions_cmd, verify_cmd
+
+    verify_cmd.register(admin_group)
+    transactions_cmd.register(admin_group)
+
+
+_add_subcommands()
