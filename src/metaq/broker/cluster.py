@@ -50,7 +50,7 @@ class ClusterLink:
     def for_config(cls, config: BrokerConfig, *, slave_id: int = -1) -> ClusterLink:
         zk = config.zookeeper
         if zk is None or not zk.enable:
-            return cls(EmbeddedRegistry(), config.broker_id, mode="embedded", slave_id=slave_id)
+            return cls(EmbeddedRegistry(), config.broker_id, mode="standalone", slave_id=slave_id)
         from metaq.cluster.zookeeper import ZooKeeperRegistry  # kazoo only when ZooKeeper mode is on
 
         registry = ZooKeeperRegistry(zk.connect, zk.root, session_timeout_ms=zk.session_timeout_ms,

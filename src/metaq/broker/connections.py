@@ -20,6 +20,7 @@ from typing import Protocol
 from metaq.broker.config import BrokerConfig
 from metaq.broker.stats import BrokerStats
 from metaq.errors import TooManyConnectionsError
+from metaq.wording import plural
 
 log = logging.getLogger("metaq.broker")
 
@@ -107,7 +108,7 @@ class ConnectionRegistry:
             self.partial_changed(conn, 0)
 
     def refusal_message(self) -> str:
-        return (f"the broker already has {len(self.open)} connections open (maxConnections="
+        return (f"the broker already has {plural(len(self.open), 'connection')} open (maxConnections="
                 f"{self.limits.max_connections}); {TooManyConnectionsError.hint.split('; ', 1)[-1]}")
 
     # -- unfinished frames ----------------------------------------------------------------------

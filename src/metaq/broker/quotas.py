@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from metaq.errors import TooManyConnectionsError
+from metaq.wording import plural
 
 if TYPE_CHECKING:
     from metaq.broker.config import BrokerConfig
@@ -101,7 +102,7 @@ class Quotas:
         usage = self._usage(principal)
         if limit and usage.connections >= limit:
             usage.connections_refused += 1
-            return (f"{principal} already has {usage.connections} connections open to this broker, its limit "
+            return (f"{principal} already has {plural(usage.connections, 'connection')} open to this broker, its limit "
                     f"(quotaMaxConnections / quotaOverrides); {TooManyConnectionsError.hint.split('; ', 1)[-1]}")
         usage.connections += 1
         session.quota_principal = principal

@@ -36,7 +36,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                 "Send each line of standard input to TOPIC as one message (the newline is not sent)."),
     "stats": ("metaq.cli.stats_cmd", "stats",
               "Put/get counts, bytes and rates per topic and partition (MetaQ's stats), of every broker."),
-    "topic": ("metaq.cli.topic_cmd", "topic_group", "Create, list, describe, close and open topics."),
+    "topic": ("metaq.cli.topic_cmd", "topic_group", "Create, delete, list, describe, close and open topics."),
 }
 """Command name -> (module, attribute, the short help ``metaq --help`` shows).
 

@@ -46,6 +46,7 @@ from metaq.pipeline.summary import (
     say,
 )
 from metaq.types import PartitionId
+from metaq.wording import plural
 
 DEMO_LOGGERS = ("web", "shop", "demo")
 """Parents of the generator's loggers; the handler is attached here (not to the root logger, which
@@ -375,7 +376,7 @@ class Demo:
         spread = ""
         if len(per_broker) > 1:
             spread = " over brokers " + ", ".join(f"{b}: {n:,}" for b, n in sorted(per_broker.items()))
-        say(f"events topic       {stored:,} messages in {args.topic!r}{spread}")
+        say(f"events topic       {plural(stored, 'message', thousands=True)} in {args.topic!r}{spread}")
         if spark_batches:
             say(f"Spark read         {spark_rows:,} events in {spark_batches} micro-batches of query 'aggregate'")
         kinds = by_kind(topic_back.rows)

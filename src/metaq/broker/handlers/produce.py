@@ -177,7 +177,8 @@ def produce_batch(broker: Broker, topic: str, partition: int, records: bytes | m
         # an idempotent producer's retry must land where its first attempt did
         partition = open_parts[stamp.producer_id % len(open_parts)] if stamp else random.choice(open_parts)
     elif partition in state.closed:
-        raise PartitionClosedError(f"partition {topic}-{partition} is closed for publishing")
+        raise PartitionClosedError(f"partition {broker.config.broker_id}-{partition} of topic {topic!r} is closed for "
+                                   "publishing")
     plog = broker.logs.get(topic, partition) if 0 <= partition < state.num_partitions else None
     if plog is None:  # not opened yet, or not a partition of the topic (the error comes from partition_log)
         _state, plog = broker.partition_log(topic, partition)

@@ -20,6 +20,7 @@ from metaq.errors import (
 )
 from metaq.protocol import messages as m
 from metaq.types import validate_topic
+from metaq.wording import plural
 
 if TYPE_CHECKING:
     from metaq.broker.core import Broker, Handler
@@ -77,7 +78,8 @@ def handle_create_topic(broker: Broker, req: m.CreateTopicRequest, session: Sess
     broker.refuse_writes_on_slave("CreateTopic (a slave creates the topics it learns of from its master)")
     check_topic_name(topic)
     if topic in broker.topics:
-        raise TopicExistsError(f"topic {topic!r} already exists with {broker.topics[topic].num_partitions} partitions")
+        raise TopicExistsError(f"topic {topic!r} already exists with "
+                               f"{plural(broker.topics[topic].num_partitions, 'partition')}")
     if topic in broker.creating:
         raise TopicExistsError(f"topic {topic!r} is being created by another request")
     if req.num_partitions != DEFAULT_PARTITIONS and not 1 <= req.num_partitions <= PARTITIONS_PER_TOPIC_MAX:

@@ -39,7 +39,8 @@ def put_into_transaction(broker: Broker, transaction_id: str, topic: str, partit
         raise UnknownPartitionError("a transaction's batch names its partition (-1 is not taken)")
     state, _plog = broker.partition_log(topic, partition)
     if partition in state.closed:
-        raise PartitionClosedError(f"partition {topic}-{partition} is closed for publishing")
+        raise PartitionClosedError(f"partition {broker.config.broker_id}-{partition} of topic {topic!r} is closed for "
+                                   "publishing")
     broker.tx_coordinator().put(transaction_id, topic, partition, records, stamp, header.record_count)
     return m.ProduceResponse(partition=partition)
 
