@@ -262,5 +262,9 @@ def test_demo_over_three_brokers_checks_itself_and_stops_everything_on_ctrl_c(tm
     assert re.search(rf"Spark read +{spread.group(1)} events", text), "Spark read every event"
     assert re.search(r"requests counted +([\d,]+) of \1 generated \(every window closed and written\)", text), text
     assert "; 0 duplicate(s)" in text and "same rows as the topic: yes" in text and "PROBLEM" not in text
+    # the generator starts once Spark has run a micro-batch, so the windows show while it runs (it started first,
+    # and on a busy machine Spark read every event at the end)
+    ready = next(i for i, line in enumerate(lines) if "Spark ready;" in line)
+    assert ready < next(i for i, line in enumerate(lines) if "generator started:" in line), text
     assert "stopping the brokers (SIGTERM: deregister, flush and close), then ZooKeeper" in text
     assert processes_using(data) == [], "ZooKeeper and the brokers are gone"
