@@ -66,7 +66,7 @@ def test_connection_counts_per_principal_and_reassignment() -> None:
     quotas = Quotas(lambda: c)
     a, b = Session(), Session()
     assert quotas.admit(a, ANONYMOUS) is None
-    assert "User:ANONYMOUS already has 1 connections" in (quotas.admit(b, ANONYMOUS) or "")
+    assert "User:ANONYMOUS already has 1 connection open" in (quotas.admit(b, ANONYMOUS) or "")
     assert quotas.reassign(a, "User:alice") is None  # authenticated: counted as alice now
     assert quotas.admit(b, ANONYMOUS) is None
     assert quotas.reassign(b, "User:alice") is not None  # alice has her one: b stays anonymous
