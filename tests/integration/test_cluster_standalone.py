@@ -177,7 +177,8 @@ def test_a_group_takes_up_partitions_that_appear_on_another_broker(
         assert [str(tp.partition) for tp in consumer.assignment()] == ["1-0", "1-1"]
         generations = consumer.generations
         await session.admin().create_topic("grow", 2, broker_id=2)
-        await until(lambda: consumer.assigned.is_set() and len(consumer.assignment()) == 4, message="broker 2's partitions")
+        await until(lambda: consumer.assigned.is_set() and len(consumer.assignment()) == 4,
+                    message="broker 2's partitions")
         assert consumer.generations[1] == generations[1] and consumer.generations[2] > generations[2]
         producer = session.create_producer()
         for i in range(4):

@@ -89,6 +89,7 @@ from metaq.errors import (
 )
 from metaq.protocol import messages as m
 from metaq.types import BROKER_ID_MAX, PartitionId, TopicPartition, validate_topic
+from metaq.wording import plural
 
 log = logging.getLogger("metaq.broker.groups")
 
@@ -408,7 +409,7 @@ class GroupCoordinator:
             mb.last_seen_ms = now
         group.state = STABLE if group.members else EMPTY
         self._assert_invariant(group, split)
-        log.info("group %s: generation %d with %d members", group.name, group.generation, len(group.members))
+        log.info("group %s: generation %d with %s", group.name, group.generation, plural(len(group.members), "member"))
         for mb in group.members.values():
             self._answer_join(mb, self._join_response(group, mb))
 
