@@ -49,6 +49,11 @@ class _Section:
     entries: list[tuple[int, str, str]]
 
 
+_INLINE_COMMENT = re.compile(r"\s[;#]")
+"""Where a comment after a value or a section header starts: ``;`` or ``#`` after whitespace. One inside
+a word is part of the value (a Quartz ``6#3``, ``superUsers=User:a;User:b``)."""
+
+
 def _read_ini(text: str, source: str) -> list[_Section]:
     """Sections with their entries and line numbers; only the shape of the file is checked here."""
     sections: list[_Section] = []
@@ -56,10 +61,19 @@ def _read_ini(text: str, source: str) -> list[_Section]:
         line = raw.strip()
         if not line or line[0] in ";#":
             continue
+        comment = _INLINE_COMMENT.search(line)
+        if comment is not None:
+            line = line[:comment.start()].rstrip()
         if line.startswith("["):
-            if not line.endswith("]"):
-                raise ConfigError(f"{source}:{number}: {_shown(line)}: section header without a closing ']'")
-            sections.append(_Section(line[1:-1].strip(), number, []))
+            head, bracket, after = line.partition("]")
+            if not bracket:
+                raise ConfigError(f"{source}:{number}: {_shown(line)}: section header without a closing ']'; "
+                                  "expected [system], [zookeeper] or [topic=NAME]")
+            if after:
+                raise ConfigError(f"{source}:{number}: {_shown(line)}: found {_shown(after.strip())!r} after the section "
+                                  f"header {_shown(head + bracket)}; expected the end of the line or a comment "
+                                  "(; or # after a space)")
+            sections.append(_Section(head[1:].strip(), number, []))
             continue
         key, eq, value = line.partition("=")
         key = key.strip()

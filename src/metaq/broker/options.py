@@ -712,7 +712,7 @@ def suggest(word: str, known: Iterable[str], *, prefix: str = "", fmt: str = "{}
 
 
 def _comment_hint(text: str) -> str:
-    return " (comments must be on a line of their own)" if re.search(r"\s[;#]", text) else ""
+    return " (in server.ini a comment starts with ; or # after a space)" if re.search(r"[;#]", text) else ""
 
 
 def convert(opt: Option, text: str, where: str) -> Any:
