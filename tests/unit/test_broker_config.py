@@ -16,7 +16,7 @@ from metaq.broker.cli_options import click_options, overrides_from_click
 from metaq.broker.config import BrokerConfig, TopicConfig, ZkConfig, diff_topics, restart_required
 from metaq.broker.cron import next_run_ms, quartz_to_croniter
 from metaq.broker.ini import load_config, parse_config
-from metaq.broker.options import OPTIONS, DeletePolicy, options_markdown_rows, parse_delete_policy
+from metaq.broker.options import OPTIONS, STAT_IGNORED, DeletePolicy, options_markdown_rows, parse_delete_policy
 from metaq.errors import ConfigError, InvalidArgument
 
 REPO = Path(__file__).resolve().parents[2]
@@ -121,7 +121,9 @@ def test_metaq_sample_server_ini_parses() -> None:
     assert set(c.topics) == {"test", "meta-test"}
     assert c.topic_settings("test").unflush_threshold == 0
     # flushTxLogAtCommit is MetaQ's transaction log knob, and metaq's (docs/transactions.md): no warning.
-    assert c.warnings == ()
+    # stat is accepted, and the operator told that it changes nothing (metaq's statistics are always on)
+    assert c.warnings == ("server.ini:12: stat: MetaQ option accepted but without effect: metaq keeps real-time "
+                          "statistics for every topic whatever stat says (metaq stats, /metrics)",)
     assert c.flush_tx_log_at_commit == 1
 
 
@@ -334,6 +336,7 @@ def test_topic_sections_store_only_their_overrides() -> None:
     assert orders.unflush_interval_ms is None and orders.delete_policy is None
     assert orders.group_filters == {"billing": "myapp.filters:only_paid", "audit": "myapp.filters:Everything.check"}
     assert c.topics["logs"] == TopicConfig(name="logs", delete_policy="archive,12h,true", stat=True)
+    assert c.warnings == (f"<string>:{TOPICS.splitlines().index('stat=yes') + 1}: stat: {STAT_IGNORED}",)
 
 
 def test_effective_topic_settings() -> None:
@@ -459,6 +462,7 @@ def test_bad_delete_when(text: str, problem: str) -> None:
 def test_with_overrides_applies_and_validates() -> None:
     base = parse_config(TOPICS)
     c = base.with_overrides({"serverPort": "0", "maxSegmentSize": "64m", "stat": "true", "dataPath": "~/x"})
+    assert [w for w in c.warnings if w.startswith("--stat: ")] == [f"--stat: {STAT_IGNORED}"]
     assert (c.server_port, c.max_segment_bytes, c.stat) == (0, 64 * 1024**2, True)
     assert c.data_path == Path.home() / "x"
     assert c.topics == base.topics
@@ -564,6 +568,21 @@ def test_restart_required_lists_system_changes_a_reload_cannot_apply() -> None:
     new = old.with_overrides({"serverPort": "9999", "maxSegmentSize": "1m"})
     assert restart_required(old, new) == ["serverPort", "maxSegmentSize"]
     assert restart_required(old, parse_config("")) == ["updateConsumerOffsets", "[zookeeper]"]
+    moved = parse_config(METAQ_SAMPLE.replace("zk.zkSessionTimeoutMs=30000", "zk.zkSessionTimeoutMs=9000")
+                         .replace("localhost:2181", "zk1:2181"))
+    assert restart_required(old, moved) == ["zk.zkConnect", "zk.zkSessionTimeoutMs"]
+
+
+def test_a_reload_keeps_the_running_values_of_restart_options_and_applies_the_rest() -> None:
+    from metaq.broker.config import keep_restart_options
+
+    running = parse_config(METAQ_SAMPLE)
+    new = dataclasses.replace(running.with_overrides({"maxTransferSize": "2048", "unflushInterval": "500"}),
+                              zookeeper=None)
+    applied = keep_restart_options(running, new)
+    assert applied.max_transfer_bytes == 1048576 and applied.zookeeper == running.zookeeper
+    assert applied.unflush_interval_ms == 500
+    assert restart_required(running, applied) == []
 
 
 # -- zookeeper --------------------------------------------------------------------------------------

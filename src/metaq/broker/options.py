@@ -418,7 +418,8 @@ OPTIONS: tuple[Option, ...] = (
     _opt("acceptSubscribe", "accept_subscribe", "bool", "true", _SYSTEM_AND_TOPIC,
          "Serve consumers (false: not registered for subscribing).", _boolean, reload="live"),
     _opt("stat", "stat", "bool", "false", _SYSTEM_AND_TOPIC,
-         "Keep real-time statistics.", _boolean, reload="live"),
+         "MetaQ's switch for real-time statistics. Accepted, with no effect (the broker warns at start): metaq "
+         "keeps them for every topic always (metaq stats, /metrics).", _boolean, reload="live"),
     _opt("updateConsumerOffsets", "update_consumer_offsets", "bool", "false", _SYSTEM,
          "Move a consumer whose offset is out of range to the newest offset instead of failing "
          "(handy in development, keep false in production).", _boolean),
@@ -723,6 +724,8 @@ def convert(opt: Option, text: str, where: str) -> Any:
 
 
 STALL_WARNING = ": a consumer can stall on a message larger than one transfer"
+STAT_IGNORED = ("MetaQ option accepted but without effect: metaq keeps real-time statistics for every topic "
+                "whatever stat says (metaq stats, /metrics)")
 
 
 def cross_check(values: dict[str, Any], where: Mapping[str, str], warnings: list[str]) -> None:

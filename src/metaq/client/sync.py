@@ -18,7 +18,7 @@ import threading
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
-from metaq.client.admin import Admin, FindResult, MessageLocation, TopicDescription
+from metaq.client.admin import Admin, FindResult, MessageLocation, ReloadResult, TopicDescription
 from metaq.client.config import ClientConfig
 from metaq.client.consumer import (
     DEFAULT_FETCH_MAX_BYTES,
@@ -314,7 +314,7 @@ class SyncAdmin:
     def stats(self, topic: str | None = None, *, broker_id: int | None = None) -> dict[str, Any]:
         return self._lt.run(self.admin.stats(topic, broker_id=broker_id))
 
-    def reload(self, *, broker_id: int | None = None) -> list[str]:
+    def reload(self, *, broker_id: int | None = None) -> ReloadResult:
         return self._lt.run(self.admin.reload(broker_id=broker_id))
 
     def verify(self, topic: str | None = None, partition: PartitionKey = -1, *, broker_id: int | None = None,

@@ -186,7 +186,11 @@ def _fetch_now(broker: Broker, req: m.FetchRequest, plog: PartitionLog, offset: 
         return response
     counters.get_bytes += fslice.size
     counters.get_messages += fslice.next_offset - offset
-    accept = group_filter(broker.topics[req.topic].settings, req.group) if req.group else None
+    try:
+        accept = group_filter(broker.filters, broker.topics[req.topic].settings, req.group) if req.group else None
+    except BaseException:
+        fslice.release()
+        raise
     if accept is not None:
         # a server-side filter for this group ([topic=...] group.NAME=module:callable): the
         # stored bytes are decoded and re-encoded without the rejected messages, so no sendfile

@@ -60,7 +60,7 @@ def produce_batch(broker: Broker, topic: str, partition: int, records: bytes | m
             raise UnknownTopicError(f"topic {topic!r} does not exist and autoCreateTopics=false")
         state = broker.ensure_topic(topic, None)
     if not state.settings.accept_publish:
-        raise PartitionClosedError(f"topic {topic!r} does not accept publishing (acceptPublish=false)")
+        raise PartitionClosedError(broker.publish_refused(topic))
     config = broker.config
     try:
         header = validate_batch(records, config.max_message_bytes, config.max_batch_bytes)
