@@ -69,7 +69,7 @@ from typing import Any
 from metaq.client.selectors import PartitionSelector
 from metaq.client.session import MessageSessionFactory
 from metaq.errors import InvalidArgument
-from metaq.fsutil import pid_alive
+from metaq.fsutil import fsync_directory, pid_alive
 from metaq.net.retry import RetryPolicy
 from metaq.net.servers import parse_servers
 from metaq.types import Message, validate_topic
@@ -225,7 +225,7 @@ class _Spill:
         if sync:
             os.fsync(self.writer.fileno())
             self.dirty.pop(self.writer_path, None)
-            _fsync_directory(self.dir)
+            fsync_directory(self.dir)
         self.writer.close()
         self.ready.append((self.writer_path, self.writer_records))
         self.writer = None
@@ -253,15 +253,6 @@ class _Spill:
                 self.dirty.pop(path, None)
 
 
-def _fsync_directory(directory: Path) -> None:
-    """Make the directory's entries (a new spill file's name) durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _sync_files(directory: Path, paths: list[Path]) -> None:
     """fsync each spill file (by name: the writer may close it meanwhile) and the directory. A file already
     sent and deleted is simply gone."""
@@ -274,7 +265,7 @@ def _sync_files(directory: Path, paths: list[Path]) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-    _fsync_directory(directory)
+    fsync_directory(directory)
 
 
 def _read_all(path: Path) -> list[Item]:
