@@ -189,3 +189,29 @@ def test_stat_is_accepted_and_the_start_warns_that_it_has_no_effect(
     with connect(broker.servers) as session:  # and statistics are kept all the same
         assert session.create_producer().send(Message("counted", b"x")).success
         assert session.admin().stats("counted")["topics"]["counted"]["partitions"]["0"]["put_messages"] == 1
+
+
+def test_a_broker_killed_with_kill_9_starts_again_at_once_on_the_same_ports(
+        broker_factory: Callable[..., BrokerProcess]) -> None:
+    """kill -9 leaves the connections of each listener in TIME-WAIT (or FIN-WAIT) on the broker's side for
+    about a minute; every listener binds with SO_REUSEADDR, so a restart on the same ports is not refused
+    as "the address is already in use" (a listener without it was, for ~60 s after a Prometheus scrape)."""
+    from metaq.testing.ports import unused_port
+
+    ports = {"httpPort": unused_port(), "dashboardHttpPort": unused_port()}
+    broker = broker_factory({"numPartitions": 1, **ports})
+    for port in ports.values():  # a scrape each, whose connection the broker closes (it stays in TIME-WAIT)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as peer:
+            path = b"/metrics" if port == ports["dashboardHttpPort"] else b"/topics"
+            peer.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            reply = b""
+            while chunk := peer.recv(65536):
+                reply += chunk
+            assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+    with connect(broker.servers) as session:  # and a client's connection to the broker's own port
+        assert session.create_producer().send(Message("kept", b"before")).success
+        broker.kill()
+    broker.start()
+    assert broker.metrics_url is not None and f":{ports['dashboardHttpPort']}/" in broker.metrics_url
+    with connect(broker.servers) as session:
+        assert session.create_producer().send(Message("kept", b"after")).success

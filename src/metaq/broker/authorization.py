@@ -120,10 +120,10 @@ CredentialLookup = Callable[[str], ScramCredential | None]
 
 def credential_lookup(broker: Broker) -> CredentialLookup:
     """Where ``broker`` finds a user's credential (blocking): ZooKeeper in cluster mode, else its users file."""
-    read_user = getattr(broker.cluster.registry, "read_user", None)
-    if broker.cluster.mode == "zookeeper" and read_user is not None:
+    store = broker.cluster.registry.user_acl_store()
+    if store is not None:
         def from_zookeeper(name: str) -> ScramCredential | None:
-            data = read_user(name)
+            data = store.read_user(name)
             if data is None:
                 return None
             try:
@@ -138,11 +138,10 @@ def credential_lookup(broker: Broker) -> CredentialLookup:
 
 def acl_source(broker: Broker) -> Callable[[], tuple[object, bytes | None]]:
     """A blocking function giving (a stamp that changes with the ACLs, their bytes) for ``broker``."""
-    registry = broker.cluster.registry
-    read_acls = getattr(registry, "read_acls", None)
-    if broker.cluster.mode == "zookeeper" and read_acls is not None:
+    store = broker.cluster.registry.user_acl_store()
+    if store is not None:
         def from_zookeeper() -> tuple[object, bytes | None]:
-            data, version = read_acls()
+            data, version = store.read_acls()
             return version, data
 
         return from_zookeeper
@@ -156,6 +155,13 @@ def acl_source(broker: Broker) -> Callable[[], tuple[object, bytes | None]]:
     return from_file
 
 
+def acl_source_name(broker: Broker) -> str:
+    """Where ``broker``'s ACLs are stored, for messages."""
+    if broker.cluster.mode == "zookeeper":
+        return "the ACLs in ZooKeeper"
+    return str(broker.config.acl_file or broker.config.data_path / ACL_FILE_NAME)
+
+
 async def refresh_acls(broker: Broker) -> None:
     """Keep ``broker.acls`` in step with the stored ACLs (a background job when aclEnabled is set)."""
     source = acl_source(broker)
@@ -164,7 +170,7 @@ async def refresh_acls(broker: Broker) -> None:
         try:
             stamp, data = await asyncio.to_thread(source)
             if stamp != seen:
-                broker.acls = decode_acls(data, broker.config.super_users)
+                broker.acls = decode_acls(data, broker.config.super_users, source=acl_source_name(broker))
                 log.info("ACLs loaded: %d entries, %d super-users", len(broker.acls.entries),
                          len(broker.acls.super_users))
                 seen = stamp

@@ -62,9 +62,7 @@ class ClusterLink:
 
     def connect(self) -> None:
         """Reach the registry (ZooKeeper); RegistryError saying why when it cannot."""
-        start = getattr(self.registry, "start", None)
-        if start is not None:
-            start()
+        self.registry.start()
 
     def join(self, host: str, port: int, topics: dict[str, tuple[int, bool, bool]], *,
              tls_port: int | None = None) -> None:

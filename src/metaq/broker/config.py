@@ -119,6 +119,8 @@ class BrokerConfig:
     verify_after_unclean_start: bool
     max_open_files: int
     """0: auto (options.MAX_OPEN_FILES_AUTO; the broker's service sets the budget from the open-files limit)."""
+    syncfs: str
+    """auto (where the data directory's filesystem honours syncfs) or off."""
     syncfs_min_partitions: int
     syncfs_quiet_min_partitions: int
     sync_inline_max_partitions: int

@@ -19,7 +19,6 @@ import dataclasses
 import functools
 import inspect
 import logging
-import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -62,7 +61,7 @@ from metaq.errors import (
     UnknownPartitionError,
     UnknownTopicError,
 )
-from metaq.fsutil import syncfs
+from metaq.fsutil import datasync, syncfs
 from metaq.protocol import messages as m
 from metaq.security.acl import Acls
 from metaq.storage import LogConfig, LogManager, PartitionLog
@@ -153,11 +152,12 @@ class Broker:
     ``handlers`` is the request registry, request type -> :data:`Handler`
     (:data:`metaq.broker.handlers.REQUEST_HANDLERS`). ``config_path`` and ``overrides`` are the
     server.ini and the flags the broker was started with: what a reload reads again. ``sync`` is the
-    fdatasync the logs use; tests inject one that is held, counted or fails.
+    sync the logs use for their files and directories (:func:`~metaq.fsutil.datasync`); tests inject one that
+    is held, counted or fails.
     """
 
     def __init__(self, config: BrokerConfig, handlers: Mapping[type, Handler], *, config_path: str | None = None,
-                 overrides: Mapping[str, str] | None = None, sync: Callable[[int], None] = os.fdatasync,
+                 overrides: Mapping[str, str] | None = None, sync: Callable[[int], None] = datasync,
                  cluster: ClusterLink | None = None, slave: SlaveConfig | None = None,
                  replica: SlaveConfig | None = None) -> None:
         self.config = config
@@ -194,6 +194,7 @@ class Broker:
                                sync=self.stats.fsync_seconds.timed(sync),
                                syncfs_min_logs=config.syncfs_min_partitions,
                                syncfs_quiet_min_logs=config.syncfs_quiet_min_partitions,
+                               use_syncfs=config.syncfs != "off",
                                sync_inline_max_logs=config.sync_inline_max_partitions,
                                sync_filesystem=self.stats.fsync_seconds.timed(syncfs))
         self.delay = DelayStore(config.data_path, config.broker_id, self._log_config(None),
@@ -201,6 +202,7 @@ class Broker:
                                 files=self.logs.files, sync=self.stats.fsync_seconds.timed(sync))
         """Delayed messages until due (docs/delayed.md); its deliverer runs as a service task."""
         self.stats.delayed = self.delay.describe
+        self.stats.durability = self.logs.describe_syncs
         self.transactions: TransactionCoordinator | None = None
         """The transaction log and the transactions' states (docs/transactions.md): opened at start when
         the log exists, else by the first transaction request."""

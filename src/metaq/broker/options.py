@@ -448,10 +448,16 @@ OPTIONS: tuple[Option, ...] = (
          "up to 1000000. A number: the soft limit is raised (up to the hard one) to it plus maxConnections "
          "plus 256; under a lower hard limit the storage gets less (room is left for connections; at least "
          "64) and a WARNING says how much (docs/operations.md).", _open_files, status="extension"),
+    _opt("syncfs", "syncfs", "choice", "auto", _SYSTEM,
+         "auto: flush rounds may be made durable by one syncfs (syncfsMinPartitions, syncfsQuietMinPartitions, and "
+         "the clean stop) only where the data directory's filesystem is known to honour it: ext4, xfs, btrfs, f2fs "
+         "or tmpfs, on Linux 5.8+ (decided at start, logged, shown by `metaq stats`). Elsewhere (FUSE, NFS, "
+         "overlayfs ...) and with off, every partition fdatasyncs its own files and fsyncs its new directory "
+         "entries (docs/storage.md, \"Durability\").", _choice("auto", "off"), status="extension"),
     _opt("syncfsMinPartitions", "syncfs_min_partitions", "int", "32", _SYSTEM,
          "A flush round with at least this many partitions to sync makes them durable with one syncfs of the "
-         "data directory's filesystem instead of an fdatasync each (Linux 5.8+, whose syncfs reports write-back "
-         "errors; should one fail, each partition fdatasyncs its own files, and every flush does until a restart). "
+         "data directory's filesystem instead of an fdatasync each (where the syncfs option allows it; should one "
+         "fail, each partition fdatasyncs its own files, and every flush does until a restart). "
          "It also writes back whatever else is dirty on that filesystem: set 0 (no syncfs at all, nor "
          "syncfsQuietMinPartitions) when the broker shares a disk with heavy writers.",
          _integer(0, 1_000_000), status="extension"),

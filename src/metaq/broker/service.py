@@ -276,12 +276,12 @@ class BrokerService:
         """aclEnabled: the ACLs as stored now, before the first request (refresh_acls follows changes)."""
         if not self.broker.config.acl_enabled:
             return
-        from metaq.broker.authorization import acl_source
+        from metaq.broker.authorization import acl_source, acl_source_name
         from metaq.security.acl import decode_acls
 
         try:
             _, data = acl_source(self.broker)()
-            self.broker.acls = decode_acls(data, self.broker.config.super_users)
+            self.broker.acls = decode_acls(data, self.broker.config.super_users, source=acl_source_name(self.broker))
         except (ConfigError, RegistryError) as exc:
             raise StartupError(f"cannot load the ACLs: {exc}") from None
 

@@ -43,6 +43,10 @@ class Session:
     throttle_ms: int = 0
     """Set by the core when a reply took the principal over its byte rate: the transport reads nothing more
     from this connection for that long (then sets it back to 0)."""
+    hold: asyncio.Future[None] | None = None
+    """Set by a handler that returns a coroutine and whose request must take effect before the connection's
+    next one does (a produce checked in a worker thread): the transport handles no further request of this
+    connection until it is done, or until that coroutine ends (then takes it back to None)."""
 
 
 @dataclass(slots=True)

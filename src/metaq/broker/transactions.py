@@ -110,10 +110,15 @@ class TransactionCoordinator:
         self.finished = OrderedDict(self.txlog.finished)
         self._forget_oldest()
         for state in live.values():
-            tx = self._track(state, state.timeout_ms)
+            tx = self._track(state, state.timeout_ms or self.max_timeout_ms)  # 0: its BEGIN was lost to damage
             for put in state.puts:
                 tx.sequences.setdefault((put.topic, put.partition), [])
-            if state.committed:
+            if state.damaged is not None:  # never applied in part: what it lost may have been one of its batches
+                how = "committed" if state.committed else "prepared" if state.xid is not None else "open"
+                log.error("%s transaction %s (xid %s) rolled back at start: %s; its messages are not delivered",
+                          how, state.txid, state.xid, state.damaged)
+                self.rollback(state.txid, f"damaged in the transaction log: {state.damaged}")
+            elif state.committed:
                 to_apply.append(tx)
             elif state.xid is None:
                 self.rollback(state.txid, "the broker restarted before it was prepared or committed")
@@ -206,8 +211,8 @@ class TransactionCoordinator:
     def start_commit(self, txid: str) -> Transaction:
         """Log COMMIT (the caller then syncs per flushTxLogAtCommit and applies the batches)."""
         tx = self.get(txid)
+        self.txlog.commit(tx.state)  # a failure (a full disk) leaves it as it was: the commit can be retried
         tx.committing = True
-        self.txlog.commit(tx.state)
         return tx
 
     def finish_commit(self, tx: Transaction) -> None:

@@ -35,10 +35,22 @@ cli.add_command(broker_command, "broker")
 
 
 def _register_client_commands() -> None:
-    from metaq.cli import acl_cmd, bench_cmd, client_cmds, cluster_cmd, verify_cmd
+    from metaq.cli import (
+        acl_cmd,
+        admin_cmd,
+        bench_cmd,
+        cluster_cmd,
+        consume_cmd,
+        group_cmd,
+        produce_cmd,
+        stats_cmd,
+        topic_cmd,
+        verify_cmd,
+    )
 
-    client_cmds.register(cli)
-    verify_cmd.register(client_cmds.admin_group)
+    for module in (topic_cmd, produce_cmd, consume_cmd, stats_cmd, admin_cmd, group_cmd):
+        module.register(cli)
+    verify_cmd.register(admin_cmd.admin_group)
     bench_cmd.register(cli)
     cluster_cmd.register(cli)
     acl_cmd.register(cli)

@@ -205,7 +205,10 @@ class Admin:
         """Have a broker check every stored byte and index entry of its partitions (all, a topic's, or
         one, asked of the broker holding it); one report per partition: ``broker_id``, ``topic``,
         ``partition``, ``ok``, ``messages``, ``damaged`` ranges (offsets and the messages each makes
-        unreadable), ``index_problems``. Slow on big logs: reads everything once."""
+        unreadable), ``index_problems``, ``index_notes`` (not damage), ``file_problems`` (its epoch history and
+        producer snapshots). Without a topic, one more report per store beside the segments: ``store``,
+        ``path``, ``records``, ``ok``, ``damaged`` (one line per damaged record). Slow on big logs: reads
+        everything once."""
         if topic is not None:
             validate_topic(topic)
         number = -1

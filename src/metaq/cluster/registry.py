@@ -120,6 +120,10 @@ class ClusterRegistry(ABC):
     """Brokers and topics. Reads are cached (``snapshot()`` never does I/O); writes are blocking calls
     that a broker makes off its event loop, at start, on topic changes and at stop."""
 
+    def start(self) -> ClusterRegistry:
+        """Reach the registry's service (RegistryError saying why when it cannot); nothing to do in memory."""
+        return self
+
     @abstractmethod
     def snapshot(self) -> ClusterSnapshot: ...
 
@@ -181,6 +185,43 @@ class ClusterRegistry(ABC):
     def master_session_ok(self, broker_id: int) -> bool:
         """One round trip: whether this process's current session holds ``ids/<broker_id>/master``."""
         raise RegistryError("replication epochs and failover need ZooKeeper mode")
+
+    # -- users and ACLs (docs/security.md) --------------------------------------------------------------
+
+    def user_acl_store(self) -> UserAclStore | None:
+        """Where the cluster keeps its users and ACLs, so every broker reads the same (ZooKeeper mode);
+        None when the registry keeps none (an embedded broker keeps them in files of its own)."""
+        return None
+
+
+class UserAclStore(ABC):
+    """The cluster's SASL/SCRAM users and its ACL document, kept by the registry. Every call is one
+    blocking round trip (a broker makes them off its event loop); RegistryError when it cannot be made."""
+
+    @abstractmethod
+    def read_user(self, name: str) -> bytes | None:
+        """The stored credential of user ``name`` (JSON bytes, :mod:`metaq.security.credentials`); None
+        if there is none."""
+
+    @abstractmethod
+    def write_user(self, name: str, data: bytes) -> bool:
+        """Store user ``name``'s credential; True if the user is new."""
+
+    @abstractmethod
+    def delete_user(self, name: str) -> bool:
+        """Remove user ``name``; False if there was none."""
+
+    @abstractmethod
+    def list_users(self) -> list[str]:
+        """Every user's name, sorted."""
+
+    @abstractmethod
+    def read_acls(self) -> tuple[bytes | None, int]:
+        """The ACL document (JSON bytes, :mod:`metaq.security.acl`) and its version (-1: there is none)."""
+
+    @abstractmethod
+    def write_acls(self, data: bytes, version: int) -> bool:
+        """Replace the ACL document if it is still at ``version`` (-1: create it); False when it moved."""
 
 
 class ReplicaGroupChanged(RegistryError):
