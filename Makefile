@@ -9,10 +9,10 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 .PHONY: venv test test-fast test-pure lint demo bench clean system-deps
 
 # setup.py builds the one compiled module (metaq._speedups): a change to its C source reinstalls (rebuilds) it.
-$(STAMP): pyproject.toml setup.py src/metaq/_speedups.c
+$(STAMP): pyproject.toml setup.py src/metaq/_speedups.c src/metaq/_kafka_speedups.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,spark,postgres,zookeeper,peers]'
+	$(BIN)/python -m pip install -q -e '.[test,spark,postgres,zookeeper,peers,kafka,kafka-clients]'
 	touch $(STAMP)
 
 venv: $(STAMP)
