@@ -42,6 +42,23 @@ class ConfigError(MetaqError):
     """A configuration file, option or flag is wrong. The message names the file, line and key."""
 
 
+class DuplicateBrokerIdError(ConfigError):
+    """Two of the servers a client was given answered with one broker id.
+
+    Standalone brokers left at the default ``brokerId=0`` look like one broker to a client, which would
+    then read one and silently miss the other (or write where it then cannot read). A client refuses to
+    go on instead; the message names both addresses.
+    """
+
+    def __init__(self, broker_id: int, first: str, second: str) -> None:
+        self.broker_id = broker_id
+        self.addresses = (first, second)
+        super().__init__(
+            f"servers {first} and {second} both answer as broker id {broker_id}: a client cannot tell their "
+            f"partitions apart. Give each broker its own brokerId (server.ini [system] brokerId=N, or "
+            f"--brokerId N), or list one broker only once")
+
+
 class InvalidArgument(MetaqError, ValueError):
     """A caller passed a value the API refuses (local misuse, found before anything is sent)."""
 

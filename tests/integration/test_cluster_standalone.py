@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import uvloop
+from cli_process import metaq
 
 from metaq.client import Message, MessageSessionFactory, PartitionId, connect
+from metaq.client.blocking import BlockingClient
 from metaq.client.group import ConsumerConfig, create_consumer
 from metaq.client.group.admin import describe_group, list_groups
-from metaq.errors import InvalidArgument, UnknownPartitionError
+from metaq.errors import DuplicateBrokerIdError, InvalidArgument, UnknownPartitionError
 from metaq.protocol.messages import OffsetFetchRequest
 from metaq.testing import BrokerProcess, until
 from metaq.types import TopicPartition
@@ -281,3 +285,27 @@ def test_a_group_consumes_one_broker_while_the_other_is_down(
             await consumer.close()
 
     uvloop.run(main())
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["listed-a-b", "listed-b-a"])
+def test_two_brokers_with_one_broker_id_are_refused_naming_both_addresses(
+        broker_factory: Callable[..., BrokerProcess], reverse: bool) -> None:
+    # both left at the default brokerId=0: a client cannot tell their partitions apart, so whichever order
+    # the servers are listed in, it must stop and say so rather than read one broker and miss the other
+    a = broker_factory({"numPartitions": 1}, name="a")
+    b = broker_factory({"numPartitions": 1}, name="b")
+    listed = [b, a] if reverse else [a, b]
+    servers = ",".join(p.servers for p in listed)
+    for proc in (a, b):
+        with connect(proc.servers) as alone:
+            assert alone.create_producer().send(Message("t", b"x")).success
+    both = rf"servers {listed[0].servers} and {listed[1].servers} both answer as broker id 0"
+
+    done = metaq("consume", "t", "-s", servers)
+    assert done.returncode == 1 and done.stdout == ""
+    assert re.search(both + r".*brokerId", done.stderr), done.stderr
+
+    with connect(servers) as session, pytest.raises(DuplicateBrokerIdError, match=both):
+        session.partitions("t")
+    with BlockingClient(servers) as blocking, pytest.raises(DuplicateBrokerIdError, match=both):
+        blocking.partitions_for("t")

@@ -464,7 +464,8 @@ OPTIONS: tuple[Option, ...] = (
     _opt("acceptSubscribe", "accept_subscribe", "bool", "true", _SYSTEM_AND_TOPIC,
          "Serve consumers (false: not registered for subscribing).", _boolean, reload="live"),
     _opt("stat", "stat", "bool", "false", _SYSTEM_AND_TOPIC,
-         "Keep real-time statistics.", _boolean, reload="live"),
+         "MetaQ's switch for real-time statistics. Accepted, with no effect (the broker warns at start): metaq "
+         "keeps them for every topic always (metaq stats, /metrics).", _boolean, reload="live"),
     _opt("updateConsumerOffsets", "update_consumer_offsets", "bool", "false", _SYSTEM,
          "Move a consumer whose offset is out of range to the newest offset instead of failing "
          "(handy in development, keep false in production).", _boolean),
@@ -776,7 +777,7 @@ def suggest(word: str, known: Iterable[str], *, prefix: str = "", fmt: str = "{}
 
 
 def _comment_hint(text: str) -> str:
-    return " (comments must be on a line of their own)" if re.search(r"\s[;#]", text) else ""
+    return " (in server.ini a comment starts with ; or # after a space)" if re.search(r"[;#]", text) else ""
 
 
 def convert(opt: Option, text: str, where: str) -> Any:
@@ -787,6 +788,8 @@ def convert(opt: Option, text: str, where: str) -> Any:
 
 
 STALL_WARNING = ": a consumer can stall on a message larger than one transfer"
+STAT_IGNORED = ("MetaQ option accepted but without effect: metaq keeps real-time statistics for every topic "
+                "whatever stat says (metaq stats, /metrics)")
 
 
 def cross_check(values: dict[str, Any], where: Mapping[str, str], warnings: list[str]) -> None:

@@ -131,6 +131,10 @@ class BrokerService:
         the broker cannot. The port is bound first: a port in use leaves no data directory behind."""
         loop = asyncio.get_running_loop()
         config = self.broker.config
+        try:
+            self.broker.load_filters()  # a group filter that cannot be imported refuses the start (fails closed)
+        except ConfigError as exc:
+            raise StartupError(str(exc)) from None
         server: asyncio.Server | _Servers | None = None
         plain: asyncio.Server | None = None
         if config.server_port >= 0:  # serverPort=-1: a TLS-only broker (docs/security.md)

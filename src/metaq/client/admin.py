@@ -74,6 +74,16 @@ class MessageLocation:
         return PartitionId(self.broker_id, self.partition)
 
 
+class ReloadResult(list[str]):
+    """What :meth:`Admin.reload` did: the topics whose settings changed (the list itself, as before), and
+    ``restart_required``, the server.ini keys that changed but wait for a restart (their values from the
+    broker's start stay in force)."""
+
+    def __init__(self, changed_topics: list[str], restart_required: list[str]) -> None:
+        super().__init__(changed_topics)
+        self.restart_required = list(restart_required)
+
+
 @dataclass(frozen=True, slots=True)
 class FoundMessage:
     """One match of :meth:`Admin.find`: where it is (fetch from ``offset`` to read it) and its key."""
@@ -235,12 +245,13 @@ class Admin:
                                                                   broker_id)
         return resp
 
-    async def reload(self, *, broker_id: int | None = None) -> list[str]:
-        """Make the broker re-read its server.ini; returns the topics whose settings changed."""
+    async def reload(self, *, broker_id: int | None = None) -> ReloadResult:
+        """Make the broker re-read its server.ini; returns the topics whose settings changed, with
+        ``.restart_required``: the changed keys only a restart applies (empty from a broker before v1)."""
         resp: ReloadResponse = await self._core.request(ReloadRequest(), broker_id)
         for topic in resp.changed_topics:
             self._core.metadata.cache.invalidate(topic)
-        return list(resp.changed_topics)
+        return ReloadResult(list(resp.changed_topics), list(resp.restart_required))
 
     async def promote(self, *, broker_id: int | None = None, replica_id: int = -1,
                       timeout_s: float = 30.0) -> tuple[int, int]:

@@ -24,7 +24,7 @@ import threading
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
-from metaq.client.admin import Admin, FindResult, MessageLocation, TopicDescription
+from metaq.client.admin import Admin, FindResult, MessageLocation, ReloadResult, TopicDescription
 from metaq.client.config import ClientConfig
 from metaq.client.consumer import (
     DEFAULT_FETCH_MAX_BYTES,
@@ -377,8 +377,9 @@ class SyncAdmin:
         """The broker's statistics (uptime, per topic and partition counts, bytes, offsets)."""
         return self._lt.run(self.admin.stats(topic, broker_id=broker_id))
 
-    def reload(self, *, broker_id: int | None = None) -> list[str]:
-        """Make the broker re-read its server.ini; returns the topics whose settings changed."""
+    def reload(self, *, broker_id: int | None = None) -> ReloadResult:
+        """Make the broker re-read its server.ini: the topics whose settings changed, and in
+        ``restart_required`` the changed keys that take effect only after a restart."""
         return self._lt.run(self.admin.reload(broker_id=broker_id))
 
     def verify(self, topic: str | None = None, partition: PartitionKey = -1, *, broker_id: int | None = None,

@@ -39,6 +39,7 @@ from metaq.pipeline.generator import EventGenerator, LiveGenerator, log_event, p
 from metaq.pipeline.simple import run_simple
 from metaq.pipeline.summary import (
     LivePrinter,
+    RunTotals,
     by_kind,
     clock,
     delay_stats,
@@ -46,6 +47,7 @@ from metaq.pipeline.summary import (
     read_parquet,
     read_topic,
     say,
+    self_check,
 )
 from metaq.types import PartitionId
 from metaq.wording import plural
@@ -436,11 +438,7 @@ class Demo:
                 f"max {delays['max']:.1f}s (min {delays['min']:.1f}s; the {args.watermark}s watermark is part of it)")
         else:
             say("end-to-end delay   no window was closed while the generator ran (run longer: --duration)")
-        problems = []
-        if not same:
-            problems.append("the Parquet rows differ from the aggregates topic")
-        if counted != requests and spark_batches:
-            problems.append(f"{requests - counted} generated request(s) are missing from the aggregates")
+        problems = self_check(RunTotals(requests, counted, spark_rows, spark_batches, same))
         for p in problems:
             say(f"PROBLEM: {p}")
         return 1 if problems else 0

@@ -188,13 +188,26 @@ class MetadataRequest(_Base):
 
 
 @dataclass
+class PublishRefusal:
+    """A topic a broker takes no messages for by its configuration (acceptPublish=false), and what to change."""
+
+    topic: str = ""
+    broker_id: int = 0
+    reason: str = ""
+    FIELDS: ClassVar = (Field("topic", STRING), Field("broker_id", INT32), Field("reason", STRING))
+
+
+@dataclass
 class MetadataResponse(_Base):
     error_code: int = 0
     error_message: str | None = None
     brokers: list[BrokerInfo] = field(default_factory=list)
     topics: list[TopicInfo] = field(default_factory=list)
+    publish_refused: list[PublishRefusal] = field(default_factory=list)
+    """v1: the answering broker's topics (of those answered) closed for publishing by acceptPublish=false."""
     FIELDS: ClassVar = (*_ERR, Field("brokers", Array(Struct(BrokerInfo))),
-                        Field("topics", Array(Struct(TopicInfo))))
+                        Field("topics", Array(Struct(TopicInfo))),
+                        Field("publish_refused", Array(Struct(PublishRefusal)), since=1))
 
 
 # -- 2 CreateTopic / 3 DeleteTopic -----------------------------------------------------------
@@ -529,7 +542,10 @@ class ReloadResponse(_Base):
     error_code: int = 0
     error_message: str | None = None
     changed_topics: list[str] = field(default_factory=list)
-    FIELDS: ClassVar = (*_ERR, Field("changed_topics", Array(STRING)))
+    restart_required: list[str] = field(default_factory=list)
+    """v1: changed options the reload could not apply (server.ini keys; they wait for a restart)."""
+    FIELDS: ClassVar = (*_ERR, Field("changed_topics", Array(STRING)),
+                        Field("restart_required", Array(STRING), since=1))
 
 
 # -- 17 LookupMessage ---------------------------------------------------------------------------
@@ -964,7 +980,7 @@ class MultiProduceResponse(_Base):
 
 
 _api(0, "ApiVersions", ApiVersionsRequest, ApiVersionsResponse)
-_api(1, "Metadata", MetadataRequest, MetadataResponse)
+_api(1, "Metadata", MetadataRequest, MetadataResponse, max_version=1)
 _api(2, "CreateTopic", CreateTopicRequest, CreateTopicResponse)
 _api(3, "DeleteTopic", DeleteTopicRequest, DeleteTopicResponse)
 _api(4, "Produce", ProduceRequest, ProduceResponse, max_version=2)
@@ -979,7 +995,7 @@ _api(12, "Stats", StatsRequest, StatsResponse)
 _api(13, "ListGroups", ListGroupsRequest, ListGroupsResponse)
 _api(14, "DescribeGroup", DescribeGroupRequest, DescribeGroupResponse)
 _api(15, "PartitionState", PartitionStateRequest, PartitionStateResponse)
-_api(16, "Reload", ReloadRequest, ReloadResponse)
+_api(16, "Reload", ReloadRequest, ReloadResponse, max_version=1)
 _api(17, "LookupMessage", LookupMessageRequest, LookupMessageResponse)
 _api(18, "Verify", VerifyRequest, VerifyResponse)
 _api(19, "Promote", PromoteRequest, PromoteResponse)

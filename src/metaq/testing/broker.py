@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from metaq.broker.launcher import READY_RE, BrokerLauncher
+from metaq.testing.timing import scaled
 from metaq.testing.waits import until, wait_until
 
 __all__ = ["READY_RE", "BrokerProcess", "log_incidents", "start_brokers", "track_brokers", "until", "wait_until"]
@@ -97,7 +98,9 @@ class BrokerProcess(BrokerLauncher):
 
     def __init__(self, data_dir: str | Path, options: dict[str, Any] | None = None,
                  config_text: str | None = None, port: int = 0, env: dict[str, str] | None = None,
-                 ready_timeout_s: float = 30.0, expect_errors: bool = False, args: Sequence[str] = ()) -> None:
+                 ready_timeout_s: float | None = None, expect_errors: bool = False, args: Sequence[str] = ()) -> None:
+        if ready_timeout_s is None:  # a broker's start is the machine's time: 30 s quiet, more when loaded
+            ready_timeout_s = scaled(30.0)
         super().__init__(data_dir, options, config_text, port, env, ready_timeout_s, args=args)
         self.expect_errors = expect_errors
         self.allowed_log: list[re.Pattern[str]] = []

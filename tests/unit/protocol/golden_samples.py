@@ -43,6 +43,15 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
                                               m.PartitionInfo(3, 2, 5, False, True)]),
                     m.TopicInfo("gøne", 3, [])]),
     ),
+    ("Metadata", 1): (
+        m.MetadataRequest(topics=["orders", "audit"]),
+        m.MetadataResponse(
+            error_code=0, error_message=None,
+            brokers=[m.BrokerInfo(1, "broker-a.example", 8123)],
+            topics=[m.TopicInfo("orders", 0, [m.PartitionInfo(0, 1, 0, True, False)]),
+                    m.TopicInfo("audit", 0, [m.PartitionInfo(0, 1, 0, False, True)])],
+            publish_refused=[m.PublishRefusal("audit", 1, "acceptPublish=false in [topic=audit]")]),
+    ),
     ("CreateTopic", 0): (
         m.CreateTopicRequest(topic="orders", num_partitions=8,
                              configs=[m.ConfigEntry("deletePolicy", "delete,72"),
@@ -152,6 +161,11 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
     ("Reload", 0): (
         m.ReloadRequest(),
         m.ReloadResponse(error_code=0, error_message=None, changed_topics=["orders"]),
+    ),
+    ("Reload", 1): (
+        m.ReloadRequest(),
+        m.ReloadResponse(error_code=0, error_message=None, changed_topics=["orders"],
+                         restart_required=["maxTransferSize", "zk.zkConnect"]),
     ),
     ("LookupMessage", 0): (
         m.LookupMessageRequest(message_id=MESSAGE_ID),

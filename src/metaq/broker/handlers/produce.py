@@ -155,7 +155,7 @@ def produce_batch(broker: Broker, topic: str, partition: int, records: bytes | m
             raise UnknownTopicError(f"topic {topic!r} does not exist and autoCreateTopics=false")
         state = broker.ensure_topic(topic, None)
     if not state.settings.accept_publish:
-        raise PartitionClosedError(f"topic {topic!r} does not accept publishing (acceptPublish=false)")
+        raise PartitionClosedError(broker.publish_refused(topic))
     config = broker.config
     try:
         if checked is None:
