@@ -14,26 +14,27 @@ from __future__ import annotations
 import asyncio
 import functools
 import gc
-import logging
 import multiprocessing as mp
 import operator
 import os
-import socket
 import struct
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from metaq.bench.baselines import (
+    FDATASYNC_SAMPLES,
+    LOOPBACK_SAMPLES,
+    measure_fdatasync,
+    measure_loopback_rtt,
+    percentiles,
+)
+from metaq.bench.pacing import send_paced
+from metaq.bench.processes import children_ignore_sigint, install_loop, pin_process, process_cpu_s
 from metaq.broker.launcher import BrokerLauncher
-from metaq.client.group.bench import children_ignore_sigint
 from metaq.devcluster import DevCluster
-
-log = logging.getLogger(__name__)
 
 _DATA = operator.attrgetter("data")
 FLUSH_MODES = {"group": 0, "sync": 1}
@@ -149,135 +150,7 @@ class BenchResult:
     ninth byte)."""
 
 
-def process_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of a process (Linux /proc), or None where that cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-FDATASYNC_SAMPLES = 200
-"""fdatasync calls of the disk measurement (split before and after the measured phase)."""
-
-
-def measure_fdatasync(directory: str, count: int, write_bytes: int = 171) -> list[float]:
-    """``count`` times: write ``write_bytes`` (a 100-byte message's batch) at the end of a file in ``directory``
-    and fdatasync it, as the flusher does for each append under unflushThreshold=1. Milliseconds per call."""
-    path = os.path.join(directory, f".fdatasync-probe-{os.getpid()}")
-    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
-    data = bytes(write_bytes)
-    samples: list[float] = []
-    try:
-        position = 0
-        for _ in range(count):
-            os.pwrite(fd, data, position)
-            position += write_bytes
-            t0 = time.perf_counter()
-            os.fdatasync(fd)
-            samples.append((time.perf_counter() - t0) * 1000)
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    return samples
-
-
-LOOPBACK_SAMPLES = 2000
-"""Round trips of the loopback measurement (split before and after the measured phase)."""
-
-_ECHO_CHILD = """
-import socket, sys
-conn = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-size = int(sys.argv[2])
-while True:
-    data = b""
-    while len(data) < size:
-        more = conn.recv(size - len(data))
-        if not more:
-            sys.exit(0)
-        data += more
-    conn.sendall(data)
-"""
-
-
-def measure_loopback_rtt(count: int, size: int = 100, warmup: int = 50) -> list[float]:
-    """``count`` round trips of ``size`` bytes to a child process that echoes them over TCP on 127.0.0.1:
-    milliseconds each (after ``warmup`` unmeasured ones). Each round trip wakes each process once, as a
-    message going from the producer through the broker to the consumer does; no event loop, no protocol.
-    A baseline that cannot be measured (no child process, a timeout) is logged and left out, with the round
-    trips made so far: it never fails the bench it stands beside."""
-    samples: list[float] = []
-    try:
-        _echo_round_trips(samples, count, size, warmup)
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("the loopback round trip was not measured (%d of %d round trips): %s", len(samples), count, exc)
-    return samples
-
-
-def _echo_round_trips(samples: list[float], count: int, size: int, warmup: int) -> None:
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        server.settimeout(30)
-        child = subprocess.Popen([sys.executable, "-c", _ECHO_CHILD, str(server.getsockname()[1]), str(size)])
-        try:
-            conn, _ = server.accept()
-            with conn:
-                conn.settimeout(30)
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                data = bytes(size)
-                for i in range(warmup + count):
-                    t0 = time.perf_counter()
-                    conn.sendall(data)
-                    got = 0
-                    while got < size:
-                        chunk = conn.recv(size - got)
-                        if not chunk:
-                            raise ConnectionError("the loopback echo process went away")
-                        got += len(chunk)
-                    if i >= warmup:
-                        samples.append((time.perf_counter() - t0) * 1000)
-        finally:
-            try:
-                child.wait(10)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-
-
-def percentiles(samples: list[float]) -> dict[str, float]:
-    if not samples:
-        return {}
-    s = sorted(samples)
-
-    def pick(q: float) -> float:
-        return round(s[min(len(s) - 1, int(q * len(s)))], 3)
-
-    return {"p50": pick(0.50), "p99": pick(0.99), "p999": pick(0.999), "max": round(s[-1], 3)}
-
-
 # -- workers (run in child processes) -----------------------------------------------------------
-
-
-def _install_loop(kind: str) -> None:
-    if kind == "uvloop":
-        try:
-            import uvloop
-
-            asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-        except ImportError:
-            pass
-
-
-def pin_process(pid: int, cpu: int) -> None:
-    """Run every thread of process ``pid`` (and the threads it starts later) on ``cpu`` only."""
-    try:
-        tasks = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        tasks = [pid]
-    for task in tasks:
-        os.sched_setaffinity(task, {cpu})
 
 
 def _worker_entry(kind: str, spec: BenchSpec, index: int, progress: Any, out: Any) -> None:
@@ -285,7 +158,7 @@ def _worker_entry(kind: str, spec: BenchSpec, index: int, progress: Any, out: An
         cpu = spec.cpus[1 if kind == "e2e-producer" else 2]
         if cpu is not None:
             pin_process(os.getpid(), cpu)
-    _install_loop(spec.event_loop)
+    install_loop(spec.event_loop)
     if spec.tune_allocator and kind in ("consume", "e2e-consumer"):
         from metaq.allocator import tune_allocator
 
@@ -566,66 +439,6 @@ async def _e2e_producer(spec: BenchSpec, index: int, progress: Any) -> dict[str,
             "cpus": sorted(os.sched_getaffinity(0))}
 
 
-async def send_paced(send_one: Callable[[], None], rate: int, total: int, pacing: str = "tick",
-                     end_tick: Callable[[], None] | None = None) -> None:
-    """Call ``send_one`` ``total`` times at ``rate`` a second, as `bench e2e --pacing` offers its load (also the
-    offered load of scripts/bench_peers.py's peers, so that both meet the same shape). ``tick``: every millisecond
-    (the resolution of the loop's timers), the sends due since the last tick, together: at 5,000 msg/s bursts of
-    five. ``even``: each send at its own time, start + i/rate. ``end_tick`` (if given) runs after each tick's
-    sends (after every send with ``even``): where a client that sends a tick's messages as one request does so."""
-    if pacing == "even":
-        await _send_evenly(send_one if end_tick is None else _then(send_one, end_tick), rate, total)
-        return
-    if pacing != "tick":
-        raise ValueError(f"unknown pacing {pacing!r} (tick or even)")
-    sent = 0
-    start = time.perf_counter()
-    while sent < total:
-        due = min(int((time.perf_counter() - start) * rate) + 1, total)
-        if sent < due:
-            while sent < due:
-                send_one()
-                sent += 1
-            if end_tick is not None:
-                end_tick()
-        await asyncio.sleep(0.001)
-
-
-def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
-    def both() -> None:
-        first()
-        second()
-    return both
-
-
-async def _send_evenly(send_one: Callable[[], None], rate: int, total: int) -> None:
-    """Call ``send_one`` on the loop ``total`` times, the i-th at start + i/rate. The loop's own timers have
-    millisecond resolution (epoll's timeout, libuv's timers), so a thread sleeps until each send is due
-    (nanosleep) and hands it to the loop; sends the loop has not run yet when the next is due run in order."""
-    loop = asyncio.get_running_loop()
-    finished: asyncio.Future[None] = loop.create_future()
-    stop = threading.Event()
-
-    def pace() -> None:
-        start = time.perf_counter()
-        for i in range(total):
-            if stop.is_set():
-                return
-            delay = start + i / rate - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            loop.call_soon_threadsafe(send_one)
-        loop.call_soon_threadsafe(finished.set_result, None)  # after the last send_one (callbacks run in order)
-
-    thread = threading.Thread(target=pace, name="metaq-bench-pacer", daemon=True)
-    thread.start()
-    try:
-        await finished
-    finally:
-        stop.set()
-        thread.join()
-
-
 def _settle_gc(spec: BenchSpec) -> None:
     """Before the measured phase: collect once and freeze what is alive, unless told not to (BenchSpec.gc_freeze)."""
     if spec.gc_freeze:
@@ -714,14 +527,14 @@ def latency_by_place(latencies: Sequence[float], places: bytes) -> dict[str, dic
 # -- orchestration (parent process) -------------------------------------------------------------
 
 
-class _Progress:
+class Progress:
     def __init__(self, enabled: bool, total: int, label: str) -> None:
         self.enabled = enabled
         self.total = total
         self.label = label
         self._bar: Any = None
 
-    def __enter__(self) -> _Progress:
+    def __enter__(self) -> Progress:
         if self.enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -740,7 +553,7 @@ class _Progress:
             self._bar.stop()
 
 
-def _run_workers(kind: str, spec: BenchSpec, n: int, show: _Progress,
+def run_workers(kind: str, spec: BenchSpec, n: int, show: Progress,
                  before_wait: Callable[[list[Any]], None] | None = None) -> list[dict[str, Any]]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -772,10 +585,10 @@ def _run_workers(kind: str, spec: BenchSpec, n: int, show: _Progress,
     return results
 
 
-def _preload(spec: BenchSpec, show: _Progress) -> None:
+def _preload(spec: BenchSpec, show: Progress) -> None:
     """Fill the topic for a consume run with the batch API (not measured)."""
     load = BenchSpec(**{**asdict(spec), "mode": "produce", "api": "batch", "processes": 1, "duration_s": 600})
-    _run_workers("produce", load, 1, show)
+    run_workers("produce", load, 1, show)
 
 
 def servers_from_zookeeper(zk: str, root: str, *, tls: bool = False) -> str:
@@ -857,8 +670,8 @@ def _run(spec: BenchSpec, progress: bool, servers: str, probe_dir: str | None = 
     probe = probe_dir if spec.mode == "e2e" and spec.flush_threshold() == 1 else None
     if spec.mode == "produce":
         broker_cpu = process_cpu_s(broker_pid) if broker_pid is not None else None
-        with _Progress(progress, spec.count, f"produce ({spec.api})") as show:
-            results = _run_workers("produce", spec, spec.processes, show)
+        with Progress(progress, spec.count, f"produce ({spec.api})") as show:
+            results = run_workers("produce", spec, spec.processes, show)
         seconds = max(r["seconds"] for r in results)
         messages = sum(r["messages"] for r in results)
         if messages:
@@ -869,10 +682,10 @@ def _run(spec: BenchSpec, progress: bool, servers: str, probe_dir: str | None = 
         latencies = [x for r in results for x in r["latencies"]]
         nbytes = messages * spec.size
     elif spec.mode == "consume":
-        with _Progress(progress, spec.count, "preload") as show:
+        with Progress(progress, spec.count, "preload") as show:
             _preload(spec, show)
-        with _Progress(progress, spec.count, "consume") as show:
-            results = _run_workers("consume", spec, spec.processes, show)
+        with Progress(progress, spec.count, "consume") as show:
+            results = run_workers("consume", spec, spec.processes, show)
         seconds = max(r["seconds"] for r in results)
         messages = sum(r["messages"] for r in results)
         nbytes = sum(r["bytes"] for r in results)
@@ -881,7 +694,7 @@ def _run(spec: BenchSpec, progress: bool, servers: str, probe_dir: str | None = 
         client_rate = round(messages / cpu_s, 1) if cpu_s > 0 else 0.0
     elif spec.mode == "e2e":
         total = min(spec.count, int(spec.rate * spec.duration_s))
-        with _Progress(progress, total, f"e2e at {spec.rate} msg/s") as show:
+        with Progress(progress, total, f"e2e at {spec.rate} msg/s") as show:
             ctx = mp.get_context("spawn")
             out = ctx.Queue()
             cprog = ctx.Value("q", 0, lock=False)
@@ -896,7 +709,7 @@ def _run(spec: BenchSpec, progress: bool, servers: str, probe_dir: str | None = 
                 fsyncs += measure_fdatasync(probe, FDATASYNC_SAMPLES // 2)
             if probe_dir is not None:
                 round_trips += measure_loopback_rtt(LOOPBACK_SAMPLES // 2, spec.size)
-            presults = _run_workers("e2e-producer", spec, 1, show)
+            presults = run_workers("e2e-producer", spec, 1, show)
             cres = out.get(timeout=spec.duration_s + 60)
             consumer.join(10)
             if probe is not None:
