@@ -34,7 +34,7 @@ LONG_POLL_MAX_MS = 600_000
 """A fetch's max_wait_ms is cut to this."""
 _NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
 """preadv2's flag that fails with EAGAIN instead of reading from the disk (Linux); None: not available
-(or the filesystem refused it once), and every reply is sent from the loop as before."""
+(or the filesystem refused it once), and every reply is then sent from the loop."""
 
 
 def handle_fetch(broker: Broker, req: m.FetchRequest, session: Session | None) -> Any:
@@ -224,7 +224,7 @@ def _cached(fslice: FileSlice) -> bool:
     except OSError as exc:
         if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # this kernel or filesystem has no RWF_NOWAIT
             _NOWAIT = None
-        return True  # anything else: the send reports it, as before
+        return True  # anything else: the send, from the loop, reports it
     return True
 
 
