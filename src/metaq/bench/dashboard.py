@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from metaq.bench.client_bench import BenchSpec, run_bench
-from metaq.bench.report import BenchError, Report, markdown_table, median
+from metaq.bench.report import BenchError, Report, markdown_table, median, require_known
 from metaq.broker.launcher import BrokerLauncher
 from metaq.client import connect
 
@@ -113,9 +113,7 @@ def state_timing(topics: int, partitions: int, requests: int, work: Path) -> dic
 
 def run(rounds: int, count: int, duration_s: float, scrape_interval_s: float, cases: list[str], topics: int,
         partitions: int, requests: int, report: Report, work_dir: str | None = None) -> dict[str, Any]:
-    unknown = [c for c in cases if c not in CASES]
-    if unknown or not cases:
-        raise BenchError(f"unknown cases {unknown}; known: {', '.join(CASES)}")
+    require_known("cases", cases, CASES)
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="metaq-bench-dashboard-", dir=work_dir) as tmp:
         for n in range(1, rounds + 1):

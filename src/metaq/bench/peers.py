@@ -49,7 +49,7 @@ from metaq.bench.baselines import measure_loopback_rtt, percentiles
 from metaq.bench.client_bench import BenchSpec, run_bench
 from metaq.bench.pacing import send_paced
 from metaq.bench.processes import free_port, run_loop
-from metaq.bench.report import BenchError, Report, markdown_table
+from metaq.bench.report import BenchError, Report, markdown_table, require_known
 
 _TS = struct.Struct(">Q")
 STREAM_KEY = "bench"
@@ -535,11 +535,8 @@ SYSTEMS = (*METAQ_SYSTEMS, *PEER_SYSTEMS)
 def run(systems: list[str], pacings: list[str], rounds: int, rate: int, duration_s: float, size: int,
         report: Report) -> dict[str, Any]:
     """Every system under every pacing, ``rounds`` times, interleaved; the loopback round trip once a round."""
-    unknown = [s for s in systems if s not in SYSTEMS]
-    if unknown or not systems:
-        raise BenchError(f"unknown systems {unknown}; known: {', '.join(SYSTEMS)}")
-    if not pacings or any(p not in ("tick", "even") for p in pacings):
-        raise BenchError("pacing takes tick, even or both")
+    require_known("systems", systems, SYSTEMS)
+    require_known("pacings", pacings, ("tick", "even"))
     if size < 8:
         raise BenchError("the message size must hold the 8-byte send stamp")
     results: list[dict[str, Any]] = []

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from metaq.bench.client_bench import BenchSpec, run_bench
-from metaq.bench.report import BenchError, Report, each, markdown_table, median
+from metaq.bench.report import BenchError, Report, each, markdown_table, median, require_known
 from metaq.devcluster import DevCluster
 from metaq.net.blocking import BlockingConnection
 from metaq.net.codec import ConnectionSettings
@@ -148,9 +148,7 @@ def run_case(mode: str, count: int, partitions: int, duration_s: float, root: st
 def run(count: int, partitions: int, series: int, modes: list[str], duration_s: float, report: Report,
         work_dir: str | None = None) -> dict[str, Any]:
     """``series`` times every case of ``modes``, in that order; every case's figures."""
-    unknown = [mode for mode in modes if mode not in CASES]
-    if unknown or not modes:
-        raise BenchError(f"unknown cases {unknown}; known: {', '.join(CASES)}")
+    require_known("cases", modes, CASES)
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="metaq-bench-replication-", dir=work_dir) as root:
         for n in range(1, series + 1):

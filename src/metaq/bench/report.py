@@ -28,6 +28,14 @@ class BenchError(RuntimeError):
     the command prints the message and exits 1, with no traceback."""
 
 
+def require_known(what: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """BenchError unless ``given`` names at least one of ``known`` and nothing else (``what``: "cases"...)."""
+    names, choices = list(given), list(known)
+    unknown = [name for name in names if name not in choices]
+    if unknown or not names:
+        raise BenchError(f"unknown {what} {unknown}; known: {', '.join(choices)}" if unknown else f"no {what} given")
+
+
 def machine() -> dict[str, Any]:
     """The machine and the hour a bench runs in (call it before the run; :func:`finish_machine` after)."""
     try:

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from metaq.bench.report import BenchError, Report, markdown_table
+from metaq.bench.report import BenchError, Report, markdown_table, require_known
 from metaq.broker.launcher import BrokerLauncher
 from metaq.client.blocking import BlockingClient
 from metaq.protocol.records import encode_values
@@ -49,9 +49,7 @@ def fill(servers: str, topic: str, partitions: int, rows: int, size: int) -> Non
 
 
 def run(spec: SparkBenchSpec, report: Report) -> dict[str, Any]:
-    unknown = sorted(set(spec.cases) - set(CASES))
-    if unknown or not spec.cases:
-        raise BenchError(f"unknown cases {unknown}; choose from {', '.join(CASES)}")
+    require_known("cases", spec.cases, CASES)
     try:
         from metaq.spark.bench import run_cases
     except ImportError:
