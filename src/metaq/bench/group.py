@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
-import os
 import tempfile
 import time
 import uuid
 from typing import Any
 
-from metaq.bench.processes import children_ignore_sigint
+from metaq.bench.processes import children_ignore_sigint, run_loop
 from metaq.bench.report import Report, markdown_table
 from metaq.broker.launcher import BrokerLauncher
 from metaq.client.group.admin import describe_group
@@ -32,7 +31,7 @@ from metaq.errors import UnknownGroupError
 
 def _member(servers: str, group: str, topic: str, listener_kind: str, fetch_runners: int, multi_fetch: bool,
             out: Any, go: Any, mark: Any, stop: Any) -> None:
-    async def main() -> None:
+    async def main(recover_dir: str) -> None:
         session = await MessageSessionFactory.connect(servers)
         count = 0
         first = last = 0.0
@@ -54,7 +53,7 @@ def _member(servers: str, group: str, topic: str, listener_kind: str, fetch_runn
 
         cfg = ConsumerConfig(group=group, fetch_runner_count=fetch_runners, session_timeout_ms=6000,
                              rebalance_timeout_ms=20000, max_delay_fetch_ms=200, commit_offset_period_ms=5000,
-                             recover_dir=f"/tmp/metaq-bench-recover-{os.getpid()}", multi_fetch=multi_fetch)
+                             recover_dir=recover_dir, multi_fetch=multi_fetch)
         listener = on_message_async if listener_kind == "async" else on_message_sync
         consumer = create_consumer(session, cfg).subscribe(topic, 1024 * 1024, listener)
         loop = asyncio.get_running_loop()
@@ -68,12 +67,8 @@ def _member(servers: str, group: str, topic: str, listener_kind: str, fetch_runn
         await session.close()
         out.put((count, first, last, *marked[0]))
 
-    try:
-        import uvloop
-
-        uvloop.run(main())
-    except ImportError:  # pragma: no cover
-        asyncio.run(main())
+    with tempfile.TemporaryDirectory(prefix="metaq-bench-recover-") as recover_dir:
+        run_loop(main(recover_dir))
 
 
 async def _wait_stable(servers: str, group: str, members: int, timeout_s: float) -> None:

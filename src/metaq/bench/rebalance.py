@@ -66,7 +66,8 @@ async def run_rebalance_bench(connect: dict[str, Any], topic: str, *, members: i
     stop and start broker ``broker_id`` (not the lowest id: in standalone mode that one coordinates). A
     change after which the group does not settle within SETTLE_TIMEOUT_S counts as ``inf``."""
     group = f"bench-rebalance-{uuid.uuid4().hex[:8]}"
-    recover = tempfile.mkdtemp(prefix="metaq-bench-recover-")
+    recover_dir = tempfile.TemporaryDirectory(prefix="metaq-bench-recover-")  # removed at the end
+    recover = recover_dir.name
     probe = await MessageSessionFactory.connect(**connect)
     group_members: list[_Member] = []
 
@@ -126,6 +127,7 @@ async def run_rebalance_bench(connect: dict[str, Any], topic: str, *, members: i
         for m in group_members:
             await m.close()
         await probe.close()
+        recover_dir.cleanup()
     return {"members": members, "partitions": len(want), "rounds": rounds,
             **{k: _summary(v) for k, v in timings.items()}}
 
