@@ -6,7 +6,7 @@ frames its records with one of the two forms below, so that damage in the middle
 damaged record and nothing else: a reader checks each record, steps over a damaged one to the next
 intact one, and can say what the lost record was about (its **key**: a group, a transaction id, a
 partition), because the key has a checksum of its own. A damaged stretch with nothing intact after it
-is a **torn tail** (a crash while appending) and the store cuts it as before.
+is a **torn tail** (a crash while appending) and the store cuts it.
 
 **Binary records**, for logs appended record by record (the offsets log, the transaction log)::
 

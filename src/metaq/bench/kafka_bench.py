@@ -26,7 +26,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from metaq.bench.client_bench import BenchSpec, process_cpu_s, run_bench
+from metaq.bench.client_bench import BenchSpec, run_bench
+from metaq.bench.processes import process_cpu_s
+from metaq.bench.report import BenchError, Report, markdown_table, quiet
 from metaq.broker.launcher import BrokerLauncher
 
 KAFKA_TIMEOUT_S = 300.0
@@ -127,15 +129,22 @@ def _in_process(target: Any, *args: Any) -> dict[str, Any]:
     return result
 
 
-def run_kafka_bench(count: int, size: int, partitions: int, rounds: int, *, progress: bool = False) -> KafkaBenchResult:
+def run_kafka_bench(count: int, size: int, partitions: int, rounds: int, *, progress: bool = False,
+                    report: Report = quiet) -> KafkaBenchResult:
     tmp = tempfile.TemporaryDirectory(prefix="metaq-bench-kafka-")
     broker = BrokerLauncher(os.path.join(tmp.name, "data"), {
         "numPartitions": partitions, "unflushThreshold": 0, "maxTransferSize": 1024 * 1024, "kafkaPort": 0}).start()
     try:
         assert broker.kafka_port is not None and broker.pid is not None
         bootstrap = f"127.0.0.1:{broker.kafka_port}"
+        try:
+            import confluent_kafka  # noqa: F401
+        except ImportError:
+            raise BenchError("confluent-kafka is not installed: pip install 'metaq[kafka-clients]'") from None
         ceiling = _in_process(_client_ceiling, count, size)["rate"]
-        out = [_round(r, broker, bootstrap, count, size, partitions, progress) for r in range(rounds)]
+        report(f"confluent-kafka produce() with no broker: {ceiling:,.0f} calls/s")
+        say = report if not progress else lambda line: print(line, flush=True)
+        out = [_round(r, broker, bootstrap, count, size, partitions, say) for r in range(rounds)]
         return KafkaBenchResult(count, size, partitions, out, round(ceiling, 1), os.getloadavg())
     finally:
         broker.stop()
@@ -143,7 +152,7 @@ def run_kafka_bench(count: int, size: int, partitions: int, rounds: int, *, prog
 
 
 def _round(r: int, broker: BrokerLauncher, bootstrap: str, count: int, size: int, partitions: int,
-           progress: bool) -> KafkaBenchRound:
+           report: Report) -> KafkaBenchRound:
     rnd = KafkaBenchRound()
     pid = broker.pid or 0
 
@@ -154,8 +163,7 @@ def _round(r: int, broker: BrokerLauncher, bootstrap: str, count: int, size: int
         rnd.messages[name] = messages
         if before is not None and after is not None and messages:
             rnd.broker_cpu_us[name] = round((after - before) / messages * 1e6, 3)
-        if progress:
-            print(f"round {r + 1}: {name} {rate:,.0f} msg/s", flush=True)
+        report(f"round {r + 1}: {name} {rate:,.0f} msg/s")
         return float(rate)
 
     def native(mode: str, api: str) -> tuple[float, int]:
@@ -176,3 +184,19 @@ def _round(r: int, broker: BrokerLauncher, bootstrap: str, count: int, size: int
     rnd.native_consume = step("native-consume", lambda: native("consume", "iterate"))
     rnd.kafka_consume = step("kafka-consume", kafka_consume)
     return rnd
+
+
+def table(result: dict[str, Any]) -> str:
+    rows = [[i, f"{r['native_produce']:,.0f}", f"{r['kafka_produce']:,.0f}",
+             f"{r['kafka_produce'] / r['native_produce']:.0%}" if r["native_produce"] else "",
+             f"{r['native_consume']:,.0f}", f"{r['kafka_consume']:,.0f}",
+             f"{r['kafka_consume'] / r['native_consume']:.0%}" if r["native_consume"] else "",
+             " ".join(f"{k} {v}" for k, v in r["broker_cpu_us"].items())]
+            for i, r in enumerate(result["rounds"], 1)]
+    load = ", ".join(f"{x:.2f}" for x in result["load_average"])
+    return (f"{result['size']} B messages, {result['partitions']} partitions, {result['count']:,} per step; load "
+            f"average {load}; confluent-kafka produce() with no broker: {result['client_produce_ceiling']:,.0f} "
+            "calls/s\n\n"
+            + markdown_table(["round", "produce: metaq batch API (baseline)", "confluent-kafka", "of metaq",
+                              "consume: metaq iterator (baseline)", "confluent-kafka", "of metaq",
+                              "broker CPU µs/msg"], rows, right=[1, 2, 3, 4, 5, 6]))

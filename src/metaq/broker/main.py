@@ -54,7 +54,7 @@ def freeze_startup_objects() -> None:
     Python's full collection walks every tracked object: in a broker that is ~40,000 objects left by start-up
     alone, 10-30 ms with the event loop stopped, once in the first second of traffic and again whenever
     enough new objects have outlived the young generations. Those pauses were the e2e benchmark's p999
-    (docs/benchmarks.md, "The p999: garbage collection pauses"). Frozen objects are never collected,
+    (docs/benchmarks-history.md, "The p999: garbage collection pauses"). Frozen objects are never collected,
     which costs nothing here: what start-up built lives as long as the process, and the garbage made
     before the freeze is collected first."""
     gc.collect()

@@ -514,7 +514,7 @@ OPTIONS: tuple[Option, ...] = (
          "otherwise it fdatasyncs each partition, as a syncfs would wait for those pages. A syncfs of a "
          "few small appends costs about one fdatasync: with unflushThreshold=1 on 2 cores it cut the end-to-end "
          "p50 by 0.1 ms and halved p99 (four busy partitions), and raised the produce throughput by 13-24% (4 and "
-         "64 partitions; docs/benchmarks.md, round 14). 0: never.",
+         "64 partitions; figures: docs/benchmarks.md). 0: never.",
          _integer(0, 1_000_000), status="extension"),
     _opt("syncInlineMaxPartitions", "sync_inline_max_partitions", "int", "2", _SYSTEM,
          "A flush round that fdatasyncs each partition (one not made durable by a syncfs: syncfsMinPartitions, "
@@ -522,7 +522,7 @@ OPTIONS: tuple[Option, ...] = (
          "flusher's own thread; a larger one syncs them side by side on a pool of 4 threads. The pool's hand-offs "
          "cost CPU and wake-ups: with unflushThreshold=1 and a few busy partitions on a small machine, 4 gave a "
          "lower end-to-end latency (p99 halved on 2 cores) for 10-14% less throughput at saturation "
-         "(docs/benchmarks.md, round 13).",
+         "(figures: docs/benchmarks.md).",
          _integer(1, 1_000_000), status="extension"),
     _opt("autoCreateTopics", "auto_create_topics", "bool", "true", _SYSTEM,
          "MetaQ's dynamic topics: a topic with no [topic=...] section is created on first publish; "

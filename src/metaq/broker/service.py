@@ -354,7 +354,7 @@ class BrokerService:
         if path.exists() and not path.is_dir():
             raise StartupError(f"dataPath {path} is not a directory")
         # glibc's heap thresholds fixed when asked (mallocTrimThreshold, mallocMmapThreshold; off by default, a
-        # no-op without glibc): docs/benchmarks.md, "1 MB messages: glibc's heap trimming, broker and consumer"
+        # no-op without glibc): docs/benchmarks-history.md, "1 MB messages: glibc's heap trimming, broker and consumer"
         if (config.malloc_trim_threshold_bytes or config.malloc_mmap_threshold_bytes) and tune_allocator(
                 config.malloc_trim_threshold_bytes, config.malloc_mmap_threshold_bytes):
             log.info("glibc heap: trim threshold %s, mmap threshold %s (mallocTrimThreshold, mallocMmapThreshold)",

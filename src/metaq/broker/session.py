@@ -64,10 +64,10 @@ class FileReply:
 class DeferredReply:
     """A reply completed by a callback in the very step its answer is ready, not by a coroutine.
 
-    A long-polling fetch used to be a coroutine awaiting a future: the append that woke it set the
-    future, and the fetch's task ran a loop step later (behind the rest of the read that carried the
-    append, and every other callback of that step), re-planned and answered. A fetch that waits returns
-    one of these instead; the waiter's wake-up callback reads the partition and calls :meth:`resolve`
+    A long-polling fetch as a coroutine awaiting a future would answer a loop step late: the append that
+    woke it sets the future, and the fetch's task runs a step later (behind the rest of the read that
+    carried the append, and every other callback of that step), re-plans and answers. A fetch that waits
+    returns one of these instead; the waiter's wake-up callback reads the partition and calls :meth:`resolve`
     right inside the append's ``notify``, and whoever holds the reply (the transport) writes it from its
     :meth:`on_done` callback, in the same step. Callers that would rather await use :meth:`wait`.
 

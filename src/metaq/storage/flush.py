@@ -72,8 +72,8 @@ class CoveredTarget(Protocol):
 
 
 QUIET_WRITE_BACK_BYTES = 512 * 1024
-"""A round of ``quiet_min_logs`` uses a syncfs only while the machine has at most this much to write back. On the
-2-core VM of docs/benchmarks.md (round 14), a syncfs with four small appends took 0.17 ms against 0.75 for their
+"""A round of ``quiet_min_logs`` uses a syncfs only while the machine has at most this much to write back. On a
+2-core VM (docs/benchmarks.md), a syncfs with four small appends took 0.17 ms against 0.75 for their
 four fdatasyncs one after the other and 0.46 side by side; each MB of other dirty data added about 0.5-0.9 ms to it."""
 
 CLEAN_UP_WRITE_BACK_BYTES = 4 << 20

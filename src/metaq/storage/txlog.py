@@ -49,7 +49,7 @@ goes on with the next intact one; what it cost is worked out from what is known 
   ones it may have belonged to.
 
 Damaged bytes with nothing intact after them are a torn tail (a crash while writing): cut, with a
-WARNING, as before. A generation written by an earlier version (records ``[u32 length][u32 crc32c][u8
+WARNING. A generation written by an earlier version (records ``[u32 length][u32 crc32c][u8
 type][txid][payload]``) is replayed as it is (up to its first damaged record) and appended to in its own
 form until the next checkpoint, which writes the framed form. Appends are ``os.write`` to the page
 cache; :meth:`TransactionLog.sync` is the fsync the caller's flush policy (``flushTxLogAtCommit``) asks

@@ -128,7 +128,7 @@ def test_large_payloads_read_back_as_bytes_of_their_own_with_every_field(compres
                                                                         keyed: bool) -> None:
     """Large payloads, plain or with keys, attributes and headers, compressed or not: each is bytes of its own,
     equal to what was sent, and holds nothing of the fetched reply (which may be reused once the Messages
-    are built). A guard for any change to how payloads are copied out of a reply (docs/benchmarks.md,
+    are built). A guard for any change to how payloads are copied out of a reply (docs/benchmarks-history.md,
     "Issue 13 review leftovers": copying each from the reply's view was tried)."""
     sizes = [70_000, 1_000_000, 3, 200_001]
     sent = [Message("big", bytes([i + 1]) * size, attribute="a" if keyed and i % 2 else None,

@@ -4,24 +4,24 @@ Each member is its own process (as members are separate machines in production, 
 not share one GIL). The topic is filled first; then the members start together and join; once the
 group is stable with every member, each member notes how many messages it had delivered, and the
 figure is the messages delivered after that moment / (last delivery - that moment), over all members:
-steady-state consumption, without production or the initial rebalances in it. ``metaq bench`` calls
-:func:`run_group_bench` (members are started with multiprocessing's spawn: the caller's main module
-must be import-safe, as a console script is).
+steady-state consumption, without production or the initial rebalances in it. ``fetch`` ``both`` measures
+each group with one Fetch per partition (a connection per long-polling partition) and then with MultiFetch
+(one connection per broker), the first the same-run baseline of the second. Members are started with
+multiprocessing's spawn: the caller's main module must be import-safe, as a console script is.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import multiprocessing as mp
-import os
-import signal
-import threading
+import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
+from metaq.bench.processes import children_ignore_sigint, run_loop
+from metaq.bench.report import Report, markdown_table
+from metaq.broker.launcher import BrokerLauncher
 from metaq.client.group.admin import describe_group
 from metaq.client.group.config import ConsumerConfig
 from metaq.client.group.consumer import create_consumer
@@ -29,26 +29,9 @@ from metaq.client.session import MessageSessionFactory
 from metaq.errors import UnknownGroupError
 
 
-@contextlib.contextmanager
-def children_ignore_sigint() -> Iterator[None]:
-    """Processes started in the block ignore SIGINT (an ignored signal stays ignored across exec).
-
-    Ctrl-C reaches every process of the terminal's process group; the parent alone decides what it
-    means, so a worker never prints a KeyboardInterrupt traceback (e.g. while still importing).
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def _member(servers: str, group: str, topic: str, listener_kind: str, fetch_runners: int, multi_fetch: bool,
             out: Any, go: Any, mark: Any, stop: Any) -> None:
-    async def main() -> None:
+    async def main(recover_dir: str) -> None:
         session = await MessageSessionFactory.connect(servers)
         count = 0
         first = last = 0.0
@@ -70,7 +53,7 @@ def _member(servers: str, group: str, topic: str, listener_kind: str, fetch_runn
 
         cfg = ConsumerConfig(group=group, fetch_runner_count=fetch_runners, session_timeout_ms=6000,
                              rebalance_timeout_ms=20000, max_delay_fetch_ms=200, commit_offset_period_ms=5000,
-                             recover_dir=f"/tmp/metaq-bench-recover-{os.getpid()}", multi_fetch=multi_fetch)
+                             recover_dir=recover_dir, multi_fetch=multi_fetch)
         listener = on_message_async if listener_kind == "async" else on_message_sync
         consumer = create_consumer(session, cfg).subscribe(topic, 1024 * 1024, listener)
         loop = asyncio.get_running_loop()
@@ -84,12 +67,8 @@ def _member(servers: str, group: str, topic: str, listener_kind: str, fetch_runn
         await session.close()
         out.put((count, first, last, *marked[0]))
 
-    try:
-        import uvloop
-
-        uvloop.run(main())
-    except ImportError:  # pragma: no cover
-        asyncio.run(main())
+    with tempfile.TemporaryDirectory(prefix="metaq-bench-recover-") as recover_dir:
+        run_loop(main(recover_dir))
 
 
 async def _wait_stable(servers: str, group: str, members: int, timeout_s: float) -> None:
@@ -131,7 +110,7 @@ def run_group_bench(servers: str, topic: str | None = None, members: int = 1, se
     empty for the count to be exact. ``seconds`` bounds the whole run. ``listener``: "async" or "sync"
     (sync listeners run in the consumer's thread pool). ``multi_fetch``: the members fetch with MultiFetch
     over one connection per broker (ConsumerConfig.multi_fetch), or False: one Fetch per partition, long
-    polls on a connection per partition (the way before MultiFetch).
+    polls on a connection per partition.
     """
     topic = topic or f"bench-group-{uuid.uuid4().hex[:8]}"
     group = f"bench-{uuid.uuid4().hex[:8]}"
@@ -207,34 +186,37 @@ def run_group_bench(servers: str, topic: str | None = None, members: int = 1, se
             "per_member": [r[0] for r in results]}
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m metaq.client.group.bench HOST:PORT --members 1 2 4``: one JSON line per group size."""
-    import argparse
-    import json
-
-    parser = argparse.ArgumentParser(prog="python -m metaq.client.group.bench", description=main.__doc__)
-    parser.add_argument("servers")
-    parser.add_argument("--members", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--messages", type=int, default=2_400_000)
-    parser.add_argument("--message-bytes", type=int, default=100)
-    parser.add_argument("--partitions", type=int, default=12)
-    parser.add_argument("--listener", choices=["async", "sync"], default="async")
-    parser.add_argument("--fetch-runners", type=int, default=2)
-    parser.add_argument("--seconds", type=float, default=120.0)
-    parser.add_argument("--fetch", choices=["multi", "single", "both"], default="multi")
-    args = parser.parse_args(argv)
-    for n in args.members:
-        for multi in fetch_modes(args.fetch):
-            result = run_group_bench(args.servers, None, n, args.seconds, messages=args.messages,
-                                     message_bytes=args.message_bytes, partitions=args.partitions,
-                                     listener=args.listener, fetch_runners=args.fetch_runners, multi_fetch=multi)
-            print(json.dumps(result), flush=True)
-
-
 def fetch_modes(choice: str) -> list[bool]:
     """``--fetch multi|single|both`` as the multi_fetch values to run (both: single first, the baseline)."""
     return {"multi": [True], "single": [False], "both": [False, True]}[choice]
 
 
-if __name__ == "__main__":
-    main()
+
+def run(servers: str | None, members: tuple[int, ...], count: int, size: int, partitions: int, listener: str,
+        duration_s: float, fetch: str, report: Report) -> dict[str, Any]:
+    """Every group size of ``members`` with every fetch mode of ``fetch``, each on a fresh embedded broker
+    (group commit) unless ``servers`` is given."""
+    runs = []
+    for n, multi in ((n, multi) for n in members for multi in fetch_modes(fetch)):
+        with tempfile.TemporaryDirectory(prefix="metaq-bench-group-") as tmp:
+            broker = None if servers else BrokerLauncher(f"{tmp}/data", {"numPartitions": partitions,
+                                                                         "unflushThreshold": 0}).start()
+            try:
+                target = servers or (broker.servers if broker else "")
+                r = run_group_bench(target, None, n, duration_s, messages=count, message_bytes=size,
+                                    partitions=partitions, listener=listener, multi_fetch=multi)
+            finally:
+                if broker is not None:
+                    broker.stop()
+        runs.append(r)
+        report(f"{n} member(s), {r['fetch']} fetch: {r['msg_per_s']:,} msg/s ({r['delivered']:,} delivered of "
+               f"{r['messages']:,})")
+    return {"partitions": partitions, "listener": listener, "runs": runs}
+
+
+def table(result: dict[str, Any]) -> str:
+    return (f"{result['partitions']} partitions, {result['listener']} listener:\n\n"
+            + markdown_table(["members", "fetch", "msg/s", "delivered (of produced)", "measured messages"],
+                             [[r["members"], r["fetch"], f"{r['msg_per_s']:,}", f"{r['delivered']:,} "
+                               f"({r['messages']:,})", f"{r['measured_messages']:,}"] for r in result["runs"]],
+                             right=[0, 2]))

@@ -1,35 +1,28 @@
-"""Consumers reading a master or its async slave (``read_from``), same run: read throughput, and how long a
-``prefer-slave`` consumer's deliveries stop when its slave is killed -9.
+"""`metaq bench read-from`: consumers reading a master or its async slave (``read_from``), in the same run, and how
+long a ``prefer-slave`` consumer's deliveries stop when its slave is killed -9.
 
-One local cluster (``metaq.devcluster.DevCluster``: a real ZooKeeper, broker 1 in ZooKeeper mode and its
-async slave 0, group commit), a topic of ``--partitions`` partitions preloaded with ``-n`` messages of
-100 B and fully replicated, then, ``--series`` times and alternating:
+One local cluster (:class:`metaq.devcluster.DevCluster`: a real ZooKeeper, broker 1 in ZooKeeper mode and its async
+slave 0, group commit), a topic of ``partitions`` partitions preloaded with ``count`` messages of 100 B and fully
+replicated, then ``series`` times, the two in turn (the master first in odd series, the slave first in even ones):
 
-* **read**: a cluster-mode session with ``read_from="master"`` and one with ``read_from="slave"`` (in
-  turn, the master first in odd series and the slave first in even ones), fetch every partition from
-  its start to its end (the pull consumer's Fetcher, 1 MiB per fetch, all partitions at once):
-  messages per second.
+* **read**: a cluster-mode session with ``read_from="master"`` and one with ``read_from="slave"`` fetch every
+  partition from its start to its end (the pull consumer's Fetcher, 1 MiB per fetch, all partitions at once):
+  messages per second. The master is the same-run baseline.
 
-Then once, **failover of the reads**: a ``prefer-slave`` consumer iterates partition 0 (long polling)
-while a producer sends one message every 5 ms; the slave is killed -9; reported: from the kill to the
-first message delivered that was sent after it (read from the master), and whether every message sent
-was delivered exactly once, in order.
-
-    .venv/bin/python scripts/bench_read_from.py --series 3 -n 1000000
-
-Prints one JSON line per measurement and a markdown table (docs/benchmarks.md).
+Then once, **a dead slave**: a ``prefer-slave`` consumer iterates partition 1-0 (long polling) while a producer
+sends one message every 5 ms; the slave is killed -9; measured: from the kill to the first delivery of a message
+sent after it (read from the master), and whether every message sent was delivered exactly once, in order.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
 import tempfile
 import time
 from typing import Any
 
+from metaq.bench.report import BenchError, Report, each, markdown_table, median
 from metaq.client import Message, MessageSessionFactory
 from metaq.devcluster import DevCluster
 from metaq.types import PartitionId
@@ -45,7 +38,8 @@ async def preload(cluster: DevCluster, count: int) -> dict[PartitionId, int]:
         while sent < count:
             n = min(10_000, count - sent)
             results = await producer.send_batch(TOPIC, [PAYLOAD] * n)
-            assert all(r.success for r in results), "preload failed"
+            if not all(r.success for r in results):
+                raise BenchError("the preload failed")
             sent += n
         reader = s.create_pull_consumer()
         return {p.id: (await reader.offsets(TOPIC, p))[1] for p in await s.partitions(TOPIC)}
@@ -58,7 +52,7 @@ async def replicated(cluster: DevCluster, ends: dict[PartitionId, int]) -> None:
         deadline = time.monotonic() + 300
         while [p for p, end in ends.items() if (await reader.offsets(TOPIC, p))[1] < end]:
             if time.monotonic() > deadline:
-                raise RuntimeError("the slave did not catch up within 300 s")
+                raise BenchError("the slave did not catch up within 300 s")
             await asyncio.sleep(0.1)
 
 
@@ -101,7 +95,8 @@ async def kill_slave_while_tailing(cluster: DevCluster) -> dict[str, Any]:
             while not stop.is_set():
                 value = b"%d:%d" % (i, time.time_ns())
                 result = await producer.send(Message(TOPIC, value))
-                assert result.success, result
+                if not result.success:
+                    raise BenchError(f"a send failed: {result}")
                 sent.append(value)
                 i += 1
                 await asyncio.sleep(0.005)
@@ -130,41 +125,37 @@ async def kill_slave_while_tailing(cluster: DevCluster) -> dict[str, Any]:
             "kill_to_first_new_delivery_ms": round((after[0] - killed_at) * 1000, 1) if after else None}
 
 
-async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="metaq-bench-read-from-") as tmp:
-        topics = f"[topic={TOPIC}]\nnumPartitions={args.partitions}\n"
+async def _run(count: int, partitions: int, series: int, report: Report, work_dir: str | None) -> dict[str, Any]:
+    reads: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="metaq-bench-read-from-", dir=work_dir) as tmp:
+        topics = f"[topic={TOPIC}]\nnumPartitions={partitions}\n"
         system = {"unflushThreshold": 0, "maxTransferSize": 1 << 20}
-        cluster = DevCluster(os.path.join(tmp, "cluster"), 1, partitions=args.partitions, topics=topics,
-                             system=system, slaves=1).start()
-        try:
-            ends = await preload(cluster, args.count)
+        with DevCluster(os.path.join(tmp, "cluster"), 1, partitions=partitions, topics=topics, system=system,
+                        slaves=1) as cluster:
+            ends = await preload(cluster, count)
             await replicated(cluster, ends)
-            for series in range(1, args.series + 1):
-                for read_from in ("master", "slave") if series % 2 else ("slave", "master"):  # both orders
-                    row = {"series": series, **await read_all(cluster, read_from, ends)}
-                    print(json.dumps(row), flush=True)
-                    out.append(row)
-            row = await kill_slave_while_tailing(cluster)
-            print(json.dumps(row), flush=True)
-            out.append(row)
-        finally:
-            cluster.stop()
-    return out
+            for n in range(1, series + 1):
+                for read_from in ("master", "slave") if n % 2 else ("slave", "master"):  # both orders
+                    row = {"series": n, **await read_all(cluster, read_from, ends)}
+                    reads.append(row)
+                    report(f"series {n}, read from the {read_from}: {row['msgs_per_s']:,} msg/s")
+            killed = await kill_slave_while_tailing(cluster)
+            report(f"slave killed -9 under a prefer-slave consumer: first new message delivered "
+                   f"{killed['kill_to_first_new_delivery_ms']} ms after the kill; {killed['sent']} sent, "
+                   f"{killed['received']} delivered, exactly once in order: {killed['exactly_once_in_order']}")
+    return {"count": count, "partitions": partitions, "reads": reads, "slave_killed": killed}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-n", "--count", type=int, default=1_000_000)
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--series", type=int, default=3)
-    args = parser.parse_args()
-    rows = asyncio.run(main_async(args))
-    print("\n| series | read msg/s, master | read msg/s, slave |\n|---|---|---|")
-    for series in range(1, args.series + 1):
-        by = {r["read_from"]: r["msgs_per_s"] for r in rows if r.get("series") == series}
-        print(f"| {series} | {by['master']:,} | {by['slave']:,} |")
+def run(count: int, partitions: int, series: int, report: Report, work_dir: str | None = None) -> dict[str, Any]:
+    return asyncio.run(_run(count, partitions, series, report, work_dir))
 
 
-if __name__ == "__main__":
-    main()
+def table(result: dict[str, Any]) -> str:
+    by = {where: [r["msgs_per_s"] for r in result["reads"] if r["read_from"] == where] for where in ("master", "slave")}
+    killed = result["slave_killed"]
+    rows = [[f"read, from the {where}", each(rates), f"{median(rates):,.0f}"] for where, rates in by.items()]
+    rows.append(["the slave killed -9 under a prefer-slave consumer: kill to the first new message delivered",
+                 f"{killed['kill_to_first_new_delivery_ms']} ms",
+                 f"{killed['received']} of {killed['sent']} delivered"
+                 + (", exactly once, in order" if killed["exactly_once_in_order"] else ", NOT exactly once in order")])
+    return markdown_table(["case", "msg/s, each series", "median"], rows, right=[2])

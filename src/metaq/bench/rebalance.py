@@ -1,4 +1,5 @@
-"""Rebalance time of a consumer group: from a change to the group's new assignment fully running.
+"""`metaq bench rebalance`: rebalance time of a consumer group, from a change to the group's new assignment fully
+running.
 
 A change is a member joining (t0: its ``complete_subscribe()`` is called), a member leaving (t0: its
 ``close()`` is called), a broker leaving (t0: it is sent SIGTERM) or joining (t0: it is serving and
@@ -8,8 +9,8 @@ a running worker (fetching), and — in cluster mode — every member has finish
 partition claimed in ZooKeeper). The members live in this process (one event loop, each its own
 session and ZooKeeper session); the state is polled every millisecond.
 
-``metaq bench rebalance`` runs it against a local cluster, once with the broker-coordinated group
-(``servers``) and once with ZooKeeper's (``zk_connect``), on the same brokers.
+It runs against a local cluster, once with ZooKeeper's group (``zk_connect``) and once with the
+broker-coordinated group (``servers``: the same-run baseline), on the same brokers.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from metaq.bench.report import Report, markdown_table
 from metaq.client.group.config import ConsumerConfig
 from metaq.client.group.consumer import GroupConsumer, create_consumer
 from metaq.client.group.membership import ZooKeeperMembership
 from metaq.client.session import MessageSessionFactory
+from metaq.devcluster import DevCluster
 from metaq.types import PartitionId
 
 SETTLE_TIMEOUT_S = 60.0
@@ -63,7 +66,8 @@ async def run_rebalance_bench(connect: dict[str, Any], topic: str, *, members: i
     stop and start broker ``broker_id`` (not the lowest id: in standalone mode that one coordinates). A
     change after which the group does not settle within SETTLE_TIMEOUT_S counts as ``inf``."""
     group = f"bench-rebalance-{uuid.uuid4().hex[:8]}"
-    recover = tempfile.mkdtemp(prefix="metaq-bench-recover-")
+    recover_dir = tempfile.TemporaryDirectory(prefix="metaq-bench-recover-")  # removed at the end
+    recover = recover_dir.name
     probe = await MessageSessionFactory.connect(**connect)
     group_members: list[_Member] = []
 
@@ -123,6 +127,7 @@ async def run_rebalance_bench(connect: dict[str, Any], topic: str, *, members: i
         for m in group_members:
             await m.close()
         await probe.close()
+        recover_dir.cleanup()
     return {"members": members, "partitions": len(want), "rounds": rounds,
             **{k: _summary(v) for k, v in timings.items()}}
 
@@ -131,3 +136,40 @@ def _summary(values: list[float]) -> dict[str, Any]:
     ms = sorted(v * 1000 for v in values)
     return {"median_ms": round(statistics.median(ms), 1), "min_ms": round(ms[0], 1), "max_ms": round(ms[-1], 1),
             "timeouts": sum(1 for v in ms if v == float("inf"))}
+
+
+CHANGES = {"member_join": "a member joins", "member_leave": "a member leaves",
+           "broker_leave": "a broker leaves (SIGTERM)", "broker_join": "a broker joins"}
+
+
+def run(brokers: int, partitions: int, members: int, rounds: int, brokers_churn: bool, report: Report,
+        work_dir: str | None = None) -> dict[str, Any]:
+    """A local cluster of ``brokers`` (a real ZooKeeper, ZooKeeper mode, ``partitions`` on each) and on it the
+    ZooKeeper-coordinated group, then the broker-coordinated one (the baseline), ``rounds`` of every change."""
+    topic = "rebalance"
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="metaq-bench-rebalance-", dir=work_dir) as tmp, \
+            DevCluster(f"{tmp}/cluster", brokers, partitions=partitions,
+                       topics=f"[topic={topic}]\nnumPartitions={partitions}\n") as cluster:
+        last = cluster.brokers[brokers]
+        churn: dict[str, Any] = {} if not brokers_churn else {
+            "broker_leave": lambda: last.stop_or_kill(30), "broker_join": last.start, "broker_id": brokers}
+        for coordination, connect in (("zookeeper", {"zk_connect": cluster.zk_connect, "zk_root": cluster.zk_root}),
+                                      ("broker", {"servers": cluster.servers})):
+            result = asyncio.run(run_rebalance_bench(connect, topic, members=members, rounds=rounds, **churn))
+            runs.append({"coordination": coordination, "brokers": brokers, **result})
+            report(f"{coordination}-coordinated group: " + ", ".join(
+                f"{CHANGES[k]} {v['median_ms']} ms" for k, v in result.items() if k in CHANGES))
+    return {"runs": runs}
+
+
+def table(result: dict[str, Any]) -> str:
+    by = {r["coordination"]: r for r in result["runs"]}
+    first = result["runs"][0]
+    rows = [[label, *(f"{by[c][k]['median_ms']:,} ({by[c][k]['min_ms']:,}-{by[c][k]['max_ms']:,})"
+                      + (f", {by[c][k]['timeouts']} timed out" if by[c][k]["timeouts"] else "") for c in by)]
+            for k, label in CHANGES.items() if k in first]
+    return (f"{first['brokers']} brokers, {first['partitions']} partitions, {first['members']} members, "
+            f"{first['rounds']} rounds; median (min-max) ms to settle:\n\n"
+            + markdown_table(["change", *(f"{c}-coordinated group" + (" (baseline)" if c == "broker" else "")
+                                          for c in by)], rows))

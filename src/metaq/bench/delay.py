@@ -1,46 +1,53 @@
-"""Delayed delivery (docs/delayed.md): send throughput of delayed vs plain messages in the same run, and
-lateness with many messages pending.
+"""`metaq bench delay`: delayed delivery (docs/delayed.md): send throughput of delayed against plain messages in the
+same run, and how late the due messages are delivered with many pending.
 
-    .venv/bin/python scripts/bench_delay.py --sends 200000 --pending 1000000 --window 60
+One broker process (group commit, 4 partitions), 100-byte payloads, ``send_async`` with at most ``in_flight``
+unacknowledged. Steps:
 
-One broker process (this tree, group commit, 4 partitions). Steps:
-
-1. throughput: ``--sends`` plain messages, then as many delayed ones (due an hour later, so none is
-   delivered during the bench), then plain and delayed again; 100-byte payloads, ``send_async`` with
-   at most ``--in-flight`` unacknowledged; msg/s of each run.
-2. lateness: ``--pending`` delayed messages due uniformly over ``--window`` seconds, starting
-   ``--lead`` seconds after the sends began (every one is sent before the first is due); the broker's
-   RSS before and once all are pending; then every message is read back and its lateness is its
-   append time minus its ``metaq.deliver-at`` (both the broker's clock): p50, p99, max; early ones
-   (negative lateness) are counted (there must be none). With ``--kill-restart`` the broker is killed
-   (-9) once all are pending and restarted (the timer index is rebuilt from the delay logs) first.
-
-Prints one JSON document.
+1. throughput: ``sends`` plain messages (the same-run baseline), then as many delayed ones (due an hour later,
+   so none is delivered during the bench), then plain and delayed again: msg/s of each;
+2. lateness: ``pending`` delayed messages due uniformly over ``window`` seconds, starting ``lead`` seconds after
+   the sends began (each is sent before the first is due); the broker's RSS before and once all are pending;
+   then every message is read back and its lateness is its append time minus its ``metaq.deliver-at`` (both the
+   broker's clock): p50, p99, max; early ones (negative lateness) are counted (there must be none). With
+   ``kill_restart`` the broker is killed -9 once all are pending and restarted first (the timer index is rebuilt
+   from the delay logs): the restart time.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import random
 import statistics
-import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from metaq.bench.processes import rss_mib
+from metaq.bench.report import BenchError, Report, each, markdown_table
 from metaq.broker.launcher import BrokerLauncher
 from metaq.client import Message, MessageSessionFactory
 from metaq.protocol.delayed import DELIVER_AT_HEADER, header_ms
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return -1.0
+@dataclass
+class DelaySpec:
+    sends: int = 200_000
+    pending: int = 1_000_000
+    window: int = 60
+    """Seconds the due times are spread over."""
+    lead: int = 60
+    """Seconds from the start of the sends to the first due time."""
+    in_flight: int = 20_000
+    kill_restart: bool = False
+
+
+def _check_sent(results: list[Any]) -> None:
+    failed = [r for r in results if not r.success]
+    if failed:
+        raise BenchError(f"{len(failed)} sends failed, the first: {failed[0]}")
 
 
 async def send_many(producer: Any, messages: list[Message], in_flight: int) -> float:
@@ -50,10 +57,10 @@ async def send_many(producer: Any, messages: list[Message], in_flight: int) -> f
         pending.append(producer.send_async(msg))
         if len(pending) >= in_flight:
             results = await asyncio.gather(*pending)
-            assert all(r.success for r in results), [r for r in results if not r.success][:1]
+            _check_sent(results)
             pending = []
     results = await asyncio.gather(*pending)
-    assert all(r.success for r in results), [r for r in results if not r.success][:1]
+    _check_sent(results)
     return len(messages) / (time.perf_counter() - started)
 
 
@@ -62,7 +69,7 @@ async def stats(session: Any) -> dict[str, Any]:
     return delayed
 
 
-async def main(args: argparse.Namespace, broker: BrokerLauncher) -> dict[str, Any]:
+async def _send(args: DelaySpec, broker: BrokerLauncher) -> dict[str, Any]:
     assert broker.proc is not None
     pid = broker.proc.pid
     payload = b"x" * 100
@@ -78,7 +85,7 @@ async def main(args: argparse.Namespace, broker: BrokerLauncher) -> dict[str, An
             runs["delayed"].append(await send_many(
                 producer, [Message("later", payload, deliver_at=later) for _ in range(args.sends)], args.in_flight))
         out["throughput_msg_s"] = {k: [round(v) for v in vs] for k, vs in runs.items()}
-        out["rss_mb_before"] = round(rss_mb(pid), 1)
+        out["rss_mb_before"] = round(rss_mib(pid), 1)
         rng = random.Random(1)
         first_due = int(time.time() * 1000) + args.lead * 1000
         window_ms = args.window * 1000
@@ -90,7 +97,7 @@ async def main(args: argparse.Namespace, broker: BrokerLauncher) -> dict[str, An
         if sent_at >= first_due:
             out["warning"] = f"sending ended {sent_at - first_due} ms after the first due time: raise --lead"
         s = await stats(session)
-        out["rss_mb_pending"] = round(rss_mb(pid), 1)
+        out["rss_mb_pending"] = round(rss_mib(pid), 1)
         out["pending_when_sent"] = s["pending"]
         out["in_memory_when_sent"] = s["in_memory"]
         out["first_due_ms"] = first_due
@@ -101,16 +108,16 @@ async def main(args: argparse.Namespace, broker: BrokerLauncher) -> dict[str, An
     return await deliveries(args, broker, out)
 
 
-async def deliveries(args: argparse.Namespace, broker: BrokerLauncher, out: dict[str, Any]) -> dict[str, Any]:
+async def deliveries(args: DelaySpec, broker: BrokerLauncher, out: dict[str, Any]) -> dict[str, Any]:
     assert broker.proc is not None
     pid = broker.proc.pid
     async with await MessageSessionFactory.connect(broker.servers) as session:
         peak = out["rss_mb_pending"]
         deadline = time.monotonic() + args.lead + args.window + 300
         while (s := await stats(session))["delivered"] < args.pending:
-            peak = max(peak, rss_mb(pid))
+            peak = max(peak, rss_mib(pid))
             if time.monotonic() > deadline:
-                raise SystemExit(f"not delivered in time: {s}")
+                raise BenchError(f"the delayed messages were not all delivered in time: {s}")
             await asyncio.sleep(0.5)
         pending_left = s["pending"]
         out["rss_mb_peak_during_delivery"] = round(peak, 1)
@@ -120,7 +127,8 @@ async def deliveries(args: argparse.Namespace, broker: BrokerLauncher, out: dict
         for p in range(4):
             async for m in consumer.iterate("due", p, "earliest", stop_at_end=True):
                 due = header_ms(m.headers, DELIVER_AT_HEADER)
-                assert due is not None
+                if due is None:
+                    raise BenchError(f"a due message without its {DELIVER_AT_HEADER} header: {m}")
                 late = m.append_time_ms - due
                 early += late < 0
                 lateness.append(late)
@@ -135,23 +143,18 @@ async def deliveries(args: argparse.Namespace, broker: BrokerLauncher, out: dict
     return out
 
 
-def cli() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sends", type=int, default=200_000)
-    parser.add_argument("--pending", type=int, default=1_000_000)
-    parser.add_argument("--window", type=int, default=60, help="seconds the due times are spread over")
-    parser.add_argument("--lead", type=int, default=60, help="seconds from the start of the sends to the first due")
-    parser.add_argument("--in-flight", type=int, default=20_000)
-    parser.add_argument("--kill-restart", action="store_true",
-                        help="kill -9 the broker once everything is pending and restart it (recovery time; the "
-                             "index is rebuilt from the delay logs), then measure the deliveries")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-delay-") as tmp:
+def run(spec: DelaySpec, report: Report, work_dir: str | None = None) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="metaq-bench-delay-", dir=work_dir) as tmp:
         broker = BrokerLauncher(Path(tmp) / "broker", {"numPartitions": 4, "unflushThreshold": 0})
         broker.start()
         try:
-            result = asyncio.run(main(args, broker))
-            if args.kill_restart:
+            report(f"sending {spec.sends:,} plain and {spec.sends:,} delayed messages, twice, then {spec.pending:,} "
+                   f"due over {spec.window} s ...")
+            result = asyncio.run(_send(spec, broker))
+            report(f"send msg/s: plain {each(result['throughput_msg_s']['plain'])}, delayed "
+                   f"{each(result['throughput_msg_s']['delayed'])}; {result['pending_when_sent']:,} pending, broker "
+                   f"RSS {result['rss_mb_before']} -> {result['rss_mb_pending']} MiB")
+            if spec.kill_restart:
                 broker.kill()
                 started = time.monotonic()
                 broker.start()
@@ -159,13 +162,26 @@ def cli() -> None:
                 if int(time.time() * 1000) >= result["first_due_ms"]:
                     result["warning"] = "the restart ended after the first due time: raise --lead"
                 assert broker.proc is not None
-                result["rss_mb_after_restart"] = round(rss_mb(broker.proc.pid), 1)
-                result = asyncio.run(deliveries(args, broker, result))
+                result["rss_mb_after_restart"] = round(rss_mib(broker.proc.pid), 1)
+                report(f"killed -9 and restarted in {result['restart_after_kill_s']} s")
+                result = asyncio.run(deliveries(spec, broker, result))
         finally:
             broker.stop()
-    json.dump(result, sys.stdout)
-    print()
+    late = result["lateness_ms"]
+    report(f"lateness ms: p50 {late['p50']}, p99 {late['p99']}, max {late['max']}; {result['early']} early")
+    return result
 
 
-if __name__ == "__main__":
-    cli()
+def table(result: dict[str, Any]) -> str:
+    t = result["throughput_msg_s"]
+    late = result["lateness_ms"]
+    rows = [["send msg/s, plain (the baseline)", each(t["plain"])], ["send msg/s, delayed", each(t["delayed"])],
+            [f"lateness of {result['pending']:,} due over {result['window_s']} s, ms: p50 / p99 / p99.9 / max",
+             f"{late['p50']} / {late['p99']} / {late['p999']} / {late['max']} ({result['early']} early)"],
+            ["broker RSS MiB: before / all pending / peak while delivering",
+             f"{result['rss_mb_before']} / {result['rss_mb_pending']} / {result['rss_mb_peak_during_delivery']}"]]
+    if "restart_after_kill_s" in result:
+        rows.append(["restart after kill -9 with everything pending", f"{result['restart_after_kill_s']} s"])
+    if "warning" in result:
+        rows.append(["warning", result["warning"]])
+    return markdown_table(["measure", "each run"], rows)
