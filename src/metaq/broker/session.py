@@ -36,6 +36,10 @@ class Session:
     """The SCRAM exchange in progress (:mod:`metaq.broker.handlers.sasl`)."""
     close_after_reply: bool = False
     """Set by the core when the connection must be closed once its reply is out (an authentication failure)."""
+    whole_cluster_groups: bool = False
+    """The groups this connection joins are balanced over every partition its JoinGroup reports, other brokers'
+    included (the Kafka listener: a Kafka group has one coordinator for the whole cluster, and what it reports
+    is the broker's own cluster view). Otherwise a broker balances only its own partitions (standalone groups)."""
     waiting_fetches: int = 0
     """Long polls of this connection waiting now (bounded by maxWaitingFetchesPerConnection)."""
     quota_principal: str | None = None

@@ -285,6 +285,3 @@ def acl_list(data_path: str | None, acl_file: str | None, zk_connect: str | None
         for entry in store.entries():
             click.echo(entry.describe())
 
-
-def register(cli: click.Group) -> None:
-    cli.add_command(acl_group)

@@ -202,10 +202,14 @@ def _parse_cpus(value: str | None) -> tuple[int | None, int | None, int | None] 
     return cpus[0], cpus[1], cpus[2]
 
 
-def register(cli: click.Group) -> None:
+def _add_subcommands() -> None:
+    """The benches other than produce, consume and e2e live in the bench_*_cmds modules (which import nothing of
+    this one)."""
     from metaq.cli import bench_client_cmds, bench_cluster_cmds, bench_server_cmds
 
     for module in (bench_cluster_cmds, bench_server_cmds, bench_client_cmds):
         for command in module.COMMANDS:
             bench_group.add_command(command)
-    cli.add_command(bench_group)
+
+
+_add_subcommands()

@@ -221,6 +221,3 @@ def _print_running(cluster: DevCluster, topics: tuple[str, ...]) -> None:
     click.echo("Ctrl-C stops the brokers, then ZooKeeper.")
     sys.stdout.flush()
 
-
-def register(cli: click.Group) -> None:
-    cli.add_command(cluster_group)

@@ -243,6 +243,3 @@ async def group_redrive(servers: str, zk_connect: str | None, zk_root: str, grou
     if result.errors:
         raise click.exceptions.Exit(1)
 
-
-def register(cli: click.Group) -> None:
-    cli.add_command(group_group)
