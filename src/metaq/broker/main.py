@@ -151,6 +151,8 @@ def broker_command(config_file: str | None, event_loop: str, as_slave: bool, sla
             if config.zookeeper is None or not config.zookeeper.enable:
                 raise ConfigError("--slave needs ZooKeeper mode to find its master: add a [zookeeper] section "
                                   "with zk.zkConnect to server.ini (docs/replication.md)")
+        if config.zookeeper is not None and config.zookeeper.enable:
+            config.zookeeper.security()  # a ZooKeeper user without its password: one line, not a traceback
     except ConfigError as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(EXIT_BAD_CONFIG)

@@ -163,6 +163,16 @@ def _choice(*choices: str) -> Converter:
     return convert
 
 
+def _choice_upper(*choices: str) -> Converter:
+    def convert(text: str) -> str:
+        up = _text(text).upper()
+        if up not in choices:
+            raise InvalidValue(f"{text!r} is not one of {', '.join(choices)}")
+        return up
+
+    return convert
+
+
 def _principals(text: str) -> tuple[str, ...]:
     from metaq.security.acl import parse_super_users
 
@@ -666,6 +676,28 @@ OPTIONS: tuple[Option, ...] = (
          "How far a ZooKeeper follower may lag its leader, ms.", _positive),
     _opt("zk.zkRoot", "root", "zkpath", "/meta", _ZOOKEEPER,
          "ZooKeeper path under which brokers, topics and consumers are registered.", _zk_path),
+    _opt("zk.zkSaslUser", "sasl_user", "text", None, _ZOOKEEPER,
+         "Log in to ZooKeeper with SASL as this user (password from the METAQ_ZK_PASSWORD environment "
+         "variable); every broker of a cluster uses the same one. docs/security.md#zookeeper.", _text,
+         status="extension", default_doc="anonymous"),
+    _opt("zk.zkSaslMechanism", "sasl_mechanism", "text", "DIGEST-MD5", _ZOOKEEPER,
+         "SASL mechanism for ZooKeeper (DIGEST-MD5 only).", _choice_upper("DIGEST-MD5"), status="extension"),
+    _opt("zk.zkSetAcl", "set_acl", "bool", "false", _ZOOKEEPER,
+         "Create every znode with ACLs (Kafka's zookeeper.set.acl): only zk.zkSaslUser may change metaq's "
+         "nodes, and only it may read users' credentials and the ACLs; needs zk.zkSaslUser. `metaq cluster "
+         "secure` applies them to an existing tree.", _boolean, status="extension"),
+    _opt("zk.zkSslEnable", "tls", "bool", "false", _ZOOKEEPER,
+         "Connect to ZooKeeper over TLS (its secureClientPort, in zk.zkConnect).", _boolean, status="extension"),
+    _opt("zk.zkSslCaFile", "tls_ca_file", "path", None, _ZOOKEEPER,
+         "CA (PEM) ZooKeeper's certificate is checked against; implies zk.zkSslEnable.", _path,
+         status="extension", default_doc="the system's CAs"),
+    _opt("zk.zkSslCertFile", "tls_cert_file", "path", None, _ZOOKEEPER,
+         "Client certificate (PEM) for a ZooKeeper with ssl.clientAuth=need.", _path, status="extension",
+         default_doc="none"),
+    _opt("zk.zkSslKeyFile", "tls_key_file", "path", None, _ZOOKEEPER,
+         "Its key (PEM).", _path, status="extension", default_doc="in zk.zkSslCertFile"),
+    _opt("zk.zkSslCheckHostname", "tls_check_hostname", "bool", "true", _ZOOKEEPER,
+         "Check that ZooKeeper's certificate names the host in zk.zkConnect.", _boolean, status="extension"),
     # -- [topic=NAME] only -------------------------------------------------------------------------
     _opt("group.GROUP", "group_filters", "filter", None, _TOPIC,
          "Server-side filter for consumer group GROUP of this topic: a Python module:callable "
