@@ -167,6 +167,8 @@ class BrokerConfig:
     max_tx_timeout_s: int = 60
     transaction_check_interval_ms: int = 6000
     transaction_check_max: int = 15
+    file_umask: int = 0o077
+    """fileUmask: the broker process's umask (docs/security.md#files-on-disk)."""
     data_log_path: Path | None = None
     """The transaction log's directory (MetaQ's dataLogPath); None: ``data_path / ".txlog"``."""
     max_delay_s: int = 604_800

@@ -163,6 +163,19 @@ def _choice(*choices: str) -> Converter:
     return convert
 
 
+def _octal(lo: int, hi: int) -> Converter:
+    def convert(text: str) -> int:
+        try:
+            value = int(_text(text), 8)
+        except ValueError:
+            raise InvalidValue(f"{text!r} is not an octal number such as 077") from None
+        if not lo <= value <= hi:
+            raise InvalidValue(f"{text} is not between {lo:o} and {hi:o} (octal)")
+        return value
+
+    return convert
+
+
 def _choice_upper(*choices: str) -> Converter:
     def convert(text: str) -> str:
         up = _text(text).upper()
@@ -397,6 +410,11 @@ OPTIONS: tuple[Option, ...] = (
     _opt("dataPath", "data_path", "path", "~/meta", _SYSTEM,
          "Directory holding one TOPIC-PARTITION directory per partition. ~ is expanded; "
          "relative paths in a file are relative to the file's directory, in a flag to the current one.", _path),
+    _opt("fileUmask", "file_umask", "octal", "077", _SYSTEM,
+         "umask of the broker process (octal): what every file and directory it makes (segments, indexes, "
+         "offsets, the transaction log, the delay store, users and ACLs) is denied; 077: the broker's user "
+         "alone reads them. At start dataPath and dataLogPath themselves lose these permissions too. "
+         "docs/security.md#files-on-disk.", _octal(0, 0o777), status="extension"),
     _opt("serverPort", "server_port", "int", "8123", _SYSTEM,
          "TCP port clients and other brokers connect to (0: the OS picks a free port; -1: no plaintext port, "
          "a TLS-only broker serving sslPort alone, as httpPort=-1 turns the HTTP API off).", _integer(-1, 65535)),
