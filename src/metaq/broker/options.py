@@ -153,12 +153,13 @@ def _is_host(text: str) -> bool:
     return len(text) <= 253 and all(_HOST_LABEL_RE.fullmatch(label) for label in text.split("."))
 
 
-def _choice(*choices: str) -> Converter:
+def _choice(*choices: str, fold: Callable[[str], str] = str.lower) -> Converter:
+    """One of ``choices``, compared after ``fold`` (lower case, or upper for SASL mechanism names)."""
     def convert(text: str) -> str:
-        low = _text(text).lower()
-        if low not in choices:
+        folded = fold(_text(text))
+        if folded not in choices:
             raise InvalidValue(f"{text!r} is not one of {', '.join(choices)}")
-        return low
+        return folded
 
     return convert
 
@@ -172,16 +173,6 @@ def _octal(lo: int, hi: int) -> Converter:
         if not lo <= value <= hi:
             raise InvalidValue(f"{text} is not between {lo:o} and {hi:o} (octal)")
         return value
-
-    return convert
-
-
-def _choice_upper(*choices: str) -> Converter:
-    def convert(text: str) -> str:
-        up = _text(text).upper()
-        if up not in choices:
-            raise InvalidValue(f"{text!r} is not one of {', '.join(choices)}")
-        return up
 
     return convert
 
@@ -699,7 +690,7 @@ OPTIONS: tuple[Option, ...] = (
          "variable); every broker of a cluster uses the same one. docs/security.md#zookeeper.", _text,
          status="extension", default_doc="anonymous"),
     _opt("zk.zkSaslMechanism", "sasl_mechanism", "text", "DIGEST-MD5", _ZOOKEEPER,
-         "SASL mechanism for ZooKeeper (DIGEST-MD5 only).", _choice_upper("DIGEST-MD5"), status="extension"),
+         "SASL mechanism for ZooKeeper (DIGEST-MD5 only).", _choice("DIGEST-MD5", fold=str.upper), status="extension"),
     _opt("zk.zkSetAcl", "set_acl", "bool", "false", _ZOOKEEPER,
          "Create every znode with ACLs (Kafka's zookeeper.set.acl): only zk.zkSaslUser may change metaq's "
          "nodes, and only it may read users' credentials and the ACLs; needs zk.zkSaslUser. `metaq cluster "
