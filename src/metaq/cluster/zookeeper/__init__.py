@@ -59,7 +59,8 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         self.layout_owner = layout_owner
         self.paths = Paths(root)
         self.session = ZooKeeperSession(connect, self.paths, session_timeout_ms=session_timeout_ms,
-                                        connection_timeout_ms=connection_timeout_ms, security=security)
+                                        connection_timeout_ms=connection_timeout_ms, security=security,
+                                        layout_owner=layout_owner)
         self.session_timeout_s = self.session.session_timeout_s
         self.connection_timeout_s = self.session.connection_timeout_s
         self.view = ClusterView(self.session)

@@ -48,10 +48,12 @@ class ZooKeeperSession:
     part of the registry), its worker thread, its session listeners and the ephemeral nodes it keeps."""
 
     def __init__(self, connect: str, paths: Paths, *, session_timeout_ms: int, connection_timeout_ms: int,
-                 security: ZkSecurity | None = None) -> None:
+                 security: ZkSecurity | None = None, layout_owner: bool = True) -> None:
         self.connect = connect
         self.paths = paths
         self.security = security or ZkSecurity()
+        self.layout_owner = layout_owner
+        """A broker (or an admin tool): it may make the layout's nodes (the root, brokers/, consumers/...)."""
         self.session_timeout_s = session_timeout_ms / 1000
         self.connection_timeout_s = connection_timeout_ms / 1000
         self.client = KazooClient(
@@ -312,9 +314,14 @@ class ZooKeeperSession:
         return str(self.client.create(path, data, acl=self.acl(path), ephemeral=ephemeral))
 
     def ensure(self, path: str) -> None:
-        """Create ``path`` and its missing parents (persistent, empty), each with its ACL."""
+        """Create ``path`` and its missing parents (persistent, empty), each with its ACL. A client (not the
+        layout's owner) with ACLs on makes nothing above its consumer groups: a root it made would be its
+        own, and the brokers could not register under it."""
         if not path or path == "/" or self.client.exists(path) is not None:
             return
+        if not self.layout_owner and self.security.set_acl and not path.startswith(self.paths.consumers + "/"):
+            raise RegistryError(f"{path} does not exist in ZooKeeper at {self.connect}: with ZooKeeper ACLs the "
+                                "brokers make the cluster's layout; start a broker of this zkRoot first")
         self.ensure(path.rsplit("/", 1)[0])
         with contextlib.suppress(NodeExistsError):
             self.client.create(path, b"", acl=self.acl(path))
