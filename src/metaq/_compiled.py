@@ -23,16 +23,19 @@ NO_EXTENSIONS = os.environ.get(NO_EXTENSIONS_ENV, "") not in ("", "0")
 """Whether the environment turns the compiled module off (any value but empty or ``0``)."""
 
 
-def _load() -> ModuleType | None:
+def _load(name: str = "metaq._speedups") -> ModuleType | None:
     if NO_EXTENSIONS:
         return None
     try:
-        return importlib.import_module("metaq._speedups")
+        return importlib.import_module(name)
     except ImportError:  # not built: the Python references
         return None
 
 
 speedups = _load()
 """``metaq._speedups``, or None: not built, or turned off by ``METAQ_NO_EXTENSIONS``."""
+
+kafka_speedups = _load("metaq._kafka_speedups")
+"""``metaq._kafka_speedups`` (the Kafka listener's record conversions, docs/kafka.md), or None, as :data:`speedups`."""
 
 ENABLED = speedups is not None

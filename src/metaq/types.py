@@ -292,6 +292,7 @@ class SendResult:
 
     @property
     def message_id_hex(self) -> str:
+        """The message id as 32 hex digits (what the CLI prints); ``"-1"`` when nothing was stored."""
         return format_message_id(self.message_id) if self.message_id >= 0 else "-1"
 
 

@@ -22,7 +22,7 @@ import click
 
 from metaq.cli.options import DEFAULT_ZK_ROOT, zk_security_config, zk_security_of, zk_security_options
 from metaq.cluster.registry import RegistryError, UserAclStore
-from metaq.errors import ConfigError
+from metaq.errors import ConfigError, MetaqError
 from metaq.security.acl import (
     ACL_FILE_NAME,
     CLUSTER_NAME,
@@ -64,11 +64,11 @@ def _zookeeper(zk_connect: str, zk_root: str) -> Iterator[UserAclStore]:
 
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)
     security = click.get_current_context().meta.get(_ZK_SECURITY)
-    registry = ZooKeeperRegistry(zk_connect, zk_root, connection_timeout_ms=10_000, watch_cluster=False,
-                                 read_only=True, security=security)
     try:
+        registry = ZooKeeperRegistry(zk_connect, zk_root, connection_timeout_ms=10_000, watch_cluster=False,
+                                     read_only=True, security=security)
         registry.start()
-    except RegistryError as exc:
+    except MetaqError as exc:  # ZooKeeper unreachable, a root that is no ZooKeeper path
         raise click.ClickException(str(exc)) from None
     try:
         yield registry.user_acl_store()

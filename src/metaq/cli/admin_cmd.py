@@ -23,10 +23,12 @@ def admin_group() -> None:
 @target_options
 @run_async
 async def admin_reload(servers: str) -> None:
-    """Re-read the broker's server.ini and apply [topic=...] changes live (as SIGHUP)."""
+    """Re-read the broker's server.ini and apply [topic=...] changes and live options (as SIGHUP)."""
     async with await open_session(servers) as session:
         changed = await session.admin().reload()
     click.echo("reloaded; topics changed: " + (", ".join(changed) or "none"))
+    if changed.restart_required:
+        click.echo("not applied until the broker restarts: " + ", ".join(changed.restart_required), err=True)
 
 
 @admin_group.command("promote")
@@ -108,3 +110,14 @@ async def admin_find(servers: str, topic: str, key: str | None, from_text: str |
 
 def register(cli: click.Group) -> None:
     cli.add_command(admin_group)
+
+
+def _add_subcommands() -> None:
+    """`admin verify` and `admin transactions` live in their own modules (which import nothing of this one)."""
+    from metaq.cli import transactions_cmd, verify_cmd
+
+    verify_cmd.register(admin_group)
+    transactions_cmd.register(admin_group)
+
+
+_add_subcommands()

@@ -18,8 +18,8 @@ from metaq.cli.session import open_session, resolve_partition_option, run_async,
 from metaq.cli.text import plural
 from metaq.cli.values import duration_ms, time_ms
 from metaq.client import Message
-from metaq.errors import PartitionClosedError
-from metaq.types import PartitionId, format_message_id
+from metaq.errors import InvalidArgument, PartitionClosedError
+from metaq.types import DEFAULT_MAX_MESSAGE_BYTES, PartitionId, format_message_id
 
 STDIN_CHUNK_BYTES = 1 << 16
 DRAIN_EVERY_MESSAGES = 10_000
@@ -53,10 +53,14 @@ def _parse_headers(ctx: click.Context, param: click.Parameter, specs: tuple[str,
                    "(500ms, 10s, 5m, 2h, 1d; a bare number is seconds).")
 @click.option("--deliver-at", "deliver_at_text", default=None, metavar="ISO|MS",
               help="Delayed delivery at this time: ISO 8601 (without a zone: UTC) or ms since the epoch.")
+@click.option("--max-message-bytes", type=click.IntRange(1), default=DEFAULT_MAX_MESSAGE_BYTES, show_default=True,
+              help="Largest message (a line, encoded) the producer sends; the broker's own limit is its "
+                   "maxMessageSize (server.ini), which must be raised with it.")
 @run_async
 async def produce(servers: str, topic: str, key: str | None, attribute: str | None,
                   header_specs: list[tuple[str, bytes]], partition: PartitionId | int | None,
-                  print_ids: bool, delay_text: str | None, deliver_at_text: str | None) -> None:
+                  print_ids: bool, delay_text: str | None, deliver_at_text: str | None,
+                  max_message_bytes: int) -> None:
     """Send each line of standard input to TOPIC as one message (the newline is not sent).
 
     A TOPIC that does not exist is created by the broker if it allows it (autoCreateTopics), except
@@ -91,13 +95,16 @@ async def produce(servers: str, topic: str, key: str | None, attribute: str | No
                                        f"partitions: create it first (metaq topic create {topic})")
         if partition is not None:
             target = resolve_partition_option(topic, parts, partition)
-        producer = session.create_producer(selector=selector)
+        producer = session.create_producer(selector=selector, max_message_bytes=max_message_bytes)
         futures: deque[asyncio.Future[Any]] = deque()
         try:
             async for data in _stdin_lines():
                 msg = Message(topic, data, attribute=attribute, key=key.encode() if key is not None else None,
                               headers=list(header_specs) or None, deliver_at=deliver_at, delay_ms=delay_ms)
-                futures.append(producer.send_async(msg))
+                try:
+                    futures.append(producer.send_async(msg))
+                except InvalidArgument as exc:  # the producer's own limit: name the flag that sets it here
+                    raise click.ClickException(str(exc).replace("max_message_bytes", "--max-message-bytes")) from None
                 if len(futures) >= DRAIN_EVERY_MESSAGES:
                     await _drain(futures, print_ids, tally)
         except asyncio.CancelledError:  # Ctrl-C: what was handed to the producer is still sent

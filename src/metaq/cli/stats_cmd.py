@@ -9,6 +9,7 @@ import click
 from metaq.cli.options import target_options
 from metaq.cli.replication_text import replication_lines
 from metaq.cli.session import holders, open_session, run_async
+from metaq.cli.text import plural
 
 
 @click.command("stats")
@@ -32,7 +33,8 @@ async def stats(servers: str, topic: str | None, broker_id: int | None, as_json:
         return
     click.echo("topic\tpartition\tput_msgs\tput_bytes\tput_tps\tget_reqs\tget_bytes\tearliest\tlatest")
     for doc in docs:
-        click.echo(f"# broker {doc.get('broker_id')} up {doc['uptime_s']:.0f}s, {doc['connections']} connections")
+        click.echo(f"# broker {doc.get('broker_id')} up {doc['uptime_s']:.0f}s, "
+                   f"{plural(doc['connections'], 'connection')}")
         if (durability := doc.get("durability")) is not None:  # how its flushes are made durable (docs/storage.md)
             click.echo(f"# data directory on {durability['filesystem']}: syncfs "
                        f"{'used' if durability['syncfs'] else 'not used'}: {durability['syncfs_reason']}")

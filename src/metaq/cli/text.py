@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import datetime
 
+from metaq.wording import plural
 
-def plural(count: int, noun: str, nouns: str | None = None, *, thousands: bool = False) -> str:
-    """``1 message``, ``2 messages``, ``0 messages`` (``nouns``: an irregular plural; ``thousands``: 1,000)."""
-    return (f"{count:,}" if thousands else str(count)) + " " + (noun if count == 1 else (nouns or noun + "s"))
+__all__ = ["iso_ms", "plural"]
 
 
 def iso_ms(ms: int) -> str:

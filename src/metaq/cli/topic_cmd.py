@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
@@ -14,7 +15,7 @@ from metaq.types import PartitionId
 
 @click.group("topic")
 def topic_group() -> None:
-    """Create, list, describe, close and open topics."""
+    """Create, delete, list, describe, close and open topics."""
 
 
 @topic_group.command("create")
@@ -41,9 +42,13 @@ async def topic_create(servers: str, topic: str, partitions: int, broker_id: int
               help="Only on this broker (default: every broker that has the topic).")
 @run_async
 async def topic_delete(servers: str, topic: str, yes: bool, broker_id: int | None) -> None:
-    """Delete TOPIC and all its messages."""
-    if not yes and not click.confirm(f"delete topic {topic} and all its messages?", default=False):
-        raise click.Abort()
+    """Delete TOPIC and all its messages (asks first, unless --yes)."""
+    if not yes:
+        if not sys.stdin.isatty():  # nobody to answer the question: say what to do instead of "Aborted!"
+            raise click.UsageError(f"deleting topic {topic} needs a confirmation: add --yes (no terminal to ask on)")
+        if not click.confirm(f"delete topic {topic} and all its messages?", default=False):
+            click.echo(f"topic {topic} not deleted", err=True)
+            raise click.exceptions.Exit(1)
     async with await open_session(servers) as session:
         for b in [broker_id] if broker_id is not None else await holders(session, topic):
             await session.admin().delete_topic(topic, broker_id=b)

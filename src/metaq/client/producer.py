@@ -494,10 +494,12 @@ class BatchSendResult(Sequence[SendResult]):
 
     @property
     def success(self) -> bool:
+        """Whether every message of the batch was stored."""
         return all(c.error is None for c in self.chunks)
 
     @property
     def errors(self) -> list[BaseException]:
+        """The errors of the chunks that failed (empty when :attr:`success`)."""
         return [c.error for c in self.chunks if c.error is not None]
 
     def __len__(self) -> int:
@@ -534,6 +536,7 @@ class BatchSendResult(Sequence[SendResult]):
                 yield self._result(chunk, i)
 
     def message_ids(self) -> list[int]:
+        """Every message's id in send order; -1 for the messages of a chunk that failed."""
         out: list[int] = []
         for c in self.chunks:
             if c.error is None and c.base_message_id >= 0:
@@ -712,6 +715,7 @@ class Producer:
         self._tx = LocalTransaction(self, timeout_s, "", Xid.of(xid).key)
 
     async def tpc_prepare(self) -> None:
+        """XA: prepare the current branch: its messages are stored, still invisible, until :meth:`tpc_commit`."""
         await self._open_tx().prepare()
 
     async def tpc_commit(self, xid: Any = None) -> None:
@@ -723,6 +727,7 @@ class Producer:
             await self._end_recovered(Xid.of(xid), m.TX_COMMIT)
 
     async def tpc_rollback(self, xid: Any = None) -> None:
+        """XA: roll back the current branch, or, with ``xid``, a prepared branch found by :meth:`tpc_recover`."""
         if xid is None:
             await self.rollback()
         else:

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import zstandard
 
+from metaq.broker.appending import ack_when_durable, await_ack, check_sequence
 from metaq.broker.core import check_topic_name
 from metaq.broker.delay.handler import produce_delayed
 from metaq.broker.error_mapping import wire_error
-from metaq.broker.handlers.appending import ack_when_durable, await_ack, check_sequence
 from metaq.broker.handlers.fetch import SENDFILE_MIN_BYTES
 from metaq.broker.handlers.transactions import put_into_transaction
 from metaq.broker.session import DeferredReply, Session
@@ -155,7 +155,7 @@ def produce_batch(broker: Broker, topic: str, partition: int, records: bytes | m
             raise UnknownTopicError(f"topic {topic!r} does not exist and autoCreateTopics=false")
         state = broker.ensure_topic(topic, None)
     if not state.settings.accept_publish:
-        raise PartitionClosedError(f"topic {topic!r} does not accept publishing (acceptPublish=false)")
+        raise PartitionClosedError(broker.publish_refused(topic))
     config = broker.config
     try:
         if checked is None:
@@ -177,7 +177,8 @@ def produce_batch(broker: Broker, topic: str, partition: int, records: bytes | m
         # an idempotent producer's retry must land where its first attempt did
         partition = open_parts[stamp.producer_id % len(open_parts)] if stamp else random.choice(open_parts)
     elif partition in state.closed:
-        raise PartitionClosedError(f"partition {topic}-{partition} is closed for publishing")
+        raise PartitionClosedError(f"partition {broker.config.broker_id}-{partition} of topic {topic!r} is closed for "
+                                   "publishing")
     plog = broker.logs.get(topic, partition) if 0 <= partition < state.num_partitions else None
     if plog is None:  # not opened yet, or not a partition of the topic (the error comes from partition_log)
         _state, plog = broker.partition_log(topic, partition)

@@ -35,6 +35,18 @@ from metaq.cluster.zk_security import AclEntry, ZkSecurity, acl_for
 
 log = logging.getLogger("metaq.cluster.zookeeper")
 
+
+class _KazooRetryNoise(logging.Filter):
+    """Keeps kazoo's connection attempts ("Connecting to ...", "Connection dropped: ... refused", every 0.1-2 s
+    while ZooKeeper is away) out of the log: metaq says once what matters (waiting for ZooKeeper, connection
+    lost, session expired, cannot reach it). They still show with the ``kazoo`` logger at DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or logging.getLogger("kazoo").isEnabledFor(logging.DEBUG)
+
+
+logging.getLogger("kazoo.client").addFilter(_KazooRetryNoise())
+
 OWNER_POLL_S = 0.2
 """While a node held by another session is waited for (a handover), how often it is looked at again."""
 PREVIOUS_SESSION_SLACK_S = 5.0
@@ -79,15 +91,16 @@ class ZooKeeperSession:
 
     def start(self) -> None:
         """Connect; RegistryError if ZooKeeper cannot be reached in the connection timeout."""
+        log.info("connecting to ZooKeeper at %s (up to %gs)", self.connect, self.connection_timeout_s)
         try:
             self.client.start(timeout=self.connection_timeout_s)
         except (KazooTimeoutError, KazooException, OSError) as exc:
             with contextlib.suppress(Exception):
                 self.client.stop()
                 self.client.close()
-            raise RegistryError(f"cannot reach ZooKeeper at {self.connect} within "
-                                f"{self.connection_timeout_s:g}s ({exc or type(exc).__name__})"
-                                + self._tls_hint()) from None
+            raise RegistryError(f"cannot reach ZooKeeper at {self.connect} within {self.connection_timeout_s:g}s "
+                                f"({exc or type(exc).__name__}): is it running there? (zk.zkConnect; the wait is "
+                                "zk.zkConnectionTimeoutMs)" + self._tls_hint()) from None
         if self.security.sasl_user:
             # kazoo reports a refused SASL login at the first request, not at start: make it now, so that a
             # wrong password stops a broker's start with one clear line

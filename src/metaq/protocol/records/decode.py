@@ -162,6 +162,7 @@ class MessageBatch:
 
     @property
     def partition_id(self) -> PartitionId:
+        """``brokerId-partition`` the batch was read from."""
         return PartitionId(self.broker_id, self.partition)
 
     @property

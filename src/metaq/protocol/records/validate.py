@@ -44,7 +44,8 @@ def validate_batch(batch: bytes | bytearray | memoryview, max_message_bytes: int
             return header
     total = len(batch)
     if total > max_batch_bytes:
-        raise InvalidArgument(f"record batch is {total} bytes; the limit is {max_batch_bytes}")
+        raise InvalidArgument(f"record batch is {total} bytes; the limit is {max_batch_bytes} (the broker's "
+                              "maxBatchSize)")
     header = read_header(batch)
     if header.total_bytes != total:
         raise CorruptRecordError(f"record batch length field says {header.total_bytes} bytes, got {total}")
@@ -66,7 +67,8 @@ def validate_batch(batch: bytes | bytearray | memoryview, max_message_bytes: int
         worst = max(range(len(exact)), key=exact.__getitem__)
         if exact[worst] > max_message_bytes:
             raise InvalidArgument(
-                f"message {worst} of the batch is {exact[worst]} bytes; the limit is {max_message_bytes}")
+                f"message {worst} of the batch is {exact[worst]} bytes; the limit is {max_message_bytes} (the broker's "
+                "maxMessageSize)")
     return header
 
 
