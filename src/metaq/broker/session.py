@@ -34,6 +34,11 @@ class Session:
     """Who the connection acts as once authenticated (``User:alice``): by SASL, or by its certificate's CN."""
     sasl: object | None = None
     """The SCRAM exchange in progress (:mod:`metaq.broker.handlers.sasl`)."""
+    sasl_authenticated: bool = False
+    """The principal came from a SASL exchange (one per connection; a certificate's may be replaced by it)."""
+    replica_id: int = -1
+    """>= 0: the connection said at its handshake (ApiVersions v1) that it fetches as this replica of the
+    broker id (a slave's replica fetcher); :mod:`metaq.broker.replica_access` checks it with the principal."""
     close_after_reply: bool = False
     """Set by the core when the connection must be closed once its reply is out (an authentication failure)."""
     whole_cluster_groups: bool = False
