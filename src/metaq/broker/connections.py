@@ -1,10 +1,18 @@
 """What a broker's TCP connections share: their count, the idle and handshake sweep, the budget of
-unfinished request frames.
+unfinished request frames, and the limits before authentication.
 
 Transport bookkeeping only: the broker core never sees it. A connection is a
 :class:`~metaq.broker.transport.BrokerProtocol`; the registry admits it (or not, past
 maxConnections), closes it when it idles or never completes a request, and sheds the largest unfinished
 frame when the frames being received together outgrow maxPartialFramesSize.
+
+Before authentication (docs/security.md#limits-before-authentication) a connection costs a stranger more
+than it costs the broker only within these bounds: per address, at most maxConnectionRatePerIp new
+connections a second (checked at accept, before a TLS handshake), maxConnectionsPerIp open, and
+maxUnauthenticatedConnectionsPerIp not yet authenticated (with authRequired); such a connection is closed
+connectionAuthTimeoutSeconds after it opened unless it authenticated, and sends frames of at most
+maxFrameSizeBeforeAuth. A connection over a per-address limit is closed at once, without an answer (a
+flood must not cost a reply each), and a WARNING says so at most once a minute per address.
 """
 
 from __future__ import annotations
@@ -34,11 +42,108 @@ class ConnectionLimits:
     idle_timeout_s: float = 600.0
     handshake_timeout_s: float = 30.0
     partial_frames_bytes_max: int = 128 * 1024 * 1024
+    auth_required: bool = False
+    auth_timeout_s: float = 10.0
+    """With auth_required: a connection not authenticated this long after it opened is closed (0: never)."""
+    unauthenticated_per_ip_max: int = 64
+    connections_per_ip_max: int = 0
+    connection_rate_per_ip_max: int = 0
+    """New connections per second from one address (0: unlimited)."""
 
     @classmethod
     def from_config(cls, config: BrokerConfig) -> ConnectionLimits:
         return cls(config.max_connections, config.connection_idle_timeout_s,
-                   config.connection_handshake_timeout_s, config.max_partial_frames_bytes)
+                   config.connection_handshake_timeout_s, config.max_partial_frames_bytes, config.auth_required,
+                   config.connection_auth_timeout_s, config.max_unauthenticated_connections_per_ip,
+                   config.max_connections_per_ip, config.max_connection_rate_per_ip)
+
+
+class AddressLimits:
+    """Connections per address: how many are open, how many have not authenticated, how fast new ones come.
+
+    Shared by the binary and TLS ports (and the Kafka port); the HTTP listeners keep their own (they see no
+    authentication before a request). The rate is a token bucket per address: ``rate`` tokens a second, at most
+    ``rate`` stored (one second's burst)."""
+
+    def __init__(self, limits: ConnectionLimits, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits = limits
+        self.clock = clock
+        self.open: dict[str, int] = {}
+        self.unauthenticated: dict[str, int] = {}
+        self._buckets: dict[str, tuple[float, float]] = {}
+        self._warned: dict[str, float] = {}
+        self.refused = 0
+
+    def accept(self, address: str) -> str | None:
+        """A new connection from ``address`` (counted against its rate); why it is refused, or None."""
+        rate = self.limits.connection_rate_per_ip_max
+        if rate:
+            now = self.clock()
+            tokens, at = self._buckets.get(address, (float(rate), now))
+            tokens = min(float(rate), tokens + (now - at) * rate)
+            if tokens < 1.0:
+                self._buckets[address] = (tokens, now)
+                return self._refuse(address, f"more than maxConnectionRatePerIp={rate} new connections a second")
+            self._buckets[address] = (tokens - 1.0, now)
+            if len(self._buckets) > 100_000:  # a spoofed-address flood must not grow this without bound
+                self._forget_full(now)
+        return None
+
+    def admit(self, address: str, authenticated: bool) -> str | None:
+        """Count an open connection from ``address``; why it is refused (then not counted), or None."""
+        limits = self.limits
+        open_now = self.open.get(address, 0)
+        if limits.connections_per_ip_max and open_now >= limits.connections_per_ip_max:
+            return self._refuse(address, f"{open_now} connections open from it (maxConnectionsPerIp)")
+        pending = not authenticated and limits.auth_required
+        if pending and limits.unauthenticated_per_ip_max:
+            waiting = self.unauthenticated.get(address, 0)
+            if waiting >= limits.unauthenticated_per_ip_max:
+                return self._refuse(address, f"{waiting} connections from it have not authenticated "
+                                             "(maxUnauthenticatedConnectionsPerIp)")
+        self.open[address] = open_now + 1
+        if pending:
+            self.unauthenticated[address] = self.unauthenticated.get(address, 0) + 1
+        return None
+
+    def authenticated(self, address: str) -> None:
+        _decrement(self.unauthenticated, address)
+
+    def remove(self, address: str, pending: bool) -> None:
+        _decrement(self.open, address)
+        if pending:
+            _decrement(self.unauthenticated, address)
+
+    def _refuse(self, address: str, why: str) -> str:
+        self.refused += 1
+        now = self.clock()
+        if now - self._warned.get(address, -1e9) >= 60.0:
+            if len(self._warned) > 10_000:
+                self._warned.clear()
+            self._warned[address] = now
+            log.warning("refusing connections from %s: %s (further refusals of it are not logged for a minute)",
+                        address, why)
+        return why
+
+    def _forget_full(self, now: float) -> None:
+        rate = self.limits.connection_rate_per_ip_max
+        self._buckets = {a: (t, at) for a, (t, at) in self._buckets.items()
+                         if min(float(rate), t + (now - at) * rate) < rate}
+
+
+def _decrement(counts: dict[str, int], key: str) -> None:
+    n = counts.get(key, 0) - 1
+    if n > 0:
+        counts[key] = n
+    else:
+        counts.pop(key, None)
+
+
+def peer_address(peername: object) -> str:
+    """The address part of a transport's ``peername`` (what per-address limits count)."""
+    if isinstance(peername, tuple) and peername:
+        return str(peername[0])
+    return "?"
 
 
 REFUSING_CONNECTIONS_MAX = 256
@@ -63,6 +168,7 @@ class ConnectionRegistry:
         self.limits = limits
         self.stats = stats
         self.clock = clock
+        self.addresses = AddressLimits(limits, clock)
         self.open: set[BrokerProtocol] = set()
         self.refusing = 0
         self.partial_bytes = 0
@@ -111,16 +217,23 @@ class ConnectionRegistry:
 
     @property
     def sweep_interval_s(self) -> float | None:
-        timeouts = [t for t in (self.limits.idle_timeout_s, self.limits.handshake_timeout_s) if t > 0]
+        limits = self.limits
+        timeouts = [t for t in (limits.idle_timeout_s, limits.handshake_timeout_s,
+                                limits.auth_timeout_s if limits.auth_required else 0) if t > 0]
         return min(SWEEP_INTERVAL_MAX_S, min(timeouts) / 4) if timeouts else None
 
     def sweep(self) -> int:
-        """Close connections past the idle or handshake timeout; returns how many."""
+        """Close connections past the idle, handshake or authentication timeout; returns how many."""
         now = self.clock()
         idle_s, handshake_s = self.limits.idle_timeout_s, self.limits.handshake_timeout_s
+        auth_s = self.limits.auth_timeout_s if self.limits.auth_required else 0
         closed = 0
         for conn in list(self.open):
-            if not conn.handshaken:
+            if conn.pre_auth and auth_s > 0 and now - conn.opened_at > auth_s:
+                conn.close_quietly(f"not authenticated within connectionAuthTimeoutSeconds={auth_s:g}", logging.INFO)
+                self.stats.connections_timed_out += 1
+                closed += 1
+            elif not conn.handshaken:
                 if handshake_s > 0 and now - conn.opened_at > handshake_s:
                     conn.close_quietly(f"no request within connectionHandshakeTimeoutSeconds={handshake_s:g}",
                                        logging.INFO)

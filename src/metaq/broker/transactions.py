@@ -131,7 +131,7 @@ class TransactionCoordinator:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def begin(self, txid: str, timeout_ms: int, producer_group: str) -> Transaction:
+    def begin(self, txid: str, timeout_ms: int, producer_group: str, owner: str = "") -> Transaction:
         if not txid or len(txid) > MAX_TXID_CHARS:
             raise InvalidArgument(f"a transaction id has 1-{MAX_TXID_CHARS} characters; got {len(txid)}")
         if timeout_ms < 0 or timeout_ms > self.max_timeout_ms:
@@ -145,7 +145,7 @@ class TransactionCoordinator:
             raise ConcurrentTransactionsError(f"{len(self.live)} transactions are open on this broker "
                                               f"(maxTxTimeoutTimerCapacity={self.capacity})")
         timeout_ms = timeout_ms or self.max_timeout_ms
-        state = TxState(txid, timeout_ms, int(time.time() * 1000), producer_group)
+        state = TxState(txid, timeout_ms, int(time.time() * 1000), producer_group, owner=owner)
         self.txlog.begin(state)
         self.finished.pop(txid, None)
         return self._track(state, timeout_ms)
@@ -234,8 +234,10 @@ class TransactionCoordinator:
             return COMMITTING if tx.committing else PREPARED if tx.state.xid is not None else OPEN
         return self.finished.get(txid, UNKNOWN)
 
-    def recover(self) -> list[str]:
-        return sorted(tx.state.xid for tx in self.live.values() if tx.state.xid is not None and not tx.committing)
+    def recover(self, owner: str | None = None) -> list[str]:
+        """The prepared transactions' xids (``owner``: only those that principal began)."""
+        return sorted(tx.state.xid for tx in self.live.values() if tx.state.xid is not None and not tx.committing
+                      and (owner is None or tx.state.owner == owner))
 
     def _end(self, txid: str, how: str) -> None:
         self.live.pop(txid, None)
@@ -289,9 +291,17 @@ class TransactionCoordinator:
             log.warning("half transaction %s rolled back: %s", tx.txid, reason)
             self.rollback(tx.txid, reason)
 
-    def take_checks(self, group: str, limit: int) -> list[str]:
+    def take_checks(self, group: str, limit: int, owner: str | None = None) -> list[str]:
+        """Half transactions of ``group`` due for a check (``owner``: only those that principal began; the
+        others stay due for their own principal's checker)."""
         due = self._checks_due.get(group)
         out: list[str] = []
+        if owner is not None and due:
+            for txid in [t for t in due if (tx := self.live.get(t)) is None or tx.state.owner == owner][:limit]:
+                del due[txid]
+                if txid in self.live:
+                    out.append(txid)
+            return out
         while due and len(out) < limit:
             txid, _ = due.popitem(last=False)
             if txid in self.live:

@@ -11,7 +11,8 @@ key says which record of which transaction it is; the body holds the rest (big-e
 ==========  ================================================================================
 type        body
 ==========  ================================================================================
-1 BEGIN     timeout_ms i64, begun_ms i64, producer_group
+1 BEGIN     timeout_ms i64, begun_ms i64, producer_group[, owner] (the principal that began it; absent in
+            records written before owners were kept: no owner)
 2 PUT       topic, partition i32, then the record batch (to the end of the record)
 3 PREPARE   xid
 4 COMMIT    (empty)
@@ -121,6 +122,9 @@ class TxState:
     producer_group: str = ""
     xid: str | None = None
     """Set once prepared."""
+    owner: str = ""
+    """The principal that began it (``User:alice``), which alone may use it where ACLs are on; "" for none
+    (authentication off, or a record written before owners were kept)."""
     committed: bool = False
     """COMMIT is logged: it must reach its partitions (again, after a crash)."""
     puts: list[TxPut] = field(default_factory=list)
@@ -138,6 +142,12 @@ def _s(text: str) -> bytes:
     if len(data) > 0xFFFF:
         raise StorageError(f"a transaction log string is {len(data)} bytes; at most 65535")
     return _U16.pack(len(data)) + data
+
+
+def _begin_body(state: TxState) -> tuple[bytes, ...]:
+    """A BEGIN record's body: the owner only when there is one, so a log without owners reads as before."""
+    body = (_I64.pack(state.timeout_ms), _I64.pack(state.begun_ms), _s(state.producer_group))
+    return (*body, _s(state.owner)) if state.owner else body
 
 
 class _Reader:
@@ -458,6 +468,7 @@ class TransactionLog:
         if kind == BEGIN:
             timeout_ms, begun_ms = r.i64(), r.i64()
             out.live[txid] = TxState(txid, timeout_ms, begun_ms, r.s())
+            out.live[txid].owner = r.s() if r.pos < len(r.data) else ""
             out.finished.pop(txid, None)  # a rolled-back transaction id begun again
             out.numbers[txid] = 1
             out.last_at[txid] = position
@@ -522,6 +533,7 @@ class TransactionLog:
         if kind == BEGIN:
             timeout_ms, begun_ms = r.i64(), r.i64()
             out.live[txid] = TxState(txid, timeout_ms, begun_ms, r.s())
+            out.live[txid].owner = r.s() if r.pos < len(r.data) else ""
             out.finished.pop(txid, None)
             out.numbers[txid] = 1
             return
@@ -588,8 +600,7 @@ class TransactionLog:
             os.ftruncate(self._fd, self.size_bytes)
 
     def begin(self, state: TxState) -> None:
-        self._append(BEGIN, state.txid, _I64.pack(state.timeout_ms), _I64.pack(state.begun_ms),
-                     _s(state.producer_group))
+        self._append(BEGIN, state.txid, *_begin_body(state))
 
     def put(self, state: TxState, topic: str, partition: int, batch: bytes | memoryview) -> TxPut:
         head = _s(topic) + _I32.pack(partition)
@@ -647,8 +658,7 @@ class TransactionLog:
                 position = len(done)
                 for state in states:
                     txid = state.txid
-                    chunks = [encode_record(BEGIN, 0, txid, _I64.pack(state.timeout_ms), _I64.pack(state.begun_ms),
-                                            _s(state.producer_group))]
+                    chunks = [encode_record(BEGIN, 0, txid, *_begin_body(state))]
                     puts = []
                     for put in state.puts:
                         head = _s(put.topic) + _I32.pack(put.partition)
