@@ -34,7 +34,7 @@ def default_jobs(config: BrokerConfig) -> list[Job]:
         jobs.append(verify_unclean)
     jobs.append(transaction_timers)
     if config.acl_enabled:
-        from metaq.broker.authorization import refresh_acls
+        from metaq.broker.security_sources import refresh_acls
 
         jobs.append(refresh_acls)
     if config.auth_required:

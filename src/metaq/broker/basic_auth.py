@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from metaq.broker import audit
-from metaq.broker.authorization import credential_lookup, mock_credentials
+from metaq.broker.security_sources import credential_lookup, mock_credentials
 from metaq.errors import ConfigError, MetaqError
 from metaq.security.principal import check_user_name, user_principal
 from metaq.security.scram import password_matches

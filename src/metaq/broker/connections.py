@@ -1,10 +1,11 @@
 """What a broker's TCP connections share: their count, the idle and handshake sweep, the budget of
 unfinished request frames, and the limits before authentication.
 
-Transport bookkeeping only: the broker core never sees it. A connection is a
-:class:`~metaq.broker.transport.BrokerProtocol`; the registry admits it (or not, past
-maxConnections), closes it when it idles or never completes a request, and sheds the largest unfinished
-frame when the frames being received together outgrow maxPartialFramesSize.
+Transport bookkeeping only: the broker core never sees it. A connection is whatever has what
+:class:`Connection` declares (the TCP transport's :class:`~metaq.broker.transport.BrokerProtocol`); the
+registry admits it (or not, past maxConnections), closes it when it idles or never completes a request,
+and sheds the largest unfinished frame when the frames being received together outgrow
+maxPartialFramesSize.
 
 Before authentication (docs/security.md#limits-before-authentication) a connection costs a stranger more
 than it costs the broker only within these bounds: per address, at most maxConnectionRatePerIp new
@@ -22,16 +23,38 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from metaq.broker.admission import AddressLimits
 from metaq.broker.config import BrokerConfig
 from metaq.broker.stats import BrokerStats
 from metaq.errors import TooManyConnectionsError
 
-if TYPE_CHECKING:
-    from metaq.broker.transport import BrokerProtocol
-
 log = logging.getLogger("metaq.broker")
+
+
+class Connection(Protocol):
+    """What the registry needs of a connection."""
+
+    partial_bytes: int
+    """Bytes of the unfinished request frame it buffers (the registry keeps it, with the sum over all)."""
+    handshaken: bool
+    """Whether it has sent a whole request (before that, the handshake timeout applies)."""
+    opened_at: float
+    last_active: float
+    """When it opened and when it last received or sent, by the registry's clock."""
+    pre_auth: bool
+    """Not authenticated yet where authRequired is set (the authentication timeout applies)."""
+
+    @property
+    def idle(self) -> bool:
+        """No request in hand (the idle timeout applies only then)."""
+
+    def refuse_partial_frame(self, reason: str) -> None:
+        """Drop its unfinished frame, answer ``reason`` and close."""
+
+    def close_quietly(self, reason: str, level: int) -> None:
+        """Close it, logging ``reason`` at ``level``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,94 +81,6 @@ class ConnectionLimits:
                    config.max_connections_per_ip, config.max_connection_rate_per_ip)
 
 
-class AddressLimits:
-    """Connections per address: how many are open, how many have not authenticated, how fast new ones come.
-
-    Shared by the binary and TLS ports (and the Kafka port); the HTTP listeners keep their own (they see no
-    authentication before a request). The rate is a token bucket per address: ``rate`` tokens a second, at most
-    ``rate`` stored (one second's burst)."""
-
-    def __init__(self, limits: ConnectionLimits, clock: Callable[[], float] = time.monotonic) -> None:
-        self.limits = limits
-        self.clock = clock
-        self.open: dict[str, int] = {}
-        self.unauthenticated: dict[str, int] = {}
-        self._buckets: dict[str, tuple[float, float]] = {}
-        self._warned: dict[str, float] = {}
-        self.refused = 0
-
-    def accept(self, address: str) -> str | None:
-        """A new connection from ``address`` (counted against its rate); why it is refused, or None."""
-        rate = self.limits.connection_rate_per_ip_max
-        if rate:
-            now = self.clock()
-            tokens, at = self._buckets.get(address, (float(rate), now))
-            tokens = min(float(rate), tokens + (now - at) * rate)
-            if tokens < 1.0:
-                self._buckets[address] = (tokens, now)
-                return self._refuse(address, f"more than maxConnectionRatePerIp={rate} new connections a second")
-            self._buckets[address] = (tokens - 1.0, now)
-            if len(self._buckets) > 100_000:  # a spoofed-address flood must not grow this without bound
-                self._forget_full(now)
-        return None
-
-    def admit(self, address: str, authenticated: bool) -> str | None:
-        """Count an open connection from ``address``; why it is refused (then not counted), or None."""
-        limits = self.limits
-        open_now = self.open.get(address, 0)
-        if limits.connections_per_ip_max and open_now >= limits.connections_per_ip_max:
-            return self._refuse(address, f"{open_now} connections open from it (maxConnectionsPerIp)")
-        pending = not authenticated and limits.auth_required
-        if pending and limits.unauthenticated_per_ip_max:
-            waiting = self.unauthenticated.get(address, 0)
-            if waiting >= limits.unauthenticated_per_ip_max:
-                return self._refuse(address, f"{waiting} connections from it have not authenticated "
-                                             "(maxUnauthenticatedConnectionsPerIp)")
-        self.open[address] = open_now + 1
-        if pending:
-            self.unauthenticated[address] = self.unauthenticated.get(address, 0) + 1
-        return None
-
-    def authenticated(self, address: str) -> None:
-        _decrement(self.unauthenticated, address)
-
-    def remove(self, address: str, pending: bool) -> None:
-        _decrement(self.open, address)
-        if pending:
-            _decrement(self.unauthenticated, address)
-
-    def _refuse(self, address: str, why: str) -> str:
-        self.refused += 1
-        now = self.clock()
-        if now - self._warned.get(address, -1e9) >= 60.0:
-            if len(self._warned) > 10_000:
-                self._warned.clear()
-            self._warned[address] = now
-            log.warning("refusing connections from %s: %s (further refusals of it are not logged for a minute)",
-                        address, why)
-        return why
-
-    def _forget_full(self, now: float) -> None:
-        rate = self.limits.connection_rate_per_ip_max
-        self._buckets = {a: (t, at) for a, (t, at) in self._buckets.items()
-                         if min(float(rate), t + (now - at) * rate) < rate}
-
-
-def _decrement(counts: dict[str, int], key: str) -> None:
-    n = counts.get(key, 0) - 1
-    if n > 0:
-        counts[key] = n
-    else:
-        counts.pop(key, None)
-
-
-def peer_address(peername: object) -> str:
-    """The address part of a transport's ``peername`` (what per-address limits count)."""
-    if isinstance(peername, tuple) and peername:
-        return str(peername[0])
-    return "?"
-
-
 REFUSING_CONNECTIONS_MAX = 256
 """Connections over maxConnections waiting for their first request to be refused with an answer; past it
 more are closed at once, without one."""
@@ -169,14 +104,14 @@ class ConnectionRegistry:
         self.stats = stats
         self.clock = clock
         self.addresses = AddressLimits(limits, clock)
-        self.open: set[BrokerProtocol] = set()
+        self.open: set[Connection] = set()
         self.refusing = 0
         self.partial_bytes = 0
         """Bytes of unfinished request frames buffered over every open connection."""
 
     # -- admission ----------------------------------------------------------------------------
 
-    def admit(self, conn: BrokerProtocol) -> bool:
+    def admit(self, conn: Connection) -> bool:
         """Count a new connection in, or False when maxConnections are open (the caller refuses it)."""
         if len(self.open) >= self.limits.max_connections:
             self.stats.connections_refused += 1
@@ -186,7 +121,7 @@ class ConnectionRegistry:
         self.stats.connections_total += 1
         return True
 
-    def remove(self, conn: BrokerProtocol) -> None:
+    def remove(self, conn: Connection) -> None:
         if conn in self.open:
             self.open.discard(conn)
             self.stats.connections = len(self.open)
@@ -198,7 +133,7 @@ class ConnectionRegistry:
 
     # -- unfinished frames ----------------------------------------------------------------------
 
-    def partial_changed(self, conn: BrokerProtocol, partial_bytes: int) -> None:
+    def partial_changed(self, conn: Connection, partial_bytes: int) -> None:
         """``conn`` now buffers ``partial_bytes`` of an unfinished frame; shed frames past the budget."""
         self.partial_bytes += partial_bytes - conn.partial_bytes
         conn.partial_bytes = partial_bytes

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from metaq.broker import audit, authorization
 from metaq.broker.cluster import ClusterLink
+from metaq.broker.committing import reapply_on_open
 from metaq.broker.config import BrokerConfig, TopicConfig, TopicSettings, diff_topics, merge_topic_configs
 from metaq.broker.delay.store import DelayStore
 from metaq.broker.error_mapping import error_response
@@ -33,8 +34,8 @@ from metaq.broker.ini import load_broker_config, topic_options_text
 from metaq.broker.options import MAX_OPEN_FILES_PROVISIONAL, SYSTEM_OPTIONS, TOPIC_ATTRS
 from metaq.broker.partition_state import PartitionStateStore
 from metaq.broker.quotas import FETCH, PRODUCE, Quotas
+from metaq.broker.replication.slave_config import SlaveConfig
 from metaq.broker.session import DeferredReply, FileReply, Session, SessionTable
-from metaq.broker.slave_config import SlaveConfig
 from metaq.broker.stats import BrokerStats
 from metaq.broker.topic_options import TopicOptionsStore
 from metaq.broker.transactions import TransactionCoordinator
@@ -200,11 +201,11 @@ class Broker:
         """Where clients reach this broker (Metadata advertises it): the transport sets it once bound."""
         self.port = 0
         self.acls = Acls((), config.super_users)
-        """The ACLs in force (aclEnabled): swapped in by metaq.broker.authorization.refresh_acls."""
+        """The ACLs in force (aclEnabled): swapped in by metaq.broker.security_sources.refresh_acls."""
         self.credentials: Callable[[str], Any] | None = None
         """How SASL finds a user's stored credential (blocking; set on first use, metaq.broker.handlers.sasl)."""
         self.mock_credentials: MockCredentials | None = None
-        """What an unknown user's login is answered with (authorization.mock_credentials; set on first use)."""
+        """What an unknown user's login is answered with (security_sources.mock_credentials; set on first use)."""
         self.user_iterations: list[int] = []
         """The PBKDF2 iteration counts of the stored users (kept by metaq.broker.user_watch): unknown users'
         mock credentials take one of them."""
@@ -356,14 +357,13 @@ class Broker:
         return self.transactions
 
     def _open_transactions(self) -> None:
-        from metaq.broker.handlers.transactions import reapply_on_open
-
         c = self.config
         coordinator = TransactionCoordinator(
             TransactionLog(c.tx_log_dir, max_checkpoints=c.max_checkpoints, sync=self._tx_sync),
             max_timeout_s=c.max_tx_timeout_s, capacity=c.max_tx_timeout_timer_capacity,
             flush_at_commit=c.flush_tx_log_at_commit, checkpoint_interval_ms=c.checkpoint_interval_ms,
-            check_interval_ms=c.transaction_check_interval_ms, check_max=c.transaction_check_max)
+            check_first_ms=c.transaction_first_check_ms, check_interval_ms=c.transaction_check_interval_ms,
+            check_max=c.transaction_check_max)
         self.transactions = coordinator
         for tx in coordinator.open():  # COMMIT logged, not all applied: finish it (duplicates are dropped)
             reapply_on_open(self, tx)
@@ -550,7 +550,10 @@ class Broker:
                 direction = PRODUCE if kind in PRODUCES else FETCH
                 wait_s = self.quotas.wait_s(session, direction)
                 if wait_s > 0:  # the principal is in debt (on any connection): this request waits for it
-                    return self._answer(kind.API_KEY, self._after_quota_wait(request, session, direction, wait_s))
+                    hold: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                    session.hold = hold  # its connection handles nothing else meanwhile (the TCP transport)
+                    return self._answer(kind.API_KEY,
+                                        self._after_quota_wait(request, session, direction, wait_s, hold))
                 if direction == FETCH:
                     allowance = self.quotas.fetch_allowance(session)
                     if allowance is not None and allowance < request.max_bytes:
@@ -573,15 +576,16 @@ class Broker:
             self._meter(request, result, session)
         return result
 
-    async def _after_quota_wait(self, request: Any, session: Session, direction: str, wait_s: float) -> Any:
+    async def _after_quota_wait(self, request: Any, session: Session, direction: str, wait_s: float,
+                                hold: asyncio.Future[None]) -> Any:
         """Handle ``request`` once its principal's debt is paid (docs/security.md#quotas); its connection handles
-        nothing else meanwhile (``session.hold``), so more connections or pipelining gain nothing."""
-        hold: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        session.hold = hold
+        nothing else meanwhile (``hold``), so more connections or pipelining gain nothing."""
         try:
             while wait_s > 0:
                 await asyncio.sleep(wait_s)
                 wait_s = self.quotas.wait_s(session, direction)  # other connections of the principal went on
+            if session.hold is hold:  # not taken by a transport (HTTP, Kafka: no connection to hold)
+                session.hold = None
             result = self.handle(request, session)
             inner, session.hold = session.hold, None
             if isinstance(result, DeferredReply):

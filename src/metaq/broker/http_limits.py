@@ -23,7 +23,8 @@ from typing import Any
 
 from aiohttp.http_exceptions import HttpProcessingError
 
-from metaq.broker.connections import AddressLimits, ConnectionLimits, peer_address
+from metaq.broker.admission import AddressLimits, peer_address
+from metaq.broker.connections import ConnectionLimits
 
 log = logging.getLogger("metaq.http")
 

@@ -25,16 +25,11 @@ import os
 import socket
 import ssl
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
-from metaq.broker.connections import (
-    REFUSAL_TIMEOUT_S,
-    REFUSING_CONNECTIONS_MAX,
-    AddressLimits,
-    ConnectionRegistry,
-    peer_address,
-)
+from metaq.broker.admission import TlsGate, peer_address
+from metaq.broker.connections import REFUSAL_TIMEOUT_S, REFUSING_CONNECTIONS_MAX, ConnectionRegistry
 from metaq.broker.core import Broker
 from metaq.broker.error_mapping import error_response
 from metaq.broker.quotas import ANONYMOUS
@@ -583,55 +578,6 @@ def _oneway_produce(header: RequestHeader, body_head: bytes) -> bool:
     except ProtocolError:
         return False
     return bool(acks == 0)
-
-
-class TlsGate(asyncio.Protocol):
-    """A TLS port's connection before its handshake: the per-address limits are checked at accept, so a
-    connection flood is refused before it costs a TLS handshake each; then the handshake (``start_tls``) and the
-    connection is a :class:`BrokerProtocol`."""
-
-    def __init__(self, make: Callable[[str], asyncio.Protocol], addresses: AddressLimits, context: ssl.SSLContext,
-                 handshake_timeout_s: float) -> None:
-        self.make = make
-        self.addresses = addresses
-        self.context = context
-        self.handshake_timeout_s = handshake_timeout_s
-        self.address: str | None = None
-        self.task: asyncio.Task[None] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        address = peer_address(transport.get_extra_info("peername"))
-        if (self.addresses.accept(address) or self.addresses.admit(address, False)) is not None:
-            transport.abort()
-            return
-        self.address = address
-        transport.pause_reading()  # nothing is read until the TLS layer takes over
-        self.task = asyncio.get_running_loop().create_task(self._handshake(transport))
-
-    async def _handshake(self, transport: asyncio.Transport) -> None:
-        assert self.address is not None
-        protocol = self.make(self.address)
-        try:
-            tls = await asyncio.get_running_loop().start_tls(transport, protocol, self.context, server_side=True,
-                                                              ssl_handshake_timeout=self.handshake_timeout_s)
-        except (OSError, ssl.SSLError, ConnectionError, TimeoutError, asyncio.CancelledError) as exc:
-            log.debug("TLS handshake with %s failed: %r", self.address, exc)
-            transport.abort()
-            self.addresses.remove(self.address, True)
-            self.address = None
-            return
-        if tls is None:  # the transport closed meanwhile
-            self.addresses.remove(self.address, True)
-            self.address = None
-            return
-        self.address = None  # counted by the protocol from now on
-        protocol.connection_made(tls)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.address is not None and (self.task is None or self.task.done()):
-            self.addresses.remove(self.address, True)
-            self.address = None
 
 
 async def listen_tcp(broker: Broker, registry: ConnectionRegistry, host: str, port: int, *,

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from metaq.broker import audit
-from metaq.broker.authorization import credential_lookup
+from metaq.broker.security_sources import credential_lookup
 from metaq.errors import ConfigError, MetaqError
 from metaq.security.credentials import USERS_FILE_NAME, UsersFile
 from metaq.security.principal import USER_PREFIX

@@ -24,6 +24,8 @@ from metaq.protocol.messages import (
     FindMessagesResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
+    ListTransactionsRequest,
+    ListTransactionsResponse,
     LookupMessageRequest,
     LookupMessageResponse,
     PartitionStateRequest,
@@ -215,6 +217,15 @@ class Admin:
             if isinstance(report, dict):
                 report.setdefault("broker_id", answered)
         return data
+
+    async def list_transactions(self, producer_group: str = "", *, broker_id: int | None = None,
+                                limit: int = 1000) -> ListTransactionsResponse:
+        """One broker's transactions (docs/transactions.md): ``live`` (open, prepared, committing, oldest
+        first), ``timed_out`` (the last ones it rolled back by itself: a timeout, or a half message's checks
+        used up; newest first) and ``checkers`` (producer groups whose checker asked in the last minute)."""
+        resp: ListTransactionsResponse = await self._core.request(ListTransactionsRequest(producer_group, limit),
+                                                                  broker_id)
+        return resp
 
     async def reload(self, *, broker_id: int | None = None) -> list[str]:
         """Make the broker re-read its server.ini; returns the topics whose settings changed."""

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import zstandard
 
+from metaq.broker.appending import ack_when_durable, await_ack, check_sequence
 from metaq.broker.core import check_topic_name
 from metaq.broker.dead_letters import is_dead_letter_topic, stamp_dead_letters
 from metaq.broker.delay.handler import produce_delayed
 from metaq.broker.error_mapping import wire_error
-from metaq.broker.handlers.appending import ack_when_durable, await_ack, check_sequence
 from metaq.broker.handlers.fetch import SENDFILE_MIN_BYTES
 from metaq.broker.handlers.transactions import put_into_transaction
 from metaq.broker.session import DeferredReply, Session

@@ -13,7 +13,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from metaq.broker import audit
-from metaq.broker.authorization import CredentialLookup, credential_lookup, mock_credentials
+from metaq.broker.security_sources import CredentialLookup, credential_lookup, mock_credentials
 from metaq.broker.session import Session
 from metaq.errors import (
     ConfigError,
