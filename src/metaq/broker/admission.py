@@ -11,8 +11,9 @@ import asyncio
 import logging
 import ssl
 import time
+from asyncio.sslproto import SSLProtocol
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 log = logging.getLogger("metaq.broker")
 
@@ -123,48 +124,34 @@ def peer_address(peername: object) -> str:
 
 class TlsGate(asyncio.Protocol):
     """A TLS port's connection before its handshake: the per-address limits are checked at accept, so a
-    connection flood is refused before it costs a TLS handshake each; then the handshake (``start_tls``) and the
-    connection is a :class:`BrokerProtocol`."""
+    connection flood is refused before it costs a TLS handshake each; then the TLS layer (asyncio's
+    SSLProtocol) takes the transport over in the same step, before any byte is read past the check, does the
+    handshake, and hands the connection to the protocol ``make(address)`` gives."""
 
-    def __init__(self, make: Callable[[str], asyncio.Protocol], addresses: AddressLimits, context: ssl.SSLContext,
-                 handshake_timeout_s: float) -> None:
+    def __init__(self, make: Callable[[str], asyncio.BaseProtocol], addresses: AddressLimits,
+                 context: ssl.SSLContext, handshake_timeout_s: float) -> None:
         self.make = make
         self.addresses = addresses
         self.context = context
         self.handshake_timeout_s = handshake_timeout_s
-        self.address: str | None = None
-        self.task: asyncio.Task[None] | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, base)  # uvloop's transports are not asyncio.Transport subclasses
         address = peer_address(transport.get_extra_info("peername"))
         if (self.addresses.accept(address) or self.addresses.admit(address, False)) is not None:
             transport.abort()
             return
-        self.address = address
-        transport.pause_reading()  # nothing is read until the TLS layer takes over
-        self.task = asyncio.get_running_loop().create_task(self._handshake(transport))
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        tls = SSLProtocol(loop, self.make(address), self.context, waiter, server_side=True,
+                          call_connection_made=True, ssl_handshake_timeout=self.handshake_timeout_s)  # type: ignore[arg-type]
+        transport.set_protocol(tls)
+        tls.connection_made(transport)
 
-    async def _handshake(self, transport: asyncio.Transport) -> None:
-        assert self.address is not None
-        protocol = self.make(self.address)
-        try:
-            tls = await asyncio.get_running_loop().start_tls(transport, protocol, self.context, server_side=True,
-                                                              ssl_handshake_timeout=self.handshake_timeout_s)
-        except (OSError, ssl.SSLError, ConnectionError, TimeoutError, asyncio.CancelledError) as exc:
-            log.debug("TLS handshake with %s failed: %r", self.address, exc)
-            transport.abort()
-            self.addresses.remove(self.address, True)
-            self.address = None
-            return
-        if tls is None:  # the transport closed meanwhile
-            self.addresses.remove(self.address, True)
-            self.address = None
-            return
-        self.address = None  # counted by the protocol from now on
-        protocol.connection_made(tls)
+        def settled(done: asyncio.Future[None]) -> None:
+            if done.cancelled() or done.exception() is not None:  # the protocol never took the connection over
+                log.debug("TLS handshake with %s failed: %r", address,
+                          None if done.cancelled() else done.exception())
+                self.addresses.remove(address, True)
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.address is not None and (self.task is None or self.task.done()):
-            self.addresses.remove(self.address, True)
-            self.address = None
+        waiter.add_done_callback(settled)

@@ -19,7 +19,7 @@ import logging
 import sys
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp.http_exceptions import HttpProcessingError
 
@@ -74,8 +74,7 @@ class _Connection(asyncio.Protocol):
             owner.refused += 1
             if owner.open >= owner.limits.max_connections:
                 owner.warn(f"{owner.open} HTTP connections are open (httpMaxConnections)")
-            assert isinstance(transport, asyncio.Transport)
-            transport.abort()
+            cast(asyncio.Transport, transport).abort()
             return
         self.counted = True
         owner.open += 1
@@ -91,8 +90,7 @@ class _Connection(asyncio.Protocol):
             log.info("closing an HTTP connection from %s: its first request's headers did not arrive within "
                      "httpHeaderTimeoutSeconds=%g", peer_address(self.transport.get_extra_info("peername")),
                      self.owner.limits.header_timeout_s)
-            assert isinstance(self.transport, asyncio.Transport)
-            self.transport.abort()
+            cast(asyncio.Transport, self.transport).abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.timer is not None:

@@ -21,7 +21,7 @@ import logging
 import socket
 import ssl
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 from metaq.broker.admission import AddressLimits, TlsGate, peer_address
 from metaq.broker.core import Broker
@@ -104,8 +104,7 @@ class KafkaConnection(asyncio.Protocol):
             if (self.addresses.accept(address) or self.addresses.admit(address, self.session.principal is not None)) \
                     is not None:
                 self.transport = None
-                assert isinstance(transport, asyncio.Transport)
-                transport.abort()
+                cast(asyncio.Transport, transport).abort()
                 return
             self.address = address
         self.connections.add(self)
