@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from cli_process import metaq
-from http_client import Reply
+from http_client import Reply, check_reply
 
 from metaq.client.blocking import BlockingClient
 from metaq.net.blocking import BlockingConnection
@@ -131,6 +131,11 @@ class LockedDown:
                 return Reply(resp.status, resp.read(), resp.headers)
         except urllib.error.HTTPError as exc:
             return Reply(exc.code, exc.read(), exc.headers)
+
+    def documented(self, method: str, template: str, reply: Reply) -> None:
+        """Assert the OpenAPI description (/openapi.json) documents ``reply`` for ``method template``."""
+        doc = self.http("GET", "/openapi.json", None).json
+        check_reply(doc, method, template, reply)
 
     @property
     def dashboard(self) -> str:

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from http_client import Reply
 from lockdown import LockedDown, start_locked_down
 
 from metaq.protocol import messages as m
@@ -93,12 +94,16 @@ def test_fetch_quota_holds_over_many_connections_and_http(locked: LockedDown) ->
 
 
 def test_the_connection_quota_bounds_http_requests_in_progress(locked: LockedDown) -> None:
-    def long_poll(i: int) -> int:
-        return locked.http("GET", "/topics/audit/partitions/0/messages?offset=3000&max_wait_ms=3000", "bob").status
+    def long_poll(i: int) -> Reply:
+        return locked.http("GET", "/topics/audit/partitions/0/messages?offset=3000&max_wait_ms=3000", "bob")
 
     with ThreadPoolExecutor(12) as pool:
-        statuses = list(pool.map(long_poll, range(12)))
+        replies = list(pool.map(long_poll, range(12)))
+    statuses = [r.status for r in replies]
     assert statuses.count(200) <= 6 and statuses.count(503) >= 6, statuses
+    refused = next(r for r in replies if r.status == 503)
+    assert refused.json["error"]["name"] == "TOO_MANY_CONNECTIONS" and refused.headers["Retry-After"]
+    locked.documented("GET", "/topics/{topic}/partitions/{partition}/messages", refused)
     reply = locked.http("GET", "/topics/audit/partitions/0/messages?offset=0", "bob")
     assert reply.status == 200
 

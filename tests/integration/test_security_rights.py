@@ -65,6 +65,7 @@ def test_group_offsets_show_and_take_only_readable_topics(locked: LockedDown) ->
     reply = locked.http("POST", "/groups/bob-group/offsets", "bob",
                         {"offsets": [{"topic": "orders", "partition": 0, "offset": 1}]})
     assert reply.status == 403 and reply.json["error"]["name"] == "TOPIC_AUTHORIZATION_FAILED", reply
+    locked.documented("POST", "/groups/{group}/offsets", reply)
 
 
 def test_join_group_lists_and_describes_only_readable_topics(locked: LockedDown) -> None:
@@ -136,6 +137,7 @@ def test_creating_a_topic_needs_the_create_right_also_by_producing(locked: Locke
                 alice.request(m.CreateTopicRequest(f"tmp-{n}", 1, []))
         reply = locked.http("POST", "/topics/tmp-http/messages", "alice", {"payload": "x"})
         assert reply.status == 403 and "may not create" in reply.json["error"]["message"], reply
+        locked.documented("POST", "/topics/{topic}/messages", reply)
         with locked.client("root") as root:
             names = {t.name for t in root.request(m.MetadataRequest()).topics}
         assert not {n for n in names if n.startswith("tmp-")}, names
