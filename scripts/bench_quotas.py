@@ -13,8 +13,9 @@ Each attack runs ``--seconds`` and prints the bytes it got per second (KiB/s) an
 - ``http-connections``: 12 of bob's long polls at once over HTTP (the connection quota is 6): how many were
   being served together.
 
-A rate is counted up to the end of the last throttle the broker asked for (a client may send nothing more
-before it; so a quota debt is not hidden by stopping right after an oversized request). The same script runs
+A rate is counted up to the moment the principal may send again: the end of the last throttle the broker
+told, and the answer to one last small request of the same principal (so a quota debt is not hidden by
+stopping right after an oversized request). The same script runs
 against another checkout with ``PYTHONPATH=/that/checkout/src``.
 
     PYTHONPATH=src .venv/bin/python scripts/bench_quotas.py --seconds 20
@@ -62,6 +63,14 @@ def settings(user: str) -> ConnectionSettings:
                               sasl_password=PASSWORDS[user])
 
 
+def one_call(address: tuple[str, int], user: str, request: object) -> None:
+    conn = BlockingConnection.open(address, settings(user))
+    try:
+        conn.call(request)
+    finally:
+        conn.close()
+
+
 class Meter:
     """Bytes served to an attacker and the last moment it may send again (the end of its last throttle)."""
 
@@ -79,13 +88,19 @@ class Meter:
         return self.bytes / (max(end, self.free_at) - start)
 
 
-def run_threads(count: int, seconds: float, body: Callable[[int, float, Meter], None]) -> float:
+def run_threads(count: int, seconds: float, body: Callable[[int, float, Meter], None],
+                last: Callable[[], None] | None = None) -> float:
+    """The bytes per second ``count`` threads of ``body`` got in ``seconds``, counted up to the moment the
+    principal may send again: the end of the last throttle it was told, and the answer to ``last()``, one small
+    request of the same principal (a broker that makes requests in debt wait answers it once the debt is paid)."""
     meter = Meter()
     start = time.monotonic()
     deadline = start + seconds
     with ThreadPoolExecutor(count) as pool:
         for f in [pool.submit(body, i, deadline, meter) for i in range(count)]:
             f.result()
+    if last is not None:
+        last()
     return meter.rate(start, time.monotonic())
 
 
@@ -102,7 +117,10 @@ def fetch_attack(address: tuple[str, int], user: str, connections: int, seconds:
         finally:
             conn.close()
 
-    return run_threads(connections, seconds, body)
+    def last() -> None:
+        one_call(address, user, m.FetchRequest(topic="audit", partition=0, offset=0, max_bytes=1))
+
+    return run_threads(connections, seconds, body, last)
 
 
 def produce_attack(address: tuple[str, int], user: str, connections: int, seconds: float, batch_bytes: int,
@@ -127,7 +145,10 @@ def produce_attack(address: tuple[str, int], user: str, connections: int, second
         finally:
             conn.close()
 
-    return run_threads(connections, seconds, body)
+    def last() -> None:
+        one_call(address, user, m.ProduceRequest(topic="orders", partition=0, acks=1, records=encode_values([b"x"], 1)))
+
+    return run_threads(connections, seconds, body, last)
 
 
 def http_get(url: str, user: str, timeout_s: float = 120.0) -> tuple[int, bytes, dict[str, str]]:
@@ -140,7 +161,7 @@ def http_get(url: str, user: str, timeout_s: float = 120.0) -> tuple[int, bytes,
         return exc.code, exc.read(), dict(exc.headers)
 
 
-def http_fetch_attack(http: str, user: str, parallel: int, seconds: float) -> float:
+def http_fetch_attack(http: str, address: tuple[str, int], user: str, parallel: int, seconds: float) -> float:
     def body(i: int, deadline: float, meter: Meter) -> None:
         offset = i * 1000
         while time.monotonic() < deadline:
@@ -152,7 +173,10 @@ def http_fetch_attack(http: str, user: str, parallel: int, seconds: float) -> fl
             meter.add(sum(len(base64.b64decode(x["payload"])) for x in doc["messages"]), 0)
             offset = doc["next_offset"] if doc["next_offset"] < 20_000 else 0
 
-    return run_threads(parallel, seconds, body)
+    def last() -> None:
+        one_call(address, user, m.FetchRequest(topic="audit", partition=0, offset=0, max_bytes=1))
+
+    return run_threads(parallel, seconds, body, last)
 
 
 def http_connections_attack(http: str, user: str, parallel: int) -> tuple[int, int]:
@@ -203,7 +227,7 @@ def main() -> None:
             attacks: dict[str, Callable[[], float]] = {
                 "fetch-1": lambda: fetch_attack(address, "bob1", 1, args.seconds),
                 "fetch-5": lambda: fetch_attack(address, "bob2", 5, args.seconds),
-                "http-fetch-8": lambda: http_fetch_attack(str(broker.http_url), "bob3", 8, args.seconds),
+                "http-fetch-8": lambda: http_fetch_attack(str(broker.http_url), address, "bob3", 8, args.seconds),
                 "produce-4m": lambda: produce_attack(address, "alice1", 1, args.seconds, 4_000_000),
                 "produce-4m-4": lambda: produce_attack(address, "alice2", 4, args.seconds, 4_000_000),
                 "multi-produce": lambda: produce_attack(address, "alice3", 1, args.seconds, 512 * KIB, multi=8),

@@ -29,22 +29,26 @@ METAQ = str(Path(sys.executable).with_name("metaq"))
 
 
 async def fill(servers: str, n: int) -> None:
+    """``n`` messages in orders 0-0 and their dead letters (exact copies, as a consumer writes them: the broker
+    checks each against the message it names)."""
     session = await MessageSessionFactory.connect(servers)
     await session.admin().create_topic("orders", 4)
     await session.admin().create_topic("%DLQ%bench", 1)
     producer = session.create_producer()
     payload = b"x" * 1024
-    template = Message("orders", payload, key=b"k", headers=[("trace", b"t")], partition=0, offset=0, id=0,
-                       broker_id=0)
-    batch = []
-    for i in range(n):
-        headers = dead_letter_headers(template, RuntimeError("poison"), 6)
-        batch.append(Message("%DLQ%bench", payload, key=b"key-%d" % i, headers=headers))
-        if len(batch) == 1000:
-            assert (await producer.send_batch("%DLQ%bench", batch)).success
-            batch = []
-    if batch:
-        assert (await producer.send_batch("%DLQ%bench", batch)).success
+    for start in range(0, n, 1000):
+        originals = [Message("orders", payload, key=b"key-%d" % i, headers=[("trace", b"t")])
+                     for i in range(start, min(n, start + 1000))]
+        stored = await producer.send_batch("orders", originals, partition="0-0")
+        assert stored.success
+        where = [(c.base_offset + k, c.base_message_id + k) for c in stored.chunks for k in range(c.count)]
+        dead = []
+        for original, (offset, message_id) in zip(originals, where, strict=True):
+            template = Message("orders", payload, key=original.key, headers=original.headers, partition=0,
+                               offset=offset, id=message_id, broker_id=0)
+            dead.append(Message("%DLQ%bench", payload, key=original.key,
+                                headers=dead_letter_headers(template, RuntimeError("poison"), 6)))
+        assert (await producer.send_batch("%DLQ%bench", dead)).success
     await producer.flush()
     await session.close()
 

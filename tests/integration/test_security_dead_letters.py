@@ -79,7 +79,7 @@ def test_bob_cannot_redrive_into_orders_nor_inject_into_audit(broker_factory: Ca
             max_delay_fetch_ms=200)).subscribe("audit", 64 * 1024, listener)
         await consumer.complete_subscribe()
         await until(lambda: consumer.dead_letters is not None and consumer.dead_letters.sent == 1,
-                    timeout_s=60, what="a2 dead-lettered")
+                    timeout_s=60, message="a2 dead-lettered")
         await consumer.close()
         await session.close()
 

@@ -176,6 +176,15 @@ def test_transactions_need_a_transaction_right_and_are_their_owners(locked: Lock
                 return False
 
         wait_until(began, 10, message="alice's transaction ACL")  # no cluster admin needed
+
+        def bob_may() -> bool:
+            try:
+                bob.request(m.TransactionRequest(op=m.TX_STATUS, transaction_id="a-probe"))
+                return True
+            except TransactionAuthorizationError:
+                return False
+
+        wait_until(bob_may, 10, message="bob's transaction ACL")
         alice.request(m.TransactionRequest(op=m.TX_PREPARE, transaction_id="alice-1", xid="xa-1"))
         # bob may use transaction ids starting with "a" too, but not alice's transaction
         for op in (m.TX_ROLLBACK, m.TX_COMMIT, m.TX_STATUS, m.TX_PREPARE):
