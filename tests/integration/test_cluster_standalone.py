@@ -177,7 +177,7 @@ def test_a_group_takes_up_partitions_that_appear_on_another_broker(
         assert [str(tp.partition) for tp in consumer.assignment()] == ["1-0", "1-1"]
         generations = consumer.generations
         await session.admin().create_topic("grow", 2, broker_id=2)
-        await until(lambda: consumer.assigned.is_set() and len(consumer.assignment()) == 4, "broker 2's partitions")
+        await until(lambda: consumer.assigned.is_set() and len(consumer.assignment()) == 4, message="broker 2's partitions")
         assert consumer.generations[1] == generations[1] and consumer.generations[2] > generations[2]
         producer = session.create_producer()
         for i in range(4):
@@ -271,8 +271,8 @@ def test_a_group_consumes_one_broker_while_the_other_is_down(
             consumer = create_consumer(session, ConsumerConfig(group="g", recover_dir=tmp_path, **FAST)).subscribe(
                 "t", 4096, lambda msg: got.append(bytes(msg.data)))
             await consumer.complete_subscribe()
-            await until(lambda: sorted(got) == [b"0", b"1", b"2", b"3"], "broker 2's messages")
-            await until(lambda: consumer.assigned.is_set(), "the assignment settled with broker 1 down")
+            await until(lambda: sorted(got) == [b"0", b"1", b"2", b"3"], message="broker 2's messages")
+            await until(lambda: consumer.assigned.is_set(), message="the assignment settled with broker 1 down")
             assert list(consumer.generations) == [2]
             described = await describe_group(session, "g")
             assert described.state == "Stable" and len(described.members) == 1

@@ -476,7 +476,7 @@ async def test_members_are_balanced_by_consumer_id_from_a_member_that_depends_on
         coord.open()
         first = await coord.join(report_req("", [], "consumer-a"))
         joins = [asyncio.ensure_future(coord.join(report_req("", [], c))) for c in ("consumer-c", "consumer-b")]
-        await settle()
+        await settle(coord, joins)
         again = await coord.join(report_req(first.member_id, [], "consumer-a"))
         resps = [again, *[await j for j in joins]]
         by_client = {mb.client_id: mb.member_id for mb in coord.groups["g"].members.values()}
