@@ -59,7 +59,7 @@ def cli(*args: str, password: str | None = None) -> None:
 
 
 def settings(user: str) -> ConnectionSettings:
-    return ConnectionSettings("bench-quotas", 30.0, 120.0, 16, 64 << 20, sasl_username=user,
+    return ConnectionSettings("bench-quotas", 30.0, 600.0, 16, 64 << 20, sasl_username=user,
                               sasl_password=PASSWORDS[user])
 
 
