@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from metaq.broker import audit
 from metaq.errors import (
@@ -36,8 +36,23 @@ from metaq.protocol import messages as m
 from metaq.security.acl import CLUSTER_NAME, Acls
 
 if TYPE_CHECKING:
-    from metaq.broker.core import Broker
     from metaq.broker.session import Session
+
+
+class Authorizing(Protocol):
+    """What :func:`authorize` needs of the broker (the core, which imports this module)."""
+
+    @property
+    def acls(self) -> Acls: ...
+
+    @property
+    def topics(self) -> Mapping[str, Any]: ...
+
+    @property
+    def audit(self) -> Callable[..., None]: ...
+
+    @property
+    def config(self) -> Any: ...
 
 Need = tuple[str, str, str]
 """(resource type, resource name, operation)."""
@@ -148,7 +163,7 @@ def resource_name(resource_type: str, name: str) -> str:
     return "cluster" if resource_type == "cluster" else f"{resource_type}:{name}"
 
 
-def authorize(broker: Broker, session: Session, request: Any) -> tuple[Any, AnswerFilter | None]:
+def authorize(broker: Authorizing, session: Session, request: Any) -> tuple[Any, AnswerFilter | None]:
     """Check ``request`` for the session's principal (the refusal raised, and written to the audit log);
     the request to handle (OffsetCommit: without the entries of forbidden topics) and a filter for its
     answer, or None."""
