@@ -16,6 +16,7 @@ import os
 import socket
 import ssl
 import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -198,3 +199,52 @@ def test_a_removed_user_loses_its_open_connections_and_a_removed_acl_applies_to_
         BlockingConnection.open(locked.address, locked.settings("alice"))
     assert any("principal=User:alice" in line and "result=closed" in line for line in locked.audit_lines())
 
+
+
+def test_the_kafka_port_has_the_same_limits_and_quotas(broker_factory: Callable[..., BrokerProcess],
+                                                        tmp_path: Path) -> None:
+    ck = pytest.importorskip("confluent_kafka")
+    locked = start_locked_down(broker_factory, tmp_path, {
+        "kafkaSslPort": 0, "connectionAuthTimeoutSeconds": 5, "maxUnauthenticatedConnectionsPerIp": 4,
+        "quotaProducerByteRate": 20 * 1024, "quotaOverrides": "User:root=produce:0"})
+    port = locked.broker.kafka_tls_port
+    assert port is not None
+    # before authentication: a 64 MiB frame closes the connection at its length; an idle one is closed in 5 s
+    sock = tls_socket(locked, port)
+    sock.sendall(struct.pack(">i", 64 << 20) + b"\0" * 1024)
+    assert closed_by_peer(sock)
+    sock.close()
+    idle = tls_socket(locked, port)
+    assert closed_by_peer(idle), "closed after connectionAuthTimeoutSeconds"
+    idle.close()
+    # counted per address with the binary TLS port: 4 pending there, the Kafka port refuses a fifth
+    held = [tls_socket(locked) for _ in range(4)]
+    try:
+        with pytest.raises((ssl.SSLError, OSError)):
+            extra = tls_socket(locked, port)
+            extra.settimeout(10)
+            if extra.recv(1) == b"":
+                raise ConnectionResetError("closed")
+    finally:
+        for s in held:
+            s.close()
+    # alice's produce quota (20 KiB/s) holds over Kafka too: 200 KiB take about 10 s, not a moment
+    wait_until(lambda: _can_connect(locked), 30, message="the pending connections' slots given back")
+    producer = ck.Producer({"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SASL_SSL",
+                            "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "alice",
+                            "sasl.password": "alice pw", "ssl.ca.location": str(locked.pki.ca),
+                            "message.timeout.ms": 120_000, "linger.ms": 5, "batch.size": 16384})
+    outcomes: list[str] = []
+    start = time.monotonic()
+    for _ in range(200):
+        producer.produce("orders", b"k" * 1000, on_delivery=lambda err, _m: outcomes.append(
+            "ok" if err is None else err.name()))
+    producer.flush(120)
+    # counted up to the moment alice may send again: one more message waits for her debt (all 200 KiB may have
+    # gone in one request, answered at once, while the connection was being set up)
+    producer.produce("orders", b"last", on_delivery=lambda err, _m: outcomes.append("ok" if err is None else
+                                                                                     err.name()))
+    producer.flush(120)
+    elapsed = time.monotonic() - start
+    assert outcomes == ["ok"] * 201, outcomes[:3]
+    assert 200 * 1000 / elapsed < 1.5 * 20 * 1024, f"{200 * 1000 / elapsed:.0f} B/s over Kafka, quota 20 KiB/s"
