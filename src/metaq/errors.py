@@ -418,6 +418,16 @@ class ClusterAuthorizationError(BrokerError):
 
 
 @_register
+class TransactionAuthorizationError(BrokerError):
+    """The principal may not use this transaction id (no ``produce`` on it, or another principal began it)."""
+
+    code = 53
+    name = "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
+    hint = ("ask an administrator for an ACL on the transaction id (metaq acl add --transaction; "
+            "docs/security.md); a transaction is ended by the principal that began it")
+
+
+@_register
 class SaslAuthenticationError(BrokerError):
     """Authentication failed, or a request came before it on a broker that requires it (authRequired).
 

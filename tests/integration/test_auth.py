@@ -240,7 +240,7 @@ def test_http_api_takes_basic_credentials_over_https_and_applies_the_acls(
     for user in ("alice", "bob"):
         add_user(user, PASSWORD, "--data-path", str(data))
     done = metaq("acl", "add", "--principal", "User:alice", "--topic", "orders", "-o", "produce", "-o", "consume",
-                 "--data-path", str(data))
+                 "-o", "create", "--data-path", str(data))  # create: her first produce creates it
     assert done.returncode == 0, done.stderr
     proc = broker_factory({"authRequired": True, "aclEnabled": True, "httpPort": 0, "sslPort": 0,
                            "sslCertFile": str(pki.server_cert), "sslKeyFile": str(pki.server_key)})

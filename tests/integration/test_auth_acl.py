@@ -55,7 +55,8 @@ def acl_broker(broker_factory: Callable[..., BrokerProcess], tmp_path: Path) -> 
     where = ["--data-path", str(tmp_path / "broker")]
     for user in PASSWORDS:
         add_user(user, *where)
-    acl("add", "--principal", "User:alice", "--topic", "a", "-o", "produce", "-o", "consume", *where)
+    # create: alice's first produce to "a" creates it (autoCreateTopics)
+    acl("add", "--principal", "User:alice", "--topic", "a", "-o", "produce", "-o", "consume", "-o", "create", *where)
     acl("add", "--principal", "User:alice", "--topic", "logs-", "--prefix", "-o", "consume", *where)
     acl("add", "--principal", "User:alice", "--topic", "logs-secret", "-o", "consume", "--deny", *where)
     acl("add", "--principal", "User:alice", "--group", "g", "-o", "consume", *where)
@@ -144,16 +145,18 @@ def test_cluster_mode_acls_in_zookeeper(cluster_factory: Callable[..., BrokerPro
     zk = ["-z", zookeeper.connect_string, "--zk-root", zk_root]
     for user in ("alice", "root"):
         add_user(user, *zk)
-    acl("add", "--principal", "User:alice", "--topic", "a", "-o", "produce", *zk)
+    acl("add", "--principal", "User:alice", "--topic", "a", "-o", "produce", "-o", "create", *zk)  # auto-created
     proc = cluster_factory(1, authRequired=True, aclEnabled=True, superUsers="User:root")
     with client(proc, "alice") as alice:
         produce(alice, "a", partition="1-0")
         with pytest.raises(TopicAuthorizationError):
             produce(alice, "b", partition="1-0")
-        acl("add", "--principal", "User:alice", "--topic", "b", "-o", "produce", *zk)
+        acl("add", "--principal", "User:alice", "--topic", "b", "-o", "produce", "-o", "create", *zk)
         wait_until(lambda: _can_produce(alice, "b"), 10, message="the ZooKeeper ACL applied")
     assert metaq("acl", "list", *zk).stdout.splitlines() == ["allow User:alice produce on topic literal 'a'",
-                                                             "allow User:alice produce on topic literal 'b'"]
+                                                             "allow User:alice create on topic literal 'a'",
+                                                             "allow User:alice produce on topic literal 'b'",
+                                                             "allow User:alice create on topic literal 'b'"]
 
 
 def _can_produce(c: BlockingClient, topic: str) -> bool:

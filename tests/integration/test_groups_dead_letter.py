@@ -135,7 +135,10 @@ def test_topic_names_accept_the_dead_letter_prefix_and_refuse_other_percent_sign
         admin = session.admin()
         assert await admin.create_topic("%DLQ%g", 2) == 2
         producer = session.create_producer()
-        assert (await producer.send(Message("%DLQ%g", b"x"))).success
+        # a dead-letter topic takes only dead letters: a message that names no original is refused
+        # (docs/consumers.md#dead-letters)
+        refused = await producer.send(Message("%DLQ%g", b"x"))
+        assert not refused.success and "does not name where it came from" in str(refused.error)
         # the broker checks names itself (a raw request, past the client's own check)
         from metaq.protocol import messages as m
         for bad in ("a%b", "%DLQ%a%b"):

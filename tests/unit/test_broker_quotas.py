@@ -82,3 +82,24 @@ def test_reloaded_limits_apply_at_once() -> None:
     assert quotas.record(Session(), PRODUCE, 5000) > 0
     holder[0] = dataclasses.replace(holder[0], quota_producer_byte_rate=0)
     assert quotas.record(Session(), PRODUCE, 5000) == 0
+
+
+def test_a_principal_in_debt_waits_on_every_connection_and_a_fetch_gets_what_is_left_of_the_window() -> None:
+    clock = FakeClock()
+    c = config("quotaConsumerByteRate=1000\n")
+    quotas = Quotas(lambda: c, clock)
+    one, two = Session(principal="User:bob"), Session(principal="User:bob")
+    assert quotas.fetch_allowance(one) == 1000  # a whole window
+    assert quotas.wait_s(one, FETCH) == 0
+    quotas.record(one, FETCH, 600)
+    assert quotas.fetch_allowance(two) == 400, "the window is the principal's, not the connection's"
+    quotas.record(two, FETCH, 3400)  # a first batch bigger than what was left: 3 s of debt
+    assert quotas.wait_s(one, FETCH) == pytest.approx(3.0)
+    assert quotas.wait_s(two, FETCH) == pytest.approx(3.0)
+    assert quotas.fetch_allowance(one) == 1  # at least one (whole) batch once the wait is over
+    clock.advance_s(3.5)
+    assert quotas.wait_s(one, FETCH) == 0 and quotas.fetch_allowance(one) == 500
+    assert quotas.wait_s(Session(principal="User:alice"), FETCH) == 0, "another principal's debt is its own"
+    assert quotas.fetch_allowance(Session(principal="User:alice")) == 1000
+    unlimited = Quotas(lambda: config(""), clock)
+    assert unlimited.fetch_allowance(one) is None and unlimited.wait_s(one, PRODUCE) == 0

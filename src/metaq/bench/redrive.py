@@ -28,21 +28,28 @@ COMMAND_TIMEOUT_S = 600.0
 
 
 async def _fill(servers: str, n: int) -> None:
+    """``n`` messages in orders 0-0 and their dead letters (exact copies, as a consumer writes them: the broker
+    checks each against the message it names)."""
     async with await MessageSessionFactory.connect(servers) as session:
         await session.admin().create_topic("orders", 4)
         await session.admin().create_topic("%DLQ%bench", 1)
         producer = session.create_producer()
         payload = b"x" * 1024
-        template = Message("orders", payload, key=b"k", headers=[("trace", b"t")], partition=0, offset=0, id=0,
-                           broker_id=0)
-        batch: list[Message] = []
-        for i in range(n):
-            headers = dead_letter_headers(template, RuntimeError("poison"), 6)
-            batch.append(Message("%DLQ%bench", payload, key=b"key-%d" % i, headers=headers))
-            if len(batch) == 1000 or i == n - 1:
-                if not (await producer.send_batch("%DLQ%bench", batch)).success:
-                    raise BenchError("filling the dead-letter topic failed")
-                batch = []
+        for start in range(0, n, 1000):
+            originals = [Message("orders", payload, key=b"key-%d" % i, headers=[("trace", b"t")])
+                         for i in range(start, min(n, start + 1000))]
+            stored = await producer.send_batch("orders", originals, partition="0-0")
+            if not stored.success:
+                raise BenchError("filling the topic failed")
+            where = [(c.base_offset + k, c.base_message_id + k) for c in stored.chunks for k in range(c.count)]
+            dead = []
+            for original, (offset, message_id) in zip(originals, where, strict=True):
+                template = Message("orders", payload, key=original.key, headers=original.headers, partition=0,
+                                   offset=offset, id=message_id, broker_id=0)
+                dead.append(Message("%DLQ%bench", payload, key=original.key,
+                                    headers=dead_letter_headers(template, RuntimeError("poison"), 6)))
+            if not (await producer.send_batch("%DLQ%bench", dead)).success:
+                raise BenchError("filling the dead-letter topic failed")
         await producer.flush()
 
 

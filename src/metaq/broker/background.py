@@ -37,6 +37,10 @@ def default_jobs(config: BrokerConfig) -> list[Job]:
         from metaq.broker.security_sources import refresh_acls
 
         jobs.append(refresh_acls)
+    if config.auth_required:
+        from metaq.broker.user_watch import watch_users
+
+        jobs.append(watch_users)
     return jobs
 
 

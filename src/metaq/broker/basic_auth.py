@@ -6,8 +6,9 @@ header and whether the request came over TLS, and gets a principal or a :class:`
 
 The password is checked by deriving its StoredKey with the stored credential's salt and iterations and
 comparing in constant time (:func:`metaq.security.scram.password_matches`); the broker never keeps the
-password. An unknown user costs the same PBKDF2 as a known one (against a fixed dummy credential), so the
-answer's timing does not tell which user names exist. A success is remembered for :data:`VERIFIED_TTL_S`
+password. An unknown user costs the same PBKDF2 as a known one (against its mock credential, whose iteration
+count is drawn from the stored users': :class:`metaq.security.scram.MockCredentials`), so the answer's timing
+does not tell which user names exist. A success is remembered for :data:`VERIFIED_TTL_S`
 (keyed by a hash of user and password and by the stored key it matched, so a changed password or a
 removed user applies at once), so a client sending many requests does not pay PBKDF2 for each. Basic
 sends the password with every request: on plain HTTP it is refused unless ``httpBasicAuthOverPlaintext``.
@@ -18,17 +19,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import functools
 import hashlib
 import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from metaq.broker.security_sources import credential_lookup
+from metaq.broker import audit
+from metaq.broker.security_sources import credential_lookup, mock_credentials
 from metaq.errors import ConfigError, MetaqError
 from metaq.security.principal import check_user_name, user_principal
-from metaq.security.scram import ScramCredential, make_credential, password_matches
+from metaq.security.scram import password_matches
 
 if TYPE_CHECKING:
     from metaq.broker.core import Broker
@@ -39,11 +40,6 @@ REALM: Final = 'Basic realm="metaq", charset="UTF-8"'
 """The ``WWW-Authenticate`` value of a 401."""
 VERIFIED_TTL_S: Final = 60.0
 VERIFIED_MAX: Final = 10_000
-
-
-@functools.cache
-def _dummy() -> ScramCredential:
-    return make_credential("not a password anyone has", salt=b"metaq-dummy-salt")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +84,11 @@ class BasicAuthenticator:
             log.error("cannot look up an HTTP user: %s", exc)
             return Refusal(401, "the broker cannot read its users now; try again later")
         if principal is None:
-            log.warning("HTTP authentication from %s failed", peer)
+            tried = basic_credentials(header)
+            user = tried[0][:128] if tried is not None else ""
+            log.warning("HTTP authentication of %r from %s failed", user, peer)
+            self.broker.audit(f"User:{user}" if user else None, "authenticate", "cluster", audit.FAILED, peer,
+                              "HTTP Basic")
             return Refusal(401, "wrong user name or password")
         return principal
 
@@ -104,8 +104,8 @@ class BasicAuthenticator:
         if self.broker.credentials is None:
             self.broker.credentials = credential_lookup(self.broker)
         credential = await asyncio.to_thread(self.broker.credentials, user)
-        if credential is None:
-            await asyncio.to_thread(password_matches, _dummy(), password)  # as long as for a known user
+        if credential is None:  # the same PBKDF2 as a stored user's (its iterations drawn from theirs)
+            await asyncio.to_thread(password_matches, (await mock_credentials(self.broker)).credential(user), password)
             return None
         key = hashlib.sha256(f"{user}\0{password}".encode()).digest()
         seen = self._verified.get(key)

@@ -206,6 +206,15 @@ class BrokerConfig:
     quota_max_connections: int = 0
     quota_overrides: dict[str, Any] = field(default_factory=dict)
     """Per-principal quotas (metaq.broker.options.QuotaOverride by principal) over the three defaults."""
+    audit_log: bool = False
+    audit_log_file: Path | None = None
+    connection_auth_timeout_s: int = 10
+    max_frame_bytes_before_auth: int = 512 * 1024
+    max_unauthenticated_connections_per_ip: int = 64
+    max_connections_per_ip: int = 0
+    max_connection_rate_per_ip: int = 0
+    http_max_connections: int = 1000
+    http_header_timeout_s: int = 10
     topics: dict[str, TopicConfig] = field(default_factory=dict)
     zookeeper: ZkConfig | None = None
     source_path: Path | None = None
@@ -217,6 +226,11 @@ class BrokerConfig:
     @property
     def tx_log_dir(self) -> Path:
         return self.data_log_path if self.data_log_path is not None else self.data_path / ".txlog"
+
+    @property
+    def quotas_set(self) -> bool:
+        """Whether any byte-rate quota may apply (the core skips the quota checks otherwise)."""
+        return bool(self.quota_producer_byte_rate or self.quota_consumer_byte_rate or self.quota_overrides)
 
     @property
     def ha_mode(self) -> bool:

@@ -1,11 +1,19 @@
 """What a broker's TCP connections share: their count, the idle and handshake sweep, the budget of
-unfinished request frames.
+unfinished request frames, and the limits before authentication.
 
 Transport bookkeeping only: the broker core never sees it. A connection is whatever has what
 :class:`Connection` declares (the TCP transport's :class:`~metaq.broker.transport.BrokerProtocol`); the
 registry admits it (or not, past maxConnections), closes it when it idles or never completes a request,
 and sheds the largest unfinished frame when the frames being received together outgrow
 maxPartialFramesSize.
+
+Before authentication (docs/security.md#limits-before-authentication) a connection costs a stranger more
+than it costs the broker only within these bounds: per address, at most maxConnectionRatePerIp new
+connections a second (checked at accept, before a TLS handshake), maxConnectionsPerIp open, and
+maxUnauthenticatedConnectionsPerIp not yet authenticated (with authRequired); such a connection is closed
+connectionAuthTimeoutSeconds after it opened unless it authenticated, and sends frames of at most
+maxFrameSizeBeforeAuth. A connection over a per-address limit is closed at once, without an answer (a
+flood must not cost a reply each), and a WARNING says so at most once a minute per address.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from metaq.broker.admission import AddressLimits
 from metaq.broker.config import BrokerConfig
 from metaq.broker.stats import BrokerStats
 from metaq.errors import TooManyConnectionsError
@@ -35,6 +44,8 @@ class Connection(Protocol):
     opened_at: float
     last_active: float
     """When it opened and when it last received or sent, by the registry's clock."""
+    pre_auth: bool
+    """Not authenticated yet where authRequired is set (the authentication timeout applies)."""
 
     @property
     def idle(self) -> bool:
@@ -55,11 +66,20 @@ class ConnectionLimits:
     idle_timeout_s: float = 600.0
     handshake_timeout_s: float = 30.0
     partial_frames_bytes_max: int = 128 * 1024 * 1024
+    auth_required: bool = False
+    auth_timeout_s: float = 10.0
+    """With auth_required: a connection not authenticated this long after it opened is closed (0: never)."""
+    unauthenticated_per_ip_max: int = 64
+    connections_per_ip_max: int = 0
+    connection_rate_per_ip_max: int = 0
+    """New connections per second from one address (0: unlimited)."""
 
     @classmethod
     def from_config(cls, config: BrokerConfig) -> ConnectionLimits:
         return cls(config.max_connections, config.connection_idle_timeout_s,
-                   config.connection_handshake_timeout_s, config.max_partial_frames_bytes)
+                   config.connection_handshake_timeout_s, config.max_partial_frames_bytes, config.auth_required,
+                   config.connection_auth_timeout_s, config.max_unauthenticated_connections_per_ip,
+                   config.max_connections_per_ip, config.max_connection_rate_per_ip)
 
 
 REFUSING_CONNECTIONS_MAX = 256
@@ -84,6 +104,7 @@ class ConnectionRegistry:
         self.limits = limits
         self.stats = stats
         self.clock = clock
+        self.addresses = AddressLimits(limits, clock)
         self.open: set[Connection] = set()
         self.refusing = 0
         self.partial_bytes = 0
@@ -132,16 +153,23 @@ class ConnectionRegistry:
 
     @property
     def sweep_interval_s(self) -> float | None:
-        timeouts = [t for t in (self.limits.idle_timeout_s, self.limits.handshake_timeout_s) if t > 0]
+        limits = self.limits
+        timeouts = [t for t in (limits.idle_timeout_s, limits.handshake_timeout_s,
+                                limits.auth_timeout_s if limits.auth_required else 0) if t > 0]
         return min(SWEEP_INTERVAL_MAX_S, min(timeouts) / 4) if timeouts else None
 
     def sweep(self) -> int:
-        """Close connections past the idle or handshake timeout; returns how many."""
+        """Close connections past the idle, handshake or authentication timeout; returns how many."""
         now = self.clock()
         idle_s, handshake_s = self.limits.idle_timeout_s, self.limits.handshake_timeout_s
+        auth_s = self.limits.auth_timeout_s if self.limits.auth_required else 0
         closed = 0
         for conn in list(self.open):
-            if not conn.handshaken:
+            if conn.pre_auth and auth_s > 0 and now - conn.opened_at > auth_s:
+                conn.close_quietly(f"not authenticated within connectionAuthTimeoutSeconds={auth_s:g}", logging.INFO)
+                self.stats.connections_timed_out += 1
+                closed += 1
+            elif not conn.handshaken:
                 if handshake_s > 0 and now - conn.opened_at > handshake_s:
                     conn.close_quietly(f"no request within connectionHandshakeTimeoutSeconds={handshake_s:g}",
                                        logging.INFO)

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from metaq.broker import authorization
+from metaq.broker import audit, authorization
 from metaq.broker.cluster import ClusterLink
 from metaq.broker.committing import reapply_on_open
 from metaq.broker.config import (
@@ -45,7 +45,7 @@ from metaq.broker.partition_state import PartitionStateStore
 from metaq.broker.quotas import FETCH, PRODUCE, Quotas
 from metaq.broker.replica_access import replica_fetch_refusal
 from metaq.broker.replication.slave_config import SlaveConfig
-from metaq.broker.session import DeferredReply, FileReply, Session
+from metaq.broker.session import DeferredReply, FileReply, Session, SessionTable
 from metaq.broker.stats import BrokerStats
 from metaq.broker.topic_options import TopicOptionsStore
 from metaq.broker.transactions import TransactionCoordinator
@@ -66,6 +66,7 @@ from metaq.errors import (
 from metaq.fsutil import datasync, syncfs
 from metaq.protocol import messages as m
 from metaq.security.acl import Acls
+from metaq.security.scram import MockCredentials
 from metaq.storage import LogConfig, LogManager, PartitionLog
 from metaq.storage.txlog import TransactionLog
 from metaq.types import validate_topic
@@ -79,6 +80,7 @@ REFUSED_WHILE_STOPPING: frozenset[type] = frozenset({m.ProduceRequest, m.MultiPr
                                                      m.MultiFetchRequest})
 """Requests a draining broker answers with BROKER_STOPPING (the others still work while it drains)."""
 METERED: frozenset[type] = frozenset({m.ProduceRequest, m.MultiProduceRequest, m.FetchRequest, m.MultiFetchRequest})
+PRODUCES: frozenset[type] = frozenset({m.ProduceRequest, m.MultiProduceRequest})
 """Requests whose bytes count against the principal's quotas (metaq.broker.quotas); slaves' fetches do not.
 A MultiFetch v0 reply has no throttle_time_ms (v1 has): its connection is muted all the same, the client not told."""
 BEFORE_AUTHENTICATION: frozenset[type] = frozenset({m.ApiVersionsRequest, m.SaslHandshakeRequest,
@@ -225,8 +227,18 @@ class Broker:
         """The ACLs in force (aclEnabled): swapped in by metaq.broker.security_sources.refresh_acls."""
         self.credentials: Callable[[str], Any] | None = None
         """How SASL finds a user's stored credential (blocking; set on first use, metaq.broker.handlers.sasl)."""
+        self.mock_credentials: MockCredentials | None = None
+        """What an unknown user's login is answered with (security_sources.mock_credentials; set on first use)."""
+        self.user_iterations: list[int] = []
+        """The PBKDF2 iteration counts of the stored users (kept by metaq.broker.user_watch): unknown users'
+        mock credentials take one of them."""
+        self.sessions = SessionTable()
+        """The connections authenticated by SASL, by principal: closed when their user is removed or its password
+        changes (metaq.broker.user_watch)."""
         self.quotas = Quotas(lambda: self.config)
         """Byte rates and connection counts per principal (quota* options; docs/security.md#quotas)."""
+        self.audit = audit.Audit(lambda: self.config)
+        """The audit log (auditLog; :mod:`metaq.broker.audit`): ``self.audit(principal, operation, ...)``."""
         self.tls_port: int | None = None
         """The TLS port (sslPort) once bound; registered in ZooKeeper beside the plaintext one."""
         self.cluster_host = config.host_name
@@ -527,6 +539,11 @@ class Broker:
         reload = ", then reload the broker (metaq admin reload, or SIGHUP)" if "restart" not in where else ""
         return f"topic {topic!r} does not accept publishing on broker {self.config.broker_id}: {where}{reload}"
 
+    def audit_topic(self, operation: str, topic: str, session: Session | None, detail: str = "") -> None:
+        """A topic created or deleted, in the audit log (who, from where)."""
+        self.audit(session.principal if session is not None else None, operation, f"topic:{topic}", audit.DONE,
+                   session.peer if session is not None else None, detail)
+
     def refuse_writes_on_slave(self, what: str) -> None:
         """NOT_MASTER for a write (produce, topic changes) sent to a slave: its log is the master's copy."""
         if self.ha is not None:
@@ -570,8 +587,9 @@ class Broker:
                                     f"the connection has not authenticated; {SaslAuthenticationError.hint}")
         replica = kind is m.FetchRequest and request.replica_id >= 0
         try:
+            answer_filter = None
             if session is not None and self.config.acl_enabled and session.principal is not None:
-                authorization.check(self.acls, session.principal, request)
+                request, answer_filter = authorization.authorize(self, session, request)
             if replica:
                 refusal = replica_fetch_refusal(self.config, request, session)
                 if refusal is not None:
@@ -582,10 +600,22 @@ class Broker:
                 raise InvalidRequestError(f"{kind.API_NAME} is not served by this broker version")
             if self.stopping and kind in REFUSED_WHILE_STOPPING:
                 raise BrokerStoppingError(BrokerStoppingError.hint)
+            if kind in METERED and session is not None and not replica \
+                    and self.config.quotas_set:
+                direction = PRODUCE if kind in PRODUCES else FETCH
+                wait_s = self.quotas.wait_s(session, direction)
+                if wait_s > 0:  # the principal is in debt (on any connection): this request waits for it
+                    hold: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                    session.hold = hold  # its connection handles nothing else meanwhile (the TCP transport)
+                    return self._answer(kind.API_KEY,
+                                        self._after_quota_wait(request, session, direction, wait_s, hold))
+                if direction == FETCH:
+                    allowance = self.quotas.fetch_allowance(session)
+                    if allowance is not None and allowance < request.max_bytes:
+                        request = dataclasses.replace(request, max_bytes=allowance)
             result = handler(self, request, session)
-            if kind is m.MetadataRequest and session is not None and self.config.acl_enabled \
-                    and session.principal is not None:
-                result = authorization.filter_metadata(self.acls, session.principal, request, result)
+            if answer_filter is not None:
+                result = authorization.filtered(result, answer_filter)
         except Exception as exc:
             result = error_response(kind.API_KEY, exc)
         metered = session is not None and kind in METERED and not replica
@@ -600,6 +630,29 @@ class Broker:
             assert session is not None
             self._meter(request, result, session)
         return result
+
+    async def _after_quota_wait(self, request: Any, session: Session, direction: str, wait_s: float,
+                                hold: asyncio.Future[None]) -> Any:
+        """Handle ``request`` once its principal's debt is paid (docs/security.md#quotas); its connection handles
+        nothing else meanwhile (``hold``), so more connections or pipelining gain nothing."""
+        try:
+            while wait_s > 0:
+                await asyncio.sleep(wait_s)
+                wait_s = self.quotas.wait_s(session, direction)  # other connections of the principal went on
+            if session.hold is hold:  # not taken by a transport (HTTP, Kafka: no connection to hold)
+                session.hold = None
+            result = self.handle(request, session)
+            inner, session.hold = session.hold, None
+            if isinstance(result, DeferredReply):
+                result = result.wait()
+            if inspect.isawaitable(result):
+                result = await result
+            if inner is not None:
+                await inner
+            return result
+        finally:
+            if not hold.done():
+                hold.set_result(None)
 
     async def _answer(self, api_key: int, pending: Awaitable[Any], metered: Any = None,
                       session: Session | None = None) -> Any:

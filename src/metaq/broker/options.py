@@ -650,6 +650,40 @@ OPTIONS: tuple[Option, ...] = (
          "The user a slave authenticates as to its master (password from the METAQ_REPLICATION_PASSWORD "
          "environment variable); none: no SASL (a client certificate, sslReplication, may do).", _text,
          status="extension", default_doc="none"),
+    _opt("auditLog", "audit_log", "bool", "false", _SYSTEM,
+         "Write the audit log (logger metaq.audit; docs/security.md#audit-log): one line per refusal, failed login, "
+         "topic creation or deletion, and ACL or user change, with the principal, operation, resource, result and "
+         "client address. Applied on reload.", _boolean, status="extension", reload="live"),
+    _opt("auditLogFile", "audit_log_file", "path", None, _SYSTEM,
+         "With auditLog: append the audit lines to this file (mode 0600) instead of the broker's log.", _path,
+         status="extension", default_doc="the broker's log"),
+    # -- [system], limits before authentication (docs/security.md#limits-before-authentication) --------
+    _opt("connectionAuthTimeoutSeconds", "connection_auth_timeout_s", "int", "10", _SYSTEM,
+         "With authRequired: close a connection that has not authenticated this long after it opened (Kafka "
+         "bounds it with its SASL handshake timeouts). 0 = only connectionIdleTimeoutSeconds applies.",
+         _integer(0, _JAVA_INT_MAX), status="extension"),
+    _opt("maxFrameSizeBeforeAuth", "max_frame_bytes_before_auth", "size", "512k", _SYSTEM,
+         "With authRequired: the largest request frame read from a connection before it has authenticated "
+         "(Kafka's sasl.server.max.receive.size); a bigger one closes the connection.",
+         _integer(4096, _JAVA_INT_MAX, size=True), status="extension"),
+    _opt("maxUnauthenticatedConnectionsPerIp", "max_unauthenticated_connections_per_ip", "int", "64", _SYSTEM,
+         "With authRequired: connections from one address that have not authenticated yet (on the binary, TLS and "
+         "Kafka ports together); one more is closed at once. 0 = unlimited.", _integer(0, 1_000_000),
+         status="extension"),
+    _opt("maxConnectionsPerIp", "max_connections_per_ip", "int", "0", _SYSTEM,
+         "Connections from one address at once on the binary, TLS and Kafka ports (Kafka's "
+         "max.connections.per.ip); one more is closed at once. 0 = unlimited.", _integer(0, 1_000_000),
+         status="extension"),
+    _opt("maxConnectionRatePerIp", "max_connection_rate_per_ip", "int", "0", _SYSTEM,
+         "New connections per second accepted from one address on the binary, TLS, Kafka and HTTP ports (Kafka's "
+         "per-IP connection creation rate); past it a connection is closed at once, before any TLS handshake on "
+         "the TLS port. 0 = unlimited.", _integer(0, 1_000_000), status="extension"),
+    _opt("httpMaxConnections", "http_max_connections", "int", "1000", _SYSTEM,
+         "Connections the HTTP API (httpPort) and the dashboard (dashboardHttpPort) each keep open at once; one "
+         "more is closed at once.", _integer(1, 1_000_000), status="extension"),
+    _opt("httpHeaderTimeoutSeconds", "http_header_timeout_s", "int", "10", _SYSTEM,
+         "Close an HTTP connection whose first request's headers have not all arrived this long after it "
+         "opened (a slow-headers client). 0 = never.", _integer(0, _JAVA_INT_MAX), status="extension"),
     # -- [system], quotas (docs/security.md#quotas) -----------------------------------------------------
     _opt("quotaProducerByteRate", "quota_producer_byte_rate", "size", "0", _SYSTEM,
          "Bytes per second each principal may produce to this broker (User:NAME, User:CN of a client "

@@ -1,17 +1,31 @@
 """Quotas per principal: produce and fetch byte rates, and how many connections one principal may hold.
 
 Kafka's model. Bytes are measured per principal (``User:alice``, ``User:<CN>`` for a client certificate,
-:data:`ANONYMOUS` for a connection that has not authenticated where authRequired is off). A request that
-takes a principal over its rate is answered normally, with ``throttle_time_ms`` in the reply saying for
-how long the connection will not be read (the transport mutes it: :attr:`Session.throttle_ms`); the client
-waits that long before it sends more to that broker. Nobody is dropped.
+:data:`ANONYMOUS` for a connection that has not authenticated where authRequired is off), over every
+connection and every protocol together (the binary and TLS ports, HTTP, Kafka): the state is the
+principal's, not the connection's.
 
 The rate is measured with a virtual clock per (principal, direction) (GCRA, the generic cell rate
 algorithm, which is a leaky bucket): each request moves the principal's "paid until" time forward by
-``bytes / rate``; what lies more than :data:`QUOTA_WINDOW_S` ahead of now is the throttle. So a principal
-may burst one window's worth of bytes, and over any longer span gets the quota, give or take one
-request. A throttle is at most :data:`THROTTLE_MAX_MS` (the debt is kept, so the next request pays the
-rest); only a single request bigger than that many seconds of quota goes faster than the quota.
+``bytes / rate``; what lies more than :data:`QUOTA_WINDOW_S` ahead of now is the principal's **debt**. A
+principal may burst one window's worth of bytes; then three things hold it to its rate:
+
+- **a request of a principal in debt waits** (:meth:`Quotas.wait_s`, applied by the core before the
+  request is handled, on whichever connection or protocol it came): the answer is delayed until the
+  debt is paid, and the connection handles nothing else meanwhile, so more connections do not help;
+- **a fetch is cut to what is left of the window** (:meth:`Quotas.fetch_allowance`: its ``max_bytes``
+  lowered), so a 1 MiB fetch of a 50 KiB/s principal gets about 50 KiB, not 1 MiB and 20 s of debt
+  (a fetch still returns its first batch whole, however big);
+- the answer that takes the principal into debt carries ``throttle_time_ms`` (at most
+  :data:`THROTTLE_MAX_MS`), and its connection is not read for that long (:attr:`Session.throttle_ms`):
+  the client is told, and one that ignores it is slowed all the same.
+
+So over any span of T seconds a principal gets at most ``rate x (T + QUOTA_WINDOW_S)`` bytes, plus one
+request per connection it holds (the requests already read when it went into debt; quotaMaxConnections
+bounds them), plus, for fetches, the part of a first batch bigger than what was left of the window. With
+the defaults and batches well under one second of quota, that is within 1.25x the quota over 10 s
+(docs/security.md#quotas, figures in docs/benchmarks.md). Nobody is dropped: a throttled request is
+answered, late.
 
 Slaves' replica fetches are not counted (replication must keep up whatever clients do). The limits are
 read from the broker's configuration at each request, so a reload applies them without a restart.
@@ -36,7 +50,8 @@ ANONYMOUS: Final = "User:ANONYMOUS"
 QUOTA_WINDOW_S: Final = 1.0
 """The burst a principal may send at once (one second of its rate) before it is throttled."""
 THROTTLE_MAX_MS: Final = 10_000
-"""The longest one throttle mutes a connection (well below the clients' request timeout)."""
+"""The longest throttle one answer tells (and mutes its connection for; well below the clients' request
+timeout): a longer debt is paid by the wait of the principal's next request (:meth:`Quotas.wait_s`)."""
 PRODUCE: Final = "produce"
 FETCH: Final = "fetch"
 
@@ -132,16 +147,7 @@ class Quotas:
         """Count ``nbytes`` of ``direction`` (PRODUCE or FETCH) for the session's principal; the throttle
         in ms (0: none), also left in ``session.throttle_ms`` for the transport to mute the connection."""
         principal = session.principal or ANONYMOUS
-        config = self._config()
-        override = config.quota_overrides.get(principal) if config.quota_overrides else None
-        if direction == PRODUCE:  # limits_for, without building the limits per request
-            rate = config.quota_producer_byte_rate
-            if override is not None and override.produce_bytes_per_s is not None:
-                rate = override.produce_bytes_per_s
-        else:
-            rate = config.quota_consumer_byte_rate
-            if override is not None and override.fetch_bytes_per_s is not None:
-                rate = override.fetch_bytes_per_s
+        rate = self._rate(principal, direction)
         usage = self.usage.get(principal) or self._usage(principal)
         assert usage.bytes_total is not None and usage.paid_until is not None
         usage.bytes_total[direction] = usage.bytes_total.get(direction, 0) + nbytes
@@ -158,6 +164,41 @@ class Quotas:
         usage.throttled_total[direction] = usage.throttled_total.get(direction, 0) + 1
         session.throttle_ms = max(session.throttle_ms, throttle_ms)
         return throttle_ms
+
+    def _rate(self, principal: str, direction: str) -> int:
+        config = self._config()
+        override = config.quota_overrides.get(principal) if config.quota_overrides else None
+        if direction == PRODUCE:
+            rate = config.quota_producer_byte_rate
+            if override is not None and override.produce_bytes_per_s is not None:
+                rate = override.produce_bytes_per_s
+        else:
+            rate = config.quota_consumer_byte_rate
+            if override is not None and override.fetch_bytes_per_s is not None:
+                rate = override.fetch_bytes_per_s
+        return rate
+
+    def wait_s(self, session: Session, direction: str) -> float:
+        """How long a request of the session's principal must wait before it is handled: its debt (0: none)."""
+        usage = self.usage.get(session.principal or ANONYMOUS)
+        if usage is None or not usage.paid_until:
+            return 0.0
+        paid = usage.paid_until.get(direction)
+        if paid is None:
+            return 0.0
+        debt = paid - self.clock() - QUOTA_WINDOW_S
+        return debt if debt > 0.0005 and self._rate(session.principal or ANONYMOUS, direction) else 0.0
+
+    def fetch_allowance(self, session: Session) -> int | None:
+        """The bytes the session's principal may still fetch in this window (at least 1); None: no fetch quota."""
+        principal = session.principal or ANONYMOUS
+        rate = self._rate(principal, FETCH)
+        if not rate:
+            return None
+        usage = self.usage.get(principal)
+        now = self.clock()
+        paid = max((usage.paid_until or {}).get(FETCH, now), now) if usage is not None else now
+        return max(1, int((now + QUOTA_WINDOW_S - paid) * rate))
 
     def describe(self) -> dict[str, Any]:
         """Per principal: connections, bytes, throttles (``metaq stats`` ``quotas``, /metrics)."""

@@ -262,7 +262,7 @@ class BrokerService:
 
         kafka = KafkaListener(self.broker, config.host_name, config.kafka_port, ssl_port=config.kafka_ssl_port,
                               ssl_context=self.tls.context if self.tls is not None else None,
-                              advertised_host=advertised_host(config.host_name))
+                              advertised_host=advertised_host(config.host_name), addresses=self.registry.addresses)
         try:
             await kafka.bind()
         except OSError as exc:

@@ -21,7 +21,7 @@ from metaq.storage import FileSlice
 log = logging.getLogger("metaq.broker")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Session:
     """A client connection as the request handlers see it: who it is, and what it holds of the broker."""
 
@@ -52,10 +52,40 @@ class Session:
     throttle_ms: int = 0
     """Set by the core when a reply took the principal over its byte rate: the transport reads nothing more
     from this connection for that long (then sets it back to 0)."""
+    credential_key: bytes | None = None
+    """The StoredKey of the credential the connection authenticated with by SASL (None: not by SASL): a
+    connection whose user is removed, or whose password changed since, is closed (metaq.broker.user_watch)."""
+    close: Callable[[str], None] | None = None
+    """Set by the transport: end the connection now (the reason is logged)."""
+    opened_at: float = 0.0
+    """time.monotonic() at connect (the transport sets it)."""
     hold: asyncio.Future[None] | None = None
     """Set by a handler that returns a coroutine and whose request must take effect before the connection's
     next one does (a produce checked in a worker thread): the transport handles no further request of this
     connection until it is done, or until that coroutine ends (then takes it back to None)."""
+
+
+class SessionTable:
+    """The connections authenticated by SASL, by principal (what a change of user must reach)."""
+
+    def __init__(self) -> None:
+        self.by_principal: dict[str, set[Session]] = {}
+
+    def add(self, session: Session) -> None:
+        if session.principal is not None:
+            self.by_principal.setdefault(session.principal, set()).add(session)
+
+    def discard(self, session: Session) -> None:
+        if session.principal is None:
+            return
+        sessions = self.by_principal.get(session.principal)
+        if sessions is not None:
+            sessions.discard(session)
+            if not sessions:
+                del self.by_principal[session.principal]
+
+    def of(self, principal: str) -> list[Session]:
+        return list(self.by_principal.get(principal, ()))
 
 
 @dataclass(slots=True)

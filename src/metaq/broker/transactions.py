@@ -184,7 +184,7 @@ class TransactionCoordinator:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def begin(self, txid: str, timeout_ms: int, producer_group: str) -> Transaction:
+    def begin(self, txid: str, timeout_ms: int, producer_group: str, owner: str = "") -> Transaction:
         if not txid or len(txid) > MAX_TXID_CHARS:
             raise InvalidArgument(f"a transaction id has 1-{MAX_TXID_CHARS} characters; got {len(txid)}")
         if timeout_ms < 0 or timeout_ms > self.max_timeout_ms:
@@ -198,7 +198,7 @@ class TransactionCoordinator:
             raise ConcurrentTransactionsError(f"{len(self.live)} transactions are open on this broker "
                                               f"(maxTxTimeoutTimerCapacity={self.capacity})")
         timeout_ms = timeout_ms or self.max_timeout_ms
-        state = TxState(txid, timeout_ms, int(time.time() * 1000), producer_group)
+        state = TxState(txid, timeout_ms, int(time.time() * 1000), producer_group, owner=owner)
         self.txlog.begin(state)
         self.finished.pop(txid, None)
         return self._track(state, timeout_ms)
@@ -288,8 +288,10 @@ class TransactionCoordinator:
             return COMMITTING if tx.committing else PREPARED if tx.state.xid is not None else OPEN
         return self.finished.get(txid, UNKNOWN)
 
-    def recover(self) -> list[str]:
-        return sorted(tx.state.xid for tx in self.live.values() if tx.state.xid is not None and not tx.committing)
+    def recover(self, owner: str | None = None) -> list[str]:
+        """The prepared transactions' xids (``owner``: only those that principal began)."""
+        return sorted(tx.state.xid for tx in self.live.values() if tx.state.xid is not None and not tx.committing
+                      and (owner is None or tx.state.owner == owner))
 
     def _end(self, txid: str, how: str) -> None:
         self.live.pop(txid, None)
@@ -371,15 +373,24 @@ class TransactionCoordinator:
             self._time_out(tx, f"no decision after {tx.checks} checks by producer group "
                                f"{tx.state.producer_group!r}'s checker (transactionCheckMax={self.check_max})")
 
-    def take_checks(self, group: str, limit: int) -> list[Transaction]:
+    def take_checks(self, group: str, limit: int, owner: str | None = None) -> list[Transaction]:
         """Hand up to ``limit`` due half transactions of ``group`` to a checker that asked now: each counts
-        as one check, and is due again ``transactionCheckInterval`` later unless decided."""
+        as one check, and is due again ``transactionCheckInterval`` later unless decided. ``owner``: only
+        those that principal began (aclEnabled); the others stay due for their own principal's checker."""
         now = self.clock()
         self.checker_seen_s[group] = now
         due = self._checks_due.get(group)
         out: list[Transaction] = []
+        mine = None if owner is None or not due else [
+            t for t in due if (live := self.live.get(t)) is None or live.state.owner == owner]
         while due and len(out) < limit:
-            txid, _ = due.popitem(last=False)
+            if mine is None:
+                txid, _ = due.popitem(last=False)
+            elif mine:
+                txid = mine.pop(0)
+                del due[txid]
+            else:
+                break
             tx = self.live.get(txid)
             if tx is None or tx.committing:
                 continue

@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Coroutine
 from typing import Any
 
+from metaq.broker.admission import TlsGate, peer_address
 from metaq.broker.connections import REFUSAL_TIMEOUT_S, REFUSING_CONNECTIONS_MAX, ConnectionRegistry
 from metaq.broker.core import Broker
 from metaq.broker.error_mapping import error_response
@@ -105,10 +106,18 @@ class BrokerProtocol(asyncio.Protocol):
     they give back their waiting-fetch slots at once.
     """
 
-    def __init__(self, broker: Broker, registry: ConnectionRegistry) -> None:
+    def __init__(self, broker: Broker, registry: ConnectionRegistry, *, counted_address: str | None = None) -> None:
         self.broker = broker
         self.registry = registry
-        self.codec = ServerConnection(broker.config.max_frame_bytes)
+        config = broker.config
+        self.pre_auth = config.auth_required
+        """Not authenticated yet where authRequired is set: smaller frames, the authentication timeout."""
+        self.codec = ServerConnection(min(config.max_frame_bytes, config.max_frame_bytes_before_auth)
+                                      if self.pre_auth else config.max_frame_bytes)
+        self.address = counted_address
+        """The peer's address once counted against the per-address limits (the TLS gate counts it first)."""
+        self._early: list[bytes] = []
+        """Data that came before connection_made (a TLS connection's first request, read with the handshake)."""
         self.transport: asyncio.Transport | None = None
         self.session = Session()
         self.replies: deque[_Reply] = deque()
@@ -151,11 +160,24 @@ class BrokerProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.session.peer = self._peer()
+        self.session.opened_at = self.opened_at
+        self.session.close = self._close_now
         if transport.get_extra_info("sslcontext") is not None:
             self.session.tls = True
             self.session.peer_cn = peer_common_name(transport.get_extra_info("peercert"))
             if self.session.peer_cn is not None:  # a verified client certificate: its CN is who this is
                 self.session.principal = user_principal(self.session.peer_cn)
+        addresses = self.registry.addresses
+        if self.address is None:
+            address = peer_address(transport.get_extra_info("peername"))
+            refusal = addresses.accept(address) or addresses.admit(address, self.session.principal is not None)
+            if refusal is not None:
+                self.closed = True
+                self._abort()
+                return
+            self.address = address
+        if self.pre_auth and self.session.principal is not None:
+            self._authenticated()
         if not self.registry.admit(self):
             self._start_refusal()
             return
@@ -174,9 +196,31 @@ class BrokerProtocol(asyncio.Protocol):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._early:
+            early, self._early = self._early, []
+            for data in early:
+                self.data_received(data)
+
+    def _authenticated(self) -> None:
+        """The connection authenticated (SASL, or its certificate): the limits before authentication end."""
+        self.pre_auth = False
+        self.codec.set_max_frame_bytes(self.broker.config.max_frame_bytes)
+        if self.address is not None:
+            self.registry.addresses.authenticated(self.address)
+
+    def _close_now(self, reason: str) -> None:
+        """The core ends the connection (its user was removed, or its password changed)."""
+        log.info("closing connection from %s: %s", self.session.peer, reason)
+        self._abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.address is not None:
+            self.registry.addresses.remove(self.address, self.pre_auth)
+            self.address = None
+        if self.closed:  # refused by a per-address limit: never counted anywhere else
+            return
         self.closed = True
+        self.broker.sessions.discard(self.session)
         if self.refused:
             self.registry.refusing -= 1
             if self._refusal_timer is not None:
@@ -200,6 +244,11 @@ class BrokerProtocol(asyncio.Protocol):
         self.ready.clear()
 
     def data_received(self, data: bytes) -> None:
+        if self.transport is None:  # before connection_made (see _early)
+            self._early.append(bytes(data))
+            return
+        if self.closed:
+            return
         if self.refused:
             self._refuse(data)
             return
@@ -358,6 +407,8 @@ class BrokerProtocol(asyncio.Protocol):
             reply = _Reply(header)
             self.replies.append(reply)
         result = self.broker.handle(request, self.session, deferred=True)
+        if self.pre_auth and self.session.principal is not None:
+            self._authenticated()
         if isinstance(result, DeferredReply):  # a waiting fetch: answered from the append that wakes it
             self.broker.request_started()
             self.deferred.add(result)
@@ -537,13 +588,18 @@ async def listen_tcp(broker: Broker, registry: ConnectionRegistry, host: str, po
 
     With ``ssl_context`` (:class:`metaq.net.tls.ServerTls`) every connection is TLS; a failed handshake
     (wrong CA, no client certificate where one is needed, a plaintext client) closes it before the
-    core sees anything."""
+    core sees anything, and the per-address limits are checked before the handshake (:class:`TlsGate`)."""
     loop = asyncio.get_running_loop()
-    extra: dict[str, Any] = {}
-    if ssl_context is not None:
-        extra = {"ssl": ssl_context, "ssl_handshake_timeout": handshake_timeout_s}
-    return await loop.create_server(lambda: BrokerProtocol(broker, registry), host, port, backlog=backlog,
-                                    reuse_address=True, start_serving=False, **extra)
+    if ssl_context is None:
+        return await loop.create_server(lambda: BrokerProtocol(broker, registry), host, port, backlog=backlog,
+                                        reuse_address=True, start_serving=False)
+    context = ssl_context
+
+    def gate() -> TlsGate:
+        return TlsGate(lambda address: BrokerProtocol(broker, registry, counted_address=address),
+                       registry.addresses, context, handshake_timeout_s)
+
+    return await loop.create_server(gate, host, port, backlog=backlog, reuse_address=True, start_serving=False)
 
 
 def _settle(hold: asyncio.Future[None], _task: object) -> None:

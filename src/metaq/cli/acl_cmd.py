@@ -244,8 +244,13 @@ def _entry_options(fn: Any) -> Any:
         click.option("--principal", required=True, help="User:NAME (a SCRAM user or a certificate CN), or User:*."),
         click.option("--topic", default=None, help="The topic (or topic prefix, with --prefix)."),
         click.option("--group", default=None, help="The consumer group (or prefix, with --prefix)."),
-        click.option("--cluster", is_flag=True, help="The cluster itself (stats, reload, verify, promote)."),
-        click.option("--prefix", is_flag=True, help="The name is a prefix: every topic/group starting with it."),
+        click.option("--transaction", default=None,
+                     help="A transaction id (or prefix, with --prefix): -o produce to use it, -o describe for its "
+                          "status."),
+        click.option("--cluster", is_flag=True, help="The cluster itself (stats, reload, verify, promote; "
+                                                     "-o create: any topic)."),
+        click.option("--prefix", is_flag=True,
+                     help="The name is a prefix: every topic/group/transaction id starting with it."),
         click.option("-o", "--operation", "operations", multiple=True, required=True,
                      type=click.Choice(OPERATIONS), help="What is allowed (or denied); repeat for several."),
         click.option("--deny", is_flag=True, help="A deny entry (deny beats any allow)."),
@@ -255,15 +260,15 @@ def _entry_options(fn: Any) -> Any:
     return _acl_where(fn)
 
 
-def _entries(principal: str, topic: str | None, group: str | None, cluster: bool, prefix: bool,
-             operations: tuple[str, ...], deny: bool) -> list[AclEntry]:
-    resources = [(t, n) for t, n in (("topic", topic), ("group", group), ("cluster", CLUSTER_NAME if cluster else None))
-                 if n]
+def _entries(principal: str, topic: str | None, group: str | None, transaction: str | None, cluster: bool,
+             prefix: bool, operations: tuple[str, ...], deny: bool) -> list[AclEntry]:
+    resources = [(t, n) for t, n in (("topic", topic), ("group", group), ("transaction", transaction),
+                                     ("cluster", CLUSTER_NAME if cluster else None)) if n]
     if len(resources) != 1:
-        raise click.UsageError("give exactly one of --topic, --group and --cluster")
+        raise click.UsageError("give exactly one of --topic, --group, --transaction and --cluster")
     (resource_type, name), = resources
     if prefix and resource_type == "cluster":
-        raise click.UsageError("--prefix applies to --topic and --group")
+        raise click.UsageError("--prefix applies to --topic, --group and --transaction")
     try:
         return [AclEntry(principal, resource_type, name, op, "deny" if deny else "allow",
                          "prefix" if prefix else "literal") for op in dict.fromkeys(operations)]
@@ -273,24 +278,24 @@ def _entries(principal: str, topic: str | None, group: str | None, cluster: bool
 
 @acl_group.command("add")
 @_entry_options
-def acl_add(principal: str, topic: str | None, group: str | None, cluster: bool, prefix: bool,
-            operations: tuple[str, ...], deny: bool, data_path: str | None, acl_file: str | None,
+def acl_add(principal: str, topic: str | None, group: str | None, transaction: str | None, cluster: bool,
+            prefix: bool, operations: tuple[str, ...], deny: bool, data_path: str | None, acl_file: str | None,
             zk_connect: str | None, zk_root: str) -> None:
     """Add ACL entries (brokers with aclEnabled apply them within a second)."""
     with _acl_store(data_path, acl_file, zk_connect, zk_root) as store:
-        for entry in _entries(principal, topic, group, cluster, prefix, operations, deny):
+        for entry in _entries(principal, topic, group, transaction, cluster, prefix, operations, deny):
             added = store.update("add", entry)
             click.echo(f"{'added' if added else 'already there'}: {entry.describe()}", err=True)
 
 
 @acl_group.command("remove")
 @_entry_options
-def acl_remove(principal: str, topic: str | None, group: str | None, cluster: bool, prefix: bool,
-               operations: tuple[str, ...], deny: bool, data_path: str | None, acl_file: str | None,
+def acl_remove(principal: str, topic: str | None, group: str | None, transaction: str | None, cluster: bool,
+               prefix: bool, operations: tuple[str, ...], deny: bool, data_path: str | None, acl_file: str | None,
                zk_connect: str | None, zk_root: str) -> None:
     """Remove ACL entries (exactly as they were added)."""
     with _acl_store(data_path, acl_file, zk_connect, zk_root) as store:
-        for entry in _entries(principal, topic, group, cluster, prefix, operations, deny):
+        for entry in _entries(principal, topic, group, transaction, cluster, prefix, operations, deny):
             if not store.update("remove", entry):
                 raise click.ClickException(f"no such entry: {entry.describe()}")
             click.echo(f"removed: {entry.describe()}", err=True)

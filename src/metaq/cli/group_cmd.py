@@ -235,9 +235,13 @@ async def group_redrive(servers: str, zk_connect: str | None, zk_root: str, grou
         extra = [f"{result.skipped} of other topics passed over"] if result.skipped else []
         if result.remaining:
             extra.append(f"{result.remaining} left for the next run")
+        if result.refused:
+            extra.append(f"{result.refused} refused: their provenance does not allow sending them back")
         click.echo(f"{verb} {plural(result.total, 'message')} from {dead_letter_topic(group)}"
                    + (f" ({'; '.join(extra)})" if extra else "")
                    + ("" if dry_run else f"; progress committed as group {redrive_group(group)}"), err=True)
+        for refusal in result.refusals:
+            click.echo(f"refused: {refusal}", err=True)
         for error in result.errors:
             click.echo(f"error: {error}", err=True)
     if result.errors:

@@ -88,6 +88,11 @@ class Paths:
         """metaq's addition: the ACL document (persistent JSON, metaq.security.acl)."""
         return f"{self.root}/metaq-security/acls"
 
+    @property
+    def mock_secret(self) -> str:
+        """metaq's addition: the secret unknown users' mock SCRAM credentials are derived from (persistent)."""
+        return f"{self.root}/metaq-security/mock-secret"
+
     def master_config(self, broker_id: int) -> str:
         """metaq's addition (autoSyncMasterConfig): ephemeral, the master's topic options as JSON."""
         return f"{self.root}/brokers/topic-configs/{broker_id}"

@@ -227,6 +227,11 @@ class UserAclStore(ABC):
     def write_acls(self, data: bytes, version: int) -> bool:
         """Replace the ACL document if it is still at ``version`` (-1: create it); False when it moved."""
 
+    def shared_secret(self, make: Callable[[], bytes]) -> bytes:
+        """The cluster's secret for mock credentials (:class:`metaq.security.scram.MockCredentials`): the same
+        on every broker; ``make()`` gives it when there is none yet (the first broker to ask stores it)."""
+        raise RegistryError(f"{type(self).__name__} keeps no shared secret")
+
 
 class ReplicaGroupChanged(RegistryError):
     """A version-checked write of a replica group's state lost: another replica (or a failover) got there first."""

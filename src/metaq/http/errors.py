@@ -59,6 +59,7 @@ STATUS_BY_CODE: dict[int, int] = {
     e.TopicAuthorizationError.code: 403,
     e.GroupAuthorizationError.code: 403,
     e.ClusterAuthorizationError.code: 403,
+    e.TransactionAuthorizationError.code: 403,
     e.UnsupportedSaslMechanismError.code: 400,
     e.IllegalSaslStateError.code: 400,
 }

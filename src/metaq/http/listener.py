@@ -11,6 +11,7 @@ listener: an unexpected exception is logged and answered with 500.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import ssl
@@ -19,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from metaq.broker.core import Broker
+from metaq.broker.http_limits import LimitedFactory, limits_of, runner_options
 from metaq.http import auth, errors, routes
 from metaq.http.openapi import openapi_document
 
@@ -89,7 +91,9 @@ class HttpListener:
         self.port = port
         self._sock: socket.socket | None = None
         self._runner: web.AppRunner | None = None
-        self._site: web.SockSite | None = None
+        self._server: asyncio.Server | None = None
+        self.factory: LimitedFactory | None = None
+        """The connections' limits (httpMaxConnections, httpHeaderTimeoutSeconds) and counts, once started."""
 
     @property
     def address(self) -> tuple[str, int]:
@@ -115,11 +119,13 @@ class HttpListener:
         # handler_cancellation: a client that hangs up cancels its request, so a long poll gives its
         # waiting-fetch slot back at once instead of at max_wait_ms
         runner = web.AppRunner(make_app(self.broker), handler_cancellation=True, access_log=None,
-                               shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+                               shutdown_timeout=SHUTDOWN_TIMEOUT_S, **runner_options())
         await runner.setup()
-        site = web.SockSite(runner, self._sock, shutdown_timeout=SHUTDOWN_TIMEOUT_S, ssl_context=self.ssl_context)
-        await site.start()
-        self._runner, self._site = runner, site
+        assert runner.server is not None
+        self.factory = LimitedFactory(runner.server, limits_of(self.broker.config))
+        self._server = await asyncio.get_running_loop().create_server(self.factory, sock=self._sock,
+                                                                      ssl=self.ssl_context, backlog=1024)
+        self._runner = runner
         host, port = self.address
         log.info("HTTP API on %s://%s:%d (OpenAPI at /openapi.json)", self.scheme, host, port)
 
@@ -129,9 +135,9 @@ class HttpListener:
 
     async def stop_accepting(self) -> None:
         """Close the listening socket; requests in progress go on (the core's drain answers them)."""
-        if self._site is not None:
-            await self._site.stop()
-            self._site = None
+        if self._server is not None:
+            self._server.close()
+            self._server = None
         elif self._sock is not None and self._runner is None:
             self._sock.close()
 

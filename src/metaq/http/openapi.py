@@ -20,6 +20,11 @@ def _obj(required: list[str], **props: Any) -> dict[str, Any]:
     return {"type": "object", "required": required, "properties": props}
 
 
+def _strict(schema: dict[str, Any]) -> dict[str, Any]:
+    """A request object: a field it does not name is refused (400), so the description says so."""
+    return {**schema, "additionalProperties": False}
+
+
 def _arr(items: dict[str, Any]) -> dict[str, Any]:
     return {"type": "array", "items": items}
 
@@ -38,16 +43,18 @@ SCHEMAS: dict[str, Any] = {
         name=_STR, message=_STR, retriable=_BOOL, hint=_STR,
         log_start_offset=_INT, log_end_offset=_INT, damaged_offset=_INT, resume_offset=_INT,
         results=_arr(_ref("CommittedOffset")))),
-    "OutgoingMessage": {**_obj(["payload"], payload=_STR,
+    "OutgoingMessage": {**_strict(_obj(["payload"], payload=_STR,
                                encoding={"type": "string", "enum": ["text", "base64"], "default": "text"},
                                key=_STR, attribute=_STR,
                                headers={"oneOf": [{"type": "object", "additionalProperties": _STR},
                                                   _arr(_arr(_STR))]},
-                               timestamp_ms=_INT, deliver_at=_INT, delay_ms=_INT),
+                               timestamp_ms=_INT, deliver_at=_INT, delay_ms=_INT)),
                         "description": "encoding applies to payload, key and header values; deliver_at (ms since "
                                        "the epoch) or delay_ms: delayed delivery (docs/delayed.md)"},
-    "ProduceBatch": _obj(["messages"], messages=_arr(_ref("OutgoingMessage")),
-                         encoding={"type": "string", "enum": ["text", "base64"]}, partition=_INT),
+    "ProduceBatch": _strict(_obj(["messages"], messages={**_arr(_ref("OutgoingMessage")), "minItems": 1,
+                                                         "maxItems": 100_000},
+                                 encoding={"type": "string", "enum": ["text", "base64"]},
+                                 partition={"type": "integer", "minimum": -1, "maximum": 2**31 - 1})),
     "ProduceResult": _obj(["topic", "broker_id", "partition", "partition_id", "offset", "id", "count",
                            "append_time_ms", "messages"], topic=_STR, **_PARTITION_REF, offset=_INT,
                           id=_STR, count=_INT, append_time_ms=_INT,
@@ -88,15 +95,16 @@ SCHEMAS: dict[str, Any] = {
                             **_PARTITION_REF, offset=_INT, metadata={"type": "string", "nullable": True},
                             error_code=_INT),
     "GroupOffsets": _obj(["group", "offsets"], group=_STR, offsets=_arr(_ref("CommittedOffset"))),
-    "CommitRequest": _obj(["offsets"], generation={"type": "integer", "default": -1}, member_id=_STR,
-                          offsets=_arr(_obj(["topic", "partition", "offset"], topic=_STR, broker_id=_INT,
-                                            partition=_INT, offset=_INT, metadata=_STR))),
-    "JoinRequest": _obj(["topics"], topics=_arr(_STR), member_id=_STR, client_id=_STR, session_timeout_ms=_INT,
-                        rebalance_timeout_ms=_INT,
-                        strategy={"type": "string", "enum": ["range", "consistent_hash"]}),
+    "CommitRequest": _strict(_obj(["offsets"], generation={"type": "integer", "default": -1}, member_id=_STR,
+                                  offsets=_arr(_strict(_obj(["topic", "partition", "offset"], topic=_STR,
+                                                            broker_id=_INT, partition=_INT, offset=_INT,
+                                                            metadata=_STR))))),
+    "JoinRequest": _strict(_obj(["topics"], topics=_arr(_STR), member_id=_STR, client_id=_STR,
+                                session_timeout_ms=_INT, rebalance_timeout_ms=_INT,
+                                strategy={"type": "string", "enum": ["range", "consistent_hash", "roundrobin"]})),
     "JoinResult": _obj(["group", "generation", "member_id", "members", "assignment"], group=_STR,
                        generation=_INT, member_id=_STR, members=_arr(_STR), assignment=_ref("Assignment")),
-    "HeartbeatRequest": _obj(["generation"], generation=_INT),
+    "HeartbeatRequest": _strict(_obj(["generation"], generation=_INT)),
     "HeartbeatResult": _obj(["group", "member_id", "generation"], group=_STR, member_id=_STR, generation=_INT),
     "LeaveResult": _obj(["group", "member_id", "left"], group=_STR, member_id=_STR, left=_BOOL),
 }
@@ -107,17 +115,30 @@ def _param(name: str, where: str, schema: dict[str, Any], description: str, requ
             "description": description}
 
 
-_TOPIC = _param("topic", "path", _STR, "topic name: letters, digits, '-', '_', '.' (1-249 characters)")
-_PARTITION = _param("partition", "path", _INT, "the partition number on this broker")
-_GROUP = _param("group", "path", _STR, "consumer group name")
+_TOPIC = _param("topic", "path", {"type": "string", "minLength": 1, "maxLength": 249,
+                                  "pattern": r"^([A-Za-z0-9._-]+|%DLQ%[A-Za-z0-9._@-]+)$"},
+                "topic name: letters, digits, '-', '_', '.' (1-249 characters; not '.' or '..'), or %DLQ%<group>")
+_PARTITION = _param("partition", "path", {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+                    "the partition number on this broker")
+_GROUP = _param("group", "path", {"type": "string", "minLength": 1, "maxLength": 249,
+                                  "pattern": r"^[A-Za-z0-9._@-]+$"}, "consumer group name")
 _MEMBER = _param("member_id", "path", _STR, "member id from the join reply")
 _FORMAT = _param("format", "query", {"type": "string", "enum": ["text", "base64"], "default": "text"},
                  "how bytes are written: text (UTF-8; a message that is not is written base64) or base64")
 
 _ERRORS = {str(status): {"description": text, "content": {"application/json": {"schema": _ref("Error")}}}
-           for status, text in ((400, "bad input"), (404, "unknown topic, partition, group or message"),
+           for status, text in ((400, "bad input"),
+                                (401, "authRequired: no or wrong HTTP Basic credentials (WWW-Authenticate)"),
+                                (403, "aclEnabled: the principal may not (TOPIC_/GROUP_/CLUSTER_/TRANSACTIONAL_ID_"
+                                      "AUTHORIZATION_FAILED); a partition closed for publishing; Basic credentials "
+                                      "on plain HTTP"),
+                                (404, "unknown topic, partition, group or message"),
                                 (409, "not master / group generation conflicts (retriable)"),
-                                (503, "broker stopping or storage failing (retriable)"))}
+                                (429, "too many long polls waiting (TOO_MANY_REQUESTS, with Retry-After)"),
+                                (500, "stored data damaged, or an unexpected failure (logged)"),
+                                (503, "broker stopping, storage failing, or the principal's connection quota "
+                                      "(retriable, with Retry-After)"),
+                                (507, "the disk is full"))}
 
 
 def _ok(schema: str, description: str = "success") -> dict[str, Any]:
@@ -129,6 +150,10 @@ def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 
+_WRONG_TYPE = {"415": {"description": "a Content-Type other than application/json",
+                       "content": {"application/json": {"schema": _ref("Error")}}}}
+
+
 _PRODUCE_BODY = {"required": True, "content": {
     "application/json": {"schema": {"oneOf": [_ref("OutgoingMessage"), _ref("ProduceBatch")]}},
     "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}
@@ -137,8 +162,6 @@ _PRODUCE_PARAMS = [
     _param("attribute", "query", _STR, "raw body: the message attribute (or the X-Metaq-Attribute header)"),
 ]
 _PRODUCE_RESPONSES = {**_ok("ProduceResult"),
-                      "403": {"description": "partition closed for publishing (metaq topic close)",
-                              "content": {"application/json": {"schema": _ref("Error")}}},
                       "413": {"description": "message or batch over maxMessageSize / maxBatchSize",
                               "content": {"application/json": {"schema": _ref("Error")}}},
                       "415": {"description": "wrong Content-Type",
@@ -155,7 +178,9 @@ def _paths() -> dict[str, Any]:
         "/topics/{topic}/messages": {"post": {
             "summary": "produce one message or a batch; the broker picks an open partition unless given one",
             "operationId": "produce",
-            "parameters": [_TOPIC, _param("partition", "query", _INT, "partition (-1 or absent: broker's choice)"),
+            "parameters": [_TOPIC, _param("partition", "query", {"type": "integer", "minimum": -1,
+                                                                 "maximum": 2**31 - 1},
+                                          "partition (-1 or absent: broker's choice)"),
                            *_PRODUCE_PARAMS],
             "requestBody": _PRODUCE_BODY, "responses": _PRODUCE_RESPONSES}},
         "/topics/{topic}/partitions/{partition}/messages": {
@@ -166,14 +191,18 @@ def _paths() -> dict[str, Any]:
                     "operationId": "fetch",
                     "parameters": [
                         _TOPIC, _PARTITION,
-                        _param("offset", "query", _INT, "first offset wanted (required unless group is given)"),
+                        _param("offset", "query", {"type": "integer", "minimum": 0},
+                               "first offset wanted (required unless group is given)"),
                         _param("group", "query", _STR, "start at this group's committed offset when offset is "
                                                        "absent; also selects the group's server-side filter"),
                         _param("reset", "query", {"type": "string", "enum": ["earliest", "latest"]},
                                "with group and no committed offset: where to start (default earliest)"),
-                        _param("max_wait_ms", "query", _INT, "long poll: wait up to this long for data (0..600000)"),
-                        _param("max_bytes", "query", _INT, "at most this many stored bytes (default maxTransferSize)"),
-                        _param("max_messages", "query", _INT, "at most this many messages (0: no limit)"),
+                        _param("max_wait_ms", "query", {"type": "integer", "minimum": 0, "maximum": 600_000},
+                               "long poll: wait up to this long for data"),
+                        _param("max_bytes", "query", {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
+                               "at most this many stored bytes (default and cap: maxTransferSize)"),
+                        _param("max_messages", "query", {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+                               "at most this many messages (0: no limit)"),
                         _FORMAT],
                     "responses": {**_ok("FetchResult"),
                                   "416": {"description": "offset out of range (the body gives the valid range)",
@@ -182,22 +211,28 @@ def _paths() -> dict[str, Any]:
             "summary": "the earliest, latest or first offset at or after a time",
             "operationId": "offsets",
             "parameters": [_TOPIC, _PARTITION,
-                           _param("time", "query", _STR, "earliest, latest (default) or a timestamp in ms")],
+                           _param("time", "query", {"type": "string", "pattern": r"^(earliest|latest|[0-9]{1,18})$"},
+                                  "earliest, latest (default) or a timestamp in ms")],
             "responses": _ok("Offsets")}},
         "/messages/{message_id}": {"get": {
             "summary": "look a message up by id: where it is stored, and the message",
             "operationId": "lookupMessage",
-            "parameters": [_param("message_id", "path", _STR, "32 hex digits, as a produce reply gives it"),
+            "parameters": [_param("message_id", "path", {"type": "string", "pattern": "^[0-9a-fA-F]{32}$"},
+                                  "32 hex digits, as a produce reply gives it"),
                            _FORMAT],
             "responses": _ok("Lookup")}},
         "/topics/{topic}/find": {"get": {
             "summary": "find messages of this broker's partitions by key and/or timestamp range",
             "operationId": "findMessages",
             "parameters": [_TOPIC, _param("key", "query", _STR, "only messages with exactly this key (UTF-8)"),
-                           _param("from", "query", _INT, "only timestamps >= this (ms since the epoch)"),
-                           _param("to", "query", _INT, "only timestamps <= this (ms since the epoch)"),
-                           _param("partition", "query", _INT, "only this partition (default: all on this broker)"),
-                           _param("limit", "query", _INT, "at most this many (1..10000, default 100)")],
+                           _param("from", "query", {"type": "integer", "minimum": 0},
+                                  "only timestamps >= this (ms since the epoch)"),
+                           _param("to", "query", {"type": "integer", "minimum": 0},
+                                  "only timestamps <= this (ms since the epoch)"),
+                           _param("partition", "query", {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+                                  "only this partition (default: all on this broker)"),
+                           _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 10_000},
+                                  "at most this many (default 100)")],
             "responses": _ok("Found")}},
         "/groups": {"get": {"summary": "consumer groups known to this broker", "operationId": "listGroups",
                             "responses": _ok("Groups")}},
@@ -210,19 +245,21 @@ def _paths() -> dict[str, Any]:
                     "responses": _ok("GroupOffsets")},
             "post": {"summary": "commit offsets (generation -1 outside membership, or as a member)",
                      "operationId": "commitOffsets", "parameters": [_GROUP],
-                     "requestBody": _json_body(_ref("CommitRequest")), "responses": _ok("GroupOffsets")}},
+                     "requestBody": _json_body(_ref("CommitRequest")),
+                     "responses": {**_ok("GroupOffsets"), **_WRONG_TYPE}}},
         "/groups/{group}/members": {"post": {
             "summary": "join the group; answered once its rebalance completes, with this member's partitions",
             "operationId": "joinGroup", "parameters": [_GROUP], "requestBody": _json_body(_ref("JoinRequest")),
-            "responses": _ok("JoinResult")}},
+            "responses": {**_ok("JoinResult"), **_WRONG_TYPE}}},
         "/groups/{group}/members/{member_id}/heartbeat": {"post": {
             "summary": "keep the membership alive; 409 REBALANCE_IN_PROGRESS means commit and join again",
             "operationId": "heartbeat", "parameters": [_GROUP, _MEMBER],
-            "requestBody": _json_body(_ref("HeartbeatRequest")), "responses": _ok("HeartbeatResult")}},
+            "requestBody": _json_body(_ref("HeartbeatRequest")),
+            "responses": {**_ok("HeartbeatResult"), **_WRONG_TYPE}}},
         "/groups/{group}/members/{member_id}": {"delete": {
             "summary": "leave the group", "operationId": "leaveGroup", "parameters": [_GROUP, _MEMBER],
             "responses": _ok("LeaveResult")}},
-        "/openapi.json": {"get": {"summary": "this description", "operationId": "openapi",
+        "/openapi.json": {"get": {"summary": "this description", "operationId": "openapi", "security": [],
                                   "responses": {"200": {"description": "OpenAPI 3 document",
                                                         "content": {"application/json": {"schema": {
                                                             "type": "object"}}}}}}},
@@ -236,7 +273,13 @@ def openapi_document(broker: Broker) -> dict[str, Any]:
         "info": {"title": "metaq HTTP API", "version": __version__,
                  "description": (f"Broker {c.broker_id}. Limits as over the binary protocol: maxMessageSize="
                                  f"{c.max_message_bytes} bytes, maxBatchSize={c.max_batch_bytes} bytes, "
-                                 f"maxTransferSize={c.max_transfer_bytes} bytes. See docs/http.md.")},
+                                 f"maxTransferSize={c.max_transfer_bytes} bytes. Any other method on a path "
+                                 "(TRACE, PUT, ...) is answered 405, any other path 404, a body over the read "
+                                 "limit 413, all with the Error body. See docs/http.md.")},
         "paths": _paths(),
-        "components": {"schemas": SCHEMAS},
+        "security": [{"basic": []}] if c.auth_required else [],
+        "components": {"schemas": SCHEMAS,
+                       "securitySchemes": {"basic": {"type": "http", "scheme": "basic",
+                                                     "description": "a metaq user (metaq acl user add), over HTTPS "
+                                                                    "(docs/security.md#http-authentication)"}}},
     }

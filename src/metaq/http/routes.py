@@ -18,8 +18,15 @@ from typing import Any
 from aiohttp import web
 
 from metaq.broker.core import Broker
+from metaq.broker.quotas import ANONYMOUS
 from metaq.broker.session import FileReply, Session
-from metaq.errors import CorruptRecordError, InvalidArgument, OffsetOutOfRangeError, StoredDataCorruptError
+from metaq.errors import (
+    CorruptRecordError,
+    InvalidArgument,
+    OffsetOutOfRangeError,
+    StoredDataCorruptError,
+    TooManyConnectionsError,
+)
 from metaq.http.auth import PRINCIPAL_KEY
 from metaq.http.codecs import ENCODINGS, OutgoingMessage, message_from_raw, message_to_json, messages_from_json
 from metaq.http.errors import HttpInputError, WireError
@@ -40,18 +47,33 @@ RAW_TYPES = ("application/octet-stream",)
 
 
 async def call(request: web.Request, core_request: Any) -> Any:
-    """The core's response to ``core_request``; WireError when it carries an error."""
+    """The core's response to ``core_request``; WireError when it carries an error.
+
+    A request in progress counts as one of its principal's connections (quotaMaxConnections): HTTP/1.1 holds
+    one request per connection at a time, so that is what the binary protocol's count bounds."""
     broker = request.app[BROKER_KEY]
     session = Session(peer=request.remote or "?", tls=request.secure, principal=request.get(PRINCIPAL_KEY))
-    result = broker.handle(core_request, session)
-    if asyncio.iscoroutine(result):
-        broker.request_started()
-        try:
-            result = await result
-        finally:
-            broker.request_finished()
-    if session.throttle_ms:  # over a byte-rate quota: the reply waits, as a TCP connection is muted
-        await asyncio.sleep(session.throttle_ms / 1000)
+    refusal = broker.quotas.admit(session, session.principal or ANONYMOUS)
+    if refusal is not None:
+        broker.audit(session.principal, "connection", "cluster", "denied", session.peer, refusal)
+        raise WireError(TooManyConnectionsError.code, refusal)
+    result: Any = None
+    try:
+        result = broker.handle(core_request, session)
+        if asyncio.iscoroutine(result):
+            broker.request_started()
+            try:
+                result = await result
+            finally:
+                broker.request_finished()
+        if session.throttle_ms:  # over a byte-rate quota: the reply waits, as a TCP connection is muted
+            await asyncio.sleep(session.throttle_ms / 1000)
+    except BaseException:
+        if isinstance(result, FileReply):  # cancelled (the client hung up) while the reply waited
+            result.file_slice.release()
+        raise
+    finally:
+        broker.quotas.release(session)
     response = result.response if isinstance(result, FileReply) else result
     if response.error_code:
         if isinstance(result, FileReply):

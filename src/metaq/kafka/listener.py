@@ -21,8 +21,9 @@ import logging
 import socket
 import ssl
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
+from metaq.broker.admission import AddressLimits, TlsGate, peer_address
 from metaq.broker.core import Broker
 from metaq.broker.quotas import ANONYMOUS
 from metaq.broker.session import Session
@@ -61,11 +62,21 @@ class _Slot:
 class KafkaConnection(asyncio.Protocol):
     """One Kafka client connection."""
 
-    def __init__(self, broker: Broker, advertised: Advertised, peers: Peers, connections: set[KafkaConnection]) -> None:
+    def __init__(self, broker: Broker, advertised: Advertised, peers: Peers, connections: set[KafkaConnection],
+                 addresses: AddressLimits | None = None, counted_address: str | None = None) -> None:
         self.broker = broker
         self.session = Session(whole_cluster_groups=True)
         self.ctx = Context(broker, self.session, advertised, peers)
-        self.codec = codec.KafkaServerConnection(broker.config.max_frame_bytes)
+        config = broker.config
+        self.pre_auth = config.auth_required
+        """Not authenticated yet where authRequired is set: smaller frames, the authentication timeout
+        (docs/security.md#limits-before-authentication, as on the binary port)."""
+        self.codec = codec.KafkaServerConnection(min(config.max_frame_bytes, config.max_frame_bytes_before_auth)
+                                                 if self.pre_auth else config.max_frame_bytes)
+        self.addresses = addresses
+        self.address = counted_address
+        """The peer's address once counted against the per-address limits (the TLS gate counts it first)."""
+        self._auth_timer: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport | None = None
         self.replies: deque[_Slot] = deque()
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -80,14 +91,28 @@ class KafkaConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.connections.add(self)
         peer = transport.get_extra_info("peername")
         self.session.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.session.close = self._close_now
         if transport.get_extra_info("sslcontext") is not None:
             self.session.tls = True
             self.session.peer_cn = peer_common_name(transport.get_extra_info("peercert"))
             if self.session.peer_cn is not None:
                 self.session.principal = user_principal(self.session.peer_cn)
+        if self.addresses is not None and self.address is None:
+            address = peer_address(peer)
+            if (self.addresses.accept(address) or self.addresses.admit(address, self.session.principal is not None)) \
+                    is not None:
+                self.transport = None
+                cast(asyncio.Transport, transport).abort()
+                return
+            self.address = address
+        self.connections.add(self)
+        if self.pre_auth and self.session.principal is not None:
+            self._authenticated()
+        elif self.pre_auth and self.broker.config.connection_auth_timeout_s > 0:
+            self._auth_timer = asyncio.get_running_loop().call_later(self.broker.config.connection_auth_timeout_s,
+                                                                     self._auth_timed_out)
         if self.session.principal is not None or not self.broker.config.auth_required:
             refusal = self.broker.quotas.admit(self.session, self.session.principal or ANONYMOUS)
             if refusal is not None:
@@ -100,7 +125,37 @@ class KafkaConnection(asyncio.Protocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
+    def _authenticated(self) -> None:
+        """The connection authenticated (SASL, or its certificate): the limits before authentication end."""
+        self.pre_auth = False
+        self.codec.max_frame_bytes = self.broker.config.max_frame_bytes
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
+        if self.addresses is not None and self.address is not None:
+            self.addresses.authenticated(self.address)
+
+    def _auth_timed_out(self) -> None:
+        self._auth_timer = None
+        if self.pre_auth and self.transport is not None:
+            log.info("closing Kafka connection from %s: not authenticated within connectionAuthTimeoutSeconds=%d",
+                     self.session.peer, self.broker.config.connection_auth_timeout_s)
+            self.transport.abort()
+
+    def _close_now(self, reason: str) -> None:
+        """The core ends the connection (its user was removed, or its password changed)."""
+        log.info("closing Kafka connection from %s: %s", self.session.peer, reason)
+        if self.transport is not None:
+            self.transport.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.addresses is not None and self.address is not None:
+            self.addresses.remove(self.address, self.pre_auth)
+            self.address = None
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
+        self.broker.sessions.discard(self.session)
         self.connections.discard(self)
         if self.admitted:
             self.broker.quotas.release(self.session)
@@ -174,6 +229,8 @@ class KafkaConnection(asyncio.Protocol):
             log.exception("Kafka %s v%d from %s failed", codec.SERVED[header.api_key][0], header.api_version,
                           self.session.peer)
             data = codec.encode_unsupported(header, codec.error_body(header, UNKNOWN_SERVER_ERROR))
+        if self.pre_auth and self.session.principal is not None:
+            self._authenticated()
         if slot is not None:
             self._complete(slot, data)
         if self.ctx.mute_ms:
@@ -238,8 +295,10 @@ class KafkaListener:
 
     def __init__(self, broker: Broker, host: str, port: int | None, *, ssl_port: int | None = None,
                  ssl_context: ssl.SSLContext | None = None, advertised_host: str | None = None,
-                 peers: Peers | None = None) -> None:
+                 peers: Peers | None = None, addresses: AddressLimits | None = None) -> None:
         self.broker = broker
+        self.addresses = addresses
+        """The per-address limits shared with the binary and TLS ports (None: none)."""
         self.host = host
         self.port = port
         self.ssl_port = ssl_port
@@ -293,7 +352,17 @@ class KafkaListener:
         return True
 
     def _factory(self) -> KafkaConnection:
-        return KafkaConnection(self.broker, self.advertised, self.peers, self.connections)
+        return KafkaConnection(self.broker, self.advertised, self.peers, self.connections, self.addresses)
+
+    def _tls_factory(self) -> asyncio.Protocol:
+        """A TLS connection: the per-address limits before its handshake (TlsGate), as on the binary TLS port."""
+        assert self.ssl_context is not None
+        if self.addresses is None:
+            return self._factory()
+        addresses = self.addresses
+        return TlsGate(lambda address: KafkaConnection(self.broker, self.advertised, self.peers, self.connections,
+                                                       addresses, address),
+                       addresses, self.ssl_context, TLS_HANDSHAKE_TIMEOUT_S)
 
     async def bind(self) -> None:
         """Take the port(s), not serving yet; OSError when one cannot be bound (nothing left bound then)."""
@@ -306,9 +375,13 @@ class KafkaListener:
                 self.advertised.port = self._plain.sockets[0].getsockname()[1]
             if self.ssl_port is not None:
                 assert self.ssl_context is not None
-                self._tls = await loop.create_server(self._factory, self.host, self.ssl_port, reuse_address=True,
-                                                     start_serving=False, ssl=self.ssl_context,
-                                                     ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S)
+                if self.addresses is not None:  # the handshake is started by the TlsGate
+                    self._tls = await loop.create_server(self._tls_factory, self.host, self.ssl_port,
+                                                         reuse_address=True, start_serving=False)
+                else:
+                    self._tls = await loop.create_server(self._factory, self.host, self.ssl_port, reuse_address=True,
+                                                         start_serving=False, ssl=self.ssl_context,
+                                                         ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S)
                 self._servers.append(self._tls)
                 self.advertised.tls_port = self._tls.sockets[0].getsockname()[1]
                 if self._plain is None:

@@ -310,6 +310,11 @@ class ServerConnection:
         self._frames = FrameBuffer(max_frame_bytes)
         self.max_frame_bytes = max_frame_bytes
 
+    def set_max_frame_bytes(self, max_frame_bytes: int) -> None:
+        """Change the largest frame accepted from now on (a broker allows larger ones once a connection has
+        authenticated)."""
+        self.max_frame_bytes = self._frames.max_frame_bytes = max_frame_bytes
+
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         self._frames.feed(data)
 

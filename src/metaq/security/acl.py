@@ -9,8 +9,11 @@ starts with it (``prefix``). :meth:`Acls.allows` decides:
 3. a matching ``allow`` entry permits;
 4. nothing matches: refused (no ACL, no access).
 
-Operations: ``produce``, ``consume``, ``describe``, ``admin``, and ``all`` (in an entry: every one of them).
-An allowed ``produce``, ``consume`` or ``admin`` also allows ``describe`` of the same resource.
+Resources: ``topic``, ``group``, ``transaction`` (a transaction id, Kafka's TransactionalId) and the
+``cluster``. Operations: ``produce``, ``consume``, ``describe``, ``admin``, ``create`` (Kafka's CREATE: a
+topic, by CreateTopic or by auto-create on produce) and ``all`` (in an entry: every one of them). An
+allowed ``produce``, ``consume`` or ``admin`` also allows ``describe`` of the same resource; ``create``
+does not (as in Kafka).
 
 Stored as one JSON document (``{"acls": [...]}``) in a ZooKeeper node in cluster mode; in embedded mode,
 a file of one text line per entry behind its checksums (:mod:`metaq.framing`), whose key is the entry's
@@ -37,8 +40,8 @@ from metaq import framing
 from metaq.errors import ConfigError
 from metaq.fsutil import atomic_write
 
-RESOURCE_TYPES: Final = ("topic", "group", "cluster")
-OPERATIONS: Final = ("produce", "consume", "describe", "admin", "all")
+RESOURCE_TYPES: Final = ("topic", "group", "transaction", "cluster")
+OPERATIONS: Final = ("produce", "consume", "describe", "admin", "create", "all")
 PATTERN_TYPES: Final = ("literal", "prefix")
 PERMISSIONS: Final = ("allow", "deny")
 ANY_PRINCIPAL: Final = "User:*"

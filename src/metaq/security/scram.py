@@ -20,7 +20,7 @@ import hashlib
 import hmac
 import os
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -222,6 +222,41 @@ class ScramClient:
 CredentialLookup = Callable[[str], "ScramCredential | None"]
 
 
+class MockCredentials:
+    """What a server answers for a user that does not exist: a credential derived from a secret of the
+    server's and the name, so that an unknown user's exchange looks like a known user's (PostgreSQL's mock
+    authentication does the same, from a secret made at initdb).
+
+    The salt is ``HMAC(secret, "salt" + name)``: stable for a name (asking twice gives the same answer, as
+    for a real user), and nobody without the secret can tell it from a random salt; computing it from the
+    name alone is what gave unknown users away. The iteration count is one of ``iterations()`` (the counts
+    of the stored users, so an unknown name looks like a random user), picked by the same HMAC. Nothing is
+    derived from a password, so answering costs no PBKDF2: no more than for a known user (whose keys are
+    stored). ``secret`` must be the same on every broker of a cluster (or the salts would differ between
+    brokers for unknown names only)."""
+
+    def __init__(self, secret: bytes, iterations: Callable[[], Sequence[int]] = lambda: (DEFAULT_ITERATIONS,)) -> None:
+        if len(secret) < 16:
+            raise ValueError("the mock credential secret needs at least 16 bytes")
+        self._secret = secret
+        self._iterations = iterations
+
+    def _mac(self, what: bytes, name: str) -> bytes:
+        return _hmac(self._secret, what + b"\0" + name.encode("utf-8", "surrogatepass"))
+
+    def iterations(self, name: str) -> int:
+        counts = sorted(c for c in self._iterations() if MIN_ITERATIONS <= c <= MAX_ITERATIONS) or [DEFAULT_ITERATIONS]
+        return counts[int.from_bytes(self._mac(b"iterations", name)[:8], "big") % len(counts)]
+
+    def credential(self, name: str) -> ScramCredential:
+        return ScramCredential(self._mac(b"salt", name)[:16], self.iterations(name), self._mac(b"stored key", name),
+                               self._mac(b"server key", name))
+
+
+_PROCESS_MOCK = MockCredentials(os.urandom(32))
+"""For a :class:`ScramServer` given no mock: stable for the life of the process only."""
+
+
 class ScramServer:
     """The server side: :meth:`first` takes the client's first message and returns the server's first
     (after :attr:`username` is known, the caller looks the credential up and passes it); :meth:`final`
@@ -237,6 +272,11 @@ class ScramServer:
         self._client_first_bare = ""
         self._server_first = ""
         self._combined_nonce = ""
+
+    @property
+    def stored_key(self) -> bytes | None:
+        """The StoredKey of the known user's credential this exchange checks against (None: unknown, or not yet)."""
+        return self._credential.stored_key if self._known and self._credential is not None else None
 
     @property
     def stage(self) -> str:
@@ -258,13 +298,14 @@ class ScramServer:
         self._state = "parsed"
         return self.username
 
-    def first(self, credential: ScramCredential | None) -> bytes:
-        """The server's first message, for ``credential`` (None: the user is unknown)."""
+    def first(self, credential: ScramCredential | None, *, mock: ScramCredential | None = None) -> bytes:
+        """The server's first message, for ``credential`` (None: the user is unknown, and ``mock`` is what
+        its exchange uses instead: :class:`MockCredentials`, so that it looks and costs like a known user's)."""
         if self._state != "parsed":
             raise ScramError("the client's first message has not been parsed")
         self._state = "first"
         self._known = credential is not None
-        self._credential = credential or make_credential(_nonce(), salt=_h(self.username.encode())[:16])
+        self._credential = credential or mock or _PROCESS_MOCK.credential(self.username)
         self._server_first = (f"r={self._combined_nonce},s={_b64(self._credential.salt)},"
                               f"i={self._credential.iterations}")
         return self._server_first.encode()

@@ -36,6 +36,7 @@ from metaq.broker.dashboard import views
 from metaq.broker.dashboard.cluster import ClusterView
 from metaq.broker.dashboard.history import History
 from metaq.broker.dashboard.views import DashboardError
+from metaq.broker.http_limits import LimitedFactory, limits_of, runner_options
 from metaq.broker.metrics import render, take_snapshot
 
 if TYPE_CHECKING:
@@ -81,6 +82,8 @@ class MetricsServer:
         self.authenticator = BasicAuthenticator(broker)
         """With authRequired: who may see the page and its API (HTTP Basic, as the HTTP API)."""
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        self.factory: LimitedFactory | None = None
         self._static = {name: _static(name) for name in STATIC_FILES}
 
     def app(self) -> web.Application:
@@ -107,16 +110,18 @@ class MetricsServer:
         """Listen on host:port (0: any free port), HTTPS with ``ssl_context`` (sslHttp, docs/security.md);
         OSError as the socket raised it."""
         self.scheme = "http" if ssl_context is None else "https"
-        runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        runner = web.AppRunner(self.app(), access_log=None, handle_signals=False, **runner_options())
         await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
+        assert runner.server is not None
+        self.factory = LimitedFactory(runner.server, limits_of(self.broker.config))
         try:
-            await site.start()
+            self._server = await asyncio.get_running_loop().create_server(
+                self.factory, host, port, reuse_address=True, ssl=ssl_context, backlog=128)
         except BaseException:
             await runner.cleanup()
             raise
         self._runner = runner
-        addresses = runner.addresses  # the bound port, when 0 was asked for
+        addresses = [s.getsockname() for s in self._server.sockets]  # the bound port, when 0 was asked for
         self.host, self.port = addresses[0][:2] if addresses else (host, port)
 
     @property
@@ -137,6 +142,9 @@ class MetricsServer:
     async def close(self) -> None:
         self.serving = False
         await self.history.stop()
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -208,14 +216,32 @@ class MetricsServer:
         snap = take_snapshot(self.broker)
         topics = views.topics_view(self.broker, snap, self.history)
         groups = views.groups_view(self.broker, snap)
+        broker = views.broker_view(self.broker, snap, self.history)
+        seen = self._visibility(request)
+        if seen is not None:
+            may_topic, may_group = seen
+            topics = [t for t in topics if may_topic(t["name"])]
+            groups = [views.group_showing(g, may_topic) for g in groups if may_group(g["name"])]
+            if "replication" in broker:
+                broker["replication"] = [r for r in broker["replication"] if may_topic(r["topic"])]
+        return broker, topics, groups
+
+    def _visibility(self, request: web.Request) -> tuple[Callable[[str], bool], Callable[[str], bool]] | None:
+        """With aclEnabled: which topics and groups the request's principal may describe; None: everything."""
+        if not self.broker.config.acl_enabled:
+            return None
         principal = request.get(PRINCIPAL_KEY)
-        if self.broker.config.acl_enabled:
-            acls = self.broker.acls
-            topics = [t for t in topics
-                      if principal is not None and acls.allows(principal, "topic", t["name"], "describe")]
-            groups = [g for g in groups
-                      if principal is not None and acls.allows(principal, "group", g["name"], "describe")]
-        return views.broker_view(self.broker, snap, self.history), topics, groups
+        acls = self.broker.acls
+        if principal is not None and principal in acls.super_users:
+            return None
+
+        def may_topic(name: str) -> bool:
+            return principal is not None and acls.allows(principal, "topic", name, "describe")
+
+        def may_group(name: str) -> bool:
+            return principal is not None and acls.allows(principal, "group", name, "describe")
+
+        return may_topic, may_group
 
     async def _state(self, request: web.Request) -> web.Response:
         broker, topics, groups = self._views(request)
@@ -240,10 +266,21 @@ class MetricsServer:
         since = request.query.get("since", "0")
         if not since.isdigit():
             raise DashboardError(400, "INVALID_REQUEST", f"since must be ms since the epoch, not {since!r}")
-        return _json(self.history.to_json(int(since)))
+        doc = self.history.to_json(int(since))
+        seen = self._visibility(request)
+        if seen is not None:  # a group's lag is shown to whoever may describe the group
+            for sample in doc["samples"]:
+                sample["lag"] = {g: n for g, n in sample["lag"].items() if seen[1](g)}
+        return _json(doc)
 
     async def _cluster(self, request: web.Request) -> web.Response:
-        return _json(await self.cluster.get())
+        doc = await self.cluster.get()
+        seen = self._visibility(request)
+        if seen is not None and "topics" in doc:
+            principal = request.get(PRINCIPAL_KEY)
+            whole = principal is not None and self.broker.acls.allows(principal, "cluster", "cluster", "describe")
+            doc = views.cluster_showing(doc, *seen, problems=whole)
+        return _json(doc)
 
     # -- admin actions -----------------------------------------------------------------------------
 

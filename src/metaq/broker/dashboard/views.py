@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from metaq import __version__
@@ -111,6 +112,30 @@ def topics_view(broker: Broker, snap: Snapshot, history: History) -> list[dict[s
                     "closed": sum(1 for p in partitions if p["state"] == "closed"),
                     **total.to_json(), "partitions": partitions})
     return out
+
+
+def group_showing(group: dict[str, Any], may_topic: Callable[[str], bool]) -> dict[str, Any]:
+    """``group`` (a :func:`groups_view` entry) with only the topics ``may_topic`` allows: its partitions, its
+    members' topics and partitions, and its lag over what is left."""
+    partitions = [p for p in group["partitions"] if may_topic(p["topic"])]
+    members = [{**mb, "topics": [t for t in mb["topics"] if may_topic(t)],
+                "owns": [o for o in mb["owns"] if may_topic(o.rsplit(":", 1)[0])]} for mb in group["members"]]
+    return {**group, "members": members, "partitions": partitions, "lag": sum(int(p["lag"]) for p in partitions)}
+
+
+def cluster_showing(doc: dict[str, Any], may_topic: Callable[[str], bool], may_group: Callable[[str], bool], *,
+                    problems: bool) -> dict[str, Any]:
+    """The cluster view (ZooKeeper mode) with only the topics and groups allowed; its problems (which name
+    topics and groups in words) only to a principal that may describe the cluster."""
+    groups = []
+    for g in doc.get("groups", ()):
+        if may_group(g["group"]):
+            partitions = [p for p in g["partitions"] if may_topic(p["topic"])]
+            groups.append({**g, "partitions": partitions, "lag": sum(int(p["lag"] or 0) for p in partitions)})
+    replication = [{**r, "slaves": [{**sl, "partitions": [p for p in sl["partitions"] if may_topic(p["topic"])]}
+                                    for sl in r["slaves"]]} for r in doc.get("replication", ())]
+    return {**doc, "topics": [t for t in doc.get("topics", ()) if may_topic(t["topic"])], "groups": groups,
+            "replication": replication, "problems": doc.get("problems", []) if problems else []}
 
 
 def groups_view(broker: Broker, snap: Snapshot) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ import zstandard
 
 from metaq.broker.appending import ack_when_durable, await_ack, check_sequence
 from metaq.broker.core import check_topic_name
+from metaq.broker.dead_letters import is_dead_letter_topic, stamp_dead_letters
 from metaq.broker.delay.handler import produce_delayed
 from metaq.broker.error_mapping import wire_error
 from metaq.broker.handlers.fetch import SENDFILE_MIN_BYTES
@@ -68,8 +69,8 @@ def handle_produce(broker: Broker, req: m.ProduceRequest, session: Session | Non
     """
     if _compressed(req.records):
         return _checked_off_loop(broker, session, [req.records], lambda checked: produce_batch(
-            broker, req.topic, req.partition, req.records, req.transaction_id, checked[0])[1])
-    return produce_batch(broker, req.topic, req.partition, req.records, req.transaction_id)[1]
+            broker, req.topic, req.partition, req.records, req.transaction_id, checked[0], session=session)[1])
+    return produce_batch(broker, req.topic, req.partition, req.records, req.transaction_id, session=session)[1]
 
 
 _ATTRIBUTES_LOW_BYTE = STAMPED_BYTES + 1
@@ -138,11 +139,12 @@ def _checked_off_loop(broker: Broker, session: Session | None, batches: Sequence
 
 
 def produce_batch(broker: Broker, topic: str, partition: int, records: bytes | memoryview,
-                  transaction_id: str, checked: Checked | None = None) -> tuple[int, Any]:
+                  transaction_id: str, checked: Checked | None = None, *, session: Session | None = None
+                  ) -> tuple[int, Any]:
     """One produced batch (a Produce's, or one of a MultiProduce's): the partition it went to, and its
     ProduceResponse, or a DeferredReply or coroutine of it when its ack waits (flush policy, sync
     replication). Raises for a batch refused before anything was stored. ``checked``: the batch was checked
-    in advance (off the loop)."""
+    in advance (off the loop). ``session``: who sent it (the audit log names who auto-created a topic)."""
     broker.refuse_writes_on_slave("produce requests")
     state = broker.topics.get(topic)
     if state is None:  # a topic that exists had its name checked when it was created
@@ -154,6 +156,7 @@ def produce_batch(broker: Broker, topic: str, partition: int, records: bytes | m
         if not broker.config.auto_create_topics:
             raise UnknownTopicError(f"topic {topic!r} does not exist and autoCreateTopics=false")
         state = broker.ensure_topic(topic, None)
+        broker.audit_topic("create-topic", topic, session, "auto-created by a produce")
     if not state.settings.accept_publish:
         raise PartitionClosedError(broker.publish_refused(topic))
     config = broker.config
@@ -169,6 +172,10 @@ def produce_batch(broker: Broker, topic: str, partition: int, records: bytes | m
     except ProtocolError as exc:
         broker.stats.partition(topic, max(partition, 0)).put_failures += 1
         raise CorruptMessageError(str(exc)) from None
+    if is_dead_letter_topic(topic):  # checked, and stamped with where each came from (broker/dead_letters.py)
+        if transaction_id:
+            raise InvalidRequestError(f"{topic} is a dead-letter topic: it takes no transactions")
+        records, header, stamp = stamp_dead_letters(broker, session, topic, records, header, stamp)
     asked = partition
     if partition == m.ANY_PARTITION:
         open_parts = [p for p in range(state.num_partitions) if p not in state.closed]
@@ -186,7 +193,7 @@ def produce_batch(broker: Broker, topic: str, partition: int, records: bytes | m
     if transaction_id:  # into the transaction log until commit (docs/transactions.md)
         if header.attributes & ATTR_DELAYED:
             raise InvalidArgument("delayed messages cannot be sent in a transaction")
-        return partition, put_into_transaction(broker, transaction_id, topic, asked, records, header, stamp)
+        return partition, put_into_transaction(broker, transaction_id, topic, asked, records, header, stamp, session)
     if header.attributes & ATTR_DELAYED:  # kept in the delay store until due (docs/delayed.md)
         return partition, produce_delayed(broker, topic, partition, records, header)
     ha = broker.ha
@@ -255,11 +262,12 @@ def handle_multi_produce(broker: Broker, req: m.MultiProduceRequest, session: Se
                                   f"got {len(batches)}")
     if any(_compressed(batch.records) for batch in batches):
         return _checked_off_loop(broker, session, [b.records for b in batches],
-                                 lambda checked: _multi_produce(broker, req, checked))
-    return _multi_produce(broker, req, None)
+                                 lambda checked: _multi_produce(broker, req, checked, session))
+    return _multi_produce(broker, req, None, session)
 
 
-def _multi_produce(broker: Broker, req: m.MultiProduceRequest, checked: list[Checked] | None) -> Any:
+def _multi_produce(broker: Broker, req: m.MultiProduceRequest, checked: list[Checked] | None,
+                   session: Session | None) -> Any:
     batches = req.partitions
     entries: list[m.ProducedPartition] = []
     waiting: list[tuple[m.ProducedPartition, Any]] = []
@@ -269,7 +277,7 @@ def _multi_produce(broker: Broker, req: m.MultiProduceRequest, checked: list[Che
         entries.append(entry)
         try:
             entry.partition, result = produce_batch(broker, batch.topic, batch.partition, batch.records, txid,
-                                                    checked[i] if checked is not None else None)
+                                                    checked[i] if checked is not None else None, session=session)
         except Exception as exc:
             entry.error_code, entry.error_message = wire_error(exc, _MULTI)
             continue

@@ -12,7 +12,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from metaq.broker.security_sources import CredentialLookup, credential_lookup
+from metaq.broker import audit
+from metaq.broker.security_sources import CredentialLookup, credential_lookup, mock_credentials
 from metaq.broker.session import Session
 from metaq.errors import (
     ConfigError,
@@ -71,19 +72,29 @@ def handle_sasl_authenticate(broker: Broker, req: m.SaslAuthenticateRequest, ses
         server_final = scram.final(req.auth_bytes)
     except ScramError as exc:
         log.warning("authentication of %r from %s failed: %s", scram.username, session.peer, exc)
+        broker.audit(_tried(scram.username), "authenticate", "cluster", audit.FAILED, session.peer,
+                     "SASL SCRAM-SHA-256")
         raise _refuse(session, SaslAuthenticationError(str(exc))) from None
     session.sasl = None
     principal = user_principal(scram.username)
     refusal = broker.quotas.reassign(session, principal)
     if refusal is not None:  # quotaMaxConnections: the password was right, the connection is one too many
         log.warning("refused %s from %s: %s", principal, session.peer, refusal)
+        broker.audit(principal, "connection", "cluster", audit.DENIED, session.peer, refusal)
         raise _refuse(session, TooManyConnectionsError(refusal))
     if session.principal is not None and session.principal != principal:
         log.info("%s, known by its certificate as %s, authenticated as %s", session.peer, session.principal, principal)
     session.principal = principal
     session.sasl_authenticated = True
+    session.credential_key = scram.stored_key
+    broker.sessions.add(session)
     log.info("%s authenticated as %s", session.peer, session.principal)
     return m.SaslAuthenticateResponse(auth_bytes=server_final, principal=session.principal)
+
+
+def _tried(name: str) -> str:
+    """The principal a failed login named, as the audit log shows it (any text: it came from the client)."""
+    return user_principal(name[:128]) if name else "-"
 
 
 async def _first(broker: Broker, session: Session, scram: ScramServer, name: str) -> m.SaslAuthenticateResponse:
@@ -96,8 +107,9 @@ async def _first(broker: Broker, session: Session, scram: ScramServer, name: str
         log.error("cannot look up user %r: %s", name, exc)
         raise _refuse(session, SaslAuthenticationError(
             "the broker cannot read its users now; try again later")) from None
+    mock = None if credential is not None else (await mock_credentials(broker)).credential(name)
     try:
-        return m.SaslAuthenticateResponse(auth_bytes=scram.first(credential))
+        return m.SaslAuthenticateResponse(auth_bytes=scram.first(credential, mock=mock))
     except ScramError as exc:
         raise _refuse(session, SaslAuthenticationError(str(exc))) from None
 

@@ -90,6 +90,7 @@ def handle_create_topic(broker: Broker, req: m.CreateTopicRequest, session: Sess
             f"num_partitions must be 1..{PARTITIONS_PER_TOPIC_MAX} or -1 (broker default); got {req.num_partitions}")
     if not req.configs:
         state = broker.ensure_topic(topic, req.num_partitions)
+        broker.audit_topic("create-topic", topic, session)
         return m.CreateTopicResponse(num_partitions=state.num_partitions)
     options = parse_topic_options(topic, [(e.key, e.value) for e in req.configs], filters=False)
     if options.num_partitions is not None and req.num_partitions not in (DEFAULT_PARTITIONS, options.num_partitions):
@@ -98,11 +99,12 @@ def handle_create_topic(broker: Broker, req: m.CreateTopicRequest, session: Sess
     count = (req.num_partitions if req.num_partitions != DEFAULT_PARTITIONS
              else options.num_partitions or broker.config.topic_settings(topic).num_partitions)
     broker.creating.add(topic)
-    return _create_with_options(broker, dataclasses.replace(options, num_partitions=count))
+    return _create_with_options(broker, dataclasses.replace(options, num_partitions=count), session)
 
 
-async def _create_with_options(broker: Broker, options: TopicConfig) -> m.CreateTopicResponse:
+async def _create_with_options(broker: Broker, options: TopicConfig, session: Session | None) -> m.CreateTopicResponse:
     state = await broker.create_topic_with_options(options)
+    broker.audit_topic("create-topic", options.name, session)
     return m.CreateTopicResponse(num_partitions=state.num_partitions)
 
 
@@ -112,6 +114,7 @@ def handle_delete_topic(broker: Broker, req: m.DeleteTopicRequest, session: Sess
     if req.topic not in broker.topics:
         raise UnknownTopicError(f"topic {req.topic!r} does not exist")
     broker.delete_topic(req.topic)
+    broker.audit_topic("delete-topic", req.topic, session)
     return m.DeleteTopicResponse()
 
 

@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from metaq.broker.appending import await_ack
 from metaq.broker.committing import apply_transaction
+from metaq.broker.session import Session
 from metaq.errors import (
     InvalidRequestError,
     PartitionClosedError,
     StorageFailureError,
+    TransactionAuthorizationError,
     UnknownPartitionError,
 )
 from metaq.protocol import messages as m
@@ -32,9 +34,35 @@ if TYPE_CHECKING:
     from metaq.broker.transactions import Transaction
 
 
+def scoped_owner(broker: Broker, session: Session | None) -> str | None:
+    """The principal whose transactions alone ``session`` may see and use (aclEnabled), or None: all of them
+    (ACLs off, a super-user, or a principal with admin on the cluster)."""
+    if not broker.config.acl_enabled or session is None or session.principal is None:
+        return None
+    principal = session.principal
+    if broker.acls.allows(principal, "cluster", "cluster", "admin"):
+        return None
+    return principal
+
+
+def check_owner(broker: Broker, txid: str, session: Session | None) -> None:
+    """TRANSACTIONAL_ID_AUTHORIZATION_FAILED when another principal began transaction ``txid``."""
+    owner = scoped_owner(broker, session)
+    if owner is None:
+        return
+    tx = broker.tx_coordinator().live.get(txid)
+    if tx is not None and tx.state.owner != owner:
+        assert session is not None
+        broker.audit(owner, "produce", f"transaction:{txid}", "denied", session.peer,
+                     f"begun by {tx.state.owner or 'an unknown principal'}")
+        raise TransactionAuthorizationError(f"transaction {txid!r} was begun by another principal; {owner} may "
+                                            "use only the transactions it began")
+
+
 def put_into_transaction(broker: Broker, transaction_id: str, topic: str, partition: int, records: bytes | memoryview,
-                         header: Any, stamp: ProducerStamp | None) -> Any:
+                         header: Any, stamp: ProducerStamp | None, session: Session | None = None) -> Any:
     """A Produce v1 with ``transaction_id`` (or a MultiProduce's batch): the batch goes into the transaction log."""
+    check_owner(broker, transaction_id, session)
     if partition < 0:
         raise UnknownPartitionError("a transaction's batch names its partition (-1 is not taken)")
     state, _plog = broker.partition_log(topic, partition)
@@ -45,16 +73,19 @@ def put_into_transaction(broker: Broker, transaction_id: str, topic: str, partit
     return m.ProduceResponse(partition=partition)
 
 
-def handle_transaction(broker: Broker, req: m.TransactionRequest, _session: object) -> Any:
+def handle_transaction(broker: Broker, req: m.TransactionRequest, session: Session | None) -> Any:
     coordinator = broker.tx_coordinator()
     op = req.op
     if op == m.TX_RECOVER:
-        return m.TransactionResponse(xids=coordinator.recover())
+        return m.TransactionResponse(xids=coordinator.recover(scoped_owner(broker, session)))
+    if op != m.TX_BEGIN:
+        check_owner(broker, req.transaction_id, session)
     if op == m.TX_STATUS:
         return m.TransactionResponse(xids=[coordinator.status(req.transaction_id)])
     broker.refuse_writes_on_slave("transactions")
     if op == m.TX_BEGIN:
-        coordinator.begin(req.transaction_id, req.timeout_ms, req.producer_group)
+        principal = session.principal if session is not None and session.principal is not None else ""
+        coordinator.begin(req.transaction_id, req.timeout_ms, req.producer_group, principal)
         return m.TransactionResponse()
     if op == m.TX_ROLLBACK:
         tx = coordinator.get(req.transaction_id)
@@ -111,7 +142,7 @@ def _limit(value: int, what: str) -> int:
     return value
 
 
-async def handle_check_transactions(broker: Broker, req: m.CheckTransactionsRequest, _session: object
+async def handle_check_transactions(broker: Broker, req: m.CheckTransactionsRequest, session: Session | None
                                     ) -> m.CheckTransactionsResponse:
     """A producer group's checker long-polls for half transactions that need its decision; each it is
     handed counts as one check (docs/transactions.md, "Half messages")."""
@@ -119,14 +150,15 @@ async def handle_check_transactions(broker: Broker, req: m.CheckTransactionsRequ
         raise InvalidRequestError("CheckTransactions needs the producer group")
     limit = _limit(req.max_transactions, "CheckTransactions")
     coordinator = broker.tx_coordinator()
-    found = coordinator.take_checks(req.producer_group, limit)
+    owner = scoped_owner(broker, session)  # a checker sees only its own principal's half transactions
+    found = coordinator.take_checks(req.producer_group, limit, owner)
     if not found and req.max_wait_ms > 0:
         event = coordinator.check_event(req.producer_group)
         event.clear()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(min(req.max_wait_ms, 60_000) / 1000):
                 await event.wait()
-        found = coordinator.take_checks(req.producer_group, limit)
+        found = coordinator.take_checks(req.producer_group, limit, owner)
     budget = m.CHECK_REPLY_BYTES_MAX
     halves = []
     for tx in found:

@@ -16,6 +16,13 @@ masters, which then registers it in ZooKeeper); a broker's autoCreateTopics is n
 message back to its original topic (same key, the original headers, the ``dlq-*`` headers removed,
 ``metaq-redrive-count`` incremented), committing that group's offsets as it goes, so a second run
 sends only what was dead-lettered since. :func:`dead_letters` lists what the topic holds.
+
+A redrive trusts nothing a dead letter's writer wrote: it sends a message back only to the topic named by
+the provenance the broker stamped on it when it was stored (:mod:`metaq.protocol.dead_letters`), and only if
+the broker found it an exact copy of a message of that topic or its writer may produce there itself. Any
+other dead letter (no provenance: written before brokers stamped them, or not by a consumer) is refused,
+counted in :attr:`RedriveResult.refused` and passed over; the operator can read it with
+:func:`dead_letters` and decide.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from metaq.errors import (
     TopicExistsError,
 )
 from metaq.net.retry import RetryPolicy
+from metaq.protocol import dead_letters as dlp
 from metaq.protocol import messages as m
 from metaq.types import (
     DEAD_LETTER_TOPIC_PREFIX,
@@ -65,11 +73,11 @@ REDRIVE_GROUP_SUFFIX = "@dlq-redrive"
 """``metaq group redrive GROUP`` commits its progress as the group ``GROUP@dlq-redrive``."""
 
 HEADER_PREFIX = "dlq-"
-H_TOPIC = "dlq-original-topic"
-H_PARTITION = "dlq-original-partition"
+H_TOPIC = dlp.H_TOPIC
+H_PARTITION = dlp.H_PARTITION
 """``brokerId-partition``."""
-H_OFFSET = "dlq-original-offset"
-H_MESSAGE_ID = "dlq-original-message-id"
+H_OFFSET = dlp.H_OFFSET
+H_MESSAGE_ID = dlp.H_MESSAGE_ID
 """32 hex digits."""
 H_DELIVERIES = "dlq-deliveries"
 H_ERROR_TYPE = "dlq-error-type"
@@ -269,7 +277,16 @@ class DeadLetter:
     @property
     def original_headers(self) -> list[tuple[str, bytes]]:
         """The message's own headers (those it had when it was produced, and a redrive count)."""
-        return [(k, v) for k, v in self.message.headers or () if not k.startswith(HEADER_PREFIX)]
+        return [(k, v) for k, v in self.message.headers or ()
+                if not k.startswith(HEADER_PREFIX) and k != dlp.PROVENANCE]
+
+    @property
+    def provenance(self) -> dlp.Provenance | None:
+        """Where the broker that stored it says it came from (None: no provenance it wrote)."""
+        for k, v in self.message.headers or ():
+            if k == dlp.PROVENANCE:
+                return dlp.Provenance.parse(bytes(v))
+        return None
 
     def as_dict(self) -> dict[str, Any]:
         """The message as JSON-ready values (what ``metaq group dlq --json`` prints)."""
@@ -279,7 +296,9 @@ class DeadLetter:
                 "key": msg.key.decode(errors="replace") if msg.key is not None else None,
                 "attribute": msg.attribute,
                 "headers": {k: bytes(v).decode("utf-8", errors="replace") for k, v in msg.headers or ()},
-                "data": bytes(msg.data).decode("utf-8", errors="replace")}
+                "data": bytes(msg.data).decode("utf-8", errors="replace"),
+                "writer": self.provenance.writer if self.provenance is not None else None,
+                "redrivable": self.provenance is not None and self.provenance.redrivable}
 
 
 async def _partitions(core: ClientCore, topic: str) -> list[Partition]:
@@ -322,6 +341,11 @@ class RedriveResult:
     """Dead letters of other topics than the one asked for (passed over, and committed past)."""
     errors: list[str] = field(default_factory=list)
     """Messages that could not be sent back (the run stops at the first, so nothing after it is lost)."""
+    refused: int = 0
+    """Dead letters not sent back because their provenance does not allow it (passed over, and committed
+    past: :class:`UnprovenDeadLetter`)."""
+    refusals: list[str] = field(default_factory=list)
+    """Why, for the first :data:`REFUSALS_LISTED` of them."""
     remaining: int = 0
     """Dead letters not handled in this run (left for the next: ``limit`` reached, or an error)."""
 
@@ -333,16 +357,36 @@ class RedriveResult:
     def as_dict(self) -> dict[str, Any]:
         """The result as JSON-ready values (what ``metaq group redrive --json`` prints)."""
         return {"group": self.group, "dry_run": self.dry_run, "redriven": dict(sorted(self.redriven.items())),
-                "total": self.total, "skipped": self.skipped, "remaining": self.remaining, "errors": self.errors}
+                "total": self.total, "skipped": self.skipped, "remaining": self.remaining, "errors": self.errors,
+                "refused": self.refused, "refusals": self.refusals}
+
+
+REFUSALS_LISTED = 20
+REFUSED = ""
+"""In a redrive's window: a dead letter refused (by identity: no topic is named "")."""
+
+
+class UnprovenDeadLetter(InvalidArgument):
+    """A dead letter whose provenance does not allow sending it back (see the module docstring)."""
 
 
 def redrive_message(letter: DeadLetter) -> Message:
-    """The message to send back: original topic, payload, key and attribute, original headers, the
-    redrive count one higher."""
-    original = letter.original_topic
-    if not original:
-        raise InvalidArgument(f"the dead letter at {letter.message.partition_id}@{letter.message.offset} has no "
-                              f"{H_TOPIC} header")
+    """The message to send back: to the topic its provenance names, payload, key and attribute, original
+    headers, the redrive count one higher. UnprovenDeadLetter when its provenance does not allow it."""
+    where = f"the dead letter at {letter.message.partition_id}@{letter.message.offset}"
+    provenance = letter.provenance
+    if provenance is None:
+        raise UnprovenDeadLetter(f"{where} carries no provenance written by the broker (written before brokers "
+                                 "stamped dead letters, or not by a consumer of the group): not sent back")
+    if not provenance.redrivable:
+        raise UnprovenDeadLetter(f"{where} was written by {provenance.writer}, who may not produce to "
+                                 f"{provenance.topic}, and the broker could not check it is a copy of a message of "
+                                 f"{provenance.topic} (its partition {provenance.partition} is on another broker, or "
+                                 "the message was gone): not sent back")
+    original = provenance.topic
+    if letter.original_topic not in (None, original):
+        raise UnprovenDeadLetter(f"{where} names {letter.original_topic} but its provenance {original}: not sent "
+                                 "back")
     count = 0
     headers: list[tuple[str, bytes]] = []
     for k, v in letter.original_headers:
@@ -431,6 +475,8 @@ async def redrive(session: Any, group: str, *, topic: str | None = None, limit: 
                     continue
                 if original is None:
                     result.skipped += 1
+                elif original == REFUSED:
+                    pass  # counted in result.refused when it was read
                 else:
                     result.redriven[original] = result.redriven.get(original, 0) + 1
                 position = offset + 1
@@ -459,13 +505,16 @@ async def redrive(session: Any, group: str, *, topic: str | None = None, limit: 
                     else:
                         try:
                             back = redrive_message(letter)
-                        except InvalidArgument as exc:
-                            result.errors.append(str(exc))
-                            stopped = True
-                            break
-                        fut = producer.send_async(back) if producer is not None else None
-                        window.append((msg.offset, back.topic, fut))
-                        queued += 1
+                        except UnprovenDeadLetter as exc:  # passed over, reported: never sent
+                            result.refused += 1
+                            if len(result.refusals) < REFUSALS_LISTED:
+                                result.refusals.append(str(exc))
+                            log.warning("%s", exc)
+                            window.append((msg.offset, REFUSED, None))
+                        else:
+                            fut = producer.send_async(back) if producer is not None else None
+                            window.append((msg.offset, back.topic, fut))
+                            queued += 1
                     done += 1
                     if len(window) >= commit_every or (
                             producer is not None and producer.buffered_bytes >= REDRIVE_WINDOW_BYTES_MAX):
@@ -495,6 +544,7 @@ __all__ = [
     "DeadLetter",
     "DeadLetterSender",
     "RedriveResult",
+    "UnprovenDeadLetter",
     "dead_letter_headers",
     "dead_letter_topic",
     "dead_letters",

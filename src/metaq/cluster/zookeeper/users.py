@@ -3,9 +3,13 @@
 ``<root>/metaq-security/users/<name>`` holds a user's hashed credential (JSON, :mod:`metaq.security.credentials`)
 and ``<root>/metaq-security/acls`` the ACL document (JSON, :mod:`metaq.security.acl`), both persistent; the
 ACL document is replaced only if it is unchanged since it was read (a version check).
+``<root>/metaq-security/mock-secret`` holds the secret every broker derives unknown users' mock credentials from
+(made by the first broker that needs it).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
@@ -79,3 +83,19 @@ class UserAclNodes(UserAclStore):
             return False
         except KazooException as exc:
             raise RegistryError(f"cannot write the ACLs to ZooKeeper: {zk_error(exc)}") from None
+
+    def shared_secret(self, make: Callable[[], bytes]) -> bytes:
+        path = self.paths.mock_secret
+        client = self._session.client
+        try:
+            try:
+                return bytes(client.get(path)[0])
+            except NoNodeError:
+                pass
+            try:
+                self._session.create(path, make(), makepath=True)
+            except NodeExistsError:
+                pass  # another broker made it first: everyone uses that one
+            return bytes(client.get(path)[0])
+        except KazooException as exc:
+            raise RegistryError(f"cannot read the mock credential secret from ZooKeeper: {zk_error(exc)}") from None

@@ -9,7 +9,8 @@ and one of the body). The key says which record of which transaction it is; the 
 ==========  ================================================================================
 type        body
 ==========  ================================================================================
-1 BEGIN     timeout_ms i64, begun_ms i64, producer_group
+1 BEGIN     timeout_ms i64, begun_ms i64, producer_group[, owner] (the principal that began it; absent in
+            records written before owners were kept: no owner)
 2 PUT       topic, partition i32, then the record batch (to the end of the record)
 3 PREPARE   xid
 4 COMMIT    (empty)

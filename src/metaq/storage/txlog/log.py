@@ -177,8 +177,7 @@ class TransactionLog:
             os.ftruncate(self._fd, self.size_bytes)
 
     def begin(self, state: TxState) -> None:
-        self._append(BEGIN, state.txid, I64.pack(state.timeout_ms), I64.pack(state.begun_ms),
-                     encode_string(state.producer_group))
+        self._append(BEGIN, state.txid, *_begin_body(state))
 
     def put(self, state: TxState, topic: str, partition: int, batch: bytes | memoryview) -> TxPut:
         head = encode_string(topic) + I32.pack(partition)
@@ -236,8 +235,7 @@ class TransactionLog:
                 position = len(done)
                 for state in states:
                     txid = state.txid
-                    chunks = [encode_record(BEGIN, 0, txid, I64.pack(state.timeout_ms), I64.pack(state.begun_ms),
-                                            encode_string(state.producer_group))]
+                    chunks = [encode_record(BEGIN, 0, txid, *_begin_body(state))]
                     puts = []
                     for put in state.puts:
                         head = encode_string(put.topic) + I32.pack(put.partition)
@@ -312,3 +310,9 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def _begin_body(state: TxState) -> tuple[bytes, ...]:
+    """A BEGIN record's body: the owner only when there is one, so a log without owners reads as before."""
+    body = (I64.pack(state.timeout_ms), I64.pack(state.begun_ms), encode_string(state.producer_group))
+    return (*body, encode_string(state.owner)) if state.owner else body

@@ -77,6 +77,9 @@ class TxState:
     producer_group: str = ""
     xid: str | None = None
     """Set once prepared."""
+    owner: str = ""
+    """The principal that began it (``User:alice``), which alone may use it where ACLs are on; "" for none
+    (authentication off, or a record written before owners were kept)."""
     committed: bool = False
     """COMMIT is logged: it must reach its partitions (again, after a crash)."""
     puts: list[TxPut] = field(default_factory=list)
@@ -234,6 +237,7 @@ class Replay:
         if kind == BEGIN:
             timeout_ms, begun_ms = r.i64(), r.i64()
             self.live[txid] = TxState(txid, timeout_ms, begun_ms, r.s())
+            self.live[txid].owner = r.s() if r.pos < len(r.data) else ""
             self.finished.pop(txid, None)  # a rolled-back transaction id begun again
             self.numbers[txid] = 1
             self.last_at[txid] = position
@@ -296,6 +300,7 @@ class Replay:
         if kind == BEGIN:
             timeout_ms, begun_ms = r.i64(), r.i64()
             self.live[txid] = TxState(txid, timeout_ms, begun_ms, r.s())
+            self.live[txid].owner = r.s() if r.pos < len(r.data) else ""
             self.finished.pop(txid, None)
             self.numbers[txid] = 1
             return
