@@ -43,6 +43,13 @@ class Session:
     throttle_ms: int = 0
     """Set by the core when a reply took the principal over its byte rate: the transport reads nothing more
     from this connection for that long (then sets it back to 0)."""
+    replica_id: int = -1
+    """The replica id of the slave whose replica fetches come on this connection (HA mode; -1: none)."""
+    replica_fetch_at: float = -1.0
+    """time.monotonic() when the last replica fetch on this connection came in: the next one, sent only after
+    its reply arrived, renews the master's lease from that slave (docs/replication.md#the-masters-lease)."""
+    replica_master: object | None = None
+    """The mastership this connection was counted in (a slave's connections tell the master it is alive)."""
 
 
 @dataclass(slots=True)

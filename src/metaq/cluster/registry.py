@@ -165,10 +165,13 @@ class ClusterRegistry(ABC):
         ReplicaGroupChanged when someone else wrote it first."""
         raise RegistryError("replication epochs and failover need ZooKeeper mode")
 
-    def take_mastership(self, broker_id: int, address: Address, state: ReplicaGroupState, version: int) -> int:
-        """In one transaction: write ``state`` (version-checked as above) and register this process as
-        the master of ``broker_id`` at ``address`` (its slave node and topic nodes go). The new version;
-        ReplicaGroupChanged when the state moved or another master is registered."""
+    def take_mastership(self, broker_id: int, address: Address, state: ReplicaGroupState, version: int, *,
+                        replacing: Address | None = None) -> int:
+        """In one transaction: write ``state`` (version-checked as above), delete the registration of the
+        master it replaces (a dead one's node may outlive it until its session expires) and register this
+        process as the master of ``broker_id`` at ``address`` (its slave node and topic nodes go). The new
+        version; ReplicaGroupChanged when the state moved, or when a master registered at another address
+        than ``replacing`` (the one found dead) holds the node."""
         raise RegistryError("replication epochs and failover need ZooKeeper mode")
 
     def become_slave(self, broker_id: int, address: Address, slave_id: int) -> None:
@@ -184,6 +187,17 @@ class ClusterRegistry(ABC):
 
     def master_session_ok(self, broker_id: int) -> bool:
         """One round trip: whether this process's current session holds ``ids/<broker_id>/master``."""
+        raise RegistryError("replication epochs and failover need ZooKeeper mode")
+
+    def reclaim_mastership(self, broker_id: int) -> bool:
+        """An HA master whose ``ids/<broker_id>/master`` went with an expired session registers it again, in
+        one transaction with a check that the replica group's state is still the one it last wrote. True:
+        registered (or it was); False: the state changed, another replica took over."""
+        raise RegistryError("replication epochs and failover need ZooKeeper mode")
+
+    def watch_replica_group(self, broker_id: int, listener: Callable[[ReplicaGroupState | None], None]) -> None:
+        """Call ``listener`` with the replica group's state now and after each change (None: no state), on the
+        registry's thread (must not block)."""
         raise RegistryError("replication epochs and failover need ZooKeeper mode")
 
     # -- users and ACLs (docs/security.md) --------------------------------------------------------------
