@@ -105,11 +105,31 @@ class ClusterSnapshot:
         return ",".join(str(e.master) for _, e in sorted(self.brokers.items()) if e.master is not None)
 
     def partitions(self, topic: str, *, publish: bool) -> list[PartitionId]:
-        """The topic's partitions on brokers that are registered right now, MetaQ's order."""
+        """The topic's partitions on brokers that are registered right now, MetaQ's order. For consumers
+        (``publish=False``) also those of a replica group without a master whose slaves serve the topic: a
+        dead master's data stays readable from its slaves (docs/replication.md)."""
         entry = self.topics.get(topic)
         if entry is None:
             return []
-        return [p for p in entry.partitions(publish=publish) if self.address(p.broker_id) is not None]
+        parts = [p for p in entry.partitions(publish=publish) if self.address(p.broker_id) is not None]
+        if not publish:
+            served = self.slave_served(topic)
+            if served:
+                parts = sorted(parts + [PartitionId(b, p) for b, count in served.items() for p in range(count)])
+        return parts
+
+    def slave_served(self, topic: str) -> dict[int, int]:
+        """Broker id -> partition count, for each broker id with no registered master whose registered slaves
+        serve ``topic`` to consumers (``topics-sub/<topic>/<id>-s<n>``)."""
+        entry = self.topics.get(topic)
+        if entry is None or not entry.subscribe_slaves:
+            return {}
+        out: dict[int, int] = {}
+        for (broker_id, slave_id), count in entry.subscribe_slaves.items():
+            broker = self.brokers.get(broker_id)
+            if broker is not None and broker.master is None and slave_id in broker.slaves:
+                out[broker_id] = max(out.get(broker_id, 0), count)
+        return out
 
 
 SnapshotListener = Callable[[ClusterSnapshot], None]

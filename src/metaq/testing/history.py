@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -133,6 +134,17 @@ class ProduceLoad:
         else:
             assert result.error is not None
             self.failed[data] = result.error
+
+
+def longest_gap(times: Iterable[float], since: float, until: float) -> float:
+    """The longest stretch without an acknowledgement that overlaps [since, until] (``times`` are the acks'
+    time.monotonic()): a fault's unavailability window, measured the way a client lives it."""
+    ordered = sorted(times)
+    longest = 0.0
+    for a, b in itertools.pairwise(ordered):
+        if b >= since and a <= until:
+            longest = max(longest, b - a)
+    return longest
 
 
 def read_back(session: Any, topic: str) -> dict[PartitionId, list[tuple[int, bytes]]]:

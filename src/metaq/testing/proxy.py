@@ -1,4 +1,6 @@
-"""A TCP proxy on loopback that loses replies: the broker did the work, the client never hears of it.
+"""TCP proxies on loopback for fault tests: one loses replies, one stalls its link.
+
+:class:`StallingProxy` (below) stops a link without closing it, as a network cut does.
 
 The classic cause of duplicates: a produce is appended, its answer is lost with the connection, the
 producer sends it again. :class:`ReplyDroppingProxy` forwards every byte from the client to the broker,
@@ -99,3 +101,93 @@ def _close(s: socket.socket) -> None:
     except OSError:
         pass
     s.close()
+
+
+class StallingProxy:
+    """A TCP proxy on loopback whose link can be stalled, as a network cut stalls it: :meth:`cut` stops moving
+    bytes both ways (nothing is read, so nothing is lost: TCP's buffers hold it, as retransmissions would) and
+    holds new connections unanswered; :meth:`heal` lets everything flow again. Put it between a process and
+    ZooKeeper to cut that one link while every other one works. Threads and blocking sockets; tests only."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._sockets: set[socket.socket] = set()
+        self._thread = threading.Thread(target=self._accept, name="stalling-proxy", daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> StallingProxy:
+        self._thread.start()
+        return self
+
+    def cut(self) -> None:
+        self._flowing.clear()
+
+    def heal(self) -> None:
+        self._flowing.set()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._flowing.set()
+        self._listener.close()
+        with self._lock:
+            for s in list(self._sockets):
+                _close(s)
+        self._thread.join(5)
+
+    def __enter__(self) -> StallingProxy:
+        return self.start()
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._connect, args=(client,), daemon=True).start()
+
+    def _connect(self, client: socket.socket) -> None:
+        self._flowing.wait()  # a connection made during a cut is held, unanswered, until it heals
+        try:
+            upstream = socket.create_connection(self.upstream, timeout=5)
+        except OSError:
+            _close(client)
+            return
+        upstream.settimeout(None)
+        with self._lock:
+            if self._closed.is_set():
+                _close(client)
+                _close(upstream)
+                return
+            self._sockets.update((client, upstream))
+        threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
+        threading.Thread(target=self._pipe, args=(upstream, client), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, target: socket.socket) -> None:
+        try:
+            while True:
+                self._flowing.wait()
+                data = source.recv(1 << 16)
+                if not data:
+                    break
+                self._flowing.wait()  # bytes read just before a cut go on only when it heals
+                target.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, target):
+                _close(s)
+            with self._lock:
+                self._sockets.discard(source)
+                self._sockets.discard(target)
