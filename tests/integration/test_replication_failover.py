@@ -82,11 +82,15 @@ def history_of(load: ProduceLoad, session: dict[str, Any]) -> list[str]:
     return problems
 
 
+@pytest.mark.parametrize("session_ms", [30_000, 4000])
 def test_zookeeper_killed_under_load_fails_no_send_and_nobody_fails_over(
-        broker_factory: Callable[..., BrokerProcess], own_zookeeper: ZooKeeperServer) -> None:
+        broker_factory: Callable[..., BrokerProcess], own_zookeeper: ZooKeeperServer, session_ms: int) -> None:
+    """MetaQ's default session, and the 4 s of the fault campaign that found writes stopping with ZooKeeper
+    (the outage, ZooKeeper's restart included, is far longer than the session: ZooKeeper keeps the sessions
+    across its restart and expires none)."""
     zk = own_zookeeper
     root = unique_root()
-    procs = start_group(broker_factory, {r: zk.connect_string for r in (0, 1, 2)}, root)
+    procs = start_group(broker_factory, {r: zk.connect_string for r in (0, 1, 2)}, root, session_ms=session_ms)
     probe = kazoo(zk.connect_string)
     session = {"zk_connect": zk.connect_string, "zk_root": root, "request_timeout_s": 30.0}
     try:
@@ -99,6 +103,7 @@ def test_zookeeper_killed_under_load_fails_no_send_and_nobody_fails_over(
             wait_until(lambda: time.monotonic() - killed_at >= ZK_DOWN_S, ZK_DOWN_S + 5, 0.05,
                        f"{ZK_DOWN_S}s of ZooKeeper down")
             during = sum(1 for a in list(load.acked.values()) if a.at > killed_at)
+            late = sum(1 for a in list(load.acked.values()) if a.at > killed_at + ZK_DOWN_S / 2)
             zk.start()
             back_at = time.monotonic()
             acked = len(load.acked)
@@ -110,7 +115,8 @@ def test_zookeeper_killed_under_load_fails_no_send_and_nobody_fails_over(
         gap = longest_gap([a.at for a in load.acked.values()], killed_at, back_at)
         print(f"ZooKeeper down {back_at - killed_at:.1f}s (killed -9, restarted): {during} acks while it was down, "
               f"longest stretch without an ack {gap:.3f}s; state before {before}, after {after}")
-        assert during > 1000, "writes stopped while ZooKeeper was down"
+        # writes went on for the whole outage, not for a lease's worth of it
+        assert during > 1000 and late > 100, f"writes stopped while ZooKeeper was down ({during}, {late} late)"
         assert not load.failed, sorted({str(e)[:160] for e in load.failed.values()})
         assert after is not None and after["epoch"] == before["epoch"] and after["master"] == 0, after
         wait_until(lambda: master_url(probe, root) is not None, 60, 0.05, "the master registered")
