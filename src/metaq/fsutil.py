@@ -6,6 +6,7 @@ without the client importing storage.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -169,24 +170,30 @@ class WriteBackGauge:
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes, *, sync: Sync | None = os.fsync,
-                 tmp_path: str | os.PathLike[str] | None = None) -> None:
+                 tmp_path: str | os.PathLike[str] | None = None, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` so a reader sees the old or the new file, never half of one.
 
-    Temp file (``tmp_path``, default ``<path>.tmp``), fsync, rename, fsync the directory. ``sync=None``
-    skips both fsyncs (still atomic against a process crash, not against power loss).
+    Temp file (``tmp_path``, default ``<path>.tmp``, created with ``mode``), fsync, rename, fsync the
+    directory. ``sync=None`` skips both fsyncs (still atomic against a process crash, not against power
+    loss). A failure removes the temp file.
     """
     path = os.fspath(path)
     tmp = os.fspath(tmp_path) if tmp_path is not None else path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        if sync is not None:
-            sync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if sync is not None:
+                sync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     if sync is not None:
         fsync_directory(os.path.dirname(path) or ".", sync)
 

@@ -65,10 +65,11 @@ class ClusterLink:
         self.registry.start()
 
     def join(self, host: str, port: int, topics: dict[str, tuple[int, bool, bool]], *,
-             tls_port: int | None = None) -> None:
+             tls_port: int | None = None, ports: dict[str, int] | None = None) -> None:
         """Register this broker at ``host:port`` (and its TLS port, sslPort) and announce ``topics`` (name ->
         (partitions, publish?, subscribe?)). RegistryError (BrokerIdTaken) when another live broker has this id."""
         self.registry.tls_port = tls_port
+        self.registry.ports = dict(ports or {})
         self.registry.register_broker(self.broker_id, Address(host, port), slave_id=self.slave_id)
         for topic, (count, pub, sub) in sorted(topics.items()):
             self.registry.publish_topic(topic, count, accept_publish=pub, accept_subscribe=sub)

@@ -144,7 +144,8 @@ class BrokerConfig:
     checkpoint_interval_ms: int = 3_600_000
     max_tx_timeout_timer_capacity: int = 30_000
     max_tx_timeout_s: int = 60
-    transaction_check_interval_ms: int = 6000
+    transaction_first_check_ms: int = 6000
+    transaction_check_interval_ms: int = 60_000
     transaction_check_max: int = 15
     data_log_path: Path | None = None
     """The transaction log's directory (MetaQ's dataLogPath); None: ``data_path / ".txlog"``."""
@@ -161,6 +162,10 @@ class BrokerConfig:
     ssl_ca_file: Path | None = None
     ssl_client_auth: str = "none"
     ssl_http: bool = True
+    kafka_port: int | None = None
+    """The Kafka-protocol listener (docs/kafka.md); None: off."""
+    kafka_ssl_port: int | None = None
+    """The Kafka-protocol listener over TLS (with sslCertFile); None: off."""
     ssl_replication: bool = False
     auth_required: bool = False
     sasl_users_file: Path | None = None
@@ -173,7 +178,7 @@ class BrokerConfig:
     quota_consumer_byte_rate: int = 0
     quota_max_connections: int = 0
     quota_overrides: dict[str, Any] = field(default_factory=dict)
-    """Per-principal quotas (metaq.broker.quotas.QuotaOverride by principal) over the three defaults."""
+    """Per-principal quotas (metaq.broker.options.QuotaOverride by principal) over the three defaults."""
     topics: dict[str, TopicConfig] = field(default_factory=dict)
     zookeeper: ZkConfig | None = None
     source_path: Path | None = None

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from metaq.broker import authorization
 from metaq.broker.cluster import ClusterLink
+from metaq.broker.committing import reapply_on_open
 from metaq.broker.config import BrokerConfig, TopicConfig, TopicSettings, diff_topics, merge_topic_configs
 from metaq.broker.delay.store import DelayStore
 from metaq.broker.error_mapping import error_response
@@ -33,8 +34,8 @@ from metaq.broker.ini import load_broker_config, topic_options_text
 from metaq.broker.options import MAX_OPEN_FILES_PROVISIONAL, SYSTEM_OPTIONS, TOPIC_ATTRS
 from metaq.broker.partition_state import PartitionStateStore
 from metaq.broker.quotas import FETCH, PRODUCE, Quotas
+from metaq.broker.replication.slave_config import SlaveConfig
 from metaq.broker.session import DeferredReply, FileReply, Session
-from metaq.broker.slave_config import SlaveConfig
 from metaq.broker.stats import BrokerStats
 from metaq.broker.topic_options import TopicOptionsStore
 from metaq.broker.transactions import TransactionCoordinator
@@ -203,7 +204,7 @@ class Broker:
         """Where clients reach this broker (Metadata advertises it): the transport sets it once bound."""
         self.port = 0
         self.acls = Acls((), config.super_users)
-        """The ACLs in force (aclEnabled): swapped in by metaq.broker.authorization.refresh_acls."""
+        """The ACLs in force (aclEnabled): swapped in by metaq.broker.security_sources.refresh_acls."""
         self.credentials: Callable[[str], Any] | None = None
         """How SASL finds a user's stored credential (blocking; set on first use, metaq.broker.handlers.sasl)."""
         self.quotas = Quotas(lambda: self.config)
@@ -349,14 +350,13 @@ class Broker:
         return self.transactions
 
     def _open_transactions(self) -> None:
-        from metaq.broker.handlers.transactions import reapply_on_open
-
         c = self.config
         coordinator = TransactionCoordinator(
             TransactionLog(c.tx_log_dir, max_checkpoints=c.max_checkpoints, sync=self._tx_sync),
             max_timeout_s=c.max_tx_timeout_s, capacity=c.max_tx_timeout_timer_capacity,
             flush_at_commit=c.flush_tx_log_at_commit, checkpoint_interval_ms=c.checkpoint_interval_ms,
-            check_interval_ms=c.transaction_check_interval_ms, check_max=c.transaction_check_max)
+            check_first_ms=c.transaction_first_check_ms, check_interval_ms=c.transaction_check_interval_ms,
+            check_max=c.transaction_check_max)
         self.transactions = coordinator
         for tx in coordinator.open():  # COMMIT logged, not all applied: finish it (duplicates are dropped)
             reapply_on_open(self, tx)

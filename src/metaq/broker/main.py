@@ -22,8 +22,8 @@ from metaq.broker.config import BrokerConfig
 from metaq.broker.core import Broker
 from metaq.broker.handlers import REQUEST_HANDLERS
 from metaq.broker.ini import load_broker_config
+from metaq.broker.replication.slave_config import SlaveConfig, load_slave_config
 from metaq.broker.service import BrokerService, StartupError
-from metaq.broker.slave_config import SlaveConfig, load_slave_config
 from metaq.errors import ConfigError
 from metaq.protocol import messages as m
 
@@ -98,6 +98,9 @@ async def serve(config: BrokerConfig, *, config_path: str | None = None,
             print(f"metaq broker metrics {service.metrics.url}", flush=True)
         if service.tls_port is not None:
             print(f"metaq broker tls ready {broker.host}:{service.tls_port}", flush=True)
+        if service.kafka is not None:
+            for line in service.kafka.ready_lines():
+                print(line, flush=True)
         print(f"metaq broker ready {broker.host}:{broker.port}", flush=True)
     await stop.wait()
     log.info("stopping: no new connections, finishing in-flight requests")

@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from metaq.broker.cron import CronError, check_quartz
 from metaq.errors import ConfigError
@@ -172,9 +172,55 @@ def _principals(text: str) -> tuple[str, ...]:
         raise InvalidValue(str(exc)) from None
 
 
-def _quota_overrides(text: str) -> dict[str, Any]:
-    from metaq.broker.quotas import parse_quota_overrides
+@dataclass(frozen=True, slots=True)
+class QuotaOverride:
+    """What quotaOverrides sets for one principal (None: the default)."""
 
+    produce_bytes_per_s: int | None = None
+    fetch_bytes_per_s: int | None = None
+    connections_max: int | None = None
+
+
+_OVERRIDE_KEYS: Final = {"produce": "produce_bytes_per_s", "fetch": "fetch_bytes_per_s",
+                         "connections": "connections_max"}
+
+
+def parse_quota_overrides(text: str) -> dict[str, QuotaOverride]:
+    """``User:alice=produce:1m,fetch:2m,connections:10;User:bob=produce:0`` -> principal -> limits.
+
+    A key not given for a principal takes the [system] default (:func:`metaq.broker.quotas.limits_for`), so
+    the values here are what is set; 0 means unlimited. ValueError names what is wrong.
+    """
+    out: dict[str, QuotaOverride] = {}
+    for part in text.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        principal, eq, spec = part.partition("=")
+        principal = principal.strip()
+        if not eq or not principal.startswith("User:") or len(principal) == len("User:"):
+            raise ValueError(f"{part!r}: write User:NAME=produce:BYTES,fetch:BYTES,connections:N")
+        values: dict[str, int] = {}
+        for item in spec.split(","):
+            key, colon, number = item.strip().partition(":")
+            key = key.strip()
+            if not colon or key not in _OVERRIDE_KEYS:
+                raise ValueError(f"{item.strip()!r} in {principal}: the keys are produce, fetch and connections "
+                                 "(e.g. produce:1m)")
+            try:
+                value = _parse_number(number.strip(), size=key != "connections")
+            except InvalidValue as exc:
+                raise ValueError(f"{principal} {key}: {exc}") from None
+            if value < 0:
+                raise ValueError(f"{principal} {key}: {value} is negative (0 = unlimited)")
+            values[_OVERRIDE_KEYS[key]] = value
+        if principal in out:
+            raise ValueError(f"{principal} is given twice")
+        out[principal] = QuotaOverride(**values)
+    return out
+
+
+def _quota_overrides(text: str) -> dict[str, Any]:
     try:
         return dict(parse_quota_overrides(text))
     except ValueError as exc:
@@ -522,6 +568,13 @@ OPTIONS: tuple[Option, ...] = (
          "M_MMAP_THRESHOLD, as MALLOC_MMAP_THRESHOLD_ does; at most 32m, older glibc's limit; 32m with "
          "mallocTrimThreshold=128m for ~1 MB messages). 0 = glibc's own, moving threshold; ignored elsewhere.",
          _integer(0, 32 * _KIB**2, size=True), status="extension", default_doc="0 (glibc's)"),
+    _opt("kafkaPort", "kafka_port", "int", None, _SYSTEM,
+         "Port of the Kafka-protocol listener (docs/kafka.md), on hostName: Kafka clients (kcat, librdkafka, "
+         "kafka-python, ...) produce and consume metaq's topics there. 0 = a free port (the ready line prints "
+         "it). Off unless set.", _port, status="extension", default_doc="off"),
+    _opt("kafkaSslPort", "kafka_ssl_port", "int", None, _SYSTEM,
+         "Port of the Kafka-protocol listener over TLS, with the broker's certificate (sslCertFile, sslClientAuth). "
+         "0 = a free port. Off unless set.", _port, status="extension", default_doc="off"),
     # -- [system], TLS (docs/security.md) -----------------------------------------------------------
     _opt("sslPort", "ssl_port", "int", None, _SYSTEM,
          "TLS port for clients and slaves, on hostName beside the plaintext serverPort (0: the OS picks a free "
@@ -644,15 +697,20 @@ OPTIONS: tuple[Option, ...] = (
          "Most transactions open (or prepared) at once; a begin past it is refused with "
          "CONCURRENT_TRANSACTIONS (retriable).", _positive),
     _opt("maxTxTimeoutInSeconds", "max_tx_timeout_s", "int", "60", _SYSTEM,
-         "Longest a transaction may stay open or prepared: then it is rolled back, and a later commit "
-         "is told so. A client may ask for less, not more.", _positive),
-    _opt("transactionCheckInterval", "transaction_check_interval_ms", "int", "6000", _SYSTEM,
-         "Half messages (RocketMQ's name): a transaction prepared with a producer group and not finished this "
-         "many ms after its prepare (or its last check) is offered to the group's checker.",
-         _integer(1, _JAVA_INT_MAX), status="extension"),
+         "Longest a transaction may stay open or prepared: then it is rolled back (an ERROR names it), and a "
+         "later commit is told so. A client may ask for less, not more. Not for a prepared half message, "
+         "which its producer or its group's checker decides.", _positive),
+    _opt("transactionTimeOut", "transaction_first_check_ms", "int", "6000", _SYSTEM,
+         "Half messages (RocketMQ's name and default): ms after its prepare before an undecided half "
+         "transaction is first due for a check by its producer group's checker.",
+         _integer(0, _JAVA_INT_MAX), status="extension"),
+    _opt("transactionCheckInterval", "transaction_check_interval_ms", "int", "60000", _SYSTEM,
+         "Half messages (RocketMQ's name and default): ms between checks of a half transaction still "
+         "undecided.", _integer(1, _JAVA_INT_MAX), status="extension"),
     _opt("transactionCheckMax", "transaction_check_max", "int", "15", _SYSTEM,
-         "Half messages: checks without a decision before the transaction is rolled back.", _positive,
-         status="extension"),
+         "Half messages (RocketMQ's name and default): checks handed to a connected checker of the group "
+         "without a decision before the broker rolls the transaction back (an ERROR names it). A group with "
+         "no checker connected uses up none.", _positive, status="extension"),
     _opt("dataLogPath", "data_log_path", "path", None, _SYSTEM,
          "Directory of the transaction log (MetaQ's dataLogPath).", _path, default_doc="dataPath/.txlog"),
     _opt("quartzThreadCount", "", "int", None, _SYSTEM,
@@ -764,6 +822,9 @@ def cross_check(values: dict[str, Any], where: Mapping[str, str], warnings: list
     if values.get("server_port", 0) < 0 and values.get("ssl_port") is None:
         raise ConfigError(f"{at('sslPort', 'serverPort')}: serverPort=-1 turns the plaintext port off, so sslPort "
                           "(with sslCertFile) must be set: a broker needs a port")
+    if values.get("kafka_ssl_port") is not None and values.get("ssl_cert_file") is None:
+        raise ConfigError(f"{at('sslCertFile', 'kafkaSslPort')}: kafkaSslPort needs sslCertFile (the broker's "
+                          "certificate)")
     if values.get("ssl_port") is not None and values.get("ssl_cert_file") is None:
         raise ConfigError(f"{at('sslCertFile', 'sslPort')}: sslPort needs sslCertFile (the broker's certificate)")
     if values.get("ssl_client_auth", "none") != "none" and values.get("ssl_ca_file") is None:

@@ -50,6 +50,10 @@ class Session:
     its reply arrived, renews the master's lease from that slave (docs/replication.md#the-masters-lease)."""
     replica_master: object | None = None
     """The mastership this connection was counted in (a slave's connections tell the master it is alive)."""
+    hold: asyncio.Future[None] | None = None
+    """Set by a handler that returns a coroutine and whose request must take effect before the connection's
+    next one does (a produce checked in a worker thread): the transport handles no further request of this
+    connection until it is done, or until that coroutine ends (then takes it back to None)."""
 
 
 @dataclass(slots=True)

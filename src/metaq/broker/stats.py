@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from metaq import framing
+
 LATENCY_BUCKETS_S: tuple[float, ...] = (0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01,
                                        0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """Upper bounds of the latency buckets, seconds: 50 µs (a page-cache append) to 10 s (a stalled disk)."""
@@ -162,6 +164,7 @@ class BrokerStats:
                 "latency": {name: {"count": h.count, "sum_s": round(h.sum_s, 6)} for name, h in
                             (("append", self.append_seconds), ("fetch", self.fetch_seconds),
                              ("fsync", self.fsync_seconds))},
-                "topics": topics, **({"delayed": self.delayed()} if self.delayed is not None else {}),
+                "topics": topics, "stores": framing.DAMAGE.snapshot(),
+                **({"delayed": self.delayed()} if self.delayed is not None else {}),
                 **({"transactions": tx} if self.transactions is not None and (tx := self.transactions()) else {}),
                 **({"durability": d} if self.durability is not None and (d := self.durability()) else {})}

@@ -21,7 +21,7 @@ import click
 
 from metaq.cli.options import DEFAULT_ZK_ROOT
 from metaq.cluster.registry import RegistryError, UserAclStore
-from metaq.errors import ConfigError
+from metaq.errors import ConfigError, MetaqError
 from metaq.security.acl import (
     ACL_FILE_NAME,
     CLUSTER_NAME,
@@ -62,11 +62,11 @@ def _zookeeper(zk_connect: str, zk_root: str) -> Iterator[UserAclStore]:
     from metaq.cluster.zookeeper import ZooKeeperRegistry
 
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)
-    registry = ZooKeeperRegistry(zk_connect, zk_root, connection_timeout_ms=10_000, watch_cluster=False,
-                                 read_only=True)
     try:
+        registry = ZooKeeperRegistry(zk_connect, zk_root, connection_timeout_ms=10_000, watch_cluster=False,
+                                     read_only=True)
         registry.start()
-    except RegistryError as exc:
+    except MetaqError as exc:  # ZooKeeper unreachable, a root that is no ZooKeeper path
         raise click.ClickException(str(exc)) from None
     try:
         yield registry.user_acl_store()
@@ -179,7 +179,7 @@ class _FileAcls:
         return self.file.update(change, entry)
 
     def entries(self) -> tuple[AclEntry, ...]:
-        return decode_acls(self.file.read_bytes()).entries
+        return decode_acls(self.file.read_bytes(), source=str(self.file.path)).entries
 
 
 class _ZooKeeperAcls:

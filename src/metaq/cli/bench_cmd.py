@@ -423,3 +423,32 @@ def bench_http(as_json: bool, **kwargs: Any) -> None:
     lat = result.latency_ms
     if lat:
         click.echo(f"  request latency ms: p50 {lat['p50']}  p99 {lat['p99']}  max {lat['max']}")
+
+
+@bench_group.command("kafka")
+@click.option("-n", "--count", type=click.IntRange(1), default=1_000_000, show_default=True,
+              help="Messages each step sends or reads.")
+@click.option("--size", type=click.IntRange(1), default=100, show_default=True, help="Message payload bytes.")
+@click.option("--partitions", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True,
+              help="Rounds of the four steps, interleaved (native produce, kafka produce, native consume, "
+                   "kafka consume).")
+@click.option("--json", "as_json", is_flag=True)
+def bench_kafka(count: int, size: int, partitions: int, rounds: int, as_json: bool) -> None:
+    """confluent-kafka on the Kafka listener beside metaq's batch producer and per-message consumer, same run,
+    one embedded broker (docs/kafka.md)."""
+    from metaq.bench.kafka_bench import run_kafka_bench
+
+    result = run_kafka_bench(count, size, partitions, rounds, progress=not as_json)
+    if as_json:
+        click.echo(json.dumps(asdict(result)))
+        return
+    load = ", ".join(f"{x:.2f}" for x in result.load_average)
+    click.echo(f"{size}B messages, {partitions} partitions, {count:,} per step; load average {load}; "
+               f"confluent-kafka produce() ceiling with no broker: {result.client_produce_ceiling:,.0f} calls/s")
+    for i, r in enumerate(result.rounds, 1):
+        cpu = r.broker_cpu_us
+        click.echo(f"  round {i}: produce native {r.native_produce:,.0f} kafka {r.kafka_produce:,.0f} msg/s "
+                   f"({r.kafka_produce / r.native_produce:.0%}); consume native {r.native_consume:,.0f} "
+                   f"kafka {r.kafka_consume:,.0f} msg/s ({r.kafka_consume / r.native_consume:.0%}); broker us/msg "
+                   + " ".join(f"{k} {v}" for k, v in cpu.items()))

@@ -92,6 +92,8 @@ async def group_describe(servers: str, zk_connect: str | None, zk_root: str, gro
         return
     click.echo(f"group {desc.group}: {desc.state}, generation {desc.generation}, strategy {desc.strategy}, "
                f"{plural(len(desc.members), 'member')}, total lag {desc.total_lag}")
+    for server in desc.unreachable:
+        click.echo(f"  not answering (its members, owners and offsets are missing): {server}")
     for mb in desc.members:
         owned = "; ".join(f"{t}: {', '.join(str(p) for p in ps)}" for t, ps in sorted(mb.assignment.items()))
         click.echo(f"  member {mb.member_id} ({mb.client_id}): {owned or 'nothing'}")

@@ -45,12 +45,14 @@ def _register_client_commands() -> None:
         produce_cmd,
         stats_cmd,
         topic_cmd,
+        transactions_cmd,
         verify_cmd,
     )
 
     for module in (topic_cmd, produce_cmd, consume_cmd, stats_cmd, admin_cmd, group_cmd):
         module.register(cli)
     verify_cmd.register(admin_cmd.admin_group)
+    transactions_cmd.register(admin_cmd.admin_group)
     bench_cmd.register(cli)
     cluster_cmd.register(cli)
     acl_cmd.register(cli)

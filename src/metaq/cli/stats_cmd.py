@@ -36,6 +36,11 @@ async def stats(servers: str, topic: str | None, broker_id: int | None, as_json:
         if (durability := doc.get("durability")) is not None:  # how its flushes are made durable (docs/storage.md)
             click.echo(f"# data directory on {durability['filesystem']}: syncfs "
                        f"{'used' if durability['syncfs'] else 'not used'}: {durability['syncfs_reason']}")
+        stores = doc.get("stores") or {}
+        if stores.get("damaged_records"):  # records of the stores beside the segments (the log names each)
+            counts = ", ".join(f"{name} {n}" for name, n in sorted(stores["damaged_records"].items()))
+            click.echo(f"# DAMAGED records skipped since the start: {counts}; the broker's ERRORs name each "
+                       "(`metaq admin verify`)")
         for tname, t in sorted(doc["topics"].items()):
             for pname, p in sorted(t["partitions"].items(), key=lambda kv: int(kv[0])):
                 click.echo("\t".join(str(x) for x in (

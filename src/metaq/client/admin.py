@@ -24,6 +24,8 @@ from metaq.protocol.messages import (
     FindMessagesResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
+    ListTransactionsRequest,
+    ListTransactionsResponse,
     LookupMessageRequest,
     LookupMessageResponse,
     PartitionStateRequest,
@@ -195,7 +197,10 @@ class Admin:
         """Have a broker check every stored byte and index entry of its partitions (all, a topic's, or
         one, asked of the broker holding it); one report per partition: ``broker_id``, ``topic``,
         ``partition``, ``ok``, ``messages``, ``damaged`` ranges (offsets and the messages each makes
-        unreadable), ``index_problems``. Slow on big logs: reads everything once."""
+        unreadable), ``index_problems``, ``index_notes`` (not damage), ``file_problems`` (its epoch history and
+        producer snapshots). Without a topic, one more report per store beside the segments: ``store``,
+        ``path``, ``records``, ``ok``, ``damaged`` (one line per damaged record). Slow on big logs: reads
+        everything once."""
         if topic is not None:
             validate_topic(topic)
         number = -1
@@ -212,6 +217,15 @@ class Admin:
             if isinstance(report, dict):
                 report.setdefault("broker_id", answered)
         return data
+
+    async def list_transactions(self, producer_group: str = "", *, broker_id: int | None = None,
+                                limit: int = 1000) -> ListTransactionsResponse:
+        """One broker's transactions (docs/transactions.md): ``live`` (open, prepared, committing, oldest
+        first), ``timed_out`` (the last ones it rolled back by itself: a timeout, or a half message's checks
+        used up; newest first) and ``checkers`` (producer groups whose checker asked in the last minute)."""
+        resp: ListTransactionsResponse = await self._core.request(ListTransactionsRequest(producer_group, limit),
+                                                                  broker_id)
+        return resp
 
     async def reload(self, *, broker_id: int | None = None) -> list[str]:
         """Make the broker re-read its server.ini; returns the topics whose settings changed."""

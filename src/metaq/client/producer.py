@@ -85,7 +85,7 @@ from metaq.protocol.messages import (
 )
 from metaq.protocol.records import (
     HEADER_BYTES,
-    RECORD_PREFIX_BYTES,
+    RECORD_OVERHEAD_BYTES,
     SEQUENCE_LIMIT,
     ProducerStamp,
     encode_messages,
@@ -138,7 +138,7 @@ class _MultiLimit:
         return True
 
 
-_RECORD_PREFIX = RECORD_PREFIX_BYTES
+_RECORD_PREFIX = RECORD_OVERHEAD_BYTES
 
 HOT_KEEP_S = 0.1
 """How long a topic's partitions stay cached for the send fast path (Producer._hot) when nothing changes: a
@@ -1170,7 +1170,7 @@ class Producer:
             validate_topic(topic)
             self._valid_topics.add(topic)
         if message.key is None and message.attribute is None and not message.headers:
-            size = RECORD_PREFIX_BYTES + len(message.data)
+            size = RECORD_OVERHEAD_BYTES + len(message.data)
         else:
             size = record_size(message)
         if message.deliver_at is not None or message.delay_ms is not None:

@@ -7,6 +7,11 @@ microseconds: bulk data should go through ``send_batch`` (one crossing per batch
 
 Callbacks given to ``send_async`` run on the client's loop thread: keep them short and never call
 this facade from them (that would wait on the thread that has to answer).
+
+Signals: a call waiting for the loop thread is interrupted like any blocking call (Ctrl-C raises
+KeyboardInterrupt, a signal handler's ``sys.exit()`` raises SystemExit, in the waiting thread); the
+coroutine it waited for is then cancelled on the loop, and an iterator being left this way closes its
+fetch loop only once that coroutine has stopped. Cleanup never replaces the exception that interrupted it.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import threading
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
@@ -38,6 +44,8 @@ from metaq.protocol.records import MessageBatch
 from metaq.types import Message, MessageId, PartitionKey, SendResult
 
 T = TypeVar("T")
+
+log = logging.getLogger("metaq.client.sync")
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -70,7 +78,12 @@ class _LoopThread:
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         self._check_thread()
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout_s)
+        except BaseException:
+            fut.cancel()  # interrupted (Ctrl-C, a signal handler's exit, the timeout): stop the coroutine too
+            raise
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         self._check_thread()
@@ -156,8 +169,8 @@ class SyncProducer:
         """``execute(message, transaction_id)`` runs in a worker thread of the client."""
         return self._lt.run(self.producer.send_in_transaction(message, execute, producer_group, timeout_s))
 
-    def start_transaction_checker(self, producer_group: str, check: Callable[[str], Any]) -> TransactionChecker:
-        """``check(transaction_id)`` runs in a worker thread of the client."""
+    def start_transaction_checker(self, producer_group: str, check: Callable[..., Any]) -> TransactionChecker:
+        """``check(message, transaction_id)`` or ``check(transaction_id)`` runs in a worker thread of the client."""
         return self._lt.run(self.producer.start_transaction_checker(producer_group, check))
 
     def stop_transaction_checker(self, checker: TransactionChecker) -> None:
@@ -232,18 +245,37 @@ class SyncPullConsumer:
             yield from batches
 
     def _blocking(self, agen: AsyncGenerator[Any, None]) -> Iterator[Any]:
+        """Items of ``agen``, one loop-thread crossing each. Left early (a break, an exception, a signal
+        while waiting), the step in progress is cancelled and awaited on the loop before ``agen`` is
+        closed: closing a generator still running raises RuntimeError, which would hide the interrupt."""
+        running: list[asyncio.Task[Any]] = []
+
         async def step() -> Any:
+            task = asyncio.current_task()
+            assert task is not None
+            running[:] = [task]
             try:
                 return await agen.__anext__()
             except StopAsyncIteration:
                 return None
+
+        async def close() -> None:
+            for task in running:
+                if not task.done():
+                    task.cancel()
+                with contextlib.suppress(BaseException):  # its end is the interrupt's business, not ours
+                    await task
+            await agen.aclose()
 
         try:
             while (item := self._lt.run(step())) is not None:
                 yield item
         finally:
             if not self._lt.stopped:
-                self._lt.run(agen.aclose())
+                try:
+                    self._lt.run(close())
+                except Exception as exc:  # never replace the exception (or signal) that is ending the loop
+                    log.debug("closing an iterator's fetch loop failed: %r", exc)
 
     def iterate_batches(self, topic: str, partition: PartitionKey, offset: StartOffset = "earliest", *,
                         max_wait_ms: int = DEFAULT_MAX_WAIT_MS, max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
@@ -252,19 +284,7 @@ class SyncPullConsumer:
         agen = self.consumer.iterate_batches(topic, partition, offset, max_wait_ms=max_wait_ms, max_bytes=max_bytes,
                                              max_messages=max_messages, stop_at_end=stop_at_end,
                                              on_out_of_range=on_out_of_range, group=group)
-
-        async def step() -> list[Message] | None:
-            try:
-                return await agen.__anext__()
-            except StopAsyncIteration:
-                return None
-
-        try:
-            while (batch := self._lt.run(step())) is not None:
-                yield batch
-        finally:
-            if not self._lt.stopped:
-                self._lt.run(agen.aclose())
+        yield from self._blocking(agen)
 
     def offsets(self, topic: str, partition: PartitionKey) -> tuple[int, int]:
         return self._lt.run(self.consumer.offsets(topic, partition))

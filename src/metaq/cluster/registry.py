@@ -53,6 +53,8 @@ class BrokerEntry:
     slaves: Mapping[int, Address] = field(default_factory=lambda: MappingProxyType({}))
     tls_ports: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
     """Replica (-1: the master, else the slave id) -> its TLS port (sslPort), for those that have one."""
+    ports: Mapping[int, Mapping[str, int]] = field(default_factory=lambda: MappingProxyType({}))
+    """Replica -> the named ports of its other listeners (``kafkaPort``, ``kafkaSslPort``), as registered."""
 
     def over_tls(self) -> BrokerEntry:
         """The same replicas at their TLS addresses; a replica without a TLS port is left out (a TLS client
@@ -62,7 +64,7 @@ class BrokerEntry:
             tls = self.tls_ports.get(-1)
             master = Address(master.host, tls) if tls is not None else None
         slaves = {s: Address(a.host, self.tls_ports[s]) for s, a in self.slaves.items() if s in self.tls_ports}
-        return BrokerEntry(self.broker_id, master, MappingProxyType(slaves), self.tls_ports)
+        return BrokerEntry(self.broker_id, master, MappingProxyType(slaves), self.tls_ports, self.ports)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +154,8 @@ class ClusterRegistry(ABC):
 
     tls_port: int | None = None
     """This broker's TLS port (sslPort), registered with its address (set before registering)."""
+    ports: Mapping[str, int] = MappingProxyType({})
+    """This broker's other listeners' ports by name (``kafkaPort``...), registered with its address."""
 
     @abstractmethod
     def register_broker(self, broker_id: int, address: Address, *, slave_id: int = -1) -> None:

@@ -23,9 +23,17 @@ from typing import Any
 from metaq.errors import InvalidArgument, StorageError
 from metaq.fsutil import datasync, syncfs
 from metaq.protocol.records import MAGIC
-from metaq.storage.checkpoint import CleanState, fsync_directory, read_json, remove_file, write_json
+from metaq.storage.checkpoint import (
+    CleanState,
+    fsync_directory,
+    read_clean_states,
+    read_json,
+    remove_file,
+    write_clean_states,
+    write_json,
+)
 from metaq.storage.config import LogConfig
-from metaq.storage.errors import LogClosedError, MessageNotFound
+from metaq.storage.errors import LogClosedError, MessageNotFound, is_disk_full
 from metaq.storage.files import FileCache
 from metaq.storage.flush import FilesystemSync, Flusher, SyncfsDecision, decide_syncfs
 from metaq.storage.log import PartitionLog
@@ -117,10 +125,7 @@ class LogManager:
         self._lock_data_dir()
         try:
             checkpoint_path = self.data_dir / CHECKPOINT_FILE
-            document = read_json(checkpoint_path) or {}
-            raw_states = document.get("partitions", {})
-            states = {name: CleanState.from_json(value) for name, value in raw_states.items()} \
-                if isinstance(raw_states, dict) else {}
+            states = read_clean_states(checkpoint_path)
             mark_format = self._check_format()
             # From here on a crash must look unclean: the checkpoint goes before the first append.
             remove_file(checkpoint_path, sync_dir=True, sync=self._sync)
@@ -208,7 +213,7 @@ class LogManager:
             self._closed = True
             return
         self._closed = True
-        states: dict[str, dict[str, int]] = {}
+        states: dict[str, CleanState] = {}
         errors: list[str] = []
         with self._lock:
             logs = list(self._logs.values())
@@ -240,13 +245,16 @@ class LogManager:
             if error is not None:
                 errors.append(error)
             elif state is not None:
-                states[partition_log.directory.name] = state.to_json()
+                states[partition_log.directory.name] = state
         self._close_filesystem_sync()
         try:
-            write_json(self.data_dir / CHECKPOINT_FILE, {"broker_id": self.broker_id, "partitions": states},
-                       sync=self._sync)
+            write_clean_states(self.data_dir / CHECKPOINT_FILE, states, sync=self._sync)
         except OSError as exc:
-            errors.append(f"cannot write the clean-shutdown checkpoint: {exc}")
+            if not is_disk_full(exc):
+                errors.append(f"cannot write the clean-shutdown checkpoint: {exc}")
+            else:  # every log is synced: the next start only checks them as after a crash
+                log.warning("cannot write the clean-shutdown checkpoint (the disk is full): the next start checks "
+                            "every partition as after a crash; nothing is lost")
         self.files.close_all()
         self._unlock_data_dir()
         if errors:

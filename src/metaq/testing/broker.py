@@ -14,20 +14,19 @@ can check all of them, including the ones a test started directly.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import signal
 import subprocess
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from metaq.broker.launcher import READY_RE, BrokerLauncher
+from metaq.testing.waits import until, wait_until
 
-__all__ = ["READY_RE", "BrokerProcess", "log_incidents", "start_brokers", "track_brokers", "wait_until"]
+__all__ = ["READY_RE", "BrokerProcess", "log_incidents", "start_brokers", "track_brokers", "until", "wait_until"]
 
 LOG_RECORD_RE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?P<level>[A-Z]+) ")
 """The start of a log record in the broker's format (``%(asctime)s %(levelname)s %(name)s: ...``)."""
@@ -85,32 +84,6 @@ class _Run:
     killed: bool = False
     """the test sent SIGKILL itself: exit code -9 is expected"""
     stop_timed_out: bool = False
-
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, interval_s: float = 0.005,
-               message: str = "condition") -> Any:
-    """Poll ``predicate`` until it returns a truthy value or the deadline passes (then AssertionError)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {message}")
-        time.sleep(interval_s)
-
-
-async def until(predicate: Callable[[], Any], timeout_s: float = 30.0, interval_s: float = 0.01,
-                what: str = "condition") -> Any:
-    """:func:`wait_until` for a coroutine: polls without blocking the event loop."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(interval_s)
 
 
 class BrokerProcess(BrokerLauncher):

@@ -21,7 +21,7 @@ from metaq.client.metadata import Partition
 from metaq.client.producer import Producer
 from metaq.client.selectors import KeyHashSelector, RandomSelector, RoundRobinSelector, StickyRoundRobinSelector
 from metaq.errors import InvalidArgument
-from metaq.protocol.records import HEADER_BYTES, RECORD_PREFIX_BYTES
+from metaq.protocol.records import HEADER_BYTES, RECORD_OVERHEAD_BYTES
 from metaq.types import PLAIN_PLACER, Message
 
 pytestmark = pytest.mark.skipif(PLAIN_PLACER is None, reason="metaq._speedups is not built (or METAQ_NO_SPEEDUPS)")
@@ -180,7 +180,7 @@ def test_with_the_sticky_selector_the_compiled_placement_fills_its_partitions_ba
 
 
 def test_a_batch_the_compiled_placement_fills_leaves_at_once() -> None:
-    full = HEADER_BYTES + 3 * (RECORD_PREFIX_BYTES + 50)  # three records of 50 B fill a batch exactly
+    full = HEADER_BYTES + 3 * (RECORD_OVERHEAD_BYTES + 50)  # three records of 50 B fill a batch exactly
 
     async def check(fast: Producer, slow: Producer) -> None:
         calls: list[str] = []

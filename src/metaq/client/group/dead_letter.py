@@ -356,17 +356,7 @@ def redrive_message(letter: DeadLetter) -> Message:
 def _offset_storage(core: ClientCore) -> OffsetStorage:
     if core.registry is not None:
         return ZooKeeperOffsetStorage(core.registry)
-    storage = BrokerOffsetStorage()
-
-    async def coordinated(request: Any) -> Any:
-        coordinator = await core.coordinator()
-        conn = await core.connection(coordinator)
-        if coordinator is not None and conn.broker_id != coordinator:
-            raise ConnectionClosedError(f"broker {coordinator}, the groups' coordinator, cannot be reached")
-        return await conn.request(request)
-
-    storage.bind(coordinated)
-    return storage
+    return BrokerOffsetStorage.for_session(core)
 
 
 Progress = Callable[[int, int], Awaitable[None] | None]

@@ -108,7 +108,7 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
     # ------------------------------------------------------------------ this broker and its replica group
 
     def register_broker(self, broker_id: int, address: Address, *, slave_id: int = -1) -> None:
-        self.brokers.register(broker_id, address, slave_id=slave_id, tls_port=self.tls_port)
+        self.brokers.register(broker_id, address, slave_id=slave_id, tls_port=self.tls_port, ports=self.ports)
 
     def registered_at(self, broker_id: int) -> float | None:
         return self.brokers.registered_at(broker_id)
@@ -133,10 +133,10 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
     def take_mastership(self, broker_id: int, address: Address, state: ReplicaGroupState, version: int, *,
                         replacing: Address | None = None) -> int:
         return self.brokers.take_mastership(broker_id, address, state, version, tls_port=self.tls_port,
-                                            replacing=replacing)
+                                            ports=self.ports, replacing=replacing)
 
     def become_slave(self, broker_id: int, address: Address, slave_id: int) -> None:
-        self.brokers.become_slave(broker_id, address, slave_id, tls_port=self.tls_port)
+        self.brokers.become_slave(broker_id, address, slave_id, tls_port=self.tls_port, ports=self.ports)
 
     def publish_master_config(self, broker_id: int, document: dict[str, object]) -> None:
         self.brokers.publish_master_config(broker_id, document)

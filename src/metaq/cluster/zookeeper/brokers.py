@@ -13,7 +13,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
@@ -57,13 +57,14 @@ class BrokerRegistration:
         """Every broker and topic node of this process lies under it."""
         return f"{self.paths.root}/brokers/"
 
-    def register(self, broker_id: int, address: Address, *, slave_id: int = -1, tls_port: int | None) -> None:
+    def register(self, broker_id: int, address: Address, *, slave_id: int = -1, tls_port: int | None,
+                 ports: Mapping[str, int] | None = None) -> None:
         """As :meth:`metaq.cluster.registry.ClusterRegistry.register_broker`: a node of this broker id still
         held by a previous session at the same address (a killed broker) is waited for up to the session
         timeout; another address, or the same one past that, is BrokerIdTaken."""
         session = self._session
         path = self.paths.broker_node(broker_id, slave_id)
-        data = layout.broker_url(address.host, address.port, tls_port).encode()
+        data = layout.broker_url(address.host, address.port, tls_port, ports).encode()
         self._own_slave_id = slave_id
         deadline = time.monotonic() + session.handover_wait_s
         while True:
@@ -207,12 +208,13 @@ class BrokerRegistration:
             raise RegistryError(f"cannot write {path}: {exc}") from None
 
     def take_mastership(self, broker_id: int, address: Address, state: ReplicaGroupState, version: int, *,
-                        tls_port: int | None, replacing: Address | None = None) -> int:
+                        tls_port: int | None, ports: Mapping[str, int] | None = None,
+                        replacing: Address | None = None) -> int:
         session = self._session
         client = session.client
         path = self.paths.replica_group(broker_id)
         master = self.paths.broker_node(broker_id, -1)
-        url = layout.broker_url(address.host, address.port, tls_port).encode()
+        url = layout.broker_url(address.host, address.port, tls_port, ports).encode()
         try:
             client.ensure_path(self.paths.replica_groups)
             client.ensure_path(self.paths.broker(broker_id))
@@ -253,11 +255,12 @@ class BrokerRegistration:
                  url.decode())
         return int(new_version)
 
-    def become_slave(self, broker_id: int, address: Address, slave_id: int, *, tls_port: int | None) -> None:
+    def become_slave(self, broker_id: int, address: Address, slave_id: int, *, tls_port: int | None,
+                     ports: Mapping[str, int] | None = None) -> None:
         self._mastership = None
         for p in self._session.owned(self._mine_prefix):
             self._session.drop(p)
-        self.register(broker_id, address, slave_id=slave_id, tls_port=tls_port)
+        self.register(broker_id, address, slave_id=slave_id, tls_port=tls_port, ports=ports)
 
     def publish_master_config(self, broker_id: int, document: dict[str, object]) -> None:
         path, data = self.paths.master_config(broker_id), json.dumps(document, sort_keys=True).encode()

@@ -55,6 +55,8 @@ class ClusterView:
         self._brokers: dict[int, dict[str, Address]] = {}
         self._tls_ports: dict[tuple[int, str], int] = {}
         """(broker id, node name) -> the sslPort its URL carries."""
+        self._ports: dict[tuple[int, str], dict[str, int]] = {}
+        """(broker id, node name) -> the other named ports its URL carries (kafkaPort...)."""
         self._topics: dict[bool, dict[str, dict[str, int]]] = {True: {}, False: {}}
         """publish? -> topic -> registration node name (``<id>-m``) -> partition count."""
         self._watches: dict[str, int] = {}
@@ -205,6 +207,7 @@ class ClusterView:
             try:
                 address = Address(*layout.parse_broker_url(data))
                 tls_port = layout.parse_broker_tls_port(data)
+                self._ports[(broker_id, name)] = layout.parse_broker_ports(data)
             except LayoutError as exc:
                 self._session.bad(path, str(exc))
         nodes = self._brokers.get(broker_id)
@@ -287,8 +290,11 @@ class ClusterView:
                     tls = {-1 if name == "master" else layout.parse_slave_node(name): port
                            for (b, name), port in self._tls_ports.items() if b == broker_id and name in nodes}
                     tls_ports = {r: port for r, port in tls.items() if r is not None}
+                    named = {-1 if name == "master" else layout.parse_slave_node(name): MappingProxyType(ports)
+                             for (b, name), ports in self._ports.items() if b == broker_id and name in nodes}
+                    named_ports = MappingProxyType({r: p for r, p in named.items() if r is not None})
                     brokers[broker_id] = BrokerEntry(broker_id, nodes.get("master"), MappingProxyType(slaves),
-                                                     MappingProxyType(tls_ports))
+                                                     MappingProxyType(tls_ports), named_ports)
             topics = {}
             for topic in set(self._topics[True]) | set(self._topics[False]):
                 pub: dict[int, int] = {}
