@@ -664,9 +664,9 @@ OPTIONS: tuple[Option, ...] = (
          "sooner (masterLeaseMs).", _integer(100, _JAVA_INT_MAX), status="extension"),
     _opt("masterLeaseMs", "master_lease_ms", "int", "1500", _SYSTEM,
          "HA mode: a slave that has heard nothing from its master for this long suspects it dead (and takes "
-         "over with autoFailover once the other in-sync slaves agree); the master takes writes to async "
-         "topics only while its in-sync slaves' fetches renew this lease; a slave silent for two thirds of it "
-         "leaves the in-sync set. docs/replication.md", _integer(300, 600_000), status="extension"),
+         "over with autoFailover once the other in-sync slaves agree); the master takes writes only while its "
+         "in-sync slaves' fetches renew this lease; a slave silent for two thirds of it leaves the in-sync "
+         "set. docs/replication.md", _integer(300, 600_000), status="extension"),
     _opt("degradeToAsync", "degrade_to_async", "bool", "false", _SYSTEM,
          "Sync replication with too few in-sync slaves: ack as async replication (a warning and a "
          "counter) instead of refusing writes. What is acked then can be lost with the master.",
