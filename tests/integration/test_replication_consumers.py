@@ -378,7 +378,8 @@ def test_a_dead_masters_partitions_stay_readable_from_its_slave(
 
             group.subscribe(TOPIC, 64 * 1024, listener)
             await group.complete_subscribe()
-            await until(lambda: sum(len(v) for v in grouped.values()) >= 400, what="the group to read everything")
+            await until(lambda: sum(len(v) for v in grouped.values()) >= 400, WAIT_S,
+                        message="the group to read everything")
             assert grouped == acked, "the group consumer lost, repeated or reordered messages"
         finally:
             await group.close()

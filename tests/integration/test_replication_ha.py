@@ -389,7 +389,8 @@ def test_async_failover_loses_at_most_what_the_old_master_had_alone_and_reports_
     loss is bounded (only what the old master held that the slave had not fetched, the tail of each
     partition) and never silent: the new master reports its estimate at takeover, and the old master, back
     as a slave, cuts and counts exactly those messages."""
-    replicas = Replicas(cluster_factory, 2, syncReplication="false", inSyncMaxLagMs=5000)
+    # the slave is paused for a moment: a long lease keeps it in the set (it is silent, not gone)
+    replicas = Replicas(cluster_factory, 2, syncReplication="false", inSyncMaxLagMs=5000, masterLeaseMs=10_000)
     old, new = replicas.procs[0], replicas.procs[1]
     wait_isr(zk_client, zk_root, {1})
     session = {"zk_connect": zookeeper.connect_string, "zk_root": zk_root, "request_timeout_s": 10.0}

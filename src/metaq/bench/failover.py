@@ -21,6 +21,7 @@ group whole again (the in-sync set full). At the end every acknowledged message 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import signal
 import tempfile
@@ -39,6 +40,8 @@ PARTITIONS = 3
 FAULTS = ("master-kill", "master-stop", "slave-kill", "zookeeper-kill", "promote")
 ROUND_TIMEOUT_S = 120.0
 """Every wait of a round has this deadline: a fault the group does not recover from ends the run, saying so."""
+READER_STUCK_S = 5.0
+"""The bench's own ZooKeeper reader failing this long after ZooKeeper is back is replaced by a new one."""
 
 
 class FailoverBenchError(RuntimeError):
@@ -62,28 +65,43 @@ class _Run:
     """One cluster, one load, the faults in turn."""
 
     def __init__(self, cluster: DevCluster, zk_down_s: float, progress: Callable[[str], None]) -> None:
-        from metaq.cluster.zookeeper import ZooKeeperRegistry  # kazoo: only once the bench runs
-
         self.cluster = cluster
         self.zk_down_s = zk_down_s
         self.progress = progress
         self.replicas = {0: cluster.brokers[1], 1: cluster.slaves[(1, 0)], 2: cluster.slaves[(1, 1)]}
-        self.registry = ZooKeeperRegistry(cluster.zk_connect, cluster.zk_root, watch_cluster=False, read_only=True)
-        self.registry.start()
+        self.registry = self._reader()
         self.session: dict[str, Any] = {"zk_connect": cluster.zk_connect, "zk_root": cluster.zk_root,
                                         "request_timeout_s": 30.0}
         self.load = ProduceLoad(self.session, TOPIC, window=50, time_limit_s=24 * 3600.0)
         self.gap_start_s = 0.0
 
     def state(self) -> ReplicaGroupState | None:
-        deadline = time.monotonic() + 30  # this reader's own session may be reconnecting (ZooKeeper restarted)
+        deadline = time.monotonic() + ROUND_TIMEOUT_S
+        failing_since: float | None = None
         while True:
             try:
                 return self.registry.read_replica_group(1)[0]
             except Exception:
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now > deadline:
                     raise
+                failing_since = failing_since or now
+                if now - failing_since > READER_STUCK_S:
+                    # a ZooKeeper client that reconnected right as ZooKeeper restarted was seen to hang until its
+                    # read timeout (20 s): this reader starts a session afresh rather than wait it out
+                    self.registry.close()
+                    self.registry = self._reader()
+                    failing_since = None
                 time.sleep(0.05)
+
+    def _reader(self) -> Any:
+        from metaq.cluster.zookeeper import ZooKeeperRegistry  # kazoo: only once the bench runs
+
+        registry = ZooKeeperRegistry(self.cluster.zk_connect, self.cluster.zk_root, watch_cluster=False,
+                                     read_only=True)
+        with contextlib.suppress(Exception):  # not reachable yet: read_replica_group fails, and is asked again
+            registry.start()
+        return registry
 
     def whole(self) -> None:
         """Until every replica is in the group: the master and two in-sync slaves."""

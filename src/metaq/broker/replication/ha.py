@@ -88,6 +88,8 @@ class HighAvailability:
         self._last_master: tuple[Address, int] | None = None
         """(address, epoch) of the master last registered: followed while its node is gone in that epoch."""
         self._wake = asyncio.Event()
+        self._absent_since: float | None = None
+        """time.monotonic() since when the master's node is missing from the view (None: it is there)."""
         self._zk_unreachable = False
         self.last_suspicion = ""
         """Why the master was last suspected dead without a takeover ('' when it was not)."""
@@ -358,7 +360,7 @@ class HighAvailability:
         self.replicator = replicator
         task = asyncio.get_running_loop().create_task(replicator.run(), name="metaq-slave")
         self._tasks.append(task)
-        self._absent_since: float | None = None
+        self._absent_since = None
         try:
             while True:
                 self._wake.clear()
