@@ -423,8 +423,10 @@ class HighAvailability:
                 return False  # evidence about the master of another epoch, or a new master appeared meanwhile
             why = self._not_eligible(state, now - (self._absent_since or now))
             if why:
-                self._suspect(f"the master looks dead ({evidence or 'not registered'}: {self.watch.refused_why or ''}"
-                              f") but this replica may not take over: {why}")
+                seen = evidence or "not registered"
+                if evidence == REFUSED and self.watch.refused_why:
+                    seen += f": {self.watch.refused_why}"
+                self._suspect(f"the master looks dead ({seen}) but this replica may not take over: {why}")
                 return False
             if evidence == SILENT:
                 vote = await self._vote(state, replicator)
