@@ -22,6 +22,7 @@ import uvloop
 from cli_process import metaq
 from test_replication_ha import TOPIC as HA_TOPIC
 from test_replication_ha import Replicas, group_state, wait_isr
+from test_replication_slave import end_offsets
 
 from metaq.client import Message, MessageSessionFactory
 from metaq.client.group import ConsumerConfig, create_consumer
@@ -309,3 +310,80 @@ def test_consumers_reading_slaves_ride_out_a_failover_and_see_every_acked_messag
     text = metaq("cluster", "--zk-connect", zookeeper.connect_string, "--zk-root", zk_root).stdout
     assert f"(HA: replica {state['master']} is master, epoch {state['epoch']}, in sync: " in text
     print(f"failover under prefer-slave consumers: {len(load.acked)} acked, all read once in order by both")
+
+
+def test_a_dead_masters_partitions_stay_readable_from_its_slave(
+        cluster_factory: Callable[..., BrokerProcess], zookeeper: Any, zk_root: str, zk_client: Any,
+        tmp_path: Path) -> None:
+    """MetaQ's slave "serves consumers": with the master killed and its session expired (plain async
+    replication: nobody takes over), the partitions of broker id 1 stay in every client's partition list
+    (readable, not publishable) and are read from the slave: by `metaq consume -p 1-0 --read-from slave`, by a
+    pull consumer and by a group consumer, both with the default read_from="master"."""
+    master, slave = start(cluster_factory, zk_session_timeout_ms=2000)
+    cluster_factory(2, topics=TOPICS, zk_session_timeout_ms=2000)  # the topic lives on elsewhere too
+    dead = [PartitionId(1, 0), PartitionId(1, 1)]
+
+    async def produce() -> dict[PartitionId, list[Record]]:
+        session = await connect(zookeeper, zk_root)
+        acked: dict[PartitionId, list[Record]] = {}
+        try:
+            for _ in range(500):  # both brokers announce the topic
+                if len(await session.partitions(TOPIC)) == 4:
+                    break
+                await asyncio.sleep(0.02)
+            producer = session.create_producer()
+            for n in range(400):
+                result = await producer.send(Message(TOPIC, b"d%06d" % n))
+                assert result.success, result
+                acked.setdefault(result.partition_id, []).append((result.offset, result.message_id, b"d%06d" % n))
+        finally:
+            await session.close()
+        return acked
+
+    acked = uvloop.run(produce())
+    assert set(dead) <= set(acked)
+    ends = [len(acked[p]) for p in dead]
+    deadline = time.monotonic() + 30
+    while end_offsets(slave, 2) != ends:
+        assert time.monotonic() < deadline, "the slave did not catch up"
+        time.sleep(0.02)
+    master.kill()
+    deadline = time.monotonic() + 30
+    while zk_client.exists(f"{zk_root}/brokers/ids/1/master") is not None:
+        assert time.monotonic() < deadline, "the dead master's session did not expire"
+        time.sleep(0.05)
+
+    result = metaq("consume", TOPIC, "-p", "1-0", "--zk-connect", zookeeper.connect_string, "--zk-root", zk_root,
+                   "--read-from", "slave", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    assert [(json.loads(line)["offset"], json.loads(line)["value"]) for line in result.stdout.splitlines()] == \
+        [(o, v.decode()) for o, _, v in acked[dead[0]]]
+
+    async def read() -> None:
+        session = await connect(zookeeper, zk_root)
+        grouped: dict[PartitionId, list[Record]] = {}
+        group = create_consumer(session, ConsumerConfig(group="after-death", recover_dir=tmp_path / "recover",
+                                                        dedup_window=0, commit_offset_period_ms=200,
+                                                        max_delay_fetch_ms=300))
+        try:
+            listed = {str(p): p.accept_publish for p in await session.partitions(TOPIC)}
+            assert listed == {"1-0": False, "1-1": False, "2-0": True, "2-1": True}, listed
+            puller = session.create_pull_consumer()
+            pulled = [(msg.offset, msg.id, bytes(msg.data))
+                      async for msg in puller.iterate(TOPIC, "1-1", 0, stop_at_end=True, max_wait_ms=300)]
+            assert pulled == acked[dead[1]]
+
+            def listener(msg: Message) -> None:
+                grouped.setdefault(msg.partition_id, []).append((msg.offset, msg.id, bytes(msg.data)))
+
+            group.subscribe(TOPIC, 64 * 1024, listener)
+            await group.complete_subscribe()
+            await until(lambda: sum(len(v) for v in grouped.values()) >= 400, WAIT_S,
+                        message="the group to read everything")
+            assert grouped == acked, "the group consumer lost, repeated or reordered messages"
+        finally:
+            await group.close()
+            await session.close()
+
+    uvloop.run(read())
+    assert get_requests(slave) > 0

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from metaq.cluster.embedded import EmbeddedRegistry
-from metaq.cluster.registry import Address, ClusterRegistry, ClusterSnapshot, RegistryError
+from metaq.cluster.registry import Address, ClusterRegistry, ClusterSnapshot, RegistryError, ReplicaGroupChanged
 
 if TYPE_CHECKING:
     from metaq.broker.config import BrokerConfig
@@ -122,6 +122,8 @@ class ClusterLink:
             else:
                 count, pub, sub = what
                 self.registry.publish_topic(topic, count, accept_publish=pub, accept_subscribe=sub)
+        except ReplicaGroupChanged as exc:  # a deposed master: its successor announces the topic
+            log.info("not announcing topic %s as master: %s", topic, exc)
         except Exception as exc:  # kept: a lost session's re-registration carries the latest state
             log.error("cannot announce topic %s to the cluster: %s", topic, exc or type(exc).__name__)
 

@@ -161,6 +161,7 @@ class BrokerConfig:
     sync_replication: bool = False
     min_in_sync_slaves: int = 1
     in_sync_max_lag_ms: int = 10_000
+    master_lease_ms: int = 1500
     degrade_to_async: bool = False
     auto_failover: bool = False
     http_port: int = -1

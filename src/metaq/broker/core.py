@@ -120,8 +120,13 @@ class ReplicaGroupView(Protocol):
     def visible_end(self, plog: PartitionLog) -> int:
         """Where consumers may read up to (the high watermark of a sync-replicated partition)."""
 
-    def replica_fetch(self, req: m.FetchRequest, plog: PartitionLog) -> tuple[dict[str, int], int]:
-        """A slave's fetch: extra reply fields, and the offset the reply stops before (-1: none)."""
+    def replica_fetch(self, req: m.FetchRequest, plog: PartitionLog,
+                      session: Session | None) -> tuple[dict[str, int], int]:
+        """A slave's fetch (on ``session``, its connection): extra reply fields, and the offset the reply stops
+        before (-1: none)."""
+
+    def connection_closed(self, session: Session) -> None:
+        """A client connection closed (a slave's may tell the master that the slave is gone)."""
 
     def replica_reply(self, req: m.FetchRequest, plog: PartitionLog) -> tuple[dict[str, int], int]:
         """:meth:`replica_fetch`'s reply fields as of now (a long poll answered later), without its checks."""
@@ -692,6 +697,11 @@ class Broker:
         self.in_flight -= 1
         if self.in_flight == 0:
             self._idle.set()
+
+    def connection_closed(self, session: Session) -> None:
+        """A transport's connection closed: a slave's replica connection going tells its master (HA mode)."""
+        if session.replica_id >= 0 and self.ha is not None:
+            self.ha.connection_closed(session)
 
     async def drain(self, timeout_s: float) -> None:
         """Wait until in-flight requests have been answered (bounded)."""

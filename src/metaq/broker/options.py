@@ -713,17 +713,23 @@ OPTIONS: tuple[Option, ...] = (
          "NOT_ENOUGH_REPLICAS (or acked as async with degradeToAsync=true).", _integer(0, 1024),
          status="extension"),
     _opt("inSyncMaxLagMs", "in_sync_max_lag_ms", "int", "10000", _SYSTEM,
-         "A slave that has not caught up with the master's log end for this long leaves the in-sync set "
-         "(recorded in ZooKeeper); it rejoins once caught up. Also bounds how long a produce waits for a "
-         "dead slave.", _integer(100, _JAVA_INT_MAX), status="extension"),
+         "A slave that fetches but has not caught up with the master's log end for this long leaves the "
+         "in-sync set (recorded in ZooKeeper); it rejoins once caught up. A slave that stops fetching leaves "
+         "sooner (masterLeaseMs).", _integer(100, _JAVA_INT_MAX), status="extension"),
+    _opt("masterLeaseMs", "master_lease_ms", "int", "1500", _SYSTEM,
+         "HA mode: a slave that has heard nothing from its master for this long suspects it dead (and takes "
+         "over with autoFailover once the other in-sync slaves agree); the master takes writes only while its "
+         "in-sync slaves' fetches renew this lease; a slave silent for two thirds of it leaves the in-sync "
+         "set. docs/replication.md", _integer(300, 600_000), status="extension"),
     _opt("degradeToAsync", "degrade_to_async", "bool", "false", _SYSTEM,
          "Sync replication with too few in-sync slaves: ack as async replication (a warning and a "
          "counter) instead of refusing writes. What is acked then can be lost with the master.",
          _boolean, status="extension"),
     _opt("autoFailover", "auto_failover", "bool", "false", _SYSTEM,
-         "When the master of this broker id vanishes from ZooKeeper, an in-sync slave takes over under "
-         "the same broker id with a new epoch; a deposed master becomes a slave. Every replica needs a "
-         "distinct slaveId (--slave-id), the master too.", _boolean, status="extension"),
+         "When the master of this broker id dies (its port refuses, or it is silent for masterLeaseMs and "
+         "the other in-sync slaves agree), an in-sync slave takes over under the same broker id with a new "
+         "epoch; a deposed master becomes a slave. Every replica needs a distinct slaveId (--slave-id), the "
+         "master too.", _boolean, status="extension"),
     # -- [system], MetaQ options metaq accepts and ignores -----------------------------------------
     _opt("getProcessThreadCount", "", "int", None, _SYSTEM,
          "Ignored: the broker serves requests on one asyncio event loop.", _positive,

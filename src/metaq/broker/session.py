@@ -59,6 +59,11 @@ class Session:
     """Set by the transport: end the connection now (the reason is logged)."""
     opened_at: float = 0.0
     """time.monotonic() at connect (the transport sets it)."""
+    replica_fetch_at: float = -1.0
+    """time.monotonic() when the last replica fetch on this connection came in: the next one, sent only after
+    its reply arrived, renews the master's lease from that slave (docs/replication.md#the-masters-lease)."""
+    replica_master: object | None = None
+    """The mastership this connection was counted in (a slave's connections tell the master it is alive)."""
     hold: asyncio.Future[None] | None = None
     """Set by a handler that returns a coroutine and whose request must take effect before the connection's
     next one does (a produce checked in a worker thread): the transport handles no further request of this

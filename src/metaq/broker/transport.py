@@ -228,6 +228,7 @@ class BrokerProtocol(asyncio.Protocol):
             return
         self.registry.remove(self)
         self.broker.quotas.release(self.session)
+        self.broker.connection_closed(self.session)
         if self._mute_timer is not None:
             self._mute_timer.cancel()
         for task in self.tasks:

@@ -1,4 +1,5 @@
-"""`metaq bench group|rebalance|cluster-refresh|replication|read-from`: consumer groups, clusters and replicas."""
+"""`metaq bench group|rebalance|cluster-refresh|replication|read-from|failover`: consumer groups, clusters,
+replicas and their failovers."""
 
 from __future__ import annotations
 
@@ -107,4 +108,57 @@ def bench_read_from(as_json: bool, **kwargs: Any) -> None:
     run_and_print(as_json, lambda report: read_from.run(report=report, **kwargs), read_from.table)
 
 
-COMMANDS = [bench_group_consume, bench_rebalance, bench_cluster_refresh, bench_replication, bench_read_from]
+@click.command("failover")
+@click.option("--faults", default="master-kill,master-stop,slave-kill,zookeeper-kill,promote", show_default=True,
+              help="Fault kinds, comma-separated: master-kill, master-stop, slave-kill, zookeeper-kill, promote.")
+@click.option("--rounds", type=click.IntRange(1, 100), default=5, show_default=True, help="Rounds of each fault.")
+@click.option("--session-ms", type=click.IntRange(1000, 600_000), default=30_000, show_default=True,
+              help="The brokers' zk.zkSessionTimeoutMs (MetaQ's default: a failover must not wait for it).")
+@click.option("--zk-down", "zk_down_s", type=click.FloatRange(0.5, 60), default=8.0, show_default=True,
+              help="Seconds ZooKeeper stays dead in a zookeeper-kill round (its restart comes on top).")
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
+              help="Run the cluster in this directory and keep it (the brokers' logs); default: a temporary one.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def bench_failover(faults: str, rounds: int, session_ms: int, zk_down_s: float, directory: str | None,
+                   as_json: bool) -> None:
+    """HA faults under load: a replica group (a master, two slaves, syncReplication and autoFailover, every other
+    setting at its default) on a local cluster with a real ZooKeeper, a cluster-mode producer sending
+    throughout; per fault kind the unavailability window (the longest stretch without an acknowledgement)
+    p50 / max, the takeover time and the failed sends; every acknowledged message is read back and checked
+    at the end (docs/replication.md, docs/benchmarks.md)."""
+    import json
+
+    from metaq.bench.failover import FAULTS, run_failover_bench
+    from metaq.cli.text import plural
+
+    kinds = [f.strip() for f in faults.split(",") if f.strip()]
+    unknown = sorted(set(kinds) - set(FAULTS))
+    if unknown:
+        raise click.BadParameter(f"unknown fault kind(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}",
+                                 param_hint="--faults")
+    if not as_json:
+        click.echo(f"failover: broker 1 with 2 slaves (syncReplication, autoFailover), zk.zkSessionTimeoutMs "
+                   f"{session_ms}, {plural(rounds, 'round')} of {', '.join(kinds)}")
+    result = run_failover_bench(kinds, rounds, session_timeout_ms=session_ms, zk_down_s=zk_down_s,
+                                directory=directory, progress=(lambda line: None) if as_json else click.echo)
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        click.echo(f"{'fault':<16}{'window p50':>12}{'window max':>12}{'takeover p50':>14}{'takeover max':>14}"
+                   f"{'failed sends':>14}")
+        for kind, r in result["faults"].items():
+            takeover = ("-", "-") if r["takeover_p50_s"] is None else (f"{r['takeover_p50_s']:.3f}s",
+                                                                        f"{r['takeover_max_s']:.3f}s")
+            click.echo(f"{kind:<16}{r['window_p50_s']:>11.3f}s{r['window_max_s']:>11.3f}s{takeover[0]:>14}"
+                       f"{takeover[1]:>14}{r['failed_sends']:>14}")
+        h = result["history"]
+        click.echo(f"history: {h['acked']} acked, {h['failed']} failed, {h['read_back']} read back, "
+                   f"{len(h['problems'])} problem(s)")
+        for problem in h["problems"]:
+            click.echo(f"  {problem}")
+    if result["history"]["problems"]:
+        raise SystemExit(1)
+
+
+COMMANDS = [bench_group_consume, bench_rebalance, bench_cluster_refresh, bench_replication, bench_read_from,
+            bench_failover]

@@ -130,7 +130,7 @@ class Fetcher:
         if offset < 0:
             raise InvalidArgument(f"offset must be >= 0, not {offset}")
         p = await self._core.partition(topic, partition)
-        if connection is None and replica is None and self._core.reads_slaves:
+        if connection is None and replica is None and self._core.reads_slaves_of(p.broker_id):
             replica = self._core.read_replica(topic, p)
         if connection is not None:
             conn = connection
@@ -314,7 +314,7 @@ async def read_request(core: ClientCore, topic: str, partition: Partition, reque
                        ) -> ListOffsetsResponse:
     """A ListOffsets to the copy consumers read (``read_from``): the master, or a slave, whose earliest and
     latest are its own (a slave's latest may be behind the master's)."""
-    if not core.reads_slaves:
+    if not core.reads_slaves_of(partition.broker_id):
         if core.registry is not None:
             core.read_replica(topic, partition)  # ConnectionClosedError (retriable) while its broker is unregistered
         response: ListOffsetsResponse = await core.request(request, partition.broker_id)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,13 @@ from metaq.types import PartitionId, PartitionKey
 if TYPE_CHECKING:
     from metaq.cluster.registry import ClusterSnapshot
     from metaq.cluster.zookeeper import ZooKeeperRegistry
+
+
+log = logging.getLogger("metaq.client")
+
+DEPOSED_ANSWER_S = 0.5
+"""How long requests in flight to a master that ZooKeeper has replaced may go unanswered before they are given
+up (a deposed master that runs answers them at once)."""
 
 
 def _from_snapshot(snapshot: ClusterSnapshot, topics: list[str] | None) -> MetadataResponse:
@@ -153,6 +161,9 @@ class ClientCore:
         cache = self.metadata.cache
         for broker_id, address in registered.items():
             if self._registered.get(broker_id) != address:
+                previous = self._registered.get(broker_id)
+                if previous is not None and self._loop is not None:  # a new master: give the old one a moment
+                    self._loop.call_later(DEPOSED_ANSWER_S, self._give_up_on, broker_id, previous, address)
                 self.unavailable.forget_broker(broker_id)
                 if cache.known_addresses.get(broker_id, address) != address:
                     del cache.known_addresses[broker_id]
@@ -171,6 +182,19 @@ class ClientCore:
         for w in waiters:
             if not w.done():
                 w.set_result(None)
+
+    def _give_up_on(self, broker_id: int, old: Address, new: Address) -> None:
+        """Broker id ``broker_id``'s master moved from ``old`` to ``new`` a moment ago: requests still in flight
+        to ``old`` are given up (a deposed master answers at once, NOT_MASTER or its last acks; one that has not
+        answered by now is paused or cut off). They fail as may-have-been-applied, and what follows goes to
+        the new master instead of waiting out the request timeout behind them."""
+        if self._registered.get(broker_id) == old or self.registry is None:
+            return  # it came back at the same address
+        dropped = self.pool.drop_stuck(old, f"broker {broker_id}'s master moved to {format_address(new)} and "
+                                            f"{format_address(old)} did not answer within {DEPOSED_ANSWER_S:g}s")
+        if dropped:
+            log.info("broker %d: gave up %d connection(s) to the old master %s (its successor is at %s)", broker_id,
+                     dropped, format_address(old), format_address(new))
 
     async def cluster_changed(self, timeout_s: float, since: int | None = None) -> None:
         """Sleep ``timeout_s``, or less when a ZooKeeper change is applied meanwhile (cluster mode); at once
@@ -265,19 +289,28 @@ class ClientCore:
         """Consumers may read slaves (``read_from`` other than "master", in cluster mode)."""
         return self.registry is not None and self.config.read_from != "master"
 
+    def reads_slaves_of(self, broker_id: int) -> bool:
+        """Consumers may read ``broker_id``'s slaves: ``read_from`` says so, or (cluster mode) the replica group
+        has no master registered now and its slaves hold the only copies left."""
+        return self.registry is not None and (self.config.read_from != "master" or broker_id not in self._registered)
+
     def read_replica(self, topic: str, partition: PartitionId) -> ReadReplica:
         """The copy of ``partition`` to fetch from now (no I/O). ConnectionClosedError (retriable: a
-        consumer waits and asks again) when ``read_from`` allows none: the master is not in the
-        metadata, or no slave is live with ``read_from="slave"``."""
+        consumer waits and asks again) when ``read_from`` allows none: neither the master nor a live slave
+        is registered, or no slave is live with ``read_from="slave"``. In cluster mode a replica group
+        without a master is read from a live slave whatever ``read_from`` says."""
         broker_id = partition.broker_id
-        if self.registry is None or self.config.read_from == "master":
-            try:
-                return ReadReplica(broker_id, -1, self.address(broker_id))
-            except UnknownServerError as exc:
-                raise ConnectionClosedError(str(exc)) from None
+        master: Address | None = None
+        with contextlib.suppress(UnknownServerError):
+            master = self.address(broker_id)
+        if self.registry is None or (self.config.read_from == "master" and master is not None):
+            if master is None:
+                raise ConnectionClosedError(f"broker {broker_id} is not in the metadata this client has")
+            return ReadReplica(broker_id, -1, master)
         snapshot = self._view(self.registry.snapshot())
         entry = snapshot.brokers.get(broker_id)
-        master = (entry.master.host, entry.master.port) if entry is not None and entry.master is not None else None
+        if entry is None or entry.master is None:
+            master = None  # not registered now: its slaves are the copies left
         chosen = self.replicas.choose(snapshot, topic, partition, master)
         if chosen is None:
             if self.config.read_from == "slave":

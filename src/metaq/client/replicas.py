@@ -4,7 +4,8 @@ MetaQ lets consumers read from a master or its slaves (docs/replication.md). A s
 ``read_from`` (:class:`~metaq.client.config.ClientConfig`) chooses, for every fetch of the pull
 consumer and of group consumers:
 
-* ``"master"`` (the default): the partition's master, which holds every acknowledged message first;
+* ``"master"`` (the default): the partition's master, which holds every acknowledged message first; while
+  its replica group has no master (it died and no slave took over, or its session expired), a live slave;
 * ``"slave"``: a live slave of the partition's broker id, never the master: with none live, fetches
   wait (retried with backoff, woken by ZooKeeper changes) until one registers;
 * ``"prefer-slave"``: a live slave when there is one, the master otherwise.
@@ -87,14 +88,16 @@ class ReplicaChooser:
 
     def choose(self, snapshot: ClusterSnapshot, topic: str, partition: PartitionId,
                master: Address | None) -> ReadReplica | None:
-        """The copy to read ``topic``:``partition`` from now; None when ``read_from`` allows none."""
+        """The copy to read ``topic``:``partition`` from now; None when ``read_from`` allows none. Whatever
+        ``read_from`` says, a replica group with no master is read from a live slave: its copy is the
+        master's prefix, and it is the only one left (docs/replication.md)."""
         broker_id = partition.broker_id
-        if self.read_from == "master":
-            return ReadReplica(broker_id, MASTER, master) if master is not None else None
+        if self.read_from == "master" and master is not None:
+            return ReadReplica(broker_id, MASTER, master)
         slaves = live_slaves(snapshot, topic, broker_id)
         now = self._clock()
         usable = {s: a for s, a in slaves.items() if self._avoid_until.get(a, 0.0) <= now}
-        if not usable and self.read_from == "slave":
+        if not usable and (self.read_from == "slave" or master is None):
             usable = slaves  # every slave failed lately: try them again rather than read nothing
         if usable:
             key = (topic, partition)

@@ -107,11 +107,31 @@ class ClusterSnapshot:
         return ",".join(str(e.master) for _, e in sorted(self.brokers.items()) if e.master is not None)
 
     def partitions(self, topic: str, *, publish: bool) -> list[PartitionId]:
-        """The topic's partitions on brokers that are registered right now, MetaQ's order."""
+        """The topic's partitions on brokers that are registered right now, MetaQ's order. For consumers
+        (``publish=False``) also those of a replica group without a master whose slaves serve the topic: a
+        dead master's data stays readable from its slaves (docs/replication.md)."""
         entry = self.topics.get(topic)
         if entry is None:
             return []
-        return [p for p in entry.partitions(publish=publish) if self.address(p.broker_id) is not None]
+        parts = [p for p in entry.partitions(publish=publish) if self.address(p.broker_id) is not None]
+        if not publish:
+            served = self.slave_served(topic)
+            if served:
+                parts = sorted(parts + [PartitionId(b, p) for b, count in served.items() for p in range(count)])
+        return parts
+
+    def slave_served(self, topic: str) -> dict[int, int]:
+        """Broker id -> partition count, for each broker id with no registered master whose registered slaves
+        serve ``topic`` to consumers (``topics-sub/<topic>/<id>-s<n>``)."""
+        entry = self.topics.get(topic)
+        if entry is None or not entry.subscribe_slaves:
+            return {}
+        out: dict[int, int] = {}
+        for (broker_id, slave_id), count in entry.subscribe_slaves.items():
+            broker = self.brokers.get(broker_id)
+            if broker is not None and broker.master is None and slave_id in broker.slaves:
+                out[broker_id] = max(out.get(broker_id, 0), count)
+        return out
 
 
 SnapshotListener = Callable[[ClusterSnapshot], None]
@@ -169,10 +189,13 @@ class ClusterRegistry(ABC):
         ReplicaGroupChanged when someone else wrote it first."""
         raise RegistryError("replication epochs and failover need ZooKeeper mode")
 
-    def take_mastership(self, broker_id: int, address: Address, state: ReplicaGroupState, version: int) -> int:
-        """In one transaction: write ``state`` (version-checked as above) and register this process as
-        the master of ``broker_id`` at ``address`` (its slave node and topic nodes go). The new version;
-        ReplicaGroupChanged when the state moved or another master is registered."""
+    def take_mastership(self, broker_id: int, address: Address, state: ReplicaGroupState, version: int, *,
+                        replacing: Address | None = None) -> int:
+        """In one transaction: write ``state`` (version-checked as above), delete the registration of the
+        master it replaces (a dead one's node may outlive it until its session expires) and register this
+        process as the master of ``broker_id`` at ``address`` (its slave node and topic nodes go). The new
+        version; ReplicaGroupChanged when the state moved, or when a master registered at another address
+        than ``replacing`` (the one found dead) holds the node."""
         raise RegistryError("replication epochs and failover need ZooKeeper mode")
 
     def become_slave(self, broker_id: int, address: Address, slave_id: int) -> None:
@@ -188,6 +211,17 @@ class ClusterRegistry(ABC):
 
     def master_session_ok(self, broker_id: int) -> bool:
         """One round trip: whether this process's current session holds ``ids/<broker_id>/master``."""
+        raise RegistryError("replication epochs and failover need ZooKeeper mode")
+
+    def reclaim_mastership(self, broker_id: int) -> bool:
+        """An HA master whose ``ids/<broker_id>/master`` went with an expired session registers it again, in
+        one transaction with a check that the replica group's state is still the one it last wrote. True:
+        registered (or it was); False: the state changed, another replica took over."""
+        raise RegistryError("replication epochs and failover need ZooKeeper mode")
+
+    def watch_replica_group(self, broker_id: int, listener: Callable[[ReplicaGroupState | None], None]) -> None:
+        """Call ``listener`` with the replica group's state now and after each change (None: no state), on the
+        registry's thread (must not block)."""
         raise RegistryError("replication epochs and failover need ZooKeeper mode")
 
     # -- users and ACLs (docs/security.md) --------------------------------------------------------------

@@ -206,6 +206,12 @@ class BrokerConnection:
         """Close now; requests still in flight fail with ConnectionClosedError."""
         self._fail(ConnectionClosedError(f"connection to broker {self.address} was closed by the client"))
 
+    def abandon(self, why: str) -> None:
+        """Close now because the broker cannot answer usefully any more (``why``); requests in flight fail with
+        ConnectionClosedError saying they may or may not have been applied."""
+        self._fail(ConnectionClosedError(f"connection to broker {self.address} given up: {why}; requests in "
+                                         "flight may or may not have been applied"))
+
     # -- sending ------------------------------------------------------------------------------
 
     @property

@@ -130,6 +130,16 @@ class ConnectionPool:
         learnt); a failure is returned in its place, not raised."""
         return list(await asyncio.gather(*(self.get(a) for a in addresses), return_exceptions=True))
 
+    def drop_stuck(self, address: Address, why: str) -> int:
+        """Close every connection to ``address`` that still has requests in flight (their callers get
+        ConnectionClosedError, naming ``why``); how many were closed. For a broker that can no longer answer
+        usefully: a deposed master paused or cut off, whose successor is known."""
+        stuck = [c for (a, _), c in self._conns.items() if a == address and not c.closed and c.in_flight]
+        stuck += [c for c in self._dedicated if (c.host, c.port) == tuple(address) and not c.closed and c.in_flight]
+        for conn in stuck:
+            conn.abandon(why)
+        return len(stuck)
+
     def close(self) -> None:
         self._closed = True
         for task in self._connecting.values():

@@ -43,15 +43,19 @@ class DriverBrokers:
         return self._registry.snapshot()
 
     def servers(self, first_broker: int | None = None) -> str:
-        """``host:port,...`` of every broker (with ``first_broker``'s first, when it is registered)."""
+        """``host:port,...`` of every broker (with ``first_broker``'s first, when it is registered): its master,
+        or while it has none, one of its slaves (reads only)."""
         opts = self.opts
         if opts.zk_connect is None:
             return opts.servers
         snapshot = self._snapshot()
         if opts.tls is not None:
             snapshot = snapshot.over_tls()  # the brokers' TLS ports (sslPort), as registered
-        brokers = sorted((b, str(e.master)) for b, e in snapshot.brokers.items() if e.master is not None)
-        if not brokers:
+        # a replica group whose master is gone is read from a slave (it answers as its broker id); the topic's
+        # partitions on it come from any broker's Metadata (docs/replication.md)
+        brokers = sorted((b, str(e.master if e.master is not None else e.slaves[min(e.slaves)]))
+                         for b, e in snapshot.brokers.items() if e.master is not None or e.slaves)
+        if not any(e.master is not None for e in snapshot.brokers.values()):
             raise ConnectionClosedError(f"option 'zkConnect': no metaq broker is registered in ZooKeeper at "
                                         f"{opts.zk_connect} under {opts.zk_root}")
         brokers.sort(key=lambda item: item[0] != first_broker)

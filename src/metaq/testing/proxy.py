@@ -1,9 +1,14 @@
-"""A TCP proxy on loopback that loses replies: the broker did the work, the client never hears of it.
+"""TCP proxies on loopback for fault tests: one loses replies, one stalls its link.
 
 The classic cause of duplicates: a produce is appended, its answer is lost with the connection, the
 producer sends it again. :class:`ReplyDroppingProxy` forwards every byte from the client to the broker,
 and the broker's bytes back, except that every ``drop_every``-th chunk coming back from the broker is
-thrown away and both connections are closed at once. Threads and blocking sockets; for tests only.
+thrown away and both connections are closed at once.
+
+:class:`StallingProxy` stops a link without closing it, as a network cut does: put it between one process
+and ZooKeeper to cut that link while every other one works.
+
+Threads and blocking sockets; for tests only.
 """
 
 from __future__ import annotations
@@ -11,27 +16,37 @@ from __future__ import annotations
 import socket
 import threading
 from types import TracebackType
+from typing import Self
 
 
-class ReplyDroppingProxy:
-    def __init__(self, upstream: tuple[str, int], drop_every: int = 50) -> None:
+def _close(s: socket.socket) -> None:
+    try:
+        s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    s.close()
+
+
+class _Proxy:
+    """A listener on a free loopback port whose every connection is joined to one to ``upstream``; what moves
+    between them is the subclass's :meth:`_forward` (one call per chunk; False: stop and close both)."""
+
+    name = "proxy"
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
-        self.drop_every = drop_every
-        self.dropped = 0
-        """Replies thrown away so far (each with its connection)."""
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
-        self._chunks = 0
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._sockets: set[socket.socket] = set()
-        self._thread = threading.Thread(target=self._accept, name="reply-dropping-proxy", daemon=True)
+        self._thread = threading.Thread(target=self._accept, name=self.name, daemon=True)
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self) -> ReplyDroppingProxy:
+    def start(self) -> Self:
         self._thread.start()
         return self
 
@@ -43,7 +58,7 @@ class ReplyDroppingProxy:
                 _close(s)
         self._thread.join(5)
 
-    def __enter__(self) -> ReplyDroppingProxy:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
@@ -55,33 +70,43 @@ class ReplyDroppingProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            try:
-                broker = socket.create_connection(self.upstream, timeout=5)
-            except OSError:
+            threading.Thread(target=self._join, args=(client,), daemon=True).start()
+
+    def _join(self, client: socket.socket) -> None:
+        self._before_connecting()
+        try:
+            upstream = socket.create_connection(self.upstream, timeout=5)
+        except OSError:
+            _close(client)
+            return
+        upstream.settimeout(None)
+        for s in (client, upstream):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self._lock:
+            if self._closed.is_set():
                 _close(client)
-                continue
-            broker.settimeout(None)
-            for s in (client, broker):
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                self._sockets.update((client, broker))
-            threading.Thread(target=self._pipe, args=(client, broker, False), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(broker, client, True), daemon=True).start()
+                _close(upstream)
+                return
+            self._sockets.update((client, upstream))
+        threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
+        threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
+
+    def _before_connecting(self) -> None:
+        """Called before a new client's upstream connection is made (it may wait)."""
+
+    def _before_reading(self) -> None:
+        """Called before each read of either side (it may wait)."""
+
+    def _forward(self, data: bytes, replies: bool) -> bool:
+        return True
 
     def _pipe(self, source: socket.socket, target: socket.socket, replies: bool) -> None:
         try:
             while True:
+                self._before_reading()
                 data = source.recv(1 << 16)
-                if not data:
+                if not data or not self._forward(data, replies):
                     break
-                if replies:
-                    with self._lock:
-                        self._chunks += 1
-                        drop = self._chunks % self.drop_every == 0
-                        if drop:
-                            self.dropped += 1
-                    if drop:
-                        break
                 target.sendall(data)
         except OSError:
             pass
@@ -93,9 +118,55 @@ class ReplyDroppingProxy:
                 self._sockets.discard(target)
 
 
-def _close(s: socket.socket) -> None:
-    try:
-        s.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    s.close()
+class ReplyDroppingProxy(_Proxy):
+    name = "reply-dropping-proxy"
+
+    def __init__(self, upstream: tuple[str, int], drop_every: int = 50) -> None:
+        super().__init__(upstream)
+        self.drop_every = drop_every
+        self.dropped = 0
+        """Replies thrown away so far (each with its connection)."""
+        self._chunks = 0
+
+    def _forward(self, data: bytes, replies: bool) -> bool:
+        if not replies:
+            return True
+        with self._lock:
+            self._chunks += 1
+            drop = self._chunks % self.drop_every == 0
+            if drop:
+                self.dropped += 1
+        return not drop
+
+
+class StallingProxy(_Proxy):
+    """A proxy whose link can be stalled, as a network cut stalls it: :meth:`cut` stops moving bytes both ways
+    (nothing is read, so nothing is lost: TCP's buffers hold it, as retransmissions would) and holds new
+    connections unanswered; :meth:`heal` lets everything flow again."""
+
+    name = "stalling-proxy"
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        super().__init__(upstream)
+        self._flowing = threading.Event()
+        self._flowing.set()
+
+    def cut(self) -> None:
+        self._flowing.clear()
+
+    def heal(self) -> None:
+        self._flowing.set()
+
+    def close(self) -> None:
+        self._flowing.set()  # let every waiting thread see the sockets close
+        super().close()
+
+    def _before_connecting(self) -> None:
+        self._flowing.wait()
+
+    def _before_reading(self) -> None:
+        self._flowing.wait()
+
+    def _forward(self, data: bytes, replies: bool) -> bool:
+        self._flowing.wait()  # bytes read just before a cut go on only when it heals
+        return True

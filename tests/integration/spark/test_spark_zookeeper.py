@@ -94,3 +94,41 @@ def test_no_broker_under_the_root_names_the_option(spark: Any, zookeeper: Any, z
           .option("topic", "spread").load())
     with pytest.raises(Exception, match="option 'zkConnect': no metaq broker is registered in ZooKeeper"):
         df.collect()
+
+
+def test_a_dead_masters_partitions_are_planned_and_read_from_its_slave(
+        cluster_factory: Callable[..., BrokerProcess], zookeeper: Any, zk_root: str, zk_client: Any) -> None:
+    """Broker 1's master killed, its session expired, nobody takes over (MetaQ's async slave): the driver still
+    plans one task per partition of broker id 1, hands them the slave's address, and the tasks read every
+    message from it (docs/replication.md, a dead master's data stays readable from its slaves)."""
+    topics = "[topic=spread]\nnumPartitions=2\n"
+    master = cluster_factory(1, topics=topics, zk_session_timeout_ms=2000)
+    slave = cluster_factory(1, topics=topics, zk_session_timeout_ms=2000, name="broker-1-slave-0",
+                            args=["--slave", "--slave-id", "0"])
+    other = cluster_factory(2, topics=topics, zk_session_timeout_ms=2000)
+    ids = [PartitionId(b, p) for b in (1, 2) for p in (0, 1)]
+    with BlockingClient(master.servers) as client:
+        wait_until(lambda: client.partitions_for("spread") == ids, 10, message="both brokers' partitions")
+    rows: list[Row] = []
+    with BlockingClient(f"{master.servers},{other.servers}") as client:
+        for pid in ids:
+            values = [f"{pid}-m{i}".encode() for i in range(25)]
+            resp = client.produce("spread", pid, encode_values(values, 1_700_000_000_000))
+            rows += [(pid.broker_id, pid.partition, resp.base_offset + j, v) for j, v in enumerate(values)]
+    with BlockingClient(slave.servers) as on_slave:
+        wait_until(lambda: all(on_slave.list_offsets("spread", p, -1).log_end_offset == 25 for p in ids[:2]), 30,
+                   message="the slave to hold everything")
+    master.kill()
+    wait_until(lambda: zk_client.exists(f"{zk_root}/brokers/ids/1/master") is None, 30,
+               message="the dead master's session to expire")
+    opts = ReadOptions.parse({"zkConnect": zookeeper.connect_string, "zkRoot": zk_root, "topic": "spread"})
+    reader = MetaqBatchReader(opts)
+    parts = reader.partitions()
+    assert [(p.partition, p.start, p.end) for p in parts] == [(pid, 0, 25) for pid in ids]  # type: ignore[attr-defined]
+    for part in parts[:2]:
+        assert part.servers.split(",")[0] == slave.servers  # type: ignore[attr-defined]
+    read: list[Row] = []
+    for part in parts:
+        for batch in reader.read(part):
+            read += [(r["broker_id"], r["partition"], r["offset"], r["value"]) for r in batch.to_pylist()]
+    assert sorted(read) == sorted(rows)

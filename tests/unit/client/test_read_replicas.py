@@ -32,10 +32,33 @@ def test_a_slave_is_live_for_a_topic_only_when_registered_and_serving_it() -> No
     assert live_slaves(snap, "other", 1) == {} and live_slaves(snap, "orders", 2) == {}
 
 
-def test_master_mode_reads_the_master_only() -> None:
+def test_master_mode_reads_the_master_and_a_slave_only_while_the_group_has_no_master() -> None:
     chooser = ReplicaChooser("master", 2.0)
-    assert chooser.choose(snapshot({0: S0}, {0}), "orders", P, MASTER) == ReadReplica(1, -1, MASTER)
-    assert chooser.choose(snapshot({0: S0}, {0}), "orders", P, None) is None
+    assert chooser.choose(snapshot({0: S0, 1: S1}, {0, 1}), "orders", P, MASTER) == ReadReplica(1, -1, MASTER)
+    assert chooser.choose(snapshot({0: S0}, {0}), "orders", P, None) == ReadReplica(1, 0, S0)  # a dead master's data
+    assert chooser.choose(snapshot({}, set()), "orders", P, None) is None
+
+
+def test_a_replica_group_without_a_master_keeps_its_partitions_readable_from_its_slaves() -> None:
+    """The master's session expired (it died, nobody took over): its partitions stay in the consumers' list,
+    readable and not publishable, while a slave serves them; and leave it when no slave does."""
+    from metaq.cluster.metadata import metadata_from_snapshot
+
+    dead = BrokerEntry(1, None, MappingProxyType({0: S0}))
+    alive = BrokerEntry(2, Address("10.0.0.9", 8123))
+    topic = TopicEntry("orders", MappingProxyType({2: 2}), MappingProxyType({2: 2}),
+                       MappingProxyType({(1, 0): 2}))
+    snap = ClusterSnapshot(MappingProxyType({1: dead, 2: alive}), MappingProxyType({"orders": topic}))
+    assert snap.partitions("orders", publish=False) == [PartitionId(1, 0), PartitionId(1, 1), PartitionId(2, 0),
+                                                        PartitionId(2, 1)]
+    assert snap.partitions("orders", publish=True) == [PartitionId(2, 0), PartitionId(2, 1)]
+    response = metadata_from_snapshot(snap, ["orders"])
+    parts = {(p.broker_id, p.partition): (p.accept_publish, p.accept_subscribe) for p in response.topics[0].partitions}
+    assert parts == {(1, 0): (False, True), (1, 1): (False, True), (2, 0): (True, True), (2, 1): (True, True)}
+    assert [b.broker_id for b in response.brokers] == [2]  # a broker id without a master takes no produce
+    assert metadata_from_snapshot(snap, None).topics[0].name == "orders"
+    no_slave = ClusterSnapshot(MappingProxyType({2: alive}), MappingProxyType({"orders": topic}))
+    assert no_slave.partitions("orders", publish=False) == [PartitionId(2, 0), PartitionId(2, 1)]
 
 
 def test_prefer_slave_reads_a_slave_falls_back_to_the_master_and_returns() -> None:

@@ -45,7 +45,7 @@ def handle_fetch(broker: Broker, req: m.FetchRequest, session: Session | None) -
     if ha is not None:
         if req.replica_id >= 0:  # a slave of this master (HA mode): epochs, divergence, its progress
             # before the range check: a slave ahead of a new master learns where to cut, not "out of range"
-            bound.extra, bound.stop_before = ha.replica_fetch(req, plog)
+            bound.extra, bound.stop_before = ha.replica_fetch(req, plog, session)
             if bound.extra.get("diverging_end_offset", -1) >= 0:
                 return _diverged(plog, bound.extra)
         else:

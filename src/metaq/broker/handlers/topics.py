@@ -53,7 +53,8 @@ def handle_metadata(broker: Broker, req: m.MetadataRequest, session: Session | N
         m.BrokerInfo(b, address.host, address.port) for b, address in sorted(addresses.items())]
     if req.topics is None:
         names = sorted(set(broker.topics) | {t for t, e in snapshot.topics.items()
-                                             if (set(e.publish) | set(e.subscribe)) & set(addresses)})
+                                             if (set(e.publish) | set(e.subscribe)) & set(addresses)
+                                             or snapshot.slave_served(t)})
     else:
         names = req.topics
     out = []
@@ -67,7 +68,8 @@ def handle_metadata(broker: Broker, req: m.MetadataRequest, session: Session | N
                      for p in range(state.num_partitions)]
             if not s.accept_publish:  # the client's refusal then says what to change, not "metaq topic open"
                 refused.append(m.PublishRefusal(name, own_id, broker.publish_refused(name)))
-        parts += registered_partitions(snapshot.topics.get(name), addresses)
+        parts += registered_partitions(snapshot.topics.get(name), addresses,
+                                       {b: c for b, c in snapshot.slave_served(name).items() if b != own_id})
         if not parts:
             out.append(m.TopicInfo(name, _topic_error_code(name), []))
             continue

@@ -105,6 +105,12 @@ class FollowerEpochs(Protocol):
 
     def observe_epoch(self, epoch: int) -> None: ...
 
+    def on_reply(self, address: Address) -> None:
+        """A replica fetch reply came from the master at ``address`` (it is alive)."""
+
+    def on_refused(self, address: Address, why: str) -> None:
+        """The master's address refused a connection, or the broker there is no master (it is gone)."""
+
 
 class PartitionFollower:
     """Follows ``topic``-``partition`` of the master that ``master_address`` names, into ``plog``."""
@@ -127,6 +133,10 @@ class PartitionFollower:
         self.state = FollowerState(caught_up_at=time.monotonic())
         self._conn: BrokerConnection | None = None
         self._conn_to: Address | None = None
+        self._attempted: Address | None = None
+        """The master address of the current step (the evidence a failure gives is about it)."""
+        self._switched = False
+        """The connection was closed here because the master moved: its failed request is no error."""
 
     def __repr__(self) -> str:
         return f"PartitionFollower({self.topic}-{self.partition})"
@@ -140,6 +150,11 @@ class PartitionFollower:
                     await self._step()
                     backoff.reset()
                 except (ConnectionClosedError, RequestTimeoutError, BrokerError, OSError) as exc:
+                    self._tell_evidence(exc)
+                    if self._switched:
+                        self._switched = False
+                        backoff.reset()
+                        continue
                     self._note_error(exc)
                     self._drop_connection()
                     await self._pause(backoff.next_delay_unbounded_s())
@@ -150,8 +165,18 @@ class PartitionFollower:
         finally:
             self._drop_connection()
 
+    def _tell_evidence(self, exc: BaseException) -> None:
+        """A refused connection to the master's address: no process listens there, the master is gone. (A
+        NOT_MASTER answer is no such evidence: a slave that has just won a takeover answers it for a moment.)"""
+        epochs, address = self._epochs, self._attempted
+        if epochs is None or address is None:
+            return
+        if isinstance(exc, ConnectionClosedError) and isinstance(exc.__cause__, ConnectionRefusedError):
+            epochs.on_refused(address, "connection refused")
+
     async def _step(self) -> None:
         address = self._master_address()
+        self._attempted = address
         if address is None:
             self.state.connected_to = ""
             self._drop_connection()
@@ -183,6 +208,7 @@ class PartitionFollower:
                 raise FencedEpochError(f"{conn.address} answers in epoch {reply.master_epoch}, older than epoch "
                                        f"{epochs.known_epoch()}: a deposed master")
             epochs.observe_epoch(reply.master_epoch)
+            epochs.on_reply(address)
             if reply.diverging_end_offset >= 0:
                 self._truncate(history, reply.diverging_epoch, reply.diverging_end_offset)
                 return
@@ -272,7 +298,11 @@ class PartitionFollower:
         return conn
 
     def wake(self) -> None:
-        """End a pause early: the master's registration changed."""
+        """End a pause early: the master's registration changed. A request held by a master that is no longer
+        the one to follow (a paused old master) is given up at once rather than waited out."""
+        if self._conn is not None and self._conn_to != self._master_address():
+            self._switched = self._conn.in_flight > 0
+            self._drop_connection()
         self._wake.set()
 
     def _drop_connection(self) -> None:

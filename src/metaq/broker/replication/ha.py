@@ -1,35 +1,37 @@
 """A broker's part in its replica group with epochs: master or slave, and the switch between them.
 
 Used when replication is more than MetaQ's async copy (``syncReplication`` or ``autoFailover``; docs/
-replication.md). Every replica of a broker id has a replica id (its ``slaveId``, the master's too).
-The group's state lives in ZooKeeper at ``brokers/replica-groups/<id>``: ``{epoch, master, isr}``.
+replication.md, which holds the safety arguments this module implements). Every replica of a broker id
+has a replica id (its ``slaveId``, the master's too). The group's state lives in ZooKeeper at
+``brokers/replica-groups/<id>``: ``{epoch, master, isr}``, only ever written with compare-and-set.
 
 * **Master**: at start it must be the last master or in the in-sync set; it registers
-  ``ids/<id>/master`` and writes the state with the epoch one higher (version-checked). It takes writes
-  only while it holds a **lease**: the last ZooKeeper round trip that showed its session still owning
-  the master node and the state still naming it in its epoch, plus two thirds of the session timeout.
-  ZooKeeper expires a session only after a whole timeout without hearing from it, and a slave is elected only
-  after that, so a paused master (SIGSTOP) whose lease ran out refuses every write the moment it runs
-  again (``NOT_MASTER``), before it has even learnt that it was deposed. When it learns (the state names
-  another master or a newer epoch, a version-checked write fails, or a slave fetches with a newer
-  epoch) it becomes a slave of the new master in the same process, and its fetcher cuts what it wrote
-  alone (the epochs say where, :mod:`metaq.storage.epochs`).
-* **Slave**: follows the master (:class:`~metaq.broker.replication.slave.SlaveReplicator`). With
-  ``autoFailover=true``, when ``ids/<id>/master`` is gone and this slave is in the in-sync set, it
-  stops fetching and, in one ZooKeeper transaction, writes the state (epoch + 1, itself as master, the
-  old master out of the set; version-checked) and creates ``ids/<id>/master``. One slave wins; the
-  others keep following and find the new master through their watch.
+  ``ids/<id>/master`` and writes the state with the epoch one higher. It keeps the in-sync set
+  (:mod:`.master`) and takes writes to async topics only within the lease its slaves' fetches grant. It
+  needs no ZooKeeper to take writes: only to change the group. It watches the state node and reads it
+  every second; when another replica took over (or a version-checked write fails, or a slave fetches with
+  a newer epoch) it becomes a slave of the new master in the same process, and its fetcher cuts what it
+  wrote alone (the epochs say where, :mod:`metaq.storage.epochs`). A master whose node went with an expired
+  session registers again if the state is unchanged: an expiry never fails a healthy master over.
+* **Slave**: follows the master (:class:`~metaq.broker.replication.slave.SlaveReplicator`) and watches it
+  (:mod:`.detector`). With ``autoFailover=true``, when the master is dead (its address refuses, or it has
+  been silent for ``masterLeaseMs`` and the other in-sync slaves agree) and this slave is in the in-sync
+  set, it stops fetching and, in one ZooKeeper transaction, writes the state (epoch + 1, itself as master,
+  the old master out of the set; version-checked), deletes the old master's node and creates its own. One
+  slave wins; the others keep following and find the new master through their watch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from metaq.broker.replication.detector import REFUSED, SILENT, MasterWatch, ask_other_slaves
 from metaq.broker.replication.master import MasterReplication
 from metaq.broker.replication.slave import SlaveReplicator
 from metaq.broker.replication.slave_config import SlaveConfig
@@ -49,15 +51,15 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable
 
     from metaq.broker.core import Broker
+    from metaq.broker.session import Session
 
 log = logging.getLogger("metaq.broker.replication")
 
 ELECTION_CHECK_S = 0.2
+"""How often a slave looks whether its master is dead (it is also woken by its connections and by watches)."""
 STOP_FETCHING_S = 10.0
-LEASE_FRACTION = 2 / 3
-"""A master's lease: this fraction of the session timeout from the sending of the last ZooKeeper round trip
-that confirmed it (ZooKeeper expires the session a whole timeout after it last heard from it)."""
-"""How often a slave with autoFailover looks whether the master is gone (it is also woken by watches)."""
+MASTER_CHECK_S = 1.0
+"""How often a master reads the replica group's state (besides watching it) to learn it was deposed."""
 
 
 def ha_enabled(broker: Broker) -> bool:
@@ -80,7 +82,17 @@ class HighAvailability:
         self.replicator: SlaveReplicator | None = None
         self.epoch = NO_EPOCH
         self.version = -1
-        self.lease_until = 0.0
+        self.lease_s = broker.config.master_lease_ms / 1000
+        self.watch = MasterWatch(self.lease_s)
+        """What this replica, as a slave, has seen of its master (the evidence of its death)."""
+        self._last_master: tuple[Address, int] | None = None
+        """(address, epoch) of the master last registered: followed while its node is gone in that epoch."""
+        self._wake = asyncio.Event()
+        self._absent_since: float | None = None
+        """time.monotonic() since when the master's node is missing from the view (None: it is there)."""
+        self._zk_unreachable = False
+        self.last_suspicion = ""
+        """Why the master was last suspected dead without a takeover ('' when it was not)."""
         self.promotions = 0
         self.demotions = 0
         self._histories: dict[Path, EpochHistory] = {}
@@ -109,6 +121,29 @@ class HighAvailability:
         if self.master is None and epoch > self.epoch:
             self.epoch = epoch
 
+    # -- what the followers see of the master (slave) --------------------------------------------------
+
+    def master_address(self, registered: Address | None) -> Address | None:
+        """The master to follow: the registered one, or while its node is gone (a live master's session
+        expired, say) the current epoch's master at its last registered address."""
+        if registered is not None:
+            self._last_master = (registered, self.epoch)
+            address: Address | None = registered
+        elif self._last_master is not None and self._last_master[1] == self.epoch:
+            address = self._last_master[0]
+        else:
+            address = None
+        if self.master is None and self.watch.follow(address, self.epoch, time.monotonic()):
+            self._wake.set()
+        return address
+
+    def on_reply(self, address: Address) -> None:
+        self.watch.reply(address, time.monotonic())
+
+    def on_refused(self, address: Address, why: str) -> None:
+        self.watch.refused(address, why, time.monotonic())
+        self._wake.set()
+
     # -- start (blocking, before serving writes) ------------------------------------------------------
 
     def check_may_be_master(self) -> None:
@@ -124,13 +159,11 @@ class HighAvailability:
 
     def start_epoch(self) -> None:
         """Right after registering ``ids/<id>/master``: the next epoch, written version-checked."""
-        sent = time.monotonic()
         state, version = self.registry.read_replica_group(self.broker_id)
         isr = tuple(r for r in state.isr if r != self.replica_id) if state is not None else ()
         new = ReplicaGroupState((state.epoch + 1) if state is not None else 1, self.replica_id, isr)
         self.version = self.registry.write_replica_group(self.broker_id, new, version)
         self._become_master_state(new)
-        self.lease_until = sent + self.session_timeout_s * LEASE_FRACTION
         log.info("broker %d: replica %d is master in epoch %d (in-sync slaves: %s)", self.broker_id, self.replica_id,
                  new.epoch, list(isr) or "none")
 
@@ -139,7 +172,8 @@ class HighAvailability:
         self.handing_over = False  # a handover of an earlier mastership (it ended when this replica stepped down)
         self.broker.slave = None
         self.master = MasterReplication(self.broker, replica_id=self.replica_id, state=state, version=self.version,
-                                        write_state=self._write_state, on_deposed=self._deposed)
+                                        write_state=self._write_state, on_deposed=self._deposed,
+                                        read_state=lambda: self.registry.read_replica_group(self.broker_id))
 
     def _write_state(self, state: ReplicaGroupState, version: int) -> int:
         return self.registry.write_replica_group(self.broker_id, state, version)
@@ -150,22 +184,37 @@ class HighAvailability:
         """Play the current role until cancelled, switching when the cluster says so."""
         loop = asyncio.get_running_loop()
         self.broker.ha = self
-        wake = asyncio.Event()
 
         def on_snapshot(_snapshot: Any) -> None:
-            loop.call_soon_threadsafe(wake.set)
+            loop.call_soon_threadsafe(self._wake.set)
+
+        def on_state(state: ReplicaGroupState | None) -> None:
+            loop.call_soon_threadsafe(self._on_state, state)
 
         self.registry.add_listener(on_snapshot)
+        with contextlib.suppress(Exception):  # without the watch, the periodic reads still tell
+            await asyncio.to_thread(self.registry.watch_replica_group, self.broker_id, on_state)
         try:
             while True:
                 if self.master is not None:
                     await self._run_master()
                 else:
-                    await self._run_slave(wake)
+                    await self._run_slave()
         finally:
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _on_state(self, state: ReplicaGroupState | None) -> None:
+        """The replica group's state changed in ZooKeeper (its watch)."""
+        if state is None:
+            return
+        if self.master is not None:
+            if state.epoch > self.epoch or (state.epoch == self.epoch and state.master != self.replica_id):
+                self._deposed(f"the replica group's state is now {state}")
+            return
+        self.observe_epoch(state.epoch)
+        self._wake.set()  # a named successor, or a new master about to register
 
     async def _run_master(self) -> None:
         assert self.master is not None
@@ -173,21 +222,20 @@ class HighAvailability:
         self._role_changed.clear()
         task = asyncio.get_running_loop().create_task(master.run(), name="metaq-isr")
         self._tasks.append(task)
-        period = self.session_timeout_s / 6
         try:
             while not self._role_changed.is_set():
-                sent = time.monotonic()
                 try:
                     still = await asyncio.to_thread(self._still_master)
-                except Exception as exc:  # ZooKeeper unreachable: the lease runs out, writes stop
-                    log.info("broker %d: cannot renew the master lease (%s)", self.broker_id, exc)
-                    still = None
-                if still is True:
-                    self.lease_until = sent + self.session_timeout_s * LEASE_FRACTION
-                elif still is False:
+                    if still is None:  # its node went with an expired session: back if nobody took over
+                        still = await asyncio.to_thread(self.registry.reclaim_mastership, self.broker_id)
+                    self._zookeeper_reachable(True)
+                except Exception as exc:  # writes go on: changing the group is what needs ZooKeeper
+                    self._zookeeper_reachable(False, exc)
+                    still = True
+                if still is False:
                     self._deposed(self._deposed_reason or "ZooKeeper names another master or a newer epoch")
                     break
-                await wait_event(self._role_changed, period)
+                await wait_event(self._role_changed, MASTER_CHECK_S)
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -195,28 +243,40 @@ class HighAvailability:
             self._tasks.remove(task)
         await self._demote()
 
+    def _zookeeper_reachable(self, reachable: bool, exc: BaseException | None = None) -> None:
+        """Log each change between reaching ZooKeeper and not (once, not every second)."""
+        if reachable == (not self._zk_unreachable):
+            return
+        self._zk_unreachable = not reachable
+        if reachable:
+            log.info("broker %d: replica %d reaches ZooKeeper again; it is still the master (epoch %d)",
+                     self.broker_id, self.replica_id, self.epoch)
+        else:
+            log.warning("broker %d: replica %d cannot reach ZooKeeper (%s); it goes on taking writes that its "
+                        "in-sync slaves confirm (or within its lease), and cannot change the in-sync set meanwhile",
+                        self.broker_id, self.replica_id, exc)
+
     def _still_master(self) -> bool | None:
-        """True: still master (lease renewed); False: deposed; None: not sure (session lost for now)."""
+        """True: still master; False: deposed; None: the state names it but its node is gone (an expired
+        session), to be registered again."""
         state, _ = self.registry.read_replica_group(self.broker_id)
         if state is None or state.epoch != self.epoch or state.master != self.replica_id:
             self._deposed_reason = (f"the replica group's state is now {state}" if state is not None
                                     else "the replica group's state is gone")
             return False
         if not self.registry.master_session_ok(self.broker_id):
-            return None  # our session lost the master node; the registry restores it if nobody took over
+            return None
         return True
 
     def _deposed(self, why: str) -> None:
         if self.master is None:
             return
-        self.lease_until = 0.0
         self._deposed_reason = why
         self._role_changed.set()
 
     async def _demote(self) -> None:
         """Master -> slave of whoever is master now (in this process)."""
         master, self.master = self.master, None
-        self.lease_until = 0.0
         self.handing_over = False  # done: a slave refuses writes anyway
         self.demotions += 1
         if master is not None:
@@ -290,7 +350,7 @@ class HighAvailability:
 
     # -- slave ------------------------------------------------------------------------------------------
 
-    async def _run_slave(self, wake: asyncio.Event) -> None:
+    async def _run_slave(self) -> None:
         self.broker.slave = self.replica
         with contextlib.suppress(Exception):  # the current epoch, so a deposed master is refused at once
             state, _ = await asyncio.to_thread(self.registry.read_replica_group, self.broker_id)
@@ -300,25 +360,17 @@ class HighAvailability:
         self.replicator = replicator
         task = asyncio.get_running_loop().create_task(replicator.run(), name="metaq-slave")
         self._tasks.append(task)
-        absent_since: float | None = None
+        self._absent_since = None
         try:
             while True:
-                wake.clear()
-                if self.broker.cluster.master_address() is not None:
-                    absent_since = None
-                else:
-                    if absent_since is None:
-                        absent_since = time.monotonic()
-                        log.info("broker %d: its master is not registered; replica %d checks whether to take over "
-                                 "(autoFailover=%s)", self.broker_id, self.replica_id,
-                                 str(self.broker.config.auto_failover).lower())
-                    eligible = await self._eligible_state(time.monotonic() - absent_since)
-                    if eligible is not None and await self._stop_fetching(task):
-                        if await self._try_promote(*eligible):
-                            return
-                        task = asyncio.get_running_loop().create_task(replicator.run(), name="metaq-slave")
-                        self._tasks[-1] = task
-                await wait_event(wake, ELECTION_CHECK_S)
+                self._wake.clear()
+                outcome = await self._maybe_take_over(replicator, task)
+                if outcome is True:
+                    return
+                if task.done():  # stopped for a takeover that did not happen: follow again
+                    task = asyncio.get_running_loop().create_task(replicator.run(), name="metaq-slave")
+                    self._tasks[-1] = task
+                await wait_event(self._wake, ELECTION_CHECK_S)
         finally:
             if not task.done():
                 task.cancel()
@@ -328,9 +380,98 @@ class HighAvailability:
                 self._tasks.remove(task)
             self.replicator = None
 
+    def _evidence(self, replicator: SlaveReplicator, registered: Address | None) -> str | None:
+        """REFUSED or SILENT when this slave has seen its master die (:mod:`.detector`), else None. The
+        registration of this very replica's address as master is its previous run's: gone (REFUSED)."""
+        if registered is not None and registered == Address(self.broker.cluster_host, self.broker.port):
+            return REFUSED
+        if not replicator.followers:
+            return None  # nothing is fetched (no topic yet): silence says nothing
+        return self.watch.evidence(time.monotonic())
+
+    async def _maybe_take_over(self, replicator: SlaveReplicator, task: asyncio.Task[None]) -> bool:
+        """Take over when this slave should (the master is dead or names it successor); True when it did."""
+        registered = self.broker.cluster.master_address()
+        now = time.monotonic()
+        if registered is not None:
+            self._absent_since = None
+        elif self._absent_since is None:
+            self._absent_since = now
+            log.info("broker %d: its master is not registered; replica %d follows it at its last address while it "
+                     "answers (autoFailover=%s)", self.broker_id, self.replica_id,
+                     str(self.broker.config.auto_failover).lower())
+        evidence = self._evidence(replicator, registered)
+        watched = (self.watch.address, self.watch.epoch)  # what the evidence is about
+        absent = registered is None
+        if evidence is None and not absent:
+            self.last_suspicion = ""
+            return False
+        try:
+            state, version = await asyncio.to_thread(self.registry.read_replica_group, self.broker_id)
+        except Exception as exc:
+            self._suspect(f"cannot read the replica group's state ({exc})")
+            return False
+        if state is None:
+            return False
+        self.observe_epoch(state.epoch)
+        planned = state.successor == self.replica_id
+        if not planned:
+            if evidence is None and not (absent and not replicator.followers):
+                return False  # the node is gone but the master answers: an expired session, not a death
+            moved = (self.watch.address, self.watch.epoch) != watched
+            if evidence is not None and (state.epoch != watched[1] or moved):
+                return False  # evidence about the master of another epoch, or a new master appeared meanwhile
+            why = self._not_eligible(state, now - (self._absent_since or now))
+            if why:
+                seen = evidence or "not registered"
+                if evidence == REFUSED and self.watch.refused_why:
+                    seen += f": {self.watch.refused_why}"
+                self._suspect(f"the master looks dead ({seen}) but this replica may not take over: {why}")
+                return False
+            if evidence == SILENT:
+                vote = await self._vote(state, replicator)
+                if not vote.confirmed:
+                    self._suspect(f"the master has been silent for {self.watch.silent_s(time.monotonic()):.2f}s, but "
+                                  f"{vote.veto or '; '.join(vote.unknown)}")
+                    return False
+        if not await self._stop_fetching(task):
+            return False
+        return await self._try_promote(state, version, "planned" if planned else (evidence or "not registered"),
+                                       None if planned else watched[0])
+
+    def _suspect(self, why: str) -> None:
+        if why != self.last_suspicion:
+            log.info("broker %d: replica %d: %s", self.broker_id, self.replica_id, why)
+        self.last_suspicion = why
+
+    def _not_eligible(self, state: ReplicaGroupState, absent_s: float) -> str:
+        """Why this slave may not take over from ``state`` ('' when it may): with autoFailover, it is in the
+        in-sync set or was the last master, and no other successor is named (or the named one has not taken
+        over for two session timeouts)."""
+        if not self.broker.config.auto_failover:
+            return "autoFailover=false"
+        # the last master (restarted as a slave) holds every acked message of its epoch, as the set does
+        if self.replica_id not in state.isr and state.master != self.replica_id:
+            return f"it is not in the in-sync set {list(state.isr)} (it may lack acknowledged messages)"
+        if state.successor >= 0 and absent_s < 2 * self.session_timeout_s:
+            return f"replica {state.successor} is named to take over (metaq admin promote)"
+        return ""
+
+    async def _vote(self, state: ReplicaGroupState, replicator: SlaveReplicator) -> Any:
+        """The other registered in-sync slaves' vote on the master's silence (:func:`.detector.ask_other_slaves`)."""
+        snapshot = self.broker.cluster.snapshot()
+        if self.broker.config.ssl_replication:
+            snapshot = snapshot.over_tls()
+        entry = snapshot.brokers.get(self.broker_id)
+        registered = entry.slaves if entry is not None else {}
+        others = [(r, registered[r]) for r in sorted(state.isr)
+                  if r not in (self.replica_id, state.master) and r in registered]
+        return await ask_other_slaves(others, self.watch.epoch, self.lease_s, replicator.settings)
+
     async def _stop_fetching(self, task: asyncio.Task[None]) -> bool:
-        """Stop the replica fetchers before claiming the master's place (never take over while one may still
-        store a batch of the old master's); False if they did not stop in time."""
+        """Stop the replica fetchers before claiming the master's place: from here this replica confirms
+        nothing more to the old master (the proof in docs/replication.md rests on it), and never stores a batch
+        of the old master's after taking over. False if they did not stop in time."""
         task.cancel()
         done, _ = await asyncio.wait({task}, timeout=STOP_FETCHING_S)
         if not done:
@@ -339,41 +480,16 @@ class HighAvailability:
             return False
         return True
 
-    async def _eligible_state(self, absent_s: float) -> tuple[ReplicaGroupState, int] | None:
-        """The state to take over from, when this slave should take over now: it is the successor a master
-        handing over named, or (autoFailover) it is in the in-sync set or was the last master, and no other
-        successor is named (or the named one has not taken over for two session timeouts)."""
-        try:
-            state, version = await asyncio.to_thread(self.registry.read_replica_group, self.broker_id)
-        except Exception as exc:
-            log.info("broker %d: cannot read the replica group's state (%s)", self.broker_id, exc)
-            return None
-        if state is None:
-            return None
-        if absent_s < ELECTION_CHECK_S:
-            log.info("broker %d: replica group state %s", self.broker_id, state)
-        if state.successor == self.replica_id:
-            return state, version
-        # the last master (restarted as a slave) holds every acked message of its epoch, as the set does
-        if not self.broker.config.auto_failover or (self.replica_id not in state.isr
-                                                    and state.master != self.replica_id):
-            return None
-        if state.successor >= 0 and absent_s < 2 * self.session_timeout_s:
-            return None
-        return state, version
-
-    async def _try_promote(self, state: ReplicaGroupState, version: int) -> bool:
+    async def _try_promote(self, state: ReplicaGroupState, version: int, evidence: str,
+                           replacing: Address | None) -> bool:
         new = ReplicaGroupState(state.epoch + 1, self.replica_id,
                                 tuple(r for r in state.isr if r not in (self.replica_id, state.master)))
         address = Address(self.broker.cluster_host, self.broker.port)
         behind = self._behind_old_master()
-        sent = time.monotonic()
-        replies = [f.state.last_reply_at for f in (self.replicator.followers.values() if self.replicator else ())
-                   if f.state.last_reply_at >= 0]
-        silent_ms = int((time.monotonic() - max(replies)) * 1000) if replies else -1
+        silent_ms = int(self.watch.silent_s(time.monotonic()) * 1000)
         try:
-            self.version = await asyncio.to_thread(self.registry.take_mastership, self.broker_id, address, new,
-                                                   version)
+            self.version = await asyncio.to_thread(functools.partial(
+                self.registry.take_mastership, self.broker_id, address, new, version, replacing=replacing))
         except ReplicaGroupChanged as exc:
             log.info("broker %d: replica %d did not become master (%s)", self.broker_id, self.replica_id, exc)
             return False
@@ -383,7 +499,8 @@ class HighAvailability:
         self.promotions += 1
         lost = sum(behind.values())
         self.last_takeover = {"epoch": new.epoch, "old_master": state.master, "planned": state.successor >= 0,
-                              "messages_behind_old_master": lost, "ms_since_last_reply": silent_ms,
+                              "evidence": evidence, "messages_behind_old_master": lost,
+                              "ms_since_last_reply": silent_ms,
                               "partitions_behind": {k: v for k, v in behind.items() if v}}
         if lost:
             log.warning("broker %d: replica %d takes over %d message(s) behind the old master (as of its last fetch, "
@@ -396,10 +513,11 @@ class HighAvailability:
                         "those messages)", self.broker_id, self.replica_id, silent_ms)
         self.broker.cluster.switched_to_master()
         self._become_master_state(new)
-        self.lease_until = sent + self.session_timeout_s * LEASE_FRACTION
+        self.last_suspicion = ""
         self._reannounce()
-        log.warning("broker %d: replica %d took over as master in epoch %d (old master: replica %d; in-sync "
-                    "slaves: %s)", self.broker_id, self.replica_id, new.epoch, state.master, list(new.isr) or "none")
+        log.warning("broker %d: replica %d took over as master in epoch %d (old master: replica %d, %s; in-sync "
+                    "slaves: %s)", self.broker_id, self.replica_id, new.epoch, state.master, evidence,
+                    list(new.isr) or "none")
         return True
 
     def _behind_old_master(self) -> dict[str, int]:
@@ -427,14 +545,17 @@ class HighAvailability:
         if self.handing_over:
             raise NotMasterError(f"broker {self.broker_id} replica {self.replica_id} is handing the mastership over "
                                  f"(metaq admin promote): it refuses {what}; the new master takes them in a moment")
-        if time.monotonic() >= self.lease_until:
-            raise NotMasterError(f"broker {self.broker_id} replica {self.replica_id} cannot confirm with ZooKeeper "
-                                 f"that it is still the master (epoch {self.epoch}); it refuses {what} until it "
-                                 "does (a failover may be under way)")
 
     def before_append(self, plog: PartitionLog) -> None:
-        assert self.master is not None
-        self.master.check_before_append(plog.topic)
+        master = self.master
+        assert master is not None
+        master.check_before_append(plog.topic)
+        if not master.lease_ok(time.monotonic()):
+            master.lease_refusals += 1
+            raise NotMasterError(f"broker {self.broker_id} replica {self.replica_id}: its in-sync slaves have not "
+                                 f"renewed its lease (epoch {self.epoch}; masterLeaseMs="
+                                 f"{self.broker.config.master_lease_ms}): a failover may be under way; nothing was "
+                                 "stored")
         history = self.history(plog)
         if history.latest_epoch() != self.epoch:
             history.assign(self.epoch, plog.log_end_offset)
@@ -466,12 +587,15 @@ class HighAvailability:
             return plog.log_start_offset
         return min(plog.log_end_offset, follower.state.high_watermark)
 
-    def replica_fetch(self, req: m.FetchRequest, plog: PartitionLog) -> tuple[dict[str, int], int]:
+    def replica_fetch(self, req: m.FetchRequest, plog: PartitionLog,
+                      session: Session | None = None) -> tuple[dict[str, int], int]:
         """Check a slave's fetch: the extra reply fields, and the offset the reply must stop before (-1: the
         log end). A reply with ``diverging_end_offset`` set carries no records."""
         master = self.master
         if master is None:
             raise NotMasterError(f"broker {self.broker_id} here is a slave: replicas fetch from the master")
+        if req.replica_epoch <= self.epoch:
+            master.on_replica_connection(session, req.replica_id, time.monotonic())
         if req.replica_epoch > self.epoch:
             self._deposed(f"slave {req.replica_id} fetched with epoch {req.replica_epoch} > {self.epoch}")
             raise FencedEpochError(f"epoch {self.epoch} here is older than the slave's {req.replica_epoch}: this "
@@ -501,15 +625,21 @@ class HighAvailability:
         extra["records_epoch"] = epoch
         return extra, next_start
 
+    def connection_closed(self, session: Session) -> None:
+        if self.master is not None:
+            self.master.connection_closed(session)
+
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"replica_id": self.replica_id, "role": "master" if self.master else "slave",
-                               "epoch": self.epoch, "lease_ms_left": max(0, int((self.lease_until - time.monotonic())
-                                                                                 * 1000)),
+                               "epoch": self.epoch, "master_lease_ms": self.broker.config.master_lease_ms,
                                "promotions": self.promotions, "demotions": self.demotions,
                                "auto_failover": self.broker.config.auto_failover,
                                "handing_over": self.handing_over, "last_takeover": self.last_takeover}
         if self.master is not None:
             out.update(self.master.describe())
+        else:
+            out.update(self.watch.describe(time.monotonic()))
+            out["last_suspicion"] = self.last_suspicion
         return out
 
 

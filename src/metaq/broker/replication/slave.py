@@ -16,7 +16,7 @@ import logging
 import os
 import ssl
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from metaq.broker.config import BrokerConfig
 from metaq.broker.core import Broker
@@ -50,10 +50,17 @@ def replication_tls(config: BrokerConfig) -> ssl.SSLContext | None:
                           None if config.ssl_key_file is None else str(config.ssl_key_file))
 
 
+class HaFollower(FollowerEpochs, Protocol):
+    """What the replicator needs of its replica group in HA mode (:class:`.ha.HighAvailability`)."""
+
+    def master_address(self, registered: Address | None) -> Address | None:
+        """The master to follow, given the one registered now."""
+
+
 class SlaveReplicator:
     """The replica fetchers of a slave broker, and their state for ``metaq stats``."""
 
-    def __init__(self, broker: Broker, slave: SlaveConfig, *, ha: FollowerEpochs | None = None) -> None:
+    def __init__(self, broker: Broker, slave: SlaveConfig, *, ha: HaFollower | None = None) -> None:
         self.broker = broker
         self.ha = ha
         self.slave = slave
@@ -65,16 +72,22 @@ class SlaveReplicator:
         self.master_config_applied = 0
         """autoSyncMasterConfig: how many times the master's topic options were applied."""
         self.master_config_error = ""
-        self._settings = ConnectionSettings(
+        self.settings = ConnectionSettings(
             client_id=f"metaq-slave-{self.broker_id}-s{slave.slave_id}/{slave.slave_group}",
             connect_timeout_s=CONNECT_TIMEOUT_S, request_timeout_s=slave.slave_max_delay_ms / 1000 + 10,
             max_in_flight=1, max_frame_bytes=broker.config.max_frame_bytes, ssl_context=replication_tls(broker.config),
             sasl_username=broker.config.replication_user,
             sasl_password=os.environ.get(REPLICATION_PASSWORD_ENV) if broker.config.replication_user else None,
             replica_id=slave.slave_id)
-        self._master_address = (broker.cluster.master_tls_address if broker.config.ssl_replication
-                                else broker.cluster.master_address)
-        """Where the master is fetched from: its TLS port with sslReplication, else its plaintext one."""
+        registered = (broker.cluster.master_tls_address if broker.config.ssl_replication
+                      else broker.cluster.master_address)
+        self._master_address = registered if ha is None else (lambda: ha.master_address(registered()))
+        """Where the master is fetched from: its TLS port with sslReplication, else its plaintext one; in HA
+        mode the current epoch's master at its last registered address while its node is gone (an expired
+        session of a live master)."""
+        self._max_wait_ms = slave.slave_max_delay_ms
+        if ha is not None:  # a live master answers within a third of its lease (docs/replication.md)
+            self._max_wait_ms = min(self._max_wait_ms, broker.config.master_lease_ms // 3)
 
     async def run(self) -> None:
         """Reconcile followers with the master's topics until cancelled."""
@@ -160,9 +173,9 @@ class SlaveReplicator:
                               FOLLOWERS_MAX, topic, partition)
                     return
                 _, plog = broker.partition_log(topic, partition)
-                follower = PartitionFollower(plog, self.broker_id, self._master_address, self._settings,
+                follower = PartitionFollower(plog, self.broker_id, self._master_address, self.settings,
                                              max_bytes=broker.config.max_transfer_bytes,
-                                             max_wait_ms=self.slave.slave_max_delay_ms,
+                                             max_wait_ms=self._max_wait_ms,
                                              on_append=broker.waiters.notify, epochs=self.ha)
                 self.followers[key] = follower
                 self._tasks[key] = asyncio.get_running_loop().create_task(follower.run(), name=repr(follower))

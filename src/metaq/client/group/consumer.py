@@ -391,7 +391,8 @@ class GroupConsumer:
 
     async def _fetch(self, w: Worker, max_bytes: int) -> FetchResult:
         cfg = self.config
-        if cfg.multi_fetch and not self._core.reads_slaves:
+        reads_slaves = self._core.reads_slaves_of(w.part.broker_id)
+        if cfg.multi_fetch and not reads_slaves:
             broker_id = w.part.broker_id
             shared = await self._fetch_connection(broker_id)
             if shared.supports(MULTI_FETCH_API_KEY):
@@ -403,7 +404,7 @@ class GroupConsumer:
                 return await fetcher.fetch(w.tp.topic, w.part, w.position, max_bytes)
         wait = cfg.max_delay_fetch_ms if cfg.long_poll else 0
         # the master, or a slave (read_from); without either, the Fetcher uses the session's connection
-        replica = self._core.read_replica(w.tp.topic, w.part) if wait or self._core.reads_slaves else None
+        replica = self._core.read_replica(w.tp.topic, w.part) if wait or reads_slaves else None
         if wait and replica is not None and (w.conn is None or w.conn.closed or w.replica != replica):
             if w.conn is not None:
                 w.conn.close()

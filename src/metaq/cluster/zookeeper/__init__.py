@@ -149,9 +149,10 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
     def write_replica_group(self, broker_id: int, state: ReplicaGroupState, version: int) -> int:
         return self.brokers.write_replica_group(broker_id, state, version)
 
-    def take_mastership(self, broker_id: int, address: Address, state: ReplicaGroupState, version: int) -> int:
+    def take_mastership(self, broker_id: int, address: Address, state: ReplicaGroupState, version: int, *,
+                        replacing: Address | None = None) -> int:
         return self.brokers.take_mastership(broker_id, address, state, version, tls_port=self.tls_port,
-                                             ports=self.ports)
+                                            ports=self.ports, replacing=replacing)
 
     def become_slave(self, broker_id: int, address: Address, slave_id: int) -> None:
         self.brokers.become_slave(broker_id, address, slave_id, tls_port=self.tls_port, ports=self.ports)
@@ -164,6 +165,12 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
 
     def master_session_ok(self, broker_id: int) -> bool:
         return self.brokers.master_session_ok(broker_id)
+
+    def reclaim_mastership(self, broker_id: int) -> bool:
+        return self.brokers.reclaim_mastership(broker_id)
+
+    def watch_replica_group(self, broker_id: int, listener: Callable[[ReplicaGroupState | None], None]) -> None:
+        self.brokers.watch_replica_group(broker_id, listener)
 
     # ------------------------------------------------------------------ users and ACLs
 

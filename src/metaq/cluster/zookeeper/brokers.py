@@ -28,6 +28,16 @@ from metaq.cluster.zookeeper.session import ZooKeeperSession
 log = logging.getLogger("metaq.cluster.zookeeper")
 
 
+def _names(url: bytes, address: Address) -> bool:
+    """Whether a broker node's ``meta://host:port[?sslPort=N]`` names ``address`` (plain or TLS)."""
+    try:
+        host, port = layout.parse_broker_url(url)
+        tls = layout.parse_broker_tls_port(url)
+    except LayoutError:
+        return False
+    return host == address.host and address.port in (port, tls)
+
+
 class BrokerRegistration:
     """This process's broker and topic nodes, and the replica group's state of a broker id."""
 
@@ -36,6 +46,11 @@ class BrokerRegistration:
         self.paths = session.paths
         self._own_slave_id = -1
         """The slave id this process registered as (-1: a master)."""
+        self._mastership: tuple[int, ReplicaGroupState, int] | None = None
+        """(broker id, state, version) last written by this process as an HA master (None: it is not one).
+        While set, this process is entitled to its broker id's master nodes: it replaces another session's
+        (a dead master's) at once, and after an expiry registers again only if the state is unchanged."""
+        session.restore_hooks.append(self._restore_mastership)
 
     @property
     def _mine_prefix(self) -> str:
@@ -97,9 +112,38 @@ class BrokerRegistration:
         for publish, wanted in ((True, accept_publish and slave_id < 0), (False, accept_subscribe)):
             path = self.paths.topic_broker(topic, broker_id, slave_id, publish=publish)
             if wanted:
-                self._session.keep(path, data, wait_for_owner_s=self._session.handover_wait_s)
+                self._keep_as_master(path, data) if slave_id < 0 else \
+                    self._session.keep(path, data, wait_for_owner_s=self._session.handover_wait_s)
             else:
                 self._session.drop(path)
+
+    def _keep_as_master(self, path: str, data: bytes) -> None:
+        """A master's node: an HA master replaces a dead predecessor's at once (its CAS on the state proved
+        it the master); any other master waits for the previous session's node to go, as MetaQ's does."""
+        if self._mastership is not None:
+            self._session.remember(path, data)  # first: a session lost now is restored with it
+            self._replace_as_master(path, data)
+        else:
+            self._session.keep(path, data, wait_for_owner_s=self._session.handover_wait_s)
+
+    def _replace_as_master(self, path: str, data: bytes) -> None:
+        """Replace a master node of this broker id (a dead predecessor's, maybe) in a transaction that checks
+        the replica group's state is still the one this process wrote; ReplicaGroupChanged when it is not
+        (this process was deposed: it must not take the new master's nodes)."""
+        for _ in range(3):
+            mastership = self._mastership
+            if mastership is None:
+                raise ReplicaGroupChanged(f"not replacing {path}: this broker is no longer the master")
+            broker_id, state, version = mastership
+            if self._session.replace_ephemeral(path, data, check=(self.paths.replica_group(broker_id), version)):
+                return
+            now, now_version = self.read_replica_group(broker_id)  # our own write may have moved the version
+            if now is None or now.epoch != state.epoch or now.master != state.master:
+                self._session.forget(path)
+                raise ReplicaGroupChanged(f"not replacing {path}: the replica group is now {now}")
+            if self._mastership == mastership:
+                self._mastership = (broker_id, now, now_version)
+        raise ReplicaGroupChanged(f"not replacing {path}: the replica group's state keeps changing")
 
     def withdraw_topic(self, topic: str) -> None:
         for path in self._session.owned((f"{self.paths.topics_pub}/{topic}/", f"{self.paths.topics_sub}/{topic}/")):
@@ -152,8 +196,11 @@ class BrokerRegistration:
             if version < 0:
                 self._session.ensure(self.paths.replica_groups)
                 client.create(path, state.to_bytes(), acl=self._session.acl(path))
+                self._mastership = (broker_id, state, 0)
                 return 0
-            return int(client.set(path, state.to_bytes(), version=version).version)
+            new_version = int(client.set(path, state.to_bytes(), version=version).version)
+            self._mastership = (broker_id, state, new_version)
+            return new_version
         except (BadVersionError, NodeExistsError, NoNodeError):
             raise ReplicaGroupChanged(f"{path} changed since version {version} (another master or a failover)") \
                 from None
@@ -161,7 +208,8 @@ class BrokerRegistration:
             raise RegistryError(f"cannot write {path}: {exc}") from None
 
     def take_mastership(self, broker_id: int, address: Address, state: ReplicaGroupState, version: int, *,
-                        tls_port: int | None, ports: Mapping[str, int] | None = None) -> int:
+                        tls_port: int | None, ports: Mapping[str, int] | None = None,
+                        replacing: Address | None = None) -> int:
         session = self._session
         client = session.client
         path = self.paths.replica_group(broker_id)
@@ -170,11 +218,19 @@ class BrokerRegistration:
         try:
             session.ensure(self.paths.replica_groups)
             session.ensure(self.paths.broker(broker_id))
+            old = client.exists(master)  # the deposed master's node: its session may live on (paused, cut off)
+            if old is not None and replacing is not None:
+                held, old = client.get(master)
+                if not _names(held, replacing):
+                    raise ReplicaGroupChanged(f"broker {broker_id}'s master is now registered at "
+                                              f"{held.decode(errors='replace')}, not {replacing}")
             tx = client.transaction()
             if version < 0:
                 tx.create(path, state.to_bytes(), acl=session.acl(path))
             else:
                 tx.set_data(path, state.to_bytes(), version=version)
+            if old is not None:
+                tx.delete(master, version=old.version)  # the very node read: a newer one fails the transaction
             tx.create(master, url, acl=session.acl(master), ephemeral=True)
             results = tx.commit()
         except KazooException as exc:
@@ -188,6 +244,7 @@ class BrokerRegistration:
             mine = session.take_owned(self._mine_prefix)
             session.remember(master, url)
             self._own_slave_id = -1
+            self._mastership = (broker_id, state, int(new_version))
         for p in mine:
             if p != master:
                 with contextlib.suppress(KazooException):
@@ -200,6 +257,7 @@ class BrokerRegistration:
 
     def become_slave(self, broker_id: int, address: Address, slave_id: int, *, tls_port: int | None,
                      ports: Mapping[str, int] | None = None) -> None:
+        self._mastership = None
         for p in self._session.owned(self._mine_prefix):
             self._session.drop(p)
         self.register(broker_id, address, slave_id=slave_id, tls_port=tls_port, ports=ports)
@@ -207,7 +265,103 @@ class BrokerRegistration:
     def publish_master_config(self, broker_id: int, document: dict[str, object]) -> None:
         path, data = self.paths.master_config(broker_id), json.dumps(document, sort_keys=True).encode()
         self._session.remember(path, data)  # kept first: if the session is lost now, the next session writes it
-        self._session.create_ephemeral(path, data, wait_for_owner_s=self._session.handover_wait_s)
+        if self._mastership is not None:
+            self._replace_as_master(path, data)
+        else:
+            self._session.create_ephemeral(path, data, wait_for_owner_s=self._session.handover_wait_s)
+
+    def watch_replica_group(self, broker_id: int, listener: Callable[[ReplicaGroupState | None], None]) -> None:
+        session = self._session
+        path = self.paths.replica_group(broker_id)
+
+        def on_data(data: bytes | None, _stat: Any) -> bool:
+            if session.closed:
+                return False
+            state: ReplicaGroupState | None = None
+            if data:
+                try:
+                    state = ReplicaGroupState.from_bytes(data)
+                except LayoutError as exc:
+                    session.bad(path, str(exc))
+                    return True
+            listener(state)
+            return True
+
+        DataWatch(session.client, path, on_data)
+
+    def _restore_mastership(self, owned: dict[str, bytes]) -> dict[str, bytes]:
+        """The session expired and is back: an HA master registers as master again only if the replica group's
+        state is still the one it last wrote (:meth:`reclaim_mastership`); its other master nodes follow."""
+        mastership = self._mastership
+        if mastership is None:
+            return owned
+        broker_id = mastership[0]
+        mine = {p for p in owned if self._is_master_node(p, broker_id)}
+        try:
+            if self.reclaim_mastership(broker_id, restore_others=False):
+                return {p: d for p, d in owned.items() if p != self.paths.broker_node(broker_id, -1)}
+        except RegistryError as exc:  # kept: the HA layer's next check tries again
+            log.warning("cannot register as master of broker %d again yet (%s)", broker_id, exc)
+        return {p: d for p, d in owned.items() if p not in mine}
+
+    def reclaim_mastership(self, broker_id: int, *, restore_others: bool = True) -> bool:
+        """Register ``ids/<id>/master`` again (it went with an expired session) in one transaction that checks
+        the replica group's state still has the version this process last wrote: a healthy master stays master
+        in the same epoch, never failed over by a session expiry. True when registered (or it already was);
+        False when the state changed: another replica took over, and this process's master nodes are dropped.
+        ``restore_others``: make its other master nodes (topics, topic options) again too."""
+        try:
+            return self._reclaim_mastership(broker_id, restore_others)
+        except KazooException as exc:
+            raise RegistryError(f"cannot register as master of broker {broker_id} again: {exc}") from None
+
+    def _reclaim_mastership(self, broker_id: int, restore_others: bool) -> bool:
+        mastership = self._mastership
+        if mastership is None:
+            return False
+        _, state, version = mastership
+        session = self._session
+        client = session.client
+        master = self.paths.broker_node(broker_id, -1)
+        data = session.owned(master).get(master)
+        if data is None:
+            return False
+        state_path = self.paths.replica_group(broker_id)
+        for _ in range(2):
+            stat = client.exists(master)
+            if stat is not None and stat.ephemeralOwner == session.session_id:
+                return True
+            tx = client.transaction()
+            tx.check(state_path, version)
+            tx.create(master, data, acl=session.acl(master), ephemeral=True)
+            if not any(isinstance(r, Exception) for r in tx.commit()):
+                log.info("registered %s again on a new session: the replica group is unchanged (epoch %d)", master,
+                         state.epoch)
+                if restore_others:
+                    for path, node in session.owned(self._mine_prefix).items():
+                        if path != master:
+                            session.create_ephemeral(path, node)
+                return True
+            # a write of our own whose reply was lost moves the version without moving the mastership
+            now, now_version = self.read_replica_group(broker_id)
+            if now is None or now.epoch != state.epoch or now.master != state.master or now_version == version:
+                break
+            version = now_version
+            self._mastership = (broker_id, now, now_version)
+        for p in [p for p in session.owned(self._mine_prefix) if self._is_master_node(p, broker_id)]:
+            session.forget(p)
+        self._mastership = None
+        log.warning("not registering as master of broker %d again: the replica group changed since epoch %d "
+                    "(another replica took over)", broker_id, state.epoch)
+        return False
+
+    def _is_master_node(self, path: str, broker_id: int) -> bool:
+        """Whether ``path`` is a node a master of ``broker_id`` keeps: its registration, its topic options,
+        its topics' ``<id>-m`` nodes."""
+        if path in (self.paths.broker_node(broker_id, -1), self.paths.master_config(broker_id)):
+            return True
+        return path.startswith((self.paths.topics_pub + "/", self.paths.topics_sub + "/")) and \
+            path.rsplit("/", 1)[-1] == layout.topic_broker_name(broker_id, -1)
 
     def watch_master_config(self, broker_id: int, listener: Callable[[dict[str, object] | None], None]) -> None:
         session = self._session

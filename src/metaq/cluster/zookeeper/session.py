@@ -24,7 +24,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import AuthFailedError, KazooException, NoAuthError, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    AuthFailedError,
+    KazooException,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+    RolledBackError,
+)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 from kazoo.security import ACL, Id
@@ -51,6 +58,8 @@ OWNER_POLL_S = 0.2
 """While a node held by another session is waited for (a handover), how often it is looked at again."""
 PREVIOUS_SESSION_SLACK_S = 5.0
 """After a kill -9, the old session's ephemeral nodes live until its timeout: wait that long plus this."""
+REPLACE_TRIES = 10
+"""How often :meth:`ZooKeeperSession.replace_ephemeral` reads and tries again a node that keeps changing."""
 _WAKE: Callable[[], None] = lambda: None  # noqa: E731
 """Queued to wake the worker for its delayed jobs."""
 
@@ -81,6 +90,9 @@ class ZooKeeperSession:
         self._bad_znodes: set[str] = set()
         self._session_lost = False
         self._session_listeners: list[Callable[[str], None]] = []
+        self.restore_hooks: list[Callable[[dict[str, bytes]], dict[str, bytes]]] = []
+        """Run before the kept nodes are made again after an expiry: each takes the nodes (path -> data) and
+        returns those still to be made the plain way (a hook makes or drops the others itself)."""
         self._work: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._later: list[tuple[float, int, Callable[[], None]]] = []
         """Delayed jobs (due time.monotonic(), sequence, job), a heap the worker runs them from."""
@@ -234,6 +246,12 @@ class ZooKeeperSession:
     def _restore_registrations(self) -> None:
         with self.lock:
             owned = dict(self._owned)
+            hooks = list(self.restore_hooks)
+        for hook in hooks:
+            try:
+                owned = hook(owned)
+            except KazooException as exc:  # the hook's nodes wait for the next expiry's restore
+                log.error("cannot register this broker's nodes again after the session expiry: %s", exc)
         for path, data in owned.items():
             try:
                 self.create_ephemeral(path, data)
@@ -269,6 +287,37 @@ class ZooKeeperSession:
                     # woken by the watch, and looking again every OWNER_POLL_S anyway: a handover must not
                     # hang on one watch event (a missed one cost seconds of "every partition closed")
                     gone.wait(min(remaining, OWNER_POLL_S))
+
+    def replace_ephemeral(self, path: str, data: bytes, *, check: tuple[str, int] | None = None) -> bool:
+        """Make ``path`` this session's ephemeral node holding ``data``, whoever holds it now: a node of
+        another session is deleted (by its version) and made again in one transaction, so a watcher never
+        sees it missing. Only for a node the caller is entitled to (a master taking over its broker id's):
+        ``check`` = (path, version) is checked in the same transaction (the replica group's state still the
+        one that proved the entitlement). False when that check failed (nothing was changed)."""
+        client = self.client
+        self.ensure(path.rsplit("/", 1)[0])
+        for _ in range(REPLACE_TRIES):
+            try:
+                _, stat = client.get(path)
+            except NoNodeError:
+                stat = None
+            if stat is not None and stat.ephemeralOwner == self.session_id:
+                client.set(path, data)
+                return True
+            tx = client.transaction()
+            if check is not None:
+                tx.check(*check)
+            if stat is not None:
+                tx.delete(path, version=stat.version)
+            tx.create(path, data, acl=self.acl(path), ephemeral=True)
+            results = tx.commit()
+            if not any(isinstance(r, Exception) for r in results):
+                return True
+            if check is not None and isinstance(results[0], Exception) and \
+                    not isinstance(results[0], RolledBackError):
+                return False
+            # the node changed between the read and the transaction: look again
+        raise NodeExistsError(f"{path} kept changing while it was being replaced")
 
     def keep(self, path: str, data: bytes, *, wait_for_owner_s: float = 0.0) -> None:
         """Create the ephemeral node (:meth:`create_ephemeral`) and keep it: made again after an expiry."""
