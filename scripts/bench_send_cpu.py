@@ -65,7 +65,7 @@ async def _rounds(servers: str, mode: str, count: int, rounds: int, gc_stats: bo
         await producer.send_batch("bench", [b"warm up"])
         payload = bytes(100)
         if mode == "async-shared":
-            import metaq.client.producer as producer_module
+            import metaq.client.producer.results as results_module
             from metaq.types import SendResult
 
             shared = SendResult(True, 0, 0, 0, None, "bench", 0)
@@ -75,7 +75,7 @@ async def _rounds(servers: str, mode: str, count: int, rounds: int, gc_stats: bo
                     if w is not None and not w.done():
                         w.set_result(shared)
 
-            producer_module._resolve_ok_pass = one_result  # type: ignore[assignment]
+            results_module._resolve_ok = one_result  # type: ignore[assignment]
         samples = []
         gc_samples: list[float] = []
         gc_counts: list[list[int]] = []

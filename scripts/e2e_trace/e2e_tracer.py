@@ -106,6 +106,8 @@ def _patch_gc() -> None:
 
 def _patch_producer() -> None:
     from metaq.client import producer as pm
+    from metaq.client.producer import batches as am
+    from metaq.client.producer import sender as sm
     from metaq.net import connection as cm
 
     batch_ts: dict[int, list[int]] = {}
@@ -120,7 +122,7 @@ def _patch_producer() -> None:
 
     pm.Producer.send_async = send_async  # type: ignore[method-assign]
 
-    orig_dispatch = pm.Producer._dispatch
+    orig_dispatch = sm.Sender.dispatch
 
     def dispatch(self: Any, batch: Any) -> None:
         if batch.payload is None and id(batch) not in batch_ts:
@@ -129,9 +131,7 @@ def _patch_producer() -> None:
             _rec("sealed", tss, _now())
         return orig_dispatch(self, batch)
 
-    pm.Producer._dispatch = dispatch  # type: ignore[method-assign]
-
-    from metaq.client import accumulator as am
+    sm.Sender.dispatch = dispatch  # type: ignore[method-assign]
 
     orig_absorb = getattr(am.ProducerBatch, "absorb", None)  # absent before batches could merge
 
@@ -145,28 +145,26 @@ def _patch_producer() -> None:
     if orig_absorb is not None:
         am.ProducerBatch.absorb = absorb  # type: ignore[method-assign]
 
-    orig_write = pm.Producer._write
+    orig_write = sm.Sender._write
 
-    def write(self: Any, conn: Any, batch: Any) -> None:
+    def write(self: Any, conn: Any, lane: Any, batch: Any) -> None:
         tss = batch_ts.get(id(batch))
-        orig_write(self, conn, batch)
+        orig_write(self, conn, lane, batch)
         if tss is not None:
             pending = conn.__dict__.setdefault("_trace_pending", [])
             pending.append(tss)
 
-    pm.Producer._write = write  # type: ignore[method-assign]
+    sm.Sender._write = write  # type: ignore[method-assign]
 
-    orig_write_multi = getattr(pm.Producer, "_write_multi", None)
+    orig_write_multi = sm.Sender._write_multi
 
     def write_multi(self: Any, conn: Any, group: Any) -> None:  # several batches in one MultiProduce
-        tss = [batch_ts.get(id(batch)) for batch in group]
-        assert orig_write_multi is not None
+        tss = [batch_ts.get(id(batch)) for _lane, batch in group]
         orig_write_multi(self, conn, group)
         pending = conn.__dict__.setdefault("_trace_pending", [])
         pending.extend(t for t in tss if t is not None)
 
-    if orig_write_multi is not None:
-        pm.Producer._write_multi = write_multi  # type: ignore[method-assign]
+    sm.Sender._write_multi = write_multi  # type: ignore[method-assign]
 
     orig_flush = cm.BrokerConnection._flush
 

@@ -36,9 +36,6 @@
  * holds a frame whose locals hold r). That cycle is never freed (a leak of that cycle, not a crash). The
  * producer never does it; the dataclass fallback has no such case.
  *
- * resolve_ok(): the producer's resolving pass for a batch's successes (metaq.client.producer._resolve_ok_pass)
- * in one call: build each waiter's result and call its future's set_result.
- *
  * BatchMessages: the consumer's per-message iterator over a batch (metaq.protocol.records._build_plain and
  * _build, its pure-Python twins): each next() builds one metaq.types.Message, an empty instance of the
  * dataclass (slots=True) whose thirteen slots are filled here, the payload sliced into its own bytes. bind_message() finds each slot's place in the instance once, from the class's member
@@ -82,16 +79,8 @@
  * bind_batch_header() gives both the BatchHeader class (checked: a tuple subclass with the twelve fields in order)
  * and crc32c.crc32c; tests/unit/protocol/test_compiled_batch_check.py holds them to the Python code.
  *
- * PlainPlacer: the producer's send_async and send_oneway for their common case (a plain Message of a topic the
- * loop step already routed, the default round robin or the sticky one, room in the batch open at the partition it
- * picks) in one call: the checks, the selector's step, the appends to the batch's columns and the buffer
- * accounting, as the Python code (send_async, _place_plain, RoundRobinSelector.__call__,
- * StickyRoundRobinSelector.__call__) does them, reading and setting the slots of ProducerBatch and the round
- * robin's _Rotation found from their member descriptors. Anything else
- * (another message, no batch open there, the buffer full, a transaction) returns None before changing
- * anything, and the Python code runs. That code was ~0.7 us of send_async's ~2.1 us per message, Python
- * bytecode spread over a dozen lines (docs/benchmarks.md, "A compiled placement of a plain message");
- * tests/unit/client/test_plain_placer.py holds the two to the same batches, results and accounting.
+ * No code here knows the producer's internals: the producer is Python, and uses only SendResult and the batch
+ * encoder's region builder from this module.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -123,7 +112,6 @@ static PyTypeObject SendResult_Type;
 static PyObject *partition_id_cls = NULL;
 static PyObject *format_message_id_fn = NULL;
 
-static PyObject *str_set_result = NULL;
 static PyObject *minus_one = NULL;
 static PyObject *zero = NULL;
 static PyObject *empty_str = NULL;
@@ -476,91 +464,6 @@ static PyTypeObject SendResult_Type = {
     .tp_free = SendResult_free,
     .tp_is_gc = SendResult_is_gc,
 };
-
-/* resolve_ok(waiters, start, base_id, base_offset, partition, topic, broker_id, invalid_state_error)
- *
- * For each waiter at index i >= start that is not None: a success SendResult (id base_id + i and offset
- * base_offset + i, or -1 for both when base_id < 0), given to waiter.set_result. A waiter that raises
- * invalid_state_error (a future its caller cancelled) is skipped. */
-static PyObject *
-resolve_ok(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "resolve_ok takes 8 arguments");
-        return NULL;
-    }
-    PyObject *waiters = args[0];
-    if (!PyList_Check(waiters)) {
-        PyErr_SetString(PyExc_TypeError, "resolve_ok: waiters must be a list");
-        return NULL;
-    }
-    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
-    if (start == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    PyObject *base_id = args[2];
-    long long base_offset = PyLong_AsLongLong(args[3]);
-    if (base_offset == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    PyObject *partition = args[4], *topic = args[5], *broker_id = args[6], *invalid_state = args[7];
-    int with_ids = PyObject_RichCompareBool(base_id, zero, Py_GE);
-    if (with_ids < 0) {
-        return NULL;
-    }
-    /* A field holding a GC object would make every result tracked; the producer passes an int and a str. */
-    if (PyObject_IS_GC(partition) || PyObject_IS_GC(topic) || PyObject_IS_GC(broker_id) || PyObject_IS_GC(base_id)) {
-        PyErr_SetString(PyExc_TypeError, "resolve_ok: partition, topic, broker_id and base_id must be atomic");
-        return NULL;
-    }
-    for (Py_ssize_t i = start < 0 ? 0 : start; i < PyList_GET_SIZE(waiters); i++) {
-        PyObject *w = PyList_GET_ITEM(waiters, i);
-        if (w == Py_None) {
-            continue;
-        }
-        SendResultObject *r = new_plain();
-        if (r == NULL) {
-            return NULL;
-        }
-        if (with_ids) {
-            PyObject *index = PyLong_FromSsize_t(i);
-            if (index == NULL) {
-                Py_DECREF(r);
-                return NULL;
-            }
-            r->message_id = PyNumber_Add(base_id, index);
-            Py_DECREF(index);
-            r->offset = PyLong_FromLongLong(base_offset + (long long)i);
-            if (r->message_id == NULL || r->offset == NULL) {
-                Py_DECREF(r);
-                return NULL;
-            }
-        }
-        else {
-            r->message_id = Py_NewRef(minus_one);
-            r->offset = Py_NewRef(minus_one);
-        }
-        r->success = Py_NewRef(Py_True);
-        r->partition = Py_NewRef(partition);
-        r->error = Py_NewRef(Py_None);
-        r->topic = Py_NewRef(topic);
-        r->broker_id = Py_NewRef(broker_id);
-        Py_INCREF(w);
-        PyObject *callargs[2] = {w, (PyObject *)r};
-        PyObject *res = PyObject_VectorcallMethod(str_set_result, callargs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-        Py_DECREF(w);
-        Py_DECREF(r);
-        if (res == NULL) {
-            if (PyErr_ExceptionMatches(invalid_state)) {  /* cancelled (or resolved) by its caller */
-                PyErr_Clear();
-                continue;
-            }
-            return NULL;
-        }
-        Py_DECREF(res);
-    }
-    Py_RETURN_NONE;
-}
 
 static PyObject *
 bind(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -1561,428 +1464,7 @@ stamp_prefix(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyBytes_FromStringAndSize((const char *)out, STAMPED_BYTES);
 }
 
-/* ---------------------------------------------------------------- PlainPlacer (the producer's send path) */
-
-/* The slots of metaq.client.accumulator.ProducerBatch and metaq.client.selectors._Rotation it reads and sets. */
-enum { B_VALUES, B_TIMESTAMPS, B_WAITERS, B_KEYS, B_ATTRIBUTES, B_HEADERS, B_COUNT, B_SIZE_BYTES, B_CREATED_MS,
-       N_BATCH_SLOTS };
-static const char *const batch_slot_names[N_BATCH_SLOTS] = {
-    "values", "timestamps", "waiters", "keys", "attributes", "headers", "count", "size_bytes", "created_ms",
-};
-enum { R_PARTITIONS, R_CANDIDATES, R_COUNT, R_NEXT, N_ROTATION_SLOTS };
-static const char *const rotation_slot_names[N_ROTATION_SLOTS] = {"partitions", "candidates", "count", "next"};
-
-#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
-
-static PyObject *str_tx = NULL, *str_buffered = NULL, *str_dispatch = NULL, *str_partition = NULL,
-                *str_broker_id = NULL;
-
-typedef struct {
-    PyObject_HEAD
-    PyObject *producer;       /* its _tx and _buffered are read (and _buffered set) per message, _dispatch per batch */
-    PyObject *create_future;  /* the loop's create_future; None: one-way sends (the waiter is None) */
-    PyObject *hot;            /* producer._hot: topic -> the partitions its messages choose from, this loop step */
-    PyObject *batches;        /* producer._acc.batches: BatchKey -> open ProducerBatch */
-    PyObject *table;          /* the selector's: RoundRobinSelector.rotations (topic -> _Rotation), or
-                               * StickyRoundRobinSelector.current (topic -> (partitions, the partition taking messages)) */
-    int sticky;               /* which of the two */
-    PyObject *acks;           /* the acks of every batch key made here */
-    PyObject *keys;           /* topic -> (candidates, the batch key of each candidate): no tuple made per message */
-    PyTypeObject *batch_type;
-    PyTypeObject *rotation_type;
-    Py_ssize_t batch_slots[N_BATCH_SLOTS];
-    Py_ssize_t rotation_slots[N_ROTATION_SLOTS];
-    Py_ssize_t batch_bytes;
-    Py_ssize_t max_message_bytes;
-    Py_ssize_t max_buffered;
-    Py_ssize_t record_prefix;
-} PlainPlacerObject;
-
-static PyTypeObject PlainPlacer_Type;
-
-static PyObject *
-PlainPlacer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
-{
-    PyObject *producer, *create_future, *hot, *batches, *table, *acks;
-    PyTypeObject *batch_type, *rotation_type;
-    int sticky;
-    Py_ssize_t batch_bytes, max_message_bytes, max_buffered, record_prefix;
-    if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
-        PyErr_SetString(PyExc_TypeError, "PlainPlacer takes positional arguments only");
-        return NULL;
-    }
-    if (!PyArg_ParseTuple(args, "OOO!O!O!pO!nnnnO!O!:PlainPlacer", &producer, &create_future, &PyDict_Type, &hot,
-                          &PyDict_Type, &batches, &PyDict_Type, &table, &sticky, &PyLong_Type, &acks, &batch_bytes,
-                          &max_message_bytes, &max_buffered, &record_prefix, &PyType_Type, &batch_type,
-                          &PyType_Type, &rotation_type)) {
-        return NULL;
-    }
-    if (message_type == NULL) {
-        PyErr_SetString(PyExc_ValueError, "PlainPlacer needs the Message class bound first (bind_message)");
-        return NULL;
-    }
-    if (create_future != Py_None && !PyCallable_Check(create_future)) {
-        PyErr_SetString(PyExc_TypeError, "PlainPlacer: create_future must be callable or None");
-        return NULL;
-    }
-    PlainPlacerObject *self = (PlainPlacerObject *)type->tp_alloc(type, 0);
-    if (self == NULL) {
-        return NULL;
-    }
-    int found = object_slots(batch_type, batch_slot_names, N_BATCH_SLOTS, self->batch_slots);
-    if (found > 0) {
-        found = object_slots(rotation_type, rotation_slot_names, N_ROTATION_SLOTS, self->rotation_slots);
-    }
-    if (found <= 0) {
-        if (found == 0) {
-            PyErr_SetString(PyExc_ValueError, "PlainPlacer: the batch or rotation class lacks a slot it uses");
-        }
-        Py_DECREF(self);
-        return NULL;
-    }
-    self->keys = PyDict_New();
-    if (self->keys == NULL) {
-        Py_DECREF(self);
-        return NULL;
-    }
-    self->producer = Py_NewRef(producer);
-    self->create_future = Py_NewRef(create_future);
-    self->hot = Py_NewRef(hot);
-    self->batches = Py_NewRef(batches);
-    self->table = Py_NewRef(table);
-    self->sticky = sticky;
-    self->acks = Py_NewRef(acks);
-    self->batch_type = (PyTypeObject *)Py_NewRef(batch_type);
-    self->rotation_type = (PyTypeObject *)Py_NewRef(rotation_type);
-    self->batch_bytes = batch_bytes;
-    self->max_message_bytes = max_message_bytes;
-    self->max_buffered = max_buffered;
-    self->record_prefix = record_prefix;
-    return (PyObject *)self;
-}
-
-static int
-PlainPlacer_traverse(PlainPlacerObject *self, visitproc visit, void *arg)
-{
-    Py_VISIT(self->producer);
-    Py_VISIT(self->create_future);
-    Py_VISIT(self->hot);
-    Py_VISIT(self->batches);
-    Py_VISIT(self->table);
-    Py_VISIT(self->acks);
-    Py_VISIT(self->keys);
-    Py_VISIT(self->batch_type);
-    Py_VISIT(self->rotation_type);
-    return 0;
-}
-
-static int
-PlainPlacer_clear(PlainPlacerObject *self)
-{
-    Py_CLEAR(self->producer);
-    Py_CLEAR(self->create_future);
-    Py_CLEAR(self->hot);
-    Py_CLEAR(self->batches);
-    Py_CLEAR(self->table);
-    Py_CLEAR(self->acks);
-    Py_CLEAR(self->keys);
-    Py_CLEAR(self->batch_type);
-    Py_CLEAR(self->rotation_type);
-    return 0;
-}
-
-static void
-PlainPlacer_dealloc(PlainPlacerObject *self)
-{
-    PyObject_GC_UnTrack(self);
-    PlainPlacer_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static Py_ssize_t
-small_int(PyObject *value)
-{
-    /* an exact int's value, or -1 (no error set) for anything else or one out of range: the caller falls back */
-    if (value == NULL || !PyLong_CheckExact(value)) {
-        return -1;
-    }
-    Py_ssize_t v = PyLong_AsSsize_t(value);
-    if (v == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-    }
-    return v;
-}
-
-static PyObject *
-partition_key(PlainPlacerObject *self, PyObject *topic, PyObject *p)
-{
-    /* a new reference to (topic, p.partition, p.broker_id, acks): the producer's BatchKey of partition p */
-    Py_INCREF(p);
-    PyObject *partition = PyObject_GetAttr(p, str_partition);
-    PyObject *broker_id = partition == NULL ? NULL : PyObject_GetAttr(p, str_broker_id);
-    Py_DECREF(p);
-    PyObject *key = broker_id == NULL ? NULL : PyTuple_Pack(4, topic, partition, broker_id, self->acks);
-    Py_XDECREF(partition);
-    Py_XDECREF(broker_id);
-    return key;
-}
-
-static PyObject *
-cache_key(PlainPlacerObject *self, PyObject *topic, PyObject *source, PyObject *keys)
-{
-    /* keep (source, keys) as the topic's cache entry; NULL on an error (keys is stolen) */
-    PyObject *entry = PyTuple_Pack(2, source, keys);
-    Py_DECREF(keys);
-    if (entry == NULL || PyDict_SetItem(self->keys, topic, entry) < 0) {
-        Py_XDECREF(entry);
-        return NULL;
-    }
-    Py_DECREF(entry);  /* the cache holds it */
-    return entry;
-}
-
-static PyObject *
-sticky_key(PlainPlacerObject *self, PyObject *topic, PyObject *p)
-{
-    /* the sticky selector's: the BatchKey of p, the partition taking the topic's messages now, borrowed from the
-     * cache (one entry per topic, while p is the same object); NULL on an error */
-    PyObject *entry = PyDict_GetItemWithError(self->keys, topic);
-    if (entry != NULL && PyTuple_GET_ITEM(entry, 0) == p) {
-        return PyTuple_GET_ITEM(entry, 1);
-    }
-    if (entry == NULL && PyErr_Occurred()) {
-        return NULL;
-    }
-    PyObject *key = partition_key(self, topic, p);
-    if (key == NULL || (entry = cache_key(self, topic, p, key)) == NULL) {
-        return NULL;
-    }
-    return PyTuple_GET_ITEM(entry, 1);
-}
-
-static PyObject *
-batch_key(PlainPlacerObject *self, PyObject *topic, PyObject *candidates, Py_ssize_t index, Py_ssize_t count)
-{
-    /* (topic, candidates[index].partition, candidates[index].broker_id, acks), borrowed from the cache, which
-     * holds the keys of all of a topic's candidates while they are the same object; Py_None when candidates
-     * is not a list or tuple of ``count`` entries (the caller falls back), NULL on an error */
-    PyObject *entry = PyDict_GetItemWithError(self->keys, topic);
-    if (entry != NULL && PyTuple_GET_ITEM(entry, 0) == candidates) {
-        PyObject *keys = PyTuple_GET_ITEM(entry, 1);
-        /* count is the rotation's, made with its candidates: a list changed since then falls back */
-        return index < PyTuple_GET_SIZE(keys) && PyTuple_GET_SIZE(keys) == count ? PyTuple_GET_ITEM(keys, index)
-                                                                                  : Py_None;
-    }
-    if (entry == NULL && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (!(PyTuple_CheckExact(candidates) || PyList_CheckExact(candidates))
-            || PySequence_Fast_GET_SIZE(candidates) != count) {
-        return Py_None;
-    }
-    PyObject *keys = PyTuple_New(count);
-    if (keys == NULL) {
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        if (i >= PySequence_Fast_GET_SIZE(candidates)) {  /* a list changed by the attribute reads below */
-            Py_DECREF(keys);
-            return Py_None;
-        }
-        PyObject *key = partition_key(self, topic, PySequence_Fast_GET_ITEM(candidates, i));
-        if (key == NULL) {
-            Py_DECREF(keys);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(keys, i, key);
-    }
-    entry = cache_key(self, topic, candidates, keys);
-    return entry == NULL ? NULL : PyTuple_GET_ITEM(PyTuple_GET_ITEM(entry, 1), index);
-}
-
-static PyObject *
-PlainPlacer_place(PlainPlacerObject *self, PyObject *message)
-{
-    /* Producer.send_async's (send_oneway's, with create_future None) common case, as its Python code does it: a
-     * plain Message (exact class, bytes data, no key, attribute, headers or delay) of a topic in ``hot``, within
-     * max_message_bytes and the buffer, outside a transaction, placed by the round robin (or the sticky selector)
-     * into the batch open at the partition it picks, with room for it and no keys, attributes or headers. Then:
-     * the round robin's rotation moves on, the payload, its timestamp (the batch's creation time for a negative one) and the waiter are
-     * appended, count, size_bytes and the producer's _buffered grow, and a batch that is full leaves
-     * (batches.pop, producer._dispatch). Returns the waiter (a new future; True for one-way).
-     *
-     * Anything else returns None having changed nothing, and the caller's Python code does what it does
-     * (raises for misuse, fails a send when the buffer is full, opens a batch, asks another selector). */
-    if (Py_TYPE(message) != message_type) {
-        Py_RETURN_NONE;
-    }
-    const Py_ssize_t *ms = message_slot_offsets;
-    PyObject *topic = SLOT(message, ms[M_TOPIC]), *data = SLOT(message, ms[M_DATA]);
-    PyObject *ts = SLOT(message, ms[M_TIMESTAMP_MS]);
-    if (topic == NULL || data == NULL || ts == NULL || !PyUnicode_CheckExact(topic) || !PyBytes_CheckExact(data)
-            || !PyLong_CheckExact(ts) || SLOT(message, ms[M_KEY]) != Py_None
-            || SLOT(message, ms[M_ATTRIBUTE]) != Py_None || SLOT(message, ms[M_HEADERS]) != Py_None
-            || SLOT(message, ms[M_DELIVER_AT]) != Py_None || SLOT(message, ms[M_DELAY_MS]) != Py_None) {
-        Py_RETURN_NONE;
-    }
-    Py_ssize_t size = self->record_prefix + PyBytes_GET_SIZE(data);
-    if (size > self->max_message_bytes) {
-        Py_RETURN_NONE;
-    }
-    PyObject *partitions = PyDict_GetItemWithError(self->hot, topic);
-    if (partitions == NULL) {
-        if (PyErr_Occurred()) {
-            return NULL;
-        }
-        Py_RETURN_NONE;
-    }
-    PyObject *tx = PyObject_GetAttr(self->producer, str_tx);
-    if (tx == NULL) {
-        return NULL;
-    }
-    int in_tx = tx != Py_None;
-    Py_DECREF(tx);
-    PyObject *buffered_obj = PyObject_GetAttr(self->producer, str_buffered);
-    if (buffered_obj == NULL) {
-        return NULL;
-    }
-    Py_ssize_t buffered = small_int(buffered_obj);
-    Py_DECREF(buffered_obj);
-    if (in_tx || buffered < 0 || (buffered + size > self->max_buffered && buffered)) {
-        Py_RETURN_NONE;
-    }
-    PyObject *selected = PyDict_GetItemWithError(self->table, topic);  /* a _Rotation, or (partitions, partition) */
-    if (selected == NULL) {
-        if (PyErr_Occurred()) {
-            return NULL;
-        }
-        Py_RETURN_NONE;  /* the selector has not seen the topic (or the sticky one moves on): its Python code picks */
-    }
-    PyObject *rotation = NULL, *key;
-    Py_ssize_t next = 0;
-    if (self->sticky) {  /* StickyRoundRobinSelector.__call__: the current partition, while chosen from partitions */
-        if (!PyTuple_CheckExact(selected) || PyTuple_GET_SIZE(selected) != 2
-                || PyTuple_GET_ITEM(selected, 0) != partitions) {
-            Py_RETURN_NONE;
-        }
-        key = sticky_key(self, topic, PyTuple_GET_ITEM(selected, 1));
-    } else {  /* RoundRobinSelector.__call__: candidates[next % count], and next moves on */
-        rotation = selected;
-        if (Py_TYPE(rotation) != self->rotation_type
-                || SLOT(rotation, self->rotation_slots[R_PARTITIONS]) != partitions) {
-            Py_RETURN_NONE;
-        }
-        PyObject *candidates = SLOT(rotation, self->rotation_slots[R_CANDIDATES]);
-        Py_ssize_t count = small_int(SLOT(rotation, self->rotation_slots[R_COUNT]));
-        next = small_int(SLOT(rotation, self->rotation_slots[R_NEXT]));
-        if (candidates == NULL || count <= 0 || next < 0 || next == PY_SSIZE_T_MAX) {
-            Py_RETURN_NONE;
-        }
-        key = batch_key(self, topic, candidates, next % count, count);
-    }
-    if (key == NULL || key == Py_None) {
-        return key == NULL ? NULL : Py_NewRef(Py_None);
-    }
-    PyObject *batch = PyDict_GetItemWithError(self->batches, key);
-    if (batch == NULL) {
-        if (PyErr_Occurred()) {
-            return NULL;
-        }
-        Py_RETURN_NONE;  /* no batch open there: the Python code opens one (its selector picks the same partition) */
-    }
-    if (Py_TYPE(batch) != self->batch_type) {
-        Py_RETURN_NONE;
-    }
-    Py_INCREF(key);
-    Py_INCREF(batch);
-    Py_XINCREF(rotation);
-    PyObject *waiter = self->create_future == Py_None ? Py_NewRef(Py_True) : PyObject_CallNoArgs(self->create_future);
-    PyObject *result = NULL, *new_next = NULL, *new_count = NULL, *new_size = NULL, *new_buffered = NULL;
-    if (waiter == NULL) {
-        goto done;
-    }
-    /* the batch's slots are read after create_future (which may run Python code) and checked before any change */
-    const Py_ssize_t *bs = self->batch_slots;
-    PyObject *values = SLOT(batch, bs[B_VALUES]), *stamps = SLOT(batch, bs[B_TIMESTAMPS]);
-    PyObject *waiters = SLOT(batch, bs[B_WAITERS]), *created = SLOT(batch, bs[B_CREATED_MS]);
-    Py_ssize_t batch_count = small_int(SLOT(batch, bs[B_COUNT]));
-    Py_ssize_t batch_size = small_int(SLOT(batch, bs[B_SIZE_BYTES]));
-    if (values == NULL || stamps == NULL || waiters == NULL || created == NULL || !PyList_CheckExact(values)
-            || !PyList_CheckExact(stamps) || !PyList_CheckExact(waiters) || SLOT(batch, bs[B_KEYS]) != Py_None
-            || SLOT(batch, bs[B_ATTRIBUTES]) != Py_None || SLOT(batch, bs[B_HEADERS]) != Py_None
-            || batch_count < 0 || batch_size < 0 || batch_size + size > self->batch_bytes
-            || (rotation != NULL && SLOT(rotation, self->rotation_slots[R_NEXT]) == NULL)) {
-        result = Py_NewRef(Py_None);  /* the future made is dropped unused */
-        goto done;
-    }
-    int negative = _PyLong_Sign(ts) < 0;
-    new_next = rotation == NULL ? Py_NewRef(Py_None) : PyLong_FromSsize_t(next + 1);
-    new_count = PyLong_FromSsize_t(batch_count + 1);
-    new_size = PyLong_FromSsize_t(batch_size + size);
-    new_buffered = PyLong_FromSsize_t(buffered + size);
-    if (new_next == NULL || new_count == NULL || new_size == NULL || new_buffered == NULL
-            || PyList_Append(values, data) < 0 || PyList_Append(stamps, negative ? created : ts) < 0
-            || PyList_Append(waiters, self->create_future == Py_None ? Py_None : waiter) < 0) {
-        goto done;
-    }
-    if (rotation != NULL) {
-        Py_SETREF(SLOT(rotation, self->rotation_slots[R_NEXT]), new_next);
-        new_next = NULL;  /* the slot owns it */
-    }
-    Py_SETREF(SLOT(batch, bs[B_COUNT]), new_count);
-    Py_SETREF(SLOT(batch, bs[B_SIZE_BYTES]), new_size);
-    new_count = new_size = NULL;  /* the slots own them now */
-    if (PyObject_SetAttr(self->producer, str_buffered, new_buffered) < 0) {
-        goto done;
-    }
-    if (batch_size + size >= self->batch_bytes) {  /* full: it leaves, as _place_plain sends it */
-        if (PyDict_DelItem(self->batches, key) < 0) {
-            goto done;
-        }
-        PyObject *sent = PyObject_CallMethodOneArg(self->producer, str_dispatch, batch);
-        if (sent == NULL) {
-            goto done;
-        }
-        Py_DECREF(sent);
-    }
-    result = Py_NewRef(waiter);
-done:
-    Py_XDECREF(waiter);
-    Py_XDECREF(new_next);
-    Py_XDECREF(new_count);
-    Py_XDECREF(new_size);
-    Py_XDECREF(new_buffered);
-    Py_XDECREF(rotation);
-    Py_DECREF(batch);
-    Py_DECREF(key);
-    return result;
-}
-
-static PyMethodDef PlainPlacer_methods[] = {
-    {"place", (PyCFunction)PlainPlacer_place, METH_O,
-     "place(message) -> its future (True for one-way), or None: not the common case, nothing changed"},
-    {NULL},
-};
-
-static PyTypeObject PlainPlacer_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "metaq._speedups.PlainPlacer",
-    .tp_doc = "PlainPlacer(producer, create_future, hot, batches, table, sticky, acks, batch_bytes, max_message_bytes,\n"
-              "max_buffered, record_prefix, batch_class, rotation_class): Producer.send_async's (create_future None:\n"
-              "send_oneway's) common case in one call: place(message). table: RoundRobinSelector.rotations, or\n"
-              "StickyRoundRobinSelector.current with sticky true.",
-    .tp_basicsize = sizeof(PlainPlacerObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_new = PlainPlacer_new,
-    .tp_dealloc = (destructor)PlainPlacer_dealloc,
-    .tp_traverse = (traverseproc)PlainPlacer_traverse,
-    .tp_clear = (inquiry)PlainPlacer_clear,
-    .tp_methods = PlainPlacer_methods,
-};
-
 static PyMethodDef module_methods[] = {
-    {"resolve_ok", (PyCFunction)(void (*)(void))resolve_ok, METH_FASTCALL,
-     "resolve_ok(waiters, start, base_id, base_offset, partition, topic, broker_id, invalid_state_error)"},
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL, NULL},
     {"bind_message", (PyCFunction)(void (*)(void))bind_message, METH_FASTCALL,
      "bind_message(Message, field_names): where BatchMessages puts each field"},
@@ -2014,24 +1496,13 @@ static struct PyModuleDef speedups_module = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (PyType_Ready(&SendResult_Type) < 0 || PyType_Ready(&BatchMessages_Type) < 0
-            || PyType_Ready(&PlainPlacer_Type) < 0) {
+    if (PyType_Ready(&SendResult_Type) < 0 || PyType_Ready(&BatchMessages_Type) < 0) {
         return NULL;
     }
-    str_tx = PyUnicode_InternFromString("_tx");
-    str_buffered = PyUnicode_InternFromString("_buffered");
-    str_dispatch = PyUnicode_InternFromString("_dispatch");
-    str_partition = PyUnicode_InternFromString("partition");
-    str_broker_id = PyUnicode_InternFromString("broker_id");
-    if (str_tx == NULL || str_buffered == NULL || str_dispatch == NULL || str_partition == NULL
-            || str_broker_id == NULL) {
-        return NULL;
-    }
-    str_set_result = PyUnicode_InternFromString("set_result");
     minus_one = PyLong_FromLong(-1);
     zero = PyLong_FromLong(0);
     empty_str = PyUnicode_FromString("");
-    if (str_set_result == NULL || minus_one == NULL || zero == NULL || empty_str == NULL) {
+    if (minus_one == NULL || zero == NULL || empty_str == NULL) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&speedups_module);
@@ -2039,8 +1510,7 @@ PyInit__speedups(void)
         return NULL;
     }
     if (PyModule_AddObjectRef(m, "SendResult", (PyObject *)&SendResult_Type) < 0
-            || PyModule_AddObjectRef(m, "BatchMessages", (PyObject *)&BatchMessages_Type) < 0
-            || PyModule_AddObjectRef(m, "PlainPlacer", (PyObject *)&PlainPlacer_Type) < 0) {
+            || PyModule_AddObjectRef(m, "BatchMessages", (PyObject *)&BatchMessages_Type) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,7 +1,6 @@
 # The compiled helpers of src/metaq/_speedups.c. SendResult mirrors metaq.types._PySendResult (the dataclass).
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
 
 from metaq.protocol.records import BatchHeader
 from metaq.types import Message, PartitionId
@@ -21,8 +20,6 @@ class SendResult:
     @property
     def message_id_hex(self) -> str: ...
 
-def resolve_ok(waiters: list[Any], start: int, base_id: int, base_offset: int, partition: int, topic: str,
-               broker_id: int, invalid_state_error: type[BaseException], /) -> None: ...
 def bind(partition_id: type[PartitionId], format_message_id: Callable[[int], str], dataclass: type, /) -> None: ...
 
 class BatchMessages:
@@ -45,12 +42,3 @@ def validate_plain(batch: bytes | bytearray | memoryview, max_message_bytes: int
                    ) -> BatchHeader | None: ...
 def stamp_prefix(header: BatchHeader, base_offset: int, base_message_id: int, append_time_ms: int, /
                  ) -> bytes | None: ...
-
-class PlainPlacer:
-    """Producer.send_async's (``create_future`` None: send_oneway's) common case in one call; ``place`` returns the
-    message's future (True for one-way), or None having changed nothing."""
-    def __new__(cls, producer: Any, create_future: Callable[[], Any] | None, hot: dict[str, Any],
-                batches: dict[Any, Any], table: dict[str, Any], sticky: bool, acks: int, batch_bytes: int,
-                max_message_bytes: int, max_buffered: int, record_prefix: int, batch_class: type,
-                rotation_class: type, /) -> PlainPlacer: ...
-    def place(self, message: Message, /) -> Any: ...

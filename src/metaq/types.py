@@ -272,10 +272,8 @@ class SendResult:
     ``broker_id`` and ``partition`` say where the message was stored (``partition_id`` together).
     """
 
-    # The producer's resolving pass (metaq.client.producer._resolve_ok_pass) builds the successes of a batch
-    # without __init__, assigning every slot itself: a new field must be assigned there as well
-    # (tests/integration/test_send_results.py fails until it is), and in the compiled SendResult
-    # (src/metaq/_speedups.c, below: tests/unit/test_send_result_impl.py fails until it is).
+    # A new field must be added to the compiled SendResult too (src/metaq/_speedups.c, below:
+    # tests/unit/test_send_result_impl.py fails until it is).
 
     success: bool
     message_id: MessageId = -1
@@ -330,10 +328,6 @@ packs it in Python."""
 BIND_BATCH_HEADER: Any = None
 """metaq._speedups.bind_batch_header, or None."""
 
-PLAIN_PLACER: Any = None
-"""The producer's compiled placement of a plain message (metaq._speedups.PlainPlacer, which reads Message's slots
-where BatchMessages writes them), or None: send_async and send_oneway run their Python code for every message."""
-
 if not TYPE_CHECKING and not os.environ.get("METAQ_NO_SPEEDUPS"):
     # The compiled SendResult behaves as the dataclass above (same attributes, equality, repr, properties,
     # pickling, dataclasses helpers: tests/unit/test_send_result_impl.py runs both), but the cyclic GC does
@@ -361,7 +355,6 @@ if not TYPE_CHECKING and not os.environ.get("METAQ_NO_SPEEDUPS"):
             pass
         else:
             BATCH_MESSAGES = _speedups.BatchMessages
-            PLAIN_PLACER = _speedups.PlainPlacer
             # Message(...) itself: the instance built in C as the dataclass __init__ builds it (every producer
             # makes one per send); refused, nothing changed, if __init__'s parameters are not the fields.
             try:

@@ -1,11 +1,14 @@
 """Routing around a broker that cannot be reached, with standalone brokers (every broker in ``servers``):
-round robin moves what was certainly not stored to the other broker, key hash reports the failure,
-a closed partition is left out, and a broker that comes back is produced to again."""
+round robin moves what was certainly not stored to the other broker; key hash keeps every key on its
+partition (the broker's partitions stay in the key space while it is down), so its sends there wait for
+the broker and fail at their deadline; a closed partition is left out, and a broker that comes back is
+produced to again."""
 
 from __future__ import annotations
 
 from metaq.client import KeyHashSelector, Message, RandomSelector, connect
-from metaq.errors import ConnectionClosedError
+from metaq.client.selectors import key_hash
+from metaq.errors import ConnectionClosedError, DeliveryTimeoutError
 from metaq.testing import BrokerProcess, wait_until
 
 
@@ -29,13 +32,20 @@ def test_round_robin_goes_around_a_stopped_broker_and_key_hash_reports_it(
         # Moved once, then left out: the stopped broker is not tried again for every batch.
         assert 1 <= producer.rerouted_batches <= 3, producer.rerouted_batches
 
-        keyed = session.create_producer(KeyHashSelector())
-        outcome = [keyed.send(Message("r", b"k", key=b"key-%d" % i)) for i in range(20)]
+        keys = [b"key-%d" % i for i in range(20)]
+        home = {k: [1, 1, 2, 2][key_hash(k) % 4] for k in keys}  # 1-0, 1-1, 2-0, 2-1 (the key space)
+        keyed = session.create_producer(KeyHashSelector(), delivery_timeout_ms=1500)
+        outcome = [f.result(30) for f in [keyed.send_async(Message("r", b"k", key=k)) for k in keys]]
         failed = [r for r in outcome if not r.success]
-        assert failed and all(isinstance(r.error, ConnectionClosedError) and r.broker_id == 2 for r in failed)
-        assert all(r.broker_id == 1 for r in outcome if r.success)
+        assert failed and all(isinstance(r.error, DeliveryTimeoutError) and not r.error.maybe_stored
+                              and isinstance(r.error.cause, ConnectionClosedError) and r.broker_id == 2
+                              for r in failed), [r.error for r in failed][:3]
+        assert [r.broker_id for r in outcome] == [home[k] for k in keys]  # no key moved
 
+        patient = session.create_producer(KeyHashSelector())  # the default deadline: it waits for the broker
+        waiting = [patient.send_async(Message("r", b"w", key=k)) for k in keys if home[k] == 2]
         b2.start()
+        assert all(f.result(60).success and f.result().broker_id == 2 for f in waiting)
         wait_until(lambda: producer.send(Message("r", b"y")).broker_id == 2, 10,
                    message="round robin to take the restarted broker back")
 

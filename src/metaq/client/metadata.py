@@ -44,13 +44,24 @@ class Partition(PartitionId):
 class TopicMetadata:
     topic: str
     partitions: tuple[Partition, ...]
-    """Sorted by (broker id, partition); empty when the topic is unknown."""
+    """Sorted by (broker id, partition); empty when the topic is unknown. Only partitions whose broker answers
+    for them now (in cluster mode: whose broker id has a registered master)."""
     error: BrokerError | None
     fetched_at: float
+    registered: tuple[Partition, ...] | None = None
+    """The key space when it is more than :attr:`partitions` (see :attr:`key_space`); None when it is the same."""
 
     @property
     def publishable(self) -> tuple[Partition, ...]:
         return tuple(p for p in self.partitions if p.accept_publish)
+
+    @property
+    def key_space(self) -> tuple[Partition, ...]:
+        """Every partition registered for the topic, reachable now or not: :attr:`partitions`, plus those of
+        broker ids that held the topic when last seen and have not answered since (a master down, a broker that
+        cannot be reached). What a key hash maps over: a key keeps its partition while the topic's partition
+        count is unchanged (docs/producer.md, "the key space")."""
+        return self.partitions if self.registered is None else self.registered
 
     def find(self, partition: PartitionKey) -> Partition | None:
         """The partition named by a PartitionId, its text ``"1-3"``, or a bare number; None if the topic
@@ -136,20 +147,43 @@ class MetadataCache:
         answer what the change that invalidated it replaced (Metadata._refresh asks again then)."""
         self.listeners = ChangeListeners()
         """Told after every update and invalidation (a producer's partitions cached between sends are dropped)."""
+        self._registered: dict[str, dict[int, tuple[Partition, ...]]] = {}
+        """Per topic, each broker id's partitions as last reported: the key space (:attr:`TopicMetadata.key_space`).
+        A broker id is forgotten for a topic only when an answer names that broker alive without the topic."""
+
+    def _key_space(self, topic: str, parts: tuple[Partition, ...], live: set[int]) -> tuple[Partition, ...] | None:
+        """The topic's key space after an answer reporting ``parts`` with ``live`` the brokers it names; None when
+        it is ``parts`` itself."""
+        known = self._registered.get(topic)
+        by_broker: dict[int, list[Partition]] = {}
+        for p in parts:
+            by_broker.setdefault(p.broker_id, []).append(p)
+        if known is None:
+            if not parts:
+                return None
+            known = self._registered[topic] = {}
+        for broker_id in [b for b in known if b not in by_broker and b in live]:
+            del known[broker_id]  # it answers, and no longer has the topic
+        known.update((b, tuple(ps)) for b, ps in by_broker.items())
+        if known.keys() == by_broker.keys():
+            return None
+        return tuple(sorted(p for ps in known.values() for p in ps))
 
     def update(self, response: MetadataResponse, asked: Iterable[str] | None = None) -> dict[str, TopicMetadata]:
         now = self._clock()
         for b in response.brokers:
             self.brokers[b.broker_id] = (b.host, b.port)
+        live = {b.broker_id for b in response.brokers}
         got: dict[str, TopicMetadata] = {}
         for t in response.topics:
             error = error_for_code(t.error_code, f"topic {t.name!r}") if t.error_code else None
             parts = tuple(sorted(Partition(p.broker_id, p.partition, p.accept_publish, p.accept_subscribe)
                                  for p in t.partitions if p.error_code == 0))
-            got[t.name] = TopicMetadata(t.name, parts, error, now)
+            got[t.name] = TopicMetadata(t.name, parts, error, now, self._key_space(t.name, parts, live))
         for name in asked or ():
             if name not in got:
-                got[name] = TopicMetadata(name, (), UnknownTopicError(f"topic {name!r} is not on any broker"), now)
+                got[name] = TopicMetadata(name, (), UnknownTopicError(f"topic {name!r} is not on any broker"), now,
+                                          self._key_space(name, (), live))
         if asked is None:
             # A full listing: topics it no longer names are gone.
             self.topics = got

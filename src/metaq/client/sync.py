@@ -32,7 +32,7 @@ from metaq.client.metadata import Partition
 from metaq.client.producer import BatchSendResult, Producer
 from metaq.client.selectors import PartitionSelector
 from metaq.client.session import MessageSessionFactory
-from metaq.client.transaction import TransactionChecker, TransactionResult, Xid
+from metaq.client.transaction import TransactionChecker, TransactionError, TransactionResult, Xid
 from metaq.errors import InvalidArgument
 from metaq.protocol.records import MessageBatch
 from metaq.types import Message, MessageId, PartitionKey, SendResult
@@ -117,7 +117,10 @@ class SyncProducer:
 
     def send_async(self, message: Message, callback: Callable[[SendResult], object] | None = None
                    ) -> concurrent.futures.Future[SendResult]:
-        """The future completes with the SendResult; ``callback(result)`` runs on the client thread."""
+        """The future completes with the SendResult; ``callback(result)`` runs on the client thread. Refused
+        inside a transaction (TransactionError), as the asyncio producer's: use send there."""
+        if self.producer.in_transaction:
+            raise TransactionError("send_async cannot be used inside a transaction: use send (docs/transactions.md)")
         fut = self._lt.submit(self.producer.send(message))
         if callback is not None:
             fut.add_done_callback(lambda f: None if f.cancelled() or f.exception() else callback(f.result()))
@@ -141,14 +144,19 @@ class SyncProducer:
             raise
         self.commit()
 
-    def begin_transaction(self, timeout_s: float | None = None, producer_group: str = "") -> None:
-        self._lt.run(self.producer.begin_transaction(timeout_s, producer_group))
+    def begin_transaction(self, timeout_s: float | None = None, producer_group: str = "") -> str:
+        """Returns the transaction's id."""
+        return self._lt.run(self.producer.begin_transaction(timeout_s, producer_group))
 
     def commit(self) -> TransactionResult:
         return self._lt.run(self.producer.commit())
 
     def rollback(self) -> None:
         self._lt.run(self.producer.rollback())
+
+    def transaction_status(self, transaction_id: str, broker_id: int | None = None) -> str:
+        """How a transaction ended, as its broker tells (see Producer.transaction_status)."""
+        return self._lt.run(self.producer.transaction_status(transaction_id, broker_id))
 
     # half messages (docs/transactions.md)
     def send_in_transaction(self, message: Message, execute: Callable[..., Any], producer_group: str,
