@@ -1,4 +1,5 @@
-"""A TCP proxy on loopback that loses replies: the broker did the work, the client never hears of it.
+"""TCP proxies on loopback for fault tests: one loses replies (the broker did the work, the client never hears
+of it), one cuts a connection path on demand (a broker cut from ZooKeeper).
 
 The classic cause of duplicates: a produce is appended, its answer is lost with the connection, the
 producer sends it again. :class:`ReplyDroppingProxy` forwards every byte from the client to the broker,
@@ -99,3 +100,86 @@ def _close(s: socket.socket) -> None:
     except OSError:
         pass
     s.close()
+
+
+class CuttableProxy:
+    """A TCP proxy on loopback that can cut its traffic: :meth:`cut` closes every connection through it and
+    refuses new ones until :meth:`restore`. Put between a broker and ZooKeeper, it cuts that broker alone from
+    ZooKeeper while its clients still reach it (its session then expires, as on a network partition)."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._cut = threading.Event()
+        self._sockets: set[socket.socket] = set()
+        self._thread = threading.Thread(target=self._accept, name="cuttable-proxy", daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> CuttableProxy:
+        self._thread.start()
+        return self
+
+    def cut(self) -> None:
+        """Close every connection through the proxy now, and refuse new ones."""
+        self._cut.set()
+        with self._lock:
+            for s in list(self._sockets):
+                _close(s)
+            self._sockets.clear()
+
+    def restore(self) -> None:
+        self._cut.clear()
+
+    def close(self) -> None:
+        self._closed.set()
+        self.cut()
+        self._listener.close()
+        self._thread.join(5)
+
+    def __enter__(self) -> CuttableProxy:
+        return self.start()
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if self._cut.is_set():
+                _close(client)
+                continue
+            try:
+                upstream = socket.create_connection(self.upstream, timeout=5)
+            except OSError:
+                _close(client)
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._sockets.update((client, upstream))
+            for source, target in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, target), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, target: socket.socket) -> None:
+        try:
+            while True:
+                data = source.recv(1 << 16)
+                if not data or self._cut.is_set():
+                    break
+                target.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, target):
+                _close(s)
+            with self._lock:
+                self._sockets.discard(source)
+                self._sockets.discard(target)
