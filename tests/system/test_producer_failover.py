@@ -99,31 +99,46 @@ def group(broker_factory: Callable[..., BrokerProcess], zookeeper: Any, zk_root:
         g.close()
 
 
+RATE = 1500.0
+"""Messages a second per producer: paced, with a window far larger than a fault's worth of sends, so that sends
+go on while the old master holds earlier ones (a producer fed by requests does not stop because acks are late)."""
+WINDOW = 50_000
+
+
 def start_loads(zookeeper: Any, zk_root: str) -> dict[str, ProduceLoad]:
     session = {"zk_connect": zookeeper.connect_string, "zk_root": zk_root}
+    common: dict[str, Any] = {"window": WINDOW, "time_limit_s": 150.0, "rate": RATE}
     return {
-        "default": ProduceLoad(session, TOPIC, window=100, time_limit_s=150.0, prefix=b"d").start(),
-        "idempotent": ProduceLoad(session, TOPIC, window=100, time_limit_s=150.0, prefix=b"i",
-                                  producer_config={"enable_idempotence": True}).start(),
-        "keyed": ProduceLoad(session, TOPIC, window=100, time_limit_s=150.0, prefix=b"k", key=key_of,
-                             selector=KeyHashSelector).start(),
+        "default": ProduceLoad(session, TOPIC, prefix=b"d", **common).start(),
+        "idempotent": ProduceLoad(session, TOPIC, prefix=b"i", producer_config={"enable_idempotence": True},
+                                  **common).start(),
+        "keyed": ProduceLoad(session, TOPIC, prefix=b"k", key=key_of, selector=KeyHashSelector, **common).start(),
     }
+
+
+def sent_on(loads: dict[str, ProduceLoad], more: int) -> None:
+    """Wait until every load has sent ``more`` messages since now (the fault goes on meanwhile)."""
+    at = {name: load.sent for name, load in loads.items()}
+    wait_until(lambda: all(load.sent >= at[name] + more for name, load in loads.items()), 60, 0.01,
+               f"every producer to send {more} more messages")
 
 
 def acked(loads: dict[str, ProduceLoad]) -> int:
     return min(len(load.acked) for load in loads.values())
 
 
-def pause_past_session(group: Group, zk: Any, master: int, epoch: int) -> None:
-    """SIGSTOP the master until a slave has taken over (its session expired), then SIGCONT it."""
+def pause_past_session(group: Group, zk: Any, master: int, epoch: int, loads: dict[str, ProduceLoad]) -> None:
+    """SIGSTOP the master until a slave has taken over (its session expired) and the producers have sent more
+    since (they would go to the new master), then SIGCONT it: it refuses what it held (NOT_MASTER)."""
     group.procs[master].signal(signal.SIGSTOP)
     try:
         wait_new_master(zk, group.zk_root, epoch)
+        sent_on(loads, 1000)
     finally:
         group.procs[master].signal(signal.SIGCONT)
 
 
-def kill_9(group: Group, zk: Any, master: int, epoch: int) -> None:
+def kill_9(group: Group, zk: Any, master: int, epoch: int, loads: dict[str, ProduceLoad]) -> None:
     group.procs[master].kill()
     wait_new_master(zk, group.zk_root, epoch)
     proc = group.procs[master]
@@ -131,23 +146,25 @@ def kill_9(group: Group, zk: Any, master: int, epoch: int) -> None:
     proc.start()  # the old master returns as a slave
 
 
-def cut_from_zookeeper(group: Group, zk: Any, master: int, epoch: int) -> None:
-    """Cut the master from ZooKeeper alone (its clients still reach it) until a slave has taken over."""
+def cut_from_zookeeper(group: Group, zk: Any, master: int, epoch: int, loads: dict[str, ProduceLoad]) -> None:
+    """Cut the master from ZooKeeper alone (its clients still reach it) until a slave has taken over and the
+    producers have sent more since."""
     group.proxies[master].cut()
     try:
         wait_new_master(zk, group.zk_root, epoch)
+        sent_on(loads, 1000)
     finally:
         group.proxies[master].restore()
 
 
-def promote(group: Group, zk: Any, master: int, epoch: int) -> None:
+def promote(group: Group, zk: Any, master: int, epoch: int, loads: dict[str, ProduceLoad]) -> None:
     target = next(r for r in (1, 2, 0) if r != master)
     with connect(zk_connect=group.zk_connect, zk_root=group.zk_root) as session:
         assert session.admin().promote(broker_id=1, replica_id=target)[0] == target
     wait_new_master(zk, group.zk_root, epoch)
 
 
-FAULTS: dict[str, Callable[[Group, Any, int, int], None]] = {
+FAULTS: dict[str, Callable[[Group, Any, int, int, dict[str, ProduceLoad]], None]] = {
     "pause": pause_past_session, "kill-9": kill_9, "zookeeper-cut": cut_from_zookeeper, "promote": promote}
 
 
@@ -163,9 +180,9 @@ def test_producers_keep_send_order_and_lose_nothing_through_a_failover(
         assert state is not None
         before = {name: len(load.acked) for name, load in loads.items()}
         started = time.monotonic()
-        FAULTS[fault](group, zk_client, state["master"], state["epoch"])
+        FAULTS[fault](group, zk_client, state["master"], state["epoch"], loads)
         timings["taken over"] = time.monotonic() - started
-        wait_until(lambda: all(len(load.acked) > before[n] + 500 for n, load in loads.items()), 60, 0.01,
+        wait_until(lambda: all(len(load.acked) > before[n] + 3000 for n, load in loads.items()), 90, 0.01,
                    "every producer to be acknowledged again")
         timings["producing again"] = time.monotonic() - started
     finally:

@@ -60,7 +60,8 @@ class TopicMetadata:
         """Every partition registered for the topic, reachable now or not: :attr:`partitions`, plus those of
         broker ids that held the topic when last seen and have not answered since (a master down, a broker that
         cannot be reached). What a key hash maps over: a key keeps its partition while the topic's partition
-        count is unchanged (docs/producer.md, "the key space")."""
+        count is unchanged (docs/producer.md, "the key space"). A topic removed from a broker stays in it for the
+        session's life: its keyed sends there wait and fail at their deadline rather than move."""
         return self.partitions if self.registered is None else self.registered
 
     def find(self, partition: PartitionKey) -> Partition | None:
@@ -148,12 +149,16 @@ class MetadataCache:
         self.listeners = ChangeListeners()
         """Told after every update and invalidation (a producer's partitions cached between sends are dropped)."""
         self._registered: dict[str, dict[int, tuple[Partition, ...]]] = {}
-        """Per topic, each broker id's partitions as last reported: the key space (:attr:`TopicMetadata.key_space`).
-        A broker id is forgotten for a topic only when an answer names that broker alive without the topic."""
+        """Per topic, each broker id's partitions as last reported: the key space (:attr:`TopicMetadata.key_space`),
+        kept for the session's life (a new session sees a topic removed from a broker)."""
 
-    def _key_space(self, topic: str, parts: tuple[Partition, ...], live: set[int]) -> tuple[Partition, ...] | None:
-        """The topic's key space after an answer reporting ``parts`` with ``live`` the brokers it names; None when
-        it is ``parts`` itself."""
+    def _key_space(self, topic: str, parts: tuple[Partition, ...]) -> tuple[Partition, ...] | None:
+        """The topic's key space after an answer reporting ``parts``; None when it is ``parts`` itself.
+
+        A broker id the answer does not report the topic for keeps its partitions: its master may be down, or
+        being handed over (the old master's topic node gone, the new one's not there yet), and ZooKeeper's view
+        of a handover is the same as of a topic removed there. A broker id that reports the topic replaces its
+        count (an admin grew or shrank it)."""
         known = self._registered.get(topic)
         by_broker: dict[int, list[Partition]] = {}
         for p in parts:
@@ -162,8 +167,6 @@ class MetadataCache:
             if not parts:
                 return None
             known = self._registered[topic] = {}
-        for broker_id in [b for b in known if b not in by_broker and b in live]:
-            del known[broker_id]  # it answers, and no longer has the topic
         known.update((b, tuple(ps)) for b, ps in by_broker.items())
         if known.keys() == by_broker.keys():
             return None
@@ -173,17 +176,16 @@ class MetadataCache:
         now = self._clock()
         for b in response.brokers:
             self.brokers[b.broker_id] = (b.host, b.port)
-        live = {b.broker_id for b in response.brokers}
         got: dict[str, TopicMetadata] = {}
         for t in response.topics:
             error = error_for_code(t.error_code, f"topic {t.name!r}") if t.error_code else None
             parts = tuple(sorted(Partition(p.broker_id, p.partition, p.accept_publish, p.accept_subscribe)
                                  for p in t.partitions if p.error_code == 0))
-            got[t.name] = TopicMetadata(t.name, parts, error, now, self._key_space(t.name, parts, live))
+            got[t.name] = TopicMetadata(t.name, parts, error, now, self._key_space(t.name, parts))
         for name in asked or ():
             if name not in got:
                 got[name] = TopicMetadata(name, (), UnknownTopicError(f"topic {name!r} is not on any broker"), now,
-                                          self._key_space(name, (), live))
+                                          self._key_space(name, ()))
         if asked is None:
             # A full listing: topics it no longer names are gone.
             self.topics = got

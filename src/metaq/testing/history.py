@@ -57,6 +57,9 @@ class ProduceLoad:
     time_limit_s: float = 120.0
     window: int = 400
     prefix: bytes = b"m"
+    rate: float | None = None
+    """Messages a second at most (paced every 10 ms), or None: as fast as the window allows. A paced load keeps
+    sending while earlier sends wait (a paused broker holds them), as an application fed by requests does."""
     producer_config: dict[str, Any] = field(default_factory=dict)
     """ProducerConfig options of the load's producer (``enable_idempotence``, ``retries`` ...)."""
     acked: dict[bytes, Ack] = field(default_factory=dict)
@@ -107,7 +110,11 @@ class ProduceLoad:
             producer = session.create_producer(selector, **self.producer_config)
             pending: set[asyncio.Future[SendResult]] = set()
             n = 0
+            started = time.monotonic()
             while not self._stop.is_set() and n < self.limit and time.monotonic() < deadline:
+                if self.rate is not None and n >= (time.monotonic() - started) * self.rate:
+                    await asyncio.sleep(0.01)  # pacing the load, not waiting for anything
+                    continue
                 data = self.prefix + b"%09d" % n
                 fut = producer.send_async(Message(self.topic, data, key=self.key(n)))
                 n += 1
