@@ -46,6 +46,9 @@ REFUSED_BEFORE_APPEND: tuple[type[BaseException], ...] = (
 BROKER_UNAVAILABLE: tuple[type[BaseException], ...] = (BrokerStoppingError, UnknownServerError)
 """Reply errors that make the whole broker avoided (the others only the partition)."""
 
+BROKER_WIDE: tuple[type[BaseException], ...] = (BrokerStoppingError, NotEnoughReplicasError, NotMasterError)
+"""Refusals that hold for every partition of the broker: a batch refused so moves only to another broker."""
+
 P = TypeVar("P", bound=PartitionId)
 _NEVER = float("inf")
 

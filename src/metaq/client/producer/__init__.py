@@ -2,7 +2,8 @@
 
 One job per module: ``producer`` the public API, ``placement`` which partition and the one place where a
 message joins a batch, ``batches`` the batches and the accumulator, ``lanes`` the per-partition order rule,
-``sender`` writing, ``outcomes`` what a batch's outcome does, ``results`` the result types, ``transactions`` the transaction facade.
+``sender`` writing, ``outcomes`` what a batch's outcome does, ``results`` the result types, ``transactions``
+the transaction facade.
 """
 
 from metaq.client.producer.producer import Producer, SendCallback

@@ -22,7 +22,7 @@ from metaq.client.metadata import Partition
 from metaq.client.producer.batches import BatchKey, BufferLimit, ProducerBatch
 from metaq.client.producer.lanes import Lane
 from metaq.client.producer.results import BatchChunk, ManyTable, resolve_batch
-from metaq.client.routing import BROKER_UNAVAILABLE, REFUSED_BEFORE_APPEND, maybe_stored, not_stored
+from metaq.client.routing import BROKER_UNAVAILABLE, BROKER_WIDE, REFUSED_BEFORE_APPEND, maybe_stored, not_stored
 from metaq.errors import (
     BrokerError,
     ConnectionClosedError,
@@ -261,7 +261,9 @@ class Outcomes:
             return None
         tried = (*batch.tried, (batch.broker_id, batch.partition))
         usable = self._core.unavailable.usable(batch.topic, tm.partitions)
-        candidates = tuple(p for p in usable if p.accept_publish and (p.broker_id, p.partition) not in tried)
+        elsewhere = isinstance(exc, BROKER_WIDE)  # the broker refuses every partition of its: another broker only
+        candidates = tuple(p for p in usable if p.accept_publish and (p.broker_id, p.partition) not in tried
+                           and not (elsewhere and p.broker_id == batch.broker_id))
         if not candidates:
             return None
         try:
