@@ -74,6 +74,7 @@ def test_a_message_sent_one_per_iteration_finds_its_topic_kept(monkeypatch: pyte
         send(producer, 3)  # the topic's first send looks its partitions up; each partition's first batch leaves
         await next_iteration()
         send(producer, 3)  # the next ones linger (their partitions are busy): a batch open at each partition
+        await next_iteration()
         assert len(producer._placement.acc.batches) == 3 and "t" in producer._placement.hot
         looked_up: list[str] = []
         cached = core.metadata.cached
@@ -81,6 +82,7 @@ def test_a_message_sent_one_per_iteration_finds_its_topic_kept(monkeypatch: pyte
         for _ in range(6):  # one message an iteration, as a request handler sends
             await next_iteration()
             send(producer)
+        await next_iteration()
         assert looked_up == []  # within HOT_KEEP_S nothing changed: no lookup
         assert sorted(b.count for b in producer._placement.acc.batches.values()) == [3, 3, 3] and len(sent) == 3
 

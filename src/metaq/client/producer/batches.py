@@ -18,6 +18,7 @@ A batch is sealed (taken out to be sent)
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -162,12 +163,17 @@ class ProducerBatch:
         self.count = i + 1
         self.size_bytes += size
 
-    def extend(self, values: Sequence[bytes], timestamps: Sequence[int], waiters: Sequence[Any], size: int) -> None:
-        """Append a run of plain records (no key, attribute or headers; this batch has none either)."""
+    def extend(self, values: Sequence[bytes], timestamps: Sequence[int] | None, waiters: Sequence[Any],
+               size: int) -> None:
+        """Append a run of plain records (no key, attribute or headers; this batch has none either) of ``size``
+        bytes; ``timestamps`` None: each takes the batch's creation time, as a negative one does."""
         assert self.keys is None and self.attributes is None and self.headers is None
         created = self.created_ms
         self.values.extend(values)
-        self.timestamps.extend([t if t >= 0 else created for t in timestamps])
+        if timestamps is None:
+            self.timestamps.extend(itertools.repeat(created, len(values)))
+        else:
+            self.timestamps.extend([t if t >= 0 else created for t in timestamps])
         self.waiters.extend(waiters)
         self.count += len(values)
         self.size_bytes += size

@@ -20,6 +20,7 @@ import asyncio
 import bisect
 import contextlib
 import itertools
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,9 +31,14 @@ from metaq.client.metadata import Partition, TopicMetadata
 from metaq.client.producer.batches import Accumulator, BatchKey, BufferLimit, ProducerBatch
 from metaq.client.producer.results import ManyTable, resolve_one
 from metaq.client.producer.sender import Sender
+from metaq.client.selectors import RoundRobinSelector
 from metaq.errors import DeliveryTimeoutError, InvalidArgument, MetaqError, PartitionClosedError
 from metaq.protocol.messages import ANY_PARTITION
+from metaq.protocol.records import RECORD_PREFIX_BYTES
 from metaq.types import Message, SendResult
+
+_DATA = operator.attrgetter("data")
+_TIMESTAMP = operator.attrgetter("timestamp_ms")
 
 HOT_KEEP_S = 0.1
 """How long a topic's partitions stay kept between sends when nothing changes: a message sent one per event-loop
@@ -76,6 +82,16 @@ class Placement:
         self._releasing_held = False
         """While :meth:`_await_open` routes the messages it held: a refusal is their result, not a new wait."""
         self.closing = False
+        self.defers = type(selector) is RoundRobinSelector
+        """The default round robin: a plain message of a kept topic is placed with the others of its event-loop
+        step, at the step's end (:meth:`defer`)."""
+        self._deferred: list[Message] = []
+        """Plain messages of send_async sent in this event-loop step (their futures in _deferred_futures)."""
+        self._deferred_futures: list[Any] = []
+        self._deferred_oneway: list[Message] = []
+        """Likewise for one-way sends (no waiter)."""
+        self._deferred_bytes = 0
+        self._deferring = False
         sender.on_idle = self._idle
         core.metadata.cache.listeners.add(self.end_hot)
         core.unavailable.listeners.add(self.end_hot)
@@ -93,7 +109,8 @@ class Placement:
 
     @property
     def waiting_topics(self) -> int:
-        return sum(1 for held in self._waiting.values() if held)
+        """Topics whose messages wait to join a batch (messages deferred to the end of this step count as one)."""
+        return sum(1 for held in self._waiting.values() if held) + self._deferring
 
     # -- where a message goes ----------------------------------------------------------------------
 
@@ -126,6 +143,65 @@ class Placement:
                 self._sender.dispatch(acc.batches.pop(key))
             return
         self.join(message, key, partitions, waiter, size, None)
+
+    def defer(self, message: Message, future: Any, size: int) -> None:
+        """A plain message of a kept topic under the round robin (``future`` None: one-way): placed at the end of
+        this event-loop step with the others sent in it, a partition's share at a time (:meth:`join_many`), to the
+        partitions the round robin gives them one by one. Its bytes count from now. Any other send, a flush or a
+        send_batch places the deferred messages first, so the order of sends holds."""
+        if not self._deferring:
+            self._deferring = True
+            self._loop.call_soon(self.place_deferred)
+        if future is None:
+            self._deferred_oneway.append(message)
+        else:
+            self._deferred.append(message)
+            self._deferred_futures.append(future)
+        self._deferred_bytes += size
+        self._buffer.used += size
+
+    def place_deferred(self) -> None:
+        """Place the deferred messages, in send order (runs of one topic)."""
+        if not self._deferring:
+            return
+        self._deferring = False
+        msgs, futures, oneway = self._deferred, self._deferred_futures, self._deferred_oneway
+        self._deferred, self._deferred_futures, self._deferred_oneway = [], [], []
+        self._buffer.used -= self._deferred_bytes  # counted again as they join their batches
+        self._deferred_bytes = 0
+        with self._sender.gathering():
+            if msgs:
+                self._place_runs(msgs, futures, self.config.acks)
+            if oneway:
+                self._place_runs(oneway, [None] * len(oneway), 0)
+            if self._timer is not None and self._timer_when <= self._loop.time():
+                self._timer.cancel()  # batches due now (an idle partition's) leave in this step, not the next
+                self._on_timer()
+
+    def _place_runs(self, msgs: list[Message], waiters: list[Any], acks: int) -> None:
+        first = msgs[0].topic
+        if msgs[-1].topic == first and all(m.topic == first for m in msgs):
+            self._place_run(first, acks, msgs, waiters)
+            return
+        start, n = 0, len(msgs)
+        while start < n:
+            topic = msgs[start].topic
+            end = start + 1
+            while end < n and msgs[end].topic == topic:
+                end += 1
+            self._place_run(topic, acks, msgs[start:end], waiters[start:end])
+            start = end
+
+    def _place_run(self, topic: str, acks: int, msgs: list[Message], waiters: list[Any]) -> None:
+        partitions = self.hot.get(topic)
+        if partitions is not None and topic not in self._waiting:
+            try:
+                self.join_many(topic, partitions, msgs, waiters, acks)
+                return
+            except PartitionClosedError:  # every partition closed: nothing placed; each is held below
+                pass
+        for message, waiter in zip(msgs, waiters, strict=True):
+            self.place(message, waiter, RECORD_PREFIX_BYTES + len(message.data), acks)
 
     def _lookup(self, message: Message, waiter: Any, size: int, acks: int) -> Sequence[Partition] | None:
         """The partitions a topic's message chooses from, kept for the next sends; None when the message waits
@@ -246,42 +322,54 @@ class Placement:
         if opened is not None and (self._timer is None or opened.due_s < self._timer_when):
             self._arm(opened.due_s)
 
-    def join_many(self, topic: str, partitions: Sequence[Partition], msgs: Sequence[Message], sizes: list[int],
-                  tokens: range) -> None:
-        """Plain messages of one topic, placed as the round robin would place them one by one: message ``j`` to
-        candidate ``(first + j) % k``; each partition's share joins its open batch a run at a time
-        (:meth:`ProducerBatch.extend`), a batch that fills leaving as in :meth:`join`."""
+    def join_many(self, topic: str, partitions: Sequence[Partition], msgs: Sequence[Message],
+                  waiters: Sequence[Any], acks: int) -> None:
+        """Plain messages of one topic (bytes data, no key, attribute, headers or delay), placed as the round robin
+        would place them one by one: message ``j`` to candidate ``(first + j) % k``. Each partition's share joins
+        its open batch a run at a time (:meth:`ProducerBatch.extend`: list slices, no call per message), a batch
+        that fills leaving as in :meth:`join`. PartitionClosedError (every partition closed): nothing placed."""
         count = len(msgs)
         candidates, first = self.selector.reserve(topic, partitions, count)
         k = len(candidates)
-        acc, acks = self.acc, self.config.acks
+        datas = list(map(_DATA, msgs))
+        given: list[int] = list(map(_TIMESTAMP, msgs))
+        stamps = given if max(given) >= 0 else None  # usually none: every record takes its batch's creation time
+        acc, dispatch = self.acc, self._sender.dispatch
+        limit, prefix = acc.batch_bytes, RECORD_PREFIX_BYTES
         for r in range(min(k, count)):
             p = candidates[(first + r) % k]
             key: BatchKey = (topic, p.partition, p.broker_id, acks)
-            sub = msgs[r::k]
-            sub_sizes = sizes[r::k]
-            sub_tokens = tokens[r::k]
-            ends = list(itertools.accumulate(sub_sizes))  # ends[i]: bytes of sub[0..i]
+            sub = datas[r::k] if k > 1 else datas
+            sub_waiters = waiters[r::k] if k > 1 else waiters
+            sub_stamps = None if stamps is None else stamps[r::k]
+            ends = list(itertools.accumulate(map(prefix.__add__, map(len, sub))))  # ends[i]: bytes of sub[..i]
             i, n = 0, len(sub)
             while i < n:
                 batch = acc.batches.get(key)
                 if batch is None or not batch.plain:
                     if batch is not None:  # not plain: it leaves first, in order
-                        self._sender.dispatch(acc.batches.pop(key))
-                    self.join(sub[i], key, partitions, sub_tokens[i], sub_sizes[i], None)  # opens a batch
-                    i += 1
-                    continue
+                        dispatch(acc.batches.pop(key))
+                    batch = self._open(key)
                 before = ends[i - 1] if i else 0
-                j = bisect.bisect_right(ends, before + acc.batch_bytes - batch.size_bytes, i)
-                if j == i:  # full for the next message: it leaves, the next round opens a new one
-                    self._sender.dispatch(acc.batches.pop(key))
-                    continue
+                j = bisect.bisect_right(ends, before + limit - batch.size_bytes, i)
+                if j == i:
+                    if batch.count:  # full for the next message: it leaves, and a new one opens
+                        dispatch(acc.batches.pop(key))
+                        continue
+                    j = i + 1  # a record larger than a batch travels alone
                 added = ends[j - 1] - before
-                batch.extend([m.data for m in sub[i:j]], [m.timestamp_ms for m in sub[i:j]], sub_tokens[i:j], added)
+                batch.extend(sub[i:j], None if sub_stamps is None else sub_stamps[i:j], sub_waiters[i:j], added)
                 self._buffer.used += added
-                if batch.size_bytes >= acc.batch_bytes:
-                    self._sender.dispatch(acc.batches.pop(key))
+                if batch.size_bytes >= limit:
+                    dispatch(acc.batches.pop(key))
                 i = j
+
+    def _open(self, key: BatchKey) -> ProducerBatch:
+        """A new open batch for ``key``: due now when its partition is idle, else after linger_ms."""
+        batch = self.acc.open(key, self.config.linger_ms / 1000.0 if self._sender.busy(key) else 0.0)
+        if self._timer is None or batch.due_s < self._timer_when:
+            self._arm(batch.due_s)
+        return batch
 
     # -- messages held before they join a batch ------------------------------------------------------
 
@@ -397,6 +485,7 @@ class Placement:
         self._idle(key)
 
     def seal_all(self) -> None:
+        self.place_deferred()
         for batch in self.acc.seal_all():
             self._sender.dispatch(batch)
 
@@ -412,6 +501,7 @@ class Placement:
 
     def _on_timer(self) -> None:
         self._timer = None
+        self.place_deferred()  # what was sent in this step joins its batches before they are sealed
         # A little slack: a timer may fire a hair before its time, and re-arming for 0.1 ms is waste.
         expired = self.acc.expired(self._loop.time() + 0.0005)
         if expired:
@@ -430,6 +520,7 @@ class Placement:
         batch = ProducerBatch.prebuilt(key, payload, count, waiter, now, now + self._delivery_s)
         batch.size_bytes = size
         batch.pinned = pinned
+        self.place_deferred()
         self.seal(key)
         self._buffer.used += size
         self._sender.dispatch(batch)

@@ -78,7 +78,8 @@ class Producer(Transactions):
 
     @property
     def unsent_batches(self) -> int:
-        """Batches not yet written (open, or waiting in their partition's lane), and topics whose messages wait."""
+        """Batches not yet written (open, or waiting in their partition's lane), and topics whose messages wait
+        (messages sent in this event-loop step and placed at its end count as one)."""
         return len(self._placement.acc) + self._sender.unsent + self._placement.waiting_topics
 
     @property
@@ -155,10 +156,12 @@ class Producer(Transactions):
             size = RECORD_PREFIX_BYTES + len(message.data)
             if size > self.config.max_message_bytes:
                 size = self._check(message)
+            plain = True
         else:
             if self._tx is not None:
                 self._not_in_transaction("send_async")
             size = self._check(message)
+            plain = False
         fut: asyncio.Future[SendResult] = self._loop.create_future()
         if callback is not None:
             fut.add_done_callback(lambda f: None if f.cancelled() else callback(f.result()))
@@ -167,11 +170,18 @@ class Producer(Transactions):
             fut.set_result(SendResult(False, error=self._full(), topic=message.topic))
             return fut
         acks = self.config.acks
+        placement = self._placement
         if acks == 0:
-            self._place(message, None, size, 0)
+            if plain and placement.defers and message.topic in placement.hot:
+                placement.defer(message, None, size)
+            else:
+                self._place(message, None, size, 0)
             fut.set_result(self._oneway_result(message.topic))
             return fut
-        self._place(message, fut, size, acks)
+        if plain and placement.defers and message.topic in placement.hot:
+            placement.defer(message, fut, size)
+        else:
+            self._place(message, fut, size, acks)
         return fut
 
     def send_oneway(self, message: Message) -> SendResult:
@@ -187,14 +197,22 @@ class Producer(Transactions):
             size = RECORD_PREFIX_BYTES + len(message.data)
             if size > self.config.max_message_bytes:
                 size = self._check(message)
+            buffer = self._buffer
+            if buffer.used + size > buffer.limit and buffer.used:
+                return SendResult(False, error=self._full(), topic=message.topic)
+            placement = self._placement
+            if placement.defers and message.topic in placement.hot:
+                placement.defer(message, None, size)
+            else:
+                self._place(message, None, size, 0)
         else:
             if self._tx is not None:
                 self._not_in_transaction("send_oneway")
             size = self._check(message)
-        buffer = self._buffer
-        if buffer.used + size > buffer.limit and buffer.used:
-            return SendResult(False, error=self._full(), topic=message.topic)
-        self._place(message, None, size, 0)
+            buffer = self._buffer
+            if buffer.used + size > buffer.limit and buffer.used:
+                return SendResult(False, error=self._full(), topic=message.topic)
+            self._place(message, None, size, 0)
         result = self._oneway_ok.get(message.topic)
         return result if result is not None else self._oneway_result(message.topic)
 
@@ -255,7 +273,8 @@ class Producer(Transactions):
             partitions = hot.get(first)
             if partitions is not None and start < len(msgs):
                 try:
-                    self._placement.join_many(first, partitions, msgs[start:], sizes[start:], tokens[start:])
+                    self._placement.place_deferred()
+                    self._placement.join_many(first, partitions, msgs[start:], tokens[start:], acks)
                     return fut
                 except MetaqError:  # nothing placed: each message below gets its result (or waits)
                     pass
