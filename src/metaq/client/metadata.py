@@ -20,7 +20,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from metaq.client.listeners import ChangeListeners
 from metaq.errors import BrokerError, InvalidArgument, UnknownTopicError, error_for_code
@@ -128,6 +128,31 @@ def merge_metadata(responses: Sequence[tuple[int, MetadataResponse]]) -> Metadat
     return MetadataResponse(brokers=[brokers[b] for b in sorted(brokers)], topics=out_topics)
 
 
+class KeySpace(Generic[P]):
+    """Per topic, each broker id's partitions as last reported: what a key hash maps over. A broker id that does
+    not report the topic now keeps its partitions -- its master may be down, or being handed over (the old master's
+    topic node gone, the new one's not there yet), which ZooKeeper cannot tell from a topic removed there -- for
+    the life of this object (a session's); one that reports it replaces its count (an admin grew or shrank it)."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, dict[int, tuple[P, ...]]] = {}
+
+    def update(self, topic: str, parts: Sequence[P]) -> tuple[P, ...] | None:
+        """The topic's key space after an answer reporting ``parts`` (sorted); None when it is ``parts`` itself."""
+        known = self._known.get(topic)
+        by_broker: dict[int, list[P]] = {}
+        for p in parts:
+            by_broker.setdefault(p.broker_id, []).append(p)
+        if known is None:
+            if not parts:
+                return None
+            known = self._known[topic] = {}
+        known.update((b, tuple(ps)) for b, ps in by_broker.items())
+        if known.keys() == by_broker.keys():
+            return None
+        return tuple(sorted(p for ps in known.values() for p in ps))
+
+
 _STALE_REFRESH_RETRIES = 3
 """How many times a topic's refresh is asked again when the topic was invalidated while it was out."""
 
@@ -148,29 +173,8 @@ class MetadataCache:
         answer what the change that invalidated it replaced (Metadata._refresh asks again then)."""
         self.listeners = ChangeListeners()
         """Told after every update and invalidation (a producer's partitions cached between sends are dropped)."""
-        self._registered: dict[str, dict[int, tuple[Partition, ...]]] = {}
-        """Per topic, each broker id's partitions as last reported: the key space (:attr:`TopicMetadata.key_space`),
-        kept for the session's life (a new session sees a topic removed from a broker)."""
-
-    def _key_space(self, topic: str, parts: tuple[Partition, ...]) -> tuple[Partition, ...] | None:
-        """The topic's key space after an answer reporting ``parts``; None when it is ``parts`` itself.
-
-        A broker id the answer does not report the topic for keeps its partitions: its master may be down, or
-        being handed over (the old master's topic node gone, the new one's not there yet), and ZooKeeper's view
-        of a handover is the same as of a topic removed there. A broker id that reports the topic replaces its
-        count (an admin grew or shrank it)."""
-        known = self._registered.get(topic)
-        by_broker: dict[int, list[Partition]] = {}
-        for p in parts:
-            by_broker.setdefault(p.broker_id, []).append(p)
-        if known is None:
-            if not parts:
-                return None
-            known = self._registered[topic] = {}
-        known.update((b, tuple(ps)) for b, ps in by_broker.items())
-        if known.keys() == by_broker.keys():
-            return None
-        return tuple(sorted(p for ps in known.values() for p in ps))
+        self.key_spaces: KeySpace[Partition] = KeySpace()
+        """What :attr:`TopicMetadata.key_space` is made of, kept for the session's life."""
 
     def update(self, response: MetadataResponse, asked: Iterable[str] | None = None) -> dict[str, TopicMetadata]:
         now = self._clock()
@@ -181,11 +185,11 @@ class MetadataCache:
             error = error_for_code(t.error_code, f"topic {t.name!r}") if t.error_code else None
             parts = tuple(sorted(Partition(p.broker_id, p.partition, p.accept_publish, p.accept_subscribe)
                                  for p in t.partitions if p.error_code == 0))
-            got[t.name] = TopicMetadata(t.name, parts, error, now, self._key_space(t.name, parts))
+            got[t.name] = TopicMetadata(t.name, parts, error, now, self.key_spaces.update(t.name, parts))
         for name in asked or ():
             if name not in got:
                 got[name] = TopicMetadata(name, (), UnknownTopicError(f"topic {name!r} is not on any broker"), now,
-                                          self._key_space(name, ()))
+                                          self.key_spaces.update(name, ()))
         if asked is None:
             # A full listing: topics it no longer names are gone.
             self.topics = got
