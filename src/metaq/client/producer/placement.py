@@ -92,6 +92,9 @@ class Placement:
         """Likewise for one-way sends (no waiter)."""
         self._deferred_bytes = 0
         self._deferring = False
+        self._deferred_topic = ""
+        self._deferred_mixed = False
+        """Whether the deferred messages are of more than one topic (usually not: one run each)."""
         sender.on_idle = self._idle
         core.metadata.cache.listeners.add(self.end_hot)
         core.unavailable.listeners.add(self.end_hot)
@@ -151,7 +154,10 @@ class Placement:
         send_batch places the deferred messages first, so the order of sends holds."""
         if not self._deferring:
             self._deferring = True
+            self._deferred_topic = message.topic
             self._loop.call_soon(self.place_deferred)
+        elif message.topic != self._deferred_topic:
+            self._deferred_mixed = True
         if future is None:
             self._deferred_oneway.append(message)
         else:
@@ -169,19 +175,19 @@ class Placement:
         self._deferred, self._deferred_futures, self._deferred_oneway = [], [], []
         self._buffer.used -= self._deferred_bytes  # counted again as they join their batches
         self._deferred_bytes = 0
+        mixed, self._deferred_mixed = self._deferred_mixed, False
         with self._sender.gathering():
             if msgs:
-                self._place_runs(msgs, futures, self.config.acks)
+                self._place_runs(msgs, futures, self.config.acks, mixed)
             if oneway:
-                self._place_runs(oneway, [None] * len(oneway), 0)
+                self._place_runs(oneway, [None] * len(oneway), 0, mixed)
             if self._timer is not None and self._timer_when <= self._loop.time():
                 self._timer.cancel()  # batches due now (an idle partition's) leave in this step, not the next
                 self._on_timer()
 
-    def _place_runs(self, msgs: list[Message], waiters: list[Any], acks: int) -> None:
-        first = msgs[0].topic
-        if msgs[-1].topic == first and all(m.topic == first for m in msgs):
-            self._place_run(first, acks, msgs, waiters)
+    def _place_runs(self, msgs: list[Message], waiters: list[Any], acks: int, mixed: bool) -> None:
+        if not mixed:
+            self._place_run(msgs[0].topic, acks, msgs, waiters)
             return
         start, n = 0, len(msgs)
         while start < n:

@@ -62,6 +62,11 @@ class Producer(Transactions):
         self._sender = Sender(core, config, self.selector, self._buffer, self._manys)
         self._placement = Placement(core, config, self.selector, self._sender, self._buffer, self._manys)
         self._place = self._placement.place
+        self._defer = self._placement.defer
+        self._defers = self._placement.defers
+        self._hot = self._placement.hot
+        """The topics kept between sends (the placement's, never replaced): in it, a topic was checked and the
+        producer is not closing (closing empties it and keeps it empty)."""
         self._oneway_ok: dict[str, SendResult] = {}
         """topic -> the one SendResult every accepted one-way send of it returns (read-only, -1 fields)."""
         self._valid_topics: set[str] = set()
@@ -149,14 +154,14 @@ class Producer(Transactions):
 
         Does not wait: with the buffer full the result is an immediate failure with BufferFullError.
         """
-        if (type(message) is Message and type(message.data) is bytes and message.key is None
-                and message.attribute is None and not message.headers and message.deliver_at is None
-                and message.delay_ms is None and message.topic in self._valid_topics and not self._closing
-                and self._tx is None):  # _check's outcome for the common case
+        if (type(message) is Message and message.topic in self._hot and type(message.data) is bytes
+                and message.key is None and message.attribute is None and not message.headers
+                and message.deliver_at is None and message.delay_ms is None and self._tx is None):
+            # the common case: a plain message of a topic kept between sends (checked already, not closing)
             size = RECORD_PREFIX_BYTES + len(message.data)
             if size > self.config.max_message_bytes:
-                size = self._check(message)
-            plain = True
+                size = self._check(message)  # raises
+            plain = self._defers
         else:
             if self._tx is not None:
                 self._not_in_transaction("send_async")
@@ -170,16 +175,14 @@ class Producer(Transactions):
             fut.set_result(SendResult(False, error=self._full(), topic=message.topic))
             return fut
         acks = self.config.acks
-        placement = self._placement
         if acks == 0:
-            if plain and placement.defers and message.topic in placement.hot:
-                placement.defer(message, None, size)
+            if plain:
+                self._defer(message, None, size)
             else:
                 self._place(message, None, size, 0)
             fut.set_result(self._oneway_result(message.topic))
-            return fut
-        if plain and placement.defers and message.topic in placement.hot:
-            placement.defer(message, fut, size)
+        elif plain:
+            self._defer(message, fut, size)
         else:
             self._place(message, fut, size, acks)
         return fut
@@ -190,19 +193,18 @@ class Producer(Transactions):
         The result's partition, offset and message id are -1. ``success`` is False only when the
         message was not even accepted (buffer full); a later failure is counted, never reported.
         """
-        if (type(message) is Message and type(message.data) is bytes and message.key is None
-                and message.attribute is None and not message.headers and message.deliver_at is None
-                and message.delay_ms is None and message.topic in self._valid_topics and not self._closing
-                and self._tx is None):  # _check's outcome for the common case
+        if (type(message) is Message and message.topic in self._hot and type(message.data) is bytes
+                and message.key is None and message.attribute is None and not message.headers
+                and message.deliver_at is None and message.delay_ms is None and self._tx is None):
+            # the common case: a plain message of a topic kept between sends (checked already, not closing)
             size = RECORD_PREFIX_BYTES + len(message.data)
             if size > self.config.max_message_bytes:
-                size = self._check(message)
+                size = self._check(message)  # raises
             buffer = self._buffer
             if buffer.used + size > buffer.limit and buffer.used:
                 return SendResult(False, error=self._full(), topic=message.topic)
-            placement = self._placement
-            if placement.defers and message.topic in placement.hot:
-                placement.defer(message, None, size)
+            if self._defers:
+                self._defer(message, None, size)
             else:
                 self._place(message, None, size, 0)
         else:
