@@ -40,6 +40,13 @@ from metaq.types import Message, SendResult
 _DATA = operator.attrgetter("data")
 _TIMESTAMP = operator.attrgetter("timestamp_ms")
 
+DEFERRED_MAX = 1024
+"""Deferred messages placed at once at most: more are placed as they come, so a long burst in one loop step keeps
+a short list (its messages leave memory as their payloads join batches, and stay in the caches meanwhile)."""
+DEFERRED_PARTITIONS_MAX = 64
+"""Topics with more partitions than this are placed message by message: a run of round robin's is spread so
+thin over many partitions that placing it a partition at a time costs more than one at a time."""
+
 HOT_KEEP_S = 0.1
 """How long a topic's partitions stay kept between sends when nothing changes: a message sent one per event-loop
 iteration (from a request handler, say) skips the lookup too, and the metadata's age is still looked at (a
@@ -69,6 +76,8 @@ class Placement:
         selectors over the key space (metaq.client.routing, docs/producer.md)."""
         self._batch_done: Callable[[str, int, int], object] | None = getattr(selector, "batch_done", None)
         self.hot: dict[str, Sequence[Partition]] = {}
+        self.deferrable: set[str] = set()
+        """The kept topics whose plain messages :meth:`defer` takes (the round robin, few partitions)."""
         """topic -> the partitions its messages choose from, as :meth:`place` found them (see the module docstring)."""
         self._hot_reset: asyncio.Handle | None = None
         self._usable: dict[str, tuple[Sequence[Partition], int, Sequence[Partition]]] = {}
@@ -160,11 +169,15 @@ class Placement:
             self._deferred_mixed = True
         if future is None:
             self._deferred_oneway.append(message)
+            n = len(self._deferred_oneway)
         else:
             self._deferred.append(message)
             self._deferred_futures.append(future)
+            n = len(self._deferred)
         self._deferred_bytes += size
         self._buffer.used += size
+        if n >= DEFERRED_MAX:
+            self.place_deferred()
 
     def place_deferred(self) -> None:
         """Place the deferred messages, in send order (runs of one topic)."""
@@ -247,6 +260,8 @@ class Placement:
 
     def _keep_hot(self, topic: str, partitions: Sequence[Partition]) -> None:
         self.hot[topic] = partitions
+        if self.defers and len(partitions) <= DEFERRED_PARTITIONS_MAX:
+            self.deferrable.add(topic)
         if self._hot_reset is None:
             if self._reroutable and self._core.unavailable.avoiding():
                 self._hot_reset = self._loop.call_soon(self.end_hot)  # being left out ends by the clock
@@ -259,6 +274,7 @@ class Placement:
         if reset is not None:
             reset.cancel()  # told by a listener before its time (harmless when it is the running callback)
         self.hot.clear()
+        self.deferrable.clear()
 
     def _route(self, message: Message, tm: TopicMetadata, waiter: Any, size: int, acks: int,
                expires_s: float | None) -> None:
@@ -442,6 +458,7 @@ class Placement:
                 and not self.closing and not self._releasing_held):
             topic = message.topic
             self.hot.pop(topic, None)  # the topic's next sends go through place(), behind this one
+            self.deferrable.discard(topic)
             held = self._waiting.get(topic)
             self._wait(message, waiter, size, acks, self._loop.time() + self._delivery_s if expires_s is None
                        else expires_s)

@@ -56,6 +56,7 @@ class Producer(Transactions):
         self.selector: PartitionSelector = selector if selector is not None else RoundRobinSelector()
         """Fixed at creation: the hooks and the moving of batches are taken from it."""
         self._loop = asyncio.get_running_loop()
+        self._create_future = self._loop.create_future
         self._buffer = BufferLimit(config.max_buffered_bytes)
         self._manys = ManyTable()
         """send_async_many calls not yet resolved."""
@@ -63,7 +64,7 @@ class Producer(Transactions):
         self._placement = Placement(core, config, self.selector, self._sender, self._buffer, self._manys)
         self._place = self._placement.place
         self._defer = self._placement.defer
-        self._defers = self._placement.defers
+        self._deferrable = self._placement.deferrable
         self._hot = self._placement.hot
         """The topics kept between sends (the placement's, never replaced): in it, a topic was checked and the
         producer is not closing (closing empties it and keeps it empty)."""
@@ -161,13 +162,13 @@ class Producer(Transactions):
             size = RECORD_PREFIX_BYTES + len(message.data)
             if size > self.config.max_message_bytes:
                 size = self._check(message)  # raises
-            plain = self._defers
+            plain = message.topic in self._deferrable
         else:
             if self._tx is not None:
                 self._not_in_transaction("send_async")
             size = self._check(message)
             plain = False
-        fut: asyncio.Future[SendResult] = self._loop.create_future()
+        fut: asyncio.Future[SendResult] = self._create_future()
         if callback is not None:
             fut.add_done_callback(lambda f: None if f.cancelled() else callback(f.result()))
         buffer = self._buffer
@@ -203,7 +204,7 @@ class Producer(Transactions):
             buffer = self._buffer
             if buffer.used + size > buffer.limit and buffer.used:
                 return SendResult(False, error=self._full(), topic=message.topic)
-            if self._defers:
+            if message.topic in self._deferrable:
                 self._defer(message, None, size)
             else:
                 self._place(message, None, size, 0)

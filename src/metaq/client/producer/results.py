@@ -48,10 +48,12 @@ def _resolve_ok(waiters: list[Any], start: int, base_id: int, base_offset: int, 
     """A success's futures from ``start`` on; a future its caller cancelled is skipped (rare: caught, and the pass
     resumed after it)."""
     i = start
+    result = SendResult
     try:
-        for w in itertools.islice(waiters, start, None):
+        for w, message_id, offset in zip(itertools.islice(waiters, start, None), itertools.count(base_id + start),
+                                         itertools.count(base_offset + start)):
             if w is not None:
-                w.set_result(SendResult(True, base_id + i, partition, base_offset + i, None, topic, broker_id))
+                w.set_result(result(True, message_id, partition, offset, None, topic, broker_id))
             i += 1
     except asyncio.InvalidStateError:
         _resolve_ok(waiters, i + 1, base_id, base_offset, partition, topic, broker_id)
