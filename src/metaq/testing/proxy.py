@@ -12,100 +12,14 @@ from __future__ import annotations
 import socket
 import threading
 from types import TracebackType
+from typing import Self
 
 
-class ReplyDroppingProxy:
-    def __init__(self, upstream: tuple[str, int], drop_every: int = 50) -> None:
-        self.upstream = upstream
-        self.drop_every = drop_every
-        self.dropped = 0
-        """Replies thrown away so far (each with its connection)."""
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._listener.getsockname()[1]
-        self._chunks = 0
-        self._lock = threading.Lock()
-        self._closed = threading.Event()
-        self._sockets: set[socket.socket] = set()
-        self._thread = threading.Thread(target=self._accept, name="reply-dropping-proxy", daemon=True)
+class _Proxy:
+    """Forwards every connection made to :attr:`port` to ``upstream``, a thread per direction; what a subclass
+    does to the traffic is :meth:`_forward` (False: close the pair) and :meth:`_admit`."""
 
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> ReplyDroppingProxy:
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._closed.set()
-        self._listener.close()
-        with self._lock:
-            for s in list(self._sockets):
-                _close(s)
-        self._thread.join(5)
-
-    def __enter__(self) -> ReplyDroppingProxy:
-        return self.start()
-
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                broker = socket.create_connection(self.upstream, timeout=5)
-            except OSError:
-                _close(client)
-                continue
-            broker.settimeout(None)
-            for s in (client, broker):
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                self._sockets.update((client, broker))
-            threading.Thread(target=self._pipe, args=(client, broker, False), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(broker, client, True), daemon=True).start()
-
-    def _pipe(self, source: socket.socket, target: socket.socket, replies: bool) -> None:
-        try:
-            while True:
-                data = source.recv(1 << 16)
-                if not data:
-                    break
-                if replies:
-                    with self._lock:
-                        self._chunks += 1
-                        drop = self._chunks % self.drop_every == 0
-                        if drop:
-                            self.dropped += 1
-                    if drop:
-                        break
-                target.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (source, target):
-                _close(s)
-            with self._lock:
-                self._sockets.discard(source)
-                self._sockets.discard(target)
-
-
-def _close(s: socket.socket) -> None:
-    try:
-        s.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    s.close()
-
-
-class CuttableProxy:
-    """A TCP proxy on loopback that can cut its traffic: :meth:`cut` closes every connection through it and
-    refuses new ones until :meth:`restore`. Put between a broker and ZooKeeper, it cuts that broker alone from
-    ZooKeeper while its clients still reach it (its session then expires, as on a network partition)."""
+    name = "proxy"
 
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
@@ -113,40 +27,42 @@ class CuttableProxy:
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._cut = threading.Event()
         self._sockets: set[socket.socket] = set()
-        self._thread = threading.Thread(target=self._accept, name="cuttable-proxy", daemon=True)
+        self._thread = threading.Thread(target=self._accept, name=self.name, daemon=True)
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self) -> CuttableProxy:
+    def start(self) -> Self:
         self._thread.start()
         return self
 
-    def cut(self) -> None:
-        """Close every connection through the proxy now, and refuse new ones."""
-        self._cut.set()
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+        self._close_all()
+        self._thread.join(5)
+
+    def _close_all(self) -> None:
         with self._lock:
             for s in list(self._sockets):
                 _close(s)
             self._sockets.clear()
 
-    def restore(self) -> None:
-        self._cut.clear()
-
-    def close(self) -> None:
-        self._closed.set()
-        self.cut()
-        self._listener.close()
-        self._thread.join(5)
-
-    def __enter__(self) -> CuttableProxy:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+    def _admit(self) -> bool:
+        """Whether a new connection is forwarded (else closed at once)."""
+        return True
+
+    def _forward(self, data: bytes, replies: bool) -> bool:
+        """Whether ``data`` (from upstream when ``replies``) goes on; False closes both connections."""
+        return True
 
     def _accept(self) -> None:
         while not self._closed.is_set():
@@ -154,7 +70,7 @@ class CuttableProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            if self._cut.is_set():
+            if not self._admit():
                 _close(client)
                 continue
             try:
@@ -163,16 +79,18 @@ class CuttableProxy:
                 _close(client)
                 continue
             upstream.settimeout(None)
+            for s in (client, upstream):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._sockets.update((client, upstream))
-            for source, target in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(source, target), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
 
-    def _pipe(self, source: socket.socket, target: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, target: socket.socket, replies: bool) -> None:
         try:
             while True:
                 data = source.recv(1 << 16)
-                if not data or self._cut.is_set():
+                if not data or not self._forward(data, replies):
                     break
                 target.sendall(data)
         except OSError:
@@ -183,3 +101,59 @@ class CuttableProxy:
             with self._lock:
                 self._sockets.discard(source)
                 self._sockets.discard(target)
+
+
+class ReplyDroppingProxy(_Proxy):
+    """Every ``drop_every``-th chunk from the broker is thrown away, and both connections closed."""
+
+    name = "reply-dropping-proxy"
+
+    def __init__(self, upstream: tuple[str, int], drop_every: int = 50) -> None:
+        super().__init__(upstream)
+        self.drop_every = drop_every
+        self.dropped = 0
+        """Replies thrown away so far (each with its connection)."""
+        self._chunks = 0
+
+    def _forward(self, data: bytes, replies: bool) -> bool:
+        if not replies:
+            return True
+        with self._lock:
+            self._chunks += 1
+            if self._chunks % self.drop_every:
+                return True
+            self.dropped += 1
+            return False
+
+
+class CuttableProxy(_Proxy):
+    """:meth:`cut` closes every connection through the proxy now and refuses new ones until :meth:`restore`. Put
+    between a broker and ZooKeeper, it cuts that broker alone from ZooKeeper while its clients still reach it
+    (its session then expires, as on a network partition)."""
+
+    name = "cuttable-proxy"
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        super().__init__(upstream)
+        self._cut = threading.Event()
+
+    def cut(self) -> None:
+        self._cut.set()
+        self._close_all()
+
+    def restore(self) -> None:
+        self._cut.clear()
+
+    def _admit(self) -> bool:
+        return not self._cut.is_set()
+
+    def _forward(self, data: bytes, replies: bool) -> bool:
+        return not self._cut.is_set()
+
+
+def _close(s: socket.socket) -> None:
+    try:
+        s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    s.close()

@@ -142,11 +142,7 @@ class Outcomes:
         if not batch.reported:
             self._report_ok(batch, resp)
         self._retire(lane, batch)
-        for other in doomed:
-            self._give_up(lane, other, WouldReorderError(
-                f"a batch of {other.count} messages to {other.topic}:{other.broker_id}-{other.partition} was refused "
-                f"({other.error}) and a later batch of that partition was stored first: it was not stored, and is "
-                "not sent again (that would store it behind the later one)", cause=other.error))
+        self._out_of_order(lane, doomed, "was stored")
         self._settled(lane)
 
     def _failed(self, batch: ProducerBatch, address: str, exc: BaseException, *, written: bool) -> None:
@@ -187,12 +183,16 @@ class Outcomes:
             doomed = lane.failed(batch, resend=False)
             self._report_error(batch, self._final_error(batch, exc))
             self._retire(lane, batch)
+        self._out_of_order(lane, doomed, f"may have been stored ({exc})")
+        self._settled(lane)
+
+    def _out_of_order(self, lane: Lane, doomed: list[ProducerBatch], later: str) -> None:
+        """Refused batches that a later batch of their partition went before: each fails, not sent again."""
         for other in doomed:
             self._give_up(lane, other, WouldReorderError(
                 f"a batch of {other.count} messages to {other.topic}:{other.broker_id}-{other.partition} was refused "
-                f"({other.error}) and a later batch of that partition may have been stored ({exc}): it was not stored, "
-                "and is not sent again (that could store it behind the later one)", cause=other.error))
-        self._settled(lane)
+                f"({other.error}) and a later batch of that partition {later} first: it was not stored, and is not "
+                "sent again (that would store it behind the later one)", cause=other.error))
 
     def _resend(self, lane: Lane, batch: ProducerBatch, exc: BaseException, maybe: bool) -> bool:
         """Whether a failed batch goes again: within its deadline, a refusal that may pass (or a batch never

@@ -136,12 +136,8 @@ class Placement:
             partitions = self._lookup(message, waiter, size, acks)
             if partitions is None:
                 return
-        try:
-            p = self.selector(topic, partitions, message)
-        except InvalidArgument:
-            raise
-        except MetaqError as exc:
-            self._refused(message, waiter, size, acks, exc, None)
+        p = self._choose(message, partitions, waiter, size, acks, None)
+        if p is None:
             return
         key = (topic, p.partition, p.broker_id, acks)
         acc = self.acc
@@ -164,7 +160,7 @@ class Placement:
         if not self._deferring:
             self._deferring = True
             self._deferred_topic = message.topic
-            self._loop.call_soon(self.place_deferred)
+            self._loop.call_soon(self._end_of_step)
         elif message.topic != self._deferred_topic:
             self._deferred_mixed = True
         if future is None:
@@ -194,8 +190,14 @@ class Placement:
                 self._place_runs(msgs, futures, self.config.acks, mixed)
             if oneway:
                 self._place_runs(oneway, [None] * len(oneway), 0, mixed)
+
+    def _end_of_step(self) -> None:
+        """The end of the step the first deferred message was sent in: they are placed, and the batches due now
+        (an idle partition's) leave in this step, not the next."""
+        with self._sender.gathering():
+            self.place_deferred()
             if self._timer is not None and self._timer_when <= self._loop.time():
-                self._timer.cancel()  # batches due now (an idle partition's) leave in this step, not the next
+                self._timer.cancel()
                 self._on_timer()
 
     def _place_runs(self, msgs: list[Message], waiters: list[Any], acks: int, mixed: bool) -> None:
@@ -242,6 +244,18 @@ class Placement:
             self._keep_hot(topic, partitions)
         return partitions
 
+    def _choose(self, message: Message, partitions: Sequence[Partition], waiter: Any, size: int, acks: int,
+                expires_s: float | None) -> Partition | None:
+        """The selector's partition for ``message``; None when it refused (the refusal is handled: the message's
+        failed result, or it waits for a partition to open). Misuse (InvalidArgument) raises to the caller."""
+        try:
+            return self.selector(message.topic, partitions, message)
+        except InvalidArgument:
+            raise
+        except MetaqError as exc:
+            self._refused(message, waiter, size, acks, exc, expires_s)
+            return None
+
     def _choices(self, topic: str, tm: TopicMetadata) -> Sequence[Partition]:
         """What the selector chooses from: the reachable partitions for a spreading selector (all of them when every
         one is left out), the key space for the others."""
@@ -281,14 +295,9 @@ class Placement:
         topic = message.topic
         partitions = self._choices(topic, tm)
         if partitions:
-            try:
-                p = self.selector(topic, partitions, message)
-            except InvalidArgument:
-                raise
-            except MetaqError as exc:
-                self._refused(message, waiter, size, acks, exc, expires_s)
-                return
-            self.join(message, (topic, p.partition, p.broker_id, acks), partitions, waiter, size, expires_s)
+            p = self._choose(message, partitions, waiter, size, acks, expires_s)
+            if p is not None:
+                self.join(message, (topic, p.partition, p.broker_id, acks), partitions, waiter, size, expires_s)
         elif tm.key_space:  # known partitions, none reachable now: wait for one (a master being handed over)
             self._refused(message, waiter, size, acks, PartitionClosedError(
                 f"no partition of topic {topic!r} is reachable now"), expires_s, unreachable=True)
@@ -314,12 +323,8 @@ class Placement:
                 # Full for this message: it leaves now, and the sticky selector moves on (KIP-480: the message that
                 # would open a new batch goes to the next partition instead).
                 self._sender.dispatch(acc.batches.pop(key))
-                try:
-                    p = self.selector(message.topic, partitions, message)
-                except InvalidArgument:
-                    raise
-                except MetaqError as exc:
-                    self._refused(message, waiter, size, acks=key[3], exc=exc, expires_s=expires_s)
+                p = self._choose(message, partitions, waiter, size, key[3], expires_s)
+                if p is None:
                     return
                 key = (message.topic, p.partition, p.broker_id, key[3])
                 batch = acc.batches.get(key)
