@@ -20,7 +20,6 @@ import asyncio
 import bisect
 import contextlib
 import itertools
-import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,9 +35,6 @@ from metaq.errors import DeliveryTimeoutError, InvalidArgument, MetaqError, Part
 from metaq.protocol.messages import ANY_PARTITION
 from metaq.protocol.records import RECORD_PREFIX_BYTES
 from metaq.types import Message, SendResult
-
-_DATA = operator.attrgetter("data")
-_TIMESTAMP = operator.attrgetter("timestamp_ms")
 
 DEFERRED_MAX = 1024
 """Deferred messages placed at once at most: more are placed as they come, so a long burst in one loop step keeps
@@ -94,16 +90,16 @@ class Placement:
         self.defers = type(selector) is RoundRobinSelector
         """The default round robin: a plain message of a kept topic is placed with the others of its event-loop
         step, at the step's end (:meth:`defer`)."""
-        self._deferred: list[Message] = []
-        """Plain messages of send_async sent in this event-loop step (their futures in _deferred_futures)."""
-        self._deferred_futures: list[Any] = []
-        self._deferred_oneway: list[Message] = []
-        """Likewise for one-way sends (no waiter)."""
+        self._deferred_values: list[bytes] = []
+        """The deferred run (see :meth:`defer`): payloads, timestamps, waiters; its topic and acks."""
+        self._deferred_stamps: list[int] | None = None
+        """None while no deferred message has a timestamp of its own."""
+        self._deferred_waiters: list[Any] = []
+        self._deferred_topic = ""
+        self._deferred_acks = 0
         self._deferred_bytes = 0
         self._deferring = False
-        self._deferred_topic = ""
-        self._deferred_mixed = False
-        """Whether the deferred messages are of more than one topic (usually not: one run each)."""
+        self._end_scheduled = False
         sender.on_idle = self._idle
         core.metadata.cache.listeners.add(self.end_hot)
         core.unavailable.listeners.add(self.end_hot)
@@ -130,6 +126,8 @@ class Placement:
         """Queue a checked message for its partition's batch; its buffer bytes are counted from here. The common
         case -- a topic already looked up, the batch open at the selector's partition with room for it -- is
         done right here; :meth:`join` does the rest."""
+        if self._deferring:  # the messages sent before this one go first
+            self.place_deferred()
         topic = message.topic
         partitions = self.hot.get(topic)
         if partitions is None:
@@ -152,77 +150,67 @@ class Placement:
             return
         self.join(message, key, partitions, waiter, size, None)
 
-    def defer(self, message: Message, future: Any, size: int) -> None:
-        """A plain message of a kept topic under the round robin (``future`` None: one-way): placed at the end of
-        this event-loop step with the others sent in it, a partition's share at a time (:meth:`join_many`), to the
-        partitions the round robin gives them one by one. Its bytes count from now. Any other send, a flush or a
+    def defer(self, topic: str, data: bytes, timestamp_ms: int, waiter: Any, size: int, acks: int) -> None:
+        """A plain message of a kept topic under the round robin, as its payload and timestamp (the Message itself is
+        not kept: a live Message per deferred send made the cyclic GC's work grow with the run): placed at the end
+        of this event-loop step with the others sent in it, a partition's share at a time (:meth:`join_many`), to
+        the partitions the round robin gives them one by one. A run is one topic and acks (another one places it
+        first), and at most DEFERRED_MAX messages. Its bytes count from now. Any other send, a flush or a
         send_batch places the deferred messages first, so the order of sends holds."""
+        if self._deferring and (topic != self._deferred_topic or acks != self._deferred_acks):
+            self.place_deferred()
         if not self._deferring:
             self._deferring = True
-            self._deferred_topic = message.topic
-            self._loop.call_soon(self._end_of_step)
-        elif message.topic != self._deferred_topic:
-            self._deferred_mixed = True
-        if future is None:
-            self._deferred_oneway.append(message)
-            n = len(self._deferred_oneway)
-        else:
-            self._deferred.append(message)
-            self._deferred_futures.append(future)
-            n = len(self._deferred)
+            self._deferred_topic, self._deferred_acks = topic, acks
+            if not self._end_scheduled:
+                self._end_scheduled = True
+                self._loop.call_soon(self._end_of_step)
+        values = self._deferred_values
+        values.append(data)
+        stamps = self._deferred_stamps
+        if stamps is not None:
+            stamps.append(timestamp_ms)
+        elif timestamp_ms >= 0:  # the first given timestamp: the ones before it were none (-1)
+            self._deferred_stamps = [-1] * (len(values) - 1) + [timestamp_ms]
+        if waiter is not None:  # None for a whole run (one-way), or for none of it
+            self._deferred_waiters.append(waiter)
         self._deferred_bytes += size
         self._buffer.used += size
-        if n >= DEFERRED_MAX:
+        if len(values) >= DEFERRED_MAX:
             self.place_deferred()
 
     def place_deferred(self) -> None:
-        """Place the deferred messages, in send order (runs of one topic)."""
+        """Place the deferred run, if any."""
         if not self._deferring:
             return
         self._deferring = False
-        msgs, futures, oneway = self._deferred, self._deferred_futures, self._deferred_oneway
-        self._deferred, self._deferred_futures, self._deferred_oneway = [], [], []
+        values, stamps, waiters = self._deferred_values, self._deferred_stamps, self._deferred_waiters
+        self._deferred_values, self._deferred_stamps, self._deferred_waiters = [], None, []
+        if not waiters:
+            waiters = [None] * len(values)
         self._buffer.used -= self._deferred_bytes  # counted again as they join their batches
         self._deferred_bytes = 0
-        mixed, self._deferred_mixed = self._deferred_mixed, False
+        topic, acks = self._deferred_topic, self._deferred_acks
+        partitions = self.hot.get(topic)
         with self._sender.gathering():
-            if msgs:
-                self._place_runs(msgs, futures, self.config.acks, mixed)
-            if oneway:
-                self._place_runs(oneway, [None] * len(oneway), 0, mixed)
+            if partitions is not None and topic not in self._waiting:
+                try:
+                    self.join_many(topic, partitions, values, stamps, waiters, acks)
+                    return
+                except PartitionClosedError:  # every partition closed: nothing placed; each is held below
+                    pass
+            for data, stamp, waiter in zip(values, stamps or itertools.repeat(-1), waiters, strict=False):
+                self.place(Message(topic, data, timestamp_ms=stamp), waiter, RECORD_PREFIX_BYTES + len(data), acks)
 
     def _end_of_step(self) -> None:
         """The end of the step the first deferred message was sent in: they are placed, and the batches due now
         (an idle partition's) leave in this step, not the next."""
+        self._end_scheduled = False
         with self._sender.gathering():
             self.place_deferred()
             if self._timer is not None and self._timer_when <= self._loop.time():
                 self._timer.cancel()
                 self._on_timer()
-
-    def _place_runs(self, msgs: list[Message], waiters: list[Any], acks: int, mixed: bool) -> None:
-        if not mixed:
-            self._place_run(msgs[0].topic, acks, msgs, waiters)
-            return
-        start, n = 0, len(msgs)
-        while start < n:
-            topic = msgs[start].topic
-            end = start + 1
-            while end < n and msgs[end].topic == topic:
-                end += 1
-            self._place_run(topic, acks, msgs[start:end], waiters[start:end])
-            start = end
-
-    def _place_run(self, topic: str, acks: int, msgs: list[Message], waiters: list[Any]) -> None:
-        partitions = self.hot.get(topic)
-        if partitions is not None and topic not in self._waiting:
-            try:
-                self.join_many(topic, partitions, msgs, waiters, acks)
-                return
-            except PartitionClosedError:  # every partition closed: nothing placed; each is held below
-                pass
-        for message, waiter in zip(msgs, waiters, strict=True):
-            self.place(message, waiter, RECORD_PREFIX_BYTES + len(message.data), acks)
 
     def _lookup(self, message: Message, waiter: Any, size: int, acks: int) -> Sequence[Partition] | None:
         """The partitions a topic's message chooses from, kept for the next sends; None when the message waits
@@ -349,24 +337,22 @@ class Placement:
         if opened is not None and (self._timer is None or opened.due_s < self._timer_when):
             self._arm(opened.due_s)
 
-    def join_many(self, topic: str, partitions: Sequence[Partition], msgs: Sequence[Message],
-                  waiters: Sequence[Any], acks: int) -> None:
-        """Plain messages of one topic (bytes data, no key, attribute, headers or delay), placed as the round robin
-        would place them one by one: message ``j`` to candidate ``(first + j) % k``. Each partition's share joins
-        its open batch a run at a time (:meth:`ProducerBatch.extend`: list slices, no call per message), a batch
-        that fills leaving as in :meth:`join`. PartitionClosedError (every partition closed): nothing placed."""
-        count = len(msgs)
+    def join_many(self, topic: str, partitions: Sequence[Partition], values: Sequence[bytes],
+                  stamps: Sequence[int] | None, waiters: Sequence[Any], acks: int) -> None:
+        """Plain messages of one topic (their payloads, their timestamps or None when none is given, their
+        waiters), placed as the round robin would place them one by one: message ``j`` to candidate
+        ``(first + j) % k``. Each partition's share joins its open batch a run at a time
+        (:meth:`ProducerBatch.extend`: list slices, no call per message), a batch that fills leaving as in
+        :meth:`join`. PartitionClosedError (every partition closed): nothing placed."""
+        count = len(values)
         candidates, first = self.selector.reserve(topic, partitions, count)
         k = len(candidates)
-        datas = list(map(_DATA, msgs))
-        given: list[int] = list(map(_TIMESTAMP, msgs))
-        stamps = given if max(given) >= 0 else None  # usually none: every record takes its batch's creation time
         acc, dispatch = self.acc, self._sender.dispatch
         limit, prefix = acc.batch_bytes, RECORD_PREFIX_BYTES
         for r in range(min(k, count)):
             p = candidates[(first + r) % k]
             key: BatchKey = (topic, p.partition, p.broker_id, acks)
-            sub = datas[r::k] if k > 1 else datas
+            sub = values[r::k] if k > 1 else values
             sub_waiters = waiters[r::k] if k > 1 else waiters
             sub_stamps = None if stamps is None else stamps[r::k]
             ends = list(itertools.accumulate(map(prefix.__add__, map(len, sub))))  # ends[i]: bytes of sub[..i]

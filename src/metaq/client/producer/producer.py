@@ -178,12 +178,12 @@ class Producer(Transactions):
         acks = self.config.acks
         if acks == 0:
             if plain:
-                self._defer(message, None, size)
+                self._defer(message.topic, message.data, message.timestamp_ms, None, size, 0)
             else:
                 self._place(message, None, size, 0)
             fut.set_result(self._oneway_result(message.topic))
         elif plain:
-            self._defer(message, fut, size)
+            self._defer(message.topic, message.data, message.timestamp_ms, fut, size, acks)
         else:
             self._place(message, fut, size, acks)
         return fut
@@ -205,7 +205,7 @@ class Producer(Transactions):
             if buffer.used + size > buffer.limit and buffer.used:
                 return SendResult(False, error=self._full(), topic=message.topic)
             if message.topic in self._deferrable:
-                self._defer(message, None, size)
+                self._defer(message.topic, message.data, message.timestamp_ms, None, size, 0)
             else:
                 self._place(message, None, size, 0)
         else:
@@ -277,7 +277,10 @@ class Producer(Transactions):
             if partitions is not None and start < len(msgs):
                 try:
                     self._placement.place_deferred()
-                    self._placement.join_many(first, partitions, msgs[start:], tokens[start:], acks)
+                    rest = msgs[start:]
+                    stamps = [m.timestamp_ms for m in rest]
+                    self._placement.join_many(first, partitions, [m.data for m in rest],
+                                              stamps if max(stamps) >= 0 else None, tokens[start:], acks)
                     return fut
                 except MetaqError:  # nothing placed: each message below gets its result (or waits)
                     pass
