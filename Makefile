@@ -6,13 +6,13 @@ STAMP := $(VENV)/.installed
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: venv test test-fast lint demo bench clean system-deps
+.PHONY: venv test test-fast test-pure lint docs demo bench clean system-deps
 
 # setup.py builds the one compiled module (metaq._speedups): a change to its C source reinstalls (rebuilds) it.
-$(STAMP): pyproject.toml setup.py src/metaq/_speedups.c
+$(STAMP): pyproject.toml setup.py src/metaq/_speedups.c src/metaq/_kafka_speedups.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,spark,postgres,zookeeper,peers]'
+	$(BIN)/python -m pip install -q -e '.[test,docs,spark,postgres,zookeeper,peers,kafka,kafka-clients]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -26,8 +26,18 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: $(STAMP) system-deps lint
+# The Python API reference (docs/api: autodoc over the docstrings) in docs/_build/html; a warning fails it.
+docs: $(STAMP)
+	$(BIN)/sphinx-build -q -W --keep-going -b html docs/api docs/_build/html
+
+test: $(STAMP) system-deps lint docs
 	$(BIN)/pytest -q --durations=20
+	$(MAKE) test-pure
+
+# The unit tests again without the compiled module (metaq/_compiled.py): the Python references alone, as an install
+# without a C compiler runs them.
+test-pure: $(STAMP)
+	METAQ_NO_EXTENSIONS=1 $(BIN)/pytest -q tests/unit
 
 test-fast: $(STAMP) lint
 	$(BIN)/pytest -q -m "not slow"
@@ -39,4 +49,4 @@ bench: $(STAMP)
 	$(BIN)/metaq bench produce --json
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info src/metaq/*.so
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build docs/_build src/*.egg-info src/metaq/*.so

@@ -10,9 +10,11 @@ compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
 # Chromium and its WebDriver for the dashboard's browser tests (metaq.testing.browser).
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
-# Redis and NATS, the peers scripts/bench_peers.py measures metaq beside (and its test runs).
+# Redis and NATS, the peers `metaq bench peers` measures metaq beside (and its test runs).
 [ -x /usr/bin/redis-server ] || need+=(redis-server)
 [ -x /usr/sbin/nats-server ] || command -v nats-server >/dev/null 2>&1 || need+=(nats-server)
+# kcat (librdkafka's command-line client) for the Kafka listener's tests (tests/integration/test_kafka_*.py).
+command -v kcat >/dev/null 2>&1 || need+=(kcat)
 if ((${#need[@]})); then
   if [ "$(id -u)" != 0 ]; then
     echo "missing system packages: ${need[*]} (run as root or install them)" >&2

@@ -16,7 +16,7 @@ import pytest
 
 from metaq.testing.broker import LOG_RECORD_RE, BrokerProcess, track_brokers
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "metaq.testing.pytest_plugin"]
 
 
 def _stop_and_check(brokers: list[BrokerProcess]) -> None:

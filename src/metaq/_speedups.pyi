@@ -1,11 +1,16 @@
-# The compiled helpers of src/metaq/_speedups.c. SendResult mirrors metaq.types._PySendResult (the dataclass).
+# metaq._speedups (src/metaq/_speedups.c): what it holds, each beside its Python reference (docs/compiled.md).
+# Imported only by metaq._compiled.
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TypeVar
 
-from metaq.protocol.records import BatchHeader
-from metaq.types import Message, PartitionId
+from metaq.types import Message
+
+_Header = TypeVar("_Header", bound=tuple[int, ...])
 
 class SendResult:
+    """metaq.types._PySendResult's fields, __init__, equality, repr and pickling; metaq.types adds its properties and
+    dataclasses metadata."""
     success: bool
     message_id: int
     partition: int
@@ -15,30 +20,20 @@ class SendResult:
     broker_id: int
     def __init__(self, success: bool, message_id: int = -1, partition: int = -1, offset: int = -1,
                  error: BaseException | None = None, topic: str = "", broker_id: int = -1) -> None: ...
-    @property
-    def partition_id(self) -> PartitionId: ...
-    @property
-    def message_id_hex(self) -> str: ...
 
-def bind(partition_id: type[PartitionId], format_message_id: Callable[[int], str], dataclass: type, /) -> None: ...
+class MessageBuilder:
+    """metaq.protocol.records.decode.build_messages, for instances of ``cls`` (Message)."""
+    def __new__(cls, message_class: type[Message], field_names: Sequence[str], /) -> MessageBuilder: ...
+    def messages(self, topic: str, raw: bytes, start: int, lengths: array[int], deltas: array[int],
+                 timestamps: array[int], attributes: Iterable[str | None] | None, keys: Iterable[bytes | None] | None,
+                 headers: Iterable[list[tuple[str, bytes]] | None] | None, base_offset: int, base_message_id: int,
+                 partition: int, append_time_ms: int, broker_id: int, /) -> Iterator[Message]: ...
 
-class BatchMessages:
-    """The Messages of a batch, one per next() (records._build_plain's and _build's twin): payload i is lengths[i]
-    bytes of raw from start on; attributes, keys and headers None when all None."""
-    def __new__(cls, topic: str, raw: bytes, start: int, lengths: array[int], attributes: Iterable[str | None] | None,
-                keys: Iterable[bytes | None] | None, headers: Iterable[list[tuple[str, bytes]] | None] | None,
-                timestamps: Iterable[int], offsets: Iterable[int], ids: Iterable[int], partition: int,
-                append_time_ms: int, broker_id: int, /) -> BatchMessages: ...
-    def __iter__(self) -> Iterator[Message]: ...
-    def __next__(self) -> Message: ...
-
-def bind_message(cls: type[Message], field_names: Sequence[str], /) -> None: ...
-def bind_constructor(cls: type[Message], /) -> None: ...
 def plain_region(values: Sequence[bytes | bytearray], timestamps: Sequence[int] | int, /
                  ) -> tuple[bytes, int, int] | None: ...
 def plain_columns_ok(region: bytes | bytearray | memoryview, n: int, max_message_bytes: int, /) -> bool: ...
-def bind_batch_header(cls: type[BatchHeader], crc32c: Callable[[bytes | memoryview], int], /) -> None: ...
-def validate_plain(batch: bytes | bytearray | memoryview, max_message_bytes: int, max_batch_bytes: int, /
-                   ) -> BatchHeader | None: ...
-def stamp_prefix(header: BatchHeader, base_offset: int, base_message_id: int, append_time_ms: int, /
+def validate_plain(batch: bytes | bytearray | memoryview, max_message_bytes: int, max_batch_bytes: int,
+                   header_type: type[_Header], /) -> _Header | None: ...
+def stamp_prefix(header: tuple[int, ...], base_offset: int, base_message_id: int, append_time_ms: int, /
                  ) -> bytes | None: ...
+

@@ -9,6 +9,7 @@ because the caller fixes them in different places.
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any, ClassVar
 
 
@@ -45,6 +46,23 @@ class CorruptRecordError(ProtocolError):
 
 class ConfigError(MetaqError):
     """A configuration file, option or flag is wrong. The message names the file, line and key."""
+
+
+class DuplicateBrokerIdError(ConfigError):
+    """Two of the servers a client was given answered with one broker id.
+
+    Standalone brokers left at the default ``brokerId=0`` look like one broker to a client, which would
+    then read one and silently miss the other (or write where it then cannot read). A client refuses to
+    go on instead; the message names both addresses.
+    """
+
+    def __init__(self, broker_id: int, first: str, second: str) -> None:
+        self.broker_id = broker_id
+        self.addresses = (first, second)
+        super().__init__(
+            f"servers {first} and {second} both answer as broker id {broker_id}: a client cannot tell their "
+            f"partitions apart. Give each broker its own brokerId (server.ini [system] brokerId=N, or "
+            f"--brokerId N), or list one broker only once")
 
 
 class InvalidArgument(MetaqError, ValueError):
@@ -134,7 +152,22 @@ def _register(cls: type[BrokerError]) -> type[BrokerError]:
     if cls.code in _BY_CODE:
         raise AssertionError(f"error code {cls.code} registered twice")
     _BY_CODE[cls.code] = cls
+    cls.__doc__ = _wire_docstring(cls)
     return cls
+
+
+def _wire_docstring(cls: type[BrokerError]) -> str:
+    """The class's docstring (or its hint) and a line from the table: its code, whether a retry may succeed and
+    whether the client refreshes its metadata first. The API reference shows it: one table, no second copy."""
+    own = vars(cls).get("__doc__")
+    first, _, rest = (own or "").partition("\n")
+    if own:
+        text = f"{first.strip()}\n{textwrap.dedent(rest)}".strip()
+    else:
+        text = cls.hint[:1].upper() + cls.hint[1:] + "." if cls.hint else ""
+    flags = "".join(["; retriable" if cls.retriable else "",
+                     "; the client refreshes its metadata" if cls.refresh_metadata else ""])
+    return f"{text}\n\nWire code {cls.code}, ``{cls.name}``{flags}.".lstrip()
 
 
 @_register
@@ -327,6 +360,8 @@ class UnsupportedVersionError(BrokerError):
 
 @_register
 class TopicExistsError(BrokerError):
+    """CreateTopic of a topic the broker already has."""
+
     code = 36
     name = "TOPIC_ALREADY_EXISTS"
 
@@ -369,6 +404,8 @@ class StorageFailureError(BrokerError):
 
 @_register
 class UnknownGroupError(BrokerError):
+    """The broker has no such consumer group (no members, no committed offsets)."""
+
     code = 69
     name = "UNKNOWN_GROUP"
 
@@ -399,6 +436,8 @@ class IllegalGenerationError(BrokerError):
 
 @_register
 class NotCoordinatorError(BrokerError):
+    """A group request sent to a broker that does not coordinate this group; the client finds the right one."""
+
     code = 16
     name = "NOT_COORDINATOR"
     retriable = True
@@ -516,10 +555,12 @@ def error_for_code(code: int, message: str = "", response: Any = None) -> Broker
 
 
 def error_class(code: int) -> type[BrokerError]:
+    """The exception class for a wire code; unknown codes map to UnknownServerError."""
     return _BY_CODE.get(code, UnknownServerError)
 
 
 def all_error_classes() -> list[type[BrokerError]]:
+    """Every registered wire error, by code (the error table of docs/protocol.md)."""
     return sorted(_BY_CODE.values(), key=lambda c: c.code)
 
 

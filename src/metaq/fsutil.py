@@ -6,25 +6,90 @@ without the client importing storage.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
 import os
+import stat
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 Sync = Callable[[int], None]
 
 
+def datasync(fd: int) -> None:
+    """fdatasync(2) a file, fsync(2) a directory: the sync the storage and the stores inject (to time, count or
+    fail it) for both. A directory's entries are its metadata, and POSIX promises them durable only after an
+    fsync of the directory; fdatasync of a directory leaves them to the filesystem (a FUSE daemon is told it was
+    a datasync). One fstat (about a microsecond) decides, beside a sync of hundreds."""
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.fsync(fd)
+    else:
+        os.fdatasync(fd)
+
+
 def fsync_directory(directory: str | os.PathLike[str], sync: Sync = os.fsync, *,
                     opener: Callable[[str | os.PathLike[str], int], int] = os.open) -> None:
-    """Make the directory's entries (new, renamed or removed files) durable. ``opener`` opens it (the
-    storage passes its descriptor pool's, which sheds idle descriptors when the process has none left)."""
+    """Make the directory's entries (new, renamed or removed files) durable. ``sync`` is called with the
+    directory's descriptor: a store passing the ``os.fdatasync`` it uses for its files gets ``os.fsync`` here
+    (see :func:`datasync`). ``opener`` opens it (the storage passes its descriptor pool's, which sheds idle
+    descriptors when the process has none left)."""
+    if sync is os.fdatasync:
+        sync = os.fsync
     fd = opener(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         sync(fd)
     finally:
         os.close(fd)
+
+
+FILESYSTEM_NAMES = {
+    0xEF53: "ext4",  # ext2, ext3 and ext4 share it
+    0x58465342: "xfs",
+    0x9123683E: "btrfs",
+    0xF2F52010: "f2fs",
+    0x01021994: "tmpfs",
+    0x65735546: "fuse",
+    0x6969: "nfs",
+    0xFF534D42: "cifs",
+    0xFE534D42: "smb2",
+    0x794C7630: "overlayfs",
+    0x2FC12FC1: "zfs",
+    0x00C36400: "ceph",
+    0x01021997: "9p",
+    0x858458F6: "ramfs",
+}
+"""statfs(2) ``f_type`` magic numbers (linux/magic.h) of filesystems a data directory may sit on, by name."""
+
+SYNCFS_DURABLE_FILESYSTEMS = frozenset({"ext4", "xfs", "btrfs", "f2fs", "tmpfs"})
+"""Where one syncfs(2) makes every file's written data and every directory entry durable, as an fdatasync of
+each file and an fsync of each directory would: the kernel writes back the filesystem's dirty pages and calls
+its ``sync_fs``, which commits the journal (ext4, xfs), the transaction (btrfs) or a checkpoint (f2fs). tmpfs
+keeps nothing across a power loss either way. Any other filesystem (FUSE, network filesystems, overlayfs,
+unknown ones) may not: a FUSE daemon never hears of a syncfs (the kernel sends FUSE_SYNCFS only to
+virtiofs), while an fdatasync reaches it as a FUSE_FSYNC."""
+
+
+def filesystem_type(path: str | os.PathLike[str]) -> int | None:
+    """The statfs(2) ``f_type`` of the filesystem holding ``path``; None where it cannot be asked."""
+    function = _libc_function("statfs")
+    if function is None:
+        return None
+    buffer = ctypes.create_string_buffer(256)  # struct statfs: 120 bytes on x86-64, f_type (a long) first
+    if function(os.fsencode(os.fspath(path)), buffer) != 0:
+        return None
+    return ctypes.c_long.from_buffer(buffer).value & 0xFFFFFFFF
+
+
+def filesystem_name(path: str | os.PathLike[str]) -> str:
+    """The name of the filesystem holding ``path`` (:data:`FILESYSTEM_NAMES`), its magic number in hex when
+    unnamed there, or ``unknown``."""
+    magic = filesystem_type(path)
+    if magic is None:
+        return "unknown"
+    return FILESYSTEM_NAMES.get(magic, f"0x{magic:08x}")
 
 
 def syncfs_available() -> bool:
@@ -36,17 +101,20 @@ def syncfs_available() -> bool:
         major, minor = (int(part) for part in os.uname().release.split(".")[:2])
     except ValueError:
         return False
-    return (major, minor) >= (5, 8) and _libc_syncfs() is not None
+    return (major, minor) >= (5, 8) and _libc_function("syncfs") is not None
+
+
+_ARGTYPES: dict[str, list[Any]] = {"syncfs": [ctypes.c_int], "statfs": [ctypes.c_char_p, ctypes.c_char_p]}
 
 
 @functools.cache
-def _libc_syncfs() -> Callable[[int], int] | None:
+def _libc_function(name: str) -> Callable[..., int] | None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)  # the process's own symbols: libc's among them
-        function = libc.syncfs
+        function = getattr(libc, name)
     except (OSError, AttributeError):
         return None
-    function.argtypes = [ctypes.c_int]
+    function.argtypes = _ARGTYPES[name]
     function.restype = ctypes.c_int
     return function
 
@@ -54,7 +122,7 @@ def _libc_syncfs() -> Callable[[int], int] | None:
 def syncfs(fd: int) -> None:
     """Write back and commit everything dirty on the filesystem holding ``fd`` (Linux syncfs(2)); raises
     OSError with the write-back error of any of its files since ``fd`` last reported one."""
-    function = _libc_syncfs()
+    function = _libc_function("syncfs")
     if function is None:
         raise OSError(errno.ENOSYS, "syncfs is not available here")
     if function(fd) != 0:
@@ -102,24 +170,30 @@ class WriteBackGauge:
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes, *, sync: Sync | None = os.fsync,
-                 tmp_path: str | os.PathLike[str] | None = None) -> None:
+                 tmp_path: str | os.PathLike[str] | None = None, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` so a reader sees the old or the new file, never half of one.
 
-    Temp file (``tmp_path``, default ``<path>.tmp``), fsync, rename, fsync the directory. ``sync=None``
-    skips both fsyncs (still atomic against a process crash, not against power loss).
+    Temp file (``tmp_path``, default ``<path>.tmp``, created with ``mode``), fsync, rename, fsync the
+    directory. ``sync=None`` skips both fsyncs (still atomic against a process crash, not against power
+    loss). A failure removes the temp file.
     """
     path = os.fspath(path)
     tmp = os.fspath(tmp_path) if tmp_path is not None else path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        if sync is not None:
-            sync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if sync is not None:
+                sync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     if sync is not None:
         fsync_directory(os.path.dirname(path) or ".", sync)
 
@@ -133,3 +207,15 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def evict_from_page_cache(paths: Iterable[str | os.PathLike[str]]) -> None:
+    """fsync each file, then ask the kernel to drop it from the page cache (``posix_fadvise(DONTNEED)``, no
+    privileges needed; only clean pages can be dropped): old data as a broker meets it after a while."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)

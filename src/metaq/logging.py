@@ -22,11 +22,19 @@ What an application can rely on:
   into the caller.
 - **Memory is bounded.** The queue holds at most ``max_buffered_records`` records, plus the one batch
   the background thread is sending. When it is full, the oldest record is appended to a spill file in
-  ``spill_dir`` (a buffered write, no fsync; at most ``max_spill_bytes`` on disk) or, without
-  ``spill_dir``, dropped; ``stats().dropped`` counts what was lost. Spilled records are sent first,
-  oldest first, once the broker answers. Spill files left by a handler that is gone (closed with
-  records unsent, or its process exited) are claimed and sent by the next handler of that topic
-  given the same ``spill_dir``.
+  ``spill_dir`` (at most ``max_spill_bytes`` on disk) or, without ``spill_dir``, dropped;
+  ``stats().dropped`` counts what was lost. Spilled records are sent first, oldest first, once the
+  broker answers. Spill files left by a handler that is gone (closed with records unsent, or its
+  process exited or was killed) are claimed and sent by the next handler of that topic given the same
+  ``spill_dir``.
+- **What a crash loses.** A spilled record is written to the spill file (handed to the operating
+  system, one write per record) before emit() returns, so it survives the application being killed
+  (SIGKILL, an abort, the OOM killer). The background thread fsyncs the spill files written since its
+  last sync (and ``spill_dir`` itself, for new files) every ``spill_sync_interval_s`` (default 1 s;
+  None: never, leaving it to the OS's writeback), so a machine that stops (power loss, kernel panic)
+  loses at most the records spilled in the last interval: ``stats().spilled_unsynced`` counts them now.
+  Records still in the memory queue (``stats().pending`` minus what is spilled) are lost with the
+  process; close() spills them, fsynced.
 - **flush(timeout) and close(timeout) drain within a bound** (default ``close_timeout_s``). What
   close() could not send goes to ``spill_dir`` if given, otherwise it is counted as dropped.
 - **Delivery is at-least-once.** A batch whose send failed after the broker may have stored it (a
@@ -61,7 +69,7 @@ from typing import Any
 from metaq.client.selectors import PartitionSelector
 from metaq.client.session import MessageSessionFactory
 from metaq.errors import InvalidArgument
-from metaq.fsutil import pid_alive
+from metaq.fsutil import fsync_directory, pid_alive
 from metaq.net.retry import RetryPolicy
 from metaq.net.servers import parse_servers
 from metaq.types import Message, validate_topic
@@ -117,13 +125,16 @@ class HandlerStats:
     dropped: int
     """records lost: queue full without spill_dir, spill limit reached, or unsent at close without spill_dir"""
     spilled: int
-    """records written to spill files"""
+    """records written to spill files (each on disk for the OS once counted: a killed process keeps them)"""
     failed: int
     """records that could not be formatted or are too large to send (reported, never queued)"""
     send_errors: int
     """failed send attempts (each is retried)"""
     pending: int
     """records not yet acknowledged: queued, in flight, or in spill files"""
+    spilled_unsynced: int = 0
+    """spilled records not fsynced yet: lost if the machine (not only the process) stops before the next
+    sync, at most ``spill_sync_interval_s`` away"""
 
 
 class _Spill:
@@ -145,6 +156,8 @@ class _Spill:
         self.ready: deque[tuple[Path, int]] = deque()  # closed files to send, oldest first, with record counts
         self.bytes = 0
         self.records = 0
+        self.dirty: dict[Path, int] = {}
+        """Files written since their last fsync -> how many records that is (:meth:`sync`)."""
 
     def claim_orphans(self) -> None:
         """Take over spill files of this topic whose handler is gone (its process, or closed in this one)."""
@@ -180,7 +193,8 @@ class _Spill:
     def full(self, extra: int) -> bool:
         return self.bytes + extra > self.max_bytes
 
-    def append(self, item: Item) -> int:
+    def append(self, item: Item, *, flush: bool = True) -> int:
+        """Write one record; with ``flush`` it is with the OS when this returns (a killed process keeps it)."""
         ts, payload, attribute, key = item
         attr = attribute.encode() if attribute is not None else b""
         k = key if key is not None else b""
@@ -191,9 +205,13 @@ class _Spill:
             self.writer = open(self.writer_path, "ab", buffering=1 << 20)  # noqa: SIM115 - kept open across calls
             self.writer_records = 0
         self.writer.write(data)
+        if flush:
+            self.writer.flush()
         self.writer_records += 1
         self.bytes += len(data)
         self.records += 1
+        assert self.writer_path is not None
+        self.dirty[self.writer_path] = self.dirty.get(self.writer_path, 0) + 1
         if self.writer_records >= self.file_records:
             self.rotate()  # a file is sent as one batch, so it holds at most one batch
         return len(data)
@@ -203,10 +221,12 @@ class _Spill:
         if self.writer is None:
             return
         self.writer.flush()
+        assert self.writer_path is not None
         if sync:
             os.fsync(self.writer.fileno())
+            self.dirty.pop(self.writer_path, None)
+            fsync_directory(self.dir)
         self.writer.close()
-        assert self.writer_path is not None
         self.ready.append((self.writer_path, self.writer_records))
         self.writer = None
         self.writer_path = None
@@ -217,6 +237,35 @@ class _Spill:
             self.bytes -= path.stat().st_size
             path.unlink()
         self.records -= records
+        self.dirty.pop(path, None)
+
+    @property
+    def unsynced(self) -> int:
+        return sum(self.dirty.values())
+
+    def synced(self, done: dict[Path, int]) -> None:
+        """The files of ``done`` (a copy of :attr:`dirty` taken before :func:`_sync_files`) are on disk."""
+        for path, records in done.items():
+            left = self.dirty.get(path, 0) - records  # what was written meanwhile stays to be synced
+            if left > 0:
+                self.dirty[path] = left
+            else:
+                self.dirty.pop(path, None)
+
+
+def _sync_files(directory: Path, paths: list[Path]) -> None:
+    """fsync each spill file (by name: the writer may close it meanwhile) and the directory. A file already
+    sent and deleted is simply gone."""
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    fsync_directory(directory)
 
 
 def _read_all(path: Path) -> list[Item]:
@@ -260,6 +309,7 @@ class MetaqHandler(logging.Handler):
                  max_buffered_records: int = 100_000,
                  spill_dir: str | os.PathLike[str] | None = None,
                  max_spill_bytes: int = 256 * 1024 * 1024,
+                 spill_sync_interval_s: float | None = 1.0,
                  flush_interval_s: float = 0.05,
                  batch_records: int = 1000,
                  retry_backoff_s: float = 0.1,
@@ -274,6 +324,9 @@ class MetaqHandler(logging.Handler):
         validate_topic(topic)
         if max_buffered_records < 1 or batch_records < 1:
             raise InvalidArgument("max_buffered_records and batch_records must be >= 1")
+        if spill_sync_interval_s is not None and not spill_sync_interval_s > 0:
+            raise InvalidArgument("spill_sync_interval_s must be > 0 (or None: never fsync), "
+                                  f"not {spill_sync_interval_s}")
         self.servers = servers
         self.topic = topic
         self.attribute = attribute
@@ -281,6 +334,7 @@ class MetaqHandler(logging.Handler):
         self.setFormatter(formatter if formatter is not None else JsonFormatter())
         self.max_buffered_records = max_buffered_records
         self.flush_interval_s = flush_interval_s
+        self.spill_sync_interval_s = spill_sync_interval_s
         self.batch_records = batch_records
         self.retry_backoff_s = retry_backoff_s
         self.retry_backoff_max_s = retry_backoff_max_s
@@ -374,13 +428,16 @@ class MetaqHandler(logging.Handler):
         self._dropped += 1
 
     def stats(self) -> HandlerStats:
+        """The handler's counters now: accepted, sent, dropped, spilled, failed, send errors, pending."""
         with self._mu:
             spilled_pending = self._spill.records if self._spill is not None else 0
             return HandlerStats(self._accepted, self._sent, self._dropped, self._spilled, self._failed,
-                                self._send_errors, len(self._queue) + self._in_flight + spilled_pending)
+                                self._send_errors, len(self._queue) + self._in_flight + spilled_pending,
+                                self._spill.unsynced if self._spill is not None else 0)
 
     @property
     def pending(self) -> int:
+        """Records accepted and not yet sent (queued, being sent, or spilled to disk)."""
         return self.stats().pending
 
     def drain(self, timeout: float | None = None) -> bool:
@@ -428,13 +485,18 @@ class MetaqHandler(logging.Handler):
                 if spill is not None:
                     for item in left:
                         try:
-                            spill.append(item)
+                            spill.append(item, flush=False)  # rotate(sync=True) below writes them all
                             kept += 1
                         except OSError as exc:
                             self._report_later = exc
                             break
-                    with contextlib.suppress(OSError):
+                    try:
                         spill.rotate(sync=True)
+                        dirty = dict(spill.dirty)
+                        _sync_files(spill.dir, list(dirty))  # and the files written before, not synced yet
+                        spill.synced(dirty)
+                    except OSError as exc:
+                        self._report_later = exc
                     spill.release()
                     self._spilled += kept
                 self._dropped += len(left) - kept
@@ -554,8 +616,29 @@ class MetaqHandler(logging.Handler):
         if self._task is not None:
             self._task.cancel()
 
+    async def _sync_spill(self) -> None:
+        """Every spill_sync_interval_s: fsync what was spilled since the last time (see the module docstring)."""
+        spill, interval = self._spill, self.spill_sync_interval_s
+        if spill is None or interval is None:
+            return
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            with self._mu:
+                dirty = dict(spill.dirty)
+            if not dirty:
+                continue
+            try:
+                await loop.run_in_executor(None, _sync_files, spill.dir, list(dirty))
+            except OSError as exc:
+                self._report("cannot fsync the spill files", exc)
+                continue
+            with self._mu:
+                spill.synced(dirty)
+
     async def _run(self) -> None:
         self._backoff.reset()
+        syncer = asyncio.get_running_loop().create_task(self._sync_spill(), name="metaq-logging-spill-sync")
         try:
             while not self._stopping:
                 later, self._report_later = self._report_later, None
@@ -570,6 +653,7 @@ class MetaqHandler(logging.Handler):
                     await self._close_session()
                     await asyncio.sleep(self._backoff.next_delay_unbounded_s())
         finally:
+            syncer.cancel()
             await self._close_session()
 
     async def _close_session(self) -> None:

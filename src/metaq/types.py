@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import re
-from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, NamedTuple
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
+from metaq import _compiled
 from metaq.errors import InvalidArgument
 
 MessageId = int
@@ -255,9 +255,9 @@ class Message:
     """Delayed delivery: ms from the send until consumers may see it; not with ``deliver_at``."""
     # No __post_init__ check on purpose: consumers build millions of these per second, and it would
     # double the cost of each. The producer checks what it is given (InvalidArgument for non-bytes data).
-    # The consumer's decoder (metaq.protocol.records._build_plain / _build, and its compiled twin
-    # metaq._speedups.BatchMessages) skips __init__ too: it assigns every slot of an empty instance itself.
-    # A new field must be assigned there as well (tests/unit/protocol/test_message_build.py fails until it is).
+    # The consumer's decoder (metaq.protocol.records.decode.build_messages, and the compiled MessageBuilder)
+    # skips __init__ too: it sets every field of an empty instance itself. A new field must be set there as
+    # well (the compiled builder refuses the class at import until it is).
 
     @property
     def partition_id(self) -> PartitionId:
@@ -272,7 +272,7 @@ class SendResult:
     ``broker_id`` and ``partition`` say where the message was stored (``partition_id`` together).
     """
 
-    # A new field must be added to the compiled SendResult too (src/metaq/_speedups.c, below:
+    # A new field must be added to the compiled SendResult too (src/metaq/_speedups.c:
     # tests/unit/test_send_result_impl.py fails until it is).
 
     success: bool
@@ -290,76 +290,23 @@ class SendResult:
 
     @property
     def message_id_hex(self) -> str:
+        """The message id as 32 hex digits (what the CLI prints); ``"-1"`` when nothing was stored."""
         return format_message_id(self.message_id) if self.message_id >= 0 else "-1"
 
 
 _PySendResult = SendResult
-"""The pure-Python SendResult: what ``SendResult`` is without the compiled module (or with
-``METAQ_NO_SPEEDUPS=1`` in the environment)."""
+"""The dataclass: ``SendResult`` without the compiled module (not built, or ``METAQ_NO_EXTENSIONS=1``), and the
+reference of the compiled one (metaq._speedups.SendResult), which behaves as it does: same attributes, defaults,
+equality, repr, properties, pickling and dataclasses helpers (tests/unit/test_send_result_impl.py runs both)."""
 
-SPEEDUPS = False
-"""Whether ``SendResult`` is the compiled one (metaq._speedups.SendResult)."""
+SPEEDUPS = _compiled.ENABLED
+"""Whether ``SendResult`` is the compiled one."""
 
-BATCH_MESSAGES: Any = None
-"""The compiled builder of a consumed batch's Messages (metaq._speedups.BatchMessages, bound to
-:class:`Message`), or None: metaq.protocol.records uses its Python twins ``_build_plain`` and ``_build``."""
-
-COMPILED_MESSAGE_CONSTRUCTOR = False
-"""Whether calling :class:`Message` builds the instance in compiled code (metaq._speedups.bind_constructor: the
-same fields, defaults and TypeErrors as the dataclass __init__, which stays for subclasses and direct calls)."""
-
-PLAIN_COLUMNS_OK: Any = None
-"""The compiled check of a plain produced batch's columns (metaq._speedups.plain_columns_ok), or None: the broker's
-validate_batch runs only its Python checks."""
-
-PLAIN_REGION: Any = None
-"""The compiled records region of a plain batch (metaq._speedups.plain_region), or None: metaq.protocol.records
-builds it from Python column operations instead (``_plain_region_py``)."""
-
-VALIDATE_PLAIN: Any = None
-"""The broker's compiled check of a plain produced batch, header and CRCs included (metaq._speedups.validate_plain),
-or None: validate_batch runs only its Python code. metaq.protocol.records binds it to its BatchHeader and crc32c
-(BIND_BATCH_HEADER) before using it."""
-
-STAMP_PREFIX: Any = None
-"""The compiled 45-byte stamped prefix of a batch (metaq._speedups.stamp_prefix), or None: records.stamp_prefix
-packs it in Python."""
-
-BIND_BATCH_HEADER: Any = None
-"""metaq._speedups.bind_batch_header, or None."""
-
-if not TYPE_CHECKING and not os.environ.get("METAQ_NO_SPEEDUPS"):
-    # The compiled SendResult behaves as the dataclass above (same attributes, equality, repr, properties,
-    # pickling, dataclasses helpers: tests/unit/test_send_result_impl.py runs both), but the cyclic GC does
-    # not track a success: a window of tens of thousands of live results no longer makes full collections
-    # (docs/benchmarks.md). mypy checks against the dataclass.
-    try:
-        from metaq import _speedups
-    except ImportError:  # not built (no C compiler at install): the dataclass
-        pass
-    else:
-        _speedups.bind(PartitionId, format_message_id, _PySendResult)
-        SendResult = _speedups.SendResult
-        SPEEDUPS = True
-        PLAIN_REGION = _speedups.plain_region
-        PLAIN_COLUMNS_OK = _speedups.plain_columns_ok
-        VALIDATE_PLAIN = _speedups.validate_plain
-        STAMP_PREFIX = _speedups.stamp_prefix
-        BIND_BATCH_HEADER = _speedups.bind_batch_header
-        _PySendResult.__qualname__ = _PySendResult.__name__ = "_PySendResult"  # pickled by its own name
-        # The consumer's Messages, built in C as _build_plain and _build build them; refused (the Python builder stays)
-        # if Message's fields are not the ones it fills (tests/unit/protocol/test_message_build.py fails then).
-        try:
-            _speedups.bind_message(Message, [f.name for f in fields(Message)])
-        except ValueError:
-            pass
-        else:
-            BATCH_MESSAGES = _speedups.BatchMessages
-            # Message(...) itself: the instance built in C as the dataclass __init__ builds it (every producer
-            # makes one per send); refused, nothing changed, if __init__'s parameters are not the fields.
-            try:
-                _speedups.bind_constructor(Message)
-            except ValueError:
-                pass
-            else:
-                COMPILED_MESSAGE_CONSTRUCTOR = True
+if not TYPE_CHECKING and _compiled.speedups is not None:
+    # The compiled type holds the seven fields in a form the cyclic GC does not track for a success: a window of tens
+    # of thousands of live results no longer makes full collections (docs/compiled.md). What the dataclass adds on
+    # top (its properties, the dataclasses metadata) is given to the type here, from the dataclass itself.
+    SendResult = _compiled.speedups.SendResult
+    for _name in ("partition_id", "message_id_hex", "__dataclass_fields__", "__dataclass_params__", "__match_args__"):
+        setattr(SendResult, _name, _PySendResult.__dict__[_name])
+    _PySendResult.__qualname__ = _PySendResult.__name__ = "_PySendResult"  # pickled by its own name

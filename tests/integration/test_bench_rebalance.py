@@ -13,7 +13,7 @@ def test_bench_rebalance_measures_both_groups_on_a_cluster_of_its_own() -> None:
     done = metaq("bench", "rebalance", "--brokers", "2", "--partitions", "2", "--members", "2", "--rounds", "1",
                  "--no-brokers-churn", "--json", timeout_s=240)
     assert done.returncode == 0, done.stderr
-    results = json.loads(done.stdout)
+    results = json.loads(done.stdout)["runs"]
     assert [r["coordination"] for r in results] == ["zookeeper", "broker"]
     for r in results:
         assert r["partitions"] == 4 and r["members"] == 2

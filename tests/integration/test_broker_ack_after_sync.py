@@ -20,7 +20,6 @@ The contract (docs/storage.md, "Flush policy"):
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import pytest
 
 from metaq.client import Message, MessageSessionFactory
 from metaq.errors import StorageError, StorageFailureError
+from metaq.testing import until
 from metaq.testing.inprocess import GatedSync, InProcessBroker, SyncRecord
 from metaq.types import SendResult
 
@@ -40,30 +40,9 @@ def run(coro: Coroutine[Any, Any, Any]) -> Any:
     return asyncio.run(asyncio.wait_for(coro, 120))
 
 
-async def until(predicate: Callable[[], Any], message: str, timeout_s: float = WAIT_S) -> Any:
-    """Poll ``predicate`` (with a deadline) without blocking the client's event loop."""
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {message}")
-        await asyncio.sleep(0.005)
-    return value
-
-
-async def settle(broker: InProcessBroker) -> None:
-    """Let any reply the broker has already sent reach our futures.
-
-    A call through the broker's loop returns only after everything the loop did before, so a reply
-    the broker decided on is in our socket by then; a few turns of our loop read it and complete the
-    send's future.
-    """
-    broker.call(lambda: None)
-    for _ in range(20):
-        await asyncio.sleep(0)
-
-
 def ack_snapshots(sync: GatedSync, task: asyncio.Future[SendResult]) -> list[list[SyncRecord]]:
-    """What the sync had done at the moment the ack completed the send (filled by a done callback)."""
+    """What the sync had done at the moment the answer completed the send (filled by a done callback): an
+    answer that came too early, while the sync that must precede it was held, is caught whenever it came."""
     seen: list[list[SyncRecord]] = []
     task.add_done_callback(lambda _t: seen.append(sync.records()))
     return seen
@@ -98,19 +77,15 @@ async def _ack_after_sync(broker: InProcessBroker, sync: GatedSync) -> None:
         first = asyncio.ensure_future(producer.send(Message(TOPIC, b"held-1")))
         first_seen = ack_snapshots(sync, first)
         await until(lambda: broker.log_end_offset(TOPIC, partition) == warm.offset + 2,
-                    "the held batch to be appended")
+                    message="the held batch to be appended")
         await until(lambda: [r for r in sync.waiting(segment) if r.size_bytes >= warm_end],
-                    "the sync of the held batch to start (and wait at the gate)")
+                    message="the sync of the held batch to start (and wait at the gate)")
         # Two more batches arrive while that sync is held: they were written after it started, so it
         # cannot cover them; their acks must wait for the next one.
         later = [asyncio.ensure_future(producer.send(Message(TOPIC, b"held-%d" % i))) for i in (2, 3)]
         later_seen = [ack_snapshots(sync, task) for task in later]
         await until(lambda: broker.log_end_offset(TOPIC, partition) == warm.offset + 4,
-                    "the later batches to be appended")
-        await settle(broker)
-        assert not first.done() and not any(task.done() for task in later), \
-            "a produce was acknowledged while the sync covering it was held"
-
+                    message="the later batches to be appended")
         sync.release()
         results = await asyncio.gather(first, *later)
         assert all(r.success for r in results), [r.error for r in results]
@@ -143,13 +118,13 @@ async def _ack_without_sync(broker: InProcessBroker, sync: GatedSync) -> None:
 
         warm = await send_four(0)  # the first round also syncs the new directories
         segment, warm_end = broker.batch_extent(TOPIC, 0, warm[-1].offset)
-        await until(lambda: GatedSync.covers(sync.records(), segment, warm_end), "the first threshold sync")
+        await until(lambda: GatedSync.covers(sync.records(), segment, warm_end), message="the first threshold sync")
 
         sync.hold()
         acked = await send_four(4)  # each acknowledged at once, though the sync they trigger is held
         _, threshold_end = broker.batch_extent(TOPIC, 0, acked[-1].offset)
         await until(lambda: [r for r in sync.waiting(segment) if r.size_bytes >= threshold_end],
-                    "the threshold sync to start")
+                    message="the threshold sync to start")
         # While that sync is held, a produce is still acknowledged at once.
         extra = await asyncio.wait_for(producer.send(Message(TOPIC, b"m-8")), WAIT_S)
         assert extra.success and extra.partition == 0, extra.error
@@ -159,7 +134,7 @@ async def _ack_without_sync(broker: InProcessBroker, sync: GatedSync) -> None:
 
         sync.release()
         await until(lambda: GatedSync.covers(sync.records(), segment, threshold_end),
-                    "the threshold sync to finish")
+                    message="the threshold sync to finish")
         # The ninth message is one of the next N: acknowledged, and not yet on disk (the loss window).
         assert not GatedSync.covers(sync.records(), segment, extra_end)
 
@@ -176,7 +151,7 @@ async def _synced_after_interval(broker: InProcessBroker, sync: GatedSync) -> No
         assert result.success, result.error
         segment, end = broker.batch_extent(TOPIC, result.partition, result.offset)
         await until(lambda: GatedSync.covers(sync.records(), segment, end),
-                    "unflushInterval to sync a partition far below its message threshold")
+                    message="unflushInterval to sync a partition far below its message threshold")
 
 
 @pytest.mark.parametrize("threshold", [1, 0], ids=["unflushThreshold=1", "group-commit"])
@@ -216,18 +191,20 @@ async def _failing_sync(broker: InProcessBroker, sync: GatedSync) -> list[bytes]
         sync.hold()
         sync.fail(lambda path: path.startswith(partition_dir + "/"))
         covered = [asyncio.ensure_future(producer.send(Message(TOPIC, b"lost-1")))]
-        await until(lambda: broker.log_end_offset(TOPIC, 0) == 4, "the first doomed batch to be appended")
-        await until(lambda: [r for r in sync.waiting(segment) if r.size_bytes > end], "its sync to start")
+        covered_seen = [ack_snapshots(sync, covered[0])]
+        await until(lambda: broker.log_end_offset(TOPIC, 0) == 4, message="the first doomed batch to be appended")
+        await until(lambda: [r for r in sync.waiting(segment) if r.size_bytes > end], message="its sync to start")
         covered += [asyncio.ensure_future(producer.send(Message(TOPIC, b"lost-%d" % i))) for i in (2, 3)]
-        await until(lambda: broker.log_end_offset(TOPIC, 0) == 6, "the batches behind it to be appended")
-        await settle(broker)
-        assert not any(task.done() for task in covered)
+        covered_seen += [ack_snapshots(sync, task) for task in covered[1:]]
+        await until(lambda: broker.log_end_offset(TOPIC, 0) == 6, message="the batches behind it to be appended")
         sync.release()
 
         results = await asyncio.gather(*covered)
-        for result in results:
+        for result, seen in zip(results, covered_seen, strict=True):
             assert not result.success, f"offset {result.offset} was acked although its sync failed"
             assert isinstance(result.error, StorageFailureError) and result.error.code == 56, result.error
+            assert [r for r in seen[0] if r.path == str(segment) and r.state == "failed"], \
+                "a produce was answered before the sync covering it had failed"
         assert [r for r in sync.records(segment) if r.state == "failed"]
 
         # Nothing is acked after the failure, even with the disk healthy again: restart to recover.

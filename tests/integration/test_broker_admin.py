@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 
 import pytest
+from cli_process import metaq
 
 from metaq.client import Message, connect
 from metaq.errors import PartitionClosedError, TopicExistsError
@@ -27,6 +28,36 @@ def test_closed_partition_refuses_publishing_until_opened(broker: BrokerProcess)
         assert producer.send_batch("pay", [b"b"], partition=0).success
         admin.open_partition("pay", 1)
         assert producer.send_batch("pay", [b"c"], partition=1).success
+
+
+@pytest.mark.parametrize(("where", "change"), [
+    ("file", "server.ini's [topic=audit] section sets acceptPublish=false: set it to true, then reload the broker"),
+    ("flag", "the broker was started with --acceptPublish false: restart it without the flag"),
+])
+def test_an_accept_publish_false_topic_is_not_opened_by_topic_open_and_its_refusal_says_what_to_change(
+        broker_factory: Callable[..., BrokerProcess], where: str, change: str) -> None:
+    if where == "file":
+        broker = broker_factory(config_text="[system]\nnumPartitions=2\n\n[topic=audit]\nacceptPublish=false\n")
+    else:
+        broker = broker_factory({"numPartitions": 2, "acceptPublish": False})
+        with connect(broker.servers) as session:
+            session.admin().create_topic("audit", 2)
+    opened = metaq("topic", "open", "audit", "-s", broker.servers)
+    assert opened.returncode == 1 and opened.stdout == "", opened.stdout
+    assert change in opened.stderr and "nothing was changed" in opened.stderr, opened.stderr
+
+    produced = metaq("produce", "audit", "-s", broker.servers, input="x\n")
+    assert produced.returncode == 1 and change in produced.stderr, produced.stderr
+    assert "topic open" not in produced.stderr  # it cannot help here
+    with connect(broker.servers) as session:
+        result = session.create_producer().send(Message("audit", b"x"))
+        assert isinstance(result.error, PartitionClosedError) and change in str(result.error)
+        # partitions closed with `metaq topic close` are still the ones `metaq topic open` reopens
+        if where == "file":
+            session.admin().create_topic("other", 1)
+            session.admin().close_partition("other", -1)
+            closed = session.create_producer().send(Message("other", b"x"))
+            assert isinstance(closed.error, PartitionClosedError) and "metaq topic open" in str(closed.error)
 
 
 def test_sighup_reload_applies_topic_sections_live(broker_factory: Callable[..., BrokerProcess]) -> None:

@@ -128,3 +128,30 @@ def test_after_an_unclean_stop_the_broker_finds_damage_in_older_segments_by_itse
     assert storage["recovery"]["clean"] is False
     assert [(r["first_offset"], r["resume_offset"]) for r in storage["damaged"]] == \
         [(victim.base_offset, victim.next_offset)]
+
+
+def test_index_files_a_kill_left_missing_or_torn_are_not_damage(broker_factory) -> None:
+    """A kill -9 can leave a sealed segment without its index files, or with a torn last entry (they are derived
+    data, written after the log): the background verify after the unclean start, and `metaq admin verify`, say
+    so as a note, not as damage (they reported 1,014-1,084 of 1,200 partitions "with damage" after every kill)."""
+    broker = broker_factory({"maxSegmentSize": 4096, "unflushThreshold": 1})
+    sent = produce(broker, "idx")
+    broker.kill()
+    directory = broker.data_dir / "idx-0"
+    sealed = sorted(directory.glob("*.log"))[:-1]
+    assert len(sealed) >= 3
+    for segment in sealed[:2]:
+        segment.with_suffix(".index").unlink(missing_ok=True)
+        segment.with_suffix(".timeindex").unlink(missing_ok=True)
+    torn = sealed[2].with_suffix(".index")
+    torn.write_bytes(torn.read_bytes()[:-3] if torn.exists() and torn.stat().st_size else b"\0\0\0")
+    broker.start()
+    wait_until(lambda: any("verified 1 partitions after the unclean stop" in line for line in broker.log_lines),
+               timeout_s=60, message="the background verify to finish")
+    line = next(line for line in broker.log_lines if "verified 1 partitions after the unclean stop" in line)
+    assert "all intact" in line and "rebuilt on first use (not damage)" in line, line
+    verify = subprocess.run([sys.executable, "-m", "metaq.cli.main", "admin", "verify", "-s", broker.servers,
+                             "--topic", "idx"], capture_output=True, text=True, timeout=120)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    got, errors = read_all(broker, "idx")
+    assert got == sent and not errors

@@ -74,7 +74,7 @@ def test_out_of_range_fetch_names_the_valid_range_or_serves_the_nearest(
 def test_a_waiting_fetch_is_answered_inside_the_append_that_wakes_it(tmp_path: Path) -> None:
     """The reply of a woken long poll (Fetch and MultiFetch) is decided in the append's own loop step:
     by the time the produce handler returns, the waiting fetches hold their records and gave their
-    waiting slots back (docs/benchmarks.md, "End-to-end latency": the wake path)."""
+    waiting slots back (docs/benchmarks-history.md, "End-to-end latency": the wake path)."""
     with InProcessBroker(tmp_path / "b", {"numPartitions": 2, "unflushThreshold": 1000}) as b:
         core = b.broker
 

@@ -220,3 +220,21 @@ def test_a_sync_master_reports_its_in_sync_slaves(cluster_factory: Callable[...,
     slave.kill()
     wait_until(lambda: in_sync(0), 30, message="the dead slave out of the in-sync set, in the master's metrics")
     assert scrape(url)[1]["metaq_replica_group_in_sync_slaves"][()] == 0
+
+
+@pytest.mark.parametrize("syncfs", ["auto", "off"])
+def test_metaq_stats_and_the_metrics_say_whether_flushes_use_syncfs(broker_factory: Callable[..., BrokerProcess],
+                                                                   syncfs: str) -> None:
+    """The data directory of these tests is on ext4 or tmpfs, both known to honour syncfs: used unless the
+    operator turned it off (the FUSE case: tests/system/test_storage_power_loss.py)."""
+    broker = broker_factory({"dashboardHttpPort": 0, "syncfs": syncfs})
+    text = metaq("stats", "-s", broker.servers)
+    assert text.returncode == 0, text.stderr
+    (line,) = [line for line in text.stdout.splitlines() if line.startswith("# data directory on ")]
+    doc = cli_stats(broker, "none")["durability"]
+    assert doc["filesystem"] in ("ext4", "tmpfs"), doc
+    assert doc["syncfs"] is (syncfs == "auto"), doc
+    assert ("syncfs used" if syncfs == "auto" else "syncfs not used: turned off (syncfs=off)") in line
+    assert any(doc["syncfs_reason"] in log_line for log_line in broker.log_lines)
+    used = scrape(metrics_url(broker))[1]["metaq_storage_syncfs_used"]
+    assert used == {(("filesystem", doc["filesystem"]),): 1.0 if syncfs == "auto" else 0.0}

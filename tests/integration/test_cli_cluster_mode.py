@@ -51,3 +51,11 @@ def test_cluster_mode_errors_are_one_line(zookeeper: Any, zk_root: str) -> None:
     unreachable = metaq("consume", "t", "-z", "127.0.0.1:1", timeout_s=60)
     assert unreachable.returncode == 1
     assert unreachable.stderr.strip().count("\n") == 0 and "cannot reach ZooKeeper" in unreachable.stderr
+
+
+def test_a_zookeeper_root_with_an_empty_segment_is_a_one_line_error() -> None:
+    # refused before anything is reached (no ZooKeeper is needed); it was a traceback
+    for command in (("topic", "list"), ("cluster",), ("acl", "list")):
+        done = metaq(*command, "-z", "127.0.0.1:1", "--zk-root", "/meta//x", timeout_s=60)
+        assert done.returncode == 1, (command, done.stderr)
+        assert done.stderr == "Error: ZooKeeper root '/meta//x' has an empty path segment\n", command

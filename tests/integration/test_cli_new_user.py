@@ -26,6 +26,8 @@ def _send_to(servers: str, topic: str, partition: int) -> bool:
         result = session.create_producer().send_batch(topic, [b"x"], partition=partition)
     if not result.success:
         assert isinstance(result.errors[0], PartitionClosedError), result.errors
+        # named as everywhere else, brokerId-partition (it said "maint-1")
+        assert f"partition 0-{partition} of topic {topic!r} is closed" in str(result.errors[0]), result.errors
     return result.success
 
 
@@ -59,6 +61,8 @@ def test_a_topic_deleted_and_created_again_starts_open(broker_factory: Callable[
     s = ["-s", broker.servers]
     assert metaq("topic", "create", "again", *s).returncode == 0
     assert metaq("topic", "close", "again", *s).returncode == 0
+    unconfirmed = metaq("topic", "delete", "again", *s)  # no terminal to ask on: say --yes, not "Aborted!"
+    assert unconfirmed.returncode == 2 and "add --yes" in unconfirmed.stderr and "Aborted" not in unconfirmed.stderr
     assert metaq("topic", "delete", "again", "--yes", *s).returncode == 0
     assert metaq("topic", "create", "again", *s).returncode == 0
     broker.restart()
@@ -104,3 +108,15 @@ def test_ctrl_c_on_consume_follow_prints_what_it_consumed_and_exits_130(broker: 
         proc.interrupt()
         assert_quiet_interrupt(proc)  # exit 130 as produce, bench and broker; no "Aborted!"
     assert [line for line in proc.stderr if line] == ["consumed 3 messages from live; interrupted"]
+
+
+def test_an_oversized_line_names_the_setting_to_raise(broker_factory: Callable[..., BrokerProcess]) -> None:
+    broker = broker_factory({"maxMessageSize": "4m", "unflushThreshold": 0})
+    s = ["-s", broker.servers]
+    two_mb, five_mb = "x" * 2_000_000 + "\n", "y" * 5_000_000 + "\n"
+    refused = metaq("produce", "big", *s, input=two_mb)  # over the producer's 1 MiB: the flag that raises it
+    assert refused.returncode == 1 and "--max-message-bytes" in refused.stderr, refused.stderr
+    sent = metaq("produce", "big", "--max-message-bytes", "3000000", *s, input=two_mb)
+    assert sent.returncode == 0 and "sent 1 message" in sent.stderr, sent.stderr
+    over_broker = metaq("produce", "big", "--max-message-bytes", "6000000", *s, input=five_mb)
+    assert over_broker.returncode == 1 and "maxMessageSize" in over_broker.stderr, over_broker.stderr

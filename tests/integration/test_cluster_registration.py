@@ -117,5 +117,9 @@ def test_a_broker_that_cannot_reach_zookeeper_says_so_and_exits(tmp_path) -> Non
     result = subprocess.run([sys.executable, "-m", "metaq.broker", "-f", str(config), "--dataPath",
                              str(tmp_path / "data"), "--serverPort", "0"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
-    assert "Error: cannot reach ZooKeeper at 127.0.0.1:" in result.stderr
+    assert "Error: cannot reach ZooKeeper at 127.0.0.1:" in result.stderr and "within 1.5s" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+    # one line saying what it waits for, one saying it gave up: none of kazoo's attempts (a dozen a second)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2 and "connecting to ZooKeeper at 127.0.0.1:" in lines[0], result.stderr
+    assert "kazoo" not in result.stderr

@@ -8,21 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import re
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import uvloop
+from cli_process import metaq
 
 from metaq.client import Message, MessageSessionFactory, PartitionId, connect
+from metaq.client.blocking import BlockingClient
 from metaq.client.group import ConsumerConfig, create_consumer
 from metaq.client.group.admin import describe_group, list_groups
-from metaq.errors import ConnectionClosedError, InvalidArgument, UnknownPartitionError
+from metaq.errors import DuplicateBrokerIdError, InvalidArgument, UnknownPartitionError
 from metaq.protocol.messages import OffsetFetchRequest
-from metaq.testing.broker import BrokerProcess
+from metaq.testing import BrokerProcess, until
 from metaq.types import TopicPartition
 
 ORDER = [PartitionId(1, 0), PartitionId(1, 1), PartitionId(2, 0), PartitionId(2, 1)]
@@ -89,15 +90,6 @@ FAST = {"session_timeout_ms": 1500, "rebalance_timeout_ms": 6000, "commit_offset
         "max_delay_fetch_ms": 500, "fetch_runner_count": 4}
 
 
-async def until(pred: Callable[[], Any], what: str, timeout_s: float = 30.0) -> None:
-    """Poll a condition the test waits for (a deadline only to fail instead of hanging)."""
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 def test_a_group_over_both_brokers_is_disjoint_complete_and_resumes_per_broker_partition(
         two_brokers: tuple[BrokerProcess, BrokerProcess], tmp_path: Path) -> None:
     b1, b2 = two_brokers
@@ -110,7 +102,7 @@ def test_a_group_over_both_brokers_is_disjoint_complete_and_resumes_per_broker_p
         producer = admin_session.create_producer()
         for i in range(60):
             assert (await producer.send(Message("work", b"old-%d" % i))).success
-        # members list the brokers in different orders: they still agree on the coordinator (broker 1)
+        # members list the brokers in different orders: each joins both, each broker balances its own partitions
         sessions = [await MessageSessionFactory.connect(servers_of(two_brokers, reverse=i % 2 == 1))
                     for i in range(3)]
         got: Counter[bytes] = Counter()
@@ -127,31 +119,36 @@ def test_a_group_over_both_brokers_is_disjoint_complete_and_resumes_per_broker_p
 
         def stable() -> bool:
             owned = [tp for c in consumers for tp in c.assignment()]
-            return (all(c.assigned.is_set() for c in consumers) and len({c.generation for c in consumers}) == 1
+            return (all(c.assigned.is_set() for c in consumers)
+                    and len({tuple(sorted(c.generations.items())) for c in consumers}) == 1
                     and sorted(owned) == everything)
 
-        await until(lambda: stable() and sum(got.values()) >= 60, "a stable group that consumed everything")
+        await until(lambda: stable() and sum(got.values()) >= 60, message="a stable group that consumed everything")
         owned = [set(c.assignment()) for c in consumers]
         assert all(owned) and sum(map(len, owned)) == 6 and set().union(*owned) == set(everything)
-        # range over 1-0 1-1 1-2 2-0 2-1 2-2: two each, in MetaQ's order
-        assert sorted(sorted(str(tp.partition) for tp in o) for o in owned) == [
-            ["1-0", "1-1"], ["1-2", "2-0"], ["2-1", "2-2"]]
+        # each broker splits its three partitions among the three (range, starting at member "broker id"):
+        # one partition of each broker each
+        assert sorted(sorted(tp.partition.broker_id for tp in o) for o in owned) == [[1, 2], [1, 2], [1, 2]]
         assert got == Counter({b"old-%d" % i: 1 for i in range(60)})
         owner_of = {tp.partition: c for c in consumers for tp in c.assignment()}
         assert all(owner_of[pid] in consumers for pid in where.values())
         for c in consumers:
             await c.close()
 
-        # the coordinator is broker 1 (the lowest id): it keeps the offsets of both brokers' partitions
-        async with await MessageSessionFactory.connect(b1.servers) as only_1:
-            offsets = await describe_group(only_1, "workers")
-            assert {(str(p.partition), p.committed) for p in offsets.partitions} == {
-                ("1-0", 10), ("1-1", 10), ("1-2", 10)}  # lag rows cover the partitions this session sees
-            fetched = await only_1._core.request(OffsetFetchRequest("workers", None))
-            assert sorted((e.broker_id, e.partition, e.offset) for e in fetched.offsets) == [
-                (b, p, 10) for b in (1, 2) for p in range(3)]
-        async with await MessageSessionFactory.connect(b2.servers) as only_2:
-            assert await list_groups(only_2) == []
+        # each broker keeps the offsets of its own partitions
+        for broker, broker_id in ((b1, 1), (b2, 2)):
+            async with await MessageSessionFactory.connect(broker.servers) as only_one:
+                offsets = await describe_group(only_one, "workers")
+                assert {(str(p.partition), p.committed) for p in offsets.partitions} == {
+                    (f"{broker_id}-{p}", 10) for p in range(3)}
+                fetched = await only_one._core.request(OffsetFetchRequest("workers", None))
+                assert sorted((e.broker_id, e.partition, e.offset) for e in fetched.offsets) == [
+                    (broker_id, p, 10) for p in range(3)]
+                assert await list_groups(only_one) == ["workers"]
+        described = await describe_group(admin_session, "workers")
+        assert sorted((str(p.partition), p.committed) for p in described.partitions) == [
+            (str(tp.partition), 10) for tp in everything]
+        assert described.members == [] and described.state == "Empty" and described.unreachable == []
 
         # a new member resumes from the committed offsets of every broker partition
         for i in range(12):
@@ -160,7 +157,7 @@ def test_a_group_over_both_brokers_is_disjoint_complete_and_resumes_per_broker_p
         resumed = create_consumer(sessions[0], config).subscribe("work", 64 * 1024,
                                                                  lambda msg: later.update([bytes(msg.data)]))
         await resumed.complete_subscribe()
-        await until(lambda: sum(later.values()) >= 12, "the new messages")
+        await until(lambda: sum(later.values()) >= 12, message="the new messages")
         assert sorted(later) == sorted(b"new-%d" % i for i in range(12)) and set(later.values()) == {1}
         assert sorted(resumed.assignment()) == everything
         await resumed.close()
@@ -172,24 +169,25 @@ def test_a_group_over_both_brokers_is_disjoint_complete_and_resumes_per_broker_p
 
 def test_a_group_takes_up_partitions_that_appear_on_another_broker(
         two_brokers: tuple[BrokerProcess, BrokerProcess], tmp_path: Path) -> None:
-    # the coordinator (broker 1) cannot see broker 2: the member notices in its metadata and rejoins
+    # broker 2 coordinates its own partitions: it notices the new ones itself and rebalances them alone
     async def main() -> None:
-        session = await MessageSessionFactory.connect(servers_of(two_brokers), metadata_max_age_s=0.2)
+        session = await MessageSessionFactory.connect(servers_of(two_brokers))
         await session.admin().create_topic("grow", 2, broker_id=1)
         got: list[PartitionId] = []
         consumer = create_consumer(session, ConsumerConfig(group="g", recover_dir=tmp_path, **FAST)).subscribe(
             "grow", 4096, lambda msg: got.append(msg.partition_id))
         await consumer.complete_subscribe()
-        await until(lambda: consumer.assigned.is_set(), "the first assignment")
+        await until(lambda: consumer.assigned.is_set(), message="the first assignment")
         assert [str(tp.partition) for tp in consumer.assignment()] == ["1-0", "1-1"]
-        generation = consumer.generation
+        generations = consumer.generations
         await session.admin().create_topic("grow", 2, broker_id=2)
-        await until(lambda: consumer.assigned.is_set() and len(consumer.assignment()) == 4, "broker 2's partitions")
-        assert consumer.generation > generation
+        await until(lambda: consumer.assigned.is_set() and len(consumer.assignment()) == 4,
+                    message="broker 2's partitions")
+        assert consumer.generations[1] == generations[1] and consumer.generations[2] > generations[2]
         producer = session.create_producer()
         for i in range(4):
             assert (await producer.send(Message("grow", b"%d" % i))).success
-        await until(lambda: len(got) == 4, "a message from each partition")
+        await until(lambda: len(got) == 4, message="a message from each partition")
         assert sorted(got) == [PartitionId(b, p) for b in (1, 2) for p in (0, 1)]
         await consumer.close()
         await session.close()
@@ -260,20 +258,54 @@ def test_a_topic_browser_reads_both_brokers(two_brokers: tuple[BrokerProcess, Br
     uvloop.run(main())
 
 
-def test_group_requests_never_fall_over_to_another_broker(two_brokers: tuple[BrokerProcess, BrokerProcess]) -> None:
-    # the coordinator (broker 1) is gone: broker 2 must not be asked instead, or the group would split in two
-    b1, _b2 = two_brokers
+def test_a_group_consumes_one_broker_while_the_other_is_down(
+        two_brokers: tuple[BrokerProcess, BrokerProcess], tmp_path: Path) -> None:
+    # no broker coordinates for another: with broker 1 down from the start, broker 2's partitions are
+    # consumed, its part of the group is formed alone, and `describe` names what did not answer
+    b1, b2 = two_brokers
 
     async def main() -> None:
+        async with await MessageSessionFactory.connect(b2.servers) as only_2:
+            await only_2.admin().create_topic("t", 2, broker_id=2)
+            producer = only_2.create_producer()
+            for i in range(4):
+                assert (await producer.send(Message("t", b"%d" % i))).success
+        await asyncio.to_thread(b1.stop)
         async with await MessageSessionFactory.connect(servers_of(two_brokers)) as session:
-            assert await list_groups(session) == []  # both reached: broker 1 coordinates
-            b1.stop()
-            for _attempt in range(2):  # the first request may still meet the old connection: "was lost"
-                with pytest.raises(ConnectionClosedError) as caught:
-                    await list_groups(session)
-                if "coordinator" in str(caught.value):
-                    break
-            assert "broker 1, the groups' coordinator, cannot be reached" in str(caught.value)
-            assert await session.partitions("nothing-here") == []  # metadata still comes from broker 2
+            got: list[bytes] = []
+            consumer = create_consumer(session, ConsumerConfig(group="g", recover_dir=tmp_path, **FAST)).subscribe(
+                "t", 4096, lambda msg: got.append(bytes(msg.data)))
+            await consumer.complete_subscribe()
+            await until(lambda: sorted(got) == [b"0", b"1", b"2", b"3"], message="broker 2's messages")
+            await until(lambda: consumer.assigned.is_set(), message="the assignment settled with broker 1 down")
+            assert list(consumer.generations) == [2]
+            described = await describe_group(session, "g")
+            assert described.state == "Stable" and len(described.members) == 1
+            assert len(described.unreachable) == 1 and str(b1.port) in described.unreachable[0]
+            await consumer.close()
 
     uvloop.run(main())
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["listed-a-b", "listed-b-a"])
+def test_two_brokers_with_one_broker_id_are_refused_naming_both_addresses(
+        broker_factory: Callable[..., BrokerProcess], reverse: bool) -> None:
+    # both left at the default brokerId=0: a client cannot tell their partitions apart, so whichever order
+    # the servers are listed in, it must stop and say so rather than read one broker and miss the other
+    a = broker_factory({"numPartitions": 1}, name="a")
+    b = broker_factory({"numPartitions": 1}, name="b")
+    listed = [b, a] if reverse else [a, b]
+    servers = ",".join(p.servers for p in listed)
+    for proc in (a, b):
+        with connect(proc.servers) as alone:
+            assert alone.create_producer().send(Message("t", b"x")).success
+    both = rf"servers {listed[0].servers} and {listed[1].servers} both answer as broker id 0"
+
+    done = metaq("consume", "t", "-s", servers)
+    assert done.returncode == 1 and done.stdout == ""
+    assert re.search(both + r".*brokerId", done.stderr), done.stderr
+
+    with connect(servers) as session, pytest.raises(DuplicateBrokerIdError, match=both):
+        session.partitions("t")
+    with BlockingClient(servers) as blocking, pytest.raises(DuplicateBrokerIdError, match=both):
+        blocking.partitions_for("t")

@@ -8,6 +8,7 @@ from typing import Any
 import uvloop
 
 from metaq.client import Message, MessageBatch, MessageSessionFactory, connect
+from metaq.testing import produce
 from metaq.testing.broker import BrokerProcess
 
 
@@ -33,12 +34,8 @@ def by_columns(batch: MessageBatch) -> list[tuple[object, ...]]:
 
 
 async def fill(session: MessageSessionFactory, topic: str, count: int) -> None:
-    await session.admin().create_topic(topic, 1)
-    producer = session.create_producer(batch_bytes=2048)  # many stored batches
-    for start in range(0, count, 40):
-        result = await producer.send_batch(topic, [sample(topic, i) for i in range(start, min(start + 40, count))],
-                                           partition=0)
-        assert result.success
+    await produce(session, topic, {0: [sample(topic, i) for i in range(count)]}, batch_messages=40,
+                  create_partitions=1, batch_bytes=2048)  # many stored batches
 
 
 def test_iterate_columns_gives_the_records_iterate_gives_in_offset_order(broker: BrokerProcess) -> None:

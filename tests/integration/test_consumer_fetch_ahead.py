@@ -13,6 +13,7 @@ import uvloop
 
 from metaq.client import Message, MessageSessionFactory
 from metaq.client.consumer import PullConsumer
+from metaq.testing import produce
 from metaq.testing.broker import BrokerProcess
 
 SIZE = 100_000
@@ -26,10 +27,8 @@ def payload(i: int) -> bytes:
 
 
 async def fill(session: Any, topic: str, count: int = COUNT) -> None:
-    await session.admin().create_topic(topic, 1)
-    producer = session.create_producer()
-    for i in range(count):  # one stored batch each, so each fetch of ~1.5 batches holds one whole
-        assert (await producer.send_batch(topic, [payload(i)]))[0].success
+    # one stored batch each, so each fetch of ~1.5 batches holds one whole
+    await produce(session, topic, [payload(i) for i in range(count)], batch_messages=1, create_partitions=1)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import threading
 import urllib.error
 import urllib.request
@@ -204,11 +205,23 @@ def test_topics_view_shows_the_offsets_and_counts_metaq_stats_gives(dash_broker:
         assert partition_cell(browser, "orders", label, "state") == "open"
         assert partition_cell(browser, "orders", label, "segments") == "1"
     meta = text_of(browser, '#topics-list .block[data-topic="orders"] .meta')
-    assert meta is not None and "350 messages stored" in meta
+    assert meta is not None and "2 partitions here, 350 messages stored" in meta
+    assert text_of(browser, '#broker-facts [data-field="cluster_mode"]') == "standalone"  # as README says
     # the header names the broker
     assert text_of(browser, "#broker-title") == "broker 0"
     assert text_of(browser, '#broker-facts [data-field="role"]') == "master"
     assert browser_errors(browser) == []
+
+
+def _assert_round_axis(labels: list[str]) -> None:
+    """A chart's y labels are 0 and four equal steps of 1, 2, 2.5 or 5 times a power of ten (they were the
+    largest value's quarters: 249, 499, 748, 997)."""
+    scale = {"k": 1e3, "M": 1e6}
+    values = [float(t.split()[0]) * scale.get(t.split()[-1], 1) if " " in t else float(t) for t in labels]
+    step = values[1]
+    assert len(values) == 5 and all(math.isclose(v, step * i) for i, v in enumerate(values)), labels
+    mantissa = step / 10 ** math.floor(math.log10(step))
+    assert any(math.isclose(mantissa, m) for m in (1, 2, 2.5, 5)), labels
 
 
 def test_the_live_chart_and_rates_move_under_load_without_a_reload(dash_broker: BrokerProcess, browser: Any) -> None:
@@ -234,6 +247,8 @@ def test_the_live_chart_and_rates_move_under_load_without_a_reload(dash_broker: 
         wait_until(lambda: max(browser.execute_script("return state.history.map(s => s.in_msg_s)")) > 0,
                    UI_TIMEOUT_S, 0.05, "a sample with produce traffic in the chart's history")
         assert len(history) >= 1
+        ticks = browser.execute_script(f"return {chart}.dataset.ticks").split(",")
+        _assert_round_axis(ticks)
     assert browser.execute_script("return window.__notReloaded === true"), "the page reloaded"
     assert "live" in (text_of(browser, "#live") or "")
     assert browser_errors(browser) == []

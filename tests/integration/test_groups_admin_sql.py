@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -16,7 +15,7 @@ from metaq.client import Message, MessageSessionFactory
 from metaq.client.group import ConsumerConfig, PostgresOffsetStorage, SqliteOffsetStorage, create_consumer
 from metaq.client.group.admin import describe_group, list_groups, reset_offsets
 from metaq.errors import IllegalGenerationError, StorageError, UnknownGroupError
-from metaq.testing.broker import BrokerProcess
+from metaq.testing import BrokerProcess, until
 from metaq.testing.postgres import PostgresServer, PostgresUnavailable
 from metaq.types import PartitionId, TopicPartition
 
@@ -26,15 +25,6 @@ FAST = {"session_timeout_ms": 1500, "rebalance_timeout_ms": 6000, "commit_offset
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
     uvloop.run(coro)
-
-
-async def until(pred: Callable[[], Any], timeout_s: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (value := pred()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s")
-        await asyncio.sleep(0.01)
-    return value
 
 
 @pytest.fixture(scope="module")

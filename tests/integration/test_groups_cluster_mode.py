@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -18,28 +17,18 @@ from typing import Any
 import pytest
 import uvloop
 
+from metaq import testing
 from metaq.client import Message, MessageSessionFactory
 from metaq.client.group import ConsumerConfig, GroupConsumer, ZooKeeperOffsetStorage, create_consumer
 from metaq.client.group.membership import ZooKeeperMembership
 from metaq.cluster.zookeeper import ZooKeeperRegistry
-from metaq.testing import BrokerProcess
+from metaq.testing import BrokerProcess, until
 from metaq.testing.zookeeper import expire_session
 from metaq.types import PartitionId
 
 TOPICS = "[topic=orders]\nnumPartitions=2\n"
 ZK_SESSION_MS = 3000
 FAST = {"commit_offset_period_ms": 200, "max_delay_fetch_ms": 300, "fetch_runner_count": 4}
-
-
-async def until(pred: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 class Member:
@@ -96,10 +85,8 @@ def settled(reader: ZooKeeperRegistry, group: str, members: list[Member], expect
 
 
 async def produce(session: MessageSessionFactory, values: range) -> None:
-    producer = session.create_producer()
-    for v in values:
-        result = await producer.send(Message("orders", b"%d" % v))
-        assert result.success, result
+    """One message a value, each placed by the producer's selector (round robin)."""
+    await testing.produce(session, "orders", [b"%d" % v for v in values], batch_messages=1)
 
 
 def check_history(members: list[Member], produced: set[int]) -> Counter[int]:
@@ -134,12 +121,13 @@ def test_three_members_over_three_brokers_follow_brokers_leaving_and_coming_back
         members = [await member(zookeeper, zk_root, "g", tmp_path / f"m{i}") for i in range(3)]
         produced: set[int] = set()
         try:
-            await until(lambda: settled(reader, "g", members, every), what="6 partitions shared by 3 members")
+            await until(lambda: settled(reader, "g", members, every), message="6 partitions shared by 3 members")
             assert sorted(len(m.owned()) for m in members) == [2, 2, 2]
             assert all(m.consumer.offsets.__class__ is ZooKeeperOffsetStorage for m in members)
 
             async def consumed_all() -> None:
-                await until(lambda: produced <= {v for m in members for _, _, v in m.got}, what="everything consumed")
+                await until(lambda: produced <= {v for m in members for _, _, v in m.got},
+                            message="everything consumed")
 
             async def produce_checked(values: range) -> None:
                 """In a settled group, each member receives exactly the new messages of what it owns."""
@@ -158,10 +146,10 @@ def test_three_members_over_three_brokers_follow_brokers_leaving_and_coming_back
                 b3 = brokers[3]
                 await asyncio.to_thread(b3.stop if how == "stop" else b3.kill)
                 rest = {p for p in every if p.broker_id != 3}
-                await until(lambda r=rest: settled(reader, "g", members, r), what=f"broker 3 {how}: 4 partitions")
+                await until(lambda r=rest: settled(reader, "g", members, r), message=f"broker 3 {how}: 4 partitions")
                 await produce_checked(range(len(produced), len(produced) + 200))
                 await asyncio.to_thread(b3.restart)
-                await until(lambda: settled(reader, "g", members, every), what=f"broker 3 back after {how}")
+                await until(lambda: settled(reader, "g", members, every), message=f"broker 3 back after {how}")
                 await produce_checked(range(len(produced), len(produced) + 300))
             await asyncio.gather(*(m.consumer.commit() for m in members))
             committed = reader.offsets("g", "orders")
@@ -187,27 +175,27 @@ def test_members_join_and_leave_offsets_carry_over(
         a = await member(zookeeper, zk_root, "g", tmp_path / "a")
         produced = set(range(100))
         await produce(a.session, range(100))
-        await until(lambda: settled(reader, "g", [a], every), what="a alone owns all")
-        await until(lambda: produced <= {v for _, _, v in a.got}, what="a consumed everything")
+        await until(lambda: settled(reader, "g", [a], every), message="a alone owns all")
+        await until(lambda: produced <= {v for _, _, v in a.got}, message="a consumed everything")
         b = await member(zookeeper, zk_root, "g", tmp_path / "b")
-        await until(lambda: settled(reader, "g", [a, b], every), what="a and b share")
+        await until(lambda: settled(reader, "g", [a, b], every), message="a and b share")
         assert len(a.owned()) == len(b.owned()) == 2
         await produce(a.session, range(100, 200))
         produced.update(range(100, 200))
-        await until(lambda: produced <= {v for m in (a, b) for _, _, v in m.got}, what="a and b consumed all")
+        await until(lambda: produced <= {v for m in (a, b) for _, _, v in m.got}, message="a and b consumed all")
         await a.close()
-        await until(lambda: settled(reader, "g", [b], every), what="b takes a's partitions over")
+        await until(lambda: settled(reader, "g", [b], every), message="b takes a's partitions over")
         await produce(b.session, range(200, 300))
         produced.update(range(200, 300))
-        await until(lambda: produced <= {v for m in (a, b) for _, _, v in m.got}, what="b consumed all")
+        await until(lambda: produced <= {v for m in (a, b) for _, _, v in m.got}, message="b consumed all")
         dups = check_history([a, b], produced)
         assert not dups, "a clean leave commits first: nothing is delivered twice"
         await b.close()
         # a new member of the group starts where the group stopped (ZooKeeper offsets)
         c = await member(zookeeper, zk_root, "g", tmp_path / "c")
-        await until(lambda: settled(reader, "g", [c], every), what="c owns all")
+        await until(lambda: settled(reader, "g", [c], every), message="c owns all")
         await produce(c.session, range(300, 310))
-        await until(lambda: set(range(300, 310)) <= {v for _, _, v in c.got}, what="c consumed the new ones")
+        await until(lambda: set(range(300, 310)) <= {v for _, _, v in c.got}, message="c consumed the new ones")
         assert {v for _, _, v in c.got} == set(range(300, 310))
         await c.close()
 
@@ -225,22 +213,22 @@ def test_expired_session_stops_fetching_and_rejoins(
         a = await member(zookeeper, zk_root, "g", tmp_path / "a")
         b = await member(zookeeper, zk_root, "g", tmp_path / "b")
         try:
-            await until(lambda: settled(reader, "g", [a, b], every), what="a and b share")
+            await until(lambda: settled(reader, "g", [a, b], every), message="a and b share")
             produced = set(range(200))
             await produce(a.session, range(200))
-            await until(lambda: produced <= {v for m in (a, b) for _, _, v in m.got}, what="consumed")
+            await until(lambda: produced <= {v for m in (a, b) for _, _, v in m.got}, message="consumed")
             registry = a.session._core.registry
             assert registry is not None
             before = a.membership.rebalances
             await asyncio.to_thread(expire_session, registry.raw_client(), zookeeper)
             # The expiry reaches the member's loop: it fetches nothing until it has rebalanced.
             await until(lambda: not a.membership.may_fetch() or a.membership.rebalances > before, 5,
-                        what="a to stop fetching")
+                        message="a to stop fetching")
             await until(lambda: a.membership.rebalances > before and settled(reader, "g", [a, b], every),
-                        what="a re-joined with a new session")
+                        message="a re-joined with a new session")
             await produce(b.session, range(200, 400))
             produced.update(range(200, 400))
-            await until(lambda: produced <= {v for m in (a, b) for _, _, v in m.got}, what="consumed after")
+            await until(lambda: produced <= {v for m in (a, b) for _, _, v in m.got}, message="consumed after")
             check_history([a, b], produced)
         finally:
             await a.close()
@@ -268,8 +256,8 @@ def test_group_commands_read_and_reset_zookeeper_offsets(
     async def consume_some() -> Member:
         a = await member(zookeeper, zk_root, "billing", tmp_path / "a")
         await produce(a.session, range(40))
-        await until(lambda: settled(reader, "billing", [a], every), what="a owns all")
-        await until(lambda: len(a.got) == 40, what="a consumed 40")
+        await until(lambda: settled(reader, "billing", [a], every), message="a owns all")
+        await until(lambda: len(a.got) == 40, message="a consumed 40")
         await a.consumer.commit()
         return a
 
@@ -299,8 +287,8 @@ def test_group_commands_read_and_reset_zookeeper_offsets(
         # the next member starts 1-0 over from the reset offset
         b = await member(zookeeper, zk_root, "billing", tmp_path / "b")
         try:
-            await until(lambda: settled(reader, "billing", [b], every), what="b owns all")
-            await until(lambda: len(b.got) == old_count(a, "1-0"), what="b re-reads 1-0")
+            await until(lambda: settled(reader, "billing", [b], every), message="b owns all")
+            await until(lambda: len(b.got) == old_count(a, "1-0"), message="b re-reads 1-0")
             assert {part for part, _, _ in b.got} == {"1-0"}
         finally:
             await b.close()
@@ -335,15 +323,15 @@ def test_two_members_of_a_group_sharing_one_session(
         a = await on_session(shared, "a")
         b = await on_session(shared, "b")
         assert a.id != b.id
-        await until(lambda: settled(reader, "g", [a, b], every), what="a and b share one session and the partitions")
+        await until(lambda: settled(reader, "g", [a, b], every), message="a and b share one session and the partitions")
         # "m-0" sorts first: with range, c takes a's partitions, so a must hear of c through the shared watch
         c = await member(zookeeper, zk_root, "g", tmp_path / "c", consumer_id="m-0")
-        await until(lambda: settled(reader, "g", [a, b, c], every), what="both hear of c")
+        await until(lambda: settled(reader, "g", [a, b, c], every), message="both hear of c")
         assert {str(p) for p in c.owned()} == {"1-0", "1-1"}
         await c.close()
-        await until(lambda: settled(reader, "g", [a, b], every), what="both hear c leave")
+        await until(lambda: settled(reader, "g", [a, b], every), message="both hear c leave")
         await produce(shared, range(100))
-        await until(lambda: set(range(100)) <= {v for m in (a, b) for _, _, v in m.got}, what="consumed")
+        await until(lambda: set(range(100)) <= {v for m in (a, b) for _, _, v in m.got}, message="consumed")
         assert not check_history([a, b], set(range(100)))
         await a.consumer.close()
         await b.consumer.close()

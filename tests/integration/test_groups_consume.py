@@ -11,6 +11,7 @@ from typing import Any
 
 import uvloop
 
+from metaq import testing
 from metaq.client import Message, MessageSessionFactory
 from metaq.client.group import (
     AttributeFilter,
@@ -22,7 +23,7 @@ from metaq.client.group import (
     TopicBrowser,
     create_consumer,
 )
-from metaq.testing.broker import BrokerProcess
+from metaq.testing import BrokerProcess, until
 
 FAST = {"session_timeout_ms": 1500, "rebalance_timeout_ms": 6000, "commit_offset_period_ms": 200,
         "max_delay_fetch_ms": 500, "fetch_runner_count": 4}
@@ -32,30 +33,13 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
     uvloop.run(coro)
 
 
-async def until(pred: Callable[[], Any], timeout_s: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 def config(group: str, tmp: Path, **kw: Any) -> ConsumerConfig:
     return ConsumerConfig(group=group, recover_dir=tmp / "recover", **{**FAST, **kw})
 
 
 async def produce(session: MessageSessionFactory, topic: str, n: int, start: int = 0) -> None:
-    """``n`` messages spread evenly over the topic's partitions."""
-    producer = session.create_producer()
-    parts = await session.partitions(topic)
-    for i, p in enumerate(parts):
-        values = [b"%d" % v for v in range(start + i, start + n, len(parts))]
-        if values:
-            assert (await producer.send_batch(topic, values, partition=p.partition)).success
-    await producer.flush()
+    """Messages ``start`` .. ``start + n - 1`` spread evenly over the topic's partitions."""
+    await testing.produce(session, topic, [b"%d" % v for v in range(start, start + n)], spread=True)
 
 
 def stable(consumers: list[GroupConsumer], n_partitions: int) -> bool:
@@ -77,12 +61,12 @@ def test_three_consumers_share_twelve_partitions_disjointly_and_completely(
             c.subscribe("orders", 64 * 1024, lambda msg: got.update([bytes(msg.data)]))
         for c in consumers:
             await c.complete_subscribe()
-        await until(lambda: stable(consumers, 12), what="a stable group of three")
+        await until(lambda: stable(consumers, 12), message="a stable group of three")
         sets = [set(c.assignment()) for c in consumers]
         assert [len(s) for s in sets] == [4, 4, 4]
         assert not (sets[0] & sets[1]) and not (sets[1] & sets[2]) and not (sets[0] & sets[2])
         await produce(sessions[0], "orders", 1200)
-        await until(lambda: len(got) == 1200, what="every message")
+        await until(lambda: len(got) == 1200, message="every message")
         assert max(got.values()) == 1, "clean rebalances deliver nothing twice"
         for c in consumers:
             await c.close()
@@ -113,12 +97,12 @@ def test_members_joining_and_leaving_move_partitions_without_loss(
         await produce(session, "flow", 300, 0)
         b = member()
         await b.complete_subscribe()
-        await until(lambda: stable([a, b], 6), what="a and b stable")
+        await until(lambda: stable([a, b], 6), message="a and b stable")
         await produce(session, "flow", 300, 300)
         await a.close()  # leaves: b takes everything
-        await until(lambda: stable([b], 6), what="b alone")
+        await until(lambda: stable([b], 6), message="b alone")
         await produce(session, "flow", 300, 600)
-        await until(lambda: len(got) == 900, what="all 900")
+        await until(lambda: len(got) == 900, message="all 900")
         assert max(got.values()) == 1
         await b.close()
         await session.close()
@@ -192,7 +176,7 @@ def test_a_failing_message_is_retried_then_recovered_in_the_background(
         await until(lambda: all(calls[b"%d" % i] for i in range(10)) and c.stats.rejected == 1)
         assert calls[b"3"] == 3  # 1 + maxFetchRetries deliveries
         assert all(calls[b"%d" % i] == 1 for i in range(10) if i != 3)
-        await until(lambda: c.positions()[next(iter(c.positions()))][2] == 10, what="offset 10 committed")
+        await until(lambda: c.positions()[next(iter(c.positions()))][2] == 10, message="offset 10 committed")
         assert await c.recover.count() == 1
         await c.close()
 
@@ -203,11 +187,50 @@ def test_a_failing_message_is_retried_then_recovered_in_the_background(
         c2 = create_consumer(session, config("fragile-g", tmp_path, recover_message_interval_ms=100)).subscribe(
             "fragile", 4096, listener)
         await c2.complete_subscribe()
-        await until(lambda: c2.stats.recovered == 1, what="the background recover")
+        await until(lambda: c2.stats.recovered == 1, message="the background recover")
         assert calls[b"3"] == 4
         assert await store.count() == 0
         await c2.close()
         store.close()
+        await session.close()
+
+    run(main())
+
+
+def test_a_transient_failure_is_outlasted_by_the_retry_back_off(
+        broker_factory: Callable[..., BrokerProcess], tmp_path: Path) -> None:
+    """The listener's database is down for 1 s (of a fake clock the partition's back-off advances): the
+    partition waits 0.5 s, then 1 s (MetaQ's: a tenth of max_delay_fetch_ms more each retry) and the message
+    is delivered once the database is back. With ``skip``, retries with no back-off (all six within a
+    millisecond) would have dropped it."""
+    broker = broker_factory({"numPartitions": 1})
+
+    async def main() -> None:
+        session = await MessageSessionFactory.connect(broker.servers)
+        await session.admin().create_topic("transient", 1)
+        await produce(session, "transient", 5)
+        now_s = 0.0
+        waits: list[float] = []
+        calls: Counter[bytes] = Counter()
+
+        async def fake_wait(delay_s: float) -> None:
+            nonlocal now_s
+            waits.append(delay_s)
+            now_s += delay_s
+
+        def listener(msg: Message) -> None:
+            calls.update([bytes(msg.data)])
+            if msg.data == b"2" and now_s < 1.0:
+                raise ConnectionError("the database is down")
+
+        c = create_consumer(session, config("transient-g", tmp_path, rejection_policy="skip",
+                                            max_delay_fetch_ms=5000)).subscribe("transient", 4096, listener)
+        c.retry_wait = fake_wait
+        await c.complete_subscribe()
+        await until(lambda: calls[b"4"] == 1, message="every message delivered")
+        assert (waits, calls[b"2"], c.stats.rejected, c.stats.failures) == ([0.5, 1.0], 3, 0, 2)
+        assert all(calls[b"%d" % i] == 1 for i in (0, 1, 3, 4))
+        await c.close()
         await session.close()
 
     run(main())
@@ -263,7 +286,7 @@ def test_transactions_ack_and_rollback(broker_factory: Callable[..., BrokerProce
         await c.complete_subscribe()
         await until(lambda: 8 in seen)
         assert seen == [0, 1, 2, 3, 4, 5, 3, 4, 5, 6, 7, 8]
-        await until(lambda: next(iter(c.positions().values()))[2] == 9, what="commit after the last ack")
+        await until(lambda: next(iter(c.positions().values()))[2] == 9, message="commit after the last ack")
         assert c.stats.rollbacks == 1
         await c.close()
         await session.close()
@@ -322,10 +345,10 @@ def test_client_filter_broadcast_and_browser(broker_factory: Callable[..., Broke
             c.subscribe("news", 4096, lambda msg, box=box: box.append(bytes(msg.data)), AttributeFilter("vip"))
             await c.complete_subscribe()
             members.append(c)
-        await until(lambda: all(len(b) == 10 for b in boxes), what="both broadcast members")
+        await until(lambda: all(len(b) == 10 for b in boxes), message="both broadcast members")
         assert sorted(boxes[0]) == sorted(boxes[1]) == sorted(b"%d" % i for i in range(0, 30, 3))
         for c in members:
-            await until(lambda c=c: all(v[2] == v[0] for v in c.positions().values()), what="committed")
+            await until(lambda c=c: all(v[2] == v[0] for v in c.positions().values()), message="committed")
             await c.close()
         assert {p.name for p in (tmp_path / "offsets").iterdir()} == {"fans-fan0.json", "fans-fan1.json"}
         # the browser reads everything without consuming anything
@@ -388,11 +411,11 @@ def test_consumer_rides_through_a_broker_kill9_and_restart(
             "phoenix", 4096, lambda msg: got.update([bytes(msg.data)]))
         await c.complete_subscribe()
         await until(lambda: len(got) == 20 and all(v[2] == v[0] for v in c.positions().values()),
-                    what="20 consumed and committed")
+                    message="20 consumed and committed")
         await asyncio.get_running_loop().run_in_executor(None, broker.kill)
         await asyncio.get_running_loop().run_in_executor(None, broker.start)  # same port, same data
         await produce(session, "phoenix", 20, 20)
-        await until(lambda: len(got) == 40, 30, "the messages produced after the restart")
+        await until(lambda: len(got) == 40, 30, message="the messages produced after the restart")
         assert max(got.values()) == 1  # the committed offsets survived kill -9
         await c.close()
         await session.close()

@@ -385,3 +385,13 @@ def test_a_closed_partition_refuses_http_produce_as_binary_does(http_broker: Bro
         assert [msg["payload"] for msg in got["messages"]] == ["before"]  # still readable
     finally:
         raw.close()
+
+
+def test_the_404_docs_http_md_shows_is_the_one_the_broker_sends(base: str) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "http.md").read_text()
+    example = doc.split("## Errors", 1)[1].split('    {"error"', 1)[1].split("\n\n", 1)[0]
+    shown = json.loads('{"error"' + " ".join(line.strip() for line in example.splitlines()))
+    reply = request(base, "GET", "/topics/nope/partitions/0/messages?offset=0")
+    assert (reply.status, reply.json) == (404, shown)
+    missing = request(base, "GET", "/no/such/path").json["error"]
+    assert missing["name"] == "NO_SUCH_ENDPOINT" and "NO_SUCH_ENDPOINT` (no such path)" in doc

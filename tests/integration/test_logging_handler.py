@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -266,3 +268,54 @@ def test_records_of_the_handlers_own_thread_are_not_queued(broker: BrokerProcess
         root.removeHandler(handler)
         handler.close()
 
+
+
+KILLED_APP = """
+import logging, sys, time
+from metaq.logging import MetaqHandler
+handler = MetaqHandler(sys.argv[1], "app-logs", max_buffered_records=100, batch_records=1000,
+                       spill_dir=sys.argv[2], retry_backoff_max_s=0.3, error_interval_s=600)
+log = logging.getLogger("app")
+log.addHandler(handler)
+log.setLevel(logging.INFO)
+log.propagate = False
+for i in range(800):
+    log.info("request %d served", i, extra={"seq": i, "path": f"/api/orders/{i % 7}"})
+print(handler.stats().spilled, flush=True)
+time.sleep(600)  # killed here, with everything above still in its hands
+"""
+
+
+def test_records_spilled_before_the_application_is_killed_are_sent_by_the_next_handler(
+        tmp_path: Path, logger: logging.Logger) -> None:
+    port = unused_port()
+    spill = tmp_path / "spill"
+    app = subprocess.Popen([sys.executable, "-c", KILLED_APP, f"127.0.0.1:{port}", str(spill)],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert app.stdout is not None
+        assert app.stdout.readline().strip() == "700"  # the 700 oldest were spilled, the newest 100 queued
+    finally:
+        app.kill()
+        app.wait(30)
+    with BrokerProcess(tmp_path / "broker", {"numPartitions": 2}, port=port) as broker:
+        heir = MetaqHandler(broker.servers, TOPIC, spill_dir=spill)  # claims the killed application's files
+        logger.addHandler(heir)
+        assert heir.drain(30)
+        counts = _seqs(_read_all(broker.servers))
+    assert set(counts) == set(range(700)), f"lost: {sorted(set(range(700)) - set(counts))[:20]}..."
+
+
+@pytest.mark.parametrize("interval_s", [0.2, None])
+def test_spilled_records_not_yet_fsynced_are_counted_until_the_next_sync(
+        tmp_path: Path, logger: logging.Logger, interval_s: float | None) -> None:
+    handler = MetaqHandler(f"127.0.0.1:{unused_port()}", TOPIC, max_buffered_records=100, spill_dir=tmp_path,
+                           spill_sync_interval_s=interval_s, retry_backoff_max_s=0.3, error_interval_s=60)
+    logger.addHandler(handler)
+    _log_many(logger, 600)
+    assert handler.stats().spilled == 500
+    if interval_s is None:  # never fsynced by the handler: all of them stay at risk of a machine crash
+        time.sleep(0.5)  # several would-be sync intervals; nothing may sync them
+        assert handler.stats().spilled_unsynced == 500
+    else:
+        wait_until(lambda: handler.stats().spilled_unsynced == 0, 10, message="the spill to be fsynced")

@@ -17,19 +17,16 @@ from metaq.client.consumer import FetchResult
 from metaq.client.group import ConsumerConfig, create_consumer
 from metaq.errors import CorruptRecordError, OffsetOutOfRangeError
 from metaq.protocol import messages as m
-from metaq.testing import BrokerProcess
+from metaq.testing import BrokerProcess, produce
 from metaq.testing.inprocess import InProcessBroker
 from metaq.testing.raw import RawClient
 from metaq.types import PartitionId
 
 
 async def _fill(session: MessageSessionFactory, topic: str, partitions: int, per_partition: int) -> None:
-    await session.admin().create_topic(topic, partitions)
-    producer = session.create_producer()
-    for p in range(partitions):
-        values = [b"%d:%d" % (p, i) for i in range(per_partition)]
-        if values:
-            assert (await producer.send_batch(topic, values, partition=p)).success
+    """``topic`` created with ``partitions`` partitions, each holding ``b"<partition>:<i>"``."""
+    await produce(session, topic, {p: [b"%d:%d" % (p, i) for i in range(per_partition)] for p in range(partitions)},
+                  create_partitions=partitions)
 
 
 def test_get_many_returns_each_partitions_messages_and_errors_and_long_polls(

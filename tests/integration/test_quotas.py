@@ -187,7 +187,7 @@ def test_an_authenticated_users_connection_limit(broker_factory: Callable[..., B
     broker.allow_log(r"refused User:alice")
     address = (broker.host, broker.port)
     kept = BlockingConnection.open(address, _settings("alice"))
-    with pytest.raises(TooManyConnectionsError, match="User:alice already has 1 connections"):
+    with pytest.raises(TooManyConnectionsError, match="User:alice already has 1 connection open"):
         BlockingConnection.open(address, _settings("alice"))
     kept.close()
     wait_until(lambda: _reopen(address), message="alice's slot to be given back")

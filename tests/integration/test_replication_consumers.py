@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +28,7 @@ from metaq.client.group import ConsumerConfig, create_consumer
 from metaq.net.blocking import BlockingConnection
 from metaq.net.codec import ConnectionSettings, raise_for_error
 from metaq.protocol import messages as m
-from metaq.testing import BrokerProcess
+from metaq.testing import BrokerProcess, until
 from metaq.testing.history import ProduceLoad, check_history
 from metaq.types import PartitionId
 
@@ -35,17 +36,10 @@ TOPIC = "orders"
 TOPICS = f"[topic={TOPIC}]\nnumPartitions=2\n"
 PARTS = [PartitionId(1, 0), PartitionId(1, 1)]
 SETTINGS = ConnectionSettings("read-from-test", 5.0, 30.0, 16, 64 << 20)
+WAIT_S = 60.0
 
 Record = tuple[int, int, bytes]
 """(offset, message id, payload)."""
-
-
-async def until(pred: Callable[[], Any], timeout_s: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def get_requests(proc: BrokerProcess) -> int:
@@ -109,9 +103,11 @@ def test_a_pull_consumer_reading_from_the_slave_gets_every_message_in_order(
         tasks = [asyncio.create_task(read(p)) for p in PARTS]
         try:
             await produced.send(300)  # while the consumer reads the slave, which follows the master
-            await until(lambda: all(len(got[p]) >= len(produced.acked[p]) for p in PARTS), what="every message")
+            await until(lambda: all(len(got[p]) >= len(produced.acked[p]) for p in PARTS), WAIT_S,
+                        message="every message")
             await produced.send(100)
-            await until(lambda: all(len(got[p]) >= len(produced.acked[p]) for p in PARTS), what="the new messages")
+            await until(lambda: all(len(got[p]) >= len(produced.acked[p]) for p in PARTS), WAIT_S,
+                        message="the new messages")
             assert got == produced.acked  # same offsets, same ids, in order, nothing twice
             assert produced.total() == 400
             assert await consumer.offsets(TOPIC, PARTS[0]) == (0, len(produced.acked[PARTS[0]]))
@@ -169,18 +165,18 @@ def test_prefer_slave_falls_back_to_the_master_when_the_slave_dies_and_returns_t
         tasks = [asyncio.create_task(pull(p)) for p in PARTS]
         try:
             await produced.send(200)
-            await until(caught_up, what="phase 1 consumed")
-            await until(lambda: get_requests(slave) > 0, what="reads served by the slave")
+            await until(caught_up, WAIT_S, message="phase 1 consumed")
+            await until(lambda: get_requests(slave) > 0, WAIT_S, message="reads served by the slave")
 
             sending = asyncio.create_task(produced.send(300))
             await asyncio.to_thread(slave.kill)  # -9 while messages flow: reads go to the master
             await sending
-            await until(caught_up, what="everything consumed with the slave dead")
+            await until(caught_up, WAIT_S, message="everything consumed with the slave dead")
 
             await asyncio.to_thread(slave.start)  # back (behind, catching up): reads return to it
-            await until(lambda: get_requests(slave) > 0, what="reads served by the restarted slave")
+            await until(lambda: get_requests(slave) > 0, WAIT_S, message="reads served by the restarted slave")
             await produced.send(200)
-            await until(caught_up, what="everything consumed after the slave's return")
+            await until(caught_up, WAIT_S, message="everything consumed after the slave's return")
             assert produced.total() == 700
             assert pulled == produced.acked, "the pull consumer lost, repeated or reordered messages"
             assert grouped == produced.acked, "the group consumer lost, repeated or reordered messages"
@@ -198,12 +194,18 @@ def test_prefer_slave_falls_back_to_the_master_when_the_slave_dies_and_returns_t
 @pytest.mark.parametrize("update_consumer_offsets", [False, True])
 def test_an_offset_past_the_slaves_log_end_is_waited_for_never_jumped_or_reset(
         cluster_factory: Callable[..., BrokerProcess], zookeeper: Any, zk_root: str,
-        update_consumer_offsets: bool) -> None:
+        update_consumer_offsets: bool, caplog: pytest.LogCaptureFixture) -> None:
     """A consumer ahead of the slave (it read further on the master, or the slave is catching up) gets
     nothing until the slave has its offset, then exactly what is there; with updateConsumerOffsets=true
     the slave's own reset to its end (a redelivery) is not taken either."""
     start(cluster_factory, updateConsumerOffsets=update_consumer_offsets)
     p10 = PartitionId(1, 0)
+    caplog.set_level(logging.DEBUG, logger="metaq.client.consumer")
+
+    def told_behind(offset: int) -> bool:
+        """The fetcher was told the slave ends before ``offset`` and waits for it (its debug record)."""
+        return any(r.funcName == "_fetch_slave" and r.args and r.args[-1] == offset  # type: ignore[index]
+                   for r in caplog.records)
 
     async def main() -> None:
         producing = await connect(zookeeper, zk_root)
@@ -223,7 +225,7 @@ def test_an_offset_past_the_slaves_log_end_is_waited_for_never_jumped_or_reset(
             assert await consumer.get(TOPIC, p10, 150) == []
 
             waiting = asyncio.create_task(consumer.fetcher.fetch(TOPIC, p10, 150, max_wait_ms=30_000))
-            await asyncio.sleep(0.3)
+            await until(lambda: waiting.done() or told_behind(150), message="the fetch to be answered or to wait")
             assert not waiting.done(), "the fetch waits for the slave instead of answering"
             more = [await producer.send(Message(TOPIC, b"b%d" % i)) for i in range(60)]
             assert [r.offset for r in more] == list(range(100, 160))
@@ -273,15 +275,15 @@ def test_consumers_reading_slaves_ride_out_a_failover_and_see_every_acked_messag
             return set(load.acked) <= {d for msgs in seen.values() for _, d in msgs}
 
         try:
-            await until(lambda: len(load.acked) > 500, what="acks before the kill")
+            await until(lambda: len(load.acked) > 500, WAIT_S, message="acks before the kill")
             state = group_state(zk_client, zk_root)
             assert state is not None
             await asyncio.to_thread(replicas.procs[state["master"]].kill)
             acked = len(load.acked)
             await until(lambda: (s := group_state(zk_client, zk_root)) is not None and s["epoch"] > state["epoch"]
-                        and len(load.acked) > acked + 300, what="a slave to take over and acks to resume")
+                        and len(load.acked) > acked + 300, WAIT_S, message="a slave to take over and acks to resume")
             await asyncio.to_thread(load.stop, 120)
-            await until(lambda: read_all(pulled) and read_all(grouped), what="every acked message consumed")
+            await until(lambda: read_all(pulled) and read_all(grouped), WAIT_S, message="every acked message consumed")
         finally:
             for t in tasks:
                 t.cancel()

@@ -128,11 +128,11 @@ def test_one_way_and_failed_results(broker_factory: Any) -> None:
 
 
 def test_the_same_with_the_pure_python_send_result() -> None:
-    """METAQ_NO_SPEEDUPS=1: the dataclass and the Python resolving pass, as where the extension is not built."""
+    """METAQ_NO_EXTENSIONS=1: the dataclass and the Python resolving pass, as where the module is not built."""
     if not SPEEDUPS:
         return  # this run is already the pure-Python one
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                           "not pure_python"], env={**os.environ, "METAQ_NO_SPEEDUPS": "1"}, capture_output=True,
+                           "not pure_python"], env={**os.environ, "METAQ_NO_EXTENSIONS": "1"}, capture_output=True,
                           text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "3 passed" in done.stdout, done.stdout[-2000:]

@@ -93,6 +93,7 @@ def test_rollback_and_an_exception_leave_nothing_and_the_producer_goes_on(
 def test_a_transaction_past_its_timeout_is_rolled_back_and_its_commit_says_why(
         broker_factory: Callable[..., BrokerProcess]) -> None:
     broker = broker_factory({"numPartitions": 1, "maxTxTimeoutInSeconds": 5})
+    broker.allow_log(r"rolled back by the broker: timed out: open for longer than its timeout of 300 ms")
     with connect(broker.servers) as session:
         session.admin().create_topic("t", 1)
         producer = session.create_producer()

@@ -232,7 +232,7 @@ def test_after_its_zookeeper_session_expires_the_client_still_follows_the_cluste
         assert producer.send(Message("t", b"before")).success
         registry = session.session._core.registry
         assert registry is not None
-        expire_session(registry._client, zookeeper)
+        expire_session(registry.raw_client(), zookeeper)
         assert producer.send(Message("t", b"expired")).success  # the metadata it has
         cluster_factory(2, topics=TOPIC)
         wait_until(lambda: {producer.send(Message("t", b"x")).broker_id for _ in range(4)} == {1, 2}, 20,

@@ -24,6 +24,7 @@ import uvloop
 from metaq.client import MessageSessionFactory
 from metaq.client.group.admin import describe_group
 from metaq.errors import UnknownGroupError
+from metaq.testing import produce_blocking
 from metaq.testing.broker import BrokerProcess, wait_until
 
 SESSION_MS = 2000
@@ -111,15 +112,8 @@ def group_state(servers: str, group: str) -> Any:
 
 
 def produce(servers: str, topic: str, partitions: int, n: int) -> None:
-    async def go() -> None:
-        async with await MessageSessionFactory.connect(servers) as session:
-            await session.admin().create_topic(topic, partitions)
-            producer = session.create_producer()
-            for p in range(partitions):  # evenly: every member has work
-                assert (await producer.send_batch(topic, [b"%d" % j for j in range(p, n, partitions)],
-                                                  partition=p)).success
-            await producer.flush()
-    uvloop.run(go())
+    """``topic`` created with ``partitions`` partitions and messages 0 .. n-1 spread evenly: every member has work."""
+    produce_blocking(servers, topic, [b"%d" % j for j in range(n)], spread=True, create_partitions=partitions)
 
 
 def stable_with(servers: str, group: str, members: int, partitions: int) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from metaq.bench.client_bench import measure_fdatasync, measure_loopback_rtt, percentiles
+from metaq.bench.baselines import measure_fdatasync, measure_loopback_rtt, percentiles
 
 
 def test_the_loopback_round_trip_times_each_echo_of_a_child_process() -> None:
@@ -20,7 +20,7 @@ def test_the_loopback_round_trip_times_each_echo_of_a_child_process() -> None:
 def test_a_loopback_round_trip_that_cannot_be_measured_is_left_out_with_a_warning(monkeypatch, caplog) -> None:
     # no interpreter to start the echo process with: the bench goes on without that baseline
     monkeypatch.setattr(sys, "executable", "/nonexistent/python")
-    with caplog.at_level(logging.WARNING, logger="metaq.bench.client_bench"):
+    with caplog.at_level(logging.WARNING, logger="metaq.bench.baselines"):
         assert measure_loopback_rtt(10) == []
     assert "the loopback round trip was not measured (0 of 10 round trips)" in caplog.text
 

@@ -16,7 +16,7 @@ from metaq.broker.cli_options import click_options, overrides_from_click
 from metaq.broker.config import BrokerConfig, TopicConfig, ZkConfig, diff_topics, restart_required
 from metaq.broker.cron import next_run_ms, quartz_to_croniter
 from metaq.broker.ini import load_config, parse_config
-from metaq.broker.options import OPTIONS, DeletePolicy, options_markdown_rows, parse_delete_policy
+from metaq.broker.options import OPTIONS, STAT_IGNORED, DeletePolicy, options_markdown_rows, parse_delete_policy
 from metaq.errors import ConfigError, InvalidArgument
 
 REPO = Path(__file__).resolve().parents[2]
@@ -121,7 +121,9 @@ def test_metaq_sample_server_ini_parses() -> None:
     assert set(c.topics) == {"test", "meta-test"}
     assert c.topic_settings("test").unflush_threshold == 0
     # flushTxLogAtCommit is MetaQ's transaction log knob, and metaq's (docs/transactions.md): no warning.
-    assert c.warnings == ()
+    # stat is accepted, and the operator told that it changes nothing (metaq's statistics are always on)
+    assert c.warnings == ("server.ini:12: stat: MetaQ option accepted but without effect: metaq keeps real-time "
+                          "statistics for every topic whatever stat says (metaq stats, /metrics)",)
     assert c.flush_tx_log_at_commit == 1
 
 
@@ -242,6 +244,7 @@ def test_size_bounds() -> None:
         ("serverPort=1\n", "server.ini:1: serverPort: key outside any section"),
         ("[system]\njunk\n", "server.ini:2: junk: expected key=value"),
         ("[system\n", "server.ini:1: [system: section header without a closing ']'"),
+        ("[zookeeper ; no bracket\n", "server.ini:1: [zookeeper: section header without a closing ']'"),
         ("[system]\nbrokerId=1025\n", "server.ini:2: brokerId: 1025 is out of range; it must be between 0 and 1024"),
         ("[system]\nbrokerId=-1\n", "server.ini:2: brokerId: -1 is out of range"),
         ("[system]\nserverPort=70000\n", "server.ini:2: serverPort: 70000 is out of range"),
@@ -249,7 +252,11 @@ def test_size_bounds() -> None:
         ("[system]\nnumPartitions=0\n", "server.ini:2: numPartitions: 0 is out of range"),
         ("[system]\nacceptPublish=maybe\n", "server.ini:2: acceptPublish: 'maybe' is not a boolean"),
         ("[system]\nhostName=a b\n", "server.ini:2: hostName: 'a b' is not an IP address or host name"),
-        ("[system]\nserverPort=8123 ; main port\n", "(comments must be on a line of their own)"),
+        ("[system]\nserverPort=8123;main port\n", "server.ini:2: serverPort: '8123;main port' is not an integer; "
+         "write digits, optionally a product such as 60*60*1000 (in server.ini a comment starts with ; or # after "
+         "a space)"),
+        ("[system] zookeeper\n", "server.ini:1: [system] zookeeper: found 'zookeeper' after the section header "
+                                 "[system]; expected the end of the line or a comment"),
         ("[system]\ndataPath=\n", "server.ini:2: dataPath: empty value"),
         ("[topic=x]\ngroup.a=not-a-callable\n", "server.ini:2: group.a: 'not-a-callable' is not module:callable"),
         ("[topic=x]\ngroup.a=m:\n", "server.ini:2: group.a: 'm:' is not module:callable"),
@@ -329,6 +336,7 @@ def test_topic_sections_store_only_their_overrides() -> None:
     assert orders.unflush_interval_ms is None and orders.delete_policy is None
     assert orders.group_filters == {"billing": "myapp.filters:only_paid", "audit": "myapp.filters:Everything.check"}
     assert c.topics["logs"] == TopicConfig(name="logs", delete_policy="archive,12h,true", stat=True)
+    assert c.warnings == (f"<string>:{TOPICS.splitlines().index('stat=yes') + 1}: stat: {STAT_IGNORED}",)
 
 
 def test_effective_topic_settings() -> None:
@@ -454,6 +462,7 @@ def test_bad_delete_when(text: str, problem: str) -> None:
 def test_with_overrides_applies_and_validates() -> None:
     base = parse_config(TOPICS)
     c = base.with_overrides({"serverPort": "0", "maxSegmentSize": "64m", "stat": "true", "dataPath": "~/x"})
+    assert [w for w in c.warnings if w.startswith("--stat: ")] == [f"--stat: {STAT_IGNORED}"]
     assert (c.server_port, c.max_segment_bytes, c.stat) == (0, 64 * 1024**2, True)
     assert c.data_path == Path.home() / "x"
     assert c.topics == base.topics
@@ -559,6 +568,21 @@ def test_restart_required_lists_system_changes_a_reload_cannot_apply() -> None:
     new = old.with_overrides({"serverPort": "9999", "maxSegmentSize": "1m"})
     assert restart_required(old, new) == ["serverPort", "maxSegmentSize"]
     assert restart_required(old, parse_config("")) == ["updateConsumerOffsets", "[zookeeper]"]
+    moved = parse_config(METAQ_SAMPLE.replace("zk.zkSessionTimeoutMs=30000", "zk.zkSessionTimeoutMs=9000")
+                         .replace("localhost:2181", "zk1:2181"))
+    assert restart_required(old, moved) == ["zk.zkConnect", "zk.zkSessionTimeoutMs"]
+
+
+def test_a_reload_keeps_the_running_values_of_restart_options_and_applies_the_rest() -> None:
+    from metaq.broker.config import keep_restart_options
+
+    running = parse_config(METAQ_SAMPLE)
+    new = dataclasses.replace(running.with_overrides({"maxTransferSize": "2048", "unflushInterval": "500"}),
+                              zookeeper=None)
+    applied = keep_restart_options(running, new)
+    assert applied.max_transfer_bytes == 1048576 and applied.zookeeper == running.zookeeper
+    assert applied.unflush_interval_ms == 500
+    assert restart_required(running, applied) == []
 
 
 # -- zookeeper --------------------------------------------------------------------------------------
@@ -596,6 +620,56 @@ def test_load_config_unreadable(tmp_path: Path) -> None:
     bad.write_bytes(b"[system]\n; caf\xe9\n")
     with pytest.raises(ConfigError, match="not UTF-8"):
         load_config(bad)
+
+
+def test_comments_after_a_space_end_a_line_and_inside_a_word_are_part_of_the_value() -> None:
+    c = parse_config("[system]      ; the defaults of every topic\n"
+                     "serverPort=8123 ; main port\n"
+                     "dataPath=/var/meta   # where the partitions are\n"
+                     "deleteWhen=0 0 6 ? * 6#3\n"
+                     "superUsers=User:a;User:b\t# two principals\n"
+                     "[zookeeper] # optional\n"
+                     "zk.zkConnect=localhost:2181\n"
+                     "[topic=orders]\t; one section per topic\n"
+                     "numPartitions=8\n", "s.ini")
+    assert (c.server_port, c.data_path, c.delete_when) == (8123, Path("/var/meta"), "0 0 6 ? * 6#3")
+    assert c.super_users == ("User:a", "User:b")
+    assert c.zookeeper is not None and c.zookeeper.connect == "localhost:2181"
+    assert c.topics["orders"].num_partitions == 8
+
+
+def ini_blocks(page: Path) -> list[tuple[int, str]]:
+    """(line, text) of every ```ini block of a Markdown page."""
+    blocks: list[tuple[int, str]] = []
+    lines = page.read_text(encoding="utf-8").split("\n")
+    start = None
+    for number, line in enumerate(lines, 1):
+        if start is None and line.strip() == "```ini":
+            start = number
+        elif start is not None and line.strip() == "```":
+            blocks.append((start, "\n".join(lines[start:number - 1]) + "\n"))
+            start = None
+    return blocks
+
+
+DOC_PAGES = sorted([*(REPO / "docs").glob("*.md"), REPO / "README.md"])
+
+
+@pytest.mark.parametrize("page", DOC_PAGES, ids=[p.name for p in DOC_PAGES])
+def test_every_ini_example_of_the_docs_loads_as_pasted(page: Path, tmp_path: Path) -> None:
+    for line, text in ini_blocks(page):
+        ini = tmp_path / "server.ini"
+        ini.write_text(text, encoding="utf-8")
+        try:
+            load_config(ini)
+        except ConfigError as exc:
+            raise AssertionError(f"{page.name}, the ini block at line {line}: {exc}") from None
+
+
+def test_the_configuration_page_has_its_example() -> None:
+    [(_, text)] = ini_blocks(REPO / "docs" / "configuration.md")
+    c = parse_config(text, "configuration.md")
+    assert c.zookeeper is not None and c.topics["orders"].group_filters == {"billing": "myapp.filters:paid_only"}
 
 
 def test_example_server_ini_loads() -> None:

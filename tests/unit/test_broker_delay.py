@@ -261,3 +261,36 @@ def test_delay_log_segments_and_buckets_whose_messages_are_all_delivered_are_del
     assert plog.segment_count == 1 and plog.log_start_offset > 0  # only the active segment is left
     assert not list(buckets_dir.glob("*.bkt"))
     assert env.store.pending == 0
+
+
+def test_every_flipped_byte_of_targets_json_costs_no_delivery(tmp_path: Path) -> None:
+    """targets.json numbers the target partitions the bucket rows name. Whatever byte of it is damaged, every
+    pending message is delivered once, to its own partition: a target whose line is lost keeps its delay log
+    (found by its directory, given a new number) and the buckets are rebuilt from the delay logs."""
+    import shutil
+
+    pristine = tmp_path / "pristine"
+    env = Env(pristine, Clock(T0))
+    targets = [("u", 3), ("t", 1), ("t", 0)]  # not in the order their directories list in
+    for n, (topic, partition) in enumerate(targets):
+        env.produce([T0 + 1000 + 100 * n + i for i in range(3)], topic, partition)
+    env.store.close()
+    for plog in env.targets.values():
+        plog.close()
+    path = pristine / "data" / ".delay" / "targets.json"
+    clean = path.read_bytes()
+    assert clean.count(b"\n") == 3
+    for i in range(len(clean)):
+        work = tmp_path / f"w{i}"
+        shutil.copytree(pristine, work)
+        damaged = bytearray(clean)
+        damaged[i] ^= 0xFF
+        (work / "data" / ".delay" / "targets.json").write_bytes(bytes(damaged))
+        again = Env(work, Clock(T0))
+        assert again.store.pending == 9, i
+        again.step(T0 + 5000)
+        for n, (topic, partition) in enumerate(targets):
+            dues = [header_ms(m.headers, DELIVER_AT_HEADER) for m in again.delivered(topic, partition)]
+            assert dues == [T0 + 1000 + 100 * n + k for k in range(3)], (i, topic, partition, dues)
+        again.crash()
+        shutil.rmtree(work)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from metaq.broker.handlers.appending import ack_when_durable
+from metaq.broker.appending import ack_when_durable
 from metaq.errors import StorageError, StorageFailureError
 from metaq.protocol import messages as m
 from metaq.storage.flush import new_durable_future, resolve

@@ -58,8 +58,12 @@ def test_a_snapshot_renders_as_parseable_prometheus_text(tmp_path: Path) -> None
                     waiting_fetches=1, waiting_fetches_max=10, counters=[("t\"x", "3-0", (1, 2, 3, 4, 5, 6, 7, 8, 9))],
                     logs=[("t\"x", "3-0", 0, 10, 100, 1, 1)], append=empty, fetch=empty, fsync=empty,
                     group_offsets=[("g", "t\"x", "3-0", 4, 6)], group_members=[("g", 2)],
-                    replication=[("t\"x", "3-0", 7, 0.25, 0, 1)])
+                    replication=[("t\"x", "3-0", 7, 0.25, 0, 1)],
+                    store_damage={"damaged_records": {"offsets": 2}, "torn_tails": {"txlog": 1}, "recent": []})
     families = {f.name: f for f in text_string_to_metric_families(render(snap).decode())}
+    damaged = {s.labels["store"]: s.value for s in families["metaq_store_damaged_records"].samples}
+    assert damaged["offsets"] == 2 and damaged["acls"] == 0 and len(damaged) == 8
+    assert {s.labels["store"]: s.value for s in families["metaq_store_torn_tails"].samples}["txlog"] == 1
     assert families["metaq_messages_in"].type == "counter"
     (sample,) = families["metaq_messages_in"].samples
     assert (sample.name, sample.labels, sample.value) == ("metaq_messages_in_total",

@@ -11,18 +11,11 @@ from metaq.broker.ini import parse_config
 from metaq.broker.quotas import ANONYMOUS, FETCH, PRODUCE, THROTTLE_MAX_MS, Quotas, limits_for
 from metaq.broker.session import Session
 from metaq.errors import ConfigError
+from metaq.testing import FakeClock
 
 
 def config(text: str = "") -> BrokerConfig:
     return parse_config("[system]\n" + text, "server.ini")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_overrides_sit_over_the_defaults_per_principal() -> None:
@@ -42,29 +35,29 @@ def test_bad_overrides_are_refused_naming_the_key(bad: str) -> None:
 
 
 def test_a_steady_sender_is_throttled_to_the_rate_after_one_window_of_burst() -> None:
-    clock = Clock()
+    clock = FakeClock()
     c = config("quotaProducerByteRate=1000\n")
     quotas = Quotas(lambda: c, clock)
     session = Session(principal="User:alice")
     sent = 0
-    start = clock.now
-    while clock.now - start < 20:
+    start = clock.now_s
+    while clock.now_s - start < 20:
         throttle_ms = quotas.record(session, PRODUCE, 100)
         sent += 100
-        clock.now += max(throttle_ms / 1000, 0.001)  # a client that honours every throttle, else sends at once
-    rate = sent / (clock.now - start)
+        clock.advance_s(max(throttle_ms / 1000, 0.001))  # a client that honours every throttle, else sends at once
+    rate = sent / (clock.now_s - start)
     assert 1000 <= rate <= 1000 * 1.1, rate  # 20 s at the rate, plus the one-second burst
     assert quotas.record(Session(principal="User:bob"), FETCH, 10**9) == 0  # no fetch quota: never throttled
 
 
 def test_a_throttle_is_capped_and_the_debt_is_kept() -> None:
-    clock = Clock()
+    clock = FakeClock()
     c = config("quotaConsumerByteRate=1000\n")
     quotas = Quotas(lambda: c, clock)
     session = Session()
     assert quotas.record(session, FETCH, 100_000) == THROTTLE_MAX_MS
     assert session.throttle_ms == THROTTLE_MAX_MS
-    clock.now += THROTTLE_MAX_MS / 1000
+    clock.advance_s(THROTTLE_MAX_MS / 1000)
     assert quotas.record(session, FETCH, 0) == THROTTLE_MAX_MS  # 99 s of debt remain
 
 
@@ -73,7 +66,7 @@ def test_connection_counts_per_principal_and_reassignment() -> None:
     quotas = Quotas(lambda: c)
     a, b = Session(), Session()
     assert quotas.admit(a, ANONYMOUS) is None
-    assert "User:ANONYMOUS already has 1 connections" in (quotas.admit(b, ANONYMOUS) or "")
+    assert "User:ANONYMOUS already has 1 connection open" in (quotas.admit(b, ANONYMOUS) or "")
     assert quotas.reassign(a, "User:alice") is None  # authenticated: counted as alice now
     assert quotas.admit(b, ANONYMOUS) is None
     assert quotas.reassign(b, "User:alice") is not None  # alice has her one: b stays anonymous
@@ -85,7 +78,7 @@ def test_connection_counts_per_principal_and_reassignment() -> None:
 
 def test_reloaded_limits_apply_at_once() -> None:
     holder = [config("quotaProducerByteRate=1000\n")]
-    quotas = Quotas(lambda: holder[0], Clock())
+    quotas = Quotas(lambda: holder[0], FakeClock())
     assert quotas.record(Session(), PRODUCE, 5000) > 0
     holder[0] = dataclasses.replace(holder[0], quota_producer_byte_rate=0)
     assert quotas.record(Session(), PRODUCE, 5000) == 0

@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from metaq.broker.slave_config import DEFAULT_SLAVE_GROUP, SlaveConfig, load_slave_config, parse_slave_properties
+from metaq.broker.replication.slave_config import (
+    DEFAULT_SLAVE_GROUP,
+    SlaveConfig,
+    load_slave_config,
+    parse_slave_properties,
+)
 from metaq.errors import ConfigError
 
 SEED_FILE = """\

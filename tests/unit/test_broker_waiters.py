@@ -9,6 +9,7 @@ import pytest
 
 from metaq.broker.waiters import FetchWaiters
 from metaq.errors import TooManyRequestsError
+from metaq.testing import until
 
 
 @dataclass
@@ -16,27 +17,22 @@ class Owner:
     waiting_fetches: int = 0
 
 
-async def _settle() -> None:
-    for _ in range(5):
-        await asyncio.sleep(0)
-
-
 def test_limits_in_all_and_per_owner_and_release_on_cancel() -> None:
     async def scenario() -> None:
         waiters = FetchWaiters(max_waiting=5, max_waiting_per_owner=3)
         a, b = Owner(), Owner()
         polls = [asyncio.ensure_future(waiters.wait("t", 0, 600, a)) for _ in range(3)]
-        await _settle()
+        await until(lambda: a.waiting_fetches == 3, 5, message="a's three polls to wait")
         with pytest.raises(TooManyRequestsError, match="maxWaitingFetchesPerConnection=3"):
             await waiters.wait("t", 0, 600, a)
         others = [asyncio.ensure_future(waiters.wait("t", 1, 600, b)) for _ in range(2)]
-        await _settle()
+        await until(lambda: b.waiting_fetches == 2, 5, message="b's two polls to wait")
         assert (waiters.waiting, a.waiting_fetches, b.waiting_fetches) == (5, 3, 2)
         with pytest.raises(TooManyRequestsError, match="maxWaitingFetches"):
             await waiters.wait("t", 2, 600, Owner())
         for poll in polls:  # what closing a connection does
             poll.cancel()
-        await _settle()
+        await asyncio.gather(*polls, return_exceptions=True)
         assert (waiters.waiting, a.waiting_fetches) == (2, 0)
         waiters.notify("t", 1)
         await asyncio.gather(*others)
@@ -52,7 +48,7 @@ def test_a_notify_wakes_only_that_partition_and_notify_all_wakes_everyone() -> N
         waiters = FetchWaiters(max_waiting=100)
         p0 = [asyncio.ensure_future(waiters.wait("t", 0, 600)) for _ in range(3)]
         p1 = asyncio.ensure_future(waiters.wait("t", 1, 600))
-        await _settle()
+        await until(lambda: waiters.waiting == 4, 5, message="the four polls to wait")
         waiters.notify("t", 0)
         waiters.notify("t", 9)  # nobody waits there
         await asyncio.gather(*p0)
@@ -69,7 +65,7 @@ def test_one_waiter_on_many_partitions_wakes_on_any_and_leaves_every_list() -> N
         waiters = FetchWaiters(max_waiting=10, max_waiting_per_owner=10)
         owner = Owner()
         poll = asyncio.ensure_future(waiters.wait_any([("t", p) for p in range(1000)], 600, owner))
-        await _settle()
+        await until(lambda: waiters.waiting, 5, message="the poll to wait")
         # a 1000-partition long poll is ONE waiting fetch of its connection
         assert (waiters.waiting, owner.waiting_fetches) == (1, 1)
         waiters.notify("t", 777)
@@ -79,9 +75,9 @@ def test_one_waiter_on_many_partitions_wakes_on_any_and_leaves_every_list() -> N
 
         # cancelled (its connection closed): the same
         poll = asyncio.ensure_future(waiters.wait_any([("t", 1), ("u", 2), ("t", 1)], 600, owner))
-        await _settle()
+        await until(lambda: waiters.waiting, 5, message="the poll to wait")
         poll.cancel()
-        await _settle()
+        await asyncio.gather(poll, return_exceptions=True)
         assert (waiters.waiting, owner.waiting_fetches, waiters._waiting) == (0, 0, {})
 
     asyncio.run(scenario())
@@ -105,10 +101,7 @@ def test_a_parked_waiter_is_woken_inside_notify_can_rearm_and_its_timer_ends_it(
         waiters.notify("t", 0)
         assert woken == [False, False] and waiters._waiting == {}  # not rearmed: out of every set
         assert waiters.waiting == 1  # the slot is held until the fetch is finished (or its time is up)
-        for _ in range(200):
-            if waiters.waiting == 0:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: waiters.waiting == 0, 5, message="its timer to end it")
         assert woken == [False, False, True] and (waiters.waiting, owner.waiting_fetches) == (0, 0)
 
     asyncio.run(scenario())

@@ -11,14 +11,7 @@ import pytest
 from metaq.broker.dashboard.history import History
 from metaq.broker.metrics import COUNTER_FIELDS, Snapshot
 from metaq.broker.stats import LatencyHistogram
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from metaq.testing import FakeClock
 
 
 def counters(put_messages: int, put_bytes: int, get_messages: int = 0, get_bytes: int = 0) -> tuple[int, ...]:
@@ -37,10 +30,10 @@ def snapshot(rows: list[tuple[str, str, tuple[int, ...]]], fsync: LatencyHistogr
 
 
 def test_rates_are_counter_differences_over_the_elapsed_time() -> None:
-    clock, fsync = Clock(), LatencyHistogram()
+    clock, fsync = FakeClock(), LatencyHistogram()
     history = History(None, clock=clock, wall_clock=lambda: 1_700_000_000.0)  # type: ignore[arg-type]
     assert history.sample(snapshot([("t", "0-0", counters(100, 1000))], fsync)) is None  # the baseline
-    clock.now += 2.0
+    clock.advance_s(2.0)
     fsync.observe(0.002)
     fsync.observe(0.004)
     lags = [("g", "t", "0-0", 250, 50), ("g", "t", "0-1", 5, 5), ("h", "t", "0-0", 0, 300)]
@@ -54,16 +47,16 @@ def test_rates_are_counter_differences_over_the_elapsed_time() -> None:
     assert sample.fsync_max_bucket_ms == 5.0  # the 4 ms fsync fell in the (2.5 ms, 5 ms] bucket
     assert sample.lag == {"g": 55, "h": 300}
     assert sample.to_json()["t"] == 1_700_000_000_000
-    clock.now += 1.0  # nothing happened: zero rates, no fsync figure
+    clock.advance_s(1.0)  # nothing happened: zero rates, no fsync figure
     quiet = history.sample(snapshot([("t", "0-0", counters(300, 5000, 50, 400))], fsync))
     assert quiet is not None and quiet.rates.in_msgs == 0.0 and quiet.fsync_mean_ms is None
 
 
 def test_the_ring_buffer_keeps_only_the_newest_samples() -> None:
-    clock, fsync = Clock(), LatencyHistogram()
+    clock, fsync = FakeClock(), LatencyHistogram()
     history = History(None, clock=clock, samples_max=5)  # type: ignore[arg-type]
     for i in range(20):
-        clock.now += 1.0
+        clock.advance_s(1.0)
         history.sample(snapshot([("t", "0-0", counters(i * 10, i * 100))], fsync))
     assert len(history.samples) == 5
     assert [s.rates.in_msgs for s in history.samples] == [10.0] * 5

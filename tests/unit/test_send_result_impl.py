@@ -1,7 +1,8 @@
 """SendResult as users see it, for both implementations: the compiled one (metaq._speedups, what
-``metaq.types.SendResult`` is when the extension is built) and the pure-Python dataclass (the fallback, and
-``SendResult`` under METAQ_NO_SPEEDUPS=1). Same attributes, defaults, equality, repr, properties,
-pickling and ``dataclasses`` helpers; the compiled pass that resolves a batch gives what the Python one gives.
+``metaq.types.SendResult`` is when the module is built) and the pure-Python dataclass (its reference, and
+``SendResult`` without the module or under METAQ_NO_EXTENSIONS=1). Same attributes, defaults, equality, repr,
+properties, pickling and ``dataclasses`` helpers; the compiled pass that resolves a batch gives what the Python one
+gives.
 Plus what only the compiled one promises: a success is not a GC object, a failure is and its cycles are freed."""
 
 from __future__ import annotations
@@ -21,13 +22,11 @@ import pytest
 
 import metaq
 import metaq.types
+from metaq import _compiled
 from metaq.errors import InvalidArgument
 from metaq.types import PartitionId, _PySendResult, format_message_id
 
-if metaq.types.SPEEDUPS:
-    from metaq import _speedups
-else:  # not built (test_the_extension_is_built says so) or METAQ_NO_SPEEDUPS=1: the dataclass only
-    _speedups = None  # type: ignore[assignment]
+_speedups = _compiled.speedups  # None without the module: the dataclass only
 
 IMPLS = [pytest.param(_PySendResult, id="python"),
          pytest.param(getattr(_speedups, "SendResult", None), id="compiled",
@@ -40,12 +39,12 @@ def values(r: Any) -> dict[str, Any]:
     return {name: getattr(r, name) for name in FIELDS}
 
 
-def test_the_extension_is_built_and_is_what_users_get() -> None:
-    """CI builds it (setup.py; `make venv`): a silent fallback to the dataclass would go unnoticed otherwise."""
-    if os.environ.get("METAQ_NO_SPEEDUPS"):
-        assert metaq.types.SendResult is _PySendResult and not metaq.types.SPEEDUPS
+def test_the_compiled_one_is_what_users_get_when_the_module_is_in_use() -> None:
+    """Whether the module is in use at all is tests/unit/test_compiled.py's: here, that SendResult follows it."""
+    if _speedups is None:
+        assert metaq.types.SendResult is _PySendResult is metaq.SendResult and not metaq.types.SPEEDUPS
         return
-    assert metaq.types.SPEEDUPS, "metaq._speedups was not built (a C compiler and Python.h are needed)"
+    assert metaq.types.SPEEDUPS
     assert metaq.types.SendResult is _speedups.SendResult is metaq.SendResult
     assert metaq.types.SendResult.__module__ == "metaq.types" and metaq.types.SendResult.__qualname__ == "SendResult"
 
@@ -163,7 +162,7 @@ def test_pickles_cross_between_the_implementations() -> None:
             "assert type(r) is SendResult and r == SendResult(True, {mid}, 3, 42, None, 'orders', 1), r; "
             "sys.stdout.write(pickle.dumps(r).hex())")
     compiled = _speedups.SendResult(True, MID, 3, 42, None, "orders", 1)
-    env = {**os.environ, "METAQ_NO_SPEEDUPS": "1"}
+    env = {**os.environ, _compiled.NO_EXTENSIONS_ENV: "1"}
     from_python = subprocess.run([sys.executable, "-c", code.format(on=False, mid=MID), pickle.dumps(compiled).hex()],
                                  env=env, capture_output=True, text=True, check=True).stdout
     assert b"copyreg" in bytes.fromhex(from_python) or b"SendResult" in bytes.fromhex(from_python)

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from metaq.bench.report import markdown_table
 from metaq.client import Message, MessageSessionFactory
 from metaq.devcluster import DevCluster
 
@@ -169,3 +170,14 @@ def run_cluster_refresh(brokers: int = 3, rounds: int = 5, partitions: int = 2,
     summary = {k: {"median": round(statistics.median(r[k] for r in rows), 1), "max": max(r[k] for r in rows)}
                for k in keys}
     return {"brokers": brokers, "rounds": rows, "summary": summary}
+
+
+def table(result: dict[str, Any]) -> str:
+    s = {k: f"{v['median']} ({v['max']})" for k, v in result["summary"].items()}
+    return (f"{result['brokers']} brokers, the last one leaving (SIGTERM) and joining {len(result['rounds'])} times "
+            "under round-robin sends; median (max) ms:\n\n"
+            + markdown_table(["event", "a plain ZooKeeper watcher sees it (baseline)", "the producer's metadata has it",
+                              "first message acknowledged by it"],
+                             [["a broker leaves", s["leave_watch_ms"], s["leave_metadata_ms"],
+                               f"(failed sends: {result['summary']['leave_failures']['max']} at most)"],
+                              ["a broker joins", s["join_watch_ms"], s["join_metadata_ms"], s["join_used_ms"]]]))

@@ -20,6 +20,8 @@ from typing import Any
 
 import aiohttp
 
+from metaq.bench.baselines import percentiles
+from metaq.bench.report import markdown_table
 from metaq.broker.launcher import BrokerLauncher
 
 WARMUP_REQUESTS = 50
@@ -52,17 +54,6 @@ class HttpBenchResult:
     mb_per_s: float
     failures: int
     latency_ms: dict[str, float] = field(default_factory=dict)
-
-
-def _percentiles(samples: list[float]) -> dict[str, float]:
-    if not samples:
-        return {}
-    samples.sort()
-
-    def at(q: float) -> float:
-        return round(samples[min(len(samples) - 1, int(q * len(samples)))] * 1000, 2)
-
-    return {"p50": at(0.5), "p99": at(0.99), "max": round(samples[-1] * 1000, 2)}
 
 
 def _request_body(spec: HttpBenchSpec) -> tuple[bytes, str, int]:
@@ -142,8 +133,17 @@ def _measure(spec: HttpBenchSpec, url: str) -> HttpBenchResult:
     seconds = max(p["seconds"] for p in parts)
     messages = sum(p["messages"] for p in parts)
     requests = sum(p["requests"] for p in parts)
-    latencies = [x for p in parts for x in p["latencies"]]
+    latencies = [x * 1000 for p in parts for x in p["latencies"]]  # ms
     return HttpBenchResult(api=spec.api, url=url, messages=messages, requests=requests, seconds=round(seconds, 3),
                            msgs_per_s=round(messages / seconds, 1), requests_per_s=round(requests / seconds, 1),
                            mb_per_s=round(messages * spec.size / seconds / 1e6, 2),
-                           failures=sum(p["failures"] for p in parts), latency_ms=_percentiles(latencies))
+                           failures=sum(p["failures"] for p in parts), latency_ms=percentiles(latencies))
+
+
+def table(result: dict[str, Any]) -> str:
+    lat = result["latency_ms"]
+    return markdown_table(
+        ["api", "messages", "requests", "msg/s", "requests/s", "MB/s", "request latency p50 / p99 / max ms"],
+        [[result["api"], f"{result['messages']:,}", f"{result['requests']:,}", f"{result['msgs_per_s']:,.0f}",
+          f"{result['requests_per_s']:,.0f}", f"{result['mb_per_s']:.1f}",
+          f"{lat.get('p50')} / {lat.get('p99')} / {lat.get('max')}" if lat else ""]], right=[1, 2, 3, 4, 5])

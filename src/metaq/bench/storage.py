@@ -1,6 +1,5 @@
-"""Storage benchmark: appends and reads of metaq.storage under each flush mode, beside the raw disk.
-
-    python -m metaq.bench.storage [--json] [--seconds S] [--dir PATH]
+"""`metaq bench storage`: appends and reads of metaq.storage in process under each flush mode, beside the raw
+disk's own figures in the same run.
 
 Batches are 100 messages of 100 bytes, built once with ``records.encode_values`` and validated once
 (the broker validates each produce request itself; this measures the storage engine). Each mode runs
@@ -10,10 +9,7 @@ disk: ``dd oflag=dsync`` with the batch size, and a Python loop of write + fdata
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -26,6 +22,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from metaq.bench.report import Report, markdown_table
 from metaq.protocol.records import encode_values, validate_batch
 from metaq.storage import LogConfig, LogManager
 
@@ -176,19 +173,22 @@ def bench_python_fdatasync(root: Path, batch_bytes: int, seconds: float, max_cou
     return _result("python write+fdatasync (raw disk)", n, time.perf_counter() - begin, batch_bytes)
 
 
-def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {"nproc": os.cpu_count(), "kernel": platform.release(),
-                            "python": platform.python_version()}
-    return info
-
-
 def filesystem(path: Path) -> str:
     proc = subprocess.run(["df", "-T", str(path)], capture_output=True, text=True, check=False)
     lines = proc.stdout.strip().splitlines()
     return lines[-1].split()[1] if len(lines) > 1 else "unknown"
 
 
-def run(seconds: float, max_batches: int, root: Path, group_threads: int) -> dict[str, Any]:
+def run(seconds: float, max_batches: int, group_threads: int, report: Report, work_dir: str | None = None
+        ) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="metaq-bench-storage-", dir=work_dir))
+    try:
+        return _run(seconds, max_batches, root, group_threads, report)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(seconds: float, max_batches: int, root: Path, group_threads: int, report: Report) -> dict[str, Any]:
     batch, _ = _batch()
     modes: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         ("threshold=1", lambda: bench_appends(root, "unflushThreshold=1 (fsync per append)", 1, 1, 1,
@@ -200,49 +200,26 @@ def run(seconds: float, max_batches: int, root: Path, group_threads: int) -> dic
         ("group commit", lambda: bench_appends(root, f"group commit, {group_threads} threads x 64 in flight",
                                                0, group_threads, 64, seconds, max_batches)),
     ]
-    rows = [fn() for _, fn in modes]
+    rows = []
+    for name, fn in modes:
+        rows.append(fn())
+        report(f"{name}: {rows[-1].get('messages_per_s', 0):,.0f} msg/s")
     rows.extend(bench_reads(root, seconds))
     rows.append(bench_dd(root, len(batch), min(max_batches, 2000)))
     rows.append(bench_python_fdatasync(root, len(batch), seconds, max_batches))
     return {"batch_bytes": len(batch), "messages_per_batch": MESSAGES_PER_BATCH, "message_bytes": MESSAGE_BYTES,
-            "machine": machine(), "filesystem": filesystem(root), "results": rows}
+            "filesystem": filesystem(root), "results": rows}
 
 
-def print_table(report: dict[str, Any]) -> None:
-    print(f"batch: {report['messages_per_batch']} x {report['message_bytes']} B = {report['batch_bytes']} bytes; "
-          f"{report['machine']['nproc']} cpus, kernel {report['machine']['kernel']}, {report['filesystem']}")
-    header = f"{'mode':58} {'appends/s':>11} {'msg/s':>12} {'MB/s':>9} {'fsyncs':>8}"
-    print(header)
-    print("-" * len(header))
-    for row in report["results"]:
+def table(result: dict[str, Any]) -> str:
+    rows = []
+    for row in result["results"]:
         if "error" in row:
-            print(f"{row['mode']:58} error: {row['error']}")
+            rows.append([row["mode"], f"error: {row['error']}", "", "", ""])
             continue
-        appends = f"{row['appends_per_s']:,.0f}" if "appends_per_s" in row else ""
-        messages = f"{row['messages_per_s']:,.0f}" if "messages_per_s" in row else ""
-        syncs = str(row.get("fdatasyncs", ""))
-        print(f"{row['mode']:58} {appends:>11} {messages:>12} {row['mb_per_s']:>9,.1f} {syncs:>8}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m metaq.bench.storage", description=__doc__.split("\n")[0])
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.add_argument("--seconds", type=float, default=3.0, help="time per mode (default 3)")
-    parser.add_argument("--max-batches", type=int, default=200_000, help="batches per mode at most")
-    parser.add_argument("--group-threads", type=int, default=4, help="appender threads for group commit")
-    parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
-    args = parser.parse_args(argv)
-    root = Path(tempfile.mkdtemp(prefix="metaq-bench-", dir=args.dir))
-    try:
-        report = run(args.seconds, args.max_batches, root, args.group_threads)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_table(report)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        rows.append([row["mode"], f"{row['appends_per_s']:,.0f}" if "appends_per_s" in row else "",
+                     f"{row['messages_per_s']:,.0f}" if "messages_per_s" in row else "", f"{row['mb_per_s']:,.1f}",
+                     row.get("fdatasyncs", "")])
+    return (f"Batches of {result['messages_per_batch']} x {result['message_bytes']} B = {result['batch_bytes']:,} "
+            f"bytes, {result['filesystem']}; the raw disk's rows (dd, Python) are the same-run baseline:\n\n"
+            + markdown_table(["mode", "appends/s", "messages/s", "MB/s", "fdatasyncs"], rows, right=[1, 2, 3, 4]))

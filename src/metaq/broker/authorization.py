@@ -3,8 +3,8 @@
 :func:`required` maps a request to the (resource type, name, operation) triples it needs; a request
 needing several (a FetchRequest of one topic needs one, a MultiFetchRequest or MultiProduceRequest one per
 topic it names; others may name no resource) is allowed only if every one is. The ACLs themselves
-(:class:`metaq.security.acl.Acls`) are swapped in by :func:`refresh_acls`, a background job re-reading the
-ACL file or ZooKeeper node every ``ACL_REFRESH_S``: a change applies within that time, without a restart.
+(:class:`metaq.security.acl.Acls`) are swapped in by :func:`metaq.broker.security_sources.refresh_acls`, a
+background job re-reading the ACL file or ZooKeeper node: a change applies within a second, without a restart.
 
 Request types this table does not know (an API added later) need ``admin`` on the cluster: nothing new
 is open by default.
@@ -12,31 +12,17 @@ is open by default.
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any
 
 from metaq.errors import (
     BrokerError,
     ClusterAuthorizationError,
-    ConfigError,
     GroupAuthorizationError,
-    MetaqError,
     TopicAuthorizationError,
 )
 from metaq.protocol import messages as m
-from metaq.security.acl import ACL_FILE_NAME, CLUSTER_NAME, AclFile, Acls, decode_acls
-from metaq.security.credentials import USERS_FILE_NAME, UsersFile
-from metaq.security.scram import ScramCredential
+from metaq.security.acl import CLUSTER_NAME, Acls
 
-if TYPE_CHECKING:
-    from metaq.broker.core import Broker
-
-log = logging.getLogger("metaq.broker.auth")
-
-ACL_REFRESH_S: Final = 1.0
 Need = tuple[str, str, str]
 """(resource type, resource name, operation)."""
 
@@ -61,6 +47,7 @@ _CLUSTER_OPERATION: dict[type, str] = {
     m.StatsRequest: "describe",
     m.ListGroupsRequest: "describe",
     m.LookupMessageRequest: "describe",
+    m.ListTransactionsRequest: "describe",
     m.ReloadRequest: "admin",
     m.VerifyRequest: "admin",
     m.PromoteRequest: "admin",
@@ -113,61 +100,3 @@ def filter_metadata(acls: Acls, principal: str, request: m.MetadataRequest, resp
             shown.append(m.TopicInfo(info.name, TopicAuthorizationError.code, []))
     response.topics = shown
     return response
-
-
-CredentialLookup = Callable[[str], ScramCredential | None]
-
-
-def credential_lookup(broker: Broker) -> CredentialLookup:
-    """Where ``broker`` finds a user's credential (blocking): ZooKeeper in cluster mode, else its users file."""
-    read_user = getattr(broker.cluster.registry, "read_user", None)
-    if broker.cluster.mode == "zookeeper" and read_user is not None:
-        def from_zookeeper(name: str) -> ScramCredential | None:
-            data = read_user(name)
-            if data is None:
-                return None
-            try:
-                return ScramCredential.from_json(json.loads(data))
-            except ValueError as exc:
-                raise ConfigError(f"user {name!r} in ZooKeeper is damaged: {exc}") from None
-
-        return from_zookeeper
-    config = broker.config
-    return UsersFile(config.sasl_users_file or config.data_path / USERS_FILE_NAME).lookup
-
-
-def acl_source(broker: Broker) -> Callable[[], tuple[object, bytes | None]]:
-    """A blocking function giving (a stamp that changes with the ACLs, their bytes) for ``broker``."""
-    registry = broker.cluster.registry
-    read_acls = getattr(registry, "read_acls", None)
-    if broker.cluster.mode == "zookeeper" and read_acls is not None:
-        def from_zookeeper() -> tuple[object, bytes | None]:
-            data, version = read_acls()
-            return version, data
-
-        return from_zookeeper
-    config = broker.config
-    acl_file = AclFile(config.acl_file or config.data_path / ACL_FILE_NAME)
-
-    def from_file() -> tuple[object, bytes | None]:
-        stamp = acl_file.stamp()
-        return stamp, acl_file.read_bytes() if stamp is not None else None
-
-    return from_file
-
-
-async def refresh_acls(broker: Broker) -> None:
-    """Keep ``broker.acls`` in step with the stored ACLs (a background job when aclEnabled is set)."""
-    source = acl_source(broker)
-    seen: object = object()
-    while True:
-        try:
-            stamp, data = await asyncio.to_thread(source)
-            if stamp != seen:
-                broker.acls = decode_acls(data, broker.config.super_users)
-                log.info("ACLs loaded: %d entries, %d super-users", len(broker.acls.entries),
-                         len(broker.acls.super_users))
-                seen = stamp
-        except (ConfigError, MetaqError, OSError) as exc:
-            log.error("ACLs not reloaded, the ones in force stay: %s", exc)
-        await asyncio.sleep(ACL_REFRESH_S)

@@ -34,7 +34,7 @@ def default_jobs(config: BrokerConfig) -> list[Job]:
         jobs.append(verify_unclean)
     jobs.append(transaction_timers)
     if config.acl_enabled:
-        from metaq.broker.authorization import refresh_acls
+        from metaq.broker.security_sources import refresh_acls
 
         jobs.append(refresh_acls)
     return jobs
@@ -59,6 +59,7 @@ async def verify_unclean(broker: Broker) -> None:
     started = time.monotonic()
     log.info("verifying %d partitions recovered from an unclean stop, in the background", len(targets))
     damaged = 0
+    notes = 0
     for plog in targets:
         if broker.stopping:
             return
@@ -68,8 +69,10 @@ async def verify_unclean(broker: Broker) -> None:
             log.info("verify of %s-%d skipped: %s", plog.topic, plog.partition, exc)
             continue
         damaged += not report.ok
-    log.info("verified %d partitions after the unclean stop in %.1fs: %s", len(targets), time.monotonic() - started,
-             f"{damaged} with damage (see the errors above, `metaq stats`)" if damaged else "all intact")
+        notes += len(report.index_notes)
+    rebuilt = f"; {notes} index files missing or torn, rebuilt on first use (not damage)" if notes else ""
+    log.info("verified %d partitions after the unclean stop in %.1fs: %s%s", len(targets), time.monotonic() - started,
+             f"{damaged} with damage (see the errors above, `metaq stats`)" if damaged else "all intact", rebuilt)
 
 
 async def schedule_retention(broker: Broker) -> None:

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from metaq.broker.authorization import credential_lookup
+from metaq.broker.security_sources import credential_lookup
 from metaq.errors import ConfigError, MetaqError
 from metaq.security.principal import check_user_name, user_principal
 from metaq.security.scram import ScramCredential, make_credential, password_matches

@@ -7,6 +7,7 @@ converter as server.ini; the flags given become overrides applied on top of the 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -14,7 +15,7 @@ import click
 
 from metaq.broker.options import SETTABLE, InvalidValue, Option
 
-__all__ = ["click_options", "overrides_from_click"]
+__all__ = ["BrokerHelp", "click_options", "help_all_option", "overrides_from_click"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -53,6 +54,78 @@ def click_options() -> Callable[[_F], _F]:
         return func
 
     return decorate
+
+
+COMMON_FLAGS = ("--config", "--dataPath", "--serverPort", "--hostName", "--brokerId", "--numPartitions",
+                "--unflushThreshold", "--httpPort", "--dashboardHttpPort", "--help-all", "--help")
+"""What ``metaq broker --help`` shows in full: what a first broker needs; the rest is listed by group."""
+
+FLAG_GROUPS: dict[str, tuple[str, ...]] = {
+    "Storage and flushing": ("unflushInterval", "maxSegmentSize", "maxTransferSize", "deletePolicy", "deleteWhen",
+                             "maxMessageSize", "maxBatchSize", "dataLogPath", "verifyAfterUncleanStart", "maxOpenFiles",
+                             "syncfs", "syncfsMinPartitions", "syncfsQuietMinPartitions", "syncInlineMaxPartitions",
+                             "loadMessageStoresInParallel"),
+    "Topics": ("acceptPublish", "acceptSubscribe", "autoCreateTopics", "stat", "updateConsumerOffsets",
+               "maxDelayInSeconds"),
+    "Connections and limits": ("kafkaPort", "maxConnections", "connectionIdleTimeoutSeconds",
+                               "connectionHandshakeTimeoutSeconds", "maxWaitingFetches",
+                               "maxWaitingFetchesPerConnection", "maxFrameSize", "maxPartialFramesSize"),
+    "TLS": ("sslPort", "kafkaSslPort", "sslCertFile", "sslKeyFile", "sslCaFile", "sslClientAuth", "sslHttp",
+            "sslReplication"),
+    "Authentication and ACLs": ("authRequired", "saslUsersFile", "httpBasicAuthOverPlaintext", "aclEnabled", "aclFile",
+                                "superUsers", "replicationUser"),
+    "Quotas": ("quotaProducerByteRate", "quotaConsumerByteRate", "quotaMaxConnections", "quotaOverrides"),
+    "Replication and HA": ("slave", "slave-config", "slave-id", "syncReplication", "minInSyncSlaves",
+                           "inSyncMaxLagMs", "degradeToAsync", "autoFailover"),
+    "Transactions": ("flushTxLogAtCommit", "maxCheckpoints", "checkpointInterval", "maxTxTimeoutTimerCapacity",
+                     "maxTxTimeoutInSeconds", "transactionTimeOut", "transactionCheckInterval",
+                     "transactionCheckMax"),
+    "Process": ("event-loop", "mallocTrimThreshold", "mallocMmapThreshold"),
+}
+"""The other flags of ``metaq broker``, by subject, as ``--help`` names them (``--help-all`` describes each).
+A flag in no group is listed under "Other", so a new option is never hidden."""
+
+
+class BrokerHelp(click.Command):
+    """``metaq broker --help``: the common flags in full, the other ~80 by group; ``--help-all``: every flag."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if ctx.meta.get("metaq.help_all"):
+            super().format_options(ctx, formatter)
+            return
+        params = [p for p in self.get_params(ctx) if isinstance(p, click.Option)]
+        common = [p for p in params if set(p.opts) & set(COMMON_FLAGS)]
+        with formatter.section("Common options"):
+            formatter.write_dl([_first_sentence(row) for p in common if (row := p.get_help_record(ctx)) is not None])
+        listed = {f"--{flag}" for flags in FLAG_GROUPS.values() for flag in flags}
+        others = sorted(o for p in params if not set(p.opts) & set(COMMON_FLAGS)
+                        for o in p.opts[:1] if o not in listed)
+        groups = [(title, [f"--{flag}" for flag in flags]) for title, flags in FLAG_GROUPS.items()]
+        with formatter.section("More flags (every server.ini [system] key; `metaq broker --help-all` describes "
+                               "each, docs/configuration.md too)"):
+            formatter.write_dl([(title, " ".join(flags)) for title, flags in [*groups, ("Other", others)] if flags])
+
+
+def _first_sentence(row: tuple[str, str]) -> tuple[str, str]:
+    """A flag's help cut to its first sentence, its default kept (``--help-all`` has the rest)."""
+    name, text = row
+    default = re.search(r"\[(server\.ini )?default: [^\]]*\]$", text)
+    first = re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
+    if default is not None and default.group(0) not in first:
+        first = f"{first.rstrip()} {default.group(0)}"
+    return name, first
+
+
+def _print_help_all(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    ctx.meta["metaq.help_all"] = True
+    click.echo(ctx.get_help(), color=ctx.color)
+    ctx.exit()
+
+
+help_all_option = click.option("--help-all", is_flag=True, expose_value=False, is_eager=True,
+                               callback=_print_help_all, help="Show every flag with its meaning and default, and exit.")
 
 
 def overrides_from_click(kwargs: Mapping[str, object]) -> dict[str, str]:

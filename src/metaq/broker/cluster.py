@@ -50,7 +50,7 @@ class ClusterLink:
     def for_config(cls, config: BrokerConfig, *, slave_id: int = -1) -> ClusterLink:
         zk = config.zookeeper
         if zk is None or not zk.enable:
-            return cls(EmbeddedRegistry(), config.broker_id, mode="embedded", slave_id=slave_id)
+            return cls(EmbeddedRegistry(), config.broker_id, mode="standalone", slave_id=slave_id)
         from metaq.cluster.zookeeper import ZooKeeperRegistry  # kazoo only when ZooKeeper mode is on
 
         registry = ZooKeeperRegistry(zk.connect, zk.root, session_timeout_ms=zk.session_timeout_ms,
@@ -62,15 +62,14 @@ class ClusterLink:
 
     def connect(self) -> None:
         """Reach the registry (ZooKeeper); RegistryError saying why when it cannot."""
-        start = getattr(self.registry, "start", None)
-        if start is not None:
-            start()
+        self.registry.start()
 
     def join(self, host: str, port: int, topics: dict[str, tuple[int, bool, bool]], *,
-             tls_port: int | None = None) -> None:
+             tls_port: int | None = None, ports: dict[str, int] | None = None) -> None:
         """Register this broker at ``host:port`` (and its TLS port, sslPort) and announce ``topics`` (name ->
         (partitions, publish?, subscribe?)). RegistryError (BrokerIdTaken) when another live broker has this id."""
         self.registry.tls_port = tls_port
+        self.registry.ports = dict(ports or {})
         self.registry.register_broker(self.broker_id, Address(host, port), slave_id=self.slave_id)
         for topic, (count, pub, sub) in sorted(topics.items()):
             self.registry.publish_topic(topic, count, accept_publish=pub, accept_subscribe=sub)

@@ -3,7 +3,8 @@
 :class:`BrokerConfig` is what the broker runs with. It is built by :mod:`metaq.broker.ini` from a
 ``server.ini`` (or the defaults), with flags applied by :meth:`BrokerConfig.with_overrides`; every
 value was checked by the option table (:mod:`metaq.broker.options`). What a live reload changes is
-:func:`diff_topics`.
+:func:`diff_topics`; what it leaves for a restart, :func:`restart_required` (the running values of those
+options stay in force until then: :func:`keep_restart_options`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Any
 from metaq.broker.options import (
     SETTABLE,
     STALL_WARNING,
+    STAT_IGNORED,
     TOPIC_ATTRS,
+    ZK_OPTIONS,
     DeletePolicy,
     convert,
     cross_check,
@@ -34,6 +37,7 @@ __all__ = [
     "TopicsDiff",
     "ZkConfig",
     "diff_topics",
+    "keep_restart_options",
     "merge_topic_configs",
     "restart_required",
 ]
@@ -115,6 +119,8 @@ class BrokerConfig:
     verify_after_unclean_start: bool
     max_open_files: int
     """0: auto (options.MAX_OPEN_FILES_AUTO; the broker's service sets the budget from the open-files limit)."""
+    syncfs: str
+    """auto (where the data directory's filesystem honours syncfs) or off."""
     syncfs_min_partitions: int
     syncfs_quiet_min_partitions: int
     sync_inline_max_partitions: int
@@ -141,7 +147,8 @@ class BrokerConfig:
     checkpoint_interval_ms: int = 3_600_000
     max_tx_timeout_timer_capacity: int = 30_000
     max_tx_timeout_s: int = 60
-    transaction_check_interval_ms: int = 6000
+    transaction_first_check_ms: int = 6000
+    transaction_check_interval_ms: int = 60_000
     transaction_check_max: int = 15
     data_log_path: Path | None = None
     """The transaction log's directory (MetaQ's dataLogPath); None: ``data_path / ".txlog"``."""
@@ -158,6 +165,10 @@ class BrokerConfig:
     ssl_ca_file: Path | None = None
     ssl_client_auth: str = "none"
     ssl_http: bool = True
+    kafka_port: int | None = None
+    """The Kafka-protocol listener (docs/kafka.md); None: off."""
+    kafka_ssl_port: int | None = None
+    """The Kafka-protocol listener over TLS (with sslCertFile); None: off."""
     ssl_replication: bool = False
     auth_required: bool = False
     sasl_users_file: Path | None = None
@@ -170,7 +181,7 @@ class BrokerConfig:
     quota_consumer_byte_rate: int = 0
     quota_max_connections: int = 0
     quota_overrides: dict[str, Any] = field(default_factory=dict)
-    """Per-principal quotas (metaq.broker.quotas.QuotaOverride by principal) over the three defaults."""
+    """Per-principal quotas (metaq.broker.options.QuotaOverride by principal) over the three defaults."""
     topics: dict[str, TopicConfig] = field(default_factory=dict)
     zookeeper: ZkConfig | None = None
     source_path: Path | None = None
@@ -215,6 +226,8 @@ class BrokerConfig:
             values[opt.attr] = convert(opt, str(text).strip(), f"--{key}")
             where[opt.key] = f"--{key}"
         warnings = [w for w in self.warnings if not w.endswith(STALL_WARNING)]
+        if "stat" in overrides:
+            warnings.append(f"--stat: {STAT_IGNORED}")
         cross_check(values, where, warnings)
         return dataclasses.replace(self, warnings=tuple(warnings), **values)
 
@@ -265,12 +278,25 @@ def diff_topics(old: BrokerConfig, new: BrokerConfig) -> TopicsDiff:
 
 
 def restart_required(old: BrokerConfig, new: BrokerConfig) -> list[str]:
-    """The MetaQ names of changed options that a reload cannot apply (the broker logs them)."""
+    """The MetaQ names of changed options that a reload cannot apply, in the option table's order:
+    [system] keys, then [zookeeper]'s (``[zookeeper]`` itself when the section came or went)."""
     keys = [
         o.key
         for o in SETTABLE.values()
         if o.reload == "restart" and getattr(old, o.attr) != getattr(new, o.attr)
     ]
-    if old.zookeeper != new.zookeeper:
+    if (old.zookeeper is None) != (new.zookeeper is None):
         keys.append("[zookeeper]")
+    elif old.zookeeper is not None and new.zookeeper is not None:
+        keys += [o.key for o in ZK_OPTIONS.values()
+                 if getattr(old.zookeeper, o.attr) != getattr(new.zookeeper, o.attr)]
     return keys
+
+
+def keep_restart_options(running: BrokerConfig, new: BrokerConfig) -> BrokerConfig:
+    """``new`` with every option a reload cannot apply (and [zookeeper]) as in ``running``: what a reload
+    puts in force. Without it a request reading such an option (maxTransferSize, say) would take the new
+    value while the rest of the broker runs with the old one, and a later reload would no longer see the
+    change as pending."""
+    kept = {o.attr: getattr(running, o.attr) for o in SETTABLE.values() if o.reload == "restart"}
+    return dataclasses.replace(new, zookeeper=running.zookeeper, **kept)

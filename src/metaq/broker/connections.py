@@ -1,10 +1,11 @@
 """What a broker's TCP connections share: their count, the idle and handshake sweep, the budget of
 unfinished request frames.
 
-Transport bookkeeping only: the broker core never sees it. A connection is a
-:class:`~metaq.broker.transport.BrokerProtocol`; the registry admits it (or not, past
-maxConnections), closes it when it idles or never completes a request, and sheds the largest unfinished
-frame when the frames being received together outgrow maxPartialFramesSize.
+Transport bookkeeping only: the broker core never sees it. A connection is whatever has what
+:class:`Connection` declares (the TCP transport's :class:`~metaq.broker.transport.BrokerProtocol`); the
+registry admits it (or not, past maxConnections), closes it when it idles or never completes a request,
+and sheds the largest unfinished frame when the frames being received together outgrow
+maxPartialFramesSize.
 """
 
 from __future__ import annotations
@@ -14,16 +15,36 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from metaq.broker.config import BrokerConfig
 from metaq.broker.stats import BrokerStats
 from metaq.errors import TooManyConnectionsError
-
-if TYPE_CHECKING:
-    from metaq.broker.transport import BrokerProtocol
+from metaq.wording import plural
 
 log = logging.getLogger("metaq.broker")
+
+
+class Connection(Protocol):
+    """What the registry needs of a connection."""
+
+    partial_bytes: int
+    """Bytes of the unfinished request frame it buffers (the registry keeps it, with the sum over all)."""
+    handshaken: bool
+    """Whether it has sent a whole request (before that, the handshake timeout applies)."""
+    opened_at: float
+    last_active: float
+    """When it opened and when it last received or sent, by the registry's clock."""
+
+    @property
+    def idle(self) -> bool:
+        """No request in hand (the idle timeout applies only then)."""
+
+    def refuse_partial_frame(self, reason: str) -> None:
+        """Drop its unfinished frame, answer ``reason`` and close."""
+
+    def close_quietly(self, reason: str, level: int) -> None:
+        """Close it, logging ``reason`` at ``level``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,14 +84,14 @@ class ConnectionRegistry:
         self.limits = limits
         self.stats = stats
         self.clock = clock
-        self.open: set[BrokerProtocol] = set()
+        self.open: set[Connection] = set()
         self.refusing = 0
         self.partial_bytes = 0
         """Bytes of unfinished request frames buffered over every open connection."""
 
     # -- admission ----------------------------------------------------------------------------
 
-    def admit(self, conn: BrokerProtocol) -> bool:
+    def admit(self, conn: Connection) -> bool:
         """Count a new connection in, or False when maxConnections are open (the caller refuses it)."""
         if len(self.open) >= self.limits.max_connections:
             self.stats.connections_refused += 1
@@ -80,19 +101,19 @@ class ConnectionRegistry:
         self.stats.connections_total += 1
         return True
 
-    def remove(self, conn: BrokerProtocol) -> None:
+    def remove(self, conn: Connection) -> None:
         if conn in self.open:
             self.open.discard(conn)
             self.stats.connections = len(self.open)
             self.partial_changed(conn, 0)
 
     def refusal_message(self) -> str:
-        return (f"the broker already has {len(self.open)} connections open (maxConnections="
+        return (f"the broker already has {plural(len(self.open), 'connection')} open (maxConnections="
                 f"{self.limits.max_connections}); {TooManyConnectionsError.hint.split('; ', 1)[-1]}")
 
     # -- unfinished frames ----------------------------------------------------------------------
 
-    def partial_changed(self, conn: BrokerProtocol, partial_bytes: int) -> None:
+    def partial_changed(self, conn: Connection, partial_bytes: int) -> None:
         """``conn`` now buffers ``partial_bytes`` of an unfinished frame; shed frames past the budget."""
         self.partial_bytes += partial_bytes - conn.partial_bytes
         conn.partial_bytes = partial_bytes

@@ -19,23 +19,32 @@ import dataclasses
 import functools
 import inspect
 import logging
-import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from metaq.broker import authorization
 from metaq.broker.cluster import ClusterLink
-from metaq.broker.config import BrokerConfig, TopicConfig, TopicSettings, diff_topics, merge_topic_configs
+from metaq.broker.committing import reapply_on_open
+from metaq.broker.config import (
+    BrokerConfig,
+    TopicConfig,
+    TopicSettings,
+    diff_topics,
+    keep_restart_options,
+    merge_topic_configs,
+    restart_required,
+)
 from metaq.broker.delay.store import DelayStore
 from metaq.broker.error_mapping import error_response
+from metaq.broker.filters import MessageFilter, load_filters
 from metaq.broker.groups import GroupCoordinator
 from metaq.broker.ini import load_broker_config, topic_options_text
 from metaq.broker.options import MAX_OPEN_FILES_PROVISIONAL, SYSTEM_OPTIONS, TOPIC_ATTRS
 from metaq.broker.partition_state import PartitionStateStore
 from metaq.broker.quotas import FETCH, PRODUCE, Quotas
+from metaq.broker.replication.slave_config import SlaveConfig
 from metaq.broker.session import DeferredReply, FileReply, Session
-from metaq.broker.slave_config import SlaveConfig
 from metaq.broker.stats import BrokerStats
 from metaq.broker.topic_options import TopicOptionsStore
 from metaq.broker.transactions import TransactionCoordinator
@@ -53,7 +62,7 @@ from metaq.errors import (
     UnknownPartitionError,
     UnknownTopicError,
 )
-from metaq.fsutil import syncfs
+from metaq.fsutil import datasync, syncfs
 from metaq.protocol import messages as m
 from metaq.security.acl import Acls
 from metaq.storage import LogConfig, LogManager, PartitionLog
@@ -121,6 +130,14 @@ class ReplicaGroupView(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
+@dataclass(frozen=True)
+class Reloaded:
+    """What a reload did: the topics whose settings changed, and the changed options it could not apply."""
+
+    changed_topics: list[str]
+    restart_required: list[str]
+
+
 @dataclass
 class TopicState:
     settings: TopicSettings
@@ -136,11 +153,12 @@ class Broker:
     ``handlers`` is the request registry, request type -> :data:`Handler`
     (:data:`metaq.broker.handlers.REQUEST_HANDLERS`). ``config_path`` and ``overrides`` are the
     server.ini and the flags the broker was started with: what a reload reads again. ``sync`` is the
-    fdatasync the logs use; tests inject one that is held, counted or fails.
+    sync the logs use for their files and directories (:func:`~metaq.fsutil.datasync`); tests inject one that
+    is held, counted or fails.
     """
 
     def __init__(self, config: BrokerConfig, handlers: Mapping[type, Handler], *, config_path: str | None = None,
-                 overrides: Mapping[str, str] | None = None, sync: Callable[[int], None] = os.fdatasync,
+                 overrides: Mapping[str, str] | None = None, sync: Callable[[int], None] = datasync,
                  cluster: ClusterLink | None = None, slave: SlaveConfig | None = None,
                  replica: SlaveConfig | None = None) -> None:
         self.config = config
@@ -154,6 +172,11 @@ class Broker:
         """Set in HA mode (syncReplication or autoFailover): epochs, the in-sync set, the role."""
         """The effective configuration: server.ini and flags, plus the options of created topics."""
         self._file_config = config
+        self._started_config = config
+        """The file's configuration the broker started with: what options a reload cannot apply keep from it."""
+        self.filters: dict[str, MessageFilter] = {}
+        """The server-side group filters in force, ``module:callable`` -> the callable (metaq.broker.filters):
+        loaded by :meth:`load_filters` at start and again by every reload."""
         self._master_topics: tuple[dict[str, TopicConfig], dict[str, str]] | None = None
         """autoSyncMasterConfig: the master's topic sections and topic defaults, over this slave's file."""
         self.config_path = config_path
@@ -172,6 +195,7 @@ class Broker:
                                sync=self.stats.fsync_seconds.timed(sync),
                                syncfs_min_logs=config.syncfs_min_partitions,
                                syncfs_quiet_min_logs=config.syncfs_quiet_min_partitions,
+                               use_syncfs=config.syncfs != "off",
                                sync_inline_max_logs=config.sync_inline_max_partitions,
                                sync_filesystem=self.stats.fsync_seconds.timed(syncfs))
         self.delay = DelayStore(config.data_path, config.broker_id, self._log_config(None),
@@ -179,6 +203,7 @@ class Broker:
                                 files=self.logs.files, sync=self.stats.fsync_seconds.timed(sync))
         """Delayed messages until due (docs/delayed.md); its deliverer runs as a service task."""
         self.stats.delayed = self.delay.describe
+        self.stats.durability = self.logs.describe_syncs
         self.transactions: TransactionCoordinator | None = None
         """The transaction log and the transactions' states (docs/transactions.md): opened at start when
         the log exists, else by the first transaction request."""
@@ -196,7 +221,7 @@ class Broker:
         """Where clients reach this broker (Metadata advertises it): the transport sets it once bound."""
         self.port = 0
         self.acls = Acls((), config.super_users)
-        """The ACLs in force (aclEnabled): swapped in by metaq.broker.authorization.refresh_acls."""
+        """The ACLs in force (aclEnabled): swapped in by metaq.broker.security_sources.refresh_acls."""
         self.credentials: Callable[[str], Any] | None = None
         """How SASL finds a user's stored credential (blocking; set on first use, metaq.broker.handlers.sasl)."""
         self.quotas = Quotas(lambda: self.config)
@@ -272,29 +297,40 @@ class Broker:
             defaults[opt.key] = ("true" if value else "false") if isinstance(value, bool) else str(value)
         return {"topics": topics, "defaults": defaults}
 
-    def reload_from_file(self) -> list[str]:
-        """Read server.ini again, with the start's flags over it, and apply its [topic=…] changes live;
-        returns the topics affected. [system] changes wait for a restart.
+    def load_filters(self) -> None:
+        """Import the server-side filters server.ini names (at start); ConfigError naming the one that fails."""
+        self.filters = load_filters(self._file_config.topics)
+
+    def reload_from_file(self) -> Reloaded:
+        """Read server.ini again, with the start's flags over it, and apply its [topic=…] changes and the
+        live [system] options; what it cannot apply (restart-only options) is reported, and the values
+        the broker started with stay in force for them.
 
         The one reload path: SIGHUP and the Reload request (`metaq admin reload`) both come here, so they
-        log the same lines and fail the same way. A file that is refused changes nothing: one ERROR
-        line, no traceback, and InvalidRequestError saying why.
+        log the same lines and fail the same way. A file that is refused, or a server-side filter that
+        cannot be loaded, changes nothing: one ERROR line, no traceback, and InvalidRequestError saying why.
         """
         path = self.config_path
         if not path:
             log.warning("reload ignored: the broker was started without -f server.ini")
             raise InvalidRequestError("the broker was started without -f server.ini: nothing to reload")
         try:
-            changed = self._apply(load_broker_config(path, self.cli_overrides))
+            new_config = load_broker_config(path, self.cli_overrides)
+            filters = load_filters(new_config.topics)  # changed modules imported again
+            pending = restart_required(self._started_config, new_config)
+            changed = self._apply(keep_restart_options(self._started_config, new_config))
         except ConfigError as exc:  # the operator's mistake, not the broker's
             log.error("reload of %s refused: %s", path, exc)
             raise InvalidRequestError(f"{exc} (the running configuration is unchanged)") from None
         except StorageError as exc:  # a grown topic's new partition could not be created
             log.error("reload of %s failed: %s", path, exc)
             raise
+        self.filters = filters
         log.info("reloaded %s: topics changed: %s", path, ", ".join(changed) or "none")
+        if pending:
+            log.warning("reload of %s: changed but applied only by a restart: %s", path, ", ".join(pending))
         self.announce_config()
-        return changed
+        return Reloaded(changed, pending)
 
     def announce_config(self) -> None:
         """A master in ZooKeeper mode publishes its topic options (for autoSyncMasterConfig slaves)."""
@@ -342,14 +378,13 @@ class Broker:
         return self.transactions
 
     def _open_transactions(self) -> None:
-        from metaq.broker.handlers.transactions import reapply_on_open
-
         c = self.config
         coordinator = TransactionCoordinator(
             TransactionLog(c.tx_log_dir, max_checkpoints=c.max_checkpoints, sync=self._tx_sync),
             max_timeout_s=c.max_tx_timeout_s, capacity=c.max_tx_timeout_timer_capacity,
             flush_at_commit=c.flush_tx_log_at_commit, checkpoint_interval_ms=c.checkpoint_interval_ms,
-            check_interval_ms=c.transaction_check_interval_ms, check_max=c.transaction_check_max)
+            check_first_ms=c.transaction_first_check_ms, check_interval_ms=c.transaction_check_interval_ms,
+            check_max=c.transaction_check_max)
         self.transactions = coordinator
         for tx in coordinator.open():  # COMMIT logged, not all applied: finish it (duplicates are dropped)
             reapply_on_open(self, tx)
@@ -475,6 +510,21 @@ class Broker:
             self.config = self._effective(self._file_config)
         self.stats.forget_topic(topic)
         self.waiters.notify_all()
+
+    def publish_refused(self, topic: str) -> str:
+        """Why ``topic`` takes no messages (its acceptPublish is false) and what to change: the message of
+        the produce refusal and of `metaq topic open`'s, which cannot override it."""
+        own = self.config.topics.get(topic)
+        if own is not None and own.accept_publish is not None:
+            where = f"server.ini's [topic={topic}] section sets acceptPublish=false: set it to true"
+        elif "acceptPublish" in self.cli_overrides:
+            where = ("the broker was started with --acceptPublish false: restart it without the flag, or give "
+                     f"[topic={topic}] acceptPublish=true in server.ini")
+        else:
+            where = (f"server.ini's [system] sets acceptPublish=false for every topic: set acceptPublish=true "
+                     f"there or in a [topic={topic}] section")
+        reload = ", then reload the broker (metaq admin reload, or SIGHUP)" if "restart" not in where else ""
+        return f"topic {topic!r} does not accept publishing on broker {self.config.broker_id}: {where}{reload}"
 
     def refuse_writes_on_slave(self, what: str) -> None:
         """NOT_MASTER for a write (produce, topic changes) sent to a slave: its log is the master's copy."""

@@ -13,12 +13,12 @@ from datetime import datetime, tzinfo
 
 from croniter import croniter
 
-from metaq.errors import ConfigError
+from metaq.errors import ConfigError, MetaqError
 
 __all__ = ["CronError", "check_quartz", "next_run_ms", "quartz_to_croniter"]
 
 
-class CronError(ValueError):
+class CronError(MetaqError, ValueError):
     """Not a usable Quartz expression; the message says why, in words a user can act on."""
 
 

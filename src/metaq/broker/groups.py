@@ -1,11 +1,17 @@
-"""The group coordinator of standalone mode: the broker balances each consumer group's partitions.
+"""The group coordinator of standalone mode: each broker balances a consumer group's partitions on it.
 
 Partitions are ``brokerId-partition`` (:class:`metaq.types.PartitionId`) in assignments and offsets.
-A standalone broker knows only its own partitions; a group whose topics span several brokers is
-coordinated by one of them (clients pick the lowest broker id among their servers), which balances
-its own partitions plus the other brokers' partitions as the members report them in JoinGroup (a
-member reports what its metadata, merged from every broker, says). The coordinator is the authority
-on its own broker id: reports of partitions of its own id are ignored.
+A standalone broker knows only its own partitions, and coordinates every group for those only: a
+member joins every broker it was given (docs/consumers.md, "Standalone groups"), each broker assigns
+its own partitions among the members that joined it and keeps their committed offsets. So a group
+spread over several brokers has no single point of failure: losing a broker stops only its
+partitions, and their offsets come back with it. (JoinGroup's ``partitions``, what the member sees on
+other brokers, is checked and kept for ``metaq group describe``, not used to balance.)
+
+Balancing: members are keyed by their consumer id (JoinGroup ``client_id``) when it is unique in the
+group, else by member id, so that every broker orders the same members the same way. With ``range``
+each broker starts its split at member ``broker id mod members``: brokers with one partition each
+(or fewer partitions than members) then hand them to different members instead of all to the first.
 
 Protocol (Kafka's classic eager rebalance, with the assignment computed here rather than by a leader)
 ------------------------------------------------------------------------------------------------------
@@ -59,6 +65,7 @@ import logging
 import re
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +89,7 @@ from metaq.errors import (
 )
 from metaq.protocol import messages as m
 from metaq.types import BROKER_ID_MAX, PartitionId, TopicPartition, validate_topic
+from metaq.wording import plural
 
 log = logging.getLogger("metaq.broker.groups")
 
@@ -288,7 +296,7 @@ class GroupCoordinator:
             group.strategy = req.strategy
             reason = f"member {member_id} joined"
         else:
-            changed = member.topics != topics or group.strategy != req.strategy or member.reported != reported
+            changed = member.topics != topics or group.strategy != req.strategy
             member.client_id = req.client_id
             member.topics = topics
             member.reported = reported
@@ -299,7 +307,7 @@ class GroupCoordinator:
             if group.state == STABLE and not changed:
                 # It already belongs to the current generation: hand back what it owns.
                 return self._join_response(group, member)
-            reason = f"member {member.member_id} rejoined with a new subscription or partitions" if changed else ""
+            reason = f"member {member.member_id} rejoined with a new subscription" if changed else ""
         if group.state != PREPARING_REBALANCE:
             self._begin_rebalance(group, reason or f"member {member.member_id} rejoined")
         member.assignment = {}  # it gave its partitions up before rejoining
@@ -390,30 +398,25 @@ class GroupCoordinator:
         group.generation += 1
         group.rebalances += 1
         group.partitions = self._partition_snapshot(group)
-        subs = {mid: mb.topics for mid, mb in group.members.items()}
-        split = assign_topics(group.strategy or "range", subs, lambda t: group.partitions.get(t, ()))
+        keys = _balance_keys(group.members)
+        subs = {keys[mid]: mb.topics for mid, mb in group.members.items()}
+        split_by_key = assign_topics(group.strategy or "range", subs, lambda t: group.partitions.get(t, ()),
+                                     first_member=self.broker_id)
+        split = {mid: split_by_key[keys[mid]] for mid in group.members}
         now = self.clock()
         for mid, mb in group.members.items():
             mb.assignment = {t: sorted(refs) for t, refs in split[mid].items()}
             mb.last_seen_ms = now
         group.state = STABLE if group.members else EMPTY
         self._assert_invariant(group, split)
-        log.info("group %s: generation %d with %d members", group.name, group.generation, len(group.members))
+        log.info("group %s: generation %d with %s", group.name, group.generation, plural(len(group.members), "member"))
         for mb in group.members.values():
             self._answer_join(mb, self._join_response(group, mb))
 
     def _partition_snapshot(self, group: Group) -> dict[str, tuple[PartitionRef, ...]]:
-        """Every subscribed topic's partitions: this broker's own, plus the other brokers' partitions
-        its members report (reports of this broker's own id are not trusted: it knows its own)."""
+        """Every subscribed topic's partitions on this broker: the ones it coordinates."""
         topics = sorted({t for mb in group.members.values() for t in mb.topics})
-        out = {}
-        for topic in topics:
-            own = set(self._partitions(topic))
-            own_brokers = {self.broker_id} | {p.broker_id for p in own}
-            others = {p for mb in group.members.values() for p in mb.reported.get(topic, ())
-                      if p.broker_id not in own_brokers}
-            out[topic] = tuple(sorted(own | others))
-        return out
+        return {topic: tuple(sorted(set(self._partitions(topic)))) for topic in topics}
 
     def _assert_invariant(self, group: Group, split: dict[str, dict[str, list[PartitionRef]]]) -> None:
         for topic, refs in group.partitions.items():
@@ -597,6 +600,14 @@ def _ref_error_code(topic: str, broker_id: int, partition: int) -> int:
     except InvalidArgument:
         return InvalidTopicError.code
     return UnknownPartitionError.code if partition < 0 or not 0 <= broker_id <= BROKER_ID_MAX else 0
+
+
+def _balance_keys(members: dict[str, Member]) -> dict[str, str]:
+    """member id -> the name it is balanced under: its consumer id when no other member of the group has
+    it (every broker then orders the members alike), else its member id."""
+    seen = Counter(mb.client_id for mb in members.values())
+    return {mid: mb.client_id if mb.client_id and seen[mb.client_id] == 1 and mb.client_id not in members else mid
+            for mid, mb in members.items()}
 
 
 def _assignment(member: Member) -> list[m.TopicAssignment]:

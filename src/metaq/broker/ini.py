@@ -24,6 +24,7 @@ from metaq.broker.options import (
     GROUP_PREFIX,
     SECTION_NAMES,
     SETTABLE,
+    STAT_IGNORED,
     SYSTEM_OPTIONS,
     TOPIC_OPTIONS,
     ZK_OPTIONS,
@@ -49,6 +50,11 @@ class _Section:
     entries: list[tuple[int, str, str]]
 
 
+_INLINE_COMMENT = re.compile(r"\s[;#]")
+"""Where a comment after a value or a section header starts: ``;`` or ``#`` after whitespace. One inside
+a word is part of the value (a Quartz ``6#3``, ``superUsers=User:a;User:b``)."""
+
+
 def _read_ini(text: str, source: str) -> list[_Section]:
     """Sections with their entries and line numbers; only the shape of the file is checked here."""
     sections: list[_Section] = []
@@ -56,10 +62,19 @@ def _read_ini(text: str, source: str) -> list[_Section]:
         line = raw.strip()
         if not line or line[0] in ";#":
             continue
+        comment = _INLINE_COMMENT.search(line)
+        if comment is not None:
+            line = line[:comment.start()].rstrip()
         if line.startswith("["):
-            if not line.endswith("]"):
-                raise ConfigError(f"{source}:{number}: {_shown(line)}: section header without a closing ']'")
-            sections.append(_Section(line[1:-1].strip(), number, []))
+            head, bracket, after = line.partition("]")
+            if not bracket:
+                raise ConfigError(f"{source}:{number}: {_shown(line)}: section header without a closing ']'; "
+                                  "expected [system], [zookeeper] or [topic=NAME]")
+            if after:
+                raise ConfigError(f"{source}:{number}: {_shown(line)}: found {_shown(after.strip())!r} after the "
+                                  f"section header {_shown(head + bracket)}; expected the end of the line or a comment "
+                                  "(; or # after a space)")
+            sections.append(_Section(head[1:].strip(), number, []))
             continue
         key, eq, value = line.partition("=")
         key = key.strip()
@@ -183,6 +198,9 @@ def parse_config(text: str, source: str = "<string>", base_dir: Path | None = No
         else:
             topics[name] = _topic_config(name, _entries(sec, source, TOPIC_OPTIONS, label), source)
 
+    stat_lines = [number for sec in sections for number, key, _ in sec.entries if key == "stat"]
+    if stat_lines:
+        warnings.append(f"{source}:{stat_lines[0]}: stat: {STAT_IGNORED}")
     values: dict[str, Any] = {o.attr: o.parse(o.default) for o in SETTABLE.values() if o.default is not None}
     where: dict[str, str] = {}
     for key, (number, opt, text) in sorted(system.items(), key=lambda item: item[1][0]):

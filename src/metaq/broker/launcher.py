@@ -31,6 +31,8 @@ HTTP_READY_RE = re.compile(r"metaq http ready (https?://\S+)")
 """The line printed before it when httpPort is set: where the HTTP API is (docs/http.md)."""
 TLS_READY_RE = re.compile(r"metaq broker tls ready (\S+):(\d+)")
 """The line printed before it when sslPort is set: where the TLS port is (docs/security.md)."""
+KAFKA_READY_RE = re.compile(r"metaq kafka (tls )?ready (\S+):(\d+)")
+"""The lines printed before it when kafkaPort / kafkaSslPort are set (docs/kafka.md)."""
 METRICS_RE = re.compile(r"metaq broker metrics (https?://\S+)")
 """The line printed before it when dashboardHttpPort is set."""
 OUTPUT_SHOWN_LINES = 200
@@ -72,6 +74,10 @@ class BrokerLauncher:
         self.http_url: str | None = None
         """``http://host:port`` of the HTTP API once ready, when the broker serves one (httpPort)."""
         self.tls_port: int | None = None
+        self.kafka_port: int | None = None
+        """The Kafka listener's port once ready (kafkaPort); a restart keeps it."""
+        self.kafka_tls_port: int | None = None
+        """The Kafka listener's TLS port once ready (kafkaSslPort); a restart keeps it."""
         """The TLS port once ready, when the broker serves one (sslPort); a restart keeps it."""
         self.metrics_url: str | None = None
         """The /metrics URL once ready, when the broker serves it (dashboardHttpPort)."""
@@ -99,6 +105,10 @@ class BrokerLauncher:
         for key, value in self.options.items():
             if key == "sslPort" and self.tls_port is not None:
                 value = self.tls_port
+            if key == "kafkaPort" and self.kafka_port is not None:
+                value = self.kafka_port
+            if key == "kafkaSslPort" and self.kafka_tls_port is not None:
+                value = self.kafka_tls_port
             if isinstance(value, bool):
                 value = "true" if value else "false"
             cmd += [f"--{key}", str(value)]
@@ -158,6 +168,12 @@ class BrokerLauncher:
             tls = TLS_READY_RE.search(line)
             if tls:
                 self.tls_port = int(tls.group(2))
+            kafka = KAFKA_READY_RE.search(line)
+            if kafka:
+                if kafka.group(1):
+                    self.kafka_tls_port = int(kafka.group(3))
+                else:
+                    self.kafka_port = int(kafka.group(3))
             metrics = METRICS_RE.search(line)
             if metrics:
                 self.metrics_url = metrics.group(1)

@@ -13,19 +13,19 @@ import logging
 import signal
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from metaq.broker.cli_options import click_options, overrides_from_click
-from metaq.broker.config import BrokerConfig
-from metaq.broker.core import Broker
-from metaq.broker.handlers import REQUEST_HANDLERS
-from metaq.broker.ini import load_broker_config
-from metaq.broker.service import BrokerService, StartupError
-from metaq.broker.slave_config import SlaveConfig, load_slave_config
+from metaq.broker.cli_options import BrokerHelp, click_options, help_all_option, overrides_from_click
 from metaq.errors import ConfigError
-from metaq.protocol import messages as m
+
+if TYPE_CHECKING:
+    from metaq.broker.config import BrokerConfig
+    from metaq.broker.replication.slave_config import SlaveConfig
+
+# The broker core, its storage and transports are imported by the functions that run it, not here: `metaq
+# broker --help` (and a configuration error) then answer without loading them.
 
 log = logging.getLogger("metaq.broker")
 
@@ -54,7 +54,7 @@ def freeze_startup_objects() -> None:
     Python's full collection walks every tracked object: in a broker that is ~40,000 objects left by start-up
     alone, 10-30 ms with the event loop stopped, once in the first second of traffic and again whenever
     enough new objects have outlived the young generations. Those pauses were the e2e benchmark's p999
-    (docs/benchmarks.md, "The p999: garbage collection pauses"). Frozen objects are never collected,
+    (docs/benchmarks-history.md, "The p999: garbage collection pauses"). Frozen objects are never collected,
     which costs nothing here: what start-up built lives as long as the process, and the garbage made
     before the freeze is collected first."""
     gc.collect()
@@ -64,6 +64,11 @@ def freeze_startup_objects() -> None:
 async def serve(config: BrokerConfig, *, config_path: str | None = None,
                 overrides: dict[str, str] | None = None, ready_line: bool = True,
                 slave: SlaveConfig | None = None, replica: SlaveConfig | None = None) -> int:
+    from metaq.broker.core import Broker
+    from metaq.broker.handlers import REQUEST_HANDLERS
+    from metaq.broker.service import BrokerService
+    from metaq.protocol import messages as m
+
     loop = asyncio.get_running_loop()
     started = time.monotonic()
     broker = Broker(config, REQUEST_HANDLERS, config_path=config_path, overrides=overrides, slave=slave,
@@ -98,6 +103,9 @@ async def serve(config: BrokerConfig, *, config_path: str | None = None,
             print(f"metaq broker metrics {service.metrics.url}", flush=True)
         if service.tls_port is not None:
             print(f"metaq broker tls ready {broker.host}:{service.tls_port}", flush=True)
+        if service.kafka is not None:
+            for line in service.kafka.ready_lines():
+                print(line, flush=True)
         print(f"metaq broker ready {broker.host}:{broker.port}", flush=True)
     await stop.wait()
     log.info("stopping: no new connections, finishing in-flight requests")
@@ -109,6 +117,8 @@ async def serve(config: BrokerConfig, *, config_path: str | None = None,
 def run(config: BrokerConfig, *, config_path: str | None = None, overrides: dict[str, str] | None = None,
         event_loop: str = "uvloop", slave: SlaveConfig | None = None, replica: SlaveConfig | None = None) -> int:
     """Serve until SIGTERM; the exit code (0, or EXIT_CANNOT_START after one line on stderr)."""
+    from metaq.broker.service import StartupError
+
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_event_loop(event_loop)
@@ -119,7 +129,8 @@ def run(config: BrokerConfig, *, config_path: str | None = None, overrides: dict
         return EXIT_CANNOT_START
 
 
-@click.command("broker", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("broker", cls=BrokerHelp, context_settings={"help_option_names": ["-h", "--help"]})
+@help_all_option
 @click.option("-f", "--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="MetaQ server.ini file ([system], [topic=NAME], [zookeeper] sections).")
 @click.option("--event-loop", type=click.Choice(["uvloop", "asyncio"]), default="uvloop", show_default=True,
@@ -135,7 +146,14 @@ def run(config: BrokerConfig, *, config_path: str | None = None, overrides: dict
 @click_options()
 def broker_command(config_file: str | None, event_loop: str, as_slave: bool, slave_config_file: str | None,
                    slave_id: int | None, **flags: Any) -> None:
-    """Run a metaq broker (MetaQ's metaServer). Every server.ini [system] key is also a flag."""
+    """Run a metaq broker (MetaQ's metaServer). Every server.ini [system] key is also a flag.
+
+    `metaq broker --dataPath ./data` serves on 127.0.0.1:8123; `-f server.ini` reads MetaQ's file (the flags
+    given override it). Stop it with Ctrl-C or SIGTERM: it finishes what is in flight, flushes and exits 0.
+    """
+    from metaq.broker.ini import load_broker_config
+    from metaq.broker.replication.slave_config import load_slave_config
+
     overrides = overrides_from_click(flags)
     slave: SlaveConfig | None = None
     replica: SlaveConfig | None = None

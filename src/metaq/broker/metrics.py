@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from metaq import __version__
+from metaq import __version__, framing
 
 if TYPE_CHECKING:
     from metaq.broker.core import Broker
@@ -93,9 +93,15 @@ class Snapshot:
     """Per principal: connections, bytes and throttles (metaq.broker.quotas.Quotas.describe)."""
     open_files: tuple[int, int, int] = (0, 0, 0)
     """The storage's descriptor pool: open now, the budget in force, shortages (metaq.storage.files)."""
+    syncfs: tuple[str, int] = ("unknown", 0)
+    """The data directory's filesystem, and whether flush rounds may use syncfs there (1) or not (0)."""
     filesystem_syncs: tuple[int, int, int] = (0, 0, 0)
     """Flush rounds made durable by one syncfs, syncfs calls that failed, and rounds of syncfsQuietMinPartitions
     that fdatasynced each partition because the machine had dirty pages to write back."""
+    store_damage: dict[str, Any] | None = None
+    """Per store beside the segments: damaged records skipped and torn tails cut (metaq.framing.DAMAGE)."""
+    transactions: dict[str, Any] | None = None
+    """The transaction coordinator's counts (None: no transaction log on this broker yet)."""
 
 
 COUNTER_FIELDS = ("put_messages", "put_bytes", "put_requests", "put_failures", "get_messages", "get_bytes",
@@ -161,8 +167,12 @@ def take_snapshot(broker: Broker) -> Snapshot:
         group_offsets=group_offsets, group_members=members, replication=replication, replica_group=replica_group,
         delayed=(broker.delay.pending, broker.delay.lateness.cumulative()), quotas=broker.quotas.describe(),
         open_files=(files.open_count, files.max_open_files, files.shortages),
+        syncfs=((decision.filesystem, int(decision.used)) if (decision := broker.logs.syncfs_decision)
+                else ("unknown", 0)),
         filesystem_syncs=((whole.syncs, whole.failures, whole.busy_skips)
-                          if (whole := broker.logs.flusher.filesystem_sync) else (0, 0, 0)))
+                          if (whole := broker.logs.flusher.filesystem_sync) else (0, 0, 0)),
+        store_damage=framing.DAMAGE.snapshot(),
+        transactions=broker.transactions.describe() if broker.transactions is not None else None)
 
 
 class SnapshotCollector(Collector):
@@ -179,6 +189,34 @@ class SnapshotCollector(Collector):
         yield from self._replication_families()
         yield from self._replica_group_families()
         yield from self._quota_families()
+        yield from self._transaction_families()
+
+    def _transaction_families(self) -> Iterator[Metric]:
+        """docs/transactions.md: what is open, and what the broker decided by itself."""
+        tx = self.snap.transactions
+        if tx is None:
+            return
+        for name, doc, key in (
+                ("metaq_transactions_open", "Transactions begun and not prepared, committed or rolled back.", "open"),
+                ("metaq_transactions_prepared", "Transactions prepared (XA branches and half messages), undecided.",
+                 "prepared"),
+                ("metaq_transactions_half_prepared", "Half messages prepared and undecided: their producer or their "
+                 "group's checker decides them.", "half_prepared")):
+            gauge = _gauge(name, doc)
+            gauge.add_metric([], tx[key])
+            yield gauge
+        for name, doc, key in (
+                ("metaq_transactions_committed_total", "Transactions committed.", "committed"),
+                ("metaq_transactions_rolled_back_total", "Transactions rolled back (by a client, a checker, a "
+                 "restart or the broker).", "rolled_back"),
+                ("metaq_transactions_timed_out_total", "Transactions the broker rolled back by itself: past "
+                 "maxTxTimeoutInSeconds, or half messages after transactionCheckMax checks (each logged at ERROR).",
+                 "timed_out"),
+                ("metaq_transaction_checks_total", "Half transactions handed to a producer group's checker.",
+                 "checks")):
+            counter = _counter(name, doc)
+            counter.add_metric([], tx[key])
+            yield counter
 
     def _quota_families(self) -> Iterator[Metric]:
         """Per principal (docs/security.md#quotas): what it moved, and how long it was throttled."""
@@ -243,6 +281,21 @@ class SnapshotCollector(Collector):
             counter = _counter(name, doc)
             counter.add_metric([], value)
             yield counter
+        damage = snap.store_damage or {}
+        skipped = _counter("metaq_store_damaged_records_total", "Records of a store beside the segments (offsets, "
+                           "txlog, delay, producers, epochs, clean-shutdown, users, acls) found damaged and skipped "
+                           "since the broker started (each an ERROR naming what was lost).", ["store"])
+        tails = _counter("metaq_store_torn_tails_total", "Torn tails (a record cut short by a crash while it was "
+                         "written) cut from a store's log since the broker started.", ["store"])
+        for store in framing.STORES:
+            skipped.add_metric([store], damage.get("damaged_records", {}).get(store, 0))
+            tails.add_metric([store], damage.get("torn_tails", {}).get(store, 0))
+        yield from (skipped, tails)
+        syncfs = _gauge("metaq_storage_syncfs_used", "1 where flush rounds may be made durable by one syncfs of "
+                        "the data directory's filesystem (named by the label: syncfs=auto and a filesystem known to "
+                        "honour it), 0 where every partition syncs its own files.", ["filesystem"])
+        syncfs.add_metric([self.snap.syncfs[0]], self.snap.syncfs[1])
+        yield syncfs
         try:
             st = os.statvfs(snap.data_path)
         except OSError:

@@ -1,32 +1,32 @@
 """Committed consumer offsets, durable in the broker's data directory.
 
 One append-only file, ``<dir>/consumer_offsets.log`` (in the broker's dataPath, beside the partition
-directories), of records::
+directories), of framed records (:mod:`metaq.framing`, docs/storage.md), one per OffsetCommit::
 
-    u32 length        bytes of the body that follows
-    u32 crc           CRC32C of the body
-    body              UTF-8 JSON: {"g": group, "o": [[topic, "brokerId-partition", offset, metadata], ...]}
+    key     the group (UTF-8)
+    body    UTF-8 JSON: {"o": [[topic, "brokerId-partition", offset, metadata], ...]}
 
 The partition is keyed ``brokerId-partition`` (``"1-3"``), the key MetaQ's ZooKeeper offsets use
 (``offsets/<topic>/<brokerId-partition>``): a standalone coordinator keeps the offsets of its group's
-partitions on every broker. A log written before partition ids carried the broker id (a bare number)
-is read as this broker's partitions (the only ones that coordinator accepted) and rewritten in the
-new form by the compaction that follows every open.
+partitions on every broker. One record is one OffsetCommit request, so a commit of several partitions is
+all-or-nothing. An offset of -1 deletes the entry (a reset that forgets the group's position).
 
-One record is one OffsetCommit request, so a commit of several partitions is all-or-nothing. An offset
-of -1 deletes the entry (a reset that forgets the group's position).
+An earlier version wrote records as ``u32 length, u32 crc32c, {"g": group, "o": [...]}`` (with bare
+partition numbers before partition ids carried the broker id: read as this broker's). Such a log is read
+as it is and rewritten in the framed form by the compaction that follows the open.
 
 Durability: :meth:`OffsetsStore.commit` returns only after the record is written and fsynced, so a commit
 the broker acknowledged survives ``kill -9``. Commits that arrive while an fsync is running are written
 together and share the next fsync (group commit), and the write and fsync run in a worker thread, never
 on the event loop.
 
-Recovery: :meth:`open` reads records until the end or the first torn or corrupt one (a crash in the middle
-of a write), cuts the file there, and then compacts: the live offsets are written as a fresh log to
-``consumer_offsets.log.tmp``, fsynced, renamed over the log, and the directory fsynced — so the file holds
-one record per group after every start and a crash at any step leaves either the old or the new log.
-The log is compacted again the same way while running when it grows past ``compact_bytes`` and four times
-its size after the last compaction.
+Recovery: :meth:`open` reads every record; a record damaged in the middle of the log (a flipped bit) is
+skipped with an ERROR naming its group, and the others are read; damaged bytes with nothing intact after
+them are a torn tail (a crash while writing), cut with a WARNING. Then it compacts: the live offsets
+are written as a fresh log (:func:`metaq.fsutil.atomic_write`), so the file holds one record per group
+after every start. When a record was skipped, the damaged log is kept beside it first
+(``consumer_offsets.log.damaged-<time>``) and the ERROR names that file. The log is compacted again while
+running when it grows past ``compact_bytes`` and four times its size after the last compaction.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import logging
 import os
 import struct
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,16 +46,20 @@ from pathlib import Path
 
 import crc32c
 
+from metaq import framing
 from metaq.errors import StorageError
+from metaq.fsutil import atomic_write
 from metaq.storage.errors import DiskFull, is_disk_full
+from metaq.storage.verify import StoreReport
 from metaq.types import PartitionId
 
 log = logging.getLogger("metaq.broker.offsets")
 
 LOG_NAME = "consumer_offsets.log"
-_HEAD = struct.Struct(">II")
+STORE = "offsets"
+_V1_HEAD = struct.Struct(">II")
 RECORD_BYTES_MAX = 64 * 1024 * 1024
-"""A length above this is a torn or corrupt header, not a record."""
+"""A length above this is a torn or corrupt header in the earlier format, not a record."""
 DEFAULT_COMPACT_BYTES = 16 * 1024 * 1024
 
 
@@ -71,17 +76,24 @@ Entry = tuple[str, PartitionId, int, str | None]
 
 
 def _encode(group: str, entries: Iterable[Entry]) -> bytes:
-    body = json.dumps({"g": group, "o": [[t, str(p), o, m] for t, p, o, m in entries]},
-                      separators=(",", ":")).encode()
-    return _HEAD.pack(len(body), crc32c.crc32c(body)) + body
+    body = json.dumps({"o": [[t, str(p), o, m] for t, p, o, m in entries]}, separators=(",", ":")).encode()
+    return framing.encode_bytes(group.encode(), body)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _group_name(key: bytes) -> str:
+    return repr(key.decode("utf-8", "replace"))
+
+
+@dataclass(slots=True)
+class _Read:
+    """What a read of the log found."""
+
+    records: list[tuple[str, list[Entry]]]
+    damaged: list[str]
+    """One message per record skipped in the middle."""
+    tail_at: int
+    """Where the torn tail starts (the file's size if none)."""
+    tail: str | None = None
 
 
 class OffsetsStore:
@@ -108,6 +120,8 @@ class OffsetsStore:
         self._writer: asyncio.Task[None] | None = None
         self.corrupt_tail_bytes = 0
         """Bytes cut off the end of the log at the last open (0 after a clean stop)."""
+        self.damaged_records: list[str] = []
+        """What the last open skipped: one message per damaged record, naming its group."""
 
     # -- open / recover / compact ---------------------------------------------------------------
 
@@ -116,34 +130,71 @@ class OffsetsStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self._tmp.unlink()
-        valid = 0
-        total = 0
-        if self.path.exists():
-            data = self.path.read_bytes()
-            total = len(data)
-            valid = self._replay(data)
-        self.corrupt_tail_bytes = total - valid
+        data = self.path.read_bytes() if self.path.exists() else b""
+        read = self._read(data)
+        for group, entries in read.records:
+            self._apply(group, entries)
+        self.damaged_records = read.damaged
+        kept = None
+        if read.damaged:
+            kept = self._keep_damaged_copy()
+        for message in read.damaged:
+            where = f"; the damaged log is kept as {kept}" if kept else ""
+            log.error("offsets log %s: %s%s", self.path, message, where)
+            framing.DAMAGE.skipped_record(STORE, f"{self.path}: {message}")
+        self.corrupt_tail_bytes = len(data) - read.tail_at
         if self.corrupt_tail_bytes:
-            log.warning("offsets log %s: cut %d bytes of torn or corrupt tail at position %d",
-                        self.path, self.corrupt_tail_bytes, valid)
+            framing.DAMAGE.cut_tail(STORE)
+            log.warning("offsets log %s: cut %d bytes of torn or corrupt tail at position %d%s", self.path,
+                        self.corrupt_tail_bytes, read.tail_at, f" ({read.tail})" if read.tail else "")
         try:
             self._compact()
         except OSError as exc:
-            # A full disk must not keep the broker from starting: keep the log as it is, cut in place
-            # (shrinking needs no space), and compact at a later start.
+            # A full disk must not keep the broker from starting: keep the log as it is, its tail cut in place
+            # (shrinking needs no space), and compact at a later start (which skips a damaged record again).
             with contextlib.suppress(OSError):
                 self._tmp.unlink()
             log.warning("offsets log %s: cannot compact (%s); appending to it as it is", self.path, exc)
-            self._open_in_place(valid)
+            self._open_in_place(read.tail_at)
 
-    def _replay(self, data: bytes) -> int:
+    def _read(self, data: bytes) -> _Read:
+        if data[:4] != framing.MAGIC:
+            earlier = self._read_v1(data)
+            if earlier is not None:
+                return earlier
+        out = _Read([], [], len(data))
+        for item in framing.scan(data):
+            if isinstance(item, framing.Record):
+                group = item.key.decode("utf-8", "replace")
+                try:
+                    doc = json.loads(data[item.body_at:item.end])
+                    entries = [(str(t), self._partition_id(p), int(o), m) for t, p, o, m in doc["o"]]
+                except (ValueError, KeyError, TypeError) as exc:  # intact bytes, not what this version writes
+                    out.damaged.append(f"a record of group {group!r} at byte {item.position} does not parse ({exc}) "
+                                       "and is skipped: the offsets it committed are lost")
+                    continue
+                out.records.append((group, entries))
+            elif item.tail:
+                out.tail_at = min(out.tail_at, item.position)
+                if out.tail is None:
+                    out.tail = f"the last record, of group {item.describe_key(_group_name)}, {item.problem}"
+            else:
+                out.damaged.append(
+                    f"the record of group {item.describe_key(_group_name)} at bytes {item.position}-{item.end} is "
+                    f"damaged ({item.problem}) and is skipped: the offsets it committed are lost unless a later "
+                    "commit of the group replaced them")
+        return out
+
+    def _read_v1(self, data: bytes) -> _Read | None:
+        """A log of the earlier format (unframed records), or None when ``data`` is not one."""
         pos = 0
-        while len(data) - pos >= _HEAD.size:
-            length, crc = _HEAD.unpack_from(data, pos)
-            end = pos + _HEAD.size + length
+        records: list[tuple[str, list[Entry]]] = []
+        while len(data) - pos >= _V1_HEAD.size:
+            length, crc = _V1_HEAD.unpack_from(data, pos)
+            end = pos + _V1_HEAD.size + length
             if length > RECORD_BYTES_MAX or end > len(data):
                 break
-            body = data[pos + _HEAD.size:end]
+            body = data[pos + _V1_HEAD.size:end]
             if crc32c.crc32c(body) != crc:
                 break
             try:
@@ -152,9 +203,21 @@ class OffsetsStore:
                 entries = [(str(t), self._partition_id(p), int(o), m) for t, p, o, m in rec["o"]]
             except (ValueError, KeyError, TypeError):
                 break
-            self._apply(group, entries)
+            records.append((group, entries))
             pos = end
-        return pos
+        if not records:
+            return None
+        return _Read(records, [], pos)
+
+    def _keep_damaged_copy(self) -> str | None:
+        """Keep the damaged log beside the new one (a hard link: no space needed); its name, or None."""
+        copy = self.directory / f"{self.path.name}.damaged-{int(time.time())}"
+        try:
+            os.link(self.path, copy)
+        except OSError as exc:
+            log.warning("offsets log %s: cannot keep the damaged log as %s: %s", self.path, copy, exc)
+            return None
+        return str(copy)
 
     def _partition_id(self, stored: object) -> PartitionId:
         """A stored key: ``"1-3"``, or a bare number of the earlier format (this broker's partition)."""
@@ -175,22 +238,12 @@ class OffsetsStore:
             del self._offsets[group]
 
     def _compact(self) -> None:
-        """Rewrite the log as one record per group: temp, fsync, rename, fsync the directory."""
-        tmp = self._tmp
+        """Rewrite the log as one record per group (:func:`metaq.fsutil.atomic_write`)."""
         records = [_encode(g, [(t, p, c.offset, c.metadata) for (t, p), c in sorted(offs.items())])
                    for g, offs in sorted(self._offsets.items())]
         blob = b"".join(records)
         with self._lock:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                _write_all(fd, blob)
-                if self.fsync_enabled:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-            if self.fsync_enabled:
-                _fsync_dir(self.directory)
+            atomic_write(self.path, blob, sync=os.fsync if self.fsync_enabled else None, tmp_path=self._tmp)
             if self._file is not None:
                 os.close(self._file)
             self._file = os.open(self.path, os.O_WRONLY | os.O_APPEND)
@@ -205,6 +258,25 @@ class OffsetsStore:
             if self.fsync_enabled:
                 os.fsync(self._file)
             self._size = self._size_after_compaction = valid_bytes
+
+    def verify(self) -> StoreReport:
+        """Check every record of the log as it is on disk (blocking); modifies nothing."""
+        report = StoreReport(STORE, str(self.path))
+        report.notes.extend(f"a damaged log was kept as {p} when the records it could not read were skipped"
+                            for p in sorted(self.directory.glob(f"{self.path.name}.damaged-*")))
+        with self._lock:
+            size = self._size if self._file is not None else None
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read() if size is None else f.read(size)
+        except FileNotFoundError:
+            return report
+        read = self._read(data)
+        report.records = len(read.records)
+        report.damaged.extend(read.damaged)
+        if read.tail_at < len(data):
+            report.damaged.append(read.tail or f"bytes {read.tail_at}-{len(data)} at the end are damaged")
+        return report
 
     # -- reads --------------------------------------------------------------------------------
 

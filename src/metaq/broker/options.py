@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from metaq.broker.cron import CronError, check_quartz
 from metaq.errors import ConfigError
@@ -172,9 +172,55 @@ def _principals(text: str) -> tuple[str, ...]:
         raise InvalidValue(str(exc)) from None
 
 
-def _quota_overrides(text: str) -> dict[str, Any]:
-    from metaq.broker.quotas import parse_quota_overrides
+@dataclass(frozen=True, slots=True)
+class QuotaOverride:
+    """What quotaOverrides sets for one principal (None: the default)."""
 
+    produce_bytes_per_s: int | None = None
+    fetch_bytes_per_s: int | None = None
+    connections_max: int | None = None
+
+
+_OVERRIDE_KEYS: Final = {"produce": "produce_bytes_per_s", "fetch": "fetch_bytes_per_s",
+                         "connections": "connections_max"}
+
+
+def parse_quota_overrides(text: str) -> dict[str, QuotaOverride]:
+    """``User:alice=produce:1m,fetch:2m,connections:10;User:bob=produce:0`` -> principal -> limits.
+
+    A key not given for a principal takes the [system] default (:func:`metaq.broker.quotas.limits_for`), so
+    the values here are what is set; 0 means unlimited. ValueError names what is wrong.
+    """
+    out: dict[str, QuotaOverride] = {}
+    for part in text.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        principal, eq, spec = part.partition("=")
+        principal = principal.strip()
+        if not eq or not principal.startswith("User:") or len(principal) == len("User:"):
+            raise ValueError(f"{part!r}: write User:NAME=produce:BYTES,fetch:BYTES,connections:N")
+        values: dict[str, int] = {}
+        for item in spec.split(","):
+            key, colon, number = item.strip().partition(":")
+            key = key.strip()
+            if not colon or key not in _OVERRIDE_KEYS:
+                raise ValueError(f"{item.strip()!r} in {principal}: the keys are produce, fetch and connections "
+                                 "(e.g. produce:1m)")
+            try:
+                value = _parse_number(number.strip(), size=key != "connections")
+            except InvalidValue as exc:
+                raise ValueError(f"{principal} {key}: {exc}") from None
+            if value < 0:
+                raise ValueError(f"{principal} {key}: {value} is negative (0 = unlimited)")
+            values[_OVERRIDE_KEYS[key]] = value
+        if principal in out:
+            raise ValueError(f"{principal} is given twice")
+        out[principal] = QuotaOverride(**values)
+    return out
+
+
+def _quota_overrides(text: str) -> dict[str, Any]:
     try:
         return dict(parse_quota_overrides(text))
     except ValueError as exc:
@@ -418,7 +464,8 @@ OPTIONS: tuple[Option, ...] = (
     _opt("acceptSubscribe", "accept_subscribe", "bool", "true", _SYSTEM_AND_TOPIC,
          "Serve consumers (false: not registered for subscribing).", _boolean, reload="live"),
     _opt("stat", "stat", "bool", "false", _SYSTEM_AND_TOPIC,
-         "Keep real-time statistics.", _boolean, reload="live"),
+         "MetaQ's switch for real-time statistics. Accepted, with no effect (the broker warns at start): metaq "
+         "keeps them for every topic always (metaq stats, /metrics).", _boolean, reload="live"),
     _opt("updateConsumerOffsets", "update_consumer_offsets", "bool", "false", _SYSTEM,
          "Move a consumer whose offset is out of range to the newest offset instead of failing "
          "(handy in development, keep false in production).", _boolean),
@@ -447,10 +494,16 @@ OPTIONS: tuple[Option, ...] = (
          "up to 1000000. A number: the soft limit is raised (up to the hard one) to it plus maxConnections "
          "plus 256; under a lower hard limit the storage gets less (room is left for connections; at least "
          "64) and a WARNING says how much (docs/operations.md).", _open_files, status="extension"),
+    _opt("syncfs", "syncfs", "choice", "auto", _SYSTEM,
+         "auto: flush rounds may be made durable by one syncfs (syncfsMinPartitions, syncfsQuietMinPartitions, and "
+         "the clean stop) only where the data directory's filesystem is known to honour it: ext4, xfs, btrfs, f2fs "
+         "or tmpfs, on Linux 5.8+ (decided at start, logged, shown by `metaq stats`). Elsewhere (FUSE, NFS, "
+         "overlayfs ...) and with off, every partition fdatasyncs its own files and fsyncs its new directory "
+         "entries (docs/storage.md, \"Durability\").", _choice("auto", "off"), status="extension"),
     _opt("syncfsMinPartitions", "syncfs_min_partitions", "int", "32", _SYSTEM,
          "A flush round with at least this many partitions to sync makes them durable with one syncfs of the "
-         "data directory's filesystem instead of an fdatasync each (Linux 5.8+, whose syncfs reports write-back "
-         "errors; should one fail, each partition fdatasyncs its own files, and every flush does until a restart). "
+         "data directory's filesystem instead of an fdatasync each (where the syncfs option allows it; should one "
+         "fail, each partition fdatasyncs its own files, and every flush does until a restart). "
          "It also writes back whatever else is dirty on that filesystem: set 0 (no syncfs at all, nor "
          "syncfsQuietMinPartitions) when the broker shares a disk with heavy writers.",
          _integer(0, 1_000_000), status="extension"),
@@ -461,7 +514,7 @@ OPTIONS: tuple[Option, ...] = (
          "otherwise it fdatasyncs each partition, as a syncfs would wait for those pages. A syncfs of a "
          "few small appends costs about one fdatasync: with unflushThreshold=1 on 2 cores it cut the end-to-end "
          "p50 by 0.1 ms and halved p99 (four busy partitions), and raised the produce throughput by 13-24% (4 and "
-         "64 partitions; docs/benchmarks.md, round 14). 0: never.",
+         "64 partitions; figures: docs/benchmarks.md). 0: never.",
          _integer(0, 1_000_000), status="extension"),
     _opt("syncInlineMaxPartitions", "sync_inline_max_partitions", "int", "2", _SYSTEM,
          "A flush round that fdatasyncs each partition (one not made durable by a syncfs: syncfsMinPartitions, "
@@ -469,7 +522,7 @@ OPTIONS: tuple[Option, ...] = (
          "flusher's own thread; a larger one syncs them side by side on a pool of 4 threads. The pool's hand-offs "
          "cost CPU and wake-ups: with unflushThreshold=1 and a few busy partitions on a small machine, 4 gave a "
          "lower end-to-end latency (p99 halved on 2 cores) for 10-14% less throughput at saturation "
-         "(docs/benchmarks.md, round 13).",
+         "(figures: docs/benchmarks.md).",
          _integer(1, 1_000_000), status="extension"),
     _opt("autoCreateTopics", "auto_create_topics", "bool", "true", _SYSTEM,
          "MetaQ's dynamic topics: a topic with no [topic=...] section is created on first publish; "
@@ -516,6 +569,13 @@ OPTIONS: tuple[Option, ...] = (
          "M_MMAP_THRESHOLD, as MALLOC_MMAP_THRESHOLD_ does; at most 32m, older glibc's limit; 32m with "
          "mallocTrimThreshold=128m for ~1 MB messages). 0 = glibc's own, moving threshold; ignored elsewhere.",
          _integer(0, 32 * _KIB**2, size=True), status="extension", default_doc="0 (glibc's)"),
+    _opt("kafkaPort", "kafka_port", "int", None, _SYSTEM,
+         "Port of the Kafka-protocol listener (docs/kafka.md), on hostName: Kafka clients (kcat, librdkafka, "
+         "kafka-python, ...) produce and consume metaq's topics there. 0 = a free port (the ready line prints "
+         "it). Off unless set.", _port, status="extension", default_doc="off"),
+    _opt("kafkaSslPort", "kafka_ssl_port", "int", None, _SYSTEM,
+         "Port of the Kafka-protocol listener over TLS, with the broker's certificate (sslCertFile, sslClientAuth). "
+         "0 = a free port. Off unless set.", _port, status="extension", default_doc="off"),
     # -- [system], TLS (docs/security.md) -----------------------------------------------------------
     _opt("sslPort", "ssl_port", "int", None, _SYSTEM,
          "TLS port for clients and slaves, on hostName beside the plaintext serverPort (0: the OS picks a free "
@@ -632,15 +692,20 @@ OPTIONS: tuple[Option, ...] = (
          "Most transactions open (or prepared) at once; a begin past it is refused with "
          "CONCURRENT_TRANSACTIONS (retriable).", _positive),
     _opt("maxTxTimeoutInSeconds", "max_tx_timeout_s", "int", "60", _SYSTEM,
-         "Longest a transaction may stay open or prepared: then it is rolled back, and a later commit "
-         "is told so. A client may ask for less, not more.", _positive),
-    _opt("transactionCheckInterval", "transaction_check_interval_ms", "int", "6000", _SYSTEM,
-         "Half messages (RocketMQ's name): a transaction prepared with a producer group and not finished this "
-         "many ms after its prepare (or its last check) is offered to the group's checker.",
-         _integer(1, _JAVA_INT_MAX), status="extension"),
+         "Longest a transaction may stay open or prepared: then it is rolled back (an ERROR names it), and a "
+         "later commit is told so. A client may ask for less, not more. Not for a prepared half message, "
+         "which its producer or its group's checker decides.", _positive),
+    _opt("transactionTimeOut", "transaction_first_check_ms", "int", "6000", _SYSTEM,
+         "Half messages (RocketMQ's name and default): ms after its prepare before an undecided half "
+         "transaction is first due for a check by its producer group's checker.",
+         _integer(0, _JAVA_INT_MAX), status="extension"),
+    _opt("transactionCheckInterval", "transaction_check_interval_ms", "int", "60000", _SYSTEM,
+         "Half messages (RocketMQ's name and default): ms between checks of a half transaction still "
+         "undecided.", _integer(1, _JAVA_INT_MAX), status="extension"),
     _opt("transactionCheckMax", "transaction_check_max", "int", "15", _SYSTEM,
-         "Half messages: checks without a decision before the transaction is rolled back.", _positive,
-         status="extension"),
+         "Half messages (RocketMQ's name and default): checks handed to a connected checker of the group "
+         "without a decision before the broker rolls the transaction back (an ERROR names it). A group with "
+         "no checker connected uses up none.", _positive, status="extension"),
     _opt("dataLogPath", "data_log_path", "path", None, _SYSTEM,
          "Directory of the transaction log (MetaQ's dataLogPath).", _path, default_doc="dataPath/.txlog"),
     _opt("quartzThreadCount", "", "int", None, _SYSTEM,
@@ -712,7 +777,7 @@ def suggest(word: str, known: Iterable[str], *, prefix: str = "", fmt: str = "{}
 
 
 def _comment_hint(text: str) -> str:
-    return " (comments must be on a line of their own)" if re.search(r"\s[;#]", text) else ""
+    return " (in server.ini a comment starts with ; or # after a space)" if re.search(r"[;#]", text) else ""
 
 
 def convert(opt: Option, text: str, where: str) -> Any:
@@ -723,6 +788,8 @@ def convert(opt: Option, text: str, where: str) -> Any:
 
 
 STALL_WARNING = ": a consumer can stall on a message larger than one transfer"
+STAT_IGNORED = ("MetaQ option accepted but without effect: metaq keeps real-time statistics for every topic "
+                "whatever stat says (metaq stats, /metrics)")
 
 
 def cross_check(values: dict[str, Any], where: Mapping[str, str], warnings: list[str]) -> None:
@@ -752,6 +819,9 @@ def cross_check(values: dict[str, Any], where: Mapping[str, str], warnings: list
     if values.get("server_port", 0) < 0 and values.get("ssl_port") is None:
         raise ConfigError(f"{at('sslPort', 'serverPort')}: serverPort=-1 turns the plaintext port off, so sslPort "
                           "(with sslCertFile) must be set: a broker needs a port")
+    if values.get("kafka_ssl_port") is not None and values.get("ssl_cert_file") is None:
+        raise ConfigError(f"{at('sslCertFile', 'kafkaSslPort')}: kafkaSslPort needs sslCertFile (the broker's "
+                          "certificate)")
     if values.get("ssl_port") is not None and values.get("ssl_cert_file") is None:
         raise ConfigError(f"{at('sslCertFile', 'sslPort')}: sslPort needs sslCertFile (the broker's certificate)")
     if values.get("ssl_client_auth", "none") != "none" and values.get("ssl_ca_file") is None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from metaq.errors import TooManyConnectionsError
+from metaq.wording import plural
 
 if TYPE_CHECKING:
     from metaq.broker.config import BrokerConfig
@@ -47,56 +48,6 @@ class QuotaLimits:
     produce_bytes_per_s: int = 0
     fetch_bytes_per_s: int = 0
     connections_max: int = 0
-
-
-def parse_quota_overrides(text: str) -> dict[str, QuotaOverride]:
-    """``User:alice=produce:1m,fetch:2m,connections:10;User:bob=produce:0`` -> principal -> limits.
-
-    A key not given for a principal takes the [system] default (:func:`limits_for`), so the values here
-    are what is set; 0 means unlimited. ValueError names what is wrong.
-    """
-    from metaq.broker.options import InvalidValue, _parse_number
-
-    out: dict[str, QuotaOverride] = {}
-    for part in text.split(";"):
-        part = part.strip()
-        if not part:
-            continue
-        principal, eq, spec = part.partition("=")
-        principal = principal.strip()
-        if not eq or not principal.startswith("User:") or len(principal) == len("User:"):
-            raise ValueError(f"{part!r}: write User:NAME=produce:BYTES,fetch:BYTES,connections:N")
-        values: dict[str, int] = {}
-        for item in spec.split(","):
-            key, colon, number = item.strip().partition(":")
-            key = key.strip()
-            if not colon or key not in _OVERRIDE_KEYS:
-                raise ValueError(f"{item.strip()!r} in {principal}: the keys are produce, fetch and connections "
-                                 "(e.g. produce:1m)")
-            try:
-                value = _parse_number(number.strip(), size=key != "connections")
-            except InvalidValue as exc:
-                raise ValueError(f"{principal} {key}: {exc}") from None
-            if value < 0:
-                raise ValueError(f"{principal} {key}: {value} is negative (0 = unlimited)")
-            values[_OVERRIDE_KEYS[key]] = value
-        if principal in out:
-            raise ValueError(f"{principal} is given twice")
-        out[principal] = QuotaOverride(**values)
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaOverride:
-    """What quotaOverrides sets for one principal (None: the default)."""
-
-    produce_bytes_per_s: int | None = None
-    fetch_bytes_per_s: int | None = None
-    connections_max: int | None = None
-
-
-_OVERRIDE_KEYS: Final = {"produce": "produce_bytes_per_s", "fetch": "fetch_bytes_per_s",
-                         "connections": "connections_max"}
 
 
 def limits_for(config: BrokerConfig, principal: str) -> QuotaLimits:
@@ -151,7 +102,7 @@ class Quotas:
         usage = self._usage(principal)
         if limit and usage.connections >= limit:
             usage.connections_refused += 1
-            return (f"{principal} already has {usage.connections} connections open to this broker, its limit "
+            return (f"{principal} already has {plural(usage.connections, 'connection')} open to this broker, its limit "
                     f"(quotaMaxConnections / quotaOverrides); {TooManyConnectionsError.hint.split('; ', 1)[-1]}")
         usage.connections += 1
         session.quota_principal = principal

@@ -22,9 +22,8 @@ from metaq.broker.config import BrokerConfig
 from metaq.broker.connections import ConnectionLimits, ConnectionRegistry
 from metaq.broker.core import Broker
 from metaq.broker.options import MAX_OPEN_FILES_AUTO, MAX_OPEN_FILES_MAX
-from metaq.broker.replication import SlaveReplicator
 from metaq.broker.replication.ha import HighAvailability, ha_enabled
-from metaq.broker.replication.slave import REPLICATION_PASSWORD_ENV
+from metaq.broker.replication.slave import REPLICATION_PASSWORD_ENV, SlaveReplicator
 from metaq.broker.transport import listen_tcp
 from metaq.cluster.registry import RegistryError
 from metaq.errors import ConfigError, StorageError
@@ -33,6 +32,7 @@ from metaq.storage.files import raise_descriptor_limit
 
 if TYPE_CHECKING:
     from metaq.broker.dashboard.server import MetricsServer
+    from metaq.kafka.listener import KafkaListener
 
 log = logging.getLogger("metaq.broker")
 
@@ -122,6 +122,8 @@ class BrokerService:
         """The bound TLS port (sslPort), once started."""
         self._tls_server: asyncio.Server | None = None
         self.http_ssl_context: ssl.SSLContext | None = http_tls
+        self.kafka: KafkaListener | None = None
+        """The Kafka-protocol listener (kafkaPort / kafkaSslPort; docs/kafka.md), bound with the others."""
         """What the HTTP API, /metrics and the dashboard serve HTTPS with (None: plain HTTP)."""
 
     async def start(self) -> None:
@@ -129,6 +131,10 @@ class BrokerService:
         the broker cannot. The port is bound first: a port in use leaves no data directory behind."""
         loop = asyncio.get_running_loop()
         config = self.broker.config
+        try:
+            self.broker.load_filters()  # a group filter that cannot be imported refuses the start (fails closed)
+        except ConfigError as exc:
+            raise StartupError(str(exc)) from None
         server: asyncio.Server | _Servers | None = None
         plain: asyncio.Server | None = None
         if config.server_port >= 0:  # serverPort=-1: a TLS-only broker (docs/security.md)
@@ -179,8 +185,11 @@ class BrokerService:
                 raise
         try:
             self._bind_http()
+            await self._bind_kafka()
         except StartupError:
             server.close()
+            if self.http is not None:
+                await self.http.close()
             await self._close_metrics()
             raise
         try:
@@ -191,12 +200,16 @@ class BrokerService:
             server.close()
             if self.http is not None:
                 await self.http.close()
+            if self.kafka is not None:
+                await self.kafka.close()
             await self._close_metrics()
             await loop.run_in_executor(None, cluster.close)
             raise
         await server.start_serving()
         if self.http is not None:
             await self.http.start()
+        if self.kafka is not None:
+            await self.kafka.start()
         self._server = server
         self.broker.host, self.broker.port = server.sockets[0].getsockname()[:2]
         if self._tls_server is not None:
@@ -211,6 +224,8 @@ class BrokerService:
             server.close()
             if self.http is not None:
                 await self.http.close()
+            if self.kafka is not None:
+                await self.kafka.close()
             await self._close_metrics()
             await loop.run_in_executor(None, self.broker.close)
             await loop.run_in_executor(None, cluster.close)
@@ -239,6 +254,21 @@ class BrokerService:
             if exc.errno == errno.EADDRINUSE:
                 reason = "the address is already in use (choose another httpPort, or 0 for a free one)"
             raise StartupError(f"cannot listen for HTTP on {host}:{port}: {reason}") from None
+    async def _bind_kafka(self) -> None:
+        config = self.broker.config
+        if config.kafka_port is None and config.kafka_ssl_port is None:
+            return
+        from metaq.kafka.listener import KafkaListener, bind_error  # kio is loaded only when the listener is on
+
+        kafka = KafkaListener(self.broker, config.host_name, config.kafka_port, ssl_port=config.kafka_ssl_port,
+                              ssl_context=self.tls.context if self.tls is not None else None,
+                              advertised_host=advertised_host(config.host_name))
+        try:
+            await kafka.bind()
+        except OSError as exc:
+            raise StartupError(bind_error(config.host_name, exc)) from None
+        self.kafka = kafka
+
     async def _bind_metrics(self, host: str, port: int) -> None:
         """Take the metrics port now, before the data directory: a taken port leaves nothing behind."""
         from metaq.broker.dashboard.server import MetricsServer, bind_error  # aiohttp is loaded only when asked for
@@ -272,12 +302,12 @@ class BrokerService:
         """aclEnabled: the ACLs as stored now, before the first request (refresh_acls follows changes)."""
         if not self.broker.config.acl_enabled:
             return
-        from metaq.broker.authorization import acl_source
+        from metaq.broker.security_sources import acl_source, acl_source_name
         from metaq.security.acl import decode_acls
 
         try:
             _, data = acl_source(self.broker)()
-            self.broker.acls = decode_acls(data, self.broker.config.super_users)
+            self.broker.acls = decode_acls(data, self.broker.config.super_users, source=acl_source_name(self.broker))
         except (ConfigError, RegistryError) as exc:
             raise StartupError(f"cannot load the ACLs: {exc}") from None
 
@@ -304,7 +334,8 @@ class BrokerService:
             topics[name] = (state.num_partitions, state.settings.accept_publish and not every_partition_closed,
                             state.settings.accept_subscribe)
         try:
-            broker.cluster.join(broker.cluster_host, broker.port, topics, tls_port=broker.tls_port)
+            broker.cluster.join(broker.cluster_host, broker.port, topics, tls_port=broker.tls_port,
+                                ports=self.kafka.registered_ports() if self.kafka is not None else None)
         except RegistryError as exc:
             raise StartupError(str(exc)) from None
         if as_master:
@@ -323,7 +354,7 @@ class BrokerService:
         if path.exists() and not path.is_dir():
             raise StartupError(f"dataPath {path} is not a directory")
         # glibc's heap thresholds fixed when asked (mallocTrimThreshold, mallocMmapThreshold; off by default, a
-        # no-op without glibc): docs/benchmarks.md, "1 MB messages: glibc's heap trimming, broker and consumer"
+        # no-op without glibc): docs/benchmarks-history.md, "1 MB messages: glibc's heap trimming, broker and consumer"
         if (config.malloc_trim_threshold_bytes or config.malloc_mmap_threshold_bytes) and tune_allocator(
                 config.malloc_trim_threshold_bytes, config.malloc_mmap_threshold_bytes):
             log.info("glibc heap: trim threshold %s, mmap threshold %s (mallocTrimThreshold, mallocMmapThreshold)",
@@ -375,10 +406,14 @@ class BrokerService:
             server.close()
         if self.http is not None:
             await self.http.stop_accepting()
+        if self.kafka is not None:
+            await self.kafka.stop_accepting()
         await self._close_metrics()
         await self.broker.drain(drain_s)
         if self.http is not None:
             await self.http.close()  # after the drain answered its long polls
+        if self.kafka is not None:
+            await self.kafka.close()
         for task in self._tasks:
             task.cancel()
         self._tasks.clear()

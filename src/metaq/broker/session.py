@@ -43,6 +43,10 @@ class Session:
     throttle_ms: int = 0
     """Set by the core when a reply took the principal over its byte rate: the transport reads nothing more
     from this connection for that long (then sets it back to 0)."""
+    hold: asyncio.Future[None] | None = None
+    """Set by a handler that returns a coroutine and whose request must take effect before the connection's
+    next one does (a produce checked in a worker thread): the transport handles no further request of this
+    connection until it is done, or until that coroutine ends (then takes it back to None)."""
 
 
 @dataclass(slots=True)
@@ -60,10 +64,10 @@ class FileReply:
 class DeferredReply:
     """A reply completed by a callback in the very step its answer is ready, not by a coroutine.
 
-    A long-polling fetch used to be a coroutine awaiting a future: the append that woke it set the
-    future, and the fetch's task ran a loop step later (behind the rest of the read that carried the
-    append, and every other callback of that step), re-planned and answered. A fetch that waits returns
-    one of these instead; the waiter's wake-up callback reads the partition and calls :meth:`resolve`
+    A long-polling fetch as a coroutine awaiting a future would answer a loop step late: the append that
+    woke it sets the future, and the fetch's task runs a step later (behind the rest of the read that
+    carried the append, and every other callback of that step), re-plans and answers. A fetch that waits
+    returns one of these instead; the waiter's wake-up callback reads the partition and calls :meth:`resolve`
     right inside the append's ``notify``, and whoever holds the reply (the transport) writes it from its
     :meth:`on_done` callback, in the same step. Callers that would rather await use :meth:`wait`.
 

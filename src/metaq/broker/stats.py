@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from metaq import framing
+
 LATENCY_BUCKETS_S: tuple[float, ...] = (0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01,
                                        0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """Upper bounds of the latency buckets, seconds: 50 µs (a page-cache append) to 10 s (a stalled disk)."""
@@ -108,11 +110,13 @@ class BrokerStats:
         self.fetch_seconds = LatencyHistogram()
         """Time to find a fetch reply's batches in the log (not the long-poll wait, nor reading or sending them)."""
         self.fsync_seconds = LatencyHistogram()
-        """Each fdatasync of the partition logs (segment data, indexes and directories)."""
+        """Each sync of the partition logs (segment data, indexes, directories, and syncfs rounds)."""
         self.delayed: Callable[[], dict[str, Any]] | None = None
         """The delay store's state for the snapshot (docs/delayed.md), once the broker has one."""
         self.transactions: Callable[[], dict[str, Any] | None] | None = None
         """The transactions' counts (docs/transactions.md), once the transaction log is open."""
+        self.durability: Callable[[], dict[str, Any] | None] | None = None
+        """How the data directory's flushes are made durable (LogManager.describe_syncs), once it is open."""
 
     def partition(self, topic: str, partition: int) -> PartitionCounters:
         key = (topic, partition)
@@ -160,5 +164,7 @@ class BrokerStats:
                 "latency": {name: {"count": h.count, "sum_s": round(h.sum_s, 6)} for name, h in
                             (("append", self.append_seconds), ("fetch", self.fetch_seconds),
                              ("fsync", self.fsync_seconds))},
-                "topics": topics, **({"delayed": self.delayed()} if self.delayed is not None else {}),
-                **({"transactions": tx} if self.transactions is not None and (tx := self.transactions()) else {})}
+                "topics": topics, "stores": framing.DAMAGE.snapshot(),
+                **({"delayed": self.delayed()} if self.delayed is not None else {}),
+                **({"transactions": tx} if self.transactions is not None and (tx := self.transactions()) else {}),
+                **({"durability": d} if self.durability is not None and (d := self.durability()) else {})}

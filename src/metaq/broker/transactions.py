@@ -10,6 +10,20 @@ partitions (:mod:`metaq.broker.handlers.transactions`). States::
 
 This module keeps the states and writes the log; it never touches a partition. Everything runs on the
 broker's event loop, except the fsyncs and checkpoints the caller sends to a worker thread.
+
+Half messages (RocketMQ's check-back)
+-------------------------------------
+A transaction prepared with a producer group is a *half transaction*: its producer decides it, or the
+group's checker does when asked. ``maxTxTimeoutInSeconds`` does not apply to it once prepared (a
+producer whose local transaction committed must not see the broker roll the message back because no
+checker happened to be running). It is first due for a check ``transactionTimeOut`` ms after its
+prepare, then every ``transactionCheckInterval`` ms; a due transaction waits in its group's queue until
+a checker of the group takes it (:meth:`TransactionCoordinator.take_checks`, the CheckTransactions long
+poll). Only a check handed to a checker counts: a group with no checker connected never uses up its
+transactions' checks. Due again after ``transactionCheckMax`` checks without a decision, it is rolled
+back. Every transaction the broker decides by itself (a timeout, or checks exhausted) is logged at
+ERROR with what it held, counted (``timed_out``), and kept in :attr:`TransactionCoordinator.timed_out_recent`
+for ``metaq admin transactions``.
 """
 
 from __future__ import annotations
@@ -18,7 +32,7 @@ import asyncio
 import heapq
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,7 +43,7 @@ from metaq.errors import (
     InvalidTxnStateError,
     OutOfOrderSequenceError,
 )
-from metaq.protocol.records import SEQUENCE_LIMIT, ProducerStamp
+from metaq.protocol.records import SEQUENCE_LIMIT, ProducerStamp, decode_batch, read_header
 from metaq.storage.txlog import (
     CHECKPOINT_BYTES,
     COMMITTED,
@@ -53,6 +67,25 @@ too (the transaction log's checkpoints carry them). About 100 bytes of memory ea
 
 OPEN, PREPARED, COMMITTING, UNKNOWN = "open", "prepared", "committing", "unknown"
 """What the status op answers besides "committed" and "rolled back (reason)"."""
+TIMED_OUT_REMEMBERED = 1000
+"""Transactions the broker decided by itself (timeout, checks exhausted) listed with their details."""
+KEYS_NAMED_MAX = 10
+"""Message keys an ERROR about a timed-out transaction names (then "and N more")."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimedOut:
+    """A transaction the broker rolled back by itself: what ``metaq admin transactions`` lists."""
+
+    txid: str
+    producer_group: str
+    xid: str | None
+    reason: str
+    begun_ms: int
+    ended_ms: int
+    messages: int
+    partitions: tuple[str, ...]
+    """``topic-partition`` of each batch it held."""
 
 
 @dataclass(slots=True)
@@ -66,8 +99,18 @@ class Transaction:
     """(topic, partition) -> the (first, last) sequences put, in order: a retried put is taken once."""
     committing: bool = False
     next_check_s: float = 0.0
-    """Half messages: when the producer group's checker is next asked (0: never; not a half transaction)."""
+    """Half messages: when the transaction is next due for a check (0: never; not a half transaction)."""
     checks: int = 0
+    """Half messages: checks handed to a checker of its group (only those count toward transactionCheckMax)."""
+    queued: bool = False
+    """Half messages: due, waiting in its group's queue for a checker to take it."""
+    messages: int = 0
+    """Messages put (counted from the batches' headers)."""
+
+    @property
+    def half(self) -> bool:
+        """A half message (RocketMQ's): prepared with a producer group, decided by its producer or checker."""
+        return bool(self.state.producer_group) and self.state.xid is not None
 
     @property
     def txid(self) -> str:
@@ -76,28 +119,36 @@ class Transaction:
 
 class TransactionCoordinator:
     def __init__(self, txlog: TransactionLog, *, max_timeout_s: int, capacity: int, flush_at_commit: int,
-                 checkpoint_interval_ms: int, check_interval_ms: int = 6000, check_max: int = 15,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 checkpoint_interval_ms: int, check_first_ms: int = 6000, check_interval_ms: int = 60_000,
+                 check_max: int = 15, clock: Callable[[], float] = time.monotonic,
+                 wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
         self.txlog = txlog
         self.max_timeout_ms = max_timeout_s * 1000
         self.capacity = capacity
         self.flush_at_commit = flush_at_commit
         self.checkpoint_interval_s = checkpoint_interval_ms / 1000
-        self._clock = clock
+        self.clock = clock
         self.live: dict[str, Transaction] = {}
         self._deadlines: list[tuple[float, str]] = []
         self.finished: OrderedDict[str, str] = OrderedDict()
         """txid -> how it ended ("committed", "rolled back: ...")."""
         self._last_checkpoint_s = clock()
+        self._wall_ms = wall_ms
+        self.check_first_s = check_first_ms / 1000
         self.check_interval_s = check_interval_ms / 1000
         self.check_max = check_max
         self._checks_due: dict[str, OrderedDict[str, None]] = {}
         """producer group -> half transactions its checker should decide, in the order they fell due."""
         self._check_events: dict[str, asyncio.Event] = {}
+        self.checker_seen_s: dict[str, float] = {}
+        """producer group -> when a checker of the group last asked (CheckTransactions)."""
         self.checks_offered = 0
+        """Checks handed to checkers."""
         self.committed = 0
         self.rolled_back = 0
         self.timed_out = 0
+        """Transactions the broker rolled back by itself: past their timeout, or half ones out of checks."""
+        self.timed_out_recent: deque[TimedOut] = deque(maxlen=TIMED_OUT_REMEMBERED)
 
     # -- start-up ------------------------------------------------------------------------------
 
@@ -110,19 +161,26 @@ class TransactionCoordinator:
         self.finished = OrderedDict(self.txlog.finished)
         self._forget_oldest()
         for state in live.values():
-            tx = self._track(state, state.timeout_ms)
+            tx = self._track(state, state.timeout_ms or self.max_timeout_ms)  # 0: its BEGIN was lost to damage
             for put in state.puts:
                 tx.sequences.setdefault((put.topic, put.partition), [])
-            if state.committed:
+            if state.damaged is not None:  # never applied in part: what it lost may have been one of its batches
+                how = "committed" if state.committed else "prepared" if state.xid is not None else "open"
+                log.error("%s transaction %s (xid %s) rolled back at start: %s; its messages are not delivered",
+                          how, state.txid, state.xid, state.damaged)
+                self.rollback(state.txid, f"damaged in the transaction log: {state.damaged}")
+            elif state.committed:
                 to_apply.append(tx)
             elif state.xid is None:
                 self.rollback(state.txid, "the broker restarted before it was prepared or committed")
             else:
                 log.info("prepared transaction %s (xid %s) recovered: waiting for its coordinator", state.txid,
                          state.xid)
+                tx.messages = sum(self._records_of(put) for put in state.puts)
                 if state.producer_group:
-                    tx.next_check_s = self._clock()  # a half message: ask its group's checker soon
+                    tx.next_check_s = self.clock()  # a half message: ask its group's checker soon
         return to_apply
+
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -146,7 +204,7 @@ class TransactionCoordinator:
         return self._track(state, timeout_ms)
 
     def _track(self, state: TxState, timeout_ms: int) -> Transaction:
-        tx = Transaction(state, self._clock() + timeout_ms / 1000)
+        tx = Transaction(state, self.clock() + timeout_ms / 1000)
         self.live[state.txid] = tx
         heapq.heappush(self._deadlines, (tx.deadline_s, state.txid))
         return tx
@@ -187,6 +245,7 @@ class TransactionCoordinator:
             raise InvalidArgument(f"transaction {txid} would hold more than {MAX_TRANSACTION_BYTES} bytes")
         self.txlog.put(tx.state, topic, partition, batch)
         tx.producer_id = stamp.producer_id
+        tx.messages += record_count
         puts.append((first, last))
         return True
 
@@ -200,14 +259,14 @@ class TransactionCoordinator:
             raise InvalidArgument("prepare needs an xid")
         self.txlog.prepare(tx.state, xid)
         if tx.state.producer_group:  # a half message: its group's checker decides if the producer does not
-            tx.next_check_s = self._clock() + self.check_interval_s
+            tx.next_check_s = self.clock() + self.check_first_s
         return tx
 
     def start_commit(self, txid: str) -> Transaction:
         """Log COMMIT (the caller then syncs per flushTxLogAtCommit and applies the batches)."""
         tx = self.get(txid)
+        self.txlog.commit(tx.state)  # a failure (a full disk) leaves it as it was: the commit can be retried
         tx.committing = True
-        self.txlog.commit(tx.state)
         return tx
 
     def finish_commit(self, tx: Transaction) -> None:
@@ -246,51 +305,89 @@ class TransactionCoordinator:
 
     def expire(self) -> list[str]:
         """Roll back the transactions past their timeout (open or prepared); their txids."""
-        now = self._clock()
+        now = self.clock()
         gone = []
         while self._deadlines and self._deadlines[0][0] <= now:
             deadline, txid = heapq.heappop(self._deadlines)
             tx = self.live.get(txid)
-            if tx is None or tx.deadline_s != deadline or tx.committing:
-                continue
+            if tx is None or tx.deadline_s != deadline or tx.committing or tx.half:
+                continue  # (a half message, once prepared, is decided by its producer or checker)
             what = "prepared" if tx.state.xid is not None else "open"
-            self.rollback(txid, f"timed out: {what} for longer than its timeout of {tx.state.timeout_ms} ms")
-            self.timed_out += 1
-            log.warning("transaction %s rolled back: %s for longer than %d ms", txid, what, tx.state.timeout_ms)
+            self._time_out(tx, f"timed out: {what} for longer than its timeout of {tx.state.timeout_ms} ms")
             gone.append(txid)
         return gone
 
+    def _time_out(self, tx: Transaction, reason: str) -> None:
+        """The broker decides by itself: roll back, count, keep for the listing, and say it loudly."""
+        state = tx.state
+        partitions = tuple(dict.fromkeys(f"{p.topic}-{p.partition}" for p in state.puts))
+        self.rollback(tx.txid, reason)
+        self.timed_out += 1
+        self.timed_out_recent.append(TimedOut(tx.txid, state.producer_group, state.xid, reason, state.begun_ms,
+                                              self._wall_ms(), tx.messages, partitions))
+        log.error("transaction %s%s rolled back by the broker: %s. Its %d message(s), never visible: %s%s",
+                  tx.txid, _whose(state), reason, tx.messages, ", ".join(partitions) or "none",
+                  self._keys_named(state))
+
+    def _records_of(self, put: TxPut) -> int:
+        try:
+            return read_header(self.txlog.read_batch(put)).record_count
+        except Exception:  # only a count for listings: a batch that cannot be read is found at commit
+            return 0
+
+    def _keys_named(self, state: TxState) -> str:
+        keys: list[str] = []
+        total = 0
+        for put in state.puts:
+            try:
+                found = [m.key for m in decode_batch(self.txlog.read_batch(put), verify=False) if m.key is not None]
+            except Exception as exc:  # the ERROR must be logged even if the batch cannot be read back
+                return f" (their keys could not be read: {exc})"
+            total += len(found)
+            keys += [k.decode(errors="replace") for k in found[:KEYS_NAMED_MAX - len(keys)]]
+        if not keys:
+            return ""
+        more = f" and {total - len(keys)} more" if total > len(keys) else ""
+        return f" (keys: {', '.join(repr(k) for k in keys)}{more})"
+
     def offer_checks(self) -> None:
-        """Half transactions due for a check go to their group's queue (a checker long-polls it); past
-        ``check_max`` checks without a decision, they are rolled back."""
-        now = self._clock()
+        """Half transactions due for a check wait in their group's queue for a checker to take them (a
+        checker long-polls it); one due again after ``check_max`` checks handed out is rolled back."""
+        now = self.clock()
         give_up = []
         for tx in self.live.values():
-            if not tx.next_check_s or tx.next_check_s > now or tx.committing:
+            if not tx.next_check_s or tx.next_check_s > now or tx.committing or tx.queued:
                 continue
-            group = tx.state.producer_group
             if tx.checks >= self.check_max:
                 give_up.append(tx)
                 continue
-            tx.checks += 1
-            tx.next_check_s = now + self.check_interval_s
+            group = tx.state.producer_group
+            tx.queued = True
             self._checks_due.setdefault(group, OrderedDict())[tx.txid] = None
-            self.checks_offered += 1
             event = self._check_events.get(group)
             if event is not None:
                 event.set()
         for tx in give_up:
-            reason = f"no decision after {tx.checks} checks of producer group {tx.state.producer_group!r}"
-            log.warning("half transaction %s rolled back: %s", tx.txid, reason)
-            self.rollback(tx.txid, reason)
+            self._time_out(tx, f"no decision after {tx.checks} checks by producer group "
+                               f"{tx.state.producer_group!r}'s checker (transactionCheckMax={self.check_max})")
 
-    def take_checks(self, group: str, limit: int) -> list[str]:
+    def take_checks(self, group: str, limit: int) -> list[Transaction]:
+        """Hand up to ``limit`` due half transactions of ``group`` to a checker that asked now: each counts
+        as one check, and is due again ``transactionCheckInterval`` later unless decided."""
+        now = self.clock()
+        self.checker_seen_s[group] = now
         due = self._checks_due.get(group)
-        out: list[str] = []
+        out: list[Transaction] = []
         while due and len(out) < limit:
             txid, _ = due.popitem(last=False)
-            if txid in self.live:
-                out.append(txid)
+            tx = self.live.get(txid)
+            if tx is None or tx.committing:
+                continue
+            tx.queued = False
+            tx.checks += 1
+            tx.next_check_s = now + self.check_interval_s
+            self.checks_offered += 1
+            out.append(tx)
         return out
 
     def check_event(self, group: str) -> asyncio.Event:
@@ -301,12 +398,12 @@ class TransactionCoordinator:
 
     def checkpoint_due(self) -> bool:
         return (self.txlog.size_bytes > CHECKPOINT_BYTES
-                or self._clock() - self._last_checkpoint_s >= self.checkpoint_interval_s)
+                or self.clock() - self._last_checkpoint_s >= self.checkpoint_interval_s)
 
     def checkpoint(self) -> None:
         """Blocking (the caller decides where): a new log generation with only the live transactions."""
         self.txlog.checkpoint([tx.state for tx in self.live.values()], self.finished.items())
-        self._last_checkpoint_s = self._clock()
+        self._last_checkpoint_s = self.clock()
 
     def read_batch(self, put: TxPut) -> bytes:
         return self.txlog.read_batch(put)
@@ -314,5 +411,14 @@ class TransactionCoordinator:
     def describe(self) -> dict[str, object]:
         return {"open": sum(1 for t in self.live.values() if t.state.xid is None),
                 "prepared": sum(1 for t in self.live.values() if t.state.xid is not None),
+                "half_prepared": sum(1 for t in self.live.values() if t.half),
                 "committed": self.committed, "rolled_back": self.rolled_back, "timed_out": self.timed_out,
-                "log_bytes": self.txlog.size_bytes, "checkpoints": self.txlog.checkpoints}
+                "checks": self.checks_offered, "log_bytes": self.txlog.size_bytes,
+                "checkpoints": self.txlog.checkpoints}
+
+
+def _whose(state: TxState) -> str:
+    parts = [f"producer group {state.producer_group!r}"] if state.producer_group else []
+    if state.xid is not None and state.xid != state.txid:
+        parts.append(f"xid {state.xid}")
+    return f" ({', '.join(parts)})" if parts else ""

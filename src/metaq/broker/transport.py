@@ -135,6 +135,8 @@ class BrokerProtocol(asyncio.Protocol):
         self._refusal_timer: asyncio.TimerHandle | None = None
         self.muted = False
         """Over a byte-rate quota: nothing is read from the connection until ``_unmute`` (metaq.broker.quotas)."""
+        self.held = False
+        """A request in progress must take effect before the next one (``Session.hold``): none is handled meanwhile."""
         self._mute_timer: asyncio.TimerHandle | None = None
         self._refusal_text: str | None = None
         # uvloop has no loop.sendfile (not even its copying fallback): there, file replies are pread
@@ -213,7 +215,7 @@ class BrokerProtocol(asyncio.Protocol):
         waiters = self.broker.waiters
         waiters.hold()
         try:
-            while not self.muted:
+            while not self.muted and not self.held:
                 try:
                     event = self.codec.next_event()
                 except ProtocolError as exc:
@@ -245,7 +247,7 @@ class BrokerProtocol(asyncio.Protocol):
             self.registry.partial_changed(self, partial)
         if len(self.replies) > MAX_PIPELINED_REQUESTS and not self.paused and self.transport:
             self.paused = True
-            if not self.muted:
+            if not self.muted and not self.held:
                 self.transport.pause_reading()
 
     # -- limits ----------------------------------------------------------------------------------
@@ -288,7 +290,7 @@ class BrokerProtocol(asyncio.Protocol):
             self._mute_timer.cancel()
         if not self.muted:
             self.muted = True
-            if not self.paused:
+            if not self.paused and not self.held:
                 self.transport.pause_reading()
         self._mute_timer = self.loop.call_at(until, self._unmute)
 
@@ -297,9 +299,29 @@ class BrokerProtocol(asyncio.Protocol):
         self.muted = False
         if self.closed or self.closing or self.transport is None:
             return
-        if not self.paused:
+        if not self.paused and not self.held:
             self.transport.resume_reading()
         self._process()
+
+    def _hold(self, hold: asyncio.Future[None]) -> None:
+        """Handle no further request until ``hold`` is done (its request must take effect first)."""
+        if hold.done():
+            return
+        self.held = True
+        if not self.paused and not self.muted and self.transport is not None:
+            self.transport.pause_reading()
+        hold.add_done_callback(self._release)
+
+    def _release(self, _hold: object = None) -> None:
+        if not self.held:
+            return
+        self.held = False
+        if self.closed or self.closing or self.transport is None:
+            return
+        if not self.paused and not self.muted:
+            self.transport.resume_reading()
+        if not self.receiving:
+            self._process()
 
     def refuse_partial_frame(self, reason: str) -> None:
         """Drop the unfinished frame being received (the partial-frame budget is spent) and answer it
@@ -346,6 +368,10 @@ class BrokerProtocol(asyncio.Protocol):
             self.tasks.add(task)
             task.add_done_callback(functools.partial(self._task_done, pending=result, reply=reply,
                                                      api_key=api_key))
+            hold, self.session.hold = self.session.hold, None
+            if hold is not None:
+                task.add_done_callback(functools.partial(_settle, hold))  # also when the coroutine never ran
+                self._hold(hold)
         elif reply is not None:
             self._complete(reply, result)
         if self.session.close_after_reply:
@@ -457,7 +483,7 @@ class BrokerProtocol(asyncio.Protocol):
             return
         if self.paused and len(self.replies) <= MAX_PIPELINED_REQUESTS // 2:
             self.paused = False
-            if not self.muted:
+            if not self.muted and not self.held:
                 self.transport.resume_reading()
 
     async def _sendfile(self, fslice: FileSlice) -> None:
@@ -519,3 +545,7 @@ async def listen_tcp(broker: Broker, registry: ConnectionRegistry, host: str, po
     return await loop.create_server(lambda: BrokerProtocol(broker, registry), host, port, backlog=backlog,
                                     reuse_address=True, start_serving=False, **extra)
 
+
+def _settle(hold: asyncio.Future[None], _task: object) -> None:
+    if not hold.done():
+        hold.set_result(None)

@@ -20,7 +20,8 @@ from typing import Any, Protocol
 import click
 
 from metaq.cli.options import DEFAULT_ZK_ROOT
-from metaq.errors import ConfigError
+from metaq.cluster.registry import RegistryError, UserAclStore
+from metaq.errors import ConfigError, MetaqError
 from metaq.security.acl import (
     ACL_FILE_NAME,
     CLUSTER_NAME,
@@ -42,33 +43,33 @@ class _Store(Protocol):
 
 
 class _ZooKeeperUsers:
-    def __init__(self, registry: Any) -> None:
-        self.registry = registry
+    def __init__(self, store: UserAclStore) -> None:
+        self.store = store
 
     def put(self, name: str, credential: ScramCredential) -> bool:
-        return bool(self.registry.write_user(name, json.dumps(credential.to_json()).encode()))
+        return self.store.write_user(name, json.dumps(credential.to_json()).encode())
 
     def remove(self, name: str) -> bool:
-        return bool(self.registry.delete_user(name))
+        return self.store.delete_user(name)
 
     def names(self) -> list[str]:
-        return list(self.registry.list_users())
+        return self.store.list_users()
 
 
 @contextmanager
-def _zookeeper(zk_connect: str, zk_root: str) -> Iterator[Any]:
-    from metaq.cluster.registry import RegistryError
+def _zookeeper(zk_connect: str, zk_root: str) -> Iterator[UserAclStore]:
+    """The users and ACLs of the cluster in ZooKeeper, for the time of one command."""
     from metaq.cluster.zookeeper import ZooKeeperRegistry
 
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)
-    registry = ZooKeeperRegistry(zk_connect, zk_root, connection_timeout_ms=10_000, watch_cluster=False,
-                                 read_only=True)
     try:
+        registry = ZooKeeperRegistry(zk_connect, zk_root, connection_timeout_ms=10_000, watch_cluster=False,
+                                     read_only=True)
         registry.start()
-    except RegistryError as exc:
+    except MetaqError as exc:  # ZooKeeper unreachable, a root that is no ZooKeeper path
         raise click.ClickException(str(exc)) from None
     try:
-        yield registry
+        yield registry.user_acl_store()
     except (RegistryError, ConfigError) as exc:
         raise click.ClickException(str(exc)) from None
     finally:
@@ -82,8 +83,8 @@ def _store(data_path: str | None, users_file: str | None, zk_connect: str | None
         raise click.UsageError("give exactly one of --data-path (embedded broker), --users-file, or --zk-connect "
                                "(cluster mode)")
     if zk_connect:
-        with _zookeeper(zk_connect, zk_root) as registry:
-            yield _ZooKeeperUsers(registry)
+        with _zookeeper(zk_connect, zk_root) as store:
+            yield _ZooKeeperUsers(store)
         return
     path = Path(users_file) if users_file else Path(data_path or ".").expanduser() / USERS_FILE_NAME
     yield UsersFile(path)
@@ -178,25 +179,25 @@ class _FileAcls:
         return self.file.update(change, entry)
 
     def entries(self) -> tuple[AclEntry, ...]:
-        return decode_acls(self.file.read_bytes()).entries
+        return decode_acls(self.file.read_bytes(), source=str(self.file.path)).entries
 
 
 class _ZooKeeperAcls:
-    def __init__(self, registry: Any) -> None:
-        self.registry = registry
+    def __init__(self, store: UserAclStore) -> None:
+        self.store = store
 
     def update(self, change: str, entry: AclEntry) -> bool:
         while True:  # a version-checked write: two admins at once do not lose each other's change
-            data, version = self.registry.read_acls()
+            data, version = self.store.read_acls()
             acls = decode_acls(data)
             if (change == "add") == (entry in acls.entries):
                 return False
             acls = acls.with_entry(entry) if change == "add" else acls.without_entry(entry)
-            if self.registry.write_acls(encode_acls(acls), version):
+            if self.store.write_acls(encode_acls(acls), version):
                 return True
 
     def entries(self) -> tuple[AclEntry, ...]:
-        return decode_acls(self.registry.read_acls()[0]).entries
+        return decode_acls(self.store.read_acls()[0]).entries
 
 
 @contextmanager
@@ -207,8 +208,8 @@ def _acl_store(data_path: str | None, acl_file: str | None, zk_connect: str | No
         raise click.UsageError("give exactly one of --data-path (embedded broker), --acl-file, or --zk-connect "
                                "(cluster mode)")
     if zk_connect:
-        with _zookeeper(zk_connect, zk_root) as registry:
-            yield _ZooKeeperAcls(registry)
+        with _zookeeper(zk_connect, zk_root) as store:
+            yield _ZooKeeperAcls(store)
         return
     try:
         yield _FileAcls(Path(acl_file) if acl_file else Path(data_path or ".").expanduser() / ACL_FILE_NAME)

@@ -1,4 +1,6 @@
-"""`metaq bench`: the project's own benchmark (figures go into docs/benchmarks.md)."""
+"""`metaq bench <what>`: every benchmark of metaq, one command each (docs/benchmarks.md lists them with their
+figures). This module holds the group and the client benches (produce, consume, e2e); the others are in the
+bench_*_cmds modules beside it, the code of each bench in metaq.bench."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ from typing import Any
 
 import click
 
+from metaq.bench.report import finish_machine, machine, machine_line
+from metaq.cli.bench_common import command_line
 from metaq.cli.options import credentials_from_env, tls_config, tls_options
-from metaq.cli.text import plural
 
 
 def _common(fn: Any) -> Any:
@@ -58,13 +61,16 @@ def _run(mode: str, as_json: bool, no_progress: bool, brokers: int | None, **kwa
     if tls.get("tls") and kwargs["servers"] is None and kwargs["zk"] is None:
         raise click.UsageError("--tls measures running TLS brokers: give --servers HOST:SSLPORT (or --zk)")
     spec = BenchSpec(mode=mode, brokers=brokers or 0, tls=tls, **kwargs)
+    info = machine()
     try:
         result = run_bench(spec, progress=not (as_json or no_progress))
     except ValueError as exc:  # --zk: no broker registered
         raise click.ClickException(str(exc)) from None
+    info = finish_machine(info)
     if as_json:
-        click.echo(json.dumps(asdict(result)))
+        click.echo(json.dumps({**asdict(result), "command": command_line(), "machine": info}))
         return
+    click.echo(machine_line(info))
     lat = result.latency_ms
     api = result.api + (" idempotent" if spec.idempotent else "")
     click.echo(f"{mode} api={api} size={spec.size}B brokers={len(result.broker.split(','))} "
@@ -99,7 +105,9 @@ def _run(mode: str, as_json: bool, no_progress: bool, brokers: int | None, **kwa
 
 @click.group("bench")
 def bench_group() -> None:
-    """Measure throughput and latency against a real broker (embedded unless --servers)."""
+    """Measure metaq on this machine: each bench starts what it measures (a broker, a cluster, peers) unless told
+    where it runs, and gives its figures beside a baseline measured in the same run. Figures and how they were
+    taken: docs/benchmarks.md."""
 
 
 _selector_option = click.option(
@@ -109,7 +117,7 @@ _selector_option = click.option(
 _multi_produce_option = click.option(
     "--multi-produce/--no-multi-produce", default=True, show_default=True,
     help="The producer sends the batches of several partitions that leave together as one MultiProduce request "
-         "(multi_produce); --no-multi-produce: one Produce per batch, as before.")
+         "(multi_produce); --no-multi-produce: one Produce request per batch.")
 
 
 @bench_group.command("produce")
@@ -194,232 +202,10 @@ def _parse_cpus(value: str | None) -> tuple[int | None, int | None, int | None] 
     return cpus[0], cpus[1], cpus[2]
 
 
-@bench_group.command("group")
-@click.option("-s", "--servers", default=None, help="Brokers to measure; default: an embedded broker for the run.")
-@click.option("--members", type=click.IntRange(1, 32), multiple=True, default=(1, 2, 4), show_default=True,
-              help="Group sizes to measure (repeat the option).")
-@click.option("-n", "--count", type=click.IntRange(1), default=1_200_000, show_default=True)
-@click.option("--size", type=click.IntRange(1), default=100, show_default=True)
-@click.option("--partitions", type=click.IntRange(1), default=12, show_default=True)
-@click.option("--listener", type=click.Choice(["async", "sync"]), default="async", show_default=True)
-@click.option("-d", "--duration", "duration_s", type=click.FloatRange(1), default=120.0, show_default=True)
-@click.option("--fetch", type=click.Choice(["multi", "single", "both"]), default="multi", show_default=True,
-              help="multi: MultiFetch over one connection per broker; single: one Fetch per partition (a connection "
-                   "per long-polling partition, the old way); both: single then multi, same run.")
-@click.option("--json", "as_json", is_flag=True)
-def bench_group_consume(servers: str | None, members: tuple[int, ...], count: int, size: int, partitions: int,
-                        listener: str, duration_s: float, fetch: str, as_json: bool) -> None:
-    """Group consumption msg/s with 1, 2 and 4 members (each a process) sharing a topic."""
-    import tempfile
-
-    from metaq.broker.launcher import BrokerLauncher
-    from metaq.client.group.bench import fetch_modes, run_group_bench
-
-    results = []
-    for n, multi in ((n, multi) for n in members for multi in fetch_modes(fetch)):
-        with tempfile.TemporaryDirectory(prefix="metaq-bench-") as tmp:
-            broker = None if servers else BrokerLauncher(f"{tmp}/data", {"numPartitions": partitions,
-                                                                         "unflushThreshold": 0}).start()
-            try:
-                target = servers or (broker.servers if broker else "")
-                results.append(run_group_bench(target, None, n, duration_s, messages=count, message_bytes=size,
-                                               partitions=partitions, listener=listener, multi_fetch=multi))
-            finally:
-                if broker is not None:
-                    broker.stop()
-    if as_json:
-        click.echo(json.dumps(results))
-        return
-    for r in results:
-        click.echo(json.dumps(r))
-
-
-@bench_group.command("cluster-refresh")
-@click.option("--brokers", type=click.IntRange(2, 16), default=3, show_default=True,
-              help="Brokers of the local cluster started for the run (the last one leaves and joins).")
-@click.option("--rounds", type=click.IntRange(1, 100), default=5, show_default=True, help="Leave/join rounds.")
-@click.option("--partitions", type=click.IntRange(1), default=2, show_default=True,
-              help="Partitions of the topic on each broker.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def bench_cluster_refresh(brokers: int, rounds: int, partitions: int, as_json: bool) -> None:
-    """How fast a cluster-mode producer follows a broker leaving (SIGTERM) and joining: ms from the
-    event in ZooKeeper until a plain watcher sees it, the producer's metadata has it, and (join) the
-    producer's first message acknowledged by the broker."""
-    from metaq.bench.cluster_refresh import run_cluster_refresh
-
-    if not as_json:
-        click.echo(f"cluster-refresh: {brokers} brokers (ZooKeeper mode, {partitions} partitions each), broker "
-                   f"{brokers} leaves and joins {plural(rounds, 'time')} under round-robin sends")
-    result = run_cluster_refresh(brokers, rounds, partitions, report=(lambda line: None) if as_json else click.echo)
-    if as_json:
-        click.echo(json.dumps(result))
-        return
-    s = {k: f"{v['median']} ({v['max']})" for k, v in result["summary"].items()}
-    click.echo("median (max) ms:")
-    click.echo(f"  leave: SIGTERM -> watcher sees it gone {s['leave_watch_ms']}, -> producer's metadata without it "
-               f"{s['leave_metadata_ms']}; failed sends {result['summary']['leave_failures']['max']} at most")
-    click.echo(f"  join:  registered -> watcher sees it {s['join_watch_ms']}, -> producer's metadata lists it "
-               f"{s['join_metadata_ms']}, -> first message acknowledged by it {s['join_used_ms']}")
-
-
-@bench_group.command("rebalance")
-@click.option("--brokers", type=click.IntRange(2, 16), default=3, show_default=True,
-              help="Brokers of the local cluster started for the run (a real ZooKeeper, ZooKeeper mode).")
-@click.option("--partitions", type=click.IntRange(1), default=4, show_default=True,
-              help="Partitions of the topic on each broker.")
-@click.option("--members", type=click.IntRange(1, 32), default=3, show_default=True,
-              help="Members of the group (one more joins and one leaves in every round).")
-@click.option("--rounds", type=click.IntRange(1, 100), default=5, show_default=True)
-@click.option("--no-brokers-churn", is_flag=True, help="Only members join and leave (no broker stop/start).")
-@click.option("--json", "as_json", is_flag=True)
-def bench_rebalance(brokers: int, partitions: int, members: int, rounds: int, no_brokers_churn: bool,
-                    as_json: bool) -> None:
-    """Rebalance time: from a member joining or leaving, or a broker leaving or joining, to the group's new
-    assignment fully claimed and fetching. Measured with ZooKeeper's group (cluster mode) and, as the
-    baseline, the broker-coordinated group, on the same local cluster."""
-    import asyncio
-    import tempfile
-
-    from metaq.client.group.rebalance_bench import run_rebalance_bench
-    from metaq.devcluster import DevCluster
-
-    topic = "rebalance"
-    results = []
-    with tempfile.TemporaryDirectory(prefix="metaq-bench-") as tmp, \
-            DevCluster(f"{tmp}/cluster", brokers, partitions=partitions,
-                       topics=f"[topic={topic}]\nnumPartitions={partitions}\n") as cluster:
-        last = cluster.brokers[brokers]
-        churn: dict[str, Any] = {} if no_brokers_churn else {
-            "broker_leave": lambda: last.stop_or_kill(30), "broker_join": last.start, "broker_id": brokers}
-        for coordination, connect in (("zookeeper", {"zk_connect": cluster.zk_connect, "zk_root": cluster.zk_root}),
-                                      ("broker", {"servers": cluster.servers})):
-            result = asyncio.run(run_rebalance_bench(connect, topic, members=members, rounds=rounds, **churn))
-            results.append({"coordination": coordination, "brokers": brokers, **result})
-            if not as_json:
-                click.echo(json.dumps(results[-1]))
-    if as_json:
-        click.echo(json.dumps(results))
-
-
-@bench_group.command("logging")
-@click.option("-s", "--servers", default=None, help="Broker to log to; default: an embedded broker for the run.")
-@click.option("-n", "--count", type=click.IntRange(1), default=100_000, show_default=True,
-              help="Records logged in each case.")
-@click.option("--json", "as_json", is_flag=True)
-def bench_logging(servers: str | None, count: int, as_json: bool) -> None:
-    """metaq.logging.MetaqHandler: what a logging call costs the application, broker up and broker down."""
-    import tempfile
-
-    from metaq.broker.launcher import BrokerLauncher
-
-    with tempfile.TemporaryDirectory(prefix="metaq-bench-") as tmp:
-        broker = None if servers else BrokerLauncher(f"{tmp}/data", {"numPartitions": 4,
-                                                                     "unflushThreshold": 0}).start()
-        try:
-            up = _log_records(servers or (broker.servers if broker else ""), count, wait_for_acks=True)
-        finally:
-            if broker is not None:
-                broker.stop()
-    down = _log_records(f"127.0.0.1:{_refused_port()}", count, wait_for_acks=False)
-    result = {"records": count, "broker_up": up, "broker_down": down}
-    if as_json:
-        click.echo(json.dumps(result))
-        return
-    click.echo(f"MetaqHandler, {plural(count, 'record', thousands=True)} logged from one thread "
-               "(JSON, two extra fields)")
-    click.echo(f"  broker up:   emit {up['emit_us']:.1f} us/record ({up['records_per_s']:,.0f} records/s); "
-               f"all acknowledged {up['acked_s']:.2f}s after the first call")
-    click.echo(f"  broker down: emit {down['emit_us']:.1f} us/record ({down['records_per_s']:,.0f} records/s); "
-               f"{down['pending']:,} pending, {down['dropped']} dropped")
-
-
-def _refused_port() -> int:
-    """A loopback port nothing listens on: connecting is refused at once."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _log_records(servers: str, count: int, *, wait_for_acks: bool) -> dict[str, Any]:
-    import logging
-    import time
-
-    from metaq.logging import MetaqHandler
-
-    handler = MetaqHandler(servers, "bench-logging", max_buffered_records=count, error_interval_s=3600)
-    quiet, logging.raiseExceptions = logging.raiseExceptions, False  # no reports of the broker being down
-    log = logging.getLogger(f"metaq-bench-logging-{time.monotonic_ns()}")
-    log.propagate = False
-    log.setLevel(logging.INFO)
-    log.addHandler(handler)
-    try:
-        started = time.perf_counter()
-        for i in range(count):
-            log.info("request %d served", i, extra={"seq": i, "path": f"/api/orders/{i % 7}"})
-        emitted = time.perf_counter() - started
-        acked: float | None = None
-        if wait_for_acks:
-            if not handler.drain(600):
-                raise click.ClickException(f"the broker at {servers} did not acknowledge the records in 600 s")
-            acked = time.perf_counter() - started
-        stats = handler.stats()
-    finally:
-        log.removeHandler(handler)
-        handler.close(timeout=0 if not wait_for_acks else None)
-        logging.raiseExceptions = quiet
-    return {"emit_us": round(emitted / count * 1e6, 2), "records_per_s": round(count / emitted),
-            "acked_s": None if acked is None else round(acked, 3), "pending": stats.pending, "dropped": stats.dropped}
-
-
-@bench_group.command("storage")
-@click.option("--json", "as_json", is_flag=True)
-@click.option("--seconds", type=click.FloatRange(0.1), default=2.0, show_default=True)
-def bench_storage(as_json: bool, seconds: float) -> None:
-    """In-process storage engine: appends/s under each flush mode, reads, beside the disk's own figures."""
-    import importlib
-
-    storage = importlib.import_module("metaq.bench.storage")
-    args = ["--seconds", str(seconds)] + (["--json"] if as_json else [])
-    storage.main(args)
-
-
 def register(cli: click.Group) -> None:
+    from metaq.cli import bench_client_cmds, bench_cluster_cmds, bench_server_cmds
+
+    for module in (bench_cluster_cmds, bench_server_cmds, bench_client_cmds):
+        for command in module.COMMANDS:
+            bench_group.add_command(command)
     cli.add_command(bench_group)
-
-
-@bench_group.command("http")
-@click.option("--url", default=None, help="The HTTP API to measure (http://host:port); default: an embedded broker "
-                                          "with httpPort 0 for the run.")
-@click.option("--api", type=click.Choice(["single", "batch", "raw"]), default="single", show_default=True,
-              help="single: one JSON message per request; batch: --batch messages per JSON request; raw: one "
-                   "application/octet-stream message per request.")
-@click.option("--batch", type=click.IntRange(1), default=100, show_default=True, help="Messages per request (batch).")
-@click.option("--size", type=click.IntRange(1), default=100, show_default=True, help="Message payload bytes.")
-@click.option("-n", "--count", type=click.IntRange(1), default=100_000, show_default=True)
-@click.option("-d", "--duration", "duration_s", type=click.FloatRange(0.1), default=30.0, show_default=True)
-@click.option("--concurrency", type=click.IntRange(1, 1024), default=16, show_default=True,
-              help="Requests in flight per process (keep-alive connections).")
-@click.option("--processes", type=click.IntRange(1, 64), default=1, show_default=True, help="Client processes.")
-@click.option("--partitions", type=click.IntRange(1), default=4, show_default=True)
-@click.option("--flush", default="group", show_default=True, help="Embedded broker's unflushThreshold.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def bench_http(as_json: bool, **kwargs: Any) -> None:
-    """Produce throughput over the HTTP API (docs/http.md) with keep-alive clients."""
-    from metaq.bench.http_bench import HttpBenchSpec, run_http_bench
-
-    spec = HttpBenchSpec(**kwargs)
-    result = run_http_bench(spec)
-    if as_json:
-        click.echo(json.dumps(asdict(result)))
-        return
-    per = f" x{spec.batch}" if spec.api == "batch" else ""
-    click.echo(f"http api={spec.api}{per} size={spec.size}B concurrency={spec.concurrency} "
-               f"processes={spec.processes} partitions={spec.partitions} flush={spec.flush}")
-    click.echo(f"  {result.messages} messages in {result.requests} requests, {result.seconds:.2f}s: "
-               f"{result.msgs_per_s:,.0f} msg/s, {result.requests_per_s:,.0f} req/s, {result.mb_per_s:.1f} MB/s"
-               + (f", {result.failures} failed" if result.failures else ""))
-    lat = result.latency_ms
-    if lat:
-        click.echo(f"  request latency ms: p50 {lat['p50']}  p99 {lat['p99']}  max {lat['max']}")

@@ -7,6 +7,7 @@ SIGINT): Ctrl-C is the normal way to stop `consume --follow`, `produce` from a t
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from typing import Any
@@ -14,14 +15,56 @@ from typing import Any
 import click
 
 from metaq import __version__
-from metaq.broker.main import broker_command
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 EXIT_INTERRUPTED = 130
 """128 + SIGINT, what a shell reports for a command stopped by Ctrl-C."""
 
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "acl": ("metaq.cli.acl_cmd", "acl_group",
+            "ACLs (who may do what to which topic, group or the cluster) and users (SASL/SCRAM); docs/security.md."),
+    "admin": ("metaq.cli.admin_cmd", "admin_group", "Broker administration."),
+    "bench": ("metaq.cli.bench_cmd", "bench_group",
+              "Measure throughput and latency against a real broker (embedded unless --servers)."),
+    "broker": ("metaq.broker.main", "broker_command", "Run a metaq broker (MetaQ's metaServer)."),
+    "cluster": ("metaq.cli.cluster_cmd", "cluster_group", "A cluster of brokers registered in ZooKeeper."),
+    "consume": ("metaq.cli.consume_cmd", "consume", "Print TOPIC's messages, partition by partition in offset order."),
+    "group": ("metaq.cli.group_cmd", "group_group",
+              "Consumer groups: members, assignments, committed offsets, lag; reset offsets (MetaQ's 回溯); "
+              "dead letters."),
+    "produce": ("metaq.cli.produce_cmd", "produce",
+                "Send each line of standard input to TOPIC as one message (the newline is not sent)."),
+    "stats": ("metaq.cli.stats_cmd", "stats",
+              "Put/get counts, bytes and rates per topic and partition (MetaQ's stats), of every broker."),
+    "topic": ("metaq.cli.topic_cmd", "topic_group", "Create, delete, list, describe, close and open topics."),
+}
+"""Command name -> (module, attribute, the short help ``metaq --help`` shows).
 
-@click.group(context_settings=CONTEXT)
+A command's module is imported only when that command runs (or its own --help is asked): ``metaq --version``
+and ``metaq --help`` import none of them, and ``metaq produce`` not the broker. The short help is written here
+for the same reason; tests/unit/test_cli_startup.py keeps it equal to each command's own."""
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported by name, on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMANDS) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, attribute, _ = COMMANDS[cmd_name]
+            self.add_command(getattr(importlib.import_module(module), attribute), cmd_name)
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2] if name in COMMANDS else self.commands[name].get_short_help_str(200))
+                for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="metaq")
 def cli() -> None:
     """metaq: a persistent, pull-based message queue after Taobao's MetaQ.
@@ -29,19 +72,6 @@ def cli() -> None:
     Start a broker with `metaq broker`, then produce and consume with `metaq produce TOPIC` and
     `metaq consume TOPIC`. Every command takes --help. Exit codes: 0 ok, 1 error, 2 usage, 130 Ctrl-C.
     """
-
-
-cli.add_command(broker_command, "broker")
-
-
-def _register_client_commands() -> None:
-    from metaq.cli import acl_cmd, bench_cmd, client_cmds, cluster_cmd, verify_cmd
-
-    client_cmds.register(cli)
-    verify_cmd.register(client_cmds.admin_group)
-    bench_cmd.register(cli)
-    cluster_cmd.register(cli)
-    acl_cmd.register(cli)
 
 
 def _interrupted(exc: BaseException) -> bool:
@@ -61,7 +91,6 @@ def _quiet_broken_pipe() -> None:
 
 def main(argv: list[str] | None = None) -> Any:
     """Run the CLI with click's conventions, except that Ctrl-C exits 130 without "Aborted!"."""
-    _register_client_commands()
     try:
         code = cli.main(args=argv, prog_name="metaq", standalone_mode=False)
     except click.exceptions.Exit as exc:

@@ -17,7 +17,9 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
+from metaq.errors import MetaqError
 from metaq.net import servers as net_servers
+from metaq.types import PartitionId, partition_key
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -131,3 +133,23 @@ def target_options(fn: F) -> F:
                  "the brokers are the ones registered there.")
     decorated = servers_option(zk_connect_option(None, help_text)(zk_root_option(tls_options(wrapper))))
     return decorated  # type: ignore[return-value]
+
+
+class PartitionType(click.ParamType):
+    """A partition argument: ``brokerId-partition`` (``1-3``), or a bare number, accepted where only one
+    broker has a partition with that number (checked against the topic's partitions when used)."""
+
+    name = "brokerId-partition"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> PartitionId | int:
+        if isinstance(value, (PartitionId, int)):
+            return value
+        try:
+            return partition_key(str(value))
+        except MetaqError:
+            self.fail(f"{value!r} is not brokerId-partition (e.g. 1-3) or a partition number", param, ctx)
+
+
+PARTITION = PartitionType()
+broker_id_option = click.option("-b", "--broker-id", type=click.IntRange(0), default=None,
+                                help="The broker to do it on (default: the first server that answers).")

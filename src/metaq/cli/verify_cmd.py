@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
-from metaq.cli.client_cmds import PARTITION, _holders, _session, run_async
-from metaq.cli.options import target_options
+from metaq.cli.options import PARTITION, target_options
+from metaq.cli.session import holders, open_session, run_async
 from metaq.types import PartitionId
 
 
@@ -19,7 +19,17 @@ def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
 
 
+def _describe_store(report: dict[str, Any]) -> list[str]:
+    head = f"store {report['store']} of broker {report.get('broker_id', '?')} ({report['path']}): " \
+           f"{_plural(report['records'], 'record')} intact"
+    if report["ok"]:
+        return [f"{head}: ok", *(f"  note: {n}" for n in report.get("notes", []))]
+    return [f"{head}: DAMAGED", *(f"  {line}" for line in report["damaged"])]
+
+
 def _describe(report: dict[str, Any]) -> list[str]:
+    if "store" in report:
+        return _describe_store(report)
     name = f"{report['topic']}:{report.get('broker_id', '?')}-{report['partition']}"
     head = (f"{name}: {_plural(report['segments'], 'segment')}, {_plural(report['messages'], 'message')} intact "
             f"in offsets {report['log_start_offset']}..{report['log_end_offset'] - 1}")
@@ -33,6 +43,8 @@ def _describe(report: dict[str, Any]) -> list[str]:
         lines.append(f"    consumers can resume at offset {r['resume_offset']} (see docs/operations.md)")
     for problem in report["index_problems"]:
         lines.append(f"  index: {problem}")
+    for problem in report.get("file_problems", []):
+        lines.append(f"  file: {problem}")
     return lines
 
 
@@ -49,18 +61,20 @@ async def admin_verify(servers: str, topic: str | None, partition: PartitionId |
                        as_json: bool) -> None:
     """Check every stored batch and index entry (checksums, offsets, ids) and list what is damaged.
 
-    Every broker of --servers checks its own partitions. Nothing is modified. Exit code 0 when everything
-    checked is intact, 1 when something is damaged.
+    Every broker of --servers checks its own partitions and, without --topic, the stores beside them (the
+    committed offsets, the transaction log, the delay store's targets, users and ACL files; each partition's
+    epoch history and producer snapshots always). Nothing is modified. Exit code 0 when everything checked
+    is intact, 1 when something is damaged.
     """
     if partition is not None and topic is None:
         raise click.UsageError("--partition needs --topic")
-    async with await _session(servers) as session:
+    async with await open_session(servers) as session:
         admin = session.admin()
         if partition is not None:
             reports = await admin.verify(topic, partition, timeout_s=timeout_s)
         else:
             reports = []
-            brokers = await _holders(session, topic) if topic is not None else [*await admin.broker_ids()]
+            brokers = await holders(session, topic) if topic is not None else [*await admin.broker_ids()]
             for broker_id in brokers:
                 reports += await admin.verify(topic, broker_id=broker_id, timeout_s=timeout_s)
     if as_json:
@@ -69,11 +83,22 @@ async def admin_verify(servers: str, topic: str | None, partition: PartitionId |
         for report in reports:
             for line in _describe(report):
                 click.echo(line)
-        damaged = [r for r in reports if not r["ok"]]
+        partitions = [r for r in reports if "store" not in r]
+        stores = [r for r in reports if "store" in r]
+        damaged = [r for r in partitions if not r["ok"]]
+        damaged_stores = [r for r in stores if not r["ok"]]
         lost = sum(r["messages_damaged"] for r in damaged)
-        click.echo(f"checked {_plural(len(reports), 'partition')}: "
-                   + ("all intact" if not damaged else
-                      f"{_plural(len(damaged), 'partition')} with problems, {_plural(lost, 'message')} unreadable"))
+        checked = _plural(len(partitions), "partition") + (f" and {_plural(len(stores), 'store')}" if stores else "")
+        problems = []
+        if damaged:
+            problems.append(f"{_plural(len(damaged), 'partition')} with problems, {_plural(lost, 'message')} "
+                            "unreadable")
+        if damaged_stores:
+            records = sum(len(r["damaged"]) for r in damaged_stores)
+            problems.append(f"{_plural(records, 'damaged record')} in {', '.join(r['store'] for r in damaged_stores)}")
+        rebuilt = sum(len(r.get("index_notes", [])) for r in partitions)
+        click.echo(f"checked {checked}: " + ("; ".join(problems) if problems else "all intact")
+                   + (f" ({_plural(rebuilt, 'index file')} missing or torn: rebuilt on first use)" if rebuilt else ""))
     if any(not r["ok"] for r in reports):
         raise SystemExit(1)
 

@@ -19,7 +19,7 @@ See docs/client.md.
 
 The public names below are imported on first use (module ``__getattr__``), not when the package is:
 ``import metaq.client.blocking`` (the plain-socket client Spark executors use) then does not pay for
-the asyncio client, about 100 ms per process. ``from metaq.client import X`` works as before.
+the asyncio client, about 100 ms per process. ``from metaq.client import X`` imports X then.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ from metaq.protocol.messages import (
     FindMessagesResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
+    ListTransactionsRequest,
+    ListTransactionsResponse,
     LookupMessageRequest,
     LookupMessageResponse,
     PartitionStateRequest,
@@ -49,12 +51,17 @@ class PartitionDescription:
 
 @dataclass(frozen=True, slots=True)
 class TopicDescription:
+    """A topic's partitions with their offset ranges
+    (:meth:`Admin.describe_topic <metaq.client.Admin.describe_topic>`)."""
+
     topic: str
     partitions: list[PartitionDescription]
 
 
 @dataclass(frozen=True, slots=True)
 class MessageLocation:
+    """Where a message id points (:meth:`Admin.lookup_message <metaq.client.Admin.lookup_message>`)."""
+
     topic: str
     partition: int
     offset: int
@@ -63,7 +70,18 @@ class MessageLocation:
 
     @property
     def partition_id(self) -> PartitionId:
+        """``brokerId-partition`` holding the message."""
         return PartitionId(self.broker_id, self.partition)
+
+
+class ReloadResult(list[str]):
+    """What :meth:`Admin.reload` did: the topics whose settings changed (the list itself, as before), and
+    ``restart_required``, the server.ini keys that changed but wait for a restart (their values from the
+    broker's start stay in force)."""
+
+    def __init__(self, changed_topics: list[str], restart_required: list[str]) -> None:
+        super().__init__(changed_topics)
+        self.restart_required = list(restart_required)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +102,8 @@ class FoundMessage:
 
 @dataclass(frozen=True, slots=True)
 class FindResult:
+    """The messages :meth:`Admin.find <metaq.client.Admin.find>` found, and what it could not search."""
+
     messages: list[FoundMessage]
     """In (broker, partition, offset) order."""
     truncated: bool
@@ -195,7 +215,10 @@ class Admin:
         """Have a broker check every stored byte and index entry of its partitions (all, a topic's, or
         one, asked of the broker holding it); one report per partition: ``broker_id``, ``topic``,
         ``partition``, ``ok``, ``messages``, ``damaged`` ranges (offsets and the messages each makes
-        unreadable), ``index_problems``. Slow on big logs: reads everything once."""
+        unreadable), ``index_problems``, ``index_notes`` (not damage), ``file_problems`` (its epoch history and
+        producer snapshots). Without a topic, one more report per store beside the segments: ``store``,
+        ``path``, ``records``, ``ok``, ``damaged`` (one line per damaged record). Slow on big logs: reads
+        everything once."""
         if topic is not None:
             validate_topic(topic)
         number = -1
@@ -213,12 +236,22 @@ class Admin:
                 report.setdefault("broker_id", answered)
         return data
 
-    async def reload(self, *, broker_id: int | None = None) -> list[str]:
-        """Make the broker re-read its server.ini; returns the topics whose settings changed."""
+    async def list_transactions(self, producer_group: str = "", *, broker_id: int | None = None,
+                                limit: int = 1000) -> ListTransactionsResponse:
+        """One broker's transactions (docs/transactions.md): ``live`` (open, prepared, committing, oldest
+        first), ``timed_out`` (the last ones it rolled back by itself: a timeout, or a half message's checks
+        used up; newest first) and ``checkers`` (producer groups whose checker asked in the last minute)."""
+        resp: ListTransactionsResponse = await self._core.request(ListTransactionsRequest(producer_group, limit),
+                                                                  broker_id)
+        return resp
+
+    async def reload(self, *, broker_id: int | None = None) -> ReloadResult:
+        """Make the broker re-read its server.ini; returns the topics whose settings changed, with
+        ``.restart_required``: the changed keys only a restart applies (empty from a broker before v1)."""
         resp: ReloadResponse = await self._core.request(ReloadRequest(), broker_id)
         for topic in resp.changed_topics:
             self._core.metadata.cache.invalidate(topic)
-        return list(resp.changed_topics)
+        return ReloadResult(list(resp.changed_topics), list(resp.restart_required))
 
     async def promote(self, *, broker_id: int | None = None, replica_id: int = -1,
                       timeout_s: float = 30.0) -> tuple[int, int]:

@@ -161,6 +161,7 @@ class ProducerConfig:
 
     @property
     def effective_retries(self) -> int:
+        """The retries in use: ``retries``, or :data:`IDEMPOTENT_RETRIES` for an idempotent producer, else 0."""
         if self.retries is not None:
             return self.retries
         return UNBOUNDED_RETRIES if self.enable_idempotence else 0

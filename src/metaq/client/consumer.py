@@ -73,6 +73,8 @@ OutOfRangePolicy = Literal["raise", "earliest", "latest"]
 
 @dataclass(slots=True)
 class FetchResult:
+    """One fetch's answer (:meth:`Fetcher.fetch <metaq.client.Fetcher.fetch>`): the messages and where to fetch next."""
+
     messages: list[Message]
     """Messages at or after the asked offset, in offset order."""
     next_offset: int
@@ -631,6 +633,7 @@ class PullConsumer:
         return (await read_request(self._core, topic, p, ListOffsetsRequest(topic, p.partition, timestamp_ms))).offset
 
     async def close(self) -> None:
+        """Stop this consumer: the connections of its iterators are closed. The session stays open."""
         self._closed = True
         for conn in list(self._iterators):
             conn.close()

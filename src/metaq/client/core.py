@@ -2,9 +2,10 @@
 
 Several servers: standalone brokers (no ZooKeeper) each answer only for their own partitions, so
 metadata is asked of every server and merged (:func:`metaq.client.metadata.merge_metadata`), and each
-partition is then reached at its own broker. Consumer groups are coordinated by one broker: the one
-with the lowest broker id among the servers (:meth:`ClientCore.coordinator`), a rule every member given
-the same brokers computes alike, whatever order it lists them in.
+partition is then reached at its own broker. Each broker coordinates consumer groups for its own
+partitions (a member joins every server: :mod:`metaq.client.group.standalone`); what needs one broker
+for all (where a group's dead-letter topic is created) asks :meth:`ClientCore.coordinator`, the lowest
+broker id among the servers, a rule every client given the same brokers computes alike.
 
 Cluster mode (``zk_connect``): the session keeps a watched
 :class:`~metaq.cluster.zookeeper.ZooKeeperRegistry` (:attr:`ClientCore.registry`). Metadata is then
@@ -196,6 +197,13 @@ class ClientCore:
         """The metadata cache reaches a broker where it answered (the pool's ServerBook knows it too)."""
         if conn.broker_id >= 0:
             self.metadata.cache.known_addresses[conn.broker_id] = address
+
+    async def connection_at(self, address: Address, channel: str = "default") -> BrokerConnection:
+        """The shared connection to the server at ``address``, and never to another one: a consumer group's
+        requests for a broker must reach that broker (no failover to the next bootstrap server)."""
+        conn = await self.pool.get(address, channel)
+        self._learn(address, conn)
+        return conn
 
     async def _server_connection(self, address: Address, channel: str = "default") -> BrokerConnection:
         if address == self._default_address:

@@ -38,6 +38,8 @@ class Partition(PartitionId):
 
     accept_publish: bool = field(default=True)
     accept_subscribe: bool = field(default=True)
+    publish_refused: str = field(default="")
+    """Why the broker refuses publishing by its configuration (acceptPublish=false), what to change; "" else."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +104,7 @@ def merge_metadata(responses: Sequence[tuple[int, MetadataResponse]]) -> Metadat
     if len(responses) == 1:
         return responses[0][1]
     brokers: dict[int, Any] = {}
+    refused: dict[tuple[str, int], Any] = {}
     topics: dict[str, dict[tuple[int, int], Any]] = {}
     from_owner: set[tuple[str, int, int]] = set()
     errors: dict[str, int] = {}
@@ -109,6 +112,9 @@ def merge_metadata(responses: Sequence[tuple[int, MetadataResponse]]) -> Metadat
         for b in resp.brokers:
             if b.broker_id not in brokers or b.broker_id == source:
                 brokers[b.broker_id] = b
+        for r in resp.publish_refused:
+            if (r.topic, r.broker_id) not in refused or r.broker_id == source:
+                refused[(r.topic, r.broker_id)] = r
         for t in resp.topics:
             if t.error_code:
                 errors.setdefault(t.name, t.error_code)
@@ -125,7 +131,8 @@ def merge_metadata(responses: Sequence[tuple[int, MetadataResponse]]) -> Metadat
     for name in sorted(topics):
         merged = [topics[name][k] for k in sorted(topics[name])]
         out_topics.append(TopicInfo(name, 0 if merged else errors.get(name, 0), merged))
-    return MetadataResponse(brokers=[brokers[b] for b in sorted(brokers)], topics=out_topics)
+    return MetadataResponse(brokers=[brokers[b] for b in sorted(brokers)], topics=out_topics,
+                            publish_refused=[refused[k] for k in sorted(refused)])
 
 
 class KeySpace(Generic[P]):
@@ -181,9 +188,11 @@ class MetadataCache:
         for b in response.brokers:
             self.brokers[b.broker_id] = (b.host, b.port)
         got: dict[str, TopicMetadata] = {}
+        refused = {(r.topic, r.broker_id): r.reason for r in response.publish_refused}
         for t in response.topics:
             error = error_for_code(t.error_code, f"topic {t.name!r}") if t.error_code else None
-            parts = tuple(sorted(Partition(p.broker_id, p.partition, p.accept_publish, p.accept_subscribe)
+            parts = tuple(sorted(Partition(p.broker_id, p.partition, p.accept_publish, p.accept_subscribe,
+                                           refused.get((t.name, p.broker_id), "") if refused else "")
                                  for p in t.partitions if p.error_code == 0))
             got[t.name] = TopicMetadata(t.name, parts, error, now, self.key_spaces.update(t.name, parts))
         for name in asked or ():

@@ -4,7 +4,7 @@ MetaQ lets consumers read from a master or its slaves (docs/replication.md). A s
 ``read_from`` (:class:`~metaq.client.config.ClientConfig`) chooses, for every fetch of the pull
 consumer and of group consumers:
 
-* ``"master"`` (the default): the partition's master, as before slaves existed;
+* ``"master"`` (the default): the partition's master, which holds every acknowledged message first;
 * ``"slave"``: a live slave of the partition's broker id, never the master: with none live, fetches
   wait (retried with backoff, woken by ZooKeeper changes) until one registers;
 * ``"prefer-slave"``: a live slave when there is one, the master otherwise.

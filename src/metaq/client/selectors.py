@@ -49,6 +49,23 @@ class PartitionSelector(Protocol):
     def __call__(self, topic: str, partitions: Sequence[Partition], message: Message) -> Partition: ...
 
 
+def _all_closed(topic: str, partitions: Sequence[Partition]) -> str:
+    """Why no partition of ``topic`` takes messages, and what to do: the brokers' own words for those closed
+    by acceptPublish=false (metadata v1), `metaq topic open` only for those closed with `metaq topic close`."""
+    reasons = sorted({p.publish_refused for p in partitions if p.publish_refused})
+    closed = [str(p) for p in partitions if not p.publish_refused]
+    text = f"every partition of topic {topic!r} is closed for publishing: " + "; ".join(reasons)
+    if not closed:
+        return text
+    if reasons:
+        return (f"{text}; partitions {', '.join(closed)} were closed with metaq topic close "
+                "(metaq topic open reopens them)")
+    # the broker did not say why (cluster mode, or an older broker): either cause is possible
+    return (f"every partition of topic {topic!r} is closed for publishing: closed with metaq topic close "
+            f"(metaq topic open {topic} reopens them), or the broker's server.ini sets acceptPublish=false for it "
+            "(set it to true and reload the broker)")
+
+
 def _open(topic: str, partitions: Sequence[Partition]) -> Sequence[Partition]:
     for p in partitions:
         if not p.accept_publish:
@@ -59,8 +76,7 @@ def _open(topic: str, partitions: Sequence[Partition]) -> Sequence[Partition]:
     open_ = [p for p in partitions if p.accept_publish]
     if not open_:
         if partitions:
-            raise PartitionClosedError(f"every partition of topic {topic!r} is closed for publishing "
-                                       f"(metaq topic open {topic} reopens them)")
+            raise PartitionClosedError(_all_closed(topic, partitions))
         raise InvalidArgument(f"topic {topic!r} has no partitions to choose from")
     return open_
 

@@ -56,6 +56,7 @@ class MessageSessionFactory:
 
     @property
     def config(self) -> ClientConfig:
+        """The session's settings (:class:`~metaq.client.config.ClientConfig`)."""
         return self._core.config
 
     @property
@@ -90,6 +91,9 @@ class MessageSessionFactory:
         return self.create_producer(selector, **{**producer_config, "acks": 0})
 
     def create_pull_consumer(self, *, verify_crc: bool = True) -> PullConsumer:
+        """A consumer that reads partitions from offsets you choose (no group): ``get``, ``iterate``, ``fetch``.
+
+        ``verify_crc=False`` skips the checksum of each record batch (the broker checked it when it was stored)."""
         self._check()
         consumer = PullConsumer(self._core, verify_crc=verify_crc)
         self._consumers.append(consumer)
@@ -104,6 +108,7 @@ class MessageSessionFactory:
         return create_consumer(self, config, offset_storage)
 
     def admin(self) -> Admin:
+        """Topics, partitions, statistics, message lookups, verification and switchovers."""
         self._check()
         return Admin(self._core)
 

@@ -19,9 +19,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from metaq.client.callbacks import takes_two
 from metaq.errors import InvalidArgument, MetaqError
 from metaq.protocol import messages as m
-from metaq.protocol.records import SEQUENCE_LIMIT, ProducerStamp, encode_messages, with_producer_stamp
+from metaq.protocol.records import SEQUENCE_LIMIT, ProducerStamp, decode_batch, encode_messages, with_producer_stamp
 from metaq.types import Message, SendResult
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class TransactionResult:
 
     @property
     def count(self) -> int:
+        """Messages the transaction stored."""
         return sum(b.record_count for b in self.batches)
 
 
@@ -53,10 +55,12 @@ class Xid:
 
     @property
     def key(self) -> str:
+        """The text a broker names the branch by: ``format_id:gtrid:bqual``."""
         return f"{self.format_id}:{self.gtrid}:{self.bqual}"
 
     @classmethod
     def parse(cls, key: str) -> Xid:
+        """The Xid of a :attr:`key` (``"format_id:gtrid:bqual"``)."""
         format_id, gtrid, bqual = key.split(":", 2)
         return cls(int(format_id), gtrid, bqual)
 
@@ -271,7 +275,9 @@ def _new_id() -> int:
 COMMIT, ROLLBACK, UNKNOWN = "commit", "rollback", "unknown"
 Decision = str
 """What a local transaction or a checker says: ``"commit"``, ``"rollback"`` or ``"unknown"``."""
-Checker = Callable[[str], "Decision | Awaitable[Decision]"]
+Checker = Callable[..., "Decision | Awaitable[Decision]"]
+"""``check(message, transaction_id)`` (RocketMQ's checkLocalTransaction: the half message itself), or
+``check(transaction_id)``; either may be a coroutine function."""
 
 
 async def decide(fn: Callable[..., Any], *args: Any) -> Decision:
@@ -291,18 +297,37 @@ async def decide(fn: Callable[..., Any], *args: Any) -> Decision:
     return result if result in (COMMIT, ROLLBACK) else UNKNOWN
 
 
+def wants_message(check: Checker) -> bool:
+    """Whether ``check`` takes the half message and the transaction id, rather than the id alone."""
+    return takes_two(check)
+
+
+def half_message(half: m.HalfTransaction, broker_id: int) -> Message | None:
+    """The half message a checker is shown: the first message of the transaction (a half transaction of
+    ``send_in_transaction`` holds one), not yet stored in its partition (offset and id -1). None when
+    the broker sent the transaction without its messages (a reply past CHECK_REPLY_BYTES_MAX)."""
+    for batch in half.batches:
+        for message in decode_batch(batch.records, batch.topic, batch.partition, broker_id=broker_id):
+            message.offset = message.id = message.append_time_ms = -1
+            return message
+    return None
+
+
 class TransactionChecker:
     """A producer group's checker (RocketMQ's check-back): long-polls every broker for the group's half
-    transactions that nobody finished, asks ``check(transaction_id)``, and commits or rolls back as it
-    says (``"unknown"``: the broker asks again after transactionCheckInterval)."""
+    transactions that nobody finished, asks ``check(message, transaction_id)`` (or ``check(transaction_id)``,
+    by the function's parameters), and commits or rolls back as it says (``"unknown"``: the broker asks
+    again after transactionCheckInterval, up to transactionCheckMax checks)."""
 
     def __init__(self, producer: Producer, producer_group: str, check: Checker, *, poll_ms: int = 5000) -> None:
         self.producer, self.producer_group, self.check, self.poll_ms = producer, producer_group, check, poll_ms
         self.decisions: dict[str, Decision] = {}
         """transaction id -> what the checker decided (its last answer)."""
+        self._with_message = wants_message(check)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> TransactionChecker:
+        """Start long-polling every broker the session knows for the group's undecided half messages."""
         core = self.producer._core
         await core.metadata.refresh_all()
         for broker_id in sorted(set(core.metadata.cache.brokers) | set(core.server_ids.values())):
@@ -315,8 +340,14 @@ class TransactionChecker:
             try:
                 response = await core.request(m.CheckTransactionsRequest(self.producer_group, self.poll_ms, 100),
                                               broker_id, channel="tx-check", timeout_s=self.poll_ms / 1000 + 30)
+                halves = {half.transaction_id: half for half in response.transactions}
                 for txid in response.transaction_ids:
-                    decision = await decide(self.check, txid)
+                    if self._with_message:
+                        half = halves.get(txid)
+                        message = half_message(half, broker_id) if half is not None else None
+                        decision = await decide(self.check, message, txid)
+                    else:
+                        decision = await decide(self.check, txid)
                     self.decisions[txid] = decision
                     log.info("checker of %r: transaction %s -> %s", self.producer_group, txid, decision)
                     if decision != UNKNOWN:
@@ -329,6 +360,7 @@ class TransactionChecker:
                 await asyncio.sleep(1.0)
 
     async def stop(self) -> None:
+        """Stop answering check-backs (the brokers ask another checker of the group, or wait)."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -19,7 +19,10 @@ clockwise from the partition's own hash (of ``"partition:<brokerId-partition>"``
 joins, only the partitions that now fall to the new member move; everything else stays where it was.
 The price is a less even split.
 
-Both functions return an entry for every member (possibly an empty list) and place every partition
+``roundrobin`` — partitions (sorted) dealt to the members (sorted) in turn: Kafka's round-robin assignor
+for one topic (the Kafka listener's groups name it).
+
+Every function returns an entry for every member (possibly an empty list) and place every partition
 with exactly one member; :func:`check_assignment` asserts this and the coordinator calls it on every
 assignment it hands out.
 """
@@ -53,9 +56,14 @@ def _sorted_unique_partitions(partitions: Iterable[PartitionRef]) -> list[Partit
     return sorted(p.id for p in unique)
 
 
-def range_assign(members: Iterable[str], partitions: Iterable[PartitionRef]) -> dict[str, list[PartitionRef]]:
-    """MetaQ's sorted range split (see the module docstring)."""
+def range_assign(members: Iterable[str], partitions: Iterable[PartitionRef],
+                 first_member: int = 0) -> dict[str, list[PartitionRef]]:
+    """MetaQ's sorted range split (see the module docstring); ``first_member``: the split starts at the
+    member of that index (modulo the member count) in id order, and goes round."""
     ms = _sorted_unique_members(members)
+    if ms:
+        shift = first_member % len(ms)
+        ms = ms[shift:] + ms[:shift]
     ps = _sorted_unique_partitions(partitions)
     out: dict[str, list[PartitionRef]] = {m: [] for m in ms}
     if not ms:
@@ -91,24 +99,42 @@ def consistent_hash_assign(members: Iterable[str], partitions: Iterable[Partitio
     return out
 
 
+def roundrobin_assign(members: Iterable[str], partitions: Iterable[PartitionRef]) -> dict[str, list[PartitionRef]]:
+    """Partitions dealt in turn: the i-th partition (sorted) to the (i mod m)-th member (sorted); Kafka's
+    RoundRobinAssignor's split of one topic, which the Kafka listener's groups use (docs/kafka.md)."""
+    ms = _sorted_unique_members(members)
+    ps = _sorted_unique_partitions(partitions)
+    out: dict[str, list[PartitionRef]] = {m: [] for m in ms}
+    for i, p in enumerate(ps):
+        if ms:
+            out[ms[i % len(ms)]].append(p)
+    return out
+
+
 Strategy = Callable[[Iterable[str], Iterable[PartitionRef]], dict[str, list[PartitionRef]]]
 
 STRATEGIES: Mapping[str, Strategy] = {
     "range": range_assign,
     "consistent_hash": consistent_hash_assign,
+    "roundrobin": roundrobin_assign,
 }
 
 
-def assign(strategy: str, members: Iterable[str], partitions: Iterable[PartitionRef]) -> dict[str, list[PartitionRef]]:
-    """Dispatch on a strategy name ('range' or 'consistent_hash'); ValueError names the valid ones."""
+def assign(strategy: str, members: Iterable[str], partitions: Iterable[PartitionRef],
+           first_member: int = 0) -> dict[str, list[PartitionRef]]:
+    """Dispatch on a strategy name ('range' or 'consistent_hash'); ValueError names the valid ones.
+    ``first_member`` rotates the range split (a standalone broker passes its id); the ring needs none."""
     fn = STRATEGIES.get(strategy)
     if fn is None:
         raise ValueError(f"unknown assignment strategy {strategy!r}; use one of {', '.join(sorted(STRATEGIES))}")
+    if fn is range_assign:
+        return range_assign(members, partitions, first_member)
     return fn(members, partitions)
 
 
 def assign_topics(strategy: str, subscriptions: Mapping[str, Iterable[str]],
-                  partitions_of: Callable[[str], Sequence[PartitionRef]]) -> dict[str, dict[str, list[PartitionRef]]]:
+                  partitions_of: Callable[[str], Sequence[PartitionRef]],
+                  first_member: int = 0) -> dict[str, dict[str, list[PartitionRef]]]:
     """member -> topic -> partitions, balancing each topic among the members subscribed to it.
 
     MetaQ balances every topic on its own, so a member subscribed to two topics takes a share of each,
@@ -120,7 +146,7 @@ def assign_topics(strategy: str, subscriptions: Mapping[str, Iterable[str]],
             subscribers.setdefault(topic, []).append(member)
     out: dict[str, dict[str, list[PartitionRef]]] = {m: {} for m in subscriptions}
     for topic in sorted(subscribers):
-        split = assign(strategy, subscribers[topic], partitions_of(topic))
+        split = assign(strategy, subscribers[topic], partitions_of(topic), first_member)
         for member, owned in split.items():
             out[member][topic] = owned
     return out

@@ -70,7 +70,9 @@ class EmbeddedRegistry(ClusterRegistry):
         with self._lock:
             b = self._broker_id
             tls = MappingProxyType({-1: self.tls_port} if self.tls_port is not None else {})
-            brokers = {b: BrokerEntry(b, self._address, tls_ports=tls)} if self._address is not None else {}
+            ports = MappingProxyType({-1: MappingProxyType(dict(self.ports))})
+            brokers = ({b: BrokerEntry(b, self._address, tls_ports=tls, ports=ports)}
+                       if self._address is not None else {})
             topics = {name: TopicEntry(name, MappingProxyType({b: n} if pub else {}),
                                        MappingProxyType({b: n} if sub else {}))
                       for name, (n, pub, sub) in self._topics.items() if self._address is not None}

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from metaq.errors import MetaqError
 
 DEFAULT_ROOT = "/meta"
 
@@ -29,7 +32,7 @@ _TOPIC_BROKER_NAME = re.compile(r"^(?P<id>\d{1,9})-(?:m|s(?P<slave>\d{1,9}))$")
 _SLAVE_NODE = re.compile(r"^slave(?P<slave>\d{1,9})$")
 
 
-class LayoutError(ValueError):
+class LayoutError(MetaqError, ValueError):
     """A znode name or its data does not follow MetaQ's layout."""
 
 
@@ -130,12 +133,25 @@ class Paths:
 
 # -- brokers ------------------------------------------------------------------------------------
 
-def broker_url(host: str, port: int, tls_port: int | None = None) -> str:
+def broker_url(host: str, port: int, tls_port: int | None = None, ports: Mapping[str, int] | None = None) -> str:
     """What ``ids/<id>/master`` holds: MetaQ's Broker.getZKString, ``meta://host:port``; with a TLS port
-    (sslPort), ``meta://host:port?sslPort=N``: a query MetaQ's readers (and older metaq) ignore."""
+    (sslPort), ``meta://host:port?sslPort=N``: a query MetaQ's readers (and older metaq) ignore. ``ports``:
+    more named ports of the broker's other listeners (``kafkaPort``...), in the same query."""
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"  # an IPv6 literal
-    return f"meta://{host}:{port}" + (f"?sslPort={tls_port}" if tls_port is not None else "")
+    query = ([f"sslPort={tls_port}"] if tls_port is not None else []) + [
+        f"{name}={value}" for name, value in sorted((ports or {}).items())]
+    return f"meta://{host}:{port}" + ("?" + "&".join(query) if query else "")
+
+
+_NAMED_PORT = re.compile(r"[?&](?P<name>[A-Za-z]{1,40}Port)=(?P<port>\d{1,5})(?=&|$)")
+
+
+def parse_broker_ports(data: bytes | str) -> dict[str, int]:
+    """The named ports of a broker URL's query other than sslPort (``kafkaPort``...), those that are ports."""
+    text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+    return {m.group("name"): int(m.group("port")) for m in _NAMED_PORT.finditer(text.strip())
+            if m.group("name") != "sslPort" and 0 < int(m.group("port")) < 65536}
 
 
 _SSL_PORT = re.compile(r"[?&]sslPort=(?P<port>\d{1,5})(?:&|$)")

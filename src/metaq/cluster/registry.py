@@ -53,6 +53,8 @@ class BrokerEntry:
     slaves: Mapping[int, Address] = field(default_factory=lambda: MappingProxyType({}))
     tls_ports: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
     """Replica (-1: the master, else the slave id) -> its TLS port (sslPort), for those that have one."""
+    ports: Mapping[int, Mapping[str, int]] = field(default_factory=lambda: MappingProxyType({}))
+    """Replica -> the named ports of its other listeners (``kafkaPort``, ``kafkaSslPort``), as registered."""
 
     def over_tls(self) -> BrokerEntry:
         """The same replicas at their TLS addresses; a replica without a TLS port is left out (a TLS client
@@ -62,7 +64,7 @@ class BrokerEntry:
             tls = self.tls_ports.get(-1)
             master = Address(master.host, tls) if tls is not None else None
         slaves = {s: Address(a.host, self.tls_ports[s]) for s, a in self.slaves.items() if s in self.tls_ports}
-        return BrokerEntry(self.broker_id, master, MappingProxyType(slaves), self.tls_ports)
+        return BrokerEntry(self.broker_id, master, MappingProxyType(slaves), self.tls_ports, self.ports)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +122,10 @@ class ClusterRegistry(ABC):
     """Brokers and topics. Reads are cached (``snapshot()`` never does I/O); writes are blocking calls
     that a broker makes off its event loop, at start, on topic changes and at stop."""
 
+    def start(self) -> ClusterRegistry:
+        """Reach the registry's service (RegistryError saying why when it cannot); nothing to do in memory."""
+        return self
+
     @abstractmethod
     def snapshot(self) -> ClusterSnapshot: ...
 
@@ -128,6 +134,8 @@ class ClusterRegistry(ABC):
 
     tls_port: int | None = None
     """This broker's TLS port (sslPort), registered with its address (set before registering)."""
+    ports: Mapping[str, int] = MappingProxyType({})
+    """This broker's other listeners' ports by name (``kafkaPort``...), registered with its address."""
 
     @abstractmethod
     def register_broker(self, broker_id: int, address: Address, *, slave_id: int = -1) -> None:
@@ -181,6 +189,43 @@ class ClusterRegistry(ABC):
     def master_session_ok(self, broker_id: int) -> bool:
         """One round trip: whether this process's current session holds ``ids/<broker_id>/master``."""
         raise RegistryError("replication epochs and failover need ZooKeeper mode")
+
+    # -- users and ACLs (docs/security.md) --------------------------------------------------------------
+
+    def user_acl_store(self) -> UserAclStore | None:
+        """Where the cluster keeps its users and ACLs, so every broker reads the same (ZooKeeper mode);
+        None when the registry keeps none (an embedded broker keeps them in files of its own)."""
+        return None
+
+
+class UserAclStore(ABC):
+    """The cluster's SASL/SCRAM users and its ACL document, kept by the registry. Every call is one
+    blocking round trip (a broker makes them off its event loop); RegistryError when it cannot be made."""
+
+    @abstractmethod
+    def read_user(self, name: str) -> bytes | None:
+        """The stored credential of user ``name`` (JSON bytes, :mod:`metaq.security.credentials`); None
+        if there is none."""
+
+    @abstractmethod
+    def write_user(self, name: str, data: bytes) -> bool:
+        """Store user ``name``'s credential; True if the user is new."""
+
+    @abstractmethod
+    def delete_user(self, name: str) -> bool:
+        """Remove user ``name``; False if there was none."""
+
+    @abstractmethod
+    def list_users(self) -> list[str]:
+        """Every user's name, sorted."""
+
+    @abstractmethod
+    def read_acls(self) -> tuple[bytes | None, int]:
+        """The ACL document (JSON bytes, :mod:`metaq.security.acl`) and its version (-1: there is none)."""
+
+    @abstractmethod
+    def write_acls(self, data: bytes, version: int) -> bool:
+        """Replace the ACL document if it is still at ``version`` (-1: create it); False when it moved."""
 
 
 class ReplicaGroupChanged(RegistryError):

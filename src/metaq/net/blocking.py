@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from metaq.errors import ConnectionClosedError, MetaqError, ProtocolError, RequestTimeoutError
+from metaq.errors import ConnectionClosedError, DuplicateBrokerIdError, MetaqError, ProtocolError, RequestTimeoutError
 from metaq.net.codec import (
     ConnectionSettings,
     agree_versions,
@@ -225,8 +225,12 @@ class BlockingPool:
         if conn is not None and not conn.closed:
             return conn
         conn = BlockingConnection.open(address, self.settings)
+        try:
+            self.servers.learn(address, conn.broker_id)
+        except DuplicateBrokerIdError:
+            conn.close()
+            raise
         self._conns[address] = conn
-        self.servers.learn(address, conn.broker_id)
         return conn
 
     def first_answering(self, addresses: Sequence[Address] | None = None, *,

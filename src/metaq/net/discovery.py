@@ -11,15 +11,26 @@ pools keep a :class:`ServerBook` of what they learnt and walk the servers the sa
   server with its reason -- :class:`~metaq.errors.TooManyConnectionsError` when every one of them
   refused for being full (a busy cluster, not a network problem), else
   :class:`~metaq.errors.ConnectionClosedError`;
-- a broker id not known yet is looked for among the servers not reached so far (:meth:`ServerBook.unreached`).
+- a broker id not known yet is looked for among the servers not reached so far (:meth:`ServerBook.unreached`);
+- two servers that answer with one broker id are refused (:class:`~metaq.errors.DuplicateBrokerIdError`,
+  naming both): a broker id names a partition's home, so two standalone brokers left at ``brokerId=0``
+  would make a client read one of them and silently miss the other, depending on the order of
+  ``servers``. The connection that answered second is closed and the error raised to the caller.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from metaq.errors import BrokerError, ConnectionClosedError, MetaqError, RequestTimeoutError, TooManyConnectionsError
-from metaq.net.servers import Address, format_servers
+from metaq.errors import (
+    BrokerError,
+    ConnectionClosedError,
+    DuplicateBrokerIdError,
+    MetaqError,
+    RequestTimeoutError,
+    TooManyConnectionsError,
+)
+from metaq.net.servers import Address, format_address, format_servers
 
 WALK_ERRORS = (ConnectionClosedError, RequestTimeoutError, BrokerError)
 """What passes a server over during a walk: it cannot be reached, does not answer the handshake in
@@ -38,9 +49,15 @@ class ServerBook:
         self._addresses: dict[int, Address] = {}
 
     def learn(self, address: Address, broker_id: int) -> None:
-        """``address`` answered as ``broker_id`` (ignored unless it is one of the servers and the id is >= 0)."""
+        """``address`` answered as ``broker_id`` (ignored unless it is one of the servers and the id is >= 0).
+
+        DuplicateBrokerIdError (nothing learnt) when another of the servers answers as that id.
+        """
         if broker_id < 0 or address not in self._server_set:
             return
+        holder = self._addresses.get(broker_id)
+        if holder is not None and holder != address and self._ids.get(holder) == broker_id:
+            raise DuplicateBrokerIdError(broker_id, format_address(holder), format_address(address))
         old = self._ids.get(address)
         if old is not None and old != broker_id and self._addresses.get(old) == address:
             del self._addresses[old]  # restarted with another id

@@ -21,7 +21,7 @@ import asyncio
 import random
 from collections.abc import Sequence
 
-from metaq.errors import ClientClosedError, ConnectionClosedError, MetaqError
+from metaq.errors import ClientClosedError, ConnectionClosedError, DuplicateBrokerIdError, MetaqError
 from metaq.net.codec import ConnectionSettings
 from metaq.net.connection import BrokerConnection, ThrottleStats
 from metaq.net.discovery import WALK_ERRORS, ServerBook, WalkFailures
@@ -99,7 +99,11 @@ class ConnectionPool:
                     raise ConnectionClosedError(f"{exc} (gave up after {backoff.failures} attempts)") from exc
                 await asyncio.sleep(delay)
                 continue
-            self.servers.learn(address, conn.broker_id)
+            try:
+                self.servers.learn(address, conn.broker_id)
+            except DuplicateBrokerIdError:
+                conn.close()
+                raise
             conn.throttle = self.throttle
             return conn
 

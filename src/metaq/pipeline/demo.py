@@ -4,11 +4,12 @@
    local cluster (a real ZooKeeper and N brokers in ZooKeeper mode, :class:`metaq.devcluster.DevCluster`,
    data under ``<data>/cluster``) that the events topic is spread over and Spark finds through
    ``zkConnect``; or ``--servers``.
-2. A generator logging realistic web-access and application events through Python ``logging`` with a
-   :class:`metaq.logging.MetaqHandler` into the events topic.
-3. Spark Structured Streaming (local[2]): windowed aggregates with a watermark -> the aggregates topic,
-   and from there -> Parquet and a live table (see :mod:`metaq.spark.pipeline`).
-4. After ``--duration`` seconds, or on Ctrl-C: the generator stops, a punctuation record closes the
+2. Spark Structured Streaming (local[2]): windowed aggregates with a watermark -> the aggregates topic,
+   and from there -> Parquet and a live table (see :mod:`metaq.spark.pipeline`). While the JVM starts and the
+   first micro-batch runs (tens of seconds on a busy machine) a line every few seconds says so.
+3. Once Spark has run its first micro-batch: a generator logging realistic web-access and application events
+   through Python ``logging`` with a :class:`metaq.logging.MetaqHandler` into the events topic.
+4. After ``--duration`` seconds of events, or on Ctrl-C: the generator stops, a punctuation record closes the
    last windows, the queries finish what arrived, and both sinks are read back and checked.
 
 See docs/demo.md.
@@ -22,6 +23,7 @@ import logging
 import os
 import shutil
 import signal
+import threading
 import time
 import types
 from collections.abc import Callable
@@ -37,6 +39,7 @@ from metaq.pipeline.generator import EventGenerator, LiveGenerator, log_event, p
 from metaq.pipeline.simple import run_simple
 from metaq.pipeline.summary import (
     LivePrinter,
+    RunTotals,
     by_kind,
     clock,
     delay_stats,
@@ -44,8 +47,15 @@ from metaq.pipeline.summary import (
     read_parquet,
     read_topic,
     say,
+    self_check,
 )
 from metaq.types import PartitionId
+from metaq.wording import plural
+
+SPARK_PROGRESS_EVERY_S = 5.0
+"""While Spark starts, how often the demo says it is still at it."""
+SPARK_FIRST_BATCH_MAX_S = 300.0
+"""The generator starts after Spark's first micro-batch, or after this long without one (with a warning)."""
 
 DEMO_LOGGERS = ("web", "shop", "demo")
 """Parents of the generator's loggers; the handler is attached here (not to the root logger, which
@@ -83,7 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 description="Log analytics on metaq and Spark: generator -> MetaqHandler -> metaq "
                                             "-> Spark Structured Streaming -> metaq + Parquet (docs/demo.md).")
     p.add_argument("--duration", type=float, default=75.0,
-                   help="seconds from start (Spark's start-up included) until the demo winds down (default 75)")
+                   help="seconds the generator runs, from when Spark is ready, before the demo winds down "
+                        "(default 75)")
     p.add_argument("--window", type=int, default=10,
                    help="aggregation window in seconds (default 10, so that results show within the demo; "
                         "60 for per-minute figures, with a longer --duration)")
@@ -172,6 +183,8 @@ class Demo:
         self.args = args
         self.data = Path(args.data).resolve()
         self.t0 = time.monotonic()
+        self.generator_t0: float | None = None
+        """When the generator started (after Spark's first micro-batch): --duration counts from here."""
         self.stop_reason: str | None = None
         self.broker: BrokerLauncher | None = None
         self.cluster: DevCluster | None = None
@@ -219,8 +232,12 @@ class Demo:
             self.broker = DetachedBroker(self.data / "broker", {"numPartitions": args.partitions,
                                                                 "unflushThreshold": 0}).start()
             servers = self.broker.servers
-            self.log(f"embedded broker ready on {servers} (data in {self._rel(self.data / 'broker')}/)")
+            self.log(f"broker ready on {servers} (data in {self._rel(self.data / 'broker')}/)")
         start = prepare_topics(servers, {args.topic: (args.partitions, True), args.output_topic: (1, False)})
+
+        self._start_spark(servers, start)
+        if self.stop_reason is not None:
+            return 130  # Ctrl-C before any event was generated: nothing to check
 
         seed = args.seed if args.seed is not None else int(time.time()) % 100_000
         self.handler = handler = MetaqHandler(servers, args.topic, key_func=lambda r: str(getattr(r, "seq", "")))
@@ -231,11 +248,11 @@ class Demo:
             lg.addHandler(handler)
         gen = EventGenerator(seed, rate=args.rate, start=time.time())
         self.live = live = LiveGenerator(gen).start()
+        self.generator_t0 = time.monotonic()
         self.log(f"generator started: ~{args.rate:.0f} events/s (seed {seed}) -> logging -> MetaqHandler -> "
                  f"topic {args.topic!r}")
-
-        if self.stop_reason is None:
-            self._start_spark(servers, start)
+        self.log(f"a window is printed once the watermark passes its end: expect the first in about "
+                 f"{args.window + args.watermark + 5}s")
         printer = self._printer
         while self.stop_reason is None:
             if self._wait(min(5.0, self._left())):
@@ -279,8 +296,28 @@ class Demo:
         return self._final_summary(servers, start, agg_rows, agg_batches)
 
     def _start_spark(self, servers: str, start: dict[str, dict[PartitionId, int]]) -> None:
+        """Start both queries and wait for the aggregation's first micro-batch, saying every few seconds what
+        Spark is doing: the generator starts only then, so the windows are printed while it runs (on a busy
+        machine the JVM and the first micro-batch take a minute)."""
+        self.log("starting Spark (local[2]; the JVM and the first micro-batch take 10-20 s, more on a busy "
+                 "machine); the generator starts once Spark is ready ...")
+        phase = ["starting the JVM and the Spark session"]
+        done = threading.Event()
+
+        def tick() -> None:
+            while not done.wait(SPARK_PROGRESS_EVERY_S):
+                self.log(f"still starting Spark: {phase[0]} ...")
+
+        ticker = threading.Thread(target=tick, name="demo-spark-progress", daemon=True)
+        ticker.start()
+        try:
+            self._start_queries(servers, start, phase)
+        finally:
+            done.set()
+            ticker.join()
+
+    def _start_queries(self, servers: str, start: dict[str, dict[PartitionId, int]], phase: list[str]) -> None:
         args = self.args
-        self.log("starting Spark (local[2]; the JVM and the first micro-batch take 10-20 s) ...")
         from metaq.spark import pipeline as sp
 
         brokers: dict[str, Any] = {"servers": servers}
@@ -290,6 +327,7 @@ class Demo:
         log4j.write_text(LOG4J2_PROPERTIES)
         self.spark = sp.build_session("metaq-demo", log4j_config=str(log4j))
         self.interrupts.reinstall()
+        phase[0] = "starting the queries"
         ck = self.data / "checkpoints"
         agg_q = sp.start_aggregation(
             self.spark, **brokers, topic=args.topic, output_topic=args.output_topic,
@@ -300,14 +338,21 @@ class Demo:
             checkpoint=str(ck / "archive"), trigger=args.trigger, on_batch=self._printer,
             starting_offsets=offsets_json(args.output_topic, start[args.output_topic]))
         self.queries = [agg_q, archive_q]
+        phase[0] = "running the first micro-batch (it plans and compiles the queries)"
+        deadline = time.monotonic() + SPARK_FIRST_BATCH_MAX_S
+        while not agg_q.recentProgress and self.stop_reason is None:
+            self._check_queries()
+            if time.monotonic() > deadline:
+                self.log(f"warning: no micro-batch within {SPARK_FIRST_BATCH_MAX_S:.0f}s; starting the generator "
+                         "anyway (Spark reads its events when it gets there)")
+                break
+            self._wait(0.2)
         self.log(f"Spark ready; query 'aggregate': {args.topic} -> {args.window}s windows, {args.watermark}s watermark "
                  f"-> {args.output_topic}; query 'archive': {args.output_topic} -> "
                  f"{self._rel(self.data / 'parquet')}/ + the table below")
-        self.log(f"a window is printed once the watermark passes its end: expect the first about "
-                 f"{args.window + args.watermark + 5}s after the generator started")
 
     def _left(self) -> float:
-        return self.args.duration - (time.monotonic() - self.t0)
+        return self.args.duration - (time.monotonic() - (self.generator_t0 or time.monotonic()))
 
     def _wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; True when a stop was requested meanwhile."""
@@ -375,7 +420,7 @@ class Demo:
         spread = ""
         if len(per_broker) > 1:
             spread = " over brokers " + ", ".join(f"{b}: {n:,}" for b, n in sorted(per_broker.items()))
-        say(f"events topic       {stored:,} messages in {args.topic!r}{spread}")
+        say(f"events topic       {plural(stored, 'message', thousands=True)} in {args.topic!r}{spread}")
         if spark_batches:
             say(f"Spark read         {spark_rows:,} events in {spark_batches} micro-batches of query 'aggregate'")
         kinds = by_kind(topic_back.rows)
@@ -393,11 +438,7 @@ class Demo:
                 f"max {delays['max']:.1f}s (min {delays['min']:.1f}s; the {args.watermark}s watermark is part of it)")
         else:
             say("end-to-end delay   no window was closed while the generator ran (run longer: --duration)")
-        problems = []
-        if not same:
-            problems.append("the Parquet rows differ from the aggregates topic")
-        if counted != requests and spark_batches:
-            problems.append(f"{requests - counted} generated request(s) are missing from the aggregates")
+        problems = self_check(RunTotals(requests, counted, spark_rows, spark_batches, same))
         for p in problems:
             say(f"PROBLEM: {p}")
         return 1 if problems else 0
@@ -427,7 +468,7 @@ class Demo:
             self.log("stopping the brokers (SIGTERM: deregister, flush and close), then ZooKeeper ...")
             self.cluster.stop()
         self.log(f"demo done; results in {self._rel(self.data / 'parquet')}/ and topic {self.args.output_topic!r}"
-                 if self.stop_reason else "demo ended")
+                 if self.stop_reason and self.live is not None else "demo ended")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -217,3 +217,41 @@ def by_kind(rows: Iterable[Row]) -> dict[str, int]:
     for r in rows:
         counts[str(r["kind"])] += 1
     return dict(sorted(counts.items()))
+
+
+# -- the self-check --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunTotals:
+    """What one demo run generated, what Spark read, and what the sinks hold: the self-check's input."""
+
+    requests: int
+    """access events the generator logged (each must be counted in exactly one window)"""
+    counted: int
+    """requests counted over the windows read back from the aggregates topic"""
+    spark_rows: int
+    """events query 'aggregate' read"""
+    spark_batches: int
+    """its micro-batches"""
+    parquet_same: bool
+    """the archive's Parquet rows are the aggregates topic's rows"""
+
+
+def self_check(t: RunTotals) -> list[str]:
+    """The demo's PROBLEM lines; none means every check passed. A run that saw nothing fails: no request
+    generated, or Spark read nothing, is a problem, not an empty success."""
+    problems = []
+    if t.requests == 0:
+        problems.append("the generator logged no request: nothing was checked")
+    if t.spark_batches == 0 or t.spark_rows == 0:
+        problems.append(f"Spark processed nothing: query 'aggregate' read {t.spark_rows:,} events in "
+                        f"{t.spark_batches} micro-batches (a saturated machine? see docs/demo.md)")
+    if t.counted < t.requests:
+        problems.append(f"{t.requests - t.counted:,} of {t.requests:,} generated request(s) are missing from "
+                        "the aggregates")
+    elif t.counted > t.requests:
+        problems.append(f"the aggregates count {t.counted - t.requests:,} request(s) more than the "
+                        f"{t.requests:,} generated")
+    if not t.parquet_same:
+        problems.append("the Parquet rows differ from the aggregates topic")
+    return problems

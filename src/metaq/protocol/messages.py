@@ -188,13 +188,26 @@ class MetadataRequest(_Base):
 
 
 @dataclass
+class PublishRefusal:
+    """A topic a broker takes no messages for by its configuration (acceptPublish=false), and what to change."""
+
+    topic: str = ""
+    broker_id: int = 0
+    reason: str = ""
+    FIELDS: ClassVar = (Field("topic", STRING), Field("broker_id", INT32), Field("reason", STRING))
+
+
+@dataclass
 class MetadataResponse(_Base):
     error_code: int = 0
     error_message: str | None = None
     brokers: list[BrokerInfo] = field(default_factory=list)
     topics: list[TopicInfo] = field(default_factory=list)
+    publish_refused: list[PublishRefusal] = field(default_factory=list)
+    """v1: the answering broker's topics (of those answered) closed for publishing by acceptPublish=false."""
     FIELDS: ClassVar = (*_ERR, Field("brokers", Array(Struct(BrokerInfo))),
-                        Field("topics", Array(Struct(TopicInfo))))
+                        Field("topics", Array(Struct(TopicInfo))),
+                        Field("publish_refused", Array(Struct(PublishRefusal)), since=1))
 
 
 # -- 2 CreateTopic / 3 DeleteTopic -----------------------------------------------------------
@@ -365,9 +378,8 @@ class JoinGroupRequest(_Base):
     strategy: str = "range"
     """'range' (MetaQ's sorted range split) or 'consistent_hash'."""
     partitions: list[TopicAssignment] = field(default_factory=list)
-    """The subscribed topics' partitions as this member sees them (its metadata, merged from every
-    broker it was given): a standalone coordinator knows only its own partitions and balances those plus
-    the other brokers' partitions its members report."""
+    """The subscribed topics' partitions as this member sees them: informational (checked, not used to
+    balance: each standalone broker assigns only its own partitions)."""
     FIELDS: ClassVar = (Field("group", STRING), Field("member_id", STRING), Field("client_id", STRING),
                         Field("session_timeout_ms", INT32), Field("rebalance_timeout_ms", INT32),
                         Field("topics", Array(STRING)), Field("strategy", STRING),
@@ -530,7 +542,10 @@ class ReloadResponse(_Base):
     error_code: int = 0
     error_message: str | None = None
     changed_topics: list[str] = field(default_factory=list)
-    FIELDS: ClassVar = (*_ERR, Field("changed_topics", Array(STRING)))
+    restart_required: list[str] = field(default_factory=list)
+    """v1: changed options the reload could not apply (server.ini keys; they wait for a restart)."""
+    FIELDS: ClassVar = (*_ERR, Field("changed_topics", Array(STRING)),
+                        Field("restart_required", Array(STRING), since=1))
 
 
 # -- 17 LookupMessage ---------------------------------------------------------------------------
@@ -733,14 +748,43 @@ class TransactionResponse(_Base):
 
 # -- 22 CheckTransactions (half messages: a producer group's checker asks what to decide) -----------------
 
+CHECK_TRANSACTIONS_MAX = 10_000
+"""Half transactions one CheckTransactions may ask for (``max_transactions`` is 1..this)."""
+
+
 @dataclass
 class CheckTransactionsRequest(_Base):
     producer_group: str = ""
     max_wait_ms: int = 0
     """Long poll: answer as soon as a transaction of the group needs a decision, or after this."""
     max_transactions: int = 100
+    """1..CHECK_TRANSACTIONS_MAX (anything else is INVALID_REQUEST)."""
     FIELDS: ClassVar = (Field("producer_group", STRING), Field("max_wait_ms", INT32),
                         Field("max_transactions", INT32))
+
+
+@dataclass
+class HalfBatch(_Base):
+    """One batch of a half transaction, as its producer put it (no offsets or ids yet)."""
+
+    topic: str = ""
+    partition: int = -1
+    records: bytes = b""
+    FIELDS: ClassVar = (Field("topic", STRING), Field("partition", INT32), Field("records", BYTES))
+
+
+@dataclass
+class HalfTransaction(_Base):
+    """A half transaction handed to its group's checker: its id, which check this is, and its messages."""
+
+    transaction_id: str = ""
+    check: int = 0
+    """1 for the first check; transactionCheckMax checks without a decision roll it back."""
+    begun_ms: int = -1
+    batches: list[HalfBatch] = field(default_factory=list)
+    """Its messages (empty when they would make the reply larger than CHECK_REPLY_BYTES_MAX)."""
+    FIELDS: ClassVar = (Field("transaction_id", STRING), Field("check", INT32), Field("begun_ms", INT64),
+                        Field("batches", Array(Struct(HalfBatch))))
 
 
 @dataclass
@@ -749,7 +793,64 @@ class CheckTransactionsResponse(_Base):
     error_message: str | None = None
     transaction_ids: list[str] = field(default_factory=list)
     """Prepared transactions of the group that need the checker's decision (commit or roll back)."""
-    FIELDS: ClassVar = (*_ERR, Field("transaction_ids", Array(STRING)))
+    transactions: list[HalfTransaction] = field(default_factory=list)
+    """v1: the same transactions, each with its messages (RocketMQ's check gets the half message)."""
+    FIELDS: ClassVar = (*_ERR, Field("transaction_ids", Array(STRING)),
+                        Field("transactions", Array(Struct(HalfTransaction)), since=1))
+
+
+CHECK_REPLY_BYTES_MAX = 4 << 20
+"""Bytes of messages one CheckTransactions reply carries; a transaction past it is sent without them."""
+
+
+# -- 25 ListTransactions (metaq admin transactions) ---------------------------------------------------
+
+@dataclass
+class ListTransactionsRequest(_Base):
+    producer_group: str = ""
+    """Only this producer group's transactions ('': every transaction)."""
+    max_transactions: int = 1000
+    """At most this many of each list (1..CHECK_TRANSACTIONS_MAX)."""
+    FIELDS: ClassVar = (Field("producer_group", STRING), Field("max_transactions", INT32))
+
+
+@dataclass
+class TransactionInfo(_Base):
+    transaction_id: str = ""
+    state: str = ""
+    """open, prepared, committing, or how a timed-out one ended ("rolled back (timed out: ...)")."""
+    producer_group: str = ""
+    xid: str | None = None
+    begun_ms: int = -1
+    ended_ms: int = -1
+    """When the broker rolled it back (timed-out ones); -1 for a live one."""
+    deadline_ms: int = -1
+    """A live one: when the broker rolls it back by timeout (-1: never, a prepared half message)."""
+    next_check_ms: int = -1
+    """A half message: when it is next due for a check (-1: none)."""
+    checks: int = 0
+    messages: int = 0
+    partitions: list[str] = field(default_factory=list)
+    """``topic-partition`` of each batch it holds (partitions of the answering broker)."""
+    FIELDS: ClassVar = (Field("transaction_id", STRING), Field("state", STRING), Field("producer_group", STRING),
+                        Field("xid", NULLABLE_STRING), Field("begun_ms", INT64), Field("ended_ms", INT64),
+                        Field("deadline_ms", INT64), Field("next_check_ms", INT64), Field("checks", INT32),
+                        Field("messages", INT32), Field("partitions", Array(STRING)))
+
+
+@dataclass
+class ListTransactionsResponse(_Base):
+    error_code: int = 0
+    error_message: str | None = None
+    live: list[TransactionInfo] = field(default_factory=list)
+    """Open, prepared and committing transactions, oldest first."""
+    timed_out: list[TransactionInfo] = field(default_factory=list)
+    """The last transactions the broker rolled back by itself (timeout, or a half message's checks used
+    up), newest first; the broker keeps the last 1000 (in memory: a restart empties it)."""
+    checkers: list[str] = field(default_factory=list)
+    """Producer groups whose checker asked in the last minute."""
+    FIELDS: ClassVar = (*_ERR, Field("live", Array(Struct(TransactionInfo))),
+                        Field("timed_out", Array(Struct(TransactionInfo))), Field("checkers", Array(STRING)))
 
 
 # -- 23 MultiFetch (many partitions in one request; its reply may overtake earlier ones) ---------------
@@ -879,7 +980,7 @@ class MultiProduceResponse(_Base):
 
 
 _api(0, "ApiVersions", ApiVersionsRequest, ApiVersionsResponse)
-_api(1, "Metadata", MetadataRequest, MetadataResponse)
+_api(1, "Metadata", MetadataRequest, MetadataResponse, max_version=1)
 _api(2, "CreateTopic", CreateTopicRequest, CreateTopicResponse)
 _api(3, "DeleteTopic", DeleteTopicRequest, DeleteTopicResponse)
 _api(4, "Produce", ProduceRequest, ProduceResponse, max_version=2)
@@ -894,15 +995,16 @@ _api(12, "Stats", StatsRequest, StatsResponse)
 _api(13, "ListGroups", ListGroupsRequest, ListGroupsResponse)
 _api(14, "DescribeGroup", DescribeGroupRequest, DescribeGroupResponse)
 _api(15, "PartitionState", PartitionStateRequest, PartitionStateResponse)
-_api(16, "Reload", ReloadRequest, ReloadResponse)
+_api(16, "Reload", ReloadRequest, ReloadResponse, max_version=1)
 _api(17, "LookupMessage", LookupMessageRequest, LookupMessageResponse)
 _api(18, "Verify", VerifyRequest, VerifyResponse)
 _api(19, "Promote", PromoteRequest, PromoteResponse)
 _api(20, "FindMessages", FindMessagesRequest, FindMessagesResponse)
 _api(21, "Transaction", TransactionRequest, TransactionResponse)
-_api(22, "CheckTransactions", CheckTransactionsRequest, CheckTransactionsResponse)
+_api(22, "CheckTransactions", CheckTransactionsRequest, CheckTransactionsResponse, max_version=1)
 _api(23, "MultiFetch", MultiFetchRequest, MultiFetchResponse, max_version=1)
 _api(24, "MultiProduce", MultiProduceRequest, MultiProduceResponse)
+_api(25, "ListTransactions", ListTransactionsRequest, ListTransactionsResponse)
 _api(30, "SaslHandshake", SaslHandshakeRequest, SaslHandshakeResponse)
 _api(31, "SaslAuthenticate", SaslAuthenticateRequest, SaslAuthenticateResponse)
 

@@ -212,7 +212,7 @@ class Struct:
     Structs are the per-item cost of an array (a MultiFetch reply's partitions, a MultiProduce's
     batches), so each run of adjacent fixed-width fields (FetchedPartition's six int64s) is one
     ``struct`` pack/unpack: the same bytes, a few calls an item instead of one per field (a 4-entry
-    MultiFetchResponse decodes in 7 µs instead of 12.5, docs/benchmarks.md). A run that does not fit
+    MultiFetchResponse decodes in 7 µs instead of 12.5, docs/benchmarks-history.md). A run that does not fit
     (cut off, a value out of range) is done again field by field, so that the error is exactly the
     field's own.
     """

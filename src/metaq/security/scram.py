@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from metaq.errors import MetaqError
+
 MECHANISM: Final = "SCRAM-SHA-256"
 DEFAULT_ITERATIONS: Final = 4096
 MIN_ITERATIONS: Final = 4096
@@ -34,7 +36,7 @@ MESSAGE_BYTES_MAX: Final = 4096
 _NONCE_BYTES: Final = 24
 
 
-class ScramError(Exception):
+class ScramError(MetaqError):
     """The exchange failed: a malformed message, a wrong proof, an unknown user (said the same way)."""
 
 

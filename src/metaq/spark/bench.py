@@ -1,57 +1,31 @@
-"""Rows per second that Spark reads from and writes into metaq (not a test: run it, write the figures down).
+"""The Spark side of `metaq bench spark` (metaq.bench.spark starts the broker, fills the topic and prints): each
+case run in a Spark session against a filled topic, timed ``repeat`` times after one warm-up run.
 
-    python -m metaq.spark.bench [--servers HOST:PORT] [--rows 2000000] [--size 100] [--partitions 4]
+- ``batch-read``: ``spark.read.format("metaq")...load()`` into the ``noop`` sink;
+- ``stream-read``: ``readStream`` with ``trigger(availableNow=True)`` into ``noop``;
+- ``batch-write``: a DataFrame of ``rows`` binary values (generated in the JVM) into another topic;
+- ``keyed-write``: the same with a key and an attribute per row (the per-row BatchBuilder path);
+- ``copy-at-least-once``, ``copy-exactly-once``: a streaming copy of the filled topic (``maxOffsetsPerTrigger`` =
+  ``stream_batch_rows``, ``trigger(availableNow=True)``) into a new topic with the sink's ``deliveryGuarantee``
+  at-least-once, then exactly-once (each micro-batch in prepared transactions the driver commits); each copy is
+  checked to hold every row exactly once.
 
-Without ``--servers`` it starts a broker of its own in a temporary directory. It fills a fresh topic
-with ``--rows`` messages of ``--size`` bytes, then times, after one warm-up query each:
-
-- batch read: ``spark.read.format("metaq")...load()`` into the ``noop`` sink;
-- streaming read: ``readStream`` with ``trigger(availableNow=True)`` into ``noop``;
-- batch write: a DataFrame of ``--rows`` binary values (generated in the JVM) into another topic;
-- the same with a key and an attribute per row (the per-row BatchBuilder path);
-- streaming copy: ``readStream`` of the filled topic (``maxOffsetsPerTrigger`` = ``--stream-batch-rows``,
-  ``trigger(availableNow=True)``) into a new topic with the sink's ``deliveryGuarantee`` at-least-once,
-  then exactly-once (each micro-batch in prepared transactions the driver commits), same run.
-
-``--sink-only`` runs just the two streaming copies; ``--cases batch-read,stream-read`` picks cases by name
-(batch-read, stream-read, batch-write, keyed-write, copy-at-least-once, copy-exactly-once). After each
-streaming case it prints the last query's micro-batches (rows, Spark's ``durationMs`` per stage), and at
-the start the ``metaq`` module the driver and a Python worker imported (a before/after pair is run with
-the old ``src`` on ``PYTHONPATH``, which Spark hands on to its workers).
+After the streaming reads it keeps the micro-batches of each query (rows, Spark's ``durationMs`` per stage), and
+the ``metaq`` module the driver and a Python worker imported (Spark hands ``PYTHONPATH`` on to its workers).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
 import statistics
-import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from metaq.broker.launcher import BrokerLauncher
 from metaq.client.blocking import BlockingClient
 from metaq.protocol.messages import CreateTopicRequest
-from metaq.protocol.records import encode_values
-
-
-def fill(servers: str, topic: str, partitions: int, rows: int, size: int) -> None:
-    per_batch = max(1, (256 * 1024) // (size + 28))
-    payload = [b"x" * size] * per_batch
-    batch = encode_values(payload, int(time.time() * 1000))
-    n_batches = -(-rows // per_batch)
-    last = encode_values(payload[: rows - per_batch * (n_batches - 1)], int(time.time() * 1000))
-    with BlockingClient(servers) as client:
-        items = ((topic, i % partitions, batch if i < n_batches - 1 else last) for i in range(n_batches))
-        client.produce_many(items, window=32)
-
-
-CASES = ("batch-read", "stream-read", "batch-write", "keyed-write", "copy-at-least-once", "copy-exactly-once")
 
 
 def progress_summary(query: Any) -> dict[str, Any]:
@@ -64,7 +38,10 @@ def progress_summary(query: Any) -> dict[str, Any]:
     return {"micro_batches": batches}
 
 
-def timed(label: str, fn: Callable[[], Any], rows: int, repeat: int) -> dict[str, Any]:
+Report = Callable[[str], None]
+
+
+def timed(label: str, fn: Callable[[], Any], rows: int, repeat: int, report: Report) -> dict[str, Any]:
     fn()  # warm-up: Python workers, JIT, first connections
     runs = []
     for _ in range(repeat):
@@ -74,54 +51,18 @@ def timed(label: str, fn: Callable[[], Any], rows: int, repeat: int) -> dict[str
     rates = [rows / s for s in runs]
     result = {"what": label, "rows": rows, "seconds": [round(s, 3) for s in runs],
               "rows_per_s_median": round(statistics.median(rates)), "rows_per_s_best": round(max(rates))}
-    print(json.dumps(result), flush=True)
+    report(f"{label}: {result['rows_per_s_median']:,} rows/s (median of {repeat}; best {result['rows_per_s_best']:,})")
     return result
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--servers")
-    ap.add_argument("--rows", type=int, default=2_000_000)
-    ap.add_argument("--size", type=int, default=100)
-    ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--master", default="local[2]")
-    ap.add_argument("--stream-batch-rows", type=int, default=250_000)
-    ap.add_argument("--sink-only", action="store_true")
-    ap.add_argument("--cases", help=f"comma-separated, of: {', '.join(CASES)} (default: all)")
-    args = ap.parse_args(argv)
-    cases = list(CASES[-2:]) if args.sink_only else list(CASES)
-    if args.cases:
-        cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-        unknown = sorted(set(cases) - set(CASES))
-        if unknown:
-            ap.error(f"--cases: unknown {unknown}; choose from {', '.join(CASES)}")
-    args.case_list = cases
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    broker = None
-    servers = args.servers
-    if servers is None:
-        broker = BrokerLauncher(os.path.join(tempfile.mkdtemp(prefix="metaq-spark-bench-"), "broker"),
-                                {"numPartitions": args.partitions, "unflushThreshold": 0}).start()
-        servers = broker.servers
-    try:
-        run(servers, args)
-    finally:
-        if broker is not None:
-            broker.stop()
-
-
-def run(servers: str, args: argparse.Namespace) -> None:
+def run_cases(servers: str, topic: str, args: Any, tmp: str, report: Report) -> dict[str, Any]:
+    """Each case of ``args.cases`` against ``topic``, filled with ``args.rows`` messages of ``args.size`` bytes
+    (``args``: a metaq.bench.spark.SparkBenchSpec); checkpoints under ``tmp``."""
     from pyspark.sql import SparkSession
 
     import metaq.spark
 
-    topic = f"bench-{uuid.uuid4().hex[:8]}"
-    t0 = time.perf_counter()
-    fill(servers, topic, args.partitions, args.rows, args.size)
-    print(json.dumps({"what": "fill (blocking client, pipelined)", "rows": args.rows,
-                      "rows_per_s": round(args.rows / (time.perf_counter() - t0))}), flush=True)
+    out: dict[str, Any] = {"runs": []}
 
     spark = (SparkSession.builder.master(args.master).appName("metaq-spark-bench")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
@@ -130,16 +71,16 @@ def run(servers: str, args: argparse.Namespace) -> None:
     spark.sparkContext.setLogLevel("ERROR")
     metaq.spark.register(spark)
     worker_module = spark.sparkContext.parallelize([0], 1).map(lambda _: __import__("metaq").__file__).collect()[0]
-    print(json.dumps({"driver_metaq": metaq.spark.__file__, "worker_metaq": worker_module}), flush=True)
-    print(json.dumps({"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                      "spark": spark.version, "master": args.master, "partitions": args.partitions,
-                      "message_bytes": args.size}), flush=True)
+    out.update(driver_metaq=metaq.spark.__file__, worker_metaq=worker_module, spark=spark.version,
+               arch=platform.machine())
+    report(f"Spark {spark.version}, {args.master}; metaq from {metaq.spark.__file__} (driver), {worker_module} "
+           "(worker)")
 
     def batch_read() -> None:
         (spark.read.format("metaq").option("servers", servers).option("topic", topic).load()
          .write.format("noop").mode("overwrite").save())
 
-    checkpoints = tempfile.mkdtemp(prefix="metaq-spark-bench-ck-")
+    checkpoints = os.path.join(tmp, "checkpoints")
 
     progress: list[dict[str, Any]] = []
 
@@ -185,26 +126,25 @@ def run(servers: str, args: argparse.Namespace) -> None:
                 ends = client.list_offsets_many(target, client.partitions_for(target), -1)
                 stored = sum(r.offset for r in ends.values())
             if stored != args.rows:
-                raise SystemExit(f"{target}: {stored} messages after copying {args.rows} rows")
+                raise RuntimeError(f"{target}: {stored} messages after copying {args.rows} rows")
         return run_once
 
-    cases = args.case_list
+    cases = args.cases
+    runs = out["runs"]
     if "batch-read" in cases:
-        timed("batch read -> noop", batch_read, args.rows, args.repeat)
+        runs.append(timed("batch read -> noop", batch_read, args.rows, args.repeat, report))
     if "stream-read" in cases:
-        timed("stream read (availableNow) -> noop", stream_read, args.rows, args.repeat)
-        for i, summary in enumerate(progress):
-            print(json.dumps({"stream read run": "warm-up" if i == 0 else i, **summary}), flush=True)
+        runs.append(timed("stream read (availableNow) -> noop", stream_read, args.rows, args.repeat, report))
+        out["stream_read_progress"] = progress  # the warm-up query first
     if "batch-write" in cases:
-        timed("batch write (spark.range -> metaq)", batch_write, args.rows, args.repeat)
+        runs.append(timed("batch write (spark.range -> metaq)", batch_write, args.rows, args.repeat, report))
     if "keyed-write" in cases:
-        timed("batch write with key + attribute (crc32(key) partitioning)", keyed_write, args.rows, args.repeat)
+        runs.append(timed("batch write with key + attribute (crc32(key) partitioning)", keyed_write, args.rows,
+                          args.repeat, report))
     for guarantee in ("at-least-once", "exactly-once"):
         if f"copy-{guarantee}" in cases:
-            timed(f"stream copy metaq -> metaq sink, deliveryGuarantee={guarantee} "
-                  f"(maxOffsetsPerTrigger={args.stream_batch_rows})", stream_copy(guarantee), args.rows, args.repeat)
+            runs.append(timed(f"stream copy metaq -> metaq sink, deliveryGuarantee={guarantee} "
+                              f"(maxOffsetsPerTrigger={args.stream_batch_rows})", stream_copy(guarantee), args.rows,
+                              args.repeat, report))
     spark.stop()
-
-
-if __name__ == "__main__":
-    main()
+    return out

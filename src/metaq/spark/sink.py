@@ -37,7 +37,7 @@ import pyarrow as pa
 from metaq.client.blocking import BlockingClient
 from metaq.errors import ConfigError, InvalidArgument, UnknownTopicError
 from metaq.protocol.messages import ANY_PARTITION
-from metaq.protocol.records import HEADER_BYTES, RECORD_PREFIX_BYTES, BatchBuilder, encode_values
+from metaq.protocol.records import HEADER_BYTES, RECORD_OVERHEAD_BYTES, BatchBuilder, encode_values
 from metaq.spark.options import WriteOptions
 from metaq.types import PartitionId, PartitionKey
 
@@ -199,7 +199,7 @@ class BatchEncoder:
         limit = self.opts.batch_bytes - HEADER_BYTES
         start, size = 0, 0
         for i, v in enumerate(values):
-            rec = RECORD_PREFIX_BYTES + len(v)
+            rec = RECORD_OVERHEAD_BYTES + len(v)
             if size + rec > limit and i > start:
                 yield topic, ANY_PARTITION, encode_values(values[start:i], now_ms, self.opts.compression), i - start
                 start, size = i, 0

@@ -1,25 +1,35 @@
-"""Checkpoint files: small JSON documents replaced atomically, and the clean-shutdown state they carry.
+"""Checkpoint files: small files replaced atomically, and the clean-shutdown state they carry.
 
 A checkpoint is never seen half-written: it is written to ``<name>.tmp``, fsynced, renamed over the
 old one, and the directory is fsynced so the rename itself survives a power cut.
+
+Files of several records (the clean-shutdown records, epoch histories, producer snapshots) are text
+lines, one record a line with its own checksums (:mod:`metaq.framing`): a damaged line costs that record
+only, and is an ERROR naming it (:func:`read_records`). A file an earlier version wrote as one JSON
+document is still read (:func:`read_json`) and is written as lines next time.
 
 The clean-shutdown state of a partition says which segment was newest and how long it was when the
 log was closed after a full flush. On open, a matching newest segment is trusted (only its tail is
 checked); anything else means the process did not stop cleanly, and the newest segment is checked
 batch by batch. Appends after the close only add bytes past the recorded size, so a stale state can
-never vouch for bytes it did not see: the size would differ.
+never vouch for bytes it did not see: the size would differ. A damaged record only costs that
+partition the full check.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from metaq import framing
 from metaq.fsutil import atomic_write, fsync_directory
+
+log = logging.getLogger("metaq.storage")
 
 __all__ = ["atomic_write", "fsync_directory"]  # re-exported: storage code imports them from here
 
@@ -47,6 +57,44 @@ def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     if not isinstance(document, dict) or document.get("version") != CHECKPOINT_VERSION:
         return None
     return document
+
+
+def write_records(path: str | os.PathLike[str], records: Iterable[tuple[str, dict[str, Any]]], *,
+                  sync: Callable[[int], None] | None = os.fsync) -> None:
+    """Replace ``path`` with ``records`` ((key, object) pairs), one text line each."""
+    atomic_write(path, b"".join(framing.encode_line(obj, key) for key, obj in records), sync=sync)
+
+
+def read_bytes(path: str | os.PathLike[str]) -> bytes | None:
+    """The file's bytes, None when it is missing or cannot be read (a checkpoint only saves work)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def parse_records(data: bytes, path: str | os.PathLike[str], key_of: Callable[[dict[str, Any]], str], *,
+                  store: str, lost: Callable[[str], str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The intact records of a text-line file, and one message per damaged line (each logged as an ERROR
+    and counted under ``store``). ``lost(key)`` says what the loss of the record of that key costs."""
+    records, damaged = framing.parse_lines(data, key_of)
+    messages = []
+    for d in damaged:
+        message = f"line {d.number} (the record of {d.describe_key()}) is damaged and skipped: " \
+                  f"{lost(d.key) if d.key is not None else lost('')}"
+        log.error("%s: %s", path, message)
+        framing.DAMAGE.skipped_record(store, f"{path}: {message}")
+        messages.append(message)
+    return records, messages
+
+
+def check_records(data: bytes | None, key_of: Callable[[dict[str, Any]], str]) -> tuple[int, list[str]]:
+    """(intact records, one line per damaged one) of a text-line file's bytes, without logging: for verify."""
+    if not data or not framing.is_text_lines(data):
+        return 0, []
+    records, damaged = framing.parse_lines(data, key_of)
+    return len(records), [f"line {d.number} (the record of {d.describe_key()}) is damaged" for d in damaged]
 
 
 def remove_file(path: str | os.PathLike[str], *, sync_dir: bool = False,
@@ -86,11 +134,44 @@ class CleanState:
         return state
 
 
+def _clean_key(obj: dict[str, Any]) -> str:
+    return str(obj["partition"])
+
+
+CLEAN_STORE = "clean-shutdown"
+
+
+def read_clean_states(path: str | os.PathLike[str]) -> dict[str, CleanState | None]:
+    """Partition directory name -> its clean-shutdown state, from a checkpoint written at a clean close
+    (empty when there is none). A damaged record costs its partition the full check of an unclean open."""
+    data = read_bytes(path)
+    if data is None:
+        return {}
+    if not framing.is_text_lines(data):  # one JSON document, as an earlier version wrote it
+        document = read_json(path) or {}
+        raw = document.get("partitions", {})
+        return {name: CleanState.from_json(value) for name, value in raw.items()} if isinstance(raw, dict) else {}
+    records, _damage = parse_records(
+        data, path, _clean_key, store=CLEAN_STORE,
+        lost=lambda key: f"partition {key or '(unknown)'} is checked as after a crash (slower; nothing is lost)")
+    return {str(r["partition"]): CleanState.from_json(r) for r in records if "partition" in r}
+
+
+def write_clean_states(path: str | os.PathLike[str], states: dict[str, CleanState], *,
+                       sync: Callable[[int], None] = os.fsync) -> None:
+    write_records(path, ((name, {"partition": name, **state.to_json()}) for name, state in sorted(states.items())),
+                  sync=sync)
+
+
 def read_partition_clean_state(directory: Path) -> CleanState | None:
-    document = read_json(directory / CLEAN_SHUTDOWN_FILE)
-    return CleanState.from_json(document.get("partition")) if document else None
+    path = directory / CLEAN_SHUTDOWN_FILE
+    data = read_bytes(path)
+    if data is not None and not framing.is_text_lines(data):  # an earlier version's {"partition": {...}}
+        document = read_json(path)
+        return CleanState.from_json(document.get("partition")) if document else None
+    return read_clean_states(path).get(directory.name)
 
 
 def write_partition_clean_state(directory: Path, state: CleanState, *,
                                 sync: Callable[[int], None] = os.fsync) -> None:
-    write_json(directory / CLEAN_SHUTDOWN_FILE, {"partition": state.to_json()}, sync=sync)
+    write_clean_states(directory / CLEAN_SHUTDOWN_FILE, {directory.name: state}, sync=sync)

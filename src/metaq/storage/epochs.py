@@ -8,9 +8,12 @@ agree on everything before it; where they disagree, the end offset of the last c
 follower's log must be cut (:meth:`EpochHistory.end_offset_for`, Kafka's ``OffsetsForLeaderEpoch``).
 
 The batch format does not change: the history lives beside the log in ``epochs.json``, a checkpoint
-file (written to a temporary file, fsynced, renamed; docs/storage.md). It is written before the first
-batch of a new epoch is, so it never lags the log; after a crash it may name an epoch whose start is
-at or past the recovered log end, which :meth:`EpochHistory.clamp` drops.
+file (written to a temporary file, fsynced, renamed; docs/storage.md) of one text line per entry, each
+with its checksums (:mod:`metaq.framing`), so a damaged entry costs that entry only: an ERROR names its
+epoch, and the epoch before it then seems to run on to the next start (a follower cut by it keeps the
+records of the lost epoch, as it would have before this epoch history existed). It is written before
+the first batch of a new epoch is, so it never lags the log; after a crash it may name an epoch whose
+start is at or past the recovered log end, which :meth:`EpochHistory.clamp` drops.
 """
 
 from __future__ import annotations
@@ -21,10 +24,17 @@ from bisect import bisect_right
 from collections.abc import Callable
 from pathlib import Path
 
-from metaq.storage.checkpoint import read_json, write_json
+from metaq import framing
+from metaq.storage.checkpoint import check_records, parse_records, read_bytes, read_json, write_records
+from metaq.storage.verify import StoreReport
 
 EPOCHS_FILE = "epochs.json"
 NO_EPOCH = -1
+STORE = "epochs"
+
+
+def _key(obj: dict[str, object]) -> str:
+    return f"epoch {obj['epoch']}"
 
 
 class EpochHistory:
@@ -35,8 +45,19 @@ class EpochHistory:
         self._sync = sync
         self._lock = threading.Lock()
         self._entries: list[tuple[int, int]] = []
-        document = read_json(self.path)
-        raw = document.get("epochs") if document else None
+        self.damaged: list[str] = []
+        """What the load skipped: one message per damaged entry."""
+        data = read_bytes(self.path)
+        raw: object = None
+        if data is not None and not framing.is_text_lines(data):  # one JSON document, as an earlier version wrote
+            document = read_json(self.path)
+            raw = document.get("epochs") if document else None
+        elif data is not None:
+            records, self.damaged = parse_records(
+                data, self.path, _key, store=STORE,
+                lost=lambda key: f"{key or 'an epoch'}'s start offset is lost: the epoch before it seems to run on "
+                                 "to the next one's start")
+            raw = [[r.get("epoch"), r.get("start")] for r in records]
         if isinstance(raw, list):
             for item in raw:
                 if (isinstance(item, list) and len(item) == 2 and all(isinstance(v, int) for v in item)
@@ -112,7 +133,14 @@ class EpochHistory:
                 self._write_locked()
 
     def _write_locked(self) -> None:
-        write_json(self.path, {"epochs": [list(item) for item in self._entries]}, sync=self._sync)
+        write_records(self.path, ((f"epoch {e}", {"epoch": e, "start": s}) for e, s in self._entries), sync=self._sync)
+        self.damaged = []
+
+    def verify(self) -> StoreReport:
+        """Check the file as it is on disk (blocking); modifies nothing."""
+        report = StoreReport(STORE, str(self.path))
+        report.records, report.damaged = check_records(read_bytes(self.path), _key)
+        return report
 
 
 __all__ = ["EPOCHS_FILE", "NO_EPOCH", "EpochHistory"]

@@ -67,3 +67,11 @@ _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 def is_disk_full(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS
+
+
+def storage_error(what: str, exc: OSError) -> StorageError:
+    """DiskFull (the partition stays usable: the next write with room succeeds) or a plain StorageError."""
+    if is_disk_full(exc):
+        return DiskFull(f"{what}: the disk is full ({exc.strerror}); nothing was written, reads go on, and "
+                        "writes succeed again once space is freed")
+    return StorageError(f"{what}: {exc}")

@@ -14,7 +14,7 @@ used end (bimodal insertion, BIP: Qureshi et al., "Adaptive insertion policies f
 caching", 2007; at random, because a fixed every-n-th would never pick a file whose opens alternate in step
 with others). Files used in turn then keep about ``max_open_files`` of them open (a hit rate of budget /
 files instead of 0); a file used again soon still stays open, after a few dozen reopens at most; a pool
-with room behaves as before.
+with room is a plain LRU.
 
 If every descriptor is pinned the pool goes over its budget rather than blocking or
 failing a reader: the budget is a soft limit, and ``overshoot_count`` says how often it was passed.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from types import TracebackType
@@ -14,6 +15,30 @@ READAHEAD_AHEAD_BYTES = 8 << 20
 """How far past a read the bytes a sequential reader will want next are asked for."""
 _WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
 _NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
+"""preadv2's flag that fails with EAGAIN instead of reading from the disk (Linux); None: not available, or
+the filesystem refused it once."""
+
+
+def page_cached(fd: int, position: int) -> bool | None:
+    """Whether the byte at ``position`` of ``fd`` is in the page cache, asked without waiting for the disk (a
+    one-byte ``preadv2(RWF_NOWAIT)``, a few microseconds); None when this kernel or filesystem cannot tell.
+
+    The one residency check of the storage: readahead hints (:func:`hint_readahead`) and the broker's choice
+    to read a fetch reply off its event loop use it, and tests that need a page cache in a known state
+    replace it (the kernel's own state changes under them on a busy machine). False may also mean "being
+    read in, or locked for writeback": not readable without waiting now, which is what callers want to know.
+    """
+    global _NOWAIT
+    if _NOWAIT is None:
+        return None
+    try:
+        return os.preadv(fd, [bytearray(1)], position, _NOWAIT) == 1
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # this kernel or filesystem has no RWF_NOWAIT
+            _NOWAIT = None
+        return None
 
 
 def hint_readahead(fd: int, position: int, size: int, size_limit: int) -> None:
@@ -43,11 +68,8 @@ def hint_readahead(fd: int, position: int, size: int, size_limit: int) -> None:
     end = min(last * READAHEAD_STEP_BYTES + READAHEAD_AHEAD_BYTES, size_limit)
     if start >= end:
         return
-    try:
-        if _NOWAIT is not None and os.preadv(fd, [bytearray(1)], end - 1, _NOWAIT) == 1:
-            return  # read ahead already (by the kernel, or an earlier hint), or recent data
-    except OSError:
-        pass  # EAGAIN: not in the page cache; anything else: ask anyway
+    if page_cached(fd, end - 1):
+        return  # read ahead already (by the kernel, or an earlier hint), or recent data
     try:
         os.posix_fadvise(fd, start, end - start, _WILLNEED)
     except OSError:

@@ -46,10 +46,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from metaq.errors import StorageError
-from metaq.fsutil import WriteBackGauge, syncfs
+from metaq.fsutil import SYNCFS_DURABLE_FILESYSTEMS, WriteBackGauge, filesystem_name, syncfs, syncfs_available
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +72,8 @@ class CoveredTarget(Protocol):
 
 
 QUIET_WRITE_BACK_BYTES = 512 * 1024
-"""A round of ``quiet_min_logs`` uses a syncfs only while the machine has at most this much to write back. On the
-2-core VM of docs/benchmarks.md (round 14), a syncfs with four small appends took 0.17 ms against 0.75 for their
+"""A round of ``quiet_min_logs`` uses a syncfs only while the machine has at most this much to write back. On a
+2-core VM (docs/benchmarks.md), a syncfs with four small appends took 0.17 ms against 0.75 for their
 four fdatasyncs one after the other and 0.46 side by side; each MB of other dirty data added about 0.5-0.9 ms to it."""
 
 CLEAN_UP_WRITE_BACK_BYTES = 4 << 20
@@ -82,6 +83,42 @@ round a second (``CLEAN_UP_INTERVAL_S`` after the last syncfs) still uses a sync
 it writes back what a one-time write left (files just deleted or created, another program's small write), which
 would otherwise keep every round on fdatasyncs until the kernel's own write-back, up to 30 s later. A steady
 writer keeps the figure high and pays nothing more; beyond the larger figure a round never waits for it."""
+
+
+@dataclass(frozen=True)
+class SyncfsDecision:
+    """Whether flush rounds (and the clean close) of a data directory may be made durable by one syncfs, taken
+    once at start: only on a filesystem known to honour it (:data:`~metaq.fsutil.SYNCFS_DURABLE_FILESYSTEMS`),
+    on Linux 5.8+, and unless the operator turned it off. Everywhere else every partition fdatasyncs its own
+    files and fsyncs its own directory entries."""
+
+    used: bool
+    filesystem: str
+    """The data directory's filesystem (``ext4``, ``fuse``, a magic number in hex ...)."""
+    reason: str
+    """Why, in words for the log and ``metaq stats``."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"filesystem": self.filesystem, "syncfs": self.used, "syncfs_reason": self.reason}
+
+
+def decide_syncfs(directory: str | os.PathLike[str], *, enabled: bool, min_logs: int) -> SyncfsDecision:
+    """The :class:`SyncfsDecision` for ``directory``: ``enabled`` is the operator's word (the broker's
+    ``syncfs`` option), ``min_logs`` the rounds' threshold (0: never)."""
+    name = filesystem_name(directory)
+    if not enabled:
+        return SyncfsDecision(False, name, "turned off (syncfs=off): every partition syncs its own files")
+    if min_logs <= 0:
+        return SyncfsDecision(False, name, "turned off (syncfsMinPartitions=0): every partition syncs its own files")
+    if name not in SYNCFS_DURABLE_FILESYSTEMS:
+        return SyncfsDecision(False, name, f"{name} is not known to make data durable with syncfs (it is used only "
+                                           f"on {', '.join(sorted(SYNCFS_DURABLE_FILESYSTEMS))}): every partition "
+                                           "syncs its own files")
+    if not syncfs_available():
+        return SyncfsDecision(False, name, "syncfs is not available here (Linux 5.8 or later reports write-back "
+                                           "errors to it): every partition syncs its own files")
+    return SyncfsDecision(True, name, f"{name} makes data durable with syncfs: a flush round of "
+                                      f"{min_logs} or more partitions is one syncfs")
 
 
 class FilesystemSync:

@@ -2,12 +2,14 @@
 
 ``<base>.keyindex`` (derived data, like ``.index`` and ``.timeindex``)::
 
-    header, 20 bytes, big-endian:
-      0  4  magic           b"MQK1"
+    header, 24 bytes, big-endian:
+      0  4  magic           b"MQK2"
       4  4  covered_bytes   u32   the log bytes [0, covered_bytes) whose keyed records are listed
       8  4  entry_count     u32   entries that follow and are valid (bytes past them are ignored)
      12  4  flags           u32   bit 0: FULL, the bound was reached; the rest of the segment is not indexed
      16  4  entries_crc     u32   CRC-32 of those entries: a torn or damaged file is rebuilt
+     20  4  header_crc      u32   CRC-32 of bytes [0, 20): a damaged count or bound is caught too (a flipped
+                                  covered_bytes would otherwise skip records or list them twice)
     entries, 8 bytes each, in offset order:
       0  4  key_hash        u32   CRC-32 of the key
       4  4  relative_offset u32   record offset - segment base offset
@@ -39,8 +41,10 @@ from metaq.protocol.records import BatchHeader, batch_columns
 from metaq.storage.scan import iter_headers, pread_exact
 
 KEYINDEX_SUFFIX = ".keyindex"
-MAGIC = b"MQK1"
-HEADER = struct.Struct(">4sIIII")
+MAGIC = b"MQK2"
+"""``MQK1`` files (no header checksum) are rebuilt: the index is derived data."""
+HEADER = struct.Struct(">4sIIIII")
+_HEADER_COVERED = 20
 ENTRY_BYTES = 8
 FLAG_FULL = 1
 DEFAULT_MAX_ENTRIES = 1 << 20
@@ -121,8 +125,10 @@ def read_key_index(path: str, log_size_bytes: int) -> KeyIndex | None:
         return None
     if len(data) < HEADER.size:
         return None
-    magic, covered, count, flags, crc = HEADER.unpack_from(data, 0)
-    if magic != MAGIC or covered > log_size_bytes or len(data) < HEADER.size + count * ENTRY_BYTES:
+    magic, covered, count, flags, crc, header_crc = HEADER.unpack_from(data, 0)
+    if magic != MAGIC or zlib.crc32(data[:_HEADER_COVERED]) != header_crc:
+        return None  # another version's, or damaged: rebuild
+    if covered > log_size_bytes or len(data) < HEADER.size + count * ENTRY_BYTES:
         return None
     entries = data[HEADER.size:HEADER.size + count * ENTRY_BYTES]
     if zlib.crc32(entries) != crc:
@@ -144,7 +150,8 @@ def _write_entries(path: str, index: KeyIndex, start_entry: int) -> None:
     flags = FLAG_FULL if index.full else 0
     entries = both.tobytes()
     index.crc = zlib.crc32(entries, index.crc if start_entry else 0)
-    header = HEADER.pack(MAGIC, index.covered_bytes, len(index), flags, index.crc)
+    fields = HEADER.pack(MAGIC, index.covered_bytes, len(index), flags, index.crc, 0)[:_HEADER_COVERED]
+    header = fields + struct.pack(">I", zlib.crc32(fields))
     if start_entry == 0:
         tmp = path + ".tmp"
         with open(tmp, "wb") as f:

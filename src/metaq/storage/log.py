@@ -2,8 +2,9 @@
 
 Threads: one writer appends (the caller guarantees it); any thread may read, flush, run retention
 or close. ``_lock`` guards the segment list and the writer's state and is held only for short,
-non-blocking work (the append's single ``pwritev`` to the page cache included). ``_sync_lock``
-serialises the blocking syncs, which run without ``_lock`` so appends go on during an fdatasync.
+non-blocking work (the append's single ``pwritev`` to the page cache included). The durability
+bookkeeping lives in the partition's flush state (storage/partition_flush.py), whose sync lock serialises
+the blocking syncs, which run without ``_lock`` so appends go on during an fdatasync.
 """
 
 from __future__ import annotations
@@ -13,24 +14,22 @@ import os
 import shutil
 import threading
 import time
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import NamedTuple
 
-from metaq.errors import CorruptRecordError, InvalidArgument, StorageError
+from metaq.errors import InvalidArgument, StorageError
+from metaq.fsutil import datasync
 from metaq.protocol.records import (
-    HEADER_BYTES,
-    PRODUCER_BLOCK_BYTES,
     PRODUCER_STAMPED,
     STAMPED_BYTES,
     BatchHeader,
-    decode_batch,
     producer_stamp,
     stamp_prefix,
     validate_batch,
 )
+from metaq.storage import follower, search
 from metaq.storage.checkpoint import (
     CLEAN_SHUTDOWN_FILE,
     CleanState,
@@ -39,134 +38,32 @@ from metaq.storage.checkpoint import (
     write_partition_clean_state,
 )
 from metaq.storage.config import LogConfig
-from metaq.storage.errors import DamagedData, DiskFull, LogClosedError, OffsetOutOfRange, is_disk_full
-from metaq.storage.files import SHORTAGE_ERRNOS, FileCache, FileHandle
+from metaq.storage.errors import DamagedData, LogClosedError, OffsetOutOfRange, storage_error
+from metaq.storage.files import FileCache, FileHandle
 from metaq.storage.fileslice import FileSlice, hint_readahead
-from metaq.storage.flush import Flusher, new_durable_future, resolve
+from metaq.storage.flush import Flusher, resolve
 from metaq.storage.keyindex import (
     DEFAULT_MAX_ENTRIES,
     FindResult,
-    find_in_segment,
-    key_index_path,
-    remove_key_index,
 )
+from metaq.storage.partition_flush import AppendResult, PartitionFlush, Unsynced
 from metaq.storage.producers import (
     ProducerStateTable,
     list_snapshots,
-    read_snapshot,
-    remove_snapshot,
     write_snapshot,
 )
-from metaq.storage.recovery import RecoveryReport, load_segments
-from metaq.storage.replica import ReplicaGap, check_replicated
-from metaq.storage.retention import dispose_segment
-from metaq.storage.scan import iter_headers, pread_exact
-from metaq.storage.segment import Segment
-from metaq.storage.verify import DamagedRange, PartitionReport, verify_segment
+from metaq.storage.recovery import RecoveryReport, load_producers, load_segments
+from metaq.storage.retention import apply_retention
+from metaq.storage.segment import OFFSET_MAX, Segment
+from metaq.storage.verify import DamagedRange, PartitionReport, verify_partition
 from metaq.types import BROKER_ID_MAX, make_message_id, partition_tag, validate_partition, validate_topic
 
 log = logging.getLogger(__name__)
 
-_OFFSET_MAX = (1 << 63) - 1
 _STANDALONE_MAX_OPEN_FILES = 64
-FLUSH_RETRY_MS = 100
-"""How soon a flush that could not open a file for want of descriptors is tried again."""
-_FAST_APPEND = True
-"""Whether ``append`` takes its flush-policy fast path (a test turns it off to compare with the general path)."""
 CLEAN_OPEN_WALK_BYTES = 1 << 20
 """A clean close writes the active segment's pending index entries when the log after the last entry on
 disk holds this much or more; otherwise the next clean open reads that stretch's batch headers instead."""
-ACTIVE_INDEX_WRITE_BYTES = 4096
-"""A sync writes the active segment's new index entries once they hold this much (about 200 entries, some
-800 KiB of log at the default index interval), at a seal, and at a clean close only past
-``CLEAN_OPEN_WALK_BYTES``. Only a clean open reads the active segment's index files (after a crash the
-newest segment is checked whole and its indexes rebuilt), and it indexes the batches after their last
-entry again from their headers, so an entry not written costs that walk at the next open, never an
-answer; a sync of a quiet partition among 10,000 then opens and writes no index file (two opens, two
-writes and usually two evictions a partition a round), and neither does its clean close (two creates and
-two fsyncs a partition)."""
-
-
-def _storage_error(what: str, exc: OSError) -> StorageError:
-    """DiskFull (the partition stays usable: the next write with room succeeds) or a plain StorageError."""
-    if is_disk_full(exc):
-        return DiskFull(f"{what}: the disk is full ({exc.strerror}); nothing was written, reads go on, and "
-                        "writes succeed again once space is freed")
-    return StorageError(f"{what}: {exc}")
-
-
-class _FlushPolicy(NamedTuple):
-    """What the flush policy decided for one append (computed under the lock, applied after it)."""
-
-    future: Future[None]
-    wait: bool
-    forced: Segment | None
-    request: bool
-    first_unflushed_ms: int
-    flusher: Flusher | None
-
-
-class _Run(NamedTuple):
-    """Replicated batches written with one write: [start, end) of the buffer, into one segment."""
-
-    roll: bool
-    start: int
-    end: int
-    batches: list[tuple[int, BatchHeader]]
-
-
-def _runs_per_segment(batches: list[tuple[int, BatchHeader]], active_bytes: int,
-                      segment_bytes_max: int) -> list[_Run]:
-    """Split replicated batches where the append rule would roll a segment (same rule as ``append``)."""
-    runs: list[_Run] = []
-    current: list[tuple[int, BatchHeader]] = []
-    size = active_bytes
-    roll = False
-    for start, header in batches:
-        total = header.total_bytes
-        if size and size + total > segment_bytes_max:
-            if current:
-                runs.append(_Run(roll, current[0][0], start, current))
-            current, size, roll = [], 0, True
-        current.append((start, header))
-        size += total
-    last_start, last = current[-1]
-    runs.append(_Run(roll, current[0][0], last_start + last.total_bytes, current))
-    return runs
-
-
-class AppendResult(NamedTuple):
-    """What an append assigned, and how to wait for it to be on disk.
-
-    ``durable`` resolves (with None, or StorageError) once the batch is fsynced; it cannot be cancelled.
-    ``wait_for_durable`` says whether the flush policy wants the ack to wait for it.
-    """
-
-    base_offset: int
-    last_offset: int
-    base_message_id: int
-    append_time_ms: int
-    record_count: int
-    durable: Future[None]
-    wait_for_durable: bool
-
-
-class _Unsynced(NamedTuple):
-    """What one flush took under the log's lock (:meth:`PartitionLog._take_unsynced_locked`)."""
-
-    sealed: list[tuple[Segment, bytes, bytes]]
-    """Sealed segments not yet synced, each with its index entries not yet written."""
-    active: Segment
-    target_bytes: int
-    """The active segment's size when taken: what the flush makes durable."""
-    active_index: tuple[bytes, bytes]
-    forced: Segment | None
-    pending: Future[None] | None
-    """The acks waiting for this flush."""
-    first_unflushed_ms: int
-    pinned: list[Segment]
-    failure: StorageError | None
-    """The log's failure when taken: nothing is synced, the acks fail with it."""
 
 
 class PartitionLog:
@@ -175,10 +72,9 @@ class PartitionLog:
     # A broker holds thousands of these: slots save about 1.2 KiB each (of ~4.4 KiB, tracemalloc).
     __slots__ = (
         "_abandoned", "_active", "_appending", "_bases", "_clock", "_closed", "_config", "_damaged",
-        "_end_offset", "_failure", "_files", "_find_lock", "_first_unflushed_ms", "_flush_requested",
-        "_flusher", "_id_base", "_lock", "_marker_present", "_own_files", "_parent_unsynced", "_partition",
-        "_pending_future", "_segments", "_size_bytes", "_sync", "_sync_lock", "_tag", "_tail", "_topic", "_truncations",
-        "_unflushed_messages", "_unsynced_sealed", "device", "directory", "producers", "recovery",
+        "_end_offset", "_failure", "_files", "_find_lock", "_flush", "_flusher", "_id_base", "_lock",
+        "_marker_present", "_own_files", "_partition", "_segments", "_size_bytes", "_sync", "_tag", "_tail",
+        "_topic", "_truncations", "device", "directory", "producers", "recovery",
     )
 
     def __init__(self, directory: Path, topic: str, partition: int, config: LogConfig, broker_id: int, *,
@@ -199,7 +95,6 @@ class PartitionLog:
         self._own_files = own_files
         self._sync = sync
         self._lock = threading.Lock()
-        self._sync_lock = threading.Lock()
         self._find_lock = threading.Lock()
         """One search at a time per partition (searches extend the key index files)."""
         self._segments = segments
@@ -207,17 +102,13 @@ class PartitionLog:
         self._active = segments[-1]
         self._end_offset = self._active.next_offset
         self._size_bytes = sum(s.size_bytes for s in segments)
-        self._unsynced_sealed: list[Segment] = []
-        self._pending_future: Future[None] | None = None
-        self._unflushed_messages = 0
-        self._first_unflushed_ms = -1
-        self._flush_requested = False
+        self._flush = PartitionFlush(self, parent_unsynced=parent_unsynced)
+        """The partition's durability bookkeeping (storage/partition_flush.py)."""
         self._closed = False
         self._abandoned = False
         self._failure: StorageError | None = None
         self._appending = False
         self._marker_present = marker_present
-        self._parent_unsynced = parent_unsynced
         self._damaged: dict[int, DamagedRange] = {}
         self._truncations = 0
         """How many times truncate_to cut this log (a read pinned across a cut is not damage)."""
@@ -231,14 +122,14 @@ class PartitionLog:
     @classmethod
     def open(cls, directory: Path, topic: str, partition: int, config: LogConfig, broker_id: int, *,
              clock: Callable[[], float] = time.time, flusher: Flusher | None = None,
-             files: FileCache | None = None, sync: Callable[[int], None] = os.fdatasync,
+             files: FileCache | None = None, sync: Callable[[int], None] = datasync,
              clean_state: CleanState | None = None) -> PartitionLog:
         """Open (creating if needed) the partition whose own directory is ``directory``, recovering it.
 
         ``directory`` is the partition's directory (``<data_dir>/<topic>-<partition>``), not the data
         dir. Without a ``flusher``, appends that must be durable are fsynced inline. ``files`` shares a
-        descriptor budget between logs (a private pool of 64 otherwise). ``sync`` is the fdatasync to
-        use (inject to count or fail). ``clean_state`` comes from the LogManager's checkpoint; without
+        descriptor budget between logs (a private pool of 64 otherwise). ``sync`` syncs a file's data or
+        a directory's entries (inject to count or fail). ``clean_state`` comes from the LogManager's checkpoint; without
         it the partition's own clean-shutdown file, if any, is used.
         """
         validate_topic(topic)
@@ -259,59 +150,11 @@ class PartitionLog:
                    files=files, own_files=own_files, sync=sync, segments=segments, recovery=report,
                    marker_present=marker_state is not None, parent_unsynced=created)
         try:
-            plog._load_producers()
+            load_producers(plog)
         except BaseException:
             plog._release_files(plog._segments)
             raise
         return plog
-
-    def _load_producers(self) -> None:
-        """Rebuild :attr:`producers`: the newest usable snapshot at or below the log end, then the
-        stamped batches stored after it (headers and producer blocks only).
-
-        Without a snapshot only the active segment is read: a roll writes one whenever the log has
-        producers, so older segments hold none that a snapshot does not have (unless that write failed,
-        which was logged; a producer missing from the table is taken at whatever sequence it sends).
-        After a clean close without a snapshot nothing is read: a clean close writes one whenever the log
-        has producers, so it had none (walking every batch header of a 1 GB active segment read a quarter
-        of it from the disk at each start, through the kernel's readahead)."""
-        end, start = self._end_offset, self._segments[0].base_offset
-        table: ProducerStateTable | None = None
-        offset = self._active.base_offset
-        for snap in reversed(list_snapshots(self.directory)):
-            if snap > end:  # written for bytes a crash took back
-                remove_snapshot(self.directory, snap)
-                continue
-            table = read_snapshot(self.directory, snap, self.producers.expiration_ms)
-            if table is not None:
-                offset = max(snap, start)
-                break
-        self.producers = table if table is not None else ProducerStateTable()
-        if offset < end and (table is not None or not self.recovery.clean):
-            self._scan_producers(offset, end)
-
-    def _scan_producers(self, offset: int, end: int) -> None:
-        i = bisect_right(self._bases, offset) - 1
-        for segment in self._segments[max(i, 0):]:
-            if segment.next_offset <= offset or not segment.size_bytes:
-                continue
-            handle = self._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
-            try:
-                position = 0
-                if offset > segment.base_offset:
-                    position, header = segment.find_batch(handle.fd, offset, segment.size_bytes, segment.next_offset)
-                    if header.base_offset < offset:
-                        position += header.total_bytes
-                for at, header in iter_headers(handle.fd, position, segment.size_bytes):
-                    if header.attributes & PRODUCER_STAMPED:
-                        block = pread_exact(handle.fd, HEADER_BYTES + PRODUCER_BLOCK_BYTES, at)
-                        stamp = producer_stamp(block, header)
-                        assert stamp is not None
-                        self.producers.record(stamp, header.record_count, header.base_offset, header.append_time_ms)
-            except (CorruptRecordError, StorageError) as exc:  # damage is reported where it is read
-                log.warning("%s: producer state not read past damage in %s: %s", self, segment.log_path, exc)
-            finally:
-                self._files.release(handle)
 
     # ------------------------------------------------------------------ properties
 
@@ -397,7 +240,7 @@ class PartitionLog:
                     rolled = True
                 base_offset = self._end_offset
                 next_offset = base_offset + header.record_count
-                assert next_offset <= _OFFSET_MAX, "offset space exhausted"
+                assert next_offset <= OFFSET_MAX, "offset space exhausted"
                 message_id = self._id_base | base_offset
                 position = segment.size_bytes
                 prefix = stamp_prefix(header, base_offset, message_id, now_ms)
@@ -413,30 +256,9 @@ class PartitionLog:
                     assert stamp is not None
                     self.producers.record(stamp, header.record_count, base_offset, now_ms)
                 record_count = header.record_count
-                flusher = self._flusher
-                pending = self._pending_future
-                threshold = config.unflush_threshold
-                policy: _FlushPolicy | None = None
-                soon: Flusher | None = None
-                if (_FAST_APPEND and not rolled and threshold > 1 and self._first_unflushed_ms >= 0
-                        and pending is not None and flusher is not None and flusher.accepting):
-                    # The common case, an append into a flush interval already under way with a flusher:
-                    # what _account_locked and _apply_flush_policy do then, without building a policy (the
-                    # interval's future, the count, a flush at the threshold). Checked against the general
-                    # path by test_append_fast_path_matches_general_path.
-                    self._unflushed_messages += record_count
-                    if self._unflushed_messages >= threshold and not self._flush_requested:
-                        self._flush_requested = True
-                        soon = flusher
-                else:
-                    policy = self._account_locked(segment, record_count, rolled)
-            if policy is None:
-                assert pending is not None
-                if soon is not None:
-                    soon.flush_soon(self)
-                future, wait = pending, False
-            else:
-                future, wait = self._apply_flush_policy(policy)
+                future, wait, handover = self._flush.account_locked(segment, record_count, rolled)
+            if handover is not None:
+                self._flush.hand_over(handover, future, wait)
             return AppendResult(base_offset, next_offset - 1, message_id, now_ms, record_count, future, wait)
         finally:
             self._appending = False
@@ -461,268 +283,31 @@ class PartitionLog:
         would have been."""
         with self._lock:
             self._check_writable()
-            policy = self._account_locked(self._active, 0, False)
-        return self._apply_flush_policy(policy)
+            future, wait, handover = self._flush.account_locked(self._active, 0, False)
+        if handover is not None:
+            self._flush.hand_over(handover, future, wait)
+        return future, wait
 
     def message_id(self, offset: int) -> int:
         """The message id of ``offset`` in this partition (what an append stamps)."""
         return self._id_base | offset
 
-    def append_replicated(self, data: bytes | memoryview) -> AppendResult | None:
-        """Store batches already stamped by the master, byte for byte (a follower's append).
+    # ------------------------------------------------------------------ a follower's writes (storage/follower.py)
 
-        ``data`` is whole batches back to back, as a fetch reply from the master carries them (the
-        caller drops a cut-off tail and any batch below the log end first). Every batch is checked
-        (``replica.check_replicated``: header and body CRC, this broker id's and partition's ids, offset
-        continuity from the log end) before anything is written: ReplicaGap for a gap or an overlap,
-        CorruptRecordError for damage; nothing is stored then. Batches roll segments by the same rule
-        as appends, so with the master's ``segment_bytes_max`` the segment files match too. Returns
-        None for empty ``data``, else the result of the whole run (base of the first batch, last offset
-        of the last, the first batch's id, the last batch's append time) with the flush policy's future.
-        """
-        assert not self._appending, "concurrent appends to one partition"
-        self._appending = True
-        try:
-            view = memoryview(data)
-            if not view.nbytes:
-                return None
-            with self._lock:
-                self._check_writable()
-            where = f"{self._topic}-{self._partition}"
-            checked = check_replicated(view, self._end_offset, self._id_base >> 112, self._tag, where)
-            if self._marker_present:
-                self._invalidate_marker()
-            config = self._config
-            with self._lock:
-                self._check_writable()
-                if checked.batches[0][1].base_offset != self._end_offset:  # the log moved (a truncate)
-                    raise ReplicaGap(where, self._end_offset, checked.batches[0][1].base_offset)
-                rolled = False
-                written = 0
-                failure: StorageError | None = None
-                for run in _runs_per_segment(checked.batches, self._active.size_bytes, config.segment_bytes_max):
-                    try:
-                        if run.roll:
-                            self._roll_locked()
-                            rolled = True
-                        segment = self._active
-                        position = segment.size_bytes
-                        self._write_locked(segment, (b"", view[run.start:run.end]), position, run.end - run.start)
-                    except StorageError as exc:  # the runs before it stay written (whole batches) and accounted
-                        failure = exc
-                        break
-                    for start, header in run.batches:
-                        segment.note_batch(position + start - run.start, header)
-                        self._end_offset = header.next_offset
-                        written += header.record_count
-                        if header.attributes & PRODUCER_STAMPED:
-                            stamp = producer_stamp(view, header, start)
-                            assert stamp is not None
-                            self.producers.record(stamp, header.record_count, header.base_offset,
-                                                  header.append_time_ms)
-                    self._size_bytes += run.end - run.start
-                policy = self._account_locked(self._active, written, rolled) if written else None
-            if policy is not None:
-                future, wait = self._apply_flush_policy(policy)
-            if failure is not None:
-                raise failure
-            assert policy is not None
-            first, last = checked.batches[0][1], checked.batches[-1][1]
-            return AppendResult(first.base_offset, last.last_offset, first.base_message_id, last.append_time_ms,
-                                checked.record_count, future, wait)
-        finally:
-            self._appending = False
+    def append_replicated(self, data: bytes | memoryview) -> AppendResult | None:
+        """Store batches already stamped by the master, byte for byte (a follower's append; ReplicaGap or
+        CorruptRecordError, nothing stored, for batches that do not follow the log end intact)."""
+        return follower.append_replicated(self, data)
 
     def start_empty_at(self, offset: int) -> None:
         """Make an empty log start at ``offset`` (a new follower of a master whose retention removed the
-        offsets below it: its first fetch must be at the master's log start).
-
-        Only for a log holding no batch (InvalidArgument otherwise): its one empty segment is replaced by
-        an empty segment named ``offset``. Crash-safe: the new file is created and the directory synced
-        before the old file is removed; a crash in between leaves two empty segments, which recovery
-        resolves back to the old one (calling this again finishes).
-        """
-        assert not self._appending, "start_empty_at while an append runs"
-        if not 0 <= offset <= _OFFSET_MAX:
-            raise InvalidArgument(f"offset {offset} is outside 0..{_OFFSET_MAX}")
-        with self._sync_lock, self._lock:
-            self._check_writable()
-            if self._size_bytes or len(self._segments) != 1:
-                raise InvalidArgument(f"{self} holds offsets {self.log_start_offset}..{self._end_offset - 1}: only "
-                                      "an empty log can be moved to another start offset")
-            old = self._active
-            if old.base_offset == offset:
-                return
-            fresh = Segment(str(self.directory), offset, self._files, self._config.index_interval_bytes, self._tag)
-            try:
-                handle = self._files.acquire(fresh.log_path, create=True, on_close=fresh.on_log_fd_closed)
-                self._files.release(handle)
-                fresh.start_empty_indexes()
-                fsync_directory(self.directory, self._sync, opener=self._files.open_raw)
-                for path in (old.log_path, old.index_path, old.timeindex_path):
-                    self._files.discard(path)
-                    try:
-                        os.unlink(path)
-                    except FileNotFoundError:
-                        pass
-                fsync_directory(self.directory, self._sync, opener=self._files.open_raw)
-            except OSError as exc:
-                raise _storage_error(f"cannot move {self} to start at offset {offset}", exc) from exc
-            self._segments = [fresh]
-            self._bases = [offset]
-            self._active = fresh
-            self._end_offset = offset
-            self._tail = None
-            self._unsynced_sealed = []
-            self._damaged = {}
-        if self._marker_present:
-            self._invalidate_marker()
-        log.info("%s now starts at offset %d (empty)", self, offset)
+        offsets below it); InvalidArgument for a log holding a batch."""
+        follower.start_empty_at(self, offset)
 
     def truncate_to(self, offset: int) -> int:
-        """Cut the log back so that ``offset`` becomes its end; returns the messages removed.
-
-        For a follower whose tail the master never had (planned: an old master returning as a slave,
-        a slave after an unclean election). ``offset`` must be a batch boundary in
-        ``[log_start_offset, log_end_offset]`` (InvalidArgument inside a batch, OffsetOutOfRange outside).
-        Durable and crash-safe: everything is synced first, the clean-shutdown record is removed, the
-        segments past ``offset`` are removed newest first (log file before its indexes), then the
-        segment holding ``offset`` is cut, fdatasynced and its indexes rewritten and synced, then the
-        directory is synced. A crash at any step leaves a valid log whose end lies between ``offset`` and
-        the old end, which the next open recovers like any unclean stop; calling ``truncate_to`` again
-        finishes the job. Blocks on the disk (never on an event loop); it is the writer's call, so no
-        append runs meanwhile. A reader already holding a slice of the cut bytes may get a short read.
-        """
-        assert not self._appending, "truncate_to while an append runs"
-        self._appending = True
-        try:
-            with self._lock:
-                self._check_writable()
-                end = self._end_offset
-                start = self._segments[0].base_offset
-            if not start <= offset <= end:
-                raise OffsetOutOfRange(offset, start, end, f"{self._topic}-{self._partition}")
-            if offset == end:
-                return 0
-            self.flush_pending()
-            if self._marker_present:
-                self._invalidate_marker()
-            with self._sync_lock, self._lock:
-                self._check_writable()
-                try:
-                    self._truncate_locked(offset)
-                except OSError as exc:
-                    self._failure = StorageError(f"truncating {self} to offset {offset} failed: {exc}; the log "
-                                                 "is offline until restart (recovery finishes the cut)")
-                    raise self._failure from exc
-            log.warning("%s truncated to offset %d: %d messages removed", self, offset, end - offset)
-            return end - offset
-        finally:
-            self._appending = False
-
-    def _truncate_locked(self, offset: int) -> None:
-        i = bisect_right(self._bases, offset) - 1
-        keep = self._segments[i]
-        index, time_index = keep.loaded_indexes()
-        keep.sealed = False  # it becomes the active segment: its indexes stay loaded from here on
-        handle = self._files.acquire(keep.log_path, on_close=keep.on_log_fd_closed)
-        try:
-            if offset == keep.base_offset:
-                position = 0
-            else:
-                position, header = keep.find_batch(handle.fd, offset, keep.size_bytes, keep.next_offset)
-                if header.base_offset != offset:
-                    raise InvalidArgument(f"{self}: offset {offset} is inside the batch of offsets "
-                                          f"{header.base_offset}..{header.last_offset}; truncate to a batch "
-                                          f"boundary ({header.base_offset} or {header.next_offset})")
-            doomed = self._segments[i + 1:]
-            for segment in reversed(doomed):  # newest first: a crash leaves a contiguous prefix
-                for path in (segment.log_path, segment.index_path, segment.timeindex_path):
-                    self._files.discard(path)
-                    try:
-                        os.unlink(path)
-                    except FileNotFoundError:
-                        pass
-                remove_key_index(key_index_path(segment.log_path))
-            remove_key_index(key_index_path(keep.log_path))  # rebuilt from the cut log when next searched
-            del self._segments[i + 1:]
-            del self._bases[i + 1:]
-            os.ftruncate(handle.fd, position)
-            self._sync(handle.fd)
-            relative = offset - keep.base_offset
-            index.truncate(bisect_left(index.relative_offsets, relative))
-            time_index.truncate(bisect_left(time_index.relative_offsets, relative))
-            max_ts = time_index.max_timestamp_ms
-            last_base = -1
-            for _, header in iter_headers(handle.fd, index.last()[1], position):
-                max_ts = max(max_ts, header.max_timestamp_ms)
-                last_base = header.base_offset
-        finally:
-            self._files.release(handle)
-        keep.size_bytes = keep.synced_bytes = position
-        keep.next_offset = offset
-        keep.max_timestamp_ms = max_ts
-        keep.last_batch_base_offset = last_base
-        keep.tail = None
-        keep.index, keep.time_index = index, time_index
-        keep.rewrite_index_files()
-        keep.sync_index_files(self._sync)
-        fsync_directory(self.directory, self._sync, opener=self._files.open_raw)
-        self._active = keep
-        self._truncations += 1  # a reader that pinned before this may meet the cut: not damage
-        self._end_offset = offset
-        self._tail = None
-        self._size_bytes = sum(s.size_bytes for s in self._segments)
-        self._unsynced_sealed = [s for s in self._unsynced_sealed if s in self._segments and s is not keep]
-        self._damaged = {k: r for k, r in self._damaged.items() if r.first_offset < offset}
-        self.producers.forget_from(offset)
-        for snap in list_snapshots(self.directory):
-            if snap > offset:
-                remove_snapshot(self.directory, snap)
-
-    def _account_locked(self, segment: Segment, record_count: int, rolled: bool) -> _FlushPolicy:
-        """Apply the flush policy's bookkeeping to an append just written (under ``_lock``)."""
-        config = self._config
-        flusher = self._flusher if self._flusher is not None and self._flusher.accepting else None
-        forced: Segment | None = None
-        request = rolled and not self._flush_requested
-        threshold = config.unflush_threshold
-        if threshold == 1:
-            future = new_durable_future()
-            forced = segment
-            wait = True
-        else:
-            if self._pending_future is None:
-                self._pending_future = new_durable_future()
-            future = self._pending_future
-            wait = threshold <= 0
-            if wait:
-                request = request or not self._flush_requested
-            else:
-                self._unflushed_messages += record_count
-                if self._unflushed_messages >= threshold and not self._flush_requested:
-                    request = True
-                if self._first_unflushed_ms < 0:
-                    self._first_unflushed_ms = int(self._clock() * 1000)
-                    if flusher is not None:
-                        flusher.flush_at(self, self._first_unflushed_ms + config.unflush_interval_ms)
-        if request:
-            self._flush_requested = True
-        return _FlushPolicy(future, wait, forced, request, self._first_unflushed_ms, flusher)
-
-    def _apply_flush_policy(self, policy: _FlushPolicy) -> tuple[Future[None], bool]:
-        """Outside ``_lock``: hand the append to the flusher, or sync inline when there is none."""
-        future, wait, forced, request, first_unflushed_ms, flusher = policy
-        if flusher is not None:
-            if forced is not None:
-                flusher.sync_append(self, forced, future)
-            elif request:
-                flusher.flush_soon(self)
-        elif forced is not None or wait or request or (
-                first_unflushed_ms >= 0
-                and int(self._clock() * 1000) - first_unflushed_ms >= self._config.unflush_interval_ms):
-            self.flush_pending(forced, future if forced is not None else None)
-        return future, wait
+        """Cut the log back so that ``offset`` (a batch boundary) becomes its end, durably and crash-safe;
+        returns the messages removed."""
+        return follower.truncate_to(self, offset)
 
     def _check_writable(self) -> None:
         if self._closed:
@@ -747,7 +332,7 @@ class PartitionLog:
         try:
             handle = files.acquire(segment.log_path, create=True, on_close=segment.on_log_fd_closed)
         except OSError as exc:
-            raise _storage_error(f"cannot open {segment.log_path}", exc) from exc
+            raise storage_error(f"cannot open {segment.log_path}", exc) from exc
         try:
             written = os.pwritev(handle.fd, parts, position)
             if written != total:
@@ -764,7 +349,7 @@ class PartitionLog:
                 os.ftruncate(handle.fd, position)
             except OSError as cut_exc:
                 self._failure = StorageError(f"cannot cut a partial write in {segment.log_path}: {cut_exc}")
-            raise _storage_error(f"cannot append to {segment.log_path}", exc) from exc
+            raise storage_error(f"cannot append to {segment.log_path}", exc) from exc
         finally:
             files.release(handle)
 
@@ -784,11 +369,11 @@ class PartitionLog:
         try:  # the new file first: if the disk refuses it, nothing has changed
             handle = self._files.acquire(segment.log_path, create=True, on_close=segment.on_log_fd_closed)
         except OSError as exc:
-            raise _storage_error(f"cannot start segment {segment.log_path}", exc) from exc
+            raise storage_error(f"cannot start segment {segment.log_path}", exc) from exc
         self._files.release(handle)
         old = self._active
         old.seal()
-        self._unsynced_sealed.append(old)
+        self._flush.unsynced_sealed.append(old)
         segment.start_empty_indexes()
         segment.dir_synced = False
         self._segments.append(segment)
@@ -800,174 +385,19 @@ class PartitionLog:
 
     def flush(self) -> None:
         """fdatasync everything appended so far (blocking; never call it on an event loop)."""
-        self.flush_pending()
+        self._flush.flush_pending()
+
+    # The flusher's side (storage/flush.py: SyncTarget, CoveredTarget): the partition's flush state does it.
 
     def flush_pending(self, forced_segment: Segment | None = None, future: Future[None] | None = None) -> None:
-        """Sync whatever is unsynced, then resolve the durable futures it covers.
+        """Sync whatever is unsynced, then resolve the durable futures it covers (PartitionFlush.flush_pending)."""
+        self._flush.flush_pending(forced_segment, future)
 
-        ``forced_segment`` gets an fdatasync even when another sync already covered it (the
-        one-sync-per-append rule of unflush_threshold=1); ``future`` is resolved with the rest.
-        Raises StorageError (after failing the futures) when a sync fails; the log goes offline. When a
-        file to sync cannot even be opened for want of descriptors (EMFILE/ENFILE with none idle in the
-        pool) nothing failed to sync: the futures fail, the log stays online, and the flush is tried again
-        in FLUSH_RETRY_MS.
-        """
-        with self._sync_lock:
-            with self._lock:
-                if self._closed:
-                    resolve(future, LogClosedError(f"{self} was abandoned before the flush")
-                            if self._abandoned else None)
-                    return
-                taken = self._take_unsynced_locked(forced_segment)
-            self._complete_flush(taken, future, covered=False)
+    def begin_covered_flush(self, device: int) -> Unsynced | None:
+        return self._flush.begin_covered_flush(device)
 
-    def begin_covered_flush(self, device: int) -> _Unsynced | None:
-        """The first half of a flush whose sync is one sync of the whole filesystem (the flusher's syncfs
-        round, :class:`~metaq.storage.flush.FilesystemSync`): takes the sync lock and what is unsynced now,
-        which a filesystem sync started after this call covers: the active segment's bytes, and the
-        directory entries of a new partition or segment (syncfs writes the filesystem's metadata too, so
-        the first flush of 10,000 new partitions needs no directory fsync). None (nothing taken, nothing
-        held) when the log is not on filesystem ``device``, another flush holds it, or this flush needs
-        more than that (a sealed segment and its index files, a failed or closed log): :meth:`flush_pending`
-        does those. Always follow with :meth:`end_covered_flush`."""
-        if self.device != device or not self._sync_lock.acquire(blocking=False):
-            return None
-        with self._lock:
-            plain = not (self._closed or self._failure is not None or self._unsynced_sealed)
-            taken = self._take_unsynced_locked(None) if plain else None
-        if taken is None:
-            self._sync_lock.release()
-        return taken
-
-    def end_covered_flush(self, taken: _Unsynced, synced: bool) -> None:
-        """The second half: ``synced`` when the filesystem sync succeeded (the bytes taken are durable);
-        else this log fdatasyncs them itself, so that a write-back error is reported for the file it hit.
-        Resolves the acks taken; raises StorageError as :meth:`flush_pending` does."""
-        try:
-            self._complete_flush(taken, None, covered=synced)
-        finally:
-            self._sync_lock.release()
-
-    def _take_unsynced_locked(self, forced_segment: Segment | None) -> _Unsynced:
-        """What a flush syncs: the unsynced bytes as of now and the acks waiting for them (segments pinned)."""
-        active = self._active
-        pending = self._pending_future
-        self._pending_future = None
-        first_unflushed_ms = self._first_unflushed_ms
-        self._unflushed_messages = 0
-        self._first_unflushed_ms = -1
-        self._flush_requested = False
-        sealed = [(s, *s.take_pending_index_bytes()) for s in self._unsynced_sealed]
-        active_index = active.take_pending_index_bytes(ACTIVE_INDEX_WRITE_BYTES)
-        pinned = [s for s, _, _ in sealed] + [active]
-        if forced_segment is not None and forced_segment not in pinned:
-            pinned.append(forced_segment)
-        for segment in pinned:
-            segment.pins += 1
-        return _Unsynced(sealed, active, active.size_bytes, active_index, forced_segment, pending,
-                         first_unflushed_ms, pinned, self._failure)
-
-    def _complete_flush(self, taken: _Unsynced, future: Future[None] | None, *, covered: bool) -> None:
-        """Sync what was taken (nothing to sync but the bookkeeping when ``covered``: a filesystem sync did
-        it), then resolve its acks and ``future``. Under the sync lock."""
-        sealed, active, active_index = taken.sealed, taken.active, taken.active_index
-        error: StorageError | None = taken.failure
-        deferred = False
-        try:
-            if error is None:
-                self._sync_segments(sealed, active, taken.target_bytes, active_index, taken.forced, covered=covered)
-        except OSError as exc:
-            deferred = exc.errno in SHORTAGE_ERRNOS  # from an open: no sync failed
-            error = StorageError(f"cannot flush {self} now: {exc}; tried again in {FLUSH_RETRY_MS} ms"
-                                 if deferred else f"cannot flush {self}: {exc}; the log is offline until restart")
-        finally:
-            with self._lock:
-                for segment in taken.pinned:
-                    segment.pins -= 1
-                if error is None:
-                    done = {id(s) for s, _, _ in sealed}
-                    self._unsynced_sealed = [s for s in self._unsynced_sealed if id(s) not in done]
-                elif deferred:
-                    self._defer_flush_locked(sealed, active, active_index, taken.first_unflushed_ms)
-                elif self._failure is None:
-                    self._failure = error
-        resolve(taken.pending, error)
-        resolve(future, error)
-        if deferred and self._flusher is not None:
-            try:
-                self._flusher.flush_at(self, int(self._clock() * 1000) + FLUSH_RETRY_MS)
-            except StorageError:  # the flusher is stopping: the close's own flush takes it
-                pass
-        if error is not None:
-            raise error
-
-    def _defer_flush_locked(self, sealed: list[tuple[Segment, bytes, bytes]], active: Segment,
-                            active_index: tuple[bytes, bytes], first_unflushed_ms: int) -> None:
-        """A flush that could not open a file: what it took must be synced by the next one. Its bytes
-        stay unsynced (``synced_bytes`` only moves after a sync) and its sealed segments listed; index
-        entries it took may not be written, so those index files are dropped, to be written whole from
-        memory by the next sync; the unflushed clock goes back to its start."""
-        for segment, index_bytes, timeindex_bytes in sealed:
-            if index_bytes or timeindex_bytes:
-                segment.drop_index_files()
-        if active_index[0] or active_index[1]:
-            active.drop_index_files()
-        if first_unflushed_ms < 0:
-            first_unflushed_ms = int(self._clock() * 1000)
-        if self._first_unflushed_ms < 0 or first_unflushed_ms < self._first_unflushed_ms:
-            self._first_unflushed_ms = first_unflushed_ms
-
-    def _sync_segments(self, sealed: list[tuple[Segment, bytes, bytes]], active: Segment, target_bytes: int,
-                       active_index: tuple[bytes, bytes], forced: Segment | None, *, covered: bool = False) -> None:
-        """``covered``: a sync of the whole filesystem, started after the flush took its state, made the
-        active segment's bytes durable, and the directory entries made before (the partition's in the data
-        directory, the active segment's in the partition's): only a flush with no sealed segment or forced
-        sync is covered. The flags say which entries are durable; a flush that is not covered fsyncs the
-        directories itself."""
-        if self._parent_unsynced:
-            if not covered:
-                fsync_directory(self.directory.parent, self._sync, opener=self._files.open_raw)
-            self._parent_unsynced = False
-        dir_unsynced = not active.dir_synced or any(not s.dir_synced for s, _, _ in sealed)
-        for segment, index_bytes, timeindex_bytes in sealed:
-            if segment.synced_bytes < segment.size_bytes or segment is forced:
-                self._fdatasync(segment)
-                segment.synced_bytes = segment.size_bytes
-            self._write_indexes(segment, index_bytes, timeindex_bytes, sync_files=True)
-        if forced is not None and forced is not active and all(forced is not s for s, _, _ in sealed):
-            self._fdatasync(forced)
-        if not covered and (active.synced_bytes < target_bytes or forced is active):
-            self._fdatasync(active)
-        if target_bytes > active.synced_bytes:
-            active.synced_bytes = target_bytes
-        if dir_unsynced:
-            if not covered:
-                fsync_directory(self.directory, self._sync, opener=self._files.open_raw)
-            for segment, _, _ in sealed:
-                segment.dir_synced = True
-            active.dir_synced = True
-        # Index entries only go to disk after the bytes they point at are synced (see recovery.py).
-        self._write_indexes(active, *active_index, sync_files=False)
-
-    def _write_indexes(self, segment: Segment, index_bytes: bytes, timeindex_bytes: bytes, *,
-                       sync_files: bool) -> None:
-        """Write (and at a seal, fsync) index entries. Indexes are derived data: a failure here (a full
-        disk) drops the segment's index files, to be rebuilt from the log, and is not a log failure."""
-        try:
-            segment.write_index_bytes(index_bytes, timeindex_bytes)
-            if sync_files:
-                segment.sync_index_files(self._sync)
-        except OSError as exc:
-            segment.drop_index_files()
-            log.warning("%s: cannot write the index of segment %d (%s); its index files are dropped and rebuilt "
-                        "from the log when next needed", self, segment.base_offset, exc)
-
-    def _fdatasync(self, segment: Segment) -> None:
-        handle = self._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
-        try:
-            self._sync(handle.fd)
-        finally:
-            self._files.release(handle)
+    def end_covered_flush(self, taken: Unsynced, synced: bool) -> None:
+        self._flush.end_covered_flush(taken, synced)
 
     # ------------------------------------------------------------------ read
 
@@ -1061,103 +491,17 @@ class PartitionLog:
         with self._lock:
             segment.pins -= 1
 
+    # ------------------------------------------------------------------ search (storage/search.py)
+
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """The first offset whose record timestamp is >= ``timestamp_ms``; the log end when none is."""
-        with self._lock:
-            if self._closed:
-                raise LogClosedError(f"{self} is closed")
-            candidates = list(self._segments)
-        for segment in candidates:
-            with self._lock:
-                if segment.base_offset < self._segments[0].base_offset or self._closed:
-                    continue  # removed by retention meanwhile
-                segment.pins += 1
-                size_limit = segment.size_bytes
-            try:
-                if segment.max_timestamp() < timestamp_ms:
-                    continue
-                found = self._search_timestamp(segment, timestamp_ms, size_limit)
-                if found is not None:
-                    return found
-            finally:
-                self._unpin(segment)
-        return self._end_offset
-
-    def _search_timestamp(self, segment: Segment, timestamp_ms: int, size_limit: int) -> int | None:
-        _, time_index = segment.loaded_indexes()
-        relative = time_index.start_before(timestamp_ms)
-        handle = self._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
-        try:
-            position = 0
-            if relative:
-                position, _ = segment.find_batch(handle.fd, segment.base_offset + relative, size_limit,
-                                                 segment.next_offset)
-            for at, header in iter_headers(handle.fd, position, size_limit):
-                if header.max_timestamp_ms < timestamp_ms:
-                    continue
-                data = pread_exact(handle.fd, header.total_bytes, at)
-                for message in decode_batch(data, header=header, verify=False):
-                    if message.timestamp_ms >= timestamp_ms:
-                        return message.offset
-        finally:
-            self._files.release(handle)
-        return None
+        return search.offset_for_timestamp(self, timestamp_ms)
 
     def find_messages(self, key: bytes | None, from_ms: int = -1, to_ms: int = -1, limit: int = 100, *,
                       max_key_entries: int = DEFAULT_MAX_ENTRIES) -> FindResult:
         """The records with this key (any key when None) and a timestamp in ``[from_ms, to_ms]`` (-1 =
-        open), in offset order, at most ``limit`` (``truncated`` when more exist). Blocking (disk).
-
-        The start comes from the time index (the first offset with a timestamp >= from_ms); by key, the
-        per-segment key index gives candidates that are checked against the records; by time only, the
-        records from the start are scanned until ``limit`` or the end of the log.
-        """
-        if limit <= 0:
-            raise InvalidArgument(f"limit must be > 0, not {limit}")
-        with self._find_lock:
-            return self._find_locked(key, from_ms, to_ms, limit, max_key_entries)
-
-    def _find_locked(self, key: bytes | None, from_ms: int, to_ms: int, limit: int,
-                     max_key_entries: int) -> FindResult:
-        result = FindResult()
-        start = self.log_start_offset if from_ms < 0 else self.offset_for_timestamp(from_ms)
-        with self._lock:
-            if self._closed:
-                raise LogClosedError(f"{self} is closed")
-            candidates = list(self._segments)
-        for segment in candidates:
-            with self._lock:
-                if segment.base_offset < self._segments[0].base_offset or self._closed \
-                        or segment not in self._segments:
-                    continue  # removed by retention or truncation meanwhile
-                segment.pins += 1
-                size_limit, next_limit = segment.size_bytes, segment.next_offset
-            try:
-                if next_limit <= start:
-                    continue
-                handle = self._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
-                try:
-                    position = 0
-                    if start > segment.base_offset:
-                        position, _ = segment.find_batch(handle.fd, start, size_limit, next_limit)
-                    fd = handle.fd
-
-                    def locate(offset: int, segment: Segment = segment, fd: int = fd, size_limit: int = size_limit,
-                               next_limit: int = next_limit) -> tuple[int, BatchHeader]:
-                        return segment.find_batch(fd, offset, size_limit, next_limit)
-
-                    done = find_in_segment(result, fd, segment.log_path, segment.base_offset, position, size_limit,
-                                           locate, key, start, from_ms, to_ms, limit, max_key_entries)
-                finally:
-                    self._files.release(handle)
-            except (DamagedData, StorageError, CorruptRecordError) as exc:
-                result.problems.append(f"segment {segment.base_offset}: {exc}; the rest of it was not searched")
-                continue
-            finally:
-                self._unpin(segment)
-            if done:
-                break
-        return result
+        open), in offset order, at most ``limit`` (``truncated`` when more exist). Blocking (disk)."""
+        return search.find_messages(self, key, from_ms, to_ms, limit, max_key_entries=max_key_entries)
 
     # ------------------------------------------------------------------ damage
 
@@ -1180,101 +524,16 @@ class PartitionLog:
                       damaged.segment_base_offset, damaged.problem)
 
     def verify(self) -> PartitionReport:
-        """Check every stored byte and index entry of the partition (blocking; minutes for a big log).
-
-        Appends go on meanwhile: the active segment is checked up to its size when its turn comes.
-        The damaged ranges found replace what reads had recorded for the segments checked.
-        """
-        report = PartitionReport(self._topic, self._partition)
-        with self._lock:
-            if self._closed:
-                raise LogClosedError(f"{self} is closed")
-            segments = list(self._segments)
-            report.log_start_offset = self._segments[0].base_offset
-        for segment in segments:
-            with self._lock:
-                if self._closed or segment not in self._segments:
-                    continue  # removed by retention meanwhile
-                segment.pins += 1
-                generation = self._truncations
-                size_limit, next_limit, sealed = segment.size_bytes, segment.next_offset, segment.sealed
-            try:
-                handle = self._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
-                try:
-                    check = verify_segment(handle.fd, segment.base_offset, size_limit, next_limit, self._tag,
-                                           segment.index_path if sealed else None,
-                                           segment.timeindex_path if sealed else None)
-                finally:
-                    self._files.release(handle)
-            finally:
-                self._unpin(segment)
-            if self._truncations != generation:  # cut while being checked: the part checked no longer exists
-                continue
-            report.add(check)
-            with self._lock:
-                known = {k for k, r in self._damaged.items() if r.segment_base_offset == segment.base_offset}
-                for key in known:
-                    del self._damaged[key]
-                for damaged in check.damaged:
-                    if damaged.first_offset in known:  # already reported: refresh it quietly
-                        self._damaged[damaged.first_offset] = damaged
-            for damaged in check.damaged:
-                if damaged.first_offset not in known:
-                    self._note_damage(damaged)
-        report.log_end_offset = self._end_offset
-        return report
+        """Check every stored byte and index entry of the partition (blocking; storage/verify.py)."""
+        return verify_partition(self)
 
     # ------------------------------------------------------------------ retention
 
     def apply_retention(self, now_ms: int | None = None) -> list[int]:
-        """Remove (or archive) the oldest segments past the topic's deletePolicy age.
+        """Remove (or archive) the oldest segments past the topic's deletePolicy age (storage/retention.py);
+        returns the removed base offsets."""
+        return apply_retention(self, now_ms)
 
-        Never the active segment, never one pinned by a reader or a sync, never one not yet synced,
-        and only a prefix of the log, so offsets stay contiguous. Returns the removed base offsets.
-        """
-        policy = self._config.retention
-        if now_ms is None:
-            now_ms = int(self._clock() * 1000)
-        victims: list[Segment] = []
-        with self._lock:
-            if self._closed:
-                return []
-            unsynced = {id(s) for s in self._unsynced_sealed}
-            for segment in self._segments[:-1]:
-                if segment.pins or id(segment) in unsynced:
-                    break
-                try:
-                    last_write_ms = segment.mtime_ms()
-                except OSError:
-                    break
-                if not policy.expired(last_write_ms, now_ms):
-                    break
-                victims.append(segment)
-            if not victims:
-                return []
-            del self._segments[:len(victims)]
-            del self._bases[:len(victims)]
-            self._size_bytes -= sum(s.size_bytes for s in victims)
-            for segment in victims:
-                for path in (segment.log_path, segment.index_path, segment.timeindex_path):
-                    self._files.discard(path)
-        for i, segment in enumerate(victims):
-            try:
-                dispose_segment(segment.log_path, (segment.index_path, segment.timeindex_path,
-                                                   key_index_path(segment.log_path)), policy)
-            except OSError as exc:
-                if not os.path.exists(segment.log_path):
-                    continue  # only an index file is left behind: the next open removes it as an orphan
-                # This segment and the later ones are still on disk: they stay the head of the log (a
-                # prefix, so offsets stay contiguous) and the next run tries again.
-                kept = victims[i:]
-                with self._lock:
-                    self._segments[:0] = kept
-                    self._bases[:0] = [s.base_offset for s in kept]
-                    self._size_bytes += sum(s.size_bytes for s in kept)
-                raise StorageError(f"retention of {self} could not remove {segment.log_path}: {exc}; "
-                                   f"{len(kept)} segment(s) kept, retried at the next run") from exc
-        return [s.base_offset for s in victims]
 
     # ------------------------------------------------------------------ configuration and lifecycle
 
@@ -1284,7 +543,7 @@ class PartitionLog:
             self._config = config
             for segment in self._segments:
                 segment.index_interval_bytes = config.index_interval_bytes
-            pending = self._pending_future is not None or self._unsynced_sealed
+            pending = self._flush.pending
         if pending and self._flusher is not None and self._flusher.running:
             self._flusher.flush_soon(self)
 
@@ -1306,11 +565,11 @@ class PartitionLog:
             return None
         error: StorageError | None = None
         try:
-            self.flush_pending()
+            self._flush.flush_pending()
         except StorageError as exc:
             error = exc
         state: CleanState | None = None
-        with self._sync_lock:
+        with self._flush.sync_lock:
             with self._lock:
                 if self._closed:
                     return None
@@ -1348,7 +607,7 @@ class PartitionLog:
                 return
             self._closed = True
             self._abandoned = True
-            pending, self._pending_future = self._pending_future, None
+            pending = self._flush.abandon_locked()
             segments = list(self._segments)
         resolve(pending, LogClosedError(f"{self} was abandoned before the flush"))
         self._release_files(segments)

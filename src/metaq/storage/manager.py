@@ -18,15 +18,24 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from metaq.errors import InvalidArgument, StorageError
-from metaq.fsutil import syncfs, syncfs_available
+from metaq.fsutil import datasync, syncfs
 from metaq.protocol.records import MAGIC
-from metaq.storage.checkpoint import CleanState, fsync_directory, read_json, remove_file, write_json
+from metaq.storage.checkpoint import (
+    CleanState,
+    fsync_directory,
+    read_clean_states,
+    read_json,
+    remove_file,
+    write_clean_states,
+    write_json,
+)
 from metaq.storage.config import LogConfig
-from metaq.storage.errors import LogClosedError, MessageNotFound
+from metaq.storage.errors import LogClosedError, MessageNotFound, is_disk_full
 from metaq.storage.files import FileCache
-from metaq.storage.flush import FilesystemSync, Flusher
+from metaq.storage.flush import FilesystemSync, Flusher, SyncfsDecision, decide_syncfs
 from metaq.storage.log import PartitionLog
 from metaq.storage.retention import RetentionOutcome
 from metaq.types import (
@@ -65,17 +74,19 @@ class LogManager:
     def __init__(self, data_dir: Path, broker_id: int, default_config: LogConfig,
                  topic_configs: dict[str, LogConfig] | None = None, *, load_in_parallel: bool = False,
                  max_open_files: int = 1024, clock: Callable[[], float] = time.time,
-                 sync: Callable[[int], None] = os.fdatasync, idle_close_seconds: float = 60.0,
+                 sync: Callable[[int], None] = datasync, idle_close_seconds: float = 60.0,
                  load_workers: int = 8, syncfs_min_logs: int = 0,
                  sync_filesystem: Callable[[int], None] | None = None, sync_inline_max_logs: int = 2,
-                 syncfs_quiet_min_logs: int = 0) -> None:
-        """``syncfs_min_logs`` > 0: a flush round of at least that many partitions syncs the data directory's
-        filesystem once instead of each partition (storage/flush.py), where the kernel reports write-back
-        errors to syncfs (Linux 5.8+); ``sync_filesystem`` wraps or replaces syncfs(2) there (to time, count or
-        fail it); ``syncfs_quiet_min_logs`` > 0: a round of at least that many does too while the machine has
-        little else to write back (``FilesystemSync``). ``sync_inline_max_logs``: the flusher's
-        ``inline_max_logs`` (a round of at most that many partitions is synced in the flusher's own thread, a
-        larger one on its pool)."""
+                 syncfs_quiet_min_logs: int = 0, use_syncfs: bool = True) -> None:
+        """``sync`` syncs a file's data or a directory's entries (:func:`~metaq.fsutil.datasync`; inject one
+        to time, count, hold or fail them). ``syncfs_min_logs`` > 0: a flush round of at least that many
+        partitions syncs the data directory's filesystem once instead of each partition (storage/flush.py),
+        where that is known to make the data durable (:func:`~metaq.storage.flush.decide_syncfs`: the
+        filesystem, Linux 5.8+; ``use_syncfs=False`` never); ``sync_filesystem`` wraps or replaces syncfs(2)
+        there (to time, count or fail it); ``syncfs_quiet_min_logs`` > 0: a round of at least that many does
+        too while the machine has little else to write back (``FilesystemSync``). ``sync_inline_max_logs``: the
+        flusher's ``inline_max_logs`` (a round of at most that many partitions is synced in the flusher's own
+        thread, a larger one on its pool)."""
         if not isinstance(broker_id, int) or not 0 <= broker_id <= BROKER_ID_MAX:
             raise InvalidArgument(f"broker id {broker_id!r} is outside 0..{BROKER_ID_MAX}")
         self.data_dir = Path(data_dir)
@@ -88,6 +99,9 @@ class LogManager:
         self._sync = sync
         self._syncfs_min_logs = syncfs_min_logs
         self._syncfs_quiet_min_logs = syncfs_quiet_min_logs
+        self._use_syncfs = use_syncfs
+        self.syncfs_decision: SyncfsDecision | None = None
+        """Whether this data directory's flush rounds may use syncfs, and why (decided by :meth:`open`)."""
         self._sync_filesystem = sync_filesystem
         self._idle_close_seconds = idle_close_seconds
         self.files = FileCache(max_open_files)
@@ -111,10 +125,7 @@ class LogManager:
         self._lock_data_dir()
         try:
             checkpoint_path = self.data_dir / CHECKPOINT_FILE
-            document = read_json(checkpoint_path) or {}
-            raw_states = document.get("partitions", {})
-            states = {name: CleanState.from_json(value) for name, value in raw_states.items()} \
-                if isinstance(raw_states, dict) else {}
+            states = read_clean_states(checkpoint_path)
             mark_format = self._check_format()
             # From here on a crash must look unclean: the checkpoint goes before the first append.
             remove_file(checkpoint_path, sync_dir=True, sync=self._sync)
@@ -202,7 +213,7 @@ class LogManager:
             self._closed = True
             return
         self._closed = True
-        states: dict[str, dict[str, int]] = {}
+        states: dict[str, CleanState] = {}
         errors: list[str] = []
         with self._lock:
             logs = list(self._logs.values())
@@ -234,28 +245,42 @@ class LogManager:
             if error is not None:
                 errors.append(error)
             elif state is not None:
-                states[partition_log.directory.name] = state.to_json()
+                states[partition_log.directory.name] = state
         self._close_filesystem_sync()
         try:
-            write_json(self.data_dir / CHECKPOINT_FILE, {"broker_id": self.broker_id, "partitions": states},
-                       sync=self._sync)
+            write_clean_states(self.data_dir / CHECKPOINT_FILE, states, sync=self._sync)
         except OSError as exc:
-            errors.append(f"cannot write the clean-shutdown checkpoint: {exc}")
+            if not is_disk_full(exc):
+                errors.append(f"cannot write the clean-shutdown checkpoint: {exc}")
+            else:  # every log is synced: the next start only checks them as after a crash
+                log.warning("cannot write the clean-shutdown checkpoint (the disk is full): the next start checks "
+                            "every partition as after a crash; nothing is lost")
         self.files.close_all()
         self._unlock_data_dir()
         if errors:
             raise StorageError("closing the logs failed: " + "; ".join(errors))
 
     def _start_flusher(self) -> None:
-        if self._syncfs_min_logs > 0:
-            if syncfs_available():
-                self.flusher.filesystem_sync = FilesystemSync(self.data_dir, self._syncfs_min_logs,
-                                                              self._sync_filesystem or syncfs,
-                                                              quiet_min_logs=self._syncfs_quiet_min_logs)
-            else:
-                log.info("syncfs is not available here (Linux 5.8 or later): every partition of a flush round is "
-                         "fdatasynced on its own")
+        decision = decide_syncfs(self.data_dir, enabled=self._use_syncfs, min_logs=self._syncfs_min_logs)
+        self.syncfs_decision = decision
+        if decision.used:
+            self.flusher.filesystem_sync = FilesystemSync(self.data_dir, self._syncfs_min_logs,
+                                                          self._sync_filesystem or syncfs,
+                                                          quiet_min_logs=self._syncfs_quiet_min_logs)
+        log.info("data directory %s: %s", self.data_dir, decision.reason)
         self.flusher.start()
+
+    def describe_syncs(self) -> dict[str, Any] | None:
+        """How flushes are made durable here (``metaq stats``): the :class:`SyncfsDecision` and, where syncfs is
+        used, the rounds it synced, its failures and the quiet rounds it left to fdatasyncs; None before open."""
+        decision = self.syncfs_decision
+        if decision is None:
+            return None
+        doc = decision.describe()
+        whole = self.flusher.filesystem_sync
+        if whole is not None:
+            doc.update(syncfs_rounds=whole.syncs, syncfs_failures=whole.failures, syncfs_busy_skips=whole.busy_skips)
+        return doc
 
     def _close_filesystem_sync(self) -> None:
         if self.flusher.filesystem_sync is not None:

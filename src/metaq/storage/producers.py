@@ -19,10 +19,17 @@ batch at a later sequence is **unknown-producer** (nothing stored). Taking it wo
 predecessors missing, and a resend of those would then look like an old duplicate and be dropped: acked,
 never stored. The producer starts a new epoch at 0 instead (docs/producer.md).
 
-The table is rebuilt from the log itself: a snapshot (``<offset>.producers``, a CRC-checked JSON file)
-is written when a segment rolls and when the log is closed, and on open the batches after the newest
-usable snapshot are read (headers and producer blocks only). So a retried batch is recognised after a
-restart, a kill -9, or a failover to a slave (which stores the same stamped batches).
+The table is rebuilt from the log itself: a snapshot (``<offset>.producers``) is written when a segment
+rolls and when the log is closed, and on open the batches after the newest usable snapshot are read
+(headers and producer blocks only). So a retried batch is recognised after a restart, a kill -9, or a
+failover to a slave (which stores the same stamped batches).
+
+A snapshot is text lines (:mod:`metaq.framing`): ``{"offset": N}``, then one line per producer
+``{"producer": id, "epoch": e, "last_ms": t, "batches": [[first_seq, last_seq, base, last, time], ...]}``,
+each with its checksums. A damaged line costs that producer only (an ERROR names it): the partition then
+takes it at whatever sequence it sends next, as a producer it never saw, so a retry of a batch it stored
+before the snapshot may be stored again. A snapshot an earlier version wrote (a CRC line, then one JSON
+document) is still read.
 """
 
 from __future__ import annotations
@@ -34,10 +41,10 @@ import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from metaq.fsutil import atomic_write
 from metaq.protocol.records import SEQUENCE_LIMIT, ProducerStamp
+from metaq.storage.checkpoint import check_records, parse_records, write_records
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +55,11 @@ MAX_PRODUCERS = 100_000
 """Producers remembered per partition; past it, the one idle longest is forgotten."""
 SNAPSHOT_SUFFIX = ".producers"
 SNAPSHOTS_KEPT = 3
+STORE = "producers"
+
+
+def _key(obj: dict[str, object]) -> str:
+    return "offset" if "offset" in obj else f"producer {obj['producer']}"
 
 
 class StoredBatch(NamedTuple):
@@ -167,10 +179,6 @@ class ProducerStateTable:
 
     # -- snapshots -----------------------------------------------------------------------------
 
-    def to_document(self, offset: int) -> dict[str, object]:
-        return {"offset": offset, "producers": {
-            str(pid): [e.epoch, e.last_append_ms, [list(b) for b in e.batches]] for pid, e in self._producers.items()}}
-
     @classmethod
     def from_document(cls, document: dict[str, object], expiration_ms: int) -> ProducerStateTable:
         table = cls(expiration_ms)
@@ -191,8 +199,11 @@ def write_snapshot(directory: str | os.PathLike[str], table: ProducerStateTable,
     """Write the table as of ``offset`` (everything below it is in the table) and drop old snapshots.
 
     Not fsynced: a snapshot lost or torn by a crash only means the next open reads more of the log."""
-    body = json.dumps(table.to_document(offset), separators=(",", ":")).encode()
-    atomic_write(snapshot_path(directory, offset), b"%08x\n" % zlib.crc32(body) + body, sync=None)
+    lines: list[tuple[str, dict[str, Any]]] = [("offset", {"offset": offset})]
+    lines += [(f"producer {pid}", {"producer": pid, "epoch": e.epoch, "last_ms": e.last_append_ms,
+                                   "batches": [list(b) for b in e.batches]})
+              for pid, e in table._producers.items()]
+    write_records(snapshot_path(directory, offset), lines, sync=None)
     for old in list_snapshots(directory)[:-SNAPSHOTS_KEPT]:
         remove_snapshot(directory, old)
 
@@ -214,19 +225,54 @@ def remove_snapshot(directory: str | os.PathLike[str], offset: int) -> None:
 
 
 def read_snapshot(directory: str | os.PathLike[str], offset: int, expiration_ms: int) -> ProducerStateTable | None:
-    """The snapshot at ``offset``, or None if it is missing or damaged (then an older one is used)."""
+    """The snapshot at ``offset``, or None if it is missing or unusable as a whole (then an older one is used).
+    A damaged producer line costs that producer only (an ERROR names it)."""
+    path = snapshot_path(directory, offset)
     try:
-        data = snapshot_path(directory, offset).read_bytes()
-        crc_text, body = data.split(b"\n", 1)
-        if int(crc_text, 16) != zlib.crc32(body):
-            raise ValueError("CRC mismatch")
-        document = json.loads(body)
-        if document.get("offset") != offset:
-            raise ValueError("offset mismatch")
-        return ProducerStateTable.from_document(document, expiration_ms)
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError, AssertionError) as exc:
-        log.warning("producer snapshot %s is unusable (%s); reading more of the log instead",
-                    snapshot_path(directory, offset), exc)
+    except OSError as exc:
+        log.warning("producer snapshot %s is unusable (%s); reading more of the log instead", path, exc)
         return None
+    try:
+        first, _, rest = data.partition(b"\n")
+        if len(first) == 8 and rest.startswith(b"{"):  # a CRC line, then one JSON document
+            return _read_earlier(data, offset, expiration_ms)
+        records, _damage = parse_records(
+            data, path, _key, store=STORE,
+            lost=lambda key: f"{key or 'a producer'} of {Path(directory).name} is forgotten: its next batch is taken "
+                             "at whatever sequence it has (a retry of a batch stored before may be stored again)")
+        table = ProducerStateTable(expiration_ms)
+        stated = [r["offset"] for r in records if "offset" in r]
+        if stated and stated[0] != offset:
+            raise ValueError(f"it says offset {stated[0]}")
+        for r in records:
+            if "producer" in r:
+                entry = ProducerEntry(int(r["epoch"]), int(r["last_ms"]))
+                entry.batches.extend(StoredBatch(*map(int, b)) for b in r["batches"])
+                table._producers[int(r["producer"])] = entry
+        return table
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("producer snapshot %s is unusable (%s); reading more of the log instead", path, exc)
+        return None
+
+
+def _read_earlier(data: bytes, offset: int, expiration_ms: int) -> ProducerStateTable:
+    """A snapshot an earlier version wrote: a CRC line, then one JSON document."""
+    crc_text, body = data.split(b"\n", 1)
+    if int(crc_text, 16) != zlib.crc32(body):
+        raise ValueError("CRC mismatch")
+    document = json.loads(body)
+    if not isinstance(document, dict) or document.get("offset") != offset:
+        raise ValueError("offset mismatch")
+    return ProducerStateTable.from_document(document, expiration_ms)
+
+
+def check_snapshot(path: Path) -> tuple[int, list[str]]:
+    """(intact records, damaged lines) of a snapshot file: for verify; modifies nothing."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return 0, []
+    return check_records(data, _key)

@@ -15,8 +15,14 @@ import re
 import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from metaq.errors import ConfigError
+from metaq.errors import ConfigError, StorageError
+from metaq.storage.keyindex import key_index_path
+
+if TYPE_CHECKING:
+    from metaq.storage.log import PartitionLog
+    from metaq.storage.segment import Segment
 
 _DURATION_RE = re.compile(r"(\d+)\s*([smhSMH]?)")
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "": 3_600_000}
@@ -110,3 +116,54 @@ def dispose_segment(log_path: str, index_paths: Iterable[str], policy: Retention
         except FileNotFoundError:
             pass
     return archive
+
+
+def apply_retention(plog: PartitionLog, now_ms: int | None = None) -> list[int]:
+    """Remove (or archive) the oldest segments past the topic's deletePolicy age.
+
+    Never the active segment, never one pinned by a reader or a sync, never one not yet synced,
+    and only a prefix of the log, so offsets stay contiguous. Returns the removed base offsets.
+    """
+    policy = plog._config.retention
+    if now_ms is None:
+        now_ms = int(plog._clock() * 1000)
+    victims: list[Segment] = []
+    with plog._lock:
+        if plog._closed:
+            return []
+        unsynced = {id(s) for s in plog._flush.unsynced_sealed}
+        for segment in plog._segments[:-1]:
+            if segment.pins or id(segment) in unsynced:
+                break
+            try:
+                last_write_ms = segment.mtime_ms()
+            except OSError:
+                break
+            if not policy.expired(last_write_ms, now_ms):
+                break
+            victims.append(segment)
+        if not victims:
+            return []
+        del plog._segments[:len(victims)]
+        del plog._bases[:len(victims)]
+        plog._size_bytes -= sum(s.size_bytes for s in victims)
+        for segment in victims:
+            for path in (segment.log_path, segment.index_path, segment.timeindex_path):
+                plog._files.discard(path)
+    for i, segment in enumerate(victims):
+        try:
+            dispose_segment(segment.log_path, (segment.index_path, segment.timeindex_path,
+                                               key_index_path(segment.log_path)), policy)
+        except OSError as exc:
+            if not os.path.exists(segment.log_path):
+                continue  # only an index file is left behind: the next open removes it as an orphan
+            # This segment and the later ones are still on disk: they stay the head of the log (a
+            # prefix, so offsets stay contiguous) and the next run tries again.
+            kept = victims[i:]
+            with plog._lock:
+                plog._segments[:0] = kept
+                plog._bases[:0] = [s.base_offset for s in kept]
+                plog._size_bytes += sum(s.size_bytes for s in kept)
+            raise StorageError(f"retention of {plog} could not remove {segment.log_path}: {exc}; "
+                               f"{len(kept)} segment(s) kept, retried at the next run") from exc
+    return [s.base_offset for s in victims]

@@ -19,6 +19,9 @@ from metaq.storage.files import FileCache
 from metaq.storage.index import IndexCorrupt, OffsetIndex, TimeIndex
 from metaq.storage.scan import DamagedHeader, belongs_here, find_next_batch, iter_headers
 
+OFFSET_MAX = (1 << 63) - 1
+"""The largest offset a log may assign (a signed 64-bit field on the wire)."""
+
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIMEINDEX_SUFFIX = ".timeindex"

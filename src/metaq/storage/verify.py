@@ -6,17 +6,24 @@ it. :func:`verify_segment` walks a whole segment the way recovery does (header C
 continuity, the id naming this partition), but does not stop at damage: it resyncs on the next intact
 batch and reports each damaged stretch as a :class:`DamagedRange`, with the offsets it makes
 unreadable. It also checks that every entry of the offset and time index files points at the start of
-an intact batch with the right offset and running maximum timestamp. Nothing is modified.
+an intact batch with the right offset and running maximum timestamp. An index file that is missing or
+ends in a torn entry (what a kill -9 leaves: index files are derived data, written after the log and
+rebuilt on first use) is not damage: it is noted (``index_notes``), not reported as a problem. Nothing is
+modified.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from metaq.storage.index import IndexCorrupt, OffsetIndex, TimeIndex
+from metaq.storage.errors import LogClosedError
+from metaq.storage.index import OFFSET_ENTRY_BYTES, TIME_ENTRY_BYTES, IndexCorrupt, OffsetIndex, TimeIndex
 from metaq.storage.scan import Damage, walk_batches
+
+if TYPE_CHECKING:
+    from metaq.storage.log import PartitionLog
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +53,7 @@ class SegmentCheck:
     size_bytes: int = 0
     damaged: list[DamagedRange] = field(default_factory=list)
     index_problems: list[str] = field(default_factory=list)
+    index_notes: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -62,6 +70,8 @@ class PartitionReport:
     size_bytes: int = 0
     damaged: list[DamagedRange] = field(default_factory=list)
     index_problems: list[str] = field(default_factory=list)
+    index_notes: list[str] = field(default_factory=list)
+    """Not damage: index files missing or with a torn last entry (rebuilt on first use)."""
 
     @property
     def ok(self) -> bool:
@@ -78,13 +88,36 @@ class PartitionReport:
         self.size_bytes += check.size_bytes
         self.damaged.extend(check.damaged)
         self.index_problems.extend(check.index_problems)
+        self.index_notes.extend(check.index_notes)
 
     def to_json(self) -> dict[str, Any]:
         return {"topic": self.topic, "partition": self.partition, "log_start_offset": self.log_start_offset,
                 "log_end_offset": self.log_end_offset, "segments": self.segments, "batches": self.batches,
                 "messages": self.messages, "size_bytes": self.size_bytes, "ok": self.ok,
                 "messages_damaged": self.messages_damaged, "damaged": [r.to_json() for r in self.damaged],
-                "index_problems": self.index_problems}
+                "index_problems": self.index_problems, "index_notes": self.index_notes}
+
+
+@dataclass(slots=True)
+class StoreReport:
+    """What a check of one store beside the segments found (the offsets log, the transaction log, ...).
+
+    ``damaged``: one line per damaged record, naming what it held as far as its key tells; nothing
+    is modified by the check."""
+
+    store: str
+    path: str
+    records: int = 0
+    damaged: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.damaged
+
+    def to_json(self) -> dict[str, Any]:
+        return {"store": self.store, "path": self.path, "records": self.records, "ok": self.ok,
+                "damaged": list(self.damaged), "notes": list(self.notes)}
 
 
 def verify_segment(fd: int, base_offset: int, size_bytes: int, next_offset: int, tag: int,
@@ -119,9 +152,10 @@ def verify_segment(fd: int, base_offset: int, size_bytes: int, next_offset: int,
     spans = [(r.position, r.position + max(r.size_bytes, 1), r.first_offset, r.resume_offset) for r in check.damaged]
     if index_path is not None:
         check.index_problems.extend(_check_offset_index(index_path, base_offset, size_bytes, next_offset, starts,
-                                                        spans))
+                                                        spans, check.index_notes))
     if timeindex_path is not None:
-        check.index_problems.extend(_check_time_index(timeindex_path, base_offset, next_offset, starts, spans))
+        check.index_problems.extend(_check_time_index(timeindex_path, base_offset, next_offset, starts, spans,
+                                                      check.index_notes))
     return check
 
 
@@ -133,12 +167,25 @@ def _read(path: str) -> bytes | None:
         return None
 
 
-def _check_offset_index(path: str, base_offset: int, size_bytes: int, next_offset: int,
-                        starts: dict[int, tuple[int, int]], spans: list[tuple[int, int, int, int]]) -> list[str]:
-    data = _read(path)
-    name = os.path.basename(path)
+def _whole_entries(data: bytes | None, entry_bytes: int, name: str, notes: list[str]) -> bytes | None:
+    """The whole entries of an index file; a missing file or a torn last entry noted (not damage)."""
     if data is None:
-        return [f"{name} is missing (it is rebuilt on first use)"] if size_bytes else []
+        notes.append(f"{name} is missing (rebuilt on first use)")
+        return None
+    torn = len(data) % entry_bytes
+    if torn:
+        notes.append(f"{name} ends in a torn entry of {torn} bytes (rebuilt on first use)")
+        return data[:len(data) - torn]
+    return data
+
+
+def _check_offset_index(path: str, base_offset: int, size_bytes: int, next_offset: int,
+                        starts: dict[int, tuple[int, int]], spans: list[tuple[int, int, int, int]],
+                        notes: list[str]) -> list[str]:
+    name = os.path.basename(path)
+    data = _whole_entries(_read(path), OFFSET_ENTRY_BYTES, name, notes) if size_bytes else None
+    if data is None:
+        return []
     try:
         index = OffsetIndex.parse(data, size_bytes, next_offset - base_offset)
     except IndexCorrupt as exc:
@@ -155,9 +202,10 @@ def _check_offset_index(path: str, base_offset: int, size_bytes: int, next_offse
 
 
 def _check_time_index(path: str, base_offset: int, next_offset: int,
-                      starts: dict[int, tuple[int, int]], spans: list[tuple[int, int, int, int]]) -> list[str]:
-    data = _read(path)
+                      starts: dict[int, tuple[int, int]], spans: list[tuple[int, int, int, int]],
+                      notes: list[str]) -> list[str]:
     name = os.path.basename(path)
+    data = _whole_entries(_read(path), TIME_ENTRY_BYTES, name, notes)
     if data is None:
         return []
     try:
@@ -174,4 +222,72 @@ def _check_time_index(path: str, base_offset: int, next_offset: int,
         if running is None or running != timestamp:
             problems.append(f"{name}: entry ({timestamp}, offset {base_offset + relative}) does not match the "
                             "batches of the log")
+    return problems
+
+
+def verify_partition(plog: PartitionLog) -> PartitionReport:
+    """Check every stored byte and index entry of the partition (blocking; minutes for a big log).
+
+    Appends go on meanwhile: the active segment is checked up to its size when its turn comes.
+    The damaged ranges found replace what reads had recorded for the segments checked.
+    """
+    report = PartitionReport(plog._topic, plog._partition)
+    with plog._lock:
+        if plog._closed:
+            raise LogClosedError(f"{plog} is closed")
+        segments = list(plog._segments)
+        report.log_start_offset = plog._segments[0].base_offset
+    for segment in segments:
+        with plog._lock:
+            if plog._closed or segment not in plog._segments:
+                continue  # removed by retention meanwhile
+            segment.pins += 1
+            generation = plog._truncations
+            size_limit, next_limit, sealed = segment.size_bytes, segment.next_offset, segment.sealed
+        try:
+            handle = plog._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
+            try:
+                check = verify_segment(handle.fd, segment.base_offset, size_limit, next_limit, plog._tag,
+                                       segment.index_path if sealed else None,
+                                       segment.timeindex_path if sealed else None)
+            finally:
+                plog._files.release(handle)
+        finally:
+            plog._unpin(segment)
+        if plog._truncations != generation:  # cut while being checked: the part checked no longer exists
+            continue
+        report.add(check)
+        with plog._lock:
+            known = {k for k, r in plog._damaged.items() if r.segment_base_offset == segment.base_offset}
+            for key in known:
+                del plog._damaged[key]
+            for damaged in check.damaged:
+                if damaged.first_offset in known:  # already reported: refresh it quietly
+                    plog._damaged[damaged.first_offset] = damaged
+        for damaged in check.damaged:
+            if damaged.first_offset not in known:
+                plog._note_damage(damaged)
+    report.log_end_offset = plog._end_offset
+    return report
+
+
+def check_partition_files(directory: str | os.PathLike[str]) -> list[str]:
+    """What is damaged in the files beside a partition's segments (its epoch history, its producer snapshots):
+    one line per damaged record; nothing is modified."""
+    from pathlib import Path
+
+    from metaq.storage.checkpoint import check_records, read_bytes
+    from metaq.storage.epochs import EPOCHS_FILE
+    from metaq.storage.epochs import _key as epoch_key
+    from metaq.storage.producers import check_snapshot, list_snapshots, snapshot_path
+
+    directory = Path(directory)
+    problems = [f"{EPOCHS_FILE}: {line}" for line in check_records(read_bytes(directory / EPOCHS_FILE), epoch_key)[1]]
+    try:
+        snapshots = list_snapshots(directory)
+    except OSError:
+        snapshots = []
+    for offset in snapshots:
+        path = snapshot_path(directory, offset)
+        problems += [f"{path.name}: {line}" for line in check_snapshot(path)[1]]
     return problems

@@ -14,20 +14,20 @@ can check all of them, including the ones a test started directly.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import signal
 import subprocess
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from metaq.broker.launcher import READY_RE, BrokerLauncher
+from metaq.testing.timing import scaled
+from metaq.testing.waits import until, wait_until
 
-__all__ = ["READY_RE", "BrokerProcess", "log_incidents", "start_brokers", "track_brokers", "wait_until"]
+__all__ = ["READY_RE", "BrokerProcess", "log_incidents", "start_brokers", "track_brokers", "until", "wait_until"]
 
 LOG_RECORD_RE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?P<level>[A-Z]+) ")
 """The start of a log record in the broker's format (``%(asctime)s %(levelname)s %(name)s: ...``)."""
@@ -87,32 +87,6 @@ class _Run:
     stop_timed_out: bool = False
 
 
-def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, interval_s: float = 0.005,
-               message: str = "condition") -> Any:
-    """Poll ``predicate`` until it returns a truthy value or the deadline passes (then AssertionError)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {message}")
-        time.sleep(interval_s)
-
-
-async def until(predicate: Callable[[], Any], timeout_s: float = 30.0, interval_s: float = 0.01,
-                what: str = "condition") -> Any:
-    """:func:`wait_until` for a coroutine: polls without blocking the event loop."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(interval_s)
-
-
 class BrokerProcess(BrokerLauncher):
     """A broker in a child process (:class:`~metaq.broker.launcher.BrokerLauncher`), judged when the test ends.
 
@@ -124,7 +98,9 @@ class BrokerProcess(BrokerLauncher):
 
     def __init__(self, data_dir: str | Path, options: dict[str, Any] | None = None,
                  config_text: str | None = None, port: int = 0, env: dict[str, str] | None = None,
-                 ready_timeout_s: float = 30.0, expect_errors: bool = False, args: Sequence[str] = ()) -> None:
+                 ready_timeout_s: float | None = None, expect_errors: bool = False, args: Sequence[str] = ()) -> None:
+        if ready_timeout_s is None:  # a broker's start is the machine's time: 30 s quiet, more when loaded
+            ready_timeout_s = scaled(30.0)
         super().__init__(data_dir, options, config_text, port, env, ready_timeout_s, args=args)
         self.expect_errors = expect_errors
         self.allowed_log: list[re.Pattern[str]] = []

@@ -18,8 +18,12 @@ import errno
 import mmap
 import os
 import subprocess
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
+
+from metaq.fsutil import evict_from_page_cache
+
+__all__ = ["SmallDisk", "evict_from_page_cache", "resident_pages", "small_disk"]
 
 
 class SmallDisk:
@@ -70,17 +74,6 @@ def small_disk(path: Path, size_bytes: int, *, inodes: int | None = None) -> Ite
     finally:
         if subprocess.run(["umount", str(path)], capture_output=True, check=False).returncode != 0:
             subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
-
-
-def evict_from_page_cache(files: Iterable[Path]) -> None:
-    """fsync each file, then drop it from the page cache (only clean pages can be dropped)."""
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)

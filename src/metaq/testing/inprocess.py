@@ -37,6 +37,7 @@ from metaq.broker.core import Broker
 from metaq.broker.handlers import REQUEST_HANDLERS
 from metaq.broker.ini import load_broker_config
 from metaq.broker.service import BrokerService
+from metaq.fsutil import datasync
 
 T = TypeVar("T")
 
@@ -66,7 +67,7 @@ class GatedSync:
     after ``hold_timeout_s`` so a failed test cannot hang the flusher thread forever.
     """
 
-    def __init__(self, real: Callable[[int], None] = os.fdatasync, hold_timeout_s: float = 60.0) -> None:
+    def __init__(self, real: Callable[[int], None] = datasync, hold_timeout_s: float = 60.0) -> None:
         self._real = real
         self._hold_timeout_s = hold_timeout_s
         self._lock = threading.Lock()
@@ -146,7 +147,7 @@ class InProcessBroker:
     """
 
     def __init__(self, data_dir: str | Path, options: Mapping[str, Any] | None = None, *,
-                 config_text: str | None = None, sync: Callable[[int], None] = os.fdatasync,
+                 config_text: str | None = None, sync: Callable[[int], None] = datasync,
                  retention: bool = False) -> None:
         self.data_dir = Path(data_dir)
         self.options = dict(options or {})

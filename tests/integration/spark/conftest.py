@@ -17,10 +17,17 @@ DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 """C1 only and the serial collector: the driver JVM of a short local test starts about twice as fast."""
 
 
+MASTER = "local[2,4]"
+"""Two task threads, and four attempts per task as on a cluster (spark.task.maxFailures' default there; local
+mode's is one). A task whose Python worker a loaded machine starts too slowly to connect back within Spark's
+fixed 10 s ("Python worker failed to connect back") is tried again instead of failing the query: a real bug
+fails every attempt, and the exactly-once sink is built for a task's earlier attempts (it rolls them back)."""
+
+
 def spark_builder(app: str) -> Any:
     from pyspark.sql import SparkSession
 
-    return (SparkSession.builder.master("local[2]").appName(app)
+    return (SparkSession.builder.master(MASTER).appName(app)
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.shuffle.partitions", "2")

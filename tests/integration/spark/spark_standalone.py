@@ -21,6 +21,7 @@ from typing import IO, Any
 import pyspark
 
 from metaq.testing import unused_port, wait_until
+from metaq.testing.timing import scaled
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 
@@ -66,7 +67,7 @@ class SparkStandalone:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._spawn("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                     "--port", str(self.port), "--webui-port", str(self.ui_port))
-        wait_until(lambda: self.state().get("status") == "ALIVE" or self.procs[0].poll() is not None, 90, 0.2,
+        wait_until(lambda: self.state().get("status") == "ALIVE" or self.procs[0].poll() is not None, scaled(90), 0.2,
                    "the Spark master to be ALIVE")
         assert self.procs[0].poll() is None, self.output("master")
         for i in range(self.workers):
@@ -75,7 +76,7 @@ class SparkStandalone:
                         "--cores", str(self.worker_cores), "--memory", self.worker_memory, "--host", "127.0.0.1",
                         "--webui-port", str(unused_port()), "--work-dir", str(self.worker_dir(i)))
         wait_until(lambda: self.state().get("aliveworkers") == self.workers
-                   or any(p.poll() is not None for p in self.procs), 90, 0.2, "every worker to register")
+                   or any(p.poll() is not None for p in self.procs), scaled(90), 0.2, "every worker to register")
         assert all(p.poll() is None for p in self.procs), [self.output(f"worker-{i}") for i in range(self.workers)]
         return self
 

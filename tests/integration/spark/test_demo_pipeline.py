@@ -22,6 +22,7 @@ from metaq.logging import JsonFormatter, MetaqHandler
 from metaq.pipeline.generator import ACCESS_LOGGER, EventGenerator, log_event, punctuation
 from metaq.pipeline.summary import epoch, group_windows, read_parquet, read_topic
 from metaq.testing.broker import BrokerProcess
+from metaq.testing.timing import scaled
 
 T0 = 1_800_000_000.0  # a fixed simulated start: the same events on every run
 WINDOW_S = 10
@@ -185,7 +186,7 @@ def test_demo_job_aggregates_are_exact_in_the_topic_and_in_parquet(spark: Any, b
     agg = sp.start_aggregation(spark, servers=broker.servers, topic="events", output_topic="aggregates",
                                checkpoint=str(tmp_path / "ck-aggregate"), window=f"{WINDOW_S} seconds",
                                watermark=f"{WATERMARK_S} seconds", trigger=None, max_offsets_per_trigger=1000)
-    agg.awaitTermination(120)
+    agg.awaitTermination(scaled(120))
     assert not agg.isActive and agg.exception() is None
     assert sp.total_input_rows(agg) == len(events) + 1
     assert len([p for p in agg.recentProgress if p["numInputRows"]]) >= 3
@@ -194,7 +195,7 @@ def test_demo_job_aggregates_are_exact_in_the_topic_and_in_parquet(spark: Any, b
     archive = sp.start_archive(spark, servers=broker.servers, output_topic="aggregates",
                                parquet_dir=str(tmp_path / "parquet"), checkpoint=str(tmp_path / "ck-archive"),
                                trigger=None, on_batch=lambda _id, rows: live_rows.extend(rows))
-    archive.awaitTermination(120)
+    archive.awaitTermination(scaled(120))
     assert not archive.isActive and archive.exception() is None
 
     topic = read_topic(broker.servers, "aggregates", {})
@@ -241,13 +242,13 @@ def test_demo_over_three_brokers_checks_itself_and_stops_everything_on_ctrl_c(tm
     reader.start()
     try:
         wait_until(lambda: any("cluster ready: ZooKeeper 127.0.0.1:" in line for line in lines)
-                   or proc.poll() is not None, 60, 0.1, "the cluster to be ready")
+                   or proc.poll() is not None, scaled(60), 0.1, "the cluster to be ready")
         assert proc.poll() is None, "\n".join(lines)
         wait_until(lambda: any(re.search(r"Spark read [1-9][\d,]* in", line) for line in lines)
-                   or proc.poll() is not None, 120, 0.1, "Spark to read events")
+                   or proc.poll() is not None, scaled(120), 0.1, "Spark to read events")
         assert proc.poll() is None, "\n".join(lines)
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in the terminal: the whole foreground process group
-        assert proc.wait(120) == 0, "\n".join(lines)
+        assert proc.wait(scaled(120)) == 0, "\n".join(lines)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -262,5 +263,9 @@ def test_demo_over_three_brokers_checks_itself_and_stops_everything_on_ctrl_c(tm
     assert re.search(rf"Spark read +{spread.group(1)} events", text), "Spark read every event"
     assert re.search(r"requests counted +([\d,]+) of \1 generated \(every window closed and written\)", text), text
     assert "; 0 duplicate(s)" in text and "same rows as the topic: yes" in text and "PROBLEM" not in text
+    # the generator starts once Spark has run a micro-batch, so the windows show while it runs (it started first,
+    # and on a busy machine Spark read every event at the end)
+    ready = next(i for i, line in enumerate(lines) if "Spark ready;" in line)
+    assert ready < next(i for i, line in enumerate(lines) if "generator started:" in line), text
     assert "stopping the brokers (SIGTERM: deregister, flush and close), then ZooKeeper" in text
     assert processes_using(data) == [], "ZooKeeper and the brokers are gone"

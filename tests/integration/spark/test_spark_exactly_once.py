@@ -22,6 +22,7 @@ from metaq.client.blocking import BlockingClient
 from metaq.protocol.messages import CreateTopicRequest
 from metaq.spark.failpoints import ENV, ENV_DIR
 from metaq.testing.broker import BrokerProcess, wait_until
+from metaq.testing.timing import scaled
 
 pytestmark = [pytest.mark.spark]
 
@@ -96,7 +97,7 @@ def test_exactly_once_after_the_driver_is_killed(spark: Any, broker: BrokerProce
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         marker = markers / f"{failpoint}-{batch}"
-        wait_until(lambda: proc.poll() is not None or marker.exists(), 180, 0.02,
+        wait_until(lambda: proc.poll() is not None or marker.exists(), scaled(180), 0.02,
                    f"the child query to reach failpoint {failpoint} in batch {batch}")
         assert proc.poll() is None, "the streaming job exited by itself"
         # What readers see now: batches 0 and 1 whole; of batch 2 nothing, or (in the middle of the
@@ -136,14 +137,14 @@ def test_exactly_once_across_a_broker_kill_between_prepare_and_commit(spark: Any
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         marker = markers / "commit-2"
-        wait_until(lambda: proc.poll() is not None or marker.exists(), 180, 0.02,
+        wait_until(lambda: proc.poll() is not None or marker.exists(), scaled(180), 0.02,
                    "the child query to have batch 2 prepared")
         broker.kill()
         broker.start()
         assert _sink_rows(broker.servers, "dst") == _source_history(produced, _batch_end(checkpoint, 1, "src"))
         marker.with_name(marker.name + ".release").touch()
         wait_until(lambda: proc.poll() is not None or _sink_rows(broker.servers, "dst") == _source_history(produced),
-                   180, 0.1, "the child query to commit batch 2 and copy the rest")
+                   scaled(180), 0.1, "the child query to commit batch 2 and copy the rest")
         assert proc.poll() is None, "the streaming job exited (did the commit after the broker restart fail?)"
     finally:
         if proc.poll() is None:

@@ -24,6 +24,7 @@ from metaq.client.blocking import BlockingClient
 from metaq.protocol.messages import CreateTopicRequest
 from metaq.testing.broker import BrokerProcess, wait_until
 from metaq.testing.ports import unused_port
+from metaq.testing.timing import scaled
 
 pytestmark = [pytest.mark.spark]
 
@@ -116,7 +117,7 @@ def test_stream_restart_mid_stream_no_loss_no_repeat(spark: Any, broker: BrokerP
              .option("path", str(out)).option("checkpointLocation", str(checkpoint))
              .trigger(processingTime="100 milliseconds").start())
     try:
-        wait_until(lambda: query.lastProgress and query.lastProgress["batchId"] >= 2, 120, 0.05,
+        wait_until(lambda: query.lastProgress and query.lastProgress["batchId"] >= 2, scaled(120), 0.05,
                    "three micro-batches")
     finally:
         query.stop()
@@ -151,10 +152,10 @@ def test_stream_rides_out_a_broker_restart(spark: Any, broker: BrokerProcess, tm
         return sum(p["numInputRows"] for p in query.recentProgress)
 
     try:
-        wait_until(lambda: rows_in() >= 400, 120, 0.05, "the first 400 rows")
+        wait_until(lambda: rows_in() >= 400, scaled(120), 0.05, "the first 400 rows")
         broker.restart()
         second = produce(broker.servers, "ticks", PARTS, 50, tag="after-restart-")
-        wait_until(lambda: rows_in() >= 600, 120, 0.05, "the rows produced after the restart")
+        wait_until(lambda: rows_in() >= 600, scaled(120), 0.05, "the rows produced after the restart")
     finally:
         query.stop()
     assert query.exception() is None
@@ -171,7 +172,7 @@ def test_data_deleted_before_it_was_read(spark: Any, broker_factory: Any, tmp_pa
     assert _parquet_rows(spark, out) == expected_rows(first)
     second = produce(broker.servers, "short", [0], 300, tag="later-")
     with BlockingClient(broker.servers) as client:
-        wait_until(lambda: client.list_offsets("short", 0, -1).log_start_offset > 10, 60, 0.05, "retention")
+        wait_until(lambda: client.list_offsets("short", 0, -1).log_start_offset > 10, scaled(60), 0.05, "retention")
     # the query is at offset 10, which is gone: it stops and says so ...
     with pytest.raises(Exception, match="failOnDataLoss=false"):
         _run_available_now(_stream(spark, broker.servers, "short"), out, checkpoint)
@@ -199,7 +200,7 @@ def test_stream_survives_a_killed_driver(spark: Any, broker: BrokerProcess, tmp_
     try:
         # kill it once a few batches are committed: later ones are planned or half-written
         wait_until(lambda: proc.poll() is not None or len(list((checkpoint / "commits").glob("[0-9]*"))) >= 3,
-                   180, 0.02, "three committed batches in the child query")
+                   scaled(180), 0.02, "three committed batches in the child query")
         assert proc.poll() is None, "the streaming job exited by itself"
     finally:
         if proc.poll() is None:

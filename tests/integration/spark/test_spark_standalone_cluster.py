@@ -21,6 +21,7 @@ from metaq.client.blocking import BlockingClient
 from metaq.protocol.records import encode_values
 from metaq.testing import BrokerProcess, wait_until
 from metaq.testing.processes import processes_using
+from metaq.testing.timing import scaled
 from metaq.types import PartitionId
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -89,7 +90,7 @@ def test_a_standalone_cluster_reads_three_brokers_exactly_once_across_a_killed_d
     brokers = [cluster_factory(b, topics="[topic=spread]\nnumPartitions=2\n") for b in (1, 2, 3)]
     servers = ",".join(b.servers for b in brokers)
     with BlockingClient(servers) as client:
-        wait_until(lambda: client.partitions_for("spread") == IDS, 10, message="every broker's partitions")
+        wait_until(lambda: client.partitions_for("spread") == IDS, scaled(10), message="every broker's partitions")
     first = produce(servers, 400, "a-")
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     out.mkdir()
@@ -97,8 +98,8 @@ def test_a_standalone_cluster_reads_three_brokers_exactly_once_across_a_killed_d
 
     driver = Driver(*args, "stream")
     try:
-        wait_until(lambda: len(list(out.glob("batch-*.json"))) >= 3 or driver.proc.poll() is not None, 240, 0.05,
-                   "three micro-batches")
+        wait_until(lambda: len(list(out.glob("batch-*.json"))) >= 3 or driver.proc.poll() is not None,
+                   scaled(240), 0.05, "three micro-batches")
         assert driver.proc.poll() is None, driver.output()
         driver.kill()  # the driver dies mid-stream: no clean stop, a batch may be half done
     finally:
@@ -108,7 +109,7 @@ def test_a_standalone_cluster_reads_three_brokers_exactly_once_across_a_killed_d
     second = produce(servers, 30, "b-")
     again = Driver(*args, "available-now")
     try:
-        assert again.proc.wait(240) == 0, again.output()
+        assert again.proc.wait(scaled(240)) == 0, again.output()
     finally:
         again.kill()
     assert "done" in again.lines

@@ -12,6 +12,7 @@ from metaq.client.blocking import BlockingClient
 from metaq.protocol.messages import CreateTopicRequest
 from metaq.protocol.records import encode_values
 from metaq.testing.broker import BrokerProcess, wait_until
+from metaq.testing.timing import scaled
 from metaq.types import PartitionId
 
 pytestmark = [pytest.mark.spark]
@@ -85,7 +86,7 @@ def test_stream_of_both_brokers_reads_everything_exactly_once_across_a_restart(
     query = (stream().writeStream.format("parquet").option("path", str(out))
              .option("checkpointLocation", str(checkpoint)).trigger(processingTime="100 milliseconds").start())
     try:
-        wait_until(lambda: query.lastProgress and query.lastProgress["batchId"] >= 2, 120, 0.05,
+        wait_until(lambda: query.lastProgress and query.lastProgress["batchId"] >= 2, scaled(120), 0.05,
                    "three micro-batches")
     finally:
         query.stop()

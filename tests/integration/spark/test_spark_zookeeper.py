@@ -16,6 +16,7 @@ from metaq.protocol.records import encode_values
 from metaq.spark.options import ReadOptions
 from metaq.spark.source import MetaqBatchReader
 from metaq.testing import BrokerProcess, wait_until
+from metaq.testing.timing import scaled
 from metaq.types import PartitionId
 
 pytestmark = [pytest.mark.spark]
@@ -28,7 +29,7 @@ Row = tuple[int, int, int, bytes]
 def cluster(cluster_factory: Callable[..., BrokerProcess]) -> dict[int, BrokerProcess]:
     brokers = {b: cluster_factory(b, topics="[topic=spread]\nnumPartitions=2\n") for b in (1, 2, 3)}
     with BlockingClient(brokers[1].servers) as client:
-        wait_until(lambda: client.partitions_for("spread") == IDS, 10, message="every broker's partitions")
+        wait_until(lambda: client.partitions_for("spread") == IDS, scaled(10), message="every broker's partitions")
     return brokers
 
 

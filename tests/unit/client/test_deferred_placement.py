@@ -12,7 +12,7 @@ from metaq.client.config import ClientConfig, ProducerConfig
 from metaq.client.core import ClientCore
 from metaq.client.producer import Producer
 from metaq.protocol.messages import MetadataResponse, PartitionInfo, TopicInfo
-from metaq.protocol.records import RECORD_PREFIX_BYTES
+from metaq.protocol.records import RECORD_OVERHEAD_BYTES
 from metaq.types import Message, PartitionId
 
 PARTS = [(0, 0), (0, 1), (1, 0)]
@@ -55,7 +55,7 @@ def test_deferred_sends_land_where_the_round_robin_puts_them_in_send_order() -> 
         producer.send_async(Message("t", b"keyed", key=b"k"))  # not deferrable: what came before goes first
         for i in range(10, 13):
             producer.send_oneway(Message("t", b"m%d" % i))  # another run (acks 0)
-        assert producer.buffered_bytes == sum(RECORD_PREFIX_BYTES + n for n in (5, *([2] * 10), 5 + 1, 3, 3, 3))
+        assert producer.buffered_bytes == sum(RECORD_OVERHEAD_BYTES + n for n in (5, *([2] * 10), 5 + 1, 3, 3, 3))
         producer._placement.seal_all()
         rotation = [PartitionId(*p) for p in PARTS]
         expected: Sent = {}

@@ -60,8 +60,12 @@ def run(test: Callable[[ClientCore, Producer, list[tuple[int, int]]], Coroutine[
 
 
 async def next_iteration() -> None:
-    for _ in range(3):
-        await asyncio.sleep(0)
+    """Return once the callbacks scheduled so far have run (the producer's end of the loop step among them):
+    the event loop runs them in the order they were scheduled, before the one scheduled here."""
+    loop = asyncio.get_running_loop()
+    passed = loop.create_future()
+    loop.call_soon(passed.set_result, None)
+    await passed
 
 
 def send(producer: Producer, n: int = 1) -> None:

@@ -11,6 +11,7 @@ from metaq.client.config import ClientConfig
 from metaq.client.replicas import ReadReplica, ReplicaChooser, live_slaves
 from metaq.cluster.registry import Address, BrokerEntry, ClusterSnapshot, TopicEntry
 from metaq.errors import ConfigError
+from metaq.testing import FakeClock
 from metaq.types import PartitionId
 
 MASTER = ("10.0.0.1", 8123)
@@ -23,14 +24,6 @@ def snapshot(slaves: dict[int, Address], serving: set[int]) -> ClusterSnapshot:
     topic = TopicEntry("orders", MappingProxyType({1: 2}), MappingProxyType({1: 2}),
                        MappingProxyType({(1, s): 2 for s in serving}))
     return ClusterSnapshot(MappingProxyType({1: broker}), MappingProxyType({"orders": topic}))
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_slave_is_live_for_a_topic_only_when_registered_and_serving_it() -> None:
@@ -46,7 +39,7 @@ def test_master_mode_reads_the_master_only() -> None:
 
 
 def test_prefer_slave_reads_a_slave_falls_back_to_the_master_and_returns() -> None:
-    clock = Clock()
+    clock = FakeClock()
     chooser = ReplicaChooser("prefer-slave", 2.0, clock=clock)
     snap = snapshot({0: S0}, {0})
     slave = chooser.choose(snap, "orders", P, MASTER)
@@ -54,7 +47,7 @@ def test_prefer_slave_reads_a_slave_falls_back_to_the_master_and_returns() -> No
     assert chooser.choose(snapshot({}, set()), "orders", P, MASTER) == ReadReplica(1, -1, MASTER)  # none live
     chooser.failed(slave)  # unreachable: passed over for avoid_s, the master meanwhile
     assert chooser.choose(snap, "orders", P, MASTER) == ReadReplica(1, -1, MASTER)
-    clock.now += 2.0
+    clock.advance_s(2.0)
     assert chooser.choose(snap, "orders", P, MASTER) == slave
     assert chooser.choose(snapshot({}, set()), "orders", P, None) is None  # neither: nothing to read
 

@@ -69,3 +69,16 @@ def test_member_data() -> None:
     assert L.parse_member_data(L.member_data(["a", "b"])) == ["a", "b"]
     assert L.parse_member_data(b"a, ,b,") == ["a", "b"]
     assert L.parse_slave_node("slave2") == 2 and L.parse_slave_node("master") is None
+
+
+def test_a_broker_url_carries_its_other_listeners_ports_which_old_readers_ignore() -> None:
+    from metaq.cluster import layout as lay
+
+    url = lay.broker_url("10.0.0.1", 8123, 8124, {"kafkaPort": 9092, "kafkaSslPort": 9093})
+    assert url == "meta://10.0.0.1:8123?sslPort=8124&kafkaPort=9092&kafkaSslPort=9093"
+    assert lay.parse_broker_url(url) == ("10.0.0.1", 8123)
+    assert lay.parse_broker_tls_port(url) == 8124
+    assert lay.parse_broker_ports(url) == {"kafkaPort": 9092, "kafkaSslPort": 9093}
+    assert lay.parse_broker_ports(lay.broker_url("h", 1, None, {"kafkaPort": 9092})) == {"kafkaPort": 9092}
+    assert lay.parse_broker_ports("meta://h:1?kafkaPort=99999&x=1") == {}
+    assert lay.broker_url("h", 1) == "meta://h:1"

@@ -15,17 +15,16 @@ from collections.abc import Callable
 
 import pytest
 
-from metaq.cluster import zookeeper
-from metaq.cluster.registry import Address
-from metaq.cluster.zookeeper import ZooKeeperRegistry
+from metaq.cluster.registry import Address, TopicEntry
+from metaq.cluster.zookeeper import ZooKeeperRegistry, view
 from metaq.testing import wait_until
 
 
 def _change(registry: ZooKeeperRegistry, node: str, partitions: int) -> None:
     """What a watch callback does: change the watched state under the lock, then publish a snapshot."""
-    with registry._lock:
-        registry._topics[True].setdefault("orders", {})[node] = partitions
-    registry._publish()
+    with registry.session.lock:
+        registry.view._topics[True].setdefault("orders", {})[node] = partitions
+    registry.view._publish()
 
 
 def test_a_snapshot_built_while_another_is_delivered_reaches_listeners_after_it() -> None:
@@ -74,8 +73,8 @@ class Callbacks:
                 callbacks.data[path] = lambda value: func(value, None)
                 func(callbacks.zk.get(path), None)  # a DataWatch reads the node when it is made
 
-        monkeypatch.setattr(zookeeper, "DataWatch", FakeDataWatch)
-        monkeypatch.setattr(zookeeper, "ChildrenWatch", lambda *_args: None)  # the test calls those itself
+        monkeypatch.setattr(view, "DataWatch", FakeDataWatch)
+        monkeypatch.setattr(view, "ChildrenWatch", lambda *_args: None)  # the test calls those itself
 
 
 MASTER = "/v/brokers/ids/1/master"
@@ -87,15 +86,15 @@ def test_a_master_node_made_again_stays_in_the_view_whatever_order_the_callbacks
         monkeypatch: pytest.MonkeyPatch) -> None:
     c = Callbacks(monkeypatch)
     c.zk[MASTER] = b"meta://127.0.0.1:9001"
-    c.registry._on_broker_ids(["1"])
-    c.registry._on_broker_nodes(1, ["master"])
+    c.registry.view._on_broker_ids(["1"])
+    c.registry.view._on_broker_nodes(1, ["master"])
     assert c.registry.snapshot().address(1) == Address("127.0.0.1", 9001)
     # the old master deletes its node, the new one makes it; the children watch read [] in between, but its
     # callback runs after the data watch's (spawned) read of the new node
     c.zk[MASTER] = b"meta://127.0.0.1:9002"
     c.data[MASTER](c.zk[MASTER])
-    c.registry._on_broker_nodes(1, [])
-    c.registry._on_broker_nodes(1, ["master"])  # the children watch's next event
+    c.registry.view._on_broker_nodes(1, [])
+    c.registry.view._on_broker_nodes(1, ["master"])  # the children watch's next event
     assert c.registry.snapshot().address(1) == Address("127.0.0.1", 9002)
     # and a real deletion, reported by the node's own watch, takes it out
     del c.zk[MASTER]
@@ -106,13 +105,13 @@ def test_a_master_node_made_again_stays_in_the_view_whatever_order_the_callbacks
 def test_a_topic_that_leaves_and_comes_back_is_watched_again(monkeypatch: pytest.MonkeyPatch) -> None:
     c = Callbacks(monkeypatch)
     c.zk[PUB] = PUB_DATA
-    c.registry._on_topics(True, ["orders"])
-    c.registry._on_topic_nodes(True, "orders", ["1-m"])
+    c.registry.view._on_topics(True, ["orders"])
+    c.registry.view._on_topic_nodes(True, "orders", ["1-m"])
     assert dict(c.registry.snapshot().topics["orders"].publish) == {1: 3}
-    c.registry._on_topics(True, [])
+    c.registry.view._on_topics(True, [])
     assert "orders" not in c.registry.snapshot().topics
-    c.registry._on_topics(True, ["orders"])
-    c.registry._on_topic_nodes(True, "orders", ["1-m"])
+    c.registry.view._on_topics(True, ["orders"])
+    c.registry.view._on_topic_nodes(True, "orders", ["1-m"])
     assert dict(c.registry.snapshot().topics["orders"].publish) == {1: 3}
 
 
@@ -121,13 +120,13 @@ def test_a_node_made_again_whose_watch_stays_silent_comes_back_into_the_view(mon
     callback reads a listed node the view lacks, and the registry looks again a moment after a deletion."""
     c = Callbacks(monkeypatch)
     c.zk[PUB] = PUB_DATA
-    c.registry._on_topics(True, ["orders"])
-    c.registry._on_topic_nodes(True, "orders", ["1-m"])
+    c.registry.view._on_topics(True, ["orders"])
+    c.registry.view._on_topic_nodes(True, "orders", ["1-m"])
     del c.zk[PUB]
     c.data[PUB](None)
-    assert 1 not in c.registry.snapshot().topics.get("orders", zookeeper.TopicEntry("orders", {}, {}, {})).publish
+    assert 1 not in c.registry.snapshot().topics.get("orders", TopicEntry("orders", {}, {}, {})).publish
     c.zk[PUB] = PUB_DATA  # made again; its watch says nothing
-    c.registry._on_topic_nodes(True, "orders", ["1-m"])  # the children watch lists it
+    c.registry.view._on_topic_nodes(True, "orders", ["1-m"])  # the children watch lists it
     assert dict(c.registry.snapshot().topics["orders"].publish) == {1: 3}
 
     # and with no children callback either: the look a moment after the deletion finds it
@@ -139,12 +138,12 @@ def test_a_node_made_again_whose_watch_stays_silent_comes_back_into_the_view(mon
 
         def close(self) -> None: ...
 
-    monkeypatch.setattr(zookeeper, "RECHECK_AFTER_DELETE_S", (0.0,))
-    monkeypatch.setattr(c.registry, "_client", Client())
-    c.registry._worker.start()
+    monkeypatch.setattr(view, "RECHECK_AFTER_DELETE_S", (0.0,))
+    monkeypatch.setattr(c.registry.session, "client", Client())
+    c.registry.session._worker.start()
     try:
         c.data[PUB](None)  # a deletion read before the node was made again; the event of its creation is lost
-        wait_until(lambda: 1 in c.registry.snapshot().topics.get("orders", zookeeper.TopicEntry("orders", {}, {}, {}))
+        wait_until(lambda: 1 in c.registry.snapshot().topics.get("orders", TopicEntry("orders", {}, {}, {}))
                    .publish, 10, message="the node made again to be seen")
     finally:
         c.registry.close()

@@ -102,8 +102,14 @@ def test_assign_topics_balances_each_topic_among_its_subscribers() -> None:
 
 
 def test_unknown_strategy_names_the_valid_ones() -> None:
-    with pytest.raises(ValueError, match="consistent_hash, range"):
-        assign("roundrobin", ["a"], [P(0, 0)])
+    with pytest.raises(ValueError, match="consistent_hash, range, roundrobin"):
+        assign("sticky", ["a"], [P(0, 0)])
+
+
+def test_roundrobin_deals_partitions_in_turn_as_kafkas_assignor_does_for_one_topic() -> None:
+    parts = [P(1, 0), P(1, 1), P(2, 0), P(2, 1), P(3, 0)]
+    assert assign("roundrobin", ["m2", "m1"], parts) == {"m1": [P(1, 0), P(2, 0), P(3, 0)], "m2": [P(1, 1), P(2, 1)]}
+    assert assign("roundrobin", ["a", "b", "c"], parts[:2]) == {"a": [P(1, 0)], "b": [P(1, 1)], "c": []}
 
 
 def test_check_assignment_catches_double_ownership_and_holes() -> None:

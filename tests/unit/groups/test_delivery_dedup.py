@@ -4,17 +4,17 @@ everything it never acknowledged is delivered."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 from metaq.client.consumer import FetchResult
-from metaq.client.group.consumer import (
+from metaq.client.group.config import ConsumerConfig
+from metaq.client.group.delivery import (
     ConsumerStats,
-    GroupConsumer,
+    Delivery,
     MessageIdLRU,
     PartitionContext,
     Subscription,
-    _Worker,
+    Worker,
 )
 from metaq.types import Message, PartitionId, TopicPartition
 
@@ -23,25 +23,21 @@ TP = TopicPartition("t", PartitionId(0, 1))
 
 def _consumer(dedup_window: int = 100) -> Any:
     """A GroupConsumer's delivery state only (no session): what ``_steps`` reads and writes."""
-    consumer: Any = object.__new__(GroupConsumer)
-    consumer.config = SimpleNamespace(max_fetch_retries=5)
-    consumer.membership = SimpleNamespace(may_fetch=lambda: True)
-    consumer.dedup = MessageIdLRU(dedup_window)
-    consumer.stats = ConsumerStats()
-    consumer._dedup_high = {}
-    return consumer
+    config = ConsumerConfig(group="g", retry_backoff_ms=0)  # a failed message is delivered again at once
+    return Delivery(config, ConsumerStats(), MessageIdLRU(dedup_window), lambda: True, lambda: False,
+                    None, None, None)  # type: ignore[arg-type]
 
 
-def _worker(position: int) -> _Worker:
+def _worker(position: int) -> Worker:
     sub = Subscription("t", 1 << 16, lambda msg: None, None, False, False)
-    return _Worker(TP, None, sub, position, position, position, PartitionContext("t", TP.partition))  # type: ignore[arg-type]
+    return Worker(TP, None, sub, position, position, position, PartitionContext("t", TP.partition))  # type: ignore[arg-type]
 
 
-def _deliver(consumer: Any, w: _Worker, offsets: range) -> list[int]:
+def _deliver(consumer: Any, w: Worker, offsets: range) -> list[int]:
     """Run the steps of one fetched batch as the drivers do, with a listener that succeeds."""
     messages = [Message("t", b"v", partition=1, offset=o, id=1000 + o, broker_id=0) for o in offsets]
     delivered = []
-    steps = consumer._steps(w, FetchResult(messages, offsets.stop, 0, offsets.stop))
+    steps = consumer.steps(w, FetchResult(messages, offsets.stop, 0, offsets.stop))
     try:
         action, msg = next(steps)
         while True:

@@ -3,17 +3,17 @@ a list of Messages: same messages, same retries, same positions, a filtered-out 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 from metaq.client.consumer import FetchResult
-from metaq.client.group.consumer import (
+from metaq.client.group.config import ConsumerConfig
+from metaq.client.group.delivery import (
     ConsumerStats,
-    GroupConsumer,
+    Delivery,
     MessageIdLRU,
     PartitionContext,
     Subscription,
-    _Worker,
+    Worker,
 )
 from metaq.protocol.records import (
     decode_fetched,
@@ -29,18 +29,14 @@ TP = TopicPartition("t", PartitionId(0, 1))
 
 
 def _consumer() -> Any:
-    consumer: Any = object.__new__(GroupConsumer)
-    consumer.config = SimpleNamespace(max_fetch_retries=5)
-    consumer.membership = SimpleNamespace(may_fetch=lambda: True)
-    consumer.dedup = MessageIdLRU(100)
-    consumer.stats = ConsumerStats()
-    consumer._dedup_high = {}
-    return consumer
+    config = ConsumerConfig(group="g", retry_backoff_ms=0)  # a failed message is delivered again at once
+    return Delivery(config, ConsumerStats(), MessageIdLRU(100), lambda: True, lambda: False,
+                    None, None, None)  # type: ignore[arg-type]
 
 
-def _worker(position: int) -> _Worker:
+def _worker(position: int) -> Worker:
     sub = Subscription("t", 1 << 16, lambda msg: None, None, False, False)
-    return _Worker(TP, None, sub, position, position, position, PartitionContext("t", TP.partition))  # type: ignore[arg-type]
+    return Worker(TP, None, sub, position, position, position, PartitionContext("t", TP.partition))  # type: ignore[arg-type]
 
 
 def _reply() -> bytes:
@@ -55,12 +51,12 @@ def _reply() -> bytes:
     return bytes(first) + thinned
 
 
-def _deliver(result: FetchResult, w: _Worker, fail_once: int) -> list[tuple[int, bytes]]:
+def _deliver(result: FetchResult, w: Worker, fail_once: int) -> list[tuple[int, bytes]]:
     """Run the steps as the drivers do; the listener fails once on ``fail_once`` (delivered again)."""
     consumer = _consumer()
     delivered = []
     failed = False
-    steps = consumer._steps(w, result)
+    steps = consumer.steps(w, result)
     try:
         action, msg = next(steps)
         while True:

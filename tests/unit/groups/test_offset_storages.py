@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from metaq.client.group.config import ConsumerConfig
-from metaq.client.group.consumer import MessageIdLRU, _wants_ctx, empty_fetch_delay_ms
+from metaq.client.group.consumer import empty_fetch_delay_ms
+from metaq.client.group.delivery import MessageIdLRU, wants_ctx
 from metaq.client.group.offsets import LocalFileOffsetStorage, OffsetStorage, SqliteOffsetStorage
 from metaq.client.group.recover import RecoverStore
 from metaq.errors import ConfigError, StorageError
@@ -124,14 +125,14 @@ def test_dedup_lru_and_listener_arity() -> None:
     for i in (1, 2, 3):
         lru.add(i)
     assert not lru.seen(1) and lru.seen(2) and lru.seen(3)
-    assert _wants_ctx(lambda m, ctx: None)
-    assert not _wants_ctx(lambda m: None)
-    assert not _wants_ctx(lambda m, box=(): None)
+    assert wants_ctx(lambda m, ctx: None)
+    assert not wants_ctx(lambda m: None)
+    assert not wants_ctx(lambda m, box=(): None)
 
     class Obj:
         async def __call__(self, m: Message, ctx: object) -> None: ...
 
-    assert _wants_ctx(Obj())
+    assert wants_ctx(Obj())
 
 
 def test_empty_fetch_back_off_is_metaqs() -> None:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from metaq.broker.filters import filter_fetched, group_filter, load_filter
-from metaq.errors import ConfigError
+from metaq.broker.config import TopicConfig
+from metaq.broker.filters import filter_fetched, group_filter, load_filter, load_filters
+from metaq.errors import ConfigError, InvalidRequestError
 from metaq.protocol.records import Compression, decode_fetched, encode_messages, stamp
 from metaq.types import Message
 
@@ -88,8 +91,51 @@ def test_group_filter_from_topic_settings() -> None:
     mod = types.ModuleType("metaq_test_filters2")
     mod.only_vip = lambda mm: mm.attribute == "vip"  # type: ignore[attr-defined]
     sys.modules["metaq_test_filters2"] = mod
-    accept = group_filter(Settings(), "vips")
+    filters: dict[str, Any] = {}
+    accept = group_filter(filters, Settings(), "vips")
     assert accept is not None and accept(Message("t", b"", "vip")) and not accept(Message("t", b"", "x"))
-    assert group_filter(Settings(), "others") is None
-    assert group_filter(Settings(), "") is None
-    assert group_filter(Settings(), "broken") is None  # logged; the group is served unfiltered
+    assert filters == {"metaq_test_filters2:only_vip": accept}  # loaded once, kept by the broker
+    assert group_filter(filters, Settings(), "others") is None
+    assert group_filter(filters, Settings(), "") is None
+    # a filter that cannot be loaded refuses the group's fetches: never served unfiltered
+    with pytest.raises(InvalidRequestError, match=r"cannot import 'metaq_no_such_module'.*refuses group broken"):
+        group_filter(filters, Settings(), "broken")
+
+
+def write_module(directory: Path, name: str, body: str) -> None:
+    (directory / f"{name}.py").write_text(body)
+
+
+@pytest.fixture
+def module_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def test_load_filters_names_the_topic_and_group_of_a_filter_that_cannot_be_loaded(module_dir: Path) -> None:
+    write_module(module_dir, "cfg_filters_ok", "def vip(m):\n    return m.attribute == 'vip'\n")
+    write_module(module_dir, "cfg_filters_raises", "raise RuntimeError('no database')\n")
+    good = TopicConfig("orders", group_filters={"billing": "cfg_filters_ok:vip"})
+    assert list(load_filters({"orders": good})) == ["cfg_filters_ok:vip"]
+    for ref, why in [("cfg_filters_missing:vip", "cannot import 'cfg_filters_missing'"),
+                     ("cfg_filters_ok:gold", "'cfg_filters_ok' has no 'gold'"),
+                     ("cfg_filters_raises:vip", "importing 'cfg_filters_raises' failed: RuntimeError: no database")]:
+        bad = TopicConfig("audit", group_filters={"ops": ref})
+        with pytest.raises(ConfigError, match=rf"^\[topic=audit\] group\.ops: consumer filter '{ref}': {why}"):
+            load_filters({"orders": good, "audit": bad})
+
+
+def test_a_changed_filter_module_is_imported_again_and_a_broken_change_keeps_the_old_one(module_dir: Path) -> None:
+    write_module(module_dir, "cfg_filters_edit", "def accept(m):\n    return m.attribute == 'blue'\n")
+    blue, gold = Message("t", b"", "blue"), Message("t", b"", "gold")
+    first = load_filter("cfg_filters_edit:accept")
+    assert first(blue) and not first(gold)
+    assert load_filter("cfg_filters_edit:accept") is first  # unchanged: not imported again
+    # the same size, most likely in the same second: a .pyc would still look fresh
+    write_module(module_dir, "cfg_filters_edit", "def accept(m):\n    return m.attribute == 'gold'\n")
+    second = load_filter("cfg_filters_edit:accept")
+    assert second(gold) and not second(blue)
+    write_module(module_dir, "cfg_filters_edit", "def accept(m)\n    return True\n")
+    with pytest.raises(ConfigError, match="importing 'cfg_filters_edit' failed: SyntaxError"):
+        load_filter("cfg_filters_edit:accept")
+    assert sys.modules["cfg_filters_edit"].accept is second  # the module in force is the last good one

@@ -6,13 +6,13 @@ import asyncio
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
 from metaq.client.group.config import ConsumerConfig
 from metaq.client.group.membership import ZooKeeperMembership, metaq_consumer_id
 from metaq.cluster.registry import GroupRegistry
+from metaq.testing import until
 from metaq.types import PartitionId, TopicPartition
 
 P = [PartitionId(1, 0), PartitionId(1, 1), PartitionId(2, 0), PartitionId(2, 1)]
@@ -94,12 +94,12 @@ class FakeConsumer:
         self.running: set[TopicPartition] = set()
         self.registry = registry
 
-    async def _start_partitions(self, tps: list[TopicPartition]) -> None:
+    async def start_partitions(self, tps: list[TopicPartition]) -> None:
         for tp in tps:
             assert self.registry.owners("g", "t").get(tp.partition) == self.consumer_id, "started before claimed"
         self.running.update(tps)
 
-    async def _stop_partitions(self, tps: list[TopicPartition], commit: bool) -> None:
+    async def stop_partitions(self, tps: list[TopicPartition], commit: bool) -> None:
         for tp in tps:
             assert self.registry.owners("g", "t").get(tp.partition) == self.consumer_id, "released before stopped"
         self.running.difference_update(tps)
@@ -107,14 +107,6 @@ class FakeConsumer:
 
 def membership(consumer: FakeConsumer, registry: MemoryRegistry) -> ZooKeeperMembership:
     return ZooKeeperMembership(consumer, registry, lambda topic: list(P), session_timeout_s=3.0)  # type: ignore[arg-type]
-
-
-async def until(pred: Callable[[], Any], timeout_s: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not pred():
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.005)
 
 
 def test_members_split_the_partitions_claiming_before_starting_and_stopping_before_releasing() -> None:
@@ -168,14 +160,14 @@ def test_an_expired_session_stops_everything_without_commit_and_rejoins() -> Non
         reg = MemoryRegistry()
         a = FakeConsumer("a", reg)
         stops: list[bool] = []
-        original = a._stop_partitions
+        original = a.stop_partitions
 
         async def stop(tps: list[TopicPartition], commit: bool) -> None:
             stops.append(commit)
             reg.release_all("g", "a")  # the expiry removed the owner nodes
             a.running.difference_update(tps)
 
-        a._stop_partitions = stop  # type: ignore[method-assign]
+        a.stop_partitions = stop  # type: ignore[method-assign]
         ma = membership(a, reg)
         task = asyncio.ensure_future(ma.run())
         await until(lambda: len(a.running) == 4 and ma.settled_at is not None)
@@ -185,7 +177,7 @@ def test_an_expired_session_stops_everything_without_commit_and_rejoins() -> Non
         await until(lambda: not ma.may_fetch() or ma.rebalances > before)
         await until(lambda: ma.rebalances > before and len(a.running) == 4)
         assert stops == [False]
-        a._stop_partitions = original  # type: ignore[method-assign]
+        a.stop_partitions = original  # type: ignore[method-assign]
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await ma.leave()

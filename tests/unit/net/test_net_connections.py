@@ -16,6 +16,7 @@ import pytest
 
 from metaq.errors import (
     ConnectionClosedError,
+    DuplicateBrokerIdError,
     RequestTimeoutError,
     TooManyConnectionsError,
     TooManyRequestsError,
@@ -119,6 +120,19 @@ def test_server_book_learns_only_its_servers() -> None:
     assert book.address(7) == b and book.address(8) is None and book.broker_id(b) == 7
     book.learn(b, 9)  # restarted with another id
     assert book.address(7) is None and book.address(9) == b
+
+
+def test_server_book_refuses_a_second_server_answering_with_a_known_broker_id() -> None:
+    a, b = ("h", 1), ("h", 2)
+    book = ServerBook([a, b])
+    book.learn(a, 0)
+    book.learn(a, 0)  # the same server again: nothing wrong
+    with pytest.raises(DuplicateBrokerIdError, match=r"^servers h:1 and h:2 both answer as broker id 0"):
+        book.learn(b, 0)
+    assert book.ids == {a: 0} and book.unreached() == [b]  # the second one is not learnt
+    book.learn(a, 3)  # a restarted with another id: 0 is free for b now
+    book.learn(b, 0)
+    assert book.ids == {a: 3, b: 0}
 
 
 def test_walk_failures_say_too_many_connections_only_when_every_server_was_full() -> None:

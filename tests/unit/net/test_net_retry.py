@@ -9,14 +9,7 @@ from hypothesis import strategies as st
 from metaq.client.config import ClientConfig
 from metaq.errors import InvalidArgument
 from metaq.net.retry import RetryPolicy
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from metaq.testing import FakeClock
 
 
 def delays(policy: RetryPolicy, n: int, rand: float = 1.0) -> list[float | None]:
@@ -62,13 +55,13 @@ def test_max_attempts_counts_the_first_attempt() -> None:
 def test_the_deadline_runs_from_the_first_failure_and_no_wait_passes_it() -> None:
     clock = FakeClock()
     backoff = RetryPolicy.constant(0.4, deadline_s=1.0).start(clock=clock, rand=lambda: 1.0)
-    clock.now += 50  # time before the first failure does not count
+    clock.advance_s(50)  # time before the first failure does not count
     assert backoff.next_delay_s() == 0.4
-    clock.now += 0.4
+    clock.advance_s(0.4)
     assert backoff.next_delay_s() == 0.4
-    clock.now += 0.4
+    clock.advance_s(0.4)
     assert backoff.next_delay_s() == pytest.approx(0.2)  # cut to the deadline
-    clock.now += 0.2
+    clock.advance_s(0.2)
     assert backoff.next_delay_s() is None
     assert backoff.failures == 4
 
@@ -77,10 +70,10 @@ def test_reset_starts_a_new_run() -> None:
     clock = FakeClock()
     backoff = RetryPolicy(0.1, 1.0, max_attempts=3, deadline_s=1.0).start(clock=clock, rand=lambda: 1.0)
     assert [backoff.next_delay_s(), backoff.next_delay_s()] == pytest.approx([0.1, 0.2])
-    clock.now += 0.9
+    clock.advance_s(0.9)
     backoff.reset()
     assert backoff.failures == 0
-    clock.now += 0.5
+    clock.advance_s(0.5)
     assert [backoff.next_delay_s(), backoff.next_delay_s()] == pytest.approx([0.1, 0.2])
     assert backoff.next_delay_s() is None
 
@@ -117,7 +110,7 @@ def test_docs_net_md_states_the_policies_the_code_uses() -> None:
     import inspect
     from pathlib import Path
 
-    from metaq.client.group.consumer import _ERROR_RETRY
+    from metaq.client.group.membership import ERROR_RETRY
     from metaq.logging import MetaqHandler
 
     docs = (Path(__file__).resolve().parents[3] / "docs" / "net.md").read_text(encoding="utf-8")
@@ -125,7 +118,7 @@ def test_docs_net_md_states_the_policies_the_code_uses() -> None:
     assert (f"`reconnect_backoff_s` ({cfg.reconnect_backoff_s:g}) doubling to `reconnect_backoff_max_s` "
             f"({cfg.reconnect_backoff_max_s:g}), jitter {cfg.reconnect_retry().jitter:g}, `reconnect_attempts` "
             f"({cfg.reconnect_attempts}) attempts") in docs
-    assert RetryPolicy(0.2, 5.0) == _ERROR_RETRY and "| 0.2 s doubling to 5 s, no jitter, no bound |" in docs
+    assert RetryPolicy(0.2, 5.0) == ERROR_RETRY and "| 0.2 s doubling to 5 s, no jitter, no bound |" in docs
     handler = inspect.signature(MetaqHandler).parameters
     assert (f"`retry_backoff_s` ({handler['retry_backoff_s'].default:g}) doubling to `retry_backoff_max_s` "
             f"({handler['retry_backoff_max_s'].default:g}), no jitter, no bound") in docs

@@ -43,6 +43,15 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
                                               m.PartitionInfo(3, 2, 5, False, True)]),
                     m.TopicInfo("gøne", 3, [])]),
     ),
+    ("Metadata", 1): (
+        m.MetadataRequest(topics=["orders", "audit"]),
+        m.MetadataResponse(
+            error_code=0, error_message=None,
+            brokers=[m.BrokerInfo(1, "broker-a.example", 8123)],
+            topics=[m.TopicInfo("orders", 0, [m.PartitionInfo(0, 1, 0, True, False)]),
+                    m.TopicInfo("audit", 0, [m.PartitionInfo(0, 1, 0, False, True)])],
+            publish_refused=[m.PublishRefusal("audit", 1, "acceptPublish=false in [topic=audit]")]),
+    ),
     ("CreateTopic", 0): (
         m.CreateTopicRequest(topic="orders", num_partitions=8,
                              configs=[m.ConfigEntry("deletePolicy", "delete,72"),
@@ -153,6 +162,11 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
         m.ReloadRequest(),
         m.ReloadResponse(error_code=0, error_message=None, changed_topics=["orders"]),
     ),
+    ("Reload", 1): (
+        m.ReloadRequest(),
+        m.ReloadResponse(error_code=0, error_message=None, changed_topics=["orders"],
+                         restart_required=["maxTransferSize", "zk.zkConnect"]),
+    ),
     ("LookupMessage", 0): (
         m.LookupMessageRequest(message_id=MESSAGE_ID),
         m.LookupMessageResponse(error_code=0, error_message=None, topic="orders", partition=2, offset=4711),
@@ -195,6 +209,24 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
     ("CheckTransactions", 0): (
         m.CheckTransactionsRequest(producer_group="payments-ü", max_wait_ms=5000, max_transactions=100),
         m.CheckTransactionsResponse(error_code=0, error_message=None, transaction_ids=["tx-✓-42", "tx-43"]),
+    ),
+    ("CheckTransactions", 1): (
+        m.CheckTransactionsRequest(producer_group="payments-ü", max_wait_ms=5000, max_transactions=100),
+        m.CheckTransactionsResponse(error_code=0, error_message=None, transaction_ids=["tx-✓-42", "tx-43"],
+                                    transactions=[
+                                        m.HalfTransaction("tx-✓-42", 3, 1_700_000_000_123,
+                                                          [m.HalfBatch("orders", 2, RECORDS_BLOB)]),
+                                        m.HalfTransaction("tx-43", 1, -1, [])]),
+    ),
+    ("ListTransactions", 0): (
+        m.ListTransactionsRequest(producer_group="payments-ü", max_transactions=1000),
+        m.ListTransactionsResponse(error_code=0, error_message=None, live=[
+            m.TransactionInfo("tx-✓-42", "prepared", "payments-ü", "tx-✓-42", 1_700_000_000_123, -1, -2,
+                              1_700_000_060_123, 2, 3, ["orders-2", "refünds-0"])],
+            timed_out=[m.TransactionInfo("tx-43", "rolled back (timed out: open for longer than its timeout of "
+                                         "60000 ms)", "", None, 1_700_000_000_000, 1_700_000_060_000, -1, -3, 0,
+                                         4, [])],
+            checkers=["payments-ü"]),
     ),
     ("MultiFetch", 0): (
         m.MultiFetchRequest(max_wait_ms=5000, min_bytes=1, max_bytes=4 << 20, group="billing-ü",

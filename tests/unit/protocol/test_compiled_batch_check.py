@@ -1,8 +1,9 @@
 """The broker's per-batch work in compiled code: metaq._speedups.validate_plain, validate_batch's fast accept of what
 producers send (header, CRCs, counts, attributes and plain columns in one call), and metaq._speedups.stamp_prefix,
-the 45 bytes stamped before an append. The compiled check gives exactly the header the Python code gives, or None
-(not that case: the Python code decides), and never accepts a batch the Python code refuses; the compiled prefix is
-the Python one byte for byte. Batches come from the producer's encoders, then are damaged every way the format can
+the 45 bytes stamped before an append, against their Python references (validate_batch's Python code,
+records.format.stamp_prefix_py). The compiled check gives exactly the header the Python code gives, or None (not
+that case: the Python code decides), and never accepts a batch the Python code refuses; the compiled prefix is the
+Python one byte for byte. Batches come from the producer's encoders, then are damaged every way the format can
 be: bit flips, cuts, extra bytes, fields edited with and without their CRCs recomputed."""
 
 from __future__ import annotations
@@ -18,36 +19,47 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from protocol_strategies import examples
 
-from metaq import types
+from metaq.errors import CorruptRecordError, InvalidArgument
 from metaq.protocol import records as rec
 from metaq.protocol.delayed import DELIVER_AT_HEADER, mark_delayed, pack_ms
+from metaq.protocol.records import format as record_format
+from metaq.protocol.records import validate
+from metaq.protocol.records.validate import Columns
 
-COMPILED = pytest.mark.skipif(rec._validate_plain is None, reason="metaq._speedups not in use")
+COMPILED = pytest.mark.skipif(validate.validate_plain is None, reason="metaq._speedups not in use")
+VALIDATE_PLAIN = validate.validate_plain
+STAMP_PREFIX = record_format.stamp_prefix_compiled
+stamp_prefix_py = record_format.stamp_prefix_py
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
 ATTRIBUTE_TEXT = st.text(max_size=6)
 HEADERS = st.lists(st.tuples(st.text(max_size=5), st.binary(max_size=8)), max_size=2)
 
 
+def compiled_check(batch: Any, max_message_bytes: Any, max_batch_bytes: Any) -> rec.BatchHeader | None:
+    header: rec.BatchHeader | None = VALIDATE_PLAIN(batch, max_message_bytes, max_batch_bytes, rec.BatchHeader)
+    return header
+
+
 @contextmanager
 def python_only(columns: bool = True) -> Iterator[None]:
-    """validate_batch and stamp_prefix with their compiled halves switched off; ``columns``: the compiled columns
-    check too (it shares its C with validate_plain), as an install without the module: the reference."""
-    saved = rec._validate_plain, rec._stamp_prefix_compiled, rec._plain_columns_ok
-    rec._validate_plain = rec._stamp_prefix_compiled = None
+    """validate_batch, the readers' check and stamp_prefix with their compiled halves switched off; ``columns``: the
+    compiled columns check too (it shares its C with validate_plain), as an install without the module: the
+    reference."""
+    saved = validate.validate_plain, record_format.stamp_prefix_compiled, validate.plain_columns_ok_compiled
+    validate.validate_plain = record_format.stamp_prefix_compiled = None
     if columns:
-        rec._plain_columns_ok = rec._plain_columns_ok_py
+        validate.plain_columns_ok_compiled = None
     try:
         yield
     finally:
-        rec._validate_plain, rec._stamp_prefix_compiled, rec._plain_columns_ok = saved
+        validate.validate_plain, record_format.stamp_prefix_compiled, validate.plain_columns_ok_compiled = saved
 
 
 def outcome(batch: Any, max_message_bytes: int, max_batch_bytes: int) -> Any:
-    """What validate_batch gives: the header (with the types of its fields), or the error's type and words (an
-    OverflowError for a limit beyond 64 bits, from the compiled plain_columns_ok)."""
+    """What validate_batch gives: the header (with the types of its fields), or the error's type and words."""
     try:
         header = rec.validate_batch(batch, max_message_bytes, max_batch_bytes)
-    except (rec.CorruptRecordError, rec.InvalidArgument, OverflowError) as exc:
+    except (CorruptRecordError, InvalidArgument) as exc:
         return type(exc), str(exc)
     return type(header), tuple(header), tuple(map(type, header))
 
@@ -174,13 +186,6 @@ def as_buffer(draw: st.DrawFn, data: bytearray) -> Any:
     return memoryview(bytes(data[:cut])).cast("i")
 
 
-def test_the_compiled_check_is_in_use_when_the_extension_is() -> None:
-    if types.SPEEDUPS:
-        assert rec._validate_plain is not None and rec._stamp_prefix_compiled is not None
-    else:
-        assert rec._validate_plain is None and rec._stamp_prefix_compiled is None
-
-
 @COMPILED
 @settings(max_examples=examples(600), deadline=None)
 @given(data=st.data())
@@ -188,16 +193,16 @@ def test_the_compiled_check_gives_the_python_header_or_none(data: st.DataObject)
     """Any produced batch, damaged or not, in any buffer, under any limits: the compiled check says None or exactly
     the header validate_batch's Python code returns (an instance of BatchHeader, every field an int as read_header
     makes it); never a header where the Python code raises. And validate_batch decides the same with the compiled
-    check as without it (the same header or the same error; a limit beyond 64 bits is the one place where the
-    compiled columns check, raising OverflowError, differs from its Python twin: the compiled check leaves it)."""
+    checks as without them (the same header or the same error)."""
     batch = damage(data.draw, data.draw(st.one_of(produced(), produced(plain=True))))
     buffer = as_buffer(data.draw, batch)
     max_message, max_batch = limits(data.draw, bytes(batch))
-    compiled = rec._validate_plain(buffer, max_message, max_batch)
+    compiled = compiled_check(buffer, max_message, max_batch)
     with python_only():
         python = outcome(buffer, max_message, max_batch)
     with python_only(columns=False):
         without = outcome(buffer, max_message, max_batch)
+    assert without == python
     if compiled is not None:
         assert type(compiled) is rec.BatchHeader
         assert (type(compiled), tuple(compiled), tuple(map(type, compiled))) == python
@@ -216,13 +221,13 @@ def test_every_plain_uncompressed_batch_producers_send_is_accepted(batch: bytes,
     biggest = largest_record(batch)
     buffer: Any = bytearray(batch) if as_bytearray else batch
     for max_message, max_batch in [(1 << 20, 1 << 24), (biggest, len(batch)), ((1 << 63) - 1, (1 << 63) - 1)]:
-        header = rec._validate_plain(buffer, max_message, max_batch)
+        header = compiled_check(buffer, max_message, max_batch)
         assert header is not None
         assert header == rec.read_header(batch)
         with python_only():
             assert rec.validate_batch(buffer, max_message, max_batch) == header
-    assert rec._validate_plain(buffer, biggest - 1, len(batch)) is None
-    assert rec._validate_plain(buffer, biggest, len(batch) - 1) is None
+    assert compiled_check(buffer, biggest - 1, len(batch)) is None
+    assert compiled_check(buffer, biggest, len(batch) - 1) is None
 
 
 @COMPILED
@@ -230,7 +235,7 @@ def test_a_stamped_batch_is_read_with_its_128_bit_id() -> None:
     """A batch as stored (base offset, a 128-bit id, append time): the same header as read_header's."""
     batch = bytearray(rec.encode_values([b"x" * 10, b"y"], 5))
     rec.stamp(batch, (1 << 63) - 1, (1 << 128) - 1, (1 << 63) - 1)
-    header = rec._validate_plain(bytes(batch), 100, 1000)
+    header = compiled_check(bytes(batch), 100, 1000)
     assert header == rec.read_header(batch)
     assert header is not None and header.base_message_id == (1 << 128) - 1
 
@@ -243,20 +248,20 @@ def test_every_single_bit_flip_is_declined(stamped: bool) -> None:
     batch = rec.encode_values([b"ab", b"", b"cdef"], 1_700_000_000_000)
     if stamped:
         batch = rec.with_producer_stamp(batch, rec.ProducerStamp(7, 1, 3))
-    assert rec._validate_plain(batch, 1 << 20, 1 << 24) is not None
+    assert compiled_check(batch, 1 << 20, 1 << 24) is not None
     for at in range(len(batch)):
         for bit in range(8):
             flipped = bytearray(batch)
             flipped[at] ^= 1 << bit
-            assert rec._validate_plain(bytes(flipped), 1 << 20, 1 << 24) is None, (at, bit)
-            with pytest.raises((rec.CorruptRecordError, rec.InvalidArgument)):
+            assert compiled_check(bytes(flipped), 1 << 20, 1 << 24) is None, (at, bit)
+            with pytest.raises((CorruptRecordError, InvalidArgument)):
                 rec.validate_batch(bytes(flipped), 1 << 20, 1 << 24)
 
 
 def same_decision(batch: bytes, max_message_bytes: int = 1 << 20, max_batch_bytes: int = 1 << 24) -> Any:
     """Assert the compiled check gives None or the Python code's header (never a header where it raises); return
     the Python outcome."""
-    compiled = rec._validate_plain(batch, max_message_bytes, max_batch_bytes)
+    compiled = compiled_check(batch, max_message_bytes, max_batch_bytes)
     with python_only():
         python = outcome(batch, max_message_bytes, max_batch_bytes)
     if compiled is not None:
@@ -281,7 +286,7 @@ def test_an_edited_header_field_under_recomputed_crcs(field: str, sealed: str) -
     for batch in PLAIN_BATCHES:
         (now,) = struct.unpack_from(fmt, batch, at)
         assert same_decision(batch)[0] is rec.BatchHeader
-        assert rec._validate_plain(batch, 1 << 20, 1 << 24) is not None
+        assert compiled_check(batch, 1 << 20, 1 << 24) is not None
         for value in sorted({now - 2, now - 1, now + 1, now + 2, 0, 1, 2, 3, 7, 8, 9, 0x80, 0x81, 0x88, 0x10, 0x100,
                              -1, 127, -128}):
             edited = bytearray(batch)
@@ -320,42 +325,51 @@ def test_what_it_leaves_to_the_python_code() -> None:
                   rec.encode_columns(values, [1, 2], attributes=["a", None]),
                   rec.encode_columns(values, [1, 2], headers=[[("h", b"x")], None]),
                   mark_delayed(rec.encode_columns(values, [1, 2], headers=[[(DELIVER_AT_HEADER, pack_ms(5))]] * 2))]:
-        assert rec._validate_plain(batch, 1 << 20, 1 << 24) is None
+        assert compiled_check(batch, 1 << 20, 1 << 24) is None
         assert rec.validate_batch(batch, 1 << 20, 1 << 24) == rec.read_header(batch)
     plain = rec.encode_values(values, 1)
-    assert rec._validate_plain(plain, 1 << 20, 1 << 24) is not None
+    assert compiled_check(plain, 1 << 20, 1 << 24) is not None
     for odd in [1.0e9, "1000000", None]:
-        assert rec._validate_plain(plain, odd, 1 << 24) is None
-        assert rec._validate_plain(plain, 1 << 20, odd) is None
+        assert compiled_check(plain, odd, 1 << 24) is None
+        assert compiled_check(plain, 1 << 20, odd) is None
     released = memoryview(plain)
     released.release()
     for buffer in [released, memoryview(plain * 2)[::2], plain.decode("latin-1"), list(plain), None]:
-        assert rec._validate_plain(buffer, 1 << 20, 1 << 24) is None
+        assert compiled_check(buffer, 1 << 20, 1 << 24) is None
     with pytest.raises(TypeError):
-        rec._validate_plain(plain, 1 << 20)
+        compiled_check(plain, 1 << 20)
 
 
 @COMPILED
-def test_another_header_class_is_refused() -> None:
-    """bind_batch_header takes only a tuple class with BatchHeader's twelve fields in order (nothing bound
-    otherwise: the check still builds BatchHeader)."""
+def test_the_header_is_made_as_its_class_makes_it_from_a_tuple() -> None:
+    """The header is tuple.__new__(header_type, fields): a BatchHeader, a plain tuple, or any tuple subclass; not a
+    class that is not a tuple."""
     from typing import NamedTuple
 
-    from metaq import _speedups
+    class Renamed(NamedTuple):
+        a: int
+        b: int
+        c: int
+        d: int
+        e: int
+        f: int
+        g: int
+        h: int
+        i: int
+        j: int
+        k: int
+        m: int
 
-    class Reordered(NamedTuple):
-        batch_length: int
-        base_offset: int
-
-    class WithDict(rec.BatchHeader):  # its instances have a __dict__: not tp_alloc and twelve items
-        pass
-
-    for cls in [Reordered, WithDict, dict, rec.ProducerStamp]:
-        with pytest.raises(ValueError):
-            _speedups.bind_batch_header(cls, crc32c.crc32c)
+    batch = rec.encode_values([b"a"], 1)
+    header = rec.read_header(batch)
+    for cls in (rec.BatchHeader, tuple, Renamed):
+        made = VALIDATE_PLAIN(batch, 100, 1000, cls)
+        assert type(made) is cls and tuple(made) == tuple(header)
+    for cls in (dict, list, rec.BatchHeader(*header)):
+        with pytest.raises(TypeError):
+            VALIDATE_PLAIN(batch, 100, 1000, cls)
     with pytest.raises(TypeError):
-        _speedups.bind_batch_header(rec.BatchHeader)
-    assert type(rec._validate_plain(rec.encode_values([b"a"], 1), 100, 1000)) is rec.BatchHeader
+        VALIDATE_PLAIN(batch, 100, 1000)
 
 
 # -- stamp_prefix --
@@ -382,8 +396,8 @@ MESSAGE_IDS = st.one_of(st.just(-1), st.just(0), st.integers(0, (1 << 64) - 1), 
        append_time=st.one_of(INT64, st.just(-1)))
 def test_the_compiled_prefix_is_the_python_one(header: rec.BatchHeader, base_offset: int, message_id: int,
                                                append_time: int) -> None:
-    compiled = rec._stamp_prefix_compiled(header, base_offset, message_id, append_time)
-    assert compiled == rec._stamp_prefix_py(header, base_offset, message_id, append_time)
+    compiled = STAMP_PREFIX(header, base_offset, message_id, append_time)
+    assert compiled == stamp_prefix_py(header, base_offset, message_id, append_time)
     assert type(compiled) is bytes and len(compiled) == rec.STAMPED_BYTES
     assert rec.stamp_prefix(header, base_offset, message_id, append_time) == compiled
 
@@ -392,8 +406,9 @@ def test_the_compiled_prefix_is_the_python_one(header: rec.BatchHeader, base_off
 @settings(max_examples=examples(200), deadline=None)
 @given(header=headers(), data=st.data())
 def test_what_the_prefix_leaves_to_the_python_code(header: rec.BatchHeader, data: st.DataObject) -> None:
-    """A field out of its range, an id beyond 128 bits, an argument that is not an int, a header that is not a
-    BatchHeader: stamp_prefix gives the Python code's bytes or its struct.error, the compiled one may say None."""
+    """A field out of its range, an id beyond 128 bits, an argument that is not an int, a header that is a plain
+    tuple or another NamedTuple: stamp_prefix gives the Python code's bytes or its struct.error, the compiled one may
+    say None (a tuple of the twelve fields is a header to it: the bytes of the BatchHeader with those fields)."""
     args: list[Any] = [header, 5, 7, 9]
     where = data.draw(st.sampled_from(["base_offset", "id", "append_time", "field", "type", "tuple"]))
     if where == "base_offset":
@@ -419,9 +434,13 @@ def test_what_the_prefix_leaves_to_the_python_code(header: rec.BatchHeader, data
         except (struct.error, AttributeError, TypeError) as exc:
             return type(exc)
 
-    expected = result(rec._stamp_prefix_py)
+    expected = result(stamp_prefix_py)
+    compiled = result(STAMP_PREFIX)
+    if where == "type":  # the same fields in a tuple: read by position
+        args[0] = rec.BatchHeader(*args[0])
+        assert compiled == result(stamp_prefix_py)
+        return
     assert result(rec.stamp_prefix) == expected
-    compiled = result(rec._stamp_prefix_compiled)
     assert compiled is None or compiled == expected
 
 
@@ -443,9 +462,9 @@ def test_each_header_field_at_and_beyond_its_range(field: str) -> None:
         header = base._replace(**{field: value})
         args = (header, 1, (1 << 128) - 1, -1)
         if low <= value <= high:
-            assert rec._stamp_prefix_compiled(*args) == rec._stamp_prefix_py(*args)
+            assert STAMP_PREFIX(*args) == stamp_prefix_py(*args)
         else:
-            assert rec._stamp_prefix_compiled(*args) is None
+            assert STAMP_PREFIX(*args) is None
             with pytest.raises(struct.error):
                 rec.stamp_prefix(*args)
 
@@ -456,10 +475,10 @@ def test_stamped_fields_at_and_beyond_their_range() -> None:
     int64 = [-(1 << 63), (1 << 63) - 1]
     for base_offset, message_id, append_time in [(int64[0], -(1 << 127), int64[1]), (int64[1], (1 << 128) - 1, -1),
                                                  (0, 1 << 64, 0), (-1, (1 << 64) - 1, int64[0])]:
-        assert (rec._stamp_prefix_compiled(header, base_offset, message_id, append_time)
-                == rec._stamp_prefix_py(header, base_offset, message_id, append_time))
+        assert (STAMP_PREFIX(header, base_offset, message_id, append_time)
+                == stamp_prefix_py(header, base_offset, message_id, append_time))
     for base_offset, append_time in [(int64[0] - 1, 0), (int64[1] + 1, 0), (0, int64[0] - 1), (0, int64[1] + 1)]:
-        assert rec._stamp_prefix_compiled(header, base_offset, 0, append_time) is None
+        assert STAMP_PREFIX(header, base_offset, 0, append_time) is None
         with pytest.raises(struct.error):
             rec.stamp_prefix(header, base_offset, 0, append_time)
 
@@ -505,12 +524,12 @@ def read_back(buffer: Any, from_offset: int) -> Any:
         header, cols = rec.batch_columns(buffer)
         columns = tuple(header), tuple(getattr(cols, f) for f in COLUMN_FIELDS), bytes(cols.body)
         messages = rec.decode_batch(buffer, "t", 3, broker_id=2)
-    except rec.CorruptRecordError as exc:
+    except CorruptRecordError as exc:
         columns = messages = (type(exc), str(exc))
     try:
         batches, next_offset = rec.decode_fetched_batches(buffer, "t", 3, from_offset, broker_id=2)
         fetched = [list(b) for b in batches], next_offset
-    except rec.CorruptRecordError as exc:
+    except CorruptRecordError as exc:
         fetched = type(exc), str(exc), exc.offset
     return columns, messages, fetched
 
@@ -532,13 +551,13 @@ def test_a_reader_gets_the_same_columns_and_messages_with_the_compiled_check_as_
     with python_only():
         python = read_back(buffer, max(from_offset, 0))
     assert compiled == python
-    event("read" if compiled[0][0] is not rec.CorruptRecordError else "refused")
+    event("read" if compiled[0][0] is not CorruptRecordError else "refused")
 
 
 @COMPILED
 def test_a_caught_up_reader_takes_the_compiled_path(monkeypatch: pytest.MonkeyPatch) -> None:
     batch = bytearray(rec.encode_values([b"a" * 100, b"b" * 7], 1_700_000_000_000))
     rec.stamp(batch, 40, (5 << 112) | 40, 1_700_000_000_001)
-    monkeypatch.setattr(rec._Columns, "parse", None)  # the general check would fail if it ran
+    monkeypatch.setattr(Columns, "parse", None)  # the general check would fail if it ran
     batches, next_offset = rec.decode_fetched_batches(memoryview(bytes(batch)), "t", 0, 41)
     assert next_offset == 42 and [(m.offset, m.data) for b in batches for m in b] == [(41, b"b" * 7)]

@@ -1,14 +1,15 @@
-"""Messages a consumer reads: built by the decoder without ``Message.__init__`` (it assigns every slot of an
-empty instance), they must behave exactly as Messages an application builds itself: every field there,
-equality, repr, pickling, ``dataclasses`` helpers, mutation."""
+"""Messages a consumer reads: built by the decoder without ``Message.__init__`` (it sets every field of an empty
+instance), they must behave exactly as Messages an application builds itself: every field there, equality, repr,
+pickling, ``dataclasses`` helpers, mutation. The compiled builder (metaq._speedups.MessageBuilder) and its Python
+reference (records.decode.build_messages) build the same Messages."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import pickle
+import sys
 from array import array
-from itertools import accumulate, repeat
 from typing import Any
 
 import pytest
@@ -16,14 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from protocol_strategies import examples, messages
 
-from metaq import types
+from metaq import _compiled
 from metaq.protocol import records as rec
+from metaq.protocol.records import decode
 from metaq.types import Message, PartitionId
 
-try:
-    from metaq import _speedups
-except ImportError:  # not built: test_the_compiled_builder_is_in_use_when_the_extension_is says so
-    _speedups = None  # type: ignore[assignment]
+_speedups = _compiled.speedups
 
 BASE_ID = (7 << 112) | (0xABCDEF << 64)
 APPEND_MS = 1_700_000_000_123
@@ -129,7 +128,7 @@ def test_large_payloads_read_back_as_bytes_of_their_own_with_every_field(compres
                                                                         keyed: bool) -> None:
     """Large payloads, plain or with keys, attributes and headers, compressed or not: each is bytes of its own,
     equal to what was sent, and holds nothing of the fetched reply (which may be reused once the Messages
-    are built). A guard for any change to how payloads are copied out of a reply (docs/benchmarks.md,
+    are built). A guard for any change to how payloads are copied out of a reply (docs/benchmarks-history.md,
     "Issue 13 review leftovers": copying each from the reply's view was tried)."""
     sizes = [70_000, 1_000_000, 3, 200_001]
     sent = [Message("big", bytes([i + 1]) * size, attribute="a" if keyed and i % 2 else None,
@@ -149,86 +148,108 @@ def test_large_payloads_read_back_as_bytes_of_their_own_with_every_field(compres
     assert [m.data for m in got] == [m.data for m in sent[1:]]
 
 
-# -- the compiled builder (metaq._speedups.BatchMessages) against its Python twins (records._build_plain, _build) --
+# -- the compiled builder (metaq._speedups.MessageBuilder) against its reference (records.decode.build_messages) --
 
-def test_the_compiled_builder_is_in_use_when_the_extension_is() -> None:
-    """CI builds metaq._speedups: the consumer's Messages are built by BatchMessages then, unless
-    METAQ_NO_SPEEDUPS=1 (a silent fallback to the Python builders would go unnoticed otherwise)."""
-    if not types.SPEEDUPS:
-        assert rec.BATCH_MESSAGES is None
-        return
-    assert types.BATCH_MESSAGES is _speedups.BatchMessages and rec.BATCH_MESSAGES is types.BATCH_MESSAGES
+COMPILED = pytest.mark.skipif(_speedups is None, reason="metaq._speedups not in use")
 
 
-def _python_builder(topic: str, raw: bytes, start: int, lengths: array, attributes: Any, keys: Any, headers: Any,
-                    *rest: Any) -> Any:
-    """records' own choice without the compiled builder: _build_plain, or _build with None for an absent column;
-    payload i ends where the running sum of the lengths from ``start`` says."""
-    ends = list(accumulate(lengths, initial=start))
-    if attributes is None and keys is None and headers is None:
-        return rec._build_plain(topic, raw, ends, *rest)
-    n = len(ends) - 1
-    return rec._build(topic, raw, ends, *(repeat(None, n) if c is None else c for c in (attributes, keys, headers)),
-                      *rest)
+def test_the_compiled_builder_is_in_use_when_the_module_is() -> None:
+    """A silent fallback to the Python builder would go unnoticed otherwise."""
+    if _speedups is None:
+        assert decode._build is decode.build_messages
+    else:
+        assert type(decode._build.__self__) is _speedups.MessageBuilder
 
 
 def _builders() -> list[Any]:
-    return [_python_builder] + ([_speedups.BatchMessages] if types.BATCH_MESSAGES is not None else [])
+    compiled = [_speedups.MessageBuilder(Message, FIELDS).messages] if _speedups is not None else []
+    return [decode.build_messages, *compiled]
 
 
 @settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(payloads=st.lists(st.binary(max_size=40), max_size=12), base=st.integers(0, 1 << 62),
-       short=st.integers(0, 3), which=st.integers(0, 5), keyed=st.booleans(), prefix=st.binary(max_size=5))
-def test_both_builders_make_the_same_messages_and_stop_at_the_shortest_column(payloads: list[bytes], base: int,
-                                                                              short: int, which: int, keyed: bool,
-                                                                              prefix: bytes) -> None:
-    """Same fields, same types, each payload its own bytes (the payloads start after ``prefix``); as zip does,
-    the first column to run out ends the batch."""
+       base_id=st.integers(0, (1 << 128) - (1 << 32)), short=st.integers(0, 3), which=st.integers(0, 5),
+       keyed=st.booleans(), prefix=st.binary(max_size=5), gaps=st.booleans(), same_time=st.booleans())
+def test_both_builders_make_the_same_messages_and_stop_at_the_shortest_column(
+        payloads: list[bytes], base: int, base_id: int, short: int, which: int, keyed: bool, prefix: bytes,
+        gaps: bool, same_time: bool) -> None:
+    """Same fields, same types, each payload its own bytes (the payloads start after ``prefix``); offsets and ids
+    from the deltas, consecutive or with gaps (a thinned batch); as zip does, the first column to run out ends the
+    batch."""
     raw = prefix + b"".join(payloads)
-    lengths = array("i", [len(p) for p in payloads])
     n = len(payloads)
-    columns: list[Any] = [[f"a{i}" if i % 2 else None for i in range(n)] if keyed else None,
+    deltas = [3 * i + (i % 2) for i in range(n)] if gaps else list(range(n))
+    stamps = [1000] * n if same_time else [1000 + i for i in range(n)]
+    columns: list[Any] = [array("i", [len(p) for p in payloads]), array("i", deltas), array("q", stamps),
+                          [f"a{i}" if i % 2 else None for i in range(n)] if keyed else None,
                           [b"k%d" % i for i in range(n)] if keyed else None,
-                          [[("h", b"%d" % i)] if i % 3 else None for i in range(n)] if keyed else None,
-                          array("q", range(1000, 1000 + n)), range(base, base + n), range(base * 2, base * 2 + n)]
+                          [[("h", b"%d" % i)] if i % 3 else None for i in range(n)] if keyed else None]
     if columns[which] is not None:
         columns[which] = columns[which][:max(0, n - short)]
     expected = min([n] + [len(c) for c in columns if c is not None])
-    built = [list(builder("t", raw, len(prefix), lengths, *columns, 3, APPEND_MS, 7)) for builder in _builders()]
+    built = [list(build("t", raw, len(prefix), *columns, base, base_id, 3, APPEND_MS, 7)) for build in _builders()]
     for got in built:
         assert len(got) == expected
         assert [m.data for m in got] == payloads[:expected]
         for i, m in enumerate(got):
             check_plain_object(m)
-            assert (m.timestamp_ms, m.offset, m.id) == (1000 + i, base + i, base * 2 + i)
+            assert (m.timestamp_ms, m.offset, m.id) == (stamps[i], base + deltas[i], base_id + deltas[i])
             assert (m.partition, m.append_time_ms, m.broker_id, m.topic) == (3, APPEND_MS, 7, "t")
-            assert (m.attribute, m.key, m.headers) == ((columns[0][i], columns[1][i], columns[2][i]) if keyed
+            assert (m.attribute, m.key, m.headers) == ((columns[3][i], columns[4][i], columns[5][i]) if keyed
                                                        else (None, None, None))
     assert all(got == built[0] for got in built)
 
 
-@pytest.mark.skipif(types.BATCH_MESSAGES is None, reason="metaq._speedups not in use")
-def test_the_compiled_builder_refuses_what_it_cannot_fill_and_keeps_its_binding() -> None:
+@COMPILED
+def test_the_compiled_builder_refuses_what_it_cannot_fill() -> None:
     @dataclasses.dataclass(slots=True)
     class Other:
         topic: str
         data: bytes
 
-    with pytest.raises(ValueError, match="not the one the compiled builder fills"):
-        _speedups.bind_message(Other, ["topic", "data"])
+    with pytest.raises(ValueError, match="MessageBuilder fills the fields"):
+        _speedups.MessageBuilder(Other, ["topic", "data"])
     with pytest.raises(ValueError):
-        _speedups.bind_message(Message, list(reversed(FIELDS)))  # every field, but not where it belongs
-    build = _speedups.BatchMessages
+        _speedups.MessageBuilder(Message, list(reversed(FIELDS)))  # every field, but not in order
+
+    @dataclasses.dataclass
+    class NoSlots:  # a class attribute, not a descriptor, where each field should be: nothing to set it with
+        topic: str = "t"
+
+    with pytest.raises(ValueError, match="not a settable attribute descriptor"):
+        _speedups.MessageBuilder(NoSlots, FIELDS)
+
+
+@COMPILED
+def test_the_compiled_builder_refuses_bad_columns() -> None:
+    build = _speedups.MessageBuilder(Message, FIELDS).messages
+    lengths, one, stamps = array("i", [1]), array("i", [0]), array("q", [5])
     with pytest.raises(ValueError, match="negative"):
-        next(build("t", b"ab", 0, array("i", [-1]), None, None, None, [1], [1], [1], 0, 0, 0))
+        next(build("t", b"ab", 0, array("i", [-1]), one, stamps, None, None, None, 0, 0, 0, 0, 0))
     with pytest.raises(ValueError, match="negative"):
-        build("t", b"ab", -1, array("i", [1]), None, None, None, [1], [1], [1], 0, 0, 0)
+        build("t", b"ab", -1, lengths, one, stamps, None, None, None, 0, 0, 0, 0, 0)
     with pytest.raises(TypeError):
-        build("t", bytearray(b"ab"), 0, array("i", [2]), None, None, None, [1], [1], [1], 0, 0, 0)
+        build("t", bytearray(b"ab"), 0, lengths, one, stamps, None, None, None, 0, 0, 0, 0, 0)
     with pytest.raises(TypeError, match="array"):
-        build("t", b"ab", 0, array("q", [2]), None, None, None, [1], [1], [1], 0, 0, 0)  # not int32 lengths
+        build("t", b"ab", 0, array("q", [2]), one, stamps, None, None, None, 0, 0, 0, 0, 0)  # not int32 lengths
+    with pytest.raises(TypeError, match="array"):
+        build("t", b"ab", 0, lengths, one, array("i", [5]), None, None, None, 0, 0, 0, 0, 0)  # not int64 timestamps
     with pytest.raises(TypeError):
-        build("t", b"ab", 0, array("i", [2]), 5, None, None, [1], [1], [1], 0, 0, 0)  # a column that is not iterable
-    # bounds past the payloads are clamped as a slice is; Messages are still of the bound class
-    (m,) = build("t", b"ab", 1, array("i", [8]), None, ["k"], None, [5], [6], [7], 0, 0, 0)
-    assert type(m) is Message and m.data == b"b" and (m.key, m.timestamp_ms, m.offset, m.id) == ("k", 5, 6, 7)
+        build("t", b"ab", 0, lengths, one, stamps, 5, None, None, 0, 0, 0, 0, 0)  # a column that is not iterable
+    # bounds past the payloads are clamped as a slice is; an offset beyond 64 bits is still right
+    (m,) = build("t", b"ab", 1, array("i", [8]), array("i", [2]), stamps, None, ["k"], None, (1 << 63) - 1, 7, 0, 0,
+                 0)
+    assert type(m) is Message and m.data == b"b" and (m.key, m.timestamp_ms, m.offset, m.id) == (
+        "k", 5, (1 << 63) + 1, 9)
+
+
+@COMPILED
+def test_the_compiled_builder_leaks_no_reference() -> None:
+    topic, raw = "leak-check-topic", b"x" * 3000
+    build = _speedups.MessageBuilder(Message, FIELDS).messages
+    lengths, deltas, stamps = array("i", [3] * 1000), array("i", range(1000)), array("q", [9] * 1000)
+    before = sys.getrefcount(topic), sys.getrefcount(raw), sys.getrefcount(lengths)
+    made = list(build(topic, raw, 0, lengths, deltas, stamps, None, None, None, 10, 1 << 100, 0, 0, 0))
+    assert sys.getrefcount(topic) == before[0] + 1000
+    del made
+    assert (sys.getrefcount(topic), sys.getrefcount(raw), sys.getrefcount(lengths)) == before

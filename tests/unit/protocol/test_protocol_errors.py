@@ -64,6 +64,18 @@ def test_error_taxonomy() -> None:
         assert issubclass(cls, errors.MetaqError)
 
 
+def test_the_errors_of_the_tools_are_metaq_errors_too() -> None:
+    """``except MetaqError`` catches every error metaq raises to a caller; the two that were ValueErrors stay so."""
+    from metaq.broker.cron import CronError
+    from metaq.client.xa import XAError
+    from metaq.cluster.layout import LayoutError
+    from metaq.security.scram import ScramError
+
+    for cls in (XAError, CronError, LayoutError, ScramError):
+        assert issubclass(cls, errors.MetaqError), cls
+    assert issubclass(CronError, ValueError) and issubclass(LayoutError, ValueError)
+
+
 @pytest.mark.parametrize("version", [-1, -32768, 1, 32767])
 def test_a_bad_version_is_answered_with_an_error_code_in_a_layout_the_api_has(version: int) -> None:
     """The reply to an unsupported (even negative) version is never just a correlation id."""

@@ -180,7 +180,7 @@ def doc_section(heading: str, level: int = 3) -> str:
 
 def code_block_fields(text: str) -> list[tuple[str, str]]:
     """(type, name) of each line in the first fenced block of ``text``, up to its ``...`` line."""
-    block = re.search(r"```\n(.*?)```", text, re.S)
+    block = re.search(r"```(?:text)?\n(.*?)```", text, re.S)
     assert block, "no layout block"
     out = []
     for line in block.group(1).splitlines():

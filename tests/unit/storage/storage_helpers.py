@@ -7,6 +7,7 @@ import os
 
 from metaq.protocol.records import decode_fetched, encode_messages, encode_values
 from metaq.storage import PartitionLog
+from metaq.testing import FakeClock as FakeClock  # the one fake clock, for the storage tests that import it here
 from metaq.types import Message
 
 _SCALE = float(os.environ.get("METAQ_HYPOTHESIS_SCALE", "1"))
@@ -19,19 +20,6 @@ def examples(n: int) -> int:
 
 def no_sync(fd: int) -> None:
     """An fdatasync that does nothing: for tests about layout, not durability."""
-
-
-class FakeClock:
-    """A settable clock in seconds, as time.time."""
-
-    def __init__(self, start_s: float = 1_700_000_000.0) -> None:
-        self.now_s = start_s
-
-    def __call__(self) -> float:
-        return self.now_s
-
-    def advance_ms(self, ms: int) -> None:
-        self.now_s += ms / 1000
 
 
 _counter = itertools.count()

@@ -250,7 +250,7 @@ def test_the_active_segments_index_is_written_in_4_kib_runs_and_a_clean_open_ind
     partitions: two creates and two fsyncs each); a clean open checks and indexes the batches after the
     last entry on disk, so lookups find every entry, and a crash loses none that a reader needs (the newest
     segment is checked whole and its index rebuilt)."""
-    from metaq.storage.log import ACTIVE_INDEX_WRITE_BYTES
+    from metaq.storage.partition_flush import ACTIVE_INDEX_WRITE_BYTES
 
     config = LogConfig(unflush_threshold=1, index_interval_bytes=100)
     directory = tmp_path / "t-0"

@@ -14,7 +14,7 @@ from storage_helpers import make_batch, read_all
 
 from metaq.protocol.records import iter_batches
 from metaq.storage import LogConfig, PartitionLog
-from metaq.storage import log as log_module
+from metaq.storage import partition_flush as flush_module
 from metaq.storage import segment as segment_module
 from metaq.storage.errors import DiskFull
 from metaq.testing.fs import small_disk
@@ -104,7 +104,7 @@ def test_a_segment_roll_on_a_full_disk_changes_nothing_until_space_returns(tmp_p
 
 def test_a_failed_index_write_does_not_take_the_partition_offline(tmp_path, monkeypatch):
     # every sync writes the active segment's new index entries (by default only once they hold 4 KiB)
-    monkeypatch.setattr(log_module, "ACTIVE_INDEX_WRITE_BYTES", 0)
+    monkeypatch.setattr(flush_module, "ACTIVE_INDEX_WRITE_BYTES", 0)
     config = LogConfig(unflush_threshold=1, segment_bytes_max=1 << 20, index_interval_bytes=100)
     log = PartitionLog.open(tmp_path / "t-0", "t", 0, config, 1)
     sent: list[bytes] = []

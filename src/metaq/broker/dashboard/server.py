@@ -109,7 +109,7 @@ class MetricsServer:
         self.scheme = "http" if ssl_context is None else "https"
         runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_address=False, ssl_context=ssl_context)
+        site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
         try:
             await site.start()
         except BaseException:

@@ -12,6 +12,13 @@ Layout, guarantees and recovery are in docs/delayed.md. In short:
 * ``open`` (blocking): after a clean stop the bucket files are used; otherwise they are rebuilt from the
   delay logs. Refs (``metaq.delay-ref``) found in the target partitions after the checkpoint's ends are
   delivered already and are skipped: exactly once across kill -9.
+
+The target partitions are numbered (bucket rows name a target by its number) in ``targets.json``: one
+text line per target, ``{"id": n, "target": "topic-partition"}``, each with its checksums
+(:mod:`metaq.framing`). A damaged line costs that number only: the target's delay log is still found by
+its directory and given a new number, and the buckets, whose rows may name the lost one, are rebuilt
+from the delay logs as after a crash (an ERROR names the target). A list an earlier version wrote
+(``["orders-0", ...]``, the number being the place in it) is still read.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from metaq import framing
 from metaq.broker.delay.buckets import (
     BucketFiles,
     Row,
@@ -53,8 +61,11 @@ from metaq.protocol.records import (
     validate_batch,
 )
 from metaq.storage import AppendResult, Flusher, LogConfig, PartitionLog
+from metaq.storage.checkpoint import check_records, parse_records, read_bytes, write_records
+from metaq.storage.errors import DiskFull, is_disk_full
 from metaq.storage.files import FileCache
 from metaq.storage.manager import parse_partition_dir_name
+from metaq.storage.verify import StoreReport
 from metaq.types import Message
 
 log = logging.getLogger("metaq.broker.delay")
@@ -77,6 +88,7 @@ LATENESS_BUCKETS_S: tuple[float, ...] = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 
 _UNLIMITED = (1 << 31) - 1
 _CLEAN_FILE = "clean"
 _TARGETS_FILE = "targets.json"
+STORE = "delay"
 _DELTA = struct.Struct(">i")
 _TS = struct.Struct(">q")
 
@@ -84,6 +96,10 @@ TargetLookup = Callable[[str, int], PartitionLog | None]
 """(topic, partition) -> the partition's log on this broker, None when it is gone."""
 DeliveredHook = Callable[[str, int, int], None]
 """Called after records were appended to (topic, partition): the count (wake long polls, count them)."""
+
+
+def _target_key(obj: dict[str, Any]) -> str:
+    return str(obj["target"])
 
 
 def _ms_text(ms: int) -> str:
@@ -162,8 +178,13 @@ class DelayStore:
         """Starts of bucket files read into the heap whose files are not deleted yet."""
         self._loading: dict[int, list[Row]] = {}
         """Buckets being read: rows that arrived for them meanwhile."""
-        self._targets: list[tuple[str, int]] = []
+        self._targets: dict[int, tuple[str, int]] = {}
+        """Target number -> (topic, partition): what bucket rows name."""
         self._target_ids: dict[tuple[str, int], int] = {}
+        self._targets_damaged = False
+        """A damaged line of targets.json: bucket rows may name a number that is lost."""
+        self._buckets_incomplete = False
+        """A bucket row could not be written (a full disk): the next start rebuilds the buckets."""
         self._logs: dict[int, PartitionLog] = {}
         self._refs: set[tuple[int, int]] = set()
         """(target, delay-log offset) found delivered after the last checkpoint at open."""
@@ -234,7 +255,8 @@ class DelayStore:
             self._open_log(self._target_id(*parsed), create=False)
         self._find_refs(ends)
         starts = self.buckets.open()
-        if isinstance(clean, dict) and isinstance(clean.get("pending"), int) and checkpoint:
+        if isinstance(clean, dict) and isinstance(clean.get("pending"), int) and checkpoint \
+                and not self._targets_damaged:
             self.pending = clean["pending"]
             self._unloaded = starts
         else:
@@ -260,25 +282,41 @@ class DelayStore:
 
     def _load_targets(self) -> None:
         path = self.root / _TARGETS_FILE
-        try:
-            names = json.loads(path.read_bytes())
-        except (OSError, ValueError):
-            names = []
-        for name in names if isinstance(names, list) else []:
+        data = read_bytes(path) or b""
+        if not framing.is_text_lines(data):  # ["orders-0", ...]: the number is the place in the list
+            try:
+                names = json.loads(data)
+            except ValueError:
+                names = []
+            pairs: list[tuple[object, object]] = list(enumerate(names)) if isinstance(names, list) else []
+        else:
+            records, damaged = parse_records(
+                data, path, _target_key, store=STORE,
+                lost=lambda key: f"target {key or '(unknown)'}'s number is lost: its delay log gets a new one and the "
+                                 "buckets are rebuilt from the delay logs")
+            self._targets_damaged = bool(damaged)
+            pairs = [(r.get("id"), r.get("target")) for r in records]
+        for tid, name in pairs:
             parsed = parse_partition_dir_name(name) if isinstance(name, str) else None
-            if parsed is not None and parsed not in self._target_ids:
-                self._target_ids[parsed] = len(self._targets)
-                self._targets.append(parsed)
+            if parsed is not None and isinstance(tid, int) and parsed not in self._target_ids \
+                    and tid not in self._targets:
+                self._target_ids[parsed] = tid
+                self._targets[tid] = parsed
 
     def _target_id(self, topic: str, partition: int) -> int:
         key = (topic, partition)
         tid = self._target_ids.get(key)
         if tid is None:
-            tid = len(self._targets)
-            self._targets.append(key)
+            tid = max(self._targets, default=-1) + 1  # never a number a damaged line may have held
+            self._targets[tid] = key
             self._target_ids[key] = tid
-            names = [f"{t}-{p}" for t, p in self._targets]
-            atomic_write(self.root / _TARGETS_FILE, json.dumps(names).encode())
+            try:
+                names = ((f"{t}-{p}", n) for n, (t, p) in sorted(self._targets.items()))
+                names = ((f"{t}-{p}", n) for n, (t, p) in sorted(self._targets.items()))
+                write_records(self.root / _TARGETS_FILE, ((name, {"id": n, "target": name}) for name, n in names))
+            except OSError:
+                del self._targets[tid], self._target_ids[key]
+                raise
         return tid
 
     def _open_log(self, tid: int, *, create: bool = True) -> PartitionLog:
@@ -293,7 +331,7 @@ class DelayStore:
 
     def _find_refs(self, ends: dict[str, Any]) -> None:
         """Refs delivered after the checkpoint: the target partitions from the ends it recorded."""
-        for tid, (topic, partition) in enumerate(self._targets):
+        for tid, (topic, partition) in self._targets.items():
             plog = self._lookup(topic, partition)
             if plog is None:
                 continue
@@ -340,9 +378,11 @@ class DelayStore:
                 plog.close()
             self.buckets.sync()
             self.buckets.close()
-            atomic_write(self.root / _CLEAN_FILE, json.dumps({"pending": self.pending}).encode())
+            if not self._buckets_incomplete:
+                atomic_write(self.root / _CLEAN_FILE, json.dumps({"pending": self.pending}).encode())
         except (OSError, StorageError) as exc:
-            log.error("delay store: unclean close (%s); the next start rebuilds its index", exc)
+            level = logging.WARNING if is_disk_full(exc) or isinstance(exc, DiskFull) else logging.ERROR
+            log.log(level, "delay store: unclean close (%s); the next start rebuilds its index", exc)
             for plog in self._logs.values():
                 with contextlib.suppress(Exception):
                     plog.abandon()
@@ -372,10 +412,15 @@ class DelayStore:
                     f"maxDelayInSeconds is {self.max_delay_ms // 1000} s: send it with a shorter delay or raise "
                     f"maxDelayInSeconds; nothing of the batch was stored")
             dues.append(due)
-        if not self._created:
-            self._create()
-        tid = self._target_id(topic, partition)
-        plog = self._open_log(tid)
+        try:
+            if not self._created:
+                self._create()
+            tid = self._target_id(topic, partition)
+            plog = self._open_log(tid)
+        except OSError as exc:  # nothing of the batch is stored yet
+            if is_disk_full(exc):
+                raise DiskFull(f"cannot store delayed messages for {topic}-{partition}: the disk is full") from exc
+            raise StorageError(f"cannot store delayed messages for {topic}-{partition}: {exc}") from exc
         result = plog.append(batch, header, now_ms=now)
         floor = result.append_time_ms + 1
         base = result.base_offset
@@ -390,7 +435,13 @@ class DelayStore:
         for row in rows:
             grouped.setdefault(start_of(row.due_ms), []).append(encode_row(*row))
         for start, encoded in grouped.items():
-            self.buckets.append(start, b"".join(encoded))
+            try:
+                self.buckets.append(start, b"".join(encoded))
+            except OSError as exc:  # the rows are in the delay log and go on the heap: only the index lacks them
+                if not self._buckets_incomplete:
+                    log.warning("delay store: cannot write to bucket %s (%s); the next start rebuilds the buckets "
+                                "from the delay logs", self.buckets.path(start), exc)
+                self._buckets_incomplete = True
         wake = False
         for row in rows:
             start = start_of(row.due_ms)
@@ -545,7 +596,7 @@ class DelayStore:
 
     def _checkpoint_document(self) -> dict[str, Any]:
         ends = {}
-        for topic, partition in self._targets:
+        for topic, partition in self._targets.values():
             plog = self._lookup(topic, partition)
             if plog is not None:
                 ends[f"{topic}-{partition}"] = plog.log_end_offset
@@ -598,6 +649,14 @@ class DelayStore:
         with self._checkpoint_lock:
             write_checkpoint(self.root, self._checkpoint_seq, document)
             self._checkpoint_seq += 1
+
+    def verify(self) -> StoreReport:
+        """Check targets.json as it is on disk (blocking); modifies nothing. (The buckets are derived data, checked
+        and rebuilt as they are loaded; the delay logs are partition logs.)"""
+        path = self.root / _TARGETS_FILE
+        report = StoreReport(STORE, str(path))
+        report.records, report.damaged = check_records(read_bytes(path), _target_key)
+        return report
 
     # -- stats -----------------------------------------------------------------------------------
 

@@ -11,6 +11,10 @@ from metaq.broker.core import check_topic_name
 from metaq.broker.session import Session
 from metaq.errors import InvalidArgument, MessageNotFoundError, StorageError, UnknownPartitionError, UnknownTopicError
 from metaq.protocol import messages as m
+from metaq.security.acl import ACL_FILE_NAME, AclFile
+from metaq.security.credentials import USERS_FILE_NAME, UsersFile
+from metaq.storage.log import PartitionLog
+from metaq.storage.verify import StoreReport, check_partition_files
 
 if TYPE_CHECKING:
     from metaq.broker.core import Broker, Handler
@@ -126,9 +130,42 @@ async def handle_verify(broker: Broker, req: m.VerifyRequest, session: Session |
     if req.topic is not None and req.partition >= 0 and not targets:
         raise UnknownPartitionError(f"topic {req.topic!r} has no partition {req.partition} on this broker")
     loop = asyncio.get_running_loop()
-    reports = await loop.run_in_executor(None, lambda: [plog.verify().to_json() for plog in targets
+    reports = await loop.run_in_executor(None, lambda: [_verify_partition(plog) for plog in targets
                                                         if not plog.closed])
+    if req.topic is None:  # the whole broker: the stores beside the segments too
+        reports += await loop.run_in_executor(None, lambda: [r.to_json() for r in verify_stores(broker)])
     return m.VerifyResponse(report_json=json.dumps(reports).encode())
+
+
+def _verify_partition(plog: PartitionLog) -> dict[str, Any]:
+    """A partition's report: its segments and indexes, then its epoch history and producer snapshots."""
+    report = plog.verify().to_json()
+    problems = check_partition_files(plog.directory)
+    if problems:
+        report["file_problems"] = problems
+        report["ok"] = False
+    return report
+
+
+def verify_stores(broker: Broker) -> list[StoreReport]:
+    """Check every record of the stores beside the segments as they are on disk (blocking; nothing modified):
+    the offsets log, the transaction log, the delay store's targets, and in embedded mode the users and ACL
+    files."""
+    reports = [broker.groups.store.verify()]
+    if broker.transactions is not None:
+        reports.append(broker.transactions.txlog.verify())
+    if broker.delay.root.is_dir():
+        reports.append(broker.delay.verify())
+    if broker.cluster.mode != "zookeeper":
+        config = broker.config
+        users = UsersFile(config.sasl_users_file or config.data_path / USERS_FILE_NAME)
+        acls = AclFile(config.acl_file or config.data_path / ACL_FILE_NAME)
+        for name, path, check in (("users", users.path, users.check), ("acls", acls.path, acls.check)):
+            if path.exists():
+                report = StoreReport(name, str(path))
+                report.records, report.damaged = check()
+                reports.append(report)
+    return reports
 
 
 HANDLERS: dict[type, Handler] = {

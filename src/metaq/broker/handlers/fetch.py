@@ -9,8 +9,6 @@ thread instead, so that the disk read does not stop the event loop (and every pr
 from __future__ import annotations
 
 import asyncio
-import errno
-import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -22,7 +20,7 @@ from metaq.broker.session import DeferredReply, FileReply, Session
 from metaq.errors import InvalidRequestError, OffsetOutOfRangeError, PartitionClosedError, UnknownTopicError
 from metaq.protocol import messages as m
 from metaq.protocol.records import peek_length
-from metaq.storage import FileSlice, OffsetOutOfRange, PartitionLog
+from metaq.storage import FileSlice, OffsetOutOfRange, PartitionLog, fileslice
 from metaq.storage.errors import DamagedData
 
 if TYPE_CHECKING:
@@ -32,9 +30,6 @@ SENDFILE_MIN_BYTES = 16 * 1024
 """Smaller fetch replies are read into memory and written in one go: cheaper than a sendfile round."""
 LONG_POLL_MAX_MS = 600_000
 """A fetch's max_wait_ms is cut to this."""
-_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
-"""preadv2's flag that fails with EAGAIN instead of reading from the disk (Linux); None: not available
-(or the filesystem refused it once), and every reply is sent from the loop as before."""
 
 
 def handle_fetch(broker: Broker, req: m.FetchRequest, session: Session | None) -> Any:
@@ -186,7 +181,11 @@ def _fetch_now(broker: Broker, req: m.FetchRequest, plog: PartitionLog, offset: 
         return response
     counters.get_bytes += fslice.size
     counters.get_messages += fslice.next_offset - offset
-    accept = group_filter(broker.topics[req.topic].settings, req.group) if req.group else None
+    try:
+        accept = group_filter(broker.filters, broker.topics[req.topic].settings, req.group) if req.group else None
+    except BaseException:
+        fslice.release()
+        raise
     if accept is not None:
         # a server-side filter for this group ([topic=...] group.NAME=module:callable): the
         # stored bytes are decoded and re-encoded without the rejected messages, so no sendfile
@@ -208,24 +207,12 @@ def _fetch_now(broker: Broker, req: m.FetchRequest, plog: PartitionLog, offset: 
 
 
 def _cached(fslice: FileSlice) -> bool:
-    """Whether the first and the last byte of ``fslice`` are in the page cache (a non-blocking preadv2 of
-    each): if so the reply is sent from the loop as usual; the pages between them are read ahead
-    (storage asks for readahead past every read), so the two ends stand for the whole."""
-    global _NOWAIT
-    if _NOWAIT is None:
-        return True
-    probe = bytearray(1)
-    try:
-        for position in (fslice.position, fslice.position + fslice.size - 1):
-            if os.preadv(fslice.fileno(), [probe], position, _NOWAIT) != 1:
-                return False
-    except BlockingIOError:
-        return False
-    except OSError as exc:
-        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # this kernel or filesystem has no RWF_NOWAIT
-            _NOWAIT = None
-        return True  # anything else: the send reports it, as before
-    return True
+    """Whether the first and the last byte of ``fslice`` are in the page cache (``fileslice.page_cached``:
+    True when it cannot tell): if so the reply is sent from the loop as usual; the pages between them are
+    read ahead (storage asks for readahead past every read), so the two ends stand for the whole."""
+    fd = fslice.fileno()
+    return all(fileslice.page_cached(fd, position) is not False
+               for position in (fslice.position, fslice.position + fslice.size - 1))
 
 
 async def _read_off_loop(response: m.FetchResponse, fslice: FileSlice) -> m.FetchResponse:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from metaq.broker.authorization import CredentialLookup, credential_lookup
+from metaq.broker.security_sources import CredentialLookup, credential_lookup
 from metaq.broker.session import Session
 from metaq.errors import (
     ConfigError,

@@ -20,6 +20,7 @@ from metaq.errors import (
 )
 from metaq.protocol import messages as m
 from metaq.types import validate_topic
+from metaq.wording import plural
 
 if TYPE_CHECKING:
     from metaq.broker.core import Broker, Handler
@@ -56,6 +57,7 @@ def handle_metadata(broker: Broker, req: m.MetadataRequest, session: Session | N
     else:
         names = req.topics
     out = []
+    refused = []
     for name in names:
         parts = []
         state = broker.topics.get(name)
@@ -63,12 +65,14 @@ def handle_metadata(broker: Broker, req: m.MetadataRequest, session: Session | N
             s = state.settings
             parts = [m.PartitionInfo(p, own_id, 0, s.accept_publish and p not in state.closed, s.accept_subscribe)
                      for p in range(state.num_partitions)]
+            if not s.accept_publish:  # the client's refusal then says what to change, not "metaq topic open"
+                refused.append(m.PublishRefusal(name, own_id, broker.publish_refused(name)))
         parts += registered_partitions(snapshot.topics.get(name), addresses)
         if not parts:
             out.append(m.TopicInfo(name, _topic_error_code(name), []))
             continue
         out.append(m.TopicInfo(name, 0, parts))
-    return m.MetadataResponse(brokers=brokers, topics=out)
+    return m.MetadataResponse(brokers=brokers, topics=out, publish_refused=refused)
 
 
 def handle_create_topic(broker: Broker, req: m.CreateTopicRequest, session: Session | None) -> Any:
@@ -77,7 +81,8 @@ def handle_create_topic(broker: Broker, req: m.CreateTopicRequest, session: Sess
     broker.refuse_writes_on_slave("CreateTopic (a slave creates the topics it learns of from its master)")
     check_topic_name(topic)
     if topic in broker.topics:
-        raise TopicExistsError(f"topic {topic!r} already exists with {broker.topics[topic].num_partitions} partitions")
+        raise TopicExistsError(f"topic {topic!r} already exists with "
+                               f"{plural(broker.topics[topic].num_partitions, 'partition')}")
     if topic in broker.creating:
         raise TopicExistsError(f"topic {topic!r} is being created by another request")
     if req.num_partitions != DEFAULT_PARTITIONS and not 1 <= req.num_partitions <= PARTITIONS_PER_TOPIC_MAX:
@@ -122,6 +127,10 @@ def handle_partition_state(broker: Broker, req: m.PartitionStateRequest, session
         targets = [req.partition]
     else:
         raise UnknownPartitionError(f"topic {req.topic!r} has no partition {req.partition}")
+    if req.open and not state.settings.accept_publish:
+        # opening would change nothing a producer sees: say what does instead of answering "opened"
+        raise InvalidRequestError(f"{broker.publish_refused(req.topic)}. metaq topic open only reopens partitions "
+                                  "closed with metaq topic close; nothing was changed")
     return _set_partitions_open(broker, req.topic, targets, req.open)
 
 
@@ -131,7 +140,8 @@ async def _set_partitions_open(broker: Broker, topic: str, partitions: list[int]
 
 
 def handle_reload(broker: Broker, req: m.ReloadRequest, session: Session | None) -> m.ReloadResponse:
-    return m.ReloadResponse(changed_topics=broker.reload_from_file())
+    reloaded = broker.reload_from_file()
+    return m.ReloadResponse(changed_topics=reloaded.changed_topics, restart_required=reloaded.restart_required)
 
 
 HANDLERS: dict[type, Handler] = {

@@ -1,10 +1,9 @@
 """Transaction (API 21) and Produce v1 into a transaction: begin, put, prepare, commit, roll back, recover.
 
-The states and the log are :mod:`metaq.broker.transactions`; this module applies a commit: the
-transaction's batches are copied from the transaction log into their partitions, in put order, with
-no await in between (one step of the event loop: a consumer of this broker sees all or none of them),
-each through the idempotent producer's check so that applying again after a crash stores nothing
-twice. The answer waits for the partitions' flush policy and sync replication, as a produce does.
+The states and the log are :mod:`metaq.broker.transactions`; a commit's batches are copied into their
+partitions by :mod:`metaq.broker.committing` (all in one step of the event loop, each through the
+idempotent producer's check). The answer to a commit waits for the partitions' flush policy and sync
+replication, as a produce does.
 """
 
 from __future__ import annotations
@@ -12,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from concurrent.futures import Future
+import time
 from typing import TYPE_CHECKING, Any
 
-from metaq.broker.handlers.appending import await_ack, check_sequence
+from metaq.broker.appending import await_ack
+from metaq.broker.committing import apply_transaction
 from metaq.errors import (
     InvalidRequestError,
     PartitionClosedError,
@@ -23,8 +23,7 @@ from metaq.errors import (
     UnknownPartitionError,
 )
 from metaq.protocol import messages as m
-from metaq.protocol.records import ProducerStamp, producer_stamp, read_header
-from metaq.storage.log import PartitionLog
+from metaq.protocol.records import ProducerStamp
 
 log = logging.getLogger("metaq.broker.transactions")
 
@@ -40,7 +39,8 @@ def put_into_transaction(broker: Broker, transaction_id: str, topic: str, partit
         raise UnknownPartitionError("a transaction's batch names its partition (-1 is not taken)")
     state, _plog = broker.partition_log(topic, partition)
     if partition in state.closed:
-        raise PartitionClosedError(f"partition {topic}-{partition} is closed for publishing")
+        raise PartitionClosedError(f"partition {broker.config.broker_id}-{partition} of topic {topic!r} is closed for "
+                                   "publishing")
     broker.tx_coordinator().put(transaction_id, topic, partition, records, stamp, header.record_count)
     return m.ProduceResponse(partition=partition)
 
@@ -129,56 +129,19 @@ async def _apply_after_sync(broker: Broker, tx: Transaction) -> m.TransactionRes
     return m.TransactionResponse(committed=committed)
 
 
-def apply_transaction(broker: Broker, tx: Transaction) -> tuple[list[m.CommittedBatch], list[tuple[Any, Any]]]:
-    """Append the transaction's batches to their partitions, synchronously (no await): where each went,
-    and what each ack waits for. A batch already there (applied before a crash) is not appended again."""
-    coordinator = broker.tx_coordinator()
-    committed: list[m.CommittedBatch] = []
-    waits: list[tuple[Future[None] | None, Any]] = []
-    ha = broker.ha
-    for put in tx.state.puts:
-        batch = coordinator.read_batch(put)
-        header = read_header(batch)
-        stamp = producer_stamp(batch, header)
-        _state, plog = broker.partition_log(put.topic, put.partition)
-        if ha is not None:
-            ha.before_append(plog)
-        original = check_sequence(plog, stamp, header.record_count) if stamp is not None else None
-        if original is not None:
-            base_offset, last_offset = original.base_offset, original.last_offset
-        else:
-            result = plog.append(batch, header)
-            base_offset, last_offset = result.base_offset, result.last_offset
-            counters = broker.stats.partition(put.topic, put.partition)
-            counters.put_requests += 1
-            counters.put_messages += header.record_count
-            counters.put_bytes += header.total_bytes
-            broker.waiters.notify(put.topic, put.partition)
-            if result.wait_for_durable and not result.durable.done():
-                waits.append((result.durable, None))
-        replicated = ha.after_append(plog, last_offset + 1) if ha is not None else None
-        if replicated is not None:
-            waits.append((None, replicated))
-        committed.append(m.CommittedBatch(put.topic, put.partition, base_offset, plog.message_id(base_offset),
-                                          header.record_count))
-    return committed, waits
-
-
-def reapply_on_open(broker: Broker, tx: Transaction) -> None:
-    """At start-up (blocking, before serving): finish a transaction whose COMMIT was logged."""
-    _committed, _waits = apply_transaction(broker, tx)
-    logs: set[PartitionLog] = {broker.partition_log(p.topic, p.partition)[1] for p in tx.state.puts}
-    for plog in logs:
-        plog.flush()
-    broker.tx_coordinator().finish_commit(tx)
+def _limit(value: int, what: str) -> int:
+    if not 1 <= value <= m.CHECK_TRANSACTIONS_MAX:
+        raise InvalidRequestError(f"{what}.max_transactions must be 1..{m.CHECK_TRANSACTIONS_MAX}; got {value}")
+    return value
 
 
 async def handle_check_transactions(broker: Broker, req: m.CheckTransactionsRequest, _session: object
                                     ) -> m.CheckTransactionsResponse:
-    """A producer group's checker long-polls for half transactions that need its decision."""
+    """A producer group's checker long-polls for half transactions that need its decision; each it is
+    handed counts as one check (docs/transactions.md, "Half messages")."""
     if not req.producer_group:
         raise InvalidRequestError("CheckTransactions needs the producer group")
-    limit = max(1, min(req.max_transactions, 10_000))
+    limit = _limit(req.max_transactions, "CheckTransactions")
     coordinator = broker.tx_coordinator()
     found = coordinator.take_checks(req.producer_group, limit)
     if not found and req.max_wait_ms > 0:
@@ -188,8 +151,54 @@ async def handle_check_transactions(broker: Broker, req: m.CheckTransactionsRequ
             async with asyncio.timeout(min(req.max_wait_ms, 60_000) / 1000):
                 await event.wait()
         found = coordinator.take_checks(req.producer_group, limit)
-    return m.CheckTransactionsResponse(transaction_ids=found)
+    budget = m.CHECK_REPLY_BYTES_MAX
+    halves = []
+    for tx in found:
+        size = tx.state.size_bytes
+        batches = []
+        if size <= budget:
+            budget -= size
+            batches = [m.HalfBatch(put.topic, put.partition, coordinator.read_batch(put)) for put in tx.state.puts]
+        halves.append(m.HalfTransaction(tx.txid, tx.checks, tx.state.begun_ms, batches))
+    return m.CheckTransactionsResponse(transaction_ids=[tx.txid for tx in found], transactions=halves)
+
+
+CHECKER_SEEN_S = 60.0
+"""ListTransactions names the producer groups whose checker asked within this many seconds."""
+
+
+def handle_list_transactions(broker: Broker, req: m.ListTransactionsRequest, _session: object
+                             ) -> m.ListTransactionsResponse:
+    """`metaq admin transactions`: the live transactions and the last ones the broker decided by itself."""
+    limit = _limit(req.max_transactions, "ListTransactions")
+    coordinator = broker.transactions
+    if coordinator is None:  # no transaction ever on this broker: nothing to open a log for
+        return m.ListTransactionsResponse()
+    group = req.producer_group
+    now_s, now_ms = coordinator.clock(), int(time.time() * 1000)
+
+    def wall(at_s: float) -> int:
+        return now_ms + int((at_s - now_s) * 1000)
+
+    live = []
+    for tx in sorted(coordinator.live.values(), key=lambda t: t.state.begun_ms):
+        state = tx.state
+        if group and state.producer_group != group:
+            continue
+        live.append(m.TransactionInfo(
+            tx.txid, coordinator.status(tx.txid), state.producer_group, state.xid, state.begun_ms, -1,
+            -1 if tx.half else wall(tx.deadline_s), wall(tx.next_check_s) if tx.next_check_s else -1, tx.checks,
+            tx.messages, list(dict.fromkeys(f"{p.topic}-{p.partition}" for p in state.puts))))
+        if len(live) >= limit:
+            break
+    timed_out = [m.TransactionInfo(t.txid, f"rolled back ({t.reason})", t.producer_group, t.xid, t.begun_ms,
+                                   t.ended_ms, -1, -1, 0, t.messages, list(t.partitions))
+                 for t in reversed(coordinator.timed_out_recent) if not group or t.producer_group == group][:limit]
+    checkers = sorted(g for g, seen in coordinator.checker_seen_s.items()
+                      if now_s - seen <= CHECKER_SEEN_S)
+    return m.ListTransactionsResponse(live=live, timed_out=timed_out, checkers=checkers)
 
 
 HANDLERS: dict[type, Handler] = {m.TransactionRequest: handle_transaction,
-                                 m.CheckTransactionsRequest: handle_check_transactions}
+                                 m.CheckTransactionsRequest: handle_check_transactions,
+                                 m.ListTransactionsRequest: handle_list_transactions}

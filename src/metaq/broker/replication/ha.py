@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from metaq.broker.replication.master import MasterReplication
 from metaq.broker.replication.slave import SlaveReplicator
-from metaq.broker.slave_config import SlaveConfig
+from metaq.broker.replication.slave_config import SlaveConfig
 from metaq.cluster.layout import ReplicaGroupState
 from metaq.cluster.registry import Address, ReplicaGroupChanged
 from metaq.errors import (

@@ -22,7 +22,7 @@ from metaq.broker.config import BrokerConfig
 from metaq.broker.core import Broker
 from metaq.broker.ini import parse_topic_options
 from metaq.broker.replication.fetcher import FollowerEpochs, PartitionFollower
-from metaq.broker.slave_config import SlaveConfig
+from metaq.broker.replication.slave_config import SlaveConfig
 from metaq.cluster.registry import Address, ClusterSnapshot
 from metaq.errors import ConfigError, MetaqError
 from metaq.net.codec import ConnectionSettings

@@ -3,8 +3,10 @@
 ``reset`` is MetaQ's 回溯 (rewinding a group): it writes offsets with generation -1, which the broker
 accepts only while the group has no active member — stop the group's consumers first.
 
-Every call goes to the group's coordinator: with several servers, the broker with the lowest id among
-them (the one the group's consumers use). Partitions are ``brokerId-partition``.
+Standalone mode: each broker coordinates the group for its own partitions and keeps their offsets, so
+``list`` and ``describe`` ask every server and merge the answers (a member is one consumer id, with a
+member id on each broker), and ``reset`` writes each partition's offset to its own broker. A broker that
+does not answer is named in :attr:`GroupDescription.unreachable`. Partitions are ``brokerId-partition``.
 
 Cluster mode (a session with ``zk_connect``): groups live in ZooKeeper (MetaQ's layout), so these read
 ``consumers/<group>/ids``, ``owners`` and ``offsets`` through the session's registry, ask each
@@ -22,7 +24,14 @@ from metaq.client.consumer import offsets_of
 from metaq.client.core import ClientCore
 from metaq.client.group.offsets import BrokerOffsetStorage, OffsetStorage, ZooKeeperOffsetStorage
 from metaq.cluster.registry import GroupRegistry
-from metaq.errors import ConnectionClosedError, IllegalGenerationError, InvalidArgument, UnknownGroupError
+from metaq.errors import (
+    ConnectionClosedError,
+    IllegalGenerationError,
+    InvalidArgument,
+    RequestTimeoutError,
+    UnknownGroupError,
+)
+from metaq.net.servers import format_address
 from metaq.protocol import messages as m
 from metaq.types import PartitionId, PartitionKey, TopicPartition, validate_topic
 
@@ -47,18 +56,26 @@ class PartitionLag:
 @dataclass(frozen=True, slots=True)
 class MemberDescription:
     member_id: str
+    """Its member id at the lowest broker id (standalone mode: each broker gives its own: ``member_ids``)."""
     client_id: str
     assignment: dict[str, list[PartitionId]]
+    member_ids: dict[int, str] = field(default_factory=dict)
+    """Standalone mode: broker id -> the member id that broker gave it."""
 
 
 @dataclass(frozen=True, slots=True)
 class GroupDescription:
     group: str
     state: str
+    """Standalone mode over several brokers: Stable when every broker's part is; else the first that is not."""
     generation: int
+    """Standalone mode: the generation at the lowest broker id (``generations`` has each broker's)."""
     strategy: str
     members: list[MemberDescription]
     partitions: list[PartitionLag] = field(default_factory=list)
+    generations: dict[int, int] = field(default_factory=dict)
+    unreachable: list[str] = field(default_factory=list)
+    """Servers that did not answer (their members, partitions' owners and offsets are missing here)."""
 
     @property
     def total_lag(self) -> int:
@@ -66,7 +83,10 @@ class GroupDescription:
 
     def as_dict(self) -> dict[str, Any]:
         return {"group": self.group, "state": self.state, "generation": self.generation, "strategy": self.strategy,
+                "generations": {str(b): g for b, g in sorted(self.generations.items())},
+                "unreachable": self.unreachable,
                 "members": [{"member_id": mb.member_id, "client_id": mb.client_id,
+                             "member_ids": {str(b): mid for b, mid in sorted(mb.member_ids.items())},
                              "assignment": {t: [str(p) for p in ps] for t, ps in mb.assignment.items()}}
                             for mb in self.members],
                 "partitions": [{"topic": p.topic, "partition": str(p.partition), "owner": p.owner,
@@ -82,22 +102,39 @@ def _core(session: Any) -> ClientCore:
     return core
 
 
-async def _coordinated(core: ClientCore, request: Any) -> Any:
-    """One request to the group coordinator (never to another broker the default connection failed over to)."""
-    coordinator = await core.coordinator()
-    conn = await core.connection(coordinator)
-    if coordinator is not None and conn.broker_id != coordinator:
-        raise ConnectionClosedError(f"broker {coordinator}, the groups' coordinator, cannot be reached")
-    return await conn.request(request)
+async def _every_server(core: ClientCore, request: Any) -> tuple[list[tuple[int, Any]], list[str]]:
+    """``request`` to every server, each at its own address: (broker id, response) of those that answered
+    (UnknownGroupError in place of the response of a broker that knows nothing of the group; any other
+    error of a broker is raised), and the servers that could not be reached."""
+    async def ask(address: Any) -> tuple[int, Any]:
+        conn = await core.connection_at(address)
+        try:
+            return conn.broker_id, await conn.request(request)
+        except UnknownGroupError as exc:
+            return conn.broker_id, exc
+
+    answers = await asyncio.gather(*(ask(a) for a in core.servers), return_exceptions=True)
+    got: list[tuple[int, Any]] = []
+    unreachable: list[str] = []
+    for address, answer in zip(core.servers, answers, strict=True):
+        if isinstance(answer, ConnectionClosedError | RequestTimeoutError):
+            unreachable.append(f"{format_address(address)} ({answer})")
+        elif isinstance(answer, BaseException):
+            raise answer
+        else:
+            got.append(answer)
+    if not got:
+        raise ConnectionClosedError(f"no server answered: {'; '.join(unreachable)}")
+    return sorted(got, key=lambda answer: answer[0]), unreachable
 
 
 async def list_groups(session: Any) -> list[str]:
-    """Groups with members or committed offsets on the coordinating broker (cluster mode: in ZooKeeper)."""
+    """Groups with members or committed offsets on any broker (cluster mode: in ZooKeeper)."""
     core = _core(session)
     if core.registry is not None:
         return await asyncio.to_thread(core.registry.groups)
-    resp: m.ListGroupsResponse = await _coordinated(_core(session), m.ListGroupsRequest())
-    return list(resp.groups)
+    answers, _unreachable = await _every_server(core, m.ListGroupsRequest())
+    return sorted({g for _b, resp in answers for g in resp.groups})
 
 
 async def describe_group(session: Any, group: str, topics: list[str] | None = None) -> GroupDescription:
@@ -109,11 +146,21 @@ async def describe_group(session: Any, group: str, topics: list[str] | None = No
     core = _core(session)
     if core.registry is not None:
         return await _describe_from_registry(core, core.registry, group, topics)
-    desc: m.DescribeGroupResponse = await _coordinated(core, m.DescribeGroupRequest(group))
-    committed: m.OffsetFetchResponse = await _coordinated(core, m.OffsetFetchRequest(group, None))
-    offsets = {TopicPartition(e.topic, PartitionId(e.broker_id, e.partition)): e.offset for e in committed.offsets}
+    described: list[tuple[int, m.DescribeGroupResponse]] = []
+    unknown: UnknownGroupError | None = None
+    for broker_id, resp in (await _every_server(core, m.DescribeGroupRequest(group)))[0]:
+        if isinstance(resp, UnknownGroupError):
+            unknown = resp
+        else:
+            described.append((broker_id, resp))
+    if not described:
+        assert unknown is not None
+        raise unknown
+    committed, unreachable = await _every_server(core, m.OffsetFetchRequest(group, None))
+    offsets = {TopicPartition(e.topic, PartitionId(e.broker_id, e.partition)): e.offset
+               for _b, resp in committed for e in resp.offsets}
     owners = {TopicPartition(ta.topic, PartitionId(p.broker_id, p.partition)): mb.member_id
-              for mb in desc.members for ta in mb.assignment for p in ta.partitions}
+              for _b, desc in described for mb in desc.members for ta in mb.assignment for p in ta.partitions}
     wanted = set(topics or ()) or ({tp.topic for tp in owners} | {tp.topic for tp in offsets})
     rows: list[PartitionLag] = []
     for topic in sorted(wanted):
@@ -122,11 +169,22 @@ async def describe_group(session: Any, group: str, topics: list[str] | None = No
             start, end = await offsets_of(core, topic, p)
             tp = TopicPartition(topic, p.id)
             rows.append(PartitionLag(topic, p.id, owners.get(tp, ""), offsets.get(tp, -1), start, end))
-    members = [MemberDescription(mb.member_id, mb.client_id,
-                                 {ta.topic: [PartitionId(p.broker_id, p.partition) for p in ta.partitions]
-                                  for ta in mb.assignment})
-               for mb in desc.members]
-    return GroupDescription(group, desc.state, desc.generation, desc.strategy, members, rows)
+    by_client: dict[str, tuple[dict[int, str], dict[str, list[PartitionId]]]] = {}
+    for broker_id, desc in described:
+        for mb in desc.members:
+            ids, assignment = by_client.setdefault(mb.client_id or mb.member_id, ({}, {}))
+            ids[broker_id] = mb.member_id
+            for ta in mb.assignment:
+                assignment.setdefault(ta.topic, []).extend(PartitionId(p.broker_id, p.partition)
+                                                           for p in ta.partitions)
+    members = [MemberDescription(ids[min(ids)], client, {t: sorted(ps) for t, ps in assignment.items()}, ids)
+               for client, (ids, assignment) in sorted(by_client.items())]
+    states = [desc.state for _b, desc in described if desc.members]
+    state = next((st for st in states if st != "Stable"), "Stable") if states else described[0][1].state
+    generations = {b: desc.generation for b, desc in described}
+    strategy = next((desc.strategy for _b, desc in described if desc.strategy), "")
+    return GroupDescription(group, state, described[0][1].generation, strategy, members, rows, generations,
+                            unreachable)
 
 
 def _read_group(registry: Any, group: str, topics: list[str] | None) -> tuple[
@@ -204,9 +262,7 @@ async def reset_offsets(session: Any, group: str, topic: str, to: str | int = "e
         await _refuse_with_members(core.registry, group)
         storage = ZooKeeperOffsetStorage(core.registry)
     if storage is None:
-        broker_storage = BrokerOffsetStorage()
-        broker_storage.bind(lambda request: _coordinated(core, request))
-        storage = broker_storage
+        storage = BrokerOffsetStorage.for_session(core)
     old = await storage.load(group, [TopicPartition(topic, p.id) for p in chosen])
     new: dict[TopicPartition, int] = {}
     for p in chosen:

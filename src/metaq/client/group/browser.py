@@ -16,6 +16,10 @@ from metaq.types import Message, PartitionId, PartitionKey, validate_topic
 
 
 class TopicBrowser:
+    """Read every message of a topic, partition by partition, without a group (MetaQ's TopicBrowser).
+
+    ``async for message in TopicBrowser(session, "orders")``; nothing is committed or changed on the broker."""
+
     def __init__(self, session: Any, topic: str, max_size: int = DEFAULT_FETCH_MAX_BYTES) -> None:
         core = session._core if hasattr(session, "_core") else session
         if not isinstance(core, ClientCore):
@@ -32,6 +36,7 @@ class TopicBrowser:
 
     async def iterate_partition(self, partition: PartitionKey,
                                 start: StartOffset = "earliest") -> AsyncIterator[Message]:
+        """One partition's messages from ``start`` to the end the broker reports when it is reached."""
         async for msg in self._pull.iterate(self.topic, partition, start, max_bytes=self.max_size, stop_at_end=True,
                                             on_out_of_range="earliest"):
             yield msg
@@ -43,4 +48,5 @@ class TopicBrowser:
                 yield msg
 
     async def close(self) -> None:
+        """Stop the browser's fetches."""
         await self._pull.close()

@@ -25,11 +25,17 @@ DEFAULT_RECOVER_DIR = Path("~/.meta_recover")
 
 @dataclass(frozen=True, slots=True)
 class ConsumerConfig:
+    """A group consumer's settings: MetaQ's ``ConsumerConfig`` names in snake case, the unit last.
+
+    :meth:`from_metaq` also takes MetaQ's own names (``fetchRunnerCount``, ``loadBalanceStrategyType``, ...)."""
+
     group: str
     """The consumer group (MetaQ ``group``). Groups are independent: each has its own offsets."""
     consumer_id: str = ""
-    """MetaQ ``consumerId``: names this member in ``metaq group describe``. Broadcast members keep their
-    offsets under it, so give each broadcast member a stable, distinct id ('' = the host name)."""
+    """MetaQ ``consumerId``: names this member in ``metaq group describe``; standalone brokers order the
+    members by it, so it must be unique in the group ('' = MetaQ's ``<group>_<host>-<ms>-<random>``).
+    Broadcast members keep their offsets under it, so give each broadcast member a stable, distinct id
+    ('' = the host name)."""
     fetch_runner_count: int = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)
     """MetaQ ``fetchRunnerCount``: partitions processed at once (listener calls run in parallel across
     partitions, in order within one); also the size of the thread pool for synchronous listeners."""
@@ -53,6 +59,14 @@ class ConsumerConfig:
     max_fetch_retries: int = 5
     """MetaQ ``maxFetchRetries``: redeliveries of a message whose listener raised (or marked it
     rollback-only) before the rejection policy gets it: 1 + max_fetch_retries deliveries in all."""
+    retry_backoff_ms: int = -1
+    """The wait before each redelivery of a failed message grows by this much per retry (MetaQ's: the
+    fetch of a failed message is delayed a tenth of ``max_delay_fetch_ms`` more each time), up to
+    ``retry_backoff_max_ms``. -1 = a tenth of max_delay_fetch_ms (500 ms by default: 0.5, 1, 1.5, 2,
+    2.5 s before the 5 redeliveries, 7.5 s in all); 0 = redeliver at once. The partition waits (its
+    order is kept); other partitions go on."""
+    retry_backoff_max_ms: int = -1
+    """The longest wait before a redelivery; -1 = max_delay_fetch_ms (5 s by default)."""
     rejection_policy: RejectionPolicy = "recover"
     """What happens to a message after its retries: ``recover`` keeps it in the local recover store
     (retried in the background, survives restarts); ``skip`` drops it (logged); ``dead-letter`` produces
@@ -88,6 +102,10 @@ class ConsumerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"ConsumerConfig.{name} must be an integer > 0, not {value!r}")
+        for name in ("retry_backoff_ms", "retry_backoff_max_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < -1:
+                raise ConfigError(f"ConsumerConfig.{name} must be an integer >= -1, not {value!r}")
         for name in ("max_fetch_retries", "max_increase_fetch_data_retries", "heartbeat_interval_ms",
                      "dedup_window"):
             value = getattr(self, name)
@@ -110,7 +128,14 @@ class ConsumerConfig:
 
     @property
     def heartbeat_ms(self) -> int:
+        """The heartbeat period in use: ``heartbeat_interval_ms``, or a third of ``session_timeout_ms``."""
         return self.heartbeat_interval_ms or max(1, self.session_timeout_ms // 3)
+
+    def retry_delay_ms(self, retry: int) -> int:
+        """The wait before redelivery number ``retry`` (1, 2, ...) of a failed message."""
+        step = self.max_delay_fetch_ms // 10 if self.retry_backoff_ms < 0 else self.retry_backoff_ms
+        cap = self.max_delay_fetch_ms if self.retry_backoff_max_ms < 0 else self.retry_backoff_max_ms
+        return min(cap, retry * step)
 
     @classmethod
     def from_metaq(cls, **options: Any) -> ConsumerConfig:

@@ -16,19 +16,20 @@ and committed offsets are keyed by it, and each partition is fetched from its ow
 partitions this member owns is the job of its :class:`~metaq.client.group.membership.Membership`; the
 workers, delivery and commits below are the same for both:
 
-* standalone mode: the group is coordinated by the broker with the lowest id among the session's
-  servers (:meth:`ClientCore.coordinator`); the member tells it, in every JoinGroup, which partitions it
-  sees on the other brokers, and rejoins when that view changes;
+* standalone mode: each broker coordinates the group for its own partitions, and keeps their offsets
+  (:class:`~metaq.client.group.standalone.BrokerMembership`: no broker is a single point of failure);
 * cluster mode (the session has a ZooKeeper registry): MetaQ's way, members, owner claims and offsets in
-  ZooKeeper, each member computing the assignment (:class:`~metaq.client.group.membership.ZooKeeperMembership`).
+  ZooKeeper, each member computing the assignment (:class:`~metaq.client.group.membership.ZooKeeperMembership`);
+* broadcast: every member owns every partition (:class:`~metaq.client.group.standalone.BroadcastMembership`).
 
 Each owned partition has a worker task that fetches (long polling, or MetaQ's back-off when
-``long_poll`` is off) and hands the batch to the listener *in offset order*. With ``multi_fetch`` (and a
-broker that serves MultiFetch) the workers of one broker's partitions hand their fetches to that broker's
-:class:`_BrokerFetcher`, which sends them together, in MultiFetch requests over ONE connection (the
-group's own: heartbeats share it, since MultiFetch replies may overtake others) and long-polls on all of
-them at once; each worker still gets only its partition's result, so delivery below is unchanged;
-different partitions run in parallel, at most ``fetch_runner_count`` at once. An ``async def``
+``long_poll`` is off) and hands the batch to the listener *in offset order*
+(:mod:`~metaq.client.group.delivery`). With ``multi_fetch`` (and a broker that serves MultiFetch) the
+workers of one broker's partitions hand their fetches to that broker's
+:class:`~metaq.client.multi_fetch.BrokerFetcher`, which sends them together, in MultiFetch requests over
+ONE connection (the group's own: heartbeats share it, since MultiFetch replies may overtake others) and
+long-polls on all of them at once; each worker still gets only its partition's result, so delivery is
+unchanged; different partitions run in parallel, at most ``fetch_runner_count`` at once. An ``async def``
 listener runs on the event loop; a plain function runs in a thread pool of ``fetch_runner_count``
 threads (a whole batch per hop), so it can block without stalling the loop.
 
@@ -47,8 +48,9 @@ group while it was still processing (at most the message in hand per partition),
 design). The LRU of the last ``dedup_window`` acknowledged message ids drops redeliveries that reach
 the *same* consumer (a partition that comes back to it after a rebalance).
 
-Failures: a listener that raises, or marks the message rollback-only, gets the message again right
-away, up to ``max_fetch_retries`` more times (1 + max_fetch_retries deliveries in all, MetaQ's
+Failures: a listener that raises, or marks the message rollback-only, gets the message again after a
+back-off (``retry_backoff_ms``: MetaQ's delayed fetch, a tenth of ``max_delay_fetch_ms`` more each time),
+up to ``max_fetch_retries`` more times (1 + max_fetch_retries deliveries in all, MetaQ's
 maxFetchRetries); then the rejection policy takes it — ``skip`` (logged) or ``recover``: the local
 :class:`~metaq.client.group.recover.RecoverStore` keeps it on disk and offers it to the listener again
 every ``recover_message_interval_ms`` until accepted — and the partition moves on. ``dead-letter``
@@ -60,32 +62,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import random
 import socket
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any
 
-from metaq.client.consumer import (
-    DEFAULT_MULTI_FETCH_MAX_BYTES,
-    MULTI_FETCH_API_KEY,
-    Fetcher,
-    FetchResult,
-    read_request,
-)
+from metaq.client.consumer import MULTI_FETCH_API_KEY, Fetcher, FetchResult, read_request
 from metaq.client.core import ClientCore
 from metaq.client.exceptions import ClientClosedError
 from metaq.client.group.config import ConsumerConfig
 from metaq.client.group.dead_letter import DeadLetterSender
-from metaq.client.group.filters import MessageFilter, as_predicate
-from metaq.client.group.membership import BrokerMembership, Membership, ZooKeeperMembership, metaq_consumer_id
+from metaq.client.group.delivery import (
+    ConsumerStats,
+    Delivery,
+    Listener,
+    MessageIdLRU,
+    PartitionContext,
+    Subscription,
+    Worker,
+    is_async,
+    wants_ctx,
+)
+from metaq.client.group.filters import as_predicate
+from metaq.client.group.membership import ERROR_RETRY, Membership, ZooKeeperMembership, metaq_consumer_id
 from metaq.client.group.offsets import (
     BrokerOffsetStorage,
     LocalFileOffsetStorage,
@@ -93,8 +95,9 @@ from metaq.client.group.offsets import (
     ZooKeeperOffsetStorage,
 )
 from metaq.client.group.recover import RecoverStore
+from metaq.client.group.standalone import BroadcastMembership, BrokerMembership
 from metaq.client.metadata import Partition
-from metaq.client.replicas import ReadReplica
+from metaq.client.multi_fetch import BrokerFetcher
 from metaq.errors import (
     BrokerError,
     ConnectionClosedError,
@@ -102,7 +105,6 @@ from metaq.errors import (
     IllegalGenerationError,
     InvalidArgument,
     MetaqError,
-    NotCoordinatorError,
     OffsetOutOfRangeError,
     RebalanceInProgressError,
     RequestTimeoutError,
@@ -110,260 +112,18 @@ from metaq.errors import (
     UnknownMemberError,
 )
 from metaq.net.connection import BrokerConnection
-from metaq.net.retry import RetryPolicy
 from metaq.protocol import messages as m
 from metaq.types import Message, PartitionId, TopicPartition, validate_topic
 
 log = logging.getLogger("metaq.client.group")
 
-Listener = Callable[..., Any]
-"""``listener(message)`` or ``listener(message, ctx)``; a plain function or an ``async def``."""
-
-_ERROR_RETRY = RetryPolicy(initial_delay_s=0.2, max_delay_s=5.0)
-"""Joins and fetches that fail wait 0.2 s doubling up to 5 s, and retry until the consumer stops."""
 _DAMAGE_RETRY_S = 30.0
 """How often a partition stopped at damaged stored data tries again (and logs the error again)."""
-
-
-class PartitionContext:
-    """What a two-argument listener gets: acknowledgement control of the message's partition.
-
-    With auto-ack on (the default) a message is acknowledged when the listener returns. Turn it off
-    (``ctx.set_auto_ack(False)``) to consume in transactions: nothing is acknowledged — so nothing is
-    committed — until ``ctx.ack()``, which acknowledges every message delivered so far on the
-    partition; ``ctx.rollback()`` delivers again everything since the last ack. ``ctx.set_rollback_only()``
-    marks the current message failed: it is redelivered as if the listener had raised.
-    """
-
-    def __init__(self, topic: str, partition: PartitionId) -> None:
-        self.topic = topic
-        self.partition_id = partition
-        """The partition, ``brokerId-partition`` (MetaQ's Partition)."""
-        self.broker_id = partition.broker_id
-        self.partition = partition.partition
-        self.auto_ack = True
-        self.message: Message | None = None
-        self._ack = False
-        self._rollback = False
-        self._rollback_only = False
-
-    def set_auto_ack(self, on: bool) -> None:
-        self.auto_ack = bool(on)
-
-    def ack(self) -> None:
-        self._ack = True
-
-    def rollback(self) -> None:
-        self._rollback = True
-
-    def set_rollback_only(self) -> None:
-        self._rollback_only = True
-
-    @property
-    def rollback_only(self) -> bool:
-        return self._rollback_only
-
-    def _begin(self, message: Message) -> None:
-        self.message = message
-        self._ack = self._rollback = self._rollback_only = False
-
-
-class MessageIdLRU:
-    """The last ``capacity`` acknowledged message ids (thread safe: sync listeners run in threads)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._ids: OrderedDict[int, None] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def seen(self, message_id: int) -> bool:
-        if self.capacity <= 0 or message_id < 0:
-            return False
-        with self._lock:
-            return message_id in self._ids
-
-    def add(self, message_id: int) -> None:
-        self.add_many((message_id,))
-
-    def add_many(self, message_ids: Iterable[int]) -> None:
-        """Add the ids of a batch under one lock (it was a lock, a move and a length check per message)."""
-        if self.capacity <= 0:
-            return
-        ids = self._ids
-        with self._lock:
-            for message_id in message_ids:
-                if message_id < 0:
-                    continue
-                if message_id in ids:
-                    ids.move_to_end(message_id)
-                else:
-                    ids[message_id] = None
-            for _ in range(len(ids) - self.capacity):
-                ids.popitem(last=False)
-
-
-@dataclass
-class Subscription:
-    topic: str
-    max_size: int
-    listener: Listener
-    filter: MessageFilter | None
-    is_async: bool
-    wants_ctx: bool
-
-
-@dataclass
-class ConsumerStats:
-    delivered: int = 0
-    """Listener calls (retries included)."""
-    acked: int = 0
-    failures: int = 0
-    rejected: int = 0
-    recovered: int = 0
-    duplicates_dropped: int = 0
-    filtered: int = 0
-    rollbacks: int = 0
-    commits: int = 0
-    rebalances: int = 0
 
 
 def empty_fetch_delay_ms(empty_fetches: int, max_delay_ms: int) -> int:
     """MetaQ's back-off without long polling: each empty reply in a row adds a tenth of the max delay."""
     return min(max_delay_ms, empty_fetches * max_delay_ms // 10)
-
-
-def _wants_ctx(listener: Listener) -> bool:
-    try:
-        params = list(inspect.signature(listener).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    # Parameters with defaults (``lambda msg, box=box: ...``) are the caller's own, not the context.
-    required = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
-    return len(required) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
-
-
-def _is_async(listener: Listener) -> bool:
-    return inspect.iscoroutinefunction(listener) or inspect.iscoroutinefunction(
-        getattr(listener, "__call__", None))  # noqa: B004 - an object whose __call__ is async
-
-
-@dataclass(eq=False)
-class _Worker:
-    """One owned partition: its position, what is acknowledged, what is committed."""
-
-    tp: TopicPartition
-    part: Partition
-    sub: Subscription
-    position: int
-    """The next offset to hand to the listener (and to fetch)."""
-    acked: int
-    """Everything before it is acknowledged: what a commit stores."""
-    committed: int
-    ctx: PartitionContext
-    retries: dict[int, int] = field(default_factory=dict)
-    txn_ids: list[int] = field(default_factory=list)
-    stopping: bool = False
-    busy: bool = False
-    """In a listener call: a revoke waits for it instead of cancelling the task."""
-    task: asyncio.Task[None] | None = None
-    conn: BrokerConnection | None = None
-    replica: ReadReplica | None = None
-    """The copy (master or slave) ``conn`` reaches."""
-    empty_fetches: int = 0
-    last_error: BaseException | None = None
-    """The failure of the message being rejected (None: it was marked rollback-only)."""
-
-
-_CALL = "call"
-_REJECT = "reject"
-MULTI_FETCHES_IN_FLIGHT_MAX = 16
-"""MultiFetch requests one consumer keeps in flight per broker; partitions asked meanwhile wait for one to
-return. Several are needed: a long poll over idle partitions must not hold up a partition that was just
-delivered and has more to read."""
-MULTI_FETCH_PARTITIONS_PER_REQUEST = 2000
-"""Partitions per MultiFetch request (more queued wait for the next)."""
-
-
-class _BrokerFetcher:
-    """The fetches of one broker's partitions, sent together as MultiFetch requests over one connection.
-
-    A worker calls :meth:`fetch` and awaits its own partition's result. Partitions asked in the same
-    event-loop step go in one request; while MULTI_FETCHES_IN_FLIGHT_MAX requests are out, more wait.
-    A partition is in at most one request at a time (its worker waits for it), so per-partition order
-    is kept. A failure of the whole request (the connection lost, a broker limit) is every worker's
-    failure: each handles it as it would a single fetch's.
-    """
-
-    def __init__(self, consumer: GroupConsumer, broker_id: int) -> None:
-        self.consumer = consumer
-        self.broker_id = broker_id
-        self.queue: list[tuple[_Worker, int, asyncio.Future[FetchResult]]] = []
-        self.in_flight = 0
-        self.requests = 0
-        """MultiFetch requests sent (for tests and the benchmark)."""
-        self._scheduled = False
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def fetch(self, w: _Worker, max_bytes: int) -> asyncio.Future[FetchResult]:
-        fut: asyncio.Future[FetchResult] = asyncio.get_running_loop().create_future()
-        self.queue.append((w, max_bytes, fut))
-        self._schedule()
-        return fut
-
-    def _schedule(self) -> None:
-        if not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._send)
-
-    def _send(self) -> None:
-        self._scheduled = False
-        while self.queue and self.in_flight < MULTI_FETCHES_IN_FLIGHT_MAX:
-            batch = [entry for entry in self.queue[:MULTI_FETCH_PARTITIONS_PER_REQUEST] if not entry[2].done()]
-            del self.queue[:MULTI_FETCH_PARTITIONS_PER_REQUEST]
-            if not batch:
-                continue
-            self.in_flight += 1
-            task = asyncio.ensure_future(self._run(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _run(self, batch: list[tuple[_Worker, int, asyncio.Future[FetchResult]]]) -> None:
-        consumer = self.consumer
-        cfg = consumer.config
-        try:
-            conn = await consumer._fetch_connection(self.broker_id)
-            wanted = [(w.tp.topic, w.part, w.position, max_bytes) for w, max_bytes, _f in batch]
-            self.requests += 1
-            results = await consumer.fetcher.fetch_many(
-                conn, wanted, max_wait_ms=cfg.max_delay_fetch_ms if cfg.long_poll else 0,
-                max_bytes=max(DEFAULT_MULTI_FETCH_MAX_BYTES, max(m for _w, m, _f in batch)), group=cfg.group,
-                columns=True)
-        except Exception as exc:  # every worker of the batch handles it (retries, backs off)
-            for _w, _m, fut in batch:
-                if not fut.done():
-                    fut.set_exception(exc)
-                    fut.exception()  # a worker that gave up never retrieves it
-            return
-        finally:
-            self.in_flight -= 1
-            if self.queue:
-                self._schedule()
-        for (_w, _m, fut), result in zip(batch, results, strict=True):
-            if fut.done():
-                continue  # the worker stopped (its partition was revoked): nothing was delivered
-            if isinstance(result, BaseException):
-                fut.set_exception(result)
-                fut.exception()
-            else:
-                fut.set_result(result)
-
-    def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        for _w, _m, fut in self.queue:
-            if not fut.done():
-                fut.cancel()
-        self.queue.clear()
 
 
 class GroupConsumer:
@@ -374,12 +134,11 @@ class GroupConsumer:
         self._core = core
         self.config = config
         registry = core.registry if not config.broadcast else None
-        if registry is not None:
+        if config.broadcast:
+            self.consumer_id = config.consumer_id or socket.gethostname()
+        else:  # unique: standalone brokers balance the members by it, so they order them alike
             self.consumer_id = config.consumer_id or metaq_consumer_id(
                 config.group, socket.gethostname(), int(time.time() * 1000), random.getrandbits(24))
-        else:
-            self.consumer_id = config.consumer_id or (socket.gethostname() if config.broadcast
-                                                      else core.config.client_id)
         self._owns_storage = offset_storage is None
         if offset_storage is None:
             if config.broadcast:
@@ -390,17 +149,20 @@ class GroupConsumer:
                 offset_storage = BrokerOffsetStorage()
         self.offsets = offset_storage
         self.membership: Membership
-        """Who decides what this consumer owns: the broker coordinator, or ZooKeeper in cluster mode."""
+        """Who decides what this consumer owns: the brokers, ZooKeeper in cluster mode, or nobody (broadcast)."""
         if registry is not None:
             def partitions_of(topic: str) -> list[PartitionId]:
                 return registry.snapshot().partitions(topic, publish=False)
 
             self.membership = ZooKeeperMembership(self, registry, partitions_of,
                                                   core.config.zk_session_timeout_ms / 1000)
+        elif config.broadcast:
+            self.membership = BroadcastMembership(self, core)
         else:
-            self.membership = BrokerMembership(self)
-        if isinstance(offset_storage, BrokerOffsetStorage):
-            offset_storage.bind(self._group_request)
+            coordinated = BrokerMembership(self, core, self._channel)
+            self.membership = coordinated
+            if isinstance(offset_storage, BrokerOffsetStorage):
+                offset_storage.bind_brokers(coordinated.request_to, coordinated.fence)
         self.storage_group = f"{config.group}-{self.consumer_id}" if config.broadcast else config.group
         """The key offsets are stored under: the group, or group-consumerId for a broadcast member."""
         self.recover = recover_store or RecoverStore(config.recover_dir, self.storage_group)
@@ -409,22 +171,15 @@ class GroupConsumer:
         """The ``dead-letter`` rejection policy's producer (None under the other policies)."""
         self.fetcher = Fetcher(core)
         self.subscriptions: dict[str, Subscription] = {}
-        self.workers: dict[TopicPartition, _Worker] = {}
-        self.broker_fetchers: dict[int, _BrokerFetcher] = {}
+        self.workers: dict[TopicPartition, Worker] = {}
+        self.broker_fetchers: dict[int, BrokerFetcher] = {}
         """MultiFetch batching per broker id (``multi_fetch``)."""
         self.stats = ConsumerStats()
         self.dedup = MessageIdLRU(config.dedup_window)
-        self._dedup_high: dict[TopicPartition, int] = {}
-        """Per partition, past every offset whose id this consumer put in ``dedup``: a message at or past it
-        cannot be a redelivery of one acknowledged here, so the LRU is not asked about it."""
-        self.generation = m.NO_GENERATION
-        self.member_id = ""
-        self._coordinator: int | None = None
-        self._coordinator_known = False
-        self._reported: dict[str, tuple[PartitionId, ...]] = {}
-        """The partitions the last JoinGroup reported, per topic."""
         self._runners = asyncio.Semaphore(config.fetch_runner_count)
         self._threads = ThreadPoolExecutor(max_workers=config.fetch_runner_count, thread_name_prefix="metaq-listener")
+        self.delivery = Delivery(config, self.stats, self.dedup, self.membership.may_fetch, lambda: self.closed,
+                                 self.recover, self.dead_letters, self._threads)
         self._tasks: list[asyncio.Task[None]] = []
         self._membership: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -433,6 +188,13 @@ class GroupConsumer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.assigned = asyncio.Event()
         """Set whenever the consumer holds a current assignment (possibly empty); cleared while rebalancing."""
+        self.retry_wait: Callable[[float], Awaitable[object]] = asyncio.sleep
+        """How a partition waits before redelivering a failed message (a test's fake clock replaces it)."""
+
+    @property
+    def _channel(self) -> str:
+        """The connections the group's requests and MultiFetches share."""
+        return f"group:{id(self)}"
 
     # -- subscribing ------------------------------------------------------------------------------
 
@@ -453,8 +215,8 @@ class GroupConsumer:
         if topic in self.subscriptions:
             raise InvalidArgument(f"topic {topic!r} is already subscribed")
         predicate = as_predicate(self.config.group, message_filter)
-        self.subscriptions[topic] = Subscription(topic, max_size, listener, predicate, _is_async(listener),
-                                                 _wants_ctx(listener))
+        self.subscriptions[topic] = Subscription(topic, max_size, listener, predicate, is_async(listener),
+                                                 wants_ctx(listener))
         return self
 
     async def complete_subscribe(self) -> None:
@@ -472,143 +234,34 @@ class GroupConsumer:
         if self.config.rejection_policy == "recover":
             self._tasks.append(asyncio.ensure_future(self._recover_loop()))
 
-    # -- group membership ---------------------------------------------------------------------------
+    # -- what a membership drives (GroupSide) ------------------------------------------------------
 
     @property
-    def _channel(self) -> str:
-        return f"group:{id(self)}"
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
 
-    async def _group_request(self, request: Any, timeout_s: float | None = None) -> Any:
-        """A request to the group's coordinator (the lowest broker id among the servers)."""
-        if not self._coordinator_known:
-            self._coordinator = await self._core.coordinator()
-            self._coordinator_known = True
-        conn = await self._core.connection(self._coordinator, self._channel)
-        if self._coordinator is not None and conn.broker_id != self._coordinator:
-            # the default broker's connection failed over to another server: that broker does not
-            # coordinate this group, and answering it would split the group in two
-            raise ConnectionClosedError(f"broker {self._coordinator}, the group's coordinator, cannot be reached")
-        return await conn.request(request, timeout_s)
+    @property
+    def generation(self) -> int:
+        """Standalone mode: the group's generation at the lowest broker id where this member holds an
+        assignment (-1 otherwise; :attr:`generations` has every broker's)."""
+        return getattr(self.membership, "generation", m.NO_GENERATION)
 
-    def _coordinator_id(self) -> int:
-        return self._core.default_broker_id if self._coordinator is None else self._coordinator
+    @property
+    def generations(self) -> dict[int, int]:
+        """Standalone mode: broker id -> the group's generation there (each broker coordinates its partitions)."""
+        return dict(getattr(self.membership, "generations", {}))
 
-    async def _view(self, fresh: bool) -> dict[str, tuple[PartitionId, ...]]:
-        """The subscribed topics' partitions as this member's metadata has them (``fresh``: asked now,
-        else the cache, refreshed in the background when old)."""
-        out: dict[str, tuple[PartitionId, ...]] = {}
-        for topic in sorted(self.subscriptions):
-            tm = None
-            if fresh:
-                with contextlib.suppress(ConnectionClosedError, RequestTimeoutError, BrokerError):
-                    tm = await self._core.metadata.topic(topic)
-            else:
-                tm = self._core.metadata.cached(topic)
-                if tm is None:  # forgotten (a topic created or deleted through this session): ask again
-                    self._core.metadata.refresh_soon(topic)
-            out[topic] = tuple(p.id for p in tm.partitions) if tm is not None else self._reported.get(topic, ())
-        return out
-
-    def _others(self, view: dict[str, tuple[PartitionId, ...]]) -> dict[str, tuple[PartitionId, ...]]:
-        """The part of a view the coordinator learns only from its members: other brokers' partitions."""
-        coordinator = self._coordinator_id()
-        return {t: tuple(p for p in ps if p.broker_id != coordinator) for t, ps in view.items()}
-
-    async def _group_loop(self) -> None:
-        cfg = self.config
-        backoff = _ERROR_RETRY.start()
-        while not self._closed:
-            self._reported = await self._view(fresh=True)
-            seen = [m.TopicAssignment(t, [m.BrokerPartition(p.broker_id, p.partition) for p in ps])
-                    for t, ps in self._reported.items()]
-            req = m.JoinGroupRequest(cfg.group, self.member_id, self.consumer_id, cfg.session_timeout_ms,
-                                     cfg.rebalance_timeout_ms, sorted(self.subscriptions), cfg.load_balance_strategy,
-                                     seen)
-            try:
-                resp: m.JoinGroupResponse = await self._group_request(
-                    req, cfg.rebalance_timeout_ms / 1000 + self._core.config.request_timeout_s)
-            except UnknownMemberError:
-                self.member_id = ""
-                continue
-            except (RebalanceInProgressError, NotCoordinatorError, ConnectionClosedError, RequestTimeoutError) as exc:
-                log.info("group %s: join failed (%s); retrying", cfg.group, exc)
-                await asyncio.sleep(backoff.next_delay_unbounded_s())
-                continue
-            backoff.reset()
-            self.member_id, self.generation = resp.member_id, resp.generation
-            owned = [(a.topic, PartitionId(p.broker_id, p.partition)) for a in resp.assignment for p in a.partitions]
-            log.info("group %s: member %s generation %d owns %d partitions", cfg.group, self.member_id,
-                     self.generation, len(owned))
-            try:
-                await self._assign(owned)
-            except MetaqError as exc:
-                log.warning("group %s: cannot start consuming the assignment (%s); rejoining", cfg.group, exc)
-                await asyncio.shield(self._revoke(commit=False))
-                await asyncio.sleep(backoff.next_delay_unbounded_s())
-                continue
-            await self._heartbeat_until_rebalance()
-
-    async def _heartbeat_until_rebalance(self) -> None:
-        cfg = self.config
-        last_ok = time.monotonic()
-        while not self._closed:
-            await asyncio.sleep(cfg.heartbeat_ms / 1000)
-            try:
-                await self._group_request(m.HeartbeatRequest(cfg.group, self.generation, self.member_id))
-                if self._others(await self._view(fresh=False)) != self._others(self._reported):
-                    # Another broker's partitions changed (it came, went, or grew): only the members can
-                    # tell a standalone coordinator, by rejoining with what they see now.
-                    log.info("group %s: the partitions on other brokers changed; committing and rejoining",
-                             cfg.group)
-                    await asyncio.shield(self._revoke(commit=True))
-                    return
-            except (RebalanceInProgressError, IllegalGenerationError) as exc:
-                log.info("group %s: rebalance (%s): committing and giving partitions up", cfg.group, exc.name)
-                await asyncio.shield(self._revoke(commit=True))
-                return
-            except UnknownMemberError:
-                log.warning("group %s: member %s was dropped from the group (session timeout?)", cfg.group,
-                            self.member_id)
-                await asyncio.shield(self._revoke(commit=False))
-                self.member_id = ""
-                return
-            except (ConnectionClosedError, RequestTimeoutError, NotCoordinatorError) as exc:
-                if time.monotonic() - last_ok > cfg.session_timeout_ms / 1000:
-                    # Safe mode: the coordinator has surely given our partitions to others by now.
-                    log.warning("group %s: no heartbeat for a session timeout (%s); giving partitions up",
-                                cfg.group, exc)
-                    await asyncio.shield(self._revoke(commit=False))
-                    return
-                continue
-            last_ok = time.monotonic()
-
-    async def _leave_group(self) -> None:
-        """Standalone mode's leave: LeaveGroup to the coordinator, then its connection closes."""
-        if self.member_id and not self.config.broadcast:
-            with contextlib.suppress(MetaqError):
-                await self._group_request(m.LeaveGroupRequest(self.config.group, self.member_id))
-        conn = self._core.cached_connection(self._coordinator_id(), self._channel) \
-            if self._coordinator_known else None
-        if conn is not None:
-            conn.close()
-
-    async def _broadcast_loop(self) -> None:
-        """Every partition of every subscribed topic; new partitions are picked up as they appear."""
-        while not self._closed:
-            try:
-                owned: list[tuple[str, PartitionId]] = []
-                for topic in sorted(self.subscriptions):
-                    tm = await self._core.metadata.refresh_topic(topic)
-                    owned += [(topic, p.id) for p in tm.partitions]
-                if set(owned) != {(tp.topic, tp.partition) for tp in self.workers} or not self.assigned.is_set():
-                    await self._assign(owned, keep=True)
-            except (ConnectionClosedError, RequestTimeoutError, BrokerError) as exc:
-                log.info("broadcast consumer %s: metadata refresh failed (%s)", self.consumer_id, exc)
-            await asyncio.sleep(max(self.config.heartbeat_ms, 1000) / 1000)
+    @property
+    def member_id(self) -> str:
+        """Standalone mode: the member id the lowest broker with an assignment gave this member ('' otherwise)."""
+        return getattr(self.membership, "member_id", "")
 
     # -- assignment ---------------------------------------------------------------------------------
 
-    async def _assign(self, owned: list[tuple[str, PartitionId]], keep: bool = False) -> None:
+    async def assign(self, owned: list[tuple[str, PartitionId]], keep: bool = False) -> None:
+        """Start delivering ``owned`` partitions (its membership calls it after a rebalance; ``keep``: an
+        incremental one that keeps the partitions still owned)."""
         async with self._lock:
             if self._closed:
                 return
@@ -625,7 +278,7 @@ class GroupConsumer:
             self.stats.rebalances += 1
             self.assigned.set()
 
-    async def _start_partitions(self, tps: list[TopicPartition]) -> None:
+    async def start_partitions(self, tps: list[TopicPartition]) -> None:
         """Start workers for ``tps`` (cluster mode: claimed already) from their committed offsets."""
         async with self._lock:
             if self._closed:
@@ -635,7 +288,7 @@ class GroupConsumer:
             await self._start_workers(sorted(wanted), stored)
             self.stats.rebalances += 1
 
-    async def _stop_partitions(self, tps: list[TopicPartition], commit: bool) -> None:
+    async def stop_partitions(self, tps: list[TopicPartition], commit: bool) -> None:
         """Stop the workers of ``tps`` (a listener call in progress finishes first), commit if asked."""
         async with self._lock:
             workers = [self.workers.pop(tp) for tp in tps if tp in self.workers]
@@ -660,19 +313,21 @@ class GroupConsumer:
 
         starts = await asyncio.gather(*(start_of(tp) for tp in tps))
         for tp, (part, start, committed) in zip(tps, starts, strict=True):
-            w = _Worker(tp, part, self.subscriptions[tp.topic], start, start, committed,
+            w = Worker(tp, part, self.subscriptions[tp.topic], start, start, committed,
                         PartitionContext(tp.topic, tp.partition))
             self.workers[tp] = w
             w.task = asyncio.ensure_future(self._run_worker(w))
 
-    async def _revoke(self, commit: bool) -> None:
+    async def revoke(self, commit: bool) -> None:
+        """Stop delivering every partition (its membership calls it before a rebalance), committing first if
+        ``commit``."""
         async with self._lock:
             self.assigned.clear()
             workers = list(self.workers.values())
             self.workers.clear()
             await self._stop_workers(workers, commit=commit)
 
-    async def _stop_workers(self, workers: list[_Worker], commit: bool) -> None:
+    async def _stop_workers(self, workers: list[Worker], commit: bool) -> None:
         for w in workers:
             w.stopping = True
             if not w.busy and w.task is not None:
@@ -692,7 +347,7 @@ class GroupConsumer:
 
     # -- commits ------------------------------------------------------------------------------------
 
-    async def _commit(self, workers: list[_Worker] | None = None) -> None:
+    async def _commit(self, workers: list[Worker] | None = None) -> None:
         ws = list(self.workers.values()) if workers is None else workers
         due = {w.tp: w.acked for w in ws if w.acked != w.committed and w.acked >= 0}
         if not due:
@@ -722,8 +377,7 @@ class GroupConsumer:
     async def _commit_loop(self) -> None:
         while not self._closed:
             await asyncio.sleep(self.config.commit_offset_period_ms / 1000)
-            if self.assigned.is_set():
-                await self._commit()
+            await self._commit()  # what the workers running now acknowledged (each broker fences its own)
 
     # -- fetching -----------------------------------------------------------------------------------
 
@@ -735,7 +389,7 @@ class GroupConsumer:
                                         f"{conn.broker_id})")
         return conn
 
-    async def _fetch(self, w: _Worker, max_bytes: int) -> FetchResult:
+    async def _fetch(self, w: Worker, max_bytes: int) -> FetchResult:
         cfg = self.config
         if cfg.multi_fetch and not self._core.reads_slaves:
             broker_id = w.part.broker_id
@@ -743,8 +397,10 @@ class GroupConsumer:
             if shared.supports(MULTI_FETCH_API_KEY):
                 fetcher = self.broker_fetchers.get(broker_id)
                 if fetcher is None:
-                    fetcher = self.broker_fetchers[broker_id] = _BrokerFetcher(self, broker_id)
-                return await fetcher.fetch(w, max_bytes)
+                    fetcher = self.broker_fetchers[broker_id] = BrokerFetcher(
+                        self.fetcher, broker_id, lambda: self._fetch_connection(broker_id),
+                        max_wait_ms=cfg.max_delay_fetch_ms if cfg.long_poll else 0, group=cfg.group)
+                return await fetcher.fetch(w.tp.topic, w.part, w.position, max_bytes)
         wait = cfg.max_delay_fetch_ms if cfg.long_poll else 0
         # the master, or a slave (read_from); without either, the Fetcher uses the session's connection
         replica = self._core.read_replica(w.tp.topic, w.part) if wait or self._core.reads_slaves else None
@@ -761,11 +417,11 @@ class GroupConsumer:
         return await self.fetcher.fetch(w.tp.topic, w.part, w.position, max_bytes=max_bytes, max_wait_ms=wait,
                                         group=cfg.group, connection=conn, replica=replica, columns=True)
 
-    async def _run_worker(self, w: _Worker) -> None:
+    async def _run_worker(self, w: Worker) -> None:
         cfg = self.config
         max_bytes = w.sub.max_size
         growths = 0
-        backoff = _ERROR_RETRY.start()
+        backoff = ERROR_RETRY.start()
         while not w.stopping:
             if not self.membership.may_fetch():
                 await self.membership.wait_fetchable()
@@ -826,7 +482,7 @@ class GroupConsumer:
                 if result.next_offset > w.position:  # a batch the server-side filter emptied
                     w.position = result.next_offset
                     if w.ctx.auto_ack:
-                        self._ack(w)
+                        self.delivery.ack(w)
                     continue
                 w.empty_fetches += 1
                 if not cfg.long_poll:
@@ -840,209 +496,18 @@ class GroupConsumer:
                     return
                 w.busy = True
                 try:
-                    if w.sub.is_async:
-                        await self._deliver_async(w, result)
-                    else:
-                        await self._deliver_in_thread(w, result)
+                    await self.delivery.deliver(w, result)
                 finally:
                     w.busy = False
-
-    # -- delivering ---------------------------------------------------------------------------------
-
-    def _steps(self, w: _Worker, result: FetchResult) -> Generator[tuple[str, Message], BaseException | None, None]:
-        """The delivery logic for one fetched batch, shared by the async and the thread driver.
-
-        Yields ("call", message) — the driver calls the listener and sends back the exception or None —
-        and ("reject", message) for the rejection policy. Only this partition's worker touches ``w``.
-        """
-        acked_ids: list[int] = []
-        try:
-            yield from self._batch_steps(w, result, acked_ids)
-        finally:  # the batch's acknowledged ids go into the LRU together
-            if acked_ids:
-                self.dedup.add_many(acked_ids)
-
-    def _batch_steps(self, w: _Worker, result: FetchResult,
-                     acked_ids: list[int]) -> Generator[tuple[str, Message], BaseException | None, None]:
-        cfg = self.config
-        ctx = w.ctx
-        # Messages are built one at a time from the fetch's column views (FetchResult.batches): one that
-        # has been delivered is freed at once, so the cyclic GC never scans a fetch's worth of them.
-        if result.messages:
-            items: Iterator[Message] = iter(result.messages)
-            last_offset = result.messages[-1].offset
-        else:
-            items = chain.from_iterable(result.batches)
-            last_offset = result.batches[-1].offsets[-1] if result.batches else -1
-        dedup_below = self._dedup_high.get(w.tp, 0)
-        msg = next(items, None)
-        while msg is not None:
-            if w.stopping or not self.membership.may_fetch():
-                return  # (the lease ran out mid-batch: the rest waits at the worker's gate, from w.position)
-            if msg.offset < w.position:
-                msg = next(items, None)
-                continue
-            if w.sub.filter is not None and not w.sub.filter(msg):
-                self.stats.filtered += 1
-                self._advance(w, msg, acked_ids)
-                msg = next(items, None)
-                continue
-            if msg.offset < dedup_below and self.dedup.seen(msg.id):
-                self.stats.duplicates_dropped += 1
-                self._advance(w, msg, acked_ids)
-                msg = next(items, None)
-                continue
-            ctx._begin(msg)
-            self.stats.delivered += 1
-            error = yield (_CALL, msg)
-            if error is None and not ctx._rollback_only:
-                w.retries.pop(msg.offset, None)
-                w.position = msg.offset + 1
-                if ctx.auto_ack or ctx._ack:
-                    w.txn_ids.append(msg.id)
-                    self._ack(w, acked_ids)
-                elif ctx._rollback:
-                    self._rollback(w)
-                    return
-                else:
-                    w.txn_ids.append(msg.id)
-                msg = next(items, None)
-                continue
-            # failed: the listener raised or marked the message rollback-only
-            self.stats.failures += 1
-            if error is not None:
-                log.warning("%s: listener failed on offset %d (delivery %d of %d): %r", w.tp, msg.offset,
-                            w.retries.get(msg.offset, 0) + 1, cfg.max_fetch_retries + 1, error)
-            tries = w.retries[msg.offset] = w.retries.get(msg.offset, 0) + 1
-            if tries <= cfg.max_fetch_retries:
-                if not ctx.auto_ack:
-                    self._rollback(w)  # a failure inside a transaction rolls it back
-                    return
-                continue  # deliver the same message again
-            del w.retries[msg.offset]
-            w.last_error = error
-            if (yield (_REJECT, msg)) is not None:
-                return  # not dead-lettered before the partition was given up: its next owner gets it again
-            self.stats.rejected += 1
-            w.position = msg.offset + 1
-            if ctx.auto_ack:
-                self._ack(w, acked_ids)
-            msg = next(items, None)
-        if not w.stopping and result.next_offset > w.position and last_offset >= 0 and w.position > last_offset:
-            # trailing messages the server-side filter removed
-            w.position = result.next_offset
-            if ctx.auto_ack:
-                self._ack(w, acked_ids)
-
-    def _advance(self, w: _Worker, msg: Message, acked_ids: list[int] | None = None) -> None:
-        """Past a message the listener never sees (filtered out, or a duplicate)."""
-        w.position = msg.offset + 1
-        if w.ctx.auto_ack:
-            self._ack(w, acked_ids)
-
-    def _ack(self, w: _Worker, acked_ids: list[int] | None = None) -> None:
-        """Everything before ``w.position`` is acknowledged (what a commit stores); the ids go into the
-        dedup LRU now, or into ``acked_ids`` for the end of the batch being delivered."""
-        w.acked = w.position
-        txn_ids = w.txn_ids
-        if txn_ids:
-            if acked_ids is None:
-                self.dedup.add_many(txn_ids)
-            else:
-                acked_ids.extend(txn_ids)
-            self.stats.acked += len(txn_ids)
-            txn_ids.clear()
-            if w.acked > self._dedup_high.get(w.tp, 0):
-                self._dedup_high[w.tp] = w.acked
-
-    def _rollback(self, w: _Worker) -> None:
-        self.stats.rollbacks += 1
-        w.position = w.acked
-        w.txn_ids.clear()
-
-    async def _reject(self, w: _Worker, msg: Message) -> BaseException | None:
-        """Apply the rejection policy; an exception (sent into :meth:`_steps`) if the message must stay."""
-        if self.dead_letters is not None:
-            sent = await self.dead_letters.send(msg, w.last_error, self.config.max_fetch_retries + 1,
-                                                lambda: w.stopping or self._closed)
-            return None if sent else ClientClosedError("the partition was given up before the dead letter was sent")
-        if self.config.rejection_policy == "recover":
-            try:
-                if await self.recover.put(msg):
-                    log.warning("%s:%d-%d: offset %d failed %d times; kept in the recover store", msg.topic,
-                                msg.broker_id, msg.partition, msg.offset, self.config.max_fetch_retries + 1)
-                    return None
-            except OSError as exc:
-                log.error("recover store: cannot keep %s:%d-%d@%d: %s", msg.topic, msg.broker_id, msg.partition,
-                          msg.offset, exc)
-        log.error("%s:%d-%d: offset %d failed %d times; skipped (rejection policy)", msg.topic, msg.broker_id,
-                  msg.partition, msg.offset, self.config.max_fetch_retries + 1)
-        return None
-
-    async def _deliver_async(self, w: _Worker, result: FetchResult) -> None:
-        steps = self._steps(w, result)
-        listener = w.sub.listener
-        try:
-            action, msg = next(steps)
-            while True:
-                if action == _REJECT:
-                    action, msg = steps.send(await self._reject(w, msg))
-                    continue
-                err: BaseException | None = None
-                try:
-                    if w.sub.wants_ctx:
-                        await listener(msg, w.ctx)
-                    else:
-                        await listener(msg)
-                except Exception as exc:  # the listener's failure is a redelivery, not our crash
-                    err = exc
-                action, msg = steps.send(err)
-        except StopIteration:
-            pass
-
-    async def _deliver_in_thread(self, w: _Worker, result: FetchResult) -> None:
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._threads, self._deliver_sync, w, result, loop)
-
-    def _deliver_sync(self, w: _Worker, result: FetchResult, loop: asyncio.AbstractEventLoop) -> None:
-        steps = self._steps(w, result)
-        listener = w.sub.listener
-        wants_ctx = w.sub.wants_ctx
-        try:
-            action, msg = next(steps)
-            while True:
-                if action == _REJECT:
-                    action, msg = steps.send(asyncio.run_coroutine_threadsafe(self._reject(w, msg), loop).result())
-                    continue
-                err: BaseException | None = None
-                try:
-                    if wants_ctx:
-                        listener(msg, w.ctx)
-                    else:
-                        listener(msg)
-                except Exception as exc:  # the listener's failure is a redelivery, not our crash
-                    err = exc
-                action, msg = steps.send(err)
-        except StopIteration:
-            pass
+            if w.retry_delay_s:  # a failed message: back off (a revoke may cancel this), then fetch it again
+                delay, w.retry_delay_s = w.retry_delay_s, 0.0
+                await self.retry_wait(delay)
 
     # -- recover store ------------------------------------------------------------------------------
 
     async def _recover_deliver(self, msg: Message) -> bool:
         sub = self.subscriptions.get(msg.topic)
-        if sub is None:
-            return False
-        ctx = PartitionContext(msg.topic, msg.partition_id)
-        ctx._begin(msg)
-        args = (msg, ctx) if sub.wants_ctx else (msg,)
-        if sub.is_async:
-            await sub.listener(*args)
-        else:
-            await asyncio.get_running_loop().run_in_executor(self._threads, lambda: sub.listener(*args))
-        if ctx.rollback_only:
-            return False
-        self.stats.recovered += 1
-        return True
+        return sub is not None and await self.delivery.deliver_recovered(sub, msg)
 
     async def recover_now(self) -> int:
         """Offer every message of the recover store to its listener once; returns how many were accepted."""
@@ -1077,7 +542,7 @@ class GroupConsumer:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        await self._revoke(commit=True)
+        await self.revoke(commit=True)
         if self._started:
             await self.membership.leave()
         for broker_id, fetcher in self.broker_fetchers.items():

@@ -260,10 +260,12 @@ class DeadLetter:
     """As stored in ``%DLQ%<group>`` (its partition and offset there)."""
 
     def header(self, name: str) -> str | None:
+        """A ``dlq-*`` header's value as text (None when absent), e.g. ``header("dlq-error-type")``."""
         return _text(self.message.headers, name)
 
     @property
     def original_topic(self) -> str | None:
+        """The topic the message was dead-lettered from."""
         return self.header(H_TOPIC)
 
     @property
@@ -272,6 +274,7 @@ class DeadLetter:
         return [(k, v) for k, v in self.message.headers or () if not k.startswith(HEADER_PREFIX)]
 
     def as_dict(self) -> dict[str, Any]:
+        """The message as JSON-ready values (what ``metaq group dlq --json`` prints)."""
         msg = self.message
         return {"partition": str(msg.partition_id), "offset": msg.offset,
                 "id": format_message_id(msg.id) if msg.id >= 0 else None,
@@ -326,9 +329,11 @@ class RedriveResult:
 
     @property
     def total(self) -> int:
+        """Messages sent back, over every topic."""
         return sum(self.redriven.values())
 
     def as_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready values (what ``metaq group redrive --json`` prints)."""
         return {"group": self.group, "dry_run": self.dry_run, "redriven": dict(sorted(self.redriven.items())),
                 "total": self.total, "skipped": self.skipped, "remaining": self.remaining, "errors": self.errors}
 
@@ -358,17 +363,7 @@ def redrive_message(letter: DeadLetter) -> Message:
 def _offset_storage(core: ClientCore) -> OffsetStorage:
     if core.registry is not None:
         return ZooKeeperOffsetStorage(core.registry)
-    storage = BrokerOffsetStorage()
-
-    async def coordinated(request: Any) -> Any:
-        coordinator = await core.coordinator()
-        conn = await core.connection(coordinator)
-        if coordinator is not None and conn.broker_id != coordinator:
-            raise ConnectionClosedError(f"broker {coordinator}, the groups' coordinator, cannot be reached")
-        return await conn.request(request)
-
-    storage.bind(coordinated)
-    return storage
+    return BrokerOffsetStorage.for_session(core)
 
 
 Progress = Callable[[int, int], Awaitable[None] | None]

@@ -26,6 +26,7 @@ class AttributeFilter:
         return message.attribute in self.attributes
 
     def accept(self, group: str, message: Message) -> bool:
+        """MetaQ's ``ConsumerMessageFilter.accept(group, message)``: the same test as calling the filter."""
         return self(message)
 
     def __repr__(self) -> str:

@@ -1,10 +1,12 @@
 """How a group consumer learns which partitions it owns: the seam between membership and delivery.
 
 The :class:`~metaq.client.group.consumer.GroupConsumer` owns the workers (fetch, deliver, acknowledge,
-commit); a :class:`Membership` decides which partitions they run and when they may fetch:
+commit); a :class:`Membership` decides which partitions they run and when they may fetch, driving the
+consumer through the :class:`GroupSide` it offers:
 
-* :class:`BrokerMembership` (standalone mode): a broker coordinates the group (JoinGroup / SyncGroup /
-  Heartbeat to the lowest broker id); its loop lives in the consumer, as before.
+* :class:`~metaq.client.group.standalone.BrokerMembership` (standalone mode): the brokers coordinate
+  the group (JoinGroup / Heartbeat / LeaveGroup).
+* :class:`~metaq.client.group.standalone.BroadcastMembership`: every member owns every partition.
 * :class:`ZooKeeperMembership` (cluster mode, ``session.registry`` set): MetaQ's way, no coordinator.
 
 Cluster mode, MetaQ's way
@@ -37,24 +39,56 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from metaq.client.group.config import ConsumerConfig
 from metaq.cluster.assignment import assign_topics
 from metaq.cluster.registry import GroupRegistry
 from metaq.net.retry import RetryPolicy, wait_event
 from metaq.types import PartitionId, TopicPartition
-
-if TYPE_CHECKING:
-    from metaq.client.group.consumer import GroupConsumer
 
 log = logging.getLogger("metaq.client.group")
 
 COALESCE_S = 0.02
 """After a cue, wait this long for more (a broker's topics arrive as several znode events)."""
 _CLAIM_RETRY = RetryPolicy(initial_delay_s=0.02, max_delay_s=1.0)
-_ERROR_RETRY = RetryPolicy(initial_delay_s=0.2, max_delay_s=5.0)
+ERROR_RETRY = RetryPolicy(initial_delay_s=0.2, max_delay_s=5.0)
+"""Joins, registrations and fetches that fail wait 0.2 s doubling up to 5 s, and retry until the consumer stops."""
+
+
+class GroupSide(Protocol):
+    """What a membership drives: the consumer's workers, started and stopped per partition."""
+
+    config: ConsumerConfig
+    consumer_id: str
+    assigned: asyncio.Event
+    """Set whenever the consumer holds a current assignment (possibly empty); cleared while rebalancing."""
+
+    @property
+    def subscriptions(self) -> Mapping[str, Any]:
+        """The subscribed topics."""
+
+    @property
+    def workers(self) -> Mapping[TopicPartition, Any]:
+        """The partitions being consumed now."""
+
+    @property
+    def closed(self) -> bool:
+        """True once the consumer is closing: loops end."""
+
+    async def assign(self, owned: list[tuple[str, PartitionId]], keep: bool = False) -> None:
+        """Consume exactly ``owned`` (``keep``: stop only what is no longer owned; else nothing runs yet)."""
+
+    async def revoke(self, commit: bool) -> None:
+        """Stop every worker (a listener call in progress finishes first), commit if asked."""
+
+    async def start_partitions(self, tps: list[TopicPartition]) -> None:
+        """Start consuming ``tps`` from their committed offsets."""
+
+    async def stop_partitions(self, tps: list[TopicPartition], commit: bool) -> None:
+        """Stop consuming ``tps``, commit if asked."""
 
 
 class Membership(abc.ABC):
@@ -76,22 +110,6 @@ class Membership(abc.ABC):
         """Return when :meth:`may_fetch` holds (a worker waits here rather than fetch unowned data)."""
 
 
-class BrokerMembership(Membership):
-    """Standalone mode: the broker-coordinated loop of the consumer (JoinGroup/SyncGroup/Heartbeat)."""
-
-    def __init__(self, consumer: GroupConsumer) -> None:
-        self.consumer = consumer
-
-    async def run(self) -> None:
-        if self.consumer.config.broadcast:
-            await self.consumer._broadcast_loop()
-        else:
-            await self.consumer._group_loop()
-
-    async def leave(self) -> None:
-        await self.consumer._leave_group()
-
-
 def metaq_consumer_id(group: str, host: str, now_ms: int, rand: int) -> str:
     """MetaQ's consumer id shape: ``<group>_<host>-<time ms>-<random>`` (unique per process start)."""
     return f"{group}_{host}-{now_ms}-{rand:06x}"
@@ -100,7 +118,7 @@ def metaq_consumer_id(group: str, host: str, now_ms: int, rand: int) -> str:
 class ZooKeeperMembership(Membership):
     """Cluster mode: members, owners and rebalancing through a :class:`GroupRegistry` (see the module docstring)."""
 
-    def __init__(self, consumer: GroupConsumer, registry: GroupRegistry,
+    def __init__(self, consumer: GroupSide, registry: GroupRegistry,
                  partitions_of: Callable[[str], list[PartitionId]], session_timeout_s: float) -> None:
         self.consumer = consumer
         self.registry = registry
@@ -175,7 +193,7 @@ class ZooKeeperMembership(Membership):
 
     async def _lease_loop(self) -> None:
         period = self.session_timeout_s / 3
-        backoff = _ERROR_RETRY.start()
+        backoff = ERROR_RETRY.start()
         while not self._closed:
             await wait_event(self._renew, period)
             self._renew.clear()
@@ -200,7 +218,7 @@ class ZooKeeperMembership(Membership):
         topics = sorted(self.consumer.subscriptions)
         self.registry.add_session_listener(self._on_session)
         self._lease_task = asyncio.ensure_future(self._lease_loop())
-        backoff = _ERROR_RETRY.start()
+        backoff = ERROR_RETRY.start()
         while True:
             try:
                 sent = time.monotonic()
@@ -253,7 +271,7 @@ class ZooKeeperMembership(Membership):
         if self._session_lost:
             # Our owner nodes died with the session and others may fetch those partitions now: stop
             # without committing (a stale offset would rewind the new owner).
-            await c._stop_partitions(sorted(self.claimed), commit=False)
+            await c.stop_partitions(sorted(self.claimed), commit=False)
             self.claimed.clear()
             await self._call(self.registry.register_member, self.group, self.consumer_id, topics)
             self._session_lost = False
@@ -265,7 +283,7 @@ class ZooKeeperMembership(Membership):
         mine = self.plan(members)
         lost = sorted(self.claimed - mine)
         if lost:
-            await c._stop_partitions(lost, commit=True)
+            await c.stop_partitions(lost, commit=True)
             for tp in lost:
                 await self._call(self.registry.release, self.group, tp.topic, tp.partition, self.consumer_id)
                 self.claimed.discard(tp)
@@ -277,10 +295,10 @@ class ZooKeeperMembership(Membership):
             if got:
                 self.claimed.update(got)
                 try:
-                    await c._start_partitions(got)
+                    await c.start_partitions(got)
                 except Exception:
                     # cannot start them (their broker does not answer): give the claims back for now
-                    await c._stop_partitions(got, commit=False)
+                    await c.stop_partitions(got, commit=False)
                     for tp in got:
                         await self._call(self.registry.release, self.group, tp.topic, tp.partition,
                                          self.consumer_id)

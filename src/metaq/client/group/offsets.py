@@ -7,9 +7,10 @@ keeps one offset per broker partition. Data written before partition ids carried
 partition number) is refused with an error saying what to remove: such a key cannot say which broker's
 partition it meant.
 
-* :class:`BrokerOffsetStorage` — the default for groups: OffsetCommit/OffsetFetch to the broker, which
-  keeps them durable in its data directory and *fences* them: a member that lost its partitions in a
-  rebalance cannot overwrite the new owner's offsets.
+* :class:`BrokerOffsetStorage` — the default for groups: OffsetCommit/OffsetFetch of each partition to
+  the broker that holds it (in standalone mode each broker coordinates the group for its own
+  partitions), which keeps them durable in its data directory and *fences* them: a member that lost its
+  partitions in a rebalance cannot overwrite the new owner's offsets.
 * :class:`LocalFileOffsetStorage` — the default for broadcast: one JSON file per group on this machine,
   replaced atomically (temp file, fsync, rename, fsync the directory).
 * :class:`ZooKeeperOffsetStorage` — the default for groups in cluster mode (MetaQ's): persistent nodes
@@ -48,6 +49,10 @@ from metaq.protocol import messages as m
 from metaq.types import PartitionId, TopicPartition
 
 Request = Callable[[Any], Awaitable[Any]]
+BrokerRequest = Callable[[int, Any], Awaitable[Any]]
+"""(broker id, request) -> that broker's response."""
+Fence = Callable[[int], tuple[int, str]]
+"""broker id -> (generation, member id) a commit of that broker's partitions carries."""
 
 
 class OffsetStorage(abc.ABC):
@@ -68,41 +73,89 @@ class OffsetStorage(abc.ABC):
 
 
 class BrokerOffsetStorage(OffsetStorage):
-    """Offsets kept by the broker (standalone mode's coordinator). The consumer binds it to its
-    connection; bind it yourself with :meth:`bind` to use it outside a consumer."""
+    """Offsets kept by the brokers (standalone mode): each partition's at the broker that holds it.
+
+    The consumer binds it (:meth:`bind_brokers`, with each broker's generation and member id for fencing);
+    :meth:`for_session` binds one to a session for tools. :meth:`bind` sends every request to one broker
+    instead (a single-broker setup, or a test)."""
 
     def __init__(self, request: Request | None = None) -> None:
         self._request = request
+        self._request_to: BrokerRequest | None = None
+        self._fence: Fence | None = None
 
     def bind(self, request: Request) -> None:
+        """Give the store the session's request function (the consumer does it when it starts)."""
         self._request = request
 
-    def _send(self) -> Request:
+    def bind_brokers(self, request_to: BrokerRequest, fence: Fence | None = None) -> None:
+        """Send each partition's requests to its own broker; ``fence`` gives the generation and member id
+        a commit to that broker carries (else the ones :meth:`commit` is given)."""
+        self._request_to = request_to
+        self._fence = fence
+
+    @classmethod
+    def for_session(cls, session: Any) -> BrokerOffsetStorage:
+        """One bound to a :class:`~metaq.client.session.MessageSessionFactory` (or its core): requests go to
+        each partition's broker (admin tools, ``metaq group reset``)."""
+        core = session._core if hasattr(session, "_core") else session
+        storage = cls()
+
+        async def request_to(broker_id: int, request: Any) -> Any:
+            return await (await core.connection(broker_id)).request(request)
+
+        storage.bind_brokers(request_to)
+        return storage
+
+    def _send(self, broker_id: int) -> Request:
+        if self._request_to is not None:
+            request_to = self._request_to
+            return lambda request: request_to(broker_id, request)
         if self._request is None:
             raise InvalidArgument("BrokerOffsetStorage is not bound to a broker connection")
         return self._request
 
+    def _by_broker(self, partitions: Iterable[TopicPartition]) -> dict[int, list[TopicPartition]]:
+        """Partitions per broker to ask (all under one key when bound to a single broker)."""
+        out: dict[int, list[TopicPartition]] = {}
+        for tp in sorted(partitions):
+            out.setdefault(tp.partition.broker_id if self._request_to is not None else -1, []).append(tp)
+        return out
+
     async def load(self, group: str, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        refs = [m.TopicPartitionRef(tp.topic, tp.partition.broker_id, tp.partition.partition) for tp in partitions]
-        if not refs:
-            return {}
-        resp: m.OffsetFetchResponse = raise_for_error(await self._send()(m.OffsetFetchRequest(group, refs)))
-        return {TopicPartition(e.topic, PartitionId(e.broker_id, e.partition)): e.offset for e in resp.offsets
-                if e.offset >= 0}
+        async def one(broker_id: int, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+            refs = [m.TopicPartitionRef(tp.topic, tp.partition.broker_id, tp.partition.partition) for tp in tps]
+            request = m.OffsetFetchRequest(group, refs)
+            resp: m.OffsetFetchResponse = raise_for_error(await self._send(broker_id)(request))
+            return {TopicPartition(e.topic, PartitionId(e.broker_id, e.partition)): e.offset for e in resp.offsets
+                    if e.offset >= 0}
+
+        found: dict[TopicPartition, int] = {}
+        for part in await asyncio.gather(*(one(b, tps) for b, tps in self._by_broker(partitions).items())):
+            found.update(part)
+        return found
 
     async def commit(self, group: str, offsets: Mapping[TopicPartition, int], *, generation: int = m.NO_GENERATION,
                      member_id: str = "") -> None:
-        if not offsets:
-            return
-        entries = [m.OffsetEntry(tp.topic, tp.partition.broker_id, tp.partition.partition, off)
-                   for tp, off in sorted(offsets.items())]
-        resp: m.OffsetCommitResponse = raise_for_error(
-            await self._send()(m.OffsetCommitRequest(group, generation, member_id, entries)))
-        refused = [e for e in resp.results if e.error_code]
-        if refused:
-            where = [f"{e.topic}:{e.broker_id}-{e.partition}" for e in refused]
-            raise error_for_code(refused[0].error_code, f"offsets refused for {where}: {resp.error_message or ''}",
-                                 resp)
+        """Commit to every broker concerned (all are tried); the first failure is raised after."""
+        async def one(broker_id: int, tps: list[TopicPartition]) -> None:
+            fenced = self._fence(broker_id) if self._fence is not None and broker_id >= 0 else (generation,
+                                                                                                 member_id)
+            entries = [m.OffsetEntry(tp.topic, tp.partition.broker_id, tp.partition.partition, offsets[tp])
+                       for tp in tps]
+            resp: m.OffsetCommitResponse = raise_for_error(
+                await self._send(broker_id)(m.OffsetCommitRequest(group, *fenced, entries)))
+            refused = [e for e in resp.results if e.error_code]
+            if refused:
+                where = [f"{e.topic}:{e.broker_id}-{e.partition}" for e in refused]
+                raise error_for_code(refused[0].error_code, f"offsets refused for {where}: "
+                                                            f"{resp.error_message or ''}", resp)
+
+        results = await asyncio.gather(*(one(b, tps) for b, tps in self._by_broker(offsets).items()),
+                                       return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
 
 class _ThreadedStorage(OffsetStorage):
@@ -177,6 +230,7 @@ class LocalFileOffsetStorage(_ThreadedStorage):
         self._cache: dict[str, dict[TopicPartition, int]] = {}
 
     def path(self, group: str) -> Path:
+        """The file holding ``group``'s offsets (one JSON file per group in ``directory``)."""
         return self.directory / (_SAFE.sub("_", group) + ".json")
 
     def _read(self, group: str) -> dict[TopicPartition, int]:

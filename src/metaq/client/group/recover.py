@@ -39,6 +39,10 @@ _NAME = re.compile(r"(.+)-(\d+)-(\d+)-(\d{20})\.msg")
 
 
 class RecoverStore:
+    """MetaQ's recover store: messages that kept failing, kept on disk and offered to the listener again.
+
+    One directory per group under ``directory``; see the module docstring for the layout and guarantees."""
+
     def __init__(self, directory: str | Path, group: str, *, fsync: bool = True,
                  max_messages: int = RECOVER_MESSAGES_MAX) -> None:
         self.directory = Path(directory).expanduser() / _SAFE.sub("_", group)
@@ -108,11 +112,13 @@ class RecoverStore:
         return bool(await self._run(self._put_sync, msg))
 
     async def messages(self) -> list[tuple[str, Message]]:
+        """Every stored message with its file name, in file-name order (topic, partition, offset)."""
         result = await self._run(self._list_sync)
         assert isinstance(result, list)
         return result
 
     async def count(self) -> int:
+        """How many messages the store holds."""
         return len(await self.messages())
 
     async def recover_once(self, deliver: Callable[[Message], Awaitable[bool]]) -> int:
@@ -133,6 +139,7 @@ class RecoverStore:
         return done
 
     def close(self) -> None:
+        """Stop the store's thread (after what it is doing)."""
         self._executor.shutdown(wait=True)
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from metaq.errors import InvalidArgument
 from metaq.protocol.delayed import mark_delayed
-from metaq.protocol.records import HEADER_BYTES, RECORD_PREFIX_BYTES, Compression, ProducerStamp, encode_columns
+from metaq.protocol.records import HEADER_BYTES, RECORD_OVERHEAD_BYTES, Compression, ProducerStamp, encode_columns
 from metaq.types import Message
 
 BatchKey = tuple[str, int, int, int] | tuple[str, int, int, int, bool]
@@ -41,7 +41,7 @@ def record_size(message: Message) -> int:
 
 def size_of(value: bytes, key: bytes | None, attribute: str | None,
             headers: Sequence[tuple[str, bytes]] | None) -> int:
-    size = RECORD_PREFIX_BYTES + len(value)
+    size = RECORD_OVERHEAD_BYTES + len(value)
     if key is not None:
         size += len(key)
     if attribute is not None:

@@ -33,7 +33,7 @@ from metaq.client.producer.sender import Sender
 from metaq.client.selectors import RoundRobinSelector
 from metaq.errors import DeliveryTimeoutError, InvalidArgument, MetaqError, PartitionClosedError
 from metaq.protocol.messages import ANY_PARTITION
-from metaq.protocol.records import RECORD_PREFIX_BYTES
+from metaq.protocol.records import RECORD_OVERHEAD_BYTES
 from metaq.types import Message, SendResult
 
 DEFERRED_MAX = 1024
@@ -200,7 +200,7 @@ class Placement:
                 except PartitionClosedError:  # every partition closed: nothing placed; each is held below
                     pass
             for data, stamp, waiter in zip(values, stamps or itertools.repeat(-1), waiters, strict=False):
-                self.place(Message(topic, data, timestamp_ms=stamp), waiter, RECORD_PREFIX_BYTES + len(data), acks)
+                self.place(Message(topic, data, timestamp_ms=stamp), waiter, RECORD_OVERHEAD_BYTES + len(data), acks)
 
     def _end_of_step(self) -> None:
         """The end of the step the first deferred message was sent in: they are placed, and the batches due now
@@ -348,7 +348,7 @@ class Placement:
         candidates, first = self.selector.reserve(topic, partitions, count)
         k = len(candidates)
         acc, dispatch = self.acc, self._sender.dispatch
-        limit, prefix = acc.batch_bytes, RECORD_PREFIX_BYTES
+        limit, prefix = acc.batch_bytes, RECORD_OVERHEAD_BYTES
         for r in range(min(k, count)):
             p = candidates[(first + r) % k]
             key: BatchKey = (topic, p.partition, p.broker_id, acks)

@@ -39,7 +39,7 @@ from metaq.client.producer.sender import Sender
 from metaq.client.producer.transactions import Transactions
 from metaq.client.selectors import PartitionSelector, RoundRobinSelector
 from metaq.errors import InvalidArgument, MetaqError, RequestTimeoutError
-from metaq.protocol.records import RECORD_PREFIX_BYTES, encode_messages, encode_values
+from metaq.protocol.records import RECORD_OVERHEAD_BYTES, encode_messages, encode_values
 from metaq.types import Message, PartitionId, PartitionKey, SendResult, validate_topic
 
 SendCallback = Callable[[SendResult], object]
@@ -159,7 +159,7 @@ class Producer(Transactions):
                 and message.key is None and message.attribute is None and not message.headers
                 and message.deliver_at is None and message.delay_ms is None and self._tx is None):
             # the common case: a plain message of a topic kept between sends (checked already, not closing)
-            size = RECORD_PREFIX_BYTES + len(message.data)
+            size = RECORD_OVERHEAD_BYTES + len(message.data)
             if size > self.config.max_message_bytes:
                 size = self._check(message)  # raises
             plain = message.topic in self._deferrable
@@ -198,7 +198,7 @@ class Producer(Transactions):
                 and message.key is None and message.attribute is None and not message.headers
                 and message.deliver_at is None and message.delay_ms is None and self._tx is None):
             # the common case: a plain message of a topic kept between sends (checked already, not closing)
-            size = RECORD_PREFIX_BYTES + len(message.data)
+            size = RECORD_OVERHEAD_BYTES + len(message.data)
             if size > self.config.max_message_bytes:
                 size = self._check(message)  # raises
             buffer = self._buffer
@@ -421,7 +421,7 @@ class Producer(Transactions):
         if message.topic not in self._valid_topics:
             self._check_topic(message.topic)
         if message.key is None and message.attribute is None and not message.headers:
-            size = RECORD_PREFIX_BYTES + len(data)
+            size = RECORD_OVERHEAD_BYTES + len(data)
         else:
             size = record_size(message)
         if message.deliver_at is not None or message.delay_ms is not None:
@@ -453,7 +453,7 @@ class Producer(Transactions):
                     if not isinstance(item, (bytes, bytearray, memoryview)):
                         raise InvalidArgument(f"send_batch items must be all bytes or all Message; item {i} is "
                                               f"{type(item).__name__}")
-            sizes = list(map(RECORD_PREFIX_BYTES.__add__, map(len, values)))  # type: ignore[arg-type]
+            sizes = list(map(RECORD_OVERHEAD_BYTES.__add__, map(len, values)))  # type: ignore[arg-type]
         biggest = max(sizes)
         if biggest > max_msg:
             i = sizes.index(biggest)

@@ -277,10 +277,12 @@ class BatchSendResult(Sequence[SendResult]):
 
     @property
     def success(self) -> bool:
+        """Whether every message of the batch was stored."""
         return all(c.error is None for c in self.chunks)
 
     @property
     def errors(self) -> list[BaseException]:
+        """The errors of the chunks that failed (empty when :attr:`success`)."""
         return [c.error for c in self.chunks if c.error is not None]
 
     def __len__(self) -> int:
@@ -317,6 +319,7 @@ class BatchSendResult(Sequence[SendResult]):
                 yield self._result(chunk, i)
 
     def message_ids(self) -> list[int]:
+        """Every message's id in send order; -1 for the messages of a chunk that failed."""
         out: list[int] = []
         for c in self.chunks:
             if c.error is None and c.base_message_id >= 0:

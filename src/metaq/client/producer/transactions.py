@@ -166,6 +166,7 @@ class Transactions:
         self._tx = LocalTransaction(self, timeout_s, "", Xid.of(xid).key)  # type: ignore[arg-type]
 
     async def tpc_prepare(self) -> None:
+        """XA: prepare the current branch: its messages are stored, still invisible, until :meth:`tpc_commit`."""
         await self._open_tx().prepare()
 
     async def tpc_commit(self, xid: Any = None) -> None:
@@ -177,6 +178,7 @@ class Transactions:
             await self._end_recovered(Xid.of(xid), m.TX_COMMIT)
 
     async def tpc_rollback(self, xid: Any = None) -> None:
+        """XA: roll back the current branch, or, with ``xid``, a prepared branch found by :meth:`tpc_recover`."""
         if xid is None:
             await self.rollback()
         else:

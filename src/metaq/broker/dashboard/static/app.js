@@ -40,6 +40,21 @@ function fmtDuration(s) {
   if (h) return `${h}h ${m}m`;
   return `${m}m ${s % 60}s`;
 }
+function plural(count, noun) { return `${count} ${count === 1 ? noun : noun + "s"}`; }
+
+// A chart's y-axis: four steps of a round size (1, 2, 2.5 or 5 times a power of ten), the top at or above the
+// largest value, so the labels read 250, 500, 750, 1.0 k rather than 249, 499, 748, 997.
+function niceStep(raw) {
+  const power = Math.pow(10, Math.floor(Math.log10(raw)));
+  for (const m of [1, 2, 2.5, 5]) if (raw <= m * power * (1 + 1e-9)) return m * power;
+  return 10 * power;
+}
+function fmtTick(v, step) {
+  if (v >= 1e3) return fmtRate(v);
+  let digits = 0;
+  while (digits < 6 && Math.abs(Math.round(step * 10 ** digits) - step * 10 ** digits) > 1e-9) digits++;
+  return v.toFixed(digits);
+}
 function setText(node, text) { if (node && node.textContent !== String(text)) node.textContent = text; }
 
 // -- notices and confirmation -----------------------------------------------------------------
@@ -183,7 +198,7 @@ function renderTopics(topics) {
     const table = el("table", {}, el("thead", {}, el("tr", {}, ...PARTITION_COLUMNS.map((c) => el("th", {}, c)))), el("tbody"));
     return el("div", { class: "block topic", "data-topic": t.name }, el("h2", {}, t.name), el("div", { class: "meta" }), table);
   }, (block, t) => {
-    setText(block.querySelector(".meta"), `${t.num_partitions} partitions here, ${t.messages} messages stored, ` +
+    setText(block.querySelector(".meta"), `${plural(t.num_partitions, "partition")} here, ${plural(t.messages, "message")} stored, ` +
       `${fmtBytes(t.size_bytes)}, ${t.closed} closed — in ${fmtRate(t.in_msg_s)} msg/s, out ${fmtRate(t.out_msg_s)} msg/s`);
     syncRows(block.querySelector("tbody"), t.partitions, (p) => p.partition,
       (p) => ({ "data-topic": t.name, "data-partition": p.partition }),
@@ -218,7 +233,7 @@ function renderGroups(groups, topics) {
     return el("div", { class: "block group", "data-group": g.name }, el("h2", {}, g.name), el("div", { class: "meta" }),
       el("ul", { class: "members" }), table, form);
   }, (block, g) => {
-    setText(block.querySelector(".meta"), `${g.state}, generation ${g.generation}, ${g.members.length} members, lag ${g.lag}`);
+    setText(block.querySelector(".meta"), `${g.state}, generation ${g.generation}, ${plural(g.members.length, "member")}, lag ${g.lag}`);
     block.dataset.lag = g.lag;
     const ul = block.querySelector(".members");
     const lines = g.members.map((m) => `${m.id} (${m.client_id}): ${m.owns.join(", ") || "nothing"}`);
@@ -270,7 +285,7 @@ function renderCluster(doc) {
     doc.topics, (t) => ({ "data-topic": t.topic }))));
   for (const g of doc.groups) {
     blocks.push(el("div", { class: "block cluster-group", "data-group": g.group }, el("h2", {}, `Group ${g.group}`),
-      el("div", { class: "meta" }, `${Object.keys(g.members).length} members, lag ${g.lag}`),
+      el("div", { class: "meta" }, `${plural(Object.keys(g.members).length, "member")}, lag ${g.lag}`),
       el("ul", { class: "members" }, ...Object.entries(g.members).map(([id, topics]) => el("li", {}, `${id}: ${topics.join(", ")}`))),
       table([["topic", "topic"], ["partition", "partition"], ["owner", "owner"], ["committed", "committed"],
         ["log_end", "end offset"], ["lag", "lag"]], g.partitions,
@@ -300,15 +315,18 @@ function drawChart(canvas, series, unit) {
   const now = Date.now();
   const t0 = points.length ? Math.min(...points.map((p) => p[0])) : now - 60000;
   const t1 = points.length ? Math.max(...points.map((p) => p[0])) : now;
-  const vmax = Math.max(1, ...points.map((p) => p[1]));
+  const step = niceStep(Math.max(1, ...points.map((p) => p[1])) / 4), vmax = 4 * step;
   const x = (t) => left + (t1 === t0 ? 0 : (t - t0) / (t1 - t0)) * (w - left - right);
   const y = (v) => top + (1 - v / vmax) * (h - top - bottom);
   ctx.strokeStyle = "#d9dde5"; ctx.fillStyle = "#6a7285"; ctx.font = "11px system-ui, sans-serif"; ctx.lineWidth = 1;
+  const ticks = [];
   for (let i = 0; i <= 4; i++) {
-    const v = vmax * i / 4, yy = y(v);
+    const v = step * i, yy = y(v);
     ctx.beginPath(); ctx.moveTo(left, yy); ctx.lineTo(w - right, yy); ctx.stroke();
-    ctx.fillText(fmtRate(v), 2, yy + 4);
+    ticks.push(fmtTick(v, step));
+    ctx.fillText(ticks[i], 2, yy + 4);
   }
+  canvas.dataset.ticks = ticks.join(",");
   const span = Math.round((t1 - t0) / 1000);
   ctx.fillText(`last ${fmtDuration(span)}`, left, h - 4);
   let lx = left;
