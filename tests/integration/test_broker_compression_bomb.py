@@ -19,8 +19,7 @@ from metaq.errors import CorruptMessageError
 from metaq.net.blocking import BlockingConnection
 from metaq.net.codec import ConnectionSettings, raise_for_error
 from metaq.protocol import messages as m
-from metaq.protocol import records
-from metaq.protocol.records import Compression, encode_values
+from metaq.protocol.records import Compression, encode, encode_values
 from metaq.testing import BrokerProcess
 
 SETTINGS = ConnectionSettings("bomb-test", 5.0, 120.0, 64, 256 << 20)
@@ -28,12 +27,12 @@ SETTINGS = ConnectionSettings("bomb-test", 5.0, 120.0, 64, 256 << 20)
 
 def _lz4_without_size(values: list[bytes]) -> bytes:
     """A valid lz4 batch whose frame does not declare its inflated size (so only inflating it tells)."""
-    keep = records._compress
-    records._compress = lambda codec, data: lz4.frame.compress(data, store_size=False)  # type: ignore[assignment]
+    keep = encode.compress
+    encode.compress = lambda codec, data: lz4.frame.compress(data, store_size=False)  # type: ignore[assignment]
     try:
         return encode_values(values, 1, Compression.LZ4)
     finally:
-        records._compress = keep  # type: ignore[assignment]
+        encode.compress = keep  # type: ignore[assignment]
 
 
 def test_a_bomb_is_refused_and_other_clients_are_served_while_it_is_checked(

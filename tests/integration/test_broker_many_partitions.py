@@ -10,7 +10,6 @@ per append (unflushThreshold=1) over a few partitions, whose rounds use a syncfs
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import resource
@@ -22,6 +21,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from metaq.client import connect
+from metaq.storage.checkpoint import read_clean_states
 from metaq.storage.manager import CHECKPOINT_FILE
 from metaq.testing import BrokerProcess, wait_until
 from metaq.testing.history import ProduceLoad, check_history, read_back
@@ -265,8 +265,8 @@ def test_a_clean_stop_of_many_partitions_under_load_loses_nothing_and_the_restar
                    message="acknowledged messages in every partition")
         broker.stop()
         data = Path(broker.data_dir)
-        recorded = json.loads((data / CHECKPOINT_FILE).read_text())["partitions"]
-        assert sorted(recorded) == sorted(f"wide-{p}" for p in range(PARTITIONS))
+        recorded = read_clean_states(data / CHECKPOINT_FILE)
+        assert sorted(recorded) == sorted(f"wide-{p}" for p in range(PARTITIONS)) and None not in recorded.values()
         assert not list(data.glob("wide-*/*index")), "index files created by the stop"
         after_stop = len(broker.log_lines)
         broker.start()

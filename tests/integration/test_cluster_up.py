@@ -127,3 +127,45 @@ def test_a_broker_that_cannot_start_is_named_and_nothing_is_left_running(tmp_pat
         result.stderr
     assert "Traceback" not in result.stderr
     assert processes_using(directory) == []
+
+
+def test_cluster_up_secure_runs_a_cluster_only_its_zookeeper_user_may_change(tmp_path: Path) -> None:
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import NoAuthError
+
+    directory = tmp_path / "cluster"
+    proc, running = start_cluster(directory, "--brokers", "1", "-t", "orders", "--secure")
+    try:
+        password_file = directory / "zookeeper" / "metaq.password"
+        assert password_file.stat().st_mode & 0o777 == 0o600
+        assert any("METAQ_ZK_USER=metaq" in line and "metaq.password" in line for line in proc.stdout)
+        zk = running["ZooKeeper"][0]
+        env = {**os.environ, "METAQ_ZK_USER": "metaq", "METAQ_ZK_PASSWORD": password_file.read_text().strip(),
+               "METAQ_PASSWORD": "a password for alice"}
+        added = metaq("acl", "user", "add", "alice", "-z", zk, env=env)
+        assert added.returncode == 0, added.stderr
+        shown = metaq("cluster", "-z", zk, env=env)
+        assert shown.returncode == 0 and f"1   master  {running['broker 1'][0]}" in shown.stdout, shown
+
+        anonymous = KazooClient(hosts=zk)
+        anonymous.start(20)
+        try:
+            assert anonymous.get("/meta/brokers/ids/1/master")[0].decode() == f"meta://{running['broker 1'][0]}"
+            for attempt in (lambda: anonymous.get("/meta/metaq-security/users/alice"),
+                            lambda: anonymous.set("/meta/metaq-security/users/alice", b"{}"),
+                            lambda: anonymous.delete("/meta/brokers/topics-pub/orders/1-m")):
+                try:
+                    attempt()
+                except NoAuthError:
+                    continue
+                raise AssertionError("an anonymous ZooKeeper client changed or read a secured node")
+        finally:
+            anonymous.stop()
+            anonymous.close()
+        with connect(running["broker 1"][0]) as session:
+            assert session.create_producer().send(Message("orders", b"x")).success
+        os.kill(proc.proc.pid, signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        proc.kill()
+    assert processes_using(directory) == []

@@ -82,7 +82,7 @@ class Env:
     def delivered(self, topic: str = "t", partition: int = 0) -> list[Message]:
         plog = self.target(topic, partition)
         out: list[Message] = []
-        from metaq.broker.delay.store import scan_log
+        from metaq.broker.delay.batches import scan_log
         for _h, msgs in scan_log(plog, 0):
             out.extend(msgs)
         return out

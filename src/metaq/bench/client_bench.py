@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metaq.bench.baselines import (
     FDATASYNC_SAMPLES,
@@ -31,7 +31,11 @@ from metaq.bench.client_spec import FLUSH_MODES, BenchResult, BenchSpec
 from metaq.bench.client_workers import latency_by_place, worker_entry
 from metaq.bench.processes import children_ignore_sigint, pin_process, process_cpu_s
 from metaq.broker.launcher import BrokerLauncher
+from metaq.client.config import ClientConfig
 from metaq.devcluster import DevCluster
+
+if TYPE_CHECKING:
+    from metaq.cluster.zk_security import ZkSecurity
 
 __all__ = ["FLUSH_MODES", "BenchResult", "BenchSpec", "Progress", "run_bench", "run_workers", "servers_from_zookeeper"]
 
@@ -100,12 +104,12 @@ def _preload(spec: BenchSpec, show: Progress) -> None:
     run_workers("produce", load, 1, show)
 
 
-def servers_from_zookeeper(zk: str, root: str, *, tls: bool = False) -> str:
+def servers_from_zookeeper(zk: str, root: str, *, tls: bool = False, security: ZkSecurity | None = None) -> str:
     """The masters registered in a cluster's ZooKeeper, ``host:port,...`` (their TLS ports with ``tls``;
-    ValueError if none)."""
+    ValueError if none); ``security``: how to reach ZooKeeper."""
     from metaq.cluster.zookeeper import ZooKeeperRegistry  # kazoo only for --zk
 
-    registry = ZooKeeperRegistry(zk, root, connection_timeout_ms=10_000, read_only=True).start()
+    registry = ZooKeeperRegistry(zk, root, connection_timeout_ms=10_000, read_only=True, security=security).start()
     try:
         snapshot = registry.snapshot()
         servers = (snapshot.over_tls() if tls else snapshot).servers()
@@ -124,7 +128,9 @@ def run_bench(spec: BenchSpec, *, progress: bool = False) -> BenchResult:
     given = spec.servers
     tmp = None
     if spec.zk is not None:
-        spec.servers = servers_from_zookeeper(spec.zk, spec.zk_root, tls=bool(spec.tls.get("tls")))
+        zk_options = {k: spec.tls.pop(k) for k in list(spec.tls) if k.startswith("zk_")}
+        spec.servers = servers_from_zookeeper(spec.zk, spec.zk_root, tls=bool(spec.tls.get("tls")),
+                                              security=ClientConfig(**zk_options).zk_security())
     elif spec.servers is None:
         tmp = tempfile.TemporaryDirectory(prefix="metaq-bench-")
         system = {"unflushThreshold": spec.flush_threshold(), "maxTransferSize": 1024 * 1024}

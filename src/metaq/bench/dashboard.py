@@ -43,20 +43,30 @@ class Poller(threading.Thread):
         self.body_bytes = 0
         self.errors = 0
         self.stop = threading.Event()
+        self.started = threading.Event()
+        """Set once the first round of GETs has ended (the measured run starts after it)."""
 
     def run(self) -> None:
-        while not self.stop.wait(self.interval_s):
-            started = time.perf_counter()
-            size = 0
-            try:
-                for path in self.paths:
-                    with urllib.request.urlopen(self.base + path, timeout=30) as reply:
-                        size += len(reply.read())
-            except OSError:
-                self.errors += 1
-                continue
-            self.body_bytes = size
-            self.times_s.append(time.perf_counter() - started)
+        """The first GET at once (a page that is open has loaded; a scraper scrapes when it starts), then one
+        every ``interval_s``."""
+        while True:
+            self._get_all()
+            self.started.set()
+            if self.stop.wait(self.interval_s):
+                return
+
+    def _get_all(self) -> None:
+        started = time.perf_counter()
+        size = 0
+        try:
+            for path in self.paths:
+                with urllib.request.urlopen(self.base + path, timeout=30) as reply:
+                    size += len(reply.read())
+        except OSError:
+            self.errors += 1
+            return
+        self.body_bytes = size
+        self.times_s.append(time.perf_counter() - started)
 
 
 def _base_url(broker: BrokerLauncher) -> str:
@@ -78,6 +88,7 @@ def produce_case(case: str, n: int, count: int, duration_s: float, scrape_interv
             poller = Poller(_base_url(broker), ["/api/state", "/api/history?since=0"], 1.0)
         if poller is not None:
             poller.start()
+            poller.started.wait(60)
         try:
             result = run_bench(BenchSpec(mode="produce", servers=broker.servers, count=count, duration_s=duration_s))
         finally:

@@ -64,7 +64,7 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
     "Storage and flushing": ("unflushInterval", "maxSegmentSize", "maxTransferSize", "deletePolicy", "deleteWhen",
                              "maxMessageSize", "maxBatchSize", "dataLogPath", "verifyAfterUncleanStart", "maxOpenFiles",
                              "syncfs", "syncfsMinPartitions", "syncfsQuietMinPartitions", "syncInlineMaxPartitions",
-                             "loadMessageStoresInParallel"),
+                             "loadMessageStoresInParallel", "fileUmask"),
     "Topics": ("acceptPublish", "acceptSubscribe", "autoCreateTopics", "stat", "updateConsumerOffsets",
                "maxDelayInSeconds"),
     "Connections and limits": ("kafkaPort", "maxConnections", "connectionIdleTimeoutSeconds",

@@ -54,7 +54,7 @@ class ClusterLink:
         from metaq.cluster.zookeeper import ZooKeeperRegistry  # kazoo only when ZooKeeper mode is on
 
         registry = ZooKeeperRegistry(zk.connect, zk.root, session_timeout_ms=zk.session_timeout_ms,
-                                     connection_timeout_ms=zk.connection_timeout_ms)
+                                     connection_timeout_ms=zk.connection_timeout_ms, security=zk.security())
         return cls(registry, config.broker_id, mode="zookeeper", where=f"{zk.connect}{registry.paths.root}",
                    slave_id=slave_id)
 

@@ -27,6 +27,7 @@ from metaq.broker.options import (
     parse_delete_policy,
     suggest,
 )
+from metaq.cluster.zk_security import ZkSecurity
 from metaq.errors import ConfigError
 from metaq.types import validate_topic
 
@@ -53,6 +54,27 @@ class ZkConfig:
     sync_time_ms: int = 5000
     root: str = "/meta"
     enable: bool = True
+    sasl_user: str | None = None
+    """ZooKeeper SASL user (password: env METAQ_ZK_PASSWORD); docs/security.md#zookeeper."""
+    sasl_mechanism: str = "DIGEST-MD5"
+    set_acl: bool = False
+    """Kafka's zookeeper.set.acl: create every znode with ACLs (metaq.cluster.zk_security)."""
+    tls: bool = False
+    tls_ca_file: Path | None = None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_check_hostname: bool = True
+
+    def security(self) -> ZkSecurity:
+        """How to reach ZooKeeper (the password from METAQ_ZK_PASSWORD); ConfigError when it is missing."""
+        return ZkSecurity.from_env(
+            self.sasl_user, sasl_mechanism=self.sasl_mechanism, set_acl=self.set_acl, tls=self.tls,
+            tls_ca_file=_str(self.tls_ca_file), tls_cert_file=_str(self.tls_cert_file),
+            tls_key_file=_str(self.tls_key_file), tls_check_hostname=self.tls_check_hostname)
+
+
+def _str(path: Path | None) -> str | None:
+    return None if path is None else str(path)
 
 
 @dataclass(frozen=True)
@@ -150,6 +172,8 @@ class BrokerConfig:
     transaction_first_check_ms: int = 6000
     transaction_check_interval_ms: int = 60_000
     transaction_check_max: int = 15
+    file_umask: int = 0o077
+    """fileUmask: the broker process's umask (docs/security.md#files-on-disk)."""
     data_log_path: Path | None = None
     """The transaction log's directory (MetaQ's dataLogPath); None: ``data_path / ".txlog"``."""
     max_delay_s: int = 604_800

@@ -43,6 +43,7 @@ from metaq.broker.ini import load_broker_config, topic_options_text
 from metaq.broker.options import MAX_OPEN_FILES_PROVISIONAL, SYSTEM_OPTIONS, TOPIC_ATTRS
 from metaq.broker.partition_state import PartitionStateStore
 from metaq.broker.quotas import FETCH, PRODUCE, Quotas
+from metaq.broker.replica_access import replica_fetch_refusal
 from metaq.broker.replication.slave_config import SlaveConfig
 from metaq.broker.session import DeferredReply, FileReply, Session
 from metaq.broker.stats import BrokerStats
@@ -567,9 +568,15 @@ class Broker:
             return m.error_response(getattr(kind, "API_KEY", -1), SaslAuthenticationError.code,
                                     f"{name} refused: this broker requires authentication (authRequired) and "
                                     f"the connection has not authenticated; {SaslAuthenticationError.hint}")
+        replica = kind is m.FetchRequest and request.replica_id >= 0
         try:
             if session is not None and self.config.acl_enabled and session.principal is not None:
                 authorization.check(self.acls, session.principal, request)
+            if replica:
+                refusal = replica_fetch_refusal(self.config, request, session)
+                if refusal is not None:
+                    replica = False  # metered as the consumer's fetch it is
+                    raise refusal
             handler = self.handlers.get(kind)
             if handler is None:
                 raise InvalidRequestError(f"{kind.API_NAME} is not served by this broker version")
@@ -581,7 +588,7 @@ class Broker:
                 result = authorization.filter_metadata(self.acls, session.principal, request, result)
         except Exception as exc:
             result = error_response(kind.API_KEY, exc)
-        metered = session is not None and kind in METERED and getattr(request, "replica_id", -1) < 0
+        metered = session is not None and kind in METERED and not replica
         if isinstance(result, DeferredReply):
             if metered:
                 assert session is not None

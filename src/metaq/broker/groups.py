@@ -6,7 +6,9 @@ member joins every broker it was given (docs/consumers.md, "Standalone groups"),
 its own partitions among the members that joined it and keeps their committed offsets. So a group
 spread over several brokers has no single point of failure: losing a broker stops only its
 partitions, and their offsets come back with it. (JoinGroup's ``partitions``, what the member sees on
-other brokers, is checked and kept for ``metaq group describe``, not used to balance.)
+other brokers, is checked and kept for ``metaq group describe``, not used to balance.) A Kafka group is
+the exception (:attr:`Group.whole_cluster`): Kafka clients find one coordinator for a group, and the Kafka
+listener reports the broker's own cluster view, so that coordinator balances every broker's partitions.
 
 Balancing: members are keyed by their consumer id (JoinGroup ``client_id``) when it is unique in the
 group, else by member id, so that every broker orders the same members the same way. With ``range``
@@ -157,6 +159,9 @@ class Group:
     partitions: dict[str, tuple[PartitionRef, ...]] = field(default_factory=dict)
     """Every subscribed topic's partitions when the current generation was formed."""
     rebalances: int = 0
+    whole_cluster: bool = False
+    """Balanced over every partition its members report, other brokers' too (a Kafka group: one coordinator
+    for the cluster), not only this broker's (a standalone group)."""
 
 
 class GroupCoordinator:
@@ -259,7 +264,9 @@ class GroupCoordinator:
 
     # -- membership --------------------------------------------------------------------------------
 
-    async def join(self, req: m.JoinGroupRequest) -> m.JoinGroupResponse:
+    async def join(self, req: m.JoinGroupRequest, *, whole_cluster: bool = False) -> m.JoinGroupResponse:
+        """``whole_cluster``: the group is balanced over the other brokers' partitions the members report too
+        (:attr:`Group.whole_cluster`); a group takes it from its first member."""
         try:
             group_name = validate_group(req.group)
             topics = self._validate_join(req)
@@ -278,7 +285,9 @@ class GroupCoordinator:
         if group is None:
             if len(self.groups) >= GROUPS_MAX:
                 return _error(m.JoinGroupResponse, InvalidRequestError(f"this broker already has {GROUPS_MAX} groups"))
-            group = self.groups[group_name] = Group(group_name)
+            group = self.groups[group_name] = Group(group_name, whole_cluster=whole_cluster)
+        if not group.members:
+            group.whole_cluster = whole_cluster
         if group.members and req.strategy != group.strategy and set(group.members) != {req.member_id}:
             return _error(m.JoinGroupResponse, InvalidRequestError(
                 f"group {group_name!r} balances with strategy {group.strategy!r}; this member asked for "
@@ -296,7 +305,8 @@ class GroupCoordinator:
             group.strategy = req.strategy
             reason = f"member {member_id} joined"
         else:
-            changed = member.topics != topics or group.strategy != req.strategy
+            changed = (member.topics != topics or group.strategy != req.strategy
+                       or (group.whole_cluster and member.reported != reported))
             member.client_id = req.client_id
             member.topics = topics
             member.reported = reported
@@ -307,7 +317,7 @@ class GroupCoordinator:
             if group.state == STABLE and not changed:
                 # It already belongs to the current generation: hand back what it owns.
                 return self._join_response(group, member)
-            reason = f"member {member.member_id} rejoined with a new subscription" if changed else ""
+            reason = f"member {member.member_id} rejoined with a new subscription or view" if changed else ""
         if group.state != PREPARING_REBALANCE:
             self._begin_rebalance(group, reason or f"member {member.member_id} rejoined")
         member.assignment = {}  # it gave its partitions up before rejoining
@@ -414,9 +424,19 @@ class GroupCoordinator:
             self._answer_join(mb, self._join_response(group, mb))
 
     def _partition_snapshot(self, group: Group) -> dict[str, tuple[PartitionRef, ...]]:
-        """Every subscribed topic's partitions on this broker: the ones it coordinates."""
+        """Every subscribed topic's partitions the group is balanced over: this broker's own, and for a
+        whole-cluster group the other brokers' partitions its members report (reports of this broker's own
+        id are not trusted: it knows its own)."""
         topics = sorted({t for mb in group.members.values() for t in mb.topics})
-        return {topic: tuple(sorted(set(self._partitions(topic)))) for topic in topics}
+        out = {}
+        for topic in topics:
+            own = set(self._partitions(topic))
+            if group.whole_cluster:
+                own_brokers = {self.broker_id} | {p.broker_id for p in own}
+                own |= {p for mb in group.members.values() for p in mb.reported.get(topic, ())
+                        if p.broker_id not in own_brokers}
+            out[topic] = tuple(sorted(own))
+        return out
 
     def _assert_invariant(self, group: Group, split: dict[str, dict[str, list[PartitionRef]]]) -> None:
         for topic, refs in group.partitions.items():

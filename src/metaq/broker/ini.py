@@ -229,6 +229,14 @@ def parse_config(text: str, source: str = "<string>", base_dir: Path | None = No
                     f"{source}:{zk_section.line}: zk.zkConnect: required in [zookeeper] "
                     "(remove the section, or set zk.zkEnable=false, for embedded mode)"
                 )
+            for attr in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+                if zk_values.get(attr) is not None:
+                    zk_values[attr] = _absolute(zk_values[attr], base_dir)
+            if zk_values.get("set_acl") and not zk_values.get("sasl_user"):
+                raise ConfigError(f"{source}:{zk_section.line}: zk.zkSetAcl=true needs zk.zkSaslUser (the ZooKeeper "
+                                  "identity the ACLs give metaq's nodes to)")
+            if zk_values.get("tls_key_file") is not None and zk_values.get("tls_cert_file") is None:
+                raise ConfigError(f"{source}:{zk_section.line}: zk.zkSslKeyFile needs zk.zkSslCertFile")
             zookeeper = ZkConfig(**zk_values)
 
     return BrokerConfig(**values, topics=topics, zookeeper=zookeeper, warnings=tuple(warnings))

@@ -153,12 +153,26 @@ def _is_host(text: str) -> bool:
     return len(text) <= 253 and all(_HOST_LABEL_RE.fullmatch(label) for label in text.split("."))
 
 
-def _choice(*choices: str) -> Converter:
+def _choice(*choices: str, fold: Callable[[str], str] = str.lower) -> Converter:
+    """One of ``choices``, compared after ``fold`` (lower case, or upper for SASL mechanism names)."""
     def convert(text: str) -> str:
-        low = _text(text).lower()
-        if low not in choices:
+        folded = fold(_text(text))
+        if folded not in choices:
             raise InvalidValue(f"{text!r} is not one of {', '.join(choices)}")
-        return low
+        return folded
+
+    return convert
+
+
+def _octal(lo: int, hi: int) -> Converter:
+    def convert(text: str) -> int:
+        try:
+            value = int(_text(text), 8)
+        except ValueError:
+            raise InvalidValue(f"{text!r} is not an octal number such as 077") from None
+        if not lo <= value <= hi:
+            raise InvalidValue(f"{text} is not between {lo:o} and {hi:o} (octal)")
+        return value
 
     return convert
 
@@ -433,6 +447,11 @@ OPTIONS: tuple[Option, ...] = (
     _opt("dataPath", "data_path", "path", "~/meta", _SYSTEM,
          "Directory holding one TOPIC-PARTITION directory per partition. ~ is expanded; "
          "relative paths in a file are relative to the file's directory, in a flag to the current one.", _path),
+    _opt("fileUmask", "file_umask", "octal", "077", _SYSTEM,
+         "umask of the broker process (octal): what every file and directory it makes (segments, indexes, "
+         "offsets, the transaction log, the delay store, users and ACLs) is denied; 077: the broker's user "
+         "alone reads them. At start dataPath and dataLogPath themselves lose these permissions too. "
+         "docs/security.md#files-on-disk.", _octal(0, 0o777), status="extension"),
     _opt("serverPort", "server_port", "int", "8123", _SYSTEM,
          "TCP port clients and other brokers connect to (0: the OS picks a free port; -1: no plaintext port, "
          "a TLS-only broker serving sslPort alone, as httpPort=-1 turns the HTTP API off).", _integer(-1, 65535)),
@@ -725,6 +744,28 @@ OPTIONS: tuple[Option, ...] = (
          "How far a ZooKeeper follower may lag its leader, ms.", _positive),
     _opt("zk.zkRoot", "root", "zkpath", "/meta", _ZOOKEEPER,
          "ZooKeeper path under which brokers, topics and consumers are registered.", _zk_path),
+    _opt("zk.zkSaslUser", "sasl_user", "text", None, _ZOOKEEPER,
+         "Log in to ZooKeeper with SASL as this user (password from the METAQ_ZK_PASSWORD environment "
+         "variable); every broker of a cluster uses the same one. docs/security.md#zookeeper.", _text,
+         status="extension", default_doc="anonymous"),
+    _opt("zk.zkSaslMechanism", "sasl_mechanism", "text", "DIGEST-MD5", _ZOOKEEPER,
+         "SASL mechanism for ZooKeeper (DIGEST-MD5 only).", _choice("DIGEST-MD5", fold=str.upper), status="extension"),
+    _opt("zk.zkSetAcl", "set_acl", "bool", "false", _ZOOKEEPER,
+         "Create every znode with ACLs (Kafka's zookeeper.set.acl): only zk.zkSaslUser may change metaq's "
+         "nodes, and only it may read users' credentials and the ACLs; needs zk.zkSaslUser. `metaq cluster "
+         "secure` applies them to an existing tree.", _boolean, status="extension"),
+    _opt("zk.zkSslEnable", "tls", "bool", "false", _ZOOKEEPER,
+         "Connect to ZooKeeper over TLS (its secureClientPort, in zk.zkConnect).", _boolean, status="extension"),
+    _opt("zk.zkSslCaFile", "tls_ca_file", "path", None, _ZOOKEEPER,
+         "CA (PEM) ZooKeeper's certificate is checked against; implies zk.zkSslEnable.", _path,
+         status="extension", default_doc="the system's CAs"),
+    _opt("zk.zkSslCertFile", "tls_cert_file", "path", None, _ZOOKEEPER,
+         "Client certificate (PEM) for a ZooKeeper with ssl.clientAuth=need.", _path, status="extension",
+         default_doc="none"),
+    _opt("zk.zkSslKeyFile", "tls_key_file", "path", None, _ZOOKEEPER,
+         "Its key (PEM).", _path, status="extension", default_doc="in zk.zkSslCertFile"),
+    _opt("zk.zkSslCheckHostname", "tls_check_hostname", "bool", "true", _ZOOKEEPER,
+         "Check that ZooKeeper's certificate names the host in zk.zkConnect.", _boolean, status="extension"),
     # -- [topic=NAME] only -------------------------------------------------------------------------
     _opt("group.GROUP", "group_filters", "filter", None, _TOPIC,
          "Server-side filter for consumer group GROUP of this topic: a Python module:callable "

@@ -34,8 +34,17 @@ class Session:
     """Who the connection acts as once authenticated (``User:alice``): by SASL, or by its certificate's CN."""
     sasl: object | None = None
     """The SCRAM exchange in progress (:mod:`metaq.broker.handlers.sasl`)."""
+    sasl_authenticated: bool = False
+    """The principal came from a SASL exchange (one per connection; a certificate's may be replaced by it)."""
+    replica_id: int = -1
+    """>= 0: the connection said at its handshake (ApiVersions v1) that it fetches as this replica of the
+    broker id (a slave's replica fetcher); :mod:`metaq.broker.replica_access` checks it with the principal."""
     close_after_reply: bool = False
     """Set by the core when the connection must be closed once its reply is out (an authentication failure)."""
+    whole_cluster_groups: bool = False
+    """The groups this connection joins are balanced over every partition its JoinGroup reports, other brokers'
+    included (the Kafka listener: a Kafka group has one coordinator for the whole cluster, and what it reports
+    is the broker's own cluster view). Otherwise a broker balances only its own partitions (standalone groups)."""
     waiting_fetches: int = 0
     """Long polls of this connection waiting now (bounded by maxWaitingFetchesPerConnection)."""
     quota_principal: str | None = None

@@ -9,6 +9,7 @@ StoredKey, ServerKey). The password comes from METAQ_PASSWORD or a prompt, never
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ from typing import Any, Protocol
 
 import click
 
-from metaq.cli.options import DEFAULT_ZK_ROOT
+from metaq.cli.options import DEFAULT_ZK_ROOT, zk_security_config, zk_security_of, zk_security_options
 from metaq.cluster.registry import RegistryError, UserAclStore
 from metaq.errors import ConfigError, MetaqError
 from metaq.security.acl import (
@@ -62,9 +63,10 @@ def _zookeeper(zk_connect: str, zk_root: str) -> Iterator[UserAclStore]:
     from metaq.cluster.zookeeper import ZooKeeperRegistry
 
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+    security = click.get_current_context().meta.get(_ZK_SECURITY)
     try:
         registry = ZooKeeperRegistry(zk_connect, zk_root, connection_timeout_ms=10_000, watch_cluster=False,
-                                     read_only=True)
+                                     read_only=True, security=security)
         registry.start()
     except MetaqError as exc:  # ZooKeeper unreachable, a root that is no ZooKeeper path
         raise click.ClickException(str(exc)) from None
@@ -102,8 +104,25 @@ def _store_options(file_name: str, file_option: str, file_help: str) -> Callable
         ]
         for option in reversed(options):
             fn = option(fn)
-        return fn
+        return zk_security_options(_keep_zk_security(fn))
     return decorate
+
+
+_ZK_SECURITY = "metaq.zk_security"
+
+
+def _keep_zk_security(fn: Any) -> Any:
+    """The ZooKeeper security flags, kept in the click context for :func:`_zookeeper` (as the brokers' ZooKeeper
+    user, nodes made get the ACLs of docs/security.md#zookeeper)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, zk_user: str | None, zk_tls: bool, zk_ca_file: str | None, zk_cert_file: str | None,
+                zk_key_file: str | None, **kwargs: Any) -> Any:
+        options = zk_security_config(zk_user, zk_tls, zk_ca_file, zk_cert_file, zk_key_file)
+        click.get_current_context().meta[_ZK_SECURITY] = zk_security_of(options)
+        return fn(*args, **kwargs)
+
+    return wrapper
 
 
 _where = _store_options(USERS_FILE_NAME, "--users-file", "Embedded broker: its saslUsersFile.")
@@ -285,6 +304,3 @@ def acl_list(data_path: str | None, acl_file: str | None, zk_connect: str | None
         for entry in store.entries():
             click.echo(entry.describe())
 
-
-def register(cli: click.Group) -> None:
-    cli.add_command(acl_group)

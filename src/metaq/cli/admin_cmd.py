@@ -108,9 +108,6 @@ async def admin_find(servers: str, topic: str, key: str | None, from_text: str |
         click.echo("no messages found", err=True)
 
 
-def register(cli: click.Group) -> None:
-    cli.add_command(admin_group)
-
 
 def _add_subcommands() -> None:
     """`admin verify` and `admin transactions` live in their own modules (which import nothing of this one)."""

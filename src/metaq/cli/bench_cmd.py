@@ -13,7 +13,7 @@ import click
 
 from metaq.bench.report import finish_machine, machine, machine_line
 from metaq.cli.bench_common import command_line
-from metaq.cli.options import credentials_from_env, tls_config, tls_options
+from metaq.cli.options import client_security_options
 
 
 def _common(fn: Any) -> Any:
@@ -48,7 +48,7 @@ def _common(fn: Any) -> Any:
     ]
     for option in reversed(options):
         fn = option(fn)
-    return tls_options(fn)
+    return client_security_options(fn)
 
 
 def _run(mode: str, as_json: bool, no_progress: bool, brokers: int | None, **kwargs: Any) -> None:
@@ -56,8 +56,7 @@ def _run(mode: str, as_json: bool, no_progress: bool, brokers: int | None, **kwa
 
     if sum(x is not None for x in (kwargs["servers"], brokers, kwargs["zk"])) > 1:
         raise click.UsageError("give at most one of --servers, --brokers and --zk")
-    tls = tls_config(kwargs.pop("tls"), kwargs.pop("ca_file"), kwargs.pop("cert_file"), kwargs.pop("key_file"))
-    tls.update(credentials_from_env())
+    tls = kwargs.pop("client_options")
     if tls.get("tls") and kwargs["servers"] is None and kwargs["zk"] is None:
         raise click.UsageError("--tls measures running TLS brokers: give --servers HOST:SSLPORT (or --zk)")
     spec = BenchSpec(mode=mode, brokers=brokers or 0, tls=tls, **kwargs)
@@ -202,10 +201,14 @@ def _parse_cpus(value: str | None) -> tuple[int | None, int | None, int | None] 
     return cpus[0], cpus[1], cpus[2]
 
 
-def register(cli: click.Group) -> None:
+def _add_subcommands() -> None:
+    """The benches other than produce, consume and e2e live in the bench_*_cmds modules (which import nothing of
+    this one)."""
     from metaq.cli import bench_client_cmds, bench_cluster_cmds, bench_server_cmds
 
     for module in (bench_cluster_cmds, bench_server_cmds, bench_client_cmds):
         for command in module.COMMANDS:
             bench_group.add_command(command)
-    cli.add_command(bench_group)
+
+
+_add_subcommands()

@@ -9,12 +9,20 @@ import logging
 import shutil
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from metaq.cli.options import DEFAULT_ZK_PORT, zk_connect_option, zk_root_option
+from metaq.cli.options import (
+    DEFAULT_ZK_PORT,
+    broker_tls,
+    client_security_options,
+    zk_connect_option,
+    zk_root_option,
+    zk_security_of,
+)
 from metaq.cli.text import plural
 
 if TYPE_CHECKING:
@@ -31,14 +39,17 @@ DEFAULT_BROKER_PORT = 8123
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0.1), default=10.0, show_default=True,
               help="Seconds to wait for ZooKeeper and for each broker.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@client_security_options
 @click.pass_context
-def cluster_group(ctx: click.Context, zk_connect: str, zk_root: str, timeout_s: float, as_json: bool) -> None:
+def cluster_group(ctx: click.Context, zk_connect: str, zk_root: str, timeout_s: float, as_json: bool,
+                  client_options: dict[str, Any]) -> None:
     """A cluster of brokers registered in ZooKeeper. Without a command: what ZooKeeper says of it.
 
     Brokers and their roles, topics with their partitions per broker, consumer groups with their
     members, the owner of each partition and its lag (log end offset, asked of the partition's
     broker, minus the group's committed offset). `metaq cluster up` runs a cluster on this machine.
     """
+    ctx.obj = _ClusterTarget(zk_connect, zk_root, timeout_s, client_options)
     if ctx.invoked_subcommand is not None:
         return
     from metaq.client.cluster_status import read_cluster_status
@@ -46,11 +57,10 @@ def cluster_group(ctx: click.Context, zk_connect: str, zk_root: str, timeout_s: 
 
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # its reconnection chatter; failures are ours to say
     try:
-        from metaq.cli.options import credentials_from_env
-
-        user = credentials_from_env()
-        status = read_cluster_status(zk_connect, zk_root, timeout_s=timeout_s, username=user.get("sasl_username"),
-                                     password=user.get("sasl_password"))
+        status = read_cluster_status(zk_connect, zk_root, timeout_s=timeout_s,
+                                     username=client_options.get("sasl_username"),
+                                     password=client_options.get("sasl_password"), tls=broker_tls(client_options),
+                                     zk_security=zk_security_of(client_options))
     except MetaqError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
@@ -59,6 +69,16 @@ def cluster_group(ctx: click.Context, zk_connect: str, zk_root: str, timeout_s: 
         _print_status(status)
     for problem in status.problems:
         click.echo(f"warning: {problem}", err=True)
+
+
+@dataclass(frozen=True)
+class _ClusterTarget:
+    """What ``metaq cluster``'s own options say, for its subcommands (``secure``)."""
+
+    zk_connect: str
+    zk_root: str
+    timeout_s: float
+    client_options: dict[str, Any]
 
 
 def _print_status(status: ClusterStatus) -> None:
@@ -150,8 +170,12 @@ def _table(header: list[str], rows: Sequence[Sequence[str]], indent: str = "  ")
               help="numPartitions of every broker: a topic's partitions on each broker.")
 @click.option("-t", "--topic", "topics", multiple=True,
               help="Create this topic on every broker at start, with --partitions on each (repeatable).")
+@click.option("--secure", is_flag=True,
+              help="ZooKeeper with SASL and the brokers with ZooKeeper ACLs (zk.zkSaslUser=metaq, zk.zkSetAcl): "
+                   "anonymous ZooKeeper clients can read but change nothing of metaq's. The brokers' ZooKeeper "
+                   "password is kept in DIR/zookeeper/metaq.password.")
 def cluster_up(brokers: int, directory: str, clean: bool, port: int, zk_port: int, zk_root: str, partitions: int,
-               topics: tuple[str, ...]) -> None:
+               topics: tuple[str, ...], secure: bool) -> None:
     """Run ZooKeeper and N brokers in ZooKeeper mode on 127.0.0.1, in the foreground.
 
     Prints what runs and how to reach it; Ctrl-C (or SIGTERM) stops the brokers, then ZooKeeper.
@@ -170,7 +194,7 @@ def cluster_up(brokers: int, directory: str, clean: bool, port: int, zk_port: in
     sections = "".join(f"[topic={t}]\nnumPartitions={partitions}\n\n" for t in topics)
     try:
         cluster = DevCluster(directory, brokers, port=port, zk_port=zk_port, zk_root=zk_root, partitions=partitions,
-                             topics=sections)
+                             topics=sections, secure=secure)
     except DevClusterError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"starting ZooKeeper and {plural(brokers, 'broker')} under {_shown(cluster.directory)}/ ...")
@@ -188,6 +212,46 @@ def cluster_up(brokers: int, directory: str, clean: bool, port: int, zk_port: in
     finally:
         cluster.stop()
     sys.exit(code)
+
+
+@cluster_group.command("secure")
+@click.option("--group-owner", default=None, metavar="ZK_USER",
+              help="Also give consumer groups' nodes to this ZooKeeper user (the consumers' --zk-user); without "
+                   "it they are left as they are.")
+@click.option("--dry-run", is_flag=True, help="Print what would change; change nothing.")
+@click.pass_obj
+def cluster_secure(target: _ClusterTarget, group_owner: str | None, dry_run: bool) -> None:
+    """Put ZooKeeper ACLs on every metaq znode under --zk-root that exists now (for a cluster that ran without
+    zk.zkSetAcl): the --zk-user (the brokers' ZooKeeper user) may change them, anyone may read them but the
+    users' credentials and the ACLs, which only it may read. Run it as the brokers' user, once the brokers
+    have zk.zkSaslUser and zk.zkSetAcl set. docs/security.md#zookeeper."""
+    from metaq.cluster.registry import RegistryError
+    from metaq.cluster.zk_security import describe_acl
+    from metaq.cluster.zookeeper import ZooKeeperRegistry
+
+    security = zk_security_of(target.client_options)
+    if security.sasl_user is None:
+        raise click.UsageError("give the brokers' ZooKeeper user: --zk-user (env METAQ_ZK_USER) and METAQ_ZK_PASSWORD")
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+    registry = ZooKeeperRegistry(target.zk_connect, target.zk_root, connection_timeout_ms=int(target.timeout_s * 1000),
+                                 watch_cluster=False, read_only=True, security=security)
+    try:
+        registry.start()
+        report = registry.secure(group_owner=group_owner, dry_run=dry_run)
+    except RegistryError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        registry.close()
+    for path, before, after in report.changed:
+        click.echo(f"{path}\t{describe_acl(before)} -> {describe_acl(after)}")
+    verb = "would set" if dry_run else "set"
+    click.echo(f"{verb} the ACL of {plural(len(report.changed), 'node')}; {report.unchanged} already had it"
+               + (f"; {plural(len(report.left_open), 'consumer group node')} left as they are (--group-owner)"
+                  if report.left_open else ""), err=True)
+    for path, why in report.failed:
+        click.echo(f"error: {path}: {why}", err=True)
+    if report.failed:
+        raise click.exceptions.Exit(1)
 
 
 def _shown(path: Path) -> str:
@@ -214,6 +278,10 @@ def _print_running(cluster: DevCluster, topics: tuple[str, ...]) -> None:
     click.echo("Try it from another shell:")
     click.echo(f"  export METAQ_SERVERS={cluster.servers} METAQ_ZK_CONNECT={cluster.zk_connect}"
                + (f" METAQ_ZK_ROOT={cluster.zk_root}" if cluster.zk_root != "/meta" else ""))
+    if cluster.secure:
+        password_file = _shown(cluster.zookeeper.directory / "metaq.password")
+        click.echo(f"  export METAQ_ZK_USER=metaq METAQ_ZK_PASSWORD=$(cat {password_file})   # ZooKeeper's ACLs: "
+                   "only this user changes metaq's znodes")
     if not topics:
         click.echo(f"  for b in {ids}; do metaq topic create {topic} -b $b; done   # {topic} on every broker")
     click.echo(f"  seq 1000 | metaq produce {topic}      # round robin over every broker's partitions")
@@ -221,6 +289,3 @@ def _print_running(cluster: DevCluster, topics: tuple[str, ...]) -> None:
     click.echo("Ctrl-C stops the brokers, then ZooKeeper.")
     sys.stdout.flush()
 
-
-def register(cli: click.Group) -> None:
-    cli.add_command(cluster_group)

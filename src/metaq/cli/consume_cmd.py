@@ -233,6 +233,3 @@ async def _topic_partitions(session: MessageSessionFactory, topic: str, servers:
         parts = await session.partitions(topic)
     return parts
 
-
-def register(cli: click.Group) -> None:
-    cli.add_command(consume)

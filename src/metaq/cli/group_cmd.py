@@ -14,9 +14,8 @@ import click
 from metaq.cli.options import (
     PARTITION,
     Target,
+    client_security_options,
     servers_option,
-    tls_config,
-    tls_options,
     zk_connect_option,
     zk_root_option,
 )
@@ -39,16 +38,15 @@ async def _group_session(servers: str, zk_connect: str | None, zk_root: str) -> 
     return await open_session(servers)
 
 
-def _with_tls(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The TLS flags (:func:`metaq.cli.options.tls_options`) on a command taking a plain ``servers``."""
+def _with_security(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The security flags (:func:`metaq.cli.options.client_security_options`: TLS, SASL, ZooKeeper's) on a
+    command taking a plain ``servers`` and its own ``--zk-connect``."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, servers: str, tls: bool, ca_file: str | None, cert_file: str | None,
-                key_file: str | None, **kwargs: Any) -> Any:
-        options = tls_config(tls, ca_file, cert_file, key_file)
-        return fn(*args, servers=Target(servers, client_options=options), **kwargs)
+    def wrapper(*args: Any, servers: str, client_options: dict[str, Any], **kwargs: Any) -> Any:
+        return fn(*args, servers=Target(servers, client_options=client_options), **kwargs)
 
-    return tls_options(wrapper)
+    return client_security_options(wrapper)
 
 
 @click.group("group")
@@ -60,7 +58,7 @@ def group_group() -> None:
 @servers_option
 @_group_zk_connect
 @zk_root_option
-@_with_tls
+@_with_security
 @run_async
 async def group_list(servers: str, zk_connect: str | None, zk_root: str) -> None:
     """Groups with members or committed offsets."""
@@ -75,7 +73,7 @@ async def group_list(servers: str, zk_connect: str | None, zk_root: str) -> None
 @servers_option
 @_group_zk_connect
 @zk_root_option
-@_with_tls
+@_with_security
 @click.argument("group")
 @click.option("-t", "--topic", "topics", multiple=True, help="Only these topics (default: those the group has).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -106,7 +104,7 @@ async def group_describe(servers: str, zk_connect: str | None, zk_root: str, gro
 @servers_option
 @_group_zk_connect
 @zk_root_option
-@_with_tls
+@_with_security
 @click.argument("group")
 @click.argument("topic")
 @click.option("--to", "to", default="earliest", show_default=True,
@@ -137,6 +135,7 @@ async def group_reset(servers: str, zk_connect: str | None, zk_root: str, group:
 @servers_option
 @_group_zk_connect
 @zk_root_option
+@_with_security
 @click.argument("group")
 @click.option("-t", "--topic", default=None, help="Only messages dead-lettered from this topic.")
 @click.option("-n", "--limit", type=click.IntRange(1), default=None, help="At most this many.")
@@ -205,6 +204,7 @@ class _RedriveProgress:
 @servers_option
 @_group_zk_connect
 @zk_root_option
+@_with_security
 @click.argument("group")
 @click.option("-t", "--topic", default=None,
               help="Only messages dead-lettered from this topic (the others are passed over for good).")
@@ -243,6 +243,3 @@ async def group_redrive(servers: str, zk_connect: str | None, zk_root: str, grou
     if result.errors:
         raise click.exceptions.Exit(1)
 
-
-def register(cli: click.Group) -> None:
-    cli.add_command(group_group)

@@ -25,7 +25,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
             "ACLs (who may do what to which topic, group or the cluster) and users (SASL/SCRAM); docs/security.md."),
     "admin": ("metaq.cli.admin_cmd", "admin_group", "Broker administration."),
     "bench": ("metaq.cli.bench_cmd", "bench_group",
-              "Measure throughput and latency against a real broker (embedded unless --servers)."),
+              "Measure metaq on this machine: each bench starts what it measures (a broker, a cluster, peers) unless "
+              "told where it runs, and gives its figures beside a baseline measured in the same run."),
     "broker": ("metaq.broker.main", "broker_command", "Run a metaq broker (MetaQ's metaServer)."),
     "cluster": ("metaq.cli.cluster_cmd", "cluster_group", "A cluster of brokers registered in ZooKeeper."),
     "consume": ("metaq.cli.consume_cmd", "consume", "Print TOPIC's messages, partition by partition in offset order."),

@@ -1,6 +1,12 @@
 """Options shared by several commands: where the brokers are (``--servers``, or ZooKeeper), one
 definition of each for every command (``metaq cluster``, the client commands, ``metaq group``).
 
+Every command that talks to a broker or to ZooKeeper takes the same security options through
+:func:`client_security_options`: the brokers' TLS flags (``--tls --ca-file --cert-file --key-file``, env
+``METAQ_TLS*``), the brokers' SASL user (env ``METAQ_USER``/``METAQ_PASSWORD``), and ZooKeeper's (``--zk-user``,
+``--zk-tls --zk-ca-file --zk-cert-file --zk-key-file``, env ``METAQ_ZK_USER``, ``METAQ_ZK_PASSWORD``,
+``METAQ_ZK_TLS*``). Passwords are never flags: they would show in process lists.
+
 ``metaq cluster`` reads ZooKeeper itself; the client commands (``produce``, ``consume``, ``topic``,
 ``stats``, ``admin``) take ``--zk-connect``/``--zk-root`` as an alternative to ``--servers``: the
 session then reads the brokers, topics and partitions from ZooKeeper (cluster mode,
@@ -109,17 +115,99 @@ def tls_options(fn: F) -> F:
     return fn
 
 
-def target_options(fn: F) -> F:
-    """``--servers``, or ``--zk-connect``/``--zk-root`` (cluster mode), and the TLS flags (:func:`tls_options`):
-    the command gets one ``servers`` argument, a :class:`Target`. A flag on the command line wins over the
-    environment; with both variables set (as ``metaq cluster up`` suggests) ZooKeeper is used; both flags at
-    once is an error."""
+def zk_security_config(zk_user: str | None, zk_tls: bool, zk_ca_file: str | None, zk_cert_file: str | None,
+                       zk_key_file: str | None) -> dict[str, Any]:
+    """The ClientConfig ``zk_*`` options of the ZooKeeper security flags (the password from METAQ_ZK_PASSWORD)."""
+    out: dict[str, Any] = {}
+    if zk_user:
+        password = os.environ.get("METAQ_ZK_PASSWORD")
+        if not password:
+            raise click.UsageError("--zk-user (env METAQ_ZK_USER) needs its password in METAQ_ZK_PASSWORD (never on "
+                                   "the command line)")
+        out.update(zk_sasl_username=zk_user, zk_sasl_password=password)
+    if zk_key_file and not zk_cert_file:
+        raise click.UsageError("--zk-key-file needs --zk-cert-file (env METAQ_ZK_TLS_CERT_FILE)")
+    if zk_tls or zk_ca_file or zk_cert_file:
+        out.update(zk_tls=True, zk_tls_ca_file=zk_ca_file, zk_tls_cert_file=zk_cert_file, zk_tls_key_file=zk_key_file)
+    return out
+
+
+def zk_security_of(options: dict[str, Any]) -> Any:
+    """A :class:`metaq.cluster.zk_security.ZkSecurity` from ClientConfig options (for the commands that open a
+    ZooKeeper registry themselves): with a user, the nodes the command makes get ACLs naming it."""
+    from metaq.cluster.zk_security import ZkSecurity
+    from metaq.errors import ConfigError
+
+    user = options.get("zk_sasl_username")
+    try:
+        return ZkSecurity(sasl_user=user, sasl_password=options.get("zk_sasl_password"), set_acl=user is not None,
+                          tls=bool(options.get("zk_tls")), tls_ca_file=options.get("zk_tls_ca_file"),
+                          tls_cert_file=options.get("zk_tls_cert_file"), tls_key_file=options.get("zk_tls_key_file"))
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def zk_security_options(fn: F) -> F:
+    """``--zk-user``, ``--zk-tls``, ``--zk-ca-file``, ``--zk-cert-file``, ``--zk-key-file`` (env METAQ_ZK_USER,
+    METAQ_ZK_TLS, METAQ_ZK_TLS_CA_FILE, METAQ_ZK_TLS_CERT_FILE, METAQ_ZK_TLS_KEY_FILE; the password in
+    METAQ_ZK_PASSWORD): keyword arguments ``zk_user``, ``zk_tls``, ``zk_ca_file``, ``zk_cert_file``,
+    ``zk_key_file`` (:func:`zk_security_config` turns them into ClientConfig options)."""
+    path = click.Path(exists=True, dir_okay=False)
+    options = [
+        click.option("--zk-user", default=None, envvar="METAQ_ZK_USER",
+                     help="Log in to ZooKeeper with SASL DIGEST-MD5 as this user (env METAQ_ZK_USER; password in "
+                          "METAQ_ZK_PASSWORD). docs/security.md#zookeeper."),
+        click.option("--zk-tls", is_flag=True, default=False, envvar="METAQ_ZK_TLS",
+                     help="Reach ZooKeeper over TLS (its secureClientPort; env METAQ_ZK_TLS=1)."),
+        click.option("--zk-ca-file", type=path, default=None, envvar="METAQ_ZK_TLS_CA_FILE",
+                     help="CA (PEM) ZooKeeper's certificate is checked against (env METAQ_ZK_TLS_CA_FILE)."),
+        click.option("--zk-cert-file", type=path, default=None, envvar="METAQ_ZK_TLS_CERT_FILE",
+                     help="Client certificate (PEM) for ZooKeeper (env METAQ_ZK_TLS_CERT_FILE)."),
+        click.option("--zk-key-file", type=path, default=None, envvar="METAQ_ZK_TLS_KEY_FILE",
+                     help="Key of --zk-cert-file (PEM; env METAQ_ZK_TLS_KEY_FILE)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def client_security_options(fn: F) -> F:
+    """The brokers' TLS flags (:func:`tls_options`), their SASL user (METAQ_USER/METAQ_PASSWORD) and ZooKeeper's
+    security flags (:func:`zk_security_options`), all turned into ClientConfig options: the command gets them as
+    one keyword argument ``client_options``. The one decorator every command reaching a broker or ZooKeeper uses."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, servers: str, zk_connect: str | None, zk_root: str, tls: bool, ca_file: str | None,
-                cert_file: str | None, key_file: str | None, **kwargs: Any) -> Any:
+    def wrapper(*args: Any, tls: bool, ca_file: str | None, cert_file: str | None, key_file: str | None,
+                zk_user: str | None, zk_tls: bool, zk_ca_file: str | None, zk_cert_file: str | None,
+                zk_key_file: str | None, **kwargs: Any) -> Any:
+        options = {**tls_config(tls, ca_file, cert_file, key_file),
+                   **zk_security_config(zk_user, zk_tls, zk_ca_file, zk_cert_file, zk_key_file),
+                   **credentials_from_env()}
+        return fn(*args, client_options=options, **kwargs)
+
+    return tls_options(zk_security_options(wrapper))  # type: ignore[return-value]
+
+
+def broker_tls(options: dict[str, Any]) -> Any:
+    """The :class:`metaq.net.tls.ClientTls` of ClientConfig options (None: plain TCP)."""
+    from metaq.net.tls import ClientTls
+
+    if not options.get("tls"):
+        return None
+    return ClientTls(options.get("tls_ca_file"), options.get("tls_cert_file"), options.get("tls_key_file"),
+                     options.get("tls_check_hostname", True))
+
+
+def target_options(fn: F) -> F:
+    """``--servers``, or ``--zk-connect``/``--zk-root`` (cluster mode), and the security flags
+    (:func:`client_security_options`): the command gets one ``servers`` argument, a :class:`Target`. A flag on
+    the command line wins over the environment; with both variables set (as ``metaq cluster up`` suggests)
+    ZooKeeper is used; both flags at once is an error."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, servers: str, zk_connect: str | None, zk_root: str, client_options: dict[str, Any],
+                **kwargs: Any) -> Any:
         ctx = click.get_current_context()
-        tls_settings = tls_config(tls, ca_file, cert_file, key_file)
         if zk_connect is not None:
             from_line = {name: ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
                          for name in ("servers", "zk_connect")}
@@ -127,11 +215,11 @@ def target_options(fn: F) -> F:
                 raise click.UsageError("give --servers or --zk-connect, not both")
             if from_line["servers"]:
                 zk_connect = None
-        return fn(*args, servers=Target(servers, zk_connect, zk_root, tls_settings), **kwargs)
+        return fn(*args, servers=Target(servers, zk_connect, zk_root, client_options), **kwargs)
 
     help_text = ("ZooKeeper host:port[,host:port] of a cluster (env METAQ_ZK_CONNECT), instead of --servers: "
                  "the brokers are the ones registered there.")
-    decorated = servers_option(zk_connect_option(None, help_text)(zk_root_option(tls_options(wrapper))))
+    decorated = servers_option(zk_connect_option(None, help_text)(zk_root_option(client_security_options(wrapper))))
     return decorated  # type: ignore[return-value]
 
 

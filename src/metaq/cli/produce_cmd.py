@@ -189,6 +189,3 @@ async def _stdin_lines() -> AsyncIterator[bytes]:
     if rest:
         yield rest
 
-
-def register(cli: click.Group) -> None:
-    cli.add_command(produce)

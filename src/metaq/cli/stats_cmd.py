@@ -51,6 +51,3 @@ async def stats(servers: str, topic: str | None, broker_id: int | None, as_json:
         for line in replication_lines(doc):  # a slave's replication section (docs/replication.md#lag)
             click.echo(line)
 
-
-def register(cli: click.Group) -> None:
-    cli.add_command(stats)

@@ -119,6 +119,3 @@ def _state_command(name: str, open_: bool) -> click.Command:
 topic_group.add_command(_state_command("close", False))
 topic_group.add_command(_state_command("open", True))
 
-
-def register(cli: click.Group) -> None:
-    cli.add_command(topic_group)

@@ -29,10 +29,12 @@ from typing import Any
 from metaq.client.blocking import BlockingClient
 from metaq.cluster.layout import DEFAULT_ROOT, ReplicaGroupState
 from metaq.cluster.registry import ClusterSnapshot
+from metaq.cluster.zk_security import ZkSecurity
 from metaq.cluster.zookeeper import ZooKeeperRegistry
 from metaq.errors import MetaqError
 from metaq.net.blocking import BlockingConnection
 from metaq.net.codec import ConnectionSettings, raise_for_error
+from metaq.net.tls import ClientTls
 from metaq.protocol.messages import StatsRequest
 from metaq.types import PartitionId
 
@@ -186,14 +188,18 @@ class ClusterStatus:
 
 
 def read_cluster_status(zk_connect: str, zk_root: str = DEFAULT_ROOT, *, timeout_s: float = 10.0,
-                        username: str | None = None, password: str | None = None) -> ClusterStatus:
+                        username: str | None = None, password: str | None = None, tls: ClientTls | None = None,
+                        zk_security: ZkSecurity | None = None) -> ClusterStatus:
     """Read the cluster from ZooKeeper and the log ends from its brokers (RegistryError if ZooKeeper
-    cannot be reached within ``timeout_s``); ``username``/``password``: authenticate to the brokers."""
-    credentials = (username, password)
+    cannot be reached within ``timeout_s``); ``username``/``password``: authenticate to the brokers;
+    ``tls``: reach them at their TLS ports (registered as sslPort); ``zk_security``: how to reach ZooKeeper."""
+    credentials = _Credentials(username, password, tls)
     registry = ZooKeeperRegistry(zk_connect, zk_root, connection_timeout_ms=int(timeout_s * 1000),
-                                 read_only=True).start()
+                                 read_only=True, security=zk_security).start()
     try:
         snapshot = registry.snapshot()
+        if tls is not None:
+            snapshot = snapshot.over_tls()
         brokers = [BrokerStatus(b, str(e.master) if e.master else None,
                                 {s: str(a) for s, a in sorted(e.slaves.items())})
                    for b, e in sorted(snapshot.brokers.items())]
@@ -216,9 +222,18 @@ def _ha_state(registry: ZooKeeperRegistry, broker_id: int) -> ReplicaGroupState 
         return None
 
 
+@dataclass(frozen=True)
+class _Credentials:
+    """How the brokers are reached: as a user (SCRAM), over TLS."""
+
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls: ClientTls | None = None
+
+
 def _replica_group(broker: BrokerStatus, problems: list[str], timeout_s: float,
                    ha: ReplicaGroupState | None = None,
-                   credentials: tuple[str | None, str | None] = (None, None)) -> ReplicaGroupStatus:
+                   credentials: _Credentials = _Credentials()) -> ReplicaGroupStatus:
     if broker.master is None:
         problems.append(f"broker {broker.broker_id} has no registered master: its slaves "
                         f"({', '.join(f'slave{s}' for s in broker.slaves)}) serve reads, and replicate nothing "
@@ -235,11 +250,11 @@ def _replica_group(broker: BrokerStatus, problems: list[str], timeout_s: float,
     return ReplicaGroupStatus(broker.broker_id, broker.master, slaves, ha)
 
 
-def _stats(address: str, timeout_s: float,
-           credentials: tuple[str | None, str | None] = (None, None)) -> dict[str, Any]:
+def _stats(address: str, timeout_s: float, credentials: _Credentials = _Credentials()) -> dict[str, Any]:
     host, _, port = address.rpartition(":")
     settings = ConnectionSettings(STATS_CLIENT_ID, timeout_s, timeout_s, 1, 64 << 20,
-                                  sasl_username=credentials[0], sasl_password=credentials[1])
+                                  ssl_context=credentials.tls.context() if credentials.tls is not None else None,
+                                  sasl_username=credentials.username, sasl_password=credentials.password)
     conn = BlockingConnection.open((host.strip("[]"), int(port)), settings)
     try:
         reply = raise_for_error(conn.call(StatsRequest()))
@@ -285,7 +300,7 @@ def _group(registry: ZooKeeperRegistry, snapshot: ClusterSnapshot, group: str) -
 
 
 def _fill_log_ends(status: ClusterStatus, snapshot: ClusterSnapshot, timeout_s: float,
-                   credentials: tuple[str | None, str | None] = (None, None)) -> None:
+                   credentials: _Credentials = _Credentials()) -> None:
     """Ask each partition's broker for its log end: per broker, so that one broker down costs only its own."""
     wanted: dict[tuple[str, int], set[PartitionId]] = {}
     for g in status.groups:
@@ -299,8 +314,8 @@ def _fill_log_ends(status: ClusterStatus, snapshot: ClusterSnapshot, timeout_s: 
         status.problems.append("no broker is registered: log end offsets, hence lags, unknown")
         return
     try:
-        client = BlockingClient(servers, client_id="metaq-cluster-status", timeout_s=timeout_s,
-                                username=credentials[0], password=credentials[1])
+        client = BlockingClient(servers, client_id="metaq-cluster-status", timeout_s=timeout_s, tls=credentials.tls,
+                                username=credentials.username, password=credentials.password)
     except MetaqError as exc:
         status.problems.append(f"log end offsets, hence lags, unknown: {exc}")
         return

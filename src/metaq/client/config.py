@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import ssl
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from metaq.client.replicas import READ_FROM_CHOICES, ReadFrom
 from metaq.errors import ConfigError
@@ -14,6 +14,9 @@ from metaq.net.retry import RetryPolicy
 from metaq.net.tls import ClientTls
 from metaq.protocol.records import Compression
 from metaq.types import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_MESSAGE_BYTES
+
+if TYPE_CHECKING:
+    from metaq.cluster.zk_security import ZkSecurity
 
 KiB = 1024
 MiB = 1024 * 1024
@@ -57,6 +60,16 @@ class ClientConfig:
     """The cluster's root znode (MetaQ's ``zk.zkRoot``)."""
     zk_session_timeout_ms: int = 30_000
     zk_connection_timeout_ms: int = 30_000
+    zk_sasl_username: str | None = None
+    """Cluster mode: log in to ZooKeeper with SASL DIGEST-MD5 as this user (docs/security.md#zookeeper). The
+    znodes of this client's consumer groups are then made with ACLs: only this identity may change them."""
+    zk_sasl_password: str | None = field(default=None, repr=False)
+    zk_tls: bool = False
+    """Cluster mode: reach ZooKeeper over TLS (its secureClientPort); implied by any zk_tls_* file."""
+    zk_tls_ca_file: str | None = None
+    zk_tls_cert_file: str | None = None
+    zk_tls_key_file: str | None = None
+    zk_tls_check_hostname: bool = True
     read_from: ReadFrom = "master"
     """Which copy of a partition consumers read (pull and group consumers; MetaQ lets them read a master
     or its slaves): ``"master"`` (default), ``"slave"`` (only a live slave; with none, fetches wait for
@@ -91,6 +104,8 @@ class ClientConfig:
             raise ConfigError(f"reconnect_attempts must be >= 1, not {self.reconnect_attempts}")
         if (self.sasl_username is None) != (self.sasl_password is None):
             raise ConfigError("sasl_username and sasl_password go together")
+        if (self.zk_sasl_username is None) != (self.zk_sasl_password is None):
+            raise ConfigError("zk_sasl_username and zk_sasl_password go together")
         if self.read_from not in READ_FROM_CHOICES:
             raise ConfigError(f"read_from must be one of {', '.join(READ_FROM_CHOICES)}, not {self.read_from!r}")
         if self.read_from != "master" and self.zk_connect is None:
@@ -103,6 +118,16 @@ class ClientConfig:
         return ConnectionSettings(self.client_id, self.connect_timeout_s, self.request_timeout_s, self.max_in_flight,
                                   self.max_frame_bytes, self.write_buffer_high_bytes, self.ssl_context(),
                                   self.sasl_username, self.sasl_password)
+
+    def zk_security(self) -> ZkSecurity:
+        """How this client reaches ZooKeeper (cluster mode): its own consumer groups' nodes get ACLs when it
+        logs in (they name its identity)."""
+        from metaq.cluster.zk_security import ZkSecurity  # metaq.cluster only in cluster mode
+
+        return ZkSecurity(sasl_user=self.zk_sasl_username, sasl_password=self.zk_sasl_password,
+                          set_acl=self.zk_sasl_username is not None, tls=self.zk_tls, tls_ca_file=self.zk_tls_ca_file,
+                          tls_cert_file=self.zk_tls_cert_file, tls_key_file=self.zk_tls_key_file,
+                          tls_check_hostname=self.zk_tls_check_hostname)
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The TLS context of this configuration (None: plain TCP)."""

@@ -108,7 +108,8 @@ class ClientCore:
 
         cfg = self.config
         registry = ZooKeeperRegistry(zk_connect, cfg.zk_root, session_timeout_ms=cfg.zk_session_timeout_ms,
-                                     connection_timeout_ms=cfg.zk_connection_timeout_ms)
+                                     connection_timeout_ms=cfg.zk_connection_timeout_ms, security=cfg.zk_security(),
+                                     layout_owner=False)
         try:
             await asyncio.to_thread(registry.start)
         except RegistryError as exc:

@@ -52,14 +52,16 @@ def _ini_value(value: Any) -> str:
 
 def cluster_server_ini(broker_id: int, zk_connect: str, *, zk_root: str = DEFAULT_ROOT,
                        session_timeout_ms: int = 10_000, connection_timeout_ms: int = 10_000,
-                       system: Mapping[str, Any] | None = None, topics: str = "") -> str:
+                       system: Mapping[str, Any] | None = None, topics: str = "",
+                       zookeeper: Mapping[str, Any] | None = None) -> str:
     """The server.ini of broker ``broker_id`` in the ZooKeeper-mode cluster at ``zk_connect`` and ``zk_root``.
 
-    ``system``: more ``[system]`` options (MetaQ's keys, e.g. ``numPartitions``); ``topics``: text of
-    ``[topic=NAME]`` sections appended as it is.
+    ``system``: more ``[system]`` options (MetaQ's keys, e.g. ``numPartitions``); ``zookeeper``: more
+    ``[zookeeper]`` ones (``zk.zkSaslUser``...); ``topics``: text of ``[topic=NAME]`` sections appended as it is.
     """
     options = {"brokerId": broker_id, **(system or {})}
     lines = ["[system]", *(f"{key}={_ini_value(value)}" for key, value in options.items()), "",
              "[zookeeper]", f"zk.zkConnect={zk_connect}", f"zk.zkRoot={zk_root}",
-             f"zk.zkSessionTimeoutMs={session_timeout_ms}", f"zk.zkConnectionTimeoutMs={connection_timeout_ms}", ""]
+             f"zk.zkSessionTimeoutMs={session_timeout_ms}", f"zk.zkConnectionTimeoutMs={connection_timeout_ms}",
+             *(f"{key}={_ini_value(value)}" for key, value in (zookeeper or {}).items()), ""]
     return "\n".join(lines) + topics

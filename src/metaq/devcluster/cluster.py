@@ -6,6 +6,11 @@ What ``metaq cluster up``, ``python -m metaq.demo --brokers N`` and ``metaq benc
         use(cluster.servers, cluster.zk_connect)
                                                                # brokers stopped (SIGTERM), then ZooKeeper
 
+``secure=True`` runs ZooKeeper with SASL (one user, ``metaq``, the brokers' identity, its password made at the
+first start and kept in ``zookeeper/metaq.password``, mode 0600) and the brokers with ``zk.zkSaslUser=metaq``
+and ``zk.zkSetAcl=true``: anonymous ZooKeeper clients may read the layout but change nothing of metaq's
+(docs/security.md#zookeeper).
+
 Everything lives under one directory: ``zookeeper/`` (its config, data and log), ``broker-<id>/`` (a
 broker's data), ``broker-<id>-server.ini`` and ``broker-<id>.log``. Starting again on the same
 directory keeps the brokers' topics and messages, and what ZooKeeper stores persistently (consumer
@@ -17,6 +22,8 @@ process is killed. Every wait has a deadline.
 
 from __future__ import annotations
 
+import os
+import secrets
 import shutil
 import signal
 import threading
@@ -30,6 +37,7 @@ from typing import Any, Self
 
 from metaq.broker.launcher import BrokerLaunchError
 from metaq.cluster.layout import DEFAULT_ROOT, normalize_root
+from metaq.cluster.zk_security import ZK_PASSWORD_ENV, ZkSecurity
 from metaq.devcluster.broker import DetachedBroker, cluster_server_ini
 from metaq.devcluster.zookeeper import ZooKeeperServer, ZooKeeperUnavailable
 from metaq.errors import MetaqError
@@ -44,6 +52,25 @@ BROKER_STOP_TIMEOUT_S = 15.0
 ZOOKEEPER_STOP_TIMEOUT_S = 30.0
 EXIT_INTERRUPTED = 130
 """128 + SIGINT, what a shell expects of a command stopped by Ctrl-C."""
+
+
+ZK_USER = "metaq"
+"""The brokers' ZooKeeper identity in a ``secure`` dev cluster."""
+
+
+def _zk_password(directory: Path) -> str:
+    """The brokers' ZooKeeper password of a secure dev cluster: made once, kept beside ZooKeeper's data (0600)."""
+    path = directory / "metaq.password"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    directory.mkdir(parents=True, exist_ok=True)
+    password = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(password + "\n")
+    return password
 
 
 class DevClusterError(MetaqError):
@@ -73,32 +100,37 @@ class DevCluster:
     def __init__(self, directory: str | Path, brokers: int = 3, *, port: int = 0, zk_port: int = 0,
                  zk_root: str = DEFAULT_ROOT, partitions: int = 2, session_timeout_ms: int = 10_000,
                  system: Mapping[str, Any] | None = None, topics: str = "", ready_timeout_s: float = 60.0,
-                 slaves: int = 0, ha: bool = False) -> None:
+                 slaves: int = 0, ha: bool = False, secure: bool = False) -> None:
         if not 1 <= brokers <= BROKERS_MAX:
             raise DevClusterError(f"a local cluster has 1 to {BROKERS_MAX} brokers, not {brokers}")
         self.directory = Path(directory).resolve()
         self.zk_root = normalize_root(zk_root)
         self.session_timeout_ms = session_timeout_ms
         self.ready_timeout_s = ready_timeout_s
+        self.secure = secure
+        self.zk_password = _zk_password(self.directory / "zookeeper") if secure else None
+        """The brokers' ZooKeeper password (``secure``): what METAQ_ZK_PASSWORD must hold for the CLI."""
         self.zookeeper = ZooKeeperServer(self.directory / "zookeeper", port=zk_port, stop_with_parent=True,
-                                         ready_timeout_s=ready_timeout_s)
+                                         ready_timeout_s=ready_timeout_s,
+                                         sasl_users={ZK_USER: self.zk_password} if self.zk_password else None)
         self.system = {"numPartitions": partitions, "unflushThreshold": 0, **(system or {})}
         """group commit: every acknowledged message is on disk, at a fraction of fsync-per-batch's cost"""
         self.topics = topics
         self.ha = ha
         """HA mode (docs/replication.md): every replica gets a replica id, the master 0 and slave s s + 1; the
         caller puts syncReplication / autoFailover in ``system``."""
+        env = {ZK_PASSWORD_ENV: self.zk_password} if self.zk_password else None
         self.brokers: dict[int, DetachedBroker] = {
             b: DetachedBroker(self.directory / f"broker-{b}", port=port + b - 1 if port else 0,
                               ready_timeout_s=ready_timeout_s, log_path=self.directory / f"broker-{b}.log",
-                              args=["--slave-id", "0"] if ha else [])
+                              args=["--slave-id", "0"] if ha else [], env=env)
             for b in range(1, brokers + 1)}
         if not 0 <= slaves <= SLAVES_MAX:
             raise DevClusterError(f"a local cluster has 0 to {SLAVES_MAX} slaves per broker, not {slaves}")
         self.slaves: dict[tuple[int, int], DetachedBroker] = {
             (b, s): DetachedBroker(self.directory / f"broker-{b}-slave-{s}", ready_timeout_s=ready_timeout_s,
                                    log_path=self.directory / f"broker-{b}-slave-{s}.log",
-                                   args=["--slave", "--slave-id", str(s + 1 if ha else s)])
+                                   args=["--slave", "--slave-id", str(s + 1 if ha else s)], env=env)
             for b in range(1, brokers + 1) for s in range(slaves)}
         """Async slaves (docs/replication.md): slave ``s`` of broker ``b``, started after the masters."""
         self._reported_exits: set[int] = set()
@@ -113,6 +145,15 @@ class DevCluster:
     def servers(self) -> str:
         """Every broker, ``host:port,...`` in broker id order (what a client's ``servers`` takes)."""
         return ",".join(b.servers for b in self.brokers.values())
+
+    def _zk_options(self) -> dict[str, Any]:
+        return {"zk.zkSaslUser": ZK_USER, "zk.zkSetAcl": True} if self.secure else {}
+
+    def zk_security(self) -> ZkSecurity:
+        """How a client of this cluster logs in to its ZooKeeper as the brokers do (anonymous unless ``secure``)."""
+        if self.zk_password is None:
+            return ZkSecurity()
+        return ZkSecurity(sasl_user=ZK_USER, sasl_password=self.zk_password, set_acl=True)
 
     def info(self) -> list[BrokerInfo]:
         out = []
@@ -141,7 +182,7 @@ class DevCluster:
             for broker_id, proc in [*self.brokers.items(), *((b, p) for (b, _), p in self.slaves.items())]:
                 proc.config_text = cluster_server_ini(broker_id, self.zk_connect, zk_root=self.zk_root,
                                                       session_timeout_ms=self.session_timeout_ms, system=self.system,
-                                                      topics=self.topics)
+                                                      topics=self.topics, zookeeper=self._zk_options())
             with ThreadPoolExecutor(len(self.brokers), thread_name_prefix="metaq-devcluster") as pool:
                 failures = [f for f in (pool.submit(self._start_broker, b) for b in self.brokers) if f.result()]
             if failures:
@@ -174,8 +215,9 @@ class DevCluster:
         from metaq.cluster.zookeeper import ZooKeeperRegistry  # kazoo only in ZooKeeper mode
 
         expected = {b: proc.servers for b, proc in self.brokers.items()}
-        registry = ZooKeeperRegistry(self.zk_connect, self.zk_root, watch_cluster=True,
-                                     connection_timeout_ms=int(self.ready_timeout_s * 1000)).start()
+        registry = ZooKeeperRegistry(self.zk_connect, self.zk_root, watch_cluster=True, read_only=True,
+                                     connection_timeout_ms=int(self.ready_timeout_s * 1000),
+                                     security=self.zk_security()).start()
         try:
             deadline = time.monotonic() + self.ready_timeout_s
             while True:

@@ -9,6 +9,13 @@ again keep the port and the data: what a ZooKeeper restart looks like to its cli
 
 Set ``METAQ_ZOOKEEPER_CLASSPATH`` to use another installation (a directory of jars or a class path).
 
+Secured (docs/security.md#zookeeper): ``sasl_users`` (name -> password) writes a JAAS ``Server`` section
+with ZooKeeper's ``DigestLoginModule`` and turns on ``authProvider.sasl``, so clients may log in with SASL
+DIGEST-MD5 and ZooKeeper knows them as ``sasl:<name>``; ``require_sasl`` also refuses every request of a
+session that has not (ZooKeeper 3.7's ``enforce.auth.enabled``). ``tls`` adds the TLS client port
+(``secureClientPort``, served by ZooKeeper's Netty connection factory) with a PEM certificate and key, the
+plain port staying for the readiness check and for clients that do not use TLS.
+
 ``stop_with_parent=True`` (what ``metaq cluster up`` and the demo use) has the kernel send the server
 SIGTERM when the thread that started it dies, even by SIGKILL: the server runs in its own session, out
 of reach of the terminal's signals, and would otherwise outlive a killed parent holding its port.
@@ -24,12 +31,27 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 DEBIAN_CLASSPATH = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+NETTY_JARS = ("/usr/share/java/netty-codec.jar", "/usr/share/java/netty-resolver.jar")
+"""What ZooKeeper's Netty factory (its TLS port) needs beyond the Class-Path of Debian's zookeeper.jar."""
+NETTY_FACTORY = "org.apache.zookeeper.server.NettyServerCnxnFactory"
+
+
+@dataclass(frozen=True)
+class ZooKeeperTls:
+    """The TLS client port's certificate (PEM), its key (PEM, PKCS#8), and the CA client certificates are
+    checked against; ``client_auth``: ``none``, ``want`` or ``need``."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+    client_auth: str = "none"
 
 
 class ZooKeeperUnavailable(RuntimeError):
@@ -99,8 +121,17 @@ class ZooKeeperServer:
 
     def __init__(self, directory: str | Path, *, port: int = 0, tick_ms: int = 200,
                  min_session_timeout_ms: int = 1000, max_session_timeout_ms: int = 60_000,
-                 ready_timeout_s: float = 60.0, stop_with_parent: bool = False) -> None:
+                 ready_timeout_s: float = 60.0, stop_with_parent: bool = False,
+                 sasl_users: Mapping[str, str] | None = None, require_sasl: bool = False,
+                 tls: ZooKeeperTls | None = None) -> None:
+        if require_sasl and not sasl_users:
+            raise ValueError("require_sasl needs sasl_users")
         self.directory = Path(directory)
+        self.sasl_users = dict(sasl_users or {})
+        self.require_sasl = require_sasl
+        self.tls = tls
+        self.secure_port = 0
+        """The TLS client port (with ``tls``), chosen at the first start and kept on restarts."""
         self.stop_with_parent = stop_with_parent
         self.host = "127.0.0.1"
         self.port = port
@@ -114,6 +145,13 @@ class ZooKeeperServer:
     @property
     def connect_string(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def secure_connect_string(self) -> str:
+        """``host:port`` of the TLS client port (with ``tls``)."""
+        if self.tls is None:
+            raise ValueError("this ZooKeeper has no TLS port (tls=None)")
+        return f"{self.host}:{self.secure_port}"
 
     @property
     def log_path(self) -> Path:
@@ -137,8 +175,37 @@ class ZooKeeperServer:
             "maxClientCnxns=0\n"
             "admin.enableServer=false\n"
             "4lw.commands.whitelist=ruok,srvr,stat,mntr,cons\n"
-            "autopurge.purgeInterval=0\n")
+            "autopurge.purgeInterval=0\n"
+            + self._security_config())
         return config
+
+    def _security_config(self) -> str:
+        lines = []
+        if self.sasl_users:
+            lines.append("authProvider.sasl=org.apache.zookeeper.server.auth.SASLAuthenticationProvider")
+        if self.require_sasl:
+            lines += ["enforce.auth.enabled=true", "enforce.auth.schemes=sasl"]
+        if self.tls is not None:
+            keystore = self.directory / "keystore.pem"  # ZooKeeper's PEM key store: key and chain in one file
+            keystore.write_bytes(self.tls.key_file.read_bytes() + b"\n" + self.tls.cert_file.read_bytes())
+            keystore.chmod(0o600)
+            lines += [f"secureClientPort={self.secure_port}", f"secureClientPortAddress={self.host}",
+                      f"serverCnxnFactory={NETTY_FACTORY}",
+                      f"ssl.keyStore.location={keystore}", "ssl.keyStore.type=PEM",
+                      f"ssl.trustStore.location={self.tls.ca_file}", "ssl.trustStore.type=PEM",
+                      f"ssl.clientAuth={self.tls.client_auth}"]
+        return "".join(line + "\n" for line in lines)
+
+    def _write_jaas(self) -> Path | None:
+        """The JAAS file of the SASL users (ZooKeeper keeps their passwords in clear there: mode 0600)."""
+        if not self.sasl_users:
+            return None
+        jaas = self.directory / "jaas.conf"
+        users = "".join(f'    user_{name}="{password}"\n' for name, password in self.sasl_users.items())
+        jaas.write_text("Server {\n    org.apache.zookeeper.server.auth.DigestLoginModule required\n"
+                        f"{users.rstrip()};\n}};\n")
+        jaas.chmod(0o600)
+        return jaas
 
     def start(self) -> ZooKeeperServer:
         """Start (or restart on the same port and data); returns once it accepts sessions."""
@@ -154,10 +221,17 @@ class ZooKeeperServer:
         while True:
             if not fixed_port:
                 self.port = _free_port()
+            if self.tls is not None and (not fixed_port or self.secure_port == 0):
+                self.secure_port = _free_port()
             config = self._write_config()
+            jaas = self._write_jaas()
+            java_options = [f"-Djava.security.auth.login.config={jaas}"] if jaas is not None else []
+            if self.tls is not None:
+                classpath = os.pathsep.join([classpath, *(j for j in NETTY_JARS if Path(j).exists())])
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
             self.proc = subprocess.Popen(
-                [java, "-Xmx256m", "-Dzookeeper.admin.enableServer=false", "-cp", classpath, MAIN_CLASS, str(config)],
+                [java, "-Xmx256m", "-Dzookeeper.admin.enableServer=false", *java_options, "-cp", classpath,
+                 MAIN_CLASS, str(config)],
                 stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 preexec_fn=_parent_death_signal() if self.stop_with_parent else None)
             if self._wait_ready(deadline):

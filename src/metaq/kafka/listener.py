@@ -63,7 +63,7 @@ class KafkaConnection(asyncio.Protocol):
 
     def __init__(self, broker: Broker, advertised: Advertised, peers: Peers, connections: set[KafkaConnection]) -> None:
         self.broker = broker
-        self.session = Session()
+        self.session = Session(whole_cluster_groups=True)
         self.ctx = Context(broker, self.session, advertised, peers)
         self.codec = codec.KafkaServerConnection(broker.config.max_frame_bytes)
         self.transport: asyncio.Transport | None = None

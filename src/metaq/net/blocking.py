@@ -34,6 +34,7 @@ from metaq.net.codec import (
     agree_versions,
     authenticate,
     handshake_request,
+    handshake_versions,
     plaintext_hint,
     raise_for_error,
 )
@@ -89,7 +90,9 @@ class BlockingConnection:
                 f" (is it running? check the address)") from exc
         conn = cls(sock, address, settings)
         try:
-            response: ApiVersionsResponse = raise_for_error(conn.call(handshake_request()), f"broker {conn.address}")
+            conn.codec.set_versions(handshake_versions(settings))
+            response: ApiVersionsResponse = raise_for_error(conn.call(handshake_request(settings)),
+                                                            f"broker {conn.address}")
             conn.codec.set_versions(agree_versions(response))
             conn.broker_id = response.broker_id
             conn.server_version = response.server_version

@@ -50,11 +50,20 @@ class ConnectionSettings:
     sasl_username: str | None = None
     """Authenticate as this user (SCRAM-SHA-256) right after the ApiVersions handshake; None: do not."""
     sasl_password: str | None = field(default=None, repr=False)
+    replica_id: int = -1
+    """>= 0: a slave's replica fetcher, which says so at the handshake (ApiVersions v1); docs/security.md."""
 
 
-def handshake_request() -> ApiVersionsRequest:
-    """The first request on every connection."""
-    return ApiVersionsRequest()
+def handshake_request(settings: ConnectionSettings | None = None) -> ApiVersionsRequest:
+    """The first request on every connection (a replica fetcher's names its replica id)."""
+    replica_id = settings.replica_id if settings is not None else -1
+    return ApiVersionsRequest(replica_id=replica_id)
+
+
+def handshake_versions(settings: ConnectionSettings) -> dict[int, int]:
+    """The ApiVersions version to send before the versions are agreed: v1 only for a replica fetcher (it needs
+    the field), v0 for everyone else, so that a broker that knows only v0 still answers every other client."""
+    return {ApiVersionsRequest.API_KEY: 1 if settings.replica_id >= 0 else 0}
 
 
 def agree_versions(response: ApiVersionsResponse) -> dict[int, int]:

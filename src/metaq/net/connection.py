@@ -39,6 +39,7 @@ from metaq.net.codec import (
     agree_versions,
     authenticate,
     handshake_request,
+    handshake_versions,
     plaintext_hint,
     raise_for_error,
 )
@@ -168,7 +169,8 @@ class BrokerConnection:
         return conn
 
     async def _handshake(self, timeout_s: float) -> None:
-        resp: ApiVersionsResponse = raise_for_error(await self.submit(handshake_request(), timeout_s),
+        self._codec.set_versions(handshake_versions(self._settings))
+        resp: ApiVersionsResponse = raise_for_error(await self.submit(handshake_request(self._settings), timeout_s),
                                                     f"broker {self.address}")
         self._codec.set_versions(agree_versions(resp))
         self.broker_id = resp.broker_id

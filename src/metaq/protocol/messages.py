@@ -164,7 +164,10 @@ class TopicPartitionRef:
 @dataclass
 class ApiVersionsRequest(_Base):
     client_software: str = "metaq-python"
-    FIELDS: ClassVar = (Field("client_software", STRING),)
+    replica_id: int = -1
+    """v1: >= 0 on a slave's replica fetcher, saying at the handshake that this connection fetches as replica
+    ``replica_id`` (its Fetches carry the same id); the broker then also checks who it authenticated as."""
+    FIELDS: ClassVar = (Field("client_software", STRING), Field("replica_id", INT32, since=1))
 
 
 @dataclass
@@ -979,7 +982,7 @@ class MultiProduceResponse(_Base):
     FIELDS: ClassVar = (*_ERR, Field("throttle_time_ms", INT32), Field("partitions", Array(Struct(ProducedPartition))))
 
 
-_api(0, "ApiVersions", ApiVersionsRequest, ApiVersionsResponse)
+_api(0, "ApiVersions", ApiVersionsRequest, ApiVersionsResponse, max_version=1)
 _api(1, "Metadata", MetadataRequest, MetadataResponse, max_version=1)
 _api(2, "CreateTopic", CreateTopicRequest, CreateTopicResponse)
 _api(3, "DeleteTopic", DeleteTopicRequest, DeleteTopicResponse)

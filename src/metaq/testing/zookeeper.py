@@ -15,10 +15,10 @@ import threading
 from typing import Any
 
 from metaq.devcluster.broker import cluster_server_ini
-from metaq.devcluster.zookeeper import ZooKeeperServer, ZooKeeperUnavailable, four_letter_word
+from metaq.devcluster.zookeeper import ZooKeeperServer, ZooKeeperTls, ZooKeeperUnavailable, four_letter_word
 
-__all__ = ["ZooKeeperServer", "ZooKeeperUnavailable", "cluster_config", "expire_session", "four_letter_word",
-           "unique_root"]
+__all__ = ["ZooKeeperServer", "ZooKeeperTls", "ZooKeeperUnavailable", "cluster_config", "expire_session",
+           "four_letter_word", "unique_root"]
 
 _roots = itertools.count()
 
@@ -52,8 +52,11 @@ def expire_session(client: Any, server: ZooKeeperServer, timeout_s: float = 30.0
 
 
 def cluster_config(broker_id: int, zk_connect: str, zk_root: str, session_timeout_ms: int = 4000,
-                   system: dict[str, Any] | None = None, topics: str = "") -> str:
+                   system: dict[str, Any] | None = None, topics: str = "",
+                   zookeeper: dict[str, Any] | None = None) -> str:
     """server.ini text of a ZooKeeper-mode broker for tests: ``[system]`` (brokerId, 2 partitions, group
-    commit, plus ``system``), ``[zookeeper]`` and any ``[topic=...]`` sections in ``topics``."""
+    commit, plus ``system``), ``[zookeeper]`` (plus ``zookeeper``: ``zk.zkSaslUser``...) and any
+    ``[topic=...]`` sections in ``topics``."""
     return cluster_server_ini(broker_id, zk_connect, zk_root=zk_root, session_timeout_ms=session_timeout_ms,
-                              system={"numPartitions": 2, "unflushThreshold": 0, **(system or {})}, topics=topics)
+                              system={"numPartitions": 2, "unflushThreshold": 0, **(system or {})}, topics=topics,
+                              zookeeper=zookeeper)

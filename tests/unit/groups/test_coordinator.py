@@ -524,6 +524,30 @@ async def test_a_member_rejoining_with_another_view_of_other_brokers_changes_not
 
 
 @run
+async def test_a_whole_cluster_group_balances_the_other_brokers_reported_partitions_too(tmp_path: Path) -> None:
+    """A Kafka group (joined through the Kafka listener) has one coordinator: it balances every broker's
+    partitions its members report, never trusting a report of its own broker id."""
+    coord = two_broker_coordinator(tmp_path)
+    view = seen("1-0", "1-1", "1-7", "2-0", "2-1")
+    first = await coord.join(report_req("", view), whole_cluster=True)
+    assert owned_ids(first) == ["t:1-0", "t:1-1", "t:2-0", "t:2-1"]  # 1-7 is not broker 1's: ignored
+    second = asyncio.ensure_future(coord.join(report_req("", view, "c2"), whole_cluster=True))
+    await settle(coord, [second])
+    again = await coord.join(report_req(first.member_id, view), whole_cluster=True)
+    second_answer = await second
+    split = [owned_ids(again), owned_ids(second_answer)]
+    assert sorted(p for s in split for p in s) == ["t:1-0", "t:1-1", "t:2-0", "t:2-1"] and all(split)
+    coord.check_invariants()
+    wider = seen("1-0", "2-0", "2-1", "2-2")
+    grown = asyncio.ensure_future(coord.join(report_req(first.member_id, wider), whole_cluster=True))
+    await settle(coord, [grown])
+    assert coord.groups["g"].state == PREPARING_REBALANCE  # a new view of the cluster rebalances
+    other = await coord.join(report_req(second_answer.member_id, wider, "c2"), whole_cluster=True)
+    assert sorted(owned_ids(await grown) + owned_ids(other)) == ["t:1-0", "t:1-1", "t:2-0", "t:2-1", "t:2-2"]
+    await coord.close()
+
+
+@run
 async def test_a_report_that_is_not_broker_partition_is_refused(tmp_path: Path) -> None:
     coord = two_broker_coordinator(tmp_path)
     bad = await coord.join(report_req("", [m.TopicAssignment("t", [m.BrokerPartition(70000, 0)])]))

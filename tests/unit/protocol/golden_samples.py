@@ -34,6 +34,11 @@ SAMPLES: dict[tuple[str, int], tuple[Any, Any]] = {
         m.ApiVersionsResponse(error_code=0, error_message=None, broker_id=7, server_version="0.9.1",
                               apis=[m.ApiVersionRange(5, 1, 3), m.ApiVersionRange(17, 2, 4)]),
     ),
+    ("ApiVersions", 1): (
+        m.ApiVersionsRequest(client_software="metaq-slave-7 ✓", replica_id=3),
+        m.ApiVersionsResponse(error_code=0, error_message=None, broker_id=7, server_version="0.9.1",
+                              apis=[m.ApiVersionRange(31, 0, 1), m.ApiVersionRange(5, 1, 3)]),
+    ),
     ("Metadata", 0): (
         m.MetadataRequest(topics=None),
         m.MetadataResponse(

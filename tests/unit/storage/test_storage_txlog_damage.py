@@ -72,12 +72,12 @@ def _acceptable(now: tuple | None, was: tuple | None, was_how: str | None, how: 
 
 def _owner(data: bytes, i: int) -> tuple[str, str, int, int]:
     """(txid, record type, start, end) of the record holding byte ``i``."""
-    from metaq.storage.txlog import _NAMES, _parse_key
+    from metaq.storage.txlog.format import NAMES, parse_key
 
     for r in framing.scan(data):
         if r.position <= i < r.end:
-            kind, _number, txid = _parse_key(r.key)  # type: ignore[misc]
-            return txid, _NAMES[kind], r.position, r.end
+            kind, _number, txid = parse_key(r.key)  # type: ignore[misc]
+            return txid, NAMES[kind], r.position, r.end
     raise AssertionError(i)
 
 
@@ -186,11 +186,11 @@ def test_verify_reports_a_damaged_record_of_the_open_log(tmp_path: Path) -> None
 
 
 def test_a_generation_of_the_earlier_form_is_replayed_appended_to_and_checkpointed_framed(tmp_path: Path) -> None:
-    from metaq.storage.txlog import _I32, _I64, BEGIN, PREPARE, PUT, _encode_v1, _s
+    from metaq.storage.txlog.format import BEGIN, I32, I64, PREPARE, PUT, encode_string, encode_v1
 
-    pieces = [*_encode_v1(BEGIN, "old", _I64.pack(60_000), _I64.pack(7), _s("")),
-              *_encode_v1(PUT, "old", _s("t") + _I32.pack(2), b"the batch"),
-              *_encode_v1(PREPARE, "old", _s("xid-old"))]
+    pieces = [*encode_v1(BEGIN, "old", I64.pack(60_000), I64.pack(7), encode_string("")),
+              *encode_v1(PUT, "old", encode_string("t") + I32.pack(2), b"the batch"),
+              *encode_v1(PREPARE, "old", encode_string("xid-old"))]
     (tmp_path / "00000000000000000001.txlog").write_bytes(b"".join(bytes(p) for p in pieces))
     log = TransactionLog(tmp_path, sync=no_sync)
     live = log.open()

@@ -13,12 +13,8 @@ Layout, guarantees and recovery are in docs/delayed.md. In short:
   delay logs. Refs (``metaq.delay-ref``) found in the target partitions after the checkpoint's ends are
   delivered already and are skipped: exactly once across kill -9.
 
-The target partitions are numbered (bucket rows name a target by its number) in ``targets.json``: one
-text line per target, ``{"id": n, "target": "topic-partition"}``, each with its checksums
-(:mod:`metaq.framing`). A damaged line costs that number only: the target's delay log is still found by
-its directory and given a new number, and the buckets, whose rows may name the lost one, are rebuilt
-from the delay logs as after a crash (an ERROR names the target). A list an earlier version wrote
-(``["orders-0", ...]``, the number being the place in it) is still read.
+The target partitions are numbered (bucket rows name a target by its number): :mod:`.targets`. The
+bytes (a delay log read back, the records and batches a delivery appends) are :mod:`.batches`.
 """
 
 from __future__ import annotations
@@ -30,15 +26,14 @@ import heapq
 import json
 import logging
 import os
-import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from metaq import framing
+from metaq.broker.delay.batches import assemble_delivery, delivery_chunks, delivery_record, scan_log
 from metaq.broker.delay.buckets import (
     BucketFiles,
     Row,
@@ -47,26 +42,17 @@ from metaq.broker.delay.buckets import (
     read_checkpoint,
     write_checkpoint,
 )
+from metaq.broker.delay.targets import Targets
 from metaq.broker.stats import LatencyHistogram
-from metaq.errors import CorruptMessageError, CorruptRecordError, DelayTooLongError, InvalidArgument, StorageError
+from metaq.errors import CorruptMessageError, DelayTooLongError, InvalidArgument, StorageError
 from metaq.fsutil import atomic_write, fsync_directory
-from metaq.protocol.delayed import DELAY_REF_HEADER, DELIVER_AT_HEADER, header_ms, pack_ms
-from metaq.protocol.records import (
-    RECORD_OVERHEAD_BYTES,
-    BatchHeader,
-    assemble_batch,
-    decode_batch,
-    encode_record,
-    fetched_batches,
-    validate_batch,
-)
+from metaq.protocol.delayed import DELAY_REF_HEADER, DELIVER_AT_HEADER, header_ms
+from metaq.protocol.records import BatchHeader, decode_batch, validate_batch
 from metaq.storage import AppendResult, Flusher, LogConfig, PartitionLog
-from metaq.storage.checkpoint import check_records, parse_records, read_bytes, write_records
 from metaq.storage.errors import DiskFull, is_disk_full
 from metaq.storage.files import FileCache
 from metaq.storage.manager import parse_partition_dir_name
 from metaq.storage.verify import StoreReport
-from metaq.types import Message
 
 log = logging.getLogger("metaq.broker.delay")
 
@@ -78,19 +64,13 @@ LOAD_AHEAD_MS = 1_000
 CHECKPOINT_INTERVAL_S = 0.2
 ROUND_RECORDS_MAX = 20_000
 """Rows one deliverer round takes (a backlog after a restart is delivered in several rounds)."""
-DELIVERY_BATCH_BYTES_MAX = 1 << 20
 DELAY_SEGMENT_BYTES_MAX = 64 << 20
 RETENTION_MARGIN_MS = 60_000
 FAILURE_BACKOFF_S = 1.0
-SCAN_CHUNK_BYTES = 4 << 20
 LATENESS_BUCKETS_S: tuple[float, ...] = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
                                          60.0)
 _UNLIMITED = (1 << 31) - 1
 _CLEAN_FILE = "clean"
-_TARGETS_FILE = "targets.json"
-STORE = "delay"
-_DELTA = struct.Struct(">i")
-_TS = struct.Struct(">q")
 
 TargetLookup = Callable[[str, int], PartitionLog | None]
 """(topic, partition) -> the partition's log on this broker, None when it is gone."""
@@ -98,56 +78,8 @@ DeliveredHook = Callable[[str, int, int], None]
 """Called after records were appended to (topic, partition): the count (wake long polls, count them)."""
 
 
-def _target_key(obj: dict[str, Any]) -> str:
-    return str(obj["target"])
-
-
 def _ms_text(ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
-
-
-def scan_log(plog: PartitionLog, from_offset: int) -> Iterator[tuple[BatchHeader, list[Message]]]:
-    """Every batch (header, messages) of a log from ``from_offset`` to its end; stops at damage (logged)."""
-    offset = max(from_offset, plog.log_start_offset)
-    chunk = SCAN_CHUNK_BYTES
-    while offset < plog.log_end_offset:
-        buf = plog.read_bytes(offset, chunk)
-        view = memoryview(buf)
-        advanced = False
-        try:
-            for pos, header in fetched_batches(view, offset):
-                messages = decode_batch(view[pos:pos + header.total_bytes], plog.topic, plog.partition, header)
-                advanced = True
-                offset = header.next_offset
-                yield header, messages
-        except CorruptRecordError as exc:
-            log.error("%s-%d: damaged data at offset %d while recovering delayed messages: %s", plog.topic,
-                      plog.partition, offset, exc)
-            return
-        if not advanced:
-            if not buf or chunk >= 1 << 31:
-                return
-            chunk *= 2
-
-
-def _record(message: Message, offset: int) -> bytes:
-    """The record as it will be delivered: its own fields, its headers plus ``metaq.delay-ref``."""
-    headers = [*(message.headers or ()), (DELAY_REF_HEADER, pack_ms(offset))]
-    return encode_record(0, message.timestamp_ms, bytes(message.data), message.key, message.attribute, headers)
-
-
-def assemble_delivery(rows: list[Row]) -> bytes:
-    """One normal batch (bit 7 clear) of ``rows``' records, offset deltas 0..n-1, in row order."""
-    buf = bytearray(b"".join(r.record for r in rows))
-    pos = 0
-    first_ts = max_ts = _TS.unpack_from(buf, 8)[0]
-    for i, row in enumerate(rows):
-        _DELTA.pack_into(buf, pos + 4, i)
-        ts = _TS.unpack_from(buf, pos + 8)[0]
-        first_ts = min(first_ts, ts)
-        max_ts = max(max_ts, ts)
-        pos += len(row.record)
-    return assemble_batch(bytes(buf), len(rows), first_ts, max_ts)
 
 
 class DelayStore:
@@ -178,11 +110,8 @@ class DelayStore:
         """Starts of bucket files read into the heap whose files are not deleted yet."""
         self._loading: dict[int, list[Row]] = {}
         """Buckets being read: rows that arrived for them meanwhile."""
-        self._targets: dict[int, tuple[str, int]] = {}
-        """Target number -> (topic, partition): what bucket rows name."""
-        self._target_ids: dict[tuple[str, int], int] = {}
-        self._targets_damaged = False
-        """A damaged line of targets.json: bucket rows may name a number that is lost."""
+        self.targets = Targets(self.root)
+        """Target number <-> (topic, partition): what bucket rows name."""
         self._buckets_incomplete = False
         """A bucket row could not be written (a full disk): the next start rebuilds the buckets."""
         self._logs: dict[int, PartitionLog] = {}
@@ -239,7 +168,7 @@ class DelayStore:
                 clean = json.loads(clean_path.read_bytes())
             clean_path.unlink()
             fsync_directory(str(self.root))
-        self._load_targets()
+        self.targets.load()
         checkpoint = read_checkpoint(self.root) or {}
         self.horizon_ms = int(checkpoint.get("horizon_ms", 0))
         self._checkpointed_horizon = self.horizon_ms
@@ -252,11 +181,11 @@ class DelayStore:
             parsed = parse_partition_dir_name(entry)
             if parsed is None or not (logs_dir / entry).is_dir():
                 continue
-            self._open_log(self._target_id(*parsed), create=False)
+            self._open_log(self.targets.number(*parsed), create=False)
         self._find_refs(ends)
         starts = self.buckets.open()
         if isinstance(clean, dict) and isinstance(clean.get("pending"), int) and checkpoint \
-                and not self._targets_damaged:
+                and not self.targets.damaged:
             self.pending = clean["pending"]
             self._unloaded = starts
         else:
@@ -280,49 +209,10 @@ class DelayStore:
         fsync_directory(str(self.root.parent))
         self._created = True
 
-    def _load_targets(self) -> None:
-        path = self.root / _TARGETS_FILE
-        data = read_bytes(path) or b""
-        if not framing.is_text_lines(data):  # ["orders-0", ...]: the number is the place in the list
-            try:
-                names = json.loads(data)
-            except ValueError:
-                names = []
-            pairs: list[tuple[object, object]] = list(enumerate(names)) if isinstance(names, list) else []
-        else:
-            records, damaged = parse_records(
-                data, path, _target_key, store=STORE,
-                lost=lambda key: f"target {key or '(unknown)'}'s number is lost: its delay log gets a new one and the "
-                                 "buckets are rebuilt from the delay logs")
-            self._targets_damaged = bool(damaged)
-            pairs = [(r.get("id"), r.get("target")) for r in records]
-        for tid, name in pairs:
-            parsed = parse_partition_dir_name(name) if isinstance(name, str) else None
-            if parsed is not None and isinstance(tid, int) and parsed not in self._target_ids \
-                    and tid not in self._targets:
-                self._target_ids[parsed] = tid
-                self._targets[tid] = parsed
-
-    def _target_id(self, topic: str, partition: int) -> int:
-        key = (topic, partition)
-        tid = self._target_ids.get(key)
-        if tid is None:
-            tid = max(self._targets, default=-1) + 1  # never a number a damaged line may have held
-            self._targets[tid] = key
-            self._target_ids[key] = tid
-            try:
-                names = ((f"{t}-{p}", n) for n, (t, p) in sorted(self._targets.items()))
-                names = ((f"{t}-{p}", n) for n, (t, p) in sorted(self._targets.items()))
-                write_records(self.root / _TARGETS_FILE, ((name, {"id": n, "target": name}) for name, n in names))
-            except OSError:
-                del self._targets[tid], self._target_ids[key]
-                raise
-        return tid
-
     def _open_log(self, tid: int, *, create: bool = True) -> PartitionLog:
         plog = self._logs.get(tid)
         if plog is None:
-            topic, partition = self._targets[tid]
+            topic, partition = self.targets[tid]
             plog = PartitionLog.open(self.root / "logs" / f"{topic}-{partition}", topic, partition, self._log_config(),
                                      self.broker_id, clock=self._clock, flusher=self._flusher, files=self._files,
                                      sync=self._sync)
@@ -331,7 +221,7 @@ class DelayStore:
 
     def _find_refs(self, ends: dict[str, Any]) -> None:
         """Refs delivered after the checkpoint: the target partitions from the ends it recorded."""
-        for tid, (topic, partition) in self._targets.items():
+        for tid, (topic, partition) in self.targets.items():
             plog = self._lookup(topic, partition)
             if plog is None:
                 continue
@@ -362,7 +252,7 @@ class DelayStore:
                     start = start_of(due)
                     if only_start is not None and start != only_start:
                         continue
-                    out.setdefault(start, []).append(Row(due, tid, m.offset, _record(m, m.offset)))
+                    out.setdefault(start, []).append(Row(due, tid, m.offset, delivery_record(m, m.offset)))
         return out
 
     def close(self) -> None:
@@ -415,7 +305,7 @@ class DelayStore:
         try:
             if not self._created:
                 self._create()
-            tid = self._target_id(topic, partition)
+            tid = self.targets.number(topic, partition)
             plog = self._open_log(tid)
         except OSError as exc:  # nothing of the batch is stored yet
             if is_disk_full(exc):
@@ -424,7 +314,7 @@ class DelayStore:
         result = plog.append(batch, header, now_ms=now)
         floor = result.append_time_ms + 1
         base = result.base_offset
-        rows = [Row(max(due, floor), tid, base + i, _record(m, base + i))
+        rows = [Row(max(due, floor), tid, base + i, delivery_record(m, base + i))
                 for i, (due, m) in enumerate(zip(dues, messages, strict=True))]
         self._add(rows)
         return result
@@ -507,7 +397,7 @@ class DelayStore:
             per_target.setdefault(row.target, []).append(row)
         observe = self.lateness.observe
         for tid, rows in per_target.items():
-            topic, partition = self._targets[tid]
+            topic, partition = self.targets[tid]
             plog = self._lookup(topic, partition)
             if plog is None:
                 log.warning("dropping %d delayed messages due for %s-%d: the partition is gone", len(rows), topic,
@@ -515,7 +405,7 @@ class DelayStore:
                 self.dropped += len(rows)
                 self.pending -= len(rows)
                 continue
-            for chunk in self._chunks(rows):
+            for chunk in delivery_chunks(rows):
                 try:
                     batch = assemble_delivery(chunk)
                     # checked as a produce is, without the size limits: the producer's message was within
@@ -536,20 +426,6 @@ class DelayStore:
                     observe((now - row.due_ms) / 1000)
                 self._on_delivered(topic, partition, len(chunk))
         self._advance_horizon(now)
-
-    @staticmethod
-    def _chunks(rows: list[Row]) -> Iterator[list[Row]]:
-        chunk: list[Row] = []
-        size = 0
-        for row in rows:
-            n = len(row.record) + RECORD_OVERHEAD_BYTES
-            if chunk and size + n > DELIVERY_BATCH_BYTES_MAX:
-                yield chunk
-                chunk, size = [], 0
-            chunk.append(row)
-            size += n
-        if chunk:
-            yield chunk
 
     async def _load_ahead(self) -> None:
         """Read each bucket into the heap LOAD_AHEAD_MS before it starts."""
@@ -596,7 +472,7 @@ class DelayStore:
 
     def _checkpoint_document(self) -> dict[str, Any]:
         ends = {}
-        for topic, partition in self._targets.values():
+        for _tid, (topic, partition) in self.targets.items():
             plog = self._lookup(topic, partition)
             if plog is not None:
                 ends[f"{topic}-{partition}"] = plog.log_end_offset
@@ -653,10 +529,7 @@ class DelayStore:
     def verify(self) -> StoreReport:
         """Check targets.json as it is on disk (blocking); modifies nothing. (The buckets are derived data, checked
         and rebuilt as they are loaded; the delay logs are partition logs.)"""
-        path = self.root / _TARGETS_FILE
-        report = StoreReport(STORE, str(path))
-        report.records, report.damaged = check_records(read_bytes(path), _target_key)
-        return report
+        return self.targets.verify()
 
     # -- stats -----------------------------------------------------------------------------------
 

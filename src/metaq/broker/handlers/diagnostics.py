@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 
 def handle_api_versions(broker: Broker, req: m.ApiVersionsRequest, session: Session | None) -> m.ApiVersionsResponse:
+    if session is not None and req.replica_id >= 0:
+        session.replica_id = req.replica_id  # checked with the principal at each replica fetch (replica_access)
     apis = [m.ApiVersionRange(key, spec.min_version, spec.max_version) for key, spec in sorted(m.APIS.items())
             if spec.request in broker.handlers]
     return m.ApiVersionsResponse(broker_id=broker.config.broker_id, server_version=__version__, apis=apis)

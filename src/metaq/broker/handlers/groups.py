@@ -23,8 +23,12 @@ def _coordinator(method: Callable[[GroupCoordinator, Any], Awaitable[Any]]) -> H
     return handle
 
 
+def handle_join(broker: Broker, request: m.JoinGroupRequest, session: Session | None) -> Awaitable[Any]:
+    return broker.groups.join(request, whole_cluster=session is not None and session.whole_cluster_groups)
+
+
 HANDLERS: dict[type, Handler] = {
-    m.JoinGroupRequest: _coordinator(GroupCoordinator.join),
+    m.JoinGroupRequest: handle_join,
     m.HeartbeatRequest: _coordinator(GroupCoordinator.heartbeat),
     m.LeaveGroupRequest: _coordinator(GroupCoordinator.leave),
     m.OffsetCommitRequest: _coordinator(GroupCoordinator.commit_offsets),

@@ -41,9 +41,12 @@ def _refuse(session: Session, exc: MetaqError) -> MetaqError:
 def handle_sasl_handshake(broker: Broker, req: m.SaslHandshakeRequest, session: Session | None) -> Any:
     if session is None:
         raise InvalidRequestError("SaslHandshake is for connections")
-    if session.principal is not None or session.sasl is not None:
+    # A connection known by its client certificate may still log in with SASL (a slave with sslReplication
+    # and replicationUser, to a master with sslClientAuth=want): the SASL principal then replaces the
+    # certificate's, as Kafka's SASL_SSL listener does. A second SASL exchange is refused.
+    if session.sasl_authenticated or session.sasl is not None:
         raise _refuse(session, IllegalSaslStateError(
-            "SaslHandshake again on a connection that " + ("is authenticated" if session.principal
+            "SaslHandshake again on a connection that " + ("is authenticated" if session.sasl_authenticated
                                                            else "has an exchange in progress")))
     if req.mechanism != MECHANISM:
         raise _refuse(session, UnsupportedSaslMechanismError(
@@ -75,7 +78,10 @@ def handle_sasl_authenticate(broker: Broker, req: m.SaslAuthenticateRequest, ses
     if refusal is not None:  # quotaMaxConnections: the password was right, the connection is one too many
         log.warning("refused %s from %s: %s", principal, session.peer, refusal)
         raise _refuse(session, TooManyConnectionsError(refusal))
+    if session.principal is not None and session.principal != principal:
+        log.info("%s, known by its certificate as %s, authenticated as %s", session.peer, session.principal, principal)
     session.principal = principal
+    session.sasl_authenticated = True
     log.info("%s authenticated as %s", session.peer, session.principal)
     return m.SaslAuthenticateResponse(auth_bytes=server_final, principal=session.principal)
 

@@ -161,6 +161,8 @@ class PartitionFollower:
         offset = self.plog.log_end_offset
         request = m.FetchRequest(topic=self.topic, partition=self.partition, offset=offset,
                                  max_bytes=self.max_bytes, max_wait_ms=self.max_wait_ms)
+        # a replica's fetch (not counted against a quota), as the handshake said (docs/security.md)
+        request.replica_id = self._settings.replica_id
         epochs = self._epochs
         history = epochs.history(self.plog) if epochs is not None else None
         if epochs is not None and history is not None:

@@ -70,7 +70,8 @@ class SlaveReplicator:
             connect_timeout_s=CONNECT_TIMEOUT_S, request_timeout_s=slave.slave_max_delay_ms / 1000 + 10,
             max_in_flight=1, max_frame_bytes=broker.config.max_frame_bytes, ssl_context=replication_tls(broker.config),
             sasl_username=broker.config.replication_user,
-            sasl_password=os.environ.get(REPLICATION_PASSWORD_ENV) if broker.config.replication_user else None)
+            sasl_password=os.environ.get(REPLICATION_PASSWORD_ENV) if broker.config.replication_user else None,
+            replica_id=slave.slave_id)
         self._master_address = (broker.cluster.master_tls_address if broker.config.ssl_replication
                                 else broker.cluster.master_address)
         """Where the master is fetched from: its TLS port with sslReplication, else its plaintext one."""

@@ -10,7 +10,10 @@ session; each job is a module of its own, all sharing that session and its lock:
 * :mod:`~metaq.cluster.zookeeper.brokers`: a broker's own registration, its topics, and its replica
   group's state (epochs, failover);
 * :mod:`~metaq.cluster.zookeeper.groups`: consumer groups' members, owners and offsets;
-* :mod:`~metaq.cluster.zookeeper.users`: SASL/SCRAM users and ACLs (:class:`~metaq.cluster.registry.UserAclStore`).
+* :mod:`~metaq.cluster.zookeeper.users`: SASL/SCRAM users and ACLs (:class:`~metaq.cluster.registry.UserAclStore`);
+* :mod:`~metaq.cluster.zookeeper.secure`: ZooKeeper ACLs put on an existing tree (``metaq cluster secure``).
+
+Authentication to ZooKeeper and the ACLs of new znodes: :mod:`metaq.cluster.zk_security`.
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ from metaq.cluster.registry import (
     SnapshotListener,
     UserAclStore,
 )
+from metaq.cluster.zk_security import ZkSecurity
 from metaq.cluster.zookeeper.brokers import BrokerRegistration
 from metaq.cluster.zookeeper.groups import GroupNodes
+from metaq.cluster.zookeeper.secure import SecureReport, secure_tree
 from metaq.cluster.zookeeper.session import ZooKeeperSession
 from metaq.cluster.zookeeper.users import UserAclNodes
 from metaq.cluster.zookeeper.view import ClusterView
@@ -42,15 +47,20 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
     """MetaQ's znodes under ``root`` on the ZooKeeper ensemble ``connect`` (``host:port[,host:port]``)."""
 
     def __init__(self, connect: str, root: str = layout.DEFAULT_ROOT, *, session_timeout_ms: int = 30_000,
-                 connection_timeout_ms: int = 30_000, watch_cluster: bool = True, read_only: bool = False) -> None:
+                 connection_timeout_ms: int = 30_000, watch_cluster: bool = True, read_only: bool = False,
+                 security: ZkSecurity | None = None, layout_owner: bool = True) -> None:
         """``watch_cluster``: keep the snapshot of brokers and topics; ``read_only``: a reader (``metaq
         cluster``, the Spark driver) that creates nothing, not even the layout's parent nodes, so that a
-        mistyped root leaves no trace (nodes that do not exist read as empty)."""
+        mistyped root leaves no trace (nodes that do not exist read as empty). ``security``: SASL, TLS and
+        ACLs (:mod:`metaq.cluster.zk_security`). ``layout_owner`` false (a client): with ACLs on, the
+        layout's parent nodes are the brokers' to create, so that they get the brokers' identity."""
         self.connect = connect
         self.read_only = read_only
+        self.layout_owner = layout_owner
         self.paths = Paths(root)
         self.session = ZooKeeperSession(connect, self.paths, session_timeout_ms=session_timeout_ms,
-                                        connection_timeout_ms=connection_timeout_ms)
+                                        connection_timeout_ms=connection_timeout_ms, security=security,
+                                        layout_owner=layout_owner)
         self.session_timeout_s = self.session.session_timeout_s
         self.connection_timeout_s = self.session.connection_timeout_s
         self.view = ClusterView(self.session)
@@ -65,9 +75,9 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
         """Connect (RegistryError if ZooKeeper cannot be reached in the connection timeout) and, for a
         cluster watcher, read and watch the brokers and topics."""
         self.session.start()
-        if not self.read_only:
+        if not self.read_only and (self.layout_owner or not self.session.security.set_acl):
             for path in (self.paths.broker_ids, self.paths.topics_pub, self.paths.topics_sub, self.paths.consumers):
-                self.session.client.ensure_path(path)
+                self.session.ensure(path)
         if self._watch_cluster:
             self.view.start()
         return self
@@ -89,6 +99,15 @@ class ZooKeeperRegistry(ClusterRegistry, GroupRegistry):
 
     def remove_session_listener(self, listener: Callable[[str], None]) -> None:
         self.session.remove_session_listener(listener)
+
+    @property
+    def security(self) -> ZkSecurity:
+        return self.session.security
+
+    def secure(self, *, group_owner: str | None = None, dry_run: bool = False) -> SecureReport:
+        """Put the ACLs of :mod:`metaq.cluster.zk_security` on every node under the root that exists now
+        (``metaq cluster secure``); see :func:`metaq.cluster.zookeeper.secure.secure_tree`."""
+        return secure_tree(self.session, group_owner=group_owner, dry_run=dry_run)
 
     def raw_client(self) -> Any:
         """The kazoo client, for tools that read more of the tree (``metaq cluster``) and for tests."""

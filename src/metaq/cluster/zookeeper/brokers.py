@@ -150,8 +150,8 @@ class BrokerRegistration:
         path = self.paths.replica_group(broker_id)
         try:
             if version < 0:
-                client.ensure_path(self.paths.replica_groups)
-                client.create(path, state.to_bytes())
+                self._session.ensure(self.paths.replica_groups)
+                client.create(path, state.to_bytes(), acl=self._session.acl(path))
                 return 0
             return int(client.set(path, state.to_bytes(), version=version).version)
         except (BadVersionError, NodeExistsError, NoNodeError):
@@ -168,14 +168,14 @@ class BrokerRegistration:
         master = self.paths.broker_node(broker_id, -1)
         url = layout.broker_url(address.host, address.port, tls_port, ports).encode()
         try:
-            client.ensure_path(self.paths.replica_groups)
-            client.ensure_path(self.paths.broker(broker_id))
+            session.ensure(self.paths.replica_groups)
+            session.ensure(self.paths.broker(broker_id))
             tx = client.transaction()
             if version < 0:
-                tx.create(path, state.to_bytes())
+                tx.create(path, state.to_bytes(), acl=session.acl(path))
             else:
                 tx.set_data(path, state.to_bytes(), version=version)
-            tx.create(master, url, ephemeral=True)
+            tx.create(master, url, acl=session.acl(master), ephemeral=True)
             results = tx.commit()
         except KazooException as exc:
             raise RegistryError(f"cannot take the mastership of broker {broker_id}: {exc}") from None

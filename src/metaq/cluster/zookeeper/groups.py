@@ -69,7 +69,7 @@ class GroupNodes:
         if not first:
             listener()
             return
-        self._session.client.ensure_path(path)
+        self._session.ensure(path)
 
         def on_children(_children: list[str]) -> bool:
             if self._session.closed:
@@ -89,7 +89,7 @@ class GroupNodes:
         path = self.paths.group_owner(group, topic, str(partition))
         data = owner.encode()
         try:
-            self._session.client.create(path, data, ephemeral=True, makepath=True)
+            self._session.create(path, data, ephemeral=True, makepath=True)
         except NodeExistsError:
             # Ours already only if this session made it *for this owner* (two consumers of one group
             # may share a session).
@@ -166,7 +166,7 @@ class GroupNodes:
                 self._session.client.set(path, data)
             except NoNodeError:
                 try:
-                    self._session.client.create(path, data, makepath=True)
+                    self._session.create(path, data, makepath=True)
                 except NodeExistsError:
                     self._session.client.set(path, data)
 

@@ -21,14 +21,17 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import AuthFailedError, KazooException, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
+from kazoo.security import ACL, Id
 
 from metaq.cluster.layout import Paths
 from metaq.cluster.registry import RegistryError
+from metaq.cluster.zk_security import AclEntry, ZkSecurity, acl_for
 
 log = logging.getLogger("metaq.cluster.zookeeper")
 
@@ -56,15 +59,20 @@ class ZooKeeperSession:
     """One kazoo client on ``connect`` and what lives as long as the registry: its lock (shared by every
     part of the registry), its worker thread, its session listeners and the ephemeral nodes it keeps."""
 
-    def __init__(self, connect: str, paths: Paths, *, session_timeout_ms: int, connection_timeout_ms: int) -> None:
+    def __init__(self, connect: str, paths: Paths, *, session_timeout_ms: int, connection_timeout_ms: int,
+                 security: ZkSecurity | None = None, layout_owner: bool = True) -> None:
         self.connect = connect
         self.paths = paths
+        self.security = security or ZkSecurity()
+        self.layout_owner = layout_owner
+        """A broker (or an admin tool): it may make the layout's nodes (the root, brokers/, consumers/...)."""
         self.session_timeout_s = session_timeout_ms / 1000
         self.connection_timeout_s = connection_timeout_ms / 1000
         self.client = KazooClient(
             hosts=connect, timeout=self.session_timeout_s,
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0, ignore_expire=False),
-            command_retry=KazooRetry(max_tries=5, delay=0.1, backoff=2, max_delay=2.0))
+            command_retry=KazooRetry(max_tries=5, delay=0.1, backoff=2, max_delay=2.0),
+            **kazoo_security(self.security))
         self.lock = threading.RLock()
         """Guards the state of every part of the registry (one lock: watch callbacks touch several)."""
         self.closed = False
@@ -92,9 +100,29 @@ class ZooKeeperSession:
                 self.client.close()
             raise RegistryError(f"cannot reach ZooKeeper at {self.connect} within {self.connection_timeout_s:g}s "
                                 f"({exc or type(exc).__name__}): is it running there? (zk.zkConnect; the wait is "
-                                "zk.zkConnectionTimeoutMs)") from None
+                                "zk.zkConnectionTimeoutMs)" + self._tls_hint()) from None
+        if self.security.sasl_user:
+            # kazoo reports a refused SASL login at the first request, not at start: make it now, so that a
+            # wrong password stops a broker's start with one clear line
+            try:
+                self.client.exists("/")
+            except (AuthFailedError, KazooException) as exc:
+                with contextlib.suppress(Exception):
+                    self.client.stop()
+                    self.client.close()
+                raise RegistryError(
+                    f"ZooKeeper at {self.connect} refused SASL {self.security.sasl_mechanism} user "
+                    f"{self.security.sasl_user!r} ({type(exc).__name__}): wrong password (METAQ_ZK_PASSWORD), "
+                    "a user the server's JAAS Server section does not list, or a server without "
+                    "authProvider.sasl") from None
         self.client.add_listener(self._on_state)
         self._worker.start()
+
+    def _tls_hint(self) -> str:
+        if self.security.tls:
+            return ("; over TLS: is it ZooKeeper's secureClientPort, and is its certificate signed by the CA given "
+                    "and made out to that host?")
+        return ""
 
     def close(self) -> None:
         """Drop the session (its ephemeral nodes vanish at once) and stop the threads."""
@@ -223,7 +251,7 @@ class ZooKeeperSession:
         deadline = time.monotonic() + wait_for_owner_s
         while True:
             try:
-                self.client.create(path, data, ephemeral=True, makepath=True)
+                self.create(path, data, ephemeral=True, makepath=True)
                 return
             except NodeExistsError:
                 try:
@@ -278,6 +306,39 @@ class ZooKeeperSession:
             if stat.ephemeralOwner == self.session_id:
                 self.client.delete(path)
 
+    # ------------------------------------------------------------------ creating nodes with their ACLs
+
+    def acl(self, path: str) -> list[ACL] | None:
+        """The ACL to create ``path`` with (zk_security.acl_for), None (ZooKeeper's open ACL) without set_acl."""
+        identity = self.security.identity
+        if not self.security.set_acl or identity is None:
+            return None
+        return kazoo_acl(acl_for(path, self.paths, identity))
+
+    def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False, makepath: bool = False) -> str:
+        """Create ``path`` with its ACL; ``makepath`` creates missing parents each with its own ACL (kazoo's
+        makepath would give every parent the child's)."""
+        try:
+            return str(self.client.create(path, data, acl=self.acl(path), ephemeral=ephemeral))
+        except NoNodeError:
+            if not makepath:
+                raise
+        self.ensure(path.rsplit("/", 1)[0])
+        return str(self.client.create(path, data, acl=self.acl(path), ephemeral=ephemeral))
+
+    def ensure(self, path: str) -> None:
+        """Create ``path`` and its missing parents (persistent, empty), each with its ACL. A client (not the
+        layout's owner) with ACLs on makes nothing above its consumer groups: a root it made would be its
+        own, and the brokers could not register under it."""
+        if not path or path == "/" or self.client.exists(path) is not None:
+            return
+        if not self.layout_owner and self.security.set_acl and not path.startswith(self.paths.consumers + "/"):
+            raise RegistryError(f"{path} does not exist in ZooKeeper at {self.connect}: with ZooKeeper ACLs the "
+                                "brokers make the cluster's layout; start a broker of this zkRoot first")
+        self.ensure(path.rsplit("/", 1)[0])
+        with contextlib.suppress(NodeExistsError):
+            self.client.create(path, b"", acl=self.acl(path))
+
     # ------------------------------------------------------------------ reading
 
     def children(self, path: str) -> list[str]:
@@ -294,3 +355,33 @@ class ZooKeeperSession:
                 return
             self._bad_znodes.add(path)
         log.error("ZooKeeper node %s is not in MetaQ's layout and is ignored: %s", path, problem)
+
+
+def zk_error(exc: BaseException) -> str:
+    """What went wrong with a ZooKeeper call, for a RegistryError (kazoo's errors often have no message)."""
+    if isinstance(exc, NoAuthError):
+        return ("NoAuth: the node's ACL does not allow this ZooKeeper identity to do that (a secured cluster: "
+                "log in as the brokers' ZooKeeper user, --zk-user and METAQ_ZK_PASSWORD)")
+    return f"{type(exc).__name__}{': ' + str(exc) if str(exc) else ''}"
+
+
+def kazoo_security(security: ZkSecurity) -> dict[str, Any]:
+    """KazooClient's keyword arguments for ``security``: SASL and TLS."""
+    kwargs: dict[str, Any] = {}
+    if security.sasl_user:
+        kwargs["sasl_options"] = {"mechanism": security.sasl_mechanism, "username": security.sasl_user,
+                                  "password": security.sasl_password}
+    if security.tls:
+        kwargs.update(use_ssl=True, verify_certs=True, check_hostname=security.tls_check_hostname,
+                      ca=security.tls_ca_file, certfile=security.tls_cert_file, keyfile=security.tls_key_file)
+    return kwargs
+
+
+def kazoo_acl(entries: tuple[AclEntry, ...]) -> list[ACL]:
+    return [ACL(e.perms, Id(e.scheme, e.id)) for e in entries]
+
+
+def entries_of(acl: list[Any]) -> tuple[AclEntry, ...]:
+    """kazoo's ACL list as AclEntry (for comparing and printing)."""
+    return tuple(AclEntry(int(a.perms), str(a.id.scheme), str(a.id.id)) for a in acl)
+

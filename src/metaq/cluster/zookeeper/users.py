@@ -10,7 +10,7 @@ from __future__ import annotations
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
 from metaq.cluster.registry import RegistryError, UserAclStore
-from metaq.cluster.zookeeper.session import ZooKeeperSession
+from metaq.cluster.zookeeper.session import ZooKeeperSession, zk_error
 
 
 class UserAclNodes(UserAclStore):
@@ -27,20 +27,20 @@ class UserAclNodes(UserAclStore):
         except NoNodeError:
             return None
         except KazooException as exc:
-            raise RegistryError(f"cannot read user {name!r} from ZooKeeper: {exc}") from None
+            raise RegistryError(f"cannot read user {name!r} from ZooKeeper: {zk_error(exc)}") from None
 
     def write_user(self, name: str, data: bytes) -> bool:
         """Store user ``name``'s credential (persistent); True if the user is new."""
         path = self.paths.user(name)
         try:
             try:
-                self._session.client.create(path, data, makepath=True)
+                self._session.create(path, data, makepath=True)
                 return True
             except NodeExistsError:
                 self._session.client.set(path, data)
                 return False
         except KazooException as exc:
-            raise RegistryError(f"cannot write user {name!r} to ZooKeeper: {exc}") from None
+            raise RegistryError(f"cannot write user {name!r} to ZooKeeper: {zk_error(exc)}") from None
 
     def delete_user(self, name: str) -> bool:
         try:
@@ -49,10 +49,13 @@ class UserAclNodes(UserAclStore):
         except NoNodeError:
             return False
         except KazooException as exc:
-            raise RegistryError(f"cannot delete user {name!r} in ZooKeeper: {exc}") from None
+            raise RegistryError(f"cannot delete user {name!r} in ZooKeeper: {zk_error(exc)}") from None
 
     def list_users(self) -> list[str]:
-        return self._session.children(self.paths.users)
+        try:
+            return self._session.children(self.paths.users)
+        except KazooException as exc:
+            raise RegistryError(f"cannot list the users in ZooKeeper: {zk_error(exc)}") from None
 
     def read_acls(self) -> tuple[bytes | None, int]:
         """The ACL document (JSON bytes, metaq.security.acl) and its version (-1: there is none)."""
@@ -62,17 +65,17 @@ class UserAclNodes(UserAclStore):
         except NoNodeError:
             return None, -1
         except KazooException as exc:
-            raise RegistryError(f"cannot read the ACLs from ZooKeeper: {exc}") from None
+            raise RegistryError(f"cannot read the ACLs from ZooKeeper: {zk_error(exc)}") from None
 
     def write_acls(self, data: bytes, version: int) -> bool:
         """Replace the ACL document if it is still at ``version`` (-1: create it); False when it moved."""
         try:
             if version < 0:
-                self._session.client.create(self.paths.acls, data, makepath=True)
+                self._session.create(self.paths.acls, data, makepath=True)
             else:
                 self._session.client.set(self.paths.acls, data, version=version)
             return True
         except (NodeExistsError, BadVersionError):
             return False
         except KazooException as exc:
-            raise RegistryError(f"cannot write the ACLs to ZooKeeper: {exc}") from None
+            raise RegistryError(f"cannot write the ACLs to ZooKeeper: {zk_error(exc)}") from None

@@ -1,117 +1,29 @@
-"""MetaQ's log4j appender for Python: a ``logging.Handler`` that publishes log records to a metaq topic.
-
-::
-
-    import logging
-    from metaq.logging import MetaqHandler
-
-    handler = MetaqHandler("127.0.0.1:8123", "app-logs", spill_dir="/var/spool/app")
-    logging.getLogger().addHandler(handler)
-    logging.getLogger("shop.orders").info("order placed", extra={"order_id": 42})
-
-What an application can rely on:
-
-- **emit() never waits for the network.** It formats the record (JSON by default), appends it to a
-  bounded in-memory queue and returns. A background thread with its own asyncio loop owns the
-  producer and sends what is queued every ``flush_interval_s`` (sooner when ``batch_records`` are
-  waiting).
-- **A broker that is down, slow or unknown never blocks or crashes the application.** Records that
-  could not be sent stay queued and are retried with exponential backoff (``retry_backoff_s`` up to
-  ``retry_backoff_max_s``). Problems are written to stderr, at most once per ``error_interval_s``
-  (and only while ``logging.raiseExceptions`` is true, as ``Handler.handleError`` does); nothing raises
-  into the caller.
-- **Memory is bounded.** The queue holds at most ``max_buffered_records`` records, plus the one batch
-  the background thread is sending. When it is full, the oldest record is appended to a spill file in
-  ``spill_dir`` (at most ``max_spill_bytes`` on disk) or, without ``spill_dir``, dropped;
-  ``stats().dropped`` counts what was lost. Spilled records are sent first, oldest first, once the
-  broker answers. Spill files left by a handler that is gone (closed with records unsent, or its
-  process exited or was killed) are claimed and sent by the next handler of that topic given the same
-  ``spill_dir``.
-- **What a crash loses.** A spilled record is written to the spill file (handed to the operating
-  system, one write per record) before emit() returns, so it survives the application being killed
-  (SIGKILL, an abort, the OOM killer). The background thread fsyncs the spill files written since its
-  last sync (and ``spill_dir`` itself, for new files) every ``spill_sync_interval_s`` (default 1 s;
-  None: never, leaving it to the OS's writeback), so a machine that stops (power loss, kernel panic)
-  loses at most the records spilled in the last interval: ``stats().spilled_unsynced`` counts them now.
-  Records still in the memory queue (``stats().pending`` minus what is spilled) are lost with the
-  process; close() spills them, fsynced.
-- **flush(timeout) and close(timeout) drain within a bound** (default ``close_timeout_s``). What
-  close() could not send goes to ``spill_dir`` if given, otherwise it is counted as dropped.
-- **Delivery is at-least-once.** A batch whose send failed after the broker may have stored it (a
-  timeout, a connection lost mid-request) is sent again, so a record can be stored twice around
-  broker failures; give records a unique key (``key_func``) when readers must de-duplicate.
-
-Records logged by the handler's own thread (the metaq client's warnings while it retries) are never
-queued, which would feed the handler its own failures; they are reported like errors.
-
-The message attribute (what MetaQ consumers filter on) is the record's level name unless
-``attribute`` says otherwise; the message timestamp is the time of the logging call.
-"""
+"""The handler: what the application's logging calls do, and the background thread that sends what they queue
+(the contract is in :mod:`metaq.logging`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
-import struct
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from metaq.client.selectors import PartitionSelector
 from metaq.client.session import MessageSessionFactory
 from metaq.errors import InvalidArgument
-from metaq.fsutil import fsync_directory, pid_alive
+from metaq.logging.formatter import JsonFormatter
+from metaq.logging.spill import Item, SpillFiles, read_all, sync_files
 from metaq.net.retry import RetryPolicy
 from metaq.net.servers import parse_servers
 from metaq.types import Message, validate_topic
-
-__all__ = ["HandlerStats", "JsonFormatter", "MetaqHandler"]
-
-Item = tuple[int, bytes, str | None, bytes | None]
-"""A queued record: (timestamp ms, payload, attribute, key)."""
-
-_STANDARD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
-
-_SPILL_HEADER = struct.Struct(">qIHH")  # timestamp ms, payload length, attribute length (0xFFFF: none), key length
-_NONE = 0xFFFF
-_LIVE_TOKENS: set[str] = set()
-"""Spill-file tokens of the handlers of this process that are not closed: their files are not orphans."""
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per record: timestamp (ISO 8601 UTC), level, logger, message, and extra fields.
-
-    Fields passed with ``extra=`` are added at the top level (values JSON cannot hold become strings);
-    they never replace the four standard fields. An exception or stack is added as text.
-    """
-
-    def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {
-            "timestamp": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
-            .replace("+00:00", "Z"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        for name, value in record.__dict__.items():
-            if name not in _STANDARD_ATTRS and name not in doc and not name.startswith("_"):
-                doc[name] = value
-        if record.exc_info and not record.exc_text:
-            record.exc_text = self.formatException(record.exc_info)
-        if record.exc_text:
-            doc["exception"] = record.exc_text
-        if record.stack_info:
-            doc["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(doc, default=str, ensure_ascii=False, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -137,163 +49,8 @@ class HandlerStats:
     sync, at most ``spill_sync_interval_s`` away"""
 
 
-class _Spill:
-    """Append-only spill files of one handler; every method is called with the handler's lock held."""
-
-    def __init__(self, directory: Path, topic: str, max_bytes: int, file_records: int) -> None:
-        self.dir = directory
-        self.file_records = file_records
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.prefix = f"metaq-{topic}@"  # "@" cannot occur in a topic name
-        self.max_bytes = max_bytes
-        self.pid = os.getpid()
-        self.token = os.urandom(6).hex()
-        _LIVE_TOKENS.add(self.token)
-        self.seq = 0
-        self.writer: Any = None
-        self.writer_path: Path | None = None
-        self.writer_records = 0
-        self.ready: deque[tuple[Path, int]] = deque()  # closed files to send, oldest first, with record counts
-        self.bytes = 0
-        self.records = 0
-        self.dirty: dict[Path, int] = {}
-        """Files written since their last fsync -> how many records that is (:meth:`sync`)."""
-
-    def claim_orphans(self) -> None:
-        """Take over spill files of this topic whose handler is gone (its process, or closed in this one)."""
-        candidates = []
-        for path in self.dir.glob(f"{self.prefix}*.spill"):
-            try:
-                pid_text, token = path.name[len(self.prefix):].split("-")[:2]
-                pid = int(pid_text)
-            except ValueError:
-                continue
-            if (pid == self.pid and token in _LIVE_TOKENS) or (pid != self.pid and pid_alive(pid)):
-                continue
-            candidates.append(path)
-        for path in sorted(candidates, key=lambda p: p.name.split("-")[-2:]):
-            mine = self._new_path()
-            try:
-                os.rename(path, mine)
-            except OSError:
-                continue  # another handler claimed it first
-            records = sum(1 for _ in _read_spill(mine))
-            self.ready.append((mine, records))
-            self.bytes += mine.stat().st_size
-            self.records += records
-
-    def _new_path(self) -> Path:
-        self.seq += 1
-        return self.dir / f"{self.prefix}{self.pid}-{self.token}-{time.time_ns()}-{self.seq:08d}.spill"
-
-    def release(self) -> None:
-        """The handler is closed: what it leaves may be claimed by the next handler of the topic."""
-        _LIVE_TOKENS.discard(self.token)
-
-    def full(self, extra: int) -> bool:
-        return self.bytes + extra > self.max_bytes
-
-    def append(self, item: Item, *, flush: bool = True) -> int:
-        """Write one record; with ``flush`` it is with the OS when this returns (a killed process keeps it)."""
-        ts, payload, attribute, key = item
-        attr = attribute.encode() if attribute is not None else b""
-        k = key if key is not None else b""
-        data = b"".join((_SPILL_HEADER.pack(ts, len(payload), _NONE if attribute is None else len(attr),
-                                            _NONE if key is None else len(k)), attr, k, payload))
-        if self.writer is None:
-            self.writer_path = self._new_path()
-            self.writer = open(self.writer_path, "ab", buffering=1 << 20)  # noqa: SIM115 - kept open across calls
-            self.writer_records = 0
-        self.writer.write(data)
-        if flush:
-            self.writer.flush()
-        self.writer_records += 1
-        self.bytes += len(data)
-        self.records += 1
-        assert self.writer_path is not None
-        self.dirty[self.writer_path] = self.dirty.get(self.writer_path, 0) + 1
-        if self.writer_records >= self.file_records:
-            self.rotate()  # a file is sent as one batch, so it holds at most one batch
-        return len(data)
-
-    def rotate(self, sync: bool = False) -> None:
-        """Close the file being written so that it can be sent."""
-        if self.writer is None:
-            return
-        self.writer.flush()
-        assert self.writer_path is not None
-        if sync:
-            os.fsync(self.writer.fileno())
-            self.dirty.pop(self.writer_path, None)
-            fsync_directory(self.dir)
-        self.writer.close()
-        self.ready.append((self.writer_path, self.writer_records))
-        self.writer = None
-        self.writer_path = None
-
-    def sent(self, path: Path, records: int) -> None:
-        """A whole file was acknowledged: forget it."""
-        with contextlib.suppress(OSError):
-            self.bytes -= path.stat().st_size
-            path.unlink()
-        self.records -= records
-        self.dirty.pop(path, None)
-
-    @property
-    def unsynced(self) -> int:
-        return sum(self.dirty.values())
-
-    def synced(self, done: dict[Path, int]) -> None:
-        """The files of ``done`` (a copy of :attr:`dirty` taken before :func:`_sync_files`) are on disk."""
-        for path, records in done.items():
-            left = self.dirty.get(path, 0) - records  # what was written meanwhile stays to be synced
-            if left > 0:
-                self.dirty[path] = left
-            else:
-                self.dirty.pop(path, None)
-
-
-def _sync_files(directory: Path, paths: list[Path]) -> None:
-    """fsync each spill file (by name: the writer may close it meanwhile) and the directory. A file already
-    sent and deleted is simply gone."""
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            continue
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    fsync_directory(directory)
-
-
-def _read_all(path: Path) -> list[Item]:
-    return list(_read_spill(path))
-
-
-def _read_spill(path: Path) -> Iterator[Item]:
-    """Items of a spill file in order; a torn last record (a crash mid-write) ends the file."""
-    with open(path, "rb") as f:
-        data = f.read()
-    pos, n = 0, len(data)
-    while pos + _SPILL_HEADER.size <= n:
-        ts, plen, alen, klen = _SPILL_HEADER.unpack_from(data, pos)
-        pos += _SPILL_HEADER.size
-        a = 0 if alen == _NONE else alen
-        k = 0 if klen == _NONE else klen
-        if pos + a + k + plen > n:
-            return
-        attribute = None if alen == _NONE else data[pos:pos + a].decode()
-        pos += a
-        key = None if klen == _NONE else data[pos:pos + k]
-        pos += k
-        yield ts, data[pos:pos + plen], attribute, key
-        pos += plen
-
-
 class MetaqHandler(logging.Handler):
-    """A logging handler that publishes each record as one message of ``topic`` (see the module doc).
+    """A logging handler that publishes each record as one message of ``topic`` (see :mod:`metaq.logging`).
 
     ``attribute``: a string for every record, a function of the record, or None for the record's level
     name. ``key_func(record)`` gives the message key (str or bytes) or None. ``formatter`` defaults to
@@ -352,7 +109,7 @@ class MetaqHandler(logging.Handler):
         self._closing = False
         self._closed = False
         self._accepted = self._sent = self._dropped = self._spilled = self._failed = self._send_errors = 0
-        self._spill = _Spill(Path(spill_dir), topic, max_spill_bytes, batch_records) if spill_dir is not None else None
+        self._spill = None if spill_dir is None else SpillFiles(Path(spill_dir), topic, max_spill_bytes, batch_records)
         if self._spill is not None:
             self._spill.claim_orphans()
         self._report_later: BaseException | None = None  # set under the lock, reported by the worker
@@ -493,7 +250,7 @@ class MetaqHandler(logging.Handler):
                     try:
                         spill.rotate(sync=True)
                         dirty = dict(spill.dirty)
-                        _sync_files(spill.dir, list(dirty))  # and the files written before, not synced yet
+                        sync_files(spill.dir, list(dirty))  # and the files written before, not synced yet
                         spill.synced(dirty)
                     except OSError as exc:
                         self._report_later = exc
@@ -629,7 +386,7 @@ class MetaqHandler(logging.Handler):
             if not dirty:
                 continue
             try:
-                await loop.run_in_executor(None, _sync_files, spill.dir, list(dirty))
+                await loop.run_in_executor(None, sync_files, spill.dir, list(dirty))
             except OSError as exc:
                 self._report("cannot fsync the spill files", exc)
                 continue
@@ -668,7 +425,7 @@ class MetaqHandler(logging.Handler):
         try:
             items = held
             if spill_file is not None:
-                items = await asyncio.get_running_loop().run_in_executor(None, _read_all, spill_file[0])
+                items = await asyncio.get_running_loop().run_in_executor(None, read_all, spill_file[0])
             elif not items:
                 await self._sleep(self.flush_interval_s)
                 return
