@@ -17,7 +17,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from metaq.client.callbacks import takes_two
 from metaq.errors import InvalidArgument, MetaqError
@@ -26,9 +26,26 @@ from metaq.protocol.records import SEQUENCE_LIMIT, ProducerStamp, decode_batch, 
 from metaq.types import Message, SendResult
 
 if TYPE_CHECKING:
-    from metaq.client.producer import Producer
+    from metaq.client.config import ProducerConfig
+    from metaq.client.core import ClientCore
+    from metaq.client.selectors import PartitionSelector
 
 log = logging.getLogger("metaq.client.transaction")
+
+
+class TransactionProducer(Protocol):
+    """What a transaction uses of the producer it belongs to (:class:`metaq.client.Producer` is one): its session,
+    settings, selector and message check. Declared here, so that this module does not import the producer, which
+    imports it."""
+
+    _core: ClientCore
+    config: ProducerConfig
+    selector: PartitionSelector
+
+    @property
+    def request_timeout_s(self) -> float: ...
+
+    def _check(self, message: Message) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +113,7 @@ class TransactionOutcomeError(TransactionError):
 
 
 class LocalTransaction:
-    def __init__(self, producer: Producer, timeout_s: float | None, producer_group: str,
+    def __init__(self, producer: TransactionProducer, timeout_s: float | None, producer_group: str,
                  transaction_id: str | None = None) -> None:
         self.producer = producer
         self.transaction_id = transaction_id or uuid.uuid4().hex
@@ -319,7 +336,8 @@ class TransactionChecker:
     by the function's parameters), and commits or rolls back as it says (``"unknown"``: the broker asks
     again after transactionCheckInterval, up to transactionCheckMax checks)."""
 
-    def __init__(self, producer: Producer, producer_group: str, check: Checker, *, poll_ms: int = 5000) -> None:
+    def __init__(self, producer: TransactionProducer, producer_group: str, check: Checker, *,
+                 poll_ms: int = 5000) -> None:
         self.producer, self.producer_group, self.check, self.poll_ms = producer, producer_group, check, poll_ms
         self.decisions: dict[str, Decision] = {}
         """transaction id -> what the checker decided (its last answer)."""

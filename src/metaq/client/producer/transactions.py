@@ -24,7 +24,10 @@ from metaq.client.transaction import (
 from metaq.protocol import messages as m
 
 if TYPE_CHECKING:
+    from metaq.client.config import ProducerConfig
     from metaq.client.core import ClientCore
+    from metaq.client.selectors import PartitionSelector
+    from metaq.types import Message
 
 
 class TransactionScope:
@@ -51,9 +54,12 @@ class TransactionScope:
 
 
 class Transactions:
-    """The transaction methods of a Producer (a mixin: the producer's ``_core`` and ``_check_open`` are used)."""
+    """The transaction methods of a Producer (a mixin: what a transaction uses of the producer,
+    :class:`~metaq.client.transaction.TransactionProducer`, is the producer's own)."""
 
     _core: ClientCore
+    config: ProducerConfig
+    selector: PartitionSelector
 
     def __init__(self) -> None:
         self._checkers: list[TransactionChecker] = []
@@ -61,6 +67,13 @@ class Transactions:
         """The open local transaction: ``send`` goes into it (docs/transactions.md)."""
 
     def _check_open(self) -> None:
+        raise NotImplementedError
+
+    def _check(self, message: Message) -> int:
+        raise NotImplementedError
+
+    @property
+    def request_timeout_s(self) -> float:
         raise NotImplementedError
 
     @property
@@ -82,7 +95,7 @@ class Transactions:
         self._check_open()
         if self._tx is not None:
             raise TransactionError("a transaction is already open on this producer")
-        self._tx = LocalTransaction(self, timeout_s, producer_group)  # type: ignore[arg-type]
+        self._tx = LocalTransaction(self, timeout_s, producer_group)
         return self._tx.transaction_id
 
     async def commit(self) -> TransactionResult:
@@ -151,7 +164,7 @@ class Transactions:
     async def start_transaction_checker(self, producer_group: str, check: Callable[[str], Any]) -> TransactionChecker:
         """Answer the brokers' check-backs for ``producer_group``'s undecided half messages with
         ``check(transaction_id)`` -> "commit" / "rollback" / "unknown". Stop it with ``await checker.stop()``."""
-        checker = await TransactionChecker(self, producer_group, check).start()  # type: ignore[arg-type]
+        checker = await TransactionChecker(self, producer_group, check).start()
         self._checkers.append(checker)
         return checker
 
@@ -163,7 +176,7 @@ class Transactions:
         self._check_open()
         if self._tx is not None:
             raise TransactionError("a transaction is already open on this producer")
-        self._tx = LocalTransaction(self, timeout_s, "", Xid.of(xid).key)  # type: ignore[arg-type]
+        self._tx = LocalTransaction(self, timeout_s, "", Xid.of(xid).key)
 
     async def tpc_prepare(self) -> None:
         """XA: prepare the current branch: its messages are stored, still invisible, until :meth:`tpc_commit`."""
