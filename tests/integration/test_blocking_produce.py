@@ -62,6 +62,25 @@ def test_the_key_space_keeps_a_broker_that_does_not_answer(two_brokers: tuple[Br
         assert every[key_hash(b"k") % len(every)] == PartitionId(*[(1, 0), (1, 1), (2, 0), (2, 1)][key_hash(b"k") % 4])
 
 
+def test_a_partition_of_the_bootstrap_broker_is_never_written_to_another_one(
+        two_brokers: tuple[BrokerProcess, BrokerProcess]) -> None:
+    """Broker 1, the first server (the bootstrap broker), killed -9: a batch for 1-0 waits for it and fails at its
+    deadline, certainly not stored; it is not written to broker 2, which would store it at its own 2-0."""
+    b1, b2 = two_brokers
+    with BlockingClient(f"{b1.servers},{b2.servers}", delivery_timeout_ms=1500) as client:
+        for broker_id in (1, 2):
+            client.request(_create("boot", 1), broker_id=broker_id)
+        assert client.produce("boot", "1-0", encode_values([b"before"], 1000)).base_offset == 0  # type: ignore[union-attr]
+        b1.kill()
+        started = time.monotonic()
+        with pytest.raises(DeliveryTimeoutError) as failed:
+            client.produce_many([("boot", "1-0", encode_values([b"while-down"], 1000))])
+        assert time.monotonic() - started >= 1.4 and failed.value.maybe_stored is False
+        assert client.list_offsets("boot", "2-0", -1).offset == 0, "a batch for 1-0 was stored at 2-0"
+        b1.start()
+        assert client.produce("boot", "1-0", encode_values([b"after"], 1000)).base_offset == 1  # type: ignore[union-attr]
+
+
 def _answers(client: BlockingClient) -> set[int]:
     return {b.broker_id for b in client.metadata(["keys"]).brokers}
 

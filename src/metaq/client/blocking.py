@@ -46,7 +46,7 @@ from metaq.errors import (
 )
 from metaq.net.blocking import BlockingConnection, BlockingPool
 from metaq.net.codec import ConnectionSettings, raise_for_error
-from metaq.net.servers import DEFAULT_SERVERS, Address, parse_servers
+from metaq.net.servers import DEFAULT_SERVERS, Address, format_address, parse_servers
 from metaq.net.tls import ClientTls
 from metaq.protocol.codec import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_IN_FLIGHT
 from metaq.protocol.messages import (
@@ -159,19 +159,25 @@ class BlockingClient:
         return conn
 
     def _connection(self, broker_id: int) -> BlockingConnection:
-        """The connection to broker ``broker_id``: open, reopened, or found among the servers."""
-        if broker_id == self.broker_id:
-            return self._bootstrap()
+        """The connection to broker ``broker_id``: open, reopened, or found among the servers; never another
+        broker's (the bootstrap broker's requests included: a request about a partition names only its number,
+        and another broker would act on its own partition of that number)."""
         address = self._pool.servers.address(broker_id) or self._advertised.get(broker_id)
+        if address is None and broker_id == self.broker_id:
+            address = self._bootstrap_address
         if address is not None:
             try:
-                return self._pool.get(address)
+                conn = self._pool.get(address)
             except ConnectionClosedError as exc:
                 raise ConnectionClosedError(f"cannot reach broker {broker_id}: {exc}") from None
-        conn = self._pool.find(broker_id)  # a standalone broker is known only by the server it is at
-        if conn is None:
+            if conn.broker_id >= 0 and conn.broker_id != broker_id:
+                raise ConnectionClosedError(f"cannot reach broker {broker_id}: {format_address(address)} answers as "
+                                            f"broker {conn.broker_id} now")
+            return conn
+        found = self._pool.find(broker_id)  # a standalone broker is known only by the server it is at
+        if found is None:
             raise UnknownServerError(f"broker {broker_id} is not among the servers {self.servers!r} that answered")
-        return conn
+        return found
 
     def _route(self, topic: str, partition: PartitionKey) -> tuple[BlockingConnection, int]:
         """The connection to a partition's broker and its number there (-1: the bootstrap broker picks)."""
