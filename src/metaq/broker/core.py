@@ -240,7 +240,6 @@ class Broker(Reloading, RequestDispatch):
             max_batch_bytes=c.max_batch_bytes,
         )
 
-
     # -- topics and partitions ----------------------------------------------------------------
 
     def open(self) -> None:
