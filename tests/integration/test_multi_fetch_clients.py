@@ -13,7 +13,7 @@ from pathlib import Path
 import uvloop
 
 from metaq.client import MessageSessionFactory
-from metaq.client.consumer import FetchResult
+from metaq.client.fetcher import FetchResult
 from metaq.client.group import ConsumerConfig, create_consumer
 from metaq.errors import CorruptRecordError, OffsetOutOfRangeError
 from metaq.protocol import messages as m

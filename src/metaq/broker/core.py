@@ -6,6 +6,12 @@ of its connection. The core finds the handler registered for the request's type 
 :mod:`metaq.broker.handlers`), and whatever the handler raises becomes the API's own error response
 through the one mapping of :mod:`metaq.broker.error_mapping`. Nothing here knows sockets or frames.
 
+This module holds the broker's state (topics and their partitions' logs, the group coordinator, the
+delay store, transactions, quotas) and the topics' lifecycle; two parts of the :class:`Broker` are
+modules of their own: the dispatch of a request with the checks every request passes
+(:mod:`metaq.broker.dispatch`), and the configuration while the broker runs, reload included
+(:mod:`metaq.broker.reload`).
+
 Lifecycle: :meth:`Broker.open` (blocking: loads every partition), serving, :meth:`Broker.drain`
 (refuses new produces and fetches, answers what is in flight), :meth:`Broker.close` (flushes, writes
 the clean-shutdown record). :class:`metaq.broker.service.BrokerService` runs it with its transport.
@@ -15,50 +21,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import functools
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from metaq.broker import audit, authorization
+from metaq.broker import audit
 from metaq.broker.cluster import ClusterLink
 from metaq.broker.committing import reapply_on_open
 from metaq.broker.config import (
     BrokerConfig,
     TopicConfig,
     TopicSettings,
-    diff_topics,
-    keep_restart_options,
-    merge_topic_configs,
-    restart_required,
 )
 from metaq.broker.delay.store import DelayStore
-from metaq.broker.error_mapping import error_response
-from metaq.broker.filters import MessageFilter, load_filters
+from metaq.broker.dispatch import RequestDispatch
+from metaq.broker.filters import MessageFilter
 from metaq.broker.groups import GroupCoordinator
-from metaq.broker.ini import load_broker_config, topic_options_text
-from metaq.broker.options import MAX_OPEN_FILES_PROVISIONAL, SYSTEM_OPTIONS, TOPIC_ATTRS
+from metaq.broker.ini import topic_options_text
+from metaq.broker.options import MAX_OPEN_FILES_PROVISIONAL
 from metaq.broker.partition_state import PartitionStateStore
-from metaq.broker.quotas import FETCH, PRODUCE, Quotas
-from metaq.broker.replica_access import replica_fetch_refusal
+from metaq.broker.quotas import Quotas
+from metaq.broker.reload import Reloading
 from metaq.broker.replication.slave_config import SlaveConfig
-from metaq.broker.session import DeferredReply, FileReply, Session, SessionTable
+from metaq.broker.session import Session, SessionTable
 from metaq.broker.stats import BrokerStats
 from metaq.broker.topic_options import TopicOptionsStore
 from metaq.broker.transactions import TransactionCoordinator
 from metaq.broker.waiters import FetchWaiters
 from metaq.errors import (
-    BrokerStoppingError,
-    ConfigError,
     InvalidArgument,
-    InvalidRequestError,
     InvalidTopicError,
     NotMasterError,
-    SaslAuthenticationError,
-    StorageError,
     StorageFailureError,
     UnknownPartitionError,
     UnknownTopicError,
@@ -75,18 +69,6 @@ log = logging.getLogger("metaq.broker")
 
 Handler = Callable[["Broker", Any, Session | None], Any]
 """A request handler: (broker, request, session) -> the response, a FileReply, or a coroutine of one."""
-
-REFUSED_WHILE_STOPPING: frozenset[type] = frozenset({m.ProduceRequest, m.MultiProduceRequest, m.FetchRequest,
-                                                     m.MultiFetchRequest})
-"""Requests a draining broker answers with BROKER_STOPPING (the others still work while it drains)."""
-METERED: frozenset[type] = frozenset({m.ProduceRequest, m.MultiProduceRequest, m.FetchRequest, m.MultiFetchRequest})
-PRODUCES: frozenset[type] = frozenset({m.ProduceRequest, m.MultiProduceRequest})
-"""Requests whose bytes count against the principal's quotas (metaq.broker.quotas); slaves' fetches do not.
-A MultiFetch v0 reply has no throttle_time_ms (v1 has): its connection is muted all the same, the client not told."""
-BEFORE_AUTHENTICATION: frozenset[type] = frozenset({m.ApiVersionsRequest, m.SaslHandshakeRequest,
-                                                    m.SaslAuthenticateRequest})
-"""What an unauthenticated connection may send when authRequired is set; anything else is refused and
-the connection closed."""
 
 
 def check_topic_name(topic: str) -> None:
@@ -138,14 +120,6 @@ class ReplicaGroupView(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
-@dataclass(frozen=True)
-class Reloaded:
-    """What a reload did: the topics whose settings changed, and the changed options it could not apply."""
-
-    changed_topics: list[str]
-    restart_required: list[str]
-
-
 @dataclass
 class TopicState:
     settings: TopicSettings
@@ -155,7 +129,7 @@ class TopicState:
     restarts in the data directory (:mod:`metaq.broker.partition_state`)."""
 
 
-class Broker:
+class Broker(Reloading, RequestDispatch):
     """Topics, partitions, consumer groups, and the requests on them. Network-free: a transport feeds it.
 
     ``handlers`` is the request registry, request type -> :data:`Handler`
@@ -265,106 +239,6 @@ class Broker:
             max_message_bytes=c.max_message_bytes,
             max_batch_bytes=c.max_batch_bytes,
         )
-
-    def _effective(self, file_config: BrokerConfig) -> BrokerConfig:
-        """``file_config`` with the created topics' options as [topic=...] sections under its own.
-
-        Where both set a key, server.ini's section wins: the operator's file is what a reload applies.
-        A slave with autoSyncMasterConfig takes its master's topic options instead of its file's.
-        """
-        file_config = self._with_master_topics(file_config)
-        if not self._created:
-            return file_config
-        topics = dict(self._created)
-        for name, section in file_config.topics.items():
-            topics[name] = merge_topic_configs(topics[name], section) if name in topics else section
-        return dataclasses.replace(file_config, topics=topics)
-
-    def _with_master_topics(self, file_config: BrokerConfig) -> BrokerConfig:
-        if self._master_topics is None:
-            return file_config
-        topics, defaults = self._master_topics
-        config = file_config.with_overrides(defaults) if defaults else file_config
-        own_filters = {n: t.group_filters for n, t in file_config.topics.items() if t.group_filters}
-        merged = {n: dataclasses.replace(t, group_filters=own_filters.get(n, {})) for n, t in topics.items()}
-        return dataclasses.replace(config, topics=merged)
-
-    def apply_master_topics(self, topics: Mapping[str, TopicConfig], defaults: Mapping[str, str]) -> list[str]:
-        """autoSyncMasterConfig: take the master's topic options (its [topic=...] sections and the topic
-        defaults of its [system]) in place of this slave's own, live, as a reload does; the topics affected.
-        ConfigError (nothing changed) when they do not check out here."""
-        previous = self._master_topics
-        self._master_topics = (dict(topics), dict(defaults))
-        try:
-            return self._apply(self._file_config)
-        except Exception:
-            self._master_topics = previous
-            raise
-
-    def master_topics_document(self) -> dict[str, Any]:
-        """What a master publishes for autoSyncMasterConfig slaves: its effective topic sections (server-side
-        group filters left out: they name code, which a slave runs only from its own file) and the topic
-        defaults of its [system]."""
-        topics = {}
-        for name, section in self.config.topics.items():
-            topics[name] = {k: v for k, v in topic_options_text(section).items() if not k.startswith("group.")}
-        defaults = {}
-        for attr in TOPIC_ATTRS:
-            opt = next(o for o in SYSTEM_OPTIONS.values() if o.attr == attr)
-            value = getattr(self.config, attr)
-            defaults[opt.key] = ("true" if value else "false") if isinstance(value, bool) else str(value)
-        return {"topics": topics, "defaults": defaults}
-
-    def load_filters(self) -> None:
-        """Import the server-side filters server.ini names (at start); ConfigError naming the one that fails."""
-        self.filters = load_filters(self._file_config.topics)
-
-    def reload_from_file(self) -> Reloaded:
-        """Read server.ini again, with the start's flags over it, and apply its [topic=…] changes and the
-        live [system] options; what it cannot apply (restart-only options) is reported, and the values
-        the broker started with stay in force for them.
-
-        The one reload path: SIGHUP and the Reload request (`metaq admin reload`) both come here, so they
-        log the same lines and fail the same way. A file that is refused, or a server-side filter that
-        cannot be loaded, changes nothing: one ERROR line, no traceback, and InvalidRequestError saying why.
-        """
-        path = self.config_path
-        if not path:
-            log.warning("reload ignored: the broker was started without -f server.ini")
-            raise InvalidRequestError("the broker was started without -f server.ini: nothing to reload")
-        try:
-            new_config = load_broker_config(path, self.cli_overrides)
-            filters = load_filters(new_config.topics)  # changed modules imported again
-            pending = restart_required(self._started_config, new_config)
-            changed = self._apply(keep_restart_options(self._started_config, new_config))
-        except ConfigError as exc:  # the operator's mistake, not the broker's
-            log.error("reload of %s refused: %s", path, exc)
-            raise InvalidRequestError(f"{exc} (the running configuration is unchanged)") from None
-        except StorageError as exc:  # a grown topic's new partition could not be created
-            log.error("reload of %s failed: %s", path, exc)
-            raise
-        self.filters = filters
-        log.info("reloaded %s: topics changed: %s", path, ", ".join(changed) or "none")
-        if pending:
-            log.warning("reload of %s: changed but applied only by a restart: %s", path, ", ".join(pending))
-        self.announce_config()
-        return Reloaded(changed, pending)
-
-    def announce_config(self) -> None:
-        """A master in ZooKeeper mode publishes its topic options (for autoSyncMasterConfig slaves)."""
-        if self.slave is None and self.cluster.mode == "zookeeper":
-            self.cluster.publish_config(self.master_topics_document())
-
-    def _apply(self, new_config: BrokerConfig) -> list[str]:
-        self._file_config = new_config
-        new_config = self._effective(new_config)
-        diff = diff_topics(self.config, new_config)
-        self.config = new_config
-        affected = set(self.topics) | set(new_config.topics) if diff.defaults_changed else set(diff.topics)
-        for topic in sorted(affected):
-            if topic in self.topics or topic in new_config.topics:
-                self.ensure_topic(topic, None)
-        return sorted(affected)
 
     # -- topics and partitions ----------------------------------------------------------------
 
@@ -570,121 +444,6 @@ class Broker:
                 f"topic {topic!r} has partitions 0..{state.num_partitions - 1} on this broker; got {partition}")
         plog = self.logs.get(topic, partition) or self.logs.get_or_create(topic, partition)
         return state, plog
-
-    # -- requests -------------------------------------------------------------------------------
-
-    def handle(self, request: Any, session: Session | None = None, *, deferred: bool = False) -> Any:
-        """The response to ``request``, or a coroutine of it; never raises (see error_mapping).
-
-        ``session`` is the connection the request came on, as the handlers see it (a fetch counts its
-        long polls against it). A coroutine answers its own errors too; only its cancellation is left
-        to the caller. With ``deferred`` a waiting fetch comes back as a
-        :class:`~metaq.broker.waiters.DeferredReply`, resolved (metered first) in the step of the append
-        that wakes it; without it, as a coroutine awaiting that reply.
-        """
-        kind = type(request)
-        if (session is not None and session.principal is None and self.config.auth_required
-                and kind not in BEFORE_AUTHENTICATION):
-            session.close_after_reply = True
-            name = getattr(kind, "API_NAME", kind.__name__)
-            return m.error_response(getattr(kind, "API_KEY", -1), SaslAuthenticationError.code,
-                                    f"{name} refused: this broker requires authentication (authRequired) and "
-                                    f"the connection has not authenticated; {SaslAuthenticationError.hint}")
-        replica = kind is m.FetchRequest and request.replica_id >= 0
-        try:
-            answer_filter = None
-            if session is not None and self.config.acl_enabled and session.principal is not None:
-                request, answer_filter = authorization.authorize(self, session, request)
-            if replica:
-                refusal = replica_fetch_refusal(self.config, request, session)
-                if refusal is not None:
-                    replica = False  # metered as the consumer's fetch it is
-                    raise refusal
-            handler = self.handlers.get(kind)
-            if handler is None:
-                raise InvalidRequestError(f"{kind.API_NAME} is not served by this broker version")
-            if self.stopping and kind in REFUSED_WHILE_STOPPING:
-                raise BrokerStoppingError(BrokerStoppingError.hint)
-            if kind in METERED and session is not None and not replica \
-                    and self.config.quotas_set:
-                direction = PRODUCE if kind in PRODUCES else FETCH
-                wait_s = self.quotas.wait_s(session, direction)
-                if wait_s > 0:  # the principal is in debt (on any connection): this request waits for it
-                    hold: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                    session.hold = hold  # its connection handles nothing else meanwhile (the TCP transport)
-                    return self._answer(kind.API_KEY,
-                                        self._after_quota_wait(request, session, direction, wait_s, hold))
-                if direction == FETCH:
-                    allowance = self.quotas.fetch_allowance(session)
-                    if allowance is not None and allowance < request.max_bytes:
-                        request = dataclasses.replace(request, max_bytes=allowance)
-            result = handler(self, request, session)
-            if answer_filter is not None:
-                result = authorization.filtered(result, answer_filter)
-        except Exception as exc:
-            result = error_response(kind.API_KEY, exc)
-        metered = session is not None and kind in METERED and not replica
-        if isinstance(result, DeferredReply):
-            if metered:
-                assert session is not None
-                result.on_done(functools.partial(self._meter, request, session=session))
-            return result if deferred else self._answer(kind.API_KEY, result.wait())
-        if inspect.iscoroutine(result):
-            return self._answer(kind.API_KEY, result, request if metered else None, session)
-        if metered:
-            assert session is not None
-            self._meter(request, result, session)
-        return result
-
-    async def _after_quota_wait(self, request: Any, session: Session, direction: str, wait_s: float,
-                                hold: asyncio.Future[None]) -> Any:
-        """Handle ``request`` once its principal's debt is paid (docs/security.md#quotas); its connection handles
-        nothing else meanwhile (``hold``), so more connections or pipelining gain nothing."""
-        try:
-            while wait_s > 0:
-                await asyncio.sleep(wait_s)
-                wait_s = self.quotas.wait_s(session, direction)  # other connections of the principal went on
-            if session.hold is hold:  # not taken by a transport (HTTP, Kafka: no connection to hold)
-                session.hold = None
-            result = self.handle(request, session)
-            inner, session.hold = session.hold, None
-            if isinstance(result, DeferredReply):
-                result = result.wait()
-            if inspect.isawaitable(result):
-                result = await result
-            if inner is not None:
-                await inner
-            return result
-        finally:
-            if not hold.done():
-                hold.set_result(None)
-
-    async def _answer(self, api_key: int, pending: Awaitable[Any], metered: Any = None,
-                      session: Session | None = None) -> Any:
-        try:
-            result = await pending
-        except Exception as exc:
-            result = error_response(api_key, exc)
-        if metered is not None and session is not None:
-            self._meter(metered, result, session)
-        return result
-
-    def _meter(self, request: Any, result: Any, session: Session) -> None:
-        """Count a produce's or a fetch's bytes against the principal's quota; the throttle into the reply."""
-        if isinstance(request, m.ProduceRequest):
-            throttle_ms = self.quotas.record(session, PRODUCE, len(request.records))
-        elif isinstance(request, m.MultiProduceRequest):  # every batch's records, as that many Produces
-            throttle_ms = self.quotas.record(session, PRODUCE, sum(len(p.records) for p in request.partitions))
-        elif isinstance(request, m.MultiFetchRequest):
-            fetched = sum(len(p.records) for p in getattr(result, "partitions", ()))
-            throttle_ms = self.quotas.record(session, FETCH, fetched)
-        else:
-            nbytes = result.file_slice.size if isinstance(result, FileReply) else len(getattr(result, "records", b""))
-            throttle_ms = self.quotas.record(session, FETCH, nbytes)
-        if throttle_ms:
-            response = result.response if isinstance(result, FileReply) else result
-            if hasattr(response, "throttle_time_ms"):
-                response.throttle_time_ms = throttle_ms
 
     # -- lifecycle ----------------------------------------------------------------------------
 

@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from metaq.client import selectors
     from metaq.client.admin import Admin
-    from metaq.client.consumer import Fetcher, FetchResult, PullConsumer
+    from metaq.client.consumer import PullConsumer
     from metaq.client.exceptions import BufferFullError, ClientClosedError
+    from metaq.client.fetcher import Fetcher, FetchResult
     from metaq.client.metadata import Partition
     from metaq.client.producer import BatchSendResult, Producer
     from metaq.client.selectors import KeyHashSelector, RandomSelector, RoundRobinSelector, StickyRoundRobinSelector
@@ -45,8 +46,8 @@ _EXPORTS: dict[str, str] = {
     "BatchSendResult": "metaq.client.producer",
     "BufferFullError": "metaq.client.exceptions",
     "ClientClosedError": "metaq.client.exceptions",
-    "FetchResult": "metaq.client.consumer",
-    "Fetcher": "metaq.client.consumer",
+    "FetchResult": "metaq.client.fetcher",
+    "Fetcher": "metaq.client.fetcher",
     "KeyHashSelector": "metaq.client.selectors",
     "Message": "metaq.types",
     "MessageBatch": "metaq.protocol.records",

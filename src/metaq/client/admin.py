@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from metaq.client.consumer import offsets_of
 from metaq.client.core import ClientCore
+from metaq.client.fetcher import offsets_of
 from metaq.client.metadata import Partition
 from metaq.errors import InvalidArgument, ProtocolError
 from metaq.protocol.messages import (

@@ -2,7 +2,7 @@
 
 A consumer that owns many partitions of a broker gives each its own worker (fetch, deliver, fetch
 again, in offset order). With :class:`BrokerFetcher` the workers hand their fetches to their broker's
-fetcher, which sends them together as MultiFetch requests (:meth:`~metaq.client.consumer.Fetcher.fetch_many`)
+fetcher, which sends them together as MultiFetch requests (:meth:`~metaq.client.fetcher.Fetcher.fetch_many`)
 and long-polls on all of them at once; each worker still gets only its own partition's result, so
 what it does with it is unchanged.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from metaq.client.consumer import DEFAULT_MULTI_FETCH_MAX_BYTES, Fetcher, FetchResult
+from metaq.client.fetcher import DEFAULT_MULTI_FETCH_MAX_BYTES, Fetcher, FetchResult
 from metaq.client.metadata import Partition
 from metaq.net.connection import BrokerConnection
 

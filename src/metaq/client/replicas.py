@@ -20,7 +20,7 @@ back to a slave afterwards; ``slave`` tries another slave, or the same again whe
 Every switch happens between two fetches at the consumer's own next offset, and a slave's log is a
 byte-for-byte prefix of its master's (same offsets, same ids), so a switch neither skips nor repeats a
 message. A slave may be behind its master (its lag, ``metaq cluster``): an offset past the slave's log
-end is waited for, never jumped over or reset (:class:`metaq.client.consumer.Fetcher`).
+end is waited for, never jumped over or reset (:class:`metaq.client.fetcher.Fetcher`).
 """
 
 from __future__ import annotations

@@ -26,14 +26,9 @@ from typing import Any, TypeVar
 
 from metaq.client.admin import Admin, FindResult, MessageLocation, ReloadResult, TopicDescription
 from metaq.client.config import ClientConfig
-from metaq.client.consumer import (
-    DEFAULT_FETCH_MAX_BYTES,
-    DEFAULT_MAX_WAIT_MS,
-    OutOfRangePolicy,
-    PullConsumer,
-    StartOffset,
-)
+from metaq.client.consumer import DEFAULT_MAX_WAIT_MS, OutOfRangePolicy, PullConsumer, StartOffset
 from metaq.client.exceptions import ClientClosedError
+from metaq.client.fetcher import DEFAULT_FETCH_MAX_BYTES
 from metaq.client.metadata import Partition
 from metaq.client.producer import BatchSendResult, Producer
 from metaq.client.selectors import PartitionSelector

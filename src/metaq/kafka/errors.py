@@ -26,6 +26,21 @@ _MAP: dict[int, int] = {
 
 _KAFKA_KNOWN_MAX = 130
 
+# Kafka's codes the translation (metaq.kafka.apis) writes of its own
+NONE = 0
+CORRUPT_MESSAGE = 2
+UNKNOWN_TOPIC_OR_PARTITION = 3
+NOT_LEADER_OR_FOLLOWER = 6
+COORDINATOR_NOT_AVAILABLE = 15
+INCONSISTENT_GROUP_PROTOCOL = 23
+UNKNOWN_MEMBER_ID = 25
+ILLEGAL_GENERATION = 22
+REBALANCE_IN_PROGRESS = 27
+UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+UNSUPPORTED_VERSION = 35
+INVALID_REQUEST = 42
+TOPIC_ALREADY_EXISTS = 36
+
 
 def kafka_code(code: int) -> int:
     """The Kafka error code for a metaq error code (0 stays 0; anything unknown is UNKNOWN_SERVER_ERROR)."""

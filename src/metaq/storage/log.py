@@ -5,13 +5,17 @@ or close. ``_lock`` guards the segment list and the writer's state and is held o
 non-blocking work (the append's single ``pwritev`` to the page cache included). The durability
 bookkeeping lives in the partition's flush state (storage/partition_flush.py), whose sync lock serialises
 the blocking syncs, which run without ``_lock`` so appends go on during an fdatasync.
+
+Here: open, append, roll, read. The log's other parts are modules of their own, under the same locks and on
+the same segment list: opening and recovering it (recovery.py), durability (partition_flush.py), a follower's
+writes (follower.py), search by time and key (search.py), retention (retention.py), the scrub (verify.py),
+and closing it (closing.py).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import time
 from bisect import bisect_right
@@ -33,15 +37,14 @@ from metaq.storage import follower, search
 from metaq.storage.checkpoint import (
     CLEAN_SHUTDOWN_FILE,
     CleanState,
-    fsync_directory,
     read_partition_clean_state,
-    write_partition_clean_state,
 )
+from metaq.storage.closing import LogClosing
 from metaq.storage.config import LogConfig
 from metaq.storage.errors import DamagedData, LogClosedError, OffsetOutOfRange, storage_error
 from metaq.storage.files import FileCache, FileHandle
 from metaq.storage.fileslice import FileSlice, hint_readahead
-from metaq.storage.flush import Flusher, resolve
+from metaq.storage.flush import Flusher
 from metaq.storage.keyindex import (
     DEFAULT_MAX_ENTRIES,
     FindResult,
@@ -49,7 +52,6 @@ from metaq.storage.keyindex import (
 from metaq.storage.partition_flush import AppendResult, PartitionFlush, Unsynced
 from metaq.storage.producers import (
     ProducerStateTable,
-    list_snapshots,
     write_snapshot,
 )
 from metaq.storage.recovery import RecoveryReport, load_producers, load_segments
@@ -61,21 +63,19 @@ from metaq.types import BROKER_ID_MAX, make_message_id, partition_tag, validate_
 log = logging.getLogger(__name__)
 
 _STANDALONE_MAX_OPEN_FILES = 64
-CLEAN_OPEN_WALK_BYTES = 1 << 20
-"""A clean close writes the active segment's pending index entries when the log after the last entry on
-disk holds this much or more; otherwise the next clean open reads that stretch's batch headers instead."""
 
 
-class PartitionLog:
+class PartitionLog(LogClosing):
     """The log of one partition. Create with :meth:`open`."""
 
     # A broker holds thousands of these: slots save about 1.2 KiB each (of ~4.4 KiB, tracemalloc).
     __slots__ = (
-        "_abandoned", "_active", "_appending", "_bases", "_clock", "_closed", "_config", "_damaged",
+        "_active", "_appending", "_bases", "_clock", "_config", "_damaged",
         "_end_offset", "_failure", "_files", "_find_lock", "_flush", "_flusher", "_id_base", "_lock",
         "_marker_present", "_own_files", "_partition", "_segments", "_size_bytes", "_sync", "_tag", "_tail",
         "_topic", "_truncations", "device", "directory", "producers", "recovery",
     )
+    _flush: PartitionFlush
 
     def __init__(self, directory: Path, topic: str, partition: int, config: LogConfig, broker_id: int, *,
                  clock: Callable[[], float], flusher: Flusher | None, files: FileCache, own_files: bool,
@@ -534,7 +534,6 @@ class PartitionLog:
         returns the removed base offsets."""
         return apply_retention(self, now_ms)
 
-
     # ------------------------------------------------------------------ configuration and lifecycle
 
     def set_config(self, config: LogConfig) -> None:
@@ -546,95 +545,3 @@ class PartitionLog:
             pending = self._flush.pending
         if pending and self._flusher is not None and self._flusher.running:
             self._flusher.flush_soon(self)
-
-    def close_writes_index_files(self) -> bool:
-        """Whether :meth:`close` is to write (and fsync) the active segment's pending index entries."""
-        return self._active.unindexed_bytes() >= CLEAN_OPEN_WALK_BYTES
-
-    def close(self, *, write_marker: bool = True, sync_indexes: bool = True) -> CleanState | None:
-        """Flush, sync the index files, and record a clean shutdown; returns the clean state (None if the
-        log had failed). ``write_marker=False`` leaves the recording to the caller (the LogManager
-        writes one checkpoint for all partitions); ``sync_indexes=False`` when a sync of the whole
-        filesystem, after the last index write, already made the index files durable.
-
-        The active segment's index entries not written yet (fewer than ``ACTIVE_INDEX_WRITE_BYTES``) are
-        written only when they cover ``CLEAN_OPEN_WALK_BYTES`` of log or more: a clean open walks the
-        batches after the last entry on disk anyway, and writing them here created two files per
-        partition at the close of many small ones (seconds for 10,000)."""
-        if self._closed:
-            return None
-        error: StorageError | None = None
-        try:
-            self._flush.flush_pending()
-        except StorageError as exc:
-            error = exc
-        state: CleanState | None = None
-        with self._flush.sync_lock:
-            with self._lock:
-                if self._closed:
-                    return None
-                self._closed = True
-                active = self._active
-                segments = list(self._segments)
-            try:
-                if error is None:
-                    written = self.close_writes_index_files()
-                    if written:
-                        active.write_index_bytes(*active.take_pending_index_bytes())
-                    if written or sync_indexes:
-                        active.sync_index_files(self._sync, create=False)
-                    state = CleanState(active.base_offset, active.size_bytes, self._end_offset)
-                    if self.producers or list_snapshots(self.directory):
-                        write_snapshot(self.directory, self.producers, self._end_offset)
-                    if write_marker:
-                        write_partition_clean_state(self.directory, state, sync=self._sync)
-            except OSError as exc:
-                error = StorageError(f"cannot close {self} cleanly: {exc}")
-                state = None
-            finally:
-                self._release_files(segments)
-        if error is not None:
-            raise error
-        return state
-
-    def abandon(self) -> None:
-        """Drop the log as a crash would: no flush, no clean-shutdown record; pending acks fail.
-
-        For tests and fault injection; the files are left as the page cache has them.
-        """
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._abandoned = True
-            pending = self._flush.abandon_locked()
-            segments = list(self._segments)
-        resolve(pending, LogClosedError(f"{self} was abandoned before the flush"))
-        self._release_files(segments)
-
-    def delete(self) -> None:
-        """Close the log (without a clean-shutdown record) and remove its directory."""
-        if not self._closed:
-            try:
-                self.close(write_marker=False)
-            except StorageError as exc:
-                log.warning("deleting %s after a failed close: %s", self, exc)
-        doomed = self.directory.with_name(self.directory.name + ".deleting")
-        try:
-            os.replace(self.directory, doomed)
-        except FileNotFoundError:
-            return
-        except OSError:
-            doomed = self.directory
-        shutil.rmtree(doomed, ignore_errors=True)
-        try:
-            fsync_directory(self.directory.parent)
-        except OSError:
-            pass
-
-    def _release_files(self, segments: list[Segment]) -> None:
-        for segment in segments:
-            for path in (segment.log_path, segment.index_path, segment.timeindex_path):
-                self._files.discard(path)
-        if self._own_files:
-            self._files.close_all()

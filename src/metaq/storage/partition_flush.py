@@ -46,7 +46,7 @@ FLUSH_RETRY_MS = 100
 ACTIVE_INDEX_WRITE_BYTES = 4096
 """A sync writes the active segment's new index entries once they hold this much (about 200 entries, some
 800 KiB of log at the default index interval), at a seal, and at a clean close only past
-``CLEAN_OPEN_WALK_BYTES`` (storage/log.py). Only a clean open reads the active segment's index files (after a
+``CLEAN_OPEN_WALK_BYTES`` (storage/closing.py). Only a clean open reads the active segment's index files (after a
 crash the newest segment is checked whole and its indexes rebuilt), and it indexes the batches after their
 last entry again from their headers, so an entry not written costs that walk at the next open, never an
 answer; a sync of a quiet partition among 10,000 then opens and writes no index file (two opens, two

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from metaq.client.consumer import FetchResult
+from metaq.client.fetcher import FetchResult
 from metaq.client.group.config import ConsumerConfig
 from metaq.client.group.delivery import (
     ConsumerStats,

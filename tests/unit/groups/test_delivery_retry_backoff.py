@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from metaq.client.consumer import FetchResult
+from metaq.client.fetcher import FetchResult
 from metaq.client.group.config import ConsumerConfig
 from metaq.client.group.delivery import (
     ConsumerStats,

@@ -20,8 +20,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from metaq.client.consumer import offsets_of
 from metaq.client.core import ClientCore
+from metaq.client.fetcher import offsets_of
 from metaq.client.group.offsets import BrokerOffsetStorage, OffsetStorage, ZooKeeperOffsetStorage
 from metaq.cluster.registry import GroupRegistry
 from metaq.errors import (

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from metaq.client.consumer import DEFAULT_FETCH_MAX_BYTES, PullConsumer, StartOffset
+from metaq.client.consumer import PullConsumer, StartOffset
 from metaq.client.core import ClientCore
+from metaq.client.fetcher import DEFAULT_FETCH_MAX_BYTES
 from metaq.errors import InvalidArgument
 from metaq.types import Message, PartitionId, PartitionKey, validate_topic
 

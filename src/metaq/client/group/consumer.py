@@ -70,9 +70,9 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from metaq.client.consumer import MULTI_FETCH_API_KEY, Fetcher, FetchResult, read_request
 from metaq.client.core import ClientCore
 from metaq.client.exceptions import ClientClosedError
+from metaq.client.fetcher import MULTI_FETCH_API_KEY, Fetcher, FetchResult, read_request
 from metaq.client.group.config import ConsumerConfig
 from metaq.client.group.dead_letter import DeadLetterSender
 from metaq.client.group.delivery import (

@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from metaq.client.config import ProducerConfig
-from metaq.client.consumer import DEFAULT_FETCH_MAX_BYTES, PullConsumer, offsets_of
+from metaq.client.consumer import PullConsumer
 from metaq.client.core import ClientCore
+from metaq.client.fetcher import DEFAULT_FETCH_MAX_BYTES, offsets_of
 from metaq.client.group.offsets import BrokerOffsetStorage, OffsetStorage, ZooKeeperOffsetStorage
 from metaq.client.metadata import Partition
 from metaq.client.producer import Producer

@@ -31,8 +31,8 @@ from itertools import chain
 from typing import Any
 
 from metaq.client.callbacks import takes_two
-from metaq.client.consumer import FetchResult
 from metaq.client.exceptions import ClientClosedError
+from metaq.client.fetcher import FetchResult
 from metaq.client.group.config import ConsumerConfig
 from metaq.client.group.dead_letter import DeadLetterSender
 from metaq.client.group.filters import MessageFilter
