@@ -2,7 +2,7 @@
 # Imported only by metaq._compiled.
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from metaq.types import Message
 
@@ -37,16 +37,3 @@ def validate_plain(batch: bytes | bytearray | memoryview, max_message_bytes: int
 def stamp_prefix(header: tuple[int, ...], base_offset: int, base_message_id: int, append_time_ms: int, /
                  ) -> bytes | None: ...
 
-# The producer's send path, retired with its rework (issue 36).
-def resolve_ok(waiters: list[Any], start: int, base_id: int, base_offset: int, partition: int, topic: str,
-               broker_id: int, invalid_state_error: type[BaseException], /) -> None: ...
-def bind_message(cls: type[Message], field_names: Sequence[str], /) -> None: ...
-
-class PlainPlacer:
-    """Producer.send_async's (``create_future`` None: send_oneway's) common case in one call; ``place`` returns the
-    message's future (True for one-way), or None having changed nothing."""
-    def __new__(cls, producer: Any, create_future: Any, hot: dict[str, Any],
-                batches: dict[Any, Any], table: dict[str, Any], sticky: bool, acks: int, batch_bytes: int,
-                max_message_bytes: int, max_buffered: int, record_prefix: int, batch_class: type,
-                rotation_class: type, /) -> PlainPlacer: ...
-    def place(self, message: Message, /) -> Any: ...

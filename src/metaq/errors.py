@@ -14,7 +14,13 @@ from typing import Any, ClassVar
 
 
 class MetaqError(Exception):
-    """Root of every metaq error."""
+    """Root of every metaq error.
+
+    ``maybe_stored``: for a produce (a send's result) that failed with this error, whether the message may have
+    been stored anyway. False: it certainly was not, so sending it again cannot store it twice.
+    """
+
+    maybe_stored: bool = False
 
 
 class ProtocolError(MetaqError):
@@ -71,6 +77,7 @@ class ConnectionClosedError(MetaqError):
     """The connection to a broker closed or failed; in-flight requests may or may not have been applied."""
 
     retriable = True
+    maybe_stored = True
 
 
 class BufferFullError(MetaqError):
@@ -91,6 +98,32 @@ class RequestTimeoutError(MetaqError):
     """No reply came within the request timeout; the request may still be applied by the broker."""
 
     retriable = True
+    maybe_stored = True
+
+
+class DeliveryTimeoutError(MetaqError):
+    """A send did not end within the producer's ``delivery_timeout_ms`` (waiting for a master, a connection, a
+    partition to open, resends). ``maybe_stored`` says whether an attempt may have stored it; ``cause`` is the
+    last failure met on the way, if any."""
+
+    retriable = True
+
+    def __init__(self, message: str, *, maybe_stored: bool, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.maybe_stored = maybe_stored
+        self.cause = cause
+
+
+class WouldReorderError(MetaqError):
+    """A batch the broker refused could not be sent again without being stored behind a later batch of the same
+    producer and partition (that one was stored, or may have been): it was not stored, and was not sent again.
+    ``cause`` is the refusal."""
+
+    retriable = True
+
+    def __init__(self, message: str, *, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class BrokerError(MetaqError):
@@ -101,6 +134,8 @@ class BrokerError(MetaqError):
     retriable: ClassVar[bool] = False
     refresh_metadata: ClassVar[bool] = False
     hint: ClassVar[str] = ""
+    maybe_stored: bool = False
+    """A broker's answer to a produce is a refusal made before the append, unless the class says otherwise."""
 
     def __init__(self, message: str = "", response: Any = None) -> None:
         self.message = message or self.hint or self.name
@@ -140,6 +175,7 @@ class UnknownServerError(BrokerError):
     code = -1
     name = "UNKNOWN_SERVER_ERROR"
     hint = "the broker failed in an unexpected way; see its log"
+    maybe_stored = True
 
 
 @_register
@@ -209,6 +245,7 @@ class NotEnoughReplicasAfterAppendError(BrokerError):
     code = 20
     name = "NOT_ENOUGH_REPLICAS_AFTER_APPEND"
     retriable = True
+    maybe_stored = True
     hint = ("the batch was written on the master but not confirmed by the in-sync slaves in time; it is not "
             "acknowledged (a retry may store it twice)")
 
@@ -253,6 +290,18 @@ class InvalidProducerEpochError(BrokerError):
     code = 47
     name = "INVALID_PRODUCER_EPOCH"
     hint = "the producer's sequence was restarted with a newer epoch; this older batch was not stored"
+
+
+@_register
+class UnknownProducerIdError(BrokerError):
+    """Idempotent producer: the partition knows nothing of this producer (new, forgotten after a day without a
+    batch, or its batches were cut) and the batch does not start its sequence at 0. Nothing was stored; the
+    producer starts a new epoch at sequence 0 and resends (Kafka's UNKNOWN_PRODUCER_ID)."""
+
+    code = 59
+    name = "UNKNOWN_PRODUCER_ID"
+    retriable = True
+    hint = "this partition does not know the idempotent producer; nothing was stored (it restarts its sequence)"
 
 
 @_register
@@ -349,6 +398,7 @@ class StorageFailureError(BrokerError):
     code = 56
     name = "KAFKA_STORAGE_ERROR"
     retriable = True
+    maybe_stored = True
     hint = "the broker could not write or read its log"
 
 

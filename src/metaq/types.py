@@ -30,8 +30,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, NamedTuple
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
 from metaq import _compiled
 from metaq.errors import InvalidArgument
@@ -272,10 +272,8 @@ class SendResult:
     ``broker_id`` and ``partition`` say where the message was stored (``partition_id`` together).
     """
 
-    # The producer's resolving pass (metaq.client.producer._resolve_ok_pass) builds the successes of a batch
-    # without __init__, assigning every slot itself: a new field must be assigned there as well
-    # (tests/integration/test_send_results.py fails until it is), and in the compiled SendResult
-    # (src/metaq/_speedups.c: tests/unit/test_send_result_impl.py fails until it is).
+    # A new field must be added to the compiled SendResult too (src/metaq/_speedups.c:
+    # tests/unit/test_send_result_impl.py fails until it is).
 
     success: bool
     message_id: MessageId = -1
@@ -312,15 +310,3 @@ if not TYPE_CHECKING and _compiled.speedups is not None:
     for _name in ("partition_id", "message_id_hex", "__dataclass_fields__", "__dataclass_params__", "__match_args__"):
         setattr(SendResult, _name, _PySendResult.__dict__[_name])
     _PySendResult.__qualname__ = _PySendResult.__name__ = "_PySendResult"  # pickled by its own name
-
-PLAIN_PLACER: Any = None
-"""The producer's compiled placement of a plain message (metaq._speedups.PlainPlacer, which reads Message's slots),
-or None: send_async and send_oneway run their Python code for every message. Retired with the producer's rework."""
-
-if _compiled.speedups is not None:
-    try:
-        _compiled.speedups.bind_message(Message, [f.name for f in fields(Message)])
-    except ValueError:
-        pass
-    else:
-        PLAIN_PLACER = _compiled.speedups.PlainPlacer

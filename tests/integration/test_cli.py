@@ -122,6 +122,23 @@ def test_produce_prints_a_repeated_error_once(broker_factory: Callable[..., Brok
         "sent 0 messages to missing, 30 failed"]
 
 
+def test_produce_waits_for_a_broker_that_went_away_until_its_delivery_deadline(broker: BrokerProcess) -> None:
+    s = ["-s", broker.servers]
+    assert metaq("topic", "create", "gone", "-p", "1", *s).returncode == 0
+    with CliProcess("produce", "gone", "-p", "0", "--print-ids", "--delivery-timeout-ms", "1500", *s,
+                    stdin=subprocess.PIPE) as proc:
+        proc.write("first\n")
+        wait_until(lambda: _put_messages(broker.servers, "gone") == 1, 30, 0.05, "the first line to be stored")
+        broker.stop()
+        proc.write("second\n")
+        assert proc.proc.stdin is not None
+        proc.proc.stdin.close()
+        assert proc.wait(60) == 1
+    errors = [line for line in proc.stderr if line.startswith("error:")]
+    assert len(errors) == 1 and "delivery_timeout_ms=1500" in errors[0] and "certainly not stored" in errors[0]
+    assert proc.stderr[-1] == "sent 1 message to gone, 1 failed" and proc.stdout[0].startswith("0-0\t0\t")
+
+
 def test_consume_into_a_reader_that_stops_early_ends_quietly(broker: BrokerProcess) -> None:
     # `metaq consume t | head -1`
     s = ["-s", broker.servers]

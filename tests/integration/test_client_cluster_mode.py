@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from metaq.client import Message, MessageSessionFactory, connect
-from metaq.errors import ConfigError, ConnectionClosedError, PartitionClosedError
+from metaq.errors import ConfigError, ConnectionClosedError, DeliveryTimeoutError, PartitionClosedError
 from metaq.testing import BrokerProcess, wait_until
 from metaq.types import PartitionId as P
 
@@ -48,7 +48,7 @@ def test_a_send_while_every_partition_is_closed_waits_for_one_to_open_in_cluster
         cluster_factory: Callable[..., BrokerProcess], zookeeper: Any, zk_root: str) -> None:
     """In cluster mode "every partition closed" is also how a master's handover looks for a moment (the old
     master's topic node gone, the new one's not yet there): a send then waits for the view to change, in order,
-    up to the producer's request timeout, instead of failing at once (and a caller's retry loop spinning)."""
+    up to the send's delivery deadline, instead of failing at once (and a caller's retry loop spinning)."""
     cluster_factory(1, topics="[topic=gate]\nnumPartitions=2\n")
 
     async def main() -> None:
@@ -85,12 +85,13 @@ def test_a_send_while_every_partition_is_closed_waits_for_one_to_open_in_cluster
                 held_here = [x for x in msgs if x.startswith((b"held-", b"many-"))]
                 assert held_here == sorted(held_here, key=lambda x: (x.startswith(b"many-"), x)), stored
 
-            # Still closed when the producer's request timeout passes: the sends fail, in order, with the reason.
-            short = session.create_producer(request_timeout_s=1.0)
+            # Still closed at the sends' delivery deadline: they fail, in order, certainly not stored, with the reason.
+            short = session.create_producer(delivery_timeout_ms=1000)
             await close_every_partition()
             late = [short.send_async(Message("gate", b"late-%d" % i)) for i in range(3)]
             outcomes = await asyncio.wait_for(asyncio.gather(*late), 30)
-            assert all(not r.success and isinstance(r.error, PartitionClosedError) for r in outcomes), outcomes
+            assert all(not r.success and isinstance(r.error, DeliveryTimeoutError) and not r.error.maybe_stored
+                       and isinstance(r.error.cause, PartitionClosedError) for r in outcomes), outcomes
             assert "stayed closed" in str(outcomes[0].error)
 
     asyncio.run(main())

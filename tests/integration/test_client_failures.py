@@ -1,8 +1,9 @@
 """Failures a producer reports in its SendResult (never as an exception), against a real broker.
 
 Unknown topics and closed partitions get the broker's error class; a broker that dies or stops
-answering fails what is in flight with ConnectionClosedError / RequestTimeoutError, and a later send
-reconnects by itself.
+answering fails what is in flight with ConnectionClosedError / RequestTimeoutError (may have been stored),
+a send to a broker that cannot be reached waits for it until its delivery deadline (then
+DeliveryTimeoutError, certainly not stored), and a later send reconnects by itself.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import uvloop
 from metaq.client import Message, MessageSessionFactory, Partition, Producer
 from metaq.errors import (
     ConnectionClosedError,
+    DeliveryTimeoutError,
     PartitionClosedError,
     RequestTimeoutError,
     UnknownTopicError,
@@ -146,17 +148,43 @@ def test_a_broker_that_stops_answering_times_out_and_the_producer_recovers(broke
     run(main())
 
 
-def test_a_broker_that_is_down_fails_sends_after_bounded_attempts(broker: BrokerProcess) -> None:
+def test_a_broker_that_is_down_fails_sends_at_their_delivery_deadline_as_certainly_not_stored(
+        broker: BrokerProcess) -> None:
     async def main() -> None:
         async with await MessageSessionFactory.connect(broker.servers, reconnect_attempts=2,
                                                        reconnect_backoff_s=0.01) as session:
             await session.admin().create_topic("down", 1)
-            producer = session.create_producer()
+            producer = session.create_producer(delivery_timeout_ms=1500)
             assert (await producer.send(Message("down", b"up"))).success
             await asyncio.to_thread(broker.stop)
+            started = asyncio.get_running_loop().time()
             r = await producer.send(Message("down", b"nobody"))
-            assert not r.success and isinstance(r.error, ConnectionClosedError)
+            waited = asyncio.get_running_loop().time() - started
+            assert not r.success and isinstance(r.error, DeliveryTimeoutError), r.error
+            assert r.error.maybe_stored is False and isinstance(r.error.cause, ConnectionClosedError)
             assert "gave up after 2 attempts" in str(r.error)
+            assert waited >= 1.4, f"failed after {waited:.2f} s, before its deadline"
+
+    run(main())
+
+
+def test_a_send_to_a_broker_that_is_down_waits_for_it_to_come_back(broker: BrokerProcess) -> None:
+    """Within the delivery deadline a send rides out a broker restart instead of failing with "cannot connect"."""
+    async def main() -> None:
+        async with await MessageSessionFactory.connect(broker.servers, reconnect_attempts=2,
+                                                       reconnect_backoff_s=0.01) as session:
+            await session.admin().create_topic("back", 1)
+            producer = session.create_producer()
+            assert (await producer.send(Message("back", b"up"))).success
+            await asyncio.to_thread(broker.stop)
+            futures = [producer.send_async(Message("back", b"while-down-%d" % i)) for i in range(20)]
+            await asyncio.sleep(0.5)  # the sender has tried and failed to connect meanwhile
+            assert not any(f.done() for f in futures)
+            await asyncio.to_thread(broker.start)
+            results = await asyncio.gather(*futures)
+            assert all(r.success for r in results), [r.error for r in results if not r.success][:3]
+            offsets = [r.offset for r in results]
+            assert offsets == sorted(offsets), "stored out of send order"
 
     run(main())
 

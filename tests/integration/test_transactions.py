@@ -4,6 +4,7 @@ the middle of committing transactions leaves each one whole or absent (docs/tran
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from metaq.client import connect
-from metaq.client.transaction import TransactionError
+from metaq.client.transaction import TransactionError, TransactionOutcomeError
 from metaq.errors import InvalidTxnStateError, OutOfOrderSequenceError
 from metaq.net.blocking import BlockingConnection
 from metaq.net.codec import ConnectionSettings, raise_for_error
@@ -100,12 +101,60 @@ def test_a_transaction_past_its_timeout_is_rolled_back_and_its_commit_says_why(
         producer.send(Message("t", b"late"))
         wait_until(lambda: _stats(broker)["transactions"]["timed_out"] == 1, timeout_s=10,
                    message="the broker to roll the transaction back")
-        with pytest.raises(InvalidTxnStateError, match="timed out"):
+        with pytest.raises(TransactionOutcomeError, match="timed out") as failed:
             producer.commit()
+        assert isinstance(failed.value.cause, InvalidTxnStateError) and failed.value.outcome_known
+        assert producer.transaction_status(failed.value.transaction_id).startswith("rolled back")
         with pytest.raises(Exception, match="maxTxTimeoutInSeconds"):
             producer.begin_transaction(timeout_s=60)
             producer.send(Message("t", b"x"))
     assert _read_all(broker, "t") == []
+
+
+def test_a_commit_whose_reply_is_lost_names_its_transaction_and_its_status_tells_how_it_ended(
+        broker_factory: Callable[..., BrokerProcess]) -> None:
+    """The retry-safe pattern (docs/transactions.md): a commit that fails with its outcome unknown raises
+    TransactionOutcomeError with the transaction's id and broker; transaction_status says how it ended, so the
+    application finishes it (or sends again) without storing it twice."""
+    broker = broker_factory({"numPartitions": 1})
+    with connect(broker.servers, request_timeout_s=1.0) as session:
+        session.admin().create_topic("t", 1)
+        producer = session.create_producer()
+        producer.tpc_begin("in-doubt-1")
+        producer.send(Message("t", b"in-doubt"))
+        producer.tpc_prepare()  # every put is on the broker: only the commit is left
+        broker.signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(TransactionOutcomeError) as failed:
+                producer.tpc_commit()  # no reply within the request timeout
+        finally:
+            broker.signal(signal.SIGCONT)
+        error = failed.value
+        assert error.transaction_id == "0:in-doubt-1:" and error.broker_id is not None
+        assert not error.outcome_known and "transaction_status" in str(error)
+        seen: list[str] = []
+        wait_until(lambda: seen.append(producer.transaction_status(error.transaction_id, error.broker_id))
+                   or seen[-1] != "committing", 30, 0.05, "the commit under way to be applied")
+        status = seen[-1]
+        assert status in ("committed", "prepared"), status
+        if status == "prepared":  # the commit never reached it: finish it (a local transaction would send again)
+            producer.tpc_commit(error.transaction_id)
+        assert producer.transaction_status(error.transaction_id) == "committed"
+    assert _read_all(broker, "t") == [b"in-doubt"]
+
+
+def test_the_sync_send_async_is_refused_inside_a_transaction(broker_factory: Callable[..., BrokerProcess]) -> None:
+    """As the asyncio producer's (and docs/transactions.md say): not silently added to the transaction."""
+    broker = broker_factory({"numPartitions": 1})
+    with connect(broker.servers) as session:
+        session.admin().create_topic("t", 1)
+        producer = session.create_producer()
+        with producer.transaction():
+            producer.send(Message("t", b"in"))
+            with pytest.raises(TransactionError, match="send_async cannot be used inside a transaction"):
+                producer.send_async(Message("t", b"not-in"))
+        assert producer.send_async(Message("t", b"after")).result(30).success
+    assert _read_all(broker, "t") == [b"in", b"after"]
 
 
 def _call(broker: BrokerProcess, *requests: object) -> list[object]:

@@ -1,8 +1,8 @@
 """The stores beside the segments on a full disk (a real, small tmpfs): SIGTERM exits 0 with a WARNING (the
 clean-shutdown checkpoint cannot be written: the next start checks the partitions as after a crash, nothing
 lost); the first delayed produce to a partition answers DISK_FULL (it was UNKNOWN_SERVER_ERROR with a
-traceback from writing .delay/targets.json); a transaction commit answers DISK_FULL (it was "short write to
-the transaction log")."""
+traceback from writing .delay/targets.json; the producer resends it until its delivery deadline); a transaction
+commit answers DISK_FULL (it was "short write to the transaction log")."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 import pytest
 
 from metaq.client import connect
-from metaq.errors import DiskFullError
+from metaq.errors import DeliveryTimeoutError, DiskFullError
 from metaq.net.blocking import BlockingConnection
 from metaq.net.codec import ConnectionSettings
 from metaq.protocol import messages as m
@@ -56,10 +56,14 @@ def test_the_first_delayed_produce_to_a_partition_on_a_full_disk_answers_disk_fu
         broker = broker_factory({"unflushThreshold": 1}, name="disk/data")
         with connect(broker.servers) as session:
             session.admin().create_topic("later", 1)
-            producer = session.create_producer()
+            # DISK_FULL is retriable (space may be freed): the producer resends until its delivery deadline, then
+            # fails with DeliveryTimeoutError naming it (docs/producer.md)
+            producer = session.create_producer(delivery_timeout_ms=2000)
             disk.fill(leave_bytes=0)
             result = producer.send(Message("later", b"in a minute", partition=0, delay_ms=60_000))
-            assert not result.success and isinstance(result.error, DiskFullError), repr(result.error)
+            error = result.error
+            assert not result.success and isinstance(error, DeliveryTimeoutError), repr(error)
+            assert isinstance(error.cause, DiskFullError) and not error.maybe_stored, repr(error)
             disk.free()
             again = producer.send(Message("later", b"in a second", partition=0, delay_ms=1_000))
             assert again.success, repr(again.error)

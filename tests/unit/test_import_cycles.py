@@ -14,8 +14,6 @@ import grimp
 KNOWN_CYCLES: list[frozenset[str]] = [
     # Being cut where the group consumer is split into membership, fetcher and delivery (issue 41).
     frozenset({"metaq.client.group.consumer", "metaq.client.group.membership"}),
-    # The transaction reaches into the producer's internals; cut where the producer is split (its own issue).
-    frozenset({"metaq.client.producer", "metaq.client.transaction"}),
     # storage/log.py's split (issue 41): its parts type their PartitionLog, and the log imports them back;
     # epochs and verify import each other at run time.
     frozenset({"metaq.storage.config", "metaq.storage.epochs", "metaq.storage.follower", "metaq.storage.log",

@@ -9,7 +9,11 @@ partitions; :func:`check_history` says what disagrees:
 * every acknowledged message is read back, at its partition and offset, once;
 * within a partition, offsets are read in order, without gaps;
 * nothing is read that was never sent, and a message sent but not acknowledged may be read only if its
-  failure said it may have been stored (a request in flight on a lost connection, a timeout).
+  failure said it may have been stored (``error.maybe_stored``: a request in flight on a lost connection, a
+  timeout).
+
+:func:`check_send_order` adds the producer's order: within a partition, one load's messages are stored in the
+order they were sent (their numbers increase), a message's copies after the first aside.
 """
 
 from __future__ import annotations
@@ -26,18 +30,13 @@ from typing import Any
 
 from metaq.client import MessageSessionFactory
 from metaq.client.selectors import PartitionSelector
-from metaq.errors import ConnectionClosedError, NotEnoughReplicasAfterAppendError, RequestTimeoutError
 from metaq.types import Message, PartitionId, SendResult
-
-MAYBE_STORED = (ConnectionClosedError, RequestTimeoutError, NotEnoughReplicasAfterAppendError)
 
 
 def maybe_stored(error: BaseException | None) -> bool:
-    """A failed send whose request may have been appended (in flight on a lost connection, late, or
-    written on a master whose slaves did not confirm it)."""
-    if isinstance(error, (RequestTimeoutError, NotEnoughReplicasAfterAppendError)):
-        return True
-    return isinstance(error, ConnectionClosedError) and "in flight" in str(error)
+    """A failed send whose request may have been appended (in flight on a lost connection, late, or written
+    on a master whose slaves did not confirm it): what the error itself says (``MetaqError.maybe_stored``)."""
+    return bool(getattr(error, "maybe_stored", True))
 
 
 @dataclass
@@ -60,6 +59,9 @@ class ProduceLoad:
     time_limit_s: float = 120.0
     window: int = 400
     prefix: bytes = b"m"
+    rate: float | None = None
+    """Messages a second at most (paced every 10 ms), or None: as fast as the window allows. A paced load keeps
+    sending while earlier sends wait (a paused broker holds them), as an application fed by requests does."""
     producer_config: dict[str, Any] = field(default_factory=dict)
     """ProducerConfig options of the load's producer (``enable_idempotence``, ``retries`` ...)."""
     acked: dict[bytes, Ack] = field(default_factory=dict)
@@ -114,7 +116,11 @@ class ProduceLoad:
             producer = session.create_producer(selector, **self.producer_config)
             pending: set[asyncio.Future[SendResult]] = set()
             n = 0
+            started = time.monotonic()
             while not self._stop.is_set() and n < self.limit and time.monotonic() < deadline:
+                if self.rate is not None and n >= (time.monotonic() - started) * self.rate:
+                    await asyncio.sleep(0.01)  # pacing the load, not waiting for anything
+                    continue
                 data = self.prefix + b"%09d" % n
                 fut = producer.send_async(Message(self.topic, data, key=self.key(n)))
                 n += 1
@@ -169,6 +175,28 @@ def read_back(session: Any, topic: str) -> dict[PartitionId, list[tuple[int, byt
         for batch in consumer.iterate_batches(topic, p, "earliest", stop_at_end=True):
             got.extend((m.offset, bytes(m.data)) for m in batch)
     return out
+
+
+def check_send_order(read: Mapping[PartitionId, list[tuple[int, bytes]]], prefix: bytes) -> list[str]:
+    """Where one load's messages (``<prefix><number>``) were stored out of send order within a partition: a
+    message stored after one sent later (empty: none). A second copy of a message is not an order problem."""
+    problems: list[str] = []
+    for pid, messages in read.items():
+        last, last_offset = -1, -1
+        seen: set[int] = set()
+        for offset, data in messages:
+            if not data.startswith(prefix) or not data[len(prefix):].isdigit():
+                continue
+            n = int(data[len(prefix):])
+            if n in seen:
+                continue
+            seen.add(n)
+            if n < last:
+                problems.append(f"{pid}: {data!r} at offset {offset} stored after {prefix + b'%09d' % last!r} "
+                                f"(offset {last_offset}), which was sent after it")
+            else:
+                last, last_offset = n, offset
+    return problems
 
 
 def check_history(read: Mapping[PartitionId, list[tuple[int, bytes]]], acked: Mapping[bytes, Ack],

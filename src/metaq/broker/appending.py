@@ -19,6 +19,7 @@ from metaq.errors import (
     InvalidProducerEpochError,
     OutOfOrderSequenceError,
     StorageFailureError,
+    UnknownProducerIdError,
 )
 from metaq.protocol import messages as m
 from metaq.protocol.records import ProducerStamp
@@ -41,6 +42,8 @@ def check_sequence(plog: PartitionLog, stamp: ProducerStamp, record_count: int) 
         raise OutOfOrderSequenceError(verdict.detail)
     if verdict.kind == "fenced":
         raise InvalidProducerEpochError(verdict.detail)
+    if verdict.kind == "unknown-producer":
+        raise UnknownProducerIdError(verdict.detail)
     raise DuplicateSequenceError(verdict.detail)
 
 

@@ -56,11 +56,16 @@ def _parse_headers(ctx: click.Context, param: click.Parameter, specs: tuple[str,
 @click.option("--max-message-bytes", type=click.IntRange(1), default=DEFAULT_MAX_MESSAGE_BYTES, show_default=True,
               help="Largest message (a line, encoded) the producer sends; the broker's own limit is its "
                    "maxMessageSize (server.ini), which must be raised with it.")
+@click.option("--delivery-timeout-ms", type=click.FloatRange(min=1), default=120_000.0, show_default=True,
+              help="How long a message may wait for its broker or the next master before it fails "
+                   "(docs/producer.md).")
+@click.option("--idempotent", is_flag=True,
+              help="Stamp batches so that a resend is stored once (docs/transactions.md).")
 @run_async
 async def produce(servers: str, topic: str, key: str | None, attribute: str | None,
                   header_specs: list[tuple[str, bytes]], partition: PartitionId | int | None,
                   print_ids: bool, delay_text: str | None, deliver_at_text: str | None,
-                  max_message_bytes: int) -> None:
+                  max_message_bytes: int, delivery_timeout_ms: float, idempotent: bool) -> None:
     """Send each line of standard input to TOPIC as one message (the newline is not sent).
 
     A TOPIC that does not exist is created by the broker if it allows it (autoCreateTopics), except
@@ -95,7 +100,8 @@ async def produce(servers: str, topic: str, key: str | None, attribute: str | No
                                        f"partitions: create it first (metaq topic create {topic})")
         if partition is not None:
             target = resolve_partition_option(topic, parts, partition)
-        producer = session.create_producer(selector=selector, max_message_bytes=max_message_bytes)
+        producer = session.create_producer(selector=selector, max_message_bytes=max_message_bytes,
+                                           delivery_timeout_ms=delivery_timeout_ms, enable_idempotence=idempotent)
         futures: deque[asyncio.Future[Any]] = deque()
         try:
             async for data in _stdin_lines():
@@ -143,7 +149,7 @@ async def _drain(futures: deque[asyncio.Future[Any]], print_ids: bool, tally: _T
                 click.echo(f"{r.partition_id}\t{r.offset}\t{mid}")
         else:
             tally.failed += 1
-            text = str(r.error)
+            text = str(r.error) + (" (it may have been stored)" if getattr(r.error, "maybe_stored", False) else "")
             if text not in tally.errors_shown and len(tally.errors_shown) < ERRORS_SHOWN_MAX:
                 tally.errors_shown.add(text)
                 click.echo(f"error: {text}", err=True)

@@ -142,9 +142,9 @@ class ClientConfig:
                            max_attempts=self.reconnect_attempts if max_attempts is None else max_attempts)
 
 
-IDEMPOTENT_RETRIES = 30
-"""Retries of an idempotent producer unless ``retries`` says otherwise (with the 100 ms back-off and the
-connection's own reconnect attempts, about half a minute of broker downtime is ridden out)."""
+UNBOUNDED_RETRIES = 2**31 - 1
+"""An idempotent producer's ``retries`` unless set: as many resends as ``delivery_timeout_ms`` leaves time for
+(Kafka's default), none of which can store a batch twice."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,10 +165,15 @@ class ProducerConfig:
     """1: the broker answers after its flush policy; 0: one-way for every send (MetaQ's async producer)."""
     request_timeout_s: float | None = None
     """None: the session's request_timeout_s."""
+    delivery_timeout_ms: float = 120_000.0
+    """The whole life of a send (Kafka's name and default): buffering, waiting for metadata, an open partition, a
+    master or a connection, and resends. A send ends within it, stored, certainly not stored, or "may have been
+    stored" (``error.maybe_stored``); a batch in flight at its deadline gets its failure then (docs/producer.md)."""
     retries: int | None = None
-    """Resends of a batch after a retriable failure. None: 0 as MetaQ (a retry after a timeout or a lost
-    connection can store the batch twice, see docs/client.md), or :data:`IDEMPOTENT_RETRIES` with
-    ``enable_idempotence``, where a retry cannot store a batch twice."""
+    """Resends of a batch whose failure may have stored it (a lost connection, a timeout): each can store it twice
+    unless the producer is idempotent. None: 0 as MetaQ, or :data:`UNBOUNDED_RETRIES` with ``enable_idempotence``.
+    A batch certainly not stored (a refusal before the append, a broker that could not be reached) is sent again
+    within ``delivery_timeout_ms`` whatever this says: that cannot store it twice."""
     retry_backoff_ms: float = 100.0
     multi_produce: bool = True
     """Batches for several partitions of one broker that leave together (a burst spread round robin, a
@@ -176,20 +181,21 @@ class ProducerConfig:
     (docs/protocol.md); False: one Produce request per batch, as older versions did."""
     enable_idempotence: bool = False
     """Stamp every batch with this producer's id and a sequence number per partition, so that the broker
-    stores a retried batch once and answers with the original offsets (docs/transactions.md). Needs
-    acks=1; retries default to :data:`IDEMPOTENT_RETRIES`."""
+    stores a resent batch once and answers with the original offsets (docs/transactions.md). Needs
+    acks=1; retries default to :data:`UNBOUNDED_RETRIES`."""
 
     @property
     def effective_retries(self) -> int:
         """The retries in use: ``retries``, or :data:`IDEMPOTENT_RETRIES` for an idempotent producer, else 0."""
         if self.retries is not None:
             return self.retries
-        return IDEMPOTENT_RETRIES if self.enable_idempotence else 0
+        return UNBOUNDED_RETRIES if self.enable_idempotence else 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compression", Compression.parse(self.compression))
         _positive(self, "batch_bytes", "max_buffered_bytes", "max_message_bytes")
         _non_negative(self, "linger_ms", "retry_backoff_ms")
+        _positive(self, "delivery_timeout_ms")
         if self.retries is not None:
             _non_negative(self, "retries")
         if self.acks not in (0, 1):

@@ -263,24 +263,36 @@ class ClientCore:
         return addr
 
     def cached_connection(self, broker_id: int, channel: str = "default") -> BrokerConnection | None:
-        """The open shared connection to a broker if there is one (no I/O, no reconnect)."""
+        """The open shared connection to a broker if there is one (no I/O, no reconnect); never one to another
+        broker (an address that answers as another broker id now), as :meth:`connection`."""
         if broker_id == self.default_broker_id:
             address = self._default_address
         else:
             address = self.metadata.cache.address(broker_id)
-        return self.pool.cached(address, channel) if address is not None else None
+        conn = self.pool.cached(address, channel) if address is not None else None
+        if conn is not None and conn.broker_id >= 0 and conn.broker_id != broker_id:
+            return None
+        return conn
 
     async def connection(self, broker_id: int | None = None, channel: str = "default") -> BrokerConnection:
-        """The shared connection to a broker (None: the default broker), reconnecting if needed.
+        """The shared connection to a broker, reconnecting if needed. None: the default broker, or another
+        bootstrap server when it cannot be reached (any broker answers what is asked of "a" broker).
 
-        A broker id not yet known is looked for among the servers that have not answered yet (each
-        standalone broker is known only by the address it was given at)."""
-        if broker_id is None or (broker_id == self.default_broker_id and (
-                self.registry is None or self.metadata.cache.address(broker_id) is None)):
+        A broker id is that broker or an error (the connection's, or ConnectionClosedError when its address
+        answers as another broker now), never another server: a request about a partition (a produce, a fetch,
+        a partition's state or offsets) names only its number, and another broker would act on its own
+        partition of that number. A broker id not yet known is looked for among the servers that have not
+        answered yet (each standalone broker is known only by the address it was given at)."""
+        if broker_id is None or broker_id < 0:
             return await self._default_connection(channel)  # in cluster mode: where ZooKeeper says it is
-        if self.metadata.cache.address(broker_id) is None:
+        if self.metadata.cache.address(broker_id) is None and broker_id != self.default_broker_id:
             await self._reach(self.pool.servers.unreached())  # failures are left for later
-        return await self.pool.get(self.address(broker_id), channel)
+        address = self.address(broker_id)  # the default broker's: where ZooKeeper says it is, in cluster mode
+        conn = await self.pool.get(address, channel)
+        if conn.broker_id >= 0 and conn.broker_id != broker_id:
+            raise ConnectionClosedError(f"{format_address(address)} answers as broker {conn.broker_id} now, not as "
+                                        f"broker {broker_id}: nothing was sent; waiting for broker {broker_id}")
+        return conn
 
     # -- reading from masters or slaves (read_from, metaq.client.replicas) --------------------------
 

@@ -20,7 +20,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from metaq.client.listeners import ChangeListeners
 from metaq.errors import BrokerError, InvalidArgument, UnknownTopicError, error_for_code
@@ -46,13 +46,25 @@ class Partition(PartitionId):
 class TopicMetadata:
     topic: str
     partitions: tuple[Partition, ...]
-    """Sorted by (broker id, partition); empty when the topic is unknown."""
+    """Sorted by (broker id, partition); empty when the topic is unknown. Only partitions whose broker answers
+    for them now (in cluster mode: whose broker id has a registered master)."""
     error: BrokerError | None
     fetched_at: float
+    registered: tuple[Partition, ...] | None = None
+    """The key space when it is more than :attr:`partitions` (see :attr:`key_space`); None when it is the same."""
 
     @property
     def publishable(self) -> tuple[Partition, ...]:
         return tuple(p for p in self.partitions if p.accept_publish)
+
+    @property
+    def key_space(self) -> tuple[Partition, ...]:
+        """Every partition registered for the topic, reachable now or not: :attr:`partitions`, plus those of
+        broker ids that held the topic when last seen and have not answered since (a master down, a broker that
+        cannot be reached). What a key hash maps over: a key keeps its partition while the topic's partition
+        count is unchanged (docs/producer.md, "the key space"). A topic removed from a broker stays in it for the
+        session's life: its keyed sends there wait and fail at their deadline rather than move."""
+        return self.partitions if self.registered is None else self.registered
 
     def find(self, partition: PartitionKey) -> Partition | None:
         """The partition named by a PartitionId, its text ``"1-3"``, or a bare number; None if the topic
@@ -123,6 +135,31 @@ def merge_metadata(responses: Sequence[tuple[int, MetadataResponse]]) -> Metadat
                             publish_refused=[refused[k] for k in sorted(refused)])
 
 
+class KeySpace(Generic[P]):
+    """Per topic, each broker id's partitions as last reported: what a key hash maps over. A broker id that does
+    not report the topic now keeps its partitions -- its master may be down, or being handed over (the old master's
+    topic node gone, the new one's not there yet), which ZooKeeper cannot tell from a topic removed there -- for
+    the life of this object (a session's); one that reports it replaces its count (an admin grew or shrank it)."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, dict[int, tuple[P, ...]]] = {}
+
+    def update(self, topic: str, parts: Sequence[P]) -> tuple[P, ...] | None:
+        """The topic's key space after an answer reporting ``parts`` (sorted); None when it is ``parts`` itself."""
+        known = self._known.get(topic)
+        by_broker: dict[int, list[P]] = {}
+        for p in parts:
+            by_broker.setdefault(p.broker_id, []).append(p)
+        if known is None:
+            if not parts:
+                return None
+            known = self._known[topic] = {}
+        known.update((b, tuple(ps)) for b, ps in by_broker.items())
+        if known.keys() == by_broker.keys():
+            return None
+        return tuple(sorted(p for ps in known.values() for p in ps))
+
+
 _STALE_REFRESH_RETRIES = 3
 """How many times a topic's refresh is asked again when the topic was invalidated while it was out."""
 
@@ -143,6 +180,8 @@ class MetadataCache:
         answer what the change that invalidated it replaced (Metadata._refresh asks again then)."""
         self.listeners = ChangeListeners()
         """Told after every update and invalidation (a producer's partitions cached between sends are dropped)."""
+        self.key_spaces: KeySpace[Partition] = KeySpace()
+        """What :attr:`TopicMetadata.key_space` is made of, kept for the session's life."""
 
     def update(self, response: MetadataResponse, asked: Iterable[str] | None = None) -> dict[str, TopicMetadata]:
         now = self._clock()
@@ -155,10 +194,11 @@ class MetadataCache:
             parts = tuple(sorted(Partition(p.broker_id, p.partition, p.accept_publish, p.accept_subscribe,
                                            refused.get((t.name, p.broker_id), "") if refused else "")
                                  for p in t.partitions if p.error_code == 0))
-            got[t.name] = TopicMetadata(t.name, parts, error, now)
+            got[t.name] = TopicMetadata(t.name, parts, error, now, self.key_spaces.update(t.name, parts))
         for name in asked or ():
             if name not in got:
-                got[name] = TopicMetadata(name, (), UnknownTopicError(f"topic {name!r} is not on any broker"), now)
+                got[name] = TopicMetadata(name, (), UnknownTopicError(f"topic {name!r} is not on any broker"), now,
+                                          self.key_spaces.update(name, ()))
         if asked is None:
             # A full listing: topics it no longer names are gone.
             self.topics = got

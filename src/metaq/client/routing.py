@@ -27,9 +27,11 @@ from typing import Any, TypeVar
 from metaq.client.listeners import ChangeListeners
 from metaq.errors import (
     BrokerStoppingError,
+    MetaqError,
     NotEnoughReplicasError,
     NotMasterError,
     PartitionClosedError,
+    ProtocolError,
     UnknownPartitionError,
     UnknownServerError,
     UnknownTopicError,
@@ -44,18 +46,33 @@ REFUSED_BEFORE_APPEND: tuple[type[BaseException], ...] = (
 BROKER_UNAVAILABLE: tuple[type[BaseException], ...] = (BrokerStoppingError, UnknownServerError)
 """Reply errors that make the whole broker avoided (the others only the partition)."""
 
+BROKER_WIDE: tuple[type[BaseException], ...] = (BrokerStoppingError, NotEnoughReplicasError, NotMasterError)
+"""Refusals that hold for every partition of the broker: a batch refused so moves only to another broker."""
+
 P = TypeVar("P", bound=PartitionId)
 _NEVER = float("inf")
 
 
 def not_stored(exc: BaseException, *, written: bool) -> bool:
-    """Whether a failed produce request certainly stored nothing (so moving it cannot duplicate).
+    """Whether a failed produce request certainly stored nothing because of where it was going (the broker or
+    partition could not take it): moving it to another partition cannot duplicate it, and may succeed there.
 
     ``written``: the request had been handed to a connection (its failure came as a reply, or as
     the loss of the connection it was in flight on)."""
     if not written:
         return True
     return isinstance(exc, REFUSED_BEFORE_APPEND)
+
+
+def maybe_stored(exc: BaseException, *, written: bool) -> bool:
+    """Whether a failed produce request may have stored its batch anyway: it was written, and its failure is not a
+    refusal the broker made before the append (``MetaqError.maybe_stored``). A reply that cannot be read (a
+    protocol error) or an error the client does not know may hide a store."""
+    if not written:
+        return False
+    if isinstance(exc, ProtocolError) or not isinstance(exc, MetaqError):
+        return True
+    return exc.maybe_stored
 
 
 class Unavailable:

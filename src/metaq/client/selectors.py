@@ -2,8 +2,9 @@
 
 A selector is any callable ``(topic, partitions, message) -> Partition``. ``partitions`` is every
 partition of the topic the client knows, ordered by (broker id, partition), closed ones included
-(``Partition.accept_publish`` says which are open). The producer calls it once per message on the
-sending task, so it must be fast and must not block.
+(``Partition.accept_publish`` says which are open): for a selector with ``reroutable`` the ones reachable
+now, for any other the topic's key space (those whose broker cannot be reached now included). The producer
+calls it once per message on the sending task, so it must be fast and must not block.
 
 * :class:`RoundRobinSelector` (the default): the open partitions in order, from the start again after
   the last, as MetaQ's producer walks its sorted partition list.
@@ -14,10 +15,11 @@ sending task, so it must be fast and must not block.
   when a topic has thousands of partitions.
 * :class:`RandomSelector`: an open partition at random.
 * :class:`KeyHashSelector`: ``crc32(message.key) % len(partitions)`` over *all* partitions, for
-  ordered messages. Closed partitions are not skipped: skipping would send a key somewhere else and
-  break its order, so a send to a closed partition fails (PARTITION_CLOSED) instead. Stable across
-  processes and restarts (zlib.crc32, not Python's salted ``hash()``), as long as the partition
-  list does not change.
+  ordered messages. The producer passes it the topic's key space: every registered partition, including
+  those whose master is down (docs/producer.md), so one key keeps its partition while the topic's
+  partition count is unchanged; a send to a partition that cannot take it waits (for a master) or fails,
+  it never moves. Closed partitions are not skipped either: a send to one fails (PARTITION_CLOSED).
+  Stable across processes and restarts (zlib.crc32, not Python's salted ``hash()``).
 
 A selector raises InvalidArgument for misuse (a message without a key under KeyHashSelector) and
 PartitionClosedError when no partition is open; the producer reports the latter in the SendResult.
@@ -122,12 +124,6 @@ class RoundRobinSelector:
                                                           0 if rotation is None else rotation.next)
         return rotation
 
-    @property
-    def rotations(self) -> dict[str, _Rotation]:
-        """topic -> its rotation: what the producer's compiled placement (metaq._speedups.PlainPlacer) reads and
-        moves on, exactly as :meth:`__call__` does."""
-        return self._rotations
-
     def __call__(self, topic: str, partitions: Sequence[Partition], message: Message) -> Partition:
         rotation = self._rotations.get(topic)
         if rotation is None or rotation.partitions is not partitions:
@@ -160,12 +156,6 @@ class StickyRoundRobinSelector:
         self._current: dict[str, tuple[Sequence[Partition], Partition]] = {}
         """topic -> (the partitions sequence it was chosen from, the partition taking messages now)"""
         self._open: dict[str, tuple[Sequence[Partition], Sequence[Partition]]] = {}
-
-    @property
-    def current(self) -> dict[str, tuple[Sequence[Partition], Partition]]:
-        """topic -> (the partitions sequence it was chosen from, the partition taking messages now): what the
-        producer's compiled placement (metaq._speedups.PlainPlacer) reads, exactly as :meth:`__call__` does."""
-        return self._current
 
     def __call__(self, topic: str, partitions: Sequence[Partition], message: Message) -> Partition:
         current = self._current.get(topic)

@@ -38,7 +38,7 @@ from metaq.client.metadata import Partition
 from metaq.client.producer import BatchSendResult, Producer
 from metaq.client.selectors import PartitionSelector
 from metaq.client.session import MessageSessionFactory
-from metaq.client.transaction import TransactionChecker, TransactionResult, Xid
+from metaq.client.transaction import TransactionChecker, TransactionError, TransactionResult, Xid
 from metaq.errors import InvalidArgument
 from metaq.protocol.records import MessageBatch
 from metaq.types import Message, MessageId, PartitionKey, SendResult
@@ -133,7 +133,10 @@ class SyncProducer:
 
     def send_async(self, message: Message, callback: Callable[[SendResult], object] | None = None
                    ) -> concurrent.futures.Future[SendResult]:
-        """The future completes with the SendResult; ``callback(result)`` runs on the client thread."""
+        """The future completes with the SendResult; ``callback(result)`` runs on the client thread. Refused
+        inside a transaction (TransactionError), as the asyncio producer's: use send there."""
+        if self.producer.in_transaction:
+            raise TransactionError("send_async cannot be used inside a transaction: use send (docs/transactions.md)")
         fut = self._lt.submit(self.producer.send(message))
         if callback is not None:
             fut.add_done_callback(lambda f: None if f.cancelled() or f.exception() else callback(f.result()))
@@ -161,9 +164,10 @@ class SyncProducer:
             raise
         self.commit()
 
-    def begin_transaction(self, timeout_s: float | None = None, producer_group: str = "") -> None:
-        """Start a local transaction: :meth:`send` puts messages into it until :meth:`commit` or :meth:`rollback`."""
-        self._lt.run(self.producer.begin_transaction(timeout_s, producer_group))
+    def begin_transaction(self, timeout_s: float | None = None, producer_group: str = "") -> str:
+        """Start a local transaction: :meth:`send` puts messages into it until :meth:`commit` or :meth:`rollback`.
+        Returns the transaction's id (what :meth:`transaction_status` takes)."""
+        return self._lt.run(self.producer.begin_transaction(timeout_s, producer_group))
 
     def commit(self) -> TransactionResult:
         """Make the transaction's messages visible, all at once; returns where they were stored."""
@@ -172,6 +176,10 @@ class SyncProducer:
     def rollback(self) -> None:
         """Drop the transaction's messages; none is ever visible."""
         self._lt.run(self.producer.rollback())
+
+    def transaction_status(self, transaction_id: str, broker_id: int | None = None) -> str:
+        """How a transaction ended, as its broker tells (see Producer.transaction_status)."""
+        return self._lt.run(self.producer.transaction_status(transaction_id, broker_id))
 
     # half messages (docs/transactions.md)
     def send_in_transaction(self, message: Message, execute: Callable[..., Any], producer_group: str,

@@ -17,7 +17,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from metaq.client.callbacks import takes_two
 from metaq.errors import InvalidArgument, MetaqError
@@ -26,9 +26,26 @@ from metaq.protocol.records import SEQUENCE_LIMIT, ProducerStamp, decode_batch, 
 from metaq.types import Message, SendResult
 
 if TYPE_CHECKING:
-    from metaq.client.producer import Producer
+    from metaq.client.config import ProducerConfig
+    from metaq.client.core import ClientCore
+    from metaq.client.selectors import PartitionSelector
 
 log = logging.getLogger("metaq.client.transaction")
+
+
+class TransactionProducer(Protocol):
+    """What a transaction uses of the producer it belongs to (:class:`metaq.client.Producer` is one): its session,
+    settings, selector and message check. Declared here, so that this module does not import the producer, which
+    imports it."""
+
+    _core: ClientCore
+    config: ProducerConfig
+    selector: PartitionSelector
+
+    @property
+    def request_timeout_s(self) -> float: ...
+
+    def _check(self, message: Message) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +97,23 @@ class TransactionError(MetaqError):
     """Misuse of a producer's transaction (none open, one already open, a message for another broker)."""
 
 
+class TransactionOutcomeError(TransactionError):
+    """A commit or rollback failed. ``transaction_id`` and ``broker_id`` name the transaction, ``cause`` is the
+    failure. ``outcome_known`` is False when the request may have been applied anyway (the connection was lost
+    with it in flight, or no reply came in time): then ``await producer.transaction_status(exc.transaction_id,
+    exc.broker_id)`` says how it ended, so a retry never stores the transaction twice (docs/transactions.md)."""
+
+    def __init__(self, message: str, *, transaction_id: str, broker_id: int | None, cause: BaseException,
+                 outcome_known: bool) -> None:
+        super().__init__(message)
+        self.transaction_id = transaction_id
+        self.broker_id = broker_id
+        self.cause = cause
+        self.outcome_known = outcome_known
+
+
 class LocalTransaction:
-    def __init__(self, producer: Producer, timeout_s: float | None, producer_group: str,
+    def __init__(self, producer: TransactionProducer, timeout_s: float | None, producer_group: str,
                  transaction_id: str | None = None) -> None:
         self.producer = producer
         self.transaction_id = transaction_id or uuid.uuid4().hex
@@ -142,8 +174,8 @@ class LocalTransaction:
         self._sequences[key] = (sequence + len(messages)) % SEQUENCE_LIMIT
         batch = with_producer_stamp(encode_messages(messages, self.producer.config.compression),
                                     ProducerStamp(self.producer_id, 0, sequence))
-        request = m.ProduceRequest(key[0], key[1], 1, self.producer._timeout_ms, transaction_id=self.transaction_id,
-                                   records=batch)
+        request = m.ProduceRequest(key[0], key[1], 1, int(self.producer.request_timeout_s * 1000),
+                                   transaction_id=self.transaction_id, records=batch)
         self._puts.append(asyncio.ensure_future(self._send_put(request)))
 
     async def _send_put(self, request: m.ProduceRequest) -> None:
@@ -204,10 +236,19 @@ class LocalTransaction:
         try:
             if not self.prepared:
                 await self._flush_puts()
+        except MetaqError as exc:
+            await self._quiet_rollback()
+            raise self._outcome_error("commit", exc, known=True, what="a put failed; the transaction was rolled back "
+                                      "(or is, at its timeout)") from exc
         except BaseException:
             await self._quiet_rollback()
             raise
-        response = await self._end(m.TX_COMMIT)
+        try:
+            response = await self._end(m.TX_COMMIT)
+        except MetaqError as exc:
+            raise self._outcome_error("commit", exc, known=not exc.maybe_stored,
+                                      what="the commit may have been applied" if exc.maybe_stored else
+                                      "the broker refused the commit") from exc
         assert response is not None
         return TransactionResult(self.transaction_id, list(response.committed))
 
@@ -219,7 +260,19 @@ class LocalTransaction:
             fut.cancel()
         self._pending.clear()
         if self.broker_id is not None:
-            await self._end(m.TX_ROLLBACK)
+            try:
+                await self._end(m.TX_ROLLBACK)
+            except MetaqError as exc:
+                raise self._outcome_error("rollback", exc, known=not exc.maybe_stored,
+                                          what="the rollback may have been applied" if exc.maybe_stored else
+                                          "the broker refused the rollback") from exc
+
+    def _outcome_error(self, op: str, exc: MetaqError, *, known: bool, what: str) -> TransactionOutcomeError:
+        ask = "" if known else (f"; ask producer.transaction_status({self.transaction_id!r}, {self.broker_id}) how "
+                                "it ended before sending it again")
+        return TransactionOutcomeError(f"{op} of transaction {self.transaction_id} on broker {self.broker_id} failed "
+                                       f"({exc}): {what}{ask}", transaction_id=self.transaction_id,
+                                       broker_id=self.broker_id, cause=exc, outcome_known=known)
 
     async def _quiet_rollback(self) -> None:
         for fut in self._puts:
@@ -283,7 +336,8 @@ class TransactionChecker:
     by the function's parameters), and commits or rolls back as it says (``"unknown"``: the broker asks
     again after transactionCheckInterval, up to transactionCheckMax checks)."""
 
-    def __init__(self, producer: Producer, producer_group: str, check: Checker, *, poll_ms: int = 5000) -> None:
+    def __init__(self, producer: TransactionProducer, producer_group: str, check: Checker, *,
+                 poll_ms: int = 5000) -> None:
         self.producer, self.producer_group, self.check, self.poll_ms = producer, producer_group, check, poll_ms
         self.decisions: dict[str, Decision] = {}
         """transaction id -> what the checker decided (its last answer)."""

@@ -52,6 +52,7 @@ STATUS_BY_CODE: dict[int, int] = {
     e.OutOfOrderSequenceError.code: 409,
     e.DuplicateSequenceError.code: 409,
     e.InvalidProducerEpochError.code: 409,
+    e.UnknownProducerIdError.code: 409,
     e.InvalidTxnStateError.code: 409,
     e.InvalidTransactionTimeoutError.code: 400,
     e.ConcurrentTransactionsError.code: 503,

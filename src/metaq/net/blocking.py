@@ -21,6 +21,7 @@ imports no asyncio.
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import ssl
 import time
@@ -114,6 +115,23 @@ class BlockingConnection:
     @property
     def in_flight(self) -> int:
         return self.codec.in_flight
+
+    def peer_closed(self) -> bool:
+        """Whether the broker closed this idle connection (a restart, a crash): a request written now would seem
+        to be in flight when the close is read, though it never reached the broker. Closed here when it did. Only
+        meaningful with nothing in flight (a reply would be read as data)."""
+        if self.closed:
+            return True
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            readable = [self.sock]
+        if not readable:
+            return False
+        # readable with nothing asked: the end of the stream (or a TLS close_notify) -- nothing a broker sends
+        # unasked on an idle connection
+        self.close()
+        return True
 
     def send(self, request: Any, expect_response: bool = True) -> None:
         """Write one request; its reply is read by a later :meth:`receive` (replies come in order)."""

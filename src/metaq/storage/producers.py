@@ -14,7 +14,10 @@ Before the broker appends a stamped batch it asks :meth:`ProducerStateTable.chec
 - an older sequence that is no longer remembered is a **duplicate whose offsets are unknown**.
 
 A producer id the partition does not know (a new producer, or one forgotten after
-``producer_expiration_ms`` without a batch) starts at whatever sequence its first batch has.
+``producer_expiration_ms`` without a batch, or whose batches were cut) is taken from sequence 0 only: a
+batch at a later sequence is **unknown-producer** (nothing stored). Taking it would store it with its
+predecessors missing, and a resend of those would then look like an old duplicate and be dropped: acked,
+never stored. The producer starts a new epoch at 0 instead (docs/producer.md).
 
 The table is rebuilt from the log itself: a snapshot (``<offset>.producers``) is written when a segment
 rolls and when the log is closed, and on open the batches after the newest usable snapshot are read
@@ -80,7 +83,8 @@ class ProducerEntry:
 
 class Verdict(NamedTuple):
     """What :meth:`ProducerStateTable.check` decided. ``kind`` is one of ``append``, ``duplicate``,
-    ``duplicate-unknown``, ``out-of-order``, ``fenced``; ``original`` is set for ``duplicate``."""
+    ``duplicate-unknown``, ``out-of-order``, ``fenced``, ``unknown-producer``; ``original`` is set for
+    ``duplicate``."""
 
     kind: str
     original: StoredBatch | None = None
@@ -117,7 +121,10 @@ class ProducerStateTable:
         """Whether a batch with this stamp and count may be appended (see the module docstring)."""
         entry = self._producers.get(stamp.producer_id)
         if entry is None or not entry.batches:
-            return APPEND
+            if stamp.base_sequence == 0:
+                return APPEND
+            return Verdict("unknown-producer", detail=f"producer {stamp.producer_id} is not known on this partition "
+                                                      f"and sent sequence {stamp.base_sequence}, not 0")
         first, last = stamp.base_sequence, stamp.last_sequence(record_count)
         if stamp.producer_epoch < entry.epoch:
             return Verdict("fenced", detail=f"producer {stamp.producer_id} sent epoch {stamp.producer_epoch}; "

@@ -2,15 +2,15 @@
 it too), under the name tests have always imported it by."""
 
 from metaq.bench.history import (
-    MAYBE_STORED,
     Ack,
     ProduceLoad,
     check_history,
+    check_send_order,
     gap_at,
     longest_gap,
     maybe_stored,
     read_back,
 )
 
-__all__ = ["MAYBE_STORED", "Ack", "ProduceLoad", "check_history", "gap_at", "longest_gap", "maybe_stored",
+__all__ = ["Ack", "ProduceLoad", "check_history", "check_send_order", "gap_at", "longest_gap", "maybe_stored",
            "read_back"]

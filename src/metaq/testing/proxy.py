@@ -1,4 +1,5 @@
-"""TCP proxies on loopback for fault tests: one loses replies, one stalls its link.
+"""TCP proxies on loopback for fault tests: one loses replies, one stalls its link, one cuts it (a broker cut
+from ZooKeeper).
 
 The classic cause of duplicates: a produce is appended, its answer is lost with the connection, the
 producer sends it again. :class:`ReplyDroppingProxy` forwards every byte from the client to the broker,
@@ -53,10 +54,14 @@ class _Proxy:
     def close(self) -> None:
         self._closed.set()
         self._listener.close()
+        self._close_all()
+        self._thread.join(5)
+
+    def _close_all(self) -> None:
         with self._lock:
             for s in list(self._sockets):
                 _close(s)
-        self._thread.join(5)
+            self._sockets.clear()
 
     def __enter__(self) -> Self:
         return self.start()
@@ -74,6 +79,9 @@ class _Proxy:
 
     def _join(self, client: socket.socket) -> None:
         self._before_connecting()
+        if not self._admit():
+            _close(client)
+            return
         try:
             upstream = socket.create_connection(self.upstream, timeout=5)
         except OSError:
@@ -93,6 +101,10 @@ class _Proxy:
 
     def _before_connecting(self) -> None:
         """Called before a new client's upstream connection is made (it may wait)."""
+
+    def _admit(self) -> bool:
+        """Whether a new connection is forwarded (else closed at once)."""
+        return True
 
     def _before_reading(self) -> None:
         """Called before each read of either side (it may wait)."""
@@ -170,3 +182,28 @@ class StallingProxy(_Proxy):
     def _forward(self, data: bytes, replies: bool) -> bool:
         self._flowing.wait()  # bytes read just before a cut go on only when it heals
         return True
+
+
+class CuttableProxy(_Proxy):
+    """:meth:`cut` closes every connection through the proxy now and refuses new ones until :meth:`restore`. Put
+    between a broker and ZooKeeper, it cuts that broker alone from ZooKeeper while its clients still reach it
+    (its session then expires, as on a network partition)."""
+
+    name = "cuttable-proxy"
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        super().__init__(upstream)
+        self._cut = threading.Event()
+
+    def cut(self) -> None:
+        self._cut.set()
+        self._close_all()
+
+    def restore(self) -> None:
+        self._cut.clear()
+
+    def _admit(self) -> bool:
+        return not self._cut.is_set()
+
+    def _forward(self, data: bytes, replies: bool) -> bool:
+        return not self._cut.is_set()

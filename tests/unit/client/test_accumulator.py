@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metaq.client.accumulator import Accumulator, BatchKey, ProducerBatch, record_size
+from metaq.client.producer.batches import Accumulator, BatchKey, ProducerBatch, record_size
 from metaq.errors import InvalidArgument
 from metaq.protocol.records import (
     HEADER_BYTES,
@@ -136,9 +136,9 @@ def test_due_batches_and_the_next_deadline_match_a_scan_of_every_open_batch(ops)
         elif op == "seal":
             acc.seal(key)
         elif op == "peek":
-            assert acc.next_deadline() == min((b.deadline_s for b in acc.batches.values()), default=None)
+            assert acc.next_deadline() == min((b.due_s for b in acc.batches.values()), default=None)
         else:
-            scan = [b for b in acc.batches.values() if b.deadline_s <= clock.now]
+            scan = [b for b in acc.batches.values() if b.due_s <= clock.now]
             due = acc.expired()
             assert len(due) == len(scan) and {id(b) for b in due} == {id(b) for b in scan}
             assert not any(b.key in acc.batches for b in due)

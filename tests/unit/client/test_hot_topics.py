@@ -1,7 +1,7 @@
-"""A producer keeps a topic's partitions for its send fast path between event-loop iterations (Producer._hot), so
-that a message sent one per iteration (from a request handler, say) is placed by the compiled path, and still sees
-every change of what it may send to: a metadata change and a partition left out at the next send, the end of a
-partition's time out at the next iteration, and the metadata's age at least every HOT_KEEP_S."""
+"""A producer keeps a topic's partitions between sends, across event-loop iterations (Placement.hot), so that a
+message sent one per iteration (from a request handler, say) skips the lookup too, and still sees every change of
+what it may send to: a metadata change and a partition left out at the next send, the end of a partition's time
+out at the next iteration, and the metadata's age at least every HOT_KEEP_S."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from metaq.client import producer as producer_module
 from metaq.client.config import ClientConfig, ProducerConfig
 from metaq.client.core import ClientCore
 from metaq.client.producer import Producer
+from metaq.client.producer import placement as placement_module
 from metaq.protocol.messages import MetadataResponse, PartitionInfo, TopicInfo
-from metaq.types import PLAIN_PLACER, Message, PartitionId
+from metaq.types import Message, PartitionId
 
 OPEN = [(0, 0, True), (0, 1, True), (1, 0, True)]
 
@@ -44,14 +44,16 @@ def run(test: Callable[[ClientCore, Producer, list[tuple[int, int]]], Coroutine[
 
         def dispatch(batch: Any) -> None:
             sent.extend([(batch.broker_id, batch.partition)] * batch.count)
-            producer._busy[batch.key] = 1  # in flight for good: no ack comes
+            busy.add(batch.key)  # in flight for good: no ack comes
 
-        producer._dispatch = dispatch  # type: ignore[method-assign]
+        busy: set[Any] = set()
+        producer._sender.dispatch = dispatch  # type: ignore[method-assign]
+        producer._sender.busy = busy.__contains__  # type: ignore[method-assign]
         try:
             await test(core, producer, sent)
         finally:
-            producer._acc.batches.clear()
-            producer._end_hot()
+            producer._placement.acc.batches.clear()
+            producer._placement.end_hot()
             await core.close()
 
     asyncio.run(main())
@@ -71,19 +73,22 @@ def send(producer: Producer, n: int = 1) -> None:
         producer.send_async(Message("t", b"x"))
 
 
-@pytest.mark.skipif(PLAIN_PLACER is None, reason="metaq._speedups is not built (or METAQ_NO_SPEEDUPS)")
-def test_a_message_sent_one_per_iteration_takes_the_compiled_path() -> None:
+def test_a_message_sent_one_per_iteration_finds_its_topic_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     async def test(core: ClientCore, producer: Producer, sent: list[tuple[int, int]]) -> None:
         send(producer, 3)  # the topic's first send looks its partitions up; each partition's first batch leaves
         await next_iteration()
         send(producer, 3)  # the next ones linger (their partitions are busy): a batch open at each partition
-        assert len(producer._acc.batches) == 3 and "t" in producer._hot
+        await next_iteration()
+        assert len(producer._placement.acc.batches) == 3 and "t" in producer._placement.hot
+        looked_up: list[str] = []
+        cached = core.metadata.cached
+        monkeypatch.setattr(core.metadata, "cached", lambda topic: (looked_up.append(topic), cached(topic))[1])
         for _ in range(6):  # one message an iteration, as a request handler sends
             await next_iteration()
-            assert producer._fast_async is not None
-            placed = producer._fast_async.place(Message("t", b"x"))  # None: it would take the Python path
-            assert placed is not None
-        assert sorted(b.count for b in producer._acc.batches.values()) == [3, 3, 3] and len(sent) == 3
+            send(producer)
+        await next_iteration()
+        assert looked_up == []  # within HOT_KEEP_S nothing changed: no lookup
+        assert sorted(b.count for b in producer._placement.acc.batches.values()) == [3, 3, 3] and len(sent) == 3
 
     run(test, linger_ms=60_000)
 
@@ -96,7 +101,7 @@ def test_a_metadata_change_is_seen_by_the_next_send() -> None:
         sent.clear()
         # partition 0-1 closed for publishing: the very next sends leave it out, without waiting for the loop
         core.metadata.cache.update(metadata("t", [(0, 0, True), (0, 1, False), (1, 0, True)]), ["t"])
-        assert producer._hot == {}
+        assert producer._placement.hot == {}
         send(producer, 6)
         await next_iteration()
         assert sorted(set(sent)) == [(0, 0), (1, 0)] and len(sent) == 6
@@ -108,7 +113,7 @@ def test_a_metadata_change_is_seen_by_the_next_send() -> None:
         assert set(sent) == {(0, 0), (0, 1), (1, 0), (1, 1)}
         # an admin call that drops the topic's entry: the next send looks it up again (here: not known any more)
         core.metadata.cache.invalidate("t")
-        assert producer._hot == {}
+        assert producer._placement.hot == {}
 
     run(test)
 
@@ -119,7 +124,7 @@ def test_a_partition_left_out_is_skipped_at_once_and_taken_back_when_its_time_is
     async def test(core: ClientCore, producer: Producer, sent: list[tuple[int, int]]) -> None:
         send(producer, 3)
         await next_iteration()
-        assert "t" in producer._hot
+        assert "t" in producer._placement.hot
         sent.clear()
         core.unavailable.avoid_partition("t", PartitionId(0, 1))  # what a failed batch to it does
         send(producer, 6)
@@ -147,15 +152,15 @@ def test_a_partition_left_out_is_skipped_at_once_and_taken_back_when_its_time_is
 
 
 def test_the_metadata_age_is_looked_at_again_after_hot_keep_s(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(producer_module, "HOT_KEEP_S", 0.01)
+    monkeypatch.setattr(placement_module, "HOT_KEEP_S", 0.01)
 
     async def test(core: ClientCore, producer: Producer, sent: list[tuple[int, int]]) -> None:
         send(producer)
-        assert "t" in producer._hot
+        assert "t" in producer._placement.hot
         deadline = time.monotonic() + 5
-        while "t" in producer._hot and time.monotonic() < deadline:
+        while "t" in producer._placement.hot and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
-        assert "t" not in producer._hot  # the next send goes through Metadata.cached (a refresh when stale)
+        assert "t" not in producer._placement.hot  # the next send goes through Metadata.cached (a refresh when stale)
 
     run(test)
 

@@ -143,7 +143,8 @@ def test_config_names_unknown_options_and_bad_values() -> None:
 def test_send_async_many_tokens_find_their_call_while_calls_come_and_go() -> None:
     """Each send_async_many call owns a range of waiter numbers; a number finds its call until the call is
     resolved, whichever order calls are resolved in, and never another call's."""
-    from metaq.client.producer import _Many, _ManyTable
+    from metaq.client.producer.results import Many as _Many
+    from metaq.client.producer.results import ManyTable as _ManyTable
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

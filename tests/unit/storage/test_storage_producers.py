@@ -84,7 +84,8 @@ def test_the_table_tells_next_duplicate_gap_old_epoch_and_forgotten() -> None:
     assert table.check(ProducerStamp(PID, 1, 5), 1).kind == "out-of-order"
     table.record(ProducerStamp(PID, 1, 0), 1, 103, 6)
     assert table.check(ProducerStamp(PID, 0, 3), 1).kind == "fenced"
-    assert table.check(ProducerStamp(PID + 1, 0, 77), 1).kind == "append"  # unknown ids start anywhere
+    assert table.check(ProducerStamp(PID + 1, 0, 0), 1).kind == "append"  # an unknown id starts at 0 ...
+    assert table.check(ProducerStamp(PID + 1, 0, 77), 1).kind == "unknown-producer"  # ... only: its start is missing
 
 
 def test_sequences_wrap_around() -> None:

@@ -508,7 +508,9 @@ class DelayStore:
         try:
             await loop.run_in_executor(None, self._save_and_clean, document, done)
         except (OSError, StorageError) as exc:
-            log.error("delay store: cannot write its checkpoint: %s", exc)
+            # A full disk is an operating condition the produces already answer (DISK_FULL), as close() says
+            level = logging.WARNING if is_disk_full(exc) or isinstance(exc, DiskFull) else logging.ERROR
+            log.log(level, "delay store: cannot write its checkpoint: %s", exc)
             return
         self._checkpointed_horizon = horizon
 

@@ -122,7 +122,31 @@ def _commit(broker: Broker, txid: str) -> Any:
             raise PartitionClosedError(f"partition {put.topic}-{put.partition} is closed for publishing; the "
                                        f"transaction is still open (roll it back, or commit after reopening)")
     coordinator.start_commit(txid)
-    return _apply_after_sync(broker, tx)
+    # Applied in a task of its own, not the request's: the connection's loss cancels the request, and a COMMIT
+    # logged must be applied and finished now, not left "committing" until the next start (a client whose
+    # reply was lost asks the status, and must get "committed").
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # called outside the broker's loop (a test drives the handler): applied when awaited
+        return _apply_after_sync(broker, tx)
+    applying = asyncio.ensure_future(_apply_after_sync(broker, tx))
+    _APPLYING.add(applying)
+    applying.add_done_callback(_applied)
+    return _reply_when_applied(applying)
+
+
+def _applied(applying: asyncio.Future[m.TransactionResponse]) -> None:
+    _APPLYING.discard(applying)
+    if not applying.cancelled():
+        applying.exception()  # retrieved: its request may be gone, and the failure was answered (or logged) there
+
+
+_APPLYING: set[asyncio.Future[m.TransactionResponse]] = set()
+"""Commits being applied (held here: the loop keeps only weak references to tasks)."""
+
+
+async def _reply_when_applied(applying: asyncio.Future[m.TransactionResponse]) -> m.TransactionResponse:
+    return await asyncio.shield(applying)
 
 
 async def _apply_after_sync(broker: Broker, tx: Transaction) -> m.TransactionResponse:

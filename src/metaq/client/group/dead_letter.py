@@ -204,7 +204,9 @@ class DeadLetterSender:
                     await self._check_topic()
                     self._topic_ready = True
                 if self._producer is None:
-                    self._producer = Producer(self._core, ProducerConfig(linger_ms=0), _routing_selector())
+                    # a short delivery deadline: this loop does the waiting (and counts and logs each failure)
+                    self._producer = Producer(self._core, ProducerConfig(linger_ms=0, delivery_timeout_ms=2000),
+                                              _routing_selector())
                 timeout_s = self._core.config.request_timeout_s
                 sending = asyncio.ensure_future(self._producer.send(dead, timeout_s=timeout_s))
                 while not sending.done():

@@ -1,19 +1,24 @@
-"""Per-partition batching: records wait here until their batch is full or its linger time is up.
+"""Per-partition batches: records wait in their partition's open batch until it is full or its linger is up.
 
-Pure logic, no event loop: time comes from the ``clock`` given, and the producer asks
-:meth:`Accumulator.expired` when the earliest deadline passes. Each open batch belongs to one
-(topic, partition, broker, acks) key and becomes exactly one produce frame.
+Pure logic, no event loop: time comes from the ``clock`` given, and the placement asks
+:meth:`Accumulator.expired` when the earliest linger deadline passes. Each open batch belongs to one
+:data:`BatchKey` (topic, partition, broker, acks) and becomes exactly one produce frame.
+
+:meth:`ProducerBatch.add` (one record) and :meth:`ProducerBatch.extend` (a run of plain records,
+``send_async_many``) are the only places where a message joins a batch.
 
 A batch is sealed (taken out to be sent)
 
 * as soon as it reaches ``batch_bytes``, or when the next record would take it past that;
-* when its deadline passes -- the producer gives a new batch a deadline of *now* when the partition
+* when its linger deadline passes -- the placement gives a new batch a deadline of *now* when the partition
   has nothing in flight (send at the end of this event-loop step) and of *now + linger* otherwise;
-* when the producer seals it explicitly (flush, close, or the partition's previous batch completing).
+* when the placement seals it explicitly (flush, close, or the partition's previous batch completing).
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -31,11 +36,11 @@ travel in batches of their own, with attribute bit 7 set."""
 
 def record_size(message: Message) -> int:
     """Bytes the message takes inside a batch (what the broker compares with maxMessageSize)."""
-    return _size_of(message.data, message.key, message.attribute, message.headers)
+    return size_of(message.data, message.key, message.attribute, message.headers)
 
 
-def _size_of(value: bytes, key: bytes | None, attribute: str | None,
-             headers: Sequence[tuple[str, bytes]] | None) -> int:
+def size_of(value: bytes, key: bytes | None, attribute: str | None,
+            headers: Sequence[tuple[str, bytes]] | None) -> int:
     size = RECORD_OVERHEAD_BYTES + len(value)
     if key is not None:
         size += len(key)
@@ -51,7 +56,7 @@ class ProducerBatch:
     """Records for one partition that will travel in one produce frame.
 
     ``waiters[i]`` is what learns the result of record ``i``: an asyncio future (send_async, send), None
-    (one-way), or an int naming a ``send_async_many`` call's message (the producer's ``_ManyTable``).
+    (one-way), or an int naming a ``send_async_many`` call's message (results.ManyTable).
     A batch from ``send_batch`` has ``payload`` built up front and a single ``batch_waiter`` instead.
     """
 
@@ -63,15 +68,19 @@ class ProducerBatch:
         "broker_id",
         "count",
         "created_ms",
-        "created_s",
-        "deadline_s",
         "delayed",
+        "due_s",
+        "error",
+        "expires_s",
         "headers",
         "key",
         "keys",
+        "maybe_written",
+        "order",
         "partition",
         "payload",
         "pinned",
+        "reported",
         "size_bytes",
         "stamp",
         "stamped",
@@ -82,13 +91,15 @@ class ProducerBatch:
         "waiters",
     )
 
-    def __init__(self, key: BatchKey, created_s: float, deadline_s: float) -> None:
+    def __init__(self, key: BatchKey, due_s: float, expires_s: float) -> None:
         self.key = key
         self.topic, self.partition, self.broker_id, self.acks = key[0], key[1], key[2], key[3]
         self.delayed = len(key) > 4
-        self.created_s = created_s
         self.created_ms = int(time.time() * 1000)
-        self.deadline_s = deadline_s
+        self.due_s = due_s
+        """When its linger is up: it leaves then, full or not."""
+        self.expires_s = expires_s
+        """Its delivery deadline (``delivery_timeout_ms`` after its first message was sent): its result by then."""
         self.values: list[bytes] = []
         self.timestamps: list[int] = []
         self.keys: list[bytes | None] | None = None
@@ -101,6 +112,15 @@ class ProducerBatch:
         self.payload: bytes | None = None
         self.batch_waiter: Any = None
         self.attempts = 0
+        """Resends after a failure that may have stored it (what ``retries`` bounds)."""
+        self.maybe_written = False
+        """An attempt may have stored it (it was written and its outcome is not a refusal)."""
+        self.error: BaseException | None = None
+        """The last failure met (a resend's cause; a delivery timeout names it)."""
+        self.reported = False
+        """Its result was given (a batch in flight past its deadline stays in its lane until its request ends)."""
+        self.order = 0
+        """Its place in its lane's send order (lanes.Lane)."""
         self.pinned = False
         """The caller named the partition (send_batch(partition=...)): never moved to another one."""
         self.tried: tuple[tuple[int, int], ...] = ()
@@ -111,8 +131,9 @@ class ProducerBatch:
         """The payload with its producer block: what every attempt sends."""
 
     @classmethod
-    def prebuilt(cls, key: BatchKey, payload: bytes, count: int, waiter: Any, now_s: float) -> ProducerBatch:
-        batch = cls(key, now_s, now_s)
+    def prebuilt(cls, key: BatchKey, payload: bytes, count: int, waiter: Any, now_s: float,
+                 expires_s: float) -> ProducerBatch:
+        batch = cls(key, now_s, expires_s)
         batch.payload = payload
         batch.count = count
         batch.size_bytes = len(payload)
@@ -123,11 +144,9 @@ class ProducerBatch:
             headers: Sequence[tuple[str, bytes]] | None, waiter: Any, size: int) -> None:
         """Append one record; a negative ``timestamp_ms`` means "now" (the batch's creation time,
         read once per batch instead of once per message)."""
-        if timestamp_ms < 0:
-            timestamp_ms = self.created_ms
-        i = len(self.values)
+        i = self.count
         self.values.append(value)
-        self.timestamps.append(timestamp_ms)
+        self.timestamps.append(timestamp_ms if timestamp_ms >= 0 else self.created_ms)
         if key is not None or self.keys is not None:
             if self.keys is None:
                 self.keys = [None] * i
@@ -144,9 +163,29 @@ class ProducerBatch:
         self.count = i + 1
         self.size_bytes += size
 
+    def extend(self, values: Sequence[bytes], timestamps: Sequence[int] | None, waiters: Sequence[Any],
+               size: int) -> None:
+        """Append a run of plain records (no key, attribute or headers; this batch has none either) of ``size``
+        bytes; ``timestamps`` None: each takes the batch's creation time, as a negative one does."""
+        assert self.keys is None and self.attributes is None and self.headers is None
+        created = self.created_ms
+        self.values.extend(values)
+        if timestamps is None:
+            self.timestamps.extend(itertools.repeat(created, len(values)))
+        else:
+            self.timestamps.extend([t if t >= 0 else created for t in timestamps])
+        self.waiters.extend(waiters)
+        self.count += len(values)
+        self.size_bytes += size
+
+    @property
+    def plain(self) -> bool:
+        """No record has a key, attribute or headers."""
+        return self.keys is None and self.attributes is None and self.headers is None
+
     def absorb(self, other: ProducerBatch) -> None:
         """Take ``other``'s records after this batch's own (both unbuilt, same key): batches sealed while their
-        broker's connection had no room travel as one frame instead of queueing one frame each."""
+        partition could not be written travel as one frame instead of one frame each."""
         n, m = self.count, other.count
         self.values.extend(other.values)
         self.timestamps.extend(other.timestamps)
@@ -166,6 +205,7 @@ class ProducerBatch:
         self.waiters.extend(other.waiters)
         self.count = n + m
         self.size_bytes += other.size_bytes - HEADER_BYTES
+        self.expires_s = min(self.expires_s, other.expires_s)
 
     def build(self, compression: Compression) -> bytes:
         if self.payload is None:
@@ -185,19 +225,22 @@ _NONE: tuple[ProducerBatch, ...] = ()
 
 
 class Accumulator:
-    def __init__(self, *, batch_bytes: int, max_message_bytes: int,
+    """The open batches, one per key, and their linger deadlines."""
+
+    def __init__(self, *, batch_bytes: int, max_message_bytes: int, delivery_timeout_s: float = 120.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.batch_bytes = batch_bytes
         self.max_message_bytes = max_message_bytes
+        self.delivery_timeout_s = delivery_timeout_s
         self._clock = clock
         self.batches: dict[BatchKey, ProducerBatch] = {}
-        """The open batches. The producer's fast paths (and its compiled placer) append to one here and pop it
-        when full, without telling the accumulator."""
+        """The open batches. The placement appends to one here and pops it when full, without telling the
+        accumulator; a batch counts while this holds it."""
         self._by_linger: dict[float, deque[ProducerBatch]] = {}
         """The batches opened here, in the order they opened, one queue per linger time: on a clock that does not
         go back, each queue is in deadline order too (a producer uses two lingers, its own and 0). A batch popped
-        from :attr:`batches` elsewhere stays queued until it reaches the front, and is dropped then: a batch
-        counts while ``batches`` holds it. A heap did the same with a log n cost per batch and was slower."""
+        from :attr:`batches` elsewhere stays queued until it reaches the front, and is dropped then. A heap did the
+        same with a log n cost per batch and was slower."""
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -207,52 +250,50 @@ class Accumulator:
 
     def append(self, key: BatchKey, timestamp_ms: int, value: bytes, msg_key: bytes | None,
                attribute: str | None, headers: Sequence[tuple[str, bytes]] | None, waiter: Any,
-               linger_s: float, size: int | None = None) -> Sequence[ProducerBatch]:
+               linger_s: float, size: int | None = None, expires_s: float | None = None) -> Sequence[ProducerBatch]:
         """Add one record; return the batches this sealed (usually none).
 
-        ``linger_s`` is the deadline, from now, of a batch this append opens (0 = send as soon as
-        the producer next looks). ``size`` is the record's size in a batch when the caller already
-        knows it (:func:`record_size`). Raises InvalidArgument for a record over max_message_bytes.
+        ``linger_s`` is the deadline, from now, of a batch this append opens (0 = send as soon as the placement
+        next looks). ``size`` is the record's size in a batch when the caller already knows it
+        (:func:`record_size`); ``expires_s`` the message's delivery deadline when it was sent earlier than now
+        (held back before it joined a batch). Raises InvalidArgument for a record over max_message_bytes.
         """
         if size is None:
-            size = _size_of(value, msg_key, attribute, headers)
+            size = size_of(value, msg_key, attribute, headers)
         if size > self.max_message_bytes:
-            raise InvalidArgument(self._too_large(size, value))
+            raise InvalidArgument(too_large(size, len(value), self.max_message_bytes))
         batch = self.batches.get(key)
         if batch is not None and batch.size_bytes + size > self.batch_bytes:
             del self.batches[key]
-            more = self._start(key, timestamp_ms, value, msg_key, attribute, headers, waiter, linger_s, size)
-            return (batch, *more)
+            batch2 = self.open(key, linger_s)
+            batch2.add(timestamp_ms, value, msg_key, attribute, headers, waiter, size)
+            return (batch, *self._settle(batch2, expires_s))
         if batch is None:
-            return self._start(key, timestamp_ms, value, msg_key, attribute, headers, waiter, linger_s, size)
+            batch = self.open(key, linger_s)
         batch.add(timestamp_ms, value, msg_key, attribute, headers, waiter, size)
-        if batch.size_bytes >= self.batch_bytes:
-            del self.batches[key]
-            return (batch,)
-        return _NONE
+        return self._settle(batch, expires_s)
 
-    def _start(self, key: BatchKey, timestamp_ms: int, value: bytes, msg_key: bytes | None,
-               attribute: str | None, headers: Sequence[tuple[str, bytes]] | None, waiter: Any,
-               linger_s: float, size: int) -> Sequence[ProducerBatch]:
+    def open(self, key: BatchKey, linger_s: float) -> ProducerBatch:
+        """A new open batch for ``key`` (which must have none), due ``linger_s`` from now."""
         now = self._clock()
-        batch = ProducerBatch(key, now, now + linger_s)
-        batch.add(timestamp_ms, value, msg_key, attribute, headers, waiter, size)
-        if batch.size_bytes >= self.batch_bytes:
-            return (batch,)
+        batch = ProducerBatch(key, now + linger_s, now + self.delivery_timeout_s)
         self.batches[key] = batch
         queue = self._by_linger.get(linger_s)
         if queue is None:
             queue = self._by_linger[linger_s] = deque()
         queue.append(batch)
+        return batch
+
+    def _settle(self, batch: ProducerBatch, expires_s: float | None) -> Sequence[ProducerBatch]:
+        if expires_s is not None and expires_s < batch.expires_s:
+            batch.expires_s = expires_s
+        if batch.size_bytes >= self.batch_bytes:
+            del self.batches[batch.key]
+            return (batch,)
         return _NONE
 
-    def _too_large(self, size: int, value: bytes) -> str:
-        return (f"message is {size} bytes encoded (payload {len(value)} bytes); max_message_bytes is "
-                f"{self.max_message_bytes}. Split it, or raise max_message_bytes together with the broker's "
-                f"maxMessageSize")
-
     def next_deadline(self) -> float | None:
-        """The earliest deadline of an open batch, or None when nothing is open."""
+        """The earliest linger deadline of an open batch, or None when nothing is open."""
         batches = self.batches
         if not batches:
             for queue in self._by_linger.values():
@@ -263,20 +304,20 @@ class Accumulator:
             while queue:
                 batch = queue[0]
                 if batches.get(batch.key) is batch:
-                    if earliest is None or batch.deadline_s < earliest:
-                        earliest = batch.deadline_s
+                    if earliest is None or batch.due_s < earliest:
+                        earliest = batch.due_s
                     break
                 queue.popleft()
         return earliest
 
     def expired(self, now_s: float | None = None) -> list[ProducerBatch]:
-        """Seal and return every open batch whose deadline is at or before ``now_s`` (in no particular order).
-        Costs the batches due (and those closed since they opened), not every open one."""
+        """Seal and return every open batch whose linger deadline is at or before ``now_s`` (in no particular
+        order). Costs the batches due (and those closed since they opened), not every open one."""
         now = self._clock() if now_s is None else now_s
         batches = self.batches
         due: list[ProducerBatch] = []
         for queue in self._by_linger.values():
-            while queue and queue[0].deadline_s <= now:
+            while queue and queue[0].due_s <= now:
                 batch = queue.popleft()
                 if batches.get(batch.key) is batch:
                     del batches[batch.key]
@@ -292,3 +333,43 @@ class Accumulator:
         for queue in self._by_linger.values():
             queue.clear()
         return batches
+
+
+class BufferLimit:
+    """``max_buffered_bytes``: bytes of messages accepted and not yet resolved, and the sends waiting for room."""
+
+    __slots__ = ("limit", "used", "waiters")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+    def fits(self, size: int) -> bool:
+        """Whether ``size`` more bytes may be taken now (a message larger than the limit goes when nothing is held)."""
+        return self.used + size <= self.limit or not self.used
+
+    def release(self, size: int) -> None:
+        self.used -= size
+        if self.waiters:
+            self.wake()
+
+    def wake(self) -> None:
+        waiters, self.waiters = self.waiters, deque()
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    async def wait(self, size: int, timeout_s: float | None) -> None:
+        """Until ``size`` bytes fit (TimeoutError after ``timeout_s``)."""
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(timeout_s):
+            while not self.fits(size):
+                w: asyncio.Future[None] = loop.create_future()
+                self.waiters.append(w)
+                await w
+
+
+def too_large(size: int, payload_bytes: int, max_message_bytes: int) -> str:
+    return (f"message is {size} bytes encoded (payload {payload_bytes} bytes); max_message_bytes is "
+            f"{max_message_bytes}. Split it, or raise max_message_bytes together with the broker's maxMessageSize")
