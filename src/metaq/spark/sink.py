@@ -129,17 +129,16 @@ class BatchEncoder:
         self.partitions_of = partitions_of
         self._partitions: dict[str, list[PartitionId]] = {}
 
-    def _partition_for_key(self, topic: str, key: bytes) -> PartitionId:
-        parts = self._partitions.get(topic)
-        if parts is None:
-            try:
-                parts = self._partitions[topic] = sorted(self.partitions_of(topic))
-            except UnknownTopicError:
-                raise UnknownTopicError(
-                    f"metaq sink: topic {topic!r} does not exist yet, and rows with a key go to partition "
-                    "crc32(key) % partitions, which needs its partitions: create the topic first "
-                    "(or give the rows a 'partition', or no key)") from None
-        return key_partition(parts, key)
+    def _key_space(self, topic: str) -> list[PartitionId]:
+        """The topic's partitions a key is hashed over, asked once per topic."""
+        try:
+            parts = self._partitions[topic] = sorted(self.partitions_of(topic))
+        except UnknownTopicError:
+            raise UnknownTopicError(
+                f"metaq sink: topic {topic!r} does not exist yet, and rows with a key go to partition "
+                "crc32(key) % partitions, which needs its partitions: create the topic first "
+                "(or give the rows a 'partition', or no key)") from None
+        return parts
 
     def encode(self, batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[str, PartitionKey, bytes, int]]:
         for rb in batches:
@@ -171,6 +170,7 @@ class BatchEncoder:
             stamps = [now_ms] * n
         headers = _headers_list(cols["headers"]) if "headers" in cols else [None] * n
         builders: dict[tuple[str, PartitionKey], BatchBuilder] = {}
+        key_spaces = self._partitions
         for i in range(n):
             topic = topics[i] or self.opts.topic
             if topic is None:
@@ -178,7 +178,10 @@ class BatchEncoder:
             number, broker_id, key = parts[i], brokers[i], keys[i]
             part: PartitionKey
             if number is None:
-                part = ANY_PARTITION if key is None else self._partition_for_key(topic, key)
+                if key is None:
+                    part = ANY_PARTITION
+                else:  # the key space looked up here, not in a method: a keyed row costs one call, the rule
+                    part = key_partition(key_spaces.get(topic) or self._key_space(topic), key)
             elif broker_id is not None:
                 part = _partition_id(broker_id, number)
             else:
