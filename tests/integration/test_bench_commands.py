@@ -19,7 +19,8 @@ from metaq.testing import BrokerProcess
 
 SUBCOMMANDS = {"produce", "consume", "e2e", "group", "rebalance", "cluster-refresh", "replication", "read-from",
                "storage", "partitions", "large", "backlog", "delay", "redrive", "dashboard", "limits", "decode",
-               "peers", "http", "kafka", "kafka-convert", "logging", "spark", "connect"}
+               "quotas", "security-paths", "auth-timing", "peers", "http", "kafka", "kafka-convert", "logging",
+               "spark", "connect", "startup", "goals"}
 HISTORY = ("as before", "the old way", "round 1", "issue 13", "scripts/")
 """What a --help says is what the command does now; how it came to be is docs/benchmarks-history.md's."""
 
@@ -133,6 +134,58 @@ def test_limits_a_broker_under_both_attacks_keeps_serving_others(tmp_path: Path)
     assert doc["partial_frames"]["produce_after_ok"]  # a normal produce served beside the unfinished frames
     polls = doc["abandoned_long_polls"]
     assert isinstance(polls["lockout_after_close_s"], float)  # served again once the attackers closed
+
+
+def test_quotas_runs_each_attack_asked_for_against_its_quota(tmp_path: Path) -> None:
+    doc = bench_json("quotas", "--seconds", "0.5", "--fetch-quota", "1000000", "--produce-quota", "4000000",
+                     "--connections", "5", "--fill-mb", "2", "--attacks", "fetch-5,produce-4m,http-connections",
+                     "--work-dir", str(tmp_path))
+    rows = {r["attack"]: r for r in doc["attacks"]}
+    assert list(rows) == ["fetch-5", "produce-4m"]  # in the order asked, and only those
+    assert rows["fetch-5"]["quota_bytes_per_s"] == 1_000_000 and rows["produce-4m"]["quota_bytes_per_s"] == 4_000_000
+    assert all(r["bytes_per_s"] > 0 for r in rows.values())  # each attack was served (its rate is the figure)
+    held = doc["http_connections"]
+    assert held["parallel"] == 10 and held["served"] + held["refused"] == 10
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_security_paths_times_each_kind_of_request_on_each_broker(tmp_path: Path) -> None:
+    doc = bench_json("security-paths", "--requests", "20", "--rounds", "2", "--work-dir", str(tmp_path))
+    us = doc["us_per_request"]
+    assert list(us) == ["off", "quotas", "audit"]  # the baseline beside both, same run
+    assert all(len(us[b][kind]) == 2 and min(us[b][kind]) > 0 for b in us for kind in ("produce", "fetch", "refused"))
+
+
+def test_auth_timing_logs_in_as_known_and_unknown_users_every_round(tmp_path: Path) -> None:
+    doc = bench_json("auth-timing", "--rounds", "4", "--iterations", "4096", "--work-dir", str(tmp_path))
+    assert set(doc["ms"]) == {"sasl known", "sasl unknown", "basic known (big)", "basic unknown"}
+    assert all(0 < row["p10"] <= row["median"] <= row["p90"] for row in doc["ms"].values())
+    assert 0 <= doc["unknown_salts_computable"] <= 4
+
+
+def test_startup_runs_each_command_to_its_end_beside_a_baseline(tmp_path: Path) -> None:
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    doc = bench_json("startup", "--runs", "1", "--baseline", src, "--work-dir", str(tmp_path))
+    rows = doc["cases"]
+    assert [(r["command"].split(" (")[0], r["code"]) for r in rows][:4] == [
+        ("metaq --version", "this"), ("metaq --version", "baseline"), ("metaq --help", "this"),
+        ("metaq --help", "baseline")]
+    assert len(rows) == 12 and all(len(r["wall_ms"]) == 1 and r["wall_best_ms"] > 0 for r in rows)
+
+
+def test_goals_runs_each_goal_once_a_round_and_keeps_every_result() -> None:
+    doc = bench_json("goals", "--rounds", "2", "--only", "batch,send_async", "--scale", "0.01", timeout_s=600)
+    assert doc["trees"] == ["this tree"] and doc["peers"] == {}
+    for goal, messages in (("batch", 30_000), ("send_async", 10_000)):  # the counts scaled by 0.01
+        runs = doc["runs"]["this tree"][goal]
+        assert len(runs) == 2
+        assert all(r["messages"] == messages and r["failures"] == 0 and r["msgs_per_s"] > 0 for r in runs), runs
+
+
+def test_goals_refuses_an_unknown_goal_naming_the_known_ones() -> None:
+    done = metaq("bench", "goals", "--only", "send_sync")
+    assert done.returncode == 2  # a usage error, before anything runs
+    assert "send_sync" in done.stderr and all(g in done.stderr for g in ("batch", "send_async", "e2e_sync"))
 
 
 def test_group_delivers_every_message_to_the_group() -> None:

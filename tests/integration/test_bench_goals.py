@@ -1,28 +1,24 @@
-"""scripts/bench_goals.py: issue 13's goals measured beside their same-run baselines, this tree against a commit.
-
-What is checked is what the script does (every goal run once per tree per round, each run's result kept
-whole in the JSON with sane figures, a table row per goal, refused goals), not how the table is worded: the
-figures themselves are the benchmark's business (docs/benchmarks.md), never asserted here.
-"""
+"""`metaq bench goals` against another commit and beside its peers: every goal run once per tree per round (this
+tree and a commit exported and built), each run's result kept whole in the JSON with sane figures, the peers of the
+end-to-end goals run once a round under the goal's own load. What is checked is what the bench does, not how its
+table is worded: the figures themselves are the benchmark's business (docs/benchmarks.md), never asserted here.
+test_bench_commands.py runs it once on this tree alone and checks it refuses an unknown goal."""
 
 from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "bench_goals.py"
+from cli_process import metaq
 
 
-def table_rows(stdout: str) -> set[str]:
-    """The first cell of each row of the Markdown table the script prints."""
-    return {line.split("|")[1].strip() for line in stdout.splitlines() if line.startswith("| ")}
+def goals_json(*args: str) -> dict[str, Any]:
+    done = metaq("bench", "goals", *args, "--json", timeout_s=600)
+    assert done.returncode == 0, done.stderr
+    doc: dict[str, Any] = json.loads(done.stdout)
+    return doc
 
 
 def assert_rate_run(result: dict[str, Any], messages: int) -> None:
@@ -32,14 +28,9 @@ def assert_rate_run(result: dict[str, Any], messages: int) -> None:
 
 
 @pytest.mark.slow  # two rounds of two benchmarks in two trees, one of them exported and built: minutes
-def test_each_goal_runs_once_per_round_and_tree_and_its_results_are_kept(tmp_path: Path) -> None:
-    out = tmp_path / "goals.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--rounds", "2", "--only", "batch,send_async",
-                           "--scale", "0.02", "--against", "HEAD", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    doc = json.loads(out.read_text())
-    assert doc["started"] and doc["ended"] and doc["peers"] == {}
+def test_each_goal_runs_once_per_round_and_tree_and_its_results_are_kept() -> None:
+    doc = goals_json("--rounds", "2", "--only", "batch,send_async", "--scale", "0.02", "--against", "HEAD")
+    assert doc["peers"] == {} and doc["trees"] == ["this tree", "HEAD"]
     assert set(doc["runs"]) == {"this tree", "HEAD"}
     for per_goal in doc["runs"].values():
         assert set(per_goal) == {"batch", "send_async"}
@@ -47,25 +38,11 @@ def test_each_goal_runs_once_per_round_and_tree_and_its_results_are_kept(tmp_pat
             assert len(per_goal[goal]) == 2
             for result in per_goal[goal]:
                 assert_rate_run(result, messages)
-    assert {"batch", "send_async"} <= table_rows(done.stdout)
-
-
-def test_an_unknown_goal_is_refused_naming_the_known_ones() -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--only", "send_sync"], capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == 2  # a usage error, before anything runs
-    assert "send_sync" in done.stderr
-    assert all(goal in done.stderr for goal in ("batch", "send_async", "e2e_rr", "e2e_sync"))
 
 
 @pytest.mark.slow  # two rounds of two end-to-end benchmarks and their peers: minutes
-def test_peers_run_once_a_round_beside_the_e2e_goals_under_their_load(tmp_path: Path) -> None:
-    out = tmp_path / "goals.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--rounds", "2", "--only", "e2e_rr,e2e_sync",
-                           "--scale", "0.125", "--peers", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    doc = json.loads(out.read_text())
+def test_peers_run_once_a_round_beside_the_e2e_goals_under_their_load() -> None:
+    doc = goals_json("--rounds", "2", "--only", "e2e_rr,e2e_sync", "--scale", "0.125", "--peers")
     assert sorted(doc["peers"]) == ["e2e_rr", "e2e_sync"]
     for goal, system in (("e2e_rr", "redis-4"), ("e2e_sync", "redis-always")):
         # the goal's own load (5,000 msg/s for its scaled duration), every message delivered, one run a round
@@ -74,4 +51,3 @@ def test_peers_run_once_a_round_beside_the_e2e_goals_under_their_load(tmp_path: 
             latency = result["latency_ms"]
             assert 0 < latency["p50"] <= latency["p99"], result
         assert len(doc["runs"]["this tree"][goal]) == 2
-    assert {"e2e_rr", "e2e_sync"} <= table_rows(done.stdout)

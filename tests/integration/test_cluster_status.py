@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 from cli_process import metaq
 
+from metaq.client import BrokerStatus, ZooKeeperBrokers
 from metaq.client.blocking import BlockingClient
 from metaq.cluster.zookeeper import ZooKeeperRegistry
+from metaq.errors import ConnectionClosedError
 from metaq.protocol.records import encode_values
 from metaq.testing import BrokerProcess, unused_port, wait_until
 from metaq.types import PartitionId as P
@@ -94,6 +96,27 @@ def test_cluster_status_shows_brokers_topics_groups_and_exact_lag(
                            "log_end": None, "lag": None}
     assert rows["1-0"]["lag"] == 6
     assert "warning: broker 3 is not registered" in left.stderr
+
+
+def test_zookeeper_brokers_lists_the_registered_brokers_and_follows_them(
+        cluster_factory: Callable[..., BrokerProcess], zookeeper: Any, zk_root: str) -> None:
+    brokers = {b: cluster_factory(b) for b in (1, 2)}
+    view = ZooKeeperBrokers(zookeeper.connect_string, zk_root, timeout_ms=10_000)
+    try:
+        assert view.brokers() == [BrokerStatus(b, brokers[b].servers, {}) for b in (1, 2)]
+        assert view.brokers(tls=True) == [BrokerStatus(b, None, {}) for b in (1, 2)]  # no sslPort registered
+        assert brokers[2].stop() == 0
+        wait_until(lambda: [b.broker_id for b in view.brokers()] == [1], 30, message="broker 2 leaves the view")
+    finally:
+        view.close()
+    empty = ZooKeeperBrokers(zookeeper.connect_string, f"{zk_root}-nothing-here")
+    try:
+        assert empty.brokers() == []
+    finally:
+        empty.close()
+    assert ZooKeeperBrokers.normalize_root("meta/") == "/meta" and ZooKeeperBrokers.normalize_root("/") == "/"
+    with pytest.raises(ConnectionClosedError, match="ZooKeeper"):
+        ZooKeeperBrokers(f"127.0.0.1:{unused_port()}", timeout_ms=1000).brokers()
 
 
 def test_a_root_without_a_cluster_reads_as_empty_and_stays_empty(zookeeper: Any, zk_root: str) -> None:

@@ -26,7 +26,7 @@ EXTRA_CLASSES = ["metaq.client.sync.SyncProducer", "metaq.client.sync.SyncPullCo
                  "metaq.client.config.ClientConfig", "metaq.client.config.ProducerConfig",
                  "metaq.client.transaction.TransactionResult", "metaq.client.transaction.TransactionChecker",
                  "metaq.client.transaction.Xid", "metaq.client.admin.TopicDescription",
-                 "metaq.client.admin.MessageLocation", "metaq.client.admin.FindResult"]
+                 "metaq.client.admin.MessageLocation", "metaq.client.admin.FindResult", "metaq.net.retry.Backoff"]
 """Classes not exported by name that public calls return (the sync facade's objects, the results)."""
 
 

@@ -1,7 +1,7 @@
 """`metaq` starts by importing only what the command runs: `metaq --version` and `metaq --help` none of the
 commands, a client command not the broker, `metaq broker --help` not the broker core. Before, every command
 imported the broker core (about 2.6 s on a busy 2-core machine); the figures are in docs/benchmarks.md
-("CLI start-up", scripts/bench_cli_startup.py). Which modules load is what a test can hold; how long they take
+("The command line", `metaq bench startup`). Which modules load is what a test can hold; how long they take
 is measured, not asserted."""
 
 from __future__ import annotations

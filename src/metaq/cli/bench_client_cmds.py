@@ -1,5 +1,5 @@
-"""`metaq bench peers|http|kafka|kafka-convert|logging|spark|connect`: metaq beside other systems, its other
-protocols and its client libraries."""
+"""`metaq bench peers|http|kafka|kafka-convert|logging|spark|connect|startup|goals`: metaq beside other systems, its
+other protocols and its client libraries, the CLI's start-up, and the performance goals."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from metaq.cli.bench_common import comma_list, json_option, run_and_print
+from metaq.bench.report import Report
+from metaq.cli.bench_common import comma_list, json_option, run_and_print, work_dir_option
 
 
 @click.command("peers")
@@ -144,4 +145,54 @@ def bench_connect(as_json: bool, plain: str, tls: str, ca_file: str, user: str |
                   connect_time.table)
 
 
-COMMANDS = [bench_peers, bench_http, bench_kafka, bench_kafka_convert, bench_logging, bench_spark, bench_connect]
+@click.command("startup")
+@click.option("--runs", type=click.IntRange(1), default=10, show_default=True, help="Runs of each case.")
+@click.option("--baseline", type=click.Path(file_okay=False, exists=True), default=None, metavar="SRC",
+              help="Another checkout's src directory (its compiled modules built): the same cases with that code, "
+                   "alternating run by run.")
+@work_dir_option
+@json_option
+def bench_startup(as_json: bool, runs: int, baseline: str | None, work_dir: str | None) -> None:
+    """How long a metaq command takes to start: wall and CPU time of whole processes (--version, --help, a produce and
+    a consume of one message), beside --baseline's code when given."""
+    from metaq.bench import startup
+
+    run_and_print(as_json, lambda report: startup.run(runs, baseline, report, work_dir), startup.table)
+
+
+_GOALS = ("batch", "send_async", "async_yield", "oneway", "iterate", "e2e_rr", "e2e_sticky", "e2e_sync")
+
+
+@click.command("goals")
+@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True,
+              help="Rounds (each goal once per tree per round).")
+@click.option("--only", default=",".join(_GOALS), show_default=True, callback=comma_list(_GOALS),
+              help="The goals to run, in order.")
+@click.option("--against", metavar="REV", default=None,
+              help="Another commit of this checkout, exported and built, measured alternately with this tree.")
+@click.option("--scale", type=click.FloatRange(0.0001), default=1.0, show_default=True,
+              help="Multiply the goals' counts and durations (a quick look).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=900.0, show_default=True,
+              help="Upper bound of one command, seconds.")
+@click.option("--peers", is_flag=True,
+              help="Once a round, each end-to-end goal's peer of the same shape under the same load (Redis Streams: "
+                   "four streams round robin, one stream, appendfsync always; see metaq bench peers).")
+@json_option
+def bench_goals(as_json: bool, **kwargs: Any) -> None:
+    """metaq's performance goals (send_async, send_oneway and iterate msg/s, end-to-end latency), each run beside its
+    same-run baseline, optionally interleaved with another commit."""
+    from metaq.bench import goals
+
+    result: dict[str, Any] = {}
+
+    def run(report: Report) -> dict[str, Any]:
+        result.update(goals.run(report=report, **kwargs))
+        return result
+
+    run_and_print(as_json, run, goals.table)
+    if goals.failed(result):
+        raise SystemExit(1)
+
+
+COMMANDS = [bench_peers, bench_http, bench_kafka, bench_kafka_convert, bench_logging, bench_spark, bench_connect,
+            bench_startup, bench_goals]

@@ -1,4 +1,5 @@
-"""`metaq bench storage|partitions|large|backlog|delay|redrive|dashboard|limits|decode`: the broker and its storage."""
+"""`metaq bench storage|partitions|large|backlog|delay|redrive|dashboard|limits|decode|quotas|security-paths|
+auth-timing`: the broker and its storage, and what its limits and security hold against."""
 
 from __future__ import annotations
 
@@ -230,5 +231,62 @@ def bench_decode(as_json: bool, **kwargs: Any) -> None:
     run_and_print(as_json, lambda report: decode.run(report=report, **kwargs), decode.table)
 
 
+_QUOTA_ATTACKS = ("fetch-1", "fetch-5", "http-fetch-8", "produce-4m", "produce-4m-4", "multi-produce",
+                  "http-connections")
+
+
+@click.command("quotas")
+@click.option("--seconds", type=click.FloatRange(0.1), default=20.0, show_default=True, help="Length of each attack.")
+@click.option("--fetch-quota", type=click.IntRange(1), default=50 * 1024, show_default=True,
+              help="The readers' fetch quota, bytes per second (quotaConsumerByteRate).")
+@click.option("--produce-quota", type=click.IntRange(1), default=100 * 1024, show_default=True,
+              help="The writers' produce quota, bytes per second (quotaProducerByteRate).")
+@click.option("--connections", type=click.IntRange(1), default=6, show_default=True,
+              help="Connections a principal may hold (quotaMaxConnections).")
+@click.option("--fill-mb", type=click.IntRange(1), default=24, show_default=True,
+              help="What the fetch attacks read: this many times 1,000 messages of 1,000 bytes.")
+@click.option("--attacks", default=",".join(_QUOTA_ATTACKS), show_default=True, callback=comma_list(_QUOTA_ATTACKS),
+              help="fetch-1, fetch-5: 1 MiB fetches on 1 and 5 connections; http-fetch-8: 8 parallel HTTP fetches; "
+                   "produce-4m, produce-4m-4: 4 MB batches on 1 and 4 connections; multi-produce: MultiProduce of 8 "
+                   "batches of 512 KiB; http-connections: twice --connections long polls at once over HTTP.")
+@work_dir_option
+@json_option
+def bench_quotas(as_json: bool, work_dir: str | None, **kwargs: Any) -> None:
+    """Byte-rate quotas under attack: what a principal gets, per attack, against the quota it meets (more
+    connections, bigger fetches and batches, parallel HTTP requests, MultiProduce)."""
+    from metaq.bench import quotas
+
+    run_and_print(as_json, lambda report: quotas.run(report=report, work_dir=work_dir, **kwargs), quotas.table)
+
+
+@click.command("security-paths")
+@click.option("--requests", type=click.IntRange(1), default=2000, show_default=True,
+              help="Requests of each kind per round and broker, one after the other.")
+@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True)
+@work_dir_option
+@json_option
+def bench_security_paths(as_json: bool, requests: int, rounds: int, work_dir: str | None) -> None:
+    """What the quota checks and the audit log add to a request (produce, fetch, a refused produce), beside a broker
+    with neither, same run."""
+    from metaq.bench import security_paths
+
+    run_and_print(as_json, lambda report: security_paths.run(requests, rounds, report, work_dir),
+                  security_paths.table)
+
+
+@click.command("auth-timing")
+@click.option("--rounds", type=click.IntRange(1), default=200, show_default=True)
+@click.option("--iterations", type=click.IntRange(4096, 1_000_000), default=100_000, show_default=True,
+              help="PBKDF2 iterations of the known user of the HTTP Basic logins.")
+@work_dir_option
+@json_option
+def bench_auth_timing(as_json: bool, rounds: int, iterations: int, work_dir: str | None) -> None:
+    """Whether a login's time or answer tells a user name exists: SCRAM and HTTP Basic logins of a known user beside
+    an unknown one, and whether an unknown name's salt can be computed."""
+    from metaq.bench import auth_timing
+
+    run_and_print(as_json, lambda report: auth_timing.run(rounds, iterations, report, work_dir), auth_timing.table)
+
+
 COMMANDS = [bench_storage, bench_partitions, bench_large, bench_backlog, bench_delay, bench_redrive, bench_dashboard,
-            bench_limits, bench_decode]
+            bench_limits, bench_decode, bench_quotas, bench_security_paths, bench_auth_timing]

@@ -397,6 +397,7 @@ class BlockingClient:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def close(self) -> None:
+        """Close every connection the client opened."""
         self._pool.close()
 
     def __enter__(self) -> BlockingClient:

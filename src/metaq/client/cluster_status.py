@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from metaq.client.blocking import BlockingClient
+from metaq.client.zk_brokers import BrokerStatus, registered_brokers
 from metaq.cluster.layout import DEFAULT_ROOT, ReplicaGroupState
 from metaq.cluster.registry import ClusterSnapshot
 from metaq.cluster.zk_security import ZkSecurity
@@ -42,14 +43,6 @@ __all__ = ["BrokerStatus", "ClusterStatus", "GroupStatus", "PartitionLag", "Repl
            "SlaveStatus", "TopicStatus", "read_cluster_status"]
 
 STATS_CLIENT_ID = "metaq-cluster-status"
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerStatus:
-    broker_id: int
-    master: str | None
-    """``host:port``, None while only slaves are registered."""
-    slaves: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,9 +193,7 @@ def read_cluster_status(zk_connect: str, zk_root: str = DEFAULT_ROOT, *, timeout
         snapshot = registry.snapshot()
         if tls is not None:
             snapshot = snapshot.over_tls()
-        brokers = [BrokerStatus(b, str(e.master) if e.master else None,
-                                {s: str(a) for s, a in sorted(e.slaves.items())})
-                   for b, e in sorted(snapshot.brokers.items())]
+        brokers = registered_brokers(snapshot)
         topics = [TopicStatus(name, dict(t.publish), dict(t.subscribe)) for name, t in sorted(snapshot.topics.items())]
         groups = [_group(registry, snapshot, g) for g in registry.groups()]
         ha_states = {b.broker_id: _ha_state(registry, b.broker_id) for b in brokers if b.slaves}

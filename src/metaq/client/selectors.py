@@ -30,7 +30,7 @@ from __future__ import annotations
 import random
 import zlib
 from collections.abc import Callable, Sequence
-from typing import ClassVar, Protocol
+from typing import ClassVar, Protocol, TypeVar
 
 from metaq.client.metadata import Partition
 from metaq.errors import InvalidArgument, PartitionClosedError
@@ -196,6 +196,16 @@ def key_hash(key: bytes) -> int:
     return zlib.crc32(key)
 
 
+_P = TypeVar("_P")
+
+
+def key_partition(partitions: Sequence[_P], key: bytes) -> _P:
+    """The partition of ``partitions`` (every partition of the topic, in (broker id, partition) order) that ``key``
+    goes to: ``partitions[crc32(key) % len(partitions)]``, the rule of :class:`KeyHashSelector`, for code that
+    places keyed records without a producer (the Spark sink): one key, one partition, wherever it is computed."""
+    return partitions[zlib.crc32(key) % len(partitions)]
+
+
 class KeyHashSelector:
     """``partitions[crc32(key) % len(partitions)]``: every message with one key lands in one partition.
 
@@ -226,7 +236,7 @@ class KeyHashSelector:
                                   f"pass KeyHashSelector(fallback=RoundRobinSelector())")
         if not partitions:
             raise InvalidArgument(f"topic {topic!r} has no partitions to choose from")
-        return partitions[zlib.crc32(key) % len(partitions)]
+        return key_partition(partitions, key)
 
 
 SelectorLike = PartitionSelector | Callable[[str, Sequence[Partition], Message], Partition]

@@ -124,6 +124,7 @@ class ClientTls:
     check_hostname: bool = True
 
     def context(self) -> ssl.SSLContext:
+        """A client SSL context from these files (the broker's certificate always verified)."""
         return client_context(self.ca_file, self.cert_file, self.key_file, self.check_hostname)
 
 

@@ -6,17 +6,17 @@ schema, timezone="UTC")``): int32 broker_id and partition, int64 offset, timesta
 ``list<element: struct<key: string, value: binary>>``. :data:`ARROW_SCHEMA` is written out by hand
 (pyarrow only, no pyspark import) and a unit test checks it against Spark's conversion.
 
-The read path never builds a :class:`~metaq.types.Message`: :func:`fetch_to_arrow` takes each whole
-batch of a fetch reply apart with :func:`metaq.protocol.records.batch_columns` (CRC checked, columns
-validated, decompressed) and gathers the columns of all the batches of the reply: the length arrays are
+The read path never builds a :class:`~metaq.types.Message`: :func:`fetch_to_arrow` takes the whole
+batches of a fetch reply apart with the client's :func:`~metaq.client.fetched_columns` (CRC checked,
+columns validated, decompressed) and gathers the columns of all the batches of the reply: the length arrays are
 appended with ``array.extend`` (a copy in C), the key, value and attribute sections are joined into one
 buffer each. One Arrow batch per fetch reply (``maxBytesPerFetch``, 4 MiB by default: tens of thousands
 of small messages) is then made from those buffers with ``pyarrow.compute``: the offsets of the binary
 columns are a cumulative sum of the lengths, nulls come from ``-1`` lengths, ``offset`` is an arange
 plus the first offset (or base offset + delta per batch when a server-side filter left gaps), and
 ``message_id`` is formatted to hex with integer arithmetic on uint64 arrays (:func:`_hex8`). Only
-headers (rare) are decoded per message. :func:`to_record_batch` and :func:`decode_range` are the
-Message-based equivalent, kept as the reference the unit tests compare against.
+headers (rare) are decoded per message. :func:`to_record_batch` is the Message-based equivalent, kept as
+the reference the unit tests compare against.
 """
 
 from __future__ import annotations
@@ -26,24 +26,15 @@ import struct
 import sys
 import time
 from array import array
-from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from metaq.client.blocking import BlockingClient, PendingFetch
+from metaq.client import BlockingClient, ColumnSpan, PendingFetch, fetched_columns, next_fetch_offset
 from metaq.errors import BrokerError, CorruptRecordError, MetaqError, OffsetOutOfRangeError
-from metaq.protocol.records import (
-    BatchHeader,
-    batch_columns,
-    damaged_batch_error,
-    decode_batch,
-    fetched_batches,
-    peek_length,
-)
-from metaq.spark.errors import DataLossError as DataLossError  # its old home: re-exported
+from metaq.spark.errors import DataLossError as DataLossError  # re-exported: the read path raises it
 from metaq.types import Message, PartitionId, PartitionKey
 
 HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
@@ -161,7 +152,8 @@ class _Span:
 
     __slots__ = ("append_time_ms", "base_id", "base_offset", "deltas")
 
-    def __init__(self, header: BatchHeader, deltas: array) -> None:
+    def __init__(self, span: ColumnSpan, deltas: array) -> None:
+        header = span.header
         self.base_offset = header.base_offset
         self.base_id = header.base_message_id
         self.append_time_ms = header.append_time_ms
@@ -184,9 +176,10 @@ class _Rows:
         self.headers: list[list[tuple[str, bytes]] | None] | None = None
         self.blob_bytes = 0
 
-    def add(self, header: BatchHeader, cols: Any, lo: int, hi: int) -> bool:
-        """Gather records lo..hi-1 (lo < hi) of a batch; False (nothing added) if that would make the
-        Arrow batch too large: build this one and add to a fresh one."""
+    def add(self, span: ColumnSpan) -> bool:
+        """Gather the records of a span; False (nothing added) if that would make the Arrow batch too
+        large: build this one and add to a fresh one."""
+        cols, lo, hi = span.columns, span.lo, span.hi
         n = cols.n
         if lo == 0 and hi == n:
             deltas, tss, klens, vlens, alens = cols.deltas, cols.timestamps, cols.klens, cols.vlens, cols.alens
@@ -206,7 +199,7 @@ class _Rows:
             return False
         body = memoryview(cols.body)
         self.blob_bytes += size
-        self.spans.append(_Span(header, deltas))
+        self.spans.append(_Span(span, deltas))
         self.timestamps.extend(tss)
         self.klens.extend(klens)
         self.vlens.extend(vlens)
@@ -334,38 +327,25 @@ def fetch_to_arrow(records: bytes | memoryview, topic: str, partition: Partition
     base offset of the first batch that reaches past ``start`` (-1 if none): if it is above ``start``,
     the offsets in between are missing.
 
-    Every batch is CRC-checked. Batches a server-side filter thinned out (fewer records than offsets,
-    possibly none) take their offsets from the deltas and still advance the next offset past them.
+    Every batch is CRC-checked (:func:`~metaq.client.fetched_columns`, whose rules for damage apply).
+    Batches a server-side filter thinned out (fewer records than offsets, possibly none) take their
+    offsets from the deltas and still advance the next offset past them.
     """
+    fetched = fetched_columns(records, start, end, f"{topic}:{partition}")
+    return _arrow_batches(fetched.spans, topic, partition), fetched.next_offset, fetched.first_base_offset
+
+
+def _arrow_batches(spans: list[ColumnSpan], topic: str, partition: PartitionId) -> list[pa.RecordBatch]:
     out: list[pa.RecordBatch] = []
     rows = _Rows()
-    next_offset = start
-    first_base = -1
-    view = memoryview(records)
-    try:
-        for pos, header in _batches_in_range(view, start, end):
-            if first_base < 0:
-                first_base = header.base_offset
-            try:
-                _, cols = batch_columns(view[pos:pos + header.total_bytes], header, verify=True)
-            except CorruptRecordError as exc:
-                raise damaged_batch_error(exc, header, start, f"{topic}:{partition}") from None
-            lo, hi = 0, cols.n
-            if header.base_offset < start or header.next_offset > end:
-                lo = bisect_left(cols.deltas, start - header.base_offset)
-                hi = bisect_left(cols.deltas, end - header.base_offset)
-            if lo < hi and not rows.add(header, cols, lo, hi):
-                out.append(rows.build(topic, partition))
-                rows = _Rows()
-                rows.add(header, cols, lo, hi)
-            next_offset = min(header.next_offset, end)
-    except CorruptRecordError:
-        if next_offset == start:
-            raise
-        # the intact batches before the damage are returned; the next fetch starts at the damage
+    for span in spans:
+        if not rows.add(span):
+            out.append(rows.build(topic, partition))
+            rows = _Rows()
+            rows.add(span)
     if rows.n:
         out.append(rows.build(topic, partition))
-    return out, next_offset, first_base
+    return out
 
 
 # -- the Message-based reference ----------------------------------------------------------------------
@@ -422,53 +402,7 @@ def to_record_batch(messages: Sequence[Message], topic: str, partition: Partitio
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 
 
-def decode_range(records: bytes | memoryview, topic: str, partition: PartitionId, start: int,
-                 end: int) -> tuple[list[Message], int]:
-    """Messages with start <= offset < end among the whole batches of a fetch reply, and the offset
-    to fetch next (``start`` if the reply held no whole batch at or after ``start``).
-
-    The Message-based reference for :func:`fetch_to_arrow`."""
-    out: list[Message] = []
-    next_offset = start
-    view = memoryview(records)
-    for pos, header in _batches_in_range(view, start, end):
-        try:
-            msgs = decode_batch(view[pos:pos + header.total_bytes], topic, partition.partition, header,
-                                broker_id=partition.broker_id)
-        except CorruptRecordError as exc:
-            raise damaged_batch_error(exc, header, start, f"{topic}:{partition}") from None
-        if header.base_offset < start or header.next_offset > end:
-            msgs = [m for m in msgs if start <= m.offset < end]
-        out.extend(msgs)
-        next_offset = min(header.next_offset, end)
-    return out, next_offset
-
-
-def _batches_in_range(view: memoryview, start: int, end: int) -> Iterator[tuple[int, BatchHeader]]:
-    """(position, header) of the whole batches of a fetch reply holding offsets in [start, end), headers
-    and offset continuity checked (CorruptRecordError naming the offset otherwise)."""
-    for pos, header in fetched_batches(view, start):
-        if header.base_offset >= end:
-            return
-        yield pos, header
-        if header.next_offset >= end:
-            return
-
-
 # -- reading a range --------------------------------------------------------------------------------
-
-def _next_fetch_offset(records: bytes | memoryview, offset: int, end: int) -> int:
-    """Where the fetch after this reply starts if every whole batch in it is intact: the end of its last whole
-    batch below ``end`` (``offset`` if there is none or the headers are damaged). Headers only, no CRC:
-    a guess made before the reply is taken apart, so that the next fetch is on its way meanwhile."""
-    nxt = offset
-    try:
-        for _pos, header in _batches_in_range(memoryview(records), offset, end):
-            nxt = min(header.next_offset, end)
-    except CorruptRecordError:
-        return offset
-    return nxt
-
 
 def read_range(client: BlockingClient, topic: str, partition: PartitionKey, start: int, end: int, *,
                max_bytes: int, fail_on_data_loss: bool = True, new_partition: bool = False,
@@ -504,10 +438,10 @@ def read_range(client: BlockingClient, topic: str, partition: PartitionKey, star
                 resp = pending.result() if pending is not None else client.fetch(topic, partition, offset,
                                                                                   fetch_bytes)
                 if resp.reset_offset < 0 or resp.reset_offset == offset:
-                    after = _next_fetch_offset(resp.records, offset, end)
+                    after = next_fetch_offset(resp.records, offset, end)
                     if offset < after < end:
                         ahead = client.send_fetch(topic, partition, after, max_bytes)
-                    batches, next_offset, first_base = fetch_to_arrow(resp.records, topic, partition, offset, end)
+                    fetched = fetched_columns(resp.records, offset, end, where)
             except OffsetOutOfRangeError:
                 bounds = client.list_offsets(topic, partition, -1)
                 offset = _after_loss(where, offset, end, bounds.log_start_offset, bounds.log_end_offset,
@@ -521,17 +455,18 @@ def read_range(client: BlockingClient, topic: str, partition: PartitionKey, star
                 offset = _after_loss(where, offset, end, resp.log_start_offset, resp.log_end_offset,
                                      fail_on_data_loss, new_partition)
                 continue
-            if first_base > offset:
+            if fetched.first_base_offset > offset:
                 # the first batch we got starts past the offset asked for: the ones between are gone
-                _after_loss(where, offset, end, first_base, resp.log_end_offset, fail_on_data_loss, new_partition)
-            if next_offset > offset:
+                _after_loss(where, offset, end, fetched.first_base_offset, resp.log_end_offset, fail_on_data_loss,
+                            new_partition)
+            if fetched.next_offset > offset:
                 stalled_since = None
                 fetch_bytes = max_bytes
-                yield from batches
-                offset = next_offset
+                yield from _arrow_batches(fetched.spans, topic, partition)
+                offset = fetched.next_offset
                 continue
             # no whole batch at `offset` in the reply
-            head = peek_length(resp.records) if len(resp.records) else None
+            head = fetched.first_batch
             if head is not None and head[1] > fetch_bytes:
                 if head[1] > MAX_FETCH_BYTES:
                     raise MetaqError(f"{where}: the stored batch at offset {head[0]} is {head[1]} bytes, more "

@@ -24,8 +24,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from metaq.client.blocking import BlockingClient
-from metaq.protocol.messages import CreateTopicRequest
+from metaq.client import BlockingClient, connect
 
 
 def progress_summary(query: Any) -> dict[str, Any]:
@@ -100,8 +99,8 @@ def run_cases(servers: str, topic: str, args: Any, tmp: str, report: Report) -> 
          .mode("append").save())
 
     keyed_topic = f"{topic}-keyed"
-    with BlockingClient(servers) as client:
-        client.request(CreateTopicRequest(keyed_topic, args.partitions))
+    with connect(servers) as session:
+        session.admin().create_topic(keyed_topic, args.partitions)
     keyed = spark.range(args.rows, numPartitions=args.partitions).selectExpr(
         f"CAST(lpad(CAST(id AS STRING), {args.size}, 'x') AS BINARY) AS value",
         "CAST(CAST(id % 1000 AS STRING) AS BINARY) AS key", "'tag' AS attribute")
@@ -113,8 +112,8 @@ def run_cases(servers: str, topic: str, args: Any, tmp: str, report: Report) -> 
     def stream_copy(guarantee: str) -> Callable[[], None]:
         def run_once() -> None:
             target = f"{topic}-{guarantee}-{uuid.uuid4().hex[:6]}"
-            with BlockingClient(servers) as client:  # exactly-once writes into existing topics only
-                client.request(CreateTopicRequest(target, args.partitions))
+            with connect(servers) as session:  # exactly-once writes into existing topics only
+                session.admin().create_topic(target, args.partitions)
             query = (spark.readStream.format("metaq").option("servers", servers).option("topic", topic)
                      .option("maxOffsetsPerTrigger", str(args.stream_batch_rows)).load().select("value")
                      .writeStream.format("metaq").option("servers", servers).option("topic", target)

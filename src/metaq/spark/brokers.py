@@ -1,16 +1,15 @@
 """Where the driver finds the brokers: the ``servers`` option, or ZooKeeper (``zkConnect``, ``zkRoot``).
 
-With ``zkConnect`` the driver reads the registered brokers from ZooKeeper through
-:class:`~metaq.cluster.zookeeper.ZooKeeperRegistry` (read-only, watched: a stream sees brokers come and
-go without asking ZooKeeper again) and hands every task a ``servers`` list, its partition's own broker
+With ``zkConnect`` the driver reads the registered brokers from ZooKeeper through the client's
+:class:`~metaq.client.ZooKeeperBrokers` (read-only, watched: a stream sees brokers come and go without
+asking ZooKeeper again) and hands every task a ``servers`` list, its partition's own broker
 first. Executors never talk to ZooKeeper (nor need kazoo): they get plain addresses, as with
 ``servers``. Errors name the option, as every error of the source does.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+from metaq.client import BrokerStatus, ZooKeeperBrokers
 from metaq.errors import ConnectionClosedError
 from metaq.spark.options import ReadOptions, WriteOptions
 
@@ -20,27 +19,22 @@ class DriverBrokers:
 
     def __init__(self, opts: ReadOptions | WriteOptions) -> None:
         self.opts = opts
-        self._registry: Any = None
+        self._zookeeper: ZooKeeperBrokers | None = None
 
     @property
     def option(self) -> str:
         """The option the brokers come from, for error messages."""
         return "servers" if self.opts.zk_connect is None else "zkConnect"
 
-    def _snapshot(self) -> Any:
+    def _registered(self) -> list[BrokerStatus]:
         opts = self.opts
-        if self._registry is None:
-            from metaq.cluster.registry import RegistryError
-            from metaq.cluster.zookeeper import ZooKeeperRegistry  # kazoo only on the driver, only with zkConnect
-
+        if self._zookeeper is None:  # kazoo only on the driver, only with zkConnect (imported at the first read)
             assert opts.zk_connect is not None
-            registry = ZooKeeperRegistry(opts.zk_connect, opts.zk_root, connection_timeout_ms=opts.timeout_ms,
-                                         read_only=True)
-            try:
-                self._registry = registry.start()
-            except RegistryError as exc:
-                raise ConnectionClosedError(f"option 'zkConnect': {exc}") from None
-        return self._registry.snapshot()
+            self._zookeeper = ZooKeeperBrokers(opts.zk_connect, opts.zk_root, timeout_ms=opts.timeout_ms)
+        try:
+            return self._zookeeper.brokers(tls=opts.tls is not None)  # TLS: the brokers' sslPort, as registered
+        except ConnectionClosedError as exc:
+            raise ConnectionClosedError(f"option 'zkConnect': {exc}") from None
 
     def servers(self, first_broker: int | None = None) -> str:
         """``host:port,...`` of every broker (with ``first_broker``'s first, when it is registered): its master,
@@ -48,20 +42,18 @@ class DriverBrokers:
         opts = self.opts
         if opts.zk_connect is None:
             return opts.servers
-        snapshot = self._snapshot()
-        if opts.tls is not None:
-            snapshot = snapshot.over_tls()  # the brokers' TLS ports (sslPort), as registered
+        registered = self._registered()
         # a replica group whose master is gone is read from a slave (it answers as its broker id); the topic's
         # partitions on it come from any broker's Metadata (docs/replication.md)
-        brokers = sorted((b, str(e.master if e.master is not None else e.slaves[min(e.slaves)]))
-                         for b, e in snapshot.brokers.items() if e.master is not None or e.slaves)
-        if not any(e.master is not None for e in snapshot.brokers.values()):
+        brokers = [(b.broker_id, b.master if b.master is not None else b.slaves[min(b.slaves)])
+                   for b in registered if b.master is not None or b.slaves]
+        if not any(b.master is not None for b in registered):
             raise ConnectionClosedError(f"option 'zkConnect': no metaq broker is registered in ZooKeeper at "
                                         f"{opts.zk_connect} under {opts.zk_root}")
         brokers.sort(key=lambda item: item[0] != first_broker)
         return ",".join(address for _, address in brokers)
 
     def close(self) -> None:
-        if self._registry is not None:
-            self._registry.close()
-            self._registry = None
+        if self._zookeeper is not None:
+            self._zookeeper.close()
+            self._zookeeper = None

@@ -34,7 +34,6 @@ at most the broker's ``maxTxTimeoutInSeconds``): keep it above the time a micro-
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 import uuid
 from collections import deque
@@ -44,10 +43,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from metaq.client.blocking import BlockingClient
+from metaq.client import ANY_PARTITION, BlockingClient, NamedTransactions, ProducerSequences
 from metaq.errors import ConfigError, InvalidTxnStateError, MetaqError
-from metaq.protocol import messages as m
-from metaq.protocol.records import SEQUENCE_LIMIT, ProducerStamp, with_producer_stamp
 from metaq.spark import failpoints
 from metaq.spark.options import WriteOptions
 from metaq.spark.sink import BatchEncoder, WriteStats
@@ -94,27 +91,17 @@ class TaskTransaction:
     txid: str
     done: bool = False
     """Committed by an earlier run of the batch: this task sent nothing to that broker."""
-    producer_id: int = field(default_factory=lambda: secrets.randbits(62) + 1)
-    sequences: dict[tuple[str, int], int] = field(default_factory=dict)
-
-    def stamp(self, topic: str, partition: int, batch: bytes, count: int) -> bytes:
-        sequence = self.sequences.get((topic, partition), 0)
-        self.sequences[(topic, partition)] = (sequence + count) % SEQUENCE_LIMIT
-        return with_producer_stamp(batch, ProducerStamp(self.producer_id, 0, sequence))
+    sequences: ProducerSequences = field(default_factory=ProducerSequences)
+    """The transaction's producer id and its sequences: a put sent twice is stored once."""
 
 
-def _status(client: BlockingClient, broker_id: int, txid: str) -> str:
-    response = client.request(m.TransactionRequest(m.TX_STATUS, txid), broker_id=broker_id)
-    return str(response.xids[0]) if response.xids else "unknown"
-
-
-def _wait_committed(client: BlockingClient, broker_id: int, txid: str, timeout_ms: int) -> str:
+def _wait_committed(transactions: NamedTransactions, broker_id: int, txid: str, timeout_ms: int) -> str:
     """The status once it is no longer "committing" (another process's commit is being applied)."""
     deadline = time.monotonic() + timeout_ms / 1000
-    status = _status(client, broker_id, txid)
+    status = transactions.status(broker_id, txid)
     while status == COMMITTING and time.monotonic() < deadline:
         time.sleep(STATUS_POLL_S)
-        status = _status(client, broker_id, txid)
+        status = transactions.status(broker_id, txid)
     return status
 
 
@@ -124,6 +111,7 @@ class _TaskWriter:
     def __init__(self, opts: WriteOptions, identity: WriteIdentity, spark_partition: int,
                  control: BlockingClient) -> None:
         self.opts, self.identity, self.spark_partition, self.control = opts, identity, spark_partition, control
+        self.named = NamedTransactions(control)
         self.transactions: dict[int, TaskTransaction] = {}
         self._spread: dict[str, int] = {}
 
@@ -132,23 +120,22 @@ class _TaskWriter:
         if tx is not None:
             return tx
         tx = TaskTransaction(broker_id, self.identity.txid(self.spark_partition, broker_id))
-        status = _wait_committed(self.control, broker_id, tx.txid, self.opts.timeout_ms)
+        status = _wait_committed(self.named, broker_id, tx.txid, self.opts.timeout_ms)
         if status == COMMITTED:
             log.info("metaq sink: %s was committed by an earlier run of batch %d: not written again", tx.txid,
                      self.identity.batch_id)
             tx.done = True
         else:
             if status in (OPEN, PREPARED):  # an earlier attempt's, never committed: start over
-                self.control.request(m.TransactionRequest(m.TX_ROLLBACK, tx.txid), broker_id=broker_id)
-            self.control.request(m.TransactionRequest(m.TX_BEGIN, tx.txid, "", self.opts.transaction_timeout_ms),
-                                 broker_id=broker_id)
+                self.named.roll_back(broker_id, tx.txid)
+            self.named.begin(broker_id, tx.txid, self.opts.transaction_timeout_ms)
         self.transactions[broker_id] = tx
         return tx
 
     def target(self, topic: str, part: PartitionKey) -> PartitionId:
         """A transaction's batch names its partition: -1 (any) becomes one of the topic's partitions,
         in turn, starting at one that depends on the Spark partition (tasks spread their rows)."""
-        if part != m.ANY_PARTITION:
+        if part != ANY_PARTITION:
             return self.control.resolve(topic, part)
         parts = self.control.partitions_for(topic)
         turn = self._spread.get(topic, self.spark_partition)
@@ -158,13 +145,13 @@ class _TaskWriter:
     def prepare(self) -> None:
         for tx in self.transactions.values():
             if not tx.done:
-                self.control.request(m.TransactionRequest(m.TX_PREPARE, tx.txid, tx.txid), broker_id=tx.broker_id)
+                self.named.prepare(tx.broker_id, tx.txid)
 
     def roll_back_quietly(self) -> None:
         for tx in self.transactions.values():
             if not tx.done:
                 try:
-                    self.control.request(m.TransactionRequest(m.TX_ROLLBACK, tx.txid), broker_id=tx.broker_id)
+                    self.named.roll_back(tx.broker_id, tx.txid)
                 except MetaqError as exc:  # its timeout rolls it back; a retry of the task does too
                     log.warning("metaq sink: could not roll back %s: %s", tx.txid, exc)
 
@@ -182,20 +169,20 @@ def write_prepared(batches: Iterable[pa.RecordBatch], opts: WriteOptions, identi
         encoder = BatchEncoder(opts, control.partitions_for)
         sent: deque[tuple[str, PartitionId, int]] = deque()
 
-        def puts() -> Iterator[tuple[int, m.ProduceRequest]]:
+        def puts() -> Iterator[tuple[str, str, PartitionId, bytes]]:
             for topic, part, batch, count in encoder.encode(batches):
                 target = writer.target(topic, part)
                 tx = writer.transaction(target.broker_id)
                 if tx.done:
                     stats.skipped_rows += count
                     continue
-                records = tx.stamp(topic, target.partition, batch, count)
+                records = tx.sequences.stamp(topic, target.partition, batch, count)
                 sent.append((topic, target, count))
-                yield target.broker_id, m.ProduceRequest(topic, target.partition, 1, opts.timeout_ms,
-                                                         transaction_id=tx.txid, records=records)
+                yield tx.txid, topic, target, records
 
         try:
-            for _resp in data.iter_requests(puts(), window=opts.max_in_flight):
+            for _resp in NamedTransactions(data).iter_put(puts(), window=opts.max_in_flight,
+                                                          timeout_ms=opts.timeout_ms):
                 topic, target, count = sent.popleft()
                 stats.add(topic, target, -1, count)  # offsets are known at commit
                 if stats.batches == 1:
@@ -207,12 +194,12 @@ def write_prepared(batches: Iterable[pa.RecordBatch], opts: WriteOptions, identi
     return stats, list(writer.transactions.values())
 
 
-def _commit_one(client: BlockingClient, broker_id: int, txid: str, timeout_ms: int) -> None:
+def _commit_one(transactions: NamedTransactions, broker_id: int, txid: str, timeout_ms: int) -> None:
     try:
-        client.request(m.TransactionRequest(m.TX_COMMIT, txid), broker_id=broker_id)
+        transactions.commit(broker_id, txid)
         return
     except InvalidTxnStateError as exc:
-        status = _wait_committed(client, broker_id, txid, timeout_ms)
+        status = _wait_committed(transactions, broker_id, txid, timeout_ms)
         if status == COMMITTED:  # committed before: by this driver before a lost reply, or a killed one
             return
         raise InvalidTxnStateError(
@@ -228,16 +215,15 @@ def commit_prepared(transactions: list[tuple[int, str]], opts: WriteOptions, bat
         return 0
     with BlockingClient(opts.servers, client_id="metaq-spark-eos-commit", timeout_s=opts.timeout_ms / 1000,
                         tls=opts.tls, username=opts.user, password=opts.password) as client:
+        named = NamedTransactions(client)
         (first_broker, first), rest = transactions[0], transactions[1:]
-        _commit_one(client, first_broker, first, opts.timeout_ms)
+        _commit_one(named, first_broker, first, opts.timeout_ms)
         failpoints.reach("mid-commit", batch_id)
         try:  # the rest pipelined: a window of commits per round trip, not one
-            for _resp in client.iter_requests(((b, m.TransactionRequest(m.TX_COMMIT, txid)) for b, txid in rest),
-                                              window=opts.max_in_flight):
-                pass
+            named.commit_many(rest, window=opts.max_in_flight)
         except MetaqError:  # one was refused: go through them one by one ("committed" is success)
             for broker_id, txid in rest:
-                _commit_one(client, broker_id, txid, opts.timeout_ms)
+                _commit_one(named, broker_id, txid, opts.timeout_ms)
     return len(transactions)
 
 
@@ -249,9 +235,10 @@ def roll_back_prepared(transactions: list[tuple[int, str]], opts: WriteOptions) 
     try:
         with BlockingClient(opts.servers, client_id="metaq-spark-eos-abort", timeout_s=opts.timeout_ms / 1000,
                             tls=opts.tls, username=opts.user, password=opts.password) as client:
+            named = NamedTransactions(client)
             for broker_id, txid in transactions:
                 try:
-                    client.request(m.TransactionRequest(m.TX_ROLLBACK, txid), broker_id=broker_id)
+                    named.roll_back(broker_id, txid)
                 except MetaqError as exc:
                     log.warning("metaq sink: could not roll back %s: %s", txid, exc)
     except MetaqError as exc:

@@ -14,16 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from metaq.cluster.layout import DEFAULT_ROOT as DEFAULT_ZK_ROOT
-from metaq.cluster.layout import LayoutError, normalize_root
-from metaq.errors import ConfigError, InvalidArgument
-from metaq.net.servers import DEFAULT_SERVERS, parse_servers
-from metaq.net.tls import ClientTls
-from metaq.protocol.records import Compression
+from metaq.client import DEFAULT_SERVERS, ClientTls, Compression, ZooKeeperBrokers, parse_servers
+from metaq.errors import ConfigError, InvalidArgument, MetaqError
 from metaq.types import DEFAULT_MAX_BATCH_BYTES, PartitionId, validate_topic
 
 EARLIEST = -2
 LATEST = -1
+DEFAULT_ZK_ROOT = ZooKeeperBrokers.DEFAULT_ROOT
 
 OffsetSpec = Literal["earliest", "latest"] | dict[PartitionId | int, int]
 """'earliest', 'latest', or explicit offsets per partition (-2 earliest, -1 latest), keyed by
@@ -122,10 +119,10 @@ def _zookeeper(options: Mapping[str, str]) -> tuple[str | None, str]:
     except InvalidArgument as exc:
         raise ConfigError(f"option 'zkConnect': {exc}") from None
     try:
-        root = normalize_root(root)
-    except LayoutError as exc:
+        root = ZooKeeperBrokers.normalize_root(root)
+    except MetaqError as exc:
         raise ConfigError(f"option 'zkRoot': {exc}") from None
-    return connect, root or "/"
+    return connect, root
 
 
 def _topic(options: Mapping[str, str], required: bool) -> str | None:

@@ -18,26 +18,27 @@ headers      array<struct<key: string, value: binary>>   message headers (map<st
 A row with a ``partition`` and a ``broker_id`` goes to that ``brokerId-partition``; with a ``partition``
 only, to the one partition of that number (an error when several brokers have one). A row without a
 partition goes to ``crc32(key) % partitions`` over the topic's partitions on every broker in (broker id,
-partition) order when it has a key (the rule of the client's KeyHashSelector: the same key always lands
-in the same partition, so its messages stay in order; the topic must exist), else to partition -1 of
-the first server: the broker picks an open partition per batch (and creates the topic if it allows
-dynamic topics), as MetaQ does.
+partition) order when it has a key (the client's :func:`~metaq.client.key_partition`, KeyHashSelector's
+rule: the same key always lands in the same partition, so its messages stay in order; the topic must
+exist), else to partition -1 of the first server: the broker picks an open partition per batch (and
+creates the topic if it allows dynamic topics), as MetaQ does.
+
+Batches are built with the public client API (:class:`~metaq.client.BatchBuilder`, or
+:func:`~metaq.client.value_batches` for rows that carry only a value) and sent through a
+:class:`~metaq.client.BlockingClient`, pipelined.
 """
 
 from __future__ import annotations
 
 import time
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from metaq.client.blocking import BlockingClient
+from metaq.client import ANY_PARTITION, BatchBuilder, BlockingClient, key_partition, value_batches
 from metaq.errors import ConfigError, InvalidArgument, UnknownTopicError
-from metaq.protocol.messages import ANY_PARTITION
-from metaq.protocol.records import HEADER_BYTES, RECORD_OVERHEAD_BYTES, BatchBuilder, encode_values
 from metaq.spark.options import WriteOptions
 from metaq.types import PartitionId, PartitionKey
 
@@ -128,17 +129,16 @@ class BatchEncoder:
         self.partitions_of = partitions_of
         self._partitions: dict[str, list[PartitionId]] = {}
 
-    def _partition_for_key(self, topic: str, key: bytes) -> PartitionId:
-        parts = self._partitions.get(topic)
-        if parts is None:
-            try:
-                parts = self._partitions[topic] = sorted(self.partitions_of(topic))
-            except UnknownTopicError:
-                raise UnknownTopicError(
-                    f"metaq sink: topic {topic!r} does not exist yet, and rows with a key go to partition "
-                    "crc32(key) % partitions, which needs its partitions: create the topic first "
-                    "(or give the rows a 'partition', or no key)") from None
-        return parts[zlib.crc32(key) % len(parts)]
+    def _key_space(self, topic: str) -> list[PartitionId]:
+        """The topic's partitions a key is hashed over, asked once per topic."""
+        try:
+            parts = self._partitions[topic] = sorted(self.partitions_of(topic))
+        except UnknownTopicError:
+            raise UnknownTopicError(
+                f"metaq sink: topic {topic!r} does not exist yet, and rows with a key go to partition "
+                "crc32(key) % partitions, which needs its partitions: create the topic first "
+                "(or give the rows a 'partition', or no key)") from None
+        return parts
 
     def encode(self, batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[str, PartitionKey, bytes, int]]:
         for rb in batches:
@@ -170,6 +170,7 @@ class BatchEncoder:
             stamps = [now_ms] * n
         headers = _headers_list(cols["headers"]) if "headers" in cols else [None] * n
         builders: dict[tuple[str, PartitionKey], BatchBuilder] = {}
+        key_spaces = self._partitions
         for i in range(n):
             topic = topics[i] or self.opts.topic
             if topic is None:
@@ -177,7 +178,10 @@ class BatchEncoder:
             number, broker_id, key = parts[i], brokers[i], keys[i]
             part: PartitionKey
             if number is None:
-                part = ANY_PARTITION if key is None else self._partition_for_key(topic, key)
+                if key is None:
+                    part = ANY_PARTITION
+                else:  # the key space looked up here, not in a method: a keyed row costs one call, the rule
+                    part = key_partition(key_spaces.get(topic) or self._key_space(topic), key)
             elif broker_id is not None:
                 part = _partition_id(broker_id, number)
             else:
@@ -196,17 +200,8 @@ class BatchEncoder:
 
     def _plain(self, topic: str, values: list[bytes], now_ms: int) -> Iterator[tuple[str, PartitionKey, bytes, int]]:
         """The fast path: payloads only, cut into batches of about ``batch_bytes``."""
-        limit = self.opts.batch_bytes - HEADER_BYTES
-        start, size = 0, 0
-        for i, v in enumerate(values):
-            rec = RECORD_OVERHEAD_BYTES + len(v)
-            if size + rec > limit and i > start:
-                yield topic, ANY_PARTITION, encode_values(values[start:i], now_ms, self.opts.compression), i - start
-                start, size = i, 0
-            size += rec
-        if start < len(values):
-            yield (topic, ANY_PARTITION, encode_values(values[start:], now_ms, self.opts.compression),
-                   len(values) - start)
+        for records, count in value_batches(values, now_ms, self.opts.batch_bytes, self.opts.compression):
+            yield topic, ANY_PARTITION, records, count
 
 
 def write_arrow(batches: Iterable[pa.RecordBatch], opts: WriteOptions,

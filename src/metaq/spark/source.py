@@ -5,7 +5,7 @@ Where each piece runs matters (see docs/spark.md):
 - ``MetaqDataSource`` is built from the options, pickled, and shipped everywhere: keep it plain.
 - Driver side: ``partitions()`` of the batch reader; ``initialOffset``/``latestOffset``/``partitions``/
   ``commit`` of the stream reader, in one long-lived Python process per query. They talk to the broker
-  with a :class:`~metaq.client.blocking.BlockingClient` opened lazily and never pickled.
+  with a :class:`~metaq.client.BlockingClient` opened lazily and never pickled.
 - Executors: ``read(partition)`` runs on a *different*, unpickled copy of the reader. It opens its own
   client, fetches exactly the partition's [start, end) and yields Arrow batches.
 
@@ -47,9 +47,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from metaq.client.blocking import BlockingClient
+from metaq.client import BlockingClient, RetryPolicy
 from metaq.errors import ConfigError, ConnectionClosedError, RequestTimeoutError, UnknownTopicError
-from metaq.net.retry import RetryPolicy
 from metaq.spark.brokers import DriverBrokers
 from metaq.spark.errors import DataLossError
 from metaq.spark.offsets import (

@@ -1,4 +1,4 @@
-"""The columnar read path (``fetch_to_arrow``) against the Message-based reference (``decode_range`` +
+"""The columnar read path (``fetch_to_arrow``) against the Message-based reference (``_decode_range`` +
 ``to_record_batch``), on random fetch replies: keys, attributes and headers present or absent, compression,
 batches thinned out by a server-side filter (``rebuild_batch``), ids near 2**32 and 2**64 boundaries,
 ranges starting and ending anywhere, a cut-off tail."""
@@ -20,12 +20,13 @@ from metaq.protocol.records import (
     Compression,
     decode_batch,
     encode_values,
+    fetched_batches,
     read_header,
     rebuild_batch,
     stamp,
 )
-from metaq.spark.arrow import ARROW_SCHEMA, decode_range, fetch_to_arrow, read_range, to_record_batch
-from metaq.types import PartitionId, format_message_id
+from metaq.spark.arrow import ARROW_SCHEMA, fetch_to_arrow, read_range, to_record_batch
+from metaq.types import Message, PartitionId, format_message_id
 from spark_fake_broker import FakeBroker
 
 TOPIC, PARTITION = "t", PartitionId(2, 3)
@@ -97,8 +98,27 @@ def _build_reply(specs: list[dict[str, object]], first_offset: int, id_base: int
     return reply
 
 
+def _decode_range(records: bytes, topic: str, partition: PartitionId, start: int,
+                  end: int) -> tuple[list[Message], int]:
+    """Messages with start <= offset < end among the whole batches of an intact fetch reply, and the offset to
+    fetch next (``start`` if the reply held no whole batch at or after ``start``), decoded batch by batch."""
+    out: list[Message] = []
+    next_offset = start
+    view = memoryview(records)
+    for pos, header in fetched_batches(view, start):
+        if header.base_offset >= end:
+            break
+        msgs = decode_batch(view[pos:pos + header.total_bytes], topic, partition.partition, header,
+                            broker_id=partition.broker_id)
+        out.extend(m for m in msgs if start <= m.offset < end)
+        next_offset = min(header.next_offset, end)
+        if header.next_offset >= end:
+            break
+    return out, next_offset
+
+
 def _reference(reply: bytes, start: int, end: int) -> tuple[pa.RecordBatch | None, int]:
-    messages, next_offset = decode_range(reply, TOPIC, PARTITION, start, end)
+    messages, next_offset = _decode_range(reply, TOPIC, PARTITION, start, end)
     return (to_record_batch(messages, TOPIC, PARTITION) if messages else None), next_offset
 
 

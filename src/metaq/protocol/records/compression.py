@@ -15,12 +15,15 @@ from metaq.errors import CorruptRecordError, InvalidArgument
 
 
 class Compression(IntEnum):
+    """How a batch's records region is compressed, as a whole (the batch attribute's low bits)."""
+
     NONE = 0
     LZ4 = 1
     ZSTD = 2
 
     @classmethod
     def parse(cls, value: str | int | Compression | None) -> Compression:
+        """From a name (``none``, ``lz4``, ``zstd``, any case), a code or None (none); InvalidArgument otherwise."""
         if value is None:
             return cls.NONE
         if isinstance(value, Compression):

@@ -217,6 +217,7 @@ class BatchBuilder:
 
     @property
     def size_bytes(self) -> int:
+        """The batch's size so far, before compression (header included)."""
         return self._size
 
     def try_append(self, timestamp_ms: int, value: bytes, key: bytes | None = None,
@@ -239,6 +240,7 @@ class BatchBuilder:
         return True
 
     def build(self) -> bytes:
+        """The batch of the records appended (at least one), compressed as asked; the builder is unchanged."""
         n = len(self._values)
         if n < 1:
             raise InvalidArgument("a record batch needs at least one record")
