@@ -11,7 +11,7 @@ import pytest
 
 from metaq.client import MessageSessionFactory, connect
 from metaq.client.group.admin import reset_offsets
-from metaq.errors import DiskFullError
+from metaq.errors import DeliveryTimeoutError, DiskFullError
 from metaq.testing.fs import small_disk
 
 pytestmark = pytest.mark.slow
@@ -19,7 +19,9 @@ pytestmark = pytest.mark.slow
 
 def produce_until_full(servers: str, acked: list[tuple[int, bytes]], start: int) -> DiskFullError:
     with connect(servers, request_timeout_s=10) as session:
-        producer = session.create_producer()
+        # DISK_FULL is retriable (space may be freed): the producer resends until its delivery deadline, then
+        # fails with DeliveryTimeoutError naming it (docs/producer.md)
+        producer = session.create_producer(delivery_timeout_ms=2000)
         for n in range(start, start + 100_000):
             payloads = [b"%08d-%03d " % (n, i) + b"p" * 300 for i in range(20)]
             result = producer.send_batch("full", payloads, partition=0)
@@ -28,8 +30,9 @@ def produce_until_full(servers: str, acked: list[tuple[int, bytes]], start: int)
                     acked.append((r.offset, data))
             if not result.success:
                 error = result.errors[0]
-                assert isinstance(error, DiskFullError), repr(error)
-                return error
+                assert isinstance(error, DeliveryTimeoutError) and not error.maybe_stored, repr(error)
+                assert isinstance(error.cause, DiskFullError), repr(error)
+                return error.cause
     raise AssertionError("the disk never filled up")
 
 
