@@ -18,7 +18,8 @@ def _load_until_broker_dies(broker: BrokerProcess, acked: dict[tuple[int, int], 
     """Send numbered batches until sending fails; record exactly what the broker acknowledged."""
     seq = 0
     with connect(broker.servers, reconnect_attempts=1, request_timeout_s=10) as session:
-        producer = session.create_producer()
+        # a send to a stopped broker waits for it until its delivery deadline (docs/producer.md): a short one
+        producer = session.create_producer(delivery_timeout_ms=5000)
         while not stop.is_set():
             payloads = [f"m-{seq + i}".encode() * 3 for i in range(200)]
             seq += 200
