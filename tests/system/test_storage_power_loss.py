@@ -72,8 +72,9 @@ def broker_on(disk: DropFS) -> Iterator[Any]:
 
 def _load(broker: BrokerProcess, topic: str) -> ProduceLoad:
     session = {"servers": broker.servers, "request_timeout_s": 10, "reconnect_attempts": 1}
+    # a send to the dead broker waits for it until its delivery deadline: a short one, so the load ends soon
     return ProduceLoad(session, topic, window=64, limit=50_000, time_limit_s=120, prefix=topic.encode() + b"-",
-                       producer_config={"linger_ms": 1}).start()
+                       producer_config={"linger_ms": 1, "delivery_timeout_ms": 5000}).start()
 
 
 def _segments(disk: DropFS, topic: str) -> list[int]:
