@@ -75,9 +75,9 @@ class MessageLocation:
 
 
 class ReloadResult(list[str]):
-    """What :meth:`Admin.reload` did: the topics whose settings changed (the list itself, as before), and
-    ``restart_required``, the server.ini keys that changed but wait for a restart (their values from the
-    broker's start stay in force)."""
+    """What :meth:`Admin.reload` did: the topics whose settings changed (the list itself, so code that reads it
+    as a list keeps working), and ``restart_required``, the server.ini keys that changed but wait for a restart
+    (their values from the broker's start stay in force)."""
 
     def __init__(self, changed_topics: list[str], restart_required: list[str]) -> None:
         super().__init__(changed_topics)

@@ -313,6 +313,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _begin_body(state: TxState) -> tuple[bytes, ...]:
-    """A BEGIN record's body: the owner only when there is one, so a log without owners reads as before."""
+    """A BEGIN record's body: the owner only when there is one, so a BEGIN without one (authentication off) has
+    the bytes an older broker wrote."""
     body = (I64.pack(state.timeout_ms), I64.pack(state.begun_ms), encode_string(state.producer_group))
     return (*body, encode_string(state.owner)) if state.owner else body
