@@ -95,9 +95,9 @@ def test_a_login_does_not_tell_which_users_exist(locked: LockedDown) -> None:
     assert salt_of(locked, "mallory")[0] != salt_of(locked, "eve")[0]
     with pytest.raises(SaslAuthenticationError, match="wrong user name or password"):
         BlockingConnection.open(locked.address, locked.settings("mallory", "x"))
-    lines = locked.audit_lines()
-    assert any("principal=User:mallory operation=authenticate resource=cluster result=failed" in line
-               for line in lines), lines
+    wait_until(lambda: any("principal=User:mallory operation=authenticate resource=cluster result=failed" in line
+                           for line in locked.audit_lines()),
+               10, message="the failed login in the audit log (written after the refusal is sent)")
     reply = locked.http("GET", "/topics", "mallory", password="wrong")
     assert reply.status == 401 and reply.headers["WWW-Authenticate"].startswith("Basic")
     locked.documented("GET", "/topics", reply)

@@ -12,7 +12,8 @@ principal may burst one window's worth of bytes; then three things hold it to it
 
 - **a request of a principal in debt waits** (:meth:`Quotas.wait_s`, applied by the core before the
   request is handled, on whichever connection or protocol it came): the answer is delayed until the
-  debt is paid, and the connection handles nothing else meanwhile, so more connections do not help;
+  debt is paid, and the connection handles nothing else meanwhile (requests it had already pipelined wait
+  behind it, in order: ``Session.quota_queue``), so more connections do not help;
 - **a fetch is cut to what is left of the window** (:meth:`Quotas.fetch_allowance`: its ``max_bytes``
   lowered), so a 1 MiB fetch of a 50 KiB/s principal gets about 50 KiB, not 1 MiB and 20 s of debt
   (a fetch still returns its first batch whole, however big);
@@ -20,8 +21,9 @@ principal may burst one window's worth of bytes; then three things hold it to it
   :data:`THROTTLE_MAX_MS`), and its connection is not read for that long (:attr:`Session.throttle_ms`):
   the client is told, and one that ignores it is slowed all the same.
 
-So over any span of T seconds a principal gets at most ``rate x (T + QUOTA_WINDOW_S)`` bytes, plus one
-request per connection it holds (the requests already read when it went into debt; quotaMaxConnections
+A produce is counted as it is admitted (so the next request, however soon, sees its debt), a fetch once
+answered (its size is known then). So over any span of T seconds a principal gets at most
+``rate x (T + QUOTA_WINDOW_S)`` bytes, plus one request per connection it holds (quotaMaxConnections
 bounds them), plus, for fetches, the part of a first batch bigger than what was left of the window. With
 the defaults and batches well under one second of quota, that is within 1.25x the quota over 10 s
 (docs/security.md#quotas, figures in docs/benchmarks.md). Nobody is dropped: a throttled request is

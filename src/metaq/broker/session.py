@@ -68,6 +68,10 @@ class Session:
     """Set by a handler that returns a coroutine and whose request must take effect before the connection's
     next one does (a produce checked in a worker thread): the transport handles no further request of this
     connection until it is done, or until that coroutine ends (then takes it back to None)."""
+    quota_queue: asyncio.Future[None] | None = None
+    """Done when the last request of this connection that waits for its principal's quota debt is handled:
+    the connection's next metered request waits behind it (requests already read when the debt began, as a
+    pipelining Kafka client sends them, are handled in order)."""
 
 
 class SessionTable:

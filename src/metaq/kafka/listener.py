@@ -66,7 +66,7 @@ class KafkaConnection(asyncio.Protocol):
                  addresses: AddressLimits | None = None, counted_address: str | None = None) -> None:
         self.broker = broker
         self.session = Session(whole_cluster_groups=True)
-        self.ctx = Context(broker, self.session, advertised, peers)
+        self.ctx = Context(broker, self.session, advertised, peers, on_hold=self._hold)
         config = broker.config
         self.pre_auth = config.auth_required
         """Not authenticated yet where authRequired is set: smaller frames, the authentication timeout
@@ -86,6 +86,9 @@ class KafkaConnection(asyncio.Protocol):
         self.muted = False
         """Reading paused for a quota's throttle, until ``_unmute``."""
         self._mute_timer: asyncio.TimerHandle | None = None
+        self.held = False
+        """Reading paused while a request waits for its principal's quota debt (``Session.hold``): the requests
+        behind it would only wait too."""
         self.closing = False
         self.admitted = False
 
@@ -174,7 +177,7 @@ class KafkaConnection(asyncio.Protocol):
 
     def _process(self) -> None:
         """Handle the whole requests buffered, unless (or until) the connection is muted by a throttle."""
-        while not self.muted and not self.closing:
+        while not self.muted and not self.held and not self.closing:
             try:
                 event = self.codec.next_event()
             except ProtocolError as exc:
@@ -196,7 +199,7 @@ class KafkaConnection(asyncio.Protocol):
             self._handle(event)
         if self._owed() > PIPELINED_REQUESTS_MAX and not self.paused and self.transport is not None:
             self.paused = True
-            if not self.muted:
+            if not self.muted and not self.held:
                 self.transport.pause_reading()
 
     def _owed(self) -> int:
@@ -252,7 +255,7 @@ class KafkaConnection(asyncio.Protocol):
             if self._mute_timer.when() >= until:
                 return
             self._mute_timer.cancel()
-        if not self.muted and not self.paused:
+        if not self.muted and not self.paused and not self.held:
             self.transport.pause_reading()
         self.muted = True
         self._mute_timer = loop.call_at(until, self._unmute)
@@ -262,7 +265,25 @@ class KafkaConnection(asyncio.Protocol):
         self.muted = False
         if self.transport is not None and not self.closing:
             self._process()  # the requests that arrived before the mute, then the socket again
-            if not self.paused and not self.muted:
+            if not self.paused and not self.muted and not self.held:
+                self.transport.resume_reading()
+
+    def _hold(self, hold: asyncio.Future[None]) -> None:
+        """Read and handle nothing more until ``hold`` is done (a request waits for its principal's debt)."""
+        if hold.done() or self.transport is None or self.closing:
+            return
+        if not self.muted and not self.paused and not self.held:
+            self.transport.pause_reading()
+        self.held = True
+        hold.add_done_callback(self._release)
+
+    def _release(self, _hold: object = None) -> None:
+        if not self.held:
+            return
+        self.held = False
+        if self.transport is not None and not self.closing:
+            self._process()
+            if not self.paused and not self.muted and not self.held:
                 self.transport.resume_reading()
 
     def _complete(self, slot: _Slot, data: bytes) -> None:
@@ -285,7 +306,7 @@ class KafkaConnection(asyncio.Protocol):
             return
         if self.paused and self._owed() <= PIPELINED_REQUESTS_MAX // 2:
             self.paused = False
-            if not self.muted:
+            if not self.muted and not self.held:
                 transport.resume_reading()
 
 

@@ -36,8 +36,12 @@ class Context:
     """One Kafka connection as the translation sees it: the broker core, the connection's session, and the
     address this listener advertises."""
 
-    def __init__(self, broker: Broker, session: Session, advertised: Advertised, peers: Peers) -> None:
+    def __init__(self, broker: Broker, session: Session, advertised: Advertised, peers: Peers, *,
+                 on_hold: Callable[[asyncio.Future[None]], None] | None = None) -> None:
         self.broker = broker
+        self.on_hold = on_hold
+        """Called with the core's ``Session.hold`` (a request waits for its principal's quota debt): the
+        connection reads nothing more until it is done, as the binary protocol's does."""
         self.session = session
         self.advertised = advertised
         self.peers = peers
@@ -49,6 +53,9 @@ class Context:
         """The core's response to ``request`` (errors are in it, never raised)."""
         broker = self.broker
         result = broker.handle(request, self.session)
+        hold, self.session.hold = self.session.hold, None
+        if hold is not None and self.on_hold is not None:
+            self.on_hold(hold)
         if asyncio.iscoroutine(result):
             broker.request_started()
             try:
