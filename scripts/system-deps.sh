@@ -13,7 +13,7 @@ command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 # Redis and NATS, the peers `metaq bench peers` measures metaq beside (and its test runs).
 [ -x /usr/bin/redis-server ] || need+=(redis-server)
 [ -x /usr/sbin/nats-server ] || command -v nats-server >/dev/null 2>&1 || need+=(nats-server)
-# kcat (librdkafka's command-line client) for the Kafka listener's tests (tests/integration/test_kafka_*.py).
+# kcat (librdkafka's command-line client) for the Kafka listener's tests (tests/integration/kafka).
 command -v kcat >/dev/null 2>&1 || need+=(kcat)
 if ((${#need[@]})); then
   if [ "$(id -u)" != 0 ]; then

@@ -43,7 +43,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 A command's module is imported only when that command runs (or its own --help is asked): ``metaq --version``
 and ``metaq --help`` import none of them, and ``metaq produce`` not the broker. The short help is written here
-for the same reason; tests/unit/test_cli_startup.py keeps it equal to each command's own."""
+for the same reason; tests/unit/cli/test_cli_startup.py keeps it equal to each command's own."""
 
 
 class LazyGroup(click.Group):

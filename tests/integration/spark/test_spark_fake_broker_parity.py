@@ -10,13 +10,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from spark_fake_broker import FakeBroker
 
 from metaq.protocol import messages as m
 from metaq.protocol.records import encode_messages, encode_values, iter_batches
 from metaq.testing.broker import BrokerProcess
 from metaq.testing.raw import RawClient
 from metaq.types import Message
-from spark_fake_broker import FakeBroker
 
 TOPIC = "t"
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from spark_fake_broker import FakeBroker
 
 from metaq.errors import (
     ConnectionClosedError,
@@ -32,7 +33,6 @@ from metaq.net.servers import Address, parse_servers
 from metaq.protocol import messages as m
 from metaq.protocol.codec import NEED_DATA, ServerConnection
 from metaq.testing.ports import unused_port
-from spark_fake_broker import FakeBroker
 
 SETTINGS = ConnectionSettings("net-test", connect_timeout_s=2.0, request_timeout_s=2.0, max_in_flight=8,
                               max_frame_bytes=1 << 20)

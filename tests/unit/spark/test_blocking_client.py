@@ -17,9 +17,10 @@ def test_connection_refused_names_servers() -> None:
 
 
 def test_two_standalone_brokers_are_merged_and_each_partition_reached_at_its_own() -> None:
+    from spark_fake_broker import FakeBroker
+
     from metaq.protocol.records import encode_values
     from metaq.types import PartitionId
-    from spark_fake_broker import FakeBroker
 
     one, two = FakeBroker({"t": 2, "only-1": 1}, broker_id=1), FakeBroker({"t": 3}, broker_id=2)
     try:
@@ -44,9 +45,10 @@ def test_two_standalone_brokers_are_merged_and_each_partition_reached_at_its_own
 
 
 def test_a_broker_id_is_looked_for_among_the_servers() -> None:
+    from spark_fake_broker import FakeBroker
+
     from metaq.errors import UnknownServerError
     from metaq.protocol.messages import MetadataRequest
-    from spark_fake_broker import FakeBroker
 
     one, two = FakeBroker({"t": 1}, broker_id=1), FakeBroker({"t": 1}, broker_id=2)
     try:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
+from spark_fake_broker import FakeBroker
 
 from metaq.client.blocking import BlockingClient
 from metaq.errors import ConfigError
@@ -22,7 +23,6 @@ from metaq.spark.sink import BatchEncoder, check_input_schema
 from metaq.spark.source import SCHEMA
 from metaq.testing import wait_until
 from metaq.types import Message, PartitionId, format_message_id
-from spark_fake_broker import FakeBroker
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from spark_fake_broker import FakeBroker
 
 import metaq.spark.arrow as arrow_mod
 from metaq.client.blocking import BlockingClient
@@ -27,7 +28,6 @@ from metaq.protocol.records import (
 )
 from metaq.spark.arrow import ARROW_SCHEMA, fetch_to_arrow, read_range, to_record_batch
 from metaq.types import Message, PartitionId, format_message_id
-from spark_fake_broker import FakeBroker
 
 TOPIC, PARTITION = "t", PartitionId(2, 3)
 

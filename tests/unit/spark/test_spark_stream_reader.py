@@ -10,13 +10,13 @@ from collections.abc import Iterator
 
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
+from spark_fake_broker import FakeBroker
 
 from metaq.client.blocking import BlockingClient
 from metaq.protocol.records import encode_values
 from metaq.spark.arrow import DataLossError
 from metaq.spark.options import ReadOptions
 from metaq.spark.source import MetaqStreamReader
-from spark_fake_broker import FakeBroker
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Where a flush round may be made durable by one syncfs (storage/flush.py, decide_syncfs): only on a
 filesystem known to honour it, and not when the operator turned it off. The FUSE case, where syncfs persists
-nothing, runs against a real FUSE mount in tests/system/test_storage_power_loss.py."""
+nothing, runs against a real FUSE mount in tests/system/storage/test_storage_power_loss.py."""
 
 from __future__ import annotations
 
