@@ -1,4 +1,4 @@
-"""Every request and response metaq speaks, declared once (see schema.py for the types).
+"""Every request and response metaq speaks, declared once (see schema/wire.py for the types).
 
 Each API is a (request, response) pair registered under an api key. Every response starts with
 ``error_code`` (i16, 0 = none) and ``error_message`` so any failure, including a request the broker

@@ -73,7 +73,7 @@ class _FieldByField(schema.Struct):
 def _reference_decode(raw: bytes) -> Any:
     """A MultiFetchResponse v1 decoded with its entries' fields one at a time."""
     pos = 0
-    for f in schema._active(m.MultiFetchResponse, 1):
+    for f in schema.active_fields(m.MultiFetchResponse, 1):
         wire = schema.Array(_FieldByField(m.FetchedPartition)) if isinstance(f.type, schema.Array) else f.type
         _, pos = wire.decode(raw, pos)
     return pos

@@ -1,4 +1,4 @@
-"""The generated encoder and decoder of every message (schema._compiled) give what the field-by-field walk gives.
+"""The generated encoder and decoder of every message (schema.codegen) give what the field-by-field walk gives.
 
 ``schema.encode`` and ``schema.decode`` run code generated per class and version; the walk over FIELDS
 (``schema.encode_fields``, ``schema.decode_fields``) is the reference. Well-formed input must give the same
@@ -22,6 +22,7 @@ from metaq.errors import InvalidArgument, ProtocolError
 from metaq.protocol import messages as m
 from metaq.protocol import schema
 from metaq.protocol.messages import APIS
+from metaq.protocol.schema import walk
 
 CLASS_VERSIONS = [(cls, version) for _key, spec in sorted(APIS.items())
                   for version in range(spec.min_version, spec.max_version + 1)
@@ -32,7 +33,7 @@ SETTINGS = settings(max_examples=examples(30), deadline=None, suppress_health_ch
 
 
 def _reference_bytes(obj: Any, version: int) -> bytes:
-    return b"".join(schema.encode_fields(obj, schema._active(type(obj), version), []))
+    return b"".join(schema.encode_fields(obj, schema.active_fields(type(obj), version), []))
 
 
 def _outcome(call: Any) -> tuple[str, Any]:
@@ -47,8 +48,8 @@ def no_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     """Well-formed input must be handled by the generated code alone."""
     def refused(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the generated codec fell back to the field-by-field walk")
-    monkeypatch.setattr(schema, "decode_fields", refused)
-    monkeypatch.setattr(schema, "encode_fields", refused)
+    monkeypatch.setattr(walk, "decode_fields", refused)
+    monkeypatch.setattr(walk, "encode_fields", refused)
 
 
 @pytest.mark.parametrize(("cls", "version"), CLASS_VERSIONS, ids=CLASS_IDS)
@@ -59,8 +60,8 @@ def test_well_formed_messages_encode_and_decode_as_the_walk_does(cls: Any, versi
     raw = _reference_bytes(obj, version)
     out: list[bytes] = [b"head"]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(schema, "encode_fields", _no_walk)
-        patch.setattr(schema, "decode_fields", _no_walk)
+        patch.setattr(walk, "encode_fields", _no_walk)
+        patch.setattr(walk, "decode_fields", _no_walk)
         schema.encode(obj, version, out)
         got = schema.decode(cls, version, raw)
         at_offset = schema.decode(cls, version, memoryview(b"xyz" + raw), 3)
@@ -69,7 +70,7 @@ def test_well_formed_messages_encode_and_decode_as_the_walk_does(cls: Any, versi
     assert type(got) is cls and got == want
     assert at_offset == want
     for a, b in ((got, want), (at_offset, want)):  # records: the same kind of slice of the frame
-        for f in schema._active(cls, version):
+        for f in schema.active_fields(cls, version):
             assert type(getattr(a, f.name)) is type(getattr(b, f.name)) or f.type is schema.RECORDS
 
 
@@ -98,7 +99,7 @@ class _Weird:
 @given(data=st.data())
 def test_values_the_schema_cannot_carry_raise_the_walks_error(cls: Any, version: int, data: st.DataObject) -> None:
     obj = data.draw(instances(cls, version), label="message")
-    active = schema._active(cls, version)
+    active = schema.active_fields(cls, version)
     if not active:
         return
     f = data.draw(st.sampled_from(active), label="field")
@@ -173,8 +174,8 @@ def test_shapes_no_message_has_yet_are_generated_as_the_walk_does(data: st.DataO
     obj = data.draw(instances(_Shapes), label="shapes")
     raw = _reference_bytes(obj, 0)
     with pytest.MonkeyPatch.context() as patch:  # the generated code alone
-        patch.setattr(schema, "encode_fields", _no_walk)
-        patch.setattr(schema, "decode_fields", _no_walk)
+        patch.setattr(walk, "encode_fields", _no_walk)
+        patch.setattr(walk, "decode_fields", _no_walk)
         encoded = b"".join(schema.encode(obj, 0))
         got = schema.decode(_Shapes, 0, raw)
     assert encoded == raw
