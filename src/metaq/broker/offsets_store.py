@@ -49,8 +49,8 @@ import crc32c
 from metaq import framing
 from metaq.errors import StorageError
 from metaq.fsutil import atomic_write
+from metaq.storage.checkpoint import StoreReport
 from metaq.storage.errors import DiskFull, is_disk_full
-from metaq.storage.verify import StoreReport
 from metaq.types import PartitionId
 
 log = logging.getLogger("metaq.broker.offsets")

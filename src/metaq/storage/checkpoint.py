@@ -22,7 +22,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +106,28 @@ def remove_file(path: str | os.PathLike[str], *, sync_dir: bool = False,
     if sync_dir:
         fsync_directory(os.path.dirname(os.fspath(path)) or ".", sync)
     return True
+
+
+@dataclass(slots=True)
+class StoreReport:
+    """What a check of one store beside the segments found (the offsets log, the transaction log, ...).
+
+    ``damaged``: one line per damaged record, naming what it held as far as its key tells; nothing
+    is modified by the check."""
+
+    store: str
+    path: str
+    records: int = 0
+    damaged: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.damaged
+
+    def to_json(self) -> dict[str, Any]:
+        return {"store": self.store, "path": self.path, "records": self.records, "ok": self.ok,
+                "damaged": list(self.damaged), "notes": list(self.notes)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ segment_bytes_max       maxSegmentSize        roll to a new segment before a bat
 index_interval_bytes    (Kafka's)             one sparse index entry per this many log bytes
 unflush_threshold       unflushThreshold      1: fsync per ack; <=0: group commit; N>1: every N
 unflush_interval_ms     unflushInterval       with N>1: fsync at least this often
-delete_policy           deletePolicy          retention, e.g. ``delete,168`` (see retention.py)
+delete_policy           deletePolicy          retention, e.g. ``delete,168`` (RetentionPolicy)
 max_message_bytes       maxMessageSize        largest record (its length prefix included)
 max_batch_bytes         (metaq)               largest record batch one append accepts
 =====================  ====================  ===================================================
@@ -15,16 +15,71 @@ max_batch_bytes         (metaq)               largest record batch one append ac
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from metaq.errors import ConfigError
 from metaq.protocol.records import HEADER_BYTES
-from metaq.storage.retention import RetentionPolicy
 from metaq.types import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_MESSAGE_BYTES
 
 SEGMENT_BYTES_LIMIT = (1 << 32) - 1
 """Index entries hold positions as u32, so no batch may start past 4 GiB in a segment."""
+
+
+_DURATION_RE = re.compile(r"(\d+)\s*([smhSMH]?)")
+_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "": 3_600_000}
+
+@dataclass(frozen=True, slots=True)
+class RetentionPolicy:
+    """A parsed ``deletePolicy``: what to do (``delete`` / ``archive``) with segments older than a bound.
+
+    ``delete,168``       delete segments whose last write is older than 168 hours.
+    ``archive,72``       rename the segment's log to ``<name>.arc`` instead (kept for manual recovery).
+    ``archive,72,true``  zip the segment's log into ``<name>.zip``, then remove it.
+
+    The duration takes a unit suffix ``s``, ``m`` or ``h``; without one it is hours (MetaQ's rule). What a run
+    does to an expired segment is retention.py's."""
+
+    action: str
+    max_age_ms: int
+    compress: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> RetentionPolicy:
+        """Parse a MetaQ ``deletePolicy`` string; ConfigError naming the value when it is malformed."""
+        if not isinstance(text, str):
+            raise ConfigError(f"deletePolicy must be a string like 'delete,168', not {text!r}")
+        parts = [p.strip() for p in text.split(",")]
+        name = parts[0].lower()
+        if name not in ("delete", "archive"):
+            raise ConfigError(
+                f"deletePolicy {text!r}: unknown policy {parts[0]!r}; use 'delete,<age>' or "
+                "'archive,<age>[,true]'")
+        if len(parts) < 2 or len(parts) > (3 if name == "archive" else 2):
+            raise ConfigError(
+                f"deletePolicy {text!r}: expected 'delete,<age>' or 'archive,<age>[,true|false]' "
+                "(age like 168, 10h, 10m or 10s)")
+        max_age_ms = parse_duration_ms(parts[1], what=f"deletePolicy {text!r}")
+        compress = False
+        if len(parts) == 3:
+            flag = parts[2].lower()
+            if flag not in ("true", "false"):
+                raise ConfigError(f"deletePolicy {text!r}: the archive compress flag must be true or false")
+            compress = flag == "true"
+        return cls(name, max_age_ms, compress)
+
+    def expired(self, last_write_ms: int, now_ms: int) -> bool:
+        """Whether a segment last written at ``last_write_ms`` is older than the bound at ``now_ms``."""
+        return now_ms - last_write_ms > self.max_age_ms
+
+
+def parse_duration_ms(text: str, *, what: str = "duration") -> int:
+    """``168`` (hours), ``10h``, ``10m`` or ``10s`` to milliseconds."""
+    match = _DURATION_RE.fullmatch(text.strip())
+    if match is None:
+        raise ConfigError(f"{what}: age {text!r} is not a number with an optional unit s, m or h")
+    return int(match.group(1)) * _UNIT_MS[match.group(2).lower()]
 
 
 def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:

@@ -25,15 +25,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from metaq import framing
-from metaq.storage.checkpoint import check_records, parse_records, read_bytes, read_json, write_records
-from metaq.storage.verify import StoreReport
+from metaq.storage.checkpoint import StoreReport, check_records, parse_records, read_bytes, read_json, write_records
 
 EPOCHS_FILE = "epochs.json"
 NO_EPOCH = -1
 STORE = "epochs"
 
 
-def _key(obj: dict[str, object]) -> str:
+def epoch_key(obj: dict[str, object]) -> str:
     return f"epoch {obj['epoch']}"
 
 
@@ -54,7 +53,7 @@ class EpochHistory:
             raw = document.get("epochs") if document else None
         elif data is not None:
             records, self.damaged = parse_records(
-                data, self.path, _key, store=STORE,
+                data, self.path, epoch_key, store=STORE,
                 lost=lambda key: f"{key or 'an epoch'}'s start offset is lost: the epoch before it seems to run on "
                                  "to the next one's start")
             raw = [[r.get("epoch"), r.get("start")] for r in records]
@@ -139,7 +138,7 @@ class EpochHistory:
     def verify(self) -> StoreReport:
         """Check the file as it is on disk (blocking); modifies nothing."""
         report = StoreReport(STORE, str(self.path))
-        report.records, report.damaged = check_records(read_bytes(self.path), _key)
+        report.records, report.damaged = check_records(read_bytes(self.path), epoch_key)
         return report
 
 

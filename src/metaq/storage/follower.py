@@ -10,24 +10,67 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from bisect import bisect_left, bisect_right
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple, Protocol
 
 from metaq.errors import InvalidArgument, StorageError
 from metaq.protocol.records import PRODUCER_STAMPED, BatchHeader, producer_stamp
 from metaq.storage.checkpoint import fsync_directory
+from metaq.storage.config import LogConfig
 from metaq.storage.errors import OffsetOutOfRange, storage_error
+from metaq.storage.files import FileCache
 from metaq.storage.keyindex import key_index_path, remove_key_index
-from metaq.storage.partition_flush import AppendResult
-from metaq.storage.producers import list_snapshots, remove_snapshot
+from metaq.storage.partition_flush import AppendResult, PartitionFlush
+from metaq.storage.producers import ProducerStateTable, list_snapshots, remove_snapshot
 from metaq.storage.replica import ReplicaGap, check_replicated
 from metaq.storage.scan import iter_headers
 from metaq.storage.segment import OFFSET_MAX, Segment
-
-if TYPE_CHECKING:
-    from metaq.storage.log import PartitionLog
+from metaq.storage.verify import DamagedRange
 
 log = logging.getLogger(__name__)
+
+
+class FollowerLog(Protocol):
+    """What a follower's operations use of a :class:`~metaq.storage.log.PartitionLog`: the writer's state and
+    methods, the segment list and the flush state, under the log's locks. Declared here, so this module need
+    not import log.py, which calls it."""
+
+    directory: Path
+    producers: ProducerStateTable
+    _topic: str
+    _partition: int
+    _tag: int
+    _id_base: int
+    _config: LogConfig
+    _sync: Callable[[int], None]
+    _files: FileCache
+    _flush: PartitionFlush
+    _lock: threading.Lock
+    _appending: bool
+    _marker_present: bool
+    _failure: StorageError | None
+    _segments: list[Segment]
+    _bases: list[int]
+    _active: Segment
+    _end_offset: int
+    _size_bytes: int
+    _tail: tuple[int, int, Segment, int, bytes, memoryview] | None
+    _damaged: dict[int, DamagedRange]
+    _truncations: int
+
+    @property
+    def log_start_offset(self) -> int: ...
+
+    def _check_writable(self) -> None: ...
+
+    def _invalidate_marker(self) -> None: ...
+
+    def _write_locked(self, segment: Segment, parts: tuple[bytes, memoryview], position: int, total: int) -> None: ...
+
+    def _roll_locked(self) -> Segment: ...
 
 
 class _Run(NamedTuple):
@@ -59,7 +102,7 @@ def _runs_per_segment(batches: list[tuple[int, BatchHeader]], active_bytes: int,
     return runs
 
 
-def append_replicated(plog: PartitionLog, data: bytes | memoryview) -> AppendResult | None:
+def append_replicated(plog: FollowerLog, data: bytes | memoryview) -> AppendResult | None:
     """Store batches already stamped by the master, byte for byte (a follower's append).
 
     ``data`` is whole batches back to back, as a fetch reply from the master carries them (the
@@ -127,7 +170,7 @@ def append_replicated(plog: PartitionLog, data: bytes | memoryview) -> AppendRes
         plog._appending = False
 
 
-def start_empty_at(plog: PartitionLog, offset: int) -> None:
+def start_empty_at(plog: FollowerLog, offset: int) -> None:
     """Make an empty log start at ``offset`` (a new follower of a master whose retention removed the
     offsets below it: its first fetch must be at the master's log start).
 
@@ -174,7 +217,7 @@ def start_empty_at(plog: PartitionLog, offset: int) -> None:
     log.info("%s now starts at offset %d (empty)", plog, offset)
 
 
-def truncate_to(plog: PartitionLog, offset: int) -> int:
+def truncate_to(plog: FollowerLog, offset: int) -> int:
     """Cut the log back so that ``offset`` becomes its end; returns the messages removed.
 
     For a follower whose tail the master never had (planned: an old master returning as a slave,
@@ -216,7 +259,7 @@ def truncate_to(plog: PartitionLog, offset: int) -> int:
         plog._appending = False
 
 
-def _truncate_locked(plog: PartitionLog, offset: int) -> None:
+def _truncate_locked(plog: FollowerLog, offset: int) -> None:
     i = bisect_right(plog._bases, offset) - 1
     keep = plog._segments[i]
     index, time_index = keep.loaded_indexes()

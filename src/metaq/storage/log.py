@@ -9,7 +9,9 @@ the blocking syncs, which run without ``_lock`` so appends go on during an fdata
 Here: open, append, roll, read. The log's other parts are modules of their own, under the same locks and on
 the same segment list: opening and recovering it (recovery.py), durability (partition_flush.py), a follower's
 writes (follower.py), search by time and key (search.py), retention (retention.py), the scrub (verify.py),
-and closing it (closing.py).
+and closing it (closing.py). Each of those modules declares, as a Protocol, what it uses of a PartitionLog
+(``RecoveringLog``, ``FlushedLog``, ...), so none imports this one; mypy checks PartitionLog against each
+where it hands itself over.
 """
 
 from __future__ import annotations

@@ -26,18 +26,18 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, NamedTuple
+from pathlib import Path
+from typing import NamedTuple, Protocol
 
 from metaq.errors import StorageError
 from metaq.storage.checkpoint import fsync_directory
+from metaq.storage.config import LogConfig
 from metaq.storage.errors import LogClosedError
-from metaq.storage.files import SHORTAGE_ERRNOS
+from metaq.storage.files import SHORTAGE_ERRNOS, FileCache
 from metaq.storage.flush import Flusher, new_durable_future, resolve
 from metaq.storage.segment import Segment
-
-if TYPE_CHECKING:
-    from metaq.storage.log import PartitionLog
 
 log = logging.getLogger(__name__)
 
@@ -100,13 +100,34 @@ class Unsynced(NamedTuple):
     """The log's failure when taken: nothing is synced, the acks fail with it."""
 
 
+class FlushedLog(Protocol):
+    """What the flush state uses of its :class:`~metaq.storage.log.PartitionLog`: the segments and files it
+    syncs, the log's lock and failure state, and its flush for the flusher to call back. Declared here, so
+    this module need not import log.py, which holds a PartitionFlush."""
+
+    directory: Path
+    device: int
+    _config: LogConfig
+    _clock: Callable[[], float]
+    _sync: Callable[[int], None]
+    _flusher: Flusher | None
+    _files: FileCache
+    _lock: threading.Lock
+    _closed: bool
+    _abandoned: bool
+    _failure: StorageError | None
+    _active: Segment
+
+    def flush_pending(self, forced_segment: Segment | None = None, future: Future[None] | None = None) -> None: ...
+
+
 class PartitionFlush:
     """The durability state of one :class:`~metaq.storage.log.PartitionLog` (see the module doc)."""
 
     __slots__ = ("first_unflushed_ms", "flush_requested", "parent_unsynced", "pending_future", "plog",
                  "sync_lock", "unflushed_messages", "unsynced_sealed")
 
-    def __init__(self, plog: PartitionLog, *, parent_unsynced: bool) -> None:
+    def __init__(self, plog: FlushedLog, *, parent_unsynced: bool) -> None:
         self.plog = plog
         self.sync_lock = threading.Lock()
         """Serialises the blocking syncs, which run without the log's lock so appends go on meanwhile."""

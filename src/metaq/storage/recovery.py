@@ -23,7 +23,8 @@ import os
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
 from metaq.errors import CorruptRecordError, StorageError
 from metaq.protocol.records import (
@@ -49,9 +50,6 @@ from metaq.storage.segment import (
     index_batch,
     parse_segment_file_name,
 )
-
-if TYPE_CHECKING:
-    from metaq.storage.log import PartitionLog
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +301,21 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-def load_producers(plog: PartitionLog) -> None:
+class RecoveringLog(Protocol):
+    """What rebuilding the producer table uses of a :class:`~metaq.storage.log.PartitionLog` just opened.
+    Declared here, so this module need not import log.py, which calls it."""
+
+    directory: Path
+    producers: ProducerStateTable
+    recovery: RecoveryReport
+    _segments: list[Segment]
+    _bases: list[int]
+    _active: Segment
+    _end_offset: int
+    _files: FileCache
+
+
+def load_producers(plog: RecoveringLog) -> None:
     """Rebuild :attr:`producers`: the newest usable snapshot at or below the log end, then the
     stamped batches stored after it (headers and producer blocks only).
 
@@ -329,7 +341,7 @@ def load_producers(plog: PartitionLog) -> None:
         _scan_producers(plog, offset, end)
 
 
-def _scan_producers(plog: PartitionLog, offset: int, end: int) -> None:
+def _scan_producers(plog: RecoveringLog, offset: int, end: int) -> None:
     i = bisect_right(plog._bases, offset) - 1
     for segment in plog._segments[max(i, 0):]:
         if segment.next_offset <= offset or not segment.size_bytes:

@@ -1,71 +1,42 @@
-"""Retention: MetaQ's ``deletePolicy`` strings and what happens to an expired segment.
-
-``delete,168``       delete segments whose last write is older than 168 hours.
-``archive,72``       rename the segment's log to ``<name>.arc`` instead (kept for manual recovery).
-``archive,72,true``  zip the segment's log into ``<name>.zip``, then remove it.
-
-The duration takes a unit suffix ``s``, ``m`` or ``h``; without one it is hours (MetaQ's rule).
-Indexes are derived data and are always deleted with their segment.
+"""Retention: what happens to a segment past its topic's ``deletePolicy`` (parsed by
+:class:`metaq.storage.config.RetentionPolicy`): deleted, renamed to ``<name>.arc``, or zipped into
+``<name>.zip``. Indexes are derived data and are always deleted with their segment.
 """
 
 from __future__ import annotations
 
 import os
-import re
+import threading
 import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from metaq.errors import ConfigError, StorageError
+from metaq.errors import StorageError
+from metaq.storage.config import LogConfig, RetentionPolicy
+from metaq.storage.files import FileCache
 from metaq.storage.keyindex import key_index_path
+from metaq.storage.partition_flush import PartitionFlush
+from metaq.storage.segment import Segment
 
-if TYPE_CHECKING:
-    from metaq.storage.log import PartitionLog
-    from metaq.storage.segment import Segment
 
-_DURATION_RE = re.compile(r"(\d+)\s*([smhSMH]?)")
-_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "": 3_600_000}
+class RetainedLog(Protocol):
+    """What a retention run uses of a :class:`~metaq.storage.log.PartitionLog`: its segment list and the state
+    beside it, under its lock. Declared here, so this module need not import log.py, which calls it."""
+
+    _config: LogConfig
+    _clock: Callable[[], float]
+    _lock: threading.Lock
+    _closed: bool
+    _flush: PartitionFlush
+    _segments: list[Segment]
+    _bases: list[int]
+    _size_bytes: int
+    _files: FileCache
+
 
 ARCHIVE_SUFFIX = ".arc"
 ZIP_SUFFIX = ".zip"
-
-
-@dataclass(frozen=True, slots=True)
-class RetentionPolicy:
-    """A parsed ``deletePolicy``: what to do (``delete`` / ``archive``) with segments older than a bound."""
-
-    action: str
-    max_age_ms: int
-    compress: bool = False
-
-    @classmethod
-    def parse(cls, text: str) -> RetentionPolicy:
-        """Parse a MetaQ ``deletePolicy`` string; ConfigError naming the value when it is malformed."""
-        if not isinstance(text, str):
-            raise ConfigError(f"deletePolicy must be a string like 'delete,168', not {text!r}")
-        parts = [p.strip() for p in text.split(",")]
-        name = parts[0].lower()
-        if name not in ("delete", "archive"):
-            raise ConfigError(
-                f"deletePolicy {text!r}: unknown policy {parts[0]!r}; use 'delete,<age>' or "
-                "'archive,<age>[,true]'")
-        if len(parts) < 2 or len(parts) > (3 if name == "archive" else 2):
-            raise ConfigError(
-                f"deletePolicy {text!r}: expected 'delete,<age>' or 'archive,<age>[,true|false]' "
-                "(age like 168, 10h, 10m or 10s)")
-        max_age_ms = parse_duration_ms(parts[1], what=f"deletePolicy {text!r}")
-        compress = False
-        if len(parts) == 3:
-            flag = parts[2].lower()
-            if flag not in ("true", "false"):
-                raise ConfigError(f"deletePolicy {text!r}: the archive compress flag must be true or false")
-            compress = flag == "true"
-        return cls(name, max_age_ms, compress)
-
-    def expired(self, last_write_ms: int, now_ms: int) -> bool:
-        """Whether a segment last written at ``last_write_ms`` is older than the bound at ``now_ms``."""
-        return now_ms - last_write_ms > self.max_age_ms
 
 
 @dataclass(slots=True)
@@ -75,14 +46,6 @@ class RetentionOutcome:
 
     removed: dict[str, list[int]] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
-
-
-def parse_duration_ms(text: str, *, what: str = "duration") -> int:
-    """``168`` (hours), ``10h``, ``10m`` or ``10s`` to milliseconds."""
-    match = _DURATION_RE.fullmatch(text.strip())
-    if match is None:
-        raise ConfigError(f"{what}: age {text!r} is not a number with an optional unit s, m or h")
-    return int(match.group(1)) * _UNIT_MS[match.group(2).lower()]
 
 
 def dispose_segment(log_path: str, index_paths: Iterable[str], policy: RetentionPolicy,
@@ -118,7 +81,7 @@ def dispose_segment(log_path: str, index_paths: Iterable[str], policy: Retention
     return archive
 
 
-def apply_retention(plog: PartitionLog, now_ms: int | None = None) -> list[int]:
+def apply_retention(plog: RetainedLog, now_ms: int | None = None) -> list[int]:
     """Remove (or archive) the oldest segments past the topic's deletePolicy age.
 
     Never the active segment, never one pinned by a reader or a sync, never one not yet synced,

@@ -7,20 +7,38 @@ it reads it (retention and truncation skip pinned segments) and never holds the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import threading
+from typing import Protocol
 
 from metaq.errors import CorruptRecordError, InvalidArgument, StorageError
 from metaq.protocol.records import BatchHeader, decode_batch
 from metaq.storage.errors import DamagedData, LogClosedError
+from metaq.storage.files import FileCache
 from metaq.storage.keyindex import DEFAULT_MAX_ENTRIES, FindResult, find_in_segment
 from metaq.storage.scan import iter_headers, pread_exact
 from metaq.storage.segment import Segment
 
-if TYPE_CHECKING:
-    from metaq.storage.log import PartitionLog
+
+class SearchedLog(Protocol):
+    """What a search uses of a :class:`~metaq.storage.log.PartitionLog`: its segment list under its lock, and
+    its pins. Declared here, so this module need not import log.py, which calls it."""
+
+    _lock: threading.Lock
+    _find_lock: threading.Lock
+    _closed: bool
+    _segments: list[Segment]
+    _end_offset: int
+    _files: FileCache
+
+    @property
+    def log_start_offset(self) -> int: ...
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int: ...
+
+    def _unpin(self, segment: Segment) -> None: ...
 
 
-def offset_for_timestamp(plog: PartitionLog, timestamp_ms: int) -> int:
+def offset_for_timestamp(plog: SearchedLog, timestamp_ms: int) -> int:
     """The first offset whose record timestamp is >= ``timestamp_ms``; the log end when none is."""
     with plog._lock:
         if plog._closed:
@@ -43,7 +61,7 @@ def offset_for_timestamp(plog: PartitionLog, timestamp_ms: int) -> int:
     return plog._end_offset
 
 
-def _search_timestamp(plog: PartitionLog, segment: Segment, timestamp_ms: int, size_limit: int) -> int | None:
+def _search_timestamp(plog: SearchedLog, segment: Segment, timestamp_ms: int, size_limit: int) -> int | None:
     _, time_index = segment.loaded_indexes()
     relative = time_index.start_before(timestamp_ms)
     handle = plog._files.acquire(segment.log_path, on_close=segment.on_log_fd_closed)
@@ -64,7 +82,7 @@ def _search_timestamp(plog: PartitionLog, segment: Segment, timestamp_ms: int, s
     return None
 
 
-def find_messages(plog: PartitionLog, key: bytes | None, from_ms: int = -1, to_ms: int = -1, limit: int = 100, *,
+def find_messages(plog: SearchedLog, key: bytes | None, from_ms: int = -1, to_ms: int = -1, limit: int = 100, *,
                   max_key_entries: int = DEFAULT_MAX_ENTRIES) -> FindResult:
     """The records with this key (any key when None) and a timestamp in ``[from_ms, to_ms]`` (-1 =
     open), in offset order, at most ``limit`` (``truncated`` when more exist). Blocking (disk).
@@ -79,7 +97,7 @@ def find_messages(plog: PartitionLog, key: bytes | None, from_ms: int = -1, to_m
         return _find_locked(plog, key, from_ms, to_ms, limit, max_key_entries)
 
 
-def _find_locked(plog: PartitionLog, key: bytes | None, from_ms: int, to_ms: int, limit: int,
+def _find_locked(plog: SearchedLog, key: bytes | None, from_ms: int, to_ms: int, limit: int,
                  max_key_entries: int) -> FindResult:
     result = FindResult()
     start = plog.log_start_offset if from_ms < 0 else plog.offset_for_timestamp(from_ms)

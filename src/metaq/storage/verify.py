@@ -15,15 +15,15 @@ modified.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from metaq.storage.errors import LogClosedError
+from metaq.storage.files import FileCache
 from metaq.storage.index import OFFSET_ENTRY_BYTES, TIME_ENTRY_BYTES, IndexCorrupt, OffsetIndex, TimeIndex
 from metaq.storage.scan import Damage, walk_batches
-
-if TYPE_CHECKING:
-    from metaq.storage.log import PartitionLog
+from metaq.storage.segment import Segment
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,28 +96,6 @@ class PartitionReport:
                 "messages": self.messages, "size_bytes": self.size_bytes, "ok": self.ok,
                 "messages_damaged": self.messages_damaged, "damaged": [r.to_json() for r in self.damaged],
                 "index_problems": self.index_problems, "index_notes": self.index_notes}
-
-
-@dataclass(slots=True)
-class StoreReport:
-    """What a check of one store beside the segments found (the offsets log, the transaction log, ...).
-
-    ``damaged``: one line per damaged record, naming what it held as far as its key tells; nothing
-    is modified by the check."""
-
-    store: str
-    path: str
-    records: int = 0
-    damaged: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.damaged
-
-    def to_json(self) -> dict[str, Any]:
-        return {"store": self.store, "path": self.path, "records": self.records, "ok": self.ok,
-                "damaged": list(self.damaged), "notes": list(self.notes)}
 
 
 def verify_segment(fd: int, base_offset: int, size_bytes: int, next_offset: int, tag: int,
@@ -225,7 +203,27 @@ def _check_time_index(path: str, base_offset: int, next_offset: int,
     return problems
 
 
-def verify_partition(plog: PartitionLog) -> PartitionReport:
+class VerifiedLog(Protocol):
+    """What a scrub uses of a :class:`~metaq.storage.log.PartitionLog`: its segment list under its lock, its
+    pins and its record of damage. Declared here, so this module need not import log.py, which calls it."""
+
+    _topic: str
+    _partition: int
+    _tag: int
+    _lock: threading.Lock
+    _closed: bool
+    _segments: list[Segment]
+    _end_offset: int
+    _truncations: int
+    _damaged: dict[int, DamagedRange]
+    _files: FileCache
+
+    def _unpin(self, segment: Segment) -> None: ...
+
+    def _note_damage(self, damaged: DamagedRange) -> None: ...
+
+
+def verify_partition(plog: VerifiedLog) -> PartitionReport:
     """Check every stored byte and index entry of the partition (blocking; minutes for a big log).
 
     Appends go on meanwhile: the active segment is checked up to its size when its turn comes.
@@ -277,8 +275,7 @@ def check_partition_files(directory: str | os.PathLike[str]) -> list[str]:
     from pathlib import Path
 
     from metaq.storage.checkpoint import check_records, read_bytes
-    from metaq.storage.epochs import EPOCHS_FILE
-    from metaq.storage.epochs import _key as epoch_key
+    from metaq.storage.epochs import EPOCHS_FILE, epoch_key
     from metaq.storage.producers import check_snapshot, list_snapshots, snapshot_path
 
     directory = Path(directory)

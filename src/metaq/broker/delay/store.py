@@ -49,10 +49,10 @@ from metaq.fsutil import atomic_write, fsync_directory
 from metaq.protocol.delayed import DELAY_REF_HEADER, DELIVER_AT_HEADER, header_ms
 from metaq.protocol.records import BatchHeader, decode_batch, validate_batch
 from metaq.storage import AppendResult, Flusher, LogConfig, PartitionLog
+from metaq.storage.checkpoint import StoreReport
 from metaq.storage.errors import DiskFull, is_disk_full
 from metaq.storage.files import FileCache
 from metaq.storage.manager import parse_partition_dir_name
-from metaq.storage.verify import StoreReport
 
 log = logging.getLogger("metaq.broker.delay")
 

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from metaq import framing
-from metaq.storage.checkpoint import check_records, parse_records, read_bytes, write_records
+from metaq.storage.checkpoint import StoreReport, check_records, parse_records, read_bytes, write_records
 from metaq.storage.manager import parse_partition_dir_name
-from metaq.storage.verify import StoreReport
 
 STORE = "delay"
 TARGETS_FILE = "targets.json"

@@ -13,8 +13,9 @@ from metaq.errors import InvalidArgument, MessageNotFoundError, StorageError, Un
 from metaq.protocol import messages as m
 from metaq.security.acl import ACL_FILE_NAME, AclFile
 from metaq.security.credentials import USERS_FILE_NAME, UsersFile
+from metaq.storage.checkpoint import StoreReport
 from metaq.storage.log import PartitionLog
-from metaq.storage.verify import StoreReport, check_partition_files
+from metaq.storage.verify import check_partition_files
 
 if TYPE_CHECKING:
     from metaq.broker.core import Broker, Handler

@@ -31,6 +31,7 @@ from pathlib import Path
 from metaq import framing
 from metaq.errors import StorageError
 from metaq.fsutil import fsync_directory
+from metaq.storage.checkpoint import StoreReport
 from metaq.storage.errors import DiskFull, is_disk_full
 from metaq.storage.txlog.format import (
     APPLIED,
@@ -49,7 +50,6 @@ from metaq.storage.txlog.format import (
     is_v1,
 )
 from metaq.storage.txlog.replay import Replay, TxPut, TxState
-from metaq.storage.verify import StoreReport
 
 log = logging.getLogger("metaq.storage.txlog")
 
