@@ -13,17 +13,10 @@ from metaq.errors import (
     StorageFailureError,
     UnknownPartitionError,
 )
+from metaq.testing import FakeClock
 from metaq.types import PartitionId
 
 PARTS = tuple(Partition(b, p) for b in (1, 2, 3) for p in (0, 1))
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_request_never_written_or_refused_before_the_append_was_not_stored() -> None:
@@ -37,16 +30,16 @@ def test_a_request_never_written_or_refused_before_the_append_was_not_stored() -
 
 
 def test_an_avoided_broker_is_left_out_until_its_time_is_up_or_it_is_back() -> None:
-    clock = Clock()
+    clock = FakeClock()
     unavailable = Unavailable(2.0, clock)
     assert unavailable.usable("t", PARTS) is PARTS  # nothing avoided: the same tuple, no copy
     v0 = unavailable.current_version()
     unavailable.avoid_broker(2)
     assert unavailable.current_version() != v0
     assert [str(p) for p in unavailable.usable("t", PARTS)] == ["1-0", "1-1", "3-0", "3-1"]
-    clock.now += 1.9
+    clock.advance_s(1.9)
     assert unavailable.broker_avoided(2)
-    clock.now += 0.2
+    clock.advance_s(0.2)
     assert not unavailable.broker_avoided(2)
     assert unavailable.usable("t", PARTS) is PARTS
     unavailable.avoid_broker(3)
@@ -55,7 +48,7 @@ def test_an_avoided_broker_is_left_out_until_its_time_is_up_or_it_is_back() -> N
 
 
 def test_an_avoided_partition_is_left_out_of_its_topic_only() -> None:
-    unavailable = Unavailable(2.0, Clock())
+    unavailable = Unavailable(2.0, FakeClock())
     unavailable.avoid_partition("t", PartitionId(1, 1))
     assert PartitionId(1, 1) not in unavailable.usable("t", PARTS)
     assert unavailable.usable("other", PARTS) is PARTS
