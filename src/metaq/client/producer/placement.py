@@ -329,22 +329,29 @@ class Placement:
             sub = values[r::k] if k > 1 else values
             sub_waiters = waiters[r::k] if k > 1 else waiters
             sub_stamps = None if stamps is None else stamps[r::k]
-            ends = list(itertools.accumulate(map(prefix.__add__, map(len, sub))))  # ends[i]: bytes of sub[..i]
-            i, n = 0, len(sub)
+            n = len(sub)
+            total = prefix * n + sum(map(len, sub))
+            ends: list[int] | None = None  # ends[i]: bytes of sub[..i], summed only when the share is cut
+            i = 0
             while i < n:
                 batch = acc.batches.get(key)
                 if batch is None or not batch.plain:
                     if batch is not None:  # not plain: it leaves first, in order
                         dispatch(acc.batches.pop(key))
                     batch = self._open(key)
-                before = ends[i - 1] if i else 0
-                j = bisect.bisect_right(ends, before + limit - batch.size_bytes, i)
-                if j == i:
-                    if batch.count:  # full for the next message: it leaves, and a new one opens
-                        dispatch(acc.batches.pop(key))
-                        continue
-                    j = i + 1  # a record larger than a batch travels alone
-                added = ends[j - 1] - before
+                if ends is None and batch.size_bytes + total <= limit:  # the whole share fits (i is 0)
+                    j, added = n, total
+                else:
+                    if ends is None:
+                        ends = list(itertools.accumulate(map(prefix.__add__, map(len, sub))))
+                    before = ends[i - 1] if i else 0
+                    j = bisect.bisect_right(ends, before + limit - batch.size_bytes, i)
+                    if j == i:
+                        if batch.count:  # full for the next message: it leaves, and a new one opens
+                            dispatch(acc.batches.pop(key))
+                            continue
+                        j = i + 1  # a record larger than a batch travels alone
+                    added = ends[j - 1] - before
                 batch.extend(sub[i:j], None if sub_stamps is None else sub_stamps[i:j], sub_waiters[i:j], added)
                 self._buffer.used += added
                 if batch.size_bytes >= limit:
