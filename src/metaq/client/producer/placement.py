@@ -156,18 +156,24 @@ class Placement:
             self._end_scheduled = True
             self._loop.call_soon(self._end_of_step)
 
-    def place_deferred(self) -> None:
+    def place_deferred(self, *, step_end: bool = False) -> None:
         """Place the deferred run, if any. Its bytes were counted when its messages were sent, and are counted again
         as they join their batches."""
         if not self.run:
             return
         topic, acks, values, stamps, waiters, nbytes = self.run.take()
+        if step_end and len(values) == 1:
+            # One send in this event-loop step (an application sending from callbacks or request handlers):
+            # deferring costs a step-end call a message and buys nothing, so the topic's next sends are placed as
+            # they come until its partitions are looked up again (HOT_KEEP_S at most), which makes it deferrable.
+            self.deferrable.discard(topic)
         if not waiters:  # a one-way run
             waiters = [None] * len(values)
         self._buffer.used -= nbytes
         partitions = self.hot.get(topic)
         with self._sender.gathering():
-            if partitions is not None and topic not in self._waiting:
+            # A run of one (a send per event-loop step) is cheaper placed as one message than as a share.
+            if partitions is not None and topic not in self._waiting and len(values) > 1:
                 try:
                     self.join_many(topic, partitions, values, stamps, waiters, acks)
                     return
@@ -181,7 +187,7 @@ class Placement:
         (an idle partition's) leave in this step, not the next."""
         self._end_scheduled = False
         with self._sender.gathering():
-            self.place_deferred()
+            self.place_deferred(step_end=True)
             if self._timer is not None and self._timer_when <= self._loop.time():
                 self._timer.cancel()
                 self._on_timer()
@@ -496,7 +502,7 @@ class Placement:
 
     def _on_timer(self) -> None:
         self._timer = None
-        self.place_deferred()  # what was sent in this step joins its batches before they are sealed
+        self.place_deferred(step_end=True)  # what was sent in this step joins its batches before they are sealed
         # A little slack: a timer may fire a hair before its time, and re-arming for 0.1 ms is waste.
         expired = self.acc.expired(self._loop.time() + 0.0005)
         if expired:
