@@ -1,15 +1,16 @@
 /* metaq._speedups: the few hot paths where Python is the floor, in plain CPython C API.
  *
- * Why: per message, the consumer builds a Message and the producer a SendResult; per batch, the producer lays
- * out the records region and the broker checks what it receives and stamps what it stores. In Python those cost
- * 2-5 times what they cost here (docs/compiled.md: the figures, and the commands that measure them).
+ * Why: per message, the consumer builds a Message and the producer takes a send and gives its SendResult; per
+ * batch, the producer lays out the records region and the broker checks what it receives and stamps what it
+ * stores. In Python those cost 2-5 times what they cost here (docs/compiled.md: the figures, and the commands that
+ * measure them).
  *
  * The contract, for everything in this file:
  *  - A function is pure: bytes, buffers and plain values (ints, tuples, lists of bytes) in; bytes, ints and
  *    tuples out. It may decline (return None) a case it does not cover; its caller then runs the reference.
- *  - A type owns its state and has a method API of its own (SendResult, MessageBuilder). It reaches other Python
- *    objects only through their public protocols: calls, the buffer and iterator protocols, a class's attribute
- *    descriptors. Nothing here reads or writes another object's private attributes or memory layout.
+ *  - A type owns its state and has a method API of its own (SendResult, MessageBuilder, PlainRun). It reaches
+ *    other Python objects only through their public protocols: calls, the buffer and iterator protocols, a class's
+ *    attribute descriptors. Nothing here reads or writes another object's private attributes or memory layout.
  *  - Each has ONE plain Python reference, written to be read, which is what metaq runs without this module (not
  *    built, or METAQ_NO_EXTENSIONS=1; metaq/_compiled.py is the one importer). Tests hold the two to the same
  *    results, and CI runs the unit tests both ways. docs/compiled.md lists each piece beside its reference.
@@ -1778,7 +1779,8 @@ static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "metaq._speedups",
     .m_doc = "Compiled hot paths, each with a plain Python reference (docs/compiled.md): the producer's SendResult the "
-             "cyclic GC does not track, the consumer's Message builder, a plain batch's records region and its check, "
+             "cyclic GC does not track, its deferred run of plain sends and the pass that gives a batch its results, "
+             "the consumer's Message builder, a plain batch's records region and its check, "
              "the broker's check of a produced batch and its stamped prefix.",
     .m_size = -1,
     .m_methods = module_methods,
