@@ -1,15 +1,16 @@
 /* metaq._speedups: the few hot paths where Python is the floor, in plain CPython C API.
  *
- * Why: per message, the consumer builds a Message and the producer a SendResult; per batch, the producer lays
- * out the records region and the broker checks what it receives and stamps what it stores. In Python those cost
- * 2-5 times what they cost here (docs/compiled.md: the figures, and the commands that measure them).
+ * Why: per message, the consumer builds a Message and the producer takes a send and gives its SendResult; per
+ * batch, the producer lays out the records region and the broker checks what it receives and stamps what it
+ * stores. In Python those cost 2-5 times what they cost here (docs/compiled.md: the figures, and the commands that
+ * measure them).
  *
  * The contract, for everything in this file:
  *  - A function is pure: bytes, buffers and plain values (ints, tuples, lists of bytes) in; bytes, ints and
  *    tuples out. It may decline (return None) a case it does not cover; its caller then runs the reference.
- *  - A type owns its state and has a method API of its own (SendResult, MessageBuilder). It reaches other Python
- *    objects only through their public protocols: calls, the buffer and iterator protocols, a class's attribute
- *    descriptors. Nothing here reads or writes another object's private attributes or memory layout.
+ *  - A type owns its state and has a method API of its own (SendResult, MessageBuilder, PlainRun). It reaches
+ *    other Python objects only through their public protocols: calls, the buffer and iterator protocols, a class's
+ *    attribute descriptors. Nothing here reads or writes another object's private attributes or memory layout.
  *  - Each has ONE plain Python reference, written to be read, which is what metaq runs without this module (not
  *    built, or METAQ_NO_EXTENSIONS=1; metaq/_compiled.py is the one importer). Tests hold the two to the same
  *    results, and CI runs the unit tests both ways. docs/compiled.md lists each piece beside its reference.
@@ -1284,6 +1285,478 @@ stamp_prefix(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     put_be32(out + HEADER_CRC_COVERS, header_crc);  /* over the tail: [41, 45) of the prefix */
     return PyBytes_FromStringAndSize((const char *)out, STAMPED_BYTES);
 }
+/* ---------------------------------------------------------------- PlainRun (reference: metaq.client.producer.
+ * plain_run.PlainRunPy)
+ *
+ * The producer's run of plain messages deferred to the end of an event-loop step (docs/producer.md, "The compiled
+ * seam"): add_async / add_oneway check a message, count its bytes and keep its payload, timestamp and future in
+ * lists this object owns; take() hands the run to the placement. What it is given it reaches through public
+ * protocols only: the message class's attribute descriptors (read once, as MessageBuilder does), `in` on the topic
+ * set, the buffer's `used` and `limit` attributes, and calls. The reference's docstring is the specification;
+ * tests/unit/client/producer/test_plain_run.py holds the two to the same runs. */
+
+enum { P_TOPIC, P_DATA, P_KEY, P_ATTRIBUTE, P_HEADERS, P_TIMESTAMP_MS, P_DELIVER_AT, P_DELAY_MS, N_PLAIN_FIELDS };
+static const char *const plain_field_names[N_PLAIN_FIELDS] = {
+    "topic", "data", "key", "attribute", "headers", "timestamp_ms", "deliver_at", "delay_ms",
+};
+static PyObject *str_used = NULL, *str_limit = NULL;
+
+typedef struct {
+    PyObject_HEAD
+    PyTypeObject *cls;
+    PyObject *getters[N_PLAIN_FIELDS];  /* each field's data descriptor, from the class */
+    PyObject *topics, *buffer, *create_future, *on_start, *on_flush;
+    long long acks, max_message_bytes, capacity, record_overhead;
+    /* the run */
+    PyObject *topic;      /* "" while empty */
+    long long run_acks;
+    PyObject *values, *waiters;
+    PyObject *stamps;     /* NULL while no message of the run had a timestamp of its own */
+    long long nbytes;
+} PlainRunObject;
+
+static PyTypeObject PlainRun_Type;
+
+static int
+PlainRun_traverse(PlainRunObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->cls);
+    for (int i = 0; i < N_PLAIN_FIELDS; i++) {
+        Py_VISIT(self->getters[i]);
+    }
+    Py_VISIT(self->topics);
+    Py_VISIT(self->buffer);
+    Py_VISIT(self->create_future);
+    Py_VISIT(self->on_start);
+    Py_VISIT(self->on_flush);
+    Py_VISIT(self->topic);
+    Py_VISIT(self->values);
+    Py_VISIT(self->waiters);
+    Py_VISIT(self->stamps);
+    return 0;
+}
+
+static int
+PlainRun_clear(PlainRunObject *self)
+{
+    Py_CLEAR(self->cls);
+    for (int i = 0; i < N_PLAIN_FIELDS; i++) {
+        Py_CLEAR(self->getters[i]);
+    }
+    Py_CLEAR(self->topics);
+    Py_CLEAR(self->buffer);
+    Py_CLEAR(self->create_future);
+    Py_CLEAR(self->on_start);
+    Py_CLEAR(self->on_flush);
+    Py_CLEAR(self->topic);
+    Py_CLEAR(self->values);
+    Py_CLEAR(self->waiters);
+    Py_CLEAR(self->stamps);
+    return 0;
+}
+
+static void
+PlainRun_dealloc(PlainRunObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    PlainRun_clear(self);
+    PyObject_GC_Del(self);
+}
+
+/* An empty run: "" for its topic, new lists. 0, or -1 with an exception set. */
+static int
+run_reset(PlainRunObject *self)
+{
+    PyObject *values = PyList_New(0), *waiters = PyList_New(0);
+    if (values == NULL || waiters == NULL) {
+        Py_XDECREF(values);
+        Py_XDECREF(waiters);
+        return -1;
+    }
+    Py_XSETREF(self->values, values);
+    Py_XSETREF(self->waiters, waiters);
+    Py_XSETREF(self->topic, Py_NewRef(empty_str));
+    Py_CLEAR(self->stamps);
+    self->run_acks = 0;
+    self->nbytes = 0;
+    return 0;
+}
+
+static PyObject *
+PlainRun_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *cls, *topics, *buffer, *create_future, *on_start, *on_flush;
+    long long acks, max_message_bytes, capacity, record_overhead;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds) != 0) {
+        PyErr_SetString(PyExc_TypeError, "PlainRun takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "O!OOOOOLLLL:PlainRun", &PyType_Type, &cls, &topics, &buffer, &create_future,
+                          &on_start, &on_flush, &acks, &max_message_bytes, &capacity, &record_overhead)) {
+        return NULL;
+    }
+    if (!PyAnySet_Check(topics) || !PyCallable_Check(create_future) || !PyCallable_Check(on_start)
+            || !PyCallable_Check(on_flush)) {
+        PyErr_SetString(PyExc_TypeError, "PlainRun(message_class, topics: set, buffer, create_future, on_start, "
+                        "on_flush, acks, max_message_bytes, capacity, record_overhead): the three hooks are callables");
+        return NULL;
+    }
+    PlainRunObject *self = PyObject_GC_New(PlainRunObject, type);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->cls = (PyTypeObject *)Py_NewRef(cls);
+    memset(self->getters, 0, sizeof(self->getters));
+    self->topics = Py_NewRef(topics);
+    self->buffer = Py_NewRef(buffer);
+    self->create_future = Py_NewRef(create_future);
+    self->on_start = Py_NewRef(on_start);
+    self->on_flush = Py_NewRef(on_flush);
+    self->acks = acks;
+    self->max_message_bytes = max_message_bytes;
+    self->capacity = capacity;
+    self->record_overhead = record_overhead;
+    self->topic = self->values = self->waiters = self->stamps = NULL;
+    PyObject_GC_Track(self);
+    if (run_reset(self) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    for (int i = 0; i < N_PLAIN_FIELDS; i++) {
+        PyObject *descr = PyObject_GetAttrString(cls, plain_field_names[i]);
+        if (descr == NULL || Py_TYPE(descr)->tp_descr_get == NULL) {
+            if (descr != NULL) {
+                PyErr_Format(PyExc_ValueError, "PlainRun: %R.%s is not an attribute descriptor", cls,
+                             plain_field_names[i]);
+                Py_DECREF(descr);
+            }
+            Py_DECREF(self);
+            return NULL;
+        }
+        self->getters[i] = descr;
+    }
+    return (PyObject *)self;
+}
+
+/* A buffer attribute as a long long: 1, 0 when it is not an int (the caller declines), -1 on an error. */
+static int
+buffer_int(PyObject *buffer, PyObject *name, long long *out)
+{
+    PyObject *v = PyObject_GetAttr(buffer, name);
+    if (v == NULL) {
+        return -1;
+    }
+    int ok = limit_of(v, out);
+    Py_DECREF(v);
+    return ok;
+}
+
+static PyObject *
+call_hook(PyObject *hook)
+{
+    PyObject *r = PyObject_CallNoArgs(hook);
+    if (r == NULL) {
+        return NULL;
+    }
+    Py_DECREF(r);
+    return Py_None;  /* borrowed: only compared with NULL */
+}
+
+/* The reference's _size and _append: 1 taken (*waiter_out: the new future, or NULL for one-way), 0 declined (nothing
+ * done), -1 on an error. */
+static int
+run_add(PlainRunObject *self, PyObject *msg, long long acks, int with_future, PyObject **waiter_out)
+{
+    PyObject *f[N_PLAIN_FIELDS] = {NULL};
+    PyObject *waiter = NULL;
+    int rc = 0;
+    *waiter_out = NULL;
+    if (Py_TYPE(msg) != self->cls) {
+        return 0;
+    }
+    for (int i = 0; i < N_PLAIN_FIELDS; i++) {
+        PyObject *g = self->getters[i];
+        f[i] = Py_TYPE(g)->tp_descr_get(g, msg, (PyObject *)self->cls);
+        if (f[i] == NULL) {
+            rc = -1;
+            goto done;
+        }
+    }
+    PyObject *headers = f[P_HEADERS];
+    if (!PyUnicode_CheckExact(f[P_TOPIC]) || !PyBytes_CheckExact(f[P_DATA]) || f[P_KEY] != Py_None
+            || f[P_ATTRIBUTE] != Py_None || f[P_DELIVER_AT] != Py_None || f[P_DELAY_MS] != Py_None
+            || !PyLong_CheckExact(f[P_TIMESTAMP_MS])
+            || !(headers == Py_None || (PyList_CheckExact(headers) && PyList_GET_SIZE(headers) == 0)
+                 || (PyTuple_CheckExact(headers) && PyTuple_GET_SIZE(headers) == 0))) {
+        goto done;  /* another case (an empty headers container of another kind included): the general path */
+    }
+    int kept = PySet_Contains(self->topics, f[P_TOPIC]);
+    if (kept <= 0) {
+        rc = kept;
+        goto done;
+    }
+    int overflow;
+    long long stamp = PyLong_AsLongLongAndOverflow(f[P_TIMESTAMP_MS], &overflow);
+    if (overflow) {
+        stamp = overflow;  /* only its sign is looked at here (the encoder refuses it later, as for any send) */
+    }
+    long long size = self->record_overhead + (long long)PyBytes_GET_SIZE(f[P_DATA]), used, limit;
+    int got = buffer_int(self->buffer, str_used, &used);
+    if (got > 0) {
+        got = buffer_int(self->buffer, str_limit, &limit);
+    }
+    if (got <= 0) {
+        rc = got;
+        goto done;
+    }
+    if (size > self->max_message_bytes || (used + size > limit && used != 0)) {
+        goto done;
+    }
+    rc = -1;  /* from here on the message is taken, or an error is raised */
+    int called = 0;
+    if (PyList_GET_SIZE(self->values) > 0) {
+        int same = PyUnicode_Compare(f[P_TOPIC], self->topic);
+        if (same == -1 && PyErr_Occurred()) {
+            goto done;
+        }
+        if (same != 0 || acks != self->run_acks) {
+            called = 1;
+            if (call_hook(self->on_flush) == NULL) {  /* the run so far goes first: sends keep their order */
+                goto done;
+            }
+            if (PyList_GET_SIZE(self->values) > 0) {
+                PyErr_SetString(PyExc_RuntimeError, "PlainRun: on_flush did not take the run");
+                goto done;
+            }
+        }
+    }
+    if (PyList_GET_SIZE(self->values) == 0) {
+        Py_SETREF(self->topic, Py_NewRef(f[P_TOPIC]));
+        self->run_acks = acks;
+        called = 1;
+        if (call_hook(self->on_start) == NULL) {
+            goto done;
+        }
+    }
+    if (with_future) {
+        called = 1;
+        waiter = PyObject_CallNoArgs(self->create_future);
+        if (waiter == NULL) {
+            goto done;
+        }
+    }
+    if (PyList_Append(self->values, f[P_DATA]) < 0) {
+        goto done;
+    }
+    if (self->stamps != NULL) {
+        if (PyList_Append(self->stamps, f[P_TIMESTAMP_MS]) < 0) {
+            goto done;
+        }
+    }
+    else if (stamp >= 0) {  /* the first timestamp given: the messages before it had none (-1) */
+        Py_ssize_t before = PyList_GET_SIZE(self->values) - 1;
+        PyObject *stamps = PyList_New(before + 1);
+        if (stamps == NULL) {
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < before; i++) {
+            PyList_SET_ITEM(stamps, i, Py_NewRef(minus_one));
+        }
+        PyList_SET_ITEM(stamps, before, Py_NewRef(f[P_TIMESTAMP_MS]));
+        self->stamps = stamps;
+    }
+    if (waiter != NULL && PyList_Append(self->waiters, waiter) < 0) {
+        goto done;
+    }
+    self->nbytes += size;
+    if (called) {  /* the hooks ran Python code: the buffer's count is read again */
+        got = buffer_int(self->buffer, str_used, &used);
+        if (got <= 0) {
+            if (got == 0) {
+                PyErr_SetString(PyExc_TypeError, "PlainRun: the buffer's used is not an int");
+            }
+            goto done;
+        }
+    }
+    PyObject *now = PyLong_FromLongLong(used + size);
+    if (now == NULL) {
+        goto done;
+    }
+    int set = PyObject_SetAttr(self->buffer, str_used, now);
+    Py_DECREF(now);
+    if (set < 0) {
+        goto done;
+    }
+    if (PyList_GET_SIZE(self->values) >= self->capacity && call_hook(self->on_flush) == NULL) {
+        goto done;
+    }
+    rc = 1;
+    *waiter_out = waiter;
+    waiter = NULL;
+done:
+    Py_XDECREF(waiter);
+    for (int i = 0; i < N_PLAIN_FIELDS; i++) {
+        Py_XDECREF(f[i]);
+    }
+    return rc;
+}
+
+static PyObject *
+PlainRun_add_async(PlainRunObject *self, PyObject *msg)
+{
+    PyObject *waiter;
+    if (self->acks == 0) {
+        Py_RETURN_NONE;
+    }
+    int rc = run_add(self, msg, self->acks, 1, &waiter);
+    if (rc < 0) {
+        return NULL;
+    }
+    return rc ? waiter : Py_NewRef(Py_None);
+}
+
+static PyObject *
+PlainRun_add_oneway(PlainRunObject *self, PyObject *msg)
+{
+    PyObject *waiter;
+    int rc = run_add(self, msg, 0, 0, &waiter);
+    if (rc < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(rc);
+}
+
+static PyObject *
+PlainRun_take(PlainRunObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *taken = Py_BuildValue("(OLOOOL)", self->topic, self->run_acks, self->values,
+                                    self->stamps != NULL ? self->stamps : Py_None, self->waiters, self->nbytes);
+    if (taken == NULL || run_reset(self) < 0) {
+        Py_XDECREF(taken);
+        return NULL;
+    }
+    return taken;
+}
+
+static Py_ssize_t
+PlainRun_len(PlainRunObject *self)
+{
+    return PyList_GET_SIZE(self->values);
+}
+
+static PyMethodDef PlainRun_methods[] = {
+    {"add_async", (PyCFunction)PlainRun_add_async, METH_O,
+     "add_async(message) -> its new future, or None: not the common case, nothing done"},
+    {"add_oneway", (PyCFunction)PlainRun_add_oneway, METH_O,
+     "add_oneway(message) -> bool: taken as a one-way send (False: not the common case, nothing done)"},
+    {"take", (PyCFunction)PlainRun_take, METH_NOARGS,
+     "take() -> (topic, acks, payloads, timestamps or None, futures, bytes): the run, emptied"},
+    {NULL},
+};
+
+static PySequenceMethods PlainRun_as_sequence = {
+    .sq_length = (lenfunc)PlainRun_len,
+};
+
+static PyTypeObject PlainRun_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "metaq._speedups.PlainRun",
+    .tp_doc = "PlainRun(message_class, topics, buffer, create_future, on_start, on_flush, acks, max_message_bytes,\n"
+              "capacity, record_overhead): the producer's deferred run of plain messages (reference:\n"
+              "metaq.client.producer.plain_run.PlainRunPy).",
+    .tp_basicsize = sizeof(PlainRunObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PlainRun_new,
+    .tp_dealloc = (destructor)PlainRun_dealloc,
+    .tp_traverse = (traverseproc)PlainRun_traverse,
+    .tp_clear = (inquiry)PlainRun_clear,
+    .tp_methods = PlainRun_methods,
+    .tp_as_sequence = &PlainRun_as_sequence,
+};
+
+/* ---------------------------------------------------------------- resolve_successes (reference: metaq.client.
+ * producer.results.resolve_successes_py) */
+
+static PyObject *str_set_result = NULL;
+static PyObject *invalid_state_error = NULL;  /* asyncio.InvalidStateError, imported the first time one is raised */
+
+static PyObject *
+resolve_successes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    /* resolve_successes(waiters, base_id, base_offset, partition, topic, broker_id) -> None: waiters[i] (a future,
+     * or None) gets SendResult(True, base_id + i, partition, base_offset + i, None, topic, broker_id), a success of
+     * this module's SendResult (a plain object the cyclic GC does not track). A future already done is left as it
+     * is: set_result is called, and its InvalidStateError cleared. */
+    if (nargs != 6 || !PyList_Check(args[0]) || !PyLong_Check(args[1]) || !PyLong_Check(args[2])
+            || !PyLong_Check(args[3]) || !PyUnicode_Check(args[4]) || !PyLong_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "resolve_successes(waiters: list, base_id: int, base_offset: int, "
+                        "partition: int, topic: str, broker_id: int)");
+        return NULL;
+    }
+    PyObject *waiters = args[0];
+    PyObject *message_id = Py_NewRef(args[1]), *offset = Py_NewRef(args[2]);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(waiters); i++) {  /* the size read each time: calls run code */
+        PyObject *w = PyList_GET_ITEM(waiters, i);
+        if (w != Py_None) {
+            SendResultObject *r = new_plain();
+            if (r == NULL) {
+                goto error;
+            }
+            r->success = Py_NewRef(Py_True);
+            r->message_id = Py_NewRef(message_id);
+            r->partition = Py_NewRef(args[3]);
+            r->offset = Py_NewRef(offset);
+            r->error = Py_NewRef(Py_None);
+            r->topic = Py_NewRef(args[4]);
+            r->broker_id = Py_NewRef(args[5]);
+            Py_INCREF(w);
+            PyObject *done = PyObject_CallMethodOneArg(w, str_set_result, (PyObject *)r);
+            Py_DECREF(w);
+            Py_DECREF(r);
+            if (done == NULL) {
+                if (invalid_state_error == NULL) {
+                    PyObject *exc, *value, *tb;
+                    PyErr_Fetch(&exc, &value, &tb);
+                    PyObject *asyncio = PyImport_ImportModule("asyncio");
+                    if (asyncio != NULL) {
+                        invalid_state_error = PyObject_GetAttrString(asyncio, "InvalidStateError");
+                        Py_DECREF(asyncio);
+                    }
+                    if (invalid_state_error == NULL) {
+                        Py_XDECREF(exc);
+                        Py_XDECREF(value);
+                        Py_XDECREF(tb);
+                        goto error;
+                    }
+                    PyErr_Restore(exc, value, tb);
+                }
+                if (!PyErr_ExceptionMatches(invalid_state_error)) {
+                    goto error;
+                }
+                PyErr_Clear();  /* done already: its caller cancelled it */
+            }
+            else {
+                Py_DECREF(done);
+            }
+        }
+        Py_SETREF(message_id, PyNumber_Add(message_id, one));
+        if (message_id == NULL) {
+            goto error;
+        }
+        Py_SETREF(offset, PyNumber_Add(offset, one));
+        if (offset == NULL) {
+            goto error;
+        }
+    }
+    Py_DECREF(message_id);
+    Py_DECREF(offset);
+    Py_RETURN_NONE;
+error:
+    Py_XDECREF(message_id);
+    Py_XDECREF(offset);
+    return NULL;
+}
+
 /* ================================================================ the module */
 
 static PyMethodDef module_methods[] = {
@@ -1296,6 +1769,9 @@ static PyMethodDef module_methods[] = {
      "checked"},
     {"stamp_prefix", (PyCFunction)(void (*)(void))stamp_prefix, METH_FASTCALL,
      "stamp_prefix(header, base_offset, base_message_id, append_time_ms) -> bytes or None: the stamped 45 bytes"},
+    {"resolve_successes", (PyCFunction)(void (*)(void))resolve_successes, METH_FASTCALL,
+     "resolve_successes(waiters, base_id, base_offset, partition, topic, broker_id) -> None: a stored batch's "
+     "futures get their SendResults"},
     {NULL},
 };
 
@@ -1303,7 +1779,8 @@ static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "metaq._speedups",
     .m_doc = "Compiled hot paths, each with a plain Python reference (docs/compiled.md): the producer's SendResult the "
-             "cyclic GC does not track, the consumer's Message builder, a plain batch's records region and its check, "
+             "cyclic GC does not track, its deferred run of plain sends and the pass that gives a batch its results, "
+             "the consumer's Message builder, a plain batch's records region and its check, "
              "the broker's check of a produced batch and its stamped prefix.",
     .m_size = -1,
     .m_methods = module_methods,
@@ -1312,7 +1789,8 @@ static struct PyModuleDef speedups_module = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (PyType_Ready(&MessageBuilder_Type) < 0 || PyType_Ready(&BatchMessages_Type) < 0) {
+    if (PyType_Ready(&MessageBuilder_Type) < 0 || PyType_Ready(&BatchMessages_Type) < 0
+            || PyType_Ready(&PlainRun_Type) < 0) {
         return NULL;
     }
     SendResult_Type = (PyTypeObject *)PyType_FromSpec(&SendResult_spec);
@@ -1332,7 +1810,11 @@ PyInit__speedups(void)
     empty_str = PyUnicode_FromString("");
     empty_tuple = PyTuple_New(0);
     one = PyLong_FromLong(1);
-    if (minus_one == NULL || empty_str == NULL || empty_tuple == NULL || one == NULL) {
+    str_used = PyUnicode_InternFromString("used");
+    str_limit = PyUnicode_InternFromString("limit");
+    str_set_result = PyUnicode_InternFromString("set_result");
+    if (minus_one == NULL || empty_str == NULL || empty_tuple == NULL || one == NULL || str_used == NULL
+            || str_limit == NULL || str_set_result == NULL) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&speedups_module);
@@ -1340,7 +1822,8 @@ PyInit__speedups(void)
         return NULL;
     }
     if (PyModule_AddObjectRef(m, "SendResult", (PyObject *)SendResult_Type) < 0
-            || PyModule_AddObjectRef(m, "MessageBuilder", (PyObject *)&MessageBuilder_Type) < 0) {
+            || PyModule_AddObjectRef(m, "MessageBuilder", (PyObject *)&MessageBuilder_Type) < 0
+            || PyModule_AddObjectRef(m, "PlainRun", (PyObject *)&PlainRun_Type) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,8 +1,8 @@
 # metaq._speedups (src/metaq/_speedups.c): what it holds, each beside its Python reference (docs/compiled.md).
 # Imported only by metaq._compiled.
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Iterator, Sequence, Set
+from typing import Any, TypeVar
 
 from metaq.types import Message
 
@@ -37,3 +37,16 @@ def validate_plain(batch: bytes | bytearray | memoryview, max_message_bytes: int
 def stamp_prefix(header: tuple[int, ...], base_offset: int, base_message_id: int, append_time_ms: int, /
                  ) -> bytes | None: ...
 
+
+class PlainRun:
+    """metaq.client.producer.plain_run.PlainRunPy: the producer's deferred run of plain messages."""
+    def __new__(cls, message_class: type[Message], topics: Set[str], buffer: Any, create_future: Callable[[], Any],
+                on_start: Callable[[], object], on_flush: Callable[[], object], acks: int, max_message_bytes: int,
+                capacity: int, record_overhead: int, /) -> PlainRun: ...
+    def __len__(self) -> int: ...
+    def add_async(self, message: Any, /) -> Any: ...
+    def add_oneway(self, message: Any, /) -> bool: ...
+    def take(self) -> tuple[str, int, list[bytes], list[int] | None, list[Any], int]: ...
+
+def resolve_successes(waiters: list[Any], base_id: int, base_offset: int, partition: int, topic: str,
+                      broker_id: int, /) -> None: ...

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from metaq.client.config import ProducerConfig
@@ -97,10 +97,8 @@ class Outcomes:
     def _hold_for_master(self, broker_id: int, address: str) -> None:
         raise NotImplementedError
 
-    @contextlib.contextmanager
-    def gathering(self) -> Iterator[None]:
+    def gathering(self) -> contextlib.AbstractContextManager[None]:
         raise NotImplementedError
-        yield
 
     # -- outcomes --------------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from metaq.client.core import ClientCore
 from metaq.client.delayed import delayed_headers
 from metaq.client.metadata import Partition, TopicMetadata
 from metaq.client.producer.batches import Accumulator, BatchKey, BufferLimit, ProducerBatch
+from metaq.client.producer.plain_run import PlainRun
 from metaq.client.producer.results import ManyTable, resolve_one
 from metaq.client.producer.sender import Sender
 from metaq.client.selectors import RoundRobinSelector
@@ -73,7 +74,7 @@ class Placement:
         self._batch_done: Callable[[str, int, int], object] | None = getattr(selector, "batch_done", None)
         self.hot: dict[str, Sequence[Partition]] = {}
         self.deferrable: set[str] = set()
-        """The kept topics whose plain messages :meth:`defer` takes (the round robin, few partitions)."""
+        """The kept topics whose plain messages :attr:`run` takes (the round robin, few partitions)."""
         """topic -> the partitions its messages choose from, as :meth:`place` found them (see the module docstring)."""
         self._hot_reset: asyncio.Handle | None = None
         self._usable: dict[str, tuple[Sequence[Partition], int, Sequence[Partition]]] = {}
@@ -90,15 +91,11 @@ class Placement:
         self.defers = type(selector) is RoundRobinSelector
         """The default round robin: a plain message of a kept topic is placed with the others of its event-loop
         step, at the step's end (:meth:`defer`)."""
-        self._deferred_values: list[bytes] = []
-        """The deferred run (see :meth:`defer`): payloads, timestamps, waiters; its topic and acks."""
-        self._deferred_stamps: list[int] | None = None
-        """None while no deferred message has a timestamp of its own."""
-        self._deferred_waiters: list[Any] = []
-        self._deferred_topic = ""
-        self._deferred_acks = 0
-        self._deferred_bytes = 0
-        self._deferring = False
+        self.run = PlainRun(Message, self.deferrable, buffer, self._loop.create_future, self._run_started,
+                            self.place_deferred, config.acks, config.max_message_bytes, DEFERRED_MAX,
+                            RECORD_OVERHEAD_BYTES)
+        """The plain messages sent in this event-loop step (the round robin's, of a kept topic), placed at its end
+        (:meth:`place_deferred`): ``Producer.send_async`` and ``send_oneway`` hand them to it (plain_run.py)."""
         self._end_scheduled = False
         sender.on_idle = self._idle
         core.metadata.cache.listeners.add(self.end_hot)
@@ -118,7 +115,7 @@ class Placement:
     @property
     def waiting_topics(self) -> int:
         """Topics whose messages wait to join a batch (messages deferred to the end of this step count as one)."""
-        return sum(1 for held in self._waiting.values() if held) + self._deferring
+        return sum(1 for held in self._waiting.values() if held) + bool(self.run)
 
     # -- where a message goes ----------------------------------------------------------------------
 
@@ -126,7 +123,7 @@ class Placement:
         """Queue a checked message for its partition's batch; its buffer bytes are counted from here. The common
         case -- a topic already looked up, the batch open at the selector's partition with room for it -- is
         done right here; :meth:`join` does the rest."""
-        if self._deferring:  # the messages sent before this one go first
+        if self.run:  # the messages sent before this one go first
             self.place_deferred()
         topic = message.topic
         partitions = self.hot.get(topic)
@@ -150,50 +147,33 @@ class Placement:
             return
         self.join(message, key, partitions, waiter, size, None)
 
-    def defer(self, topic: str, data: bytes, timestamp_ms: int, waiter: Any, size: int, acks: int) -> None:
-        """A plain message of a kept topic under the round robin, as its payload and timestamp (the Message itself is
-        not kept: a live Message per deferred send made the cyclic GC's work grow with the run): placed at the end
-        of this event-loop step with the others sent in it, a partition's share at a time (:meth:`join_many`), to
-        the partitions the round robin gives them one by one. A run is one topic and acks (another one places it
-        first), and at most DEFERRED_MAX messages. Its bytes count from now. Any other send, a flush or a
-        send_batch places the deferred messages first, so the order of sends holds."""
-        if self._deferring and (topic != self._deferred_topic or acks != self._deferred_acks):
-            self.place_deferred()
-        if not self._deferring:
-            self._deferring = True
-            self._deferred_topic, self._deferred_acks = topic, acks
-            if not self._end_scheduled:
-                self._end_scheduled = True
-                self._loop.call_soon(self._end_of_step)
-        values = self._deferred_values
-        values.append(data)
-        stamps = self._deferred_stamps
-        if stamps is not None:
-            stamps.append(timestamp_ms)
-        elif timestamp_ms >= 0:  # the first given timestamp: the ones before it were none (-1)
-            self._deferred_stamps = [-1] * (len(values) - 1) + [timestamp_ms]
-        if waiter is not None:  # None for a whole run (one-way), or for none of it
-            self._deferred_waiters.append(waiter)
-        self._deferred_bytes += size
-        self._buffer.used += size
-        if len(values) >= DEFERRED_MAX:
-            self.place_deferred()
+    def _run_started(self) -> None:
+        """A message started the deferred run (:attr:`run`): it is placed at the end of this event-loop step, with
+        the others sent in it, a partition's share at a time (:meth:`join_many`), to the partitions the round robin
+        gives them one by one. A run is one topic and acks, and at most DEFERRED_MAX messages; any other send, a
+        flush or a send_batch places it first, so the order of sends holds."""
+        if not self._end_scheduled:
+            self._end_scheduled = True
+            self._loop.call_soon(self._end_of_step)
 
-    def place_deferred(self) -> None:
-        """Place the deferred run, if any."""
-        if not self._deferring:
+    def place_deferred(self, *, step_end: bool = False) -> None:
+        """Place the deferred run, if any. Its bytes were counted when its messages were sent, and are counted again
+        as they join their batches."""
+        if not self.run:
             return
-        self._deferring = False
-        values, stamps, waiters = self._deferred_values, self._deferred_stamps, self._deferred_waiters
-        self._deferred_values, self._deferred_stamps, self._deferred_waiters = [], None, []
-        if not waiters:
+        topic, acks, values, stamps, waiters, nbytes = self.run.take()
+        if step_end and len(values) == 1:
+            # One send in this event-loop step (an application sending from callbacks or request handlers):
+            # deferring costs a step-end call a message and buys nothing, so the topic's next sends are placed as
+            # they come until its partitions are looked up again (HOT_KEEP_S at most), which makes it deferrable.
+            self.deferrable.discard(topic)
+        if not waiters:  # a one-way run
             waiters = [None] * len(values)
-        self._buffer.used -= self._deferred_bytes  # counted again as they join their batches
-        self._deferred_bytes = 0
-        topic, acks = self._deferred_topic, self._deferred_acks
+        self._buffer.used -= nbytes
         partitions = self.hot.get(topic)
         with self._sender.gathering():
-            if partitions is not None and topic not in self._waiting:
+            # A run of one (a send per event-loop step) is cheaper placed as one message than as a share.
+            if partitions is not None and topic not in self._waiting and len(values) > 1:
                 try:
                     self.join_many(topic, partitions, values, stamps, waiters, acks)
                     return
@@ -207,7 +187,7 @@ class Placement:
         (an idle partition's) leave in this step, not the next."""
         self._end_scheduled = False
         with self._sender.gathering():
-            self.place_deferred()
+            self.place_deferred(step_end=True)
             if self._timer is not None and self._timer_when <= self._loop.time():
                 self._timer.cancel()
                 self._on_timer()
@@ -355,22 +335,29 @@ class Placement:
             sub = values[r::k] if k > 1 else values
             sub_waiters = waiters[r::k] if k > 1 else waiters
             sub_stamps = None if stamps is None else stamps[r::k]
-            ends = list(itertools.accumulate(map(prefix.__add__, map(len, sub))))  # ends[i]: bytes of sub[..i]
-            i, n = 0, len(sub)
+            n = len(sub)
+            total = prefix * n + sum(map(len, sub))
+            ends: list[int] | None = None  # ends[i]: bytes of sub[..i], summed only when the share is cut
+            i = 0
             while i < n:
                 batch = acc.batches.get(key)
                 if batch is None or not batch.plain:
                     if batch is not None:  # not plain: it leaves first, in order
                         dispatch(acc.batches.pop(key))
                     batch = self._open(key)
-                before = ends[i - 1] if i else 0
-                j = bisect.bisect_right(ends, before + limit - batch.size_bytes, i)
-                if j == i:
-                    if batch.count:  # full for the next message: it leaves, and a new one opens
-                        dispatch(acc.batches.pop(key))
-                        continue
-                    j = i + 1  # a record larger than a batch travels alone
-                added = ends[j - 1] - before
+                if ends is None and batch.size_bytes + total <= limit:  # the whole share fits (i is 0)
+                    j, added = n, total
+                else:
+                    if ends is None:
+                        ends = list(itertools.accumulate(map(prefix.__add__, map(len, sub))))
+                    before = ends[i - 1] if i else 0
+                    j = bisect.bisect_right(ends, before + limit - batch.size_bytes, i)
+                    if j == i:
+                        if batch.count:  # full for the next message: it leaves, and a new one opens
+                            dispatch(acc.batches.pop(key))
+                            continue
+                        j = i + 1  # a record larger than a batch travels alone
+                    added = ends[j - 1] - before
                 batch.extend(sub[i:j], None if sub_stamps is None else sub_stamps[i:j], sub_waiters[i:j], added)
                 self._buffer.used += added
                 if batch.size_bytes >= limit:
@@ -515,7 +502,7 @@ class Placement:
 
     def _on_timer(self) -> None:
         self._timer = None
-        self.place_deferred()  # what was sent in this step joins its batches before they are sealed
+        self.place_deferred(step_end=True)  # what was sent in this step joins its batches before they are sealed
         # A little slack: a timer may fire a hair before its time, and re-arming for 0.1 ms is waste.
         expired = self.acc.expired(self._loop.time() + 0.0005)
         if expired:

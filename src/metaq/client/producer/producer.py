@@ -63,8 +63,9 @@ class Producer(Transactions):
         self._sender = Sender(core, config, self.selector, self._buffer, self._manys)
         self._placement = Placement(core, config, self.selector, self._sender, self._buffer, self._manys)
         self._place = self._placement.place
-        self._defer = self._placement.defer
-        self._deferrable = self._placement.deferrable
+        self._defers = self._placement.defers
+        self._run_async = self._placement.run.add_async
+        self._run_oneway = self._placement.run.add_oneway
         self._hot = self._placement.hot
         """The topics kept between sends (the placement's, never replaced): in it, a topic was checked and the
         producer is not closing (closing empties it and keeps it empty)."""
@@ -155,19 +156,24 @@ class Producer(Transactions):
 
         Does not wait: with the buffer full the result is an immediate failure with BufferFullError.
         """
+        if self._defers and self._tx is None:
+            # the round robin's common case, a plain message of a kept topic, in one call (plain_run.py)
+            placed = self._run_async(message)
+            if placed is not None:
+                if callback is not None:
+                    placed.add_done_callback(lambda f: None if f.cancelled() else callback(f.result()))
+                return placed
         if (type(message) is Message and message.topic in self._hot and type(message.data) is bytes
                 and message.key is None and message.attribute is None and not message.headers
                 and message.deliver_at is None and message.delay_ms is None and self._tx is None):
-            # the common case: a plain message of a topic kept between sends (checked already, not closing)
+            # a plain message of a topic kept between sends (checked already, not closing)
             size = RECORD_OVERHEAD_BYTES + len(message.data)
             if size > self.config.max_message_bytes:
                 size = self._check(message)  # raises
-            plain = message.topic in self._deferrable
         else:
             if self._tx is not None:
                 self._not_in_transaction("send_async")
             size = self._check(message)
-            plain = False
         fut: asyncio.Future[SendResult] = self._create_future()
         if callback is not None:
             fut.add_done_callback(lambda f: None if f.cancelled() else callback(f.result()))
@@ -177,13 +183,8 @@ class Producer(Transactions):
             return fut
         acks = self.config.acks
         if acks == 0:
-            if plain:
-                self._defer(message.topic, message.data, message.timestamp_ms, None, size, 0)
-            else:
-                self._place(message, None, size, 0)
+            self._place(message, None, size, 0)
             fut.set_result(self._oneway_result(message.topic))
-        elif plain:
-            self._defer(message.topic, message.data, message.timestamp_ms, fut, size, acks)
         else:
             self._place(message, fut, size, acks)
         return fut
@@ -194,28 +195,25 @@ class Producer(Transactions):
         The result's partition, offset and message id are -1. ``success`` is False only when the
         message was not even accepted (buffer full); a later failure is counted, never reported.
         """
+        if self._defers and self._tx is None and self._run_oneway(message):
+            # the round robin's common case, a plain message of a kept topic, in one call (plain_run.py)
+            result = self._oneway_ok.get(message.topic)
+            return result if result is not None else self._oneway_result(message.topic)
         if (type(message) is Message and message.topic in self._hot and type(message.data) is bytes
                 and message.key is None and message.attribute is None and not message.headers
                 and message.deliver_at is None and message.delay_ms is None and self._tx is None):
-            # the common case: a plain message of a topic kept between sends (checked already, not closing)
+            # a plain message of a topic kept between sends (checked already, not closing)
             size = RECORD_OVERHEAD_BYTES + len(message.data)
             if size > self.config.max_message_bytes:
                 size = self._check(message)  # raises
-            buffer = self._buffer
-            if buffer.used + size > buffer.limit and buffer.used:
-                return SendResult(False, error=self._full(), topic=message.topic)
-            if message.topic in self._deferrable:
-                self._defer(message.topic, message.data, message.timestamp_ms, None, size, 0)
-            else:
-                self._place(message, None, size, 0)
         else:
             if self._tx is not None:
                 self._not_in_transaction("send_oneway")
             size = self._check(message)
-            buffer = self._buffer
-            if buffer.used + size > buffer.limit and buffer.used:
-                return SendResult(False, error=self._full(), topic=message.topic)
-            self._place(message, None, size, 0)
+        buffer = self._buffer
+        if buffer.used + size > buffer.limit and buffer.used:
+            return SendResult(False, error=self._full(), topic=message.topic)
+        self._place(message, None, size, 0)
         result = self._oneway_ok.get(message.topic)
         return result if result is not None else self._oneway_result(message.topic)
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import bisect
 import gc
-import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
+from metaq import _compiled
 from metaq.types import SendResult
 
 Outcome = tuple[int, int, int, "BaseException | None", str, int]
@@ -37,26 +37,25 @@ def resolve_batch(waiters: list[Any], outcome: Outcome, manys: ManyTable) -> Non
             _resolve(waiters, outcome, manys)
         else:  # the common case: a success whose waiters are futures (or None)
             partition, base_offset, base_id, _error, topic, broker_id = outcome
-            _resolve_ok(waiters, 0, base_id, base_offset, partition, topic, broker_id)
+            resolve_successes(waiters, base_id, base_offset, partition, topic, broker_id)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _resolve_ok(waiters: list[Any], start: int, base_id: int, base_offset: int, partition: int, topic: str,
-               broker_id: int) -> None:
-    """A success's futures from ``start`` on; a future its caller cancelled is skipped (rare: caught, and the pass
-    resumed after it)."""
-    i = start
-    result = SendResult
-    try:
-        for w, message_id, offset in zip(itertools.islice(waiters, start, None), itertools.count(base_id + start),
-                                         itertools.count(base_offset + start)):
-            if w is not None:
-                w.set_result(result(True, message_id, partition, offset, None, topic, broker_id))
-            i += 1
-    except asyncio.InvalidStateError:
-        _resolve_ok(waiters, i + 1, base_id, base_offset, partition, topic, broker_id)
+def resolve_successes_py(waiters: list[Any], base_id: int, base_offset: int, partition: int, topic: str,
+                         broker_id: int) -> None:
+    """A stored batch's futures (``waiters[i]``: a future, or None for nothing to tell) get their results: record
+    ``i`` has message id ``base_id + i`` and offset ``base_offset + i``. A future already done (its caller cancelled
+    it) is left as it is. The reference of ``metaq._speedups.resolve_successes``."""
+    for i, waiter in enumerate(waiters):
+        if waiter is not None and not waiter.done():
+            waiter.set_result(SendResult(True, base_id + i, partition, base_offset + i, None, topic, broker_id))
+
+
+resolve_successes = (_compiled.speedups.resolve_successes if _compiled.speedups is not None
+                     else resolve_successes_py)
+"""The compiled pass when the module is in use (metaq._compiled): the same results, each a compiled SendResult."""
 
 
 def _resolve(waiters: list[Any], outcome: Outcome, manys: ManyTable) -> None:

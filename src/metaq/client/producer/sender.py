@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -164,15 +164,10 @@ class Sender(Outcomes):
         self._lanes[key] = lane
         return lane
 
-    @contextlib.contextmanager
-    def gathering(self) -> Iterator[None]:
+    def gathering(self) -> contextlib.AbstractContextManager[None]:
         """Batches dispatched inside are written at its end, per broker (one MultiProduce each when it serves
         them), and each connection flushed then: the frames leave in this loop step, one write per broker."""
-        gathered = self._gather()
-        try:
-            yield
-        finally:
-            self._write_gathered(gathered)
+        return _Gathering(self)
 
     def _gather(self) -> set[int] | None:
         """Open a gathering; None when one is open already (the outer one writes). Paired with _write_gathered."""
@@ -422,3 +417,20 @@ class Sender(Outcomes):
                 wait.set_result(None)
             if state.ready:
                 self._start_sender(broker_id, state)
+
+
+class _Gathering:
+    """:meth:`Sender.gathering`'s context manager (a class: entered at the end of every event-loop step that sent,
+    where a generator's costs a few microseconds)."""
+
+    __slots__ = ("_gathered", "_sender")
+
+    def __init__(self, sender: Sender) -> None:
+        self._sender = sender
+        self._gathered: set[int] | None = None
+
+    def __enter__(self) -> None:
+        self._gathered = self._sender._gather()
+
+    def __exit__(self, *exc: object) -> None:
+        self._sender._write_gathered(self._gathered)
