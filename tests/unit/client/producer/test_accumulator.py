@@ -17,22 +17,15 @@ from metaq.protocol.records import (
     record_batch_bytes,
     validate_batch,
 )
+from metaq.testing import FakeClock
 from metaq.types import Message
 
 K0: BatchKey = ("t", 0, 0, 1)
 K1: BatchKey = ("t", 1, 0, 1)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make(batch_bytes: int = 1000, max_message_bytes: int = 10_000) -> tuple[Accumulator, Clock]:
-    clock = Clock()
+def make(batch_bytes: int = 1000, max_message_bytes: int = 10_000) -> tuple[Accumulator, FakeClock]:
+    clock = FakeClock(100.0)
     return Accumulator(batch_bytes=batch_bytes, max_message_bytes=max_message_bytes, clock=clock), clock
 
 
@@ -83,16 +76,16 @@ def test_partitions_batch_separately() -> None:
 def test_linger_seals_a_batch_when_its_deadline_passes() -> None:
     acc, clock = make()
     add(acc, K0, b"a", linger_s=0.005)
-    clock.now += 0.002
+    clock.advance_s(0.002)
     add(acc, K1, b"b", linger_s=0.005)
     add(acc, K0, b"c", linger_s=0.005)  # joins the open batch: its deadline stays
     assert acc.next_deadline() == pytest.approx(100.005)
     assert acc.expired() == []
-    clock.now = 100.005
+    clock.now_s = 100.005
     due = acc.expired()
     assert [b.key for b in due] == [K0] and due[0].count == 2
     assert acc.next_deadline() == pytest.approx(100.007)
-    clock.now = 100.01
+    clock.now_s = 100.01
     assert [b.key for b in acc.expired()] == [K1]
     assert acc.next_deadline() is None
 
@@ -105,10 +98,10 @@ def test_a_batch_taken_out_elsewhere_is_neither_due_nor_the_next_deadline() -> N
     add(acc, K1, b"b", linger_s=0.005)
     taken = acc.batches.pop(K0)
     add(acc, K0, b"c", linger_s=0.003)  # a new batch under the same key, due later than the one taken
-    clock.now = 100.002
+    clock.now_s = 100.002
     assert acc.expired() == []  # the taken batch's time has come, the new one's not
     assert acc.next_deadline() == pytest.approx(100.003)
-    clock.now = 100.01
+    clock.now_s = 100.01
     due = acc.expired()
     assert sorted(b.key for b in due) == [K0, K1] and all(b is not taken for b in due)
     assert [b.count for b in due] == [1, 1] and acc.next_deadline() is None and len(acc) == 0
@@ -132,13 +125,13 @@ def test_due_batches_and_the_next_deadline_match_a_scan_of_every_open_batch(ops)
         elif op == "take":
             acc.batches.pop(key, None)
         elif op == "tick":
-            clock.now += amount / 2000
+            clock.advance_s(amount / 2000)
         elif op == "seal":
             acc.seal(key)
         elif op == "peek":
             assert acc.next_deadline() == min((b.due_s for b in acc.batches.values()), default=None)
         else:
-            scan = [b for b in acc.batches.values() if b.due_s <= clock.now]
+            scan = [b for b in acc.batches.values() if b.due_s <= clock.now_s]
             due = acc.expired()
             assert len(due) == len(scan) and {id(b) for b in due} == {id(b) for b in scan}
             assert not any(b.key in acc.batches for b in due)
