@@ -143,10 +143,13 @@ class RequestDispatch:
                 await asyncio.wait([behind])
             while (wait_s := self.quotas.wait_s(session, direction)) > 0:
                 await asyncio.sleep(wait_s)  # and again: other connections of the principal went on meanwhile
-            if session.hold is hold:  # not taken by a transport (HTTP: no connection to hold)
-                session.hold = None
+            # the hold the handler may set is this request's own: another one's (a transport that did not take it:
+            # HTTP has no connection to hold) is put back after, and this one's own hold is nobody's to wait for
+            outer, session.hold = session.hold, None
+            if outer is hold:
+                outer = None
             result = self.handle(request, session, quota_waited=True)
-            inner, session.hold = session.hold, None
+            inner, session.hold = session.hold, outer
             if isinstance(result, DeferredReply):
                 result = result.wait()
             if inspect.isawaitable(result):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from metaq.broker.core import Broker, Handler
 from metaq.broker.error_mapping import WIRE_ERRORS, error_response, wire_error
 from metaq.broker.handlers import REQUEST_HANDLERS
 from metaq.broker.ini import load_broker_config
+from metaq.broker.session import Session
 from metaq.errors import (
     BrokerStoppingError,
     ConfigError,
@@ -112,3 +114,31 @@ def test_a_draining_broker_refuses_produce_with_broker_stopping(broker: Broker) 
     broker.stopping = True
     refused = broker.handle(m.ProduceRequest("t", 0))
     assert (refused.error_code, refused.error_message) == (BrokerStoppingError.code, BrokerStoppingError.hint)
+
+
+def test_pipelined_produces_over_a_quota_are_handled_in_order_at_the_rate(tmp_path: Path) -> None:
+    """A client that pipelines (a Kafka client sends up to 1,024 requests before the first answer) gets no more
+    than its quota: each produce is counted as it is admitted, not once stored (an fsync later), and the requests
+    that wait for the principal's debt are handled one at a time in the order sent."""
+    rate, size, count = 200_000, 100_000, 7
+    config = load_broker_config(None, {"dataPath": str(tmp_path / "data"), "quotaProducerByteRate": str(rate)})
+    handled: list[tuple[int, float]] = []
+
+    async def stores(broker: Broker, request: Any, session: Any) -> Any:
+        handled.append((request.partition, time.monotonic()))
+        await asyncio.sleep(0.05)  # the fsync: it is done long after the next requests were read
+        return m.ProduceResponse(partition=request.partition)
+
+    broker = Broker(config, {m.ProduceRequest: stores})
+
+    async def main() -> list[Any]:
+        session = Session()
+        pending = [broker.handle(m.ProduceRequest("t", i, records=b"x" * size), session) for i in range(count)]
+        return list(await asyncio.gather(*pending))
+
+    start = time.monotonic()
+    answers = asyncio.run(main())
+    assert [a.partition for a in answers] == list(range(count))
+    assert [p for p, _ in handled] == list(range(count)), "handled in the order sent"
+    for n, (_, at) in enumerate(handled, 1):  # one second's burst, then the rate (plus the request admitted last)
+        assert n * size <= rate * (at - start + 1.0) + size, f"request {n} handled {at - start:.2f} s in"
