@@ -8,9 +8,9 @@
  * The contract, for everything in this file:
  *  - A function is pure: bytes, buffers and plain values (ints, tuples, lists of bytes) in; bytes, ints and
  *    tuples out. It may decline (return None) a case it does not cover; its caller then runs the reference.
- *  - A type owns its state and has a method API of its own (SendResult, MessageBuilder, PlainRun). It reaches
- *    other Python objects only through their public protocols: calls, the buffer and iterator protocols, a class's
- *    attribute descriptors. Nothing here reads or writes another object's private attributes or memory layout.
+ *  - A type owns its state and has a method API of its own (Message, SendResult, MessageBuilder, PlainRun). It
+ *    reaches other Python objects only through their public protocols: calls, the buffer and iterator protocols, a
+ *    class's attribute descriptors. Nothing here reads or writes another object's private attributes or memory layout.
  *  - Each has ONE plain Python reference, written to be read, which is what metaq runs without this module (not
  *    built, or METAQ_NO_EXTENSIONS=1; metaq/_compiled.py is the one importer). Tests hold the two to the same
  *    results, and CI runs the unit tests both ways. docs/compiled.md lists each piece beside its reference.
@@ -2164,10 +2164,10 @@ static PyMethodDef module_methods[] = {
 static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "metaq._speedups",
-    .m_doc = "Compiled hot paths, each with a plain Python reference (docs/compiled.md): the producer's SendResult the "
-             "cyclic GC does not track, its deferred run of plain sends and the pass that gives a batch its results, "
-             "the consumer's Message builder, a plain batch's records region and its check, "
-             "the broker's check of a produced batch and its stamped prefix.",
+    .m_doc = "Compiled hot paths, each with a plain Python reference (docs/compiled.md): Message, the producer's "
+             "SendResult the cyclic GC does not track, its deferred run of plain sends and the pass that gives a batch "
+             "its results, the consumer's Message builder, a plain batch's records region and its check, the broker's "
+             "check of a produced batch and its stamped prefix.",
     .m_size = -1,
     .m_methods = module_methods,
 };
