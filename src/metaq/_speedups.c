@@ -8,9 +8,9 @@
  * The contract, for everything in this file:
  *  - A function is pure: bytes, buffers and plain values (ints, tuples, lists of bytes) in; bytes, ints and
  *    tuples out. It may decline (return None) a case it does not cover; its caller then runs the reference.
- *  - A type owns its state and has a method API of its own (SendResult, MessageBuilder, PlainRun). It reaches
- *    other Python objects only through their public protocols: calls, the buffer and iterator protocols, a class's
- *    attribute descriptors. Nothing here reads or writes another object's private attributes or memory layout.
+ *  - A type owns its state and has a method API of its own (Message, SendResult, MessageBuilder, PlainRun). It
+ *    reaches other Python objects only through their public protocols: calls, the buffer and iterator protocols, a
+ *    class's attribute descriptors. Nothing here reads or writes another object's private attributes or memory layout.
  *  - Each has ONE plain Python reference, written to be read, which is what metaq runs without this module (not
  *    built, or METAQ_NO_EXTENSIONS=1; metaq/_compiled.py is the one importer). Tests hold the two to the same
  *    results, and CI runs the unit tests both ways. docs/compiled.md lists each piece beside its reference.
@@ -380,6 +380,402 @@ static PyType_Spec SendResult_spec = {
     .slots = SendResult_slots,
 };
 
+/* ---------------------------------------------------------------- Message (reference: metaq.types._PyMessage)
+ *
+ * The dataclass's thirteen fields, __init__, equality and repr, in a type that owns them: `Message(topic, data)` is
+ * one C call (~0.1 us) where the dataclass's __init__ runs 13 attribute stores in Python (~0.2 us). metaq.types adds
+ * the rest of the dataclass to this (heap, mutable) type from Python: the partition_id property, the dataclasses
+ * metadata (fields, asdict, replace and match work), __annotations__, __doc__ and __slots__ (the field names: with
+ * them, copy and pickle take object's default path, the same reduce and state as the dataclass's, so a pickle made
+ * with or without this module loads in either).
+ *
+ * Like the dataclass's generated methods, __init__, == and repr reach a subclass's instance through its attributes
+ * (getattr / setattr, which a subclass may override); an instance of the exact type is read and written directly.
+ * Always a GC object, as the dataclass's instances are (headers is a list). */
+
+#define N_MESSAGE_FIELDS 13
+enum {
+    F_TOPIC, F_DATA, F_ATTRIBUTE, F_KEY, F_HEADERS, F_TIMESTAMP_MS, F_PARTITION, F_OFFSET, F_ID,
+    F_APPEND_TIME_MS, F_BROKER_ID, F_DELIVER_AT, F_DELAY_MS,
+};
+static const char *const message_field_names[N_MESSAGE_FIELDS] = {
+    "topic", "data", "attribute", "key", "headers", "timestamp_ms", "partition", "offset", "id",
+    "append_time_ms", "broker_id", "deliver_at", "delay_ms",
+};
+#define N_REQUIRED 2  /* topic, data: the rest have defaults */
+static PyObject *message_names[N_MESSAGE_FIELDS];      /* interned */
+static PyObject *message_defaults[N_MESSAGE_FIELDS];   /* NULL for the required ones */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *fields[N_MESSAGE_FIELDS];  /* NULL: unset (AttributeError on reading, as a slot's) */
+} MessageObject;
+
+static PyTypeObject *Message_Type = NULL;  /* made by PyType_FromSpec at import */
+
+/* The argument `name` names: its field's index, or -1. */
+static int
+message_field_index(PyObject *name)
+{
+    for (int i = 0; i < N_MESSAGE_FIELDS; i++) {
+        if (name == message_names[i]) {
+            return i;
+        }
+    }
+    for (int i = 0; i < N_MESSAGE_FIELDS; i++) {
+        if (PyUnicode_Compare(name, message_names[i]) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* One keyword argument into out[] (borrowed): 0, or -1 with the TypeError the dataclass's __init__ raises. */
+static int
+message_keyword(PyObject **out, PyObject *name, PyObject *value)
+{
+    if (!PyUnicode_Check(name)) {
+        PyErr_SetString(PyExc_TypeError, "keywords must be strings");
+        return -1;
+    }
+    int i = message_field_index(name);
+    if (i < 0) {
+        PyErr_Format(PyExc_TypeError, "Message.__init__() got an unexpected keyword argument '%S'", name);
+        return -1;
+    }
+    if (out[i] != NULL) {
+        PyErr_Format(PyExc_TypeError, "Message.__init__() got multiple values for argument '%S'", name);
+        return -1;
+    }
+    out[i] = value;
+    return 0;
+}
+
+/* After the positional and keyword arguments: the count and missing checks, in the order a Python function makes
+ * them, then the defaults. out[] holds borrowed references. 0, or -1 with TypeError. */
+static int
+message_finish_args(PyObject **out, Py_ssize_t nargs)
+{
+    if (nargs > N_MESSAGE_FIELDS) {
+        PyErr_Format(PyExc_TypeError, "Message.__init__() takes from %d to %d positional arguments but %zd were given",
+                     N_REQUIRED + 1, N_MESSAGE_FIELDS + 1, nargs + 1);
+        return -1;
+    }
+    if (out[F_TOPIC] == NULL || out[F_DATA] == NULL) {
+        if (out[F_TOPIC] == NULL && out[F_DATA] == NULL) {
+            PyErr_SetString(PyExc_TypeError,
+                            "Message.__init__() missing 2 required positional arguments: 'topic' and 'data'");
+        }
+        else {
+            PyErr_Format(PyExc_TypeError, "Message.__init__() missing 1 required positional argument: '%s'",
+                         out[F_TOPIC] == NULL ? "topic" : "data");
+        }
+        return -1;
+    }
+    for (int i = N_REQUIRED; i < N_MESSAGE_FIELDS; i++) {
+        if (out[i] == NULL) {
+            out[i] = message_defaults[i];
+        }
+    }
+    return 0;
+}
+
+/* Positional arguments into out[] (borrowed): the first thirteen (more is an error message_finish_args raises after
+ * the keywords, as Python does). */
+static void
+message_positional(PyObject **out, PyObject *const *args, Py_ssize_t nargs)
+{
+    memset(out, 0, N_MESSAGE_FIELDS * sizeof(PyObject *));
+    for (Py_ssize_t i = 0; i < nargs && i < N_MESSAGE_FIELDS; i++) {
+        out[i] = args[i];
+    }
+}
+
+/* The values into self: stored for the exact type, set as attributes (in field order) for a subclass's instance. */
+static int
+message_store(PyObject *self, PyObject **values)
+{
+    if (Py_TYPE(self) == Message_Type) {
+        PyObject **f = ((MessageObject *)self)->fields;
+        for (int i = 0; i < N_MESSAGE_FIELDS; i++) {
+            Py_XSETREF(f[i], Py_NewRef(values[i]));
+        }
+        return 0;
+    }
+    for (int i = 0; i < N_MESSAGE_FIELDS; i++) {
+        if (PyObject_SetAttr(self, message_names[i], values[i]) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int
+Message_init(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *values[N_MESSAGE_FIELDS];
+    Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+    message_positional(values, &PyTuple_GET_ITEM(args, 0), nargs);
+    if (kwds != NULL) {
+        PyObject *name, *value;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(kwds, &pos, &name, &value)) {
+            if (message_keyword(values, name, value) < 0) {
+                return -1;
+            }
+        }
+    }
+    if (message_finish_args(values, nargs) < 0) {
+        return -1;
+    }
+    return message_store(self, values);
+}
+
+static PyObject *
+Message_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    /* Message(...): the arguments checked first, then the instance allocated and filled in one go. */
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if ((PyTypeObject *)type != Message_Type) {  /* not inherited by a subclass; should one get it: type.__call__ */
+        PyObject *tuple = PyTuple_New(nargs), *dict = NULL, *result = NULL;
+        if (tuple == NULL) {
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < nargs; i++) {
+            PyTuple_SET_ITEM(tuple, i, Py_NewRef(args[i]));
+        }
+        Py_ssize_t nk = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+        if (nk) {
+            dict = PyDict_New();
+            for (Py_ssize_t i = 0; dict != NULL && i < nk; i++) {
+                if (PyDict_SetItem(dict, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0) {
+                    Py_CLEAR(dict);
+                }
+            }
+            if (dict == NULL) {
+                Py_DECREF(tuple);
+                return NULL;
+            }
+        }
+        result = PyType_Type.tp_call(type, tuple, dict);
+        Py_DECREF(tuple);
+        Py_XDECREF(dict);
+        return result;
+    }
+    PyObject *values[N_MESSAGE_FIELDS];
+    message_positional(values, args, nargs);
+    if (kwnames != NULL) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++) {
+            if (message_keyword(values, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0) {
+                return NULL;
+            }
+        }
+    }
+    if (message_finish_args(values, nargs) < 0) {
+        return NULL;
+    }
+    MessageObject *m = PyObject_GC_New(MessageObject, Message_Type);
+    if (m == NULL) {
+        return NULL;
+    }
+    for (int i = 0; i < N_MESSAGE_FIELDS; i++) {
+        m->fields[i] = Py_NewRef(values[i]);
+    }
+    PyObject_GC_Track(m);
+    return (PyObject *)m;
+}
+
+static int
+Message_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));  /* a heap type: its instances reference it */
+    PyObject **f = ((MessageObject *)self)->fields;
+    for (int i = 0; i < N_MESSAGE_FIELDS; i++) {
+        Py_VISIT(f[i]);
+    }
+    return 0;
+}
+
+static int
+Message_clear(PyObject *self)
+{
+    PyObject **f = ((MessageObject *)self)->fields;
+    for (int i = 0; i < N_MESSAGE_FIELDS; i++) {
+        Py_CLEAR(f[i]);
+    }
+    return 0;
+}
+
+static void
+Message_dealloc(PyObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    Message_clear(self);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+#define MESSAGE_MEMBER(i) {NULL, T_OBJECT_EX, offsetof(MessageObject, fields) + (i) * sizeof(PyObject *), 0, NULL}
+static PyMemberDef Message_members[] = {  /* as slots: readable, writable, deletable, AttributeError when unset */
+    MESSAGE_MEMBER(0), MESSAGE_MEMBER(1), MESSAGE_MEMBER(2), MESSAGE_MEMBER(3), MESSAGE_MEMBER(4), MESSAGE_MEMBER(5),
+    MESSAGE_MEMBER(6), MESSAGE_MEMBER(7), MESSAGE_MEMBER(8), MESSAGE_MEMBER(9), MESSAGE_MEMBER(10), MESSAGE_MEMBER(11),
+    MESSAGE_MEMBER(12), {NULL},
+};
+
+/* The thirteen fields read as attributes, as the dataclass's methods read them: 0, or -1 (out[] cleared). */
+static int
+message_values(PyObject *self, PyObject **out)
+{
+    for (int i = 0; i < N_MESSAGE_FIELDS; i++) {
+        out[i] = PyObject_GetAttr(self, message_names[i]);
+        if (out[i] == NULL) {
+            for (int j = 0; j < i; j++) {
+                Py_DECREF(out[j]);
+            }
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void
+message_release(PyObject **values)
+{
+    for (int i = 0; i < N_MESSAGE_FIELDS; i++) {
+        Py_DECREF(values[i]);
+    }
+}
+
+static PyObject *
+Message_repr(PyObject *self)
+{
+    /* As the dataclass: Qualname(topic=..., ...), each field's repr in order; '...' for a Message met again inside
+     * its own repr (dataclasses' recursive_repr). */
+    int rc = Py_ReprEnter(self);
+    if (rc != 0) {
+        return rc > 0 ? PyUnicode_FromString("...") : NULL;
+    }
+    PyObject *result = NULL;
+    PyObject *parts = PyList_New(0);
+    PyObject *name = PyType_GetQualName(Py_TYPE(self));
+    PyObject *piece = name == NULL ? NULL : PyUnicode_FromFormat("%U(", name);
+    if (parts == NULL || piece == NULL || PyList_Append(parts, piece) < 0) {
+        goto done;
+    }
+    for (int i = 0; i < N_MESSAGE_FIELDS; i++) {
+        PyObject *value = PyObject_GetAttr(self, message_names[i]);
+        if (value == NULL) {
+            goto done;
+        }
+        Py_SETREF(piece, PyUnicode_FromFormat(i == 0 ? "%U=%R" : ", %U=%R", message_names[i], value));
+        Py_DECREF(value);
+        if (piece == NULL || PyList_Append(parts, piece) < 0) {
+            goto done;
+        }
+    }
+    Py_SETREF(piece, PyUnicode_FromString(")"));
+    if (piece == NULL || PyList_Append(parts, piece) < 0) {
+        goto done;
+    }
+    result = PyUnicode_Join(empty_str, parts);
+done:
+    Py_XDECREF(piece);
+    Py_XDECREF(name);
+    Py_XDECREF(parts);
+    Py_ReprLeave(self);
+    return result;
+}
+
+static PyObject *
+Message_richcompare(PyObject *a, PyObject *b, int op)
+{
+    /* As the dataclass's __eq__: of the same class, each side's field tuple read in full (a's, then b's), then
+     * compared as tuples compare (identity, then ==, item by item); NotImplemented otherwise. != is object's: the
+     * negation of the instance's own == (a subclass's __eq__ included), unless that is NotImplemented. */
+    if (op == Py_NE) {
+        PyObject *eq = Py_TYPE(a)->tp_richcompare(a, b, Py_EQ);
+        if (eq == NULL || eq == Py_NotImplemented) {
+            return eq;
+        }
+        int truth = PyObject_IsTrue(eq);
+        Py_DECREF(eq);
+        return truth < 0 ? NULL : PyBool_FromLong(!truth);
+    }
+    if (op != Py_EQ || Py_TYPE(a) != Py_TYPE(b)) {
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    PyObject *va[N_MESSAGE_FIELDS], *vb[N_MESSAGE_FIELDS];
+    if (message_values(a, va) < 0) {
+        return NULL;
+    }
+    if (message_values(b, vb) < 0) {
+        message_release(va);
+        return NULL;
+    }
+    int eq = 1;
+    for (int i = 0; eq == 1 && i < N_MESSAGE_FIELDS; i++) {
+        eq = PyObject_RichCompareBool(va[i], vb[i], Py_EQ);
+    }
+    message_release(va);
+    message_release(vb);
+    return eq < 0 ? NULL : PyBool_FromLong(eq);
+}
+
+static PyType_Slot Message_slots[] = {
+    {Py_tp_doc, "Message(topic, data, attribute=None, key=None, headers=None, timestamp_ms=-1, partition=-1, "
+                "offset=-1, id=-1, append_time_ms=-1, broker_id=-1, deliver_at=None, delay_ms=None)\n--\n\n"
+                "A message as the producer sends it and the consumer receives it (metaq.types gives it the "
+                "dataclass's docstring)."},
+    {Py_tp_init, Message_init},  /* __new__ is object's, as the dataclass's: an instance with every field unset */
+    {Py_tp_dealloc, Message_dealloc},
+    {Py_tp_traverse, Message_traverse},
+    {Py_tp_clear, Message_clear},
+    {Py_tp_repr, Message_repr},
+    {Py_tp_hash, PyObject_HashNotImplemented},
+    {Py_tp_richcompare, Message_richcompare},
+    {Py_tp_members, Message_members},
+    {0, NULL},
+};
+
+static PyType_Spec Message_spec = {
+    .name = "metaq.types.Message",
+    .basicsize = sizeof(MessageObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .slots = Message_slots,
+};
+
+/* A type made from a spec named "metaq.types.Name" says "Name" in error messages ("'Name' object has no attribute
+ * ...", "unhashable type: 'Name'"), as its dataclass reference does: type's __name__ setter sets the short name. */
+static int
+short_name(PyTypeObject *type)
+{
+    PyObject *name = PyObject_GetAttrString((PyObject *)type, "__name__");
+    int rc = name == NULL ? -1 : PyObject_SetAttrString((PyObject *)type, "__name__", name);
+    Py_XDECREF(name);
+    return rc;
+}
+
+/* The type, its member names and the defaults: 0, or -1 with an exception set. */
+static int
+message_type_init(void)
+{
+    for (int i = 0; i < N_MESSAGE_FIELDS; i++) {
+        message_names[i] = PyUnicode_InternFromString(message_field_names[i]);
+        if (message_names[i] == NULL) {
+            return -1;
+        }
+        Message_members[i].name = message_field_names[i];
+        message_defaults[i] = i < N_REQUIRED ? NULL : (i <= F_HEADERS || i >= F_DELIVER_AT ? Py_None : minus_one);
+    }
+    Message_Type = (PyTypeObject *)PyType_FromSpec(&Message_spec);
+    if (Message_Type == NULL) {
+        return -1;
+    }
+    Message_Type->tp_vectorcall = Message_vectorcall;  /* this type's own constructor call; subclasses use type's */
+    return short_name(Message_Type);
+}
+
 /* ---------------------------------------------------------------- MessageBuilder (reference: metaq.protocol.records.
  * decode.build_messages)
  *
@@ -391,16 +787,6 @@ static PyType_Spec SendResult_spec = {
  * deltas and timestamps as buffers and makes each offset and id from its delta: a produced batch's ids are
  * consecutive (the previous id + 1) and its timestamps mostly equal (one int shared). Building Messages was about
  * half of the per-message iterator's CPU in Python. */
-
-#define N_MESSAGE_FIELDS 13
-enum {
-    F_TOPIC, F_DATA, F_ATTRIBUTE, F_KEY, F_HEADERS, F_TIMESTAMP_MS, F_PARTITION, F_OFFSET, F_ID,
-    F_APPEND_TIME_MS, F_BROKER_ID, F_DELIVER_AT, F_DELAY_MS,
-};
-static const char *const message_field_names[N_MESSAGE_FIELDS] = {
-    "topic", "data", "attribute", "key", "headers", "timestamp_ms", "partition", "offset", "id",
-    "append_time_ms", "broker_id", "deliver_at", "delay_ms",
-};
 
 typedef struct {
     PyObject_HEAD
@@ -1778,10 +2164,10 @@ static PyMethodDef module_methods[] = {
 static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "metaq._speedups",
-    .m_doc = "Compiled hot paths, each with a plain Python reference (docs/compiled.md): the producer's SendResult the "
-             "cyclic GC does not track, its deferred run of plain sends and the pass that gives a batch its results, "
-             "the consumer's Message builder, a plain batch's records region and its check, "
-             "the broker's check of a produced batch and its stamped prefix.",
+    .m_doc = "Compiled hot paths, each with a plain Python reference (docs/compiled.md): Message, the producer's "
+             "SendResult the cyclic GC does not track, its deferred run of plain sends and the pass that gives a batch "
+             "its results, the consumer's Message builder, a plain batch's records region and its check, the broker's "
+             "check of a produced batch and its stamped prefix.",
     .m_size = -1,
     .m_methods = module_methods,
 };
@@ -1794,7 +2180,7 @@ PyInit__speedups(void)
         return NULL;
     }
     SendResult_Type = (PyTypeObject *)PyType_FromSpec(&SendResult_spec);
-    if (SendResult_Type == NULL) {
+    if (SendResult_Type == NULL || short_name(SendResult_Type) < 0) {
         return NULL;
     }
     PyObject *crc32c = PyImport_ImportModule("crc32c");
@@ -1817,11 +2203,15 @@ PyInit__speedups(void)
             || str_limit == NULL || str_set_result == NULL) {
         return NULL;
     }
+    if (message_type_init() < 0) {
+        return NULL;
+    }
     PyObject *m = PyModule_Create(&speedups_module);
     if (m == NULL) {
         return NULL;
     }
     if (PyModule_AddObjectRef(m, "SendResult", (PyObject *)SendResult_Type) < 0
+            || PyModule_AddObjectRef(m, "Message", (PyObject *)Message_Type) < 0
             || PyModule_AddObjectRef(m, "MessageBuilder", (PyObject *)&MessageBuilder_Type) < 0
             || PyModule_AddObjectRef(m, "PlainRun", (PyObject *)&PlainRun_Type) < 0) {
         Py_DECREF(m);

@@ -4,7 +4,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from typing import Any, TypeVar
 
-from metaq.types import Message
+from metaq.types import Message as _Message
 
 _Header = TypeVar("_Header", bound=tuple[int, ...])
 
@@ -21,13 +21,35 @@ class SendResult:
     def __init__(self, success: bool, message_id: int = -1, partition: int = -1, offset: int = -1,
                  error: BaseException | None = None, topic: str = "", broker_id: int = -1) -> None: ...
 
+class Message:
+    """metaq.types._PyMessage's fields, __init__, equality and repr; metaq.types adds its partition_id property and
+    dataclasses metadata (type checkers see metaq.types.Message as the dataclass)."""
+    topic: str
+    data: bytes
+    attribute: str | None
+    key: bytes | None
+    headers: list[tuple[str, bytes]] | None
+    timestamp_ms: int
+    partition: int
+    offset: int
+    id: int
+    append_time_ms: int
+    broker_id: int
+    deliver_at: int | None
+    delay_ms: int | None
+    def __init__(self, topic: str, data: bytes, attribute: str | None = None, key: bytes | None = None,
+                 headers: list[tuple[str, bytes]] | None = None, timestamp_ms: int = -1, partition: int = -1,
+                 offset: int = -1, id: int = -1, append_time_ms: int = -1, broker_id: int = -1,
+                 deliver_at: int | None = None, delay_ms: int | None = None) -> None: ...
+    __hash__: None  # type: ignore[assignment]
+
 class MessageBuilder:
     """metaq.protocol.records.decode.build_messages, for instances of ``cls`` (Message)."""
-    def __new__(cls, message_class: type[Message], field_names: Sequence[str], /) -> MessageBuilder: ...
+    def __new__(cls, message_class: type[_Message], field_names: Sequence[str], /) -> MessageBuilder: ...
     def messages(self, topic: str, raw: bytes, start: int, lengths: array[int], deltas: array[int],
                  timestamps: array[int], attributes: Iterable[str | None] | None, keys: Iterable[bytes | None] | None,
                  headers: Iterable[list[tuple[str, bytes]] | None] | None, base_offset: int, base_message_id: int,
-                 partition: int, append_time_ms: int, broker_id: int, /) -> Iterator[Message]: ...
+                 partition: int, append_time_ms: int, broker_id: int, /) -> Iterator[_Message]: ...
 
 def plain_region(values: Sequence[bytes | bytearray], timestamps: Sequence[int] | int, /
                  ) -> tuple[bytes, int, int] | None: ...
@@ -40,7 +62,7 @@ def stamp_prefix(header: tuple[int, ...], base_offset: int, base_message_id: int
 
 class PlainRun:
     """metaq.client.producer.plain_run.PlainRunPy: the producer's deferred run of plain messages."""
-    def __new__(cls, message_class: type[Message], topics: Set[str], buffer: Any, create_future: Callable[[], Any],
+    def __new__(cls, message_class: type[_Message], topics: Set[str], buffer: Any, create_future: Callable[[], Any],
                 on_start: Callable[[], object], on_flush: Callable[[], object], acks: int, max_message_bytes: int,
                 capacity: int, record_overhead: int, /) -> PlainRun: ...
     def __len__(self) -> int: ...

@@ -257,7 +257,8 @@ class Message:
     # double the cost of each. The producer checks what it is given (InvalidArgument for non-bytes data).
     # The consumer's decoder (metaq.protocol.records.decode.build_messages, and the compiled MessageBuilder)
     # skips __init__ too: it sets every field of an empty instance itself. A new field must be set there as
-    # well (the compiled builder refuses the class at import until it is).
+    # well, and in the compiled Message (src/metaq/_speedups.c): the compiled builder refuses the class at import
+    # until it is, and tests/unit/test_message_type.py fails.
 
     @property
     def partition_id(self) -> PartitionId:
@@ -294,19 +295,37 @@ class SendResult:
         return format_message_id(self.message_id) if self.message_id >= 0 else "-1"
 
 
+_PyMessage = Message
+"""The dataclass: ``Message`` without the compiled module (not built, or ``METAQ_NO_EXTENSIONS=1``), and the reference
+of the compiled one (metaq._speedups.Message), which behaves as it does: same fields, defaults, constructor errors,
+equality, repr, property, pickling, copying, subclassing and dataclasses helpers (tests/unit/test_message_type.py
+runs both)."""
+
 _PySendResult = SendResult
 """The dataclass: ``SendResult`` without the compiled module (not built, or ``METAQ_NO_EXTENSIONS=1``), and the
 reference of the compiled one (metaq._speedups.SendResult), which behaves as it does: same attributes, defaults,
 equality, repr, properties, pickling and dataclasses helpers (tests/unit/test_send_result_impl.py runs both)."""
 
 SPEEDUPS = _compiled.ENABLED
-"""Whether ``SendResult`` is the compiled one."""
+"""Whether ``Message`` and ``SendResult`` are the compiled ones."""
+
+
+def _adopt(compiled: type, reference: type, names: tuple[str, ...]) -> type:
+    """``compiled``, given what the dataclass ``reference`` adds on top of its fields: its properties, the dataclasses
+    metadata (``fields``, ``asdict``, ``replace`` and ``match`` read it) and ``names``; the reference is renamed
+    ``_Py<Name>`` so that its own instances pickle by a name that is theirs."""
+    for name in ("__dataclass_fields__", "__dataclass_params__", "__match_args__", *names):
+        setattr(compiled, name, reference.__dict__[name])
+    reference.__qualname__ = reference.__name__ = "_Py" + reference.__name__
+    return compiled
+
 
 if not TYPE_CHECKING and _compiled.speedups is not None:
-    # The compiled type holds the seven fields in a form the cyclic GC does not track for a success: a window of tens
-    # of thousands of live results no longer makes full collections (docs/compiled.md). What the dataclass adds on
-    # top (its properties, the dataclasses metadata) is given to the type here, from the dataclass itself.
-    SendResult = _compiled.speedups.SendResult
-    for _name in ("partition_id", "message_id_hex", "__dataclass_fields__", "__dataclass_params__", "__match_args__"):
-        setattr(SendResult, _name, _PySendResult.__dict__[_name])
-    _PySendResult.__qualname__ = _PySendResult.__name__ = "_PySendResult"  # pickled by its own name
+    # The compiled Message owns its thirteen fields: Message(...) is one C call instead of the dataclass's __init__
+    # (docs/compiled.md). __slots__ names them, so copy and pickle take the dataclass's path (object's reduce, state
+    # (None, {field: value})); __annotations__ and __doc__ are what typing.get_type_hints and help() read.
+    Message = _adopt(_compiled.speedups.Message, _PyMessage,
+                     ("partition_id", "__slots__", "__annotations__", "__doc__"))
+    # The compiled SendResult holds the seven fields in a form the cyclic GC does not track for a success: a window of
+    # tens of thousands of live results no longer makes full collections (docs/compiled.md).
+    SendResult = _adopt(_compiled.speedups.SendResult, _PySendResult, ("partition_id", "message_id_hex"))
