@@ -306,9 +306,6 @@ class Producer(Transactions):
         values = items if isinstance(items, (list, tuple)) else list(items)
         if not values:
             return BatchSendResult(topic, [])
-        if any(type(v) is Message and (v.deliver_at is not None or v.delay_ms is not None) for v in values):
-            raise InvalidArgument("send_batch does not take delayed messages (deliver_at / delay_ms); send them "
-                                  "with send or send_async")
         chunks = self._chunk(topic, values)
         target: Partition | None = None
         if partition is not None:
@@ -443,6 +440,9 @@ class Producer(Transactions):
                     raise InvalidArgument("send_batch items must be all bytes or all Message, not a mix")
                 if item.topic != topic:
                     raise InvalidArgument(f"send_batch to {topic!r} got a message for topic {item.topic!r}")
+                if item.deliver_at is not None or item.delay_ms is not None:
+                    raise InvalidArgument("send_batch does not take delayed messages (deliver_at / delay_ms); send "
+                                          "them with send or send_async")
                 sizes.append(record_size(item))
         else:
             # Plain payloads: the common bulk case, so the per-item work stays in C (map, max, accumulate).

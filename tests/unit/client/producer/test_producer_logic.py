@@ -63,6 +63,12 @@ def test_bad_topics_and_non_messages_raise() -> None:
             await p.send_batch("t", [Message("t", b"a"), Message("u", b"b")])
         with pytest.raises(InvalidArgument, match="item 0 is str"):
             await p.send_batch("t", ["text"])  # type: ignore[list-item]
+        for later in (Message("t", b"c", delay_ms=1000), Message("t", b"c", deliver_at=2_000_000_000_000)):
+            with pytest.raises(InvalidArgument, match="does not take delayed messages"):
+                await p.send_batch("t", [Message("t", b"a"), Message("t", b"b"), later])
+        with pytest.raises(InvalidArgument, match="all bytes or all Message"):
+            await p.send_batch("t", [b"a", Message("t", b"b", delay_ms=1000)])
+        assert p.buffered_bytes == 0
 
     with_producer(check)
 
