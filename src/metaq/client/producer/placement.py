@@ -34,7 +34,7 @@ from metaq.client.producer.sender import Sender
 from metaq.client.selectors import RoundRobinSelector
 from metaq.errors import DeliveryTimeoutError, InvalidArgument, MetaqError, PartitionClosedError
 from metaq.protocol.messages import ANY_PARTITION
-from metaq.protocol.records import RECORD_OVERHEAD_BYTES
+from metaq.protocol.records import HEADER_BYTES, RECORD_OVERHEAD_BYTES
 from metaq.types import Message, SendResult
 
 DEFERRED_MAX = 1024
@@ -68,6 +68,8 @@ class Placement:
         self._delivery_s = config.delivery_timeout_ms / 1000.0
         self.acc = Accumulator(batch_bytes=config.batch_bytes, max_message_bytes=config.max_message_bytes,
                                delivery_timeout_s=self._delivery_s, clock=self._loop.time)
+        self._opens_for = min(config.max_message_bytes, config.batch_bytes - HEADER_BYTES)
+        """The largest record :meth:`place_one` opens a batch for (a larger one: :meth:`join` decides)."""
         self._reroutable = bool(getattr(selector, "reroutable", False))
         """Round robin, sticky and random choose among the partitions reachable now; key hash and custom
         selectors over the key space (metaq.client.routing, docs/producer.md)."""
@@ -144,10 +146,10 @@ class Placement:
     def place_one(self, topic: str, data: bytes, stamp: int, waiter: Any, size: int, acks: int,
                   message: Message | None = None) -> None:
         """A checked plain message (no key, attribute, headers or delay) under the round robin, which does not look
-        at it: the common case -- a kept topic, the partition's open batch plain with room for it -- joins it in one
-        call (:meth:`ProducerBatch.append`) without a Message object; the rest goes through :meth:`join` (or the
-        general path when the topic is not kept, or the round robin refuses). The run's direct case calls it
-        (plain_run.py); the run was placed before, so the order of sends holds."""
+        at it. The common case -- a kept topic, the partition's open batch plain with room for it, or no batch open
+        there -- joins it in one call (:meth:`ProducerBatch.append`) without a Message object; the rest goes through
+        :meth:`join` (or the general path when the topic is not kept, or the round robin refuses). The run's direct
+        case calls it (plain_run.py); the run was placed before, so the order of sends holds."""
         partitions = self.hot.get(topic)
         if partitions is not None:
             try:
@@ -158,6 +160,8 @@ class Placement:
                 key = (topic, p.partition, p.broker_id, acks)
                 acc = self.acc
                 batch = acc.batches.get(key)
+                if batch is None and size <= self._opens_for:
+                    batch = self._open(key)
                 if batch is not None and batch.plain and batch.size_bytes + size <= acc.batch_bytes:
                     self._buffer.used += size
                     batch.append(stamp, data, waiter, size)
