@@ -8,9 +8,11 @@
  * The contract, for everything in this file:
  *  - A function is pure: bytes, buffers and plain values (ints, tuples, lists of bytes) in; bytes, ints and
  *    tuples out. It may decline (return None) a case it does not cover; its caller then runs the reference.
- *  - A type owns its state and has a method API of its own (Message, SendResult, MessageBuilder, PlainRun). It
- *    reaches other Python objects only through their public protocols: calls, the buffer and iterator protocols, a
- *    class's attribute descriptors. Nothing here reads or writes another object's private attributes or memory layout.
+ *  - A type owns its state and has a method API of its own (Message, SendResult, MessageBuilder, PlainRun,
+ *    PlainColumns). It reaches other Python objects only through their public protocols: calls, the buffer and
+ *    iterator protocols, a class's attribute descriptors. Nothing here reads or writes another object's private
+ *    attributes or memory layout (a Python subclass of a type here, as ProducerBatch of PlainColumns, adds slots of
+ *    its own that this code never touches).
  *  - Each has ONE plain Python reference, written to be read, which is what metaq runs without this module (not
  *    built, or METAQ_NO_EXTENSIONS=1; metaq/_compiled.py is the one importer). Tests hold the two to the same
  *    results, and CI runs the unit tests both ways. docs/compiled.md lists each piece beside its reference.
