@@ -8,9 +8,11 @@
  * The contract, for everything in this file:
  *  - A function is pure: bytes, buffers and plain values (ints, tuples, lists of bytes) in; bytes, ints and
  *    tuples out. It may decline (return None) a case it does not cover; its caller then runs the reference.
- *  - A type owns its state and has a method API of its own (Message, SendResult, MessageBuilder, PlainRun). It
- *    reaches other Python objects only through their public protocols: calls, the buffer and iterator protocols, a
- *    class's attribute descriptors. Nothing here reads or writes another object's private attributes or memory layout.
+ *  - A type owns its state and has a method API of its own (Message, SendResult, MessageBuilder, PlainRun,
+ *    PlainColumns). It reaches other Python objects only through their public protocols: calls, the buffer and
+ *    iterator protocols, a class's attribute descriptors. Nothing here reads or writes another object's private
+ *    attributes or memory layout (a Python subclass of a type here, as ProducerBatch of PlainColumns, adds slots of
+ *    its own that this code never touches).
  *  - Each has ONE plain Python reference, written to be read, which is what metaq runs without this module (not
  *    built, or METAQ_NO_EXTENSIONS=1; metaq/_compiled.py is the one importer). Tests hold the two to the same
  *    results, and CI runs the unit tests both ways. docs/compiled.md lists each piece beside its reference.
@@ -1675,10 +1677,11 @@ stamp_prefix(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * plain_run.PlainRunPy)
  *
  * The producer's run of plain messages deferred to the end of an event-loop step (docs/producer.md, "The compiled
- * seam"): add_async / add_oneway check a message, count its bytes and keep its payload, timestamp and future in
- * lists this object owns; take() hands the run to the placement. What it is given it reaches through public
- * protocols only: the message class's attribute descriptors (read once, as MessageBuilder does), `in` on the topic
- * set, the buffer's `used` and `limit` attributes, and calls. The reference's docstring is the specification;
+ * seam"): add_async / add_oneway check a message and make its future; a deferred topic's message has its bytes
+ * counted and its payload, timestamp and future kept in lists this object owns (take() hands the run to the
+ * placement), a direct topic's goes to place_one at once. What it is given it reaches through public protocols
+ * only: the message class's attribute descriptors (read once, as MessageBuilder does), `in` on the topic
+ * containers, the buffer's `used` and `limit` attributes, and calls. The reference's docstring is the specification;
  * tests/unit/client/producer/test_plain_run.py holds the two to the same runs. */
 
 enum { P_TOPIC, P_DATA, P_KEY, P_ATTRIBUTE, P_HEADERS, P_TIMESTAMP_MS, P_DELIVER_AT, P_DELAY_MS, N_PLAIN_FIELDS };
@@ -1691,7 +1694,7 @@ typedef struct {
     PyObject_HEAD
     PyTypeObject *cls;
     PyObject *getters[N_PLAIN_FIELDS];  /* each field's data descriptor, from the class */
-    PyObject *topics, *buffer, *create_future, *on_start, *on_flush;
+    PyObject *topics, *direct, *buffer, *create_future, *on_start, *on_flush, *place_one;
     long long acks, max_message_bytes, capacity, record_overhead;
     /* the run */
     PyObject *topic;      /* "" while empty */
@@ -1711,6 +1714,8 @@ PlainRun_traverse(PlainRunObject *self, visitproc visit, void *arg)
         Py_VISIT(self->getters[i]);
     }
     Py_VISIT(self->topics);
+    Py_VISIT(self->direct);
+    Py_VISIT(self->place_one);
     Py_VISIT(self->buffer);
     Py_VISIT(self->create_future);
     Py_VISIT(self->on_start);
@@ -1730,6 +1735,8 @@ PlainRun_clear(PlainRunObject *self)
         Py_CLEAR(self->getters[i]);
     }
     Py_CLEAR(self->topics);
+    Py_CLEAR(self->direct);
+    Py_CLEAR(self->place_one);
     Py_CLEAR(self->buffer);
     Py_CLEAR(self->create_future);
     Py_CLEAR(self->on_start);
@@ -1771,20 +1778,22 @@ run_reset(PlainRunObject *self)
 static PyObject *
 PlainRun_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    PyObject *cls, *topics, *buffer, *create_future, *on_start, *on_flush;
+    PyObject *cls, *topics, *direct, *buffer, *create_future, *on_start, *on_flush, *place_one;
     long long acks, max_message_bytes, capacity, record_overhead;
     if (kwds != NULL && PyDict_GET_SIZE(kwds) != 0) {
         PyErr_SetString(PyExc_TypeError, "PlainRun takes no keyword arguments");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "O!OOOOOLLLL:PlainRun", &PyType_Type, &cls, &topics, &buffer, &create_future,
-                          &on_start, &on_flush, &acks, &max_message_bytes, &capacity, &record_overhead)) {
+    if (!PyArg_ParseTuple(args, "O!OOOOOOOLLLL:PlainRun", &PyType_Type, &cls, &topics, &direct, &buffer,
+                          &create_future, &on_start, &on_flush, &place_one, &acks, &max_message_bytes, &capacity,
+                          &record_overhead)) {
         return NULL;
     }
     if (!PyAnySet_Check(topics) || !PyCallable_Check(create_future) || !PyCallable_Check(on_start)
-            || !PyCallable_Check(on_flush)) {
-        PyErr_SetString(PyExc_TypeError, "PlainRun(message_class, topics: set, buffer, create_future, on_start, "
-                        "on_flush, acks, max_message_bytes, capacity, record_overhead): the three hooks are callables");
+            || !PyCallable_Check(on_flush) || !PyCallable_Check(place_one)) {
+        PyErr_SetString(PyExc_TypeError, "PlainRun(message_class, topics: set, direct, buffer, create_future, "
+                        "on_start, on_flush, place_one, acks, max_message_bytes, capacity, record_overhead): the four "
+                        "hooks are callables");
         return NULL;
     }
     PlainRunObject *self = PyObject_GC_New(PlainRunObject, type);
@@ -1794,6 +1803,8 @@ PlainRun_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->cls = (PyTypeObject *)Py_NewRef(cls);
     memset(self->getters, 0, sizeof(self->getters));
     self->topics = Py_NewRef(topics);
+    self->direct = Py_NewRef(direct);
+    self->place_one = Py_NewRef(place_one);
     self->buffer = Py_NewRef(buffer);
     self->create_future = Py_NewRef(create_future);
     self->on_start = Py_NewRef(on_start);
@@ -1876,7 +1887,10 @@ run_add(PlainRunObject *self, PyObject *msg, long long acks, int with_future, Py
                  || (PyTuple_CheckExact(headers) && PyTuple_GET_SIZE(headers) == 0))) {
         goto done;  /* another case (an empty headers container of another kind included): the general path */
     }
-    int kept = PySet_Contains(self->topics, f[P_TOPIC]);
+    int kept = PySet_Contains(self->topics, f[P_TOPIC]), direct = 0;
+    if (kept == 0) {
+        kept = direct = PySequence_Contains(self->direct, f[P_TOPIC]);
+    }
     if (kept <= 0) {
         rc = kept;
         goto done;
@@ -1899,6 +1913,42 @@ run_add(PlainRunObject *self, PyObject *msg, long long acks, int with_future, Py
         goto done;
     }
     rc = -1;  /* from here on the message is taken, or an error is raised */
+    if (direct) {  /* placed at once, after the run so far (sends keep their order) */
+        if (with_future) {
+            waiter = PyObject_CallNoArgs(self->create_future);
+            if (waiter == NULL) {
+                goto done;
+            }
+        }
+        if (PyList_GET_SIZE(self->values) > 0) {
+            if (call_hook(self->on_flush) == NULL) {
+                goto done;
+            }
+            if (PyList_GET_SIZE(self->values) > 0) {
+                PyErr_SetString(PyExc_RuntimeError, "PlainRun: on_flush did not take the run");
+                goto done;
+            }
+        }
+        PyObject *size_obj = PyLong_FromLongLong(size), *acks_obj = PyLong_FromLongLong(acks);
+        if (size_obj == NULL || acks_obj == NULL) {
+            Py_XDECREF(size_obj);
+            Py_XDECREF(acks_obj);
+            goto done;
+        }
+        PyObject *call[6] = {f[P_TOPIC], f[P_DATA], f[P_TIMESTAMP_MS], waiter != NULL ? waiter : Py_None, size_obj,
+                             acks_obj};
+        PyObject *r = PyObject_Vectorcall(self->place_one, call, 6, NULL);
+        Py_DECREF(size_obj);
+        Py_DECREF(acks_obj);
+        if (r == NULL) {
+            goto done;
+        }
+        Py_DECREF(r);
+        rc = 1;
+        *waiter_out = waiter;
+        waiter = NULL;
+        goto done;
+    }
     int called = 0;
     if (PyList_GET_SIZE(self->values) > 0) {
         int same = PyUnicode_Compare(f[P_TOPIC], self->topic);
@@ -2047,8 +2097,8 @@ static PySequenceMethods PlainRun_as_sequence = {
 static PyTypeObject PlainRun_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "metaq._speedups.PlainRun",
-    .tp_doc = "PlainRun(message_class, topics, buffer, create_future, on_start, on_flush, acks, max_message_bytes,\n"
-              "capacity, record_overhead): the producer's deferred run of plain messages (reference:\n"
+    .tp_doc = "PlainRun(message_class, topics, direct, buffer, create_future, on_start, on_flush, place_one, acks,\n"
+              "max_message_bytes, capacity, record_overhead): the producer's deferred run of plain messages (reference:\n"
               "metaq.client.producer.plain_run.PlainRunPy).",
     .tp_basicsize = sizeof(PlainRunObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
@@ -2058,6 +2108,266 @@ static PyTypeObject PlainRun_Type = {
     .tp_clear = (inquiry)PlainRun_clear,
     .tp_methods = PlainRun_methods,
     .tp_as_sequence = &PlainRun_as_sequence,
+};
+
+/* ---------------------------------------------------------------- PlainColumns (reference: metaq.client.producer.
+ * columns.PlainColumnsPy)
+ *
+ * An open batch's plain columns: payloads, timestamps and waiters of its records (lists this object owns), their
+ * count and the batch's bytes. append() and extend() are the only ways a record joins a batch; the encoder and
+ * the results read the lists it hands out (read-only attributes). ProducerBatch (a Python class) subclasses it, so
+ * a plain send joins its batch in one C call. The reference's docstrings are the specification;
+ * tests/unit/client/producer/test_plain_columns.py holds the two to the same results and errors. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *values, *timestamps, *waiters;
+    PyObject *created_ms;  /* an int: the timestamp of a record given a negative one */
+    Py_ssize_t count, size_bytes;
+} PlainColumnsObject;
+
+static PyTypeObject PlainColumns_Type;
+
+static int
+PlainColumns_traverse(PlainColumnsObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->values);
+    Py_VISIT(self->timestamps);
+    Py_VISIT(self->waiters);
+    Py_VISIT(self->created_ms);
+    return 0;
+}
+
+static int
+PlainColumns_clear(PlainColumnsObject *self)
+{
+    Py_CLEAR(self->values);
+    Py_CLEAR(self->timestamps);
+    Py_CLEAR(self->waiters);
+    Py_CLEAR(self->created_ms);
+    return 0;
+}
+
+static void
+PlainColumns_dealloc(PlainColumnsObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    PlainColumns_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Empty columns: new lists, no records. 0, or -1 with an exception set. */
+static int
+columns_reset(PlainColumnsObject *self)
+{
+    PyObject *values = PyList_New(0), *timestamps = PyList_New(0), *waiters = PyList_New(0);
+    if (values == NULL || timestamps == NULL || waiters == NULL) {
+        Py_XDECREF(values);
+        Py_XDECREF(timestamps);
+        Py_XDECREF(waiters);
+        return -1;
+    }
+    Py_XSETREF(self->values, values);
+    Py_XSETREF(self->timestamps, timestamps);
+    Py_XSETREF(self->waiters, waiters);
+    self->count = 0;
+    return 0;
+}
+
+static PyObject *
+PlainColumns_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObject *Py_UNUSED(kwds))
+{
+    /* the arguments are __init__'s (a subclass's own, for ProducerBatch) */
+    PlainColumnsObject *self = (PlainColumnsObject *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->created_ms = PyLong_FromLong(0);
+    if (self->created_ms == NULL || columns_reset(self) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->size_bytes = 0;
+    return (PyObject *)self;
+}
+
+static int
+PlainColumns_init(PlainColumnsObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"created_ms", "size_bytes", NULL};
+    PyObject *created_ms, *size_bytes;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:PlainColumns", kwlist, &created_ms, &size_bytes)) {
+        return -1;
+    }
+    if (!PyLong_CheckExact(created_ms) || !PyLong_CheckExact(size_bytes)) {
+        PyErr_SetString(PyExc_TypeError, "PlainColumns(created_ms: int, size_bytes: int)");
+        return -1;
+    }
+    Py_ssize_t size = PyLong_AsSsize_t(size_bytes);
+    if (size == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (columns_reset(self) < 0) {
+        return -1;
+    }
+    Py_SETREF(self->created_ms, Py_NewRef(created_ms));
+    self->size_bytes = size;
+    return 0;
+}
+
+/* An exact int's sign: 1 (>= 0), 0 (< 0). */
+static int
+not_negative(PyObject *v)
+{
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    return overflow ? overflow > 0 : x >= 0;
+}
+
+static PyObject *
+PlainColumns_append(PlainColumnsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    /* append(timestamp_ms, value, waiter, size) -> None */
+    if (nargs != 4 || !PyLong_CheckExact(args[0]) || !PyLong_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "PlainColumns.append(timestamp_ms: int, value, waiter, size: int)");
+        return NULL;
+    }
+    Py_ssize_t size = PyLong_AsSsize_t(args[3]);
+    if (size == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *stamp = not_negative(args[0]) ? args[0] : self->created_ms;
+    if (PyList_Append(self->values, args[1]) < 0 || PyList_Append(self->timestamps, stamp) < 0
+            || PyList_Append(self->waiters, args[2]) < 0) {
+        return NULL;
+    }
+    self->count += 1;
+    self->size_bytes += size;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+PlainColumns_extend(PlainColumnsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    /* extend(values, timestamps or None, waiters, size) -> None: checked whole before anything joins */
+    if (nargs != 4 || !PyLong_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "PlainColumns.extend(values, timestamps, waiters, size: int)");
+        return NULL;
+    }
+    Py_ssize_t size = PyLong_AsSsize_t(args[3]);
+    if (size == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *values = NULL, *waiters = NULL, *given = NULL, *stamps = NULL, *result = NULL;
+    values = PySequence_Fast(args[0], "PlainColumns.extend: values must be iterable");
+    if (values == NULL) {
+        goto done;
+    }
+    waiters = PySequence_Fast(args[2], "PlainColumns.extend: waiters must be iterable");
+    if (waiters == NULL) {
+        goto done;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(values);
+    if (args[1] == Py_None) {
+        stamps = PyList_New(n);
+        if (stamps == NULL) {
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyList_SET_ITEM(stamps, i, Py_NewRef(self->created_ms));
+        }
+    }
+    else {
+        given = PySequence_Fast(args[1], "PlainColumns.extend: timestamps must be iterable");
+        if (given == NULL) {
+            goto done;
+        }
+        Py_ssize_t m = PySequence_Fast_GET_SIZE(given);
+        PyObject **items = PySequence_Fast_ITEMS(given);
+        for (Py_ssize_t i = 0; i < m; i++) {
+            if (!PyLong_CheckExact(items[i])) {
+                PyErr_SetString(PyExc_TypeError, "PlainColumns.extend: a timestamp is not an int");
+                goto done;
+            }
+        }
+        stamps = PyList_New(m);
+        if (stamps == NULL) {
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < m; i++) {
+            PyList_SET_ITEM(stamps, i, Py_NewRef(not_negative(items[i]) ? items[i] : self->created_ms));
+        }
+    }
+    if (PyList_GET_SIZE(stamps) != n || PySequence_Fast_GET_SIZE(waiters) != n) {
+        PyErr_SetString(PyExc_ValueError, "PlainColumns.extend: values, timestamps and waiters of different lengths");
+        goto done;
+    }
+    Py_ssize_t v = PyList_GET_SIZE(self->values), t = PyList_GET_SIZE(self->timestamps);
+    Py_ssize_t w = PyList_GET_SIZE(self->waiters);
+    if (PyList_SetSlice(self->values, v, v, values) < 0 || PyList_SetSlice(self->timestamps, t, t, stamps) < 0
+            || PyList_SetSlice(self->waiters, w, w, waiters) < 0) {
+        goto done;
+    }
+    self->count += n;
+    self->size_bytes += size;
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(values);
+    Py_XDECREF(waiters);
+    Py_XDECREF(given);
+    Py_XDECREF(stamps);
+    return result;
+}
+
+static PyObject *
+PlainColumns_drop_payloads(PlainColumnsObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *values = PyList_New(0), *timestamps = PyList_New(0);
+    if (values == NULL || timestamps == NULL) {
+        Py_XDECREF(values);
+        Py_XDECREF(timestamps);
+        return NULL;
+    }
+    Py_SETREF(self->values, values);
+    Py_SETREF(self->timestamps, timestamps);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef PlainColumns_methods[] = {
+    {"append", (PyCFunction)(void (*)(void))PlainColumns_append, METH_FASTCALL,
+     "append(timestamp_ms, value, waiter, size) -> None: one record (a negative timestamp: the creation time)"},
+    {"extend", (PyCFunction)(void (*)(void))PlainColumns_extend, METH_FASTCALL,
+     "extend(values, timestamps or None, waiters, size) -> None: a run of records, in order"},
+    {"drop_payloads", (PyCFunction)PlainColumns_drop_payloads, METH_NOARGS,
+     "drop_payloads() -> None: the payloads and timestamps let go (the batch is encoded)"},
+    {NULL},
+};
+
+static PyMemberDef PlainColumns_members[] = {
+    {"values", T_OBJECT, offsetof(PlainColumnsObject, values), READONLY, "the records' payloads"},
+    {"timestamps", T_OBJECT, offsetof(PlainColumnsObject, timestamps), READONLY, "the records' timestamps"},
+    {"waiters", T_OBJECT, offsetof(PlainColumnsObject, waiters), READONLY, "what learns each record's result"},
+    {"created_ms", T_OBJECT, offsetof(PlainColumnsObject, created_ms), READONLY, "the batch's creation time"},
+    {"count", T_PYSSIZET, offsetof(PlainColumnsObject, count), 0, "the records"},
+    {"size_bytes", T_PYSSIZET, offsetof(PlainColumnsObject, size_bytes), 0, "the batch's bytes"},
+    {NULL},
+};
+
+static PyTypeObject PlainColumns_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "metaq._speedups.PlainColumns",
+    .tp_doc = "PlainColumns(created_ms, size_bytes): an open batch's payloads, timestamps and waiters, their count\n"
+              "and the batch's bytes (reference: metaq.client.producer.columns.PlainColumnsPy).",
+    .tp_basicsize = sizeof(PlainColumnsObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PlainColumns_new,
+    .tp_init = (initproc)PlainColumns_init,
+    .tp_dealloc = (destructor)PlainColumns_dealloc,
+    .tp_traverse = (traverseproc)PlainColumns_traverse,
+    .tp_clear = (inquiry)PlainColumns_clear,
+    .tp_free = PyObject_GC_Del,
+    .tp_methods = PlainColumns_methods,
+    .tp_members = PlainColumns_members,
 };
 
 /* ---------------------------------------------------------------- resolve_successes (reference: metaq.client.
@@ -2176,7 +2486,8 @@ PyMODINIT_FUNC
 PyInit__speedups(void)
 {
     if (PyType_Ready(&MessageBuilder_Type) < 0 || PyType_Ready(&BatchMessages_Type) < 0
-            || PyType_Ready(&PlainRun_Type) < 0) {
+            || PyType_Ready(&PlainRun_Type) < 0
+            || PyType_Ready(&PlainColumns_Type) < 0) {
         return NULL;
     }
     SendResult_Type = (PyTypeObject *)PyType_FromSpec(&SendResult_spec);
@@ -2213,7 +2524,8 @@ PyInit__speedups(void)
     if (PyModule_AddObjectRef(m, "SendResult", (PyObject *)SendResult_Type) < 0
             || PyModule_AddObjectRef(m, "Message", (PyObject *)Message_Type) < 0
             || PyModule_AddObjectRef(m, "MessageBuilder", (PyObject *)&MessageBuilder_Type) < 0
-            || PyModule_AddObjectRef(m, "PlainRun", (PyObject *)&PlainRun_Type) < 0) {
+            || PyModule_AddObjectRef(m, "PlainRun", (PyObject *)&PlainRun_Type) < 0
+            || PyModule_AddObjectRef(m, "PlainColumns", (PyObject *)&PlainColumns_Type) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,7 +1,7 @@
 # metaq._speedups (src/metaq/_speedups.c): what it holds, each beside its Python reference (docs/compiled.md).
 # Imported only by metaq._compiled.
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence, Set
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence, Set
 from typing import Any, TypeVar
 
 from metaq.types import Message as _Message
@@ -62,13 +62,28 @@ def stamp_prefix(header: tuple[int, ...], base_offset: int, base_message_id: int
 
 class PlainRun:
     """metaq.client.producer.plain_run.PlainRunPy: the producer's deferred run of plain messages."""
-    def __new__(cls, message_class: type[_Message], topics: Set[str], buffer: Any, create_future: Callable[[], Any],
-                on_start: Callable[[], object], on_flush: Callable[[], object], acks: int, max_message_bytes: int,
+    def __new__(cls, message_class: type[_Message], topics: Set[str], direct: Container[str], buffer: Any,
+                create_future: Callable[[], Any], on_start: Callable[[], object], on_flush: Callable[[], object],
+                place_one: Callable[[str, bytes, int, Any, int, int], object], acks: int, max_message_bytes: int,
                 capacity: int, record_overhead: int, /) -> PlainRun: ...
     def __len__(self) -> int: ...
     def add_async(self, message: Any, /) -> Any: ...
     def add_oneway(self, message: Any, /) -> bool: ...
     def take(self) -> tuple[str, int, list[bytes], list[int] | None, list[Any], int]: ...
+
+class PlainColumns:
+    """metaq.client.producer.columns.PlainColumnsPy: an open batch's plain columns (ProducerBatch's base)."""
+    values: list[bytes]
+    timestamps: list[int]
+    waiters: list[Any]
+    created_ms: int
+    count: int
+    size_bytes: int
+    def __init__(self, created_ms: int, size_bytes: int) -> None: ...
+    def append(self, timestamp_ms: int, value: bytes, waiter: Any, size: int, /) -> None: ...
+    def extend(self, values: Sequence[bytes], timestamps: Sequence[int] | None, waiters: Sequence[Any], size: int,
+               /) -> None: ...
+    def drop_payloads(self) -> None: ...
 
 def resolve_successes(waiters: list[Any], base_id: int, base_offset: int, partition: int, topic: str,
                       broker_id: int, /) -> None: ...

@@ -4,8 +4,9 @@ Pure logic, no event loop: time comes from the ``clock`` given, and the placemen
 :meth:`Accumulator.expired` when the earliest linger deadline passes. Each open batch belongs to one
 :data:`BatchKey` (topic, partition, broker, acks) and becomes exactly one produce frame.
 
-:meth:`ProducerBatch.add` (one record) and :meth:`ProducerBatch.extend` (a run of plain records,
-``send_async_many``) are the only places where a message joins a batch.
+:class:`ProducerBatch` is a subclass of the producer's :class:`~metaq.client.producer.columns.PlainColumns`, whose
+``append`` (one record) and ``extend`` (a run of plain records) are the only places where a message joins a batch;
+:meth:`ProducerBatch.add` keeps a record's key, attribute and headers beside them.
 
 A batch is sealed (taken out to be sent)
 
@@ -18,12 +19,12 @@ A batch is sealed (taken out to be sent)
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from metaq.client.producer.columns import PlainColumns
 from metaq.errors import InvalidArgument
 from metaq.protocol.delayed import mark_delayed
 from metaq.protocol.records import HEADER_BYTES, RECORD_OVERHEAD_BYTES, Compression, ProducerStamp, encode_columns
@@ -52,8 +53,9 @@ def size_of(value: bytes, key: bytes | None, attribute: str | None,
     return size
 
 
-class ProducerBatch:
-    """Records for one partition that will travel in one produce frame.
+class ProducerBatch(PlainColumns):
+    """Records for one partition that will travel in one produce frame: its plain columns (payloads, timestamps,
+    waiters, count, bytes) are its base class's (columns.py), keys, attributes and headers its own.
 
     ``waiters[i]`` is what learns the result of record ``i``: an asyncio future (send_async, send), None
     (one-way), or an int naming a ``send_async_many`` call's message (results.ManyTable).
@@ -66,8 +68,6 @@ class ProducerBatch:
         "attributes",
         "batch_waiter",
         "broker_id",
-        "count",
-        "created_ms",
         "delayed",
         "due_s",
         "error",
@@ -80,35 +80,30 @@ class ProducerBatch:
         "partition",
         "payload",
         "pinned",
+        "plain",
         "reported",
-        "size_bytes",
         "stamp",
         "stamped",
-        "timestamps",
         "topic",
         "tried",
-        "values",
-        "waiters",
     )
 
     def __init__(self, key: BatchKey, due_s: float, expires_s: float) -> None:
         self.key = key
         self.topic, self.partition, self.broker_id, self.acks = key[0], key[1], key[2], key[3]
         self.delayed = len(key) > 4
-        self.created_ms = int(time.time() * 1000)
+        super().__init__(int(time.time() * 1000), HEADER_BYTES)
         self.due_s = due_s
         """When its linger is up: it leaves then, full or not."""
         self.expires_s = expires_s
         """Its delivery deadline (``delivery_timeout_ms`` after its first message was sent): its result by then."""
-        self.values: list[bytes] = []
-        self.timestamps: list[int] = []
         self.keys: list[bytes | None] | None = None
         """None while no record of the batch has a key (likewise attributes and headers): the fast path."""
         self.attributes: list[str | None] | None = None
         self.headers: list[Sequence[tuple[str, bytes]] | None] | None = None
-        self.waiters: list[Any] = []
-        self.count = 0
-        self.size_bytes = HEADER_BYTES
+        self.plain = True
+        """No record has a key, attribute or headers (keys, attributes and headers are None): a plain record may
+        join through :meth:`append` alone."""
         self.payload: bytes | None = None
         self.batch_waiter: Any = None
         self.attempts = 0
@@ -142,53 +137,31 @@ class ProducerBatch:
 
     def add(self, timestamp_ms: int, value: bytes, key: bytes | None, attribute: str | None,
             headers: Sequence[tuple[str, bytes]] | None, waiter: Any, size: int) -> None:
-        """Append one record; a negative ``timestamp_ms`` means "now" (the batch's creation time,
-        read once per batch instead of once per message)."""
+        """Append one record, its key, attribute and headers included; a negative ``timestamp_ms`` means "now" (the
+        batch's creation time, read once per batch instead of once per message). A plain record of a plain batch
+        costs :meth:`append` alone."""
         i = self.count
-        self.values.append(value)
-        self.timestamps.append(timestamp_ms if timestamp_ms >= 0 else self.created_ms)
         if key is not None or self.keys is not None:
             if self.keys is None:
                 self.keys = [None] * i
+                self.plain = False
             self.keys.append(key)
         if attribute is not None or self.attributes is not None:
             if self.attributes is None:
                 self.attributes = [None] * i
+                self.plain = False
             self.attributes.append(attribute)
         if headers or self.headers is not None:
             if self.headers is None:
                 self.headers = [None] * i
+                self.plain = False
             self.headers.append(headers)
-        self.waiters.append(waiter)
-        self.count = i + 1
-        self.size_bytes += size
-
-    def extend(self, values: Sequence[bytes], timestamps: Sequence[int] | None, waiters: Sequence[Any],
-               size: int) -> None:
-        """Append a run of plain records (no key, attribute or headers; this batch has none either) of ``size``
-        bytes; ``timestamps`` None: each takes the batch's creation time, as a negative one does."""
-        assert self.keys is None and self.attributes is None and self.headers is None
-        created = self.created_ms
-        self.values.extend(values)
-        if timestamps is None:
-            self.timestamps.extend(itertools.repeat(created, len(values)))
-        else:
-            self.timestamps.extend([t if t >= 0 else created for t in timestamps])
-        self.waiters.extend(waiters)
-        self.count += len(values)
-        self.size_bytes += size
-
-    @property
-    def plain(self) -> bool:
-        """No record has a key, attribute or headers."""
-        return self.keys is None and self.attributes is None and self.headers is None
+        self.append(timestamp_ms, value, waiter, size)
 
     def absorb(self, other: ProducerBatch) -> None:
         """Take ``other``'s records after this batch's own (both unbuilt, same key): batches sealed while their
         partition could not be written travel as one frame instead of one frame each."""
         n, m = self.count, other.count
-        self.values.extend(other.values)
-        self.timestamps.extend(other.timestamps)
         if self.keys is not None or other.keys is not None:
             keys: list[bytes | None] = list(self.keys) if self.keys is not None else [None] * n
             keys.extend(other.keys if other.keys is not None else [None] * m)
@@ -202,9 +175,8 @@ class ProducerBatch:
                 list(self.headers) if self.headers is not None else [None] * n)
             headers.extend(other.headers if other.headers is not None else [None] * m)
             self.headers = headers
-        self.waiters.extend(other.waiters)
-        self.count = n + m
-        self.size_bytes += other.size_bytes - HEADER_BYTES
+        self.plain = self.plain and other.plain
+        self.extend(other.values, other.timestamps, other.waiters, other.size_bytes - HEADER_BYTES)
         self.expires_s = min(self.expires_s, other.expires_s)
 
     def build(self, compression: Compression) -> bytes:
@@ -213,7 +185,8 @@ class ProducerBatch:
                                           headers=self.headers, compression=compression)
             if self.delayed:
                 self.payload = mark_delayed(self.payload)
-            self.values, self.timestamps, self.keys, self.attributes, self.headers = [], [], None, None, None
+            self.drop_payloads()
+            self.keys, self.attributes, self.headers = None, None, None
         return self.payload
 
     def __repr__(self) -> str:

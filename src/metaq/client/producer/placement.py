@@ -34,7 +34,7 @@ from metaq.client.producer.sender import Sender
 from metaq.client.selectors import RoundRobinSelector
 from metaq.errors import DeliveryTimeoutError, InvalidArgument, MetaqError, PartitionClosedError
 from metaq.protocol.messages import ANY_PARTITION
-from metaq.protocol.records import RECORD_OVERHEAD_BYTES
+from metaq.protocol.records import HEADER_BYTES, RECORD_OVERHEAD_BYTES
 from metaq.types import Message, SendResult
 
 DEFERRED_MAX = 1024
@@ -68,6 +68,8 @@ class Placement:
         self._delivery_s = config.delivery_timeout_ms / 1000.0
         self.acc = Accumulator(batch_bytes=config.batch_bytes, max_message_bytes=config.max_message_bytes,
                                delivery_timeout_s=self._delivery_s, clock=self._loop.time)
+        self._opens_for = min(config.max_message_bytes, config.batch_bytes - HEADER_BYTES)
+        """The largest record :meth:`place_one` opens a batch for (a larger one: :meth:`join` decides)."""
         self._reroutable = bool(getattr(selector, "reroutable", False))
         """Round robin, sticky and random choose among the partitions reachable now; key hash and custom
         selectors over the key space (metaq.client.routing, docs/producer.md)."""
@@ -91,11 +93,12 @@ class Placement:
         self.defers = type(selector) is RoundRobinSelector
         """The default round robin: a plain message of a kept topic is placed with the others of its event-loop
         step, at the step's end (:meth:`defer`)."""
-        self.run = PlainRun(Message, self.deferrable, buffer, self._loop.create_future, self._run_started,
-                            self.place_deferred, config.acks, config.max_message_bytes, DEFERRED_MAX,
+        self.run = PlainRun(Message, self.deferrable, self.hot, buffer, self._loop.create_future, self._run_started,
+                            self.place_deferred, self.place_one, config.acks, config.max_message_bytes, DEFERRED_MAX,
                             RECORD_OVERHEAD_BYTES)
-        """The plain messages sent in this event-loop step (the round robin's, of a kept topic), placed at its end
-        (:meth:`place_deferred`): ``Producer.send_async`` and ``send_oneway`` hand them to it (plain_run.py)."""
+        """The round robin's plain messages of a kept topic: ``Producer.send_async`` and ``send_oneway`` hand them to
+        it (plain_run.py). A deferrable topic's are kept, placed at the end of the event-loop step
+        (:meth:`place_deferred`); another kept topic's are placed as they come (:meth:`place_one`)."""
         self._end_scheduled = False
         sender.on_idle = self._idle
         core.metadata.cache.listeners.add(self.end_hot)
@@ -120,32 +123,54 @@ class Placement:
     # -- where a message goes ----------------------------------------------------------------------
 
     def place(self, message: Message, waiter: Any, size: int, acks: int) -> None:
-        """Queue a checked message for its partition's batch; its buffer bytes are counted from here. The common
-        case -- a topic already looked up, the batch open at the selector's partition with room for it -- is
-        done right here; :meth:`join` does the rest."""
+        """Queue a checked message for its partition's batch; its buffer bytes are counted from here. A plain
+        message under the round robin takes :meth:`place_one`'s short path; :meth:`join` does the rest."""
         if self.run:  # the messages sent before this one go first
             self.place_deferred()
-        topic = message.topic
-        partitions = self.hot.get(topic)
+        if (self.defers and message.key is None and message.attribute is None and not message.headers
+                and message.deliver_at is None and message.delay_ms is None):
+            self.place_one(message.topic, message.data, message.timestamp_ms, waiter, size, acks, message)
+            return
+        self._place(message, waiter, size, acks)
+
+    def _place(self, message: Message, waiter: Any, size: int, acks: int) -> None:
+        partitions = self.hot.get(message.topic)
         if partitions is None:
             partitions = self._lookup(message, waiter, size, acks)
             if partitions is None:
                 return
         p = self._choose(message, partitions, waiter, size, acks, None)
-        if p is None:
-            return
-        key = (topic, p.partition, p.broker_id, acks)
-        acc = self.acc
-        batch = acc.batches.get(key)
-        if (batch is not None and batch.size_bytes + size <= acc.batch_bytes and message.deliver_at is None
-                and message.delay_ms is None):
-            self._buffer.used += size
-            batch.add(message.timestamp_ms, message.data, message.key, message.attribute, message.headers, waiter,
-                      size)
-            if batch.size_bytes >= acc.batch_bytes:
-                self._sender.dispatch(acc.batches.pop(key))
-            return
-        self.join(message, key, partitions, waiter, size, None)
+        if p is not None:
+            self.join(message, (message.topic, p.partition, p.broker_id, acks), partitions, waiter, size, None)
+
+    def place_one(self, topic: str, data: bytes, stamp: int, waiter: Any, size: int, acks: int,
+                  message: Message | None = None) -> None:
+        """A checked plain message (no key, attribute, headers or delay) under the round robin, which does not look
+        at it. The common case -- a kept topic, the partition's open batch plain with room for it, or no batch open
+        there -- joins it in one call (:meth:`ProducerBatch.append`) without a Message object; the rest goes through
+        :meth:`join` (or the general path when the topic is not kept, or the round robin refuses). The run's direct
+        case calls it (plain_run.py); the run was placed before, so the order of sends holds."""
+        partitions = self.hot.get(topic)
+        if partitions is not None:
+            try:
+                p: Partition | None = self.selector(topic, partitions, message)
+            except MetaqError:
+                p = None  # a refusal: the general path asks again and handles it
+            if p is not None:
+                key = (topic, p.partition, p.broker_id, acks)
+                acc = self.acc
+                batch = acc.batches.get(key)
+                if batch is None and size <= self._opens_for:
+                    batch = self._open(key)
+                if batch is not None and batch.plain and batch.size_bytes + size <= acc.batch_bytes:
+                    self._buffer.used += size
+                    batch.append(stamp, data, waiter, size)
+                    if batch.size_bytes >= acc.batch_bytes:
+                        self._sender.dispatch(acc.batches.pop(key))
+                    return
+                self.join(message or Message(topic, data, timestamp_ms=stamp), key, partitions, waiter, size, None)
+                return
+        self._place(message or Message(topic, data, timestamp_ms=stamp), waiter, size, acks)
 
     def _run_started(self) -> None:
         """A message started the deferred run (:attr:`run`): it is placed at the end of this event-loop step, with
@@ -180,7 +205,7 @@ class Placement:
                 except PartitionClosedError:  # every partition closed: nothing placed; each is held below
                     pass
             for data, stamp, waiter in zip(values, stamps or itertools.repeat(-1), waiters, strict=False):
-                self.place(Message(topic, data, timestamp_ms=stamp), waiter, RECORD_OVERHEAD_BYTES + len(data), acks)
+                self.place_one(topic, data, stamp, waiter, RECORD_OVERHEAD_BYTES + len(data), acks)
 
     def _end_of_step(self) -> None:
         """The end of the step the first deferred message was sent in: they are placed, and the batches due now

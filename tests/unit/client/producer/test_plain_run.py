@@ -34,6 +34,7 @@ OVERHEAD = 24
 MAX_MESSAGE = 200
 CAPACITY = 5
 KEPT = {"a", "b"}
+DIRECT = {"c": "partitions", "a": "partitions"}  # the placement's kept topics: a deferred one is deferred
 
 
 @dataclass
@@ -50,8 +51,8 @@ class Harness:
         self.buffer = Buffer(limit)
         self.futures = 0
         self.flush_takes = flush_takes
-        self.run = impl(Message, KEPT, self.buffer, self.create_future, self.on_start, self.on_flush, acks,
-                        MAX_MESSAGE, CAPACITY, OVERHEAD)
+        self.run = impl(Message, KEPT, DIRECT, self.buffer, self.create_future, self.on_start, self.on_flush,
+                        self.place_one, acks, MAX_MESSAGE, CAPACITY, OVERHEAD)
 
     def create_future(self) -> str:
         self.futures += 1
@@ -62,6 +63,10 @@ class Harness:
 
     def on_flush(self) -> None:
         self.log.append(("flush", self.run.take() if self.flush_takes else None))
+
+    def place_one(self, topic: str, data: bytes, stamp: int, waiter: Any, size: int, acks: int) -> None:
+        self.log.append(("place", topic, data, stamp, waiter, size, acks, len(self.run)))
+        self.buffer.used += size  # the placement counts a placed message's bytes
 
 
 def plain(topic: str = "a", data: bytes = b"x", **fields: Any) -> Message:
@@ -126,6 +131,23 @@ def test_what_is_not_the_common_case_is_declined_and_nothing_changes(impl: Any, 
 
 
 @pytest.mark.parametrize("impl", RUNS)
+def test_a_kept_topic_not_deferred_is_placed_at_once_after_the_run(impl: Any) -> None:
+    """The direct case (a topic sent to once per event-loop step): checked, its future made, the run so far placed
+    first, then the message handed to place_one, which counts its bytes."""
+    h = Harness(impl)
+    h.run.add_async(plain("a", b"1"))
+    h.log.clear()
+    assert h.run.add_async(plain("c", b"two", timestamp_ms=9)) == "future 2"
+    assert h.log == [("flush", ("a", 1, [b"1"], None, ["future 1"], OVERHEAD + 1)),
+                     ("place", "c", b"two", 9, "future 2", OVERHEAD + 3, 1, 0)]
+    assert h.run.add_oneway(plain("c", b"3"))
+    assert h.log[-1] == ("place", "c", b"3", -1, None, OVERHEAD + 1, 0, 0)
+    assert len(h.run) == 0 and h.buffer.used == 3 * OVERHEAD + 5 and h.futures == 2
+    assert h.run.add_async(plain("c", key=b"k")) is None  # not plain: the general path
+    assert h.run.add_oneway(plain("c", data=bytes(MAX_MESSAGE))) is False
+
+
+@pytest.mark.parametrize("impl", RUNS)
 def test_a_subclass_of_message_is_declined(impl: Any) -> None:
     class Mine(Message):
         __slots__ = ()
@@ -163,7 +185,8 @@ def test_a_hook_that_raises_propagates(impl: Any) -> None:
     def boom() -> None:
         raise ValueError("boom")
 
-    run = impl(Message, KEPT, Buffer(1000), boom, lambda: None, lambda: None, 1, MAX_MESSAGE, CAPACITY, OVERHEAD)
+    run = impl(Message, KEPT, DIRECT, Buffer(1000), boom, lambda: None, lambda: None, lambda *_: None, 1, MAX_MESSAGE,
+               CAPACITY, OVERHEAD)
     with pytest.raises(ValueError, match="boom"):
         run.add_async(plain())
 
@@ -177,8 +200,8 @@ def test_a_run_in_a_reference_cycle_is_collected(impl: Any) -> None:
             pass
 
     holder = Holder()
-    holder.run = impl(Message, KEPT, Buffer(1000), holder.hook, holder.hook, holder.hook, 1, MAX_MESSAGE,  # type: ignore[attr-defined]
-                      CAPACITY, OVERHEAD)
+    holder.run = impl(Message, KEPT, DIRECT, Buffer(1000), holder.hook, holder.hook, holder.hook,  # type: ignore[attr-defined]
+                      holder.hook, 1, MAX_MESSAGE, CAPACITY, OVERHEAD)
     holder.run.add_async(plain())  # type: ignore[attr-defined]
     gone = weakref.ref(holder)
     del holder
@@ -188,7 +211,7 @@ def test_a_run_in_a_reference_cycle_is_collected(impl: Any) -> None:
 
 # -- the compiled run is the reference's twin -----------------------------------------------------------------------
 
-topics = st.sampled_from(["a", "b", "elsewhere"])
+topics = st.sampled_from(["a", "b", "c", "elsewhere"])
 messages = st.builds(
     Message, topics, st.one_of(st.binary(max_size=MAX_MESSAGE), st.just(bytearray(b"ba"))),
     key=st.sampled_from([None, None, None, b"k"]), attribute=st.sampled_from([None, None, None, "at"]),
