@@ -124,10 +124,11 @@ class Placement:
 
     def place(self, message: Message, waiter: Any, size: int, acks: int) -> None:
         """Queue a checked message for its partition's batch; its buffer bytes are counted from here. A plain
-        message under the round robin takes :meth:`place_one`'s short path; :meth:`join` does the rest."""
+        message takes :meth:`place_one`'s short path (whatever the selector: it is given the message);
+        :meth:`join` does the rest."""
         if self.run:  # the messages sent before this one go first
             self.place_deferred()
-        if (self.defers and message.key is None and message.attribute is None and not message.headers
+        if (message.key is None and message.attribute is None and not message.headers
                 and message.deliver_at is None and message.delay_ms is None):
             self.place_one(message.topic, message.data, message.timestamp_ms, waiter, size, acks, message)
             return
@@ -145,10 +146,11 @@ class Placement:
 
     def place_one(self, topic: str, data: bytes, stamp: int, waiter: Any, size: int, acks: int,
                   message: Message | None = None) -> None:
-        """A checked plain message (no key, attribute, headers or delay) under the round robin, which does not look
-        at it. The common case -- a kept topic, the partition's open batch plain with room for it, or no batch open
-        there -- joins it in one call (:meth:`ProducerBatch.append`) without a Message object; the rest goes through
-        :meth:`join` (or the general path when the topic is not kept, or the round robin refuses). The run's direct
+        """A checked plain message (no key, attribute, headers or delay): ``message`` itself when the caller has one
+        (the selector is given it), else None, which only the round robin is given (it does not look at it). The
+        common case -- a kept topic, the partition's open batch plain with room for it, or no batch open there --
+        joins it in one call (:meth:`ProducerBatch.append`) without building a Message; the rest goes through
+        :meth:`join` (or the general path when the topic is not kept, or the selector refuses). The run's direct
         case calls it (plain_run.py); the run was placed before, so the order of sends holds."""
         partitions = self.hot.get(topic)
         if partitions is not None:
