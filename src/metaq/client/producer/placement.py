@@ -126,13 +126,19 @@ class Placement:
         """Queue a checked message for its partition's batch; its buffer bytes are counted from here. A plain
         message takes :meth:`place_one`'s short path (whatever the selector: it is given the message);
         :meth:`join` does the rest."""
-        if self.run:  # the messages sent before this one go first
-            self.place_deferred()
         if (message.key is None and message.attribute is None and not message.headers
                 and message.deliver_at is None and message.delay_ms is None):
-            self.place_one(message.topic, message.data, message.timestamp_ms, waiter, size, acks, message)
+            self.place_plain(message, waiter, size, acks)
             return
+        if self.run:  # the messages sent before this one go first
+            self.place_deferred()
         self._place(message, waiter, size, acks)
+
+    def place_plain(self, message: Message, waiter: Any, size: int, acks: int) -> None:
+        """:meth:`place` for a message the caller found plain (no key, attribute, headers or delay)."""
+        if self.run:  # the messages sent before this one go first
+            self.place_deferred()
+        self.place_one(message.topic, message.data, message.timestamp_ms, waiter, size, acks, message)
 
     def _place(self, message: Message, waiter: Any, size: int, acks: int) -> None:
         partitions = self.hot.get(message.topic)

@@ -63,6 +63,7 @@ class Producer(Transactions):
         self._sender = Sender(core, config, self.selector, self._buffer, self._manys)
         self._placement = Placement(core, config, self.selector, self._sender, self._buffer, self._manys)
         self._place = self._placement.place
+        self._place_plain = self._placement.place_plain
         self._defers = self._placement.defers
         self._run_async = self._placement.run.add_async
         self._run_oneway = self._placement.run.add_oneway
@@ -170,10 +171,12 @@ class Producer(Transactions):
             size = RECORD_OVERHEAD_BYTES + len(message.data)
             if size > self.config.max_message_bytes:
                 size = self._check(message)  # raises
+            place = self._place_plain
         else:
             if self._tx is not None:
                 self._not_in_transaction("send_async")
             size = self._check(message)
+            place = self._place
         fut: asyncio.Future[SendResult] = self._create_future()
         if callback is not None:
             fut.add_done_callback(lambda f: None if f.cancelled() else callback(f.result()))
@@ -183,10 +186,10 @@ class Producer(Transactions):
             return fut
         acks = self.config.acks
         if acks == 0:
-            self._place(message, None, size, 0)
+            place(message, None, size, 0)
             fut.set_result(self._oneway_result(message.topic))
         else:
-            self._place(message, fut, size, acks)
+            place(message, fut, size, acks)
         return fut
 
     def send_oneway(self, message: Message) -> SendResult:
@@ -206,14 +209,16 @@ class Producer(Transactions):
             size = RECORD_OVERHEAD_BYTES + len(message.data)
             if size > self.config.max_message_bytes:
                 size = self._check(message)  # raises
+            place = self._place_plain
         else:
             if self._tx is not None:
                 self._not_in_transaction("send_oneway")
             size = self._check(message)
+            place = self._place
         buffer = self._buffer
         if buffer.used + size > buffer.limit and buffer.used:
             return SendResult(False, error=self._full(), topic=message.topic)
-        self._place(message, None, size, 0)
+        place(message, None, size, 0)
         result = self._oneway_ok.get(message.topic)
         return result if result is not None else self._oneway_result(message.topic)
 
