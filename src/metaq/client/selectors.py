@@ -4,7 +4,8 @@ A selector is any callable ``(topic, partitions, message) -> Partition``. ``part
 partition of the topic the client knows, ordered by (broker id, partition), closed ones included
 (``Partition.accept_publish`` says which are open): for a selector with ``reroutable`` the ones reachable
 now, for any other the topic's key space (those whose broker cannot be reached now included). The producer
-calls it once per message on the sending task, so it must be fast and must not block.
+calls it once per message on the sending task (fewer times when the selector allows a shortcut:
+``reads_message``, ``stays``, below), so it must be fast and must not block.
 
 * :class:`RoundRobinSelector` (the default): the open partitions in order, from the start again after
   the last, as MetaQ's producer walks its sorted partition list.
@@ -44,7 +45,15 @@ class PartitionSelector(Protocol):
 
     ``batch_done(topic, broker_id, partition)`` (optional method): the producer calls it when a batch of
     ``topic`` leaves for that partition, or when the next message would not fit into the batch open there
-    (and then asks the selector again for that message). Sticky selectors move on when it is called."""
+    (and then asks the selector again for that message). Sticky selectors move on when it is called.
+
+    ``stays`` (optional attribute, False when absent; with ``batch_done``): True says the choice for a topic stays
+    the same until ``batch_done`` is called for that partition or the ``partitions`` passed change, so the
+    producer may put a topic's messages where the selector last put them without asking it again.
+
+    ``reads_message`` (optional attribute, True when absent): False says the choice never depends on the
+    message, so the producer may pass None for it (a plain message of a kept topic then goes from the send
+    call to its batch without a Message being looked at again)."""
 
     def __call__(self, topic: str, partitions: Sequence[Partition], message: Message) -> Partition: ...
 
@@ -111,6 +120,7 @@ class RoundRobinSelector:
 
     __slots__ = ("_rotations",)
     reroutable: ClassVar[bool] = True
+    reads_message: ClassVar[bool] = False
 
     def __init__(self) -> None:
         # topic -> its rotation. Metadata hands out the same partitions tuple until it refreshes, so the
@@ -150,6 +160,8 @@ class StickyRoundRobinSelector:
 
     __slots__ = ("_counters", "_current", "_open")
     reroutable: ClassVar[bool] = True
+    reads_message: ClassVar[bool] = False
+    stays: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self._counters: dict[str, int] = {}
@@ -182,6 +194,7 @@ class RandomSelector:
 
     __slots__ = ("_rng",)
     reroutable: ClassVar[bool] = True
+    reads_message: ClassVar[bool] = False
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng or random.Random()

@@ -62,64 +62,48 @@ class ProducerBatch(PlainColumns):
     A batch from ``send_batch`` has ``payload`` built up front and a single ``batch_waiter`` instead.
     """
 
-    __slots__ = (
-        "acks",
-        "attempts",
-        "attributes",
-        "batch_waiter",
-        "broker_id",
-        "delayed",
-        "due_s",
-        "error",
-        "expires_s",
-        "headers",
-        "key",
-        "keys",
-        "maybe_written",
-        "order",
-        "partition",
-        "payload",
-        "pinned",
-        "plain",
-        "reported",
-        "stamp",
-        "stamped",
-        "topic",
-        "tried",
-    )
+    __slots__ = ("__dict__", "acks", "broker_id", "due_s", "expires_s", "key", "order", "partition", "payload", "plain",
+                 "reported", "stamp", "stamped", "topic")
+
+    # What most batches keep as it is: a class-level default, the batch's own value only once one is set (in its
+    # __dict__, made then), so opening a batch -- once per batch at low rates -- sets only the fields above.
+    delayed: bool = False
+    """Its messages are delayed (the key's fifth field): attribute bit 7 is set when it is built."""
+    keys: list[bytes | None] | None = None
+    """None while no record of the batch has a key (likewise attributes and headers): the fast path."""
+    attributes: list[str | None] | None = None
+    headers: list[Sequence[tuple[str, bytes]] | None] | None = None
+    batch_waiter: Any = None
+    """A batch from send_batch: what learns the batch's result (the records have no waiters of their own)."""
+    attempts: int = 0
+    """Resends after a failure that may have stored it (what ``retries`` bounds)."""
+    maybe_written: bool = False
+    """An attempt may have stored it (it was written and its outcome is not a refusal)."""
+    error: BaseException | None = None
+    """The last failure met (a resend's cause; a delivery timeout names it)."""
+    pinned: bool = False
+    """The caller named the partition (send_batch(partition=...)): never moved to another one."""
+    tried: tuple[tuple[int, int], ...] = ()
+    """(broker id, partition) of the partitions this batch was moved away from (metaq.client.routing)."""
 
     def __init__(self, key: BatchKey, due_s: float, expires_s: float) -> None:
         self.key = key
         self.topic, self.partition, self.broker_id, self.acks = key[0], key[1], key[2], key[3]
-        self.delayed = len(key) > 4
-        super().__init__(int(time.time() * 1000), HEADER_BYTES)
+        if len(key) > 4:
+            self.delayed = True
+        _columns_init(self, time.time_ns() // 1_000_000, HEADER_BYTES)
         self.due_s = due_s
         """When its linger is up: it leaves then, full or not."""
         self.expires_s = expires_s
         """Its delivery deadline (``delivery_timeout_ms`` after its first message was sent): its result by then."""
-        self.keys: list[bytes | None] | None = None
-        """None while no record of the batch has a key (likewise attributes and headers): the fast path."""
-        self.attributes: list[str | None] | None = None
-        self.headers: list[Sequence[tuple[str, bytes]] | None] | None = None
         self.plain = True
         """No record has a key, attribute or headers (keys, attributes and headers are None): a plain record may
         join through :meth:`append` alone."""
         self.payload: bytes | None = None
-        self.batch_waiter: Any = None
-        self.attempts = 0
-        """Resends after a failure that may have stored it (what ``retries`` bounds)."""
-        self.maybe_written = False
-        """An attempt may have stored it (it was written and its outcome is not a refusal)."""
-        self.error: BaseException | None = None
-        """The last failure met (a resend's cause; a delivery timeout names it)."""
         self.reported = False
         """Its result was given (a batch in flight past its deadline stays in its lane until its request ends)."""
         self.order = 0
         """Its place in its lane's send order (lanes.Lane)."""
-        self.pinned = False
-        """The caller named the partition (send_batch(partition=...)): never moved to another one."""
-        self.tried: tuple[tuple[int, int], ...] = ()
-        """(broker id, partition) of the partitions this batch was moved away from (metaq.client.routing)."""
         self.stamp: ProducerStamp | None = None
         """Idempotent producer: the producer id, epoch and first sequence given at the batch's first write."""
         self.stamped: bytes | None = None
@@ -186,13 +170,17 @@ class ProducerBatch(PlainColumns):
             if self.delayed:
                 self.payload = mark_delayed(self.payload)
             self.drop_payloads()
-            self.keys, self.attributes, self.headers = None, None, None
+            if not self.plain:
+                self.keys, self.attributes, self.headers = None, None, None
         return self.payload
 
     def __repr__(self) -> str:
         return (f"<ProducerBatch {self.topic}-{self.partition}@{self.broker_id} {self.count} records "
                 f"{self.size_bytes} bytes>")
 
+
+_columns_init = PlainColumns.__init__
+"""The columns' own __init__, called directly (cheaper than through super())."""
 
 _NONE: tuple[ProducerBatch, ...] = ()
 

@@ -129,7 +129,7 @@ class Lane:
         """``batch`` was stored. Returns the batches to send again that can no longer be stored in order (they
         came before it): they fail."""
         self._take_out(batch)
-        return [] if self.checked else self._before(batch.order)
+        return self._before(batch.order) if self.resend and not self.checked else []
 
     def failed(self, batch: ProducerBatch, *, resend: bool, restart: bool = False) -> list[ProducerBatch]:
         """``batch`` failed (``batch.maybe_written`` says whether it may be stored); ``resend``: it goes again

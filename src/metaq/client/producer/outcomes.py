@@ -103,12 +103,14 @@ class Outcomes:
     # -- outcomes --------------------------------------------------------------------------------
 
     def _on_reply(self, batch: ProducerBatch, address: str, fut: asyncio.Future[ProduceResponse]) -> None:
-        resp, exc = outcome_of(fut)
-        if resp is not None:
+        if not fut.cancelled() and fut.exception() is None:  # outcome_of's common case, without its call
+            resp = fut.result()
             if not resp.error_code:
                 self._stored(batch, resp)
                 return
-            exc = error_for_code(resp.error_code, resp.error_message or "")
+            exc: BaseException | None = error_for_code(resp.error_code, resp.error_message or "")
+        else:
+            exc = outcome_of(fut)[1]
         assert exc is not None
         self._failed(batch, address, exc, written=True)
 
@@ -140,7 +142,8 @@ class Outcomes:
         if not batch.reported:
             self._report_ok(batch, resp)
         self._retire(lane, batch)
-        self._out_of_order(lane, doomed, "was stored")
+        if doomed:
+            self._out_of_order(lane, doomed, "was stored")
         self._settled(lane)
 
     def _failed(self, batch: ProducerBatch, address: str, exc: BaseException, *, written: bool) -> None:
@@ -286,9 +289,9 @@ class Outcomes:
             if batch in self._outstanding:
                 self._outstanding[batch] = barriers
             else:  # absorbed into the batch waiting there: the flushes wait for that one
-                for barrier in barriers:
-                    barrier.batch_done()
-        self._after_done(lane)
+                self._reported(barriers)
+        if lane.unresolved == 0:
+            self.on_idle(lane.key)
 
     # -- the delivery deadline ------------------------------------------------------------------------
 
@@ -351,7 +354,9 @@ class Outcomes:
             tm = self._core.metadata.cache.get(topic)
             if tm is None or not tm.partitions:
                 self._core.metadata.refresh_soon(topic)  # the broker just created it: learn its partitions
-        self._reported(batch)
+        barriers = self._outstanding.pop(batch, None)
+        if barriers:
+            self._reported(barriers)
 
     def _report_error(self, batch: ProducerBatch, exc: BaseException) -> None:
         batch.reported = True
@@ -364,20 +369,19 @@ class Outcomes:
                 log.warning("one-way batch of %d messages to %s:%d-%d was dropped: %s", batch.count, batch.topic,
                             batch.broker_id, batch.partition, exc)
             resolve_batch(batch.waiters, (batch.partition, -1, -1, exc, batch.topic, batch.broker_id), self._manys)
-        self._reported(batch)
-
-    def _reported(self, batch: ProducerBatch) -> None:
         barriers = self._outstanding.pop(batch, None)
         if barriers:
-            for barrier in barriers:
-                barrier.batch_done()
+            self._reported(barriers)
+
+    @staticmethod
+    def _reported(barriers: list[FlushBarrier]) -> None:
+        """A batch's result was given: the flushes that wait for it are told."""
+        for barrier in barriers:
+            barrier.batch_done()
 
     def _retire(self, lane: Lane, batch: ProducerBatch) -> None:
         """The batch is out of the producer: its lane no longer counts it and its bytes are free."""
         lane.done(batch)
         self._buffer.release(batch.size_bytes if batch.batch_waiter is not None else batch.size_bytes - HEADER_BYTES)
-        self._after_done(lane)
-
-    def _after_done(self, lane: Lane) -> None:
         if lane.unresolved == 0:
             self.on_idle(lane.key)  # the partition went idle: what accumulated meanwhile leaves now

@@ -74,6 +74,11 @@ class Placement:
         """Round robin, sticky and random choose among the partitions reachable now; key hash and custom
         selectors over the key space (metaq.client.routing, docs/producer.md)."""
         self._batch_done: Callable[[str, int, int], object] | None = getattr(selector, "batch_done", None)
+        self._stays = bool(getattr(selector, "stays", False)) and self._batch_done is not None
+        """A sticky selector: its choice for a topic stays until its batch there is done (selectors.py)."""
+        self._filling: dict[str, ProducerBatch] = {}
+        """Under a sticky selector, topic -> the open batch its plain messages join now (:meth:`place_one`): used,
+        instead of asking the selector again, while it is still open and the topic kept (:attr:`hot` unchanged)."""
         self.hot: dict[str, Sequence[Partition]] = {}
         self.deferrable: set[str] = set()
         """The kept topics whose plain messages :attr:`run` takes (the round robin, few partitions)."""
@@ -91,6 +96,9 @@ class Placement:
         """While :meth:`_await_open` routes the messages it held: a refusal is their result, not a new wait."""
         self.closing = False
         self.defers = type(selector) is RoundRobinSelector
+        self.runs = getattr(selector, "reads_message", True) is False
+        """The selector never looks at the message: a plain message of a kept topic goes through :attr:`run` (the
+        checks and its future in one call), then to :meth:`place_one` without one."""
         """The default round robin: a plain message of a kept topic is placed with the others of its event-loop
         step, at the step's end (:meth:`defer`)."""
         self.run = PlainRun(Message, self.deferrable, self.hot, buffer, self._loop.create_future, self._run_started,
@@ -153,20 +161,29 @@ class Placement:
     def place_one(self, topic: str, data: bytes, stamp: int, waiter: Any, size: int, acks: int,
                   message: Message | None = None) -> None:
         """A checked plain message (no key, attribute, headers or delay): ``message`` itself when the caller has one
-        (the selector is given it), else None, which only the round robin is given (it does not look at it). The
-        common case -- a kept topic, the partition's open batch plain with room for it, or no batch open there --
-        joins it in one call (:meth:`ProducerBatch.append`) without building a Message; the rest goes through
-        :meth:`join` (or the general path when the topic is not kept, or the selector refuses). The run's direct
-        case calls it (plain_run.py); the run was placed before, so the order of sends holds."""
+        (the selector is given it), else None, which only a selector that does not read messages is given
+        (:attr:`runs`). The common case -- a kept topic, the partition's open batch plain with room for it, or no
+        batch open there -- joins it in one call (:meth:`ProducerBatch.append`) without building a Message; the
+        rest goes through :meth:`join` (or the general path when the topic is not kept, or the selector refuses).
+        The run's direct case calls it (plain_run.py); the run was placed before, so the order of sends holds."""
         partitions = self.hot.get(topic)
         if partitions is not None:
+            acc = self.acc
+            if self._stays:
+                batch = self._filling.get(topic)
+                if (batch is not None and batch.acks == acks and acc.batches.get(batch.key) is batch and batch.plain
+                        and batch.size_bytes + size <= acc.batch_bytes):  # where the selector would put it again
+                    self._buffer.used += size
+                    batch.append(stamp, data, waiter, size)
+                    if batch.size_bytes >= acc.batch_bytes:
+                        self._sender.dispatch(acc.batches.pop(batch.key))
+                    return
             try:
                 p: Partition | None = self.selector(topic, partitions, message)
             except MetaqError:
                 p = None  # a refusal: the general path asks again and handles it
             if p is not None:
                 key = (topic, p.partition, p.broker_id, acks)
-                acc = self.acc
                 batch = acc.batches.get(key)
                 if batch is None and size <= self._opens_for:
                     batch = self._open(key)
@@ -175,6 +192,8 @@ class Placement:
                     batch.append(stamp, data, waiter, size)
                     if batch.size_bytes >= acc.batch_bytes:
                         self._sender.dispatch(acc.batches.pop(key))
+                    elif self._stays:
+                        self._filling[topic] = batch
                     return
                 self.join(message or Message(topic, data, timestamp_ms=stamp), key, partitions, waiter, size, None)
                 return
@@ -290,6 +309,7 @@ class Placement:
             reset.cancel()  # told by a listener before its time (harmless when it is the running callback)
         self.hot.clear()
         self.deferrable.clear()
+        self._filling.clear()
 
     def _route(self, message: Message, tm: TopicMetadata, waiter: Any, size: int, acks: int,
                expires_s: float | None) -> None:
@@ -470,6 +490,7 @@ class Placement:
             topic = message.topic
             self.hot.pop(topic, None)  # the topic's next sends go through place(), behind this one
             self.deferrable.discard(topic)
+            self._filling.pop(topic, None)
             held = self._waiting.get(topic)
             self._wait(message, waiter, size, acks, self._loop.time() + self._delivery_s if expires_s is None
                        else expires_s)
@@ -510,7 +531,7 @@ class Placement:
 
     def _idle(self, key: BatchKey) -> None:
         """The partition has nothing unresolved left: what accumulated meanwhile leaves now instead of lingering."""
-        waiting = self.acc.seal(key)
+        waiting = self.acc.batches.pop(key, None)
         if waiting is not None:
             self._sender.dispatch(waiting)
 
@@ -535,15 +556,21 @@ class Placement:
 
     def _on_timer(self) -> None:
         self._timer = None
-        self.place_deferred(step_end=True)  # what was sent in this step joins its batches before they are sealed
+        if self.run:
+            self.place_deferred(step_end=True)  # what was sent in this step joins its batches before they are sealed
         # A little slack: a timer may fire a hair before its time, and re-arming for 0.1 ms is waste.
         expired = self.acc.expired(self._loop.time() + 0.0005)
         if expired:
             # Every batch due now is gathered first, then written per connection (one MultiProduce for a broker's
-            # batches): the frames leave in one write per broker in this loop step (linger_ms=0 latency).
-            with self._sender.gathering():
+            # batches): the frames leave in one write per broker in this loop step (linger_ms=0 latency). The
+            # gathering's two calls, not its context manager: this runs once a batch at low rates.
+            sender = self._sender
+            gathered = sender.open_gathering()
+            try:
                 for batch in expired:
-                    self._sender.dispatch(batch)
+                    sender.dispatch(batch)
+            finally:
+                sender.close_gathering(gathered)
         nxt = self.acc.next_deadline()
         if nxt is not None:
             self._arm(nxt)

@@ -64,7 +64,7 @@ class Producer(Transactions):
         self._placement = Placement(core, config, self.selector, self._sender, self._buffer, self._manys)
         self._place = self._placement.place
         self._place_plain = self._placement.place_plain
-        self._defers = self._placement.defers
+        self._runs = self._placement.runs
         self._run_async = self._placement.run.add_async
         self._run_oneway = self._placement.run.add_oneway
         self._hot = self._placement.hot
@@ -157,8 +157,8 @@ class Producer(Transactions):
 
         Does not wait: with the buffer full the result is an immediate failure with BufferFullError.
         """
-        if self._defers and self._tx is None:
-            # the round robin's common case, a plain message of a kept topic, in one call (plain_run.py)
+        if self._runs and self._tx is None:
+            # a plain message of a kept topic, its selector not reading it: checked in one call (plain_run.py)
             placed = self._run_async(message)
             if placed is not None:
                 if callback is not None:
@@ -198,8 +198,8 @@ class Producer(Transactions):
         The result's partition, offset and message id are -1. ``success`` is False only when the
         message was not even accepted (buffer full); a later failure is counted, never reported.
         """
-        if self._defers and self._tx is None and self._run_oneway(message):
-            # the round robin's common case, a plain message of a kept topic, in one call (plain_run.py)
+        if self._runs and self._tx is None and self._run_oneway(message):
+            # a plain message of a kept topic, its selector not reading it: checked in one call (plain_run.py)
             result = self._oneway_ok.get(message.topic)
             return result if result is not None else self._oneway_result(message.topic)
         if (type(message) is Message and message.topic in self._hot and type(message.data) is bytes

@@ -71,6 +71,8 @@ class Sender(Outcomes):
         self._buffer = buffer
         self._manys = manys
         self.timeout_s = config.request_timeout_s or core.config.request_timeout_s
+        self._timeout_ms = int(self.timeout_s * 1000)
+        self._compression = config.compression
         self._reroutable = bool(getattr(selector, "reroutable", False))
         self._batch_done: Callable[[str, int, int], object] | None = getattr(selector, "batch_done", None)
         """A sticky selector's hook: told when a batch it placed leaves (StickyRoundRobinSelector)."""
@@ -169,24 +171,43 @@ class Sender(Outcomes):
         them), and each connection flushed then: the frames leave in this loop step, one write per broker."""
         return _Gathering(self)
 
-    def _gather(self) -> set[int] | None:
-        """Open a gathering; None when one is open already (the outer one writes). Paired with _write_gathered."""
+    def open_gathering(self) -> set[int] | None:
+        """Open a gathering; None when one is open already (the outer one writes). Paired with :meth:`close_gathering`
+        (:meth:`gathering` does both)."""
         if self._gathering is not None:
             return None
         gathered: set[int] = set()
         self._gathering = gathered
         return gathered
 
-    def _write_gathered(self, gathered: set[int] | None) -> None:
+    def close_gathering(self, gathered: set[int] | None, *, flush: bool = True) -> None:
+        """Close the gathering :meth:`open_gathering` opened: each broker's ready lanes written on its open connection
+        while it has room (a sender task for the rest: no connection yet, a full one), and the connection flushed
+        (``flush``; else at the end of the loop step, as usual). What the writing sets off (a one-way batch's lane
+        going idle, say) is gathered again and written after it, not inside it."""
         if gathered is None:
             return
-        self._gathering = None
-        for broker_id in gathered:
-            state = self._brokers.get(broker_id)
-            if state is not None:
-                conn = self._drain_now(broker_id, state)
-                if conn is not None:
-                    conn.flush()
+        try:
+            while gathered:
+                later: set[int] = set()
+                self._gathering = later
+                for broker_id in gathered:
+                    state = self._brokers[broker_id]
+                    if not state.ready or state.task is not None or state.master_wait is not None:
+                        continue
+                    conn = self._core.cached_connection(broker_id, "produce")
+                    if conn is not None and conn.writable:
+                        try:
+                            self._drain(conn, state)
+                        except ConnectionClosedError:
+                            pass  # not written: the sender task reconnects
+                        if flush:
+                            conn.flush()
+                    if state.ready:
+                        self._start_sender(broker_id, state)
+                gathered = later
+        finally:
+            self._gathering = None
 
     def _wake(self, lane: Lane) -> None:
         """``lane`` may have a batch to write: its broker writes it now, at the end of the gathering, or from
@@ -201,24 +222,8 @@ class Sender(Outcomes):
         if self._gathering is not None:
             self._gathering.add(broker_id)
             return
-        self._drain_now(broker_id, state)
-
-    def _drain_now(self, broker_id: int, state: _Broker) -> BrokerConnection | None:
-        """Write what the broker's ready lanes allow on its open connection; a sender task for the rest. What the
-        writing sets off (a one-way batch's lane going idle, say) is written after it, not inside it."""
-        if not state.ready or state.task is not None or state.master_wait is not None:
-            return None
-        gathered = self._gather()
-        try:
-            conn = self._core.cached_connection(broker_id, "produce")
-            if conn is not None and conn.writable:
-                with contextlib.suppress(ConnectionClosedError):  # not written: the sender task reconnects
-                    self._drain(conn, state)
-            if state.ready:
-                self._start_sender(broker_id, state)
-        finally:
-            self._write_gathered(gathered)
-        return conn
+        self._gathering = gathered = {broker_id}  # a gathering of its own: what the writing sets off comes after it
+        self.close_gathering(gathered, flush=False)
 
     def _start_sender(self, broker_id: int, state: _Broker) -> None:
         if state.task is None and not self.closed:
@@ -235,10 +240,11 @@ class Sender(Outcomes):
     def _drain(self, conn: BrokerConnection, state: _Broker) -> None:
         """Write the ready lanes' batches on ``conn`` while it has room: one batch per lane per request, several
         lanes' batches in one MultiProduce. A lane that cannot write now leaves the ready set (it is woken
-        again when it can). ConnectionClosedError: the batch being written goes back to its lane, first."""
-        multi = self.config.multi_produce and conn.supports(MULTI_PRODUCE)
+        again when it can). ConnectionClosedError: the batch being written goes back to its lane, first. The
+        caller found ``conn`` writable."""
+        multi: bool | None = None  # asked only when a second batch could join the request
         ready = state.ready
-        while ready and conn.writable:
+        while ready:
             group: list[tuple[Lane, ProducerBatch]] = []
             size = 0
             for lane in list(ready):
@@ -246,16 +252,19 @@ class Sender(Outcomes):
                 if batch is None:
                     ready.pop(lane, None)
                     continue
-                if group and (not multi or batch.acks == 0 or len(group) >= MULTI_PRODUCE_MAX_BATCHES
-                              or size + batch.size_bytes > MULTI_PRODUCE_MAX_BYTES):
-                    break
+                if group:
+                    if multi is None:
+                        multi = self.config.multi_produce and conn.supports(MULTI_PRODUCE)
+                    if (not multi or batch.acks == 0 or len(group) >= MULTI_PRODUCE_MAX_BATCHES
+                            or size + batch.size_bytes > MULTI_PRODUCE_MAX_BYTES):
+                        break
                 lane.written(batch, conn)
                 group.append((lane, batch))
                 size += batch.size_bytes
                 ready.pop(lane, None)
                 if lane.waiting:
                     ready[lane] = None  # its next batch goes in a later request, after the other lanes'
-                if not multi or batch.acks == 0:
+                if batch.acks == 0 or multi is False:
                     break
             if not group:
                 return
@@ -269,11 +278,12 @@ class Sender(Outcomes):
                     lane.unwritten(batch)
                     ready[lane] = None
                 raise
+            if not conn.writable:
+                return
 
-    def _payload(self, lane: Lane, batch: ProducerBatch) -> bytes:
+    def _stamped(self, lane: Lane, batch: ProducerBatch) -> bytes:
+        """An idempotent lane's batch as written: its payload with the producer block the lane gives it."""
         payload = batch.build(self.config.compression)
-        if not lane.checked:
-            return payload
         stamp = lane.stamp(batch)
         if batch.stamped is None:
             batch.stamped = with_producer_stamp(payload, stamp)
@@ -283,8 +293,8 @@ class Sender(Outcomes):
         """Hand one batch to the connection; ConnectionClosedError means nothing was written. Any other error (a
         frame over the limit, say) fails the batch itself."""
         try:
-            request = ProduceRequest(batch.topic, batch.partition, batch.acks, int(self.timeout_s * 1000),
-                                     self._payload(lane, batch))
+            request = ProduceRequest(batch.topic, batch.partition, batch.acks, self._timeout_ms,
+                                     self._stamped(lane, batch) if lane.checked else batch.build(self._compression))
             if batch.acks == 0:
                 conn.send_oneway(request)
                 reply = None
@@ -308,12 +318,13 @@ class Sender(Outcomes):
         failed: list[tuple[ProducerBatch, Exception]] = []
         for lane, batch in group:
             try:
-                parts.append(ProducePartition(batch.topic, batch.partition, self._payload(lane, batch)))
+                parts.append(ProducePartition(batch.topic, batch.partition, self._stamped(lane, batch) if lane.checked
+                                              else batch.build(self._compression)))
                 sent.append(batch)
             except Exception as exc:
                 failed.append((batch, exc))
         if sent:
-            request = MultiProduceRequest(1, int(self.timeout_s * 1000), "", parts)
+            request = MultiProduceRequest(1, self._timeout_ms, "", parts)
             try:
                 reply = conn.submit(request, self.timeout_s)
             except ConnectionClosedError:
@@ -353,12 +364,12 @@ class Sender(Outcomes):
                     continue
                 if state.master_wait is not None:  # began while this loop waited for the connection
                     continue
-                gathered = self._gather()
+                gathered = self.open_gathering()
                 try:
                     with contextlib.suppress(ConnectionClosedError):
                         self._drain(conn, state)
                 finally:
-                    self._write_gathered(gathered)
+                    self.close_gathering(gathered)
                 conn.flush()
         finally:
             state.task = None
@@ -430,7 +441,7 @@ class _Gathering:
         self._gathered: set[int] | None = None
 
     def __enter__(self) -> None:
-        self._gathered = self._sender._gather()
+        self._gathered = self._sender.open_gathering()
 
     def __exit__(self, *exc: object) -> None:
-        self._sender._write_gathered(self._gathered)
+        self._sender.close_gathering(self._gathered)

@@ -220,3 +220,16 @@ def test_an_absorbed_batch_follows_the_first_one_in_order_with_its_fields_and_wa
     got = decode_batch(first.build(Compression.NONE), "t", 0)
     assert [(m.data, m.key, m.attribute, m.headers, m.timestamp_ms) for m in got] == \
            [(m.data, m.key, m.attribute, m.headers, m.timestamp_ms) for m in sent]
+
+
+def test_a_field_one_batch_sets_is_its_own() -> None:
+    """The fields most batches never change are class-level defaults (batches.py): setting one on a batch gives it
+    its own value and leaves every other batch's default as it was."""
+    a, b = ProducerBatch(K0, 0.0, 1.0), ProducerBatch(K0, 0.0, 1.0)
+    a.error, a.tried, a.pinned, a.maybe_written = ValueError("x"), ((0, 1),), True, True
+    a.attempts += 1
+    a.add(5, b"v", b"k", None, None, None, 10)
+    assert (b.error, b.tried, b.pinned, b.maybe_written, b.attempts, b.keys) == (None, (), False, False, 0, None)
+    assert (ProducerBatch.error, ProducerBatch.attempts, ProducerBatch.keys) == (None, 0, None)
+    assert a.keys == [b"k"] and not a.plain and b.plain
+    assert ProducerBatch(("t", 0, 0, 1, True), 0.0, 1.0).delayed and not b.delayed

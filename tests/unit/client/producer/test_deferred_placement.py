@@ -4,12 +4,12 @@ one, in send order within its partition, with its own timestamp if it has one, i
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from metaq.client.config import ClientConfig, ProducerConfig
-from metaq.client.core import ClientCore
+from offline_producer import run_offline
+
+from metaq.client.config import ProducerConfig
 from metaq.client.producer import Producer
 from metaq.protocol.messages import MetadataResponse, PartitionInfo, TopicInfo
 from metaq.protocol.records import RECORD_OVERHEAD_BYTES
@@ -25,26 +25,14 @@ def run(test: Callable[[Producer, Sent], Coroutine[Any, Any, None]]) -> None:
     """A never-connected producer that knows topic "t"; every batch sealed is recorded per partition and acks, as
     (payload, timestamp) in batch order, and stays in flight."""
 
-    async def main() -> None:
-        core = ClientCore(ClientConfig(), [("127.0.0.1", 9)])
-        core.metadata.cache.update(MetadataResponse(topics=[TopicInfo("t", 0, [
-            PartitionInfo(p, b, 0, True, True) for b, p in PARTS])]), ["t"])
-        producer = Producer(core, ProducerConfig(linger_ms=60_000))
-        sent: Sent = {}
+    sent: Sent = {}
 
-        def dispatch(batch: Any) -> None:
-            sent.setdefault((PartitionId(batch.broker_id, batch.partition), batch.acks), []).extend(
-                zip(batch.values, batch.timestamps, strict=True))
+    def on_batch(batch: Any) -> None:
+        sent.setdefault((PartitionId(batch.broker_id, batch.partition), batch.acks), []).extend(
+            zip(batch.values, batch.timestamps, strict=True))
 
-        producer._sender.dispatch = dispatch  # type: ignore[method-assign]
-        try:
-            await test(producer, sent)
-        finally:
-            producer._placement.acc.batches.clear()
-            producer._placement.end_hot()
-            await core.close()
-
-    asyncio.run(main())
+    run_offline(MetadataResponse(topics=[TopicInfo("t", 0, [PartitionInfo(p, b, 0, True, True) for b, p in PARTS])]),
+                ["t"], ProducerConfig(linger_ms=60_000), None, on_batch, lambda core, producer: test(producer, sent))
 
 
 def test_deferred_sends_land_where_the_round_robin_puts_them_in_send_order() -> None:

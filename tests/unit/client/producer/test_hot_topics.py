@@ -13,6 +13,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
+from offline_producer import next_iteration, run_offline
 
 from metaq.client.config import ClientConfig, ProducerConfig
 from metaq.client.core import ClientCore
@@ -33,39 +34,20 @@ def run(test: Callable[[ClientCore, Producer, list[tuple[int, int]]], Coroutine[
         clock: Callable[[], float] | None = None, linger_ms: float = 0) -> None:
     """A producer of a never-connected session that knows topic "t" (OPEN); every batch it would send is recorded as
     (broker id, partition) instead, so nothing reaches the network, and its partition stays in flight."""
+    sent: list[tuple[int, int]] = []
+    busy: set[Any] = set()
 
-    async def main() -> None:
-        core = ClientCore(ClientConfig(), [("127.0.0.1", 9)])
+    def on_batch(batch: Any) -> None:
+        sent.extend([(batch.broker_id, batch.partition)] * batch.count)
+        busy.add(batch.key)  # in flight for good: no ack comes
+
+    def prepare(core: ClientCore, producer: Producer) -> None:
         if clock is not None:
             core.unavailable._clock = clock
-        core.metadata.cache.update(metadata("t", OPEN), ["t"])
-        producer = Producer(core, ProducerConfig(linger_ms=linger_ms))
-        sent: list[tuple[int, int]] = []
-
-        def dispatch(batch: Any) -> None:
-            sent.extend([(batch.broker_id, batch.partition)] * batch.count)
-            busy.add(batch.key)  # in flight for good: no ack comes
-
-        busy: set[Any] = set()
-        producer._sender.dispatch = dispatch  # type: ignore[method-assign]
         producer._sender.busy = busy.__contains__  # type: ignore[method-assign]
-        try:
-            await test(core, producer, sent)
-        finally:
-            producer._placement.acc.batches.clear()
-            producer._placement.end_hot()
-            await core.close()
 
-    asyncio.run(main())
-
-
-async def next_iteration() -> None:
-    """Return once the callbacks scheduled so far have run (the producer's end of the loop step among them):
-    the event loop runs them in the order they were scheduled, before the one scheduled here."""
-    loop = asyncio.get_running_loop()
-    passed = loop.create_future()
-    loop.call_soon(passed.set_result, None)
-    await passed
+    run_offline(metadata("t", OPEN), ["t"], ProducerConfig(linger_ms=linger_ms), None, on_batch,
+                lambda core, producer: test(core, producer, sent), prepare)
 
 
 def send(producer: Producer, n: int = 1) -> None:

@@ -8,7 +8,9 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from metaq.client.config import ClientConfig, ProducerConfig
+from offline_producer import run_offline
+
+from metaq.client.config import ProducerConfig
 from metaq.client.core import ClientCore
 from metaq.client.metadata import MetadataCache
 from metaq.client.producer import Producer
@@ -52,25 +54,13 @@ def test_a_broker_id_without_a_master_keeps_its_partitions_in_the_key_space() ->
 
 def run(test: Callable[[ClientCore, Producer, dict[bytes, PartitionId]], Coroutine[Any, Any, None]]) -> None:
     """A key-hash producer of a never-connected session; each batch it would send is recorded instead."""
+    sent: dict[bytes, PartitionId] = {}
 
-    async def main() -> None:
-        core = ClientCore(ClientConfig(), [("127.0.0.1", 9)])
-        core.metadata.cache.update(answer(ALL), ["t"])
-        producer = Producer(core, ProducerConfig(), KeyHashSelector())
-        sent: dict[bytes, PartitionId] = {}
+    def on_batch(batch: Any) -> None:
+        sent.update((data, PartitionId(batch.broker_id, batch.partition)) for data in batch.values)
 
-        def dispatch(batch: Any) -> None:
-            sent.update((data, PartitionId(batch.broker_id, batch.partition)) for data in batch.values)
-
-        producer._sender.dispatch = dispatch  # type: ignore[method-assign]
-        try:
-            await test(core, producer, sent)
-        finally:
-            producer._placement.acc.batches.clear()
-            producer._placement.end_hot()
-            await core.close()
-
-    asyncio.run(main())
+    run_offline(answer(ALL), ["t"], ProducerConfig(), KeyHashSelector(), on_batch,
+                lambda core, producer: test(core, producer, sent))
 
 
 def test_a_keyed_send_goes_to_its_partition_while_that_partitions_master_is_down() -> None:
