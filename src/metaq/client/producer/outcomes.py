@@ -100,6 +100,12 @@ class Outcomes:
     def gathering(self) -> contextlib.AbstractContextManager[None]:
         raise NotImplementedError
 
+    def open_gathering(self) -> set[int] | None:
+        raise NotImplementedError
+
+    def close_gathering(self, gathered: set[int] | None, *, flush: bool = True) -> None:
+        raise NotImplementedError
+
     # -- outcomes --------------------------------------------------------------------------------
 
     def _on_reply(self, batch: ProducerBatch, address: str, fut: asyncio.Future[ProduceResponse]) -> None:
@@ -119,7 +125,8 @@ class Outcomes:
         """A MultiProduce's reply: each batch's entry is what a Produce reply of it would have said. What the
         outcomes release is written in one gathering (one MultiProduce again)."""
         resp, exc = outcome_of(fut)
-        with self.gathering():
+        gathered = self.open_gathering()
+        try:
             if resp is not None and not resp.error_code and len(resp.partitions) == len(batches):
                 for batch, entry in zip(batches, resp.partitions, strict=True):
                     if not entry.error_code:
@@ -135,6 +142,8 @@ class Outcomes:
             assert exc is not None
             for batch in batches:
                 self._failed(batch, address, exc, written=True)
+        finally:
+            self.close_gathering(gathered)
 
     def _stored(self, batch: ProducerBatch, resp: ProduceResponse | ProducedPartition | None) -> None:
         lane = self._lanes[batch.key]

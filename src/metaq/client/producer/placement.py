@@ -223,7 +223,9 @@ class Placement:
             waiters = [None] * len(values)
         self._buffer.used -= nbytes
         partitions = self.hot.get(topic)
-        with self._sender.gathering():
+        sender = self._sender
+        gathered = sender.open_gathering()  # (the pair, not the context manager: once an event-loop step)
+        try:
             # A run of one (a send per event-loop step) is cheaper placed as one message than as a share.
             if partitions is not None and topic not in self._waiting and len(values) > 1:
                 try:
@@ -233,16 +235,22 @@ class Placement:
                     pass
             for data, stamp, waiter in zip(values, stamps or itertools.repeat(-1), waiters, strict=False):
                 self.place_one(topic, data, stamp, waiter, RECORD_OVERHEAD_BYTES + len(data), acks)
+        finally:
+            sender.close_gathering(gathered)
 
     def _end_of_step(self) -> None:
         """The end of the step the first deferred message was sent in: they are placed, and the batches due now
         (an idle partition's) leave in this step, not the next."""
         self._end_scheduled = False
-        with self._sender.gathering():
+        sender = self._sender
+        gathered = sender.open_gathering()
+        try:
             self.place_deferred(step_end=True)
             if self._timer is not None and self._timer_when <= self._loop.time():
                 self._timer.cancel()
                 self._on_timer()
+        finally:
+            sender.close_gathering(gathered)
 
     def _lookup(self, message: Message, waiter: Any, size: int, acks: int) -> Sequence[Partition] | None:
         """The partitions a topic's message chooses from, kept for the next sends; None when the message waits
@@ -562,8 +570,7 @@ class Placement:
         expired = self.acc.expired(self._loop.time() + 0.0005)
         if expired:
             # Every batch due now is gathered first, then written per connection (one MultiProduce for a broker's
-            # batches): the frames leave in one write per broker in this loop step (linger_ms=0 latency). The
-            # gathering's two calls, not its context manager: this runs once a batch at low rates.
+            # batches): the frames leave in one write per broker in this loop step (linger_ms=0 latency).
             sender = self._sender
             gathered = sender.open_gathering()
             try:

@@ -168,7 +168,9 @@ class Sender(Outcomes):
 
     def gathering(self) -> contextlib.AbstractContextManager[None]:
         """Batches dispatched inside are written at its end, per broker (one MultiProduce each when it serves
-        them), and each connection flushed then: the frames leave in this loop step, one write per broker."""
+        them), and each connection flushed then: the frames leave in this loop step, one write per broker. The paths
+        run every event-loop step use :meth:`open_gathering` and :meth:`close_gathering` instead, the same as a
+        pair without a context manager's calls."""
         return _Gathering(self)
 
     def open_gathering(self) -> set[int] | None:
