@@ -53,9 +53,17 @@ class PartitionSelector(Protocol):
 
     ``reads_message`` (optional attribute, True when absent): False says the choice never depends on the
     message, so the producer may pass None for it (a plain message of a kept topic then goes from the send
-    call to its batch without a Message being looked at again)."""
+    call to its batch without a Message being looked at again).
+
+    Both are promises about how the class chooses, so they count only where the selector's own class says them
+    (:func:`promises`): a subclass that chooses otherwise does not inherit them."""
 
     def __call__(self, topic: str, partitions: Sequence[Partition], message: Message) -> Partition: ...
+
+
+def promises(selector: object, name: str, default: bool) -> bool:
+    """The selector's ``stays`` or ``reads_message``, as its own class declares it (``default`` when it does not)."""
+    return bool(type(selector).__dict__.get(name, default))
 
 
 def _all_closed(topic: str, partitions: Sequence[Partition]) -> str:

@@ -31,7 +31,7 @@ from metaq.client.producer.batches import Accumulator, BatchKey, BufferLimit, Pr
 from metaq.client.producer.plain_run import PlainRun
 from metaq.client.producer.results import ManyTable, resolve_one
 from metaq.client.producer.sender import Sender
-from metaq.client.selectors import RoundRobinSelector
+from metaq.client.selectors import RoundRobinSelector, promises
 from metaq.errors import DeliveryTimeoutError, InvalidArgument, MetaqError, PartitionClosedError
 from metaq.protocol.messages import ANY_PARTITION
 from metaq.protocol.records import HEADER_BYTES, RECORD_OVERHEAD_BYTES
@@ -74,7 +74,7 @@ class Placement:
         """Round robin, sticky and random choose among the partitions reachable now; key hash and custom
         selectors over the key space (metaq.client.routing, docs/producer.md)."""
         self._batch_done: Callable[[str, int, int], object] | None = getattr(selector, "batch_done", None)
-        self._stays = bool(getattr(selector, "stays", False)) and self._batch_done is not None
+        self._stays = promises(selector, "stays", False) and self._batch_done is not None
         """A sticky selector: its choice for a topic stays until its batch there is done (selectors.py)."""
         self._filling: dict[str, ProducerBatch] = {}
         """Under a sticky selector, topic -> the open batch its plain messages join now (:meth:`place_one`): used,
@@ -96,7 +96,7 @@ class Placement:
         """While :meth:`_await_open` routes the messages it held: a refusal is their result, not a new wait."""
         self.closing = False
         self.defers = type(selector) is RoundRobinSelector
-        self.runs = getattr(selector, "reads_message", True) is False
+        self.runs = not promises(selector, "reads_message", True)
         """The selector never looks at the message: a plain message of a kept topic goes through :attr:`run` (the
         checks and its future in one call), then to :meth:`place_one` without one."""
         """The default round robin: a plain message of a kept topic is placed with the others of its event-loop

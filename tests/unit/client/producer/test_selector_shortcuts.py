@@ -135,3 +135,33 @@ def test_the_built_in_spreading_selectors_do_not_read_the_message() -> None:
         assert cls.reads_message is False
     assert StickyRoundRobinSelector.stays is True
     assert not getattr(RoundRobinSelector, "stays", False)
+
+
+def test_a_subclass_of_a_built_in_selector_that_reads_messages_is_given_them() -> None:
+    """The shortcuts are promises of the class that makes them: a subclass does not inherit them."""
+    seen: list[Message | None] = []
+
+    class ByKeyElseRoundRobin(RoundRobinSelector):
+        def __call__(self, topic: str, partitions: Sequence[Partition], message: Message) -> Partition:
+            seen.append(message)
+            return super().__call__(topic, partitions, message)
+
+    class StickyToo(StickyRoundRobinSelector):
+        def __call__(self, topic: str, partitions: Sequence[Partition], message: Message) -> Partition:
+            seen.append(message)
+            return super().__call__(topic, partitions, message)
+
+    for selector in (ByKeyElseRoundRobin(), StickyToo()):
+        seen.clear()
+
+        async def test(core: ClientCore, producer: Producer, sent: Sent) -> None:
+            messages = [Message("t", b"%d" % i) for i in range(6)]
+            for m in messages[:3]:
+                producer.send_async(m)
+            await next_iteration()
+            for m in messages[3:]:
+                producer.send_async(m)
+                await next_iteration()
+            assert seen == messages
+
+        run(selector, test)
