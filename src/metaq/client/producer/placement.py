@@ -96,11 +96,11 @@ class Placement:
         """While :meth:`_await_open` routes the messages it held: a refusal is their result, not a new wait."""
         self.closing = False
         self.defers = type(selector) is RoundRobinSelector
+        """The default round robin: a plain message of a kept topic is placed with the others of its event-loop
+        step, at the step's end (:meth:`defer`)."""
         self.runs = not promises(selector, "reads_message", True)
         """The selector never looks at the message: a plain message of a kept topic goes through :attr:`run` (the
         checks and its future in one call), then to :meth:`place_one` without one."""
-        """The default round robin: a plain message of a kept topic is placed with the others of its event-loop
-        step, at the step's end (:meth:`defer`)."""
         self.run = PlainRun(Message, self.deferrable, self.hot, buffer, self._loop.create_future, self._run_started,
                             self.place_deferred, self.place_one, config.acks, config.max_message_bytes, DEFERRED_MAX,
                             RECORD_OVERHEAD_BYTES)
