@@ -72,7 +72,7 @@ class _Run:
         self.registry = self._reader()
         self.session: dict[str, Any] = {"zk_connect": cluster.zk_connect, "zk_root": cluster.zk_root,
                                         "request_timeout_s": 30.0}
-        self.load = ProduceLoad(self.session, TOPIC, window=50, time_limit_s=24 * 3600.0)
+        self.load = ProduceLoad(self.session, TOPIC, window=50, limit=999_999_999, time_limit_s=24 * 3600.0)
         self.gap_start_s = 0.0
 
     def state(self) -> ReplicaGroupState | None:
@@ -109,6 +109,8 @@ class _Run:
               "every slave in the in-sync set")
 
     def acks_after(self, t: float, count: int = 50) -> bool:
+        if not self.load.running:  # no ack will ever come: say why rather than wait out the round
+            raise FailoverBenchError(f"the load stopped after {self.load.sent} sends: {self.load.error!r}")
         times = self.load.ack_times  # appended by the load's thread: read, never copied, while it runs
         return len(times) >= count and times[-count] > t
 

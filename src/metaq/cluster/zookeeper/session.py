@@ -62,6 +62,27 @@ REPLACE_TRIES = 10
 """How often :meth:`ZooKeeperSession.replace_ephemeral` reads and tries again a node that keeps changing."""
 _WAKE: Callable[[], None] = lambda: None  # noqa: E731
 """Queued to wake the worker for its delayed jobs."""
+CONNECT_ANSWER_S = 2.0
+"""How long a connection waits for ZooKeeper's answer to its session request before it tries again."""
+MAX_HOST_COPIES = 32
+
+
+def kazoo_hosts(connect: str, session_timeout_s: float) -> str:
+    """``connect`` (``host:port,...[/chroot]``) as kazoo is given it: each server listed as many times as makes
+    kazoo wait about :data:`CONNECT_ANSWER_S` for the answer to a session request.
+
+    kazoo (like ZooKeeper's Java client) waits the session timeout divided by the number of servers listed. A
+    ZooKeeper that accepts a connection while it starts up may never answer it (seen with 3.8 after a kill -9
+    and restart): a client with one server listed then sits out its whole session timeout, and by the time it
+    tries again its session has expired on the server (its ephemeral nodes gone: a master's registration, a
+    consumer's claims). Listed several times, the server is asked again after a couple of seconds, on a
+    session that is still alive."""
+    hosts, slash, chroot = connect.partition("/")
+    servers = [h.strip() for h in hosts.split(",") if h.strip()]
+    if not servers:
+        return connect
+    copies = max(1, min(MAX_HOST_COPIES, round(session_timeout_s / len(servers) / CONNECT_ANSWER_S)))
+    return ",".join(servers * copies) + slash + chroot
 
 
 class ZooKeeperSession:
@@ -78,7 +99,7 @@ class ZooKeeperSession:
         self.session_timeout_s = session_timeout_ms / 1000
         self.connection_timeout_s = connection_timeout_ms / 1000
         self.client = KazooClient(
-            hosts=connect, timeout=self.session_timeout_s,
+            hosts=kazoo_hosts(connect, self.session_timeout_s), timeout=self.session_timeout_s,
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0, ignore_expire=False),
             command_retry=KazooRetry(max_tries=5, delay=0.1, backoff=2, max_delay=2.0),
             **kazoo_security(self.security))
