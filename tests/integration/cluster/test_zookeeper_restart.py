@@ -74,9 +74,9 @@ def test_a_restarting_zookeeper_that_never_answers_a_connection_does_not_cost_th
         try:
             zk.start()  # the real one, on the same port, while the silent connection is still open
             back = time.monotonic()
-            wait_until(lambda: registry.connected, 15,
+            wait_until(lambda: registry.connected, 20,
                        message="the registry to give up on the silent connection and reach ZooKeeper")
-            assert time.monotonic() - back < 10  # a couple of seconds, not the 30 s session timeout
+            assert time.monotonic() - back < 15  # seconds, not the 30 s session timeout
             assert registry.session_id == session  # the same session: nothing expired
             raw = registry.raw_client()
             assert raw.get(f"{root}/brokers/ids/1/master")[1].ephemeralOwner == session

@@ -1,37 +1,55 @@
-"""How the ZooKeeper servers are handed to kazoo: each listed often enough that a session request left
-unanswered is asked again within seconds, never after a whole session timeout."""
+"""kazoo's wait for ZooKeeper's answer to a session request, cut short while the client is not connected: a
+restarting ZooKeeper that takes a connection and never answers it costs seconds, not the session (the whole
+story, against a real ZooKeeper: tests/integration/cluster/test_zookeeper_restart.py)."""
 
 from __future__ import annotations
 
-from kazoo.hosts import collect_hosts
+import socket
+import time
+from collections.abc import Iterator
 
-from metaq.cluster.zookeeper.session import CONNECT_ANSWER_S, MAX_HOST_COPIES, kazoo_hosts
+import pytest
 
+from metaq.cluster.zookeeper.session import CONNECT_ANSWER_S, ConnectWaitHandler
 
-def kazoo_connect_wait_s(hosts: str, session_timeout_s: float) -> float:
-    """What kazoo waits for the answer to its Connect request: the session timeout over the servers listed."""
-    servers, _ = collect_hosts(hosts)
-    return session_timeout_s / len(servers)
-
-
-def test_one_server_is_listed_so_that_an_unanswered_session_request_is_asked_again_within_seconds() -> None:
-    hosts = kazoo_hosts("127.0.0.1:2181", 30.0)
-    assert set(collect_hosts(hosts)[0]) == {("127.0.0.1", 2181)}
-    assert kazoo_connect_wait_s(hosts, 30.0) == CONNECT_ANSWER_S
+SHORT_S = 0.05
 
 
-def test_an_ensemble_keeps_every_server_and_its_chroot() -> None:
-    hosts = kazoo_hosts("zk1:2181, zk2:2182,zk3:2183/metaq/prod", 30.0)
-    servers, chroot = collect_hosts(hosts)
-    assert chroot == "/metaq/prod"
-    assert set(servers) == {("zk1", 2181), ("zk2", 2182), ("zk3", 2183)}
-    assert servers.count(("zk1", 2181)) == servers.count(("zk3", 2183))  # each as often: none favoured
-    assert kazoo_connect_wait_s(hosts, 30.0) <= CONNECT_ANSWER_S * 1.5
+@pytest.fixture
+def silent() -> Iterator[socket.socket]:
+    """One end of a connection whose other end never writes."""
+    ours, theirs = socket.socketpair()
+    yield ours
+    ours.close()
+    theirs.close()
 
 
-def test_a_short_session_lists_each_server_once_and_a_long_one_a_bounded_number_of_times() -> None:
-    assert kazoo_hosts("127.0.0.1:2181", 4.0) == "127.0.0.1:2181,127.0.0.1:2181"
-    assert kazoo_hosts("127.0.0.1:2181", 1.0) == "127.0.0.1:2181"
-    assert kazoo_hosts("a:1,b:2,c:3", 4.0) == "a:1,b:2,c:3"
-    servers, _ = collect_hosts(kazoo_hosts("127.0.0.1:2181", 3600.0))
-    assert len(servers) == MAX_HOST_COPIES
+def waited_s(handler: ConnectWaitHandler, *args: object) -> float:
+    started = time.monotonic()
+    handler.select(*args)
+    return time.monotonic() - started
+
+
+def test_a_client_not_connected_waits_for_an_answer_a_short_while_at_most(silent: socket.socket) -> None:
+    handler = ConnectWaitHandler(answer_wait_s=SHORT_S)
+    assert waited_s(handler, [silent], [], [], 30.0) < 5.0
+    assert waited_s(handler, [silent], [], [], None) < 5.0  # kazoo never waits forever here, but neither would we
+
+
+def test_a_connected_client_and_kazoos_other_waits_are_left_alone(silent: socket.socket) -> None:
+    handler = ConnectWaitHandler(answer_wait_s=SHORT_S)
+    handler.connected = lambda: True
+    assert waited_s(handler, [silent], [], [], 0.4) >= 0.35  # the answer to a request: kazoo's own timeout
+    handler.connected = lambda: False
+    wake_r, wake_w = socket.socketpair()
+    try:
+        assert waited_s(handler, [silent, wake_r], [], [], 0.4) >= 0.35  # kazoo's loop (its wake-up pipe too)
+    finally:
+        wake_r.close()
+        wake_w.close()
+    assert waited_s(ConnectWaitHandler(answer_wait_s=0.5), [silent], [], [], 0.1) >= 0.08  # shorter: as it is
+
+
+def test_the_default_cap_is_seconds() -> None:
+    assert ConnectWaitHandler().answer_wait_s == CONNECT_ANSWER_S
+    assert 1.0 <= CONNECT_ANSWER_S <= 5.0

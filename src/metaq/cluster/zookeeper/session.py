@@ -32,7 +32,7 @@ from kazoo.exceptions import (
     NoNodeError,
     RolledBackError,
 )
-from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.handlers.threading import KazooTimeoutError, SequentialThreadingHandler
 from kazoo.retry import KazooRetry
 from kazoo.security import ACL, Id
 
@@ -62,27 +62,38 @@ REPLACE_TRIES = 10
 """How often :meth:`ZooKeeperSession.replace_ephemeral` reads and tries again a node that keeps changing."""
 _WAKE: Callable[[], None] = lambda: None  # noqa: E731
 """Queued to wake the worker for its delayed jobs."""
-CONNECT_ANSWER_S = 2.0
-"""How long a connection waits for ZooKeeper's answer to its session request before it tries again."""
-MAX_HOST_COPIES = 32
+CONNECT_ANSWER_S = 3.0
+"""How long a connecting client waits for ZooKeeper's answer to its session request before it asks again:
+ZooKeeper answers a reconnecting session from memory, a new one after an fsync of its log (which it warns about
+past 1 s)."""
 
 
-def kazoo_hosts(connect: str, session_timeout_s: float) -> str:
-    """``connect`` (``host:port,...[/chroot]``) as kazoo is given it: each server listed as many times as makes
-    kazoo wait about :data:`CONNECT_ANSWER_S` for the answer to a session request.
+class ConnectWaitHandler(SequentialThreadingHandler):
+    """kazoo's threading handler, except that a client not connected waits :attr:`answer_wait_s` at most for
+    ZooKeeper's answer.
 
-    kazoo (like ZooKeeper's Java client) waits the session timeout divided by the number of servers listed. A
-    ZooKeeper that accepts a connection while it starts up may never answer it (seen with 3.8 after a kill -9
-    and restart): a client with one server listed then sits out its whole session timeout, and by the time it
-    tries again its session has expired on the server (its ephemeral nodes gone: a master's registration, a
-    consumer's claims). Listed several times, the server is asked again after a couple of seconds, on a
-    session that is still alive."""
-    hosts, slash, chroot = connect.partition("/")
-    servers = [h.strip() for h in hosts.split(",") if h.strip()]
-    if not servers:
-        return connect
-    copies = max(1, min(MAX_HOST_COPIES, round(session_timeout_s / len(servers) / CONNECT_ANSWER_S)))
-    return ",".join(servers * copies) + slash + chroot
+    kazoo (as ZooKeeper's Java client) waits for the answer to its session request the session timeout divided by
+    the servers listed. A ZooKeeper that accepts a connection while it starts up may never answer it (seen with
+    3.8 after a kill -9 and a restart). A client with one server listed then sat out its whole session timeout (30
+    s by default), and by the time it asked again its session had expired on the server, with its ephemeral nodes:
+    a master's registration, a consumer's claims. Cut short, the server is asked again (after kazoo's retry
+    back-off) on a session still alive.
+
+    The wait cut is kazoo's only one before the session is established that reads one socket and writes none;
+    once connected nothing is changed (the answers to requests, the heartbeats)."""
+
+    def __init__(self, answer_wait_s: float = CONNECT_ANSWER_S) -> None:
+        super().__init__()
+        self.answer_wait_s = answer_wait_s
+        self.connected: Callable[[], bool] = lambda: False
+        """The client's ``connected`` (set once the client exists)."""
+
+    def select(self, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 4 and not kwargs and len(args[0]) == 1 and not args[1] and not self.connected():
+            timeout = args[3]
+            if timeout is None or timeout > self.answer_wait_s:
+                args = (args[0], args[1], args[2], self.answer_wait_s)
+        return super().select(*args, **kwargs)
 
 
 class ZooKeeperSession:
@@ -98,11 +109,14 @@ class ZooKeeperSession:
         """A broker (or an admin tool): it may make the layout's nodes (the root, brokers/, consumers/...)."""
         self.session_timeout_s = session_timeout_ms / 1000
         self.connection_timeout_s = connection_timeout_ms / 1000
+        handler = ConnectWaitHandler()
         self.client = KazooClient(
-            hosts=kazoo_hosts(connect, self.session_timeout_s), timeout=self.session_timeout_s,
+            hosts=connect, timeout=self.session_timeout_s, handler=handler,
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0, ignore_expire=False),
             command_retry=KazooRetry(max_tries=5, delay=0.1, backoff=2, max_delay=2.0),
             **kazoo_security(self.security))
+        client = self.client
+        handler.connected = lambda: client.connected
         self.lock = threading.RLock()
         """Guards the state of every part of the registry (one lock: watch callbacks touch several)."""
         self.closed = False
