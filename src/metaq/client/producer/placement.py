@@ -4,9 +4,9 @@
 (round robin, sticky and random: the ones reachable now; key hash and custom selectors: the topic's key space,
 so a key keeps its partition while its master is down), and :meth:`Placement.join` puts the message into that
 partition's open batch -- the one place where a message joins a batch. A topic whose metadata is not known
-yet keeps its messages, in order, until it is (:meth:`Placement._warm`); a topic with no partition open or
-reachable (a master being handed over) holds them until one is or their deadline passes
-(:meth:`Placement._await_open`). Sealed batches go to the :class:`~metaq.client.producer.sender.Sender`.
+yet, or with no partition open or reachable (a master being handed over), has its messages held, in order,
+until it is or their deadline passes (:class:`~metaq.client.producer.holding.Holding`). Sealed batches go to the
+:class:`~metaq.client.producer.sender.Sender`.
 
 A topic's partitions are kept between sends (:attr:`Placement.hot`) until anything they depend on changes:
 the metadata (its listeners), the partitions left out after a failure, or :data:`HOT_KEEP_S` in any case
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,14 +27,15 @@ from metaq.client.core import ClientCore
 from metaq.client.delayed import delayed_headers
 from metaq.client.metadata import Partition, TopicMetadata
 from metaq.client.producer.batches import Accumulator, BatchKey, BufferLimit, ProducerBatch
+from metaq.client.producer.holding import Holding
 from metaq.client.producer.plain_run import PlainRun
-from metaq.client.producer.results import ManyTable, resolve_one
+from metaq.client.producer.results import ManyTable
 from metaq.client.producer.sender import Sender
 from metaq.client.selectors import RoundRobinSelector, promises
-from metaq.errors import DeliveryTimeoutError, InvalidArgument, MetaqError, PartitionClosedError
+from metaq.errors import InvalidArgument, MetaqError, PartitionClosedError
 from metaq.protocol.messages import ANY_PARTITION
 from metaq.protocol.records import HEADER_BYTES, RECORD_OVERHEAD_BYTES
-from metaq.types import Message, SendResult
+from metaq.types import Message
 
 DEFERRED_MAX = 1024
 """Deferred messages placed at once at most: more are placed as they come, so a long burst in one loop step keeps
@@ -48,10 +48,6 @@ HOT_KEEP_S = 0.1
 """How long a topic's partitions stay kept between sends when nothing changes: a message sent one per event-loop
 iteration (from a request handler, say) skips the lookup too, and the metadata's age is still looked at (a
 background refresh started when stale) at least this often."""
-
-Waiting = tuple[Message, Any, int, int, float]
-"""A message waiting before it joins a batch: (message, waiter, size, acks, its delivery deadline)."""
-
 
 class Placement:
     """The selector, the open batches and the messages held before they join one."""
@@ -87,13 +83,11 @@ class Placement:
         self._usable: dict[str, tuple[Sequence[Partition], int, Sequence[Partition]]] = {}
         """topic -> (metadata's partitions, Unavailable version, the usable ones): recomputed only when either
         changes, so the hot path does not filter per message."""
-        self._waiting: dict[str, list[Waiting]] = {}
-        """Per topic, the messages waiting for its metadata or for an open partition, in send order."""
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.holding = Holding(core, config, sender, buffer, manys, self._route, self._choices, self._forget,
+                               lambda: self.closing)
+        """The messages waiting for their topic's metadata or for an open partition, in send order."""
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._timer_when = 0.0
-        self._releasing_held = False
-        """While :meth:`_await_open` routes the messages it held: a refusal is their result, not a new wait."""
         self.closing = False
         self.defers = type(selector) is RoundRobinSelector
         """The default round robin: a plain message of a kept topic is placed with the others of its event-loop
@@ -126,7 +120,7 @@ class Placement:
     @property
     def waiting_topics(self) -> int:
         """Topics whose messages wait to join a batch (messages deferred to the end of this step count as one)."""
-        return sum(1 for held in self._waiting.values() if held) + bool(self.run)
+        return self.holding.topics + bool(self.run)
 
     # -- where a message goes ----------------------------------------------------------------------
 
@@ -227,7 +221,7 @@ class Placement:
         gathered = sender.open_gathering()  # (the pair, not the context manager: once an event-loop step)
         try:
             # A run of one (a send per event-loop step) is cheaper placed as one message than as a share.
-            if partitions is not None and topic not in self._waiting and len(values) > 1:
+            if partitions is not None and topic not in self.holding.held and len(values) > 1:
                 try:
                     self.join_many(topic, partitions, values, stamps, waiters, acks)
                     return
@@ -256,13 +250,14 @@ class Placement:
         """The partitions a topic's message chooses from, kept for the next sends; None when the message waits
         (for the topic's metadata, behind earlier ones) or went elsewhere (no partition known)."""
         topic = message.topic
-        if topic in self._waiting:
-            self._wait(message, waiter, size, acks, self._loop.time() + self._delivery_s)
+        holding = self.holding
+        if topic in holding.held:
+            holding.hold(message, waiter, size, acks)
             return None
         tm = self._core.metadata.cached(topic)
         if tm is None:
-            self._wait(message, waiter, size, acks, self._loop.time() + self._delivery_s)
-            self._spawn(self._warm(topic))
+            holding.hold(message, waiter, size, acks)
+            holding.spawn(holding.warm(topic))
             return None
         partitions = self._choices(topic, tm)
         if not partitions:
@@ -281,7 +276,7 @@ class Placement:
         except InvalidArgument:
             raise
         except MetaqError as exc:
-            self._refused(message, waiter, size, acks, exc, expires_s)
+            self.holding.refused(message, waiter, size, acks, exc, expires_s)
             return None
 
     def _choices(self, topic: str, tm: TopicMetadata) -> Sequence[Partition]:
@@ -310,6 +305,12 @@ class Placement:
             else:
                 self._hot_reset = self._loop.call_later(HOT_KEEP_S, self.end_hot)
 
+    def _forget(self, topic: str) -> None:
+        """Forget what is kept of ``topic``: its next sends go through :meth:`place` (behind held ones)."""
+        self.hot.pop(topic, None)
+        self.deferrable.discard(topic)
+        self._filling.pop(topic, None)
+
     def end_hot(self) -> None:
         """Forget the kept topics: their next send looks their partitions up again (:meth:`place`)."""
         reset, self._hot_reset = self._hot_reset, None
@@ -328,7 +329,7 @@ class Placement:
             if p is not None:
                 self.join(message, (topic, p.partition, p.broker_id, acks), partitions, waiter, size, expires_s)
         elif tm.key_space:  # known partitions, none reachable now: wait for one (a master being handed over)
-            self._refused(message, waiter, size, acks, PartitionClosedError(
+            self.holding.refused(message, waiter, size, acks, PartitionClosedError(
                 f"no partition of topic {topic!r} is reachable now"), expires_s, unreachable=True)
         else:  # a topic the brokers do not know (yet): the default broker picks, and may create it
             self.join(message, (topic, ANY_PARTITION, self._core.default_broker_id, acks), (), waiter, size,
@@ -431,109 +432,6 @@ class Placement:
         if self._timer is None or batch.due_s < self._timer_when:
             self._arm(batch.due_s)
         return batch
-
-    # -- messages held before they join a batch ------------------------------------------------------
-
-    def _wait(self, message: Message, waiter: Any, size: int, acks: int, expires_s: float) -> None:
-        self._buffer.used += size
-        self._waiting.setdefault(message.topic, []).append((message, waiter, size, acks, expires_s))
-
-    def _spawn(self, coro: Any) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def _warm(self, topic: str) -> None:
-        """A topic's first messages wait here, in order, for its metadata: asked again (after a back-off, or at once
-        when the cluster view changes) while the brokers cannot answer, until the messages' deadline."""
-        core = self._core
-        backoff_s = self.config.retry_backoff_ms / 1000.0
-        while True:
-            since = core.snapshots_applied
-            try:
-                tm: TopicMetadata | None = await core.metadata.topic(topic)
-                error: BaseException | None = None
-            except Exception as exc:
-                tm, error = None, exc
-            held = self._waiting.get(topic)
-            if tm is not None or not held or self.closing or not getattr(error, "retriable", False) \
-                    or self._loop.time() + backoff_s >= held[0][4]:
-                break
-            await core.cluster_changed(backoff_s, since)
-        self._release_waiting(topic, tm, error)
-
-    def _release_waiting(self, topic: str, tm: TopicMetadata | None, error: BaseException | None) -> None:
-        """The topic's waiting messages, in order: routed with ``tm``, or failed (``error``; past their deadline a
-        DeliveryTimeoutError, certainly not stored, naming it)."""
-        now = self._loop.time()
-        with self._sender.gathering():
-            for message, waiter, size, acks, expires_s in self._waiting.pop(topic, []):
-                self._buffer.used -= size
-                if expires_s <= now:
-                    failure: BaseException = DeliveryTimeoutError(
-                        f"a message to {topic} waited delivery_timeout_ms={self.config.delivery_timeout_ms:g} for its "
-                        f"topic's metadata or an open partition ({error}); it was certainly not stored",
-                        maybe_stored=False, cause=error)
-                elif tm is None:
-                    assert error is not None
-                    failure = error
-                else:
-                    try:
-                        self._route(message, tm, waiter, size, acks, expires_s)
-                    except Exception as exc:
-                        resolve_one(waiter, SendResult(False, error=exc, topic=topic), self._manys)
-                    continue
-                resolve_one(waiter, SendResult(False, error=failure, topic=topic), self._manys)
-        self._buffer.wake()
-
-    def _refused(self, message: Message, waiter: Any, size: int, acks: int, exc: MetaqError,
-                 expires_s: float | None, *, unreachable: bool = False) -> None:
-        """The selector took no partition for ``message``: its failed result, unless the refusal says every
-        partition of the topic is closed or unreachable. That is how a master's handover looks from here (the old
-        master's topic node gone, the new one's not yet there, docs/cluster.md), so the message waits, in order
-        with its topic's later ones, for the view to change (:meth:`_await_open`), as a Kafka producer waits for a
-        partition leader."""
-        if (isinstance(exc, PartitionClosedError) and (unreachable or self._core.registry is not None)
-                and not self.closing and not self._releasing_held):
-            topic = message.topic
-            self.hot.pop(topic, None)  # the topic's next sends go through place(), behind this one
-            self.deferrable.discard(topic)
-            self._filling.pop(topic, None)
-            held = self._waiting.get(topic)
-            self._wait(message, waiter, size, acks, self._loop.time() + self._delivery_s if expires_s is None
-                       else expires_s)
-            if held is None:
-                self._spawn(self._await_open(topic))
-            return
-        resolve_one(waiter, SendResult(False, error=exc, topic=message.topic), self._manys)
-
-    async def _await_open(self, topic: str) -> None:
-        """:meth:`_refused`'s wait: on every cluster change (or a back-off), until the topic has an open reachable
-        partition, or the first held message's deadline passes (they fail then, certainly not stored)."""
-        core = self._core
-        backoff_s = self.config.retry_backoff_ms / 1000.0
-        tm: TopicMetadata | None = None
-        while True:
-            since = core.snapshots_applied
-            tm = core.metadata.cache.get(topic)
-            if tm is None or core.registry is None:  # dropped from the cache, or standalone: ask the brokers
-                with contextlib.suppress(MetaqError):
-                    tm = await core.metadata.refresh_topic(topic)
-            if tm is not None and any(p.accept_publish for p in self._choices(topic, tm)):
-                break
-            held = self._waiting.get(topic)
-            if not held or self.closing:
-                break
-            remaining = held[0][4] - self._loop.time()
-            if remaining <= 0:
-                break
-            await core.cluster_changed(min(remaining, backoff_s if core.registry is None else remaining), since)
-        self._releasing_held = True  # a message refused again now gets its failure, not another wait
-        try:
-            self._release_waiting(topic, tm, PartitionClosedError(
-                f"every partition of topic {topic!r} stayed closed for publishing or unreachable"))
-        finally:
-            self._releasing_held = False
 
     # -- open batches and their linger --------------------------------------------------------------
 

@@ -372,8 +372,8 @@ class Producer(Transactions):
 
     async def flush(self) -> None:
         """Send everything buffered now and wait until each batch has its result (stored, or failed)."""
-        while self._placement.tasks:
-            await asyncio.gather(*list(self._placement.tasks), return_exceptions=True)
+        while self._placement.holding.tasks:
+            await asyncio.gather(*list(self._placement.holding.tasks), return_exceptions=True)
         self._placement.seal_all()
         await self._sender.flush()
 
